@@ -1,0 +1,330 @@
+/* config.c — see config.h.
+ *
+ * How it works: libcyaml loads the file into a "raw" struct whose every scalar
+ * is a pointer, so that an absent key is NULL and keeps the default. A table of
+ * fields (name, type, where in td_config_t, where in the raw struct) merges the
+ * raw values and serves td_config_set(). libcyaml 1.3 reports errors without
+ * line numbers, so on failure the path it names ("in mapping field 'x'") is
+ * looked up again with libyaml, which gives the line. */
+#include "common/config.h"
+
+#include <cyaml/cyaml.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "common/log.h"
+
+typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64 } cfg_kind_t;
+
+/* raw: what libcyaml fills */
+typedef struct { char *level, *format; } raw_log_t;
+typedef struct { char *path, *kv_dtype; uint32_t *block_tokens, *context; } raw_model_t;
+typedef struct { char *listen; } raw_router_t;
+typedef struct { uint32_t *count, *threads; } raw_workers_t;
+typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
+typedef struct { char *endpoints, *data_dir; } raw_etcd_t;
+typedef struct {
+    raw_log_t *log;
+    raw_model_t *model;
+    raw_router_t *router;
+    raw_workers_t *prefill, *decode;
+    raw_kvstore_t *kvstore;
+    raw_etcd_t *etcd;
+} raw_config_t;
+
+#define OPT (CYAML_FLAG_OPTIONAL | CYAML_FLAG_POINTER)
+#define STR(k, s, m) CYAML_FIELD_STRING_PTR(k, OPT, s, m, 0, CYAML_UNLIMITED)
+
+static const cyaml_schema_field_t log_fields[] = {
+    STR("level", raw_log_t, level), STR("format", raw_log_t, format), CYAML_FIELD_END};
+static const cyaml_schema_field_t model_fields[] = {
+    STR("path", raw_model_t, path), STR("kv_dtype", raw_model_t, kv_dtype),
+    CYAML_FIELD_UINT_PTR("block_tokens", OPT, raw_model_t, block_tokens),
+    CYAML_FIELD_UINT_PTR("context", OPT, raw_model_t, context), CYAML_FIELD_END};
+static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t, listen), CYAML_FIELD_END};
+static const cyaml_schema_field_t workers_fields[] = {
+    CYAML_FIELD_UINT_PTR("count", OPT, raw_workers_t, count),
+    CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads), CYAML_FIELD_END};
+static const cyaml_schema_field_t kvstore_fields[] = {
+    CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), STR("data_dir", raw_kvstore_t, data_dir),
+    CYAML_FIELD_END};
+static const cyaml_schema_field_t etcd_fields[] = {
+    STR("endpoints", raw_etcd_t, endpoints), STR("data_dir", raw_etcd_t, data_dir), CYAML_FIELD_END};
+
+static const cyaml_schema_field_t top_fields[] = {
+    CYAML_FIELD_MAPPING_PTR("log", OPT, raw_config_t, log, log_fields),
+    CYAML_FIELD_MAPPING_PTR("model", OPT, raw_config_t, model, model_fields),
+    CYAML_FIELD_MAPPING_PTR("router", OPT, raw_config_t, router, router_fields),
+    CYAML_FIELD_MAPPING_PTR("prefill", OPT, raw_config_t, prefill, workers_fields),
+    CYAML_FIELD_MAPPING_PTR("decode", OPT, raw_config_t, decode, workers_fields),
+    CYAML_FIELD_MAPPING_PTR("kvstore", OPT, raw_config_t, kvstore, kvstore_fields),
+    CYAML_FIELD_MAPPING_PTR("etcd", OPT, raw_config_t, etcd, etcd_fields),
+    CYAML_FIELD_END};
+
+static const cyaml_schema_value_t top_schema = {
+    CYAML_VALUE_MAPPING(CYAML_FLAG_POINTER, raw_config_t, top_fields)};
+
+/* Every field once: its dotted name, kind, place in td_config_t, and how to
+ * reach it in the raw struct (section pointer offset, member offset). */
+typedef struct cfg_field {
+    const char *name;
+    cfg_kind_t kind;
+    size_t off;
+    size_t raw_section, raw_member;
+} cfg_field_t;
+
+#define F(name, kind, member, rsec, rtype, rmember)                                            \
+    {name, kind, offsetof(td_config_t, member), offsetof(raw_config_t, rsec), offsetof(rtype, rmember)}
+
+static const cfg_field_t cfg_fields[] = {
+    F("log.level", CFG_STR, log.level, log, raw_log_t, level),
+    F("log.format", CFG_STR, log.format, log, raw_log_t, format),
+    F("model.path", CFG_STR, model.path, model, raw_model_t, path),
+    F("model.kv_dtype", CFG_STR, model.kv_dtype, model, raw_model_t, kv_dtype),
+    F("model.block_tokens", CFG_U32, model.block_tokens, model, raw_model_t, block_tokens),
+    F("model.context", CFG_U32, model.context, model, raw_model_t, context),
+    F("router.listen", CFG_STR, router.listen, router, raw_router_t, listen),
+    F("prefill.count", CFG_U32, prefill.count, prefill, raw_workers_t, count),
+    F("prefill.threads", CFG_U32, prefill.threads, prefill, raw_workers_t, threads),
+    F("decode.count", CFG_U32, decode.count, decode, raw_workers_t, count),
+    F("decode.threads", CFG_U32, decode.threads, decode, raw_workers_t, threads),
+    F("kvstore.dram_mb", CFG_U64, kvstore.dram_mb, kvstore, raw_kvstore_t, dram_mb),
+    F("kvstore.data_dir", CFG_STR, kvstore.data_dir, kvstore, raw_kvstore_t, data_dir),
+    F("etcd.endpoints", CFG_STR, etcd.endpoints, etcd, raw_etcd_t, endpoints),
+    F("etcd.data_dir", CFG_STR, etcd.data_dir, etcd, raw_etcd_t, data_dir),
+};
+#define N_FIELDS (sizeof cfg_fields / sizeof cfg_fields[0])
+
+static td_status_t set_str(char **slot, const char *v)
+{
+    char *copy = strdup(v);
+    if (!copy)
+        return td_error(TD_ERR_NO_MEMORY, "config: no memory");
+    free(*slot);
+    *slot = copy;
+    return TD_OK;
+}
+
+td_status_t td_config_defaults(td_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    static const struct { const char *k, *v; } defaults[] = {
+        {"log.level", "info"}, {"log.format", "text"},
+        {"model.path", "models/SmolLM2-135M-Instruct.Q4_1.gguf"}, {"model.kv_dtype", "fp16"},
+        {"model.block_tokens", "16"}, {"model.context", "0"},
+        {"router.listen", "127.0.0.1:50051"},
+        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"decode.count", "1"}, {"decode.threads", "0"},
+        {"kvstore.dram_mb", "1024"}, {"kvstore.data_dir", ""},
+        {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""},
+    };
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
+        td_status_t rc = td_config_set(cfg, defaults[i].k, defaults[i].v);
+        if (rc)
+            return rc;
+    }
+    return TD_OK;
+}
+
+td_status_t td_config_set(td_config_t *cfg, const char *key, const char *value)
+{
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const cfg_field_t *f = &cfg_fields[i];
+        if (strcmp(f->name, key) != 0)
+            continue;
+        char *slot = (char *)cfg + f->off;
+        if (f->kind == CFG_STR)
+            return set_str((char **)(void *)slot, value);
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (errno || end == value || *end || value[0] == '-' ||
+            (f->kind == CFG_U32 && v > UINT32_MAX))
+            return td_error(TD_ERR_CONFIG, "config: %s: '%s' is not an unsigned %s-bit integer", key, value,
+                            f->kind == CFG_U32 ? "32" : "64");
+        if (f->kind == CFG_U32)
+            *(uint32_t *)(void *)slot = (uint32_t)v;
+        else
+            *(uint64_t *)(void *)slot = v;
+        return TD_OK;
+    }
+    return td_error(TD_ERR_CONFIG, "config: unknown key '%s'", key);
+}
+
+/* libcyaml's messages, gathered for the error we report. */
+typedef struct cyaml_msgs {
+    char text[2048];
+    size_t len;
+} cyaml_msgs_t;
+
+static void cyaml_collect(cyaml_log_t level, void *ctx, const char *fmt, va_list args)
+{
+    cyaml_msgs_t *m = ctx;
+    if (level < CYAML_LOG_ERROR || m->len >= sizeof m->text - 1)
+        return;
+    int n = vsnprintf(m->text + m->len, sizeof m->text - m->len, fmt, args);
+    if (n > 0)
+        m->len += (size_t)n < sizeof m->text - m->len ? (size_t)n : sizeof m->text - m->len - 1;
+}
+
+/* From libcyaml's messages: the innermost key it complains about and the
+ * enclosing mapping field, e.g. "Unexpected key: foo" + "in mapping field 'log'". */
+static void cyaml_blame(const char *msgs, char *key, size_t keycap, char *parent, size_t parcap)
+{
+    key[0] = parent[0] = '\0';
+    const char *p = strstr(msgs, "Unexpected key: ");
+    if (p) {
+        p += strlen("Unexpected key: ");
+        size_t n = strcspn(p, "\n");
+        snprintf(key, keycap, "%.*s", (int)n, p);
+    }
+    const char *q = msgs;
+    char first[64] = "", second[64] = "";
+    while ((q = strstr(q, "in mapping field '"))) {
+        q += strlen("in mapping field '");
+        size_t n = strcspn(q, "'");
+        if (!first[0])
+            snprintf(first, sizeof first, "%.*s", (int)n, q);
+        else if (!second[0])
+            snprintf(second, sizeof second, "%.*s", (int)n, q);
+    }
+    if (key[0]) {
+        snprintf(parent, parcap, "%s", first);
+    } else {
+        snprintf(key, keycap, "%s", first);
+        snprintf(parent, parcap, "%s", second);
+    }
+}
+
+/* The 1-based line of key (inside mapping `parent` if given), 0 if not found. */
+static size_t yaml_key_line(const char *path, const char *parent, const char *key)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return 0;
+    yaml_parser_t parser;
+    yaml_event_t ev;
+    size_t line = 0;
+    int depth = 0, in_parent = !parent[0], expect_key[16] = {0}, parent_depth = -1;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, fp);
+    while (!line && yaml_parser_parse(&parser, &ev)) {
+        yaml_event_type_t type = ev.type;
+        if (type == YAML_MAPPING_START_EVENT) {
+            if (depth > 0 && depth < 16)
+                expect_key[depth] = !expect_key[depth];
+            depth++;
+            if (depth < 16)
+                expect_key[depth] = 0;
+        } else if (type == YAML_MAPPING_END_EVENT || type == YAML_SEQUENCE_END_EVENT) {
+            if (depth == parent_depth)
+                in_parent = 0, parent_depth = -1;
+            depth--;
+        } else if (type == YAML_SEQUENCE_START_EVENT) {
+            if (depth < 16)
+                expect_key[depth] = !expect_key[depth];
+            depth++;
+        } else if (type == YAML_SCALAR_EVENT && depth < 16) {
+            int is_key = !expect_key[depth];
+            expect_key[depth] = !expect_key[depth];
+            const char *v = (const char *)ev.data.scalar.value;
+            if (is_key && parent[0] && depth == 1 && strcmp(v, parent) == 0) {
+                in_parent = 1;
+                parent_depth = 2;
+            } else if (is_key && in_parent && strcmp(v, key) == 0 && (parent[0] ? depth == 2 : depth == 1)) {
+                line = ev.start_mark.line + 1;
+            }
+        }
+        yaml_event_delete(&ev);
+        if (type == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&parser);
+    fclose(fp);
+    return line;
+}
+
+static void raw_free(raw_config_t *raw, const cyaml_config_t *cc)
+{
+    if (raw)
+        cyaml_free(cc, &top_schema, raw, 0);
+}
+
+td_status_t td_config_load(td_config_t *cfg, const char *path)
+{
+    cyaml_msgs_t msgs = {.len = 0};
+    msgs.text[0] = '\0';
+    cyaml_config_t cc = {
+        .log_fn = cyaml_collect, .log_ctx = &msgs, .mem_fn = cyaml_mem,
+        .log_level = CYAML_LOG_ERROR, .flags = CYAML_CFG_DEFAULT,
+    };
+    FILE *probe = fopen(path, "rb");
+    if (!probe)
+        return td_error(TD_ERR_IO, "config: %s: cannot open: %s", path, strerror(errno));
+    fclose(probe);
+    raw_config_t *raw = NULL;
+    cyaml_err_t err = cyaml_load_file(path, &cc, &top_schema, (cyaml_data_t **)&raw, NULL);
+    if (err != CYAML_OK) {
+        char key[128], parent[64];
+        cyaml_blame(msgs.text, key, sizeof key, parent, sizeof parent);
+        size_t line = key[0] ? yaml_key_line(path, parent, key) : 0;
+        char *nl;
+        while ((nl = strchr(msgs.text, '\n')))
+            *nl = ' ';
+        if (line)
+            return td_error(TD_ERR_CONFIG, "config: %s:%zu: key '%s%s%s': %s (%s)", path, line, parent,
+                            parent[0] ? "." : "", key, cyaml_strerror(err), msgs.text);
+        return td_error(TD_ERR_CONFIG, "config: %s: %s (%s)", path, cyaml_strerror(err), msgs.text);
+    }
+    td_status_t rc = TD_OK;
+    for (size_t i = 0; i < N_FIELDS && !rc && raw; i++) {
+        const cfg_field_t *f = &cfg_fields[i];
+        char *section = *(char **)(void *)((char *)raw + f->raw_section);
+        if (!section)
+            continue;
+        void *v = *(void **)(void *)(section + f->raw_member);
+        if (!v)
+            continue;
+        char *slot = (char *)cfg + f->off;
+        if (f->kind == CFG_STR)
+            rc = set_str((char **)(void *)slot, v);
+        else if (f->kind == CFG_U32)
+            *(uint32_t *)(void *)slot = *(uint32_t *)v;
+        else
+            *(uint64_t *)(void *)slot = *(uint64_t *)v;
+    }
+    raw_free(raw, &cc);
+    return rc;
+}
+
+td_status_t td_config_validate(const td_config_t *cfg)
+{
+    uint32_t bt = cfg->model.block_tokens;
+    if (bt < 16 || bt > 256 || (bt & (bt - 1)))
+        return td_error(TD_ERR_CONFIG, "config: model.block_tokens = %u; it must be a power of two from 16 to 256", bt);
+    if (strcmp(cfg->model.kv_dtype, "fp16") && strcmp(cfg->model.kv_dtype, "fp32"))
+        return td_error(TD_ERR_CONFIG, "config: model.kv_dtype = '%s'; it must be fp16 or fp32", cfg->model.kv_dtype);
+    td_log_level_t lv;
+    if (td_log_level_parse(cfg->log.level, &lv))
+        return td_error(TD_ERR_CONFIG, "config: log.level = '%s'; it must be debug, info, warn, error or off",
+                        cfg->log.level);
+    if (strcmp(cfg->log.format, "text") && strcmp(cfg->log.format, "json"))
+        return td_error(TD_ERR_CONFIG, "config: log.format = '%s'; it must be text or json", cfg->log.format);
+    return TD_OK;
+}
+
+void td_config_free(td_config_t *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (cfg_fields[i].kind == CFG_STR) {
+            char **slot = (char **)(void *)((char *)cfg + cfg_fields[i].off);
+            free(*slot);
+            *slot = NULL;
+        }
+}

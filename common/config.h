@@ -1,0 +1,42 @@
+/* config.h — the one YAML configuration file, one section per role.
+ *
+ *   log:     { level: info, format: text }
+ *   model:   { path: models/SmolLM2-135M-Instruct.Q4_1.gguf, kv_dtype: fp16,
+ *              block_tokens: 16, context: 0 }
+ *   router:  { listen: 127.0.0.1:50051 }
+ *   prefill: { count: 1, threads: 0 }
+ *   decode:  { count: 1, threads: 0 }
+ *   kvstore: { dram_mb: 1024, data_dir: "" }
+ *   etcd:    { endpoints: 127.0.0.1:2379, data_dir: "" }
+ *
+ * Every key is optional; what is absent keeps its default. The file is read
+ * through a libcyaml schema; an unknown key or a value of the wrong type is an
+ * error that names the key and its line. Command-line flags override the file
+ * with td_config_set("section.key", "value"). */
+#ifndef TD_CONFIG_H
+#define TD_CONFIG_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct td_config {
+    struct { char *level, *format; } log;
+    struct { char *path, *kv_dtype; uint32_t block_tokens, context; } model;
+    struct { char *listen; } router;
+    struct { uint32_t count, threads; } prefill, decode;
+    struct { uint64_t dram_mb; char *data_dir; } kvstore;
+    struct { char *endpoints, *data_dir; } etcd;
+} td_config_t;
+
+/* Fills cfg with the defaults. Free with td_config_free(). */
+td_status_t td_config_defaults(td_config_t *cfg);
+/* Reads path over what cfg holds (call td_config_defaults() first). */
+td_status_t td_config_load(td_config_t *cfg, const char *path);
+/* Sets "section.key" from its text form, as a flag would. */
+td_status_t td_config_set(td_config_t *cfg, const char *key, const char *value);
+/* Checks ranges across fields (block_tokens a power of two in 16..256, ...). */
+td_status_t td_config_validate(const td_config_t *cfg);
+void td_config_free(td_config_t *cfg);
+
+#endif
