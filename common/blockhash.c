@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 static void put_u32le(uint8_t *p, uint32_t v)

@@ -1,4 +1,5 @@
 /* pretok.c — see pretok.h. */
+#define _GNU_SOURCE /* memmem */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "engine/pretok.h"
 
@@ -93,7 +94,8 @@ td_status_t eng_pretok_add_norm(eng_pretok_t *p, eng_norm_kind_t kind, const cha
     n->arg2 = arg2 ? strdup(arg2) : NULL;
     if ((arg && !n->arg) || (arg2 && !n->arg2))
         return td_error(TD_ERR_NO_MEMORY, "pretok: no memory");
-    if ((kind == ENG_NORM_PREPEND || kind == ENG_NORM_REPLACE) && (!n->arg || !n->arg[0]))
+    if ((kind == ENG_NORM_PREPEND || kind == ENG_NORM_PREPEND_ONCE || kind == ENG_NORM_REPLACE) &&
+        (!n->arg || !n->arg[0]))
         return td_error(TD_ERR_FORMAT, "pretok: a prepend/replace normalizer needs a non-empty string");
     p->n_norms++;
     return TD_OK;
@@ -146,9 +148,15 @@ td_status_t eng_pretok_add_gguf_pre(eng_pretok_t *p, const char *pre_name)
     return td_error(TD_ERR_UNSUPPORTED, "tokenizer.ggml.pre '%s' is not a pre-tokenizer tandem knows", pre_name);
 }
 
+td_status_t eng_pretok_add_byte_level(eng_pretok_t *p)
+{
+    return eng_pretok_add_split(p, RE_GPT2, ENG_SPLIT_ISOLATED, false);
+}
+
 void eng_pretok_describe(const eng_pretok_t *p, char *buf, size_t cap)
 {
-    static const char *const norm_names[] = {"nfc", "nfd", "nfkc", "nfkd", "lowercase", "prepend", "replace"};
+    static const char *const norm_names[] = {"nfc", "nfd", "nfkc", "nfkd", "lowercase", "prepend", "replace",
+                                              "prepend"};
     size_t at = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < p->n_norms && at < cap; i++)
@@ -335,7 +343,9 @@ td_status_t eng_pretok_normalize(const eng_pretok_t *p, const char *text, size_t
         case ENG_NORM_LOWERCASE: rc = norm_lower(&buf, &len); break;
         case ENG_NORM_REPLACE: rc = norm_replace(n->arg, n->arg2, &buf, &len); break;
         case ENG_NORM_PREPEND:
-            if (len) {
+        case ENG_NORM_PREPEND_ONCE:
+            if (len && !(n->kind == ENG_NORM_PREPEND_ONCE && len >= strlen(n->arg) &&
+                         memcmp(buf, n->arg, strlen(n->arg)) == 0)) {
                 size_t al = strlen(n->arg);
                 char *nb = malloc(len + al + 1);
                 if (!nb) {

@@ -18,6 +18,7 @@
 typedef enum eng_norm_kind {
     ENG_NORM_NFC, ENG_NORM_NFD, ENG_NORM_NFKC, ENG_NORM_NFKD, ENG_NORM_LOWERCASE,
     ENG_NORM_PREPEND, ENG_NORM_REPLACE,
+    ENG_NORM_PREPEND_ONCE, /* prepend unless the text already starts with it */
 } eng_norm_kind_t;
 
 /* How a split keeps what the pattern matched (Hugging Face's names). */
@@ -42,6 +43,9 @@ td_status_t eng_pretok_add_split_literal(eng_pretok_t *p, const char *literal, e
 /* Adds the regex steps llama.cpp associates with a GGUF `tokenizer.ggml.pre`
  * name; TD_ERR_UNSUPPORTED (logged) for a name we do not know. */
 td_status_t eng_pretok_add_gguf_pre(eng_pretok_t *p, const char *pre_name);
+
+/* The GPT-2 regex split that a byte-level pre-tokenizer applies. */
+td_status_t eng_pretok_add_byte_level(eng_pretok_t *p);
 
 /* Normalizes text into a new buffer (*out, *out_len; caller frees *out). */
 td_status_t eng_pretok_normalize(const eng_pretok_t *p, const char *text, size_t len, char **out, size_t *out_len);

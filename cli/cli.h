@@ -1,0 +1,10 @@
+/* cli.h — the subcommands of the `tandem` command line. Each takes the
+ * arguments after its name and returns the process exit code (0 ok, 1 error,
+ * 2 usage). */
+#ifndef CLI_H
+#define CLI_H
+
+int cli_inspect(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+
+#endif

@@ -1,0 +1,33 @@
+/* main.c — `tandem`: the command line. Dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+
+static const char usage[] =
+    "usage: tandem COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  inspect MODEL [--json]              describe a model: hyper-parameters, tensors, tokenizer\n"
+    "  tokenize MODEL TEXT [--chat] [--json] [--no-special] [--bos]\n"
+    "                                      print token ids of TEXT ('-' reads stdin)\n"
+    "  tokenize MODEL --decode ID...       print the text of token ids\n"
+    "\n"
+    "MODEL is a .gguf file or a Hugging Face folder (config.json, model.safetensors,\n"
+    "tokenizer.json). Logging: TANDEM_LOG=debug|info|warn|error|off, TANDEM_LOG_FORMAT=json.\n";
+
+int main(int argc, char **argv)
+{
+    td_log_init("tandem", TD_LOG_WARN, false);
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "inspect"))
+        return cli_inspect(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "tokenize"))
+        return cli_tokenize(argc - 2, argv + 2);
+    fprintf(stderr, "tandem: unknown command '%s'\n\n%s", argv[1], usage);
+    return 2;
+}

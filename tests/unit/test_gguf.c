@@ -1,0 +1,2 @@
+#include <criterion/criterion.h>
+Test(gguf, placeholder) { cr_assert(1); }
