@@ -3,9 +3,10 @@
  * How it works: libcyaml loads the file into a "raw" struct whose every scalar
  * is a pointer, so that an absent key is NULL and keeps the default. A table of
  * fields (name, type, where in td_config_t, where in the raw struct) merges the
- * raw values and serves td_config_set(). libcyaml 1.3 reports errors without
- * line numbers, so on failure the path it names ("in mapping field 'x'") is
- * looked up again with libyaml, which gives the line. */
+ * raw values and serves td_config_set(). libcyaml's error backtrace gives the
+ * line of the enclosing mapping, not of the offending key, so on failure the
+ * key it names ("Unexpected key: x", "in mapping field 'x'") is looked up again
+ * with libyaml, which gives the key's own line. */
 #include "common/config.h"
 
 #include <cyaml/cyaml.h>

@@ -157,7 +157,8 @@ td_status_t eng_chat_render(const eng_chat_t *chat, const eng_chat_msg_t *msgs, 
             sb_str(&b, "<|im_start|>assistant\n");
         break;
     case ENG_CHAT_LLAMA3:
-        sb_str(&b, chat->bos);
+        if (n)
+            sb_str(&b, chat->bos);
         for (size_t i = 0; i < n; i++) {
             sb_str(&b, "<|start_header_id|>");
             sb_str(&b, msgs[i].role);
@@ -172,6 +173,14 @@ td_status_t eng_chat_render(const eng_chat_t *chat, const eng_chat_msg_t *msgs, 
     case ENG_CHAT_MISTRAL: {
         /* user/assistant must alternate after an optional system turn */
         size_t first = n && !strcmp(msgs[0].role, "system") ? 1 : 0;
+        bool llama2 = chat->kind == ENG_CHAT_LLAMA2;
+        if (!llama2 && first) {
+            free(b.s);
+            return td_error(TD_ERR_INVALID_ARG, "chat: messages[0] is a system turn, which the mistral template "
+                            "does not take");
+        }
+        if (!llama2 && n)
+            sb_str(&b, chat->bos); /* Mistral: one BOS for the whole conversation */
         for (size_t i = first; i < n; i++) {
             const char *want = (i - first) % 2 == 0 ? "user" : "assistant";
             if (strcmp(msgs[i].role, want)) {
@@ -180,30 +189,35 @@ td_status_t eng_chat_render(const eng_chat_t *chat, const eng_chat_msg_t *msgs, 
                                 "to alternate", i, msgs[i].role, eng_chat_kind_name(chat->kind));
             }
             if (!strcmp(want, "user")) {
-                sb_str(&b, chat->bos);
-                sb_str(&b, "[INST] ");
-                if (i == first && first) {
-                    if (chat->kind == ENG_CHAT_LLAMA2) {
-                        sb_str(&b, "<<SYS>>\n");
-                        sb_str(&b, msgs[0].content);
-                        sb_str(&b, "\n<</SYS>>\n\n");
-                    } else {
-                        sb_str(&b, msgs[0].content);
-                        sb_str(&b, "\n\n");
+                if (llama2) {
+                    /* bos + '[INST] ' + (<<SYS>> block + content).strip() + ' [/INST]' */
+                    sbuf_t c = {0};
+                    sb_add(&c, "", 0);
+                    if (i == first && first) {
+                        sb_str(&c, "<<SYS>>\n");
+                        sb_str(&c, msgs[0].content);
+                        sb_str(&c, "\n<</SYS>>\n\n");
                     }
+                    sb_str(&c, msgs[i].content);
+                    sb_str(&b, chat->bos);
+                    sb_str(&b, "[INST] ");
+                    if (c.oom)
+                        b.oom = true;
+                    else
+                        sb_trimmed(&b, c.s);
+                    free(c.s);
+                } else {
+                    sb_str(&b, "[INST] ");
+                    sb_str(&b, msgs[i].content);
                 }
-                if (chat->kind == ENG_CHAT_LLAMA2)
-                    sb_trimmed(&b, msgs[i].content);
-                else
-                    sb_str(&b, msgs[i].content);
                 sb_str(&b, " [/INST]");
+            } else if (llama2) {
+                sb_str(&b, " ");
+                sb_trimmed(&b, msgs[i].content);
+                sb_str(&b, " ");
+                sb_str(&b, chat->eos);
             } else {
-                sb_str(&b, chat->kind == ENG_CHAT_LLAMA2 ? " " : "");
-                if (chat->kind == ENG_CHAT_LLAMA2)
-                    sb_trimmed(&b, msgs[i].content);
-                else
-                    sb_str(&b, msgs[i].content);
-                sb_str(&b, chat->kind == ENG_CHAT_LLAMA2 ? " " : "");
+                sb_str(&b, msgs[i].content);
                 sb_str(&b, chat->eos);
             }
         }

@@ -1,2 +1,88 @@
-#include <criterion/criterion.h>
-Test(config, placeholder) { cr_assert(1); }
+/* test_config.c — the YAML configuration: defaults, a file over them, flags
+ * over the file, and errors that name the key and its line. */
+#include "tests/unit/helpers.h"
+
+#include "common/config.h"
+#include "common/log.h"
+
+static char *yaml(const char *text) { return write_temp(text, strlen(text), ".yaml"); }
+
+Test(config, defaults_file_and_flags)
+{
+    td_config_t c;
+    cr_assert_eq(td_config_defaults(&c), TD_OK);
+    cr_assert_eq(c.model.block_tokens, 16);
+    cr_assert_str_eq(c.router.listen, "127.0.0.1:50051");
+    char *p = yaml("# a cluster\nrouter:\n  listen: 0.0.0.0:9000\nprefill:\n  count: 3\nkvstore:\n  dram_mb: 4096\n"
+                   "model:\n  block_tokens: 32\n");
+    cr_assert_eq(td_config_load(&c, p), TD_OK, "%s", td_last_error());
+    cr_assert_str_eq(c.router.listen, "0.0.0.0:9000");
+    cr_assert_eq(c.prefill.count, 3);
+    cr_assert_eq(c.decode.count, 1, "absent keys keep their defaults");
+    cr_assert_eq(c.kvstore.dram_mb, 4096);
+    cr_assert_eq(c.model.block_tokens, 32);
+    cr_assert_eq(td_config_set(&c, "prefill.count", "5"), TD_OK);
+    cr_assert_eq(c.prefill.count, 5, "a flag overrides the file");
+    cr_assert_eq(td_config_validate(&c), TD_OK);
+    unlink(p);
+    free(p);
+    td_config_free(&c);
+}
+
+Test(config, unknown_key_names_key_and_line)
+{
+    td_config_t c;
+    td_config_defaults(&c);
+    char *p = yaml("router:\n  listen: x\nprefill:\n  count: 1\n  thredas: 4\n");
+    cr_assert_eq(td_config_load(&c, p), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "thredas"), "%s", td_last_error());
+    cr_assert(strstr(td_last_error(), ":5:"), "line 5: %s", td_last_error());
+    unlink(p);
+    free(p);
+    td_config_free(&c);
+}
+
+Test(config, wrong_type_names_key_and_line)
+{
+    td_config_t c;
+    td_config_defaults(&c);
+    char *p = yaml("log:\n  level: info\ndecode:\n  threads: many\n");
+    cr_assert_eq(td_config_load(&c, p), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "threads"), "%s", td_last_error());
+    cr_assert(strstr(td_last_error(), ":4:"), "line 4: %s", td_last_error());
+    unlink(p);
+    free(p);
+    td_config_free(&c);
+}
+
+Test(config, unknown_section_and_bad_values)
+{
+    td_config_t c;
+    td_config_defaults(&c);
+    char *p = yaml("routr:\n  listen: x\n");
+    cr_assert_eq(td_config_load(&c, p), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "routr") && strstr(td_last_error(), ":1:"), "%s", td_last_error());
+    unlink(p);
+    free(p);
+    cr_assert_eq(td_config_set(&c, "prefill.count", "-1"), TD_ERR_CONFIG);
+    cr_assert_eq(td_config_set(&c, "prefill.count", "99999999999"), TD_ERR_CONFIG);
+    cr_assert_eq(td_config_set(&c, "no.such", "1"), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "no.such"));
+    td_config_set(&c, "model.block_tokens", "24");
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "block_tokens = 24"));
+    cr_assert_eq(td_config_load(&c, "/nonexistent.yaml"), TD_ERR_IO);
+    td_config_free(&c);
+}
+
+Test(config, malformed_yaml)
+{
+    td_config_t c;
+    td_config_defaults(&c);
+    char *p = yaml("router:\n  listen: [unclosed\n");
+    cr_assert_eq(td_config_load(&c, p), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), p), "%s", td_last_error());
+    unlink(p);
+    free(p);
+    td_config_free(&c);
+}
