@@ -4,12 +4,30 @@
  * (e.g. d * scale first, then * q), so results are bit-identical to it. */
 #include "kernels/cpu/dequant.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "kernels/quant.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+/* AVX2 and FMA through the compiler's check (which also asks the OS about
+ * the AVX state); F16C, which not every compiler's check names, from CPUID. */
+static bool cpu_has_avx2_fma_f16c(void)
+{
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    return (c >> 29) & 1;
+}
+#endif
 
 static inline uint16_t rd16(const uint8_t *p)
 {
@@ -164,9 +182,7 @@ static const kern_dequant_table_t *kern_dequant_pick(void)
     const kern_dequant_table_t *t = &kern_dequant_portable;
 #if defined(__x86_64__)
     const char *force = getenv("TANDEM_CPU");
-    __builtin_cpu_init();
-    if (!(force && strcmp(force, "portable") == 0) && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (!(force && strcmp(force, "portable") == 0) && cpu_has_avx2_fma_f16c())
         t = &kern_dequant_avx2;
 #endif
     kern_dequant_active = t; /* benign race: every thread picks the same table */

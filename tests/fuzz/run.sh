@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# run.sh SECONDS — builds the libFuzzer targets with clang + ASan (build-fuzz/)
+# and runs each for SECONDS from its seed corpus (the committed fixtures).
+# Exit status is non-zero if any target finds a crash, a leak or an overread.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+secs=${1:-60}
+cd "$root"
+CC=clang cmake -S . -B build-fuzz -DTANDEM_FUZZ=ON -DTANDEM_SANITIZE=address -DTANDEM_TESTS=OFF \
+  -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_gguf fuzz_safetensors >/dev/null
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/gguf" "$work/st"
+cp tests/fixtures/dequant/crafted.gguf "$work/gguf/"
+head -c 65536 models/SmolLM2-135M-Instruct.Q4_1.gguf > "$work/gguf/model-head.gguf" 2>/dev/null || true
+cp tests/fixtures/hf/tiny-llama3/model.safetensors tests/fixtures/hf/tiny-spm/model-00001-of-00002.safetensors "$work/st/"
+status=0
+for t in gguf:gguf safetensors:st; do
+  name=${t%%:*} dir=${t##*:}
+  echo "fuzz: $name for ${secs}s"
+  if ! ./build-fuzz/bin/fuzz_$name "$work/$dir" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 \
+       -timeout=10 -artifact_prefix="$work/" -print_final_stats=1 2>"$work/$name.log"; then
+    status=1
+    echo "fuzz: $name FOUND A PROBLEM:"; tail -40 "$work/$name.log"
+    cp "$work"/crash-* "$work"/leak-* "$work"/timeout-* . 2>/dev/null || true
+  else
+    grep -E "stat::number_of_executed_units|Done" "$work/$name.log" | tr '\n' ' '; echo
+  fi
+done
+exit $status

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# run.sh — the whole test suite, as CI runs it (the README's test command).
+#
+#   1. installs what is missing (deploy/install-deps.sh --test)
+#   2. builds everything (CUDA code too when nvcc is found) into build/
+#   3. runs every Criterion suite
+#   4. builds the suites again with AddressSanitizer + UBSan checks (build-asan/) and runs them
+#   5. runs the libFuzzer targets for FUZZ_SECONDS each (default 60)
+# and prints one closing line: "tests: N passed, N failed".
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+fuzz_secs=${FUZZ_SECONDS:-60}
+jobs=$(nproc)
+
+deploy/install-deps.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
+
+passed=0 failed=0
+run_suites() { # $1: build dir, $2: label
+  local dir=$1 label=$2 t out p f c
+  for t in "$dir"/bin/tests/test_*; do
+    out=$("$t" --jobs "$jobs" 2>&1)
+    line=$(printf '%s\n' "$out" | grep 'Synthesis: Tested' | tail -1)
+    p=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")
+    f=$(sed -n 's/.*Failing: \([0-9]*\).*/\1/p' <<<"$line")
+    c=$(sed -n 's/.*Crashing: \([0-9]*\).*/\1/p' <<<"$line")
+    if [ -z "$line" ]; then p=0 f=1 c=0; fi
+    passed=$((passed + p)); failed=$((failed + f + c))
+    if [ $((f + c)) -gt 0 ] || [ -z "$line" ]; then
+      printf '%s\n' "$out" | grep -v ' error tandem' | tail -40
+      echo "FAILED: $label $(basename "$t")"
+    else
+      printf '%-12s %-22s %s\n' "$label" "$(basename "$t")" "$line"
+    fi
+    printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|/.*: [0-9]+ of)' || true
+  done
+}
+
+echo "== build (release)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build -j"$jobs" >/dev/null \
+  || { echo "build failed"; cmake --build build 2>&1 | tail -30; echo "tests: $passed passed, $((failed + 1)) failed"; exit 1; }
+run_suites build release
+
+echo "== build (address + undefined sanitizers)"
+if cmake -S . -B build-asan -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
+     -DCMAKE_C_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&
+   cmake --build build-asan -j"$jobs" >/dev/null; then
+  ASAN_OPTIONS=detect_leaks=1 run_suites build-asan asan+ubsan
+else
+  echo "sanitizer build failed"; failed=$((failed + 1))
+fi
+
+echo "== fuzz (${fuzz_secs}s per target)"
+if [ "$fuzz_secs" -gt 0 ]; then
+  if tests/fuzz/run.sh "$fuzz_secs"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+fi
+
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
