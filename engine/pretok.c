@@ -273,22 +273,66 @@ static td_status_t norm_unicode(eng_norm_kind_t kind, char **buf, size_t *len)
     return TD_OK;
 }
 
+/* Unicode's Cased and Case_Ignorable properties, closely enough for the
+ * final-sigma rule (Hugging Face lowercases with Rust's str::to_lowercase). */
+static bool cp_cased(utf8proc_int32_t c)
+{
+    utf8proc_category_t k = utf8proc_category(c);
+    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
+}
+
+static bool cp_case_ignorable(utf8proc_int32_t c)
+{
+    utf8proc_category_t k = utf8proc_category(c);
+    return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_ME || k == UTF8PROC_CATEGORY_CF ||
+           k == UTF8PROC_CATEGORY_LM || k == UTF8PROC_CATEGORY_SK || c == '\'' || c == '.' || c == ':' ||
+           c == 0xb7 || c == 0x2019;
+}
+
+/* Full lowercase: the simple mapping, plus SpecialCasing's unconditional
+ * U+0130 -> "i\u0307" and the final sigma (capital sigma at the end of a word
+ * -> U+03C2). */
 static td_status_t norm_lower(char **buf, size_t *len)
 {
-    char *out = malloc(*len * 2 + 4);
-    if (!out)
+    size_t n = 0, i = 0;
+    utf8proc_int32_t *cps = malloc((*len + 1) * sizeof *cps);
+    char *out = malloc(*len * 2 + 8);
+    if (!cps || !out) {
+        free(cps);
+        free(out);
         return td_error(TD_ERR_NO_MEMORY, "normalize: no memory");
-    size_t o = 0, i = 0;
+    }
     while (i < *len) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)*buf + i, (utf8proc_ssize_t)(*len - i), &cp);
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)*buf + i, (utf8proc_ssize_t)(*len - i), &cps[n]);
         if (k <= 0) {
+            free(cps);
             free(out);
             return td_error(TD_ERR_INVALID_ARG, "normalize: invalid UTF-8 at byte %zu", i);
         }
-        o += (size_t)utf8proc_encode_char(utf8proc_tolower(cp), (utf8proc_uint8_t *)out + o);
         i += (size_t)k;
+        n++;
     }
+    size_t o = 0;
+    for (size_t j = 0; j < n; j++) {
+        utf8proc_int32_t c = cps[j];
+        if (c == 0x130) {
+            o += (size_t)utf8proc_encode_char('i', (utf8proc_uint8_t *)out + o);
+            o += (size_t)utf8proc_encode_char(0x307, (utf8proc_uint8_t *)out + o);
+            continue;
+        }
+        if (c == 0x3a3) {
+            size_t b = j, a = j + 1;
+            while (b > 0 && cp_case_ignorable(cps[b - 1]))
+                b--;
+            while (a < n && cp_case_ignorable(cps[a]))
+                a++;
+            bool final = b > 0 && cp_cased(cps[b - 1]) && !(a < n && cp_cased(cps[a]));
+            o += (size_t)utf8proc_encode_char(final ? 0x3c2 : 0x3c3, (utf8proc_uint8_t *)out + o);
+            continue;
+        }
+        o += (size_t)utf8proc_encode_char(utf8proc_tolower(c), (utf8proc_uint8_t *)out + o);
+    }
+    free(cps);
     free(*buf);
     *buf = out;
     *len = o;

@@ -32,7 +32,7 @@ run_suites() { # $1: build dir, $2: label
     else
       printf '%-12s %-22s %s\n' "$label" "$(basename "$t")" "$line"
     fi
-    printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|/.*: [0-9]+ of)' || true
+    printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|sentencepiece|normalizers|/.*: [0-9]+ of)' || true
   done
 }
 

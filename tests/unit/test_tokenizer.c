@@ -248,3 +248,136 @@ Test(tokenizer, stream_holds_partial_utf8)
     cr_assert(memcmp(out, "\xef\xbf\xbd", 3) == 0);
     eng_model_close(m);
 }
+
+/* SentencePiece from GGUF (Llama 2 / Mistral files: scores, no merges) against
+ * llama.cpp on the same file (fixtures/tokenizer/make_spm_gguf.py). Strings
+ * with invalid UTF-8 are compared after the replacement both make differ: there
+ * llama.cpp replaces per byte, tandem per maximal subpart, so those rows are
+ * counted apart. */
+Test(tokenizer, gguf_sentencepiece_matches_llama_cpp)
+{
+    eng_gguf_t *g;
+    eng_tokenizer_t *tok;
+    cr_assert_eq(eng_gguf_open(FIXTURE("tokenizer/spm.gguf"), &g), TD_OK, "%s", td_last_error());
+    cr_assert_eq(eng_tokenizer_from_gguf(g, &tok), TD_OK, "%s", td_last_error());
+    cr_assert_eq(eng_tokenizer_kind(tok), ENG_TOK_BPE_SPM);
+    size_t len;
+    char *data = read_file(FIXTURE("tokenizer/spm_expected.jsonl"), &len);
+    size_t rows = 0, valid = 0, bad = 0;
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *row = json_loads(line, 0, NULL);
+        size_t tl, n;
+        char *text = hex_decode(json_string_value(json_object_get(row, "hex")), &tl);
+        size_t sl;
+        char *clean = eng_utf8_sanitize(text, tl, &sl);
+        rows++;
+        if (!clean) {
+            int32_t *want;
+            size_t nw = json_ids(json_object_get(row, "llama"), &want);
+            cr_assert_eq(eng_tokenizer_encode(tok, text, tl, ENG_TOK_PARSE_SPECIAL | ENG_TOK_ADD_BOS, &ids, &cap, &n),
+                         TD_OK);
+            if (n != nw || memcmp(ids, want, n * sizeof *ids)) {
+                if (++bad <= 3) {
+                    fprintf(stderr, "spm row %zu:\n  tandem:", rows);
+                    for (size_t i = 0; i < n; i++)
+                        fprintf(stderr, " %d", ids[i]);
+                    fprintf(stderr, "\n  llama: ");
+                    for (size_t i = 0; i < nw; i++)
+                        fprintf(stderr, " %d", want[i]);
+                    fprintf(stderr, "\n");
+                }
+            }
+            free(want);
+            valid++;
+        }
+        free(clean);
+        free(text);
+        json_decref(row);
+    }
+    fprintf(stderr, "sentencepiece GGUF: %zu of %zu valid-UTF-8 strings equal to llama.cpp\n", valid - bad, valid);
+    cr_assert_geq(valid, 350);
+    cr_assert_eq(bad, 0);
+    free(ids);
+    free(data);
+    eng_tokenizer_destroy(tok);
+    eng_gguf_close(g);
+}
+
+/* Normalizers from tokenizer.json: NFKC then lowercase before the Llama 3 split
+ * (fixtures/hf/make_hf.py, column "norm"). */
+Test(tokenizer, tokenizer_json_normalizers)
+{
+    eng_tokenizer_t *tok;
+    cr_assert_eq(eng_tokenizer_from_json(FIXTURE("hf/norm-tokenizer.json"), NULL, &tok), TD_OK, "%s", td_last_error());
+    size_t len;
+    char *data = read_file(FIXTURE("hf/expected.jsonl"), &len);
+    size_t rows = 0, bad = 0;
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *row = json_loads(line, 0, NULL);
+        size_t tl, n;
+        char *text = hex_decode(json_string_value(json_object_get(row, "hex")), &tl);
+        int32_t *want;
+        size_t nw = json_ids(json_object_get(row, "norm"), &want);
+        cr_assert_eq(eng_tokenizer_encode(tok, text, tl, ENG_TOK_PARSE_SPECIAL, &ids, &cap, &n), TD_OK);
+        if (n != nw || (n && memcmp(ids, want, n * sizeof *ids))) {
+            if (++bad <= 3)
+                fprintf(stderr, "norm row %zu (%s) differs\n", rows, json_string_value(json_object_get(row, "hex")));
+        }
+        free(want);
+        free(text);
+        json_decref(row);
+        rows++;
+    }
+    fprintf(stderr, "normalizers: %zu of %zu strings equal to HF tokenizers\n", rows - bad, rows);
+    cr_assert_eq(bad, 0);
+    free(ids);
+    free(data);
+    eng_tokenizer_destroy(tok);
+}
+
+/* The command line, run as a user runs it. */
+static char *run(const char *cmd, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    static char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, p);
+    buf[n] = '\0';
+    *status = pclose(p);
+    return buf;
+}
+
+Test(tokenizer, cli_tokenize_and_decode)
+{
+    require_default_model();
+    int st;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s/tandem tokenize %s 'Hello world'", TANDEM_BIN_DIR, DEFAULT_MODEL);
+    cr_assert_str_eq(run(cmd, &st), "19556 905\n");
+    cr_assert_eq(st, 0);
+    snprintf(cmd, sizeof cmd, "%s/tandem tokenize %s --decode 19556 905", TANDEM_BIN_DIR, DEFAULT_MODEL);
+    cr_assert_str_eq(run(cmd, &st), "Hello world\n");
+    snprintf(cmd, sizeof cmd, "%s/tandem tokenize %s --chat hi --json", TANDEM_BIN_DIR, DEFAULT_MODEL);
+    json_t *j = json_loads(run(cmd, &st), 0, NULL);
+    cr_assert(j && st == 0);
+    cr_assert_eq(json_integer_value(json_array_get(json_object_get(j, "ids"), 0)), 1, "<|im_start|> first");
+    json_decref(j);
+    snprintf(cmd, sizeof cmd, "printf 'a\\nb' | %s/tandem tokenize %s -", TANDEM_BIN_DIR, DEFAULT_MODEL);
+    cr_assert_str_eq(run(cmd, &st), "81 198 82\n");
+    snprintf(cmd, sizeof cmd, "%s/tandem tokenize %s --decode 99999 2>&1", TANDEM_BIN_DIR, DEFAULT_MODEL);
+    cr_assert(strstr(run(cmd, &st), "'99999' is not a token id"));
+    cr_assert_neq(st, 0);
+    snprintf(cmd, sizeof cmd, "%s/tandem tokenize /no/such.gguf hi 2>&1", TANDEM_BIN_DIR);
+    cr_assert(strstr(run(cmd, &st), "/no/such.gguf"));
+    cr_assert_neq(st, 0);
+    snprintf(cmd, sizeof cmd, "%s/tandem inspect %s --json", TANDEM_BIN_DIR, DEFAULT_MODEL);
+    j = json_loads(run(cmd, &st), 0, NULL);
+    cr_assert(j && st == 0);
+    cr_assert_eq(json_array_size(json_object_get(j, "tensors")), 272);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "model"), "layers")), 30);
+    json_decref(j);
+}
