@@ -227,3 +227,67 @@ Test(gguf, file_errors)
     unlink(p);
     free(p);
 }
+
+/* Every metadata value type, and a version 2 header. */
+Test(gguf, every_metadata_type_v2_and_v3)
+{
+    for (uint32_t version = 2; version <= 3; version++) {
+        gw_t w = {.n = 0};
+        w_raw(&w, "GGUF", 4);
+        w_u32(&w, version);
+        w_u64(&w, 0);
+        w_u64(&w, 14);
+        uint8_t u8 = 200;
+        int8_t i8 = -100;
+        uint16_t u16 = 60000;
+        int16_t i16 = -30000;
+        int32_t i32 = -2000000000;
+        float f32 = 1.5f;
+        int64_t i64 = -5000000000LL;
+        double f64 = 2.25;
+        w_str(&w, "u8"), w_u32(&w, 0), w_raw(&w, &u8, 1);
+        w_str(&w, "i8"), w_u32(&w, 1), w_raw(&w, &i8, 1);
+        w_str(&w, "u16"), w_u32(&w, 2), w_raw(&w, &u16, 2);
+        w_str(&w, "i16"), w_u32(&w, 3), w_raw(&w, &i16, 2);
+        w_str(&w, "u32"), w_u32(&w, 4), w_u32(&w, 4000000000u);
+        w_str(&w, "i32"), w_u32(&w, 5), w_raw(&w, &i32, 4);
+        w_str(&w, "f32"), w_u32(&w, 6), w_raw(&w, &f32, 4);
+        w_str(&w, "bool"), w_u32(&w, 7), w.buf[w.n++] = 1;
+        w_str(&w, "str"), w_u32(&w, 8), w_str(&w, "héllo");
+        w_str(&w, "u64"), w_u32(&w, 10), w_u64(&w, 1ull << 40);
+        w_str(&w, "i64"), w_u32(&w, 11), w_raw(&w, &i64, 8);
+        w_str(&w, "f64"), w_u32(&w, 12), w_raw(&w, &f64, 8);
+        w_str(&w, "strs"), w_u32(&w, 9), w_u32(&w, 8), w_u64(&w, 2), w_str(&w, "a"), w_str(&w, "bc");
+        w_str(&w, "nested"), w_u32(&w, 9), w_u32(&w, 9), w_u64(&w, 2);
+        w_u32(&w, 4), w_u64(&w, 1), w_u32(&w, 7);
+        w_u32(&w, 8), w_u64(&w, 1), w_str(&w, "x");
+        eng_gguf_t *g;
+        cr_assert_eq(eng_gguf_open_mem(w.buf, w.n, "types.gguf", &g), TD_OK, "v%u: %s", version, td_last_error());
+        uint64_t u;
+        uint32_t v32;
+        float f;
+        bool b;
+        eng_str_t s;
+        cr_assert(eng_gguf_get_u64(g, "u8", &u) == TD_OK && u == 200);
+        cr_assert(eng_gguf_get_u64(g, "u16", &u) == TD_OK && u == 60000);
+        cr_assert(eng_gguf_get_u32(g, "u32", &v32) == TD_OK && v32 == 4000000000u);
+        cr_assert(eng_gguf_get_u64(g, "u64", &u) == TD_OK && u == 1ull << 40);
+        cr_assert_eq(eng_gguf_get_u32(g, "u64", &v32), TD_ERR_FORMAT, "does not fit 32 bits");
+        cr_assert_eq(eng_gguf_get_u64(g, "i8", &u), TD_ERR_FORMAT, "negative");
+        cr_assert_eq(eng_gguf_find(g, "i16")->v.i, -30000);
+        cr_assert_eq(eng_gguf_find(g, "i32")->v.i, -2000000000);
+        cr_assert_eq(eng_gguf_find(g, "i64")->v.i, -5000000000LL);
+        cr_assert(eng_gguf_get_f32(g, "f32", &f) == TD_OK && f == 1.5f);
+        cr_assert(eng_gguf_get_f32(g, "f64", &f) == TD_OK && f == 2.25f);
+        cr_assert(eng_gguf_get_bool(g, "bool", &b) == TD_OK && b);
+        cr_assert(eng_gguf_get_str(g, "str", &s) == TD_OK && s.len == 6 && !memcmp(s.ptr, "héllo", 6));
+        const eng_gguf_kv_t *kv;
+        cr_assert_eq(eng_gguf_get_arr(g, "strs", ENG_GGUF_STRING, &kv), TD_OK);
+        eng_str_t e1 = eng_gguf_arr_str(g, kv, 1);
+        cr_assert(e1.len == 2 && !memcmp(e1.ptr, "bc", 2));
+        cr_assert_eq(eng_gguf_get_arr(g, "strs", ENG_GGUF_U32, &kv), TD_ERR_FORMAT);
+        cr_assert_eq(eng_gguf_find(g, "nested")->arr_type, ENG_GGUF_ARRAY);
+        cr_assert_eq(eng_gguf_find(g, "nested")->arr_len, 2);
+        eng_gguf_close(g);
+    }
+}
