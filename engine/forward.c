@@ -1,0 +1,242 @@
+/* forward.c — see forward.h. A Llama-family decoder layer:
+ *
+ *   h = x + Wo · attn(rope(Wq · n1(x)), rope(Wk · n1(x)), Wv · n1(x))
+ *   x' = h + Wdown · (silu(Wgate · n2(h)) * (Wup · n2(h)))
+ *
+ * with n1, n2 RMSNorms, GQA attention over the paged KV, and logits =
+ * Wout · norm(x) for the rows that need them. All buffers are backend memory
+ * allocated at creation; a run allocates nothing. */
+#include "engine/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "engine/weights.h"
+
+#define PI_F 3.14159265358979323846
+
+struct eng_forward {
+    const eng_model_t *m;
+    kern_backend_t *be;
+    eng_kv_pool_t *pool;
+    eng_weights_t w;
+    uint32_t max_tokens, max_logits;
+    /* backend buffers */
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *xl, *logits, *freq;
+    int32_t *ids, *pos, *slots, *tables;
+    /* host staging */
+    int32_t *h_ids, *h_pos, *h_slots, *h_tables;
+    kern_attn_seq_t *aseqs;
+    float *h_logits;
+    kern_rope_style_t rope_style;
+};
+
+/* Inverse frequency of each rotated pair, with the model's scaling. */
+static td_status_t rope_freqs(const eng_model_desc_t *d, float *out)
+{
+    uint32_t half = d->head_dim / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)d->rope_theta, (double)(2 * i) / d->head_dim);
+        switch (d->rope_scaling) {
+        case ENG_ROPE_SCALING_NONE: break;
+        case ENG_ROPE_SCALING_LINEAR: f /= d->rope_factor; break;
+        case ENG_ROPE_SCALING_LLAMA3: {
+            double lo = d->rope_low_freq ? d->rope_low_freq : 1, hi = d->rope_high_freq ? d->rope_high_freq : 4;
+            double ctx = d->rope_orig_context ? d->rope_orig_context : 8192;
+            double wavelen = 2 * PI_F / f, lo_wl = ctx / lo, hi_wl = ctx / hi;
+            if (wavelen > lo_wl) {
+                f /= d->rope_factor;
+            } else if (wavelen >= hi_wl) {
+                double smooth = (ctx / wavelen - lo) / (hi - lo);
+                f = (1 - smooth) * f / d->rope_factor + smooth * f;
+            }
+            break;
+        }
+        case ENG_ROPE_SCALING_YARN:
+            return td_error(TD_ERR_UNSUPPORTED, "forward: YaRN rope scaling is not implemented yet");
+        }
+        out[i] = (float)f;
+    }
+    return TD_OK;
+}
+
+static td_status_t balloc(eng_forward_t *f, size_t bytes, void *pp)
+{
+    return f->be->ops->alloc(f->be, bytes ? bytes : 64, (void **)pp);
+}
+
+td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool, uint32_t max_tokens,
+                               uint32_t max_logits, eng_forward_t **out)
+{
+    const eng_model_desc_t *d = &m->desc;
+    if (d->head_dim > 512)
+        return td_error(TD_ERR_UNSUPPORTED, "forward: head dimension %u is over 512", d->head_dim);
+    eng_forward_t *f = calloc(1, sizeof *f);
+    if (!f)
+        return td_error(TD_ERR_NO_MEMORY, "forward: no memory");
+    f->m = m;
+    f->be = be;
+    f->pool = pool;
+    f->max_tokens = max_tokens;
+    f->max_logits = max_logits;
+    f->rope_style = d->rope_style == ENG_ROPE_NEOX ? KERN_ROPE_NEOX : KERN_ROPE_NORM;
+    size_t T = max_tokens, qd = (size_t)d->n_heads * d->head_dim, kvd = (size_t)d->n_kv_heads * d->head_dim;
+    size_t max_blocks = T * 4 + 1024; /* block-table entries a batch may bring */
+    float hfreq[256];
+    td_status_t rc = rope_freqs(d, hfreq);
+    if (!rc)
+        rc = eng_weights_bind(m, be, &f->w);
+    struct { void *slot; size_t bytes; } bufs[] = {
+        {&f->x, T * d->hidden * 4}, {&f->xn, T * d->hidden * 4}, {&f->q, T * qd * 4}, {&f->k, T * kvd * 4},
+        {&f->v, T * kvd * 4}, {&f->att, T * qd * 4}, {&f->tmp, T * (d->hidden > qd ? d->hidden : qd) * 4},
+        {&f->gate, T * d->ffn * 4}, {&f->up, T * d->ffn * 4}, {&f->xl, (size_t)max_logits * d->hidden * 4},
+        {&f->logits, (size_t)max_logits * d->vocab * 4}, {&f->freq, d->head_dim / 2 * 4}, {&f->ids, T * 4},
+        {&f->pos, T * 4}, {&f->slots, T * 4}, {&f->tables, max_blocks * 4},
+    };
+    for (size_t i = 0; !rc && i < sizeof bufs / sizeof bufs[0]; i++)
+        rc = balloc(f, bufs[i].bytes, bufs[i].slot);
+    if (!rc) {
+        f->h_ids = malloc(T * 4);
+        f->h_pos = malloc(T * 4);
+        f->h_slots = malloc(T * 4);
+        f->h_tables = malloc(max_blocks * 4);
+        f->aseqs = malloc(T * sizeof *f->aseqs);
+        f->h_logits = malloc((size_t)max_logits * d->vocab * 4);
+        if (!f->h_ids || !f->h_pos || !f->h_slots || !f->h_tables || !f->aseqs || !f->h_logits)
+            rc = td_error(TD_ERR_NO_MEMORY, "forward: no memory for batches of %u tokens", max_tokens);
+    }
+    if (!rc)
+        rc = be->ops->upload(be, f->freq, hfreq, d->head_dim / 2 * 4);
+    if (rc) {
+        eng_forward_destroy(f);
+        return rc;
+    }
+    *out = f;
+    return TD_OK;
+}
+
+void eng_forward_destroy(eng_forward_t *f)
+{
+    if (!f)
+        return;
+    kern_backend_t *be = f->be;
+    void *bufs[] = {f->x, f->xn, f->q, f->k, f->v, f->att, f->tmp, f->gate, f->up, f->xl, f->logits, f->freq,
+                    f->ids, f->pos, f->slots, f->tables};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            be->ops->free(be, bufs[i]);
+    eng_weights_release(&f->w, be);
+    free(f->h_ids);
+    free(f->h_pos);
+    free(f->h_slots);
+    free(f->h_tables);
+    free(f->aseqs);
+    free(f->h_logits);
+    free(f);
+}
+
+uint32_t eng_forward_max_tokens(const eng_forward_t *f) { return f->max_tokens; }
+
+static void add_bias(kern_backend_t *be, float *x, const float *b, uint32_t n, uint32_t dim)
+{
+    for (uint32_t t = 0; t < n; t++)
+        be->ops->add(be, x + (size_t)t * dim, b, dim);
+}
+
+td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                            uint32_t *n_logits)
+{
+    const eng_model_desc_t *d = &f->m->desc;
+    kern_backend_t *be = f->be;
+    const kern_backend_ops_t *o = be->ops;
+    uint32_t n = 0, nl = 0, bt = eng_kv_view(f->pool, 0).block_tokens;
+    size_t nt = 0;
+    /* lay the batch out: token rows, positions, KV slots, block tables */
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        const eng_batch_seq_t *q = &seqs[s];
+        if (n + q->n > f->max_tokens)
+            return td_error(TD_ERR_INVALID_ARG, "forward: batch of more than %u tokens", f->max_tokens);
+        if ((q->pos0 + q->n + bt - 1) / bt > q->n_blocks)
+            return td_error(TD_ERR_INTERNAL, "forward: sequence %u: %u blocks do not cover position %u", s,
+                            q->n_blocks, q->pos0 + q->n - 1);
+        if (q->pos0 + q->n > d->context && d->context)
+            return td_error(TD_ERR_INVALID_ARG, "forward: position %u is past the model's context of %u",
+                            q->pos0 + q->n - 1, d->context);
+        if (nt + q->n_blocks > f->max_tokens * 4 + 1024)
+            return td_error(TD_ERR_INVALID_ARG, "forward: batch block tables too large");
+        memcpy(f->h_tables + nt, q->block_table, q->n_blocks * 4);
+        f->aseqs[s] = (kern_attn_seq_t){.row0 = n, .n = q->n, .pos0 = q->pos0, .block_table = f->tables + nt,
+                                        .n_blocks = q->n_blocks};
+        for (uint32_t i = 0; i < q->n; i++) {
+            uint32_t p = q->pos0 + i;
+            f->h_ids[n + i] = q->tokens[i];
+            f->h_pos[n + i] = (int32_t)p;
+            f->h_slots[n + i] = q->block_table[p / bt] * (int32_t)bt + (int32_t)(p % bt);
+        }
+        n += q->n;
+        nt += q->n_blocks;
+        nl += q->want_logits;
+    }
+    if (nl > f->max_logits)
+        return td_error(TD_ERR_INVALID_ARG, "forward: %u logit rows asked, at most %u", nl, f->max_logits);
+    if (!n) {
+        *n_logits = 0;
+        return TD_OK;
+    }
+    td_status_t rc;
+    if ((rc = o->upload(be, f->ids, f->h_ids, n * 4)) || (rc = o->upload(be, f->pos, f->h_pos, n * 4)) ||
+        (rc = o->upload(be, f->slots, f->h_slots, n * 4)) || (rc = o->upload(be, f->tables, f->h_tables, nt * 4)))
+        return rc;
+    uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim, hid = d->hidden;
+    if ((rc = o->embed(be, &f->w.tok_embd, f->ids, n, f->x)))
+        return rc;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        const eng_layer_weights_t *L = &f->w.layers[l];
+        kern_kv_view_t kv = eng_kv_view(f->pool, l);
+        o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps);
+        if ((rc = o->matmul(be, &L->wq, f->xn, f->q, n)) || (rc = o->matmul(be, &L->wk, f->xn, f->k, n)) ||
+            (rc = o->matmul(be, &L->wv, f->xn, f->v, n)))
+            return rc;
+        if (L->bq) {
+            add_bias(be, f->q, L->bq, n, H * hd);
+            add_bias(be, f->k, L->bk, n, KV * hd);
+            add_bias(be, f->v, L->bv, n, KV * hd);
+        }
+        o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style);
+        o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style);
+        o->kv_store(be, &kv, f->k, f->v, f->slots, n);
+        o->attention(be, &kv, f->q, f->att, H, f->aseqs, n_seqs, scale);
+        if ((rc = o->matmul(be, &L->wo, f->att, f->tmp, n)))
+            return rc;
+        o->add(be, f->x, f->tmp, (size_t)n * hid);
+        o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps);
+        if ((rc = o->matmul(be, &L->w_gate, f->xn, f->gate, n)) || (rc = o->matmul(be, &L->w_up, f->xn, f->up, n)))
+            return rc;
+        o->swiglu(be, f->gate, f->up, f->gate, (size_t)n * d->ffn);
+        if ((rc = o->matmul(be, &L->w_down, f->gate, f->tmp, n)))
+            return rc;
+        o->add(be, f->x, f->tmp, (size_t)n * hid);
+    }
+    /* the last row of each sequence that wants logits */
+    uint32_t k = 0;
+    for (uint32_t s = 0; s < n_seqs; s++)
+        if (seqs[s].want_logits) {
+            uint32_t row = f->aseqs[s].row0 + seqs[s].n - 1;
+            o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)row * hid, hid * 4);
+            k++;
+        }
+    if (nl) {
+        o->rmsnorm(be, f->xl, f->w.out_norm, f->xl, nl, hid, d->norm_eps);
+        if ((rc = o->matmul(be, &f->w.output, f->xl, f->logits, nl)) ||
+            (rc = o->download(be, f->h_logits, f->logits, (size_t)nl * d->vocab * 4)))
+            return rc;
+    }
+    if ((rc = o->sync(be)))
+        return rc;
+    *logits = f->h_logits;
+    *n_logits = nl;
+    return TD_OK;
+}

@@ -1,0 +1,44 @@
+/* forward.h — the forward pass over a batch of sequences.
+ *
+ * One call runs any mix of prefill chunks and decode tokens: each sequence of
+ * the batch brings its next tokens, their first position and a block table
+ * that already covers every position up to its last token. The pass writes the
+ * new tokens' KV into those blocks and returns logits for the sequences that
+ * ask for them (of their last token). Prefill and decode are the same code;
+ * only the number of tokens per sequence differs. */
+#ifndef ENG_FORWARD_H
+#define ENG_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+
+typedef struct eng_batch_seq {
+    const int32_t *tokens;   /* the tokens to run now */
+    uint32_t n;
+    uint32_t pos0;           /* position of tokens[0] (= tokens already in the KV) */
+    const int32_t *block_table;
+    uint32_t n_blocks;
+    bool want_logits;        /* logits of tokens[n - 1] */
+} eng_batch_seq_t;
+
+typedef struct eng_forward eng_forward_t;
+
+/* Scratch for batches of up to max_tokens tokens and max_logits logit rows is
+ * allocated here, once. The weights are bound and prepared. */
+td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool, uint32_t max_tokens,
+                               uint32_t max_logits, eng_forward_t **out);
+void eng_forward_destroy(eng_forward_t *f);
+
+/* Runs the batch. *logits points at n_logits rows of vocab floats (host
+ * memory, in the order of the sequences that asked), valid until the next run. */
+td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                            uint32_t *n_logits);
+
+uint32_t eng_forward_max_tokens(const eng_forward_t *f);
+
+#endif

@@ -1,0 +1,217 @@
+/* kv_pool.c — see kv_pool.h.
+ *
+ * State per block: a count; a name (if published); links in the LRU list of
+ * cached blocks (count 0 and named). Free blocks (count 0, no name) are on a
+ * stack. The name index is open addressing with tombstones over 2x the blocks. */
+#include "engine/kv_pool.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+#define NAME_EMPTY -1
+#define NAME_GONE -2
+
+struct eng_kv_pool {
+    kern_backend_t *be;
+    eng_kv_geom_t g;
+    size_t block_bytes;
+    uint32_t n_blocks;
+    void *mem;
+    int32_t *count;
+    bool *named;
+    td_block_name_t *name;
+    int32_t *free_stack;
+    uint32_t n_free;
+    int32_t *lru_prev, *lru_next; /* cached blocks; head = least recent */
+    int32_t lru_head, lru_tail;
+    uint32_t n_cached;
+    int32_t *index; /* name slots -> block */
+    uint32_t index_mask;
+};
+
+size_t eng_kv_block_bytes(const eng_kv_geom_t *g)
+{
+    return (size_t)g->n_layers * 2 * g->n_kv_heads * g->block_tokens * g->head_dim *
+           (g->dtype == KERN_KV_F16 ? 2 : 4);
+}
+
+td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, eng_kv_pool_t **out)
+{
+    if (!n_blocks || g->block_tokens < 1)
+        return td_error(TD_ERR_INVALID_ARG, "kv pool: %u blocks of %u tokens is not a pool", n_blocks, g->block_tokens);
+    eng_kv_pool_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory");
+    p->be = be;
+    p->g = *g;
+    p->block_bytes = eng_kv_block_bytes(g);
+    p->n_blocks = n_blocks;
+    uint32_t cap = 16;
+    while (cap < 2 * n_blocks)
+        cap *= 2;
+    p->index_mask = cap - 1;
+    p->count = calloc(n_blocks, sizeof *p->count);
+    p->named = calloc(n_blocks, sizeof *p->named);
+    p->name = calloc(n_blocks, sizeof *p->name);
+    p->free_stack = malloc(n_blocks * sizeof *p->free_stack);
+    p->lru_prev = malloc(n_blocks * sizeof *p->lru_prev);
+    p->lru_next = malloc(n_blocks * sizeof *p->lru_next);
+    p->index = malloc(cap * sizeof *p->index);
+    if (!p->count || !p->named || !p->name || !p->free_stack || !p->lru_prev || !p->lru_next || !p->index) {
+        eng_kv_pool_destroy(p);
+        return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory for %u blocks", n_blocks);
+    }
+    td_status_t rc = be->ops->alloc(be, p->block_bytes * n_blocks, &p->mem);
+    if (rc) {
+        eng_kv_pool_destroy(p);
+        return rc;
+    }
+    for (uint32_t i = 0; i < n_blocks; i++)
+        p->free_stack[i] = (int32_t)(n_blocks - 1 - i);
+    p->n_free = n_blocks;
+    for (uint32_t i = 0; i <= p->index_mask; i++)
+        p->index[i] = NAME_EMPTY;
+    p->lru_head = p->lru_tail = -1;
+    *out = p;
+    return TD_OK;
+}
+
+void eng_kv_pool_destroy(eng_kv_pool_t *p)
+{
+    if (!p)
+        return;
+    if (p->mem)
+        p->be->ops->free(p->be, p->mem);
+    free(p->count);
+    free(p->named);
+    free(p->name);
+    free(p->free_stack);
+    free(p->lru_prev);
+    free(p->lru_next);
+    free(p->index);
+    free(p);
+}
+
+static uint32_t name_slot(const eng_kv_pool_t *p, td_block_name_t n) { return (uint32_t)n.lo & p->index_mask; }
+
+static int32_t *index_find(eng_kv_pool_t *p, td_block_name_t n)
+{
+    for (uint32_t s = name_slot(p, n), k = 0; k <= p->index_mask; s = (s + 1) & p->index_mask, k++) {
+        int32_t b = p->index[s];
+        if (b == NAME_EMPTY)
+            return NULL;
+        if (b >= 0 && td_block_name_eq(p->name[b], n))
+            return &p->index[s];
+    }
+    return NULL;
+}
+
+static void lru_unlink(eng_kv_pool_t *p, int32_t b)
+{
+    if (p->lru_prev[b] >= 0)
+        p->lru_next[p->lru_prev[b]] = p->lru_next[b];
+    else
+        p->lru_head = p->lru_next[b];
+    if (p->lru_next[b] >= 0)
+        p->lru_prev[p->lru_next[b]] = p->lru_prev[b];
+    else
+        p->lru_tail = p->lru_prev[b];
+    p->n_cached--;
+}
+
+static void lru_push(eng_kv_pool_t *p, int32_t b)
+{
+    p->lru_prev[b] = p->lru_tail;
+    p->lru_next[b] = -1;
+    if (p->lru_tail >= 0)
+        p->lru_next[p->lru_tail] = b;
+    else
+        p->lru_head = b;
+    p->lru_tail = b;
+    p->n_cached++;
+}
+
+static void unname(eng_kv_pool_t *p, int32_t b)
+{
+    int32_t *slot = index_find(p, p->name[b]);
+    if (slot)
+        *slot = NAME_GONE;
+    p->named[b] = false;
+}
+
+td_status_t eng_kv_alloc(eng_kv_pool_t *p, int32_t *block)
+{
+    int32_t b;
+    if (p->n_free) {
+        b = p->free_stack[--p->n_free];
+    } else if (p->lru_head >= 0) { /* evict the least recently used cached block */
+        b = p->lru_head;
+        lru_unlink(p, b);
+        unname(p, b);
+    } else {
+        return TD_ERR_NO_MEMORY;
+    }
+    p->count[b] = 1;
+    *block = b;
+    return TD_OK;
+}
+
+void eng_kv_ref(eng_kv_pool_t *p, int32_t b)
+{
+    if (p->count[b]++ == 0 && p->named[b])
+        lru_unlink(p, b);
+}
+
+void eng_kv_unref(eng_kv_pool_t *p, int32_t b)
+{
+    if (--p->count[b] > 0)
+        return;
+    if (p->named[b])
+        lru_push(p, b);
+    else
+        p->free_stack[p->n_free++] = b;
+}
+
+int32_t eng_kv_publish(eng_kv_pool_t *p, int32_t b, td_block_name_t n)
+{
+    int32_t *slot = index_find(p, n);
+    if (slot)
+        return *slot;
+    if (p->named[b])
+        unname(p, b);
+    uint32_t s = name_slot(p, n);
+    while (p->index[s] >= 0)
+        s = (s + 1) & p->index_mask;
+    p->index[s] = b;
+    p->name[b] = n;
+    p->named[b] = true;
+    return b;
+}
+
+int32_t eng_kv_lookup(eng_kv_pool_t *p, td_block_name_t n)
+{
+    int32_t *slot = index_find(p, n);
+    if (!slot)
+        return -1;
+    eng_kv_ref(p, *slot);
+    return *slot;
+}
+
+kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer)
+{
+    return (kern_kv_view_t){.base = p->mem, .block_bytes = p->block_bytes, .dtype = p->g.dtype, .layer = layer,
+                            .n_layers = p->g.n_layers, .n_kv_heads = p->g.n_kv_heads, .head_dim = p->g.head_dim,
+                            .block_tokens = p->g.block_tokens};
+}
+
+void *eng_kv_block_ptr(const eng_kv_pool_t *p, int32_t b) { return (uint8_t *)p->mem + (size_t)b * p->block_bytes; }
+
+eng_kv_stats_t eng_kv_stats(const eng_kv_pool_t *p)
+{
+    return (eng_kv_stats_t){.n_blocks = p->n_blocks, .in_use = p->n_blocks - p->n_free - p->n_cached,
+                            .cached = p->n_cached, .free = p->n_free, .block_bytes = p->block_bytes,
+                            .bytes_per_token = p->block_bytes / p->g.block_tokens};
+}

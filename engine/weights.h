@@ -1,0 +1,32 @@
+/* weights.h — the model's tensors bound to the engine's roles, from either
+ * naming scheme (GGUF "blk.N.attn_q.weight", Hugging Face
+ * "model.layers.N.self_attn.q_proj.weight"), shapes checked against the
+ * description. Matrices stay in the file's format and mapping (the backend
+ * prepares them); vectors (norms, biases) are copied to fp32. */
+#ifndef ENG_WEIGHTS_H
+#define ENG_WEIGHTS_H
+
+#include "common/status.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+
+typedef struct eng_layer_weights {
+    float *attn_norm, *ffn_norm;   /* [hidden], backend memory */
+    float *bq, *bk, *bv;           /* qkv biases or NULL */
+    kern_weight_t wq, wk, wv, wo, w_gate, w_up, w_down;
+} eng_layer_weights_t;
+
+typedef struct eng_weights {
+    kern_weight_t tok_embd;  /* [vocab][hidden]; read by rows (embed) */
+    kern_weight_t output;    /* [vocab][hidden]; the embedding when tied */
+    float *out_norm;
+    eng_layer_weights_t *layers;
+    uint32_t n_layers;
+} eng_weights_t;
+
+/* Binds and prepares every tensor; an absent tensor or a wrong shape is
+ * TD_ERR_FORMAT naming it. Free with eng_weights_release(). */
+td_status_t eng_weights_bind(const eng_model_t *m, kern_backend_t *be, eng_weights_t *w);
+void eng_weights_release(eng_weights_t *w, kern_backend_t *be);
+
+#endif

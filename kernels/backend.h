@@ -1,0 +1,109 @@
+/* backend.h — the kernel backend: one table of operations that the engine's
+ * forward pass calls, implemented by kernels/cpu/ (SIMD + a thread pool) and
+ * kernels/cuda/ (CUDA C, cuBLAS). ggml's ggml_backend_i is the model.
+ *
+ * Memory: every pointer an op takes lives in the backend's memory (host memory
+ * for the CPU backend, device memory for CUDA), allocated with ops->alloc and
+ * filled with ops->upload. Execution: ops are queued in order and may run
+ * asynchronously; ops->sync waits for all of them. Nothing is read back
+ * implicitly.
+ *
+ * Shapes (row-major, the last dimension contiguous):
+ *   activations  x[n][dim] fp32
+ *   a weight     W[rows][cols] of any kern_type_t; matmul computes y = x Wᵀ
+ *   q, k, v      [n][heads][head_dim] fp32
+ * The KV pool (engine/kv_pool.h) is an array of blocks in the canonical layout
+ * [layer][k|v][kv_head][token][head_dim], in fp32 or fp16. */
+#ifndef KERN_BACKEND_H
+#define KERN_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct kern_backend kern_backend_t;
+
+/* A weight matrix as a backend holds it. `data` is the file's bytes (mapped);
+ * the backend may keep its own copy or repacked layout in `priv`. */
+typedef struct kern_weight {
+    uint32_t type;  /* kern_type_t */
+    uint32_t rows;  /* output features */
+    uint32_t cols;  /* input features (contiguous) */
+    const void *data;
+    void *priv;
+} kern_weight_t;
+
+typedef enum kern_rope_style {
+    KERN_ROPE_NORM, /* rotate (x[2i], x[2i+1]) */
+    KERN_ROPE_NEOX, /* rotate (x[i], x[i + d/2]) */
+} kern_rope_style_t;
+
+typedef enum kern_kv_dtype { KERN_KV_F32, KERN_KV_F16 } kern_kv_dtype_t;
+
+/* Where the KV of one layer lives: the pool and its geometry. */
+typedef struct kern_kv_view {
+    void *base;             /* block 0 */
+    size_t block_bytes;     /* bytes of one block (all layers) */
+    kern_kv_dtype_t dtype;
+    uint32_t layer, n_layers, n_kv_heads, head_dim, block_tokens;
+} kern_kv_view_t;
+
+/* One sequence's part of a batch: its tokens are rows [row0, row0 + n) of q,
+ * at positions pos0 .. pos0 + n - 1, and attend causally to every position
+ * from 0, whose KV is in the blocks block_table[0 .. n_blocks). */
+typedef struct kern_attn_seq {
+    uint32_t row0, n, pos0;
+    const int32_t *block_table;
+    uint32_t n_blocks;
+} kern_attn_seq_t;
+
+typedef struct kern_backend_ops {
+    const char *name;
+    /* memory */
+    td_status_t (*alloc)(kern_backend_t *b, size_t bytes, void **ptr);
+    void (*free)(kern_backend_t *b, void *ptr);
+    td_status_t (*upload)(kern_backend_t *b, void *dst, const void *src, size_t bytes);
+    td_status_t (*download)(kern_backend_t *b, void *dst, const void *src, size_t bytes);
+    /* within backend memory */
+    td_status_t (*copy)(kern_backend_t *b, void *dst, const void *src, size_t bytes);
+    td_status_t (*sync)(kern_backend_t *b);
+    /* weights: prepare once after load (upload, repack); release frees priv */
+    td_status_t (*weight_prepare)(kern_backend_t *b, kern_weight_t *w);
+    void (*weight_release)(kern_backend_t *b, kern_weight_t *w);
+
+    /* y[n][rows] = x[n][cols] · Wᵀ */
+    td_status_t (*matmul)(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);
+    /* y[i] = x[i] / rms(x[i]) * w, per row of dim */
+    td_status_t (*rmsnorm)(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
+                           float eps);
+    /* rotates x[n][heads][head_dim] in place; freq[head_dim/2] are the
+     * per-pair inverse frequencies (scaling already applied) */
+    td_status_t (*rope)(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t head_dim,
+                        const int32_t *pos, const float *freq, kern_rope_style_t style);
+    /* y = silu(gate) * up, elementwise over n */
+    td_status_t (*swiglu)(kern_backend_t *b, const float *gate, const float *up, float *y, size_t n);
+    /* x += y, elementwise */
+    td_status_t (*add)(kern_backend_t *b, float *x, const float *y, size_t n);
+    /* out[i] = row ids[i] of the table, as fp32 */
+    td_status_t (*embed)(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out);
+    /* writes k, v [n][n_kv_heads][head_dim] of one layer into pool slots
+     * (slot = block * block_tokens + offset) */
+    td_status_t (*kv_store)(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
+                            const int32_t *slots, uint32_t n);
+    /* out[rows][n_heads][head_dim] = softmax(q kᵀ · scale, causal) v, per sequence */
+    td_status_t (*attention)(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
+                             uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale);
+} kern_backend_ops_t;
+
+/* Every backend struct begins with its ops table. */
+struct kern_backend {
+    const kern_backend_ops_t *ops;
+};
+
+/* The CPU backend with n_threads compute threads (0: one per core). */
+td_status_t kern_cpu_backend_create(int n_threads, kern_backend_t **out);
+void kern_cpu_backend_destroy(kern_backend_t *b);
+
+#endif

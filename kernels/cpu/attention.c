@@ -1,0 +1,124 @@
+/* attention.c — causal attention over paged KV, and storing KV into pages.
+ *
+ * Shapes: q, out [rows][n_heads][head_dim]; the KV of layer L for token slot s
+ * (block s / block_tokens, offset s % block_tokens) is at
+ *   block + ((L * 2 + 0|1) * n_kv_heads + kv_head) * block_tokens * head_dim + offset * head_dim
+ * (the canonical block layout of engine/kv_pool.h), fp32 or fp16.
+ *
+ * How it works: one task per (query row, head). It walks the sequence's blocks
+ * up to the row's own position and keeps a running softmax (max, sum and the
+ * weighted sum of V, rescaled when the max grows), so no score buffer as long
+ * as the context is needed. Query heads share KV heads in groups (GQA). */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_int.h"
+#include "kernels/quant.h"
+
+static inline size_t kv_offset(const kern_kv_view_t *kv, uint32_t which, uint32_t head)
+{
+    return (((size_t)kv->layer * 2 + which) * kv->n_kv_heads + head) * kv->block_tokens * kv->head_dim;
+}
+
+td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
+                              const int32_t *slots, uint32_t n)
+{
+    (void)b;
+    size_t es = kv->dtype == KERN_KV_F16 ? 2 : 4;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t blk = (uint32_t)slots[t] / kv->block_tokens, off = (uint32_t)slots[t] % kv->block_tokens;
+        uint8_t *base = (uint8_t *)kv->base + (size_t)blk * kv->block_bytes;
+        for (uint32_t h = 0; h < kv->n_kv_heads; h++) {
+            for (uint32_t which = 0; which < 2; which++) {
+                const float *src = (which ? v : k) + ((size_t)t * kv->n_kv_heads + h) * kv->head_dim;
+                uint8_t *dst = base + (kv_offset(kv, which, h) + (size_t)off * kv->head_dim) * es;
+                if (kv->dtype == KERN_KV_F32) {
+                    memcpy(dst, src, kv->head_dim * sizeof(float));
+                } else {
+                    uint16_t *d16 = (uint16_t *)(void *)dst;
+                    for (uint32_t i = 0; i < kv->head_dim; i++)
+                        d16[i] = kern_fp32_to_fp16(src[i]);
+                }
+            }
+        }
+    }
+    return TD_OK;
+}
+
+typedef struct attn_job {
+    const kern_kv_view_t *kv;
+    const float *q;
+    float *out;
+    uint32_t n_heads;
+    const kern_attn_seq_t *seqs;
+    uint32_t n_seqs;
+    float scale;
+    uint32_t total_rows;
+} attn_job_t;
+
+static inline void kv_row(const kern_kv_view_t *kv, const uint8_t *p, float *dst)
+{
+    if (kv->dtype == KERN_KV_F32) {
+        memcpy(dst, p, kv->head_dim * sizeof(float));
+    } else {
+        uint16_t h;
+        for (uint32_t i = 0; i < kv->head_dim; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = kern_fp16_to_fp32(h);
+        }
+    }
+}
+
+static void attn_task(void *ctx, int task, int n_tasks)
+{
+    (void)n_tasks;
+    const attn_job_t *j = ctx;
+    const kern_kv_view_t *kv = j->kv;
+    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads;
+    const kern_attn_seq_t *s = j->seqs;
+    while (row >= s->row0 + s->n)
+        s++;
+    uint32_t pos = s->pos0 + (row - s->row0);
+    uint32_t hd = kv->head_dim, kvh = head / (j->n_heads / kv->n_kv_heads);
+    size_t es = kv->dtype == KERN_KV_F16 ? 2 : 4;
+    const float *q = j->q + ((size_t)row * j->n_heads + head) * hd;
+    float acc[512], kr[512], vr[512];
+    memset(acc, 0, hd * sizeof(float));
+    float m = -INFINITY, l = 0;
+    for (uint32_t p = 0; p <= pos; p++) {
+        uint32_t blk = (uint32_t)s->block_table[p / kv->block_tokens], off = p % kv->block_tokens;
+        const uint8_t *base = (const uint8_t *)kv->base + (size_t)blk * kv->block_bytes;
+        kv_row(kv, base + (kv_offset(kv, 0, kvh) + (size_t)off * hd) * es, kr);
+        float sc = 0;
+        for (uint32_t i = 0; i < hd; i++)
+            sc += q[i] * kr[i];
+        sc *= j->scale;
+        kv_row(kv, base + (kv_offset(kv, 1, kvh) + (size_t)off * hd) * es, vr);
+        if (sc > m) {
+            float r = expf(m - sc);
+            l *= r;
+            for (uint32_t i = 0; i < hd; i++)
+                acc[i] *= r;
+            m = sc;
+        }
+        float e = expf(sc - m);
+        l += e;
+        for (uint32_t i = 0; i < hd; i++)
+            acc[i] += e * vr[i];
+    }
+    float *o = j->out + ((size_t)row * j->n_heads + head) * hd;
+    for (uint32_t i = 0; i < hd; i++)
+        o[i] = acc[i] / l;
+}
+
+td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
+                               uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
+{
+    kern_cpu_t *c = (kern_cpu_t *)b;
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < n_seqs; i++)
+        rows = seqs[i].row0 + seqs[i].n > rows ? seqs[i].row0 + seqs[i].n : rows;
+    attn_job_t j = {kv, q, out, n_heads, seqs, n_seqs, scale, rows};
+    kern_pool_run(c->pool, (int)(rows * n_heads), attn_task, &j);
+    return TD_OK;
+}

@@ -1,0 +1,112 @@
+/* backend_cpu.c — the CPU backend: host memory, synchronous ops on a thread
+ * pool, AVX2 kernels when the CPU has them (kernels/cpu/vecdot.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/cpu/cpu_int.h"
+
+void *kern_cpu_scratch(kern_cpu_t *c, size_t bytes)
+{
+    if (bytes <= c->scratch_cap)
+        return c->scratch;
+    size_t cap = c->scratch_cap ? c->scratch_cap : 1 << 16;
+    while (cap < bytes)
+        cap *= 2;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, cap) != 0)
+        return NULL;
+    free(c->scratch);
+    c->scratch = p;
+    c->scratch_cap = cap;
+    return p;
+}
+
+static td_status_t cpu_alloc(kern_backend_t *b, size_t bytes, void **ptr)
+{
+    (void)b;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return td_error(TD_ERR_NO_MEMORY, "cpu backend: cannot allocate %zu bytes", bytes);
+    *ptr = p;
+    return TD_OK;
+}
+
+static void cpu_free(kern_backend_t *b, void *ptr)
+{
+    (void)b;
+    free(ptr);
+}
+
+static td_status_t cpu_copy(kern_backend_t *b, void *dst, const void *src, size_t bytes)
+{
+    (void)b;
+    memmove(dst, src, bytes);
+    return TD_OK;
+}
+
+static td_status_t cpu_sync(kern_backend_t *b)
+{
+    (void)b;
+    return TD_OK;
+}
+
+/* Weights stay in the mapped file: nothing to prepare. */
+static td_status_t cpu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
+{
+    (void)b;
+    (void)w;
+    return TD_OK;
+}
+
+static void cpu_weight_release(kern_backend_t *b, kern_weight_t *w)
+{
+    (void)b;
+    (void)w;
+}
+
+static const kern_backend_ops_t kern_cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .sync = cpu_sync,
+    .weight_prepare = cpu_weight_prepare,
+    .weight_release = cpu_weight_release,
+    .matmul = kern_cpu_matmul,
+    .rmsnorm = kern_cpu_rmsnorm,
+    .rope = kern_cpu_rope,
+    .swiglu = kern_cpu_swiglu,
+    .add = kern_cpu_add,
+    .embed = kern_cpu_embed,
+    .kv_store = kern_cpu_kv_store,
+    .attention = kern_cpu_attention,
+};
+
+td_status_t kern_cpu_backend_create(int n_threads, kern_backend_t **out)
+{
+    kern_cpu_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory");
+    c->base.ops = &kern_cpu_ops;
+    c->vd = kern_vecdot();
+    td_status_t rc = kern_pool_create(n_threads, &c->pool);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    *out = &c->base;
+    return TD_OK;
+}
+
+void kern_cpu_backend_destroy(kern_backend_t *b)
+{
+    kern_cpu_t *c = (kern_cpu_t *)b;
+    if (!c)
+        return;
+    kern_pool_destroy(c->pool);
+    free(c->scratch);
+    free(c);
+}

@@ -1,0 +1,107 @@
+/* matmul.c — y[n][rows] = x[n][cols] · Wᵀ for every weight format.
+ *
+ * Shapes: W is rows x cols in its format (kernels/quant.h), x is n x cols fp32,
+ * y is n x rows fp32. One path serves decode (n = 1: a GEMV, bound by reading
+ * W once) and prefill (n large: each task takes a slice of W's rows and runs
+ * them against every token, so the slice is read from memory once and then
+ * from cache).
+ *
+ * First the activations are quantized to the 8-bit blocks the weight format
+ * takes (vecdot.h) — once per call, shared by all tasks; then tasks of
+ * MATMUL_ROWS rows run the dot products. K-quant rows are decoded to fp32 in a
+ * per-task buffer (K-quants are read, not yet fast). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/cpu/cpu_int.h"
+#include "kernels/quant.h"
+
+#define MATMUL_ROWS 16
+
+typedef struct matmul_job {
+    const kern_cpu_t *c;
+    const kern_weight_t *w;
+    const void *xq;      /* activations in the format the weight takes */
+    size_t xq_stride;    /* bytes per token row of xq */
+    kern_vec_dot_fn dot;
+    float *y;
+    uint32_t n;
+    size_t w_stride;     /* bytes per weight row */
+    float *decode;       /* K-quants: MATMUL scratch, cols floats per task */
+} matmul_job_t;
+
+static void matmul_task(void *ctx, int task, int n_tasks)
+{
+    (void)n_tasks;
+    const matmul_job_t *j = ctx;
+    uint32_t r0 = (uint32_t)task * MATMUL_ROWS, r1 = r0 + MATMUL_ROWS;
+    if (r1 > j->w->rows)
+        r1 = j->w->rows;
+    const uint8_t *wb = j->w->data;
+    for (uint32_t r = r0; r < r1; r++) {
+        const void *row = wb + r * j->w_stride;
+        if (j->decode) { /* K-quants: decode the row once, then fp32 dots */
+            float *d = j->decode + (size_t)task * j->w->cols;
+            kern_dequant_row(j->w->type, row, d, j->w->cols);
+            row = d;
+        }
+        for (uint32_t t = 0; t < j->n; t++)
+            j->y[(size_t)t * j->w->rows + r] =
+                j->dot(row, (const uint8_t *)j->xq + t * j->xq_stride, j->w->cols);
+    }
+}
+
+typedef struct quant_job {
+    kern_quantize_fn fn;
+    const float *x;
+    uint8_t *xq;
+    uint32_t cols;
+    size_t stride;
+} quant_job_t;
+
+static void quant_task(void *ctx, int t, int n_tasks)
+{
+    (void)n_tasks;
+    const quant_job_t *q = ctx;
+    q->fn(q->x + (size_t)t * q->cols, q->xq + (size_t)t * q->stride, q->cols);
+}
+
+td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
+{
+    kern_cpu_t *c = (kern_cpu_t *)b;
+    const kern_vecdot_table_t *vd = c->vd;
+    const kern_type_info_t *info = kern_type_info(w->type);
+    if (!info || w->cols % info->block_elems || w->cols % 32)
+        return td_error(TD_ERR_INVALID_ARG, "matmul: weight of type %u with %u columns is not supported", w->type,
+                        w->cols);
+    matmul_job_t j = {.c = c, .w = w, .y = y, .n = n, .w_stride = kern_type_row_bytes(info, w->cols)};
+    kern_quantize_fn quant = NULL;
+    size_t n_tasks = (w->rows + MATMUL_ROWS - 1) / MATMUL_ROWS;
+    switch ((kern_type_t)w->type) {
+    case KERN_TYPE_Q4_0: j.dot = vd->q4_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;
+    case KERN_TYPE_Q8_0: j.dot = vd->q8_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;
+    case KERN_TYPE_Q4_1: j.dot = vd->q4_1_q8_1, quant = vd->quantize_q8_1, j.xq_stride = w->cols / 32 * KERN_Q8_1_BYTES; break;
+    case KERN_TYPE_F16: j.dot = vd->f16_f32; break;
+    case KERN_TYPE_BF16: j.dot = vd->bf16_f32; break;
+    case KERN_TYPE_F32: j.dot = vd->f32_f32; break;
+    case KERN_TYPE_Q4_K: case KERN_TYPE_Q5_K: case KERN_TYPE_Q6_K: j.dot = vd->f32_f32; break;
+    }
+    size_t q_bytes = quant ? (size_t)n * j.xq_stride : 0;
+    size_t d_bytes = w->type >= KERN_TYPE_Q4_K && w->type <= KERN_TYPE_Q6_K ? n_tasks * w->cols * sizeof(float) : 0;
+    uint8_t *scratch = kern_cpu_scratch(c, q_bytes + d_bytes + 64);
+    if (!scratch)
+        return td_error(TD_ERR_NO_MEMORY, "matmul: no memory for %zu bytes of scratch", q_bytes + d_bytes);
+    if (quant) {
+        quant_job_t q = {.fn = quant, .x = x, .xq = scratch, .cols = w->cols, .stride = j.xq_stride};
+        kern_pool_run(c->pool, (int)n, quant_task, &q);
+        j.xq = scratch;
+    } else {
+        j.xq = x;
+        j.xq_stride = w->cols * sizeof(float);
+    }
+    if (d_bytes)
+        j.decode = (float *)(void *)(scratch + ((q_bytes + 63) & ~(size_t)63));
+    kern_pool_run(c->pool, (int)n_tasks, matmul_task, &j);
+    return TD_OK;
+}

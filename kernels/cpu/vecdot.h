@@ -1,0 +1,35 @@
+/* vecdot.h — dot products of one weight row with one activation row, the inner
+ * loop of the CPU matmul, and the activation quantizers they need.
+ *
+ * As llama.cpp does, activations meet 4- and 8-bit weights as 8-bit blocks of
+ * their own, so the dot product runs on integers:
+ *   Q8_0  32 values  34 B  { f16 d; i8 qs[32]; }              x ≈ d * q
+ *   Q8_1  32 values  36 B  { f16 d; f16 s; i8 qs[32]; }       s = d * Σq
+ * Q4_0 and Q8_0 weights take Q8_0 activations, Q4_1 takes Q8_1 (its min needs
+ * Σq); F16, BF16 and F32 weights take fp32 activations; K-quant rows are
+ * decoded to fp32 first. Shapes: w is one row of n values in its format; x is
+ * n activation values in the format the weight takes. */
+#ifndef KERN_CPU_VECDOT_H
+#define KERN_CPU_VECDOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KERN_Q8_0_BYTES 34
+#define KERN_Q8_1_BYTES 36
+
+typedef float (*kern_vec_dot_fn)(const void *w, const void *x, size_t n);
+typedef void (*kern_quantize_fn)(const float *x, void *y, size_t n);
+
+typedef struct kern_vecdot_table {
+    kern_quantize_fn quantize_q8_0, quantize_q8_1;
+    kern_vec_dot_fn q4_0_q8_0, q4_1_q8_1, q8_0_q8_0, f16_f32, bf16_f32, f32_f32;
+} kern_vecdot_table_t;
+
+extern const kern_vecdot_table_t kern_vecdot_portable;
+extern const kern_vecdot_table_t kern_vecdot_avx2; /* x86-64 builds; checked at run time */
+
+/* The table for this CPU (AVX2 when present and not TANDEM_CPU=portable). */
+const kern_vecdot_table_t *kern_vecdot(void);
+
+#endif

@@ -1,0 +1,179 @@
+/* vecdot_avx2.c — AVX2/FMA dot products and quantizers (see vecdot.h);
+ * compiled with -mavx2 -mfma -mf16c, used after a run-time CPU check. The
+ * integer products use the unsigned-by-signed byte multiply (vpmaddubsw) with
+ * the sign moved onto the activation, as llama.cpp does. */
+#include "kernels/cpu/vecdot.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+static inline float h(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return _cvtsh_ss(v);
+}
+
+static inline float hsum8(__m256 v)
+{
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* 32 nibbles as 32 bytes: low nibbles of qs[0..16) then high nibbles. */
+static inline __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    __m256i both = _mm256_insertf128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+/* 8 int32 sums of u8 x i8 products, as floats */
+static inline __m256 dot_us8(__m256i ux, __m256i sy)
+{
+    __m256i p16 = _mm256_maddubs_epi16(ux, sy);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+/* the same for signed x signed */
+static inline __m256 dot_ss8(__m256i x, __m256i y)
+{
+    return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+static void quantize_q8(const float *x, uint8_t *y, size_t n, int with_sum)
+{
+    size_t stride = with_sum ? KERN_Q8_1_BYTES : KERN_Q8_0_BYTES;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / 32; b++, x += 32, y += stride) {
+        __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16),
+               v3 = _mm256_loadu_ps(x + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
+        __m256 mul = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), _MM_FROUND_TO_NEAREST_INT));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), _MM_FROUND_TO_NEAREST_INT));
+        uint16_t hd = _cvtss_sh(d, 0);
+        memcpy(y, &hd, 2);
+        if (with_sum) {
+            __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            s4 = _mm_hadd_epi32(s4, s4);
+            s4 = _mm_hadd_epi32(s4, s4);
+            uint16_t hs = _cvtss_sh(d * (float)_mm_cvtsi128_si32(s4), 0);
+            memcpy(y + 2, &hs, 2);
+        }
+        /* pack 32 int32 to 32 int8 in order */
+        __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+        __m256i p = _mm256_packs_epi16(p01, p23);
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(y + (with_sum ? 4 : 2)), p);
+    }
+}
+
+static void q8_0(const float *x, void *y, size_t n) { quantize_q8(x, y, n, 0); }
+static void q8_1(const float *x, void *y, size_t n) { quantize_q8(x, y, n, 1); }
+
+static float dot_q4_0_q8_0(const void *w, const void *x, size_t n)
+{
+    const uint8_t *a = w, *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t i = 0; i < n / 32; i++, a += 18, b += KERN_Q8_0_BYTES) {
+        __m256i qx = _mm256_sub_epi8(nibbles32(a + 2), _mm256_set1_epi8(8));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(b + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)), dot_ss8(qx, qy), acc);
+    }
+    return hsum8(acc);
+}
+
+static float dot_q4_1_q8_1(const void *w, const void *x, size_t n)
+{
+    const uint8_t *a = w, *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0;
+    for (size_t i = 0; i < n / 32; i++, a += 20, b += KERN_Q8_1_BYTES) {
+        summs += h(a + 2) * h(b + 2);
+        __m256i qx = nibbles32(a + 4);
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(b + 4));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)), dot_us8(qx, qy), acc);
+    }
+    return hsum8(acc) + summs;
+}
+
+static float dot_q8_0_q8_0(const void *w, const void *x, size_t n)
+{
+    const uint8_t *a = w, *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t i = 0; i < n / 32; i++, a += 34, b += KERN_Q8_0_BYTES) {
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(a + 2));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(b + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)), dot_ss8(qx, qy), acc);
+    }
+    return hsum8(acc);
+}
+
+static float dot_f16_f32(const void *w, const void *x, size_t n)
+{
+    const uint8_t *a = w;
+    const float *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + 2 * i))),
+                              _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++)
+        s += h(a + 2 * i) * b[i];
+    return s;
+}
+
+static float dot_bf16_f32(const void *w, const void *x, size_t n)
+{
+    const uint8_t *a = w;
+    const float *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i wi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a + 2 * i))), 16);
+        acc = _mm256_fmadd_ps(_mm256_castsi256_ps(wi), _mm256_loadu_ps(b + i), acc);
+    }
+    float s = hsum8(acc);
+    for (; i < n; i++) {
+        uint16_t v;
+        memcpy(&v, a + 2 * i, 2);
+        uint32_t bits = (uint32_t)v << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        s += f * b[i];
+    }
+    return s;
+}
+
+static float dot_f32_f32(const void *w, const void *x, size_t n)
+{
+    const float *a = w, *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+const kern_vecdot_table_t kern_vecdot_avx2 = {
+    .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1,
+    .q8_0_q8_0 = dot_q8_0_q8_0, .f16_f32 = dot_f16_f32, .bf16_f32 = dot_bf16_f32, .f32_f32 = dot_f32_f32,
+};
+#endif
