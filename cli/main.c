@@ -13,6 +13,9 @@ static const char usage[] =
     "  tokenize MODEL TEXT [--chat] [--json] [--no-special] [--bos]\n"
     "                                      print token ids of TEXT ('-' reads stdin)\n"
     "  tokenize MODEL --decode ID...       print the text of token ids\n"
+    "  generate [--model PATH] [--chat] [--max-tokens N] [--temperature T] [--seed S] [--n K] [--ids] PROMPT\n"
+    "                                      run the model on PROMPT here and stream the text\n"
+    "                                      (tandem generate --help for every option)\n"
     "\n"
     "MODEL is a .gguf file or a Hugging Face folder (config.json, model.safetensors,\n"
     "tokenizer.json). Logging: TANDEM_LOG=debug|info|warn|error|off, TANDEM_LOG_FORMAT=json.\n";
@@ -26,6 +29,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "inspect"))
         return cli_inspect(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "generate"))
+        return cli_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize"))
         return cli_tokenize(argc - 2, argv + 2);
     fprintf(stderr, "tandem: unknown command '%s'\n\n%s", argv[1], usage);

@@ -1,0 +1,219 @@
+/* generate.c — `tandem generate`: runs the engine in this process on one
+ * prompt (or K copies of it, batched) and streams the text as it is made, then
+ * prints time to first token, decode speed and token counts on stderr. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "engine/chat.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+#define DEFAULT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static const char gen_usage[] =
+    "usage: tandem generate [--model PATH] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
+    "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
+    "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N] [--ids] PROMPT\n";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct gen_state {
+    int n;
+    bool ids;
+    double t0, t_first, t_last;
+    uint64_t first_id;
+    size_t generated;
+    char **texts;      /* per sequence, when n > 1 */
+    size_t *lens;
+    int32_t **toks;
+    size_t *ntoks;
+    eng_finish_t *fin;
+} gen_state_t;
+
+static void on_event(void *ctx, const eng_event_t *ev)
+{
+    gen_state_t *g = ctx;
+    int i = (int)(ev->id - g->first_id);
+    double t = now_s();
+    if (!g->t_first)
+        g->t_first = t;
+    g->t_last = t;
+    if (ev->token >= 0)
+        g->generated++;
+    if (ev->token >= 0 && ev->finish != ENG_FINISH_EOS) {
+        g->toks[i][g->ntoks[i]++] = ev->token;
+        if (g->n == 1 && !g->ids) {
+            fwrite(ev->text, 1, ev->text_len, stdout);
+            fflush(stdout);
+        } else if (g->n == 1 && g->ids) {
+            printf(g->ntoks[i] > 1 ? " %d" : "%d", ev->token);
+            fflush(stdout);
+        }
+    }
+    if (g->n > 1 && ev->text_len) {
+        char *nt = realloc(g->texts[i], g->lens[i] + ev->text_len + 1);
+        if (nt) {
+            memcpy(nt + g->lens[i], ev->text, ev->text_len);
+            g->lens[i] += ev->text_len;
+            nt[g->lens[i]] = '\0';
+            g->texts[i] = nt;
+        }
+    }
+    if (ev->finish)
+        g->fin[i] = ev->finish;
+}
+
+static bool parse_num(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v ? v : "", &end);
+    if (!v || errno || end == v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "tandem generate: %s needs a number in [%g, %g], not '%s'\n", flag, lo, hi, v ? v : "");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+int cli_generate(int argc, char **argv)
+{
+    const char *model = DEFAULT_MODEL_PATH, *prompt = NULL;
+    bool chat = false, ids = false;
+    eng_request_t req = {.sampling = eng_sampling_default(), .max_tokens = 128};
+    eng_engine_config_t cfg = eng_engine_config_default();
+    const char *stops[16];
+    int n = 1;
+    double v;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *nx = i + 1 < argc ? argv[i + 1] : NULL;
+#define NUM(flag, lo, hi) (!strcmp(a, flag) && (i++, true) && parse_num(flag, nx, lo, hi, &v))
+        if (!strcmp(a, "--model") && nx) model = argv[++i];
+        else if (!strcmp(a, "--chat")) chat = true;
+        else if (!strcmp(a, "--ids")) ids = true;
+        else if (!strcmp(a, "--ignore-eos")) req.ignore_eos = true;
+        else if (!strcmp(a, "--stop") && nx && req.n_stop < 16) stops[req.n_stop++] = argv[++i];
+        else if (NUM("--max-tokens", 0, 1e6)) req.max_tokens = (uint32_t)v;
+        else if (NUM("--temperature", -1e9, 1e9)) req.sampling.temperature = (float)v;
+        else if (NUM("--top-k", -1e9, 1e9)) req.sampling.top_k = (int32_t)v;
+        else if (NUM("--top-p", -1e9, 1e9)) req.sampling.top_p = (float)v;
+        else if (NUM("--min-p", -1e9, 1e9)) req.sampling.min_p = (float)v;
+        else if (NUM("--repetition-penalty", -1e9, 1e9)) req.sampling.repetition_penalty = (float)v;
+        else if (NUM("--seed", 0, 1.8e19)) req.sampling.seed = (uint64_t)v;
+        else if (NUM("--n", 1, 256)) n = (int)v;
+        else if (NUM("--threads", 0, 1024)) cfg.n_threads = (int)v;
+        else if (NUM("--kv-tokens", 16, 1e9)) cfg.kv_tokens = (uint64_t)v;
+        else if (a[0] == '-' && a[1] == '-' && a[2]) {
+            if (i < argc && !strcmp(argv[i], a)) /* not a NUM flag that failed to parse */
+                fprintf(stderr, "tandem generate: unknown or incomplete option '%s'\n%s", a, gen_usage);
+            return 2;
+        } else if (!prompt) prompt = a;
+        else {
+            fprintf(stderr, "tandem generate: unexpected argument '%s'\n%s", a, gen_usage);
+            return 2;
+        }
+#undef NUM
+    }
+    if (!prompt) {
+        fputs(gen_usage, stderr);
+        return 2;
+    }
+    req.stop = stops;
+    double t_load = now_s();
+    eng_model_t *m;
+    if (eng_model_open(model, &m))
+        return 1;
+    int ret = 1;
+    char *text = NULL;
+    int32_t *toks = NULL;
+    size_t cap = 0, nt = 0;
+    eng_engine_t *e = NULL;
+    gen_state_t g = {.n = n, .ids = ids};
+    if (chat) {
+        eng_chat_t ch;
+        eng_chat_msg_t msg = {"user", prompt};
+        if (eng_chat_init(&ch, m->tok) || eng_chat_render(&ch, &msg, 1, true, &text)) {
+            eng_chat_free(&ch);
+            goto out;
+        }
+        eng_chat_free(&ch);
+    }
+    const char *input = text ? text : prompt;
+    if (eng_tokenizer_encode(m->tok, input, strlen(input), (chat ? ENG_TOK_PARSE_SPECIAL : 0) | ENG_TOK_ADD_BOS,
+                             &toks, &cap, &nt))
+        goto out;
+    req.prompt = toks;
+    req.n_prompt = nt;
+    if (eng_sampling_validate(&req.sampling, (int32_t)m->desc.vocab))
+        goto out;
+    if ((uint32_t)n > cfg.max_seqs)
+        cfg.max_seqs = (uint32_t)n;
+    if (eng_engine_create(m, &cfg, &e))
+        goto out;
+    g.texts = calloc((size_t)n, sizeof *g.texts);
+    g.lens = calloc((size_t)n, sizeof *g.lens);
+    g.toks = calloc((size_t)n, sizeof *g.toks);
+    g.ntoks = calloc((size_t)n, sizeof *g.ntoks);
+    g.fin = calloc((size_t)n, sizeof *g.fin);
+    for (int i = 0; i < n; i++)
+        g.toks[i] = malloc((req.max_tokens + 1) * sizeof(int32_t));
+    double t_ready = now_s();
+    g.t0 = t_ready;
+    for (int i = 0; i < n; i++) {
+        uint64_t id;
+        eng_request_t r = req;
+        r.sampling.seed = req.sampling.seed + (uint64_t)i; /* K different draws when sampling */
+        if (eng_engine_add(e, &r, &id))
+            goto out;
+        if (i == 0)
+            g.first_id = id;
+    }
+    while (eng_engine_busy(e))
+        if (eng_engine_step(e, on_event, &g))
+            goto out;
+    if (n == 1)
+        putchar('\n');
+    for (int i = 0; n > 1 && i < n; i++) {
+        printf("--- sequence %d (%s)\n", i, eng_finish_name(g.fin[i]));
+        if (ids)
+            for (size_t k = 0; k < g.ntoks[i]; k++)
+                printf(k ? " %d" : "%d", g.toks[i][k]);
+        else if (g.texts[i])
+            fputs(g.texts[i], stdout);
+        putchar('\n');
+    }
+    double ttft = g.t_first - g.t0, dec = g.t_last - g.t_first;
+    size_t dec_tokens = g.generated > (size_t)n ? g.generated - (size_t)n : 0;
+    eng_kv_stats_t kv = eng_engine_kv_stats(e);
+    fprintf(stderr, "\n[%s] load %.0f ms | prompt %zu tokens x %d | TTFT %.1f ms | decode %zu tokens in %.1f ms = "
+                    "%.1f tok/s | KV %zu bytes/token, pool %u blocks | finish %s\n",
+            model, (t_ready - t_load) * 1e3, nt, n, ttft * 1e3, dec_tokens, dec * 1e3,
+            dec > 0 ? dec_tokens / dec : 0.0, kv.bytes_per_token, kv.n_blocks, eng_finish_name(g.fin[0]));
+    ret = 0;
+out:
+    for (int i = 0; g.texts && i < n; i++) {
+        free(g.texts[i]);
+        free(g.toks[i]);
+    }
+    free(g.texts);
+    free(g.lens);
+    free(g.toks);
+    free(g.ntoks);
+    free(g.fin);
+    eng_engine_destroy(e);
+    free(toks);
+    free(text);
+    eng_model_close(m);
+    return ret;
+}

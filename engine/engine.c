@@ -1,0 +1,449 @@
+/* engine.c — see engine.h.
+ *
+ * A sequence's state: its tokens (prompt, then generated), how many have KV in
+ * the pool (n_computed), the block table that holds them, its sampler and
+ * stop-string window. A step:
+ *   1. running sequences whose prompt is done take one decode token each; a
+ *      sequence that needs a new block and finds none preempts the newest
+ *      sequence (whose blocks are freed; it recomputes from its tokens later);
+ *   2. waiting sequences (FIFO) take prompt chunks from what is left of the
+ *      token budget; a sequence starting from zero first looks its full prompt
+ *      blocks up in the prefix cache;
+ *   3. one forward pass; sequences whose chunk reached their last token sample;
+ *   4. full blocks are named and published; finished sequences free theirs.
+ * Each row's arithmetic does not depend on the rest of the batch, so a
+ * sequence's tokens are the same alone or batched, chunked or not, cached or not. */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/blockhash.h"
+#include "common/log.h"
+#include "engine/forward.h"
+#include "engine/tokenizer.h"
+
+typedef enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state_t;
+
+typedef struct eng_seq {
+    uint64_t id;
+    seq_state_t state;
+    int32_t *tokens;
+    uint32_t n_tokens, cap_tokens, n_prompt, n_computed, n_cached;
+    int32_t *blocks;
+    uint32_t n_blocks, cap_blocks, n_published; /* blocks [0, n_published) are named */
+    td_block_name_t last_name;                  /* name of block n_published - 1 */
+    eng_sampler_t sampler;
+    uint32_t max_tokens;
+    bool ignore_eos;
+    char **stop;
+    size_t n_stop, max_stop;
+    eng_tok_stream_t stream;
+    char *text;                                 /* generated text not yet emitted (held for stop strings) */
+    size_t text_len, text_cap;
+    struct eng_seq *next;
+} eng_seq_t;
+
+struct eng_engine {
+    eng_model_t *m;
+    eng_engine_config_t cfg;
+    kern_backend_t *be;
+    eng_kv_pool_t *pool;
+    eng_forward_t *fwd;
+    td_block_name_t root;
+    eng_seq_t *seqs; /* all live sequences, oldest first */
+    uint64_t next_id;
+    eng_batch_seq_t *batch;
+    eng_seq_t **batch_seq;
+    int32_t eog[8];
+    size_t n_eog;
+};
+
+const char *eng_finish_name(eng_finish_t f)
+{
+    static const char *const n[] = {"", "eos", "stop", "length", "cancelled", "error"};
+    return n[f];
+}
+
+eng_engine_config_t eng_engine_config_default(void)
+{
+    return (eng_engine_config_t){.n_threads = 0, .block_tokens = 16, .kv_dtype = KERN_KV_F16, .kv_tokens = 0,
+                                 .kv_bytes = 64u << 20, .token_budget = 512, .max_seqs = 64, .prefix_cache = true};
+}
+
+td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, eng_engine_t **out)
+{
+    if (cfg->block_tokens < 1 || cfg->block_tokens > 256 || !cfg->token_budget || !cfg->max_seqs)
+        return td_error(TD_ERR_INVALID_ARG, "engine: block_tokens %u, token_budget %u, max_seqs %u: all must be "
+                        "positive (block_tokens at most 256)", cfg->block_tokens, cfg->token_budget, cfg->max_seqs);
+    eng_engine_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    e->m = m;
+    e->cfg = *cfg;
+    e->next_id = 1;
+    eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, cfg->block_tokens, cfg->kv_dtype};
+    size_t bb = eng_kv_block_bytes(&g);
+    uint64_t blocks = cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
+                                     : (cfg->kv_bytes ? cfg->kv_bytes : 64u << 20) / bb;
+    if (blocks < 2 || blocks > (1u << 30)) {
+        free(e);
+        return td_error(TD_ERR_INVALID_ARG, "engine: a KV pool of %llu blocks (%zu bytes each) is not usable",
+                        (unsigned long long)blocks, bb);
+    }
+    td_status_t rc = kern_cpu_backend_create(cfg->n_threads, &e->be);
+    if (!rc)
+        rc = eng_kv_pool_create(e->be, &g, (uint32_t)blocks, &e->pool);
+    if (!rc)
+        rc = eng_forward_create(m, e->be, e->pool, cfg->token_budget, cfg->max_seqs, &e->fwd);
+    e->batch = calloc(cfg->max_seqs, sizeof *e->batch);
+    e->batch_seq = calloc(cfg->max_seqs, sizeof *e->batch_seq);
+    if (!rc && (!e->batch || !e->batch_seq))
+        rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    if (rc) {
+        eng_engine_destroy(e);
+        return rc;
+    }
+    e->root = td_block_name_root(m->desc.name, cfg->kv_dtype == KERN_KV_F16 ? "fp16" : "fp32", cfg->block_tokens);
+    e->n_eog = eng_tokenizer_eog(m->tok, e->eog, 8);
+    if (e->n_eog > 8)
+        e->n_eog = 8;
+    *out = e;
+    return TD_OK;
+}
+
+static void seq_free_blocks(eng_engine_t *e, eng_seq_t *s)
+{
+    for (uint32_t i = 0; i < s->n_blocks; i++)
+        eng_kv_unref(e->pool, s->blocks[i]);
+    s->n_blocks = 0;
+    s->n_published = 0;
+    s->n_computed = 0;
+}
+
+static void seq_destroy(eng_engine_t *e, eng_seq_t *s)
+{
+    seq_free_blocks(e, s);
+    eng_sampler_free(&s->sampler);
+    for (size_t i = 0; i < s->n_stop; i++)
+        free(s->stop[i]);
+    free(s->stop);
+    free(s->tokens);
+    free(s->blocks);
+    free(s->text);
+    free(s);
+}
+
+void eng_engine_destroy(eng_engine_t *e)
+{
+    if (!e)
+        return;
+    while (e->seqs) {
+        eng_seq_t *s = e->seqs;
+        e->seqs = s->next;
+        seq_destroy(e, s);
+    }
+    eng_forward_destroy(e->fwd);
+    eng_kv_pool_destroy(e->pool);
+    kern_cpu_backend_destroy(e->be);
+    free(e->batch);
+    free(e->batch_seq);
+    free(e);
+}
+
+td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id)
+{
+    const eng_model_desc_t *d = &e->m->desc;
+    uint32_t ctx = d->context ? d->context : 4096;
+    if (!r->n_prompt)
+        return td_error(TD_ERR_INVALID_ARG, "prompt is empty");
+    if (!r->max_tokens)
+        return td_error(TD_ERR_INVALID_ARG, "max_tokens is 0; it must be at least 1");
+    if (r->n_prompt >= ctx || r->n_prompt + r->max_tokens > ctx)
+        return td_error(TD_ERR_INVALID_ARG, "prompt of %zu tokens + max_tokens %u is longer than the context of %u "
+                        "tokens", r->n_prompt, r->max_tokens, ctx);
+    uint64_t pool_tokens = (uint64_t)eng_kv_stats(e->pool).n_blocks * e->cfg.block_tokens;
+    if (r->n_prompt + r->max_tokens > pool_tokens)
+        return td_error(TD_ERR_INVALID_ARG, "prompt of %zu tokens + max_tokens %u does not fit the KV pool of %llu "
+                        "tokens", r->n_prompt, r->max_tokens, (unsigned long long)pool_tokens);
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= d->vocab)
+            return td_error(TD_ERR_INVALID_ARG, "prompt token %zu is %d, outside the vocabulary of %u", i,
+                            r->prompt[i], d->vocab);
+    for (size_t i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !r->stop[i][0])
+            return td_error(TD_ERR_INVALID_ARG, "stop string %zu is empty", i);
+    eng_seq_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    td_status_t rc = eng_sampler_init(&s->sampler, &r->sampling, (int32_t)d->vocab);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->cap_tokens = (uint32_t)(r->n_prompt + r->max_tokens);
+    s->tokens = malloc(s->cap_tokens * sizeof *s->tokens);
+    s->cap_blocks = (s->cap_tokens + e->cfg.block_tokens - 1) / e->cfg.block_tokens;
+    s->blocks = malloc(s->cap_blocks * sizeof *s->blocks);
+    s->stop = calloc(r->n_stop ? r->n_stop : 1, sizeof *s->stop);
+    if (!s->tokens || !s->blocks || !s->stop) {
+        seq_destroy(e, s);
+        return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    }
+    memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
+    s->n_tokens = s->n_prompt = (uint32_t)r->n_prompt;
+    s->max_tokens = r->max_tokens;
+    s->ignore_eos = r->ignore_eos;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        if (!(s->stop[i] = strdup(r->stop[i]))) {
+            seq_destroy(e, s);
+            return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+        }
+        s->n_stop++;
+        size_t l = strlen(r->stop[i]);
+        s->max_stop = l > s->max_stop ? l : s->max_stop;
+    }
+    eng_tok_stream_init(&s->stream, e->m->tok, true);
+    s->id = e->next_id++;
+    s->state = SEQ_WAITING;
+    eng_seq_t **tail = &e->seqs;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = s;
+    *id = s->id;
+    return TD_OK;
+}
+
+static void seq_unlink(eng_engine_t *e, eng_seq_t *s)
+{
+    for (eng_seq_t **p = &e->seqs; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            return;
+        }
+}
+
+td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id)
+{
+    for (eng_seq_t *s = e->seqs; s; s = s->next)
+        if (s->id == id) {
+            seq_unlink(e, s);
+            seq_destroy(e, s);
+            return TD_OK;
+        }
+    return td_error(TD_ERR_NOT_FOUND, "engine: no request %llu", (unsigned long long)id);
+}
+
+bool eng_engine_busy(const eng_engine_t *e) { return e->seqs != NULL; }
+eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
+const eng_model_t *eng_engine_model(const eng_engine_t *e) { return e->m; }
+
+/* Makes the block table cover positions [0, upto); false if the pool is out. */
+static bool seq_reserve(eng_engine_t *e, eng_seq_t *s, uint32_t upto)
+{
+    uint32_t need = (upto + e->cfg.block_tokens - 1) / e->cfg.block_tokens;
+    while (s->n_blocks < need) {
+        int32_t b;
+        if (eng_kv_alloc(e->pool, &b) != TD_OK)
+            return false;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return true;
+}
+
+/* Frees the newest running or partly prefilled sequence other than keep;
+ * it goes back to waiting and recomputes its tokens later. */
+static bool preempt_one(eng_engine_t *e, const eng_seq_t *keep)
+{
+    eng_seq_t *victim = NULL;
+    for (eng_seq_t *s = e->seqs; s; s = s->next)
+        if (s != keep && s->n_blocks > 0)
+            victim = s;
+    if (!victim)
+        return false;
+    TD_DEBUG("engine: preempting request %llu (%u tokens)", (unsigned long long)victim->id, victim->n_tokens);
+    seq_free_blocks(e, victim);
+    victim->state = SEQ_WAITING;
+    return true;
+}
+
+/* A sequence starting from zero takes its cached full prompt blocks (all but
+ * the block of the last prompt token, which must be computed for its logits). */
+static void seq_use_prefix_cache(eng_engine_t *e, eng_seq_t *s)
+{
+    uint32_t bt = e->cfg.block_tokens, full = (s->n_tokens - 1) / bt;
+    td_block_name_t h = e->root;
+    for (uint32_t b = 0; b < full; b++) {
+        h = td_block_name_next(h, s->tokens + b * bt, bt);
+        int32_t blk = eng_kv_lookup(e->pool, h);
+        if (blk < 0)
+            break;
+        s->blocks[s->n_blocks++] = blk;
+        s->n_published = b + 1;
+        s->last_name = h;
+    }
+    s->n_computed = s->n_blocks * bt;
+    if (s->n_cached < s->n_computed && s->n_computed <= s->n_prompt)
+        s->n_cached = s->n_computed;
+}
+
+static void seq_publish(eng_engine_t *e, eng_seq_t *s)
+{
+    uint32_t bt = e->cfg.block_tokens;
+    while (e->cfg.prefix_cache && (s->n_published + 1) * bt <= s->n_computed) {
+        uint32_t b = s->n_published;
+        td_block_name_t h = td_block_name_next(b ? s->last_name : e->root, s->tokens + b * bt, bt);
+        int32_t got = eng_kv_publish(e->pool, s->blocks[b], h);
+        if (got != s->blocks[b]) { /* an equal block is cached already: share it */
+            eng_kv_ref(e->pool, got);
+            eng_kv_unref(e->pool, s->blocks[b]);
+            s->blocks[b] = got;
+        }
+        s->last_name = h;
+        s->n_published++;
+    }
+}
+
+static bool is_eog(const eng_engine_t *e, int32_t t)
+{
+    for (size_t i = 0; i < e->n_eog; i++)
+        if (e->eog[i] == t)
+            return true;
+    return false;
+}
+
+static void text_append(eng_seq_t *s, const char *p, size_t n)
+{
+    if (s->text_len + n + 1 > s->text_cap) {
+        size_t nc = s->text_cap ? s->text_cap * 2 : 256;
+        while (nc < s->text_len + n + 1)
+            nc *= 2;
+        char *t = realloc(s->text, nc);
+        if (!t)
+            return;
+        s->text = t;
+        s->text_cap = nc;
+    }
+    memcpy(s->text + s->text_len, p, n);
+    s->text_len += n;
+    s->text[s->text_len] = '\0';
+}
+
+/* Appends a sampled token, decides whether the sequence ends, emits. */
+static void seq_accept(eng_engine_t *e, eng_seq_t *s, int32_t tok, eng_event_fn fn, void *ctx)
+{
+    s->tokens[s->n_tokens++] = tok;
+    uint32_t gen = s->n_tokens - s->n_prompt;
+    eng_finish_t fin = ENG_FINISH_NONE;
+    char piece[1024];
+    size_t plen = 0;
+    if (!s->ignore_eos && is_eog(e, tok))
+        fin = ENG_FINISH_EOS;
+    else
+        eng_tok_stream_push(&s->stream, tok, piece, sizeof piece, &plen);
+    text_append(s, piece, plen);
+    /* a stop string ends the text where it begins; keep back what could still
+     * become one (max_stop - 1 bytes, on a character boundary) */
+    size_t emit = s->text_len;
+    for (size_t i = 0; i < s->n_stop && fin == ENG_FINISH_NONE; i++) {
+        char *hit = strstr(s->text, s->stop[i]);
+        if (hit) {
+            fin = ENG_FINISH_STOP;
+            emit = (size_t)(hit - s->text);
+        }
+    }
+    if (fin == ENG_FINISH_NONE && gen >= s->max_tokens)
+        fin = ENG_FINISH_LENGTH;
+    if (fin == ENG_FINISH_NONE && s->max_stop > 1) {
+        emit = s->text_len > s->max_stop - 1 ? s->text_len - (s->max_stop - 1) : 0;
+        while (emit > 0 && ((unsigned char)s->text[emit] & 0xc0) == 0x80)
+            emit--;
+    }
+    eng_event_t ev = {.id = s->id, .token = tok, .text = s->text, .text_len = emit, .finish = fin,
+                      .n_prompt = s->n_prompt, .n_generated = gen, .n_cached = s->n_cached};
+    fn(ctx, &ev);
+    memmove(s->text, s->text + emit, s->text_len - emit);
+    s->text_len -= emit;
+    if (fin != ENG_FINISH_NONE)
+        s->state = SEQ_DONE;
+}
+
+td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
+{
+    uint32_t budget = e->cfg.token_budget, nb = 0;
+    /* 1. decode tokens for running sequences (oldest first) */
+    for (eng_seq_t *s = e->seqs; s && nb < e->cfg.max_seqs && budget; s = s->next) {
+        if (s->state != SEQ_RUNNING || s->n_computed != s->n_tokens - 1)
+            continue;
+        while (!seq_reserve(e, s, s->n_tokens))
+            if (!preempt_one(e, s))
+                return td_error(TD_ERR_NO_MEMORY, "engine: the KV pool cannot hold one sequence");
+        if (s->state != SEQ_RUNNING)
+            continue;
+        e->batch_seq[nb] = s;
+        e->batch[nb++] = (eng_batch_seq_t){.tokens = s->tokens + s->n_computed, .n = 1, .pos0 = s->n_computed,
+                                           .block_table = s->blocks, .n_blocks = s->n_blocks, .want_logits = true};
+        budget--;
+    }
+    /* a preemption may have hit a sequence already in the batch */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < nb; i++)
+        if (e->batch_seq[i]->n_blocks > 0) {
+            e->batch_seq[k] = e->batch_seq[i];
+            e->batch[k] = e->batch[i];
+            e->batch[k].n_blocks = e->batch_seq[k]->n_blocks;
+            k++;
+        }
+    nb = k;
+    /* 2. prompt chunks (and recomputation after preemption), FIFO */
+    for (eng_seq_t *s = e->seqs; s && nb < e->cfg.max_seqs && budget; s = s->next) {
+        if (s->state == SEQ_DONE || (s->state == SEQ_RUNNING && s->n_computed == s->n_tokens - 1))
+            continue;
+        if (s->n_computed == 0 && s->n_blocks == 0 && e->cfg.prefix_cache)
+            seq_use_prefix_cache(e, s);
+        uint32_t left = s->n_tokens - s->n_computed;
+        uint32_t chunk = left < budget ? left : budget;
+        bool fits = seq_reserve(e, s, s->n_computed + chunk);
+        while (!fits && nb == 0 && preempt_one(e, s)) /* nothing else can progress: make room */
+            fits = seq_reserve(e, s, s->n_computed + chunk);
+        if (!fits) {
+            /* take what fits; if nothing, wait for blocks to free up */
+            uint32_t have = s->n_blocks * e->cfg.block_tokens;
+            if (have <= s->n_computed)
+                break;
+            chunk = have - s->n_computed;
+        }
+        s->state = SEQ_RUNNING;
+        e->batch_seq[nb] = s;
+        e->batch[nb++] = (eng_batch_seq_t){.tokens = s->tokens + s->n_computed, .n = chunk, .pos0 = s->n_computed,
+                                           .block_table = s->blocks, .n_blocks = s->n_blocks,
+                                           .want_logits = s->n_computed + chunk == s->n_tokens};
+        budget -= chunk;
+    }
+    if (!nb)
+        return TD_OK;
+    const float *logits;
+    uint32_t nl;
+    td_status_t rc = eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
+    if (rc)
+        return rc;
+    uint32_t li = 0;
+    for (uint32_t i = 0; i < nb; i++) {
+        eng_seq_t *s = e->batch_seq[i];
+        s->n_computed += e->batch[i].n;
+        seq_publish(e, s);
+        if (!e->batch[i].want_logits)
+            continue;
+        const float *row = logits + (size_t)li++ * e->m->desc.vocab;
+        int32_t tok = eng_sampler_sample(&s->sampler, row, s->tokens, s->n_tokens);
+        seq_accept(e, s, tok, fn, ctx);
+    }
+    for (eng_seq_t *s = e->seqs, *nx; s; s = nx) {
+        nx = s->next;
+        if (s->state == SEQ_DONE) {
+            seq_unlink(e, s);
+            seq_destroy(e, s);
+        }
+    }
+    return TD_OK;
+}

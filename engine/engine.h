@@ -1,0 +1,80 @@
+/* engine.h — the single-process engine: requests in, tokens out.
+ *
+ * It owns a model, a backend, the paged KV pool and the forward pass, and
+ * schedules requests by continuous batching: every step fills a token budget
+ * with one token for each running sequence and chunks of waiting prompts
+ * (chunked prefill), reuses cached prefix blocks by name, and, when the pool
+ * runs short, preempts the newest sequence (its KV is dropped and recomputed
+ * later) rather than failing. One thread owns the engine; nothing here locks. */
+#ifndef ENG_ENGINE_H
+#define ENG_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "kernels/backend.h"
+
+typedef struct eng_engine_config {
+    int n_threads;            /* CPU compute threads (0: one per core) */
+    uint32_t block_tokens;    /* tokens per KV block (16) */
+    kern_kv_dtype_t kv_dtype; /* fp16 (default) or fp32 */
+    uint64_t kv_tokens;       /* pool size in tokens (0: use kv_bytes) */
+    uint64_t kv_bytes;        /* pool size in bytes (0 and kv_tokens 0: 64 MiB) */
+    uint32_t token_budget;    /* tokens per step (512) */
+    uint32_t max_seqs;        /* sequences per step (64) */
+    bool prefix_cache;        /* reuse KV of equal prefixes (on) */
+} eng_engine_config_t;
+
+eng_engine_config_t eng_engine_config_default(void);
+
+typedef enum eng_finish {
+    ENG_FINISH_NONE, ENG_FINISH_EOS, ENG_FINISH_STOP, ENG_FINISH_LENGTH, ENG_FINISH_CANCELLED, ENG_FINISH_ERROR,
+} eng_finish_t;
+const char *eng_finish_name(eng_finish_t f);
+
+typedef struct eng_request {
+    const int32_t *prompt;
+    size_t n_prompt;
+    eng_sampling_t sampling;
+    uint32_t max_tokens;        /* > 0 */
+    const char *const *stop;    /* stop strings (not included in the output) */
+    size_t n_stop;
+    bool ignore_eos;
+} eng_request_t;
+
+/* What a step produced for one request. */
+typedef struct eng_event {
+    uint64_t id;
+    int32_t token;              /* -1 when only finishing */
+    const char *text;           /* the text this token completes (whole UTF-8) */
+    size_t text_len;
+    eng_finish_t finish;        /* NONE while running */
+    uint32_t n_prompt, n_generated, n_cached; /* n_cached: prompt tokens served from the prefix cache */
+} eng_event_t;
+
+typedef void (*eng_event_fn)(void *ctx, const eng_event_t *ev);
+
+typedef struct eng_engine eng_engine_t;
+
+td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, eng_engine_t **out);
+void eng_engine_destroy(eng_engine_t *e);
+
+/* Queues a request; every field is checked first (an error names it:
+ * an empty or too long prompt, max_tokens 0, a token id outside the
+ * vocabulary, bad sampling parameters). */
+td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id);
+/* Ends a request now (its blocks are freed); an unknown id is TD_ERR_NOT_FOUND. */
+td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id);
+/* Runs one step and reports each request's new token (and finishes). */
+td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx);
+bool eng_engine_busy(const eng_engine_t *e);
+
+eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
+const eng_model_t *eng_engine_model(const eng_engine_t *e);
+
+#endif

@@ -1,0 +1,211 @@
+/* sampler.c — see sampler.h. Candidates are sorted only as far as top-k /
+ * top-p need (a partial selection, then a sort of the survivors). */
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+eng_sampling_t eng_sampling_default(void)
+{
+    return (eng_sampling_t){.temperature = 0, .top_k = 0, .top_p = 1, .min_p = 0, .repetition_penalty = 1};
+}
+
+td_status_t eng_sampling_validate(const eng_sampling_t *s, int32_t n_vocab)
+{
+    if (!(s->temperature >= 0) || s->temperature > 100)
+        return td_error(TD_ERR_INVALID_ARG, "temperature %g is outside [0, 100]", s->temperature);
+    if (s->top_k < 0)
+        return td_error(TD_ERR_INVALID_ARG, "top_k %d is negative (0 turns it off)", s->top_k);
+    if (!(s->top_p > 0 && s->top_p <= 1))
+        return td_error(TD_ERR_INVALID_ARG, "top_p %g is outside (0, 1]", s->top_p);
+    if (!(s->min_p >= 0 && s->min_p < 1))
+        return td_error(TD_ERR_INVALID_ARG, "min_p %g is outside [0, 1)", s->min_p);
+    if (!(s->repetition_penalty > 0) || s->repetition_penalty > 10)
+        return td_error(TD_ERR_INVALID_ARG, "repetition_penalty %g is outside (0, 10]", s->repetition_penalty);
+    if (!(fabsf(s->presence_penalty) <= 2))
+        return td_error(TD_ERR_INVALID_ARG, "presence_penalty %g is outside [-2, 2]", s->presence_penalty);
+    if (!(fabsf(s->frequency_penalty) <= 2))
+        return td_error(TD_ERR_INVALID_ARG, "frequency_penalty %g is outside [-2, 2]", s->frequency_penalty);
+    for (size_t i = 0; i < s->n_logit_bias; i++) {
+        if (s->logit_bias[i].token < 0 || s->logit_bias[i].token >= n_vocab)
+            return td_error(TD_ERR_INVALID_ARG, "logit_bias names token %d, outside the vocabulary of %d",
+                            s->logit_bias[i].token, n_vocab);
+        if (!(fabsf(s->logit_bias[i].bias) <= 100))
+            return td_error(TD_ERR_INVALID_ARG, "logit_bias for token %d is %g, outside [-100, 100]",
+                            s->logit_bias[i].token, s->logit_bias[i].bias);
+    }
+    return TD_OK;
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(uint64_t s[4])
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
+    return r;
+}
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+td_status_t eng_sampler_init(eng_sampler_t *s, const eng_sampling_t *p, int32_t n_vocab)
+{
+    memset(s, 0, sizeof *s);
+    td_status_t rc = eng_sampling_validate(p, n_vocab);
+    if (rc)
+        return rc;
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->work = malloc((size_t)n_vocab * sizeof *s->work);
+    s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
+    if (!s->work || !s->idx) {
+        eng_sampler_free(s);
+        return td_error(TD_ERR_NO_MEMORY, "sampler: no memory");
+    }
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++)
+        s->rng[i] = splitmix(&x);
+    return TD_OK;
+}
+
+void eng_sampler_free(eng_sampler_t *s)
+{
+    free(s->work);
+    free(s->idx);
+    s->work = NULL;
+    s->idx = NULL;
+}
+
+static const float *cmp_vals;
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = cmp_vals[*(const int32_t *)a], y = cmp_vals[*(const int32_t *)b];
+    if (x != y)
+        return x > y ? -1 : 1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* Reorders idx[0..n) so that idx[0..k) are the k largest by vals, sorted
+ * (a quickselect, then a sort of the k). */
+static void top_sorted(int32_t *idx, int32_t n, int32_t k, const float *vals)
+{
+    int32_t lo = 0, hi = n - 1;
+    while (k < n && lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        float pv = vals[idx[mid]];
+        int32_t t = idx[mid];
+        idx[mid] = idx[hi];
+        idx[hi] = t;
+        int32_t store = lo;
+        for (int32_t i = lo; i < hi; i++)
+            if (vals[idx[i]] > pv) {
+                t = idx[i];
+                idx[i] = idx[store];
+                idx[store] = t;
+                store++;
+            }
+        t = idx[store];
+        idx[store] = idx[hi];
+        idx[hi] = t;
+        if (store == k - 1 || store == k)
+            break;
+        if (store > k)
+            hi = store - 1;
+        else
+            lo = store + 1;
+    }
+    cmp_vals = vals;
+    qsort(idx, (size_t)(k < n ? k : n), sizeof *idx, cmp_desc);
+}
+
+int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t *hist, size_t n_hist)
+{
+    const eng_sampling_t *p = &s->p;
+    int32_t V = s->n_vocab;
+    float *w = s->work;
+    memcpy(w, logits, (size_t)V * sizeof *w);
+    for (size_t i = 0; i < p->n_logit_bias; i++)
+        w[p->logit_bias[i].token] += p->logit_bias[i].bias;
+    if (p->repetition_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0) {
+        memset(s->idx, 0, (size_t)V * sizeof *s->idx); /* idx as occurrence counts */
+        for (size_t i = 0; i < n_hist; i++)
+            if (hist[i] >= 0 && hist[i] < V)
+                s->idx[hist[i]]++;
+        for (int32_t t = 0; t < V; t++) {
+            if (!s->idx[t])
+                continue;
+            if (p->repetition_penalty != 1)
+                w[t] = w[t] > 0 ? w[t] / p->repetition_penalty : w[t] * p->repetition_penalty;
+            w[t] -= p->presence_penalty + p->frequency_penalty * (float)s->idx[t];
+        }
+    }
+    int32_t best = 0;
+    for (int32_t t = 1; t < V; t++)
+        if (w[t] > w[best])
+            best = t;
+    if (p->temperature == 0)
+        return best;
+    /* candidates: the top_k set, or all; probabilities relative to their softmax */
+    int32_t limit = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+    for (int32_t t = 0; t < V; t++)
+        s->idx[t] = t;
+    float mx = w[best];
+    int32_t m = limit < V ? limit : 64;
+    int32_t keep = limit;
+    double z = 0;
+    if (limit == V)
+        for (int32_t t = 0; t < V; t++)
+            z += exp((double)(w[t] - mx) / p->temperature);
+    bool cut = p->top_p < 1 || p->min_p > 0;
+    if (!cut && limit < V)
+        top_sorted(s->idx, V, limit, w);
+    for (; cut;) { /* sort a growing head until both cut-offs fall inside it */
+        top_sorted(s->idx, V, m, w);
+        if (limit < V && m == limit) {
+            z = 0;
+            for (int32_t i = 0; i < m; i++)
+                z += exp((double)(w[s->idx[i]] - mx) / p->temperature);
+        }
+        double first = 1.0, acc = 0;
+        keep = m;
+        bool settled = m == limit;
+        for (int32_t i = 0; i < m; i++) {
+            double e = exp((double)(w[s->idx[i]] - mx) / p->temperature);
+            if (i == 0)
+                first = e;
+            if (p->min_p > 0 && e < p->min_p * first) {
+                keep = i;
+                settled = true;
+                break;
+            }
+            acc += e;
+            if (p->top_p < 1 && acc >= p->top_p * z) {
+                keep = i + 1;
+                settled = true;
+                break;
+            }
+        }
+        if (settled)
+            break;
+        m = m * 8 < limit ? m * 8 : limit;
+    }
+    double total = 0;
+    for (int32_t i = 0; i < keep; i++)
+        total += exp((double)(w[s->idx[i]] - mx) / p->temperature);
+    double r = (double)(rng_next(s->rng) >> 11) * (1.0 / 9007199254740992.0) * total, acc = 0;
+    for (int32_t i = 0; i < keep; i++) {
+        acc += exp((double)(w[s->idx[i]] - mx) / p->temperature);
+        if (r < acc)
+            return s->idx[i];
+    }
+    return s->idx[keep - 1];
+}
