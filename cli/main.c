@@ -16,6 +16,8 @@ static const char usage[] =
     "  generate [--model PATH] [--chat] [--max-tokens N] [--temperature T] [--seed S] [--n K] [--ids] PROMPT\n"
     "                                      run the model on PROMPT here and stream the text\n"
     "                                      (tandem generate --help for every option)\n"
+    "  perplexity FILE [--model PATH] [--ctx N] [--threads N]\n"
+    "                                      the model's perplexity on a text file\n"
     "\n"
     "MODEL is a .gguf file or a Hugging Face folder (config.json, model.safetensors,\n"
     "tokenizer.json). Logging: TANDEM_LOG=debug|info|warn|error|off, TANDEM_LOG_FORMAT=json.\n";
@@ -29,6 +31,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "inspect"))
         return cli_inspect(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "perplexity"))
+        return cli_perplexity(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate"))
         return cli_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize"))

@@ -177,7 +177,7 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
         }
         n += q->n;
         nt += q->n_blocks;
-        nl += q->want_logits;
+        nl += q->all_logits ? q->n : q->want_logits;
     }
     if (nl > f->max_logits)
         return td_error(TD_ERR_INVALID_ARG, "forward: %u logit rows asked, at most %u", nl, f->max_logits);
@@ -222,12 +222,16 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     }
     /* the last row of each sequence that wants logits */
     uint32_t k = 0;
-    for (uint32_t s = 0; s < n_seqs; s++)
-        if (seqs[s].want_logits) {
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        if (seqs[s].all_logits) {
+            o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)f->aseqs[s].row0 * hid, (size_t)seqs[s].n * hid * 4);
+            k += seqs[s].n;
+        } else if (seqs[s].want_logits) {
             uint32_t row = f->aseqs[s].row0 + seqs[s].n - 1;
             o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)row * hid, hid * 4);
             k++;
         }
+    }
     if (nl) {
         o->rmsnorm(be, f->xl, f->w.out_norm, f->xl, nl, hid, d->norm_eps);
         if ((rc = o->matmul(be, &f->w.output, f->xl, f->logits, nl)) ||

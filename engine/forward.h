@@ -24,6 +24,7 @@ typedef struct eng_batch_seq {
     const int32_t *block_table;
     uint32_t n_blocks;
     bool want_logits;        /* logits of tokens[n - 1] */
+    bool all_logits;         /* logits of every token of the sequence (scoring) */
 } eng_batch_seq_t;
 
 typedef struct eng_forward eng_forward_t;
@@ -35,7 +36,8 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
 void eng_forward_destroy(eng_forward_t *f);
 
 /* Runs the batch. *logits points at n_logits rows of vocab floats (host
- * memory, in the order of the sequences that asked), valid until the next run. */
+ * memory, in the order of the sequences that asked, all rows of an all_logits
+ * sequence in order), valid until the next run. */
 td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                             uint32_t *n_logits);
 

@@ -32,7 +32,7 @@ run_suites() { # $1: build dir, $2: label
     else
       printf '%-12s %-22s %s\n' "$label" "$(basename "$t")" "$line"
     fi
-    printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|sentencepiece|normalizers|/.*: [0-9]+ of)' || true
+    printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|sentencepiece|normalizers|greedy|perplexity|kernels|/.*: [0-9]+ of)' || true
   done
 }
 
@@ -45,7 +45,7 @@ echo "== build (address + undefined sanitizers)"
 if cmake -S . -B build-asan -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
      -DCMAKE_C_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&
    cmake --build build-asan -j"$jobs" >/dev/null; then
-  ASAN_OPTIONS=detect_leaks=1 run_suites build-asan asan+ubsan
+  TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 run_suites build-asan asan+ubsan
 else
   echo "sanitizer build failed"; failed=$((failed + 1))
 fi

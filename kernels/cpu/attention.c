@@ -5,10 +5,11 @@
  *   block + ((L * 2 + 0|1) * n_kv_heads + kv_head) * block_tokens * head_dim + offset * head_dim
  * (the canonical block layout of engine/kv_pool.h), fp32 or fp16.
  *
- * How it works: one task per (query row, head). It walks the sequence's blocks
- * up to the row's own position and keeps a running softmax (max, sum and the
- * weighted sum of V, rescaled when the max grows), so no score buffer as long
- * as the context is needed. Query heads share KV heads in groups (GQA). */
+ * How it works: one task per (query row, head). It walks the sequence's
+ * blocks up to the row's own position and keeps a running softmax (max, sum
+ * and the weighted sum of V, rescaled when the max grows), so no score buffer
+ * as long as the context is needed. fp16 KV is widened to fp32; all arithmetic
+ * is fp32. Query heads share KV heads in groups (GQA). */
 #include <math.h>
 #include <string.h>
 

@@ -1,0 +1,314 @@
+/* test_generate.c — the engine against llama.cpp on the default model, and
+ * the invariances a serving engine must keep.
+ *
+ * fixtures/generate/greedy.jsonl (make_reference.py): 20 chat prompts with
+ * llama.cpp's 64 greedy tokens and its top-2 logit gap at every step.
+ * TANDEM_TEST_QUICK=1 (the sanitizer run) takes the first 4 prompts and 2
+ * perplexity chunks. */
+#include "tests/unit/helpers.h"
+
+#include <math.h>
+
+#include "common/log.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+#define MAX_PROMPTS 20
+#define N_GEN 64
+#define NEAR_TIE 0.5 /* logits */
+
+typedef struct ref {
+    int32_t *ids, greedy[N_GEN];
+    size_t n_ids;
+    double gap[N_GEN];
+} ref_t;
+
+static ref_t refs[MAX_PROMPTS];
+static size_t n_refs;
+static eng_model_t *model;
+
+static bool quick(void) { return getenv("TANDEM_TEST_QUICK") != NULL; }
+
+static void load(void)
+{
+    require_default_model();
+    cr_assert_eq(eng_model_open(DEFAULT_MODEL, &model), TD_OK);
+    size_t len;
+    char *data = read_file(FIXTURE("generate/greedy.jsonl"), &len);
+    n_refs = 0;
+    for (char *line = strtok(data, "\n"); line && n_refs < MAX_PROMPTS; line = strtok(NULL, "\n")) {
+        json_t *row = json_loads(line, 0, NULL);
+        ref_t *r = &refs[n_refs++];
+        r->n_ids = json_ids(json_object_get(row, "ids"), &r->ids);
+        for (int i = 0; i < N_GEN; i++) {
+            r->greedy[i] = (int32_t)json_integer_value(json_array_get(json_object_get(row, "greedy"), i));
+            r->gap[i] = json_real_value(json_array_get(json_object_get(row, "gap"), i));
+        }
+        json_decref(row);
+    }
+    free(data);
+    if (quick())
+        n_refs = 4;
+}
+
+static void unload(void)
+{
+    for (size_t i = 0; i < n_refs; i++)
+        free(refs[i].ids);
+    eng_model_close(model);
+}
+
+typedef struct collect {
+    uint64_t first;
+    int32_t out[64][N_GEN + 8];
+    uint32_t n[64];
+    uint32_t cached[64];
+    eng_finish_t fin[64];
+} collect_t;
+
+static void on_ev(void *ctx, const eng_event_t *ev)
+{
+    collect_t *c = ctx;
+    size_t i = ev->id - c->first;
+    if (ev->token >= 0)
+        c->out[i][c->n[i]++] = ev->token;
+    c->cached[i] = ev->n_cached;
+    if (ev->finish)
+        c->fin[i] = ev->finish;
+}
+
+/* Runs prompts idx[0..k) together in one engine, greedy, EOS ignored. */
+static void run(eng_engine_t *e, const size_t *idx, size_t k, collect_t *c)
+{
+    memset(c, 0, sizeof *c);
+    for (size_t j = 0; j < k; j++) {
+        eng_request_t r = {.prompt = refs[idx[j]].ids, .n_prompt = refs[idx[j]].n_ids,
+                           .sampling = eng_sampling_default(), .max_tokens = N_GEN, .ignore_eos = true};
+        uint64_t id;
+        cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK, "%s", td_last_error());
+        if (j == 0)
+            c->first = id;
+    }
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_ev, c), TD_OK, "%s", td_last_error());
+}
+
+static eng_engine_t *engine(uint32_t budget, uint64_t kv_tokens, bool cache)
+{
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.n_threads = 2;
+    cfg.token_budget = budget;
+    cfg.kv_tokens = kv_tokens;
+    cfg.prefix_cache = cache;
+    eng_engine_t *e;
+    cr_assert_eq(eng_engine_create(model, &cfg, &e), TD_OK, "%s", td_last_error());
+    return e;
+}
+
+TestSuite(generate, .init = load, .fini = unload, .timeout = 900);
+
+Test(generate, greedy_matches_llama_cpp_alone_and_batched)
+{
+    eng_engine_t *e = engine(512, 0, false);
+    static collect_t alone[MAX_PROMPTS], batched;
+    size_t same = 0;
+    for (size_t i = 0; i < n_refs; i++) {
+        run(e, &i, 1, &alone[i]);
+        cr_assert_eq(alone[i].n[0], N_GEN);
+        int d = -1;
+        for (int t = 0; t < N_GEN && d < 0; t++)
+            if (alone[i].out[0][t] != refs[i].greedy[t])
+                d = t;
+        if (d < 0) {
+            same++;
+        } else {
+            fprintf(stderr, "prompt %zu parts from llama.cpp at token %d (tandem %d, llama.cpp %d); llama.cpp's "
+                            "top-2 gap there: %.5f\n", i, d, alone[i].out[0][d], refs[i].greedy[d], refs[i].gap[d]);
+        }
+    }
+    fprintf(stderr, "greedy: %zu of %zu prompts identical to llama.cpp for %d tokens\n", same, n_refs, N_GEN);
+    /* Where tandem parts from llama.cpp, llama.cpp itself was nearly undecided:
+     * its top two logits within NEAR_TIE. (Token-for-token agreement on every
+     * prompt would need llama.cpp's arithmetic bit for bit: this model's 8-bit
+     * activation quantization turns last-bit differences into different
+     * rounding decisions; see the closing note of the Engine II issue.) */
+    for (size_t i = 0; i < n_refs; i++)
+        for (int t = 0; t < N_GEN; t++)
+            if (alone[i].out[0][t] != refs[i].greedy[t]) {
+                cr_assert_lt(refs[i].gap[t], NEAR_TIE, "prompt %zu token %d: llama.cpp was sure (gap %.4f)", i, t,
+                             refs[i].gap[t]);
+                break;
+            }
+    /* all prompts at once: each sequence's tokens are those it got alone */
+    size_t idx[MAX_PROMPTS];
+    for (size_t i = 0; i < n_refs; i++)
+        idx[i] = i;
+    run(e, idx, n_refs, &batched);
+    for (size_t i = 0; i < n_refs; i++)
+        cr_assert(memcmp(batched.out[i], alone[i].out[0], N_GEN * sizeof(int32_t)) == 0,
+                  "prompt %zu batched with %zu others differs from alone", i, n_refs - 1);
+    eng_engine_destroy(e);
+}
+
+Test(generate, chunked_prefill_prefix_cache_and_preemption_change_nothing)
+{
+    size_t k = n_refs < 4 ? n_refs : 4, idx[4] = {0, 1, 2, 3};
+    static collect_t base, chunked, cached, tight;
+    eng_engine_t *e = engine(512, 0, false);
+    run(e, idx, k, &base);
+    eng_engine_destroy(e);
+    e = engine(7, 0, false); /* prompts go in chunks of at most 7 tokens */
+    run(e, idx, k, &chunked);
+    eng_engine_destroy(e);
+    e = engine(512, 0, true);
+    run(e, idx, k, &cached);  /* fills the cache */
+    run(e, idx, k, &cached);  /* the shared system prompt and whole prompts come from it */
+    eng_engine_destroy(e);
+    e = engine(512, 160, true); /* 10 blocks for 4 sequences of ~100 tokens: preemption */
+    run(e, idx, k, &tight);
+    eng_engine_destroy(e);
+    for (size_t i = 0; i < k; i++) {
+        cr_assert(memcmp(chunked.out[i], base.out[i], N_GEN * 4) == 0, "prompt %zu: chunked prefill differs", i);
+        cr_assert(memcmp(cached.out[i], base.out[i], N_GEN * 4) == 0, "prompt %zu: prefix-cache hit differs", i);
+        cr_assert_gt(cached.cached[i], 0, "prompt %zu: the second run found its prefix cached", i);
+        cr_assert(memcmp(tight.out[i], base.out[i], N_GEN * 4) == 0, "prompt %zu: preemption differs", i);
+        cr_assert_eq(tight.n[i], N_GEN);
+    }
+}
+
+Test(generate, bad_requests_are_named_and_the_engine_goes_on)
+{
+    eng_engine_t *e = engine(512, 0, true);
+    uint64_t id;
+    static int32_t longp[9000];
+    eng_request_t r = {.prompt = longp, .n_prompt = 9000, .sampling = eng_sampling_default(), .max_tokens = 8};
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "context"), "%s", td_last_error());
+    r.prompt = refs[0].ids;
+    r.n_prompt = refs[0].n_ids;
+    r.max_tokens = 0;
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "max_tokens"));
+    r.max_tokens = 8;
+    r.sampling.temperature = -1;
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "temperature"));
+    r.sampling = eng_sampling_default();
+    r.sampling.top_p = 0;
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "top_p"));
+    r.sampling.top_p = 1.5f;
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_ERR_INVALID_ARG);
+    r.sampling = eng_sampling_default();
+    eng_logit_bias_t lb = {.token = 50000, .bias = 5};
+    r.sampling.logit_bias = &lb;
+    r.sampling.n_logit_bias = 1;
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "50000"), "%s", td_last_error());
+    r.sampling = eng_sampling_default();
+    int32_t bad_tok = 60000;
+    eng_request_t r2 = r;
+    r2.prompt = &bad_tok;
+    r2.n_prompt = 1;
+    cr_assert_eq(eng_engine_add(e, &r2, &id), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "60000"));
+    /* still usable */
+    static collect_t c;
+    size_t i0 = 0;
+    run(e, &i0, 1, &c);
+    cr_assert_eq(c.n[0], N_GEN);
+    eng_engine_destroy(e);
+}
+
+static collect_t sampled[3];
+static void sample_once(int slot, uint64_t seed, float temp)
+{
+    eng_engine_t *e = engine(512, 0, true);
+    eng_request_t r = {.prompt = refs[0].ids, .n_prompt = refs[0].n_ids, .sampling = eng_sampling_default(),
+                       .max_tokens = 32, .ignore_eos = true};
+    r.sampling.temperature = temp;
+    r.sampling.top_p = 0.9f;
+    r.sampling.top_k = 40;
+    r.sampling.seed = seed;
+    uint64_t id;
+    memset(&sampled[slot], 0, sizeof sampled[slot]);
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK);
+    sampled[slot].first = id;
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_ev, &sampled[slot]), TD_OK);
+    eng_engine_destroy(e);
+}
+
+Test(generate, same_seed_same_tokens)
+{
+    sample_once(0, 42, 1.0f);
+    sample_once(1, 42, 1.0f);
+    sample_once(2, 43, 1.0f);
+    cr_assert(memcmp(sampled[0].out[0], sampled[1].out[0], 32 * 4) == 0, "same seed, same tokens");
+    cr_assert(memcmp(sampled[0].out[0], sampled[2].out[0], 32 * 4) != 0, "another seed, other tokens");
+}
+
+Test(generate, stop_strings_and_max_tokens)
+{
+    eng_engine_t *e = engine(512, 0, true);
+    const char *stop[] = {"Paris"};
+    eng_request_t r = {.prompt = refs[0].ids, .n_prompt = refs[0].n_ids, .sampling = eng_sampling_default(),
+                       .max_tokens = 64, .stop = stop, .n_stop = 1};
+    uint64_t id;
+    static collect_t c;
+    memset(&c, 0, sizeof c);
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK);
+    c.first = id;
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_ev, &c), TD_OK);
+    cr_assert_eq(c.fin[0], ENG_FINISH_STOP, "'The capital of France is Paris.' stops at Paris");
+    r.stop = NULL;
+    r.n_stop = 0;
+    r.max_tokens = 3;
+    memset(&c, 0, sizeof c);
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK);
+    c.first = id;
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_ev, &c), TD_OK);
+    cr_assert_eq(c.fin[0], ENG_FINISH_LENGTH);
+    cr_assert_eq(c.n[0], 3);
+    eng_engine_destroy(e);
+}
+
+Test(generate, perplexity_within_one_percent_of_llama_cpp)
+{
+    json_error_t err;
+    json_t *ref = json_load_file(FIXTURE("generate/perplexity.json"), 0, &err);
+    cr_assert(ref, "%s", err.text);
+    char cmd[2048];
+    const char *tmp = "/tmp/tandem-ppl.txt";
+    snprintf(cmd, sizeof cmd, "cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > %s", tmp);
+    cr_assert_eq(system(cmd), 0, "needs Debian's base-files licence texts");
+    /* quick: the first 2 chunks, against the reference's NLL of those chunks */
+    int chunks = quick() ? 2 : (int)json_integer_value(json_object_get(ref, "chunks"));
+    snprintf(cmd, sizeof cmd, "head -c %d %s > %s.cut && %s/tandem perplexity %s.cut --model %s --threads 2 2>/dev/null",
+             quick() ? 5000 : 1 << 30, tmp, tmp, TANDEM_BIN_DIR, tmp, DEFAULT_MODEL);
+    FILE *p = popen(cmd, "r");
+    char line[512] = "";
+    cr_assert(fgets(line, sizeof line, p), "tandem perplexity printed nothing");
+    pclose(p);
+    double ppl = 0;
+    size_t scored = 0;
+    cr_assert_eq(sscanf(line, "perplexity %lf over %zu", &ppl, &scored), 2, "%s", line);
+    double want;
+    if (quick()) {
+        double s = 0;
+        chunks = (int)(scored / 255);
+        for (int c = 0; c < chunks; c++)
+            s += json_real_value(json_array_get(json_object_get(ref, "chunk_nll"), (size_t)c));
+        want = exp(s / (double)scored);
+    } else {
+        want = json_real_value(json_object_get(ref, "ppl"));
+        cr_assert_eq((json_int_t)scored, json_integer_value(json_object_get(ref, "scored")));
+    }
+    fprintf(stderr, "perplexity: tandem %.4f, llama.cpp %.4f over %zu tokens (%+.2f%%)\n", ppl, want, scored,
+            (ppl / want - 1) * 100);
+    cr_assert(fabs(ppl / want - 1) < 0.01, "perplexity %.4f vs llama.cpp %.4f", ppl, want);
+    json_decref(ref);
+}
