@@ -55,20 +55,8 @@ typedef struct attn_job {
     uint32_t n_seqs;
     float scale;
     uint32_t total_rows;
+    const kern_vecdot_table_t *vd;
 } attn_job_t;
-
-static inline void kv_row(const kern_kv_view_t *kv, const uint8_t *p, float *dst)
-{
-    if (kv->dtype == KERN_KV_F32) {
-        memcpy(dst, p, kv->head_dim * sizeof(float));
-    } else {
-        uint16_t h;
-        for (uint32_t i = 0; i < kv->head_dim; i++) {
-            memcpy(&h, p + 2 * i, 2);
-            dst[i] = kern_fp16_to_fp32(h);
-        }
-    }
-}
 
 static void attn_task(void *ctx, int task, int n_tasks)
 {
@@ -82,19 +70,17 @@ static void attn_task(void *ctx, int task, int n_tasks)
     uint32_t pos = s->pos0 + (row - s->row0);
     uint32_t hd = kv->head_dim, kvh = head / (j->n_heads / kv->n_kv_heads);
     size_t es = kv->dtype == KERN_KV_F16 ? 2 : 4;
+    kern_vec_dot_fn dot = kv->dtype == KERN_KV_F16 ? j->vd->f16_f32 : j->vd->f32_f32;
+    kern_axpy_fn axpy = kv->dtype == KERN_KV_F16 ? j->vd->axpy_f16 : j->vd->axpy_f32;
     const float *q = j->q + ((size_t)row * j->n_heads + head) * hd;
-    float acc[512], kr[512], vr[512];
+    size_t k_off = kv_offset(kv, 0, kvh) * es, v_off = kv_offset(kv, 1, kvh) * es, row_bytes = hd * es;
+    float acc[512];
     memset(acc, 0, hd * sizeof(float));
     float m = -INFINITY, l = 0;
     for (uint32_t p = 0; p <= pos; p++) {
         uint32_t blk = (uint32_t)s->block_table[p / kv->block_tokens], off = p % kv->block_tokens;
-        const uint8_t *base = (const uint8_t *)kv->base + (size_t)blk * kv->block_bytes;
-        kv_row(kv, base + (kv_offset(kv, 0, kvh) + (size_t)off * hd) * es, kr);
-        float sc = 0;
-        for (uint32_t i = 0; i < hd; i++)
-            sc += q[i] * kr[i];
-        sc *= j->scale;
-        kv_row(kv, base + (kv_offset(kv, 1, kvh) + (size_t)off * hd) * es, vr);
+        const uint8_t *base = (const uint8_t *)kv->base + (size_t)blk * kv->block_bytes + off * row_bytes;
+        float sc = dot(base + k_off, q, hd) * j->scale;
         if (sc > m) {
             float r = expf(m - sc);
             l *= r;
@@ -104,8 +90,7 @@ static void attn_task(void *ctx, int task, int n_tasks)
         }
         float e = expf(sc - m);
         l += e;
-        for (uint32_t i = 0; i < hd; i++)
-            acc[i] += e * vr[i];
+        axpy(e, base + v_off, acc, hd);
     }
     float *o = j->out + ((size_t)row * j->n_heads + head) * hd;
     for (uint32_t i = 0; i < hd; i++)
@@ -119,7 +104,7 @@ td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, cons
     uint32_t rows = 0;
     for (uint32_t i = 0; i < n_seqs; i++)
         rows = seqs[i].row0 + seqs[i].n > rows ? seqs[i].row0 + seqs[i].n : rows;
-    attn_job_t j = {kv, q, out, n_heads, seqs, n_seqs, scale, rows};
+    attn_job_t j = {kv, q, out, n_heads, seqs, n_seqs, scale, rows, c->vd};
     kern_pool_run(c->pool, (int)(rows * n_heads), attn_task, &j);
     return TD_OK;
 }

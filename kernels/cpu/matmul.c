@@ -8,7 +8,7 @@
  *
  * First the activations are quantized to the 8-bit blocks the weight format
  * takes (vecdot.h) — once per call, shared by all tasks; then tasks of
- * MATMUL_ROWS rows run the dot products. K-quant rows are decoded to fp32 in a
+ * contiguous rows (a few per thread, at least MATMUL_ROWS) run the dot products. K-quant rows are decoded to fp32 in a
  * per-task buffer (K-quants are read, not yet fast). */
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +17,8 @@
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/quant.h"
 
-#define MATMUL_ROWS 16
+#define MATMUL_ROWS 16 /* the smallest task */
+#define MATMUL_TASKS_PER_THREAD 4
 
 typedef struct matmul_job {
     const kern_cpu_t *c;
@@ -29,13 +30,14 @@ typedef struct matmul_job {
     uint32_t n;
     size_t w_stride;     /* bytes per weight row */
     float *decode;       /* K-quants: MATMUL scratch, cols floats per task */
+    uint32_t rows_per_task;
 } matmul_job_t;
 
 static void matmul_task(void *ctx, int task, int n_tasks)
 {
     (void)n_tasks;
     const matmul_job_t *j = ctx;
-    uint32_t r0 = (uint32_t)task * MATMUL_ROWS, r1 = r0 + MATMUL_ROWS;
+    uint32_t r0 = (uint32_t)task * j->rows_per_task, r1 = r0 + j->rows_per_task;
     if (r1 > j->w->rows)
         r1 = j->w->rows;
     const uint8_t *wb = j->w->data;
@@ -77,7 +79,12 @@ td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const flo
                         w->cols);
     matmul_job_t j = {.c = c, .w = w, .y = y, .n = n, .w_stride = kern_type_row_bytes(info, w->cols)};
     kern_quantize_fn quant = NULL;
-    size_t n_tasks = (w->rows + MATMUL_ROWS - 1) / MATMUL_ROWS;
+    /* few, contiguous tasks: each thread streams long runs of W (hardware
+     * prefetch), and a handful per thread still balances uneven progress */
+    uint32_t per = (w->rows + (uint32_t)kern_pool_threads(c->pool) * MATMUL_TASKS_PER_THREAD - 1) /
+                   ((uint32_t)kern_pool_threads(c->pool) * MATMUL_TASKS_PER_THREAD);
+    j.rows_per_task = per < MATMUL_ROWS ? MATMUL_ROWS : per;
+    size_t n_tasks = (w->rows + j.rows_per_task - 1) / j.rows_per_task;
     switch ((kern_type_t)w->type) {
     case KERN_TYPE_Q4_0: j.dot = vd->q4_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;
     case KERN_TYPE_Q8_0: j.dot = vd->q8_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;

@@ -121,9 +121,24 @@ static float dot_f32_f32(const void *w, const void *x, size_t n)
     return s;
 }
 
+static void axpy_f16(float a, const void *x, float *y, size_t n)
+{
+    const uint8_t *p = x;
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * h(p + 2 * i);
+}
+
+static void axpy_f32(float a, const void *x, float *y, size_t n)
+{
+    const float *p = x;
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * p[i];
+}
+
 const kern_vecdot_table_t kern_vecdot_portable = {
     .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1,
     .q8_0_q8_0 = dot_q8_0_q8_0, .f16_f32 = dot_f16_f32, .bf16_f32 = dot_bf16_f32, .f32_f32 = dot_f32_f32,
+    .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32,
 };
 
 const kern_vecdot_table_t *kern_vecdot(void)

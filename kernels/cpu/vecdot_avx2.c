@@ -99,27 +99,45 @@ static float dot_q4_0_q8_0(const void *w, const void *x, size_t n)
 static float dot_q4_1_q8_1(const void *w, const void *x, size_t n)
 {
     const uint8_t *a = w, *b = x;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0;
-    for (size_t i = 0; i < n / 32; i++, a += 20, b += KERN_Q8_1_BYTES) {
-        summs += h(a + 2) * h(b + 2);
-        __m256i qx = nibbles32(a + 4);
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(b + 4));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)), dot_us8(qx, qy), acc);
+    /* two blocks per step into two accumulators: the FMA latency chain, not
+     * memory, bounds a single-accumulator loop */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 mm0 = _mm_setzero_ps(), mm1 = _mm_setzero_ps();
+    size_t nb = n / 32, i = 0;
+    for (; i + 1 < nb; i += 2, a += 40, b += 2 * KERN_Q8_1_BYTES) {
+        const uint8_t *a1 = a + 20, *b1 = b + KERN_Q8_1_BYTES;
+        mm0 = _mm_fmadd_ss(_mm_set_ss(h(a + 2)), _mm_set_ss(h(b + 2)), mm0);
+        mm1 = _mm_fmadd_ss(_mm_set_ss(h(a1 + 2)), _mm_set_ss(h(b1 + 2)), mm1);
+        __m256 p0 = dot_us8(nibbles32(a + 4), _mm256_loadu_si256((const __m256i *)(b + 4)));
+        __m256 p1 = dot_us8(nibbles32(a1 + 4), _mm256_loadu_si256((const __m256i *)(b1 + 4)));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)), p0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h(a1) * h(b1)), p1, acc1);
     }
-    return hsum8(acc) + summs;
+    for (; i < nb; i++, a += 20, b += KERN_Q8_1_BYTES) {
+        mm0 = _mm_fmadd_ss(_mm_set_ss(h(a + 2)), _mm_set_ss(h(b + 2)), mm0);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)),
+                               dot_us8(nibbles32(a + 4), _mm256_loadu_si256((const __m256i *)(b + 4))), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_add_ss(mm0, mm1));
 }
 
 static float dot_q8_0_q8_0(const void *w, const void *x, size_t n)
 {
     const uint8_t *a = w, *b = x;
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t i = 0; i < n / 32; i++, a += 34, b += KERN_Q8_0_BYTES) {
-        __m256i qx = _mm256_loadu_si256((const __m256i *)(a + 2));
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(b + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)), dot_ss8(qx, qy), acc);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t nb = n / 32, i = 0;
+    for (; i + 1 < nb; i += 2, a += 68, b += 2 * KERN_Q8_0_BYTES) {
+        const uint8_t *a1 = a + 34, *b1 = b + KERN_Q8_0_BYTES;
+        __m256 p0 = dot_ss8(_mm256_loadu_si256((const __m256i *)(a + 2)), _mm256_loadu_si256((const __m256i *)(b + 2)));
+        __m256 p1 = dot_ss8(_mm256_loadu_si256((const __m256i *)(a1 + 2)), _mm256_loadu_si256((const __m256i *)(b1 + 2)));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)), p0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h(a1) * h(b1)), p1, acc1);
     }
-    return hsum8(acc);
+    for (; i < nb; i++, a += 34, b += KERN_Q8_0_BYTES)
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)),
+                               dot_ss8(_mm256_loadu_si256((const __m256i *)(a + 2)),
+                                       _mm256_loadu_si256((const __m256i *)(b + 2))), acc0);
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 static float dot_f16_f32(const void *w, const void *x, size_t n)
@@ -172,8 +190,32 @@ static float dot_f32_f32(const void *w, const void *x, size_t n)
     return s;
 }
 
+static void axpy_f16(float a, const void *x, float *y, size_t n)
+{
+    const uint8_t *p = x;
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * h(p + 2 * i);
+}
+
+static void axpy_f32(float a, const void *x, float *y, size_t n)
+{
+    const float *p = x;
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(p + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * p[i];
+}
+
 const kern_vecdot_table_t kern_vecdot_avx2 = {
     .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1,
     .q8_0_q8_0 = dot_q8_0_q8_0, .f16_f32 = dot_f16_f32, .bf16_f32 = dot_bf16_f32, .f32_f32 = dot_f32_f32,
+    .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32,
 };
 #endif
