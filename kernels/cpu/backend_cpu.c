@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/repack.h"
 
 void *kern_cpu_scratch(kern_cpu_t *c, size_t bytes)
 {
@@ -51,18 +52,26 @@ static td_status_t cpu_sync(kern_backend_t *b)
     return TD_OK;
 }
 
-/* Weights stay in the mapped file: nothing to prepare. */
+/* Weights stay in the mapped file; on the AVX2 path Q4_1 and Q8_0 matrices
+ * also get an 8-row interleaved copy (kernels/cpu/repack.h) that matmul uses. */
 static td_status_t cpu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
 {
-    (void)b;
-    (void)w;
+    kern_cpu_t *c = (kern_cpu_t *)b;
+    size_t n = kern_repack_size(w);
+    w->priv = NULL;
+    if (!n || c->vd != &kern_vecdot_avx2)
+        return TD_OK;
+    if (posix_memalign(&w->priv, 64, n) != 0)
+        return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory to repack a %ux%u matrix", w->rows, w->cols);
+    kern_repack(w, w->priv);
     return TD_OK;
 }
 
 static void cpu_weight_release(kern_backend_t *b, kern_weight_t *w)
 {
     (void)b;
-    (void)w;
+    free(w->priv);
+    w->priv = NULL;
 }
 
 static const kern_backend_ops_t kern_cpu_ops = {

@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/quant.h"
 
 #define MATMUL_ROWS 16 /* the smallest task */
@@ -32,6 +33,21 @@ typedef struct matmul_job {
     float *decode;       /* K-quants: MATMUL scratch, cols floats per task */
     uint32_t rows_per_task;
 } matmul_job_t;
+
+#if defined(__x86_64__)
+/* The repacked path: tasks are contiguous runs of 8-row groups. */
+static void matmul_x8_task(void *ctx, int task, int n_tasks)
+{
+    (void)n_tasks;
+    const matmul_job_t *j = ctx;
+    uint32_t groups = j->w->rows / 8, per = j->rows_per_task / 8;
+    uint32_t g0 = (uint32_t)task * per, g1 = g0 + per < groups ? g0 + per : groups;
+    if (j->w->type == KERN_TYPE_Q4_1)
+        kern_gemm_q4_1x8(j->w->priv, j->w->cols, g0, g1, j->xq, j->xq_stride, j->n, j->y, j->w->rows);
+    else
+        kern_gemm_q8_0x8(j->w->priv, j->w->cols, g0, g1, j->xq, j->xq_stride, j->n, j->y, j->w->rows);
+}
+#endif
 
 static void matmul_task(void *ctx, int task, int n_tasks)
 {
@@ -94,6 +110,14 @@ td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const flo
     case KERN_TYPE_F32: j.dot = vd->f32_f32; break;
     case KERN_TYPE_Q4_K: case KERN_TYPE_Q5_K: case KERN_TYPE_Q6_K: j.dot = vd->f32_f32; break;
     }
+#if defined(__x86_64__)
+    if (w->priv) { /* 8-row interleaved copy (repack.h): Q8F activations */
+        quant = kern_quantize_q8f;
+        j.xq_stride = w->cols / 32 * KERN_Q8F_BYTES;
+        j.rows_per_task = (j.rows_per_task + 7) / 8 * 8;
+        n_tasks = (w->rows + j.rows_per_task - 1) / j.rows_per_task;
+    }
+#endif
     size_t q_bytes = quant ? (size_t)n * j.xq_stride : 0;
     size_t d_bytes = w->type >= KERN_TYPE_Q4_K && w->type <= KERN_TYPE_Q6_K ? n_tasks * w->cols * sizeof(float) : 0;
     uint8_t *scratch = kern_cpu_scratch(c, q_bytes + d_bytes + 64);
@@ -109,6 +133,12 @@ td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const flo
     }
     if (d_bytes)
         j.decode = (float *)(void *)(scratch + ((q_bytes + 63) & ~(size_t)63));
+#if defined(__x86_64__)
+    if (w->priv) {
+        kern_pool_run(c->pool, (int)n_tasks, matmul_x8_task, &j);
+        return TD_OK;
+    }
+#endif
     kern_pool_run(c->pool, (int)n_tasks, matmul_task, &j);
     return TD_OK;
 }

@@ -249,30 +249,58 @@ Test(generate, same_seed_same_tokens)
     cr_assert(memcmp(sampled[0].out[0], sampled[2].out[0], 32 * 4) != 0, "another seed, other tokens");
 }
 
+typedef struct text_collect {
+    uint64_t id;
+    char text[4096];
+    size_t len;
+    eng_finish_t fin;
+    uint32_t n;
+} text_collect_t;
+
+static void on_text(void *ctx, const eng_event_t *ev)
+{
+    text_collect_t *c = ctx;
+    if (ev->text_len && c->len + ev->text_len < sizeof c->text) {
+        memcpy(c->text + c->len, ev->text, ev->text_len);
+        c->len += ev->text_len;
+        c->text[c->len] = '\0';
+    }
+    if (ev->token >= 0)
+        c->n++;
+    if (ev->finish)
+        c->fin = ev->finish;
+}
+
+static void run_text(eng_engine_t *e, const char *stop, uint32_t max_tokens, text_collect_t *c)
+{
+    const char *stops[1] = {stop};
+    eng_request_t r = {.prompt = refs[0].ids, .n_prompt = refs[0].n_ids, .sampling = eng_sampling_default(),
+                       .max_tokens = max_tokens, .stop = stops, .n_stop = stop ? 1 : 0, .ignore_eos = true};
+    memset(c, 0, sizeof *c);
+    cr_assert_eq(eng_engine_add(e, &r, &c->id), TD_OK);
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_text, c), TD_OK);
+}
+
 Test(generate, stop_strings_and_max_tokens)
 {
     eng_engine_t *e = engine(512, 0, true);
-    const char *stop[] = {"Paris"};
-    eng_request_t r = {.prompt = refs[0].ids, .n_prompt = refs[0].n_ids, .sampling = eng_sampling_default(),
-                       .max_tokens = 64, .stop = stop, .n_stop = 1};
-    uint64_t id;
-    static collect_t c;
-    memset(&c, 0, sizeof c);
-    cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK);
-    c.first = id;
-    while (eng_engine_busy(e))
-        cr_assert_eq(eng_engine_step(e, on_ev, &c), TD_OK);
-    cr_assert_eq(c.fin[0], ENG_FINISH_STOP, "'The capital of France is Paris.' stops at Paris");
-    r.stop = NULL;
-    r.n_stop = 0;
-    r.max_tokens = 3;
-    memset(&c, 0, sizeof c);
-    cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK);
-    c.first = id;
-    while (eng_engine_busy(e))
-        cr_assert_eq(eng_engine_step(e, on_ev, &c), TD_OK);
-    cr_assert_eq(c.fin[0], ENG_FINISH_LENGTH);
-    cr_assert_eq(c.n[0], 3);
+    static text_collect_t full, stopped;
+    run_text(e, NULL, 48, &full);
+    cr_assert_eq(full.fin, ENG_FINISH_LENGTH);
+    cr_assert_eq(full.n, 48);
+    cr_assert_gt(full.len, 40, "text: %s", full.text);
+    /* a stop string taken from the middle of that text ends it there */
+    size_t at = full.len / 2;
+    while (at < full.len && ((unsigned char)full.text[at] & 0xc0) == 0x80)
+        at++;
+    char stop[8];
+    snprintf(stop, sizeof stop, "%.4s", full.text + at);
+    size_t first = (size_t)(strstr(full.text, stop) - full.text);
+    run_text(e, stop, 48, &stopped);
+    cr_assert_eq(stopped.fin, ENG_FINISH_STOP, "stop '%s' in '%s'", stop, full.text);
+    cr_assert_eq(stopped.len, first, "the text ends where the stop string begins");
+    cr_assert(memcmp(stopped.text, full.text, first) == 0);
     eng_engine_destroy(e);
 }
 
