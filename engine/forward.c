@@ -197,8 +197,15 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
         const eng_layer_weights_t *L = &f->w.layers[l];
         kern_kv_view_t kv = eng_kv_view(f->pool, l);
         o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps);
-        if ((rc = o->matmul(be, &L->wq, f->xn, f->q, n)) || (rc = o->matmul(be, &L->wk, f->xn, f->k, n)) ||
-            (rc = o->matmul(be, &L->wv, f->xn, f->v, n)))
+        if (L->wq.type == L->wk.type && L->wk.type == L->wv.type && !L->wq.priv == !L->wk.priv &&
+            !L->wk.priv == !L->wv.priv) {
+            const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+            float *out[3] = {f->q, f->k, f->v};
+            rc = o->matmul_multi(be, qkv, out, 3, f->xn, n);
+        } else if (!(rc = o->matmul(be, &L->wq, f->xn, f->q, n)) && !(rc = o->matmul(be, &L->wk, f->xn, f->k, n))) {
+            rc = o->matmul(be, &L->wv, f->xn, f->v, n);
+        }
+        if (rc)
             return rc;
         if (L->bq) {
             add_bias(be, f->q, L->bq, n, H * hd);
@@ -213,7 +220,14 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
             return rc;
         o->add(be, f->x, f->tmp, (size_t)n * hid);
         o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps);
-        if ((rc = o->matmul(be, &L->w_gate, f->xn, f->gate, n)) || (rc = o->matmul(be, &L->w_up, f->xn, f->up, n)))
+        if (L->w_gate.type == L->w_up.type && !L->w_gate.priv == !L->w_up.priv) {
+            const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
+            float *out[2] = {f->gate, f->up};
+            rc = o->matmul_multi(be, gu, out, 2, f->xn, n);
+        } else if (!(rc = o->matmul(be, &L->w_gate, f->xn, f->gate, n))) {
+            rc = o->matmul(be, &L->w_up, f->xn, f->up, n);
+        }
+        if (rc)
             return rc;
         o->swiglu(be, f->gate, f->up, f->gate, (size_t)n * d->ffn);
         if ((rc = o->matmul(be, &L->w_down, f->gate, f->tmp, n)))

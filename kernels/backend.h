@@ -75,6 +75,10 @@ typedef struct kern_backend_ops {
 
     /* y[n][rows] = x[n][cols] · Wᵀ */
     td_status_t (*matmul)(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);
+    /* y_i = x · W_iᵀ for k (<= 4) weights of one type and width: one pass over
+     * x's quantization and one dispatch (Q, K and V; gate and up) */
+    td_status_t (*matmul_multi)(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
+                                const float *x, uint32_t n);
     /* y[i] = x[i] / rms(x[i]) * w, per row of dim */
     td_status_t (*rmsnorm)(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
                            float eps);

@@ -85,6 +85,7 @@ static const kern_backend_ops_t kern_cpu_ops = {
     .weight_prepare = cpu_weight_prepare,
     .weight_release = cpu_weight_release,
     .matmul = kern_cpu_matmul,
+    .matmul_multi = kern_cpu_matmul_multi,
     .rmsnorm = kern_cpu_rmsnorm,
     .rope = kern_cpu_rope,
     .swiglu = kern_cpu_swiglu,

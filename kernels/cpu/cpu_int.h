@@ -23,6 +23,8 @@ typedef struct kern_cpu {
 void *kern_cpu_scratch(kern_cpu_t *c, size_t bytes);
 
 td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);
+td_status_t kern_cpu_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
+                                  const float *x, uint32_t n);
 td_status_t kern_cpu_rmsnorm(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
                              float eps);
 td_status_t kern_cpu_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t head_dim,

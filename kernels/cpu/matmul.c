@@ -21,18 +21,35 @@
 #define MATMUL_ROWS 16 /* the smallest task */
 #define MATMUL_TASKS_PER_THREAD 4
 
-typedef struct matmul_job {
-    const kern_cpu_t *c;
+#define MATMUL_MAX_MULTI 4
+
+/* One weight of a (multi-)matmul job. */
+typedef struct matmul_part {
     const kern_weight_t *w;
-    const void *xq;      /* activations in the format the weight takes */
+    float *y;
+    uint32_t rows_per_task;
+    uint32_t first_task;  /* index of this part's first task in the job */
+} matmul_part_t;
+
+typedef struct matmul_job {
+    const void *xq;      /* activations in the format the weights take */
     size_t xq_stride;    /* bytes per token row of xq */
     kern_vec_dot_fn dot;
-    float *y;
     uint32_t n;
     size_t w_stride;     /* bytes per weight row */
-    float *decode;       /* K-quants: MATMUL scratch, cols floats per task */
-    uint32_t rows_per_task;
+    float *decode;       /* K-quants: scratch, cols floats per task */
+    matmul_part_t part[MATMUL_MAX_MULTI];
+    uint32_t n_parts;
 } matmul_job_t;
+
+static const matmul_part_t *job_part(const matmul_job_t *j, int task, uint32_t *local)
+{
+    uint32_t i = j->n_parts - 1;
+    while (i > 0 && (uint32_t)task < j->part[i].first_task)
+        i--;
+    *local = (uint32_t)task - j->part[i].first_task;
+    return &j->part[i];
+}
 
 #if defined(__x86_64__)
 /* The repacked path: tasks are contiguous runs of 8-row groups. */
@@ -40,12 +57,15 @@ static void matmul_x8_task(void *ctx, int task, int n_tasks)
 {
     (void)n_tasks;
     const matmul_job_t *j = ctx;
-    uint32_t groups = j->w->rows / 8, per = j->rows_per_task / 8;
-    uint32_t g0 = (uint32_t)task * per, g1 = g0 + per < groups ? g0 + per : groups;
-    if (j->w->type == KERN_TYPE_Q4_1)
-        kern_gemm_q4_1x8(j->w->priv, j->w->cols, g0, g1, j->xq, j->xq_stride, j->n, j->y, j->w->rows);
+    uint32_t lt;
+    const matmul_part_t *p = job_part(j, task, &lt);
+    const kern_weight_t *w = p->w;
+    uint32_t groups = w->rows / 8, per = p->rows_per_task / 8;
+    uint32_t g0 = lt * per, g1 = g0 + per < groups ? g0 + per : groups;
+    if (w->type == KERN_TYPE_Q4_1)
+        kern_gemm_q4_1x8(w->priv, w->cols, g0, g1, j->xq, j->xq_stride, j->n, p->y, w->rows);
     else
-        kern_gemm_q8_0x8(j->w->priv, j->w->cols, g0, g1, j->xq, j->xq_stride, j->n, j->y, j->w->rows);
+        kern_gemm_q8_0x8(w->priv, w->cols, g0, g1, j->xq, j->xq_stride, j->n, p->y, w->rows);
 }
 #endif
 
@@ -53,20 +73,22 @@ static void matmul_task(void *ctx, int task, int n_tasks)
 {
     (void)n_tasks;
     const matmul_job_t *j = ctx;
-    uint32_t r0 = (uint32_t)task * j->rows_per_task, r1 = r0 + j->rows_per_task;
-    if (r1 > j->w->rows)
-        r1 = j->w->rows;
-    const uint8_t *wb = j->w->data;
+    uint32_t lt;
+    const matmul_part_t *p = job_part(j, task, &lt);
+    const kern_weight_t *w = p->w;
+    uint32_t r0 = lt * p->rows_per_task, r1 = r0 + p->rows_per_task;
+    if (r1 > w->rows)
+        r1 = w->rows;
+    const uint8_t *wb = w->data;
     for (uint32_t r = r0; r < r1; r++) {
         const void *row = wb + r * j->w_stride;
         if (j->decode) { /* K-quants: decode the row once, then fp32 dots */
-            float *d = j->decode + (size_t)task * j->w->cols;
-            kern_dequant_row(j->w->type, row, d, j->w->cols);
+            float *d = j->decode + (size_t)task * w->cols;
+            kern_dequant_row(w->type, row, d, w->cols);
             row = d;
         }
         for (uint32_t t = 0; t < j->n; t++)
-            j->y[(size_t)t * j->w->rows + r] =
-                j->dot(row, (const uint8_t *)j->xq + t * j->xq_stride, j->w->cols);
+            p->y[(size_t)t * w->rows + r] = j->dot(row, (const uint8_t *)j->xq + t * j->xq_stride, w->cols);
     }
 }
 
@@ -85,22 +107,23 @@ static void quant_task(void *ctx, int t, int n_tasks)
     q->fn(q->x + (size_t)t * q->cols, q->xq + (size_t)t * q->stride, q->cols);
 }
 
-td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
+td_status_t kern_cpu_matmul_multi(kern_backend_t *b, const kern_weight_t *const *ws, float *const *ys, uint32_t k,
+                                  const float *x, uint32_t n)
 {
     kern_cpu_t *c = (kern_cpu_t *)b;
     const kern_vecdot_table_t *vd = c->vd;
+    const kern_weight_t *w = ws[0];
     const kern_type_info_t *info = kern_type_info(w->type);
     if (!info || w->cols % info->block_elems || w->cols % 32)
         return td_error(TD_ERR_INVALID_ARG, "matmul: weight of type %u with %u columns is not supported", w->type,
                         w->cols);
-    matmul_job_t j = {.c = c, .w = w, .y = y, .n = n, .w_stride = kern_type_row_bytes(info, w->cols)};
+    if (k < 1 || k > MATMUL_MAX_MULTI)
+        return td_error(TD_ERR_INVALID_ARG, "matmul: %u weights in one call (1..%d)", k, MATMUL_MAX_MULTI);
+    for (uint32_t i = 1; i < k; i++)
+        if (ws[i]->type != w->type || ws[i]->cols != w->cols || !ws[i]->priv != !w->priv)
+            return td_error(TD_ERR_INVALID_ARG, "matmul: weights of one call must share type, columns and layout");
+    matmul_job_t j = {.n = n, .w_stride = kern_type_row_bytes(info, w->cols), .n_parts = k};
     kern_quantize_fn quant = NULL;
-    /* few, contiguous tasks: each thread streams long runs of W (hardware
-     * prefetch), and a handful per thread still balances uneven progress */
-    uint32_t per = (w->rows + (uint32_t)kern_pool_threads(c->pool) * MATMUL_TASKS_PER_THREAD - 1) /
-                   ((uint32_t)kern_pool_threads(c->pool) * MATMUL_TASKS_PER_THREAD);
-    j.rows_per_task = per < MATMUL_ROWS ? MATMUL_ROWS : per;
-    size_t n_tasks = (w->rows + j.rows_per_task - 1) / j.rows_per_task;
     switch ((kern_type_t)w->type) {
     case KERN_TYPE_Q4_0: j.dot = vd->q4_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;
     case KERN_TYPE_Q8_0: j.dot = vd->q8_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;
@@ -111,13 +134,22 @@ td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const flo
     case KERN_TYPE_Q4_K: case KERN_TYPE_Q5_K: case KERN_TYPE_Q6_K: j.dot = vd->f32_f32; break;
     }
 #if defined(__x86_64__)
-    if (w->priv) { /* 8-row interleaved copy (repack.h): Q8F activations */
+    if (w->priv) { /* 8-row interleaved copies (repack.h): Q8F activations */
         quant = kern_quantize_q8f;
         j.xq_stride = w->cols / 32 * KERN_Q8F_BYTES;
-        j.rows_per_task = (j.rows_per_task + 7) / 8 * 8;
-        n_tasks = (w->rows + j.rows_per_task - 1) / j.rows_per_task;
     }
 #endif
+    /* few, contiguous tasks per weight: each thread streams long runs of W
+     * (hardware prefetch), and a handful per thread still balance uneven progress */
+    uint32_t n_tasks = 0, slots = (uint32_t)kern_pool_threads(c->pool) * MATMUL_TASKS_PER_THREAD;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t per = (ws[i]->rows + slots - 1) / slots;
+        per = per < MATMUL_ROWS ? MATMUL_ROWS : per;
+        if (w->priv)
+            per = (per + 7) / 8 * 8;
+        j.part[i] = (matmul_part_t){.w = ws[i], .y = ys[i], .rows_per_task = per, .first_task = n_tasks};
+        n_tasks += (ws[i]->rows + per - 1) / per;
+    }
     size_t q_bytes = quant ? (size_t)n * j.xq_stride : 0;
     size_t d_bytes = w->type >= KERN_TYPE_Q4_K && w->type <= KERN_TYPE_Q6_K ? n_tasks * w->cols * sizeof(float) : 0;
     uint8_t *scratch = kern_cpu_scratch(c, q_bytes + d_bytes + 64);
@@ -125,7 +157,11 @@ td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const flo
         return td_error(TD_ERR_NO_MEMORY, "matmul: no memory for %zu bytes of scratch", q_bytes + d_bytes);
     if (quant) {
         quant_job_t q = {.fn = quant, .x = x, .xq = scratch, .cols = w->cols, .stride = j.xq_stride};
-        kern_pool_run(c->pool, (int)n, quant_task, &q);
+        if (n <= 4) /* a few rows: not worth waking the pool */
+            for (uint32_t t = 0; t < n; t++)
+                quant_task(&q, (int)t, (int)n);
+        else
+            kern_pool_run(c->pool, (int)n, quant_task, &q);
         j.xq = scratch;
     } else {
         j.xq = x;
@@ -141,4 +177,9 @@ td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const flo
 #endif
     kern_pool_run(c->pool, (int)n_tasks, matmul_task, &j);
     return TD_OK;
+}
+
+td_status_t kern_cpu_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
+{
+    return kern_cpu_matmul_multi(b, &w, &y, 1, x, n);
 }

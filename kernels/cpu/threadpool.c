@@ -86,8 +86,9 @@ static void *pool_main(void *arg)
     uint32_t seen = 0;
     for (;;) {
         uint64_t t0 = mono_ns();
+        unsigned spins = 0;
         while (claim_gen(p) == seen && !atomic_load_explicit(&p->stop, memory_order_relaxed)) {
-            if (mono_ns() - t0 > POOL_SPIN_NS) {
+            if ((++spins & 255) == 0 && mono_ns() - t0 > POOL_SPIN_NS) { /* the clock is read now and then */
                 pthread_mutex_lock(&p->mu);
                 while (claim_gen(p) == seen && !atomic_load(&p->stop))
                     pthread_cond_wait(&p->cv, &p->mu);
