@@ -9,6 +9,12 @@
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vecdot.h"
 
+typedef struct kern_cpu_chunk {
+    struct kern_cpu_chunk *next;
+    void *mem;
+    size_t size, used;
+} kern_cpu_chunk_t;
+
 typedef struct kern_cpu {
     kern_backend_t base;
     kern_pool_t *pool;
@@ -17,6 +23,7 @@ typedef struct kern_cpu {
      * per-thread decode rows for K-quants, attention scores */
     void *scratch;
     size_t scratch_cap;
+    kern_cpu_chunk_t *arena; /* repacked weights (backend_cpu.c) */
 } kern_cpu_t;
 
 /* Grows the backend scratch to at least bytes; returns it or NULL. */

@@ -1,7 +1,8 @@
 /* repack_avx2.c — the matmul kernels over 8-row interleaved weights
  * (repack.h). Compiled with -mavx2 -mfma -mf16c; used after the CPU check.
  * Tokens go in groups of up to 4: a block's weights are unpacked once into
- * registers and serve every token of the group. */
+ * registers and serve every token of the group; each group size has its own
+ * fully unrolled tile so nothing spills to the stack. */
 #include "kernels/cpu/repack.h"
 
 #if defined(__x86_64__)
@@ -54,77 +55,99 @@ static inline float rdf(const uint8_t *p)
     return f;
 }
 
-#define TG 4 /* tokens per group */
+/* One 8-row group against T tokens (T a constant after inlining, so the
+ * accumulators and unpacked weights live in registers). */
+static inline __attribute__((always_inline)) void q4_1x8_tile(const uint8_t *blk, uint32_t nb, const uint8_t *X,
+                                                             size_t xs, const int T, float *y, size_t ys)
+{
+    const __m256i lo = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (uint32_t b = 0; b < nb; b++, blk += 160) {
+        __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+        __m256i w[8];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * c));
+            w[c] = _mm256_and_si256(v, lo);
+            w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const uint8_t *a = X + (size_t)t * xs + (size_t)b * KERN_Q8F_BYTES;
+            __m256i s = _mm256_maddubs_epi16(w[0], bcast4(a + 8));
+#pragma GCC unroll 8
+            for (int c = 1; c < 8; c++)
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], bcast4(a + 8 + 4 * c)));
+            __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(rdf(a))), f, acc[t]);
+            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(rdf(a + 4)), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(y + (size_t)t * ys, acc[t]);
+}
+
+static inline __attribute__((always_inline)) void q8_0x8_tile(const uint8_t *blk, uint32_t nb, const uint8_t *X,
+                                                             size_t xs, const int T, float *y, size_t ys)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (uint32_t b = 0; b < nb; b++, blk += 272) {
+        __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+            __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const uint8_t *a = X + (size_t)t * xs + (size_t)b * KERN_Q8F_BYTES;
+                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(a + 8 + 4 * c), w));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const uint8_t *a = X + (size_t)t * xs + (size_t)b * KERN_Q8F_BYTES;
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(rdf(a))), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(y + (size_t)t * ys, acc[t]);
+}
+
+/* Token groups of 4, then the rest, each with its own unrolled tile. */
+#define GEMM_BODY(TILE, GB)                                                                                   \
+    const uint8_t *W = wr, *X = xq;                                                                        \
+    uint32_t nb = cols / 32;                                                                               \
+    for (uint32_t g = g0; g < g1; g++) {                                                                   \
+        const uint8_t *blk = W + (size_t)g * nb * (GB);                                                    \
+        uint32_t t0 = 0;                                                                                   \
+        for (; t0 + 4 <= n; t0 += 4)                                                                       \
+            TILE(blk, nb, X + (size_t)t0 * xq_stride, xq_stride, 4, y + (size_t)t0 * rows + 8 * g, rows);  \
+        const uint8_t *xr = X + (size_t)t0 * xq_stride;                                                    \
+        float *yr = y + (size_t)t0 * rows + 8 * g;                                                         \
+        switch (n - t0) {                                                                                  \
+        case 3: TILE(blk, nb, xr, xq_stride, 3, yr, rows); break;                                          \
+        case 2: TILE(blk, nb, xr, xq_stride, 2, yr, rows); break;                                          \
+        case 1: TILE(blk, nb, xr, xq_stride, 1, yr, rows); break;                                          \
+        default: break;                                                                                    \
+        }                                                                                                  \
+    }
 
 void kern_gemm_q4_1x8(const void *wr, uint32_t cols, uint32_t g0, uint32_t g1, const void *xq, size_t xq_stride,
                       uint32_t n, float *y, uint32_t rows)
 {
-    const uint8_t *W = wr, *X = xq;
-    uint32_t nb = cols / 32;
-    const __m256i lo = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    for (uint32_t g = g0; g < g1; g++) {
-        for (uint32_t t0 = 0; t0 < n; t0 += TG) {
-            uint32_t tn = n - t0 < TG ? n - t0 : TG;
-            __m256 acc[TG] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            const uint8_t *blk = W + (size_t)g * nb * 160;
-            for (uint32_t b = 0; b < nb; b++, blk += 160) {
-                __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-                __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-                __m256i w[8];
-                for (int c = 0; c < 4; c++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * c));
-                    w[c] = _mm256_and_si256(v, lo);
-                    w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
-                }
-                for (uint32_t t = 0; t < tn; t++) {
-                    const uint8_t *a = X + (size_t)(t0 + t) * xq_stride + (size_t)b * KERN_Q8F_BYTES;
-                    __m256i s = _mm256_maddubs_epi16(w[0], bcast4(a + 8));
-                    for (int c = 1; c < 8; c++)
-                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], bcast4(a + 8 + 4 * c)));
-                    __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(rdf(a))), f, acc[t]);
-                    acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(rdf(a + 4)), acc[t]);
-                }
-            }
-            for (uint32_t t = 0; t < tn; t++)
-                _mm256_storeu_ps(y + (size_t)(t0 + t) * rows + 8 * g, acc[t]);
-        }
-    }
+    GEMM_BODY(q4_1x8_tile, 160)
 }
 
 void kern_gemm_q8_0x8(const void *wr, uint32_t cols, uint32_t g0, uint32_t g1, const void *xq, size_t xq_stride,
                       uint32_t n, float *y, uint32_t rows)
 {
-    const uint8_t *W = wr, *X = xq;
-    uint32_t nb = cols / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (uint32_t g = g0; g < g1; g++) {
-        for (uint32_t t0 = 0; t0 < n; t0 += TG) {
-            uint32_t tn = n - t0 < TG ? n - t0 : TG;
-            __m256 acc[TG] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            const uint8_t *blk = W + (size_t)g * nb * 272;
-            for (uint32_t b = 0; b < nb; b++, blk += 272) {
-                __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-                __m256i isum[TG] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                                    _mm256_setzero_si256()};
-                for (int c = 0; c < 8; c++) {
-                    __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
-                    __m256i aw = _mm256_abs_epi8(w);
-                    for (uint32_t t = 0; t < tn; t++) {
-                        const uint8_t *a = X + (size_t)(t0 + t) * xq_stride + (size_t)b * KERN_Q8F_BYTES;
-                        __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(a + 8 + 4 * c), w));
-                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
-                    }
-                }
-                for (uint32_t t = 0; t < tn; t++) {
-                    const uint8_t *a = X + (size_t)(t0 + t) * xq_stride + (size_t)b * KERN_Q8F_BYTES;
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(rdf(a))), _mm256_cvtepi32_ps(isum[t]),
-                                             acc[t]);
-                }
-            }
-            for (uint32_t t = 0; t < tn; t++)
-                _mm256_storeu_ps(y + (size_t)(t0 + t) * rows + 8 * g, acc[t]);
-        }
-    }
+    GEMM_BODY(q8_0x8_tile, 272)
 }
 #endif
