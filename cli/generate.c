@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "cli/cli.h"
@@ -19,7 +20,8 @@
 static const char gen_usage[] =
     "usage: tandem generate [--model PATH] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
-    "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N] [--ids] PROMPT\n";
+    "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N | --kv-mib M] [--ids]\n"
+    "                       PROMPT\n";
 
 static double now_s(void)
 {
@@ -114,6 +116,7 @@ int cli_generate(int argc, char **argv)
         else if (NUM("--n", 1, 256)) n = (int)v;
         else if (NUM("--threads", 0, 1024)) cfg.n_threads = (int)v;
         else if (NUM("--kv-tokens", 16, 1e9)) cfg.kv_tokens = (uint64_t)v;
+        else if (NUM("--kv-mib", 1, 1e7)) cfg.kv_bytes = (uint64_t)(v * 1048576.0), cfg.kv_tokens = 0;
         else if (a[0] == '-' && a[1] == '-' && a[2]) {
             if (i < argc && !strcmp(argv[i], a)) /* not a NUM flag that failed to parse */
                 fprintf(stderr, "tandem generate: unknown or incomplete option '%s'\n%s", a, gen_usage);
@@ -196,10 +199,13 @@ int cli_generate(int argc, char **argv)
     double ttft = g.t_first - g.t0, dec = g.t_last - g.t_first;
     size_t dec_tokens = g.generated > (size_t)n ? g.generated - (size_t)n : 0;
     eng_kv_stats_t kv = eng_engine_kv_stats(e);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr, "\n[%s] load %.0f ms | prompt %zu tokens x %d | TTFT %.1f ms | decode %zu tokens in %.1f ms = "
-                    "%.1f tok/s | KV %zu bytes/token, pool %u blocks | finish %s\n",
+                    "%.1f tok/s | KV %zu bytes/token, pool %u blocks (%.1f MiB) | peak RSS %.1f MiB | finish %s\n",
             model, (t_ready - t_load) * 1e3, nt, n, ttft * 1e3, dec_tokens, dec * 1e3,
-            dec > 0 ? dec_tokens / dec : 0.0, kv.bytes_per_token, kv.n_blocks, eng_finish_name(g.fin[0]));
+            dec > 0 ? dec_tokens / dec : 0.0, kv.bytes_per_token, kv.n_blocks,
+            (double)kv.n_blocks * kv.block_bytes / 1048576.0, ru.ru_maxrss / 1024.0, eng_finish_name(g.fin[0]));
     ret = 0;
 out:
     for (int i = 0; g.texts && i < n; i++) {
