@@ -15,6 +15,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum td_log_level {
     TD_LOG_DEBUG,
     TD_LOG_INFO,
@@ -44,5 +48,9 @@ void td_clear_error(void);
 #define TD_DEBUG(...) td_log(TD_LOG_DEBUG, __VA_ARGS__)
 #define TD_INFO(...) td_log(TD_LOG_INFO, __VA_ARGS__)
 #define TD_WARN(...) td_log(TD_LOG_WARN, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

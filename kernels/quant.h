@@ -23,6 +23,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* GGUF / ggml type numbers; only those listed are read. */
 typedef enum kern_type {
     KERN_TYPE_F32 = 0,
@@ -65,5 +69,9 @@ td_status_t kern_dequant_row(uint32_t type, const void *src, float *dst, size_t 
 
 /* The CPU path in use: "avx2" or "portable". */
 const char *kern_cpu_path(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

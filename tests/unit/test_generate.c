@@ -340,3 +340,58 @@ Test(generate, perplexity_within_one_percent_of_llama_cpp)
     cr_assert(fabs(ppl / want - 1) < 0.01, "perplexity %.4f vs llama.cpp %.4f", ppl, want);
     json_decref(ref);
 }
+
+/* The forward pass against Hugging Face transformers: a tiny random Llama
+ * (GQA, 2 layers, Llama 3 rope scaling, tied embeddings; BF16/F16/F32 tensors)
+ * whose fp32 logits transformers computed on the GPU machine
+ * (fixtures/hf/make_logits_hf.py). F16/BF16 weights meet fp32 activations here
+ * and the KV pool is fp32, so the bound is fp32 rounding. */
+#include "engine/forward.h"
+
+Test(generate, tiny_llama_logits_match_transformers)
+{
+    json_error_t err;
+    json_t *ref = json_load_file(FIXTURE("hf/tiny-llama3-logits.json"), 0, &err);
+    cr_assert(ref, "%s", err.text);
+    eng_model_t *m;
+    cr_assert_eq(eng_model_open(FIXTURE("hf/tiny-llama3"), &m), TD_OK, "%s", td_last_error());
+    int32_t *ids;
+    size_t n = json_ids(json_object_get(ref, "ids"), &ids);
+    size_t first = (size_t)json_integer_value(json_object_get(ref, "first_row"));
+    kern_backend_t *be;
+    cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
+    eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16, KERN_KV_F32};
+    eng_kv_pool_t *pool;
+    cr_assert_eq(eng_kv_pool_create(be, &g, 4, &pool), TD_OK);
+    eng_forward_t *f;
+    cr_assert_eq(eng_forward_create(m, be, pool, 64, 64, &f), TD_OK, "%s", td_last_error());
+    int32_t table[4] = {2, 0, 3, 1};
+    eng_batch_seq_t s = {.tokens = ids, .n = (uint32_t)n, .pos0 = 0, .block_table = table, .n_blocks = 4,
+                         .all_logits = true};
+    const float *lg;
+    uint32_t nl;
+    cr_assert_eq(eng_forward_run(f, &s, 1, &lg, &nl), TD_OK, "%s", td_last_error());
+    cr_assert_eq(nl, n);
+    double worst = 0;
+    json_t *rows = json_object_get(ref, "logits");
+    for (size_t r = 0; r < json_array_size(rows); r++) {
+        json_t *row = json_array_get(rows, r);
+        const float *ours = lg + (first + r) * m->desc.vocab;
+        double d = 0, q = 0;
+        for (size_t v = 0; v < json_array_size(row); v++) {
+            double want = json_real_value(json_array_get(row, v));
+            d += (ours[v] - want) * (ours[v] - want);
+            q += want * want;
+        }
+        worst = fmax(worst, sqrt(d / q));
+    }
+    fprintf(stderr, "tiny llama vs transformers (%s): worst row relative error %.2e\n",
+            json_string_value(json_object_get(ref, "transformers")), worst);
+    cr_assert_lt(worst, 1e-4);
+    eng_forward_destroy(f);
+    eng_kv_pool_destroy(pool);
+    kern_cpu_backend_destroy(be);
+    eng_model_close(m);
+    free(ids);
+    json_decref(ref);
+}
