@@ -1,6 +1,6 @@
 # The two set-up commands of the README. Both install what is missing first.
-#   make demo   the main job on the default model (until serving lands: inspect
-#               the model and tokenize a chat prompt)
+#   make demo   the main job on the default model (until serving lands:
+#               tandem generate in this process)
 #   make test   the whole test suite (what CI runs)
 .PHONY: demo test build clean
 
@@ -10,8 +10,7 @@ build:
 	cmake --build build -j$$(nproc)
 
 demo: build
-	build/bin/tandem inspect models/SmolLM2-135M-Instruct.Q4_1.gguf | head -18
-	build/bin/tandem tokenize models/SmolLM2-135M-Instruct.Q4_1.gguf --chat "What is disaggregated serving?"
+	build/bin/tandem generate --chat --max-tokens 96 "Explain in two sentences why the sky is blue."
 
 test:
 	tests/run.sh
