@@ -95,7 +95,7 @@ static td_status_t cpu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
         return TD_OK;
     if (!(w->priv = arena_alloc(c, n)))
         return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory to repack a %ux%u matrix", w->rows, w->cols);
-    kern_repack(w, w->priv);
+    kern_repack(w, w->priv, c->vnni);
     return TD_OK;
 }
 
@@ -134,6 +134,7 @@ td_status_t kern_cpu_backend_create(int n_threads, kern_backend_t **out)
         return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory");
     c->base.ops = &kern_cpu_ops;
     c->vd = kern_vecdot();
+    c->vnni = c->vd == &kern_vecdot_avx2 && kern_cpu_has_vnni();
     td_status_t rc = kern_pool_create(n_threads, &c->pool);
     if (rc) {
         free(c);

@@ -5,6 +5,8 @@
 #ifndef KERN_CPU_INT_H
 #define KERN_CPU_INT_H
 
+#include <stdbool.h>
+
 #include "kernels/backend.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vecdot.h"
@@ -24,6 +26,7 @@ typedef struct kern_cpu {
     void *scratch;
     size_t scratch_cap;
     kern_cpu_chunk_t *arena; /* repacked weights (backend_cpu.c) */
+    bool vnni;               /* repacked kernels with AVX-512 VNNI (repack.h) */
 } kern_cpu_t;
 
 /* Grows the backend scratch to at least bytes; returns it or NULL. */

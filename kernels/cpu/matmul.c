@@ -10,6 +10,7 @@
  * takes (vecdot.h) — once per call, shared by all tasks; then tasks of
  * contiguous rows (a few per thread, at least MATMUL_ROWS) run the dot products. K-quant rows are decoded to fp32 in a
  * per-task buffer (K-quants are read, not yet fast). */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,7 @@ typedef struct matmul_part {
 } matmul_part_t;
 
 typedef struct matmul_job {
+    bool vnni;
     const void *xq;      /* activations in the format the weights take */
     size_t xq_stride;    /* bytes per token row of xq */
     kern_vec_dot_fn dot;
@@ -63,9 +65,11 @@ static void matmul_x8_task(void *ctx, int task, int n_tasks)
     uint32_t groups = w->rows / 8, per = p->rows_per_task / 8;
     uint32_t g0 = lt * per, g1 = g0 + per < groups ? g0 + per : groups;
     if (w->type == KERN_TYPE_Q4_1)
-        kern_gemm_q4_1x8(w->priv, w->cols, g0, g1, j->xq, j->xq_stride, j->n, p->y, w->rows);
+        (j->vnni ? kern_gemm_q4_1x8_vnni : kern_gemm_q4_1x8)(w->priv, w->cols, g0, g1, j->xq, j->xq_stride, j->n,
+                                                              p->y, w->rows);
     else
-        kern_gemm_q8_0x8(w->priv, w->cols, g0, g1, j->xq, j->xq_stride, j->n, p->y, w->rows);
+        (j->vnni ? kern_gemm_q8_0x8_vnni : kern_gemm_q8_0x8)(w->priv, w->cols, g0, g1, j->xq, j->xq_stride, j->n,
+                                                              p->y, w->rows);
 }
 #endif
 
@@ -122,7 +126,7 @@ td_status_t kern_cpu_matmul_multi(kern_backend_t *b, const kern_weight_t *const 
     for (uint32_t i = 1; i < k; i++)
         if (ws[i]->type != w->type || ws[i]->cols != w->cols || !ws[i]->priv != !w->priv)
             return td_error(TD_ERR_INVALID_ARG, "matmul: weights of one call must share type, columns and layout");
-    matmul_job_t j = {.n = n, .w_stride = kern_type_row_bytes(info, w->cols), .n_parts = k};
+    matmul_job_t j = {.n = n, .w_stride = kern_type_row_bytes(info, w->cols), .n_parts = k, .vnni = c->vnni};
     kern_quantize_fn quant = NULL;
     switch ((kern_type_t)w->type) {
     case KERN_TYPE_Q4_0: j.dot = vd->q4_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;

@@ -2,6 +2,7 @@
 #include "kernels/cpu/repack.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/quant.h"
@@ -15,7 +16,20 @@ size_t kern_repack_size(const kern_weight_t *w)
     return 0;
 }
 
-void kern_repack(const kern_weight_t *w, void *dst)
+bool kern_cpu_has_vnni(void)
+{
+#if defined(__x86_64__)
+    const char *force = getenv("TANDEM_CPU");
+    if (force && (!strcmp(force, "portable") || !strcmp(force, "avx2")))
+        return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+}
+
+void kern_repack(const kern_weight_t *w, void *dst, bool q8_unsigned)
 {
     const uint8_t *src = w->data;
     uint8_t *out = dst;
@@ -35,7 +49,8 @@ void kern_repack(const kern_weight_t *w, void *dst)
                         memcpy(o + 32 + c * 32 + r * 4, blk + 4 + 4 * c, 4);
                 } else {
                     for (uint32_t c = 0; c < 8; c++)
-                        memcpy(o + 16 + c * 32 + r * 4, blk + 2 + 4 * c, 4);
+                        for (uint32_t k = 0; k < 4; k++)
+                            o[16 + c * 32 + r * 4 + k] = (uint8_t)(blk[2 + 4 * c + k] ^ (q8_unsigned ? 0x80 : 0));
                 }
             }
         }

@@ -15,11 +15,16 @@
  * vertical, and the unpacked chunk serves every token of a batch. Same bytes
  * per value as the file: decode reads no more memory.
  *
- * Activations for these kernels are Q8F blocks: { f32 d; f32 s; i8 q[32] },
- * x ≈ d·q, s = d·Σq (Q4_1's min term), scale kept in fp32. */
+ * With AVX-512 VNNI (vpdpbusd: unsigned x signed bytes into int32 lanes, no
+ * int16 stage) Q8_0 is stored offset to unsigned (w + 128) and the offset is
+ * taken back with 128·Σq of the activation block.
+ *
+ * Activations for these kernels are Q8F blocks: { f32 d; i32 Σq; i8 q[32] },
+ * x ≈ d·q, the scale kept in fp32 (Σq serves Q4_1's min term and the offset). */
 #ifndef KERN_CPU_REPACK_H
 #define KERN_CPU_REPACK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,8 +34,11 @@
 
 /* Bytes of w's repacked copy, 0 if its type or shape has none. */
 size_t kern_repack_size(const kern_weight_t *w);
-/* Writes the repacked copy of w into dst (kern_repack_size bytes). */
-void kern_repack(const kern_weight_t *w, void *dst);
+/* Writes the repacked copy of w into dst (kern_repack_size bytes); q8_unsigned
+ * stores Q8_0 values + 128 (the VNNI layout). */
+void kern_repack(const kern_weight_t *w, void *dst, bool q8_unsigned);
+/* Whether this CPU has AVX-512 VNNI with 256-bit forms (and TANDEM_CPU allows it). */
+bool kern_cpu_has_vnni(void);
 
 /* AVX2 kernels (kernels/cpu/repack_avx2.c; call only on the AVX2 path) */
 void kern_quantize_q8f(const float *x, void *y, size_t n);
@@ -40,5 +48,10 @@ void kern_gemm_q4_1x8(const void *wr, uint32_t cols, uint32_t g0, uint32_t g1, c
                       uint32_t n, float *y, uint32_t rows);
 void kern_gemm_q8_0x8(const void *wr, uint32_t cols, uint32_t g0, uint32_t g1, const void *xq, size_t xq_stride,
                       uint32_t n, float *y, uint32_t rows);
+/* The same with VNNI (kernels/cpu/repack_vnni.c); Q8_0 in the unsigned layout. */
+void kern_gemm_q4_1x8_vnni(const void *wr, uint32_t cols, uint32_t g0, uint32_t g1, const void *xq,
+                           size_t xq_stride, uint32_t n, float *y, uint32_t rows);
+void kern_gemm_q8_0x8_vnni(const void *wr, uint32_t cols, uint32_t g0, uint32_t g1, const void *xq,
+                           size_t xq_stride, uint32_t n, float *y, uint32_t rows);
 
 #endif

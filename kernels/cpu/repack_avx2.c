@@ -32,9 +32,9 @@ void kern_quantize_q8f(const float *x, void *y, size_t n)
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         s4 = _mm_hadd_epi32(s4, s4);
         s4 = _mm_hadd_epi32(s4, s4);
-        float sd = d * (float)_mm_cvtsi128_si32(s4);
+        int32_t qsum = _mm_cvtsi128_si32(s4);
         memcpy(o, &d, 4);
-        memcpy(o + 4, &sd, 4);
+        memcpy(o + 4, &qsum, 4);
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(o + 8), p);
@@ -53,6 +53,13 @@ static inline float rdf(const uint8_t *p)
     float f;
     memcpy(&f, p, 4);
     return f;
+}
+
+static inline int32_t rdi(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 /* One 8-row group against T tokens (T a constant after inlining, so the
@@ -81,7 +88,7 @@ static inline __attribute__((always_inline)) void q4_1x8_tile(const uint8_t *blk
                 s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], bcast4(a + 8 + 4 * c)));
             __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(rdf(a))), f, acc[t]);
-            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(rdf(a + 4)), acc[t]);
+            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(rdf(a) * (float)rdi(a + 4)), acc[t]);
         }
     }
 #pragma GCC unroll 4
