@@ -24,7 +24,7 @@ static inline size_t kv_offset(const kern_kv_view_t *kv, uint32_t which, uint32_
 td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                               const int32_t *slots, uint32_t n)
 {
-    (void)b;
+    const kern_cpu_t *c = (const kern_cpu_t *)b;
     size_t es = kv->dtype == KERN_KV_F16 ? 2 : 4;
     for (uint32_t t = 0; t < n; t++) {
         uint32_t blk = (uint32_t)slots[t] / kv->block_tokens, off = (uint32_t)slots[t] % kv->block_tokens;
@@ -36,9 +36,7 @@ td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const
                 if (kv->dtype == KERN_KV_F32) {
                     memcpy(dst, src, kv->head_dim * sizeof(float));
                 } else {
-                    uint16_t *d16 = (uint16_t *)(void *)dst;
-                    for (uint32_t i = 0; i < kv->head_dim; i++)
-                        d16[i] = kern_fp32_to_fp16(src[i]);
+                    c->vd->to_f16(src, (uint16_t *)(void *)dst, kv->head_dim);
                 }
             }
         }

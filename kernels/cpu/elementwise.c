@@ -7,11 +7,31 @@
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/quant.h"
 
+typedef struct swiglu_job {
+    kern_swiglu_fn fn;
+    const float *g, *u;
+    float *y;
+    size_t n, per;
+} swiglu_job_t;
+
+static void swiglu_task(void *ctx, int t, int n_tasks)
+{
+    (void)n_tasks;
+    const swiglu_job_t *j = ctx;
+    size_t a = (size_t)t * j->per, e = a + j->per < j->n ? a + j->per : j->n;
+    j->fn(j->g + a, j->u + a, j->y + a, e - a);
+}
+
 td_status_t kern_cpu_swiglu(kern_backend_t *b, const float *gate, const float *up, float *y, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++)
-        y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    kern_cpu_t *c = (kern_cpu_t *)b;
+    if (n < 16384) { /* a decode step's worth: cheaper than waking the pool */
+        c->vd->swiglu(gate, up, y, n);
+        return TD_OK;
+    }
+    size_t per = (n / (size_t)kern_pool_threads(c->pool) / 4 + 7) & ~(size_t)7;
+    swiglu_job_t j = {c->vd->swiglu, gate, up, y, n, per ? per : 8};
+    kern_pool_run(c->pool, (int)((n + j.per - 1) / j.per), swiglu_task, &j);
     return TD_OK;
 }
 

@@ -14,12 +14,14 @@ td_status_t kern_cpu_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t head
     (void)b;
     uint32_t half = head_dim / 2;
     float cs[512], sn[512];
+    int32_t last = -1;
     for (uint32_t t = 0; t < n; t++) {
-        for (uint32_t i = 0; i < half; i++) {
+        for (uint32_t i = 0; i < half && pos[t] != last; i++) {
             float theta = (float)pos[t] * freq[i];
             cs[i] = cosf(theta);
             sn[i] = sinf(theta);
         }
+        last = pos[t];
         for (uint32_t h = 0; h < heads; h++) {
             float *v = x + ((size_t)t * heads + h) * head_dim;
             for (uint32_t i = 0; i < half; i++) {

@@ -135,10 +135,22 @@ static void axpy_f32(float a, const void *x, float *y, size_t n)
         y[i] += a * p[i];
 }
 
+static void swiglu(const float *g, const float *u, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void to_f16(const float *x, uint16_t *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = kern_fp32_to_fp16(x[i]);
+}
+
 const kern_vecdot_table_t kern_vecdot_portable = {
     .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1,
     .q8_0_q8_0 = dot_q8_0_q8_0, .f16_f32 = dot_f16_f32, .bf16_f32 = dot_bf16_f32, .f32_f32 = dot_f32_f32,
-    .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32,
+    .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32, .swiglu = swiglu, .to_f16 = to_f16,
 };
 
 const kern_vecdot_table_t *kern_vecdot(void)

@@ -23,10 +23,17 @@ typedef void (*kern_quantize_fn)(const float *x, void *y, size_t n);
 /* y[i] += a * x[i], x in fp16 or fp32 (attention's weighted sum of V) */
 typedef void (*kern_axpy_fn)(float a, const void *x, float *y, size_t n);
 
+/* y[i] = silu(g[i]) * u[i] */
+typedef void (*kern_swiglu_fn)(const float *g, const float *u, float *y, size_t n);
+/* y[i] = fp16(x[i]), round to nearest even */
+typedef void (*kern_to_f16_fn)(const float *x, uint16_t *y, size_t n);
+
 typedef struct kern_vecdot_table {
     kern_quantize_fn quantize_q8_0, quantize_q8_1;
     kern_vec_dot_fn q4_0_q8_0, q4_1_q8_1, q8_0_q8_0, f16_f32, bf16_f32, f32_f32;
     kern_axpy_fn axpy_f16, axpy_f32;
+    kern_swiglu_fn swiglu;
+    kern_to_f16_fn to_f16;
 } kern_vecdot_table_t;
 
 extern const kern_vecdot_table_t kern_vecdot_portable;
