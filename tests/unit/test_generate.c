@@ -395,3 +395,58 @@ Test(generate, tiny_llama_logits_match_transformers)
     free(ids);
     json_decref(ref);
 }
+
+/* Teacher-forced agreement: feed each prompt and llama.cpp's own 64 greedy
+ * tokens, and compare tandem's argmax with llama.cpp's choice at every step
+ * (one divergence no longer decides the rest of the run). Every disagreement
+ * must be at a step where llama.cpp's top two logits are within NEAR_TIE. */
+Test(generate, teacher_forced_agreement_with_llama_cpp)
+{
+    kern_backend_t *be;
+    cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
+    eng_kv_geom_t g = {model->desc.n_layers, model->desc.n_kv_heads, model->desc.head_dim, 16, KERN_KV_F16};
+    eng_kv_pool_t *pool;
+    cr_assert_eq(eng_kv_pool_create(be, &g, 16, &pool), TD_OK);
+    eng_forward_t *f;
+    cr_assert_eq(eng_forward_create(model, be, pool, 256, 80, &f), TD_OK);
+    int32_t table[16];
+    for (int i = 0; i < 16; i++)
+        table[i] = i;
+    size_t steps = 0, agree = 0;
+    double worst_gap = 0;
+    for (size_t p = 0; p < n_refs; p++) {
+        int32_t seq[256];
+        size_t n = refs[p].n_ids;
+        memcpy(seq, refs[p].ids, n * sizeof *seq);
+        memcpy(seq + n, refs[p].greedy, N_GEN * sizeof *seq);
+        /* the prompt but its last token, then the rest with every logit row */
+        eng_batch_seq_t a = {.tokens = seq, .n = (uint32_t)n - 1, .pos0 = 0, .block_table = table, .n_blocks = 16};
+        const float *lg;
+        uint32_t nl;
+        cr_assert_eq(eng_forward_run(f, &a, 1, &lg, &nl), TD_OK);
+        eng_batch_seq_t b = {.tokens = seq + n - 1, .n = N_GEN, .pos0 = (uint32_t)n - 1, .block_table = table,
+                             .n_blocks = 16, .all_logits = true};
+        cr_assert_eq(eng_forward_run(f, &b, 1, &lg, &nl), TD_OK);
+        for (int t = 0; t < N_GEN; t++) {
+            const float *row = lg + (size_t)t * model->desc.vocab;
+            int32_t best = 0;
+            for (uint32_t v = 1; v < model->desc.vocab; v++)
+                if (row[v] > row[best])
+                    best = (int32_t)v;
+            steps++;
+            if (best == refs[p].greedy[t]) {
+                agree++;
+            } else {
+                worst_gap = fmax(worst_gap, refs[p].gap[t]);
+                cr_assert_lt(refs[p].gap[t], NEAR_TIE, "prompt %zu step %d: llama.cpp was sure (gap %.4f)", p, t,
+                             refs[p].gap[t]);
+            }
+        }
+    }
+    fprintf(stderr, "greedy, teacher-forced: %zu of %zu steps (%.1f%%) pick llama.cpp's token; the rest are at "
+                    "llama.cpp top-2 gaps up to %.3f\n", agree, steps, 100.0 * agree / steps, worst_gap);
+    cr_assert_geq(agree * 100, steps * 95, "at least 95%% of steps agree");
+    eng_forward_destroy(f);
+    eng_kv_pool_destroy(pool);
+    kern_cpu_backend_destroy(be);
+}
