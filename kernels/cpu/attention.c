@@ -71,6 +71,14 @@ static void attn_task(void *ctx, int task, int n_tasks)
     kern_vec_dot_fn dot = kv->dtype == KERN_KV_F16 ? j->vd->f16_f32 : j->vd->f32_f32;
     kern_axpy_fn axpy = kv->dtype == KERN_KV_F16 ? j->vd->axpy_f16 : j->vd->axpy_f32;
     const float *q = j->q + ((size_t)row * j->n_heads + head) * hd;
+    float qr[512];
+    if (kv->dtype == KERN_KV_F16) { /* q·k in fp16 inputs, fp32 sums */
+        uint16_t qh[512];
+        j->vd->to_f16(q, qh, hd);
+        for (uint32_t i = 0; i < hd; i++)
+            qr[i] = kern_fp16_to_fp32(qh[i]);
+        q = qr;
+    }
     size_t k_off = kv_offset(kv, 0, kvh) * es, v_off = kv_offset(kv, 1, kvh) * es, row_bytes = hd * es;
     float acc[512];
     memset(acc, 0, hd * sizeof(float));

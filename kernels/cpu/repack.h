@@ -19,8 +19,9 @@
  * int16 stage) Q8_0 is stored offset to unsigned (w + 128) and the offset is
  * taken back with 128·Σq of the activation block.
  *
- * Activations for these kernels are Q8F blocks: { f32 d; i32 Σq; i8 q[32] },
- * x ≈ d·q, the scale kept in fp32 (Σq serves Q4_1's min term and the offset). */
+ * Activations for these kernels are Q8F blocks: { f16 d; f16 s; i32 Σq; i8 q[32] },
+ * x ≈ d·q, s = d·Σq (Q4_1's min term), Σq for the VNNI offset; d and s rounded
+ * to fp16 as the file's own 8-bit blocks (and llama.cpp) hold them. */
 #ifndef KERN_CPU_REPACK_H
 #define KERN_CPU_REPACK_H
 

@@ -33,7 +33,11 @@ void kern_quantize_q8f(const float *x, void *y, size_t n)
         s4 = _mm_hadd_epi32(s4, s4);
         s4 = _mm_hadd_epi32(s4, s4);
         int32_t qsum = _mm_cvtsi128_si32(s4);
-        memcpy(o, &d, 4);
+        /* scale and Q4_1's sum term rounded to fp16, as the file formats (and
+         * llama.cpp) hold them: the integer sums then agree to the last bit */
+        uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT), sh = _cvtss_sh(d * (float)qsum, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(o, &dh, 2);
+        memcpy(o + 2, &sh, 2);
         memcpy(o + 4, &qsum, 4);
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -52,11 +56,11 @@ static inline __m256i bcast4(const uint8_t *p)
     return _mm256_set1_epi32(v);
 }
 
-static inline float rdf(const uint8_t *p)
+static inline float rdf(const uint8_t *p) /* an fp16 field */
 {
-    float f;
-    memcpy(&f, p, 4);
-    return f;
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
 }
 
 static inline int32_t rdi(const uint8_t *p)
@@ -94,7 +98,7 @@ static inline __attribute__((always_inline)) void q4_1x8_tile(const uint8_t *blk
                 s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], bcast4(a + 8 + 4 * c)));
             __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(rdf(a))), f, acc[t]);
-            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(rdf(a) * (float)rdi(a + 4)), acc[t]);
+            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(rdf(a + 2)), acc[t]);
         }
     }
 #pragma GCC unroll 4

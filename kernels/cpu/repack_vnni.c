@@ -21,11 +21,11 @@ static inline __m256i bcast4(const uint8_t *p)
     return _mm256_set1_epi32(v);
 }
 
-static inline float rdf(const uint8_t *p)
+static inline float rdf(const uint8_t *p) /* an fp16 field */
 {
-    float f;
-    memcpy(&f, p, 4);
-    return f;
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
 }
 
 static inline int32_t rdi(const uint8_t *p)
@@ -59,9 +59,8 @@ static inline __attribute__((always_inline)) void q4_1x8_tile(const uint8_t *blk
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++)
                 s = _mm256_dpbusd_epi32(s, w[c], bcast4(a + 8 + 4 * c));
-            float d = rdf(a);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(d)), _mm256_cvtepi32_ps(s), acc[t]);
-            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(d * (float)rdi(a + 4)), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(rdf(a))), _mm256_cvtepi32_ps(s), acc[t]);
+            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(rdf(a + 2)), acc[t]);
         }
     }
 #pragma GCC unroll 4

@@ -197,7 +197,9 @@ Test(kernels, paged_attention_against_naive)
                     double d = 0;
                     for (int i = 0; i < HD; i++) {
                         float kk = dt ? kern_fp16_to_fp32(kern_fp32_to_fp16(k[(p * KVH + kh) * HD + i])) : k[(p * KVH + kh) * HD + i];
-                        d += q[(row * H + h) * HD + i] * kk;
+                        /* an fp16 pool: q meets k in fp16 too */
+                        float qq = dt ? kern_fp16_to_fp32(kern_fp32_to_fp16(q[(row * H + h) * HD + i])) : q[(row * H + h) * HD + i];
+                        d += qq * kk;
                     }
                     sc[p] = d * 0.25;
                     mx = sc[p] > mx ? sc[p] : mx;
