@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -72,7 +73,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *path = argv[1], *bin = argc > 2 ? argv[2] : "build/bin/tandem";
-    enum { R = 21 };
+    enum { R = 11 };
     double rd[R], op[R], pr[R], parse[R], tok[R];
     size_t size = 0;
     read_once(path, &size); /* warm the page cache */
@@ -96,6 +97,18 @@ int main(int argc, char **argv)
         tok[i] = now_ms() - t0;
         eng_tokenizer_destroy(t);
         eng_gguf_close(g);
+    }
+    double eng[R];
+    for (int i = 0; i < R; i++) { /* + the engine: weights bound, repacked for the SIMD kernels, KV pool */
+        eng_model_t *m;
+        eng_engine_t *e;
+        eng_engine_config_t cfg = eng_engine_config_default();
+        double t0 = now_ms();
+        if (eng_model_open(path, &m) || eng_engine_create(m, &cfg, &e))
+            return 1;
+        eng_engine_destroy(e);
+        eng_model_close(m);
+        eng[i] = now_ms() - t0;
     }
     for (int i = 0; i < R; i++) {
         double t0 = now_ms();
@@ -122,6 +135,8 @@ int main(int argc, char **argv)
            median(op, R));
     printf("| of which: GGUF open (map + validate directory) | %.2f |\n", median(parse, R));
     printf("| of which: tokenizer (49k tokens, 49k merges indexed) | %.2f |\n", median(tok, R));
+    printf("| engine ready (model open + weights bound and repacked for the CPU kernels + 64 MiB KV pool) | %.2f |\n",
+           median(eng, R));
     printf("| process start to exit: `tandem inspect --json` | %.2f |\n", median(pr, R));
     return 0;
 }
