@@ -7,33 +7,7 @@
 #include "kernels/cpu/repack.h"
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-#include <string.h>
-
-/* Bytes ahead of the block being read that a block's loop asks the cache for:
- * the weights stream from memory once per decode step. */
-#define PREFETCH_AHEAD 4096
-
-static inline __m256i bcast4(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
-static inline float rdf(const uint8_t *p) /* an fp16 field */
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-static inline int32_t rdi(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
+#include "kernels/cpu/repack_int.h"
 
 static inline __attribute__((always_inline)) void q4_1x8_tile(const uint8_t *blk, uint32_t nb, const uint8_t *X,
                                                              size_t xs, const int T, float *y, size_t ys)
@@ -97,24 +71,6 @@ static inline __attribute__((always_inline)) void q8_0x8_tile(const uint8_t *blk
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(y + (size_t)t * ys, acc[t]);
 }
-
-#define GEMM_BODY(TILE, GB)                                                                                   \
-    const uint8_t *W = wr, *X = xq;                                                                        \
-    uint32_t nb = cols / 32;                                                                               \
-    for (uint32_t g = g0; g < g1; g++) {                                                                   \
-        const uint8_t *blk = W + (size_t)g * nb * (GB);                                                    \
-        uint32_t t0 = 0;                                                                                   \
-        for (; t0 + 4 <= n; t0 += 4)                                                                       \
-            TILE(blk, nb, X + (size_t)t0 * xq_stride, xq_stride, 4, y + (size_t)t0 * rows + 8 * g, rows);  \
-        const uint8_t *xr = X + (size_t)t0 * xq_stride;                                                    \
-        float *yr = y + (size_t)t0 * rows + 8 * g;                                                         \
-        switch (n - t0) {                                                                                  \
-        case 3: TILE(blk, nb, xr, xq_stride, 3, yr, rows); break;                                          \
-        case 2: TILE(blk, nb, xr, xq_stride, 2, yr, rows); break;                                          \
-        case 1: TILE(blk, nb, xr, xq_stride, 1, yr, rows); break;                                          \
-        default: break;                                                                                    \
-        }                                                                                                  \
-    }
 
 void kern_gemm_q4_1x8_vnni(const void *wr, uint32_t cols, uint32_t g0, uint32_t g1, const void *xq,
                            size_t xq_stride, uint32_t n, float *y, uint32_t rows)
