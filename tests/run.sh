@@ -16,23 +16,27 @@ jobs=$(nproc)
 deploy/install-deps.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
 
 passed=0 failed=0
+run_one() { # $1: test binary, $2: label
+  local t=$1 label=$2 out p f c line
+  out=$("$t" --jobs "$jobs" 2>&1)
+  line=$(printf '%s\n' "$out" | grep 'Synthesis: Tested' | tail -1)
+  p=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")
+  f=$(sed -n 's/.*Failing: \([0-9]*\).*/\1/p' <<<"$line")
+  c=$(sed -n 's/.*Crashing: \([0-9]*\).*/\1/p' <<<"$line")
+  if [ -z "$line" ]; then p=0 f=1 c=0; fi
+  passed=$((passed + p)); failed=$((failed + f + c))
+  if [ $((f + c)) -gt 0 ] || [ -z "$line" ]; then
+    printf '%s\n' "$out" | grep -v ' error tandem' | tail -40
+    echo "FAILED: $label $(basename "$t")"
+  else
+    printf '%-12s %-22s %s\n' "$label" "$(basename "$t")" "$line"
+  fi
+  printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|sentencepiece|normalizers|greedy|perplexity|tiny|kernels|/.*: [0-9]+ of)' || true
+}
 run_suites() { # $1: build dir, $2: label
-  local dir=$1 label=$2 t out p f c
-  for t in "$dir"/bin/tests/test_*; do
-    out=$("$t" --jobs "$jobs" 2>&1)
-    line=$(printf '%s\n' "$out" | grep 'Synthesis: Tested' | tail -1)
-    p=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")
-    f=$(sed -n 's/.*Failing: \([0-9]*\).*/\1/p' <<<"$line")
-    c=$(sed -n 's/.*Crashing: \([0-9]*\).*/\1/p' <<<"$line")
-    if [ -z "$line" ]; then p=0 f=1 c=0; fi
-    passed=$((passed + p)); failed=$((failed + f + c))
-    if [ $((f + c)) -gt 0 ] || [ -z "$line" ]; then
-      printf '%s\n' "$out" | grep -v ' error tandem' | tail -40
-      echo "FAILED: $label $(basename "$t")"
-    else
-      printf '%-12s %-22s %s\n' "$label" "$(basename "$t")" "$line"
-    fi
-    printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|sentencepiece|normalizers|greedy|perplexity|kernels|/.*: [0-9]+ of)' || true
+  local t
+  for t in "$1"/bin/tests/test_*; do
+    run_one "$t" "$2"
   done
 }
 
@@ -40,6 +44,8 @@ echo "== build (release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build -j"$jobs" >/dev/null \
   || { echo "build failed"; cmake --build build 2>&1 | tail -30; echo "tests: $passed passed, $((failed + 1)) failed"; exit 1; }
 run_suites build release
+# the kernels again on the AVX2 path without VNNI (the suite checks the portable path itself)
+TANDEM_CPU=avx2 run_one build/bin/tests/test_kernels "release/avx2"
 
 echo "== build (address + undefined sanitizers)"
 if cmake -S . -B build-asan -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
