@@ -64,7 +64,7 @@ static void matmul_x8_task(void *ctx, int task, int n_tasks)
     const kern_weight_t *w = p->w;
     uint32_t groups = w->rows / 8, per = p->rows_per_task / 8;
     uint32_t g0 = lt * per, g1 = g0 + per < groups ? g0 + per : groups;
-    if (w->type == KERN_TYPE_Q4_1)
+    if (kern_repack_kernel_type(w->type) == KERN_TYPE_Q4_1)
         (j->vnni ? kern_gemm_q4_1x8_vnni : kern_gemm_q4_1x8)(w->priv, w->cols, g0, g1, j->xq, j->xq_stride, j->n,
                                                               p->y, w->rows);
     else
@@ -155,7 +155,8 @@ td_status_t kern_cpu_matmul_multi(kern_backend_t *b, const kern_weight_t *const 
         n_tasks += (ws[i]->rows + per - 1) / per;
     }
     size_t q_bytes = quant ? (size_t)n * j.xq_stride : 0;
-    size_t d_bytes = w->type >= KERN_TYPE_Q4_K && w->type <= KERN_TYPE_Q6_K ? n_tasks * w->cols * sizeof(float) : 0;
+    size_t d_bytes = w->type >= KERN_TYPE_Q4_K && w->type <= KERN_TYPE_Q6_K && !w->priv
+                         ? n_tasks * w->cols * sizeof(float) : 0;
     uint8_t *scratch = kern_cpu_scratch(c, q_bytes + d_bytes + 64);
     if (!scratch)
         return td_error(TD_ERR_NO_MEMORY, "matmul: no memory for %zu bytes of scratch", q_bytes + d_bytes);

@@ -33,8 +33,12 @@
 
 #define KERN_Q8F_BYTES 40
 
-/* Bytes of w's repacked copy, 0 if its type or shape has none. */
+/* Bytes of w's repacked copy, 0 if its type or shape has none. Q4_0 (exactly)
+ * and Q4_K (sub-block scales and mins rounded to fp16) are re-expressed as
+ * Q4_1x8, so they run on the Q4_1 kernels. */
 size_t kern_repack_size(const kern_weight_t *w);
+/* The layout a type is repacked to: KERN_TYPE_Q4_1 or KERN_TYPE_Q8_0. */
+uint32_t kern_repack_kernel_type(uint32_t type);
 /* Writes the repacked copy of w into dst (kern_repack_size bytes); q8_unsigned
  * stores Q8_0 values + 128 (the VNNI layout). */
 void kern_repack(const kern_weight_t *w, void *dst, bool q8_unsigned);
