@@ -8,5 +8,6 @@ int cli_inspect(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
+int cli_bench(int argc, char **argv);
 
 #endif

@@ -18,6 +18,8 @@ static const char usage[] =
     "                                      (tandem generate --help for every option)\n"
     "  perplexity FILE [--model PATH] [--ctx N] [--threads N]\n"
     "                                      the model's perplexity on a text file\n"
+    "  bench --endpoint HOST:PORT [--rate R | --sweep R1,R2] [--goodput ttft:MS,tpot:MS] ...\n"
+    "                                      SLO goodput of a serving endpoint (tandem bench for all options)\n"
     "\n"
     "MODEL is a .gguf file or a Hugging Face folder (config.json, model.safetensors,\n"
     "tokenizer.json). Logging: TANDEM_LOG=debug|info|warn|error|off, TANDEM_LOG_FORMAT=json.\n";
@@ -31,6 +33,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "inspect"))
         return cli_inspect(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "bench"))
+        return cli_bench(argc - 2, argv + 2);
     if (!strcmp(argv[1], "perplexity"))
         return cli_perplexity(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate"))

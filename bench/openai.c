@@ -1,0 +1,225 @@
+/* openai.c — see openai.h. State per request: its curl handle, the SSE line
+ * being assembled, the times of its tokens. */
+#include "bench/openai.h"
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+
+typedef struct flight {
+    CURL *h;
+    struct curl_slist *hdr;
+    char *body;
+    char line[65536];
+    size_t line_len;
+    double *times;
+    uint32_t n_times, cap_times;
+    bench_result_t *res;
+    const bench_request_t *req;
+    double t0;
+} flight_t;
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One SSE line: "data: {json}" or "data: [DONE]". */
+static void sse_line(flight_t *f, const char *s, size_t n)
+{
+    if (n < 6 || strncmp(s, "data:", 5))
+        return;
+    s += 5, n -= 5;
+    while (n && *s == ' ')
+        s++, n--;
+    if (n >= 6 && !strncmp(s, "[DONE]", 6))
+        return;
+    json_t *o = json_loadb(s, n, 0, NULL);
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *text = json_object_get(c, "text");
+    if (!text)
+        text = json_object_get(json_object_get(c, "delta"), "content");
+    const char *fr = json_string_value(json_object_get(c, "finish_reason"));
+    if (fr)
+        snprintf(f->res->finish, sizeof f->res->finish, "%s", fr);
+    if (json_is_string(text) && json_string_length(text) > 0) {
+        if (f->n_times == f->cap_times) {
+            uint32_t nc = f->cap_times ? f->cap_times * 2 : 64;
+            double *nt = realloc(f->times, nc * sizeof *nt);
+            if (nt) {
+                f->times = nt;
+                f->cap_times = nc;
+            }
+        }
+        if (f->n_times < f->cap_times)
+            f->times[f->n_times++] = mono() - f->t0;
+    }
+    json_t *err = json_object_get(o, "error");
+    if (err) {
+        const char *msg = json_string_value(json_object_get(err, "message"));
+        snprintf(f->res->error, sizeof f->res->error, "server error: %s", msg ? msg : "(no message)");
+    }
+    json_decref(o);
+}
+
+static size_t on_data(char *p, size_t sz, size_t nm, void *ctx)
+{
+    flight_t *f = ctx;
+    size_t n = sz * nm;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\n') {
+            if (f->line_len && f->line[f->line_len - 1] == '\r')
+                f->line_len--;
+            sse_line(f, f->line, f->line_len);
+            f->line_len = 0;
+        } else if (f->line_len < sizeof f->line - 1) {
+            f->line[f->line_len++] = p[i];
+        }
+    }
+    return n;
+}
+
+static char *request_body(const bench_openai_t *o, const bench_request_t *r)
+{
+    json_t *b = json_object();
+    if (o->model)
+        json_object_set_new(b, "model", json_string(o->model));
+    if (r->chat)
+        json_object_set_new(b, "messages", json_loads(r->prompt, 0, NULL));
+    else
+        json_object_set_new(b, "prompt", json_string(r->prompt));
+    json_object_set_new(b, "max_tokens", json_integer(r->output_len));
+    json_object_set_new(b, "temperature", json_real(0));
+    json_object_set_new(b, "stream", json_true());
+    if (o->ignore_eos)
+        json_object_set_new(b, "ignore_eos", json_true());
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    return s;
+}
+
+static void finish(flight_t *f, CURLcode code)
+{
+    bench_result_t *r = f->res;
+    long status = 0;
+    curl_easy_getinfo(f->h, CURLINFO_RESPONSE_CODE, &status);
+    r->http_status = (int)status;
+    r->t_done = mono() - f->t0;
+    r->n_out = f->n_times;
+    if (f->n_times) {
+        r->t_first = f->times[0];
+        if (f->n_times > 1) {
+            r->tpot = (f->times[f->n_times - 1] - f->times[0]) / (f->n_times - 1);
+            for (uint32_t i = f->n_times - 1; i > 0; i--)
+                f->times[i] -= f->times[i - 1];
+            qsort(f->times + 1, f->n_times - 1, sizeof *f->times, cmp_d);
+            r->gap_max = f->times[f->n_times - 1];
+            r->gap_p90 = f->times[1 + (size_t)floor(0.9 * (f->n_times - 2))];
+        }
+    }
+    if (code != CURLE_OK)
+        snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(code));
+    else if (status < 200 || status >= 300)
+        snprintf(r->error, sizeof r->error, "HTTP %ld", status);
+    else if (!f->n_times && !r->error[0])
+        snprintf(r->error, sizeof r->error, "no tokens in the response");
+    r->ok = !r->error[0];
+}
+
+static void flight_free(flight_t *f)
+{
+    if (f->h)
+        curl_easy_cleanup(f->h);
+    curl_slist_free_all(f->hdr);
+    free(f->body);
+    free(f->times);
+}
+
+td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w, bench_result_t *res)
+{
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return td_error(TD_ERR_INTERNAL, "bench: curl_global_init failed");
+    CURLM *m = curl_multi_init();
+    flight_t *fl = calloc(w->n ? w->n : 1, sizeof *fl);
+    if (!m || !fl) {
+        free(fl);
+        return td_error(TD_ERR_NO_MEMORY, "bench: no memory");
+    }
+    char url[512];
+    double t0 = mono(), last_print = 0;
+    size_t next = 0, running_n = 0, done = 0, failed = 0;
+    while (done < w->n) {
+        double now = mono() - t0;
+        while (next < w->n && w->req[next].t_send <= now) { /* open loop: send on schedule */
+            flight_t *f = &fl[next];
+            const bench_request_t *r = &w->req[next];
+            f->res = &res[next];
+            memset(f->res, 0, sizeof *f->res);
+            f->req = r;
+            f->t0 = t0;
+            f->res->t_planned = r->t_send;
+            f->res->t_sent = mono() - t0;
+            snprintf(url, sizeof url, "%s/v1/%s", o->endpoint, r->chat ? "chat/completions" : "completions");
+            f->h = curl_easy_init();
+            f->body = request_body(o, r);
+            f->hdr = curl_slist_append(NULL, "Content-Type: application/json");
+            curl_easy_setopt(f->h, CURLOPT_URL, url);
+            curl_easy_setopt(f->h, CURLOPT_POSTFIELDS, f->body);
+            curl_easy_setopt(f->h, CURLOPT_HTTPHEADER, f->hdr);
+            curl_easy_setopt(f->h, CURLOPT_WRITEFUNCTION, on_data);
+            curl_easy_setopt(f->h, CURLOPT_WRITEDATA, f);
+            curl_easy_setopt(f->h, CURLOPT_PRIVATE, f);
+            curl_easy_setopt(f->h, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
+            curl_easy_setopt(f->h, CURLOPT_TIMEOUT_MS, (long)(o->timeout_s * 1000));
+            curl_easy_setopt(f->h, CURLOPT_NOSIGNAL, 1L);
+            curl_multi_add_handle(m, f->h);
+            next++;
+            running_n++;
+        }
+        int still;
+        curl_multi_perform(m, &still);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left))) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            flight_t *f;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
+            finish(f, msg->data.result);
+            curl_multi_remove_handle(m, f->h);
+            flight_free(f);
+            f->h = NULL;
+            running_n--;
+            done++;
+            failed += !f->res->ok;
+        }
+        if (o->progress && now - last_print > 0.5) {
+            fprintf(stderr, "\r[bench] t=%.1fs sent %zu/%zu, in flight %zu, done %zu, failed %zu   ", now, next, w->n,
+                    running_n, done, failed);
+            last_print = now;
+        }
+        double wait = next < w->n ? w->req[next].t_send - (mono() - t0) : 0.05;
+        int ms = wait <= 0 ? 0 : wait > 0.05 ? 50 : (int)(wait * 1000) + 1;
+        if (done < w->n)
+            curl_multi_poll(m, NULL, 0, ms, NULL);
+    }
+    if (o->progress)
+        fprintf(stderr, "\r[bench] sent %zu, done %zu, failed %zu%30s\n", next, done, failed, "");
+    curl_multi_cleanup(m);
+    free(fl);
+    return TD_OK;
+}

@@ -1,0 +1,44 @@
+/* openai.h — the open-loop sender for OpenAI-compatible HTTP servers
+ * (/v1/completions, /v1/chat/completions with "stream": true; llama.cpp's
+ * server, vLLM, SGLang, tandem's router once it speaks HTTP).
+ *
+ * Every request is sent at its planned time whatever the server is doing
+ * (libcurl's multi interface, one thread), and its Server-Sent Events are
+ * timed as they arrive: one token per chunk that carries text. Every request
+ * has a deadline (connect 3 s, whole request `timeout_s`); a failure is
+ * recorded in its result and the run goes on. */
+#ifndef BENCH_OPENAI_H
+#define BENCH_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bench/workload.h"
+#include "common/status.h"
+
+typedef struct bench_result {
+    double t_planned, t_sent;   /* seconds from the run's start */
+    double t_first, t_done;     /* first token, end (0: never) */
+    uint32_t n_out;             /* tokens received */
+    double tpot;                /* mean gap between tokens after the first */
+    double gap_p90, gap_max;    /* inter-token gaps */
+    int http_status;
+    bool ok;                    /* finished with a 2xx and at least one token */
+    char finish[24];            /* finish_reason the server gave */
+    char error[160];
+} bench_result_t;
+
+typedef struct bench_openai {
+    const char *endpoint;       /* http://HOST:PORT (the /v1/... path is added) */
+    const char *model;          /* "model" field, may be NULL */
+    double timeout_s;           /* per request */
+    bool ignore_eos;            /* ask for exactly output_len tokens */
+    bool progress;              /* a live line on stderr */
+} bench_openai_t;
+
+/* Runs the workload; res[i] is request i's result. Returns TD_OK even when
+ * requests fail (they are counted in the results). */
+td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w, bench_result_t *res);
+
+#endif
