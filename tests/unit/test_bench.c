@@ -1,0 +1,248 @@
+/* test_bench.c — `tandem bench`'s statistics with known answers, its
+ * workloads (trace replay shares exactly the stated prefixes, checked with the
+ * engine's block names), its errors for bad input, and its sender against a
+ * dead endpoint and a server that dies mid-stream (a partial report, no hang). */
+#include "tests/unit/helpers.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "bench/openai.h"
+#include "bench/stats.h"
+#include "bench/workload.h"
+#include "common/blockhash.h"
+#include "common/log.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+Test(bench, percentiles)
+{
+    double v[] = {5, 1, 4, 2, 3};
+    cr_assert_float_eq(bench_percentile(v, 5, 50), 3, 1e-12);
+    cr_assert_float_eq(bench_percentile(v, 5, 0), 1, 1e-12);
+    cr_assert_float_eq(bench_percentile(v, 5, 100), 5, 1e-12);
+    cr_assert_float_eq(bench_percentile(v, 5, 90), 4.6, 1e-12);
+    double one[] = {7};
+    cr_assert_float_eq(bench_percentile(one, 1, 99), 7, 1e-12);
+    cr_assert(isnan(bench_percentile(NULL, 0, 50)));
+}
+
+Test(bench, goodput_crossing_by_construction)
+{
+    double r[] = {1, 2, 3, 4}, a[] = {1.0, 0.95, 0.85, 0.5};
+    int bounded;
+    cr_assert_float_eq(bench_goodput(r, a, 4, 0.9, &bounded), 2.5, 1e-12);
+    cr_assert_eq(bounded, 1);
+    double all[] = {1, 1, 0.99, 0.95};
+    cr_assert_float_eq(bench_goodput(r, all, 4, 0.9, &bounded), 4, 1e-12);
+    cr_assert_eq(bounded, 0, "every rate met it: a lower bound");
+    double none[] = {0.5, 0.4, 0.1, 0};
+    cr_assert_float_eq(bench_goodput(r, none, 4, 0.9, &bounded), 0, 1e-12);
+    cr_assert_float_eq(bench_goodput(r, a, 0, 0.9, &bounded), 0, 1e-12);
+}
+
+Test(bench, summaries_of_empty_failed_and_mixed_runs)
+{
+    bench_summary_t s = bench_summarize(NULL, 0, 1, 1);
+    cr_assert_eq(s.n, 0);
+    cr_assert_eq(s.attainment, 0);
+    cr_assert(isnan(s.ttft_p50));
+    bench_result_t r[4];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 4; i++)
+        r[i].t_sent = r[i].t_planned = i, r[i].t_done = i + 1;
+    s = bench_summarize(r, 4, 1, 1);
+    cr_assert_eq(s.failed, 4, "nothing ok: all failed");
+    cr_assert_eq(s.attainment, 0);
+    double ttft[] = {0.1, 0.2, 0.3, 2.0};
+    for (int i = 0; i < 4; i++) {
+        r[i].ok = true;
+        r[i].t_first = r[i].t_sent + ttft[i];
+        r[i].tpot = 0.01;
+        r[i].n_out = 10;
+    }
+    r[1].tpot = 0.2; /* too slow between tokens */
+    s = bench_summarize(r, 4, 0.5, 0.05);
+    cr_assert_eq(s.met, 2, "one misses TTFT, one misses TPOT");
+    cr_assert_float_eq(s.attainment, 0.5, 1e-12);
+    cr_assert_float_eq(s.ttft_p50, 0.25, 1e-12);
+}
+
+static bench_workload_t words;
+static eng_model_t *model;
+
+static void setup(void)
+{
+    require_default_model();
+    cr_assert_eq(eng_model_open(DEFAULT_MODEL, &model), TD_OK);
+    cr_assert_eq(bench_words(model->tok, &words), TD_OK);
+}
+
+static void teardown(void)
+{
+    bench_workload_free(&words);
+    eng_model_close(model);
+}
+
+static size_t names(const char *prompt, td_block_name_t *out, size_t cap, size_t *n_tokens)
+{
+    int32_t *ids = NULL;
+    size_t c = 0, n;
+    cr_assert_eq(eng_tokenizer_encode(model->tok, prompt, strlen(prompt), 0, &ids, &c, &n), TD_OK);
+    *n_tokens = n;
+    size_t k = td_block_name_chain(td_block_name_root("m", "fp16", 16), ids, n, 16, out, cap);
+    free(ids);
+    return k;
+}
+
+Test(bench, trace_replay_shares_exactly_the_stated_prefixes, .init = setup, .fini = teardown)
+{
+    const char *trace = "{\"timestamp\": 0, \"input_length\": 1536, \"output_length\": 10, \"hash_ids\": [1, 2, 3]}\n"
+                        "{\"timestamp\": 500, \"input_length\": 1300, \"output_length\": 5, \"hash_ids\": [1, 2, 4]}\n"
+                        "{\"timestamp\": 1500, \"input_length\": 100, \"output_length\": 7, \"hash_ids\": [5]}\n";
+    char *path = write_temp(trace, strlen(trace), ".jsonl");
+    bench_workload_t w = {.words = words.words, .n_words = words.n_words};
+    cr_assert_eq(bench_trace(&w, path, 2.0, 0), TD_OK, "%s", td_last_error());
+    cr_assert_eq(w.n, 3);
+    cr_assert_float_eq(w.req[1].t_send, 1.0, 1e-9, "500 ms scaled by 2");
+    static td_block_name_t a[128], b[128], c[128];
+    size_t ta, tb, tc;
+    size_t na = names(w.req[0].prompt, a, 128, &ta), nb = names(w.req[1].prompt, b, 128, &tb);
+    names(w.req[2].prompt, c, 128, &tc);
+    cr_assert_eq(ta, 1536, "input_length tokens");
+    cr_assert_eq(tb, 1300);
+    cr_assert_eq(tc, 100);
+    cr_assert_eq(na, 96);
+    cr_assert_eq(nb, 81);
+    for (size_t i = 0; i < 64; i++) /* hash ids 1, 2: 1,024 tokens = 64 blocks */
+        cr_assert(td_block_name_eq(a[i], b[i]), "block %zu of the shared prefix", i);
+    cr_assert(!td_block_name_eq(a[64], b[64]), "hash id 3 vs 4: the prefix ends");
+    cr_assert(!td_block_name_eq(a[0], c[0]), "hash id 5 shares nothing");
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+    unlink(path);
+    free(path);
+}
+
+static void expect_bad(const char *text, const char *needle, bool prompts)
+{
+    char *path = write_temp(text, strlen(text), ".jsonl");
+    bench_workload_t w = {.words = words.words, .n_words = words.n_words};
+    td_status_t rc = prompts ? bench_prompts(&w, path, 1, 8, 0) : bench_trace(&w, path, 1, 0);
+    cr_assert_neq(rc, TD_OK, "'%s' was accepted", text);
+    cr_assert(strstr(td_last_error(), needle), "'%s' should say '%s'", td_last_error(), needle);
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+    unlink(path);
+    free(path);
+}
+
+Test(bench, malformed_lines_are_named, .init = setup, .fini = teardown)
+{
+    const char *ok = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s{\"timestamp\": 5, \"input_length\": 10, \"hash_ids\": [1]}\n", ok);
+    expect_bad(buf, ":2: field 'output_length'", false);
+    snprintf(buf, sizeof buf, "%s%s{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1]}\n",
+             ok, ok);
+    expect_bad(buf, ":3: field 'hash_ids'", false);
+    expect_bad("{\"timestamp\": -1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n",
+               ":1: field 'timestamp'", false);
+    expect_bad("not json\n", ":1: not a JSON object", false);
+    expect_bad("{\"prompt\": \"hi\"}\n{\"text\": \"no prompt\"}\n", ":2: field 'prompt'", true);
+    expect_bad("{\"prompt\": \"hi\", \"max_tokens\": 0}\n", ":1: field 'max_tokens'", true);
+}
+
+Test(bench, synthetic_arrivals_lengths_and_groups, .init = setup, .fini = teardown)
+{
+    bench_workload_t w = {.words = words.words, .n_words = words.n_words};
+    bench_synthetic_t s = {.rate = 4, .cv = 2, .n = 4000, .input = {BENCH_DIST_UNIFORM, 10, 20},
+                           .output = {BENCH_DIST_LOGNORMAL, 50, 0.5}, .groups = 3, .prefix_share = 0.5, .seed = 3};
+    cr_assert_eq(bench_synthetic(&w, &s), TD_OK);
+    double mean = w.req[w.n - 1].t_send / (double)(w.n - 1), var = 0, out = 0;
+    for (size_t i = 1; i < w.n; i++) {
+        double g = w.req[i].t_send - w.req[i - 1].t_send - mean;
+        var += g * g;
+        out += w.req[i].output_len;
+        cr_assert(w.req[i].input_len >= 10 && w.req[i].input_len <= 20);
+    }
+    double cv = sqrt(var / (double)(w.n - 1)) / mean;
+    cr_assert(fabs(mean - 0.25) < 0.025, "mean gap %.3f for rate 4", mean);
+    cr_assert(fabs(cv - 2) < 0.3, "gap cv %.2f for cv 2", cv);
+    cr_assert(fabs(out / (double)(w.n - 1) - 50) < 3, "lognormal mean %.1f", out / (double)(w.n - 1));
+    /* same group: the first half of the shorter prompt is common */
+    for (size_t i = 1; i < 50; i++)
+        if (w.req[i].group == w.req[0].group) {
+            size_t words_shared = (size_t)(fmin(w.req[0].input_len, w.req[i].input_len) * 0.5);
+            size_t at = 0, seen = 0;
+            while (w.req[0].prompt[at] && seen <= words_shared)
+                if (w.req[0].prompt[at++] == ' ')
+                    seen++;
+            cr_assert(strncmp(w.req[0].prompt, w.req[i].prompt, at - 1) == 0, "group prefix");
+            break;
+        }
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+}
+
+/* A server that answers one request with two SSE tokens, then drops the connection. */
+static void *dying_server(void *arg)
+{
+    int ls = *(int *)arg;
+    int c = accept(ls, NULL, NULL);
+    char buf[4096];
+    ssize_t got = read(c, buf, sizeof buf);
+    (void)got;
+    const char *resp = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 100000\r\n\r\n"
+                       "data: {\"choices\": [{\"text\": \"a\"}]}\n\ndata: {\"choices\": [{\"text\": \"b\"}]}\n\n";
+    ssize_t wr = write(c, resp, strlen(resp));
+    (void)wr;
+    nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 100000000}, NULL);
+    close(c);
+    return NULL;
+}
+
+Test(bench, dead_endpoint_and_dying_server_give_partial_reports, .init = setup, .fini = teardown)
+{
+    bench_workload_t w = {.words = words.words, .n_words = words.n_words};
+    bench_synthetic_t s = {.rate = 50, .cv = 1, .n = 3, .input = {BENCH_DIST_FIXED, 8, 0},
+                           .output = {BENCH_DIST_FIXED, 4, 0}, .seed = 1};
+    cr_assert_eq(bench_synthetic(&w, &s), TD_OK);
+    bench_result_t res[3];
+    bench_openai_t o = {.endpoint = "http://127.0.0.1:1", .timeout_s = 5};
+    time_t t0 = time(NULL);
+    cr_assert_eq(bench_run_openai(&o, &w, res), TD_OK);
+    cr_assert_lt(time(NULL) - t0, 5, "a dead endpoint fails fast");
+    for (int i = 0; i < 3; i++) {
+        cr_assert(!res[i].ok);
+        cr_assert(res[i].error[0], "request %d has an error", i);
+    }
+    bench_summary_t sum = bench_summarize(res, 3, 1, 1);
+    cr_assert_eq(sum.failed, 3);
+    /* a server that stops mid-stream */
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    getsockname(ls, (struct sockaddr *)&a, &al);
+    listen(ls, 4);
+    pthread_t th;
+    pthread_create(&th, NULL, dying_server, &ls);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
+    o.endpoint = url;
+    w.n = 1;
+    cr_assert_eq(bench_run_openai(&o, &w, res), TD_OK);
+    pthread_join(th, NULL);
+    close(ls);
+    cr_assert(!res[0].ok, "a cut stream is a failure");
+    cr_assert_eq(res[0].n_out, 2, "the tokens that came are counted");
+    cr_assert(res[0].error[0]);
+    w.n = 3;
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+}
