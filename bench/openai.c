@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -160,6 +161,7 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
         return td_error(TD_ERR_NO_MEMORY, "bench: no memory");
     }
     char url[512];
+    bool tty = isatty(STDERR_FILENO);
     double t0 = mono(), last_print = 0;
     size_t next = 0, running_n = 0, done = 0, failed = 0;
     while (done < w->n) {
@@ -207,9 +209,9 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
             done++;
             failed += !f->res->ok;
         }
-        if (o->progress && now - last_print > 0.5) {
-            fprintf(stderr, "\r[bench] t=%.1fs sent %zu/%zu, in flight %zu, done %zu, failed %zu   ", now, next, w->n,
-                    running_n, done, failed);
+        if (o->progress && now - last_print > (tty ? 0.5 : 10)) { /* a live line on a terminal, else a log line */
+            fprintf(stderr, "%s[bench] t=%.1fs sent %zu/%zu, in flight %zu, done %zu, failed %zu%s", tty ? "\r" : "",
+                    now, next, w->n, running_n, done, failed, tty ? "   " : "\n");
             last_print = now;
         }
         double wait = next < w->n ? w->req[next].t_send - (mono() - t0) : 0.05;
@@ -218,7 +220,8 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
             curl_multi_poll(m, NULL, 0, ms, NULL);
     }
     if (o->progress)
-        fprintf(stderr, "\r[bench] sent %zu, done %zu, failed %zu%30s\n", next, done, failed, "");
+        fprintf(stderr, "%s[bench] sent %zu, done %zu, failed %zu%s\n", tty ? "\r" : "", next, done, failed,
+                tty ? "                              " : "");
     curl_multi_cleanup(m);
     free(fl);
     return TD_OK;

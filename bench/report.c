@@ -23,8 +23,18 @@ void bench_print_table(const bench_report_t *r)
                s->n, s->ok, 100 * s->attainment, 1e3 * s->ttft_p50, 1e3 * s->ttft_p99, 1e3 * s->tpot_p50,
                1e3 * s->tpot_p99, 1e3 * s->gap_max, s->out_tok_per_s, 1e3 * s->send_err_max);
     }
-    printf("\nSLOs: TTFT <= %.0f ms, TPOT <= %.0f ms for %.0f%% of requests -> goodput %.2f req/s%s\n",
-           1e3 * r->ttft_slo, 1e3 * r->tpot_slo, 100 * r->attainment, r->goodput,
+    for (size_t k = 0; k < r->n_slo_scales; k++) {
+        printf("SLO x %-5.2g attainment:", r->slo_scales[k]);
+        for (size_t i = 0; i < r->n_points; i++) {
+            bench_summary_t s = bench_summarize(r->points[i].res, r->points[i].n, r->ttft_slo * r->slo_scales[k],
+                                                r->tpot_slo * r->slo_scales[k]);
+            printf(" %6.1f%%", 100 * s.attainment);
+        }
+        printf("\n");
+    }
+    printf("\nSLOs: TTFT <= %.0f ms, TPOT <= %.0f ms for %.0f%% of requests -> goodput %.2f req/s (%.2f per worker "
+           "of %u)%s\n", 1e3 * r->ttft_slo, 1e3 * r->tpot_slo, 100 * r->attainment, r->goodput,
+           r->goodput / (r->workers ? r->workers : 1), r->workers ? r->workers : 1,
            r->bounded ? "" : " (a lower bound: every rate met the target)");
 }
 
@@ -190,6 +200,20 @@ td_status_t bench_write_report(const bench_report_t *r, const char *path)
     json_object_set_new(root, "runs", points);
     json_object_set_new(root, "attainment_curve", curve);
     json_object_set_new(root, "goodput", json_real(r->goodput));
+    json_object_set_new(root, "goodput_per_worker", json_real(r->goodput / (r->workers ? r->workers : 1)));
+    json_object_set_new(root, "workers", json_integer(r->workers ? r->workers : 1));
+    if (r->n_slo_scales) {
+        json_t *sc = json_array();
+        for (size_t k = 0; k < r->n_slo_scales; k++) {
+            json_t *row = json_array();
+            for (size_t i = 0; i < r->n_points; i++)
+                json_array_append_new(row, json_real(bench_summarize(r->points[i].res, r->points[i].n,
+                                                                     r->ttft_slo * r->slo_scales[k],
+                                                                     r->tpot_slo * r->slo_scales[k]).attainment));
+            json_array_append_new(sc, json_pack("{s:f,s:o}", "scale", r->slo_scales[k], "attainment_by_rate", row));
+        }
+        json_object_set_new(root, "slo_scale_sweep", sc);
+    }
     json_object_set_new(root, "goodput_bounded", json_boolean(r->bounded));
     char dir[1024];
     snprintf(dir, sizeof dir, "%s", path);

@@ -26,6 +26,9 @@ typedef struct bench_report {
     size_t n_points;
     double goodput;
     int bounded;
+    unsigned workers;         /* goodput per worker = goodput / workers */
+    const double *slo_scales; /* optional: attainment with both SLOs times each scale */
+    size_t n_slo_scales;
 } bench_report_t;
 
 void bench_print_table(const bench_report_t *r);

@@ -22,7 +22,7 @@ static const char bench_usage[] =
     "                    [--input-len fixed:N|uniform:A:B|lognormal:MEAN:SIGMA] [--output-len ...]\n"
     "                    [--cv C] [--prefix-groups G] [--prefix-share S] [--seed S]\n"
     "                    [--goodput ttft:MS,tpot:MS] [--attainment 90] [--timeout S] [--ignore-eos]\n"
-    "                    [--tokenizer MODEL] [--output FILE.json]\n";
+    "                    [--workers N] [--slo-scale S1,S2,...] [--tokenizer MODEL] [--output FILE.json]\n";
 
 static bool parse_len(const char *s, bench_len_t *l)
 {
@@ -55,8 +55,9 @@ int cli_bench(int argc, char **argv)
 {
     const char *endpoint = NULL, *api = "openai", *model_name = NULL, *workload = "synthetic", *wfile = NULL,
                *out_path = NULL, *tok_model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    double rates[64], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, time_scale = 1, v;
-    size_t n_rates = 0, n_req = 100;
+    double rates[64], scales[16], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, time_scale = 1, v;
+    size_t n_rates = 0, n_req = 100, n_scales = 0;
+    unsigned workers = 1;
     bool ignore_eos = false;
     bench_synthetic_t syn = {.rate = 1, .cv = 1, .input = {BENCH_DIST_FIXED, 128, 0},
                              .output = {BENCH_DIST_FIXED, 64, 0}, .seed = 1};
@@ -93,6 +94,14 @@ int cli_bench(int argc, char **argv)
                 ok = rates[k] > rates[k - 1];
             if (!ok)
                 fprintf(stderr, "tandem bench: --sweep needs ascending positive rates, like 1,2,4\n");
+        } else if (!strcmp(a, "--slo-scale") && nx) {
+            char *copy = strdup(argv[++i]), *save = NULL;
+            for (char *t = strtok_r(copy, ",", &save); t && ok; t = strtok_r(NULL, ",", &save))
+                ok = n_scales < 16 && parse_num(t, 0.01, 100, &scales[n_scales++]);
+            free(copy);
+        } else if (!strcmp(a, "--workers") && nx) {
+            ok = parse_num(argv[++i], 1, 1e5, &v);
+            workers = (unsigned)v;
         } else if (!strcmp(a, "--num-requests") && nx) {
             ok = parse_num(argv[++i], 1, 1e7, &v);
             n_req = (size_t)v;
@@ -194,7 +203,8 @@ int cli_bench(int argc, char **argv)
         curve_r[k] = pts[k].rate, curve_a[k] = pts[k].sum.attainment;
     bench_report_t rep = {.argv_line = line, .endpoint = url, .api = api, .workload = workload,
                           .ttft_slo = ttft_ms / 1e3, .tpot_slo = tpot_ms / 1e3, .attainment = attain / 100,
-                          .points = pts, .n_points = n_rates};
+                          .points = pts, .n_points = n_rates, .workers = workers, .slo_scales = scales,
+                          .n_slo_scales = n_scales};
     rep.goodput = bench_goodput(curve_r, curve_a, n_rates, attain / 100, &rep.bounded);
     bench_print_table(&rep);
     ret = 0;
