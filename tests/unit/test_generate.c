@@ -450,3 +450,32 @@ Test(generate, teacher_forced_agreement_with_llama_cpp)
     eng_kv_pool_destroy(pool);
     kern_cpu_backend_destroy(be);
 }
+
+/* Cancelling a request frees its blocks at once; a finished engine holds no
+ * block in use (published blocks stay cached, reusable, evictable). */
+Test(generate, cancel_frees_blocks)
+{
+    eng_engine_t *e = engine(512, 0, true);
+    static collect_t c;
+    memset(&c, 0, sizeof c);
+    uint64_t ids[2];
+    for (int i = 0; i < 2; i++) {
+        eng_request_t r = {.prompt = refs[i].ids, .n_prompt = refs[i].n_ids, .sampling = eng_sampling_default(),
+                           .max_tokens = N_GEN, .ignore_eos = true};
+        cr_assert_eq(eng_engine_add(e, &r, &ids[i]), TD_OK);
+    }
+    c.first = ids[0];
+    for (int s = 0; s < 5; s++)
+        cr_assert_eq(eng_engine_step(e, on_ev, &c), TD_OK);
+    uint32_t busy = eng_engine_kv_stats(e).in_use;
+    cr_assert_gt(busy, 0);
+    cr_assert_eq(eng_engine_cancel(e, ids[1]), TD_OK);
+    uint32_t after = eng_engine_kv_stats(e).in_use;
+    cr_assert_lt(after, busy, "the cancelled request's blocks are no longer in use");
+    cr_assert_eq(eng_engine_cancel(e, ids[1]), TD_ERR_NOT_FOUND, "a second cancel names an unknown request");
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_ev, &c), TD_OK);
+    cr_assert_eq(c.n[0], N_GEN, "the other request finished");
+    cr_assert_eq(eng_engine_kv_stats(e).in_use, 0, "nothing in use once idle");
+    eng_engine_destroy(e);
+}
