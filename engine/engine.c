@@ -15,6 +15,7 @@
  * sequence's tokens are the same alone or batched, chunked or not, cached or not. */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -237,6 +238,17 @@ td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id)
 bool eng_engine_busy(const eng_engine_t *e) { return e->seqs != NULL; }
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
 const eng_model_t *eng_engine_model(const eng_engine_t *e) { return e->m; }
+
+td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e)
+{
+    td_kv_contract_t c = {.layout_version = TD_KV_LAYOUT_VERSION, .block_tokens = e->cfg.block_tokens,
+                          .n_layers = e->m->desc.n_layers, .n_kv_heads = e->m->desc.n_kv_heads,
+                          .head_dim = e->m->desc.head_dim};
+    snprintf(c.dtype, sizeof c.dtype, "%s", e->cfg.kv_dtype == KERN_KV_F16 ? "fp16" : "fp32");
+    snprintf(c.hash_scheme, sizeof c.hash_scheme, "%s", TD_KV_HASH_SCHEME);
+    snprintf(c.model_id, sizeof c.model_id, "%s", e->m->desc.name);
+    return c;
+}
 
 /* Makes the block table cover positions [0, upto); false if the pool is out. */
 static bool seq_reserve(eng_engine_t *e, eng_seq_t *s, uint32_t upto)

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/kv_contract.h"
 #include "common/status.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
@@ -75,6 +76,8 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx);
 bool eng_engine_busy(const eng_engine_t *e);
 
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
+/* The KV contract this engine's blocks follow (kv_contract.h). */
+td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e);
 const eng_model_t *eng_engine_model(const eng_engine_t *e);
 
 #endif

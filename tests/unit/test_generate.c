@@ -479,3 +479,26 @@ Test(generate, cancel_frees_blocks)
     cr_assert_eq(eng_engine_kv_stats(e).in_use, 0, "nothing in use once idle");
     eng_engine_destroy(e);
 }
+
+/* Two engines state their KV contracts; a different block size is refused
+ * with both values named. */
+Test(generate, kv_contract_mismatch_names_both_values)
+{
+    eng_engine_t *a = engine(512, 0, true), *b;
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.n_threads = 1;
+    cfg.block_tokens = 32;
+    cr_assert_eq(eng_engine_create(model, &cfg, &b), TD_OK);
+    td_kv_contract_t ca = eng_engine_kv_contract(a), cb = eng_engine_kv_contract(b);
+    cr_assert_eq(td_kv_contract_check(&ca, &ca, "self"), TD_OK);
+    cr_assert_eq(td_kv_contract_check(&ca, &cb, "decode-1"), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "block_tokens: here 16, peer 32"), "%s", td_last_error());
+    cr_assert(strstr(td_last_error(), "decode-1"));
+    cr_assert_eq(td_kv_contract_block_bytes(&ca), eng_engine_kv_stats(a).block_bytes);
+    cb = ca;
+    snprintf(cb.dtype, sizeof cb.dtype, "fp32");
+    cr_assert_eq(td_kv_contract_check(&ca, &cb, "p"), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "dtype: here 'fp16', peer 'fp32'"), "%s", td_last_error());
+    eng_engine_destroy(a);
+    eng_engine_destroy(b);
+}
