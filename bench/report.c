@@ -94,7 +94,7 @@ static void machine(char *buf, size_t cap)
 static void git_commit(char *buf, size_t cap)
 {
     snprintf(buf, cap, "unknown");
-    FILE *p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+    FILE *p = popen("timeout 10 git rev-parse --short HEAD 2>/dev/null", "r");
     if (p) {
         if (fgets(buf, (int)cap, p))
             buf[strcspn(buf, "\n")] = '\0';
@@ -160,7 +160,7 @@ static td_status_t plots(const bench_report_t *r, const char *base)
     }
     fclose(g);
     char cmd[2200];
-    snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);
+    snprintf(cmd, sizeof cmd, "timeout 60 gnuplot '%s' 2>&1", gp);
     FILE *p = popen(cmd, "r");
     char out[512];
     size_t said = 0;

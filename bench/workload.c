@@ -1,5 +1,5 @@
-/* workload.c — see workload.h. Randomness is a seeded xoshiro generator, so a
- * workload is the same every run. */
+/* workload.c — see workload.h. Randomness comes from the seeded common/rng.h
+ * generator, so a workload is the same every run. */
 #include "bench/workload.h"
 
 #include <errno.h>
@@ -10,34 +10,15 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/rng.h"
 #include "engine/tokenizer.h"
 
 #define BLOCK_WORDS 512 /* a trace hash id stands for 512 tokens */
 
-typedef struct rng {
-    uint64_t s[4];
-} rng_t;
+typedef td_rng_t rng_t;
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_u64(rng_t *r)
-{
-    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
-    return res;
-}
-
-static void rng_seed(rng_t *r, uint64_t seed)
-{
-    for (int i = 0; i < 4; i++) {
-        uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        r->s[i] = z ^ (z >> 31);
-    }
-}
-
-static double rng_unit(rng_t *r) { return ((rng_u64(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+/* Uniform in (0, 1): never 0, so log() is safe. */
+static double rng_unit(rng_t *r) { return ((td_rng_u64(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
 static double rng_normal(rng_t *r)
 {
@@ -109,7 +90,7 @@ td_status_t bench_words(const eng_tokenizer_t *tok, bench_workload_t *w)
 static td_status_t append_words(const bench_workload_t *w, rng_t *r, size_t n, char **s, size_t *len, size_t *cap)
 {
     for (size_t i = 0; i < n; i++) {
-        const char *word = w->words[rng_u64(r) % w->n_words];
+        const char *word = w->words[td_rng_u64(r) % w->n_words];
         size_t wl = strlen(word);
         if (*len + wl + 1 > *cap) {
             size_t nc = *cap ? *cap * 2 : 4096;
@@ -130,7 +111,7 @@ static td_status_t append_words(const bench_workload_t *w, rng_t *r, size_t n, c
 void bench_block_text(const bench_workload_t *w, uint64_t id, char **out, size_t *len, size_t *cap)
 {
     rng_t r;
-    rng_seed(&r, id * 0x2545f4914f6cdd1dull + 12345);
+    td_rng_seed(&r, id * 0x2545f4914f6cdd1dull + 12345);
     append_words(w, &r, BLOCK_WORDS, out, len, cap);
 }
 
@@ -152,7 +133,7 @@ td_status_t bench_synthetic(bench_workload_t *w, const bench_synthetic_t *s)
     if (rc)
         return rc;
     rng_t r;
-    rng_seed(&r, s->seed);
+    td_rng_seed(&r, s->seed);
     double t = 0, k = 1 / (s->cv * s->cv); /* gamma gaps with mean 1/rate and the given cv */
     for (size_t i = 0; i < s->n; i++) {
         bench_request_t *q = &w->req[w->n];
@@ -161,11 +142,11 @@ td_status_t bench_synthetic(bench_workload_t *w, const bench_synthetic_t *s)
         t += rng_gamma(&r, k) / (k * s->rate);
         q->input_len = draw_len(&r, &s->input);
         q->output_len = draw_len(&r, &s->output);
-        q->group = s->groups ? (int32_t)(rng_u64(&r) % s->groups) : -1;
+        q->group = s->groups ? (int32_t)(td_rng_u64(&r) % s->groups) : -1;
         size_t len = 0, cap = 0, shared = q->group >= 0 ? (size_t)(q->input_len * s->prefix_share) : 0;
         if (shared) {
             rng_t g;
-            rng_seed(&g, s->seed * 31 + (uint64_t)q->group + 1);
+            td_rng_seed(&g, s->seed * 31 + (uint64_t)q->group + 1);
             if ((rc = append_words(w, &g, shared, &q->prompt, &len, &cap)))
                 return rc;
         }
@@ -264,7 +245,7 @@ td_status_t bench_prompts(bench_workload_t *w, const char *path, double rate, ui
     size_t lcap = 0, lineno = 0;
     td_status_t rc = TD_OK;
     rng_t r;
-    rng_seed(&r, 7);
+    td_rng_seed(&r, 7);
     double t = 0;
     while (rc == TD_OK && getline(&line, &lcap, f) > 0 && (!max_n || w->n < max_n)) {
         lineno++;

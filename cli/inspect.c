@@ -84,6 +84,11 @@ int cli_inspect(int argc, char **argv)
     if (as_json) {
         json_t *root = json_object(), *tensors = json_array();
         json_object_set_new(root, "path", json_string(path));
+        if (m->gguf)
+            json_object_set_new(root, "gguf", json_pack("{s:i,s:I,s:i,s:I}", "version", eng_gguf_version(m->gguf),
+                                                        "file_bytes", (json_int_t)eng_gguf_file_size(m->gguf),
+                                                        "alignment", eng_gguf_alignment(m->gguf), "data_offset",
+                                                        (json_int_t)eng_gguf_data_offset(m->gguf)));
         json_object_set_new(root, "model", desc_json(d));
         for (size_t i = 0; tensor_get(m, i, &t, dims); i++) {
             json_t *shape = json_array();
@@ -114,6 +119,10 @@ int cli_inspect(int argc, char **argv)
         printf("model       %s\n", path);
         printf("name        %s\n", d->name);
         printf("family      %s (from %s)\n", d->family, d->source);
+        if (m->gguf)
+            printf("file        GGUF v%u, %zu bytes, tensor data at %llu, aligned to %u\n", eng_gguf_version(m->gguf),
+                   eng_gguf_file_size(m->gguf), (unsigned long long)eng_gguf_data_offset(m->gguf),
+                   eng_gguf_alignment(m->gguf));
         printf("layers      %u\nhidden      %u\nheads       %u (kv %u, head dim %u)\nffn         %u\n", d->n_layers,
                d->hidden, d->n_heads, d->n_kv_heads, d->head_dim, d->ffn);
         printf("vocab       %u\ncontext     %u\nnorm eps    %g\n", d->vocab, d->context, d->norm_eps);

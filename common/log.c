@@ -46,7 +46,6 @@ void td_log_init(const char *component, td_log_level_t level, bool json)
 }
 
 void td_log_set_level(td_log_level_t level) { td_log_level = level; }
-td_log_level_t td_log_get_level(void) { return td_log_level; }
 
 /* Appends s to buf as the inside of a JSON string. */
 static size_t td_log_json_escape(char *buf, size_t cap, size_t at, const char *s)

@@ -31,7 +31,6 @@ typedef enum td_log_level {
  * The environment overrides both. Safe to call again. */
 void td_log_init(const char *component, td_log_level_t level, bool json);
 void td_log_set_level(td_log_level_t level);
-td_log_level_t td_log_get_level(void);
 /* Parses "debug", "info", "warn", "error", "off". */
 td_status_t td_log_level_parse(const char *name, td_log_level_t *level_out);
 

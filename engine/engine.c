@@ -237,8 +237,6 @@ td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id)
 
 bool eng_engine_busy(const eng_engine_t *e) { return e->seqs != NULL; }
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
-const eng_model_t *eng_engine_model(const eng_engine_t *e) { return e->m; }
-
 td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e)
 {
     td_kv_contract_t c = {.layout_version = TD_KV_LAYOUT_VERSION, .block_tokens = e->cfg.block_tokens,

@@ -78,6 +78,5 @@ bool eng_engine_busy(const eng_engine_t *e);
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
 /* The KV contract this engine's blocks follow (kv_contract.h). */
 td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e);
-const eng_model_t *eng_engine_model(const eng_engine_t *e);
 
 #endif

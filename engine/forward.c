@@ -55,7 +55,7 @@ static td_status_t rope_freqs(const eng_model_desc_t *d, float *out)
             break;
         }
         case ENG_ROPE_SCALING_YARN:
-            return td_error(TD_ERR_UNSUPPORTED, "forward: YaRN rope scaling is not implemented yet");
+            return td_error(TD_ERR_UNSUPPORTED, "forward: YaRN rope scaling is not supported (none, linear and llama3 are)");
         }
         out[i] = (float)f;
     }
@@ -136,8 +136,6 @@ void eng_forward_destroy(eng_forward_t *f)
     free(f->h_logits);
     free(f);
 }
-
-uint32_t eng_forward_max_tokens(const eng_forward_t *f) { return f->max_tokens; }
 
 static void add_bias(kern_backend_t *be, float *x, const float *b, uint32_t n, uint32_t dim)
 {

@@ -41,6 +41,5 @@ void eng_forward_destroy(eng_forward_t *f);
 td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                             uint32_t *n_logits);
 
-uint32_t eng_forward_max_tokens(const eng_forward_t *f);
 
 #endif

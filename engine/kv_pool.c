@@ -207,8 +207,6 @@ kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer)
                             .block_tokens = p->g.block_tokens};
 }
 
-void *eng_kv_block_ptr(const eng_kv_pool_t *p, int32_t b) { return (uint8_t *)p->mem + (size_t)b * p->block_bytes; }
-
 eng_kv_stats_t eng_kv_stats(const eng_kv_pool_t *p)
 {
     return (eng_kv_stats_t){.n_blocks = p->n_blocks, .in_use = p->n_blocks - p->n_free - p->n_cached,

@@ -52,7 +52,6 @@ int32_t eng_kv_lookup(eng_kv_pool_t *p, td_block_name_t name);
 
 /* The view of one layer, for the backend's kv_store and attention. */
 kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer);
-void *eng_kv_block_ptr(const eng_kv_pool_t *p, int32_t block);
 
 typedef struct eng_kv_stats {
     uint32_t n_blocks, in_use, cached, free;

@@ -82,8 +82,6 @@ void eng_pretok_destroy(eng_pretok_t *p)
     free(p);
 }
 
-bool eng_pretok_has_norm(const eng_pretok_t *p) { return p->n_norms > 0; }
-
 td_status_t eng_pretok_add_norm(eng_pretok_t *p, eng_norm_kind_t kind, const char *arg, const char *arg2)
 {
     if (p->n_norms == PRETOK_MAX_STEPS)

@@ -60,7 +60,6 @@ typedef struct eng_piece {
 td_status_t eng_pretok_split(const eng_pretok_t *p, const char *text, size_t len, eng_piece_t **pieces,
                              size_t *cap, size_t *n);
 
-bool eng_pretok_has_norm(const eng_pretok_t *p);
 /* One line describing the steps, for `tandem inspect`. */
 void eng_pretok_describe(const eng_pretok_t *p, char *buf, size_t cap);
 

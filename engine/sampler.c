@@ -40,23 +40,6 @@ td_status_t eng_sampling_validate(const eng_sampling_t *s, int32_t n_vocab)
     return TD_OK;
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(uint64_t s[4])
-{
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
-    return r;
-}
-
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 td_status_t eng_sampler_init(eng_sampler_t *s, const eng_sampling_t *p, int32_t n_vocab)
 {
     memset(s, 0, sizeof *s);
@@ -71,9 +54,7 @@ td_status_t eng_sampler_init(eng_sampler_t *s, const eng_sampling_t *p, int32_t 
         eng_sampler_free(s);
         return td_error(TD_ERR_NO_MEMORY, "sampler: no memory");
     }
-    uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++)
-        s->rng[i] = splitmix(&x);
+    td_rng_seed(&s->rng, p->seed);
     return TD_OK;
 }
 
@@ -201,7 +182,7 @@ int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t 
     double total = 0;
     for (int32_t i = 0; i < keep; i++)
         total += exp((double)(w[s->idx[i]] - mx) / p->temperature);
-    double r = (double)(rng_next(s->rng) >> 11) * (1.0 / 9007199254740992.0) * total, acc = 0;
+    double r = td_rng_unit(&s->rng) * total, acc = 0;
     for (int32_t i = 0; i < keep; i++) {
         acc += exp((double)(w[s->idx[i]] - mx) / p->temperature);
         if (r < acc)

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/rng.h"
 #include "common/status.h"
 
 typedef struct eng_logit_bias {
@@ -38,7 +39,7 @@ td_status_t eng_sampling_validate(const eng_sampling_t *s, int32_t n_vocab);
 
 typedef struct eng_sampler {
     eng_sampling_t p;
-    uint64_t rng[4];           /* xoshiro256** state */
+    td_rng_t rng;
     float *work;               /* n_vocab scratch */
     int32_t *idx;
     int32_t n_vocab;

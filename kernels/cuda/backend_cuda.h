@@ -1,7 +1,9 @@
 /* backend_cuda.h — the CUDA backend (kernels/backend.h). So far: memory,
  * matmul (weights held as fp16, cuBLAS GEMM with fp32 accumulation), RMSNorm,
- * RoPE, SwiGLU, add; the ops it does not have yet are NULL in its table and
- * the engine refuses to run a model on it (a later issue fills them). */
+ * RoPE, SwiGLU, add. The ops it does not have yet (matmul_multi, embed,
+ * kv_store, attention) are NULL in its table: it is checked op by op
+ * (tandem-cuda-check) and the engine runs on the CPU backend until a later
+ * issue completes it. */
 #ifndef KERN_CUDA_BACKEND_H
 #define KERN_CUDA_BACKEND_H
 

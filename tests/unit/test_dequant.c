@@ -81,7 +81,7 @@ Test(dequant, real_model_every_tensor_matches_gguf_package, .timeout = 600)
     const char *py = TANDEM_SOURCE_DIR "/.venv/bin/python";
     cr_assert(access(py, X_OK) == 0, "the test venv is missing: run deploy/install-deps.sh --test");
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s %s", py, FIXTURE("dequant/ref_dequant.py"), DEFAULT_MODEL);
+    snprintf(cmd, sizeof cmd, "timeout 500 %s %s %s", py, FIXTURE("dequant/ref_dequant.py"), DEFAULT_MODEL);
     FILE *p = popen(cmd, "r");
     cr_assert(p);
     eng_gguf_t *g;

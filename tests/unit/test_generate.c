@@ -315,7 +315,7 @@ Test(generate, perplexity_within_one_percent_of_llama_cpp)
     cr_assert_eq(system(cmd), 0, "needs Debian's base-files licence texts");
     /* quick: the first 2 chunks, against the reference's NLL of those chunks */
     int chunks = quick() ? 2 : (int)json_integer_value(json_object_get(ref, "chunks"));
-    snprintf(cmd, sizeof cmd, "head -c %d %s > %s.cut && %s/tandem perplexity %s.cut --model %s --threads 2 2>/dev/null",
+    snprintf(cmd, sizeof cmd, "head -c %d %s > %s.cut && timeout 600 %s/tandem perplexity %s.cut --model %s --threads 2 2>/dev/null",
              quick() ? 5000 : 1 << 30, tmp, tmp, TANDEM_BIN_DIR, tmp, DEFAULT_MODEL);
     FILE *p = popen(cmd, "r");
     char line[512] = "";

@@ -342,7 +342,9 @@ Test(tokenizer, tokenizer_json_normalizers)
 /* The command line, run as a user runs it. */
 static char *run(const char *cmd, int *status)
 {
-    FILE *p = popen(cmd, "r");
+    char timed[1200];
+    snprintf(timed, sizeof timed, "timeout 60 sh -c \"%s\"", cmd);
+    FILE *p = popen(timed, "r");
     cr_assert(p);
     static char buf[65536];
     size_t n = fread(buf, 1, sizeof buf - 1, p);
