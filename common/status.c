@@ -13,6 +13,9 @@ static const char *const td_status_names[TD_STATUS_COUNT] = {
     [TD_ERR_CONFIG] = "configuration error",
     [TD_ERR_TIMEOUT] = "timed out",
     [TD_ERR_INTERNAL] = "internal error",
+    [TD_ERR_CANCELLED] = "cancelled",
+    [TD_ERR_UNAVAILABLE] = "unavailable",
+    [TD_ERR_EXHAUSTED] = "resource exhausted",
 };
 
 const char *td_status_str(td_status_t status)

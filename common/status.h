@@ -19,6 +19,9 @@ typedef enum td_status {
     TD_ERR_CONFIG,         /* the configuration is wrong */
     TD_ERR_TIMEOUT,        /* a deadline passed */
     TD_ERR_INTERNAL,       /* a bug: an invariant did not hold */
+    TD_ERR_CANCELLED,      /* the caller or the peer gave up */
+    TD_ERR_UNAVAILABLE,    /* a peer cannot be reached or went away */
+    TD_ERR_EXHAUSTED,      /* no capacity left (pool, queue, slots) */
     TD_STATUS_COUNT
 } td_status_t;
 

@@ -1,0 +1,514 @@
+/* etcd.c — see etcd.h. Messages are etcd's own (proto/etcd/, etcd's field
+ * numbers), packed with protobuf-c and carried by common/rpc. */
+#define _GNU_SOURCE
+#include "common/etcd.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "etcd/rpc.pb-c.h"
+
+struct td_etcd {
+    td_rpc_channel_t *ch;
+    char endpoint[256];
+    pthread_t ka_thread;
+    bool ka_running;
+    pthread_mutex_t ka_mu;
+    pthread_cond_t ka_cv;
+    bool ka_stop;
+    int64_t ka_id, ka_ttl;
+    void (*ka_lost)(void *);
+    void *ka_ctx;
+};
+
+struct td_etcd_watch {
+    td_etcd_t *e;
+    char *prefix;
+    int64_t next_rev;
+    td_etcd_watch_fn fn;
+    void *ctx;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    bool stop;
+    td_rpc_stream_t *st;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The prefix range end: the key with its last byte + 1 (carrying). */
+static ProtobufCBinaryData range_end_of(const char *key, char *buf, size_t cap)
+{
+    size_t n = strlen(key);
+    if (n > cap)
+        n = cap;
+    memcpy(buf, key, n);
+    while (n > 0) {
+        if ((unsigned char)buf[n - 1] < 0xff) {
+            buf[n - 1]++;
+            return (ProtobufCBinaryData){n, (uint8_t *)buf};
+        }
+        n--;
+    }
+    buf[0] = 0; /* all keys */
+    return (ProtobufCBinaryData){1, (uint8_t *)buf};
+}
+
+static ProtobufCBinaryData bin_of(const char *s) { return (ProtobufCBinaryData){strlen(s), (uint8_t *)s}; }
+
+/* Packs msg, calls method, unpacks the reply with desc. */
+static td_status_t call(td_etcd_t *e, const char *method, const ProtobufCMessage *msg,
+                        const ProtobufCMessageDescriptor *desc, ProtobufCMessage **reply)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        return td_error(TD_ERR_NO_MEMORY, "etcd: no memory");
+    protobuf_c_message_pack(msg, buf);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    td_rpc_result_t res;
+    td_status_t rc = td_rpc_unary(e->ch, method, buf, n, TD_ETCD_TIMEOUT_S, NULL, &resp, &rlen, &res);
+    free(buf);
+    if (rc)
+        return td_error(rc, "etcd %s: %s %s: %s", e->endpoint, method, td_rpc_code_name(res.code), res.message);
+    *reply = protobuf_c_message_unpack(desc, NULL, rlen, resp);
+    free(resp);
+    if (!*reply)
+        return td_error(TD_ERR_FORMAT, "etcd %s: %s: the reply does not parse", e->endpoint, method);
+    return TD_OK;
+}
+
+td_status_t td_etcd_connect(const char *endpoint, const td_rpc_tls_t *tls, td_etcd_t **out)
+{
+    td_etcd_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return td_error(TD_ERR_NO_MEMORY, "etcd: no memory");
+    const char *ep = endpoint;
+    if (!strncmp(ep, "http://", 7))
+        ep += 7;
+    else if (!strncmp(ep, "https://", 8))
+        ep += 8;
+    snprintf(e->endpoint, sizeof e->endpoint, "%s", ep);
+    pthread_mutex_init(&e->ka_mu, NULL);
+    pthread_cond_init(&e->ka_cv, NULL);
+    td_status_t rc = td_rpc_channel_create(e->endpoint, tls, &e->ch);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    *out = e;
+    return TD_OK;
+}
+
+void td_etcd_destroy(td_etcd_t *e)
+{
+    if (!e)
+        return;
+    td_etcd_keepalive_stop(e);
+    td_rpc_channel_destroy(e->ch);
+    pthread_mutex_destroy(&e->ka_mu);
+    pthread_cond_destroy(&e->ka_cv);
+    free(e);
+}
+
+td_status_t td_etcd_put(td_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease)
+{
+    Etcdserverpb__PutRequest rq = ETCDSERVERPB__PUT_REQUEST__INIT;
+    rq.key = bin_of(key);
+    rq.value = (ProtobufCBinaryData){len, (uint8_t *)value};
+    rq.lease = lease;
+    ProtobufCMessage *rp;
+    td_status_t rc = call(e, "/etcdserverpb.KV/Put", &rq.base, &etcdserverpb__put_response__descriptor, &rp);
+    if (!rc)
+        protobuf_c_message_free_unpacked(rp, NULL);
+    return rc;
+}
+
+static td_status_t kv_copy(const Mvccpb__KeyValue *src, td_etcd_kv_t *dst)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->key = strndup((const char *)src->key.data, src->key.len);
+    dst->value = malloc(src->value.len + 1);
+    if (!dst->key || !dst->value)
+        return TD_ERR_NO_MEMORY;
+    memcpy(dst->value, src->value.data, src->value.len);
+    dst->value[src->value.len] = 0;
+    dst->value_len = src->value.len;
+    dst->lease = src->lease;
+    dst->create_revision = src->create_revision;
+    dst->mod_revision = src->mod_revision;
+    return TD_OK;
+}
+
+static void kv_free(td_etcd_kv_t *kv)
+{
+    free(kv->key);
+    free(kv->value);
+}
+
+td_status_t td_etcd_get(td_etcd_t *e, const char *key, bool prefix, td_etcd_kvs_t *out)
+{
+    char end[512];
+    Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+    rq.key = bin_of(key);
+    if (prefix)
+        rq.range_end = range_end_of(key, end, sizeof end);
+    ProtobufCMessage *m;
+    td_status_t rc = call(e, "/etcdserverpb.KV/Range", &rq.base, &etcdserverpb__range_response__descriptor, &m);
+    if (rc)
+        return rc;
+    Etcdserverpb__RangeResponse *rp = (Etcdserverpb__RangeResponse *)m;
+    memset(out, 0, sizeof *out);
+    out->revision = rp->header ? rp->header->revision : 0;
+    out->kv = calloc(rp->n_kvs ? rp->n_kvs : 1, sizeof *out->kv);
+    if (!out->kv)
+        rc = TD_ERR_NO_MEMORY;
+    for (size_t i = 0; !rc && i < rp->n_kvs; i++) {
+        rc = kv_copy(rp->kvs[i], &out->kv[i]);
+        out->n = i + 1;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    if (rc) {
+        td_etcd_kvs_free(out);
+        return td_error(rc, "etcd: no memory");
+    }
+    return TD_OK;
+}
+
+void td_etcd_kvs_free(td_etcd_kvs_t *kvs)
+{
+    for (size_t i = 0; i < kvs->n; i++)
+        kv_free(&kvs->kv[i]);
+    free(kvs->kv);
+    memset(kvs, 0, sizeof *kvs);
+}
+
+td_status_t td_etcd_delete(td_etcd_t *e, const char *key, bool prefix, int64_t *deleted)
+{
+    char end[512];
+    Etcdserverpb__DeleteRangeRequest rq = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+    rq.key = bin_of(key);
+    if (prefix)
+        rq.range_end = range_end_of(key, end, sizeof end);
+    ProtobufCMessage *m;
+    td_status_t rc =
+        call(e, "/etcdserverpb.KV/DeleteRange", &rq.base, &etcdserverpb__delete_range_response__descriptor, &m);
+    if (rc)
+        return rc;
+    if (deleted)
+        *deleted = ((Etcdserverpb__DeleteRangeResponse *)m)->deleted;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return TD_OK;
+}
+
+td_status_t td_etcd_lease_grant(td_etcd_t *e, int64_t ttl_s, int64_t *id)
+{
+    Etcdserverpb__LeaseGrantRequest rq = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
+    rq.ttl = ttl_s;
+    ProtobufCMessage *m;
+    td_status_t rc =
+        call(e, "/etcdserverpb.Lease/LeaseGrant", &rq.base, &etcdserverpb__lease_grant_response__descriptor, &m);
+    if (rc)
+        return rc;
+    Etcdserverpb__LeaseGrantResponse *rp = (Etcdserverpb__LeaseGrantResponse *)m;
+    if (rp->error && rp->error[0])
+        rc = td_error(TD_ERR_UNAVAILABLE, "etcd %s: lease grant refused: %s", e->endpoint, rp->error);
+    else
+        *id = rp->id;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return rc;
+}
+
+td_status_t td_etcd_lease_revoke(td_etcd_t *e, int64_t id)
+{
+    Etcdserverpb__LeaseRevokeRequest rq = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+    rq.id = id;
+    ProtobufCMessage *m;
+    td_status_t rc =
+        call(e, "/etcdserverpb.Lease/LeaseRevoke", &rq.base, &etcdserverpb__lease_revoke_response__descriptor, &m);
+    if (!rc)
+        protobuf_c_message_free_unpacked(m, NULL);
+    return rc;
+}
+
+/* One refresh over the stream: 1 alive, 0 lease gone, -1 transport trouble. */
+static int keepalive_once(td_etcd_t *e, td_rpc_stream_t *st)
+{
+    Etcdserverpb__LeaseKeepAliveRequest rq = ETCDSERVERPB__LEASE_KEEP_ALIVE_REQUEST__INIT;
+    rq.id = e->ka_id;
+    uint8_t buf[32];
+    size_t n = etcdserverpb__lease_keep_alive_request__pack(&rq, buf);
+    if (td_rpc_stream_write(st, buf, n, TD_ETCD_TIMEOUT_S))
+        return -1;
+    uint8_t *msg;
+    size_t len;
+    if (td_rpc_stream_read(st, &msg, &len, TD_ETCD_TIMEOUT_S))
+        return -1;
+    Etcdserverpb__LeaseKeepAliveResponse *rp = etcdserverpb__lease_keep_alive_response__unpack(NULL, len, msg);
+    free(msg);
+    if (!rp)
+        return -1;
+    int alive = rp->ttl > 0;
+    etcdserverpb__lease_keep_alive_response__free_unpacked(rp, NULL);
+    return alive;
+}
+
+static void *keepalive_thread(void *arg)
+{
+    td_etcd_t *e = arg;
+    td_rpc_stream_t *st = NULL;
+    double period = e->ka_ttl / 3.0 > 0.2 ? e->ka_ttl / 3.0 : 0.2, last_ok = now_s();
+    bool lost = false;
+    pthread_mutex_lock(&e->ka_mu);
+    while (!e->ka_stop) {
+        pthread_mutex_unlock(&e->ka_mu);
+        if (!st && td_rpc_stream_open(e->ch, "/etcdserverpb.Lease/LeaseKeepAlive", NULL, 0, 1e9, NULL, &st))
+            st = NULL;
+        int r = st ? keepalive_once(e, st) : -1;
+        if (r < 0 && st) {
+            td_rpc_stream_destroy(st);
+            st = NULL;
+        }
+        if (r > 0)
+            last_ok = now_s();
+        if (!lost && (r == 0 || now_s() - last_ok > (double)e->ka_ttl)) {
+            lost = true;
+            TD_WARN("etcd %s: lease %llx %s", e->endpoint, (unsigned long long)e->ka_id,
+                    r == 0 ? "is gone" : "could not be refreshed before its TTL");
+            if (e->ka_lost)
+                e->ka_lost(e->ka_ctx);
+        }
+        pthread_mutex_lock(&e->ka_mu);
+        if (lost)
+            break;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double wait = r > 0 ? period : 0.25;
+        until.tv_sec += (time_t)wait;
+        until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        while (!e->ka_stop && pthread_cond_timedwait(&e->ka_cv, &e->ka_mu, &until) == 0)
+            ;
+    }
+    pthread_mutex_unlock(&e->ka_mu);
+    td_rpc_stream_destroy(st);
+    return NULL;
+}
+
+td_status_t td_etcd_keepalive_start(td_etcd_t *e, int64_t id, int64_t ttl_s, void (*lost)(void *ctx), void *ctx)
+{
+    if (e->ka_running)
+        return td_error(TD_ERR_INTERNAL, "etcd: a keep-alive is running already");
+    e->ka_id = id;
+    e->ka_ttl = ttl_s;
+    e->ka_lost = lost;
+    e->ka_ctx = ctx;
+    e->ka_stop = false;
+    if (pthread_create(&e->ka_thread, NULL, keepalive_thread, e))
+        return td_error(TD_ERR_INTERNAL, "etcd: cannot start the keep-alive thread");
+    e->ka_running = true;
+    return TD_OK;
+}
+
+void td_etcd_keepalive_stop(td_etcd_t *e)
+{
+    if (!e->ka_running)
+        return;
+    pthread_mutex_lock(&e->ka_mu);
+    e->ka_stop = true;
+    pthread_cond_broadcast(&e->ka_cv);
+    pthread_mutex_unlock(&e->ka_mu);
+    pthread_join(e->ka_thread, NULL);
+    e->ka_running = false;
+}
+
+td_status_t td_etcd_campaign(td_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease, bool *won)
+{
+    Etcdserverpb__Compare cmp = ETCDSERVERPB__COMPARE__INIT;
+    cmp.result = ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL;
+    cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE;
+    cmp.key = bin_of(key);
+    cmp.target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION;
+    cmp.create_revision = 0;
+    Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+    put.key = bin_of(key);
+    put.value = (ProtobufCBinaryData){len, (uint8_t *)value};
+    put.lease = lease;
+    Etcdserverpb__RequestOp okop = ETCDSERVERPB__REQUEST_OP__INIT;
+    okop.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+    okop.request_put = &put;
+    Etcdserverpb__RangeRequest get = ETCDSERVERPB__RANGE_REQUEST__INIT;
+    get.key = bin_of(key);
+    Etcdserverpb__RequestOp failop = ETCDSERVERPB__REQUEST_OP__INIT;
+    failop.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+    failop.request_range = &get;
+    Etcdserverpb__Compare *cmps[1] = {&cmp};
+    Etcdserverpb__RequestOp *oks[1] = {&okop}, *fails[1] = {&failop};
+    Etcdserverpb__TxnRequest rq = ETCDSERVERPB__TXN_REQUEST__INIT;
+    rq.n_compare = 1;
+    rq.compare = cmps;
+    rq.n_success = 1;
+    rq.success = oks;
+    rq.n_failure = 1;
+    rq.failure = fails;
+    ProtobufCMessage *m;
+    td_status_t rc = call(e, "/etcdserverpb.KV/Txn", &rq.base, &etcdserverpb__txn_response__descriptor, &m);
+    if (rc)
+        return rc;
+    Etcdserverpb__TxnResponse *rp = (Etcdserverpb__TxnResponse *)m;
+    *won = rp->succeeded;
+    if (!rp->succeeded && rp->n_responses == 1 &&
+        rp->responses[0]->response_case == ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE) {
+        Etcdserverpb__RangeResponse *r = rp->responses[0]->response_range;
+        if (r->n_kvs == 1 && r->kvs[0]->lease == lease && r->kvs[0]->value.len == len &&
+            !memcmp(r->kvs[0]->value.data, value, len))
+            *won = true; /* ours already */
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return TD_OK;
+}
+
+/* ------------------------------------------------------------------ watch */
+
+static bool watch_stopping(td_etcd_watch_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    bool s = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+static td_rpc_stream_t *watch_open(td_etcd_watch_t *w)
+{
+    td_rpc_stream_t *st;
+    if (td_rpc_stream_open(w->e->ch, "/etcdserverpb.Watch/Watch", NULL, 0, 1e9, NULL, &st))
+        return NULL;
+    char end[512];
+    Etcdserverpb__WatchCreateRequest cr = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+    cr.key = bin_of(w->prefix);
+    cr.range_end = range_end_of(w->prefix, end, sizeof end);
+    cr.start_revision = w->next_rev;
+    Etcdserverpb__WatchRequest rq = ETCDSERVERPB__WATCH_REQUEST__INIT;
+    rq.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+    rq.create_request = &cr;
+    size_t n = etcdserverpb__watch_request__get_packed_size(&rq);
+    uint8_t *buf = malloc(n);
+    if (!buf) {
+        td_rpc_stream_destroy(st);
+        return NULL;
+    }
+    etcdserverpb__watch_request__pack(&rq, buf);
+    td_status_t rc = td_rpc_stream_write(st, buf, n, TD_ETCD_TIMEOUT_S);
+    free(buf);
+    if (rc) {
+        td_rpc_stream_destroy(st);
+        return NULL;
+    }
+    return st;
+}
+
+static void *watch_thread(void *arg)
+{
+    td_etcd_watch_t *w = arg;
+    td_rpc_stream_t *st = NULL;
+    while (!watch_stopping(w)) {
+        if (!st) {
+            st = watch_open(w);
+            pthread_mutex_lock(&w->mu);
+            w->st = st;
+            pthread_mutex_unlock(&w->mu);
+            if (!st) {
+                struct timespec t = {0, 200 * 1000 * 1000};
+                nanosleep(&t, NULL);
+                continue;
+            }
+        }
+        uint8_t *msg;
+        size_t len;
+        td_status_t rc = td_rpc_stream_read(st, &msg, &len, 0.5);
+        if (rc == TD_ERR_TIMEOUT)
+            continue;
+        if (rc) { /* the stream ended: open again from the revision reached */
+            pthread_mutex_lock(&w->mu);
+            w->st = NULL;
+            pthread_mutex_unlock(&w->mu);
+            td_rpc_stream_destroy(st);
+            st = NULL;
+            continue;
+        }
+        Etcdserverpb__WatchResponse *rp = etcdserverpb__watch_response__unpack(NULL, len, msg);
+        free(msg);
+        if (!rp)
+            continue;
+        for (size_t i = 0; i < rp->n_events; i++) {
+            Mvccpb__Event *ev = rp->events[i];
+            if (!ev->kv)
+                continue;
+            td_etcd_kv_t kv;
+            if (kv_copy(ev->kv, &kv) == TD_OK)
+                w->fn(w->ctx, ev->type == MVCCPB__EVENT__EVENT_TYPE__PUT, &kv);
+            kv_free(&kv);
+            if (ev->kv->mod_revision >= w->next_rev)
+                w->next_rev = ev->kv->mod_revision + 1;
+        }
+        if (rp->created && w->next_rev == 0 && rp->header)
+            w->next_rev = rp->header->revision + 1;
+        if (rp->canceled && rp->compact_revision > 0)
+            w->next_rev = rp->compact_revision;
+        etcdserverpb__watch_response__free_unpacked(rp, NULL);
+    }
+    pthread_mutex_lock(&w->mu);
+    w->st = NULL;
+    pthread_mutex_unlock(&w->mu);
+    td_rpc_stream_destroy(st);
+    return NULL;
+}
+
+td_status_t td_etcd_watch_start(td_etcd_t *e, const char *prefix, int64_t start_rev, td_etcd_watch_fn fn, void *ctx,
+                                td_etcd_watch_t **out)
+{
+    td_etcd_watch_t *w = calloc(1, sizeof *w);
+    if (!w || !(w->prefix = strdup(prefix))) {
+        free(w);
+        return td_error(TD_ERR_NO_MEMORY, "etcd: no memory");
+    }
+    w->e = e;
+    w->next_rev = start_rev;
+    w->fn = fn;
+    w->ctx = ctx;
+    pthread_mutex_init(&w->mu, NULL);
+    if (pthread_create(&w->thread, NULL, watch_thread, w)) {
+        free(w->prefix);
+        free(w);
+        return td_error(TD_ERR_INTERNAL, "etcd: cannot start a watch thread");
+    }
+    *out = w;
+    return TD_OK;
+}
+
+void td_etcd_watch_stop(td_etcd_watch_t *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    if (w->st)
+        td_rpc_stream_cancel(w->st);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    free(w->prefix);
+    free(w);
+}

@@ -1,0 +1,67 @@
+/* etcd.h — a small client of etcd's v3 gRPC API over common/rpc.h.
+ *
+ * What tandem needs of etcd and nothing more: keys (get, put, delete, by key or
+ * prefix), leases (grant, revoke, and a keep-alive thread that reports when
+ * the lease is lost), watches (a thread per watch that calls back for every
+ * put and delete under a prefix and resumes after a dropped stream from the
+ * revision it had reached), and a Txn-based election (the key is created only
+ * if it does not exist, under the candidate's lease). Keys are C strings;
+ * values are bytes. Every call has a deadline (TD_ETCD_TIMEOUT_S). */
+#ifndef TD_ETCD_H
+#define TD_ETCD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/rpc.h"
+#include "common/status.h"
+
+#define TD_ETCD_TIMEOUT_S 5.0
+
+typedef struct td_etcd td_etcd_t;
+
+typedef struct td_etcd_kv {
+    char *key;
+    uint8_t *value; /* NUL-terminated for convenience; value_len excludes it */
+    size_t value_len;
+    int64_t lease, create_revision, mod_revision;
+} td_etcd_kv_t;
+
+typedef struct td_etcd_kvs {
+    td_etcd_kv_t *kv;
+    size_t n;
+    int64_t revision; /* the store's revision when read */
+} td_etcd_kvs_t;
+
+/* endpoint "127.0.0.1:2379" (an "http://" prefix is accepted). */
+td_status_t td_etcd_connect(const char *endpoint, const td_rpc_tls_t *tls, td_etcd_t **out);
+/* Stops the keep-alive (the lease is left to expire or be revoked first). */
+void td_etcd_destroy(td_etcd_t *e);
+
+td_status_t td_etcd_put(td_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease);
+td_status_t td_etcd_get(td_etcd_t *e, const char *key, bool prefix, td_etcd_kvs_t *out);
+void td_etcd_kvs_free(td_etcd_kvs_t *kvs);
+td_status_t td_etcd_delete(td_etcd_t *e, const char *key, bool prefix, int64_t *deleted);
+
+td_status_t td_etcd_lease_grant(td_etcd_t *e, int64_t ttl_s, int64_t *id);
+td_status_t td_etcd_lease_revoke(td_etcd_t *e, int64_t id);
+/* Keeps lease id alive from a thread (a refresh every ttl/3 s). If etcd says
+ * the lease is gone, or it cannot be refreshed before it would expire, lost()
+ * is called once from that thread. One lease per client. */
+td_status_t td_etcd_keepalive_start(td_etcd_t *e, int64_t id, int64_t ttl_s, void (*lost)(void *ctx), void *ctx);
+void td_etcd_keepalive_stop(td_etcd_t *e);
+
+/* Election: key becomes value under lease if nobody holds it. *won says
+ * whether we hold it now (true also when we already did with this value). */
+td_status_t td_etcd_campaign(td_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease, bool *won);
+
+typedef struct td_etcd_watch td_etcd_watch_t;
+/* Called from the watch thread: put (true) or delete of kv (a delete has no value). */
+typedef void (*td_etcd_watch_fn)(void *ctx, bool put, const td_etcd_kv_t *kv);
+/* Watches every key under prefix from revision start_rev (0: from now). */
+td_status_t td_etcd_watch_start(td_etcd_t *e, const char *prefix, int64_t start_rev, td_etcd_watch_fn fn, void *ctx,
+                                td_etcd_watch_t **out);
+void td_etcd_watch_stop(td_etcd_watch_t *w);
+
+#endif

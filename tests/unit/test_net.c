@@ -1,0 +1,401 @@
+/* test_net.c — the gRPC layer (common/rpc) between real servers and clients on
+ * 127.0.0.1, and the etcd client (common/etcd) against a real etcd started
+ * here the way `tandem up` starts it. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/etcd.h"
+#include "common/rpc.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+/* ---- handlers ---- */
+static void h_echo(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(c, &n);
+    if (n == 4 && !memcmp(p, "fail", 4)) {
+        td_rpc_call_finish(c, TD_RPC_INVALID_ARGUMENT, "field x: bad");
+        return;
+    }
+    td_rpc_call_reply(c, p, n);
+}
+
+static volatile int g_stream_saw_cancel;
+
+/* streams the payload's count of messages, one per 20 ms */
+static void h_count(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(c, &n);
+    int count = n ? atoi((const char *)p) : 0;
+    for (int i = 0; i < count; i++) {
+        char m[16];
+        int l = snprintf(m, sizeof m, "%d", i);
+        if (td_rpc_call_send(c, m, (size_t)l)) {
+            g_stream_saw_cancel = 1;
+            td_rpc_call_finish(c, TD_RPC_CANCELLED, "gone");
+            return;
+        }
+        if (td_rpc_call_wait(c, 0.02) == TD_ERR_CANCELLED) {
+            g_stream_saw_cancel = 1;
+            td_rpc_call_finish(c, TD_RPC_CANCELLED, "gone");
+            return;
+        }
+    }
+    td_rpc_call_finish(c, TD_RPC_OK, NULL);
+}
+
+/* another thread wakes the handler, which then replies */
+static void *waker(void *arg)
+{
+    sleep_s(0.05);
+    td_rpc_call_wake(arg);
+    return NULL;
+}
+
+static void h_wake(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    pthread_t t;
+    pthread_create(&t, NULL, waker, c);
+    td_status_t rc = td_rpc_call_wait(c, 5);
+    pthread_join(t, NULL);
+    td_rpc_call_reply(c, rc == TD_OK ? "woken" : "timeout", rc == TD_OK ? 5 : 7);
+}
+
+/* relays h_count of a second server, as the router does (parent propagation) */
+static td_rpc_channel_t *g_upstream;
+static void h_relay(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(c, &n);
+    td_rpc_stream_t *st;
+    td_rpc_stream_open(g_upstream, "/t.T/Count", p, n, 30, c, &st);
+    uint8_t *m;
+    size_t l;
+    while (td_rpc_stream_read(st, &m, &l, 30) == TD_OK) {
+        td_status_t rc = td_rpc_call_send(c, m, l);
+        free(m);
+        if (rc)
+            break;
+    }
+    td_rpc_result_t res;
+    td_rpc_stream_result(st, 5, &res);
+    td_rpc_stream_destroy(st);
+    td_rpc_call_finish(c, res.code, "%s", res.message);
+}
+
+static td_rpc_server_t *start_server(int *port)
+{
+    td_rpc_server_t *s;
+    cr_assert_eq(td_rpc_server_create("127.0.0.1:0", NULL, &s), TD_OK);
+    td_rpc_server_add(s, "/t.T/Echo", h_echo, NULL);
+    td_rpc_server_add(s, "/t.T/Count", h_count, NULL);
+    td_rpc_server_add(s, "/t.T/Wake", h_wake, NULL);
+    td_rpc_server_add(s, "/t.T/Relay", h_relay, NULL);
+    cr_assert_eq(td_rpc_server_start(s, port), TD_OK);
+    return s;
+}
+
+static void init(void) { td_rpc_init(); }
+static void fini(void) { td_rpc_shutdown(); }
+
+Test(rpc, unary_stream_errors, .init = init, .fini = fini, .timeout = 60)
+{
+    int port;
+    td_rpc_server_t *s = start_server(&port);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    td_rpc_channel_t *ch;
+    cr_assert_eq(td_rpc_channel_create(target, NULL, &ch), TD_OK);
+    uint8_t *r;
+    size_t rl;
+    td_rpc_result_t res;
+    cr_assert_eq(td_rpc_unary(ch, "/t.T/Echo", "hello", 5, 5, NULL, &r, &rl, &res), TD_OK);
+    cr_assert_eq(rl, 5);
+    cr_assert(!memcmp(r, "hello", 5));
+    free(r);
+    /* an empty message is a message */
+    cr_assert_eq(td_rpc_unary(ch, "/t.T/Echo", "", 0, 5, NULL, &r, &rl, &res), TD_OK);
+    cr_assert_eq(rl, 0);
+    free(r);
+    cr_assert_eq(td_rpc_unary(ch, "/t.T/Echo", "fail", 4, 5, NULL, &r, &rl, &res), TD_ERR_INVALID_ARG);
+    cr_assert_eq(res.code, TD_RPC_INVALID_ARGUMENT);
+    cr_assert_str_eq(res.message, "field x: bad");
+    cr_assert_eq(td_rpc_unary(ch, "/t.T/Nope", "x", 1, 5, NULL, &r, &rl, &res), TD_ERR_UNSUPPORTED);
+    cr_assert_eq(res.code, TD_RPC_UNIMPLEMENTED);
+    cr_assert_eq(td_rpc_unary(ch, "/t.T/Wake", "x", 1, 5, NULL, &r, &rl, &res), TD_OK);
+    cr_assert(rl == 5 && !memcmp(r, "woken", 5));
+    free(r);
+
+    /* a stream of 5 */
+    td_rpc_stream_t *st;
+    cr_assert_eq(td_rpc_stream_open(ch, "/t.T/Count", "5", 1, 10, NULL, &st), TD_OK);
+    int got = 0;
+    uint8_t *m;
+    size_t ml;
+    while (td_rpc_stream_read(st, &m, &ml, 5) == TD_OK) {
+        char want[16];
+        snprintf(want, sizeof want, "%d", got++);
+        cr_assert(ml == strlen(want) && !memcmp(m, want, ml));
+        free(m);
+    }
+    cr_assert_eq(got, 5);
+    cr_assert_eq(td_rpc_stream_result(st, 5, &res), TD_OK);
+    td_rpc_stream_destroy(st);
+
+    /* a deadline shorter than the stream: DEADLINE_EXCEEDED, in time */
+    double t0 = now_s();
+    cr_assert_eq(td_rpc_stream_open(ch, "/t.T/Count", "1000", 4, 0.2, NULL, &st), TD_OK);
+    while (td_rpc_stream_read(st, &m, &ml, 5) == TD_OK)
+        free(m);
+    cr_assert_eq(td_rpc_stream_result(st, 5, &res), TD_ERR_TIMEOUT);
+    cr_assert_lt(now_s() - t0, 2.0);
+    td_rpc_stream_destroy(st);
+
+    /* the client cancels: the handler learns of it */
+    g_stream_saw_cancel = 0;
+    cr_assert_eq(td_rpc_stream_open(ch, "/t.T/Count", "1000", 4, 30, NULL, &st), TD_OK);
+    cr_assert_eq(td_rpc_stream_read(st, &m, &ml, 5), TD_OK);
+    free(m);
+    td_rpc_stream_cancel(st);
+    td_rpc_stream_destroy(st);
+    for (int i = 0; i < 200 && !g_stream_saw_cancel; i++)
+        sleep_s(0.01);
+    cr_assert(g_stream_saw_cancel, "the server never saw the cancellation");
+
+    td_rpc_channel_destroy(ch);
+    td_rpc_server_stop(s, 1);
+    td_rpc_server_destroy(s);
+
+    /* a dead port: the call waits for a connection, but no longer than its deadline */
+    cr_assert_eq(td_rpc_channel_create(target, NULL, &ch), TD_OK);
+    t0 = now_s();
+    cr_assert_eq(td_rpc_unary(ch, "/t.T/Echo", "x", 1, 0.5, NULL, &r, &rl, &res), TD_ERR_TIMEOUT);
+    cr_assert_lt(now_s() - t0, 1.5);
+    td_rpc_channel_destroy(ch);
+}
+
+Test(rpc, cancel_propagates_through_a_relay, .init = init, .fini = fini, .timeout = 60)
+{
+    int p1, p2;
+    td_rpc_server_t *up = start_server(&p1), *front = start_server(&p2);
+    char t1[64], t2[64];
+    snprintf(t1, sizeof t1, "127.0.0.1:%d", p1);
+    snprintf(t2, sizeof t2, "127.0.0.1:%d", p2);
+    cr_assert_eq(td_rpc_channel_create(t1, NULL, &g_upstream), TD_OK);
+    td_rpc_channel_t *ch;
+    cr_assert_eq(td_rpc_channel_create(t2, NULL, &ch), TD_OK);
+    g_stream_saw_cancel = 0;
+    td_rpc_stream_t *st;
+    cr_assert_eq(td_rpc_stream_open(ch, "/t.T/Relay", "1000", 4, 30, NULL, &st), TD_OK);
+    uint8_t *m;
+    size_t ml;
+    cr_assert_eq(td_rpc_stream_read(st, &m, &ml, 5), TD_OK);
+    free(m);
+    td_rpc_stream_cancel(st);
+    td_rpc_stream_destroy(st);
+    for (int i = 0; i < 300 && !g_stream_saw_cancel; i++)
+        sleep_s(0.01);
+    cr_assert(g_stream_saw_cancel, "the upstream handler never saw the client's cancellation");
+    td_rpc_channel_destroy(ch);
+    td_rpc_channel_destroy(g_upstream);
+    td_rpc_server_stop(front, 1);
+    td_rpc_server_stop(up, 1);
+    td_rpc_server_destroy(front);
+    td_rpc_server_destroy(up);
+}
+
+/* ---- etcd ---- */
+static pid_t g_etcd;
+static char g_etcd_dir[128], g_etcd_ep[64];
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void etcd_up(void)
+{
+    snprintf(g_etcd_dir, sizeof g_etcd_dir, "/tmp/tandem-test-etcd-XXXXXX");
+    cr_assert(mkdtemp(g_etcd_dir));
+    int cp = free_port(), pp = free_port();
+    while (pp == cp)
+        pp = free_port();
+    char client[64], peer[64], cluster[96];
+    snprintf(client, sizeof client, "http://127.0.0.1:%d", cp);
+    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pp);
+    snprintf(cluster, sizeof cluster, "n0=%s", peer);
+    snprintf(g_etcd_ep, sizeof g_etcd_ep, "127.0.0.1:%d", cp);
+    g_etcd = fork();
+    if (g_etcd == 0) {
+        setpgid(0, 0);
+        freopen("/dev/null", "w", stdout);
+        if (!getenv("TANDEM_TEST_VERBOSE")) freopen("/dev/null", "w", stderr);
+        execlp("timeout", "timeout", "120", "etcd", "--name", "n0", "--data-dir", g_etcd_dir,
+               "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+               "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster, "--initial-cluster-state",
+               "new", (char *)NULL);
+        _exit(127);
+    }
+    td_rpc_init();
+    td_etcd_t *e;
+    td_etcd_connect(g_etcd_ep, NULL, &e);
+    for (int i = 0; i < 100; i++) {
+        td_etcd_kvs_t kvs;
+        if (td_etcd_get(e, "/probe", false, &kvs) == TD_OK) {
+            td_etcd_kvs_free(&kvs);
+            td_etcd_destroy(e);
+            return;
+        }
+        sleep_s(0.1);
+    }
+    td_etcd_destroy(e);
+    cr_assert_fail("etcd did not come up on %s", g_etcd_ep);
+}
+
+static void etcd_down(void)
+{
+    if (g_etcd > 0) {
+        kill(-g_etcd, SIGTERM);
+        waitpid(g_etcd, NULL, 0);
+    }
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_etcd_dir);
+    if (system(cmd)) {
+    }
+    td_rpc_shutdown();
+}
+
+typedef struct seen {
+    pthread_mutex_t mu;
+    int puts, dels;
+    char last[64];
+} seen_t;
+
+static void on_watch(void *ctx, bool put, const td_etcd_kv_t *kv)
+{
+    seen_t *s = ctx;
+    pthread_mutex_lock(&s->mu);
+    if (put)
+        s->puts++;
+    else
+        s->dels++;
+    snprintf(s->last, sizeof s->last, "%s", kv->key);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static volatile int g_lost;
+static void on_lost(void *ctx)
+{
+    (void)ctx;
+    g_lost = 1;
+}
+
+Test(etcd, kv_lease_watch_election, .init = etcd_up, .fini = etcd_down, .timeout = 90)
+{
+    td_etcd_t *e, *e2;
+    cr_assert_eq(td_etcd_connect(g_etcd_ep, NULL, &e), TD_OK);
+    cr_assert_eq(td_etcd_connect(g_etcd_ep, NULL, &e2), TD_OK);
+    seen_t seen = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    td_etcd_watch_t *w;
+    cr_assert_eq(td_etcd_watch_start(e2, "/t/", 0, on_watch, &seen, &w), TD_OK);
+    sleep_s(0.3); /* let the watch be created */
+
+    cr_assert_eq(td_etcd_put(e, "/t/a", "1", 1, 0), TD_OK);
+    cr_assert_eq(td_etcd_put(e, "/t/b", "two", 3, 0), TD_OK);
+    cr_assert_eq(td_etcd_put(e, "/u/c", "3", 1, 0), TD_OK);
+    td_etcd_kvs_t kvs;
+    cr_assert_eq(td_etcd_get(e, "/t/", true, &kvs), TD_OK);
+    cr_assert_eq(kvs.n, 2);
+    cr_assert_str_eq(kvs.kv[0].key, "/t/a");
+    cr_assert_str_eq((char *)kvs.kv[1].value, "two");
+    td_etcd_kvs_free(&kvs);
+    cr_assert_eq(td_etcd_get(e, "/t/b", false, &kvs), TD_OK);
+    cr_assert_eq(kvs.n, 1);
+    td_etcd_kvs_free(&kvs);
+    int64_t del;
+    cr_assert_eq(td_etcd_delete(e, "/t/a", false, &del), TD_OK);
+    cr_assert_eq(del, 1);
+
+    /* a lease: its key lives while kept alive, and goes when it is not */
+    int64_t lease;
+    cr_assert_eq(td_etcd_lease_grant(e, 2, &lease), TD_OK);
+    cr_assert_eq(td_etcd_put(e, "/t/leased", "x", 1, lease), TD_OK);
+    cr_assert_eq(td_etcd_keepalive_start(e, lease, 2, on_lost, NULL), TD_OK);
+    sleep_s(3.5);
+    cr_assert_eq(td_etcd_get(e, "/t/leased", false, &kvs), TD_OK);
+    cr_assert_eq(kvs.n, 1, "the key of a kept-alive lease expired");
+    td_etcd_kvs_free(&kvs);
+    cr_assert(!g_lost);
+    td_etcd_keepalive_stop(e);
+    sleep_s(3.5);
+    cr_assert_eq(td_etcd_get(e, "/t/leased", false, &kvs), TD_OK);
+    cr_assert_eq(kvs.n, 0, "the key of an expired lease is still there");
+    td_etcd_kvs_free(&kvs);
+
+    /* election: the first candidate wins, the second waits; revoking hands over */
+    int64_t l1, l2;
+    bool won;
+    cr_assert_eq(td_etcd_lease_grant(e, 10, &l1), TD_OK);
+    cr_assert_eq(td_etcd_lease_grant(e2, 10, &l2), TD_OK);
+    cr_assert_eq(td_etcd_campaign(e, "/t/leader", "one", 3, l1, &won), TD_OK);
+    cr_assert(won);
+    cr_assert_eq(td_etcd_campaign(e2, "/t/leader", "two", 3, l2, &won), TD_OK);
+    cr_assert(!won);
+    cr_assert_eq(td_etcd_campaign(e, "/t/leader", "one", 3, l1, &won), TD_OK);
+    cr_assert(won, "the holder must still hold it");
+    cr_assert_eq(td_etcd_lease_revoke(e, l1), TD_OK);
+    cr_assert_eq(td_etcd_campaign(e2, "/t/leader", "two", 3, l2, &won), TD_OK);
+    cr_assert(won);
+
+    sleep_s(0.3);
+    pthread_mutex_lock(&seen.mu);
+    /* puts: /t/a, /t/b, /t/leased, /t/leader x2; deletes: /t/a, /t/leased, /t/leader */
+    cr_assert_eq(seen.puts, 5, "watch saw %d puts", seen.puts);
+    cr_assert_eq(seen.dels, 3, "watch saw %d deletes", seen.dels);
+    pthread_mutex_unlock(&seen.mu);
+    td_etcd_watch_stop(w);
+
+    /* a dead etcd: a clear error within the deadline */
+    kill(-g_etcd, SIGKILL);
+    waitpid(g_etcd, NULL, 0);
+    g_etcd = 0;
+    double t0 = now_s();
+    cr_assert_neq(td_etcd_put(e, "/t/x", "1", 1, 0), TD_OK);
+    cr_assert_lt(now_s() - t0, TD_ETCD_TIMEOUT_S + 1);
+    td_etcd_destroy(e);
+    td_etcd_destroy(e2);
+}
