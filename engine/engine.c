@@ -40,6 +40,7 @@ typedef struct eng_seq {
     char **stop;
     size_t n_stop, max_stop;
     eng_tok_stream_t stream;
+    int32_t forced;                             /* a first token sampled elsewhere, not yet accepted (-1) */
     char *text;                                 /* generated text not yet emitted (held for stop strings) */
     size_t text_len, text_cap;
     struct eng_seq *next;
@@ -58,6 +59,10 @@ struct eng_engine {
     eng_seq_t **batch_seq;
     int32_t eog[8];
     size_t n_eog;
+    eng_layer_fn layer_fn;
+    void *layer_ctx;
+    eng_layer_seq_t *layer_seqs;
+    uint32_t n_batch;
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -85,8 +90,9 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     e->next_id = 1;
     eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, cfg->block_tokens, cfg->kv_dtype};
     size_t bb = eng_kv_block_bytes(&g);
-    uint64_t blocks = cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
-                                     : (cfg->kv_bytes ? cfg->kv_bytes : 64u << 20) / bb;
+    uint64_t blocks = cfg->kv_memory ? cfg->kv_memory_bytes / bb
+                      : cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
+                                       : (cfg->kv_bytes ? cfg->kv_bytes : 64u << 20) / bb;
     if (blocks < 2 || blocks > (1u << 30)) {
         free(e);
         return td_error(TD_ERR_INVALID_ARG, "engine: a KV pool of %llu blocks (%zu bytes each) is not usable",
@@ -94,12 +100,13 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     }
     td_status_t rc = kern_cpu_backend_create(cfg->n_threads, &e->be);
     if (!rc)
-        rc = eng_kv_pool_create(e->be, &g, (uint32_t)blocks, &e->pool);
+        rc = eng_kv_pool_create_at(e->be, &g, (uint32_t)blocks, cfg->kv_memory, &e->pool);
     if (!rc)
         rc = eng_forward_create(m, e->be, e->pool, cfg->token_budget, cfg->max_seqs, &e->fwd);
     e->batch = calloc(cfg->max_seqs, sizeof *e->batch);
     e->batch_seq = calloc(cfg->max_seqs, sizeof *e->batch_seq);
-    if (!rc && (!e->batch || !e->batch_seq))
+    e->layer_seqs = calloc(cfg->max_seqs, sizeof *e->layer_seqs);
+    if (!rc && (!e->batch || !e->batch_seq || !e->layer_seqs))
         rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory");
     if (rc) {
         eng_engine_destroy(e);
@@ -149,6 +156,7 @@ void eng_engine_destroy(eng_engine_t *e)
     kern_cpu_backend_destroy(e->be);
     free(e->batch);
     free(e->batch_seq);
+    free(e->layer_seqs);
     free(e);
 }
 
@@ -174,6 +182,9 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0])
             return td_error(TD_ERR_INVALID_ARG, "stop string %zu is empty", i);
+    if (r->kv_blocks && (r->first_token < 0 || (uint32_t)r->first_token >= d->vocab))
+        return td_error(TD_ERR_INVALID_ARG, "first_token %d is outside the vocabulary of %u", r->first_token,
+                        d->vocab);
     eng_seq_t *s = calloc(1, sizeof *s);
     if (!s)
         return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
@@ -207,6 +218,14 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
     eng_tok_stream_init(&s->stream, e->m->tok, true);
     s->id = e->next_id++;
     s->state = SEQ_WAITING;
+    s->forced = -1;
+    if (r->kv_blocks) { /* the prompt's KV is here already; the first token too */
+        s->n_blocks = (s->n_prompt + e->cfg.block_tokens - 1) / e->cfg.block_tokens;
+        memcpy(s->blocks, r->kv_blocks, s->n_blocks * sizeof *s->blocks);
+        s->n_computed = s->n_prompt;
+        s->forced = r->first_token;
+        s->state = SEQ_RUNNING;
+    }
     eng_seq_t **tail = &e->seqs;
     while (*tail)
         tail = &(*tail)->next;
@@ -236,6 +255,51 @@ td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id)
 }
 
 bool eng_engine_busy(const eng_engine_t *e) { return e->seqs != NULL; }
+
+uint32_t eng_engine_n_requests(const eng_engine_t *e)
+{
+    uint32_t n = 0;
+    for (const eng_seq_t *s = e->seqs; s; s = s->next)
+        n++;
+    return n;
+}
+
+td_status_t eng_engine_kv_reserve(eng_engine_t *e, uint32_t n_tokens, int32_t *blocks)
+{
+    uint32_t need = (n_tokens + e->cfg.block_tokens - 1) / e->cfg.block_tokens;
+    for (uint32_t i = 0; i < need; i++)
+        if (eng_kv_alloc(e->pool, &blocks[i]) != TD_OK) {
+            eng_engine_kv_release(e, blocks, i);
+            return TD_ERR_EXHAUSTED;
+        }
+    return TD_OK;
+}
+
+void eng_engine_kv_release(eng_engine_t *e, const int32_t *blocks, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        eng_kv_unref(e->pool, blocks[i]);
+}
+
+void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes)
+{
+    kern_kv_view_t v = eng_kv_view(e->pool, 0);
+    *block_bytes = v.block_bytes;
+    return v.base;
+}
+
+static void engine_layer_hook(void *ctx, uint32_t layer)
+{
+    eng_engine_t *e = ctx;
+    e->layer_fn(e->layer_ctx, layer, e->layer_seqs, e->n_batch);
+}
+
+void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx)
+{
+    e->layer_fn = fn;
+    e->layer_ctx = ctx;
+    eng_forward_set_layer_hook(e->fwd, fn ? engine_layer_hook : NULL, e);
+}
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
 td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e)
 {
@@ -378,9 +442,28 @@ static void seq_accept(eng_engine_t *e, eng_seq_t *s, int32_t tok, eng_event_fn 
         s->state = SEQ_DONE;
 }
 
+static void reap_done(eng_engine_t *e)
+{
+    for (eng_seq_t *s = e->seqs, *nx; s; s = nx) {
+        nx = s->next;
+        if (s->state == SEQ_DONE) {
+            seq_unlink(e, s);
+            seq_destroy(e, s);
+        }
+    }
+}
+
 td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
 {
     uint32_t budget = e->cfg.token_budget, nb = 0;
+    /* 0. imported sequences accept the first token their prefill sampled */
+    for (eng_seq_t *s = e->seqs; s; s = s->next)
+        if (s->forced >= 0) {
+            int32_t t = s->forced;
+            s->forced = -1;
+            seq_accept(e, s, t, fn, ctx);
+        }
+    reap_done(e);
     /* 1. decode tokens for running sequences (oldest first) */
     for (eng_seq_t *s = e->seqs; s && nb < e->cfg.max_seqs && budget; s = s->next) {
         if (s->state != SEQ_RUNNING || s->n_computed != s->n_tokens - 1)
@@ -432,6 +515,15 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
     }
     if (!nb)
         return TD_OK;
+    if (e->layer_fn) {
+        uint32_t bt = e->cfg.block_tokens;
+        for (uint32_t i = 0; i < nb; i++) {
+            const eng_batch_seq_t *b = &e->batch[i];
+            e->layer_seqs[i] = (eng_layer_seq_t){.id = e->batch_seq[i]->id, .blocks = b->block_table,
+                                                 .first_block = b->pos0 / bt, .end_block = (b->pos0 + b->n + bt - 1) / bt};
+        }
+        e->n_batch = nb;
+    }
     const float *logits;
     uint32_t nl;
     td_status_t rc = eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
@@ -448,12 +540,6 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         int32_t tok = eng_sampler_sample(&s->sampler, row, s->tokens, s->n_tokens);
         seq_accept(e, s, tok, fn, ctx);
     }
-    for (eng_seq_t *s = e->seqs, *nx; s; s = nx) {
-        nx = s->next;
-        if (s->state == SEQ_DONE) {
-            seq_unlink(e, s);
-            seq_destroy(e, s);
-        }
-    }
+    reap_done(e);
     return TD_OK;
 }

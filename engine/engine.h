@@ -29,6 +29,8 @@ typedef struct eng_engine_config {
     uint32_t token_budget;    /* tokens per step (512) */
     uint32_t max_seqs;        /* sequences per step (64) */
     bool prefix_cache;        /* reuse KV of equal prefixes (on) */
+    void *kv_memory;          /* optional: host memory for the pool (its size in kv_memory_bytes decides */
+    size_t kv_memory_bytes;   /* the number of blocks; the caller frees it after the engine) */
 } eng_engine_config_t;
 
 eng_engine_config_t eng_engine_config_default(void);
@@ -46,6 +48,12 @@ typedef struct eng_request {
     const char *const *stop;    /* stop strings (not included in the output) */
     size_t n_stop;
     bool ignore_eos;
+    /* Imported KV (a decode worker's request): the KV of all n_prompt tokens
+     * is already in these blocks (ceil(n_prompt / block_tokens) of them, from
+     * eng_engine_kv_reserve; the engine owns them once the add succeeds), and
+     * first_token, sampled by the prefill side, is the first generated token. */
+    const int32_t *kv_blocks;
+    int32_t first_token;
 } eng_request_t;
 
 /* What a step produced for one request. */
@@ -76,6 +84,27 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx);
 bool eng_engine_busy(const eng_engine_t *e);
 
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
+/* Requests in the engine (waiting or running). */
+uint32_t eng_engine_n_requests(const eng_engine_t *e);
+
+/* Landing blocks for n_tokens tokens of KV written from outside (a peer's
+ * puts): ceil(n_tokens / block_tokens) fresh blocks into blocks[], or
+ * TD_ERR_EXHAUSTED (nothing taken) when the pool cannot spare them. */
+td_status_t eng_engine_kv_reserve(eng_engine_t *e, uint32_t n_tokens, int32_t *blocks);
+void eng_engine_kv_release(eng_engine_t *e, const int32_t *blocks, uint32_t n);
+/* The pool's memory (block b starts at base + b * block_bytes). */
+void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes);
+
+/* Called after each layer of each step, once that layer's KV of the step's
+ * tokens is in the pool: for every sequence in the step, the blocks the step
+ * wrote, [first_block, end_block) of its table. */
+typedef struct eng_layer_seq {
+    uint64_t id;
+    const int32_t *blocks;
+    uint32_t first_block, end_block;
+} eng_layer_seq_t;
+typedef void (*eng_layer_fn)(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uint32_t n);
+void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx);
 /* The KV contract this engine's blocks follow (kv_contract.h). */
 td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e);
 

@@ -18,6 +18,8 @@
 #define PI_F 3.14159265358979323846
 
 struct eng_forward {
+    void (*layer_fn)(void *ctx, uint32_t layer);
+    void *layer_ctx;
     const eng_model_t *m;
     kern_backend_t *be;
     eng_kv_pool_t *pool;
@@ -213,6 +215,10 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
         o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style);
         o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style);
         o->kv_store(be, &kv, f->k, f->v, f->slots, n);
+        if (f->layer_fn) {
+            o->sync(be); /* the layer's KV is in the pool now */
+            f->layer_fn(f->layer_ctx, l);
+        }
         o->attention(be, &kv, f->q, f->att, H, f->aseqs, n_seqs, scale);
         if ((rc = o->matmul(be, &L->wo, f->att, f->tmp, n)))
             return rc;
@@ -255,4 +261,10 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     *logits = f->h_logits;
     *n_logits = nl;
     return TD_OK;
+}
+
+void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t layer), void *ctx)
+{
+    f->layer_fn = fn;
+    f->layer_ctx = ctx;
 }

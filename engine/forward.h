@@ -41,5 +41,8 @@ void eng_forward_destroy(eng_forward_t *f);
 td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                             uint32_t *n_logits);
 
+/* fn(ctx, layer) runs after each layer's new KV is stored in the pool, while
+ * the rest of the pass is still to come (the prefill worker streams it). */
+void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t layer), void *ctx);
 
 #endif

@@ -20,6 +20,7 @@ struct eng_kv_pool {
     size_t block_bytes;
     uint32_t n_blocks;
     void *mem;
+    bool mem_borrowed; /* given by the caller (UCX-allocated, for peers to write into) */
     int32_t *count;
     bool *named;
     td_block_name_t *name;
@@ -39,6 +40,12 @@ size_t eng_kv_block_bytes(const eng_kv_geom_t *g)
 }
 
 td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, eng_kv_pool_t **out)
+{
+    return eng_kv_pool_create_at(be, g, n_blocks, NULL, out);
+}
+
+td_status_t eng_kv_pool_create_at(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, void *mem,
+                                  eng_kv_pool_t **out)
 {
     if (!n_blocks || g->block_tokens < 1)
         return td_error(TD_ERR_INVALID_ARG, "kv pool: %u blocks of %u tokens is not a pool", n_blocks, g->block_tokens);
@@ -64,10 +71,15 @@ td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint3
         eng_kv_pool_destroy(p);
         return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory for %u blocks", n_blocks);
     }
-    td_status_t rc = be->ops->alloc(be, p->block_bytes * n_blocks, &p->mem);
-    if (rc) {
-        eng_kv_pool_destroy(p);
-        return rc;
+    if (mem) {
+        p->mem = mem;
+        p->mem_borrowed = true;
+    } else {
+        td_status_t rc = be->ops->alloc(be, p->block_bytes * n_blocks, &p->mem);
+        if (rc) {
+            eng_kv_pool_destroy(p);
+            return rc;
+        }
     }
     for (uint32_t i = 0; i < n_blocks; i++)
         p->free_stack[i] = (int32_t)(n_blocks - 1 - i);
@@ -83,7 +95,7 @@ void eng_kv_pool_destroy(eng_kv_pool_t *p)
 {
     if (!p)
         return;
-    if (p->mem)
+    if (p->mem && !p->mem_borrowed)
         p->be->ops->free(p->be, p->mem);
     free(p->count);
     free(p->named);

@@ -37,6 +37,10 @@ size_t eng_kv_block_bytes(const eng_kv_geom_t *g);
 
 /* A pool of n_blocks blocks in the backend's memory. */
 td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, eng_kv_pool_t **out);
+/* The same in memory the caller owns (host memory of block_bytes * n_blocks,
+ * e.g. allocated by UCX so that peers can put KV into it); it is not freed here. */
+td_status_t eng_kv_pool_create_at(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, void *mem,
+                                  eng_kv_pool_t **out);
 void eng_kv_pool_destroy(eng_kv_pool_t *p);
 
 /* A fresh block with count 1, evicting a cached one if none is free;

@@ -1,0 +1,468 @@
+/* decode.c — tandem-decode, the decode worker (DESIGN.md §1 steps 2 and 4).
+ *
+ * Reserve takes landing blocks out of the engine's pool (UCX-allocated
+ * memory) and answers with where they are; the reservation is held on a
+ * lease (lease_ms) and reclaimed by the engine thread if no Decode claims it
+ * in time. Prefill workers put the prompt's KV straight into those blocks.
+ * Decode is the completion notice: the blocks become an imported sequence
+ * whose first token the prefill side sampled, it joins the running batch,
+ * and its tokens stream back. Release is the abort path. A client that goes
+ * away cancels its sequence, which frees its blocks at once. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "engine/worker.h"
+
+#define MAX_LEASE_MS 600000u
+
+typedef struct reservation {
+    uint64_t id;
+    int32_t *blocks;
+    uint32_t n_blocks, n_tokens;
+    double expires;
+} reservation_t;
+
+typedef struct decode_role {
+    reservation_t *res;
+    size_t n_res, cap_res;
+    uint64_t next_res;
+} decode_role_t;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static decode_role_t g_role;
+
+/* ---- Reserve ---- */
+typedef struct reserve_op {
+    uint32_t n_tokens, lease_ms;
+    td_status_t rc;
+    uint64_t id;
+    int32_t *blocks;
+    uint32_t n_blocks;
+} reserve_op_t;
+
+static void reserve_on_engine(eng_worker_t *w, void *arg)
+{
+    reserve_op_t *op = arg;
+    eng_engine_t *e = eng_worker_engine(w);
+    uint32_t bt = eng_worker_contract(w).block_tokens;
+    op->n_blocks = (op->n_tokens + bt - 1) / bt;
+    op->blocks = malloc(op->n_blocks * sizeof *op->blocks);
+    if (!op->blocks || g_role.n_res == g_role.cap_res) {
+        size_t nc = g_role.cap_res ? 2 * g_role.cap_res : 64;
+        reservation_t *r = op->blocks ? realloc(g_role.res, nc * sizeof *r) : NULL;
+        if (!r) {
+            op->rc = TD_ERR_NO_MEMORY;
+            return;
+        }
+        g_role.res = r;
+        g_role.cap_res = nc;
+    }
+    op->rc = eng_engine_kv_reserve(e, op->n_tokens, op->blocks);
+    if (op->rc)
+        return;
+    op->id = ++g_role.next_res;
+    g_role.res[g_role.n_res++] = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens,
+                                                  now_s() + op->lease_ms / 1000.0};
+}
+
+/* Takes reservation id out of the table (engine thread); false if unknown. */
+static bool reservation_take(uint64_t id, reservation_t *out)
+{
+    for (size_t i = 0; i < g_role.n_res; i++)
+        if (g_role.res[i].id == id) {
+            *out = g_role.res[i];
+            g_role.res[i] = g_role.res[--g_role.n_res];
+            return true;
+        }
+    return false;
+}
+
+static void expire_reservations(eng_worker_t *w, void *ctx)
+{
+    (void)ctx;
+    double t = now_s();
+    for (size_t i = 0; i < g_role.n_res;) {
+        reservation_t *r = &g_role.res[i];
+        if (r->expires < t) {
+            TD_WARN("%s: reservation %llu (%u blocks) expired unclaimed; its blocks are free again", eng_worker_id(w),
+                    (unsigned long long)r->id, r->n_blocks);
+            eng_engine_kv_release(eng_worker_engine(w), r->blocks, r->n_blocks);
+            free(r->blocks);
+            g_role.res[i] = g_role.res[--g_role.n_res];
+        } else {
+            i++;
+        }
+    }
+}
+
+static void h_reserve(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__ReserveRequest *rq = tandem__internal__v1__reserve_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "ReserveRequest does not parse");
+        return;
+    }
+    td_kv_contract_t ours = eng_worker_contract(w), peer;
+    eng_worker_contract_from_pb(rq->contract, &peer);
+    if (!rq->contract) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "contract: missing");
+        goto out;
+    }
+    if (td_kv_contract_check(&ours, &peer, "prefill side")) {
+        td_rpc_call_finish(call, TD_RPC_FAILED_PRECONDITION, "KV contract refused by %s: %s", eng_worker_id(w),
+                           td_last_error());
+        goto out;
+    }
+    if (!rq->n_tokens) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "n_tokens: must be at least 1");
+        goto out;
+    }
+    reserve_op_t *op = calloc(1, sizeof *op);
+    if (!op) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        goto out;
+    }
+    op->n_tokens = rq->n_tokens;
+    op->lease_ms = rq->lease_ms ? (rq->lease_ms < MAX_LEASE_MS ? rq->lease_ms : MAX_LEASE_MS) : 30000;
+    if (eng_worker_call(w, reserve_on_engine, op, 5)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        goto out; /* op stays with the queued closure */
+    }
+    if (op->rc) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s: no room for %u tokens of KV (pool full)",
+                           eng_worker_id(w), rq->n_tokens);
+        free(op->blocks);
+        free(op);
+        goto out;
+    }
+    Tandem__Internal__V1__LandingDescriptor land = TANDEM__INTERNAL__V1__LANDING_DESCRIPTOR__INIT;
+    Tandem__Internal__V1__KvContract c;
+    eng_worker_contract_to_pb(&ours, &c);
+    const void *addr, *rkey;
+    size_t addr_len, rkey_len;
+    uint64_t base;
+    eng_worker_pool_desc(w, &addr, &addr_len, &rkey, &rkey_len, &base);
+    size_t bb;
+    eng_engine_kv_base(eng_worker_engine(w), &bb); /* block size only; constant after start */
+    uint64_t *offs = malloc(op->n_blocks * sizeof *offs);
+    for (uint32_t i = 0; offs && i < op->n_blocks; i++)
+        offs[i] = (uint64_t)op->blocks[i] * bb;
+    land.has_reservation_id = land.has_ucx_address = land.has_rkey = land.has_remote_base = land.has_block_bytes = 1;
+    land.reservation_id = op->id;
+    land.ucx_address = (ProtobufCBinaryData){addr_len, (uint8_t *)addr};
+    land.rkey = (ProtobufCBinaryData){rkey_len, (uint8_t *)rkey};
+    land.remote_base = base;
+    land.n_block_offsets = offs ? op->n_blocks : 0;
+    land.block_offsets = offs;
+    land.block_bytes = bb;
+    land.contract = &c;
+    land.decode_worker = (char *)eng_worker_id(w);
+    Tandem__Internal__V1__ReserveResponse rp = TANDEM__INTERNAL__V1__RESERVE_RESPONSE__INIT;
+    rp.landing = &land;
+    size_t pn = tandem__internal__v1__reserve_response__get_packed_size(&rp);
+    uint8_t *buf = malloc(pn);
+    if (buf && offs) {
+        tandem__internal__v1__reserve_response__pack(&rp, buf);
+        td_rpc_call_reply(call, buf, pn);
+    } else {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+    }
+    free(buf);
+    free(offs);
+    free(op); /* the blocks array now belongs to the reservation */
+out:
+    tandem__internal__v1__reserve_request__free_unpacked(rq, NULL);
+}
+
+/* ---- Release ---- */
+typedef struct release_op {
+    uint64_t id;
+    bool found;
+} release_op_t;
+
+static void release_on_engine(eng_worker_t *w, void *arg)
+{
+    release_op_t *op = arg;
+    reservation_t r;
+    op->found = reservation_take(op->id, &r);
+    if (op->found) {
+        eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
+        free(r.blocks);
+    }
+}
+
+static void h_release(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__ReleaseRequest *rq = tandem__internal__v1__release_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "ReleaseRequest does not parse");
+        return;
+    }
+    release_op_t *op = calloc(1, sizeof *op);
+    op->id = rq->reservation_id;
+    tandem__internal__v1__release_request__free_unpacked(rq, NULL);
+    if (eng_worker_call(w, release_on_engine, op, 5)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        return;
+    }
+    /* an unknown id is fine: it was claimed, expired or released already */
+    td_rpc_call_reply(call, "", 0);
+    free(op);
+}
+
+/* ---- Decode ---- */
+typedef struct dec_event {
+    int32_t token;
+    eng_finish_t finish;
+    char *text;
+    size_t len;
+    uint32_t n_generated;
+} dec_event_t;
+
+typedef struct dreq {
+    pthread_mutex_t mu;
+    int refs;
+    td_rpc_call_t *call; /* NULL once the handler is done */
+    dec_event_t *ev;
+    size_t n_ev, cap_ev;
+    /* the start closure's inputs and outputs */
+    Tandem__Internal__V1__DecodeRequest *rq;
+    eng_logit_bias_t *bias;
+    uint64_t eng_id;
+    td_status_t rc;
+    char err[512];
+} dreq_t;
+
+static void dreq_put(dreq_t *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int r = --d->refs;
+    pthread_mutex_unlock(&d->mu);
+    if (r)
+        return;
+    for (size_t i = 0; i < d->n_ev; i++)
+        free(d->ev[i].text);
+    free(d->ev);
+    free(d->bias);
+    if (d->rq)
+        tandem__internal__v1__decode_request__free_unpacked(d->rq, NULL);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}
+
+static void on_decode_event(void *ctx, const eng_event_t *ev)
+{
+    dreq_t *d = ctx;
+    pthread_mutex_lock(&d->mu);
+    if (d->n_ev == d->cap_ev) {
+        size_t nc = d->cap_ev ? 2 * d->cap_ev : 16;
+        dec_event_t *ne = realloc(d->ev, nc * sizeof *ne);
+        if (ne) {
+            d->ev = ne;
+            d->cap_ev = nc;
+        }
+    }
+    if (d->n_ev < d->cap_ev) {
+        dec_event_t *x = &d->ev[d->n_ev++];
+        x->token = ev->finish == ENG_FINISH_EOS ? -1 : ev->token;
+        x->finish = ev->finish;
+        x->text = strndup(ev->text, ev->text_len);
+        x->len = x->text ? ev->text_len : 0;
+        x->n_generated = ev->n_generated;
+    }
+    if (d->call)
+        td_rpc_call_wake(d->call);
+    pthread_mutex_unlock(&d->mu);
+    if (ev->finish != ENG_FINISH_NONE)
+        dreq_put(d); /* the listener's reference */
+}
+
+static void start_on_engine(eng_worker_t *w, void *arg)
+{
+    dreq_t *d = arg;
+    reservation_t r;
+    if (!reservation_take(d->rq->reservation_id, &r)) {
+        d->rc = TD_ERR_NOT_FOUND;
+        snprintf(d->err, sizeof d->err, "reservation_id %llu: unknown or expired on %s",
+                 (unsigned long long)d->rq->reservation_id, eng_worker_id(w));
+        return;
+    }
+    uint32_t bt = eng_worker_contract(w).block_tokens;
+    if (r.n_blocks != (d->rq->n_tokens + bt - 1) / bt) {
+        d->rc = TD_ERR_INVALID_ARG;
+        snprintf(d->err, sizeof d->err, "tokens: %zu tokens do not fill the %u blocks reserved for %u",
+                 d->rq->n_tokens, r.n_blocks, r.n_tokens);
+        eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
+        free(r.blocks);
+        return;
+    }
+    const Tandem__V1__SamplingParams *sp = d->rq->sampling;
+    d->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *d->bias);
+    eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .kv_blocks = r.blocks,
+                        .first_token = d->rq->first_token};
+    eng_worker_sampling(sp, &er.sampling, d->bias);
+    er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
+    er.ignore_eos = sp && sp->ignore_eos;
+    er.stop = sp ? (const char *const *)sp->stop : NULL;
+    er.n_stop = sp ? sp->n_stop : 0;
+    d->rc = eng_engine_add(eng_worker_engine(w), &er, &d->eng_id);
+    if (d->rc) {
+        snprintf(d->err, sizeof d->err, "%s", td_last_error());
+        eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
+    } else {
+        d->refs++; /* the listener's */
+        eng_worker_listen(w, d->eng_id, on_decode_event, d);
+    }
+    free(r.blocks);
+}
+
+static void cancel_on_engine(eng_worker_t *w, void *arg)
+{
+    dreq_t *d = arg;
+    bool listening = false;
+    /* still running: stop it (frees its blocks) and drop the listener's reference */
+    if (eng_engine_cancel(eng_worker_engine(w), d->eng_id) == TD_OK)
+        listening = true;
+    td_clear_error();
+    if (listening) {
+        eng_worker_unlisten(w, d->eng_id);
+        dreq_put(d);
+    }
+}
+
+static const Tandem__V1__FinishReason finish_pb[] = {
+    [ENG_FINISH_NONE] = TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED,
+    [ENG_FINISH_EOS] = TANDEM__V1__FINISH_REASON__FINISH_REASON_EOS,
+    [ENG_FINISH_STOP] = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP,
+    [ENG_FINISH_LENGTH] = TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH,
+    [ENG_FINISH_CANCELLED] = TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED,
+    [ENG_FINISH_ERROR] = TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR,
+};
+
+static void h_decode(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    dreq_t *d = calloc(1, sizeof *d);
+    if (!d) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        return;
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    d->refs = 1;
+    d->call = call;
+    d->rq = tandem__internal__v1__decode_request__unpack(NULL, n, p);
+    if (!d->rq || !d->rq->n_tokens || !d->rq->has_first_token) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
+                           !d->rq ? "DecodeRequest does not parse" : !d->rq->n_tokens ? "tokens: empty"
+                                                                                     : "first_token: missing");
+        goto done;
+    }
+    d->refs++; /* the start closure may outlive a timed-out wait */
+    td_status_t rc = eng_worker_call(w, start_on_engine, d, 10);
+    if (rc) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        goto done; /* the closure keeps its reference */
+    }
+    dreq_put(d);
+    if (d->rc) {
+        td_rpc_call_finish(call, td_rpc_code_of(d->rc), "%s", d->err);
+        goto done;
+    }
+    size_t sent = 0;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        size_t have = d->n_ev;
+        pthread_mutex_unlock(&d->mu);
+        bool finished = false;
+        for (; sent < have; sent++) {
+            pthread_mutex_lock(&d->mu);
+            dec_event_t x = d->ev[sent];
+            pthread_mutex_unlock(&d->mu);
+            Tandem__Internal__V1__DecodeResponse r = TANDEM__INTERNAL__V1__DECODE_RESPONSE__INIT;
+            r.text = x.text ? x.text : "";
+            int32_t tok = x.token;
+            if (tok >= 0) {
+                r.n_token_ids = 1;
+                r.token_ids = &tok;
+            }
+            r.has_completion_tokens = 1;
+            r.completion_tokens = x.n_generated;
+            if (x.finish != ENG_FINISH_NONE) {
+                r.has_finish_reason = 1;
+                r.finish_reason = finish_pb[x.finish];
+                finished = true;
+            }
+            uint8_t buf[4096 + 64];
+            uint8_t *b = buf;
+            size_t pn = tandem__internal__v1__decode_response__get_packed_size(&r);
+            if (pn > sizeof buf)
+                b = malloc(pn);
+            tandem__internal__v1__decode_response__pack(&r, b);
+            rc = td_rpc_call_send(call, b, pn);
+            if (b != buf)
+                free(b);
+            if (rc)
+                break;
+        }
+        if (finished) {
+            td_rpc_call_finish(call, TD_RPC_OK, NULL);
+            break;
+        }
+        if (rc || td_rpc_call_wait(call, 1.0) == TD_ERR_CANCELLED) {
+            eng_worker_call(w, cancel_on_engine, d, 5); /* frees the sequence's blocks */
+            td_rpc_call_finish(call, TD_RPC_CANCELLED, "the caller went away");
+            break;
+        }
+    }
+done:
+    pthread_mutex_lock(&d->mu);
+    d->call = NULL;
+    pthread_mutex_unlock(&d->mu);
+    dreq_put(d);
+}
+
+static void decode_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__StatsResponse *r)
+{
+    (void)w;
+    (void)ctx;
+    r->has_reservations = 1;
+    r->reservations = (uint32_t)g_role.n_res;
+}
+
+static td_status_t decode_attach(eng_worker_t *w, void *ctx)
+{
+    (void)ctx;
+    td_rpc_server_t *s = eng_worker_server(w);
+    td_status_t rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Reserve", h_reserve, w);
+    if (!rc)
+        rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Decode", h_decode, w);
+    if (!rc)
+        rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Release", h_release, w);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    eng_worker_role_t role = {.name = "decode", .attach = decode_attach, .before_step = expire_reservations,
+                              .stats = decode_stats, .ctx = &g_role};
+    return eng_worker_main(argc, argv, &role);
+}

@@ -1,0 +1,568 @@
+/* worker.c — see worker.h. */
+#define _GNU_SOURCE
+#include "engine/worker.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "engine/model.h"
+
+typedef struct closure {
+    void (*fn)(eng_worker_t *w, void *arg);
+    void *arg;
+    int refs; /* caller + engine thread */
+    bool done;
+    struct closure *next;
+} closure_t;
+
+typedef struct listener {
+    uint64_t id;
+    eng_event_fn fn;
+    void *ctx;
+} listener_t;
+
+typedef struct held_event {
+    eng_event_t ev;
+    char *text;
+} held_event_t;
+
+struct eng_worker {
+    eng_worker_role_t *role;
+    char id[96], listen[128], advertise[160], etcd_ep[256], model_path[512];
+    int threads;
+    uint32_t block_tokens;
+    uint64_t kv_mib;
+    bool kv_fp32;
+    int64_t lease_ttl;
+    eng_model_t *model;
+    eng_engine_t *engine;
+    td_kv_contract_t contract;
+    const kv_transport_ops_t *xo;
+    kv_xfer_t *xfer;
+    kv_xfer_mem_t *pool_mem;
+    void *pool_base;
+    size_t pool_bytes;
+    void *ucx_addr, *rkey;
+    size_t ucx_addr_len, rkey_len;
+    td_rpc_server_t *server;
+    td_etcd_t *etcd;
+    int64_t lease;
+    char etcd_key[256];
+    /* engine thread */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    closure_t *queue, **queue_tail;
+    bool stop;
+    listener_t *listeners;
+    size_t n_listeners, cap_listeners;
+    held_event_t *held;
+    size_t n_held, cap_held;
+};
+
+static volatile sig_atomic_t g_signal;
+static void on_signal(int sig) { g_signal = sig; }
+
+eng_engine_t *eng_worker_engine(eng_worker_t *w) { return w->engine; }
+td_rpc_server_t *eng_worker_server(eng_worker_t *w) { return w->server; }
+const char *eng_worker_id(const eng_worker_t *w) { return w->id; }
+td_kv_contract_t eng_worker_contract(const eng_worker_t *w) { return w->contract; }
+const eng_model_t *eng_worker_model(const eng_worker_t *w) { return w->model; }
+
+const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x)
+{
+    *x = w->xfer;
+    return w->xo;
+}
+
+void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, const void **rkey, size_t *rkey_len,
+                          uint64_t *base)
+{
+    *addr = w->ucx_addr;
+    *addr_len = w->ucx_addr_len;
+    *rkey = w->rkey;
+    *rkey_len = w->rkey_len;
+    *base = (uint64_t)(uintptr_t)w->pool_base;
+}
+
+void eng_worker_contract_to_pb(td_kv_contract_t *c, Tandem__Internal__V1__KvContract *pb)
+{
+    tandem__internal__v1__kv_contract__init(pb);
+    pb->has_layout_version = pb->has_block_tokens = pb->has_n_layers = pb->has_n_kv_heads = pb->has_head_dim = 1;
+    pb->layout_version = c->layout_version;
+    pb->block_tokens = c->block_tokens;
+    pb->n_layers = c->n_layers;
+    pb->n_kv_heads = c->n_kv_heads;
+    pb->head_dim = c->head_dim;
+    pb->dtype = c->dtype;
+    pb->hash_scheme = c->hash_scheme;
+    pb->model_id = c->model_id;
+}
+
+void eng_worker_contract_from_pb(const Tandem__Internal__V1__KvContract *pb, td_kv_contract_t *c)
+{
+    memset(c, 0, sizeof *c);
+    if (!pb)
+        return;
+    c->layout_version = pb->layout_version;
+    c->block_tokens = pb->block_tokens;
+    c->n_layers = pb->n_layers;
+    c->n_kv_heads = pb->n_kv_heads;
+    c->head_dim = pb->head_dim;
+    snprintf(c->dtype, sizeof c->dtype, "%s", pb->dtype ? pb->dtype : "");
+    snprintf(c->hash_scheme, sizeof c->hash_scheme, "%s", pb->hash_scheme ? pb->hash_scheme : "");
+    snprintf(c->model_id, sizeof c->model_id, "%s", pb->model_id ? pb->model_id : "");
+}
+
+/* ---------------------------------------------------------- engine thread */
+
+void eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx)
+{
+    if (w->n_listeners == w->cap_listeners) {
+        size_t nc = w->cap_listeners ? 2 * w->cap_listeners : 64;
+        listener_t *l = realloc(w->listeners, nc * sizeof *l);
+        if (!l)
+            return;
+        w->listeners = l;
+        w->cap_listeners = nc;
+    }
+    w->listeners[w->n_listeners++] = (listener_t){id, fn, ctx};
+}
+
+void eng_worker_unlisten(eng_worker_t *w, uint64_t id)
+{
+    for (size_t i = 0; i < w->n_listeners; i++)
+        if (w->listeners[i].id == id) {
+            w->listeners[i] = w->listeners[--w->n_listeners];
+            return;
+        }
+}
+
+static void hold_event(void *ctx, const eng_event_t *ev)
+{
+    eng_worker_t *w = ctx;
+    if (w->n_held == w->cap_held) {
+        size_t nc = w->cap_held ? 2 * w->cap_held : 64;
+        held_event_t *h = realloc(w->held, nc * sizeof *h);
+        if (!h)
+            return;
+        w->held = h;
+        w->cap_held = nc;
+    }
+    held_event_t *h = &w->held[w->n_held++];
+    h->ev = *ev;
+    h->text = malloc(ev->text_len + 1);
+    if (h->text) {
+        memcpy(h->text, ev->text, ev->text_len);
+        h->text[ev->text_len] = 0;
+    } else {
+        h->ev.text_len = 0;
+    }
+    h->ev.text = h->text ? h->text : "";
+}
+
+static void deliver_events(eng_worker_t *w)
+{
+    for (size_t i = 0; i < w->n_held; i++) {
+        held_event_t *h = &w->held[i];
+        for (size_t k = 0; k < w->n_listeners; k++)
+            if (w->listeners[k].id == h->ev.id) {
+                listener_t l = w->listeners[k];
+                if (h->ev.finish != ENG_FINISH_NONE)
+                    w->listeners[k] = w->listeners[--w->n_listeners];
+                l.fn(l.ctx, &h->ev);
+                break;
+            }
+        free(h->text);
+    }
+    w->n_held = 0;
+}
+
+static void closure_put(eng_worker_t *w, closure_t *c)
+{
+    if (--c->refs == 0)
+        free(c);
+    (void)w;
+}
+
+static void *engine_thread(void *arg)
+{
+    eng_worker_t *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        closure_t *q = w->queue;
+        w->queue = NULL;
+        w->queue_tail = &w->queue;
+        bool stop = w->stop;
+        pthread_mutex_unlock(&w->mu);
+        for (closure_t *c = q, *nx; c; c = nx) {
+            nx = c->next;
+            c->fn(w, c->arg);
+            pthread_mutex_lock(&w->mu);
+            c->done = true;
+            closure_put(w, c);
+            pthread_cond_broadcast(&w->cv);
+            pthread_mutex_unlock(&w->mu);
+        }
+        if (stop)
+            break;
+        if (w->role->before_step)
+            w->role->before_step(w, w->role->ctx);
+        if (eng_engine_busy(w->engine)) {
+            td_status_t rc = eng_engine_step(w->engine, hold_event, w);
+            if (rc)
+                TD_WARN("%s: an engine step failed: %s", w->id, td_last_error());
+            if (w->role->after_step)
+                w->role->after_step(w, w->role->ctx);
+            deliver_events(w);
+            continue;
+        }
+        pthread_mutex_lock(&w->mu);
+        if (!w->queue && !w->stop) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 50 * 1000 * 1000;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&w->cv, &w->mu, &until);
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+    return NULL;
+}
+
+td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *arg), void *arg, double timeout_s)
+{
+    closure_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return td_error(TD_ERR_NO_MEMORY, "worker: no memory");
+    c->fn = fn;
+    c->arg = arg;
+    c->refs = 2;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)timeout_s;
+    until.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&w->mu);
+    if (w->stop) {
+        pthread_mutex_unlock(&w->mu);
+        free(c);
+        return td_error(TD_ERR_UNAVAILABLE, "%s is stopping", w->id);
+    }
+    *w->queue_tail = c;
+    w->queue_tail = &c->next;
+    pthread_cond_broadcast(&w->cv);
+    int e = 0;
+    while (!c->done && e != ETIMEDOUT)
+        e = pthread_cond_timedwait(&w->cv, &w->mu, &until);
+    bool done = c->done;
+    closure_put(w, c);
+    pthread_mutex_unlock(&w->mu);
+    return done ? TD_OK : td_error(TD_ERR_TIMEOUT, "%s: the engine did not answer in %.1f s", w->id, timeout_s);
+}
+
+/* ---------------------------------------------------------- stats, etcd */
+
+typedef struct stats_call {
+    Tandem__Internal__V1__StatsResponse r;
+    Tandem__Internal__V1__KvContract c;
+} stats_call_t;
+
+static void stats_on_engine(eng_worker_t *w, void *arg)
+{
+    stats_call_t *s = arg;
+    eng_kv_stats_t k = eng_engine_kv_stats(w->engine);
+    s->r.has_kv_blocks = s->r.has_kv_in_use = s->r.has_kv_cached = s->r.has_running = 1;
+    s->r.kv_blocks = k.n_blocks;
+    s->r.kv_in_use = k.in_use;
+    s->r.kv_cached = k.cached;
+    s->r.running = eng_engine_n_requests(w->engine);
+    if (w->role->stats)
+        w->role->stats(w, w->role->ctx, &s->r);
+}
+
+static void h_stats(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    stats_call_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        return;
+    }
+    tandem__internal__v1__stats_response__init(&s->r);
+    if (eng_worker_call(w, stats_on_engine, s, 5)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        return; /* s is still referenced by the queued closure: left to it (leaks once, on a stuck engine) */
+    }
+    s->r.id = w->id;
+    s->r.role = (char *)w->role->name;
+    eng_worker_contract_to_pb(&w->contract, &s->c);
+    s->r.contract = &s->c;
+    size_t n = tandem__internal__v1__stats_response__get_packed_size(&s->r);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (buf) {
+        tandem__internal__v1__stats_response__pack(&s->r, buf);
+        td_rpc_call_reply(call, buf, n);
+    } else {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+    }
+    free(buf);
+    free(s);
+}
+
+static volatile sig_atomic_t g_lease_lost;
+static void on_lease_lost(void *ctx)
+{
+    (void)ctx;
+    g_lease_lost = 1;
+}
+
+static td_status_t etcd_register(eng_worker_t *w)
+{
+    td_status_t rc = td_etcd_connect(w->etcd_ep, NULL, &w->etcd);
+    if (!rc)
+        rc = td_etcd_lease_grant(w->etcd, w->lease_ttl, &w->lease);
+    if (rc)
+        return rc;
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:{s:i, s:s, s:i, s:s, s:s, s:i, s:i, s:i}}", "id", w->id, "role",
+                          w->role->name, "addr", w->advertise, "pid", (int)getpid(), "contract", "layout_version",
+                          (int)w->contract.layout_version, "dtype", w->contract.dtype, "block_tokens",
+                          (int)w->contract.block_tokens, "hash_scheme", w->contract.hash_scheme, "model_id",
+                          w->contract.model_id, "n_layers", (int)w->contract.n_layers, "n_kv_heads",
+                          (int)w->contract.n_kv_heads, "head_dim", (int)w->contract.head_dim);
+    char *v = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    snprintf(w->etcd_key, sizeof w->etcd_key, "/tandem/workers/%s/%s", w->role->name, w->id);
+    rc = v ? td_etcd_put(w->etcd, w->etcd_key, v, strlen(v), w->lease) : TD_ERR_NO_MEMORY;
+    free(v);
+    if (!rc)
+        rc = td_etcd_keepalive_start(w->etcd, w->lease, w->lease_ttl, on_lease_lost, w);
+    return rc;
+}
+
+/* ---------------------------------------------------------- main */
+
+static const char usage_fmt[] =
+    "usage: tandem-%s [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT] [--id ID]\n"
+    "                 [--threads N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32] [--lease-ttl S]\n";
+
+static bool parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v ? v : "", &end, 10);
+    if (!v || errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "%s needs a whole number in [%llu, %llu], not '%s'\n", flag, (unsigned long long)lo,
+                (unsigned long long)hi, v ? v : "");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static int parse_args(eng_worker_t *w, int argc, char **argv)
+{
+    td_config_t cfg;
+    td_config_defaults(&cfg);
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--config") && td_config_load(&cfg, argv[i + 1])) {
+            td_config_free(&cfg);
+            return 2;
+        }
+    snprintf(w->model_path, sizeof w->model_path, "%s", cfg.model.path ? cfg.model.path : "");
+    snprintf(w->etcd_ep, sizeof w->etcd_ep, "%s", cfg.etcd.endpoints ? cfg.etcd.endpoints : "127.0.0.1:2379");
+    w->block_tokens = cfg.model.block_tokens;
+    w->kv_fp32 = cfg.model.kv_dtype && !strcmp(cfg.model.kv_dtype, "fp32");
+    w->threads = (int)(!strcmp(w->role->name, "prefill") ? cfg.prefill.threads : cfg.decode.threads);
+    td_config_free(&cfg);
+    snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
+    w->kv_mib = 64;
+    w->lease_ttl = 3;
+    snprintf(w->id, sizeof w->id, "%s-%d", w->role->name, (int)getpid());
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n;
+#define TAKE(flag) (!strcmp(a, flag) && (i++, 1))
+        if (TAKE("--config"))
+            ;
+        else if (TAKE("--model"))
+            snprintf(w->model_path, sizeof w->model_path, "%s", v ? v : "");
+        else if (TAKE("--listen"))
+            snprintf(w->listen, sizeof w->listen, "%s", v ? v : "");
+        else if (TAKE("--etcd"))
+            snprintf(w->etcd_ep, sizeof w->etcd_ep, "%s", v ? v : "");
+        else if (TAKE("--id"))
+            snprintf(w->id, sizeof w->id, "%s", v ? v : "");
+        else if (TAKE("--threads")) {
+            if (!parse_u64(a, v, 0, 256, &n))
+                return 2;
+            w->threads = (int)n;
+        } else if (TAKE("--block-tokens")) {
+            if (!parse_u64(a, v, 1, 256, &n))
+                return 2;
+            w->block_tokens = (uint32_t)n;
+        } else if (TAKE("--kv-mib")) {
+            if (!parse_u64(a, v, 1, 1 << 20, &w->kv_mib))
+                return 2;
+        } else if (TAKE("--lease-ttl")) {
+            if (!parse_u64(a, v, 1, 3600, &n))
+                return 2;
+            w->lease_ttl = (int64_t)n;
+        } else if (TAKE("--kv-dtype")) {
+            if (!v || (strcmp(v, "fp16") && strcmp(v, "fp32"))) {
+                fprintf(stderr, "--kv-dtype is fp16 or fp32, not '%s'\n", v ? v : "");
+                return 2;
+            }
+            w->kv_fp32 = !strcmp(v, "fp32");
+        } else {
+            fprintf(stderr, "tandem-%s: unknown argument '%s'\n", w->role->name, a);
+            fprintf(stderr, usage_fmt, w->role->name);
+            return 2;
+        }
+#undef TAKE
+    }
+    if (!w->model_path[0])
+        snprintf(w->model_path, sizeof w->model_path, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    return 0;
+}
+
+int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
+{
+    char comp[32];
+    snprintf(comp, sizeof comp, "tandem-%s", role->name);
+    td_log_init(comp, TD_LOG_INFO, false);
+    eng_worker_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return 1;
+    w->role = role;
+    int code = parse_args(w, argc, argv);
+    if (code) {
+        free(w);
+        return code;
+    }
+    code = 1;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->queue_tail = &w->queue;
+    td_rpc_init();
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (eng_model_open(w->model_path, &w->model))
+        goto out;
+    eng_engine_config_t ec = eng_engine_config_default();
+    ec.n_threads = w->threads;
+    ec.block_tokens = w->block_tokens;
+    ec.kv_dtype = w->kv_fp32 ? KERN_KV_F32 : KERN_KV_F16;
+    w->xo = &kv_transport_ucx;
+    if (w->xo->create(&w->xfer))
+        goto out;
+    w->pool_bytes = (size_t)w->kv_mib << 20;
+    if (w->xo->mem_alloc(w->xfer, w->pool_bytes, &w->pool_base, &w->pool_mem) ||
+        w->xo->mem_rkey(w->xfer, w->pool_mem, &w->rkey, &w->rkey_len) ||
+        w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len) || w->xo->progress_start(w->xfer))
+        goto out;
+    ec.kv_memory = w->pool_base;
+    ec.kv_memory_bytes = w->pool_bytes;
+    if (eng_engine_create(w->model, &ec, &w->engine))
+        goto out;
+    w->contract = eng_engine_kv_contract(w->engine);
+    if (td_rpc_server_create(w->listen, NULL, &w->server))
+        goto out;
+    char method[128];
+    snprintf(method, sizeof method, "/tandem.internal.v1.%s/Stats", !strcmp(role->name, "prefill") ? "Prefill" : "Decode");
+    if (td_rpc_server_add(w->server, method, h_stats, w) || (role->attach && role->attach(w, role->ctx)))
+        goto out;
+    if (pthread_create(&w->thread, NULL, engine_thread, w)) {
+        td_error(TD_ERR_INTERNAL, "cannot start the engine thread");
+        goto out;
+    }
+    int port;
+    if (td_rpc_server_start(w->server, &port))
+        goto stop_thread;
+    {
+        char host[128];
+        snprintf(host, sizeof host, "%s", w->listen);
+        char *colon = strrchr(host, ':');
+        if (colon)
+            *colon = 0;
+        snprintf(w->advertise, sizeof w->advertise, "%s:%d", host[0] ? host : "127.0.0.1", port);
+    }
+    if (etcd_register(w))
+        goto stop_server;
+    TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s)", w->id, w->advertise,
+            w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
+            w->contract.dtype, w->etcd_ep);
+    while (!g_signal && !g_lease_lost)
+        usleep(50 * 1000);
+    if (g_lease_lost)
+        TD_WARN("%s: the etcd lease is lost; stopping so that the supervisor restarts a registered worker", w->id);
+    else
+        TD_INFO("%s: draining (signal %d)", w->id, (int)g_signal);
+    code = g_lease_lost ? 1 : 0;
+    /* drain: leave the membership first, so that no new work is placed here */
+    td_etcd_keepalive_stop(w->etcd);
+    td_etcd_lease_revoke(w->etcd, w->lease);
+stop_server:
+    td_rpc_server_stop(w->server, 30);
+stop_thread:
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+out:
+    if (code && !g_signal && !g_lease_lost)
+        fprintf(stderr, "tandem-%s: %s\n", role->name, td_last_error());
+    td_rpc_server_destroy(w->server);
+    td_etcd_destroy(w->etcd);
+    eng_engine_destroy(w->engine);
+    if (w->xo && w->xfer) {
+        w->xo->mem_free(w->xfer, w->pool_mem);
+        w->xo->destroy(w->xfer);
+    }
+    free(w->ucx_addr);
+    free(w->rkey);
+    eng_model_close(w->model);
+    free(w->listeners);
+    free(w->held);
+    free(w);
+    td_rpc_shutdown();
+    return code;
+}
+
+void eng_worker_sampling(const Tandem__V1__SamplingParams *p, eng_sampling_t *s, eng_logit_bias_t *bias)
+{
+    *s = eng_sampling_default();
+    if (!p)
+        return;
+    s->temperature = p->temperature;
+    s->top_k = p->top_k;
+    s->top_p = p->top_p;
+    s->min_p = p->min_p;
+    s->repetition_penalty = p->repetition_penalty;
+    s->presence_penalty = p->presence_penalty;
+    s->frequency_penalty = p->frequency_penalty;
+    s->seed = p->seed;
+    for (size_t i = 0; i < p->n_logit_bias; i++)
+        bias[i] = (eng_logit_bias_t){p->logit_bias[i]->key, p->logit_bias[i]->value};
+    s->logit_bias = p->n_logit_bias ? bias : NULL;
+    s->n_logit_bias = p->n_logit_bias;
+}

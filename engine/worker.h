@@ -1,0 +1,71 @@
+/* worker.h — what the prefill and the decode worker processes share: the
+ * engine loop thread and the process skeleton around it (DESIGN.md §2, §6).
+ *
+ * Both roles run the same engine, so a worker can later switch role. The
+ * engine thread owns the engine: RPC handler threads never touch it; they
+ * hand it closures (eng_worker_call, which waits for the result) and receive
+ * its events through listeners registered per request id. Events of a step
+ * are delivered after the role's after-step hook has run (the prefill worker
+ * makes sure the step's KV has landed before anyone hears of its token).
+ *
+ * The skeleton: parse flags and the YAML config, open the model, make the KV
+ * pool in UCX-allocated memory (peers put into it), start the engine thread
+ * and the gRPC server, register in etcd under a lease kept alive, and on
+ * SIGTERM/SIGINT drain: leave etcd, let running calls finish, stop. */
+#ifndef ENG_WORKER_H
+#define ENG_WORKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/etcd.h"
+#include "common/kv_contract.h"
+#include "common/rpc.h"
+#include "engine/engine.h"
+#include "kvstore/transfer.h"
+#include "tandem/internal/v1/worker.pb-c.h"
+
+typedef struct eng_worker eng_worker_t;
+
+/* Engine-thread callbacks of a role. */
+typedef struct eng_worker_role {
+    const char *name;                                    /* "prefill" | "decode" */
+    td_status_t (*attach)(eng_worker_t *w, void *ctx);   /* after the engine exists, before serving */
+    void (*before_step)(eng_worker_t *w, void *ctx);     /* optional */
+    void (*after_step)(eng_worker_t *w, void *ctx);      /* optional */
+    void (*stats)(eng_worker_t *w, void *ctx, Tandem__Internal__V1__StatsResponse *r); /* optional, engine thread */
+    void *ctx;
+} eng_worker_role_t;
+
+/* Parses argv, builds everything, serves until a signal, drains; returns
+ * the process exit code. The role registers its gRPC methods in attach. */
+int eng_worker_main(int argc, char **argv, eng_worker_role_t *role);
+
+/* ---- for the role code ---- */
+eng_engine_t *eng_worker_engine(eng_worker_t *w);           /* engine thread only */
+td_rpc_server_t *eng_worker_server(eng_worker_t *w);
+const char *eng_worker_id(const eng_worker_t *w);
+td_kv_contract_t eng_worker_contract(const eng_worker_t *w);
+const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x);
+/* The UCX description of this worker's pool (address, remote key, base). */
+void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, const void **rkey, size_t *rkey_len,
+                          uint64_t *base);
+const eng_model_t *eng_worker_model(const eng_worker_t *w);
+
+/* Runs fn(w, arg) on the engine thread; waits for it (TD_ERR_TIMEOUT after
+ * timeout_s, the closure still runs later: arg must outlive it — keep it in
+ * the request object). */
+td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *arg), void *arg, double timeout_s);
+/* Engine thread: events of request id go to fn(ctx, ev) until its finish. */
+void eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx);
+void eng_worker_unlisten(eng_worker_t *w, uint64_t id);
+
+/* A KvContract message pointing into c (c must outlive it), and back. */
+void eng_worker_contract_to_pb(td_kv_contract_t *c, Tandem__Internal__V1__KvContract *pb);
+void eng_worker_contract_from_pb(const Tandem__Internal__V1__KvContract *pb, td_kv_contract_t *c);
+
+/* The engine's sampling parameters from the API's (bias: room for
+ * p->n_logit_bias entries, outliving *s). */
+void eng_worker_sampling(const Tandem__V1__SamplingParams *p, eng_sampling_t *s, eng_logit_bias_t *bias);
+
+#endif

@@ -1,0 +1,54 @@
+/* transfer.h — moving KV bytes between processes: the KV transport.
+ *
+ * A transport is a table of operations (kv_transport_ops_t) over a context.
+ * The one here is UCX (shared memory, TCP, RDMA: whatever UCX finds); CUDA IPC
+ * between GPUs of one host is the other one DESIGN.md §2 plans, behind the
+ * same table.
+ *
+ * The target of a transfer exposes memory that peers may write into: it is
+ * allocated by the transport itself (for UCX, ucp_mem_map with ALLOCATE, the
+ * only way puts stay truly one-sided, shared/STACK.md), and described to
+ * peers by an opaque address and remote key, handed over an authenticated RPC.
+ * The initiator connects to that description and issues puts; a put's
+ * completion means only that its source may be reused, so a flush is what
+ * says the bytes have landed. Every wait has a deadline; a peer that died
+ * turns into TD_ERR_UNAVAILABLE, never a hang.
+ *
+ * Threads: a context is used by one thread at a time, except that a target
+ * may run kv_xfer_progress_start's thread beside the thread that set it up. */
+#ifndef KV_TRANSFER_H
+#define KV_TRANSFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct kv_xfer kv_xfer_t;
+typedef struct kv_xfer_mem kv_xfer_mem_t;
+typedef struct kv_xfer_peer kv_xfer_peer_t;
+
+typedef struct kv_transport_ops {
+    const char *name;
+    td_status_t (*create)(kv_xfer_t **out);
+    void (*destroy)(kv_xfer_t *x);
+    /* Target side: memory peers may put into, its remote key, our address. */
+    td_status_t (*mem_alloc)(kv_xfer_t *x, size_t bytes, void **addr, kv_xfer_mem_t **out);
+    void (*mem_free)(kv_xfer_t *x, kv_xfer_mem_t *m);
+    td_status_t (*mem_rkey)(kv_xfer_t *x, kv_xfer_mem_t *m, void **rkey, size_t *len); /* malloc'd */
+    td_status_t (*address)(kv_xfer_t *x, void **addr, size_t *len);                      /* malloc'd */
+    /* Target side, optional: a thread that drives the transport for peers'
+     * operations that need the target's help (TCP). */
+    td_status_t (*progress_start)(kv_xfer_t *x);
+    /* Initiator side. */
+    td_status_t (*connect)(kv_xfer_t *x, const void *addr, size_t addr_len, const void *rkey, size_t rkey_len,
+                           kv_xfer_peer_t **out);
+    td_status_t (*put)(kv_xfer_t *x, kv_xfer_peer_t *p, const void *src, size_t len, uint64_t remote_addr);
+    /* Waits until every put to p so far has landed (or timeout_s passes). */
+    td_status_t (*flush)(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s);
+    void (*disconnect)(kv_xfer_t *x, kv_xfer_peer_t *p);
+} kv_transport_ops_t;
+
+extern const kv_transport_ops_t kv_transport_ucx;
+
+#endif

@@ -1,0 +1,328 @@
+/* transfer_ucx.c — the UCX KV transport (transfer.h).
+ *
+ * One UCP context and worker per process side. The target allocates its pool
+ * with ucp_mem_map(ALLOCATE) and publishes the packed remote key and the
+ * worker address; the initiator makes an endpoint from that address (with
+ * peer error handling, so a dead target fails the endpoint instead of hanging
+ * it), unpacks the key, and puts. Requests UCX hands back are kept per peer
+ * and reaped by progress; a flush waits for them and then for the endpoint's
+ * flush, which is what guarantees remote completion. */
+#define _GNU_SOURCE
+#include "kvstore/transfer.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+
+#include "common/log.h"
+
+#define MAX_PENDING 4096
+
+struct kv_xfer {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    pthread_t progress;
+    bool progress_running;
+    volatile bool stop;
+};
+
+struct kv_xfer_mem {
+    ucp_mem_h memh;
+    void *addr;
+    size_t len;
+};
+
+struct kv_xfer_peer {
+    ucp_ep_h ep;
+    ucp_rkey_h rkey;
+    void *pending[MAX_PENDING];
+    size_t n_pending;
+    ucs_status_t failed; /* set by the error handler */
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static td_status_t ucx_create(kv_xfer_t **out)
+{
+    kv_xfer_t *x = calloc(1, sizeof *x);
+    if (!x)
+        return td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
+    ucp_config_t *cfg;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st != UCS_OK) {
+        free(x);
+        return td_error(TD_ERR_CONFIG, "ucx: cannot read its configuration: %s", ucs_status_string(st));
+    }
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
+    st = ucp_init(&p, cfg, &x->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        free(x);
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: ucp_init failed: %s", ucs_status_string(st));
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_MULTI};
+    st = ucp_worker_create(x->ctx, &wp, &x->worker);
+    if (st != UCS_OK) {
+        ucp_cleanup(x->ctx);
+        free(x);
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: cannot create a worker: %s", ucs_status_string(st));
+    }
+    *out = x;
+    return TD_OK;
+}
+
+static void ucx_destroy(kv_xfer_t *x)
+{
+    if (!x)
+        return;
+    if (x->progress_running) {
+        x->stop = true;
+        ucp_worker_signal(x->worker);
+        pthread_join(x->progress, NULL);
+    }
+    ucp_worker_destroy(x->worker);
+    ucp_cleanup(x->ctx);
+    free(x);
+}
+
+static td_status_t ucx_mem_alloc(kv_xfer_t *x, size_t bytes, void **addr, kv_xfer_mem_t **out)
+{
+    kv_xfer_mem_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                                             UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+                               .address = NULL, .length = bytes, .flags = UCP_MEM_MAP_ALLOCATE};
+    ucs_status_t st = ucp_mem_map(x->ctx, &mp, &m->memh);
+    if (st != UCS_OK) {
+        free(m);
+        return td_error(TD_ERR_NO_MEMORY, "ucx: cannot allocate %zu bytes of registered memory: %s", bytes,
+                        ucs_status_string(st));
+    }
+    ucp_mem_attr_t a = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    ucp_mem_query(m->memh, &a);
+    m->addr = a.address;
+    m->len = a.length;
+    *addr = m->addr;
+    *out = m;
+    return TD_OK;
+}
+
+static void ucx_mem_free(kv_xfer_t *x, kv_xfer_mem_t *m)
+{
+    if (!m)
+        return;
+    ucp_mem_unmap(x->ctx, m->memh);
+    free(m);
+}
+
+static td_status_t ucx_mem_rkey(kv_xfer_t *x, kv_xfer_mem_t *m, void **rkey, size_t *len)
+{
+    void *buf;
+    size_t n;
+    ucs_status_t st = ucp_rkey_pack(x->ctx, m->memh, &buf, &n);
+    if (st != UCS_OK)
+        return td_error(TD_ERR_INTERNAL, "ucx: cannot pack a remote key: %s", ucs_status_string(st));
+    *rkey = malloc(n);
+    if (*rkey)
+        memcpy(*rkey, buf, n);
+    ucp_rkey_buffer_release(buf);
+    *len = n;
+    return *rkey ? TD_OK : td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
+}
+
+static td_status_t ucx_address(kv_xfer_t *x, void **addr, size_t *len)
+{
+    ucp_address_t *a;
+    size_t n;
+    ucs_status_t st = ucp_worker_get_address(x->worker, &a, &n);
+    if (st != UCS_OK)
+        return td_error(TD_ERR_INTERNAL, "ucx: no worker address: %s", ucs_status_string(st));
+    *addr = malloc(n);
+    if (*addr)
+        memcpy(*addr, a, n);
+    ucp_worker_release_address(x->worker, a);
+    *len = n;
+    return *addr ? TD_OK : td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
+}
+
+static void *progress_thread(void *arg)
+{
+    kv_xfer_t *x = arg;
+    int fd = -1;
+    ucp_worker_get_efd(x->worker, &fd);
+    while (!x->stop) {
+        if (ucp_worker_progress(x->worker))
+            continue;
+        if (fd >= 0 && ucp_worker_arm(x->worker) == UCS_OK) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            poll(&p, 1, 100);
+        }
+    }
+    return NULL;
+}
+
+static td_status_t ucx_progress_start(kv_xfer_t *x)
+{
+    if (x->progress_running)
+        return TD_OK;
+    if (pthread_create(&x->progress, NULL, progress_thread, x))
+        return td_error(TD_ERR_INTERNAL, "ucx: cannot start the progress thread");
+    x->progress_running = true;
+    return TD_OK;
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    kv_xfer_peer_t *p = arg;
+    p->failed = status;
+}
+
+static td_status_t ucx_connect(kv_xfer_t *x, const void *addr, size_t addr_len, const void *rkey, size_t rkey_len,
+                               kv_xfer_peer_t **out)
+{
+    (void)addr_len;
+    (void)rkey_len;
+    kv_xfer_peer_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .address = addr,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {.cb = on_ep_error, .arg = p}};
+    ucs_status_t st = ucp_ep_create(x->worker, &ep, &p->ep);
+    if (st != UCS_OK) {
+        free(p);
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: cannot reach the peer: %s", ucs_status_string(st));
+    }
+    st = ucp_ep_rkey_unpack(p->ep, rkey, &p->rkey);
+    if (st != UCS_OK) {
+        kv_transport_ucx.disconnect(x, p);
+        return td_error(TD_ERR_FORMAT, "ucx: the peer's remote key does not unpack: %s", ucs_status_string(st));
+    }
+    *out = p;
+    return TD_OK;
+}
+
+/* Frees the requests that are done; returns the first error seen. */
+static ucs_status_t reap(kv_xfer_peer_t *p)
+{
+    ucs_status_t err = UCS_OK;
+    size_t k = 0;
+    for (size_t i = 0; i < p->n_pending; i++) {
+        ucs_status_t st = ucp_request_check_status(p->pending[i]);
+        if (st == UCS_INPROGRESS) {
+            p->pending[k++] = p->pending[i];
+            continue;
+        }
+        if (st != UCS_OK && err == UCS_OK)
+            err = st;
+        ucp_request_free(p->pending[i]);
+    }
+    p->n_pending = k;
+    return err;
+}
+
+static td_status_t wait_pending(kv_xfer_t *x, kv_xfer_peer_t *p, size_t below, double deadline)
+{
+    for (;;) {
+        ucs_status_t st = reap(p);
+        if (st != UCS_OK && p->failed == UCS_OK)
+            p->failed = st;
+        if (p->failed != UCS_OK)
+            return td_error(TD_ERR_UNAVAILABLE, "ucx: a put to the peer failed: %s", ucs_status_string(p->failed));
+        if (p->n_pending <= below)
+            return TD_OK;
+        if (now_s() > deadline)
+            return td_error(TD_ERR_TIMEOUT, "ucx: %zu puts to the peer did not complete in time", p->n_pending);
+        ucp_worker_progress(x->worker);
+    }
+}
+
+static td_status_t ucx_put(kv_xfer_t *x, kv_xfer_peer_t *p, const void *src, size_t len, uint64_t remote_addr)
+{
+    if (p->failed != UCS_OK)
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: the peer failed: %s", ucs_status_string(p->failed));
+    if (p->n_pending == MAX_PENDING) {
+        td_status_t rc = wait_pending(x, p, MAX_PENDING / 2, now_s() + 10);
+        if (rc)
+            return rc;
+    }
+    ucp_request_param_t rp = {.op_attr_mask = 0};
+    ucs_status_ptr_t r = ucp_put_nbx(p->ep, src, len, remote_addr, p->rkey, &rp);
+    if (r == NULL)
+        return TD_OK;
+    if (UCS_PTR_IS_ERR(r)) {
+        p->failed = UCS_PTR_STATUS(r);
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: put of %zu bytes failed: %s", len, ucs_status_string(p->failed));
+    }
+    p->pending[p->n_pending++] = r;
+    ucp_worker_progress(x->worker);
+    return TD_OK;
+}
+
+static td_status_t ucx_flush(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    td_status_t rc = wait_pending(x, p, 0, deadline);
+    if (rc)
+        return rc;
+    ucp_request_param_t rp = {.op_attr_mask = 0};
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &rp);
+    if (r == NULL)
+        return TD_OK;
+    if (UCS_PTR_IS_ERR(r)) {
+        p->failed = UCS_PTR_STATUS(r);
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: flush failed: %s", ucs_status_string(p->failed));
+    }
+    p->pending[p->n_pending++] = r;
+    return wait_pending(x, p, 0, deadline);
+}
+
+static void ucx_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
+{
+    if (!p)
+        return;
+    wait_pending(x, p, 0, now_s() + (p->failed == UCS_OK ? 2 : 0));
+    for (size_t i = 0; i < p->n_pending; i++) { /* abandoned: cancel and free */
+        ucp_request_cancel(x->worker, p->pending[i]);
+        ucp_request_free(p->pending[i]);
+    }
+    if (p->rkey)
+        ucp_rkey_destroy(p->rkey);
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
+    if (r && !UCS_PTR_IS_ERR(r)) {
+        double deadline = now_s() + 2;
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && now_s() < deadline)
+            ucp_worker_progress(x->worker);
+        ucp_request_free(r);
+    }
+    free(p);
+}
+
+const kv_transport_ops_t kv_transport_ucx = {
+    .name = "ucx",
+    .create = ucx_create,
+    .destroy = ucx_destroy,
+    .mem_alloc = ucx_mem_alloc,
+    .mem_free = ucx_mem_free,
+    .mem_rkey = ucx_mem_rkey,
+    .address = ucx_address,
+    .progress_start = ucx_progress_start,
+    .connect = ucx_connect,
+    .put = ucx_put,
+    .flush = ucx_flush,
+    .disconnect = ucx_disconnect,
+};

@@ -1,0 +1,499 @@
+/* prefill.c — tandem-prefill, the prefill worker (DESIGN.md §1 step 3).
+ *
+ * A Prefill request brings the prompt's tokens and a landing descriptor (where
+ * on a decode worker its KV goes). The prompt joins the engine's batch like
+ * any other (chunked, batched, prefix-cached); after every layer of every step
+ * the engine thread queues that layer's slice of each touched block for the
+ * pusher thread, which puts it into the landing block with UCX while the next
+ * layers compute. After the step the engine thread waits for the pusher to
+ * drain and flush (the exposed part of the transfer), and only then are the
+ * step's first tokens delivered: a first token is never announced before its
+ * KV has landed. A decode peer that fails fails exactly the requests that
+ * were landing on it (UNAVAILABLE), and their sequences are cancelled here.
+ *
+ * Contract handshake: the landing descriptor states the decode side's KV
+ * contract; a mismatch is refused with both values named, before any byte
+ * moves. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "engine/worker.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ the pusher */
+
+typedef struct peer_entry {
+    uint8_t *addr;
+    size_t addr_len;
+    kv_xfer_peer_t *peer;
+    bool failed;
+} peer_entry_t;
+
+typedef struct job {
+    peer_entry_t *pe;
+    const void *src;
+    size_t len;
+    uint64_t dst;
+} job_t;
+
+typedef struct pusher {
+    const kv_transport_ops_t *xo;
+    kv_xfer_t *x;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    job_t *jobs;
+    size_t n_jobs, cap_jobs, head;
+    bool barrier, stop;        /* a barrier is asked for / done when cleared */
+    peer_entry_t **touched;    /* peers written since the last barrier */
+    size_t n_touched, cap_touched;
+    double busy_s;             /* time spent putting and flushing, all time */
+    uint64_t bytes;
+} pusher_t;
+
+static void touch(pusher_t *p, peer_entry_t *pe)
+{
+    for (size_t i = 0; i < p->n_touched; i++)
+        if (p->touched[i] == pe)
+            return;
+    if (p->n_touched == p->cap_touched) {
+        size_t nc = p->cap_touched ? 2 * p->cap_touched : 16;
+        peer_entry_t **t = realloc(p->touched, nc * sizeof *t);
+        if (!t)
+            return;
+        p->touched = t;
+        p->cap_touched = nc;
+    }
+    p->touched[p->n_touched++] = pe;
+}
+
+static void *pusher_thread(void *arg)
+{
+    pusher_t *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->head == p->n_jobs && !p->barrier && !p->stop)
+            pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop)
+            break;
+        if (p->head < p->n_jobs) {
+            job_t j = p->jobs[p->head++];
+            pthread_mutex_unlock(&p->mu);
+            double t0 = now_s();
+            if (!j.pe->failed && p->xo->put(p->x, j.pe->peer, j.src, j.len, j.dst)) {
+                j.pe->failed = true;
+                TD_WARN("prefill: a KV put failed: %s", td_last_error());
+            }
+            pthread_mutex_lock(&p->mu);
+            p->busy_s += now_s() - t0;
+            p->bytes += j.len;
+            touch(p, j.pe);
+            continue;
+        }
+        /* barrier: everything queued is issued; flush every peer touched */
+        peer_entry_t **t = p->touched;
+        size_t nt = p->n_touched;
+        p->n_touched = 0;
+        p->head = p->n_jobs = 0;
+        pthread_mutex_unlock(&p->mu);
+        double t0 = now_s();
+        for (size_t i = 0; i < nt; i++)
+            if (!t[i]->failed && p->xo->flush(p->x, t[i]->peer, 10.0)) {
+                t[i]->failed = true;
+                TD_WARN("prefill: flushing KV to a decode worker failed: %s", td_last_error());
+            }
+        pthread_mutex_lock(&p->mu);
+        p->busy_s += now_s() - t0;
+        p->barrier = false;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t len, uint64_t dst)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->n_jobs == p->cap_jobs) {
+        size_t nc = p->cap_jobs ? 2 * p->cap_jobs : 1024;
+        job_t *j = realloc(p->jobs, nc * sizeof *j);
+        if (!j) {
+            pe->failed = true;
+            pthread_mutex_unlock(&p->mu);
+            return;
+        }
+        p->jobs = j;
+        p->cap_jobs = nc;
+    }
+    p->jobs[p->n_jobs++] = (job_t){pe, src, len, dst};
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Waits until every put so far has landed; the seconds it waited. */
+static double pusher_barrier(pusher_t *p)
+{
+    double t0 = now_s();
+    pthread_mutex_lock(&p->mu);
+    p->barrier = true;
+    pthread_cond_broadcast(&p->cv);
+    while (p->barrier)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    return now_s() - t0;
+}
+
+/* ------------------------------------------------------------ requests */
+
+typedef struct preq {
+    pthread_mutex_t mu;
+    int refs;
+    td_rpc_call_t *call;
+    Tandem__Internal__V1__PrefillRequest *rq;
+    eng_logit_bias_t *bias;
+    peer_entry_t *pe;
+    uint64_t eng_id;
+    td_status_t rc;
+    char err[512];
+    bool done;
+    int32_t first_token;
+    uint32_t n_cached;
+    double t0, t_done, busy0, exposed_s;
+    uint64_t bytes0, bytes;
+    double busy_s;
+} preq_t;
+
+typedef struct prefill_role {
+    eng_worker_t *w;
+    pusher_t pusher;
+    pthread_mutex_t peers_mu;
+    peer_entry_t **peers;
+    size_t n_peers, cap_peers;
+    preq_t **active; /* engine thread */
+    size_t n_active, cap_active;
+    double exposed_total, busy_total;
+    uint64_t bytes_total;
+    double busy_at_step;
+} prefill_role_t;
+
+static prefill_role_t g_role;
+
+static void preq_put(preq_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int n = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (n)
+        return;
+    if (r->rq)
+        tandem__internal__v1__prefill_request__free_unpacked(r->rq, NULL);
+    free(r->bias);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+static void active_remove(preq_t *r)
+{
+    for (size_t i = 0; i < g_role.n_active; i++)
+        if (g_role.active[i] == r) {
+            g_role.active[i] = g_role.active[--g_role.n_active];
+            return;
+        }
+}
+
+static void preq_finish(preq_t *r, td_status_t rc, const char *err, int32_t tok, uint32_t cached)
+{
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->rc = rc;
+    if (err)
+        snprintf(r->err, sizeof r->err, "%s", err);
+    r->first_token = tok;
+    r->n_cached = cached;
+    r->t_done = now_s();
+    if (r->call)
+        td_rpc_call_wake(r->call);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void on_prefill_event(void *ctx, const eng_event_t *ev)
+{
+    preq_t *r = ctx;
+    active_remove(r);
+    if (r->pe->failed)
+        preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
+    else
+        preq_finish(r, TD_OK, NULL, ev->token, ev->n_cached);
+    preq_put(r); /* the listener's */
+}
+
+/* Engine thread, after each layer: queue that layer's slice of each touched block. */
+static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uint32_t n)
+{
+    (void)ctx;
+    eng_engine_t *e = eng_worker_engine(g_role.w);
+    size_t bb;
+    uint8_t *base = eng_engine_kv_base(e, &bb);
+    size_t lb = bb / eng_worker_contract(g_role.w).n_layers;
+    for (uint32_t i = 0; i < n; i++)
+        for (size_t k = 0; k < g_role.n_active; k++) {
+            preq_t *r = g_role.active[k];
+            if (r->eng_id != seqs[i].id)
+                continue;
+            const Tandem__Internal__V1__LandingDescriptor *ld = r->rq->landing;
+            for (uint32_t b = seqs[i].first_block; b < seqs[i].end_block && b < ld->n_block_offsets; b++)
+                pusher_push(&g_role.pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
+                            ld->remote_base + ld->block_offsets[b] + layer * lb);
+            break;
+        }
+}
+
+static void prefill_after_step(eng_worker_t *w, void *ctx)
+{
+    (void)ctx;
+    pusher_t *p = &g_role.pusher;
+    double waited = pusher_barrier(p);
+    pthread_mutex_lock(&p->mu);
+    double busy = p->busy_s - g_role.busy_at_step;
+    g_role.busy_at_step = p->busy_s;
+    uint64_t bytes = p->bytes;
+    pthread_mutex_unlock(&p->mu);
+    g_role.exposed_total += waited;
+    g_role.busy_total += busy;
+    g_role.bytes_total = bytes;
+    for (size_t k = 0; k < g_role.n_active;) {
+        preq_t *r = g_role.active[k];
+        r->exposed_s += waited;
+        r->busy_s += busy;
+        if (r->pe->failed) { /* its KV cannot land: stop computing it */
+            eng_engine_cancel(eng_worker_engine(w), r->eng_id);
+            eng_worker_unlisten(w, r->eng_id);
+            g_role.active[k] = g_role.active[--g_role.n_active];
+            preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
+            preq_put(r);
+            continue;
+        }
+        k++;
+    }
+}
+
+static void add_on_engine(eng_worker_t *w, void *arg)
+{
+    preq_t *r = arg;
+    const Tandem__V1__SamplingParams *sp = r->rq->sampling;
+    r->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *r->bias);
+    eng_request_t er = {.prompt = r->rq->tokens, .n_prompt = r->rq->n_tokens, .max_tokens = 1, .ignore_eos = true};
+    eng_worker_sampling(sp, &er.sampling, r->bias);
+    r->rc = eng_engine_add(eng_worker_engine(w), &er, &r->eng_id);
+    if (r->rc) {
+        snprintf(r->err, sizeof r->err, "%s", td_last_error());
+        return;
+    }
+    if (g_role.n_active == g_role.cap_active) {
+        size_t nc = g_role.cap_active ? 2 * g_role.cap_active : 64;
+        preq_t **a = realloc(g_role.active, nc * sizeof *a);
+        if (!a) {
+            eng_engine_cancel(eng_worker_engine(w), r->eng_id);
+            r->rc = TD_ERR_NO_MEMORY;
+            snprintf(r->err, sizeof r->err, "no memory");
+            return;
+        }
+        g_role.active = a;
+        g_role.cap_active = nc;
+    }
+    g_role.active[g_role.n_active++] = r;
+    r->refs++;
+    eng_worker_listen(w, r->eng_id, on_prefill_event, r);
+}
+
+static void cancel_on_engine(eng_worker_t *w, void *arg)
+{
+    preq_t *r = arg;
+    for (size_t k = 0; k < g_role.n_active; k++)
+        if (g_role.active[k] == r) {
+            eng_engine_cancel(eng_worker_engine(w), r->eng_id);
+            eng_worker_unlisten(w, r->eng_id);
+            g_role.active[k] = g_role.active[--g_role.n_active];
+            preq_put(r);
+            return;
+        }
+}
+
+/* The cached connection to a decode worker's pool (made on first use). */
+static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__LandingDescriptor *ld)
+{
+    pthread_mutex_lock(&g_role.peers_mu);
+    for (size_t i = 0; i < g_role.n_peers; i++) {
+        peer_entry_t *pe = g_role.peers[i];
+        if (!pe->failed && pe->addr_len == ld->ucx_address.len && !memcmp(pe->addr, ld->ucx_address.data, pe->addr_len)) {
+            pthread_mutex_unlock(&g_role.peers_mu);
+            return pe;
+        }
+    }
+    kv_xfer_t *x;
+    const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
+    peer_entry_t *pe = calloc(1, sizeof *pe);
+    if (pe && (pe->addr = malloc(ld->ucx_address.len))) {
+        memcpy(pe->addr, ld->ucx_address.data, ld->ucx_address.len);
+        pe->addr_len = ld->ucx_address.len;
+        if (xo->connect(x, ld->ucx_address.data, ld->ucx_address.len, ld->rkey.data, ld->rkey.len, &pe->peer) == TD_OK) {
+            if (g_role.n_peers == g_role.cap_peers) {
+                size_t nc = g_role.cap_peers ? 2 * g_role.cap_peers : 8;
+                peer_entry_t **np = realloc(g_role.peers, nc * sizeof *np);
+                if (np) {
+                    g_role.peers = np;
+                    g_role.cap_peers = nc;
+                }
+            }
+            if (g_role.n_peers < g_role.cap_peers) {
+                g_role.peers[g_role.n_peers++] = pe;
+                pthread_mutex_unlock(&g_role.peers_mu);
+                return pe;
+            }
+            xo->disconnect(x, pe->peer);
+        }
+    }
+    if (pe)
+        free(pe->addr);
+    free(pe);
+    pthread_mutex_unlock(&g_role.peers_mu);
+    return NULL;
+}
+
+static void h_prefill(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    preq_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        return;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    r->refs = 1;
+    r->t0 = now_s();
+    r->rq = tandem__internal__v1__prefill_request__unpack(NULL, n, p);
+    const Tandem__Internal__V1__LandingDescriptor *ld = r->rq ? r->rq->landing : NULL;
+    if (!r->rq || !r->rq->n_tokens || !ld) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
+                           !r->rq ? "PrefillRequest does not parse" : !r->rq->n_tokens ? "tokens: empty" : "landing: missing");
+        preq_put(r);
+        return;
+    }
+    td_kv_contract_t ours = eng_worker_contract(w), peer;
+    eng_worker_contract_from_pb(ld->contract, &peer);
+    char who[160];
+    snprintf(who, sizeof who, "decode worker %s", ld->decode_worker ? ld->decode_worker : "?");
+    if (!ld->contract || td_kv_contract_check(&ours, &peer, who)) {
+        td_rpc_call_finish(call, TD_RPC_FAILED_PRECONDITION, "KV contract refused by %s: %s", eng_worker_id(w),
+                           ld->contract ? td_last_error() : "the landing states no contract");
+        preq_put(r);
+        return;
+    }
+    size_t bb;
+    eng_engine_kv_base(eng_worker_engine(w), &bb);
+    uint32_t need = (uint32_t)((r->rq->n_tokens + ours.block_tokens - 1) / ours.block_tokens);
+    if (ld->n_block_offsets != need || ld->block_bytes != bb) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT,
+                           "landing: %zu blocks of %llu bytes for %zu tokens; %u blocks of %zu bytes are needed",
+                           ld->n_block_offsets, (unsigned long long)ld->block_bytes, r->rq->n_tokens, need, bb);
+        preq_put(r);
+        return;
+    }
+    if (!(r->pe = peer_get(w, ld))) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "cannot reach %s over UCX: %s", who, td_last_error());
+        preq_put(r);
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->call = call;
+    pthread_mutex_unlock(&r->mu);
+    r->refs++; /* the add closure's */
+    if (eng_worker_call(w, add_on_engine, r, 10)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        goto done;
+    }
+    preq_put(r);
+    if (r->rc) {
+        td_rpc_call_finish(call, td_rpc_code_of(r->rc), "%s", r->err);
+        goto done;
+    }
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        bool done = r->done;
+        pthread_mutex_unlock(&r->mu);
+        if (done)
+            break;
+        if (td_rpc_call_wait(call, 1.0) == TD_ERR_CANCELLED) {
+            eng_worker_call(w, cancel_on_engine, r, 5);
+            td_rpc_call_finish(call, TD_RPC_CANCELLED, "the caller went away");
+            goto done;
+        }
+    }
+    if (r->rc) {
+        td_rpc_call_finish(call, td_rpc_code_of(r->rc), "%s", r->err);
+        goto done;
+    }
+    Tandem__Internal__V1__PrefillResponse rp = TANDEM__INTERNAL__V1__PREFILL_RESPONSE__INIT;
+    rp.has_first_token = rp.has_cached_tokens = rp.has_prefill_ms = rp.has_transfer_ms = 1;
+    rp.has_exposed_transfer_ms = rp.has_bytes = 1;
+    rp.first_token = r->first_token;
+    rp.cached_tokens = r->n_cached;
+    rp.prefill_ms = (r->t_done - r->t0) * 1e3;
+    rp.transfer_ms = r->busy_s * 1e3;
+    rp.exposed_transfer_ms = r->exposed_s * 1e3;
+    rp.bytes = (uint64_t)need * bb;
+    rp.prefill_worker = (char *)eng_worker_id(w);
+    uint8_t buf[256];
+    size_t pn = tandem__internal__v1__prefill_response__pack(&rp, buf);
+    td_rpc_call_reply(call, buf, pn);
+done:
+    pthread_mutex_lock(&r->mu);
+    r->call = NULL;
+    pthread_mutex_unlock(&r->mu);
+    preq_put(r);
+}
+
+static void prefill_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__StatsResponse *r)
+{
+    (void)w;
+    (void)ctx;
+    r->has_transfer_bytes = r->has_transfer_ms = r->has_exposed_transfer_ms = 1;
+    r->transfer_bytes = g_role.bytes_total;
+    r->transfer_ms = g_role.busy_total * 1e3;
+    r->exposed_transfer_ms = g_role.exposed_total * 1e3;
+}
+
+static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
+{
+    (void)ctx;
+    g_role.w = w;
+    pthread_mutex_init(&g_role.peers_mu, NULL);
+    pusher_t *p = &g_role.pusher;
+    p->xo = eng_worker_transport(w, &p->x);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (pthread_create(&p->thread, NULL, pusher_thread, p))
+        return td_error(TD_ERR_INTERNAL, "cannot start the pusher thread");
+    eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, NULL);
+    return td_rpc_server_add(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", h_prefill, w);
+}
+
+int main(int argc, char **argv)
+{
+    eng_worker_role_t role = {.name = "prefill", .attach = prefill_attach, .after_step = prefill_after_step,
+                              .stats = prefill_stats, .ctx = &g_role};
+    return eng_worker_main(argc, argv, &role);
+}

@@ -1,0 +1,181 @@
+/* placement.c — see placement.h. */
+#define _GNU_SOURCE
+#include "router/placement.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static bool usable(const rt_worker_t *w, rt_role_t role, double now)
+{
+    return w->role == role && !w->refused && !w->gone && w->suspect_until <= now;
+}
+
+static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const int32_t *tokens, size_t n_tokens, double now)
+{
+    (void)tokens;
+    (void)n_tokens;
+    rt_worker_t *best = NULL;
+    for (size_t i = 0; i < t->n; i++)
+        if (usable(t->w[i], role, now) && (!best || t->w[i]->inflight < best->inflight))
+            best = t->w[i];
+    return best;
+}
+
+const rt_placement_ops_t rt_placement_least_loaded = {.name = "least_loaded", .pick = least_loaded};
+
+void rt_table_init(rt_table_t *t, const td_kv_contract_t *expect)
+{
+    memset(t, 0, sizeof *t);
+    pthread_mutex_init(&t->mu, NULL);
+    t->expect = *expect;
+}
+
+static void worker_put(rt_worker_t *w)
+{
+    if (--w->refs == 0) {
+        td_rpc_channel_destroy(w->ch);
+        free(w);
+    }
+}
+
+static void take_str(json_t *o, const char *k, char *dst, size_t cap)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    snprintf(dst, cap, "%s", s ? s : "");
+}
+
+void rt_table_put(rt_table_t *t, const char *key, const char *value)
+{
+    json_error_t err;
+    json_t *j = json_loads(value, 0, &err);
+    if (!j || !json_is_object(j)) {
+        TD_WARN("router: the worker record %s is not JSON (%s); ignored", key, err.text);
+        json_decref(j);
+        return;
+    }
+    rt_worker_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        json_decref(j);
+        return;
+    }
+    w->refs = 1;
+    snprintf(w->key, sizeof w->key, "%s", key);
+    take_str(j, "id", w->id, sizeof w->id);
+    take_str(j, "addr", w->addr, sizeof w->addr);
+    char role[16];
+    take_str(j, "role", role, sizeof role);
+    w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
+    json_t *c = json_object_get(j, "contract");
+    w->contract.layout_version = (uint32_t)json_integer_value(json_object_get(c, "layout_version"));
+    w->contract.block_tokens = (uint32_t)json_integer_value(json_object_get(c, "block_tokens"));
+    w->contract.n_layers = (uint32_t)json_integer_value(json_object_get(c, "n_layers"));
+    w->contract.n_kv_heads = (uint32_t)json_integer_value(json_object_get(c, "n_kv_heads"));
+    w->contract.head_dim = (uint32_t)json_integer_value(json_object_get(c, "head_dim"));
+    take_str(c, "dtype", w->contract.dtype, sizeof w->contract.dtype);
+    take_str(c, "hash_scheme", w->contract.hash_scheme, sizeof w->contract.hash_scheme);
+    take_str(c, "model_id", w->contract.model_id, sizeof w->contract.model_id);
+    json_decref(j);
+    if ((strcmp(role, "prefill") && strcmp(role, "decode")) || !w->addr[0]) {
+        TD_WARN("router: the worker record %s has no usable role or address; ignored", key);
+        free(w);
+        return;
+    }
+    char who[160];
+    snprintf(who, sizeof who, "worker %s", w->id);
+    if (td_kv_contract_check(&t->expect, &w->contract, who)) {
+        w->refused = true;
+        snprintf(w->refused_why, sizeof w->refused_why, "%s", td_last_error());
+        td_log(TD_LOG_ERROR, "router: %s (%s) refused: its KV contract differs from the cluster's: %s", w->id,
+               w->addr, w->refused_why);
+    } else if (td_rpc_channel_create(w->addr, NULL, &w->ch)) {
+        free(w);
+        return;
+    } else {
+        TD_INFO("router: %s worker %s joined at %s", role, w->id, w->addr);
+    }
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n; i++)
+        if (!strcmp(t->w[i]->key, key)) { /* re-registered: replace */
+            t->w[i]->gone = true;
+            worker_put(t->w[i]);
+            t->w[i] = w;
+            pthread_mutex_unlock(&t->mu);
+            return;
+        }
+    if (t->n == t->cap) {
+        size_t nc = t->cap ? 2 * t->cap : 16;
+        rt_worker_t **nw = realloc(t->w, nc * sizeof *nw);
+        if (!nw) {
+            pthread_mutex_unlock(&t->mu);
+            worker_put(w);
+            return;
+        }
+        t->w = nw;
+        t->cap = nc;
+    }
+    t->w[t->n++] = w;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_remove(rt_table_t *t, const char *key)
+{
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n; i++)
+        if (!strcmp(t->w[i]->key, key)) {
+            TD_INFO("router: worker %s left", t->w[i]->id);
+            t->w[i]->gone = true;
+            worker_put(t->w[i]);
+            t->w[i] = t->w[--t->n];
+            break;
+        }
+    pthread_mutex_unlock(&t->mu);
+}
+
+rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const int32_t *tokens,
+                              size_t n_tokens)
+{
+    pthread_mutex_lock(&t->mu);
+    rt_worker_t *w = p->pick(t, role, tokens, n_tokens, now_s());
+    if (w) {
+        w->refs++;
+        w->inflight++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return w;
+}
+
+void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s)
+{
+    pthread_mutex_lock(&t->mu);
+    w->inflight--;
+    if (failed)
+        w->suspect_until = now_s() + suspect_s;
+    worker_put(w);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode)
+{
+    double now = now_s();
+    *prefill = *decode = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n; i++) {
+        if (usable(t->w[i], RT_PREFILL, now))
+            (*prefill)++;
+        if (usable(t->w[i], RT_DECODE, now))
+            (*decode)++;
+    }
+    pthread_mutex_unlock(&t->mu);
+}
