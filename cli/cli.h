@@ -9,5 +9,13 @@ int cli_tokenize(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_up(int argc, char **argv);
+int cli_health(int argc, char **argv);
+
+#include <stdbool.h>
+#include "tandem/v1/tandem.pb-c.h"
+/* A streaming Generate against a router (client.c). */
+int cli_generate_remote(const char *endpoint, const char *prompt, bool chat, bool ids, Tandem__V1__SamplingParams *sp,
+                        double timeout_s);
 
 #endif

@@ -18,7 +18,7 @@
 #define DEFAULT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static const char gen_usage[] =
-    "usage: tandem generate [--model PATH] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
+    "usage: tandem generate [--model PATH | --endpoint HOST:PORT] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
     "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N | --kv-mib M] [--ids]\n"
     "                       PROMPT\n";
@@ -91,7 +91,7 @@ static bool parse_num(const char *flag, const char *v, double lo, double hi, dou
 
 int cli_generate(int argc, char **argv)
 {
-    const char *model = DEFAULT_MODEL_PATH, *prompt = NULL;
+    const char *model = DEFAULT_MODEL_PATH, *prompt = NULL, *endpoint = NULL;
     bool chat = false, ids = false;
     eng_request_t req = {.sampling = eng_sampling_default(), .max_tokens = 128};
     eng_engine_config_t cfg = eng_engine_config_default();
@@ -102,6 +102,7 @@ int cli_generate(int argc, char **argv)
         const char *a = argv[i], *nx = i + 1 < argc ? argv[i + 1] : NULL;
 #define NUM(flag, lo, hi) (!strcmp(a, flag) && (i++, true) && parse_num(flag, nx, lo, hi, &v))
         if (!strcmp(a, "--model") && nx) model = argv[++i];
+        else if (!strcmp(a, "--endpoint") && nx) endpoint = argv[++i];
         else if (!strcmp(a, "--chat")) chat = true;
         else if (!strcmp(a, "--ids")) ids = true;
         else if (!strcmp(a, "--ignore-eos")) req.ignore_eos = true;
@@ -133,6 +134,22 @@ int cli_generate(int argc, char **argv)
         return 2;
     }
     req.stop = stops;
+    if (endpoint) { /* the client form: the same request, served by a cluster */
+        Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
+        sp.has_temperature = sp.has_top_k = sp.has_top_p = sp.has_min_p = sp.has_repetition_penalty = 1;
+        sp.has_seed = sp.has_max_tokens = sp.has_ignore_eos = 1;
+        sp.temperature = req.sampling.temperature;
+        sp.top_k = req.sampling.top_k;
+        sp.top_p = req.sampling.top_p;
+        sp.min_p = req.sampling.min_p;
+        sp.repetition_penalty = req.sampling.repetition_penalty;
+        sp.seed = req.sampling.seed;
+        sp.max_tokens = req.max_tokens;
+        sp.ignore_eos = req.ignore_eos;
+        sp.n_stop = req.n_stop;
+        sp.stop = (char **)stops;
+        return cli_generate_remote(endpoint, prompt, chat, ids, &sp, 600);
+    }
     double t_load = now_s();
     eng_model_t *m;
     if (eng_model_open(model, &m))

@@ -7,6 +7,8 @@
 
 static const char usage[] =
     "usage: tandem COMMAND [ARGS]\n"
+    "  up [--config FILE] [--prefill N] [--decode N]  a whole cluster on this machine; prints the router's HOST:PORT\n"
+    "  health --endpoint HOST:PORT           is the cluster serving (exit 0) or not\n"
     "\n"
     "commands:\n"
     "  inspect MODEL [--json]              describe a model: hyper-parameters, tensors, tokenizer\n"
@@ -33,6 +35,10 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "inspect"))
         return cli_inspect(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "up"))
+        return cli_up(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "health"))
+        return cli_health(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench"))
         return cli_bench(argc - 2, argv + 2);
     if (!strcmp(argv[1], "perplexity"))

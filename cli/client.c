@@ -1,0 +1,126 @@
+/* client.c — the client forms of the command line: `tandem generate
+ * --endpoint HOST:PORT ...` (a streaming Generate against a router) and
+ * `tandem health --endpoint HOST:PORT` (exit 0 when the cluster serves). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "tandem/v1/tandem.pb-c.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int cli_health(int argc, char **argv)
+{
+    const char *ep = NULL;
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--endpoint"))
+            ep = argv[i + 1];
+    if (!ep) {
+        fprintf(stderr, "usage: tandem health --endpoint HOST:PORT\n");
+        return 2;
+    }
+    td_log_set_level(TD_LOG_OFF);
+    td_rpc_init();
+    td_rpc_channel_t *ch;
+    int code = 1;
+    if (td_rpc_channel_create(ep, NULL, &ch) == TD_OK) {
+        uint8_t *out;
+        size_t n;
+        td_rpc_result_t res;
+        if (td_rpc_unary(ch, "/tandem.v1.Tandem/Health", "", 0, 2.0, NULL, &out, &n, &res) == TD_OK) {
+            Tandem__V1__HealthResponse *h = tandem__v1__health_response__unpack(NULL, n, out);
+            if (h) {
+                printf("%s %s\n", h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING ? "SERVING" : "NOT_SERVING",
+                       h->detail ? h->detail : "");
+                code = h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING ? 0 : 1;
+                tandem__v1__health_response__free_unpacked(h, NULL);
+            }
+            free(out);
+        } else {
+            fprintf(stderr, "tandem health: %s: %s\n", td_rpc_code_name(res.code), res.message);
+        }
+        td_rpc_channel_destroy(ch);
+    }
+    td_rpc_shutdown();
+    return code;
+}
+
+int cli_generate_remote(const char *endpoint, const char *prompt, bool chat, bool ids, Tandem__V1__SamplingParams *sp,
+                        double timeout_s)
+{
+    td_rpc_init();
+    Tandem__V1__GenerateRequest rq = TANDEM__V1__GENERATE_REQUEST__INIT;
+    Tandem__V1__ChatInput ci = TANDEM__V1__CHAT_INPUT__INIT;
+    Tandem__V1__ChatMessage msg = TANDEM__V1__CHAT_MESSAGE__INIT;
+    Tandem__V1__ChatMessage *msgs[1] = {&msg};
+    if (chat) {
+        msg.role = "user";
+        msg.content = (char *)prompt;
+        ci.n_messages = 1;
+        ci.messages = msgs;
+        rq.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+        rq.chat = &ci;
+    } else {
+        rq.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
+        rq.prompt = (char *)prompt;
+    }
+    rq.sampling = sp;
+    rq.has_return_token_ids = 1;
+    rq.return_token_ids = ids;
+    size_t n = tandem__v1__generate_request__get_packed_size(&rq);
+    uint8_t *buf = malloc(n);
+    tandem__v1__generate_request__pack(&rq, buf);
+    td_rpc_channel_t *ch;
+    td_rpc_stream_t *st;
+    int code = 1;
+    double t0 = now_s();
+    if (td_rpc_channel_create(endpoint, NULL, &ch) || td_rpc_stream_open(ch, "/tandem.v1.Tandem/Generate", buf, n,
+                                                                          timeout_s, NULL, &st)) {
+        free(buf);
+        return 1;
+    }
+    free(buf);
+    uint8_t *m;
+    size_t ml;
+    size_t count = 0;
+    while (td_rpc_stream_read(st, &m, &ml, timeout_s) == TD_OK) {
+        Tandem__V1__GenerateResponse *r = tandem__v1__generate_response__unpack(NULL, ml, m);
+        free(m);
+        if (!r)
+            break;
+        if (ids)
+            for (size_t i = 0; i < r->n_token_ids; i++)
+                printf(count++ ? " %d" : "%d", r->token_ids[i]);
+        else
+            fputs(r->text ? r->text : "", stdout);
+        fflush(stdout);
+        if (r->has_finish_reason && r->timing && r->usage)
+            fprintf(stderr, "\n[%u prompt + %u generated tokens; TTFT %.1f ms, TPOT %.2f ms, e2e %.1f ms; prefill %s, "
+                            "decode %s]\n",
+                    r->usage->prompt_tokens, r->usage->completion_tokens, r->timing->ttft_ms, r->timing->tpot_ms,
+                    r->timing->e2e_ms, r->timing->prefill_worker, r->timing->decode_worker);
+        tandem__v1__generate_response__free_unpacked(r, NULL);
+    }
+    if (ids)
+        printf("\n");
+    td_rpc_result_t res;
+    if (td_rpc_stream_result(st, 5, &res) == TD_OK)
+        code = 0;
+    else
+        fprintf(stderr, "tandem generate: %s: %s (after %.1f s)\n", td_rpc_code_name(res.code), res.message,
+                now_s() - t0);
+    td_rpc_stream_destroy(st);
+    td_rpc_channel_destroy(ch);
+    td_rpc_shutdown();
+    return code;
+}

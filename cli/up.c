@@ -1,0 +1,310 @@
+/* up.c — `tandem up`: a whole cluster on this machine (DESIGN.md §2).
+ *
+ * Starts etcd (a private data dir, loopback ports), the router and P prefill
+ * + D decode workers (the config's counts; 1 + 1 by default), each as its own
+ * process (tandem-router, tandem-prefill, tandem-decode, found beside this
+ * binary). It supervises them: a child that dies is logged and started again
+ * (after a short back-off that grows if it keeps dying). When the router
+ * reports SERVING it prints the router's endpoint as HOST:PORT on stdout.
+ * Ctrl-C / SIGTERM stops the children (workers drain), then etcd, and
+ * removes the data dir. Extra worker flags: --worker-arg ARG (repeatable),
+ * e.g. --worker-arg --threads --worker-arg 1. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/config.h"
+#include "common/log.h"
+
+#define MAX_CHILDREN 64
+#define MAX_EXTRA 32
+
+typedef struct child {
+    char name[32];
+    char *argv[48];
+    int argc;
+    pid_t pid;
+    double started, restart_at;
+    int restarts;
+} child_t;
+
+static volatile sig_atomic_t g_stop;
+static void on_stop(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &l)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static pid_t spawn(child_t *c)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0); /* a terminal's Ctrl-C reaches us; we stop the children in order */
+        execv(c->argv[0], c->argv);
+        fprintf(stderr, "tandem up: cannot run %s: %s\n", c->argv[0], strerror(errno));
+        _exit(127);
+    }
+    c->pid = pid;
+    c->started = now_s();
+    return pid;
+}
+
+static void add_arg(child_t *c, const char *a)
+{
+    if (c->argc < 46)
+        c->argv[c->argc++] = strdup(a);
+    c->argv[c->argc] = NULL;
+}
+
+static const char up_usage[] =
+    "usage: tandem up [--config FILE] [--model PATH] [--prefill N] [--decode N] [--listen HOST:PORT]\n"
+    "                 [--worker-arg ARG]...\n";
+
+int cli_up(int argc, char **argv)
+{
+    const char *config = NULL, *model = NULL, *listen_at = NULL;
+    const char *extra[MAX_EXTRA];
+    int n_extra = 0;
+    long np = -1, nd = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "tandem up: %s needs a value\n%s", argv[i], up_usage);
+            return 2;
+        }
+        if (!strcmp(argv[i], "--config"))
+            config = v;
+        else if (!strcmp(argv[i], "--model"))
+            model = v;
+        else if (!strcmp(argv[i], "--listen"))
+            listen_at = v;
+        else if (!strcmp(argv[i], "--prefill") || !strcmp(argv[i], "--decode")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 16) {
+                fprintf(stderr, "tandem up: %s needs a count in [1, 16], not '%s'\n", argv[i], v);
+                return 2;
+            }
+            *(argv[i][2] == 'p' ? &np : &nd) = n;
+        } else if (!strcmp(argv[i], "--worker-arg") && n_extra < MAX_EXTRA)
+            extra[n_extra++] = v;
+        else {
+            fprintf(stderr, "tandem up: unknown argument '%s'\n%s", argv[i], up_usage);
+            return 2;
+        }
+        i++;
+    }
+    td_config_t cfg;
+    td_config_defaults(&cfg);
+    if (config && td_config_load(&cfg, config)) {
+        fprintf(stderr, "tandem up: %s\n", td_last_error());
+        return 2;
+    }
+    if (np < 0)
+        np = cfg.prefill.count ? cfg.prefill.count : 1;
+    if (nd < 0)
+        nd = cfg.decode.count ? cfg.decode.count : 1;
+    static char model_buf[PATH_MAX];
+    snprintf(model_buf, sizeof model_buf, "%s",
+             model ? model : cfg.model.path && cfg.model.path[0] ? cfg.model.path : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    model = model_buf;
+    if (access(model, R_OK)) {
+        fprintf(stderr, "tandem up: cannot read the model %s: %s\n", model, strerror(errno));
+        td_config_free(&cfg);
+        return 2;
+    }
+    /* the binaries beside this one */
+    char self[PATH_MAX], dir[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) {
+        fprintf(stderr, "tandem up: cannot find my own binary\n");
+        return 1;
+    }
+    self[sl] = 0;
+    snprintf(dir, sizeof dir, "%s", self);
+    *strrchr(dir, '/') = 0;
+
+    char datadir[] = "/tmp/tandem-etcd-XXXXXX";
+    if (!mkdtemp(datadir)) {
+        fprintf(stderr, "tandem up: cannot make a data dir: %s\n", strerror(errno));
+        return 1;
+    }
+    int cport = free_port(), pport = free_port();
+    while (pport == cport)
+        pport = free_port();
+    char client[64], peer[64], cluster[96], etcd_ep[64], router_listen[128];
+    snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
+    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
+    snprintf(cluster, sizeof cluster, "tandem=%s", peer);
+    snprintf(etcd_ep, sizeof etcd_ep, "127.0.0.1:%d", cport);
+    if (listen_at)
+        snprintf(router_listen, sizeof router_listen, "%s", listen_at);
+    else if (cfg.router.listen && cfg.router.listen[0] && strcmp(cfg.router.listen, "127.0.0.1:50051"))
+        snprintf(router_listen, sizeof router_listen, "%s", cfg.router.listen);
+    else
+        snprintf(router_listen, sizeof router_listen, "127.0.0.1:%d", free_port());
+
+    static child_t kids[MAX_CHILDREN];
+    int nk = 0;
+    child_t *etcd = &kids[nk++];
+    snprintf(etcd->name, sizeof etcd->name, "etcd");
+    const char *etcd_bin = access("/usr/bin/etcd", X_OK) ? "/usr/local/bin/etcd" : "/usr/bin/etcd";
+    const char *eargs[] = {etcd_bin, "--name", "tandem", "--data-dir", datadir, "--listen-client-urls", client,
+                           "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                           "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
+                           "--initial-cluster-state", "new", "--log-level", "error", "--logger", "zap"};
+    for (size_t i = 0; i < sizeof eargs / sizeof *eargs; i++)
+        add_arg(etcd, eargs[i]);
+    char bin[PATH_MAX + 32];
+    child_t *router = &kids[nk++];
+    snprintf(router->name, sizeof router->name, "tandem-router");
+    snprintf(bin, sizeof bin, "%s/tandem-router", dir);
+    add_arg(router, bin);
+    if (config) {
+        add_arg(router, "--config");
+        add_arg(router, config);
+    }
+    add_arg(router, "--model");
+    add_arg(router, model);
+    add_arg(router, "--listen");
+    add_arg(router, router_listen);
+    add_arg(router, "--etcd");
+    add_arg(router, etcd_ep);
+    for (long k = 0; k < np + nd && nk < MAX_CHILDREN; k++) {
+        child_t *c = &kids[nk++];
+        bool pre = k < np;
+        snprintf(c->name, sizeof c->name, "tandem-%s", pre ? "prefill" : "decode");
+        snprintf(bin, sizeof bin, "%s/%s", dir, c->name);
+        add_arg(c, bin);
+        if (config) {
+            add_arg(c, "--config");
+            add_arg(c, config);
+        }
+        add_arg(c, "--model");
+        add_arg(c, model);
+        add_arg(c, "--etcd");
+        add_arg(c, etcd_ep);
+        for (int e = 0; e < n_extra; e++)
+            add_arg(c, extra[e]);
+    }
+    td_config_free(&cfg);
+
+    struct sigaction sa = {.sa_handler = on_stop};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    for (int i = 0; i < nk; i++)
+        spawn(&kids[i]);
+    fprintf(stderr, "tandem up: etcd on %s, %ld prefill + %ld decode workers, model %s\n", etcd_ep, np, nd, model);
+
+    /* wait for the router to say SERVING, then print its endpoint */
+    bool announced = false;
+    double t_start = now_s();
+    char health_cmd[PATH_MAX + 256];
+    snprintf(health_cmd, sizeof health_cmd, "%s/tandem health --endpoint %s >/dev/null 2>&1", dir, router_listen);
+    double next_probe = 0;
+    while (!g_stop) {
+        int st;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+            for (int i = 0; i < nk; i++)
+                if (kids[i].pid == pid) {
+                    double lived = now_s() - kids[i].started;
+                    kids[i].pid = 0;
+                    kids[i].restarts = lived > 30 ? 0 : kids[i].restarts + 1;
+                    double backoff = 0.2 * (1 << (kids[i].restarts < 6 ? kids[i].restarts : 6));
+                    kids[i].restart_at = now_s() + backoff;
+                    if (WIFSIGNALED(st))
+                        fprintf(stderr, "tandem up: %s (pid %d) was killed by signal %d; restarting in %.1f s\n",
+                                kids[i].name, (int)pid, WTERMSIG(st), backoff);
+                    else
+                        fprintf(stderr, "tandem up: %s (pid %d) exited with %d; restarting in %.1f s\n", kids[i].name,
+                                (int)pid, WEXITSTATUS(st), backoff);
+                }
+        for (int i = 0; i < nk; i++)
+            if (!kids[i].pid && kids[i].restart_at <= now_s())
+                spawn(&kids[i]);
+        if (!announced && now_s() >= next_probe) {
+            next_probe = now_s() + 0.2;
+            if (system(health_cmd) == 0) {
+                announced = true;
+                printf("%s\n", router_listen);
+                fflush(stdout);
+                fprintf(stderr, "tandem up: serving at %s after %.1f s (Ctrl-C stops)\n", router_listen,
+                        now_s() - t_start);
+            }
+        }
+        usleep(50 * 1000);
+    }
+    fprintf(stderr, "tandem up: stopping\n");
+    /* router and workers first (they drain), etcd last */
+    for (int phase = 0; phase < 2; phase++) {
+        for (int i = 0; i < nk; i++)
+            if (kids[i].pid && (phase == 1) == (i == 0))
+                kill(kids[i].pid, SIGTERM);
+        double until = now_s() + (phase ? 5 : 35);
+        for (;;) {
+            bool any = false;
+            for (int i = 0; i < nk; i++)
+                if (kids[i].pid && (phase == 1) == (i == 0)) {
+                    if (waitpid(kids[i].pid, NULL, WNOHANG) == kids[i].pid)
+                        kids[i].pid = 0;
+                    else
+                        any = true;
+                }
+            if (!any)
+                break;
+            if (now_s() > until) {
+                for (int i = 0; i < nk; i++)
+                    if (kids[i].pid && (phase == 1) == (i == 0)) {
+                        fprintf(stderr, "tandem up: %s did not stop in time; killing it\n", kids[i].name);
+                        kill(kids[i].pid, SIGKILL);
+                        waitpid(kids[i].pid, NULL, 0);
+                        kids[i].pid = 0;
+                    }
+                break;
+            }
+            usleep(20 * 1000);
+        }
+    }
+    char rm[PATH_MAX];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", datadir);
+    if (system(rm)) {
+    }
+    for (int i = 0; i < nk; i++)
+        for (int a = 0; a < kids[i].argc; a++)
+            free(kids[i].argv[a]);
+    return 0;
+}
