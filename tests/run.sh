@@ -47,6 +47,17 @@ run_suites build release
 # the kernels again on the AVX2 path without VNNI (the suite checks the portable path itself)
 TANDEM_CPU=avx2 run_one build/bin/tests/test_kernels "release/avx2"
 
+echo "== integration (a real local cluster: tandem up, a Python grpcio client)"
+out=$(timeout 900 .venv/bin/python tests/integration/test_cluster.py build/bin 2>&1)
+printf '%s\n' "$out" | grep -E '^(PASS|FAIL|  )|integration:|Traceback|Error' | sed 's/^/  /'
+line=$(printf '%s\n' "$out" | grep '^integration:' | tail -1)
+if [ -n "$line" ]; then
+  p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+  passed=$((passed + p)); failed=$((failed + f))
+else
+  echo "  the integration suite did not finish"; failed=$((failed + 1))
+fi
+
 echo "== build (address + undefined sanitizers)"
 if cmake -S . -B build-asan -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
      -DCMAKE_C_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&

@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Integration suite: a real local cluster started with `tandem up` (etcd, the
+router, a prefill and a decode worker, the default model on CPU), driven by a
+Python gRPC client (grpcio from PyPI) whose stubs are generated here from our
+.proto files. Single-process `tandem generate` is the reference output.
+
+Prints one line per check and closes with "integration: N passed, N failed".
+Usage: test_cluster.py BUILD_BIN_DIR  (run from the repository root)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+from grpc_tools import protoc
+
+ROOT = os.getcwd()
+BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
+MODEL = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+PROMPTS = [
+    "The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colors are",
+    "Water boils at", "My favourite book is", "In 1969, humans", "The quick brown fox", "To make a cake, you",
+    "The largest planet in the solar system", "Python is a programming language that", "Dear hiring manager,",
+    "The meaning of life is", "A haiku about autumn:", "Step 1: open the box.", "The sun rises in the",
+    "SELECT name FROM users WHERE", "Photosynthesis converts", "The best way to learn", "Q: What is 2+2?\nA:",
+    "Rust and C are both", "Mount Everest is",
+]
+MAX_TOKENS = 24
+
+results = []
+
+
+def check(name, ok, why=""):
+    results.append(ok)
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + why), flush=True)
+
+
+def gen_stubs():
+    out = tempfile.mkdtemp(prefix="tandem-stubs-")
+    for p in ["tandem/v1/tandem.proto", "tandem/internal/v1/worker.proto"]:
+        rc = protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + out,
+                          "--grpc_python_out=" + out, p])
+        assert rc == 0, "protoc failed on " + p
+    sys.path.insert(0, out)
+
+
+gen_stubs()
+from tandem.v1 import tandem_pb2 as pb  # noqa: E402
+from tandem.v1 import tandem_pb2_grpc as pbg  # noqa: E402
+from tandem.internal.v1 import worker_pb2 as wpb  # noqa: E402
+from tandem.internal.v1 import worker_pb2_grpc as wpbg  # noqa: E402
+
+
+def reference(prompt, max_tokens=MAX_TOKENS):
+    out = subprocess.run(["timeout", "120", BIN + "/tandem", "generate", "--model", MODEL, "--ids", "--threads", "1",
+                          "--max-tokens", str(max_tokens), "--ignore-eos", prompt],
+                         capture_output=True, text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+class Cluster:
+    def __init__(self):
+        self.err = open(tempfile.mktemp(prefix="tandem-up-", suffix=".log"), "w+")
+        self.p = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads",
+                                   "--worker-arg", "1"], stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                  start_new_session=True)
+        t0 = time.time()
+        line = ""
+        while time.time() - t0 < 60 and not line:
+            line = self.p.stdout.readline().strip()
+        assert re.fullmatch(r"[\d.]+:\d+", line), "tandem up printed no endpoint: " + repr(line)
+        self.endpoint = line
+        self.err.seek(0)
+        m = re.search(r"etcd on (\S+),", self.err.read())
+        self.etcd = m.group(1)
+        self.ch = grpc.insecure_channel(self.endpoint)
+        self.stub = pbg.TandemStub(self.ch)
+
+    def workers(self):
+        out = subprocess.run(["etcdctl", "--endpoints", self.etcd, "get", "--prefix", "/tandem/workers/",
+                              "--print-value-only"], capture_output=True, text=True,
+                             env=dict(os.environ, ETCDCTL_API="3"), timeout=10).stdout
+        return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+    def worker(self, role):
+        ws = [w for w in self.workers() if w["role"] == role and w["contract"]["block_tokens"] == 16]
+        return ws[0] if ws else None
+
+    def stats(self, w):
+        ch = grpc.insecure_channel(w["addr"])
+        stub = (wpbg.PrefillStub if w["role"] == "prefill" else wpbg.DecodeStub)(ch)
+        r = stub.Stats(wpb.StatsRequest(), timeout=5)
+        ch.close()
+        return r
+
+    def health(self):
+        r = self.stub.Health(pb.HealthRequest(), timeout=5)
+        return r.status == pb.HealthResponse.STATUS_SERVING, json.loads(r.detail)
+
+    def stop(self):
+        self.ch.close()
+        os.killpg(self.p.pid, signal.SIGTERM)
+        try:
+            self.p.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait()
+        return self.p.returncode
+
+
+def generate(stub, prompt, max_tokens=MAX_TOKENS, timeout=120, ignore_eos=True):
+    rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True,
+                            sampling=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos))
+    ids, last = [], None
+    for r in stub.Generate(rq, timeout=timeout):
+        ids.extend(r.token_ids)
+        last = r
+    return ids, last
+
+
+def wait_for(pred, secs):
+    t0 = time.time()
+    while time.time() - t0 < secs:
+        try:
+            if pred():
+                return True
+        except Exception:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def main():
+    refs = {p: reference(p) for p in PROMPTS}
+    c = Cluster()
+    try:
+        # 1. greedy output identical to single-process tandem generate
+        same = 0
+        for p in PROMPTS:
+            ids, last = generate(c.stub, p)
+            if ids == refs[p]:
+                same += 1
+            else:
+                print("  differs: %r\n    cluster %s\n    local   %s" % (p, ids, refs[p]))
+        check("greedy identical to single-process for %d/%d prompts" % (same, len(PROMPTS)), same == len(PROMPTS))
+        check("final message has usage and timing",
+              last.usage.completion_tokens == MAX_TOKENS and last.timing.ttft_ms > 0 and
+              last.finish_reason == pb.FINISH_REASON_LENGTH and last.timing.prefill_worker != "",
+              str(last))
+
+        # 2. 64 concurrent streams, all correct
+        out = [None] * 64
+
+        def run(i):
+            try:
+                out[i] = generate(c.stub, PROMPTS[i % len(PROMPTS)])[0]
+            except Exception as e:  # noqa: BLE001
+                out[i] = e
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+        t0 = time.time()
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        good = sum(1 for i in range(64) if out[i] == refs[PROMPTS[i % len(PROMPTS)]])
+        check("64 concurrent streams: %d/64 complete and correct (%.1f s)" % (good, time.time() - t0), good == 64,
+              str([o for o in out if not isinstance(o, list)][:2]))
+
+        # 3. a client cancel frees the request's KV on both workers
+        pw, dw = c.worker("prefill"), c.worker("decode")
+        idle_p, idle_d = c.stats(pw).kv_in_use, c.stats(dw).kv_in_use
+        call = c.stub.Generate(pb.GenerateRequest(prompt="Tell me a long story. " * 20,
+                                                  sampling=pb.SamplingParams(max_tokens=1500, ignore_eos=True)),
+                               timeout=120)
+        n = 0
+        for _ in call:
+            n += 1
+            if n == 5:
+                break
+        busy_d = c.stats(dw).kv_in_use
+        call.cancel()
+        freed = wait_for(lambda: c.stats(dw).kv_in_use == idle_d and c.stats(pw).kv_in_use == idle_p, 5)
+        check("cancel frees KV on both workers (decode in use %d while running, back to %d; prefill %d)" %
+              (busy_d, c.stats(dw).kv_in_use, c.stats(pw).kv_in_use), freed and busy_d > idle_d)
+        # cancel during prefill too: a long prompt, cancelled before its first token
+        call = c.stub.Generate(pb.GenerateRequest(prompt="word " * 1500, sampling=pb.SamplingParams(max_tokens=4)),
+                               timeout=120)
+        time.sleep(0.4)
+        call.cancel()
+        freed = wait_for(lambda: c.stats(dw).kv_in_use == idle_d and c.stats(pw).kv_in_use == idle_p and
+                         c.stats(dw).reservations == 0, 10)
+        check("cancel mid-prefill frees the prefill KV and the decode reservation", freed,
+              "prefill in use %d, decode in use %d" % (c.stats(pw).kv_in_use, c.stats(dw).kv_in_use))
+
+        # 4. malformed and oversized requests: INVALID_ARGUMENT naming the field
+        def code_of(rq, raw=None):
+            try:
+                if raw is not None:
+                    f = c.ch.unary_stream("/tandem.v1.Tandem/Generate", request_serializer=lambda x: x,
+                                          response_deserializer=lambda x: x)
+                    list(f(raw, timeout=10))
+                else:
+                    list(c.stub.Generate(rq, timeout=10))
+                return grpc.StatusCode.OK, ""
+            except grpc.RpcError as e:
+                return e.code(), e.details()
+        bad = [
+            ("garbage bytes", None, b"\xff\xff\xff\xff\x0f", "does not parse"),
+            ("no input", pb.GenerateRequest(), None, "input"),
+            ("empty prompt", pb.GenerateRequest(prompt=""), None, "prompt"),
+            ("temperature -1", pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(temperature=-1)), None,
+             "temperature"),
+            ("top_p 0", pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(top_p=0)), None, "top_p"),
+            ("oversized prompt", pb.GenerateRequest(prompt="word " * 9000), None, "context"),
+            ("bad chat role", pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="wizard",
+                                                                                            content="x")])),
+             None, "role"),
+            ("empty stop string", pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(stop=[""])), None,
+             "stop"),
+        ]
+        for name, rq, raw, field in bad:
+            code, msg = code_of(rq, raw)
+            check("malformed: %s -> INVALID_ARGUMENT naming '%s' (%s)" % (name, field, msg),
+                  code == grpc.StatusCode.INVALID_ARGUMENT and field in msg, "%s %s" % (code, msg))
+        code, msg = code_of(pb.GenerateRequest(prompt="hi", model="no-such-model"))
+        check("unknown model -> NOT_FOUND naming it", code == grpc.StatusCode.NOT_FOUND and "no-such-model" in msg,
+              msg)
+        ids, _ = generate(c.stub, PROMPTS[0])
+        check("the cluster keeps serving after bad requests", ids == refs[PROMPTS[0]])
+
+        # 5. a worker with another KV contract is refused, naming both values
+        odd = subprocess.Popen([BIN + "/tandem-decode", "--model", MODEL, "--etcd", c.etcd, "--threads", "1",
+                                "--block-tokens", "32", "--id", "decode-bt32"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        seen = wait_for(lambda: any(r["id"] == "decode-bt32" for r in c.health()[1]["refused"]), 15)
+        why = [r["why"] for r in c.health()[1]["refused"] if r["id"] == "decode-bt32"]
+        check("a worker with block_tokens 32 is refused: %s" % (why[0] if why else "-"),
+              seen and why and "block_tokens" in why[0] and "16" in why[0] and "32" in why[0])
+        ok_all = all(generate(c.stub, p)[0] == refs[p] for p in PROMPTS[:4])
+        check("requests never land on the refused worker", ok_all)
+        odd.terminate()
+        odd.wait(30)
+
+        # 6. kill -9 of the prefill worker mid-prefill
+        pw = c.worker("prefill")
+        long_prompt = "The history of the city is long and complicated. " * 120
+        ref_long = reference(long_prompt, 8)
+        res = {}
+
+        def long_req():
+            t = time.time()
+            try:
+                res["ids"] = generate(c.stub, long_prompt, max_tokens=8, timeout=90)[0]
+            except grpc.RpcError as e:
+                res["err"] = (e.code(), e.details())
+            res["secs"] = time.time() - t
+        t = threading.Thread(target=long_req)
+        t.start()
+        time.sleep(0.6)
+        os.kill(pw["pid"], signal.SIGKILL)
+        t.join(100)
+        check("prefill killed mid-prefill: the request %s in %.1f s" %
+              ("completed correctly" if res.get("ids") == ref_long else "ended with " + str(res.get("err")),
+               res.get("secs", -1)),
+              not t.is_alive() and (res.get("ids") == ref_long or "err" in res))
+        back = wait_for(lambda: c.worker("prefill") and c.worker("prefill")["pid"] != pw["pid"] and c.health()[0], 30)
+        check("the killed prefill worker is restarted and rejoins", back)
+
+        # 7. kill -9 of the decode worker mid-decode
+        dw = c.worker("decode")
+        ref300 = reference(PROMPTS[1], 200)
+        got, err = [], None
+        t0 = time.time()
+        try:
+            for r in c.stub.Generate(pb.GenerateRequest(prompt=PROMPTS[1], return_token_ids=True,
+                                                        sampling=pb.SamplingParams(max_tokens=200, ignore_eos=True)),
+                                     timeout=90):
+                got.extend(r.token_ids)
+                if len(got) >= 20 and dw:
+                    os.kill(dw["pid"], signal.SIGKILL)
+                    dw = None
+        except grpc.RpcError as e:
+            err = (e.code(), e.details())
+        how = ("resumed and completed identically (%d tokens)" % len(got)) if got == ref300 else \
+            "ended with %s after %d tokens" % (err, len(got))
+        check("decode killed mid-decode: the stream %s in %.1f s" % (how, time.time() - t0),
+              got == ref300 or err is not None)
+        back = wait_for(lambda: c.worker("decode") and c.health()[0], 30)
+        check("the killed decode worker is restarted and rejoins", back)
+        ids, _ = generate(c.stub, PROMPTS[2])
+        check("the cluster serves after the restarts", ids == refs[PROMPTS[2]])
+    finally:
+        rc = c.stop()
+        check("tandem up stops cleanly on SIGTERM (exit %s)" % rc, rc == 0)
+    print("integration: %d passed, %d failed" % (sum(results), len(results) - sum(results)))
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
