@@ -1,6 +1,7 @@
 # The two set-up commands of the README. Both install what is missing first.
-#   make demo   the main job on the default model (until serving lands:
-#               tandem generate in this process)
+#   make demo   the main job on the default model: a local cluster (tandem up:
+#               etcd, router, a prefill and a decode worker), one streamed
+#               generation through it, then the cluster stops
 #   make test   the whole test suite (what CI runs)
 .PHONY: demo test build clean
 
@@ -10,7 +11,7 @@ build:
 	cmake --build build -j$$(nproc)
 
 demo: build
-	build/bin/tandem generate --chat --max-tokens 96 "Explain in two sentences why the sky is blue."
+	deploy/demo.sh
 
 test:
 	tests/run.sh

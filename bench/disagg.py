@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Disaggregated vs single-process: TTFT and TPOT for 128, 512 and 2,048-token
+prompts, the share of KV transfer time hidden behind prefill compute, and the
+router's own time per request. Starts a cluster with `tandem up` (1 prefill +
+1 decode worker, THREADS compute threads each) and runs `tandem generate` in
+one process (THREADS threads) on the same prompts. Prints a JSON document.
+Usage: bench/disagg.py BUILD_BIN_DIR [THREADS] (needs grpcio, grpcio-tools)."""
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+from grpc_tools import protoc
+
+ROOT = os.getcwd()
+BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
+THREADS = sys.argv[2] if len(sys.argv) > 2 else "1"
+MODEL = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+GEN = 32
+REPS = 3
+
+out = tempfile.mkdtemp(prefix="tandem-stubs-")
+for p in ["tandem/v1/tandem.proto", "tandem/internal/v1/worker.proto"]:
+    protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + out, "--grpc_python_out=" + out, p])
+sys.path.insert(0, out)
+from tandem.v1 import tandem_pb2 as pb  # noqa: E402
+from tandem.v1 import tandem_pb2_grpc as pbg  # noqa: E402
+from tandem.internal.v1 import worker_pb2 as wpb  # noqa: E402
+from tandem.internal.v1 import worker_pb2_grpc as wpbg  # noqa: E402
+
+
+def prompt_of(n):
+    # " a" repeated is one token per word for this tokenizer; BOS adds one
+    return "a" + " a" * (n - 2)
+
+
+def single(n):
+    r = subprocess.run(["timeout", "300", BIN + "/tandem", "generate", "--model", MODEL, "--threads", THREADS,
+                        "--max-tokens", str(GEN), "--ignore-eos", prompt_of(n)], capture_output=True, text=True)
+    m = re.search(r"TTFT ([\d.]+) ms", r.stderr)
+    d = re.search(r"= ([\d.]+) tok/s", r.stderr)
+    return float(m.group(1)), 1000.0 / float(d.group(1)), r.stderr
+
+
+def main():
+    err = open(tempfile.mktemp(prefix="tandem-up-"), "w+")
+    up = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads", "--worker-arg",
+                           THREADS], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+    ep = up.stdout.readline().strip()
+    err.seek(0)
+    etcd = re.search(r"etcd on (\S+),", err.read()).group(1)
+    stub = pbg.TandemStub(grpc.insecure_channel(ep))
+    res = {"threads_per_process": int(THREADS), "generated_tokens": GEN, "prompts": {}}
+    try:
+        for n in (128, 512, 2048):
+            ttft, tpot, ttft_c, n_prompt = [], [], [], 0
+            for _ in range(REPS):
+                t0 = time.time()
+                first = None
+                last = None
+                for r in stub.Generate(pb.GenerateRequest(prompt=prompt_of(n), sampling=pb.SamplingParams(
+                        max_tokens=GEN, ignore_eos=True)), timeout=300):
+                    if first is None and r.text:
+                        first = time.time() - t0
+                    last = r
+                ttft.append(last.timing.ttft_ms)
+                tpot.append(last.timing.tpot_ms)
+                ttft_c.append(first * 1e3)
+                n_prompt = last.usage.prompt_tokens
+            s = [single(n) for _ in range(REPS)]
+            res["prompts"][str(n)] = {
+                "prompt_tokens": n_prompt,
+                "disagg_ttft_ms": statistics.median(ttft), "disagg_ttft_client_ms": statistics.median(ttft_c),
+                "disagg_tpot_ms": statistics.median(tpot),
+                "single_ttft_ms": statistics.median(x[0] for x in s),
+                "single_tpot_ms": statistics.median(x[1] for x in s),
+            }
+            print(n, res["prompts"][str(n)], file=sys.stderr, flush=True)
+        envv = dict(os.environ, ETCDCTL_API="3")
+        recs = subprocess.run(["etcdctl", "--endpoints", etcd, "get", "--prefix", "/tandem/workers/prefill",
+                               "--print-value-only"], capture_output=True, text=True, env=envv).stdout
+        pw = json.loads([l for l in recs.splitlines() if l.startswith("{")][0])
+        st = wpbg.PrefillStub(grpc.insecure_channel(pw["addr"])).Stats(wpb.StatsRequest(), timeout=5)
+        res["kv_transfer"] = {
+            "bytes": st.transfer_bytes, "pusher_busy_ms": st.transfer_ms, "exposed_ms": st.exposed_transfer_ms,
+            "hidden_share": 1 - st.exposed_transfer_ms / st.transfer_ms if st.transfer_ms else None,
+            "put_gbs_while_computing": st.transfer_bytes / (st.transfer_ms / 1e3) / 1e9 if st.transfer_ms else None,
+        }
+        # router overhead: many small requests, then the router's own figure
+        for _ in range(200):
+            list(stub.Generate(pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=2)), timeout=60))
+        h = stub.Health(pb.HealthRequest(), timeout=5)
+        res["router"] = json.loads(h.detail)
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        up.wait(60)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
