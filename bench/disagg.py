@@ -35,9 +35,10 @@ from tandem.internal.v1 import worker_pb2 as wpb  # noqa: E402
 from tandem.internal.v1 import worker_pb2_grpc as wpbg  # noqa: E402
 
 
-def prompt_of(n):
-    # " a" repeated is one token per word for this tokenizer; BOS adds one
-    return "a" + " a" * (n - 2)
+def prompt_of(n, rep=0):
+    # " a" repeated is one token per word for this tokenizer; BOS adds one. A
+    # different first word per repetition keeps the prefix cache out of it.
+    return ["a", "b", "c", "d", "e", "f"][rep] + " a" * (n - 2)
 
 
 def single(n):
@@ -60,11 +61,11 @@ def main():
     try:
         for n in (128, 512, 2048):
             ttft, tpot, ttft_c, n_prompt = [], [], [], 0
-            for _ in range(REPS):
+            for rep in range(REPS):
                 t0 = time.time()
                 first = None
                 last = None
-                for r in stub.Generate(pb.GenerateRequest(prompt=prompt_of(n), sampling=pb.SamplingParams(
+                for r in stub.Generate(pb.GenerateRequest(prompt=prompt_of(n, rep), sampling=pb.SamplingParams(
                         max_tokens=GEN, ignore_eos=True)), timeout=300):
                     if first is None and r.text:
                         first = time.time() - t0
@@ -73,7 +74,7 @@ def main():
                 tpot.append(last.timing.tpot_ms)
                 ttft_c.append(first * 1e3)
                 n_prompt = last.usage.prompt_tokens
-            s = [single(n) for _ in range(REPS)]
+            s = [single(n) for rep in range(REPS)]
             res["prompts"][str(n)] = {
                 "prompt_tokens": n_prompt,
                 "disagg_ttft_ms": statistics.median(ttft), "disagg_ttft_client_ms": statistics.median(ttft_c),
