@@ -140,7 +140,8 @@ static td_status_t kv_copy(const Mvccpb__KeyValue *src, td_etcd_kv_t *dst)
     dst->value = malloc(src->value.len + 1);
     if (!dst->key || !dst->value)
         return TD_ERR_NO_MEMORY;
-    memcpy(dst->value, src->value.data, src->value.len);
+    if (src->value.len)
+        memcpy(dst->value, src->value.data, src->value.len);
     dst->value[src->value.len] = 0;
     dst->value_len = src->value.len;
     dst->lease = src->lease;

@@ -52,7 +52,9 @@ static void h_count(void *ctx, td_rpc_call_t *c)
     (void)ctx;
     size_t n;
     const uint8_t *p = td_rpc_call_payload(c, &n);
-    int count = n ? atoi((const char *)p) : 0;
+    char num[16] = "";
+    memcpy(num, p, n < sizeof num - 1 ? n : sizeof num - 1); /* the payload is not NUL-terminated */
+    int count = atoi(num);
     for (int i = 0; i < count; i++) {
         char m[16];
         int l = snprintf(m, sizeof m, "%d", i);
