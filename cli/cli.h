@@ -13,9 +13,13 @@ int cli_up(int argc, char **argv);
 int cli_health(int argc, char **argv);
 
 #include <stdbool.h>
+#include "common/rpc.h"
 #include "tandem/v1/tandem.pb-c.h"
-/* A streaming Generate against a router (client.c). */
-int cli_generate_remote(const char *endpoint, const char *prompt, bool chat, bool ids, Tandem__V1__SamplingParams *sp,
-                        double timeout_s);
+/* A streaming Generate against a router (client.c); tls NULL: plaintext. */
+int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const char *prompt, bool chat, bool ids,
+                        Tandem__V1__SamplingParams *sp, double timeout_s);
+/* --tls-ca / --tls-cert / --tls-key at argv[*i] (client side): consumes the
+ * flag and its value into tls and returns true; false when argv[*i] is not one. */
+bool cli_tls_flag(int argc, char **argv, int *i, td_rpc_tls_t *tls);
 
 #endif

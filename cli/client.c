@@ -19,21 +19,40 @@ static double now_s(void)
     return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+bool cli_tls_flag(int argc, char **argv, int *i, td_rpc_tls_t *tls)
+{
+    const char *a = argv[*i];
+    const char **slot = !strcmp(a, "--tls-ca")     ? &tls->ca_file
+                        : !strcmp(a, "--tls-cert") ? &tls->cert_file
+                        : !strcmp(a, "--tls-key")  ? &tls->key_file
+                                                   : NULL;
+    if (!slot || *i + 1 >= argc)
+        return false;
+    *slot = argv[++*i];
+    return true;
+}
+
 int cli_health(int argc, char **argv)
 {
     const char *ep = NULL;
-    for (int i = 0; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--endpoint"))
-            ep = argv[i + 1];
+    td_rpc_tls_t tls = {0};
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc)
+            ep = argv[++i];
+        else if (!cli_tls_flag(argc, argv, &i, &tls)) {
+            ep = NULL;
+            break;
+        }
+    }
     if (!ep) {
-        fprintf(stderr, "usage: tandem health --endpoint HOST:PORT\n");
+        fprintf(stderr, "usage: tandem health --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n");
         return 2;
     }
     td_log_set_level(TD_LOG_OFF);
     td_rpc_init();
     td_rpc_channel_t *ch;
     int code = 1;
-    if (td_rpc_channel_create(ep, NULL, &ch) == TD_OK) {
+    if (td_rpc_channel_create(ep, tls.ca_file || tls.cert_file ? &tls : NULL, &ch) == TD_OK) {
         uint8_t *out;
         size_t n;
         td_rpc_result_t res;
@@ -55,8 +74,8 @@ int cli_health(int argc, char **argv)
     return code;
 }
 
-int cli_generate_remote(const char *endpoint, const char *prompt, bool chat, bool ids, Tandem__V1__SamplingParams *sp,
-                        double timeout_s)
+int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const char *prompt, bool chat, bool ids,
+                        Tandem__V1__SamplingParams *sp, double timeout_s)
 {
     td_rpc_init();
     Tandem__V1__GenerateRequest rq = TANDEM__V1__GENERATE_REQUEST__INIT;
@@ -84,7 +103,7 @@ int cli_generate_remote(const char *endpoint, const char *prompt, bool chat, boo
     td_rpc_stream_t *st;
     int code = 1;
     double t0 = now_s();
-    if (td_rpc_channel_create(endpoint, NULL, &ch) || td_rpc_stream_open(ch, "/tandem.v1.Tandem/Generate", buf, n,
+    if (td_rpc_channel_create(endpoint, tls, &ch) || td_rpc_stream_open(ch, "/tandem.v1.Tandem/Generate", buf, n,
                                                                           timeout_s, NULL, &st)) {
         free(buf);
         return 1;

@@ -18,7 +18,7 @@
 #define DEFAULT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static const char gen_usage[] =
-    "usage: tandem generate [--model PATH | --endpoint HOST:PORT] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
+    "usage: tandem generate [--model PATH | --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
     "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N | --kv-mib M] [--ids]\n"
     "                       PROMPT\n";
@@ -93,6 +93,7 @@ int cli_generate(int argc, char **argv)
 {
     const char *model = DEFAULT_MODEL_PATH, *prompt = NULL, *endpoint = NULL;
     bool chat = false, ids = false;
+    td_rpc_tls_t tls = {0};
     eng_request_t req = {.sampling = eng_sampling_default(), .max_tokens = 128};
     eng_engine_config_t cfg = eng_engine_config_default();
     const char *stops[16];
@@ -103,6 +104,7 @@ int cli_generate(int argc, char **argv)
 #define NUM(flag, lo, hi) (!strcmp(a, flag) && (i++, true) && parse_num(flag, nx, lo, hi, &v))
         if (!strcmp(a, "--model") && nx) model = argv[++i];
         else if (!strcmp(a, "--endpoint") && nx) endpoint = argv[++i];
+        else if (cli_tls_flag(argc, argv, &i, &tls)) ;
         else if (!strcmp(a, "--chat")) chat = true;
         else if (!strcmp(a, "--ids")) ids = true;
         else if (!strcmp(a, "--ignore-eos")) req.ignore_eos = true;
@@ -148,7 +150,7 @@ int cli_generate(int argc, char **argv)
         sp.ignore_eos = req.ignore_eos;
         sp.n_stop = req.n_stop;
         sp.stop = (char **)stops;
-        return cli_generate_remote(endpoint, prompt, chat, ids, &sp, 600);
+        return cli_generate_remote(endpoint, tls.ca_file || tls.cert_file ? &tls : NULL, prompt, chat, ids, &sp, 600);
     }
     double t_load = now_s();
     eng_model_t *m;

@@ -26,6 +26,8 @@
 #include "cli/cli.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/rpc.h"
+#include "tandem/v1/tandem.pb-c.h"
 
 #define MAX_CHILDREN 64
 #define MAX_EXTRA 32
@@ -86,6 +88,23 @@ static void add_arg(child_t *c, const char *a)
     if (c->argc < 46)
         c->argv[c->argc++] = strdup(a);
     c->argv[c->argc] = NULL;
+}
+
+/* true when the router answers Health with SERVING (a call of at most 1 s) */
+static bool router_serving(td_rpc_channel_t *ch)
+{
+    uint8_t *out = NULL;
+    size_t n = 0;
+    td_rpc_result_t res;
+    bool ok = false;
+    if (td_rpc_unary(ch, "/tandem.v1.Tandem/Health", "", 0, 1.0, NULL, &out, &n, &res) == TD_OK) {
+        Tandem__V1__HealthResponse *h = tandem__v1__health_response__unpack(NULL, n, out);
+        ok = h && h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING;
+        if (h)
+            tandem__v1__health_response__free_unpacked(h, NULL);
+    }
+    free(out);
+    return ok;
 }
 
 static const char up_usage[] =
@@ -219,7 +238,32 @@ int cli_up(int argc, char **argv)
         for (int e = 0; e < n_extra; e++)
             add_arg(c, extra[e]);
     }
+    /* the readiness probe speaks the router's TLS when it has one: it trusts
+     * tls_client_ca (and shows the router's own certificate, for mutual TLS)
+     * or, without one, the router's certificate itself (self-signed) */
+    static char tls_files[3][PATH_MAX];
+    td_rpc_tls_t probe_tls = {0};
+    bool tls = cfg.router.tls_cert && cfg.router.tls_cert[0];
+    if (tls) {
+        bool mutual = cfg.router.tls_client_ca && cfg.router.tls_client_ca[0];
+        snprintf(tls_files[0], PATH_MAX, "%s", mutual ? cfg.router.tls_client_ca : cfg.router.tls_cert);
+        snprintf(tls_files[1], PATH_MAX, "%s", cfg.router.tls_cert);
+        snprintf(tls_files[2], PATH_MAX, "%s", cfg.router.tls_key ? cfg.router.tls_key : "");
+        probe_tls.ca_file = tls_files[0];
+        if (mutual) {
+            probe_tls.cert_file = tls_files[1];
+            probe_tls.key_file = tls_files[2];
+        }
+    }
     td_config_free(&cfg);
+    td_log_set_level(TD_LOG_OFF);
+    td_rpc_init();
+    td_rpc_channel_t *probe = NULL;
+    if (td_rpc_channel_create(router_listen, tls ? &probe_tls : NULL, &probe)) {
+        fprintf(stderr, "tandem up: cannot probe the router at %s: %s\n", router_listen, td_last_error());
+        td_rpc_shutdown();
+        return 1;
+    }
 
     struct sigaction sa = {.sa_handler = on_stop};
     sigaction(SIGINT, &sa, NULL);
@@ -232,8 +276,6 @@ int cli_up(int argc, char **argv)
     /* wait for the router to say SERVING, then print its endpoint */
     bool announced = false;
     double t_start = now_s();
-    char health_cmd[PATH_MAX + 256];
-    snprintf(health_cmd, sizeof health_cmd, "%s/tandem health --endpoint %s >/dev/null 2>&1", dir, router_listen);
     double next_probe = 0;
     while (!g_stop) {
         int st;
@@ -258,7 +300,7 @@ int cli_up(int argc, char **argv)
                 spawn(&kids[i]);
         if (!announced && now_s() >= next_probe) {
             next_probe = now_s() + 0.2;
-            if (system(health_cmd) == 0) {
+            if (router_serving(probe)) {
                 announced = true;
                 printf("%s\n", router_listen);
                 fflush(stdout);
@@ -269,6 +311,8 @@ int cli_up(int argc, char **argv)
         usleep(50 * 1000);
     }
     fprintf(stderr, "tandem up: stopping\n");
+    td_rpc_channel_destroy(probe);
+    td_rpc_shutdown();
     /* router and workers first (they drain), etcd last */
     for (int phase = 0; phase < 2; phase++) {
         for (int i = 0; i < nk; i++)

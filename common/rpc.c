@@ -687,6 +687,7 @@ struct td_rpc_channel {
 };
 
 struct td_rpc_stream {
+    td_rpc_channel_t *ch;
     grpc_call *call;
     cq_pump_t pump;
     grpc_metadata_array md_initial, md_trailing;
@@ -771,6 +772,22 @@ static void result_set(td_rpc_result_t *res, grpc_status_code code, grpc_slice d
         snprintf(res->message, sizeof res->message, "%s", fallback);
 }
 
+/* A call that ran out of time without ever having a connection says so:
+ * the bare "Deadline Exceeded" hides a wrong address, a server that is down
+ * or a TLS mismatch (a handshake that fails leaves the channel failing). */
+static void explain_unconnected(td_rpc_channel_t *ch, td_rpc_result_t *res)
+{
+    if (!res || res->code != GRPC_STATUS_DEADLINE_EXCEEDED)
+        return;
+    grpc_connectivity_state s = grpc_channel_check_connectivity_state(ch->ch, 0);
+    if (s == GRPC_CHANNEL_READY || s == GRPC_CHANNEL_IDLE)
+        return;
+    size_t n = strlen(res->message);
+    snprintf(res->message + n, sizeof res->message - n,
+             " (no connection to %s was made: the server is down, the address is wrong, or TLS does not match)",
+             ch->target);
+}
+
 td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *req, size_t req_len,
                          double timeout_s, td_rpc_call_t *parent, uint8_t **resp, size_t *resp_len,
                          td_rpc_result_t *res)
@@ -808,6 +825,7 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
         cq_wait(&pump, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC)); /* the call's deadline bounds it */
     }
     result_set(res, code, details, err_str);
+    explain_unconnected(ch, res);
     if (!rc && code == GRPC_STATUS_OK && in) {
         *resp = buffer_copy(in, resp_len);
         if (!*resp)
@@ -836,6 +854,7 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
     td_rpc_stream_t *st = calloc(1, sizeof *st);
     if (!st)
         return td_error(TD_ERR_NO_MEMORY, "rpc: no memory");
+    st->ch = ch;
     st->pump.cq = grpc_completion_queue_create_for_next(NULL);
     st->call = client_call(ch, method, timeout_s, parent, st->pump.cq);
     grpc_metadata_array_init(&st->md_initial);
@@ -934,6 +953,7 @@ td_status_t td_rpc_stream_result(td_rpc_stream_t *st, double wait_s, td_rpc_resu
         st->status_done = true;
     }
     result_set(res, st->code, st->details, st->error_string);
+    explain_unconnected(st->ch, res);
     return td_rpc_status_of(st->code);
 }
 

@@ -47,6 +47,7 @@ typedef struct router {
     td_etcd_t *etcd;
     td_etcd_watch_t *watch;
     char etcd_ep[256], listen[128], model_path[512];
+    char tls_cert[512], tls_key[512], tls_client_ca[512]; /* TLS on the public API when cert+key are set */
     uint32_t block_tokens;
     bool kv_fp32;
     uint32_t default_max_tokens;
@@ -699,6 +700,9 @@ static int parse_args(router_t *r, int argc, char **argv)
     snprintf(r->listen, sizeof r->listen, "%s", cfg.router.listen ? cfg.router.listen : "127.0.0.1:50051");
     r->block_tokens = cfg.model.block_tokens;
     r->kv_fp32 = cfg.model.kv_dtype && !strcmp(cfg.model.kv_dtype, "fp32");
+    snprintf(r->tls_cert, sizeof r->tls_cert, "%s", cfg.router.tls_cert ? cfg.router.tls_cert : "");
+    snprintf(r->tls_key, sizeof r->tls_key, "%s", cfg.router.tls_key ? cfg.router.tls_key : "");
+    snprintf(r->tls_client_ca, sizeof r->tls_client_ca, "%s", cfg.router.tls_client_ca ? cfg.router.tls_client_ca : "");
     td_config_free(&cfg);
     r->default_max_tokens = 128;
     for (int i = 1; i < argc; i++) {
@@ -719,9 +723,16 @@ static int parse_args(router_t *r, int argc, char **argv)
             r->block_tokens = (uint32_t)atoi(v);
         else if (!strcmp(a, "--kv-dtype"))
             r->kv_fp32 = !strcmp(v, "fp32");
+        else if (!strcmp(a, "--tls-cert"))
+            snprintf(r->tls_cert, sizeof r->tls_cert, "%s", v);
+        else if (!strcmp(a, "--tls-key"))
+            snprintf(r->tls_key, sizeof r->tls_key, "%s", v);
+        else if (!strcmp(a, "--tls-client-ca"))
+            snprintf(r->tls_client_ca, sizeof r->tls_client_ca, "%s", v);
         else {
             fprintf(stderr, "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] "
-                            "[--etcd HOST:PORT] [--block-tokens N] [--kv-dtype fp16|fp32]\n");
+                            "[--etcd HOST:PORT] [--block-tokens N] [--kv-dtype fp16|fp32]\n"
+                            "       [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n");
             return 2;
         }
         i++;
@@ -759,14 +770,19 @@ int main(int argc, char **argv)
     if (membership_start(&r))
         goto out;
     int port;
-    if (td_rpc_server_create(r.listen, NULL, &srv) ||
+    if ((r.tls_cert[0] || r.tls_key[0] || r.tls_client_ca[0]) && !(r.tls_cert[0] && r.tls_key[0])) {
+        td_error(TD_ERR_CONFIG, "router: TLS needs both tls_cert and tls_key (tls_client_ca is optional)");
+        goto out;
+    }
+    td_rpc_tls_t tls = {.cert_file = r.tls_cert, .key_file = r.tls_key, .ca_file = r.tls_client_ca};
+    if (td_rpc_server_create(r.listen, r.tls_cert[0] ? &tls : NULL, &srv) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Generate", h_generate, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Tokenize", h_tokenize, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/ListModels", h_list_models, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r) || td_rpc_server_start(srv, &port))
         goto out;
-    TD_INFO("router serving %s on port %d (etcd %s, placement %s)", r.model->desc.name, port, r.etcd_ep,
-            r.place->name);
+    TD_INFO("router serving %s on port %d%s (etcd %s, placement %s)", r.model->desc.name, port,
+            !r.tls_cert[0] ? "" : r.tls_client_ca[0] ? " with mutual TLS" : " with TLS", r.etcd_ep, r.place->name);
     while (!g_signal)
         usleep(50 * 1000);
     TD_INFO("router: stopping (signal %d)", (int)g_signal);

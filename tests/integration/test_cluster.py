@@ -64,11 +64,11 @@ def reference(prompt, max_tokens=MAX_TOKENS):
 
 
 class Cluster:
-    def __init__(self):
+    def __init__(self, config=None, creds=None):
         self.err = open(tempfile.mktemp(prefix="tandem-up-", suffix=".log"), "w+")
         self.p = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads",
-                                   "--worker-arg", "1"], stdout=subprocess.PIPE, stderr=self.err, text=True,
-                                  start_new_session=True)
+                                   "--worker-arg", "1"] + (["--config", config] if config else []),
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)
         t0 = time.time()
         line = ""
         while time.time() - t0 < 60 and not line:
@@ -78,7 +78,7 @@ class Cluster:
         self.err.seek(0)
         m = re.search(r"etcd on (\S+),", self.err.read())
         self.etcd = m.group(1)
-        self.ch = grpc.insecure_channel(self.endpoint)
+        self.ch = grpc.secure_channel(self.endpoint, creds) if creds else grpc.insecure_channel(self.endpoint)
         self.stub = pbg.TandemStub(self.ch)
 
     def workers(self):
@@ -133,6 +133,37 @@ def wait_for(pred, secs):
             pass
         time.sleep(0.1)
     return False
+
+
+def tls_cluster(refs):
+    """The public API over TLS: `tandem up` with router.tls_cert/tls_key in its
+    config (a self-signed certificate made here by openssl)."""
+    d = tempfile.mkdtemp(prefix="tandem-tls-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", d + "/key.pem",
+                    "-out", d + "/cert.pem"], check=True, capture_output=True)
+    with open(d + "/tandem.yaml", "w") as f:
+        f.write("router:\n  tls_cert: %s/cert.pem\n  tls_key: %s/key.pem\n" % (d, d))
+    cert = open(d + "/cert.pem", "rb").read()
+    c = Cluster(d + "/tandem.yaml", grpc.ssl_channel_credentials(root_certificates=cert))
+    try:
+        ids, _ = generate(c.stub, PROMPTS[0])
+        check("TLS: a grpcio client trusting the router's certificate streams a correct generation",
+              ids == refs[PROMPTS[0]], "got %s" % ids[:8])
+        plain = pbg.TandemStub(grpc.insecure_channel(c.endpoint))
+        try:
+            generate(plain, PROMPTS[0], timeout=3)
+            refused = False
+        except grpc.RpcError as e:
+            refused = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        check("TLS: a plaintext client is refused", refused)
+        cli = subprocess.run([BIN + "/tandem", "generate", "--endpoint", c.endpoint, "--tls-ca", d + "/cert.pem",
+                              "--ids", "--max-tokens", str(MAX_TOKENS), "--ignore-eos", PROMPTS[0]],
+                             capture_output=True, text=True, timeout=60)
+        check("TLS: tandem generate --endpoint --tls-ca streams the same tokens",
+              [int(x) for x in cli.stdout.split()] == refs[PROMPTS[0]], cli.stderr[-300:])
+    finally:
+        check("TLS cluster stops cleanly (exit %s)" % c.stop(), c.p.returncode == 0)
 
 
 def main():
@@ -295,6 +326,7 @@ def main():
     finally:
         rc = c.stop()
         check("tandem up stops cleanly on SIGTERM (exit %s)" % rc, rc == 0)
+    tls_cluster(refs)
     print("integration: %d passed, %d failed" % (sum(results), len(results) - sum(results)))
     return 0 if all(results) else 1
 

@@ -17,6 +17,7 @@
 
 #include "common/etcd.h"
 #include "common/rpc.h"
+#include "common/log.h"
 
 static double now_s(void)
 {
@@ -232,6 +233,114 @@ Test(rpc, cancel_propagates_through_a_relay, .init = init, .fini = fini, .timeou
     td_rpc_server_stop(up, 1);
     td_rpc_server_destroy(front);
     td_rpc_server_destroy(up);
+}
+
+/* ---- TLS: certificates made here by openssl (a CA, a server certificate
+ * for 127.0.0.1, a client certificate, and a second CA that signed nothing) */
+static char g_pki[128];
+
+static void pki_path(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", g_pki, name); }
+
+static void pki_make(void)
+{
+    td_rpc_init();
+    snprintf(g_pki, sizeof g_pki, "/tmp/tandem-test-pki-XXXXXX");
+    cr_assert(mkdtemp(g_pki));
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && exec >/dev/null 2>&1 && "
+             "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext && "
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem && "
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca -keyout other.key -out other.pem && "
+             "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr && "
+             "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext "
+             "-out server.pem && "
+             "openssl req -newkey rsa:2048 -nodes -subj /CN=client -keyout client.key -out client.csr && "
+             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out client.pem",
+             g_pki);
+    cr_assert_eq(system(cmd), 0, "openssl could not make the test certificates");
+}
+
+static void pki_drop(void)
+{
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_pki);
+    if (system(cmd)) {
+    }
+    td_rpc_shutdown();
+}
+
+/* one Echo over a fresh channel; TD_OK or why not (g_echo_msg) */
+static char g_echo_msg[512];
+static td_status_t echo_over(const char *target, const td_rpc_tls_t *tls, double timeout)
+{
+    td_rpc_channel_t *ch;
+    td_status_t rc = td_rpc_channel_create(target, tls, &ch);
+    if (rc)
+        return rc;
+    uint8_t *r = NULL;
+    size_t rl = 0;
+    td_rpc_result_t res;
+    rc = td_rpc_unary(ch, "/t.T/Echo", "tls", 3, timeout, NULL, &r, &rl, &res);
+    snprintf(g_echo_msg, sizeof g_echo_msg, "%s", rc ? res.message : "");
+    if (rc == TD_OK && (rl != 3 || memcmp(r, "tls", 3)))
+        rc = TD_ERR_INTERNAL;
+    free(r);
+    td_rpc_channel_destroy(ch);
+    return rc;
+}
+
+static td_rpc_server_t *start_tls_server(const td_rpc_tls_t *tls, char *target, size_t n)
+{
+    td_rpc_server_t *s;
+    cr_assert_eq(td_rpc_server_create("127.0.0.1:0", tls, &s), TD_OK, "%s", td_last_error());
+    td_rpc_server_add(s, "/t.T/Echo", h_echo, NULL);
+    int port;
+    cr_assert_eq(td_rpc_server_start(s, &port), TD_OK, "%s", td_last_error());
+    snprintf(target, n, "127.0.0.1:%d", port);
+    return s;
+}
+
+Test(rpc, tls_server_and_mutual, .init = pki_make, .fini = pki_drop, .timeout = 90)
+{
+    char ca[160], other[160], scert[160], skey[160], ccert[160], ckey[160], target[64];
+    pki_path(ca, sizeof ca, "ca.pem");
+    pki_path(other, sizeof other, "other.pem");
+    pki_path(scert, sizeof scert, "server.pem");
+    pki_path(skey, sizeof skey, "server.key");
+    pki_path(ccert, sizeof ccert, "client.pem");
+    pki_path(ckey, sizeof ckey, "client.key");
+
+    /* server-authenticated TLS */
+    td_rpc_tls_t stls = {.cert_file = scert, .key_file = skey};
+    td_rpc_server_t *s = start_tls_server(&stls, target, sizeof target);
+    td_rpc_tls_t trust = {.ca_file = ca}, wrong = {.ca_file = other};
+    cr_assert_eq(echo_over(target, &trust, 5), TD_OK, "a client that trusts the CA must get through");
+    double t0 = now_s();
+    cr_assert_neq(echo_over(target, NULL, 1), TD_OK, "a plaintext client must not get through");
+    cr_assert(strstr(g_echo_msg, "TLS"), "the error should name the likely cause: %s", g_echo_msg);
+    cr_assert_neq(echo_over(target, &wrong, 1), TD_OK, "a client trusting another CA must refuse the server");
+    cr_assert_lt(now_s() - t0, 4.0, "refused handshakes must end within the calls' deadlines");
+    td_rpc_server_stop(s, 1);
+    td_rpc_server_destroy(s);
+
+    /* mutual TLS: the server asks for a client certificate signed by its CA */
+    td_rpc_tls_t mtls = {.ca_file = ca, .cert_file = scert, .key_file = skey};
+    s = start_tls_server(&mtls, target, sizeof target);
+    td_rpc_tls_t client = {.ca_file = ca, .cert_file = ccert, .key_file = ckey};
+    cr_assert_eq(echo_over(target, &client, 5), TD_OK, "a client with a CA-signed certificate must get through");
+    cr_assert_neq(echo_over(target, &trust, 1), TD_OK, "a client without a certificate must be refused");
+    td_rpc_server_stop(s, 1);
+    td_rpc_server_destroy(s);
+
+    /* configuration errors name the file or the missing half */
+    td_rpc_channel_t *ch;
+    td_rpc_tls_t missing = {.ca_file = "/nonexistent/ca.pem"};
+    cr_assert_eq(td_rpc_channel_create("127.0.0.1:1", &missing, &ch), TD_ERR_IO);
+    cr_assert(strstr(td_last_error(), "/nonexistent/ca.pem"), "%s", td_last_error());
+    td_rpc_tls_t half = {.cert_file = scert};
+    cr_assert_eq(td_rpc_server_create("127.0.0.1:0", &half, &s), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "key_file"), "%s", td_last_error());
 }
 
 /* ---- etcd ---- */
