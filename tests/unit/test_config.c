@@ -29,6 +29,31 @@ Test(config, defaults_file_and_flags)
     td_config_free(&c);
 }
 
+/* deploy/tandem.yaml documents every key with its default: it must load,
+ * validate, and change nothing */
+Test(config, the_shipped_example_is_the_defaults)
+{
+    td_config_t d, c;
+    cr_assert_eq(td_config_defaults(&d), TD_OK);
+    cr_assert_eq(td_config_defaults(&c), TD_OK);
+    cr_assert_eq(td_config_load(&c, TANDEM_SOURCE_DIR "/deploy/tandem.yaml"), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
+    const char *keys[][2] = {{c.log.level, d.log.level}, {c.log.format, d.log.format},
+                             {c.model.path, d.model.path}, {c.model.kv_dtype, d.model.kv_dtype},
+                             {c.router.listen, d.router.listen}, {c.router.tls_cert, d.router.tls_cert},
+                             {c.router.tls_key, d.router.tls_key}, {c.router.tls_client_ca, d.router.tls_client_ca},
+                             {c.kvstore.data_dir, d.kvstore.data_dir}, {c.etcd.endpoints, d.etcd.endpoints},
+                             {c.etcd.data_dir, d.etcd.data_dir}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        cr_assert_str_eq(keys[i][0], keys[i][1]);
+    cr_assert(c.model.block_tokens == d.model.block_tokens && c.model.context == d.model.context);
+    cr_assert(c.prefill.count == d.prefill.count && c.prefill.threads == d.prefill.threads);
+    cr_assert(c.decode.count == d.decode.count && c.decode.threads == d.decode.threads);
+    cr_assert_eq(c.kvstore.dram_mb, d.kvstore.dram_mb);
+    td_config_free(&c);
+    td_config_free(&d);
+}
+
 Test(config, unknown_key_names_key_and_line)
 {
     td_config_t c;
