@@ -3,7 +3,8 @@
 prompts, the share of KV transfer time hidden behind prefill compute, and the
 router's own time per request. Starts a cluster with `tandem up` (1 prefill +
 1 decode worker, THREADS compute threads each) and runs `tandem generate` in
-one process (THREADS threads) on the same prompts. Prints a JSON document.
+one process (THREADS threads) on the same prompts; then the router's own
+time per request in a second cluster. Prints a JSON document.
 Usage: bench/disagg.py BUILD_BIN_DIR [THREADS] (needs grpcio, grpcio-tools)."""
 import json
 import os
@@ -13,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -49,13 +51,48 @@ def single(n):
     return float(m.group(1)), 1000.0 / float(d.group(1)), r.stderr
 
 
-def main():
+def start_cluster():
     err = open(tempfile.mktemp(prefix="tandem-up-"), "w+")
     up = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads", "--worker-arg",
                            THREADS], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
     ep = up.stdout.readline().strip()
     err.seek(0)
     etcd = re.search(r"etcd on (\S+),", err.read()).group(1)
+    return up, ep, etcd
+
+
+def router_overhead():
+    """The router's own time per request (parse, tokenize, place, pack, relay),
+    from its Health detail, in a fresh cluster: 300 requests one at a time,
+    then 4,096 from 8 concurrent clients (the router keeps the last 4,096)."""
+    up, ep, _ = start_cluster()
+    stub = pbg.TandemStub(grpc.insecure_channel(ep))
+    rq = pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=2))
+    out = {}
+    try:
+        for _ in range(300):
+            list(stub.Generate(rq, timeout=60))
+        out["sequential_300"] = json.loads(stub.Health(pb.HealthRequest(), timeout=5).detail)
+
+        def client():
+            for _ in range(512):
+                list(stub.Generate(rq, timeout=60))
+        ts = [threading.Thread(target=client) for _ in range(8)]
+        t0 = time.time()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        out["concurrent_8x512"] = json.loads(stub.Health(pb.HealthRequest(), timeout=5).detail)
+        out["concurrent_8x512"]["requests_per_s"] = 4096 / (time.time() - t0)
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        up.wait(60)
+    return out
+
+
+def main():
+    up, ep, etcd = start_cluster()
     stub = pbg.TandemStub(grpc.insecure_channel(ep))
     res = {"threads_per_process": int(THREADS), "generated_tokens": GEN, "prompts": {}}
     try:
@@ -93,14 +130,10 @@ def main():
             "hidden_share": 1 - st.exposed_transfer_ms / st.transfer_ms if st.transfer_ms else None,
             "put_gbs_while_computing": st.transfer_bytes / (st.transfer_ms / 1e3) / 1e9 if st.transfer_ms else None,
         }
-        # router overhead: many small requests, then the router's own figure
-        for _ in range(200):
-            list(stub.Generate(pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(max_tokens=2)), timeout=60))
-        h = stub.Health(pb.HealthRequest(), timeout=5)
-        res["router"] = json.loads(h.detail)
     finally:
         os.killpg(up.pid, signal.SIGTERM)
         up.wait(60)
+    res["router"] = router_overhead()
     print(json.dumps(res, indent=1))
 
 

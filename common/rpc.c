@@ -257,6 +257,7 @@ struct td_rpc_call {
     size_t payload_len;
     int cancelled_flag; /* written by gRPC when TAG_CLOSE completes */
     bool closed, md_sent, finished;
+    grpc_byte_buffer *send_bb; /* the message in flight (one at a time), freed when it settles */
     char *peer;
     pthread_mutex_t wake_mu;
     unsigned wakes_seen;
@@ -577,9 +578,28 @@ bool td_rpc_call_cancelled(td_rpc_call_t *c)
     return c->closed && c->cancelled_flag;
 }
 
+/* Waits for the message in flight to be written (or the call to fail): 1
+ * written, -1 not. The write waits on the client's flow control; a client
+ * that is gone ends it. */
+static int send_settle(td_rpc_call_t *c)
+{
+    if (!c->send_bb)
+        return 1;
+    int r;
+    while ((r = cq_wait(&c->pump, TAG_SEND, deadline_in(1))) == 0)
+        if (td_rpc_call_cancelled(c)) /* the write waits on a client that is gone */
+            grpc_call_cancel(c->call, NULL);
+    grpc_byte_buffer_destroy(c->send_bb);
+    c->send_bb = NULL;
+    return r;
+}
+
+/* Sends without waiting for the write: the caller goes on (say, to read the
+ * next message from upstream) while gRPC writes; the next send or the finish
+ * waits for this one first, so flow control still holds the sender back. */
 td_status_t td_rpc_call_send(td_rpc_call_t *c, const void *msg, size_t len)
 {
-    if (td_rpc_call_cancelled(c))
+    if (td_rpc_call_cancelled(c) || send_settle(c) != 1)
         return TD_ERR_CANCELLED;
     grpc_op ops[2];
     int n = 0;
@@ -591,15 +611,12 @@ td_status_t td_rpc_call_send(td_rpc_call_t *c, const void *msg, size_t len)
     grpc_byte_buffer *bb = buffer_of(msg, len);
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = bb;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, (size_t)n, (void *)(intptr_t)TAG_SEND, NULL);
-    int r = e == GRPC_CALL_OK ? 0 : -1;
-    while (r == 0) {
-        r = cq_wait(&c->pump, TAG_SEND, deadline_in(1));
-        if (r == 0 && td_rpc_call_cancelled(c)) /* the write waits on a client that is gone */
-            grpc_call_cancel(c->call, NULL);
+    if (grpc_call_start_batch(c->call, ops, (size_t)n, (void *)(intptr_t)TAG_SEND, NULL) != GRPC_CALL_OK) {
+        grpc_byte_buffer_destroy(bb);
+        return TD_ERR_CANCELLED;
     }
-    grpc_byte_buffer_destroy(bb);
-    return r == 1 ? TD_OK : TD_ERR_CANCELLED;
+    c->send_bb = bb;
+    return TD_OK;
 }
 
 td_status_t td_rpc_call_wait(td_rpc_call_t *c, double timeout_s)
@@ -635,6 +652,7 @@ static void call_status(td_rpc_call_t *c, int code, const char *msg, const void 
     if (c->finished)
         return;
     c->finished = true;
+    send_settle(c);
     grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     int n = 0;
@@ -695,6 +713,7 @@ struct td_rpc_stream {
     grpc_slice details;
     char *error_string;
     grpc_byte_buffer *recv;
+    grpc_byte_buffer *send_bb; /* the request in flight after open, freed at destroy */
     bool md_sent, recv_posted, got_initial, status_done, ended;
 };
 
@@ -876,9 +895,12 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
         ops[1].data.send_message.send_message = bb;
         ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
         st->md_sent = true;
+        /* not waited for: the first read waits for the reply anyway, and the
+         * buffer lives until destroy (after the call has ended) */
         if (grpc_call_start_batch(st->call, ops, 3, (void *)(intptr_t)TAG_SEND, NULL) == GRPC_CALL_OK)
-            cq_wait(&st->pump, TAG_SEND, gpr_inf_future(GPR_CLOCK_MONOTONIC));
-        grpc_byte_buffer_destroy(bb);
+            st->send_bb = bb;
+        else
+            grpc_byte_buffer_destroy(bb);
     }
     *out = st;
     return TD_OK;
@@ -973,6 +995,8 @@ void td_rpc_stream_destroy(td_rpc_stream_t *st)
         grpc_byte_buffer_destroy(st->recv);
     grpc_call_unref(st->call);
     cq_destroy(st->pump.cq);
+    if (st->send_bb)
+        grpc_byte_buffer_destroy(st->send_bb);
     grpc_metadata_array_destroy(&st->md_initial);
     grpc_metadata_array_destroy(&st->md_trailing);
     grpc_slice_unref(st->details);

@@ -91,8 +91,10 @@ const char *td_rpc_call_peer(td_rpc_call_t *c);
 double td_rpc_call_time_left(td_rpc_call_t *c);
 /* True once the client cancelled, went away or its deadline passed. */
 bool td_rpc_call_cancelled(td_rpc_call_t *c);
-/* Sends one message of a server stream and waits until it is written;
- * TD_ERR_CANCELLED when the client is gone. */
+/* Sends one message of a server stream without waiting for the write: the
+ * next send (or the status) waits for it first, so one message is in flight
+ * at a time and a slow client still holds the sender back. TD_ERR_CANCELLED
+ * when the client is gone (learnt now or at the next send). */
 td_status_t td_rpc_call_send(td_rpc_call_t *c, const void *msg, size_t len);
 /* Waits for td_rpc_call_wake() (TD_OK), cancellation (TD_ERR_CANCELLED) or
  * timeout_s (TD_ERR_TIMEOUT). A wake that came earlier returns at once. */

@@ -53,7 +53,8 @@ typedef struct router {
     uint32_t default_max_tokens;
     pthread_mutex_t mu;
     uint64_t n_requests, n_errors, n_ok;
-    double overhead[OVERHEAD_RING]; /* seconds of router work per request */
+    double overhead[OVERHEAD_RING]; /* seconds of router work per request (wall clock) */
+    double overhead_cpu[OVERHEAD_RING]; /* the same sections in the handler thread's CPU time */
     size_t n_overhead;
 } router_t;
 
@@ -189,7 +190,7 @@ static td_status_t tokenize_input(router_t *r, const char *prompt, const Tandem_
     return rc;
 }
 
-static void count(router_t *r, bool ok, double overhead)
+static void count(router_t *r, bool ok, double overhead, double cpu)
 {
     pthread_mutex_lock(&r->mu);
     r->n_requests++;
@@ -197,8 +198,10 @@ static void count(router_t *r, bool ok, double overhead)
         r->n_ok++;
     else
         r->n_errors++;
-    if (overhead >= 0)
+    if (overhead >= 0) {
+        r->overhead_cpu[r->n_overhead % OVERHEAD_RING] = cpu;
         r->overhead[r->n_overhead++ % OVERHEAD_RING] = overhead;
+    }
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -211,10 +214,17 @@ typedef struct gen {
     int32_t *tokens; /* prompt, then the tokens streamed so far */
     size_t n_prompt, n_tokens, cap_tokens;
     uint32_t max_tokens, cached;
-    double t0, deadline, t_first, t_last, overhead;
+    double t0, c0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
     char prefill_id[96], decode_id[96];
     bool sent_any;
 } gen_t;
+
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
 
 static double left(const gen_t *g) { return g->deadline - now_s(); }
 
@@ -296,7 +306,7 @@ static Tandem__V1__SamplingParams *sampling_for(gen_t *g, Tandem__V1__SamplingPa
 static int attempt(gen_t *g)
 {
     router_t *r = g->r;
-    double t_a = now_s();
+    double t_a = now_s(), c_a = cpu_s();
     rt_worker_t *d = rt_table_acquire(&r->table, r->place, RT_DECODE, g->tokens, g->n_tokens);
     rt_worker_t *p = d ? rt_table_acquire(&r->table, r->place, RT_PREFILL, g->tokens, g->n_tokens) : NULL;
     if (!d || !p) {
@@ -306,6 +316,7 @@ static int attempt(gen_t *g)
         return 0;
     }
     g->overhead += now_s() - t_a;
+    g->cpu += cpu_s() - c_a;
     Tandem__Internal__V1__LandingDescriptor *land = NULL;
     td_rpc_result_t res = {0};
     int rv = reserve(g, d, &land, &res);
@@ -322,7 +333,7 @@ static int attempt(gen_t *g)
         return 0;
     }
     /* prefill the prompt (plus what was streamed already, on a resume) */
-    double t_b = now_s();
+    double t_b = now_s(), c_b = cpu_s();
     Tandem__V1__SamplingParams sp;
     Tandem__Internal__V1__PrefillRequest prq = TANDEM__INTERNAL__V1__PREFILL_REQUEST__INIT;
     prq.request_id = g->rq->request_id;
@@ -335,6 +346,7 @@ static int attempt(gen_t *g)
     if (pbuf)
         tandem__internal__v1__prefill_request__pack(&prq, pbuf);
     g->overhead += now_s() - t_b;
+    g->cpu += cpu_s() - c_b;
     uint8_t *out = NULL;
     size_t on = 0;
     td_status_t rc = pbuf ? td_rpc_unary(p->ch, "/tandem.internal.v1.Prefill/Prefill", pbuf, pn, left(g), g->call, &out,
@@ -371,7 +383,7 @@ static int attempt(gen_t *g)
     rt_table_done(&r->table, p, false, 0);
 
     /* the completion notice: decode joins its batch and streams */
-    double t_c = now_s();
+    double t_c = now_s(), c_c = cpu_s();
     Tandem__Internal__V1__DecodeRequest drq = TANDEM__INTERNAL__V1__DECODE_REQUEST__INIT;
     drq.request_id = g->rq->request_id;
     drq.has_reservation_id = drq.has_first_token = 1;
@@ -389,6 +401,7 @@ static int attempt(gen_t *g)
               : TD_ERR_NO_MEMORY;
     free(pbuf);
     g->overhead += now_s() - t_c;
+    g->cpu += cpu_s() - c_c;
     bool finished = false;
     while (!rc) {
         uint8_t *m;
@@ -396,7 +409,7 @@ static int attempt(gen_t *g)
         td_status_t rr = td_rpc_stream_read(st, &m, &ml, fmax(left(g), 0.01));
         if (rr)
             break;
-        double t_m = now_s();
+        double t_m = now_s(), c_m = cpu_s();
         Tandem__Internal__V1__DecodeResponse *dr = tandem__internal__v1__decode_response__unpack(NULL, ml, m);
         free(m);
         if (!dr)
@@ -444,6 +457,7 @@ static int attempt(gen_t *g)
         }
         tandem__internal__v1__decode_response__free_unpacked(dr, NULL);
         g->overhead += now_s() - t_m;
+    g->cpu += cpu_s() - c_m;
         if (sr || finished)
             break;
     }
@@ -481,14 +495,14 @@ static int attempt(gen_t *g)
 static void h_generate(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
-    gen_t g = {.r = r, .call = call, .t0 = now_s()};
+    gen_t g = {.r = r, .call = call, .t0 = now_s(), .c0 = cpu_s()};
     size_t n;
     const uint8_t *p = td_rpc_call_payload(call, &n);
     char err[600];
     g.rq = tandem__v1__generate_request__unpack(NULL, n, p);
     if (!g.rq) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "GenerateRequest does not parse");
-        count(r, false, -1);
+        count(r, false, -1, -1);
         return;
     }
     Tandem__V1__GenerateRequest *rq = g.rq;
@@ -569,6 +583,7 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
         dl = 3600;
     g.deadline = g.t0 + dl;
     g.overhead = now_s() - g.t0;
+    g.cpu = cpu_s() - g.c0;
     while (!attempt(&g)) {
         if (td_rpc_call_cancelled(call)) {
             td_rpc_call_finish(call, TD_RPC_CANCELLED, "the client cancelled");
@@ -583,13 +598,13 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
             break;
         }
     }
-    count(r, true, g.overhead);
+    count(r, true, g.overhead, g.cpu);
     free(g.tokens);
     tandem__v1__generate_request__free_unpacked(rq, NULL);
     return;
 fail:
     td_rpc_call_finish(call, code, "%s", err);
-    count(r, false, -1);
+    count(r, false, -1, -1);
     tandem__v1__generate_request__free_unpacked(rq, NULL);
 }
 
@@ -661,8 +676,11 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     pthread_mutex_lock(&r->mu);
     size_t no = r->n_overhead < OVERHEAD_RING ? r->n_overhead : OVERHEAD_RING;
     double *o = malloc((no ? no : 1) * sizeof *o);
+    double *oc = malloc((no ? no : 1) * sizeof *oc);
     if (o)
         memcpy(o, r->overhead, no * sizeof *o);
+    if (oc)
+        memcpy(oc, r->overhead_cpu, no * sizeof *oc);
     json_t *j = json_pack("{s:i, s:i, s:I, s:I, s:I}", "prefill_workers", (int)np, "decode_workers", (int)nd,
                           "requests", (json_int_t)r->n_requests, "ok", (json_int_t)r->n_ok, "errors",
                           (json_int_t)r->n_errors);
@@ -671,8 +689,15 @@ static void h_health(void *ctx, td_rpc_call_t *call)
         qsort(o, no, sizeof *o, cmp_double);
         json_object_set_new(j, "overhead_ms_p50", json_real(o[no / 2] * 1e3));
         json_object_set_new(j, "overhead_ms_p99", json_real(o[(size_t)(0.99 * (double)(no - 1))] * 1e3));
+        json_object_set_new(j, "overhead_ms_max", json_real(o[no - 1] * 1e3));
+    }
+    if (oc && no) {
+        qsort(oc, no, sizeof *oc, cmp_double);
+        json_object_set_new(j, "overhead_cpu_ms_p50", json_real(oc[no / 2] * 1e3));
+        json_object_set_new(j, "overhead_cpu_ms_p99", json_real(oc[(size_t)(0.99 * (double)(no - 1))] * 1e3));
     }
     free(o);
+    free(oc);
     json_object_set_new(j, "refused", refused);
     char *detail = json_dumps(j, JSON_COMPACT);
     json_decref(j);
