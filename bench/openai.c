@@ -118,7 +118,7 @@ static void finish(flight_t *f, CURLcode code)
     bench_result_t *r = f->res;
     long status = 0;
     curl_easy_getinfo(f->h, CURLINFO_RESPONSE_CODE, &status);
-    r->http_status = (int)status;
+    r->status = (int)status;
     r->t_done = mono() - f->t0;
     r->n_out = f->n_times;
     if (f->n_times) {
@@ -139,6 +139,7 @@ static void finish(flight_t *f, CURLcode code)
     else if (!f->n_times && !r->error[0])
         snprintf(r->error, sizeof r->error, "no tokens in the response");
     r->ok = !r->error[0];
+    r->rejected = !r->ok && !f->n_times && (status == 429 || status == 503);
 }
 
 static void flight_free(flight_t *f)
@@ -174,6 +175,7 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
             f->req = r;
             f->t0 = t0;
             f->res->t_planned = r->t_send;
+            f->res->n_in = r->input_len;
             f->res->t_sent = mono() - t0;
             snprintf(url, sizeof url, "%s/v1/%s", o->endpoint, r->chat ? "chat/completions" : "completions");
             f->h = curl_easy_init();

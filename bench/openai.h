@@ -20,11 +20,13 @@
 typedef struct bench_result {
     double t_planned, t_sent;   /* seconds from the run's start */
     double t_first, t_done;     /* first token, end (0: never) */
+    uint32_t n_in;              /* prompt tokens (the server's count when it gives one) */
     uint32_t n_out;             /* tokens received */
     double tpot;                /* mean gap between tokens after the first */
     double gap_p90, gap_max;    /* inter-token gaps */
-    int http_status;
-    bool ok;                    /* finished with a 2xx and at least one token */
+    int status;                 /* HTTP status (openai) or gRPC status code (grpc) */
+    bool ok;                    /* finished with success and at least one token */
+    bool rejected;              /* refused before any token: HTTP 429/503, RESOURCE_EXHAUSTED, UNAVAILABLE */
     char finish[24];            /* finish_reason the server gave */
     char error[160];
 } bench_result_t;

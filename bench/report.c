@@ -15,12 +15,12 @@
 
 void bench_print_table(const bench_report_t *r)
 {
-    printf("\n%-8s %6s %6s %7s %9s %9s %9s %9s %9s %9s %8s\n", "rate", "sent", "ok", "SLO met", "TTFT p50",
+    printf("\n%-8s %6s %6s %6s %7s %9s %9s %9s %9s %9s %9s %8s\n", "rate", "sent", "ok", "failed", "SLO met", "TTFT p50",
            "TTFT p99", "TPOT p50", "TPOT p99", "gap max", "tok/s", "send err");
     for (size_t i = 0; i < r->n_points; i++) {
         const bench_summary_t *s = &r->points[i].sum;
-        printf("%-8.2f %6zu %6zu %6.1f%% %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %9.1f %6.1fms\n", r->points[i].rate,
-               s->n, s->ok, 100 * s->attainment, 1e3 * s->ttft_p50, 1e3 * s->ttft_p99, 1e3 * s->tpot_p50,
+        printf("%-8.2f %6zu %6zu %6zu %6.1f%% %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %9.1f %6.1fms\n",
+               r->points[i].rate, s->n, s->ok, s->failed, 100 * s->attainment, 1e3 * s->ttft_p50, 1e3 * s->ttft_p99, 1e3 * s->tpot_p50,
                1e3 * s->tpot_p99, 1e3 * s->gap_max, s->out_tok_per_s, 1e3 * s->send_err_max);
     }
     for (size_t k = 0; k < r->n_slo_scales; k++) {
@@ -38,19 +38,25 @@ void bench_print_table(const bench_report_t *r)
            r->bounded ? "" : " (a lower bound: every rate met the target)");
 }
 
+static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+/* percentiles of an empty or all-failed run are NaN: null in the JSON */
 static json_t *summary_json(const bench_summary_t *s)
 {
-    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "n",
-                     (json_int_t)s->n, "ok", (json_int_t)s->ok, "failed", (json_int_t)s->failed, "slo_met",
-                     (json_int_t)s->met, "attainment", s->attainment, "ttft_p50", s->ttft_p50, "ttft_p90",
-                     s->ttft_p90, "ttft_p99", s->ttft_p99, "tpot_p50", s->tpot_p50, "tpot_p90", s->tpot_p90,
-                     "tpot_p99", s->tpot_p99, "gap_p90_median", s->gap_p90_p50, "gap_max", s->gap_max, "e2e_p50",
-                     s->e2e_p50, "e2e_p90", s->e2e_p90, "duration", s->duration, "req_per_s", s->req_per_s,
-                     "out_tok_per_s", s->out_tok_per_s, "send_err_p50", s->send_err_p50, "send_err_max",
-                     s->send_err_max);
+    json_t *o = json_pack("{s:I,s:I,s:I,s:I,s:I}", "n", (json_int_t)s->n, "ok", (json_int_t)s->ok, "failed",
+                          (json_int_t)s->failed, "rejected", (json_int_t)s->rejected, "slo_met", (json_int_t)s->met);
+    const struct { const char *k; double v; } f[] = {
+        {"attainment", s->attainment}, {"ttft_p50", s->ttft_p50}, {"ttft_p90", s->ttft_p90},
+        {"ttft_p99", s->ttft_p99}, {"tpot_p50", s->tpot_p50}, {"tpot_p90", s->tpot_p90}, {"tpot_p99", s->tpot_p99},
+        {"gap_p90_median", s->gap_p90_p50}, {"gap_max", s->gap_max}, {"e2e_p50", s->e2e_p50},
+        {"e2e_p90", s->e2e_p90}, {"duration", s->duration}, {"req_per_s", s->req_per_s},
+        {"out_tok_per_s", s->out_tok_per_s}, {"send_err_p50", s->send_err_p50}, {"send_err_max", s->send_err_max},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        json_object_set_new(o, f[i].k, num(f[i].v));
+    return o;
 }
 
-static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 static json_t *request_json(const bench_result_t *q)
 {
@@ -62,10 +68,12 @@ static json_t *request_json(const bench_result_t *q)
     json_object_set_new(o, "gap_p90", num(q->gap_p90));
     json_object_set_new(o, "gap_max", num(q->gap_max));
     json_object_set_new(o, "e2e", num(q->t_done - q->t_sent));
+    json_object_set_new(o, "input_tokens", json_integer(q->n_in));
     json_object_set_new(o, "output_tokens", json_integer(q->n_out));
     json_object_set_new(o, "finish_reason", json_string(q->finish));
-    json_object_set_new(o, "http_status", json_integer(q->http_status));
+    json_object_set_new(o, "status", json_integer(q->status));
     json_object_set_new(o, "ok", json_boolean(q->ok));
+    json_object_set_new(o, "rejected", json_boolean(q->rejected));
     if (q->error[0])
         json_object_set_new(o, "error", json_string(q->error));
     return o;

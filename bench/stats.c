@@ -39,6 +39,7 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
         last = fmax(last, q->t_done);
         if (!q->ok) {
             s.failed++;
+            s.rejected += q->rejected;
             continue;
         }
         s.ok++;

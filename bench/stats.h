@@ -13,7 +13,7 @@
 double bench_percentile(double *v, size_t n, double p);
 
 typedef struct bench_summary {
-    size_t n, ok, failed, met;
+    size_t n, ok, failed, rejected, met; /* rejected: of the failed, refused before any token */
     double attainment;                   /* met / n, 0..1 (failed requests miss) */
     double ttft_p50, ttft_p90, ttft_p99;  /* seconds, over ok requests */
     double tpot_p50, tpot_p90, tpot_p99;

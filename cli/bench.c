@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/grpc.h"
 #include "bench/openai.h"
 #include "bench/report.h"
 #include "bench/stats.h"
@@ -16,7 +17,7 @@
 #include "engine/model.h"
 
 static const char bench_usage[] =
-    "usage: tandem bench --endpoint HOST:PORT [--api openai|grpc] [--model NAME]\n"
+    "usage: tandem bench --endpoint HOST:PORT [--api openai|grpc] [--model NAME] [--tls-ca PEM]\n"
     "                    [--rate R | --sweep R1,R2,...] [--num-requests N]\n"
     "                    [--workload synthetic | trace FILE | prompts FILE] [--time-scale X]\n"
     "                    [--input-len fixed:N|uniform:A:B|lognormal:MEAN:SIGMA] [--output-len ...]\n"
@@ -54,7 +55,7 @@ static bool parse_num(const char *s, double lo, double hi, double *out)
 int cli_bench(int argc, char **argv)
 {
     const char *endpoint = NULL, *api = "openai", *model_name = NULL, *workload = "synthetic", *wfile = NULL,
-               *out_path = NULL, *tok_model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+               *out_path = NULL, *tls_ca = NULL, *tok_model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     double rates[64], scales[16], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, time_scale = 1, v;
     size_t n_rates = 0, n_req = 100, n_scales = 0;
     unsigned workers = 1;
@@ -74,6 +75,7 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(a, "--model") && nx) model_name = argv[++i];
         else if (!strcmp(a, "--tokenizer") && nx) tok_model = argv[++i];
         else if (!strcmp(a, "--output") && nx) out_path = argv[++i];
+        else if (!strcmp(a, "--tls-ca") && nx) tls_ca = argv[++i];
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(a, "--workload") && nx) {
             workload = argv[++i];
@@ -133,12 +135,8 @@ int cli_bench(int argc, char **argv)
         fputs(bench_usage, stderr);
         return 2;
     }
-    if (!strcmp(api, "grpc")) {
-        fprintf(stderr, "tandem bench: --api grpc needs tandem's gRPC API, which lands with the serving issue; use "
-                        "--api openai\n");
-        return 2;
-    }
-    if (strcmp(api, "openai")) {
+    bool grpc = !strcmp(api, "grpc");
+    if (!grpc && strcmp(api, "openai")) {
         fprintf(stderr, "tandem bench: --api is openai or grpc, not '%s'\n", api);
         return 2;
     }
@@ -149,7 +147,10 @@ int cli_bench(int argc, char **argv)
     if (!n_rates)
         rates[n_rates++] = 1;
     char url[512];
-    snprintf(url, sizeof url, "%s%s", strstr(endpoint, "://") ? "" : "http://", endpoint);
+    if (grpc)
+        snprintf(url, sizeof url, "%s", strstr(endpoint, "://") ? strstr(endpoint, "://") + 3 : endpoint);
+    else
+        snprintf(url, sizeof url, "%s%s", strstr(endpoint, "://") ? "" : "http://", endpoint);
     eng_model_t *m;
     if (eng_model_open(tok_model, &m))
         return 1;
@@ -189,9 +190,15 @@ int cli_bench(int argc, char **argv)
         pts[k].res = calloc(w.n, sizeof *pts[k].res);
         pts[k].n = w.n;
         pts[k].rate = offered;
-        bench_openai_t o = {.endpoint = url, .model = model_name, .timeout_s = timeout, .ignore_eos = ignore_eos,
-                            .progress = true};
-        rc = bench_run_openai(&o, &w, pts[k].res);
+        if (grpc) {
+            bench_grpc_t g = {.endpoint = url, .model = model_name, .tls_ca = tls_ca, .timeout_s = timeout,
+                              .ignore_eos = ignore_eos, .progress = true};
+            rc = bench_run_grpc(&g, &w, pts[k].res);
+        } else {
+            bench_openai_t o = {.endpoint = url, .model = model_name, .timeout_s = timeout,
+                                .ignore_eos = ignore_eos, .progress = true};
+            rc = bench_run_openai(&o, &w, pts[k].res);
+        }
         w.words = NULL, w.n_words = 0; /* shared */
         bench_workload_free(&w);
         if (rc)
