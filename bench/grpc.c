@@ -199,8 +199,7 @@ static void finish(gflight_t *f, double t)
         snprintf(r->error, sizeof r->error, "no tokens in the response");
     }
     r->ok = !r->error[0];
-    r->rejected = !r->ok && !f->n_times &&
-                  (f->code == GRPC_STATUS_RESOURCE_EXHAUSTED || f->code == GRPC_STATUS_UNAVAILABLE);
+    r->rejected = !r->ok && !f->n_times && f->code == GRPC_STATUS_RESOURCE_EXHAUSTED;
 }
 
 static void flight_free(gflight_t *f)

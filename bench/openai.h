@@ -26,7 +26,7 @@ typedef struct bench_result {
     double gap_p90, gap_max;    /* inter-token gaps */
     int status;                 /* HTTP status (openai) or gRPC status code (grpc) */
     bool ok;                    /* finished with success and at least one token */
-    bool rejected;              /* refused before any token: HTTP 429/503, RESOURCE_EXHAUSTED, UNAVAILABLE */
+    bool rejected;              /* refused before any token: HTTP 429/503, gRPC RESOURCE_EXHAUSTED */
     char finish[24];            /* finish_reason the server gave */
     char error[160];
 } bench_result_t;

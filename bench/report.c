@@ -19,9 +19,13 @@ void bench_print_table(const bench_report_t *r)
            "TTFT p99", "TPOT p50", "TPOT p99", "gap max", "tok/s", "send err");
     for (size_t i = 0; i < r->n_points; i++) {
         const bench_summary_t *s = &r->points[i].sum;
-        printf("%-8.2f %6zu %6zu %6zu %6.1f%% %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %9.1f %6.1fms\n",
-               r->points[i].rate, s->n, s->ok, s->failed, 100 * s->attainment, 1e3 * s->ttft_p50, 1e3 * s->ttft_p99, 1e3 * s->tpot_p50,
-               1e3 * s->tpot_p99, 1e3 * s->gap_max, s->out_tok_per_s, 1e3 * s->send_err_max);
+        char ms[4][16];
+        const double v[4] = {s->ttft_p50, s->ttft_p99, s->tpot_p50, s->tpot_p99};
+        for (int j = 0; j < 4; j++) /* no successful request: no percentile */
+            snprintf(ms[j], sizeof ms[j], isfinite(v[j]) ? "%.1fms" : "-", 1e3 * v[j]);
+        printf("%-8.2f %6zu %6zu %6zu %6.1f%% %10s %9s %9s %9s %8.1fms %9.1f %6.1fms\n", r->points[i].rate, s->n,
+               s->ok, s->failed, 100 * s->attainment, ms[0], ms[1], ms[2], ms[3], 1e3 * s->gap_max, s->out_tok_per_s,
+               1e3 * s->send_err_max);
     }
     for (size_t k = 0; k < r->n_slo_scales; k++) {
         printf("SLO x %-5.2g attainment:", r->slo_scales[k]);
