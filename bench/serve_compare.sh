@@ -47,43 +47,5 @@ build/bin/tandem bench --endpoint "127.0.0.1:$port" --api openai "${common[@]}" 
   2>&1 | grep -v '^\[bench\] t=' | tee "$out/llamacpp/summary.txt"
 llama_version=$("$py" -c 'import llama_cpp; print(llama_cpp.__version__)')
 
-# 3. side by side
-python3 - "$out" "$sweep" "$n" "$threads" "$llama_version" <<'PY'
-import json, subprocess, sys
-out, sweep, n, threads, lv = sys.argv[1:]
-t = json.load(open(out + "/tandem/run.json"))
-l = json.load(open(out + "/llamacpp/run.json"))
-def ms(v): return "-" if v is None else "%.0f" % (v * 1e3)
-rows = []
-for a, b in zip(t["runs"], l["runs"]):
-    sa, sb = a["summary"], b["summary"]
-    rows.append("| %.1f | %.0f%% | %.0f%% | %s / %s | %s / %s | %s / %s | %s / %s | %.0f / %.0f |" % (
-        a["rate"], 100 * sa["attainment"], 100 * sb["attainment"], ms(sa["ttft_p50"]), ms(sb["ttft_p50"]),
-        ms(sa["ttft_p99"]), ms(sb["ttft_p99"]), ms(sa["tpot_p50"]), ms(sb["tpot_p50"]),
-        ms(sa["tpot_p99"]), ms(sb["tpot_p99"]), sa["out_tok_per_s"], sb["out_tok_per_s"]))
-cmd = "bench/serve_compare.sh (SWEEP=%s N=%s THREADS=%s)" % (sweep, n, threads)
-doc = f"""# SLO goodput: tandem cluster vs llama.cpp server — {t['date'][:10]}
-
-- machine: {t['machine']}
-- commit: {t['git_commit']}; llama.cpp: llama-cpp-python {lv} (its OpenAI-compatible server)
-- command: `{cmd}`; each server alone on the machine, one after the other
-- tandem: `tandem up` — etcd, router, 1 prefill + 1 decode worker of {threads} thread(s) each; `tandem bench --api grpc`
-- llama.cpp: `python -m llama_cpp.server --n_threads {2 * int(threads)}` (one sequence at a time); `tandem bench --api openai`
-- workload: synthetic, Poisson arrivals, {n} requests per rate, prompts uniform 64..256 tokens, 48 generated
-  tokens (ignore_eos), greedy; SLOs TTFT <= 1000 ms and TPOT <= 50 ms for 90% of requests
-
-| goodput | tandem | llama.cpp |
-|---|---|---|
-| req/s (interpolated crossing of 90%) | **{t['goodput']:.2f}**{'' if t['goodput_bounded'] else ' (lower bound: every rate met the SLOs)'} | {l['goodput']:.2f}{'' if l['goodput_bounded'] else ' (lower bound)'} |
-
-| rate (req/s) | SLO met tandem | SLO met llama.cpp | TTFT p50 (ms) t / l | TTFT p99 | TPOT p50 | TPOT p99 | output tok/s t / l |
-|---|---|---|---|---|---|---|---|
-""" + "\n".join(rows) + """
-
-Files: tandem/ and llamacpp/ hold run.json (every request, the configuration, commit and
-machine), summary.txt (the terminal table) and the plots (run-attainment, run-ttft,
-run-tpot as .svg and .png).
-"""
-open(out + "/README.md", "w").write(doc)
-print(doc)
-PY
+# 3. side by side: README.md and the attainment curves of both in one plot
+python3 bench/serve_side_by_side.py "$out" "$sweep" "$n" "$threads" "$llama_version"

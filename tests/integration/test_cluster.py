@@ -262,6 +262,21 @@ def main():
         ids, _ = generate(c.stub, PROMPTS[0])
         check("the cluster keeps serving after bad requests", ids == refs[PROMPTS[0]])
 
+        # 4b. tandem bench --api grpc against the cluster: an open-loop run with a JSON report
+        rep = tempfile.mkdtemp(prefix="tandem-bench-") + "/run.json"
+        b = subprocess.run([BIN + "/tandem", "bench", "--endpoint", c.endpoint, "--api", "grpc", "--rate", "8",
+                            "--num-requests", "8", "--input-len", "fixed:32", "--output-len", "fixed:8",
+                            "--ignore-eos", "--tokenizer", MODEL, "--output", rep],
+                           capture_output=True, text=True, timeout=120)
+        ok = False
+        if b.returncode == 0:
+            r = json.load(open(rep))
+            reqs = r["runs"][0]["requests"]
+            ok = "goodput" in r and len(reqs) == 8 and all(
+                q["ok"] and q["output_tokens"] == 8 and q["input_tokens"] == 32 for q in reqs)
+        check("tandem bench --api grpc: 8 open-loop requests, all ok with 32 prompt and 8 output tokens each",
+              ok, (b.stderr + b.stdout)[-400:])
+
         # 5. a worker with another KV contract is refused, naming both values
         odd = subprocess.Popen([BIN + "/tandem-decode", "--model", MODEL, "--etcd", c.etcd, "--threads", "1",
                                 "--block-tokens", "32", "--id", "decode-bt32"], stdout=subprocess.DEVNULL,

@@ -1,7 +1,8 @@
 /* test_bench.c — `tandem bench`'s statistics with known answers, its
  * workloads (trace replay shares exactly the stated prefixes, checked with the
  * engine's block names), its errors for bad input, and its sender against a
- * dead endpoint and a server that dies mid-stream (a partial report, no hang). */
+ * dead endpoint and a server that dies mid-stream (a partial report, no hang),
+ * over HTTP (openai) and over gRPC (a real gRPC server made with common/rpc). */
 #include "tests/unit/helpers.h"
 
 #include <arpa/inet.h>
@@ -11,11 +12,14 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "bench/grpc.h"
 #include "bench/openai.h"
 #include "bench/stats.h"
 #include "bench/workload.h"
 #include "common/blockhash.h"
 #include "common/log.h"
+#include "common/rpc.h"
+#include "tandem/v1/tandem.pb-c.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 
@@ -245,4 +249,95 @@ Test(bench, dead_endpoint_and_dying_server_give_partial_reports, .init = setup, 
     w.n = 3;
     w.words = NULL, w.n_words = 0;
     bench_workload_free(&w);
+}
+
+/* A gRPC Generate that streams the prompt's length back as token ids 1..3,
+ * one message each, then ends well ("ok" prompts) or with UNAVAILABLE after
+ * two ("die" prompts): what the gRPC sender must count. */
+static void h_generate(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(c, &n);
+    Tandem__V1__GenerateRequest *rq = tandem__v1__generate_request__unpack(NULL, n, p);
+    if (!rq || rq->input_case != TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT || !rq->return_token_ids) {
+        td_rpc_call_finish(c, TD_RPC_INVALID_ARGUMENT, "want a prompt and return_token_ids");
+        if (rq)
+            tandem__v1__generate_request__free_unpacked(rq, NULL);
+        return;
+    }
+    bool die = !strncmp(rq->prompt, "die", 3);
+    tandem__v1__generate_request__free_unpacked(rq, NULL);
+    for (int32_t i = 1; i <= 3; i++) {
+        if (die && i == 3) {
+            td_rpc_call_finish(c, TD_RPC_UNAVAILABLE, "the worker went away");
+            return;
+        }
+        Tandem__V1__GenerateResponse r = TANDEM__V1__GENERATE_RESPONSE__INIT;
+        Tandem__V1__Usage u = TANDEM__V1__USAGE__INIT;
+        r.text = "x";
+        r.n_token_ids = 1;
+        r.token_ids = &i;
+        if (i == 3) {
+            r.has_finish_reason = 1;
+            r.finish_reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+            u.has_prompt_tokens = 1;
+            u.prompt_tokens = 42;
+            r.usage = &u;
+        }
+        uint8_t buf[128];
+        size_t len = tandem__v1__generate_response__pack(&r, buf);
+        td_rpc_call_send(c, buf, len);
+        nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 20000000}, NULL);
+    }
+    td_rpc_call_finish(c, TD_RPC_OK, NULL);
+}
+
+Test(bench, grpc_sender_counts_tokens_errors_and_dead_endpoints, .init = setup, .fini = teardown, .timeout = 60)
+{
+    td_rpc_init();
+    td_rpc_server_t *srv;
+    int port;
+    cr_assert_eq(td_rpc_server_create("127.0.0.1:0", NULL, &srv), TD_OK);
+    td_rpc_server_add(srv, "/tandem.v1.Tandem/Generate", h_generate, NULL);
+    cr_assert_eq(td_rpc_server_start(srv, &port), TD_OK);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    bench_request_t req[4] = {{.t_send = 0, .prompt = "ok one", .input_len = 2, .output_len = 3},
+                              {.t_send = 0.05, .prompt = "die two", .input_len = 2, .output_len = 3},
+                              {.t_send = 0.1, .prompt = "ok three", .input_len = 2, .output_len = 3},
+                              {.t_send = 0.3, .prompt = "ok four", .input_len = 2, .output_len = 3}};
+    bench_workload_t w = {.req = req, .n = 4};
+    bench_result_t res[4];
+    bench_grpc_t o = {.endpoint = ep, .timeout_s = 10};
+    cr_assert_eq(bench_run_grpc(&o, &w, res), TD_OK);
+    for (int i = 0; i < 4; i++) {
+        if (i == 1)
+            continue;
+        cr_assert(res[i].ok, "request %d: %s", i, res[i].error);
+        cr_assert_eq(res[i].n_out, 3);
+        cr_assert_eq(res[i].n_in, 42, "the server's prompt token count wins");
+        cr_assert_str_eq(res[i].finish, "length");
+        cr_assert(res[i].t_first > res[i].t_sent && res[i].t_done >= res[i].t_first);
+        cr_assert(res[i].tpot > 0.015 && res[i].tpot < 0.5, "tpot %f: the server paces tokens 20 ms apart",
+                  res[i].tpot);
+        cr_assert_lt(fabs(res[i].t_sent - res[i].t_planned), 0.05, "sent on schedule");
+    }
+    cr_assert(!res[1].ok && !res[1].rejected);
+    cr_assert_eq(res[1].n_out, 2, "the tokens that came are counted");
+    cr_assert_eq(res[1].status, TD_RPC_UNAVAILABLE);
+    cr_assert(strstr(res[1].error, "went away"), "%s", res[1].error);
+    td_rpc_server_stop(srv, 1);
+    td_rpc_server_destroy(srv);
+
+    /* the endpoint is gone now: every request fails at once, none hangs */
+    double t0 = (double)time(NULL);
+    cr_assert_eq(bench_run_grpc(&o, &w, res), TD_OK);
+    cr_assert_lt((double)time(NULL) - t0, 5);
+    for (int i = 0; i < 4; i++)
+        cr_assert(!res[i].ok && res[i].error[0] && res[i].n_out == 0);
+    bench_summary_t sum = bench_summarize(res, 4, 1, 1);
+    cr_assert_eq(sum.failed, 4);
+    cr_assert(isnan(sum.ttft_p50), "no successful request: no percentile");
+    td_rpc_shutdown();
 }
