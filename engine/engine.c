@@ -193,6 +193,7 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
         free(s);
         return rc;
     }
+    eng_sampler_skip(&s->sampler, r->sampled_before);
     s->cap_tokens = (uint32_t)(r->n_prompt + r->max_tokens);
     s->tokens = malloc(s->cap_tokens * sizeof *s->tokens);
     s->cap_blocks = (s->cap_tokens + e->cfg.block_tokens - 1) / e->cfg.block_tokens;

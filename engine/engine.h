@@ -54,6 +54,11 @@ typedef struct eng_request {
      * first_token, sampled by the prefill side, is the first generated token. */
     const int32_t *kv_blocks;
     int32_t first_token;
+    /* Tokens of this sequence sampled elsewhere before (the prefill side's
+     * first token, tokens streamed before a resume): a seeded sampler skips
+     * that many draws, so the sequence's random stream is the one a single
+     * process would have drawn. */
+    uint32_t sampled_before;
 } eng_request_t;
 
 /* What a step produced for one request. */

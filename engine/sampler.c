@@ -108,6 +108,14 @@ static void top_sorted(int32_t *idx, int32_t n, int32_t k, const float *vals)
     qsort(idx, (size_t)(k < n ? k : n), sizeof *idx, cmp_desc);
 }
 
+void eng_sampler_skip(eng_sampler_t *s, uint32_t n)
+{
+    if (s->p.temperature == 0) /* greedy draws nothing */
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        td_rng_u64(&s->rng);
+}
+
 int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t *hist, size_t n_hist)
 {
     const eng_sampling_t *p = &s->p;

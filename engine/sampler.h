@@ -47,6 +47,9 @@ typedef struct eng_sampler {
 
 td_status_t eng_sampler_init(eng_sampler_t *s, const eng_sampling_t *p, int32_t n_vocab);
 void eng_sampler_free(eng_sampler_t *s);
+/* Moves past the draws of n samples made elsewhere (one draw per sampled
+ * token unless greedy), so a sequence split across processes draws as one. */
+void eng_sampler_skip(eng_sampler_t *s, uint32_t n);
 /* Picks a token from logits (not modified); history is the sequence so far
  * (prompt and generated) for the penalties. */
 int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t *history, size_t n_history);

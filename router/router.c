@@ -341,6 +341,8 @@ static int attempt(gen_t *g)
     prq.tokens = g->tokens;
     prq.sampling = sampling_for(g, &sp);
     prq.landing = land;
+    prq.has_sampled_before = 1;
+    prq.sampled_before = (uint32_t)(g->n_tokens - g->n_prompt); /* streamed before a resume */
     size_t pn = tandem__internal__v1__prefill_request__get_packed_size(&prq);
     uint8_t *pbuf = malloc(pn);
     if (pbuf)
@@ -391,6 +393,8 @@ static int attempt(gen_t *g)
     drq.n_tokens = g->n_tokens;
     drq.tokens = g->tokens;
     drq.first_token = first;
+    drq.has_sampled_before = 1;
+    drq.sampled_before = (uint32_t)(g->n_tokens - g->n_prompt) + 1; /* and the first token */
     drq.sampling = sampling_for(g, &sp);
     pn = tandem__internal__v1__decode_request__get_packed_size(&drq);
     pbuf = malloc(pn);

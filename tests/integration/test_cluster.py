@@ -56,9 +56,14 @@ from tandem.internal.v1 import worker_pb2 as wpb  # noqa: E402
 from tandem.internal.v1 import worker_pb2_grpc as wpbg  # noqa: E402
 
 
-def reference(prompt, max_tokens=MAX_TOKENS):
+SEEDED = dict(temperature=0.9, top_p=0.95, seed=1234)
+
+
+def reference(prompt, max_tokens=MAX_TOKENS, seeded=False):
+    extra = ["--temperature", str(SEEDED["temperature"]), "--top-p", str(SEEDED["top_p"]), "--seed",
+             str(SEEDED["seed"])] if seeded else []
     out = subprocess.run(["timeout", "120", BIN + "/tandem", "generate", "--model", MODEL, "--ids", "--threads", "1",
-                          "--max-tokens", str(max_tokens), "--ignore-eos", prompt],
+                          "--max-tokens", str(max_tokens), "--ignore-eos"] + extra + [prompt],
                          capture_output=True, text=True, check=True).stdout
     return [int(x) for x in out.split()]
 
@@ -200,6 +205,17 @@ def main():
         check("64 concurrent streams: %d/64 complete and correct (%.1f s)" % (good, time.time() - t0), good == 64,
               str([o for o in out if not isinstance(o, list)][:2]))
 
+        # 2b. seeded sampling: the decode side continues the prefill side's random stream
+        same = 0
+        for p in PROMPTS[:6]:
+            ids = []
+            for r in c.stub.Generate(pb.GenerateRequest(prompt=p, return_token_ids=True, sampling=pb.SamplingParams(
+                    max_tokens=MAX_TOKENS, ignore_eos=True, **SEEDED)), timeout=120):
+                ids.extend(r.token_ids)
+            same += ids == reference(p, seeded=True)
+        check("seeded sampling (temperature 0.9, top_p 0.95, seed 1234) identical to single-process for %d/6 prompts"
+              % same, same == 6)
+
         # 3. a client cancel frees the request's KV on both workers
         pw, dw = c.worker("prefill"), c.worker("decode")
         idle_p, idle_d = c.stats(pw).kv_in_use, c.stats(dw).kv_in_use
@@ -317,12 +333,13 @@ def main():
 
         # 7. kill -9 of the decode worker mid-decode
         dw = c.worker("decode")
-        ref300 = reference(PROMPTS[1], 200)
+        ref300 = reference(PROMPTS[1], 200, seeded=True)  # seeded: the resume must continue the random stream too
         got, err = [], None
         t0 = time.time()
         try:
             for r in c.stub.Generate(pb.GenerateRequest(prompt=PROMPTS[1], return_token_ids=True,
-                                                        sampling=pb.SamplingParams(max_tokens=200, ignore_eos=True)),
+                                                        sampling=pb.SamplingParams(max_tokens=200, ignore_eos=True,
+                                                                                   **SEEDED)),
                                      timeout=90):
                 got.extend(r.token_ids)
                 if len(got) >= 20 and dw:
@@ -330,7 +347,7 @@ def main():
                     dw = None
         except grpc.RpcError as e:
             err = (e.code(), e.details())
-        how = ("resumed and completed identically (%d tokens)" % len(got)) if got == ref300 else \
+        how = ("resumed and completed identically, seeded sampling (%d tokens)" % len(got)) if got == ref300 else \
             "ended with %s after %d tokens" % (err, len(got))
         check("decode killed mid-decode: the stream %s in %.1f s" % (how, time.time() - t0),
               got == ref300 or err is not None)
