@@ -17,14 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "kvstore/transfer.h"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static int xwrite(int fd, const void *p, size_t n) { return write(fd, p, n) == (ssize_t)n ? 0 : -1; }
 static int xread(int fd, void *p, size_t n)
@@ -106,13 +100,13 @@ int main(int argc, char **argv)
     xo->flush(x, peer, 10);
     double best = 1e9;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
+        double t0 = td_now_s();
         for (size_t off = 0; off < bytes; off += chunk)
             if (xo->put(x, peer, (uint8_t *)src + off, chunk, rbase + off))
                 return 1;
         if (xo->flush(x, peer, 30))
             return 1;
-        double t = now_s() - t0;
+        double t = td_now_s() - t0;
         best = t < best ? t : best;
     }
     uint64_t want = sum64(src, bytes), got;
@@ -125,10 +119,10 @@ int main(int argc, char **argv)
     memset(dst, 0, bytes);
     double best_cpy = 1e9;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
+        double t0 = td_now_s();
         for (size_t off = 0; off < bytes; off += chunk)
             memcpy(dst + off, (uint8_t *)src + off, chunk);
-        double t = now_s() - t0;
+        double t = td_now_s() - t0;
         best_cpy = t < best_cpy ? t : best_cpy;
     }
     printf("{\"bytes\": %zu, \"chunk\": %zu, \"ucx_put_gbs\": %.2f, \"memcpy_gbs\": %.2f, \"landed_ok\": %s}\n", bytes,

@@ -7,17 +7,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "cli/cli.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "tandem/v1/tandem.pb-c.h"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 bool cli_tls_flag(int argc, char **argv, int *i, td_rpc_tls_t *tls)
 {
@@ -102,7 +96,7 @@ int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const cha
     td_rpc_channel_t *ch;
     td_rpc_stream_t *st;
     int code = 1;
-    double t0 = now_s();
+    double t0 = td_now_s();
     if (td_rpc_channel_create(endpoint, tls, &ch) || td_rpc_stream_open(ch, "/tandem.v1.Tandem/Generate", buf, n,
                                                                           timeout_s, NULL, &st)) {
         free(buf);
@@ -137,7 +131,7 @@ int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const cha
         code = 0;
     else
         fprintf(stderr, "tandem generate: %s: %s (after %.1f s)\n", td_rpc_code_name(res.code), res.message,
-                now_s() - t0);
+                td_now_s() - t0);
     td_rpc_stream_destroy(st);
     td_rpc_channel_destroy(ch);
     td_rpc_shutdown();

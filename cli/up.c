@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "cli/cli.h"
 #include "common/config.h"
 #include "common/log.h"
@@ -46,13 +47,6 @@ static void on_stop(int sig)
 {
     (void)sig;
     g_stop = 1;
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 static int free_port(void)
@@ -79,7 +73,7 @@ static pid_t spawn(child_t *c)
         _exit(127);
     }
     c->pid = pid;
-    c->started = now_s();
+    c->started = td_now_s();
     return pid;
 }
 
@@ -275,7 +269,7 @@ int cli_up(int argc, char **argv)
 
     /* wait for the router to say SERVING, then print its endpoint */
     bool announced = false;
-    double t_start = now_s();
+    double t_start = td_now_s();
     double next_probe = 0;
     while (!g_stop) {
         int st;
@@ -283,11 +277,11 @@ int cli_up(int argc, char **argv)
         while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
             for (int i = 0; i < nk; i++)
                 if (kids[i].pid == pid) {
-                    double lived = now_s() - kids[i].started;
+                    double lived = td_now_s() - kids[i].started;
                     kids[i].pid = 0;
                     kids[i].restarts = lived > 30 ? 0 : kids[i].restarts + 1;
                     double backoff = 0.2 * (1 << (kids[i].restarts < 6 ? kids[i].restarts : 6));
-                    kids[i].restart_at = now_s() + backoff;
+                    kids[i].restart_at = td_now_s() + backoff;
                     if (WIFSIGNALED(st))
                         fprintf(stderr, "tandem up: %s (pid %d) was killed by signal %d; restarting in %.1f s\n",
                                 kids[i].name, (int)pid, WTERMSIG(st), backoff);
@@ -296,16 +290,16 @@ int cli_up(int argc, char **argv)
                                 (int)pid, WEXITSTATUS(st), backoff);
                 }
         for (int i = 0; i < nk; i++)
-            if (!kids[i].pid && kids[i].restart_at <= now_s())
+            if (!kids[i].pid && kids[i].restart_at <= td_now_s())
                 spawn(&kids[i]);
-        if (!announced && now_s() >= next_probe) {
-            next_probe = now_s() + 0.2;
+        if (!announced && td_now_s() >= next_probe) {
+            next_probe = td_now_s() + 0.2;
             if (router_serving(probe)) {
                 announced = true;
                 printf("%s\n", router_listen);
                 fflush(stdout);
                 fprintf(stderr, "tandem up: serving at %s after %.1f s (Ctrl-C stops)\n", router_listen,
-                        now_s() - t_start);
+                        td_now_s() - t_start);
             }
         }
         usleep(50 * 1000);
@@ -318,7 +312,7 @@ int cli_up(int argc, char **argv)
         for (int i = 0; i < nk; i++)
             if (kids[i].pid && (phase == 1) == (i == 0))
                 kill(kids[i].pid, SIGTERM);
-        double until = now_s() + (phase ? 5 : 35);
+        double until = td_now_s() + (phase ? 5 : 35);
         for (;;) {
             bool any = false;
             for (int i = 0; i < nk; i++)
@@ -330,7 +324,7 @@ int cli_up(int argc, char **argv)
                 }
             if (!any)
                 break;
-            if (now_s() > until) {
+            if (td_now_s() > until) {
                 for (int i = 0; i < nk; i++)
                     if (kids[i].pid && (phase == 1) == (i == 0)) {
                         fprintf(stderr, "tandem up: %s did not stop in time; killing it\n", kids[i].name);

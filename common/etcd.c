@@ -1,6 +1,7 @@
 /* etcd.c — see etcd.h. Messages are etcd's own (proto/etcd/, etcd's field
  * numbers), packed with protobuf-c and carried by common/rpc. */
 #define _GNU_SOURCE
+#include "common/clock.h"
 #include "common/etcd.h"
 
 #include <pthread.h>
@@ -36,13 +37,6 @@ struct td_etcd_watch {
     bool stop;
     td_rpc_stream_t *st;
 };
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* The prefix range end: the key with its last byte + 1 (carrying). */
 static ProtobufCBinaryData range_end_of(const char *key, char *buf, size_t cap)
@@ -267,7 +261,7 @@ static void *keepalive_thread(void *arg)
 {
     td_etcd_t *e = arg;
     td_rpc_stream_t *st = NULL;
-    double period = e->ka_ttl / 3.0 > 0.2 ? e->ka_ttl / 3.0 : 0.2, last_ok = now_s();
+    double period = e->ka_ttl / 3.0 > 0.2 ? e->ka_ttl / 3.0 : 0.2, last_ok = td_now_s();
     bool lost = false;
     pthread_mutex_lock(&e->ka_mu);
     while (!e->ka_stop) {
@@ -280,8 +274,8 @@ static void *keepalive_thread(void *arg)
             st = NULL;
         }
         if (r > 0)
-            last_ok = now_s();
-        if (!lost && (r == 0 || now_s() - last_ok > (double)e->ka_ttl)) {
+            last_ok = td_now_s();
+        if (!lost && (r == 0 || td_now_s() - last_ok > (double)e->ka_ttl)) {
             lost = true;
             TD_WARN("etcd %s: lease %llx %s", e->endpoint, (unsigned long long)e->ka_id,
                     r == 0 ? "is gone" : "could not be refreshed before its TTL");
@@ -291,15 +285,8 @@ static void *keepalive_thread(void *arg)
         pthread_mutex_lock(&e->ka_mu);
         if (lost)
             break;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
         double wait = r > 0 ? period : 0.25;
-        until.tv_sec += (time_t)wait;
-        until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = td_wall_deadline(wait);
         while (!e->ka_stop && pthread_cond_timedwait(&e->ka_cv, &e->ka_mu, &until) == 0)
             ;
     }

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 #define MAX_METHODS 16
@@ -504,14 +505,7 @@ void td_rpc_server_stop(td_rpc_server_t *s, double grace_s)
     if (was)
         return;
     grpc_server_shutdown_and_notify(s->srv, s->cq, s);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)grace_s;
-    until.tv_nsec += (long)((grace_s - floor(grace_s)) * 1e9);
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = td_wall_deadline(grace_s);
     pthread_mutex_lock(&s->mu);
     while (s->active > 0 && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0)
         ;

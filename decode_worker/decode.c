@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "engine/worker.h"
 
@@ -32,13 +33,6 @@ typedef struct decode_role {
     size_t n_res, cap_res;
     uint64_t next_res;
 } decode_role_t;
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static decode_role_t g_role;
 
@@ -73,7 +67,7 @@ static void reserve_on_engine(eng_worker_t *w, void *arg)
         return;
     op->id = ++g_role.next_res;
     g_role.res[g_role.n_res++] = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens,
-                                                  now_s() + op->lease_ms / 1000.0};
+                                                  td_now_s() + op->lease_ms / 1000.0};
 }
 
 /* Takes reservation id out of the table (engine thread); false if unknown. */
@@ -91,7 +85,7 @@ static bool reservation_take(uint64_t id, reservation_t *out)
 static void expire_reservations(eng_worker_t *w, void *ctx)
 {
     (void)ctx;
-    double t = now_s();
+    double t = td_now_s();
     for (size_t i = 0; i < g_role.n_res;) {
         reservation_t *r = &g_role.res[i];
         if (r->expires < t) {
@@ -317,7 +311,7 @@ static void start_on_engine(eng_worker_t *w, void *arg)
     d->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *d->bias);
     eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .kv_blocks = r.blocks,
                         .first_token = d->rq->first_token, .sampled_before = d->rq->sampled_before};
-    eng_worker_sampling(sp, &er.sampling, d->bias);
+    eng_sampling_from_pb(sp, &er.sampling, d->bias);
     er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
     er.ignore_eos = sp && sp->ignore_eos;
     er.stop = sp ? (const char *const *)sp->stop : NULL;

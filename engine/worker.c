@@ -1,5 +1,6 @@
 /* worker.c — see worker.h. */
 #define _GNU_SOURCE
+#include "common/clock.h"
 #include "engine/worker.h"
 
 #include <errno.h>
@@ -228,13 +229,7 @@ static void *engine_thread(void *arg)
         }
         pthread_mutex_lock(&w->mu);
         if (!w->queue && !w->stop) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 50 * 1000 * 1000;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            struct timespec until = td_wall_deadline(0.05);
             pthread_cond_timedwait(&w->cv, &w->mu, &until);
         }
         pthread_mutex_unlock(&w->mu);
@@ -250,14 +245,7 @@ td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *a
     c->fn = fn;
     c->arg = arg;
     c->refs = 2;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)timeout_s;
-    until.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = td_wall_deadline(timeout_s);
     pthread_mutex_lock(&w->mu);
     if (w->stop) {
         pthread_mutex_unlock(&w->mu);
@@ -546,23 +534,4 @@ out:
     free(w);
     td_rpc_shutdown();
     return code;
-}
-
-void eng_worker_sampling(const Tandem__V1__SamplingParams *p, eng_sampling_t *s, eng_logit_bias_t *bias)
-{
-    *s = eng_sampling_default();
-    if (!p)
-        return;
-    s->temperature = p->temperature;
-    s->top_k = p->top_k;
-    s->top_p = p->top_p;
-    s->min_p = p->min_p;
-    s->repetition_penalty = p->repetition_penalty;
-    s->presence_penalty = p->presence_penalty;
-    s->frequency_penalty = p->frequency_penalty;
-    s->seed = p->seed;
-    for (size_t i = 0; i < p->n_logit_bias; i++)
-        bias[i] = (eng_logit_bias_t){p->logit_bias[i]->key, p->logit_bias[i]->value};
-    s->logit_bias = p->n_logit_bias ? bias : NULL;
-    s->n_logit_bias = p->n_logit_bias;
 }

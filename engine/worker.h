@@ -22,6 +22,7 @@
 #include "common/kv_contract.h"
 #include "common/rpc.h"
 #include "engine/engine.h"
+#include "engine/sampling_pb.h"
 #include "kvstore/transfer.h"
 #include "tandem/internal/v1/worker.pb-c.h"
 
@@ -63,9 +64,5 @@ void eng_worker_unlisten(eng_worker_t *w, uint64_t id);
 /* A KvContract message pointing into c (c must outlive it), and back. */
 void eng_worker_contract_to_pb(td_kv_contract_t *c, Tandem__Internal__V1__KvContract *pb);
 void eng_worker_contract_from_pb(const Tandem__Internal__V1__KvContract *pb, td_kv_contract_t *c);
-
-/* The engine's sampling parameters from the API's (bias: room for
- * p->n_logit_bias entries, outliving *s). */
-void eng_worker_sampling(const Tandem__V1__SamplingParams *p, eng_sampling_t *s, eng_logit_bias_t *bias);
 
 #endif

@@ -8,6 +8,7 @@
  * and reaped by progress; a flush waits for them and then for the endpoint's
  * flush, which is what guarantees remote completion. */
 #define _GNU_SOURCE
+#include "common/clock.h"
 #include "kvstore/transfer.h"
 
 #include <poll.h>
@@ -43,13 +44,6 @@ struct kv_xfer_peer {
     size_t n_pending;
     ucs_status_t failed; /* set by the error handler */
 };
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static td_status_t ucx_create(kv_xfer_t **out)
 {
@@ -251,7 +245,7 @@ static td_status_t wait_pending(kv_xfer_t *x, kv_xfer_peer_t *p, size_t below, d
             return td_error(TD_ERR_UNAVAILABLE, "ucx: a put to the peer failed: %s", ucs_status_string(p->failed));
         if (p->n_pending <= below)
             return TD_OK;
-        if (now_s() > deadline)
+        if (td_now_s() > deadline)
             return td_error(TD_ERR_TIMEOUT, "ucx: %zu puts to the peer did not complete in time", p->n_pending);
         ucp_worker_progress(x->worker);
     }
@@ -262,7 +256,7 @@ static td_status_t ucx_put(kv_xfer_t *x, kv_xfer_peer_t *p, const void *src, siz
     if (p->failed != UCS_OK)
         return td_error(TD_ERR_UNAVAILABLE, "ucx: the peer failed: %s", ucs_status_string(p->failed));
     if (p->n_pending == MAX_PENDING) {
-        td_status_t rc = wait_pending(x, p, MAX_PENDING / 2, now_s() + 10);
+        td_status_t rc = wait_pending(x, p, MAX_PENDING / 2, td_now_s() + 10);
         if (rc)
             return rc;
     }
@@ -281,7 +275,7 @@ static td_status_t ucx_put(kv_xfer_t *x, kv_xfer_peer_t *p, const void *src, siz
 
 static td_status_t ucx_flush(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = td_now_s() + timeout_s;
     td_status_t rc = wait_pending(x, p, 0, deadline);
     if (rc)
         return rc;
@@ -301,7 +295,7 @@ static void ucx_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
 {
     if (!p)
         return;
-    wait_pending(x, p, 0, now_s() + (p->failed == UCS_OK ? 2 : 0));
+    wait_pending(x, p, 0, td_now_s() + (p->failed == UCS_OK ? 2 : 0));
     for (size_t i = 0; i < p->n_pending; i++) { /* abandoned: cancel and free */
         ucp_request_cancel(x->worker, p->pending[i]);
         ucp_request_free(p->pending[i]);
@@ -311,8 +305,8 @@ static void ucx_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
     if (r && !UCS_PTR_IS_ERR(r)) {
-        double deadline = now_s() + 2;
-        while (ucp_request_check_status(r) == UCS_INPROGRESS && now_s() < deadline)
+        double deadline = td_now_s() + 2;
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && td_now_s() < deadline)
             ucp_worker_progress(x->worker);
         ucp_request_free(r);
     }

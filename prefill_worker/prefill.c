@@ -21,15 +21,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "engine/worker.h"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------ the pusher */
 
@@ -90,13 +84,13 @@ static void *pusher_thread(void *arg)
         if (p->head < p->n_jobs) {
             job_t j = p->jobs[p->head++];
             pthread_mutex_unlock(&p->mu);
-            double t0 = now_s();
+            double t0 = td_now_s();
             if (!j.pe->failed && p->xo->put(p->x, j.pe->peer, j.src, j.len, j.dst)) {
                 j.pe->failed = true;
                 TD_WARN("prefill: a KV put failed: %s", td_last_error());
             }
             pthread_mutex_lock(&p->mu);
-            p->busy_s += now_s() - t0;
+            p->busy_s += td_now_s() - t0;
             p->bytes += j.len;
             touch(p, j.pe);
             continue;
@@ -107,14 +101,14 @@ static void *pusher_thread(void *arg)
         p->n_touched = 0;
         p->head = p->n_jobs = 0;
         pthread_mutex_unlock(&p->mu);
-        double t0 = now_s();
+        double t0 = td_now_s();
         for (size_t i = 0; i < nt; i++)
             if (!t[i]->failed && p->xo->flush(p->x, t[i]->peer, 10.0)) {
                 t[i]->failed = true;
                 TD_WARN("prefill: flushing KV to a decode worker failed: %s", td_last_error());
             }
         pthread_mutex_lock(&p->mu);
-        p->busy_s += now_s() - t0;
+        p->busy_s += td_now_s() - t0;
         p->barrier = false;
         pthread_cond_broadcast(&p->cv);
     }
@@ -144,14 +138,14 @@ static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t l
 /* Waits until every put so far has landed; the seconds it waited. */
 static double pusher_barrier(pusher_t *p)
 {
-    double t0 = now_s();
+    double t0 = td_now_s();
     pthread_mutex_lock(&p->mu);
     p->barrier = true;
     pthread_cond_broadcast(&p->cv);
     while (p->barrier)
         pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
-    return now_s() - t0;
+    return td_now_s() - t0;
 }
 
 /* ------------------------------------------------------------ requests */
@@ -221,7 +215,7 @@ static void preq_finish(preq_t *r, td_status_t rc, const char *err, int32_t tok,
         snprintf(r->err, sizeof r->err, "%s", err);
     r->first_token = tok;
     r->n_cached = cached;
-    r->t_done = now_s();
+    r->t_done = td_now_s();
     if (r->call)
         td_rpc_call_wake(r->call);
     pthread_mutex_unlock(&r->mu);
@@ -295,7 +289,7 @@ static void add_on_engine(eng_worker_t *w, void *arg)
     r->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *r->bias);
     eng_request_t er = {.prompt = r->rq->tokens, .n_prompt = r->rq->n_tokens, .max_tokens = 1, .ignore_eos = true,
                         .sampled_before = r->rq->sampled_before};
-    eng_worker_sampling(sp, &er.sampling, r->bias);
+    eng_sampling_from_pb(sp, &er.sampling, r->bias);
     r->rc = eng_engine_add(eng_worker_engine(w), &er, &r->eng_id);
     if (r->rc) {
         snprintf(r->err, sizeof r->err, "%s", td_last_error());
@@ -384,7 +378,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     }
     pthread_mutex_init(&r->mu, NULL);
     r->refs = 1;
-    r->t0 = now_s();
+    r->t0 = td_now_s();
     r->rq = tandem__internal__v1__prefill_request__unpack(NULL, n, p);
     const Tandem__Internal__V1__LandingDescriptor *ld = r->rq ? r->rq->landing : NULL;
     if (!r->rq || !r->rq->n_tokens || !ld) {

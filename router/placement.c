@@ -1,5 +1,6 @@
 /* placement.c — see placement.h. */
 #define _GNU_SOURCE
+#include "common/clock.h"
 #include "router/placement.h"
 
 #include <jansson.h>
@@ -9,13 +10,6 @@
 #include <time.h>
 
 #include "common/log.h"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static bool usable(const rt_worker_t *w, rt_role_t role, double now)
 {
@@ -147,7 +141,7 @@ rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_rol
                               size_t n_tokens)
 {
     pthread_mutex_lock(&t->mu);
-    rt_worker_t *w = p->pick(t, role, tokens, n_tokens, now_s());
+    rt_worker_t *w = p->pick(t, role, tokens, n_tokens, td_now_s());
     if (w) {
         w->refs++;
         w->inflight++;
@@ -161,14 +155,14 @@ void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s)
     pthread_mutex_lock(&t->mu);
     w->inflight--;
     if (failed)
-        w->suspect_until = now_s() + suspect_s;
+        w->suspect_until = td_now_s() + suspect_s;
     worker_put(w);
     pthread_mutex_unlock(&t->mu);
 }
 
 void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode)
 {
-    double now = now_s();
+    double now = td_now_s();
     *prefill = *decode = 0;
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++) {

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/etcd.h"
 #include "common/log.h"
@@ -30,6 +31,7 @@
 #include "engine/chat.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/sampling_pb.h"
 #include "engine/tokenizer.h"
 #include "router/placement.h"
 #include "tandem/internal/v1/worker.pb-c.h"
@@ -60,19 +62,6 @@ typedef struct router {
 
 static volatile sig_atomic_t g_signal;
 static void on_signal(int sig) { g_signal = sig; }
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&t, NULL);
-}
 
 /* ---------------------------------------------------------------- etcd */
 
@@ -226,7 +215,7 @@ static double cpu_s(void)
     return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static double left(const gen_t *g) { return g->deadline - now_s(); }
+static double left(const gen_t *g) { return g->deadline - td_now_s(); }
 
 static bool fatal_code(int code)
 {
@@ -306,16 +295,16 @@ static Tandem__V1__SamplingParams *sampling_for(gen_t *g, Tandem__V1__SamplingPa
 static int attempt(gen_t *g)
 {
     router_t *r = g->r;
-    double t_a = now_s(), c_a = cpu_s();
+    double t_a = td_now_s(), c_a = cpu_s();
     rt_worker_t *d = rt_table_acquire(&r->table, r->place, RT_DECODE, g->tokens, g->n_tokens);
     rt_worker_t *p = d ? rt_table_acquire(&r->table, r->place, RT_PREFILL, g->tokens, g->n_tokens) : NULL;
     if (!d || !p) {
         if (d)
             rt_table_done(&r->table, d, false, 0);
-        sleep_s(0.05);
+        td_sleep_s(0.05);
         return 0;
     }
-    g->overhead += now_s() - t_a;
+    g->overhead += td_now_s() - t_a;
     g->cpu += cpu_s() - c_a;
     Tandem__Internal__V1__LandingDescriptor *land = NULL;
     td_rpc_result_t res = {0};
@@ -333,7 +322,7 @@ static int attempt(gen_t *g)
         return 0;
     }
     /* prefill the prompt (plus what was streamed already, on a resume) */
-    double t_b = now_s(), c_b = cpu_s();
+    double t_b = td_now_s(), c_b = cpu_s();
     Tandem__V1__SamplingParams sp;
     Tandem__Internal__V1__PrefillRequest prq = TANDEM__INTERNAL__V1__PREFILL_REQUEST__INIT;
     prq.request_id = g->rq->request_id;
@@ -347,7 +336,7 @@ static int attempt(gen_t *g)
     uint8_t *pbuf = malloc(pn);
     if (pbuf)
         tandem__internal__v1__prefill_request__pack(&prq, pbuf);
-    g->overhead += now_s() - t_b;
+    g->overhead += td_now_s() - t_b;
     g->cpu += cpu_s() - c_b;
     uint8_t *out = NULL;
     size_t on = 0;
@@ -385,7 +374,7 @@ static int attempt(gen_t *g)
     rt_table_done(&r->table, p, false, 0);
 
     /* the completion notice: decode joins its batch and streams */
-    double t_c = now_s(), c_c = cpu_s();
+    double t_c = td_now_s(), c_c = cpu_s();
     Tandem__Internal__V1__DecodeRequest drq = TANDEM__INTERNAL__V1__DECODE_REQUEST__INIT;
     drq.request_id = g->rq->request_id;
     drq.has_reservation_id = drq.has_first_token = 1;
@@ -404,7 +393,7 @@ static int attempt(gen_t *g)
     rc = pbuf ? td_rpc_stream_open(d->ch, "/tandem.internal.v1.Decode/Decode", pbuf, pn, left(g), g->call, &st)
               : TD_ERR_NO_MEMORY;
     free(pbuf);
-    g->overhead += now_s() - t_c;
+    g->overhead += td_now_s() - t_c;
     g->cpu += cpu_s() - c_c;
     bool finished = false;
     while (!rc) {
@@ -413,7 +402,7 @@ static int attempt(gen_t *g)
         td_status_t rr = td_rpc_stream_read(st, &m, &ml, fmax(left(g), 0.01));
         if (rr)
             break;
-        double t_m = now_s(), c_m = cpu_s();
+        double t_m = td_now_s(), c_m = cpu_s();
         Tandem__Internal__V1__DecodeResponse *dr = tandem__internal__v1__decode_response__unpack(NULL, ml, m);
         free(m);
         if (!dr)
@@ -429,7 +418,7 @@ static int attempt(gen_t *g)
         }
         Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
         Tandem__V1__Timing timing = TANDEM__V1__TIMING__INIT;
-        double t = now_s();
+        double t = td_now_s();
         if (dr->n_token_ids) {
             if (!g->t_first)
                 g->t_first = t;
@@ -460,7 +449,7 @@ static int attempt(gen_t *g)
             g->sent_any = true;
         }
         tandem__internal__v1__decode_response__free_unpacked(dr, NULL);
-        g->overhead += now_s() - t_m;
+        g->overhead += td_now_s() - t_m;
     g->cpu += cpu_s() - c_m;
         if (sr || finished)
             break;
@@ -499,7 +488,7 @@ static int attempt(gen_t *g)
 static void h_generate(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
-    gen_t g = {.r = r, .call = call, .t0 = now_s(), .c0 = cpu_s()};
+    gen_t g = {.r = r, .call = call, .t0 = td_now_s(), .c0 = cpu_s()};
     size_t n;
     const uint8_t *p = td_rpc_call_payload(call, &n);
     char err[600];
@@ -542,20 +531,13 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
     }
     eng_sampling_t es;
     eng_logit_bias_t *bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *bias);
-    es = eng_sampling_default();
-    if (sp && bias) {
-        es.temperature = sp->temperature;
-        es.top_k = sp->top_k;
-        es.top_p = sp->top_p;
-        es.min_p = sp->min_p;
-        es.repetition_penalty = sp->repetition_penalty;
-        es.presence_penalty = sp->presence_penalty;
-        es.frequency_penalty = sp->frequency_penalty;
-        for (size_t i = 0; i < sp->n_logit_bias; i++)
-            bias[i] = (eng_logit_bias_t){sp->logit_bias[i]->key, sp->logit_bias[i]->value};
-        es.logit_bias = bias;
-        es.n_logit_bias = sp->n_logit_bias;
+    if (!bias) {
+        free(ids);
+        code = TD_RPC_RESOURCE_EXHAUSTED;
+        snprintf(err, sizeof err, "no memory");
+        goto fail;
     }
+    eng_sampling_from_pb(sp, &es, bias);
     rc = eng_sampling_validate(&es, (int32_t)r->model->desc.vocab);
     free(bias);
     if (rc) {
@@ -586,7 +568,7 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
     if (dl > 3600)
         dl = 3600;
     g.deadline = g.t0 + dl;
-    g.overhead = now_s() - g.t0;
+    g.overhead = td_now_s() - g.t0;
     g.cpu = cpu_s() - g.c0;
     while (!attempt(&g)) {
         if (td_rpc_call_cancelled(call)) {

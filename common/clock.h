@@ -1,0 +1,42 @@
+/* clock.h — time as the rest of the code wants it: seconds since an arbitrary
+ * start on the monotonic clock (intervals, deadlines), sleeping for seconds,
+ * and "s seconds from now" as the CLOCK_REALTIME timespec that
+ * pthread_cond_timedwait takes. Header-only. */
+#ifndef TD_CLOCK_H
+#define TD_CLOCK_H
+
+#include <time.h>
+
+static inline double td_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static inline void td_sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&t, &t) != 0) /* resumes after a signal */
+        ;
+}
+
+/* The CLOCK_REALTIME instant s seconds (>= 0) from now, for pthread_cond_timedwait. */
+static inline struct timespec td_wall_deadline(double s)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    if (s < 0)
+        s = 0;
+    t.tv_sec += (time_t)s;
+    t.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+#endif
