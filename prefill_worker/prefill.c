@@ -27,11 +27,17 @@
 
 /* ------------------------------------------------------------ the pusher */
 
+/* A connection to one decode worker's pool. refs: requests holding it
+ * (under peers_mu); a connection that failed, or that nobody used for
+ * TANDEM_PEER_IDLE_S seconds (default 60: a decode worker that went away
+ * leaves one behind), is closed between steps once no request holds it. */
 typedef struct peer_entry {
     uint8_t *addr;
     size_t addr_len;
     kv_xfer_peer_t *peer;
     bool failed;
+    int refs;
+    double last_used;
 } peer_entry_t;
 
 typedef struct job {
@@ -174,6 +180,7 @@ typedef struct prefill_role {
     pthread_mutex_t peers_mu;
     peer_entry_t **peers;
     size_t n_peers, cap_peers;
+    double peer_idle_s;
     preq_t **active; /* engine thread */
     size_t n_active, cap_active;
     double exposed_total, busy_total;
@@ -183,6 +190,37 @@ typedef struct prefill_role {
 
 static prefill_role_t g_role;
 
+static void peer_release(peer_entry_t *pe)
+{
+    pthread_mutex_lock(&g_role.peers_mu);
+    pe->refs--;
+    pe->last_used = td_now_s();
+    pthread_mutex_unlock(&g_role.peers_mu);
+}
+
+/* Between steps (the pusher idle, nothing queued): closes the connections
+ * that failed or sat idle, that no request holds. */
+static void peers_reap(void)
+{
+    kv_xfer_t *x;
+    const kv_transport_ops_t *xo = eng_worker_transport(g_role.w, &x);
+    double now = td_now_s();
+    pthread_mutex_lock(&g_role.peers_mu);
+    for (size_t i = 0; i < g_role.n_peers;) {
+        peer_entry_t *pe = g_role.peers[i];
+        if (pe->refs > 0 || (!pe->failed && now - pe->last_used < g_role.peer_idle_s)) {
+            i++;
+            continue;
+        }
+        TD_INFO("prefill: closing the connection to a decode worker's pool (%s)", pe->failed ? "it failed" : "idle");
+        xo->disconnect(x, pe->peer);
+        free(pe->addr);
+        free(pe);
+        g_role.peers[i] = g_role.peers[--g_role.n_peers];
+    }
+    pthread_mutex_unlock(&g_role.peers_mu);
+}
+
 static void preq_put(preq_t *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -190,6 +228,8 @@ static void preq_put(preq_t *r)
     pthread_mutex_unlock(&r->mu);
     if (n)
         return;
+    if (r->pe)
+        peer_release(r->pe);
     if (r->rq)
         tandem__internal__v1__prefill_request__free_unpacked(r->rq, NULL);
     free(r->bias);
@@ -280,6 +320,7 @@ static void prefill_after_step(eng_worker_t *w, void *ctx)
         }
         k++;
     }
+    peers_reap();
 }
 
 static void add_on_engine(eng_worker_t *w, void *arg)
@@ -332,6 +373,8 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
     for (size_t i = 0; i < g_role.n_peers; i++) {
         peer_entry_t *pe = g_role.peers[i];
         if (!pe->failed && pe->addr_len == ld->ucx_address.len && !memcmp(pe->addr, ld->ucx_address.data, pe->addr_len)) {
+            pe->refs++;
+            pe->last_used = td_now_s();
             pthread_mutex_unlock(&g_role.peers_mu);
             return pe;
         }
@@ -352,6 +395,8 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
                 }
             }
             if (g_role.n_peers < g_role.cap_peers) {
+                pe->refs = 1;
+                pe->last_used = td_now_s();
                 g_role.peers[g_role.n_peers++] = pe;
                 pthread_mutex_unlock(&g_role.peers_mu);
                 return pe;
@@ -469,6 +514,10 @@ static void prefill_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__Stat
     r->transfer_bytes = g_role.bytes_total;
     r->transfer_ms = g_role.busy_total * 1e3;
     r->exposed_transfer_ms = g_role.exposed_total * 1e3;
+    pthread_mutex_lock(&g_role.peers_mu);
+    r->has_kv_peers = 1;
+    r->kv_peers = (uint32_t)g_role.n_peers;
+    pthread_mutex_unlock(&g_role.peers_mu);
 }
 
 static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
@@ -476,6 +525,8 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     (void)ctx;
     g_role.w = w;
     pthread_mutex_init(&g_role.peers_mu, NULL);
+    const char *idle = getenv("TANDEM_PEER_IDLE_S");
+    g_role.peer_idle_s = idle && atof(idle) > 0 ? atof(idle) : 60;
     pusher_t *p = &g_role.pusher;
     p->xo = eng_worker_transport(w, &p->x);
     pthread_mutex_init(&p->mu, NULL);

@@ -71,9 +71,11 @@ def reference(prompt, max_tokens=MAX_TOKENS, seeded=False):
 class Cluster:
     def __init__(self, config=None, creds=None):
         self.err = open(tempfile.mktemp(prefix="tandem-up-", suffix=".log"), "w+")
+        # idle UCX connections are closed after 3 s (60 by default), so the suite can see it
         self.p = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads",
                                    "--worker-arg", "1"] + (["--config", config] if config else []),
-                                  stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True,
+                                  env=dict(os.environ, TANDEM_PEER_IDLE_S="3"))
         t0 = time.time()
         line = ""
         while time.time() - t0 < 60 and not line:
@@ -355,6 +357,11 @@ def main():
         check("the killed decode worker is restarted and rejoins", back)
         ids, _ = generate(c.stub, PROMPTS[2])
         check("the cluster serves after the restarts", ids == refs[PROMPTS[2]])
+        time.sleep(3.5)
+        ids, _ = generate(c.stub, PROMPTS[3])
+        peers = c.stats(c.worker("prefill")).kv_peers
+        check("the prefill worker closed its connection to the dead decode worker (open: %d)" % peers,
+              peers == 1 and ids == refs[PROMPTS[3]])
     finally:
         rc = c.stop()
         check("tandem up stops cleanly on SIGTERM (exit %s)" % rc, rc == 0)
