@@ -307,7 +307,9 @@ int cli_up(int argc, char **argv)
     fprintf(stderr, "tandem up: stopping\n");
     td_rpc_channel_destroy(probe);
     td_rpc_shutdown();
-    /* router and workers first (they drain), etcd last */
+    /* router and workers first (they drain), etcd last; exit 1 if one of
+     * them does not stop cleanly */
+    bool unclean = false;
     for (int phase = 0; phase < 2; phase++) {
         for (int i = 0; i < nk; i++)
             if (kids[i].pid && (phase == 1) == (i == 0))
@@ -317,10 +319,20 @@ int cli_up(int argc, char **argv)
             bool any = false;
             for (int i = 0; i < nk; i++)
                 if (kids[i].pid && (phase == 1) == (i == 0)) {
-                    if (waitpid(kids[i].pid, NULL, WNOHANG) == kids[i].pid)
+                    int st;
+                    if (waitpid(kids[i].pid, &st, WNOHANG) == kids[i].pid) {
+                        /* a clean stop is exit 0 (etcd: death by the SIGTERM we sent) */
+                        bool clean = WIFSIGNALED(st) ? i == 0 && WTERMSIG(st) == SIGTERM : WEXITSTATUS(st) == 0;
+                        if (!clean) {
+                            fprintf(stderr, "tandem up: %s (pid %d) %s %d while stopping\n", kids[i].name,
+                                    (int)kids[i].pid, WIFSIGNALED(st) ? "was killed by signal" : "exited with",
+                                    WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                            unclean = true;
+                        }
                         kids[i].pid = 0;
-                    else
+                    } else {
                         any = true;
+                    }
                 }
             if (!any)
                 break;
@@ -328,6 +340,7 @@ int cli_up(int argc, char **argv)
                 for (int i = 0; i < nk; i++)
                     if (kids[i].pid && (phase == 1) == (i == 0)) {
                         fprintf(stderr, "tandem up: %s did not stop in time; killing it\n", kids[i].name);
+                        unclean = true;
                         kill(kids[i].pid, SIGKILL);
                         waitpid(kids[i].pid, NULL, 0);
                         kids[i].pid = 0;
@@ -344,5 +357,5 @@ int cli_up(int argc, char **argv)
     for (int i = 0; i < nk; i++)
         for (int a = 0; a < kids[i].argc; a++)
             free(kids[i].argv[a]);
-    return 0;
+    return unclean ? 1 : 0;
 }

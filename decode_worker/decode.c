@@ -310,7 +310,8 @@ static void start_on_engine(eng_worker_t *w, void *arg)
     const Tandem__V1__SamplingParams *sp = d->rq->sampling;
     d->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *d->bias);
     eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .kv_blocks = r.blocks,
-                        .first_token = d->rq->first_token, .sampled_before = d->rq->sampled_before};
+                        .first_token = d->rq->first_token, .sampled_before = d->rq->sampled_before,
+                        .resume_generated = d->rq->resume_generated, .resume_text_sent = d->rq->resume_text_sent};
     eng_sampling_from_pb(sp, &er.sampling, d->bias);
     er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
     er.ignore_eos = sp && sp->ignore_eos;

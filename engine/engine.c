@@ -160,6 +160,8 @@ void eng_engine_destroy(eng_engine_t *e)
     free(e);
 }
 
+static void text_append(eng_seq_t *s, const char *p, size_t n);
+
 td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id)
 {
     const eng_model_desc_t *d = &e->m->desc;
@@ -217,6 +219,25 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
         s->max_stop = l > s->max_stop ? l : s->max_stop;
     }
     eng_tok_stream_init(&s->stream, e->m->tok, true);
+    if (r->resume_generated) {
+        if (r->resume_generated > r->n_prompt) {
+            seq_destroy(e, s);
+            return td_error(TD_ERR_INVALID_ARG, "resume: %u generated tokens, but the prompt has %zu",
+                            r->resume_generated, r->n_prompt);
+        }
+        char piece[1024];
+        size_t plen;
+        for (size_t i = r->n_prompt - r->resume_generated; i < r->n_prompt; i++) {
+            plen = 0;
+            eng_tok_stream_push(&s->stream, r->prompt[i], piece, sizeof piece, &plen);
+            text_append(s, piece, plen);
+        }
+        size_t drop = r->resume_text_sent < s->text_len ? r->resume_text_sent : s->text_len;
+        memmove(s->text, s->text + drop, s->text_len - drop);
+        s->text_len -= drop;
+        if (s->text)
+            s->text[s->text_len] = '\0';
+    }
     s->id = e->next_id++;
     s->state = SEQ_WAITING;
     s->forced = -1;

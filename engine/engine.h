@@ -59,6 +59,13 @@ typedef struct eng_request {
      * that many draws, so the sequence's random stream is the one a single
      * process would have drawn. */
     uint32_t sampled_before;
+    /* A resumed stream: the last resume_generated prompt tokens were
+     * generated before, and resume_text_sent bytes of their text were already
+     * delivered. Their text is replayed into the stop-string window (what was
+     * held back is emitted, a stop string spanning the break is found) and
+     * the delivered bytes are not emitted again. */
+    uint32_t resume_generated;
+    size_t resume_text_sent;
 } eng_request_t;
 
 /* What a step produced for one request. */

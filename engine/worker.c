@@ -438,6 +438,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     if (!w)
         return 1;
     w->role = role;
+    bool attached = false;
     int code = parse_args(w, argc, argv);
     if (code) {
         free(w);
@@ -478,6 +479,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     snprintf(method, sizeof method, "/tandem.internal.v1.%s/Stats", !strcmp(role->name, "prefill") ? "Prefill" : "Decode");
     if (td_rpc_server_add(w->server, method, h_stats, w) || (role->attach && role->attach(w, role->ctx)))
         goto out;
+    attached = true;
     if (pthread_create(&w->thread, NULL, engine_thread, w)) {
         td_error(TD_ERR_INTERNAL, "cannot start the engine thread");
         goto out;
@@ -520,6 +522,8 @@ out:
     if (code && !g_signal && !g_lease_lost)
         fprintf(stderr, "tandem-%s: %s\n", role->name, td_last_error());
     td_rpc_server_destroy(w->server);
+    if (attached && role->detach)
+        role->detach(w, role->ctx);
     td_etcd_destroy(w->etcd);
     eng_engine_destroy(w->engine);
     if (w->xo && w->xfer) {

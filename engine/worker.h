@@ -35,6 +35,8 @@ typedef struct eng_worker_role {
     void (*before_step)(eng_worker_t *w, void *ctx);     /* optional */
     void (*after_step)(eng_worker_t *w, void *ctx);      /* optional */
     void (*stats)(eng_worker_t *w, void *ctx, Tandem__Internal__V1__StatsResponse *r); /* optional, engine thread */
+    void (*detach)(eng_worker_t *w, void *ctx);          /* optional: at exit, the engine thread stopped, the
+                                                          * transport still up (after a successful attach) */
     void *ctx;
 } eng_worker_role_t;
 

@@ -537,9 +537,37 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     return td_rpc_server_add(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", h_prefill, w);
 }
 
+/* At exit: the pusher stops (its queue is empty: the engine thread ended
+ * with a barrier after its last step) and every connection is closed. */
+static void prefill_detach(eng_worker_t *w, void *ctx)
+{
+    (void)ctx;
+    pusher_t *p = &g_role.pusher;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->thread, NULL);
+    kv_xfer_t *x;
+    const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
+    pthread_mutex_lock(&g_role.peers_mu);
+    for (size_t i = 0; i < g_role.n_peers; i++) {
+        xo->disconnect(x, g_role.peers[i]->peer);
+        free(g_role.peers[i]->addr);
+        free(g_role.peers[i]);
+    }
+    free(g_role.peers);
+    g_role.peers = NULL;
+    g_role.n_peers = g_role.cap_peers = 0;
+    pthread_mutex_unlock(&g_role.peers_mu);
+    free(p->jobs);
+    free(p->touched);
+    free(g_role.active);
+}
+
 int main(int argc, char **argv)
 {
     eng_worker_role_t role = {.name = "prefill", .attach = prefill_attach, .after_step = prefill_after_step,
-                              .stats = prefill_stats, .ctx = &g_role};
+                              .stats = prefill_stats, .detach = prefill_detach, .ctx = &g_role};
     return eng_worker_main(argc, argv, &role);
 }

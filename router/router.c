@@ -205,6 +205,7 @@ typedef struct gen {
     uint32_t max_tokens, cached;
     double t0, c0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
     char prefill_id[96], decode_id[96];
+    uint64_t text_sent; /* bytes of text relayed to the client, all attempts */
     bool sent_any;
 } gen_t;
 
@@ -384,6 +385,9 @@ static int attempt(gen_t *g)
     drq.first_token = first;
     drq.has_sampled_before = 1;
     drq.sampled_before = (uint32_t)(g->n_tokens - g->n_prompt) + 1; /* and the first token */
+    drq.has_resume_generated = drq.has_resume_text_sent = 1;
+    drq.resume_generated = (uint32_t)(g->n_tokens - g->n_prompt);
+    drq.resume_text_sent = g->text_sent;
     drq.sampling = sampling_for(g, &sp);
     pn = tandem__internal__v1__decode_request__get_packed_size(&drq);
     pbuf = malloc(pn);
@@ -447,6 +451,8 @@ static int attempt(gen_t *g)
         if (gr.text[0] || gr.n_token_ids || finished) {
             sr = send_pb(g->call, &gr.base);
             g->sent_any = true;
+            if (!sr)
+                g->text_sent += strlen(gr.text);
         }
         tandem__internal__v1__decode_response__free_unpacked(dr, NULL);
         g->overhead += td_now_s() - t_m;

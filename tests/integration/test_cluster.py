@@ -68,6 +68,14 @@ def reference(prompt, max_tokens=MAX_TOKENS, seeded=False):
     return [int(x) for x in out.split()]
 
 
+def reference_text(prompt, max_tokens, seeded=False):
+    extra = ["--temperature", str(SEEDED["temperature"]), "--top-p", str(SEEDED["top_p"]), "--seed",
+             str(SEEDED["seed"])] if seeded else []
+    return subprocess.run(["timeout", "120", BIN + "/tandem", "generate", "--model", MODEL, "--threads", "1",
+                           "--max-tokens", str(max_tokens), "--ignore-eos"] + extra + [prompt],
+                          capture_output=True, check=True).stdout.decode()[:-1]  # generate ends with a newline
+
+
 class Cluster:
     def __init__(self, config=None, creds=None):
         self.err = open(tempfile.mktemp(prefix="tandem-up-", suffix=".log"), "w+")
@@ -335,24 +343,29 @@ def main():
 
         # 7. kill -9 of the decode worker mid-decode
         dw = c.worker("decode")
-        ref300 = reference(PROMPTS[1], 200, seeded=True)  # seeded: the resume must continue the random stream too
-        got, err = [], None
+        # seeded: the resume must continue the random stream too; a stop string that never matches
+        # makes the decode side hold text back, which the resumed stream must still deliver
+        ref300 = reference(PROMPTS[1], 200, seeded=True)
+        ref_text = reference_text(PROMPTS[1], 200, seeded=True)
+        got, err, text = [], None, []
         t0 = time.time()
         try:
             for r in c.stub.Generate(pb.GenerateRequest(prompt=PROMPTS[1], return_token_ids=True,
                                                         sampling=pb.SamplingParams(max_tokens=200, ignore_eos=True,
-                                                                                   **SEEDED)),
+                                                                                   stop=["@@never@@"], **SEEDED)),
                                      timeout=90):
                 got.extend(r.token_ids)
+                text.append(r.text)
                 if len(got) >= 20 and dw:
                     os.kill(dw["pid"], signal.SIGKILL)
                     dw = None
         except grpc.RpcError as e:
             err = (e.code(), e.details())
-        how = ("resumed and completed identically, seeded sampling (%d tokens)" % len(got)) if got == ref300 else \
+        how = ("resumed and completed identically, seeded sampling (%d tokens, text %s)" %
+               (len(got), "identical" if "".join(text) == ref_text else "DIFFERENT")) if got == ref300 else \
             "ended with %s after %d tokens" % (err, len(got))
         check("decode killed mid-decode: the stream %s in %.1f s" % (how, time.time() - t0),
-              got == ref300 or err is not None)
+              (got == ref300 and "".join(text) == ref_text) or err is not None)
         back = wait_for(lambda: c.worker("decode") and c.health()[0], 30)
         check("the killed decode worker is restarted and rejoins", back)
         ids, _ = generate(c.stub, PROMPTS[2])

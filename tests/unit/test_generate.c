@@ -304,6 +304,79 @@ Test(generate, stop_strings_and_max_tokens)
     eng_engine_destroy(e);
 }
 
+/* A stream broken after k tokens and resumed elsewhere (the router re-prefills
+ * prompt + those k tokens): with resume_generated / resume_text_sent the
+ * resumed sequence delivers exactly the rest of the text — what was held back
+ * for the stop-string window included — and finds a stop string that spans
+ * the break, for every k. */
+typedef struct resume_collect {
+    int32_t tok[64];
+    size_t sent_after[64]; /* bytes delivered after each token */
+    uint32_t n;
+    char text[4096];
+    size_t len;
+    eng_finish_t fin;
+} resume_collect_t;
+
+static void on_resume(void *ctx, const eng_event_t *ev)
+{
+    resume_collect_t *c = ctx;
+    if (ev->text_len && c->len + ev->text_len < sizeof c->text) {
+        memcpy(c->text + c->len, ev->text, ev->text_len);
+        c->len += ev->text_len;
+    }
+    if (ev->token >= 0 && c->n < 64) {
+        c->tok[c->n] = ev->token;
+        c->sent_after[c->n++] = c->len;
+    }
+    if (ev->finish)
+        c->fin = ev->finish;
+}
+
+Test(generate, a_resumed_stream_delivers_the_rest_and_finds_stop_strings_across_the_break)
+{
+    eng_engine_t *e = engine(512, 0, false);
+    static text_collect_t full;
+    run_text(e, NULL, 48, &full);
+    /* a stop string of 6 bytes from the middle: the window holds back 5 */
+    size_t at = full.len / 2;
+    while (at < full.len && ((unsigned char)full.text[at] & 0xc0) == 0x80)
+        at++;
+    char stop[16];
+    snprintf(stop, sizeof stop, "%.6s", full.text + at);
+    const char *stops[1] = {stop};
+    static resume_collect_t orig, res;
+    memset(&orig, 0, sizeof orig);
+    eng_request_t r = {.prompt = refs[0].ids, .n_prompt = refs[0].n_ids, .sampling = eng_sampling_default(),
+                       .max_tokens = 48, .stop = stops, .n_stop = 1, .ignore_eos = true};
+    uint64_t id;
+    cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK);
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_resume, &orig), TD_OK);
+    cr_assert_eq(orig.fin, ENG_FINISH_STOP, "stop '%s' in '%s'", stop, full.text);
+    int32_t *prompt = malloc((refs[0].n_ids + 64) * sizeof *prompt);
+    memcpy(prompt, refs[0].ids, refs[0].n_ids * sizeof *prompt);
+    int held = 0;
+    for (uint32_t k = 1; k < orig.n; k++) { /* the break after token k */
+        memcpy(prompt + refs[0].n_ids, orig.tok, k * sizeof *prompt);
+        memset(&res, 0, sizeof res);
+        eng_request_t rr = {.prompt = prompt, .n_prompt = refs[0].n_ids + k, .sampling = eng_sampling_default(),
+                            .max_tokens = 48 - k, .stop = stops, .n_stop = 1, .ignore_eos = true,
+                            .resume_generated = k, .resume_text_sent = orig.sent_after[k - 1]};
+        cr_assert_eq(eng_engine_add(e, &rr, &id), TD_OK, "%s", td_last_error());
+        while (eng_engine_busy(e))
+            cr_assert_eq(eng_engine_step(e, on_resume, &res), TD_OK);
+        cr_assert_eq(res.fin, ENG_FINISH_STOP, "break after %u: finish %d", k, res.fin);
+        cr_assert_eq(orig.sent_after[k - 1] + res.len, orig.len, "break after %u: %zu + %zu bytes, want %zu", k,
+                     orig.sent_after[k - 1], res.len, orig.len);
+        cr_assert(!memcmp(res.text, orig.text + orig.sent_after[k - 1], res.len), "break after %u: text differs", k);
+        held += orig.sent_after[k - 1] < orig.len && res.len > 0;
+    }
+    cr_assert_gt(held, 0, "some breaks fall where text was held back");
+    free(prompt);
+    eng_engine_destroy(e);
+}
+
 Test(generate, perplexity_within_one_percent_of_llama_cpp)
 {
     json_error_t err;
