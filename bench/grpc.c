@@ -11,13 +11,13 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "tandem/v1/tandem.pb-c.h"
 
@@ -36,19 +36,6 @@ typedef struct gflight {
     uint32_t n_times, cap_times;
     bench_result_t *res;
 } gflight_t;
-
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static gpr_timespec in_seconds(double s)
 {
@@ -179,18 +166,7 @@ static void finish(gflight_t *f, double t)
     bench_result_t *r = f->res;
     r->t_done = t;
     r->status = (int)f->code;
-    r->n_out = f->n_times;
-    if (f->n_times) {
-        r->t_first = f->times[0];
-        if (f->n_times > 1) {
-            r->tpot = (f->times[f->n_times - 1] - f->times[0]) / (f->n_times - 1);
-            for (uint32_t i = f->n_times - 1; i > 0; i--)
-                f->times[i] -= f->times[i - 1];
-            qsort(f->times + 1, f->n_times - 1, sizeof *f->times, cmp_d);
-            r->gap_max = f->times[f->n_times - 1];
-            r->gap_p90 = f->times[1 + (size_t)floor(0.9 * (f->n_times - 2))];
-        }
-    }
+    bench_result_times(r, f->times, f->n_times);
     if (f->code != GRPC_STATUS_OK && !r->error[0]) {
         char *d = grpc_slice_to_c_string(f->details);
         snprintf(r->error, sizeof r->error, "gRPC status %d: %s", (int)f->code, d && d[0] ? d : f->err_str ? f->err_str : "");
@@ -320,17 +296,17 @@ td_status_t bench_run_grpc(const bench_grpc_t *o, const bench_workload_t *w, ben
     }
     grpc_slice method = grpc_slice_from_static_string("/tandem.v1.Tandem/Generate");
     bool tty = isatty(STDERR_FILENO);
-    double t0 = mono(), last_print = 0;
+    double t0 = td_now_s(), last_print = 0;
     size_t next = 0, in_flight = 0, done = 0, failed = 0;
     while (done < w->n) {
-        double now = mono() - t0;
+        double now = td_now_s() - t0;
         while (next < w->n && w->req[next].t_send <= now) { /* open loop: send on schedule */
             gflight_t *f = &fl[next];
             f->res = &res[next];
             memset(f->res, 0, sizeof *f->res);
             f->res->t_planned = w->req[next].t_send;
             f->res->n_in = w->req[next].input_len;
-            f->res->t_sent = mono() - t0;
+            f->res->t_sent = td_now_s() - t0;
             if (launch(o, ch, cq, f, &w->req[next], method)) {
                 in_flight++;
             } else {
@@ -344,11 +320,11 @@ td_status_t bench_run_grpc(const bench_grpc_t *o, const bench_workload_t *w, ben
             }
             next++;
         }
-        double wait = next < w->n ? w->req[next].t_send - (mono() - t0) : 0.05;
+        double wait = next < w->n ? w->req[next].t_send - (td_now_s() - t0) : 0.05;
         wait = wait < 0 ? 0 : wait > 0.05 ? 0.05 : wait;
         grpc_event ev = grpc_completion_queue_next(cq, in_seconds(wait), NULL);
         while (ev.type == GRPC_OP_COMPLETE) {
-            double t = mono() - t0;
+            double t = td_now_s() - t0;
             gflight_t *f = (gflight_t *)((uintptr_t)ev.tag & ~(uintptr_t)K_MASK);
             int kind = (int)((uintptr_t)ev.tag & K_MASK);
             f->pending--;

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 typedef struct flight {
@@ -25,13 +26,6 @@ typedef struct flight {
     const bench_request_t *req;
     double t0;
 } flight_t;
-
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -67,7 +61,7 @@ static void sse_line(flight_t *f, const char *s, size_t n)
             }
         }
         if (f->n_times < f->cap_times)
-            f->times[f->n_times++] = mono() - f->t0;
+            f->times[f->n_times++] = td_now_s() - f->t0;
     }
     json_t *err = json_object_get(o, "error");
     if (err) {
@@ -113,25 +107,30 @@ static char *request_body(const bench_openai_t *o, const bench_request_t *r)
     return s;
 }
 
+void bench_result_times(bench_result_t *r, double *times, uint32_t n)
+{
+    r->n_out = n;
+    if (!n)
+        return;
+    r->t_first = times[0];
+    if (n < 2)
+        return;
+    r->tpot = (times[n - 1] - times[0]) / (n - 1);
+    for (uint32_t i = n - 1; i > 0; i--) /* the gaps, then sorted */
+        times[i] -= times[i - 1];
+    qsort(times + 1, n - 1, sizeof *times, cmp_d);
+    r->gap_max = times[n - 1];
+    r->gap_p90 = times[1 + (size_t)floor(0.9 * (n - 2))];
+}
+
 static void finish(flight_t *f, CURLcode code)
 {
     bench_result_t *r = f->res;
     long status = 0;
     curl_easy_getinfo(f->h, CURLINFO_RESPONSE_CODE, &status);
     r->status = (int)status;
-    r->t_done = mono() - f->t0;
-    r->n_out = f->n_times;
-    if (f->n_times) {
-        r->t_first = f->times[0];
-        if (f->n_times > 1) {
-            r->tpot = (f->times[f->n_times - 1] - f->times[0]) / (f->n_times - 1);
-            for (uint32_t i = f->n_times - 1; i > 0; i--)
-                f->times[i] -= f->times[i - 1];
-            qsort(f->times + 1, f->n_times - 1, sizeof *f->times, cmp_d);
-            r->gap_max = f->times[f->n_times - 1];
-            r->gap_p90 = f->times[1 + (size_t)floor(0.9 * (f->n_times - 2))];
-        }
-    }
+    r->t_done = td_now_s() - f->t0;
+    bench_result_times(r, f->times, f->n_times);
     if (code != CURLE_OK)
         snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(code));
     else if (status < 200 || status >= 300)
@@ -163,10 +162,10 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
     }
     char url[512];
     bool tty = isatty(STDERR_FILENO);
-    double t0 = mono(), last_print = 0;
+    double t0 = td_now_s(), last_print = 0;
     size_t next = 0, running_n = 0, done = 0, failed = 0;
     while (done < w->n) {
-        double now = mono() - t0;
+        double now = td_now_s() - t0;
         while (next < w->n && w->req[next].t_send <= now) { /* open loop: send on schedule */
             flight_t *f = &fl[next];
             const bench_request_t *r = &w->req[next];
@@ -176,7 +175,7 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
             f->t0 = t0;
             f->res->t_planned = r->t_send;
             f->res->n_in = r->input_len;
-            f->res->t_sent = mono() - t0;
+            f->res->t_sent = td_now_s() - t0;
             snprintf(url, sizeof url, "%s/v1/%s", o->endpoint, r->chat ? "chat/completions" : "completions");
             f->h = curl_easy_init();
             f->body = request_body(o, r);
@@ -216,7 +215,7 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
                     now, next, w->n, running_n, done, failed, tty ? "   " : "\n");
             last_print = now;
         }
-        double wait = next < w->n ? w->req[next].t_send - (mono() - t0) : 0.05;
+        double wait = next < w->n ? w->req[next].t_send - (td_now_s() - t0) : 0.05;
         int ms = wait <= 0 ? 0 : wait > 0.05 ? 50 : (int)(wait * 1000) + 1;
         if (done < w->n)
             curl_multi_poll(m, NULL, 0, ms, NULL);

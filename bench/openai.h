@@ -39,6 +39,11 @@ typedef struct bench_openai {
     bool progress;              /* a live line on stderr */
 } bench_openai_t;
 
+/* Fills r's token figures (n_out, t_first, tpot, gap_p90, gap_max) from the
+ * arrival times of its n tokens (seconds from the run's start, ascending);
+ * reorders times. Both senders use it. */
+void bench_result_times(bench_result_t *r, double *times, uint32_t n);
+
 /* Runs the workload; res[i] is request i's result. Returns TD_OK even when
  * requests fail (they are counted in the results). */
 td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w, bench_result_t *res);
