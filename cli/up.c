@@ -233,14 +233,16 @@ int cli_up(int argc, char **argv)
             add_arg(c, extra[e]);
     }
     /* the readiness probe speaks the router's TLS when it has one: it trusts
-     * tls_client_ca (and shows the router's own certificate, for mutual TLS)
-     * or, without one, the router's certificate itself (self-signed) */
+     * tls_ca, else tls_client_ca, else the router's certificate itself
+     * (self-signed); for mutual TLS it shows the router's own certificate */
     static char tls_files[3][PATH_MAX];
     td_rpc_tls_t probe_tls = {0};
     bool tls = cfg.router.tls_cert && cfg.router.tls_cert[0];
     if (tls) {
         bool mutual = cfg.router.tls_client_ca && cfg.router.tls_client_ca[0];
-        snprintf(tls_files[0], PATH_MAX, "%s", mutual ? cfg.router.tls_client_ca : cfg.router.tls_cert);
+        bool ca = cfg.router.tls_ca && cfg.router.tls_ca[0];
+        snprintf(tls_files[0], PATH_MAX, "%s",
+                 ca ? cfg.router.tls_ca : mutual ? cfg.router.tls_client_ca : cfg.router.tls_cert);
         snprintf(tls_files[1], PATH_MAX, "%s", cfg.router.tls_cert);
         snprintf(tls_files[2], PATH_MAX, "%s", cfg.router.tls_key ? cfg.router.tls_key : "");
         probe_tls.ca_file = tls_files[0];

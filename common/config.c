@@ -25,7 +25,7 @@ typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64 } cfg_kind_t;
 /* raw: what libcyaml fills */
 typedef struct { char *level, *format; } raw_log_t;
 typedef struct { char *path, *kv_dtype; uint32_t *block_tokens, *context; } raw_model_t;
-typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca; } raw_router_t;
+typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } raw_router_t;
 typedef struct { uint32_t *count, *threads; } raw_workers_t;
 typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
 typedef struct { char *endpoints, *data_dir; } raw_etcd_t;
@@ -49,7 +49,8 @@ static const cyaml_schema_field_t model_fields[] = {
     CYAML_FIELD_UINT_PTR("context", OPT, raw_model_t, context), CYAML_FIELD_END};
 static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t, listen), STR("tls_cert", raw_router_t, tls_cert),
                                                        STR("tls_key", raw_router_t, tls_key),
-                                                       STR("tls_client_ca", raw_router_t, tls_client_ca), CYAML_FIELD_END};
+                                                       STR("tls_client_ca", raw_router_t, tls_client_ca),
+                                                       STR("tls_ca", raw_router_t, tls_ca), CYAML_FIELD_END};
 static const cyaml_schema_field_t workers_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_workers_t, count),
     CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads), CYAML_FIELD_END};
@@ -95,6 +96,7 @@ static const cfg_field_t cfg_fields[] = {
     F("router.tls_cert", CFG_STR, router.tls_cert, router, raw_router_t, tls_cert),
     F("router.tls_key", CFG_STR, router.tls_key, router, raw_router_t, tls_key),
     F("router.tls_client_ca", CFG_STR, router.tls_client_ca, router, raw_router_t, tls_client_ca),
+    F("router.tls_ca", CFG_STR, router.tls_ca, router, raw_router_t, tls_ca),
     F("prefill.count", CFG_U32, prefill.count, prefill, raw_workers_t, count),
     F("prefill.threads", CFG_U32, prefill.threads, prefill, raw_workers_t, threads),
     F("decode.count", CFG_U32, decode.count, decode, raw_workers_t, count),
@@ -124,7 +126,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"model.path", "models/SmolLM2-135M-Instruct.Q4_1.gguf"}, {"model.kv_dtype", "fp16"},
         {"model.block_tokens", "16"}, {"model.context", "0"},
         {"router.listen", "127.0.0.1:50051"}, {"router.tls_cert", ""}, {"router.tls_key", ""},
-        {"router.tls_client_ca", ""},
+        {"router.tls_client_ca", ""}, {"router.tls_ca", ""},
         {"prefill.count", "1"}, {"prefill.threads", "0"}, {"decode.count", "1"}, {"decode.threads", "0"},
         {"kvstore.dram_mb", "1024"}, {"kvstore.data_dir", ""},
         {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""},

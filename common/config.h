@@ -4,8 +4,9 @@
  *   model:   { path: models/SmolLM2-135M-Instruct.Q4_1.gguf, kv_dtype: fp16,
  *              block_tokens: 16, context: 0 }
  *   router:  { listen: 127.0.0.1:50051, tls_cert: "", tls_key: "",
- *              tls_client_ca: "" }     (TLS on the public API when cert+key are set;
- *                                      client certificates required when tls_client_ca is)
+ *              tls_client_ca: "", tls_ca: "" }  (TLS on the public API when cert+key
+ *              are set; client certificates required when tls_client_ca is; tls_ca:
+ *              what clients trust, for tandem up's readiness probe)
  *   prefill: { count: 1, threads: 0 }
  *   decode:  { count: 1, threads: 0 }
  *   kvstore: { dram_mb: 1024, data_dir: "" }
@@ -25,7 +26,7 @@
 typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype; uint32_t block_tokens, context; } model;
-    struct { char *listen, *tls_cert, *tls_key, *tls_client_ca; } router;
+    struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } router;
     struct { uint32_t count, threads; } prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;
     struct { char *endpoints, *data_dir; } etcd;

@@ -42,6 +42,7 @@ Test(config, the_shipped_example_is_the_defaults)
                              {c.model.path, d.model.path}, {c.model.kv_dtype, d.model.kv_dtype},
                              {c.router.listen, d.router.listen}, {c.router.tls_cert, d.router.tls_cert},
                              {c.router.tls_key, d.router.tls_key}, {c.router.tls_client_ca, d.router.tls_client_ca},
+                             {c.router.tls_ca, d.router.tls_ca},
                              {c.kvstore.data_dir, d.kvstore.data_dir}, {c.etcd.endpoints, d.etcd.endpoints},
                              {c.etcd.data_dir, d.etcd.data_dir}};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
