@@ -295,7 +295,6 @@ td_status_t bench_run_grpc(const bench_grpc_t *o, const bench_workload_t *w, ben
         return td_error(TD_ERR_NO_MEMORY, "bench: cannot make a gRPC channel to %s", o->endpoint);
     }
     grpc_slice method = grpc_slice_from_static_string("/tandem.v1.Tandem/Generate");
-    bool tty = isatty(STDERR_FILENO);
     double t0 = td_now_s(), last_print = 0;
     size_t next = 0, in_flight = 0, done = 0, failed = 0;
     while (done < w->n) {
@@ -348,15 +347,11 @@ td_status_t bench_run_grpc(const bench_grpc_t *o, const bench_workload_t *w, ben
             }
             ev = grpc_completion_queue_next(cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
         }
-        if (o->progress && now - last_print > (tty ? 0.5 : 10)) {
-            fprintf(stderr, "%s[bench] t=%.1fs sent %zu/%zu, in flight %zu, done %zu, failed %zu%s", tty ? "\r" : "",
-                    now, next, w->n, in_flight, done, failed, tty ? "   " : "\n");
-            last_print = now;
-        }
+        if (o->progress)
+            bench_progress(now, &last_print, false, next, w->n, in_flight, done, failed);
     }
     if (o->progress)
-        fprintf(stderr, "%s[bench] sent %zu, done %zu, failed %zu%s\n", tty ? "\r" : "", next, done, failed,
-                tty ? "                              " : "");
+        bench_progress(0, &last_print, true, next, w->n, 0, done, failed);
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
         ;

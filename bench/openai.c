@@ -123,6 +123,22 @@ void bench_result_times(bench_result_t *r, double *times, uint32_t n)
     r->gap_p90 = times[1 + (size_t)floor(0.9 * (n - 2))];
 }
 
+void bench_progress(double now, double *last_print, bool final, size_t sent, size_t n, size_t in_flight,
+                    size_t done, size_t failed)
+{
+    bool tty = isatty(STDERR_FILENO);
+    if (final) {
+        fprintf(stderr, "%s[bench] sent %zu, done %zu, failed %zu%s\n", tty ? "\r" : "", sent, done, failed,
+                tty ? "                              " : "");
+        return;
+    }
+    if (now - *last_print <= (tty ? 0.5 : 10))
+        return;
+    fprintf(stderr, "%s[bench] t=%.1fs sent %zu/%zu, in flight %zu, done %zu, failed %zu%s", tty ? "\r" : "", now,
+            sent, n, in_flight, done, failed, tty ? "   " : "\n");
+    *last_print = now;
+}
+
 static void finish(flight_t *f, CURLcode code)
 {
     bench_result_t *r = f->res;
@@ -161,7 +177,6 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
         return td_error(TD_ERR_NO_MEMORY, "bench: no memory");
     }
     char url[512];
-    bool tty = isatty(STDERR_FILENO);
     double t0 = td_now_s(), last_print = 0;
     size_t next = 0, running_n = 0, done = 0, failed = 0;
     while (done < w->n) {
@@ -210,19 +225,15 @@ td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w,
             done++;
             failed += !f->res->ok;
         }
-        if (o->progress && now - last_print > (tty ? 0.5 : 10)) { /* a live line on a terminal, else a log line */
-            fprintf(stderr, "%s[bench] t=%.1fs sent %zu/%zu, in flight %zu, done %zu, failed %zu%s", tty ? "\r" : "",
-                    now, next, w->n, running_n, done, failed, tty ? "   " : "\n");
-            last_print = now;
-        }
+        if (o->progress)
+            bench_progress(now, &last_print, false, next, w->n, running_n, done, failed);
         double wait = next < w->n ? w->req[next].t_send - (td_now_s() - t0) : 0.05;
         int ms = wait <= 0 ? 0 : wait > 0.05 ? 50 : (int)(wait * 1000) + 1;
         if (done < w->n)
             curl_multi_poll(m, NULL, 0, ms, NULL);
     }
     if (o->progress)
-        fprintf(stderr, "%s[bench] sent %zu, done %zu, failed %zu%s\n", tty ? "\r" : "", next, done, failed,
-                tty ? "                              " : "");
+        bench_progress(0, &last_print, true, next, w->n, 0, done, failed);
     curl_multi_cleanup(m);
     free(fl);
     return TD_OK;

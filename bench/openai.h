@@ -44,6 +44,12 @@ typedef struct bench_openai {
  * reorders times. Both senders use it. */
 void bench_result_times(bench_result_t *r, double *times, uint32_t n);
 
+/* The live progress line both senders print on stderr: redrawn every 0.5 s
+ * on a terminal, a log line every 10 s otherwise, and a final line when
+ * final is set. *last_print: the time of the last one (seconds). */
+void bench_progress(double now, double *last_print, bool final, size_t sent, size_t n, size_t in_flight,
+                    size_t done, size_t failed);
+
 /* Runs the workload; res[i] is request i's result. Returns TD_OK even when
  * requests fail (they are counted in the results). */
 td_status_t bench_run_openai(const bench_openai_t *o, const bench_workload_t *w, bench_result_t *res);
