@@ -20,6 +20,8 @@
 struct eng_forward {
     void (*layer_fn)(void *ctx, uint32_t layer);
     void *layer_ctx;
+    eng_tap_fn tap_fn;
+    void *tap_ctx;
     const eng_model_t *m;
     kern_backend_t *be;
     eng_kv_pool_t *pool;
@@ -61,6 +63,9 @@ static td_status_t rope_freqs(const eng_model_desc_t *d, float *out)
         }
         out[i] = (float)f;
     }
+    /* the ratio of neighbouring pairs' angles, as llama.cpp computes it, for
+     * backends that build angles as a product chain (reference numerics) */
+    out[half] = d->rope_scaling == ENG_ROPE_SCALING_NONE ? powf(d->rope_theta, -2.0f / (float)d->head_dim) : 0;
     return TD_OK;
 }
 
@@ -86,7 +91,7 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
     f->rope_style = d->rope_style == ENG_ROPE_NEOX ? KERN_ROPE_NEOX : KERN_ROPE_NORM;
     size_t T = max_tokens, qd = (size_t)d->n_heads * d->head_dim, kvd = (size_t)d->n_kv_heads * d->head_dim;
     size_t max_blocks = T * 4 + 1024; /* block-table entries a batch may bring */
-    float hfreq[256];
+    float hfreq[257];
     td_status_t rc = rope_freqs(d, hfreq);
     if (!rc)
         rc = eng_weights_bind(m, be, &f->w);
@@ -94,7 +99,7 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
         {&f->x, T * d->hidden * 4}, {&f->xn, T * d->hidden * 4}, {&f->q, T * qd * 4}, {&f->k, T * kvd * 4},
         {&f->v, T * kvd * 4}, {&f->att, T * qd * 4}, {&f->tmp, T * (d->hidden > qd ? d->hidden : qd) * 4},
         {&f->gate, T * d->ffn * 4}, {&f->up, T * d->ffn * 4}, {&f->xl, (size_t)max_logits * d->hidden * 4},
-        {&f->logits, (size_t)max_logits * d->vocab * 4}, {&f->freq, d->head_dim / 2 * 4}, {&f->ids, T * 4},
+        {&f->logits, (size_t)max_logits * d->vocab * 4}, {&f->freq, (d->head_dim / 2 + 1) * 4}, {&f->ids, T * 4},
         {&f->pos, T * 4}, {&f->slots, T * 4}, {&f->tables, max_blocks * 4},
     };
     for (size_t i = 0; !rc && i < sizeof bufs / sizeof bufs[0]; i++)
@@ -110,7 +115,7 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
             rc = td_error(TD_ERR_NO_MEMORY, "forward: no memory for batches of %u tokens", max_tokens);
     }
     if (!rc)
-        rc = be->ops->upload(be, f->freq, hfreq, d->head_dim / 2 * 4);
+        rc = be->ops->upload(be, f->freq, hfreq, (d->head_dim / 2 + 1) * 4);
     if (rc) {
         eng_forward_destroy(f);
         return rc;
@@ -137,6 +142,18 @@ void eng_forward_destroy(eng_forward_t *f)
     free(f->aseqs);
     free(f->h_logits);
     free(f);
+}
+
+/* Hands an intermediate to the tap (a copy in host memory), when one is set. */
+static void tap(eng_forward_t *f, const char *name, int layer, const float *x, uint32_t rows, uint32_t cols)
+{
+    if (!f->tap_fn)
+        return;
+    size_t bytes = (size_t)rows * cols * sizeof(float);
+    float *h = malloc(bytes);
+    if (h && !f->be->ops->sync(f->be) && !f->be->ops->download(f->be, h, x, bytes) && !f->be->ops->sync(f->be))
+        f->tap_fn(f->tap_ctx, name, layer, h, rows, cols);
+    free(h);
 }
 
 static void add_bias(kern_backend_t *be, float *x, const float *b, uint32_t n, uint32_t dim)
@@ -192,11 +209,13 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim, hid = d->hidden;
     if ((rc = o->embed(be, &f->w.tok_embd, f->ids, n, f->x)))
         return rc;
+    tap(f, "embd", -1, f->x, n, hid);
     float scale = 1.0f / sqrtf((float)hd);
     for (uint32_t l = 0; l < d->n_layers; l++) {
         const eng_layer_weights_t *L = &f->w.layers[l];
         kern_kv_view_t kv = eng_kv_view(f->pool, l);
         o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps);
+        tap(f, "attn_norm", (int)l, f->xn, n, hid);
         if (L->wq.type == L->wk.type && L->wk.type == L->wv.type && !L->wq.priv == !L->wk.priv &&
             !L->wk.priv == !L->wv.priv) {
             const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -212,18 +231,27 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
             add_bias(be, f->k, L->bk, n, KV * hd);
             add_bias(be, f->v, L->bv, n, KV * hd);
         }
+        tap(f, "Qcur", (int)l, f->q, n, H * hd);
+        tap(f, "Kcur", (int)l, f->k, n, KV * hd);
+        tap(f, "Vcur", (int)l, f->v, n, KV * hd);
         o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style);
         o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style);
+        tap(f, "Qrope", (int)l, f->q, n, H * hd);
+        tap(f, "Krope", (int)l, f->k, n, KV * hd);
         o->kv_store(be, &kv, f->k, f->v, f->slots, n);
         if (f->layer_fn) {
             o->sync(be); /* the layer's KV is in the pool now */
             f->layer_fn(f->layer_ctx, l);
         }
         o->attention(be, &kv, f->q, f->att, H, f->aseqs, n_seqs, scale);
+        tap(f, "kqv_out", (int)l, f->att, n, H * hd);
         if ((rc = o->matmul(be, &L->wo, f->att, f->tmp, n)))
             return rc;
+        tap(f, "attn_out", (int)l, f->tmp, n, hid);
         o->add(be, f->x, f->tmp, (size_t)n * hid);
+        tap(f, "ffn_inp", (int)l, f->x, n, hid);
         o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps);
+        tap(f, "ffn_norm", (int)l, f->xn, n, hid);
         if (L->w_gate.type == L->w_up.type && !L->w_gate.priv == !L->w_up.priv) {
             const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
             float *out[2] = {f->gate, f->up};
@@ -233,10 +261,15 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
         }
         if (rc)
             return rc;
+        tap(f, "ffn_gate", (int)l, f->gate, n, d->ffn);
+        tap(f, "ffn_up", (int)l, f->up, n, d->ffn);
         o->swiglu(be, f->gate, f->up, f->gate, (size_t)n * d->ffn);
+        tap(f, "ffn_swiglu", (int)l, f->gate, n, d->ffn);
         if ((rc = o->matmul(be, &L->w_down, f->gate, f->tmp, n)))
             return rc;
+        tap(f, "ffn_out", (int)l, f->tmp, n, hid);
         o->add(be, f->x, f->tmp, (size_t)n * hid);
+        tap(f, "l_out", (int)l, f->x, n, hid);
     }
     /* the last row of each sequence that wants logits */
     uint32_t k = 0;
@@ -252,6 +285,7 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     }
     if (nl) {
         o->rmsnorm(be, f->xl, f->w.out_norm, f->xl, nl, hid, d->norm_eps);
+        tap(f, "result_norm", -1, f->xl, nl, hid);
         if ((rc = o->matmul(be, &f->w.output, f->xl, f->logits, nl)) ||
             (rc = o->download(be, f->h_logits, f->logits, (size_t)nl * d->vocab * 4)))
             return rc;
@@ -267,4 +301,10 @@ void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t
 {
     f->layer_fn = fn;
     f->layer_ctx = ctx;
+}
+
+void eng_forward_set_tap(eng_forward_t *f, eng_tap_fn fn, void *ctx)
+{
+    f->tap_fn = fn;
+    f->tap_ctx = ctx;
 }

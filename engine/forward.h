@@ -45,4 +45,13 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
  * the rest of the pass is still to come (the prefill worker streams it). */
 void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t layer), void *ctx);
 
+/* The tap: fn(ctx, name, layer, x, rows, cols) sees each intermediate of a
+ * run — a host copy of rows x cols floats, named as llama.cpp names its graph's
+ * tensors (attn_norm, Qcur, Kcur, Vcur before RoPE; Qrope, Krope after;
+ * kqv_out, attn_out, ffn_inp, ffn_norm, ffn_gate, ffn_up, ffn_swiglu, ffn_out,
+ * l_out; embd and result_norm with layer -1). For numerics work: it
+ * synchronizes after every step. NULL turns it off. */
+typedef void (*eng_tap_fn)(void *ctx, const char *name, int layer, const float *x, uint32_t rows, uint32_t cols);
+void eng_forward_set_tap(eng_forward_t *f, eng_tap_fn fn, void *ctx);
+
 #endif

@@ -82,8 +82,10 @@ typedef struct kern_backend_ops {
     /* y[i] = x[i] / rms(x[i]) * w, per row of dim */
     td_status_t (*rmsnorm)(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
                            float eps);
-    /* rotates x[n][heads][head_dim] in place; freq[head_dim/2] are the
-     * per-pair inverse frequencies (scaling already applied) */
+    /* rotates x[n][heads][head_dim] in place; freq[0..head_dim/2) are the
+     * per-pair inverse frequencies (scaling already applied); freq[head_dim/2]
+     * is powf(base, -2/head_dim) when the model has no scaling, else 0 (the
+     * CPU backend's reference numerics build angles from it) */
     td_status_t (*rope)(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t head_dim,
                         const int32_t *pos, const float *freq, kern_rope_style_t style);
     /* y = silu(gate) * up, elementwise over n */

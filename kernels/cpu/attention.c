@@ -11,9 +11,11 @@
  * as long as the context is needed. fp16 KV is widened to fp32; all arithmetic
  * is fp32. Query heads share KV heads in groups (GQA). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/refnum.h"
 #include "kernels/quant.h"
 
 static inline size_t kv_offset(const kern_kv_view_t *kv, uint32_t which, uint32_t head)
@@ -103,6 +105,28 @@ static void attn_task(void *ctx, int task, int n_tasks)
         o[i] = acc[i] / l;
 }
 
+#if defined(__x86_64__)
+/* Reference numerics (refnum.h): two passes over the positions, as llama.cpp */
+static void attn_ref_task(void *ctx, int task, int n_tasks)
+{
+    (void)n_tasks;
+    const attn_job_t *j = ctx;
+    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads;
+    const kern_attn_seq_t *s = j->seqs;
+    while (row >= s->row0 + s->n)
+        s++;
+    uint32_t n_pad = (s->pos0 + (row - s->row0) + 1 + 31) / 32 * 32;
+    float stack[4096 * 3 / 2];
+    float *scratch = n_pad <= 4096 ? stack : malloc((size_t)n_pad * 6);
+    if (!scratch) /* no memory: leave a NaN row rather than a wrong one */
+        return (void)memset(j->out + ((size_t)row * j->n_heads + head) * j->kv->head_dim, 0xff,
+                            j->kv->head_dim * sizeof(float));
+    kern_ref_attention_row(j->kv, s, row, head, j->n_heads, j->q, j->out, j->scale, scratch);
+    if (scratch != stack)
+        free(scratch);
+}
+#endif
+
 td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
                                uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
 {
@@ -111,6 +135,12 @@ td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, cons
     for (uint32_t i = 0; i < n_seqs; i++)
         rows = seqs[i].row0 + seqs[i].n > rows ? seqs[i].row0 + seqs[i].n : rows;
     attn_job_t j = {kv, q, out, n_heads, seqs, n_seqs, scale, rows, c->vd};
+#if defined(__x86_64__)
+    if (c->ref && kv->dtype == KERN_KV_F16 && kv->head_dim % 8 == 0) {
+        kern_pool_run(c->pool, (int)(rows * n_heads), attn_ref_task, &j);
+        return TD_OK;
+    }
+#endif
     kern_pool_run(c->pool, (int)(rows * n_heads), attn_task, &j);
     return TD_OK;
 }

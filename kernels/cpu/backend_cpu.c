@@ -91,7 +91,7 @@ static td_status_t cpu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
     kern_cpu_t *c = (kern_cpu_t *)b;
     size_t n = kern_repack_size(w);
     w->priv = NULL;
-    if (!n || c->vd != &kern_vecdot_avx2)
+    if (!n || c->vd != &kern_vecdot_avx2 || c->ref)
         return TD_OK;
     if (!(w->priv = arena_alloc(c, n)))
         return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory to repack a %ux%u matrix", w->rows, w->cols);
@@ -135,6 +135,10 @@ td_status_t kern_cpu_backend_create(int n_threads, kern_backend_t **out)
     c->base.ops = &kern_cpu_ops;
     c->vd = kern_vecdot();
     c->vnni = c->vd == &kern_vecdot_avx2 && kern_cpu_has_vnni();
+    if (getenv("TANDEM_NUMERICS") && c->vd == &kern_vecdot_avx2) {
+        c->vd = &kern_vecdot_avx2_ref;
+        c->ref = true;
+    }
     td_status_t rc = kern_pool_create(n_threads, &c->pool);
     if (rc) {
         free(c);

@@ -27,6 +27,7 @@ typedef struct kern_cpu {
     size_t scratch_cap;
     kern_cpu_chunk_t *arena; /* repacked weights (backend_cpu.c) */
     bool vnni;               /* repacked kernels with AVX-512 VNNI (repack.h) */
+    bool ref;                /* reference numerics: llama.cpp's orders of operations */
 } kern_cpu_t;
 
 /* Grows the backend scratch to at least bytes; returns it or NULL. */

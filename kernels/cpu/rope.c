@@ -7,12 +7,20 @@
 #include <math.h>
 
 #include "kernels/cpu/cpu_int.h"
+#include "kernels/cpu/refnum.h"
 
 td_status_t kern_cpu_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t head_dim,
                           const int32_t *pos, const float *freq, kern_rope_style_t style)
 {
-    (void)b;
     uint32_t half = head_dim / 2;
+#if defined(__x86_64__)
+    if (((kern_cpu_t *)b)->ref && freq[half] != 0) {
+        kern_ref_rope(x, n, heads, head_dim, pos, freq[half], style == KERN_ROPE_NEOX);
+        return TD_OK;
+    }
+#else
+    (void)b;
+#endif
     float cs[512], sn[512];
     int32_t last = -1;
     for (uint32_t t = 0; t < n; t++) {

@@ -38,6 +38,7 @@ typedef struct kern_vecdot_table {
 
 extern const kern_vecdot_table_t kern_vecdot_portable;
 extern const kern_vecdot_table_t kern_vecdot_avx2; /* x86-64 builds; checked at run time */
+extern const kern_vecdot_table_t kern_vecdot_avx2_ref;
 
 /* The table for this CPU (AVX2 when present and not TANDEM_CPU=portable). */
 const kern_vecdot_table_t *kern_vecdot(void);

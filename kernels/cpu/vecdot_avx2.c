@@ -3,6 +3,7 @@
  * integer products use the unsigned-by-signed byte multiply (vpmaddubsw) with
  * the sign moved onto the activation, as llama.cpp does. */
 #include "kernels/cpu/vecdot.h"
+#include "kernels/cpu/refnum.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -122,6 +123,22 @@ static float dot_q4_1_q8_1(const void *w, const void *x, size_t n)
     return hsum8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_add_ss(mm0, mm1));
 }
 
+/* llama.cpp's order (reference numerics): one accumulator of 8 lanes, each
+ * lane the sum of 4 adjacent products, d·d' rounded, then fused; the m·s terms
+ * fused into one scalar in block order; the lanes summed pairwise, then + m·s. */
+static float dot_q4_1_q8_1_ref(const void *w, const void *x, size_t n)
+{
+    const uint8_t *a = w, *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0;
+    for (size_t i = 0; i < n / 32; i++, a += 20, b += KERN_Q8_1_BYTES) {
+        summs = fmaf(h(a + 2), h(b + 2), summs);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)),
+                              dot_us8(nibbles32(a + 4), _mm256_loadu_si256((const __m256i *)(b + 4))), acc);
+    }
+    return hsum8(acc) + summs;
+}
+
 static float dot_q8_0_q8_0(const void *w, const void *x, size_t n)
 {
     const uint8_t *a = w, *b = x;
@@ -139,6 +156,18 @@ static float dot_q8_0_q8_0(const void *w, const void *x, size_t n)
                                dot_ss8(_mm256_loadu_si256((const __m256i *)(a + 2)),
                                        _mm256_loadu_si256((const __m256i *)(b + 2))), acc0);
     return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* llama.cpp's order: one 8-lane accumulator, lanes summed pairwise */
+static float dot_q8_0_q8_0_ref(const void *w, const void *x, size_t n)
+{
+    const uint8_t *a = w, *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t i = 0; i < n / 32; i++, a += 34, b += KERN_Q8_0_BYTES)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h(a) * h(b)),
+                              dot_ss8(_mm256_loadu_si256((const __m256i *)(a + 2)),
+                                      _mm256_loadu_si256((const __m256i *)(b + 2))), acc);
+    return hsum8(acc);
 }
 
 static float dot_f16_f32(const void *w, const void *x, size_t n)
@@ -255,6 +284,12 @@ static void to_f16(const float *x, uint16_t *y, size_t n)
     for (; i < n; i++)
         y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
+
+const kern_vecdot_table_t kern_vecdot_avx2_ref = {
+    .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1_ref,
+    .q8_0_q8_0 = dot_q8_0_q8_0_ref, .f16_f32 = dot_f16_f32, .bf16_f32 = dot_bf16_f32, .f32_f32 = dot_f32_f32,
+    .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32, .swiglu = kern_ref_swiglu, .to_f16 = to_f16,
+};
 
 const kern_vecdot_table_t kern_vecdot_avx2 = {
     .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1,
