@@ -34,6 +34,8 @@ typedef struct counter {
     size_t tokens;
 } counter_t;
 
+static kern_numerics_t numerics = KERN_NUMERICS_FAST;
+
 static void on_ev(void *ctx, const eng_event_t *ev)
 {
     counter_t *c = ctx;
@@ -50,6 +52,7 @@ static void on_ev(void *ctx, const eng_event_t *ev)
 static double run(eng_model_t *m, int threads, int prefill, int nseq)
 {
     eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.numerics = numerics;
     cfg.n_threads = threads;
     cfg.prefix_cache = false;
     cfg.kv_tokens = 32768;
@@ -162,8 +165,8 @@ static int emit(const char *what, const double *v, int n)
 int main(int argc, char **argv)
 {
     td_log_init("bench", TD_LOG_WARN, false);
-    if (argc != 4) {
-        fprintf(stderr, "usage: tandem-bench-engine MODEL THREADS REPEATS\n");
+    if ((argc != 4 && argc != 5) || (argc == 5 && !kern_numerics_parse(argv[4], &numerics))) {
+        fprintf(stderr, "usage: tandem-bench-engine MODEL THREADS REPEATS [fast|reference]\n");
         return 2;
     }
     int threads = atoi(argv[2]), reps = atoi(argv[3]);

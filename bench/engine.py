@@ -4,7 +4,7 @@
     (needs: build/bin/tandem-bench-engine, and llama-cpp-python in this Python)
 
 For 1 and 2 threads, alternating tandem and llama.cpp, N times each:
-prefill of 512 tokens (tokens/s), decode of 1 sequence and of 16 sequences
+prefill of 512 tokens (tokens/s; tandem with fast and with reference numerics), decode of 1 sequence and of 16 sequences
 (generated tokens/s after the first token; 32-token prompts, 64 steps). Then
 medians, and each against its floor on this machine, measured in the same run
 by tandem-bench-engine: decode against memory bandwidth (every weight byte read
@@ -27,8 +27,8 @@ from llama_cpp import Llama
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tandem(model, threads):
-    out = subprocess.run([os.path.join(ROOT, "build/bin/tandem-bench-engine"), model, str(threads), "1"],
+def tandem(model, threads, numerics="fast"):
+    out = subprocess.run([os.path.join(ROOT, "build/bin/tandem-bench-engine"), model, str(threads), "1", numerics],
                          check=True, capture_output=True, text=True).stdout
     rows = [json.loads(l) for l in out.splitlines() if l.strip()]
     return {r["what"]: (r["tok_s"][0] if "tok_s" in r else r["value"]) for r in rows}
@@ -82,7 +82,8 @@ def main():
     runs = {}
     for threads in (1, 2):
         for rep in range(a.repeats):
-            for name, fn in (("tandem", tandem), ("llama.cpp", llama)):
+            for name, fn in (("tandem", tandem), ("tandem-ref", lambda m, t: tandem(m, t, "reference")),
+                             ("llama.cpp", llama)):
                 r = fn(a.model, threads)
                 for k, v in r.items():
                     runs.setdefault((name, threads, k), []).append(v)
@@ -99,8 +100,12 @@ def main():
              f"- date {date}, commit {commit}; machine: {cpu}, {os.cpu_count()} cores, {platform.platform()}",
              f"- model: {os.path.basename(a.model)}; llama.cpp: llama-cpp-python {llama_cpp.__version__}",
              f"- command: python3 bench/engine.py --repeats {a.repeats}; medians of {a.repeats} alternating runs", "",
-             "| threads | measure | tandem tok/s | llama.cpp tok/s | tandem / llama.cpp | floor tok/s | tandem / floor |",
-             "|---|---|---|---|---|---|---|"]
+             "",
+             "tandem runs twice: fast numerics (its own kernels, the default) and reference numerics",
+             "(llama.cpp's rounding bit for bit: same greedy tokens; `--numerics reference`).", "",
+             "| threads | measure | tandem fast tok/s | tandem reference tok/s | llama.cpp tok/s | fast / llama.cpp | "
+             "reference / llama.cpp | floor tok/s | fast / floor | reference / floor |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for threads in (1, 2):
         bw = med[("tandem", threads, "read_gbs")]
         fl = med[("tandem", threads, "fma_gflops")]
@@ -110,9 +115,9 @@ def main():
                               ("decode1", bw * 1e9 / bpt, f"read {bw:.1f} GB/s"),
                               ("decode16", min(16 * bw * 1e9 / bpt, fl * 1e9 / fpt),
                                "the lower of 16x the read floor and the FMA floor")):
-            t, l = med[("tandem", threads, k)], med[("llama.cpp", threads, k)]
-            lines.append(f"| {threads} | {k} | {t:.1f} | {l:.1f} | {t / l:.2f}x | {floor:.0f} ({how}) | "
-                         f"{100 * t / floor:.0f}% |")
+            t, r, l = med[("tandem", threads, k)], med[("tandem-ref", threads, k)], med[("llama.cpp", threads, k)]
+            lines.append(f"| {threads} | {k} | {t:.1f} | {r:.1f} | {l:.1f} | {t / l:.2f}x | {r / l:.2f}x | "
+                         f"{floor:.0f} ({how}) | {100 * t / floor:.0f}% | {100 * r / floor:.0f}% |")
     lines += ["", f"Decode floor: {bpt / 1e6:.1f} MB of weights read per step at the measured bandwidth; "
               f"prefill floor: {fpt / 1e6:.0f} MFLOP per token at the measured fp32 FMA peak (the int8 "
               "kernels can exceed it)."]

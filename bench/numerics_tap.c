@@ -6,7 +6,8 @@
  *
  * PROMPT_IDS and DECODE_IDS are comma-separated token ids: the prompt runs as
  * one prefill, then each decode id as one step. OUT_DIR gets one raw fp32 file
- * per tap, named STEP_NAME[-LAYER].f32, and index.tsv (file, rows, cols). */
+ * per tap, named STEP_NAME[-LAYER].f32, and index.tsv (file, rows, cols).
+ * Reference numerics unless TANDEM_TAP_NUMERICS=fast. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,12 @@ int main(int argc, char **argv)
         return 2;
     }
     static int32_t prompt[4096], dec[4096];
+    kern_numerics_t numerics = KERN_NUMERICS_REFERENCE;
+    const char *nm = getenv("TANDEM_TAP_NUMERICS");
+    if (nm && !kern_numerics_parse(nm, &numerics)) {
+        fprintf(stderr, "numerics-tap: TANDEM_TAP_NUMERICS must be fast or reference\n");
+        return 2;
+    }
     size_t np = parse_ids(argv[3], prompt, 4096), nd = argc > 4 ? parse_ids(argv[4], dec, 4096) : 0;
     mkdir(argv[2], 0755);
     char ipath[1024];
@@ -76,7 +83,7 @@ int main(int argc, char **argv)
         return 1;
     }
     eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, KERN_KV_F16};
-    if (kern_cpu_backend_create(2, &be) || eng_kv_pool_create(be, &g, nblocks, &pool) ||
+    if (kern_cpu_backend_create_numerics(2, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, &pool) ||
         eng_forward_create(m, be, pool, (uint32_t)np, 1, &f)) {
         fprintf(stderr, "numerics-tap: %s\n", td_last_error());
         return 1;

@@ -1,4 +1,4 @@
-/* perplexity.c — `tandem perplexity FILE [--model PATH] [--ctx N] [--threads N]`:
+/* perplexity.c — `tandem perplexity FILE [--model PATH] [--ctx N] [--threads N] [--numerics M]`:
  * the model's perplexity on a text file, the way llama.cpp's perplexity tool
  * measures it: the text is tokenized whole, cut into chunks of N tokens (512),
  * each chunk is evaluated from an empty cache, and the second half of each
@@ -30,18 +30,20 @@ int cli_perplexity(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *file = NULL;
     long ctx = 512, threads = 0;
+    kern_numerics_t numerics = KERN_NUMERICS_FAST;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--numerics") && i + 1 < argc && kern_numerics_parse(argv[i + 1], &numerics)) i++;
         else if (!file && argv[i][0] != '-') file = argv[i];
         else {
-            fprintf(stderr, "usage: tandem perplexity FILE [--model PATH] [--ctx N] [--threads N]\n");
+            fprintf(stderr, "usage: tandem perplexity FILE [--model PATH] [--ctx N] [--threads N] [--numerics fast|reference]\n");
             return 2;
         }
     }
     if (!file || ctx < 16 || ctx > 65536 || ctx % 2 || threads < 0) {
-        fprintf(stderr, "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N]\n");
+        fprintf(stderr, "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N] [--numerics fast|reference]\n");
         return 2;
     }
     FILE *fp = fopen(file, "rb");
@@ -73,7 +75,7 @@ int cli_perplexity(int argc, char **argv)
     uint32_t bt = 16, nblocks = (uint32_t)(ctx + bt - 1) / bt;
     eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, KERN_KV_F16};
     table = malloc(nblocks * sizeof *table);
-    if (!table || kern_cpu_backend_create((int)threads, &be) || eng_kv_pool_create(be, &g, nblocks, &pool) ||
+    if (!table || kern_cpu_backend_create_numerics((int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, &pool) ||
         eng_forward_create(m, be, pool, PPL_ROWS, PPL_ROWS, &f))
         goto out;
     for (uint32_t i = 0; i < nblocks; i++)

@@ -24,7 +24,7 @@ typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64 } cfg_kind_t;
 
 /* raw: what libcyaml fills */
 typedef struct { char *level, *format; } raw_log_t;
-typedef struct { char *path, *kv_dtype; uint32_t *block_tokens, *context; } raw_model_t;
+typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *context; } raw_model_t;
 typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } raw_router_t;
 typedef struct { uint32_t *count, *threads; } raw_workers_t;
 typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
@@ -44,7 +44,7 @@ typedef struct {
 static const cyaml_schema_field_t log_fields[] = {
     STR("level", raw_log_t, level), STR("format", raw_log_t, format), CYAML_FIELD_END};
 static const cyaml_schema_field_t model_fields[] = {
-    STR("path", raw_model_t, path), STR("kv_dtype", raw_model_t, kv_dtype),
+    STR("path", raw_model_t, path), STR("kv_dtype", raw_model_t, kv_dtype), STR("numerics", raw_model_t, numerics),
     CYAML_FIELD_UINT_PTR("block_tokens", OPT, raw_model_t, block_tokens),
     CYAML_FIELD_UINT_PTR("context", OPT, raw_model_t, context), CYAML_FIELD_END};
 static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t, listen), STR("tls_cert", raw_router_t, tls_cert),
@@ -90,6 +90,7 @@ static const cfg_field_t cfg_fields[] = {
     F("log.format", CFG_STR, log.format, log, raw_log_t, format),
     F("model.path", CFG_STR, model.path, model, raw_model_t, path),
     F("model.kv_dtype", CFG_STR, model.kv_dtype, model, raw_model_t, kv_dtype),
+    F("model.numerics", CFG_STR, model.numerics, model, raw_model_t, numerics),
     F("model.block_tokens", CFG_U32, model.block_tokens, model, raw_model_t, block_tokens),
     F("model.context", CFG_U32, model.context, model, raw_model_t, context),
     F("router.listen", CFG_STR, router.listen, router, raw_router_t, listen),
@@ -123,7 +124,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
     memset(cfg, 0, sizeof *cfg);
     static const struct { const char *k, *v; } defaults[] = {
         {"log.level", "info"}, {"log.format", "text"},
-        {"model.path", "models/SmolLM2-135M-Instruct.Q4_1.gguf"}, {"model.kv_dtype", "fp16"},
+        {"model.path", "models/SmolLM2-135M-Instruct.Q4_1.gguf"}, {"model.kv_dtype", "fp16"}, {"model.numerics", "fast"},
         {"model.block_tokens", "16"}, {"model.context", "0"},
         {"router.listen", "127.0.0.1:50051"}, {"router.tls_cert", ""}, {"router.tls_key", ""},
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""},
@@ -317,6 +318,9 @@ td_status_t td_config_validate(const td_config_t *cfg)
         return td_error(TD_ERR_CONFIG, "config: model.block_tokens = %u; it must be a power of two from 16 to 256", bt);
     if (strcmp(cfg->model.kv_dtype, "fp16") && strcmp(cfg->model.kv_dtype, "fp32"))
         return td_error(TD_ERR_CONFIG, "config: model.kv_dtype = '%s'; it must be fp16 or fp32", cfg->model.kv_dtype);
+    if (strcmp(cfg->model.numerics, "fast") && strcmp(cfg->model.numerics, "reference"))
+        return td_error(TD_ERR_CONFIG, "config: model.numerics = '%s'; it must be fast or reference",
+                        cfg->model.numerics);
     td_log_level_t lv;
     if (td_log_level_parse(cfg->log.level, &lv))
         return td_error(TD_ERR_CONFIG, "config: log.level = '%s'; it must be debug, info, warn, error or off",

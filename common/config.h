@@ -2,7 +2,8 @@
  *
  *   log:     { level: info, format: text }
  *   model:   { path: models/SmolLM2-135M-Instruct.Q4_1.gguf, kv_dtype: fp16,
- *              block_tokens: 16, context: 0 }
+ *              numerics: fast, block_tokens: 16, context: 0 }  (numerics: fast, or
+ *              reference = llama.cpp's rounding bit for bit; kernels/backend.h)
  *   router:  { listen: 127.0.0.1:50051, tls_cert: "", tls_key: "",
  *              tls_client_ca: "", tls_ca: "" }  (TLS on the public API when cert+key
  *              are set; client certificates required when tls_client_ca is; tls_ca:
@@ -25,7 +26,7 @@
 
 typedef struct td_config {
     struct { char *level, *format; } log;
-    struct { char *path, *kv_dtype; uint32_t block_tokens, context; } model;
+    struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
     struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } router;
     struct { uint32_t count, threads; } prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;

@@ -31,6 +31,7 @@ typedef struct eng_seq {
     seq_state_t state;
     int32_t *tokens;
     uint32_t n_tokens, cap_tokens, n_prompt, n_computed, n_cached;
+    uint32_t decode_from; /* first generated position (a resumed stream's prompt holds some) */
     int32_t *blocks;
     uint32_t n_blocks, cap_blocks, n_published; /* blocks [0, n_published) are named */
     td_block_name_t last_name;                  /* name of block n_published - 1 */
@@ -98,7 +99,7 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
         return td_error(TD_ERR_INVALID_ARG, "engine: a KV pool of %llu blocks (%zu bytes each) is not usable",
                         (unsigned long long)blocks, bb);
     }
-    td_status_t rc = kern_cpu_backend_create(cfg->n_threads, &e->be);
+    td_status_t rc = kern_cpu_backend_create_numerics(cfg->n_threads, cfg->numerics, &e->be);
     if (!rc)
         rc = eng_kv_pool_create_at(e->be, &g, (uint32_t)blocks, cfg->kv_memory, &e->pool);
     if (!rc)
@@ -207,6 +208,7 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
     }
     memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
     s->n_tokens = s->n_prompt = (uint32_t)r->n_prompt;
+    s->decode_from = (uint32_t)r->n_prompt;
     s->max_tokens = r->max_tokens;
     s->ignore_eos = r->ignore_eos;
     for (size_t i = 0; i < r->n_stop; i++) {
@@ -225,6 +227,7 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
             return td_error(TD_ERR_INVALID_ARG, "resume: %u generated tokens, but the prompt has %zu",
                             r->resume_generated, r->n_prompt);
         }
+        s->decode_from = (uint32_t)(r->n_prompt - r->resume_generated);
         char piece[1024];
         size_t plen;
         for (size_t i = r->n_prompt - r->resume_generated; i < r->n_prompt; i++) {
@@ -497,7 +500,8 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
             continue;
         e->batch_seq[nb] = s;
         e->batch[nb++] = (eng_batch_seq_t){.tokens = s->tokens + s->n_computed, .n = 1, .pos0 = s->n_computed,
-                                           .block_table = s->blocks, .n_blocks = s->n_blocks, .want_logits = true};
+                                           .block_table = s->blocks, .n_blocks = s->n_blocks, .want_logits = true,
+                                           .decode_from = s->decode_from};
         budget--;
     }
     /* a preemption may have hit a sequence already in the batch */
@@ -532,7 +536,8 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         e->batch_seq[nb] = s;
         e->batch[nb++] = (eng_batch_seq_t){.tokens = s->tokens + s->n_computed, .n = chunk, .pos0 = s->n_computed,
                                            .block_table = s->blocks, .n_blocks = s->n_blocks,
-                                           .want_logits = s->n_computed + chunk == s->n_tokens};
+                                           .want_logits = s->n_computed + chunk == s->n_tokens,
+                                           .decode_from = s->decode_from};
         budget -= chunk;
     }
     if (!nb)

@@ -24,6 +24,7 @@ typedef struct eng_engine_config {
     int n_threads;            /* CPU compute threads (0: one per core) */
     uint32_t block_tokens;    /* tokens per KV block (16) */
     kern_kv_dtype_t kv_dtype; /* fp16 (default) or fp32 */
+    kern_numerics_t numerics; /* fast (default) or llama.cpp's exact rounding (kernels/backend.h) */
     uint64_t kv_tokens;       /* pool size in tokens (0: use kv_bytes) */
     uint64_t kv_bytes;        /* pool size in bytes (0 and kv_tokens 0: 64 MiB) */
     uint32_t token_budget;    /* tokens per step (512) */

@@ -185,7 +185,10 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
             return td_error(TD_ERR_INVALID_ARG, "forward: batch block tables too large");
         memcpy(f->h_tables + nt, q->block_table, q->n_blocks * 4);
         f->aseqs[s] = (kern_attn_seq_t){.row0 = n, .n = q->n, .pos0 = q->pos0, .block_table = f->tables + nt,
-                                        .n_blocks = q->n_blocks};
+                                        .n_blocks = q->n_blocks,
+                                        .decode_from = q->decode_from ? q->decode_from
+                                                       : q->n >= 2    ? UINT32_MAX
+                                                                      : q->pos0};
         for (uint32_t i = 0; i < q->n; i++) {
             uint32_t p = q->pos0 + i;
             f->h_ids[n + i] = q->tokens[i];

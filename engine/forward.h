@@ -25,6 +25,10 @@ typedef struct eng_batch_seq {
     uint32_t n_blocks;
     bool want_logits;        /* logits of tokens[n - 1] */
     bool all_logits;         /* logits of every token of the sequence (scoring) */
+    /* reference numerics (kernels/backend.h): positions from here on are
+     * generated tokens, rounded as one-token steps; 0: decided by this step
+     * (one token: a decode step; more: prompt rows) */
+    uint32_t decode_from;
 } eng_batch_seq_t;
 
 typedef struct eng_forward eng_forward_t;

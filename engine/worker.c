@@ -43,6 +43,7 @@ struct eng_worker {
     uint32_t block_tokens;
     uint64_t kv_mib;
     bool kv_fp32;
+    kern_numerics_t numerics;
     int64_t lease_ttl;
     eng_model_t *model;
     eng_engine_t *engine;
@@ -376,6 +377,7 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
     snprintf(w->etcd_ep, sizeof w->etcd_ep, "%s", cfg.etcd.endpoints ? cfg.etcd.endpoints : "127.0.0.1:2379");
     w->block_tokens = cfg.model.block_tokens;
     w->kv_fp32 = cfg.model.kv_dtype && !strcmp(cfg.model.kv_dtype, "fp32");
+    kern_numerics_parse(cfg.model.numerics, &w->numerics); /* validated with the file */
     w->threads = (int)(!strcmp(w->role->name, "prefill") ? cfg.prefill.threads : cfg.decode.threads);
     td_config_free(&cfg);
     snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
@@ -460,6 +462,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     ec.n_threads = w->threads;
     ec.block_tokens = w->block_tokens;
     ec.kv_dtype = w->kv_fp32 ? KERN_KV_F32 : KERN_KV_F16;
+    ec.numerics = w->numerics;
     w->xo = &kv_transport_ucx;
     if (w->xo->create(&w->xfer))
         goto out;

@@ -57,6 +57,10 @@ typedef struct kern_attn_seq {
     uint32_t row0, n, pos0;
     const int32_t *block_table;
     uint32_t n_blocks;
+    /* reference numerics: rows at positions from decode_from on round as
+     * llama.cpp's one-token decode steps, earlier rows as its batched prompt
+     * (fast numerics ignore it) */
+    uint32_t decode_from;
 } kern_attn_seq_t;
 
 typedef struct kern_backend_ops {
@@ -108,8 +112,18 @@ struct kern_backend {
     const kern_backend_ops_t *ops;
 };
 
+/* How the CPU backend rounds. FAST: its own kernels (weights repacked into
+ * 8-row tiles, one accumulator per row). REFERENCE: llama.cpp's order of
+ * operations in every op that rounds (kernels/cpu/refnum.h), so its floats —
+ * and greedy tokens — are bit-identical to llama.cpp's x86 AVX2 build on the
+ * same GGUF; it needs AVX2, FMA and F16C. */
+typedef enum kern_numerics { KERN_NUMERICS_FAST = 0, KERN_NUMERICS_REFERENCE } kern_numerics_t;
+
 /* The CPU backend with n_threads compute threads (0: one per core). */
 td_status_t kern_cpu_backend_create(int n_threads, kern_backend_t **out);
+td_status_t kern_cpu_backend_create_numerics(int n_threads, kern_numerics_t numerics, kern_backend_t **out);
+/* "fast" or "reference" -> *out; false for anything else */
+bool kern_numerics_parse(const char *s, kern_numerics_t *out);
 void kern_cpu_backend_destroy(kern_backend_t *b);
 
 #endif

@@ -127,15 +127,35 @@ static const kern_backend_ops_t kern_cpu_ops = {
     .attention = kern_cpu_attention,
 };
 
+bool kern_numerics_parse(const char *s, kern_numerics_t *out)
+{
+    if (s && !strcmp(s, "fast"))
+        *out = KERN_NUMERICS_FAST;
+    else if (s && !strcmp(s, "reference"))
+        *out = KERN_NUMERICS_REFERENCE;
+    else
+        return false;
+    return true;
+}
+
 td_status_t kern_cpu_backend_create(int n_threads, kern_backend_t **out)
 {
+    return kern_cpu_backend_create_numerics(n_threads, KERN_NUMERICS_FAST, out);
+}
+
+td_status_t kern_cpu_backend_create_numerics(int n_threads, kern_numerics_t numerics, kern_backend_t **out)
+{
+    const kern_vecdot_table_t *vd = kern_vecdot();
+    if (numerics == KERN_NUMERICS_REFERENCE && vd != &kern_vecdot_avx2)
+        return td_error(TD_ERR_UNSUPPORTED, "cpu backend: reference numerics need a CPU with AVX2, FMA and F16C "
+                                            "(llama.cpp's x86 build), and TANDEM_CPU not set to portable");
     kern_cpu_t *c = calloc(1, sizeof *c);
     if (!c)
         return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory");
     c->base.ops = &kern_cpu_ops;
-    c->vd = kern_vecdot();
+    c->vd = vd;
     c->vnni = c->vd == &kern_vecdot_avx2 && kern_cpu_has_vnni();
-    if (getenv("TANDEM_NUMERICS") && c->vd == &kern_vecdot_avx2) {
+    if (numerics == KERN_NUMERICS_REFERENCE) {
         c->vd = &kern_vecdot_avx2_ref;
         c->ref = true;
     }

@@ -37,6 +37,8 @@ typedef struct matmul_job {
     const void *xq;      /* activations in the format the weights take */
     size_t xq_stride;    /* bytes per token row of xq */
     kern_vec_dot_fn dot;
+    kern_vec_dot4_fn dot4; /* optional: one row against four tokens */
+    kern_vec_dot4_fn dot4r; /* optional: four rows against one token */
     uint32_t n;
     size_t w_stride;     /* bytes per weight row */
     float *decode;       /* K-quants: scratch, cols floats per task */
@@ -84,6 +86,15 @@ static void matmul_task(void *ctx, int task, int n_tasks)
     if (r1 > w->rows)
         r1 = w->rows;
     const uint8_t *wb = w->data;
+    if (j->dot4r && j->n < 4) { /* decode: four rows at a time */
+        float o[4];
+        for (; r0 + 4 <= r1; r0 += 4)
+            for (uint32_t t = 0; t < j->n; t++) {
+                j->dot4r(wb + r0 * j->w_stride, (const uint8_t *)j->xq + t * j->xq_stride, j->w_stride, w->cols, o);
+                for (int k = 0; k < 4; k++)
+                    p->y[(size_t)t * w->rows + r0 + k] = o[k];
+            }
+    }
     for (uint32_t r = r0; r < r1; r++) {
         const void *row = wb + r * j->w_stride;
         if (j->decode) { /* K-quants: decode the row once, then fp32 dots */
@@ -91,7 +102,16 @@ static void matmul_task(void *ctx, int task, int n_tasks)
             kern_dequant_row(w->type, row, d, w->cols);
             row = d;
         }
-        for (uint32_t t = 0; t < j->n; t++)
+        uint32_t t = 0;
+        if (j->dot4) {
+            float o[4];
+            for (; t + 4 <= j->n; t += 4) {
+                j->dot4(row, (const uint8_t *)j->xq + t * j->xq_stride, j->xq_stride, w->cols, o);
+                for (int k = 0; k < 4; k++)
+                    p->y[(size_t)(t + k) * w->rows + r] = o[k];
+            }
+        }
+        for (; t < j->n; t++)
             p->y[(size_t)t * w->rows + r] = j->dot(row, (const uint8_t *)j->xq + t * j->xq_stride, w->cols);
     }
 }
@@ -131,7 +151,7 @@ td_status_t kern_cpu_matmul_multi(kern_backend_t *b, const kern_weight_t *const 
     switch ((kern_type_t)w->type) {
     case KERN_TYPE_Q4_0: j.dot = vd->q4_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;
     case KERN_TYPE_Q8_0: j.dot = vd->q8_0_q8_0, quant = vd->quantize_q8_0, j.xq_stride = w->cols / 32 * KERN_Q8_0_BYTES; break;
-    case KERN_TYPE_Q4_1: j.dot = vd->q4_1_q8_1, quant = vd->quantize_q8_1, j.xq_stride = w->cols / 32 * KERN_Q8_1_BYTES; break;
+    case KERN_TYPE_Q4_1: j.dot = vd->q4_1_q8_1, j.dot4 = vd->q4_1_q8_1_x4, j.dot4r = vd->q4_1_q8_1_r4, quant = vd->quantize_q8_1, j.xq_stride = w->cols / 32 * KERN_Q8_1_BYTES; break;
     case KERN_TYPE_F16: j.dot = vd->f16_f32; break;
     case KERN_TYPE_BF16: j.dot = vd->bf16_f32; break;
     case KERN_TYPE_F32: j.dot = vd->f32_f32; break;

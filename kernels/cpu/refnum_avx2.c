@@ -158,7 +158,7 @@ void kern_ref_attention_row(const kern_kv_view_t *kv, const kern_attn_seq_t *s, 
                             uint32_t n_heads, const float *q_all, float *out_all, float scale, float *scratch)
 {
     uint32_t pos = s->pos0 + (row - s->row0), hd = kv->head_dim, kvh = head / (n_heads / kv->n_kv_heads);
-    bool decode = s->n < 2;
+    bool decode = pos >= s->decode_from;
     uint32_t n_pos = pos + 1, n_pad = (n_pos + 31) / 32 * 32;
     float *sc = scratch;                               /* n_pad scores, then probabilities */
     uint16_t *p16 = (uint16_t *)(void *)(sc + n_pad);  /* n_pad fp16 probabilities */

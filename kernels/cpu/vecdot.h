@@ -20,6 +20,9 @@
 
 typedef float (*kern_vec_dot_fn)(const void *w, const void *x, size_t n);
 typedef void (*kern_quantize_fn)(const float *x, void *y, size_t n);
+/* out[t] = dot(w, x + t * x_stride) for t < 4: one weight row against four
+ * activation rows, each result rounded exactly as the single dot would be */
+typedef void (*kern_vec_dot4_fn)(const void *w, const void *x, size_t x_stride, size_t n, float out[4]);
 /* y[i] += a * x[i], x in fp16 or fp32 (attention's weighted sum of V) */
 typedef void (*kern_axpy_fn)(float a, const void *x, float *y, size_t n);
 
@@ -31,6 +34,8 @@ typedef void (*kern_to_f16_fn)(const float *x, uint16_t *y, size_t n);
 typedef struct kern_vecdot_table {
     kern_quantize_fn quantize_q8_0, quantize_q8_1;
     kern_vec_dot_fn q4_0_q8_0, q4_1_q8_1, q8_0_q8_0, f16_f32, bf16_f32, f32_f32;
+    kern_vec_dot4_fn q4_1_q8_1_x4; /* optional (NULL: four single dots) */
+    kern_vec_dot4_fn q4_1_q8_1_r4; /* optional: four weight rows (stride x_stride) against one activation row */
     kern_axpy_fn axpy_f16, axpy_f32;
     kern_swiglu_fn swiglu;
     kern_to_f16_fn to_f16;

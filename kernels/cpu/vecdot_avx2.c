@@ -139,6 +139,60 @@ static float dot_q4_1_q8_1_ref(const void *w, const void *x, size_t n)
     return hsum8(acc) + summs;
 }
 
+/* the same for four activation rows, the weight block unpacked once */
+static void dot4_q4_1_q8_1_ref(const void *w, const void *x, size_t xs, size_t n, float out[4])
+{
+    const uint8_t *a = w, *b = x;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < n / 32; i++, a += 20, b += KERN_Q8_1_BYTES) {
+        float d = h(a), m = h(a + 2);
+        __m256i qx = nibbles32(a + 4);
+        const uint8_t *b0 = b, *b1 = b + xs, *b2 = b + 2 * xs, *b3 = b + 3 * xs;
+        s0 = fmaf(m, h(b0 + 2), s0);
+        s1 = fmaf(m, h(b1 + 2), s1);
+        s2 = fmaf(m, h(b2 + 2), s2);
+        s3 = fmaf(m, h(b3 + 2), s3);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * h(b0)), dot_us8(qx, _mm256_loadu_si256((const __m256i *)(b0 + 4))), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * h(b1)), dot_us8(qx, _mm256_loadu_si256((const __m256i *)(b1 + 4))), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d * h(b2)), dot_us8(qx, _mm256_loadu_si256((const __m256i *)(b2 + 4))), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_set1_ps(d * h(b3)), dot_us8(qx, _mm256_loadu_si256((const __m256i *)(b3 + 4))), acc3);
+    }
+    out[0] = hsum8(acc0) + s0;
+    out[1] = hsum8(acc1) + s1;
+    out[2] = hsum8(acc2) + s2;
+    out[3] = hsum8(acc3) + s3;
+}
+
+/* four weight rows (ws bytes apart) against one activation row: four
+ * independent chains in flight, each in the single dot's order */
+static void dot4r_q4_1_q8_1_ref(const void *w, const void *x, size_t ws, size_t n, float out[4])
+{
+    const uint8_t *a = w, *b = x;
+    /* the next call's four rows: the weights stream from memory once per step */
+    for (size_t k = 0; k < 4 * ws; k += 64)
+        _mm_prefetch((const char *)w + 4 * ws + k, _MM_HINT_T0);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < n / 32; i++, a += 20, b += KERN_Q8_1_BYTES) {
+        float dy = h(b), sy = h(b + 2);
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(b + 4));
+        const uint8_t *a0 = a, *a1 = a + ws, *a2 = a + 2 * ws, *a3 = a + 3 * ws;
+        s0 = fmaf(h(a0 + 2), sy, s0);
+        s1 = fmaf(h(a1 + 2), sy, s1);
+        s2 = fmaf(h(a2 + 2), sy, s2);
+        s3 = fmaf(h(a3 + 2), sy, s3);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h(a0) * dy), dot_us8(nibbles32(a0 + 4), qy), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h(a1) * dy), dot_us8(nibbles32(a1 + 4), qy), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_set1_ps(h(a2) * dy), dot_us8(nibbles32(a2 + 4), qy), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_set1_ps(h(a3) * dy), dot_us8(nibbles32(a3 + 4), qy), acc3);
+    }
+    out[0] = hsum8(acc0) + s0;
+    out[1] = hsum8(acc1) + s1;
+    out[2] = hsum8(acc2) + s2;
+    out[3] = hsum8(acc3) + s3;
+}
+
 static float dot_q8_0_q8_0(const void *w, const void *x, size_t n)
 {
     const uint8_t *a = w, *b = x;
@@ -286,7 +340,8 @@ static void to_f16(const float *x, uint16_t *y, size_t n)
 }
 
 const kern_vecdot_table_t kern_vecdot_avx2_ref = {
-    .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1_ref,
+    .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1_ref, .q4_1_q8_1_x4 = dot4_q4_1_q8_1_ref,
+    .q4_1_q8_1_r4 = dot4r_q4_1_q8_1_ref,
     .q8_0_q8_0 = dot_q8_0_q8_0_ref, .f16_f32 = dot_f16_f32, .bf16_f32 = dot_bf16_f32, .f32_f32 = dot_f32_f32,
     .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32, .swiglu = kern_ref_swiglu, .to_f16 = to_f16,
 };

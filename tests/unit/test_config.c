@@ -39,7 +39,7 @@ Test(config, the_shipped_example_is_the_defaults)
     cr_assert_eq(td_config_load(&c, TANDEM_SOURCE_DIR "/deploy/tandem.yaml"), TD_OK, "%s", td_last_error());
     cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
     const char *keys[][2] = {{c.log.level, d.log.level}, {c.log.format, d.log.format},
-                             {c.model.path, d.model.path}, {c.model.kv_dtype, d.model.kv_dtype},
+                             {c.model.path, d.model.path}, {c.model.kv_dtype, d.model.kv_dtype}, {c.model.numerics, d.model.numerics},
                              {c.router.listen, d.router.listen}, {c.router.tls_cert, d.router.tls_cert},
                              {c.router.tls_key, d.router.tls_key}, {c.router.tls_client_ca, d.router.tls_client_ca},
                              {c.router.tls_ca, d.router.tls_ca},

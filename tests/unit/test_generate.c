@@ -94,9 +94,10 @@ static void run(eng_engine_t *e, const size_t *idx, size_t k, collect_t *c)
         cr_assert_eq(eng_engine_step(e, on_ev, c), TD_OK, "%s", td_last_error());
 }
 
-static eng_engine_t *engine(uint32_t budget, uint64_t kv_tokens, bool cache)
+static eng_engine_t *engine_numerics(uint32_t budget, uint64_t kv_tokens, bool cache, kern_numerics_t numerics)
 {
     eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.numerics = numerics;
     cfg.n_threads = 2;
     cfg.token_budget = budget;
     cfg.kv_tokens = kv_tokens;
@@ -106,11 +107,20 @@ static eng_engine_t *engine(uint32_t budget, uint64_t kv_tokens, bool cache)
     return e;
 }
 
+static eng_engine_t *engine(uint32_t budget, uint64_t kv_tokens, bool cache)
+{
+    return engine_numerics(budget, kv_tokens, cache, KERN_NUMERICS_FAST);
+}
+
 TestSuite(generate, .init = load, .fini = unload, .timeout = 900);
 
+/* Reference numerics (kernels/backend.h): llama.cpp's rounding, bit for bit,
+ * so its greedy tokens. The issue asks for 90% of prompts identical and any
+ * divergence at a near-tie (top-2 gap under 1e-3); bit-identical logits give
+ * all 20. */
 Test(generate, greedy_matches_llama_cpp_alone_and_batched)
 {
-    eng_engine_t *e = engine(512, 0, false);
+    eng_engine_t *e = engine_numerics(512, 0, false, KERN_NUMERICS_REFERENCE);
     static collect_t alone[MAX_PROMPTS], batched;
     size_t same = 0;
     for (size_t i = 0; i < n_refs; i++) {
@@ -127,16 +137,13 @@ Test(generate, greedy_matches_llama_cpp_alone_and_batched)
                             "top-2 gap there: %.5f\n", i, d, alone[i].out[0][d], refs[i].greedy[d], refs[i].gap[d]);
         }
     }
-    fprintf(stderr, "greedy: %zu of %zu prompts identical to llama.cpp for %d tokens\n", same, n_refs, N_GEN);
-    /* Where tandem parts from llama.cpp, llama.cpp itself was nearly undecided:
-     * its top two logits within NEAR_TIE. (Token-for-token agreement on every
-     * prompt would need llama.cpp's arithmetic bit for bit: this model's 8-bit
-     * activation quantization turns last-bit differences into different
-     * rounding decisions; see the closing note of the Engine II issue.) */
+    fprintf(stderr, "greedy, reference numerics: %zu of %zu prompts identical to llama.cpp for %d tokens\n", same,
+            n_refs, N_GEN);
+    cr_assert_geq(same * 10, n_refs * 9, "at least 90%% of prompts identical");
     for (size_t i = 0; i < n_refs; i++)
         for (int t = 0; t < N_GEN; t++)
             if (alone[i].out[0][t] != refs[i].greedy[t]) {
-                cr_assert_lt(refs[i].gap[t], NEAR_TIE, "prompt %zu token %d: llama.cpp was sure (gap %.4f)", i, t,
+                cr_assert_lt(refs[i].gap[t], 1e-3, "prompt %zu token %d: llama.cpp was sure (gap %.4f)", i, t,
                              refs[i].gap[t]);
                 break;
             }
@@ -151,21 +158,23 @@ Test(generate, greedy_matches_llama_cpp_alone_and_batched)
     eng_engine_destroy(e);
 }
 
-Test(generate, chunked_prefill_prefix_cache_and_preemption_change_nothing)
+/* Both numerics: under reference numerics a row rounds by whether its
+ * position is a prompt or a generated one, never by how the step was cut. */
+static void invariance(kern_numerics_t nm)
 {
     size_t k = n_refs < 4 ? n_refs : 4, idx[4] = {0, 1, 2, 3};
     static collect_t base, chunked, cached, tight;
-    eng_engine_t *e = engine(512, 0, false);
+    eng_engine_t *e = engine_numerics(512, 0, false, nm);
     run(e, idx, k, &base);
     eng_engine_destroy(e);
-    e = engine(7, 0, false); /* prompts go in chunks of at most 7 tokens */
+    e = engine_numerics(7, 0, false, nm); /* prompts go in chunks of at most 7 tokens */
     run(e, idx, k, &chunked);
     eng_engine_destroy(e);
-    e = engine(512, 0, true);
+    e = engine_numerics(512, 0, true, nm);
     run(e, idx, k, &cached);  /* fills the cache */
     run(e, idx, k, &cached);  /* the shared system prompt and whole prompts come from it */
     eng_engine_destroy(e);
-    e = engine(512, 160, true); /* 10 blocks for 4 sequences of ~100 tokens: preemption */
+    e = engine_numerics(512, 160, true, nm); /* 10 blocks for 4 sequences of ~100 tokens: preemption */
     run(e, idx, k, &tight);
     eng_engine_destroy(e);
     for (size_t i = 0; i < k; i++) {
@@ -174,7 +183,15 @@ Test(generate, chunked_prefill_prefix_cache_and_preemption_change_nothing)
         cr_assert_gt(cached.cached[i], 0, "prompt %zu: the second run found its prefix cached", i);
         cr_assert(memcmp(tight.out[i], base.out[i], N_GEN * 4) == 0, "prompt %zu: preemption differs", i);
         cr_assert_eq(tight.n[i], N_GEN);
+        if (nm == KERN_NUMERICS_REFERENCE)
+            cr_assert(memcmp(base.out[i], refs[i].greedy, N_GEN * 4) == 0, "prompt %zu: not llama.cpp's tokens", i);
     }
+}
+
+Test(generate, chunked_prefill_prefix_cache_and_preemption_change_nothing)
+{
+    invariance(KERN_NUMERICS_FAST);
+    invariance(KERN_NUMERICS_REFERENCE);
 }
 
 Test(generate, bad_requests_are_named_and_the_engine_goes_on)
@@ -377,7 +394,7 @@ Test(generate, a_resumed_stream_delivers_the_rest_and_finds_stop_strings_across_
     eng_engine_destroy(e);
 }
 
-Test(generate, perplexity_within_one_percent_of_llama_cpp)
+static void perplexity(const char *numerics, double bound)
 {
     json_error_t err;
     json_t *ref = json_load_file(FIXTURE("generate/perplexity.json"), 0, &err);
@@ -388,8 +405,8 @@ Test(generate, perplexity_within_one_percent_of_llama_cpp)
     cr_assert_eq(system(cmd), 0, "needs Debian's base-files licence texts");
     /* quick: the first 2 chunks, against the reference's NLL of those chunks */
     int chunks = quick() ? 2 : (int)json_integer_value(json_object_get(ref, "chunks"));
-    snprintf(cmd, sizeof cmd, "head -c %d %s > %s.cut && timeout 600 %s/tandem perplexity %s.cut --model %s --threads 2 2>/dev/null",
-             quick() ? 5000 : 1 << 30, tmp, tmp, TANDEM_BIN_DIR, tmp, DEFAULT_MODEL);
+    snprintf(cmd, sizeof cmd, "head -c %d %s > %s.cut && timeout 600 %s/tandem perplexity %s.cut --model %s --threads 2 --numerics %s 2>/dev/null",
+             quick() ? 5000 : 1 << 30, tmp, tmp, TANDEM_BIN_DIR, tmp, DEFAULT_MODEL, numerics);
     FILE *p = popen(cmd, "r");
     char line[512] = "";
     cr_assert(fgets(line, sizeof line, p), "tandem perplexity printed nothing");
@@ -408,10 +425,16 @@ Test(generate, perplexity_within_one_percent_of_llama_cpp)
         want = json_real_value(json_object_get(ref, "ppl"));
         cr_assert_eq((json_int_t)scored, json_integer_value(json_object_get(ref, "scored")));
     }
-    fprintf(stderr, "perplexity: tandem %.4f, llama.cpp %.4f over %zu tokens (%+.2f%%)\n", ppl, want, scored,
-            (ppl / want - 1) * 100);
-    cr_assert(fabs(ppl / want - 1) < 0.01, "perplexity %.4f vs llama.cpp %.4f", ppl, want);
+    fprintf(stderr, "perplexity, %s numerics: tandem %.6f, llama.cpp %.6f over %zu tokens (%+.5f%%)\n", numerics, ppl,
+            want, scored, (ppl / want - 1) * 100);
+    cr_assert(fabs(ppl / want - 1) < bound, "perplexity %.6f vs llama.cpp %.6f", ppl, want);
     json_decref(ref);
+}
+
+Test(generate, perplexity_within_one_percent_of_llama_cpp)
+{
+    perplexity("fast", 0.01);
+    perplexity("reference", 1e-6); /* the same logits; only the NLL sums' order differs */
 }
 
 /* The forward pass against Hugging Face transformers: a tiny random Llama
@@ -472,11 +495,12 @@ Test(generate, tiny_llama_logits_match_transformers)
 /* Teacher-forced agreement: feed each prompt and llama.cpp's own 64 greedy
  * tokens, and compare tandem's argmax with llama.cpp's choice at every step
  * (one divergence no longer decides the rest of the run). Every disagreement
- * must be at a step where llama.cpp's top two logits are within NEAR_TIE. */
-Test(generate, teacher_forced_agreement_with_llama_cpp)
+ * must be at a step where llama.cpp's top two logits are within NEAR_TIE
+ * (fast numerics); under reference numerics every step agrees. */
+static void teacher_forced(kern_numerics_t nm)
 {
     kern_backend_t *be;
-    cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
+    cr_assert_eq(kern_cpu_backend_create_numerics(2, nm, &be), TD_OK);
     eng_kv_geom_t g = {model->desc.n_layers, model->desc.n_kv_heads, model->desc.head_dim, 16, KERN_KV_F16};
     eng_kv_pool_t *pool;
     cr_assert_eq(eng_kv_pool_create(be, &g, 16, &pool), TD_OK);
@@ -498,7 +522,7 @@ Test(generate, teacher_forced_agreement_with_llama_cpp)
         uint32_t nl;
         cr_assert_eq(eng_forward_run(f, &a, 1, &lg, &nl), TD_OK);
         eng_batch_seq_t b = {.tokens = seq + n - 1, .n = N_GEN, .pos0 = (uint32_t)n - 1, .block_table = table,
-                             .n_blocks = 16, .all_logits = true};
+                             .n_blocks = 16, .all_logits = true, .decode_from = (uint32_t)n};
         cr_assert_eq(eng_forward_run(f, &b, 1, &lg, &nl), TD_OK);
         for (int t = 0; t < N_GEN; t++) {
             const float *row = lg + (size_t)t * model->desc.vocab;
@@ -516,12 +540,22 @@ Test(generate, teacher_forced_agreement_with_llama_cpp)
             }
         }
     }
-    fprintf(stderr, "greedy, teacher-forced: %zu of %zu steps (%.1f%%) pick llama.cpp's token; the rest are at "
-                    "llama.cpp top-2 gaps up to %.3f\n", agree, steps, 100.0 * agree / steps, worst_gap);
-    cr_assert_geq(agree * 100, steps * 95, "at least 95%% of steps agree");
+    fprintf(stderr, "greedy, teacher-forced, %s numerics: %zu of %zu steps (%.1f%%) pick llama.cpp's token; the "
+                    "rest are at llama.cpp top-2 gaps up to %.3f\n", nm == KERN_NUMERICS_FAST ? "fast" : "reference",
+            agree, steps, 100.0 * agree / steps, worst_gap);
+    if (nm == KERN_NUMERICS_FAST)
+        cr_assert_geq(agree * 100, steps * 95, "at least 95%% of steps agree");
+    else
+        cr_assert_eq(agree, steps, "reference numerics: every step agrees");
     eng_forward_destroy(f);
     eng_kv_pool_destroy(pool);
     kern_cpu_backend_destroy(be);
+}
+
+Test(generate, teacher_forced_agreement_with_llama_cpp)
+{
+    teacher_forced(KERN_NUMERICS_FAST);
+    teacher_forced(KERN_NUMERICS_REFERENCE);
 }
 
 /* Cancelling a request frees its blocks at once; a finished engine holds no

@@ -191,7 +191,7 @@ Test(kernels, paged_attention_against_naive)
         be->ops->kv_store(be, &view, k, v, slots, N);
         /* two sequences in one call: rows 0..4 are a prefill of positions 6..10
          * of the same history (as after a cached prefix), rows 5..10 a fresh one */
-        kern_attn_seq_t seqs[2] = {{0, 5, 6, table, 3}, {5, 6, 0, table, 2}};
+        kern_attn_seq_t seqs[2] = {{0, 5, 6, table, 3, UINT32_MAX}, {5, 6, 0, table, 2, UINT32_MAX}};
         be->ops->attention(be, &view, q, out, H, seqs, 2, 0.25f);
         double worst = 0;
         for (int row = 0; row < N; row++) {
