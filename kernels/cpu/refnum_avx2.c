@@ -6,21 +6,23 @@
  * What decides each result, and what we reproduce here:
  *   - exp: ggml's 8-lane expf (a range reduction by 2^n and a degree-5
  *     polynomial with special cases past |n| > 126), used by softmax and SiLU.
- *   - attention scores q·k: Q rounded to fp16 like the fp16 KV. A row of a
- *     sequence that brings two or more tokens in the step (prefill) sums the
+ *   - attention scores q·k: Q rounded to fp16 like the fp16 KV. A prompt row
+ *     (llama.cpp runs the prompt as one batch: its tinyBLAS kernel) sums the
  *     head dimension in 8 lanes (lane = index mod 8, fused multiply-adds in
- *     index order) then pairwise; a one-token row (decode) sums in 4 x 8 lanes
- *     over runs of 32, as llama.cpp's fp16 dot product does.
+ *     index order) then pairwise; a generated row (one-token steps: its fp16
+ *     dot product) sums in 4 x 8 lanes over runs of 32, then horizontal adds.
+ *     Which one a row is comes from kern_attn_seq_t.decode_from.
  *   - softmax over positions: max, exp(x - max) in groups of 8 positions, each
  *     group summed pairwise in fp32 and added into a double; probabilities
  *     times (float)(1 / sum), rounded to fp16.
  *   - the weighted sum of V: as the scores, over positions instead of the head
  *     dimension (positions past the row's own are zero and add nothing).
  *   - RoPE: the angle of pair i is the float product chain p·s·s·…·s with
- *     s = powf(base, -2/head_dim), cos and sin from sincosf, each output one
- *     fused multiply-add of the other product.
+ *     s = powf(base, -2/head_dim), cos and sin from sincosf; outputs
+ *     fma(x0, cos, -(x1·sin)) and fma(x0, sin, x1·cos).
  *   - SwiGLU: g / (1 + exp(0 - g)) · u.
- * Compiled with -mavx2 -mfma -mf16c. */
+ * The Q4_1 and Q8_0 dot products in the same order are in vecdot_avx2.c
+ * (kern_vecdot_avx2_ref). Compiled with -mavx2 -mfma -mf16c. */
 #define _GNU_SOURCE /* sincosf */
 #include "kernels/cpu/refnum.h"
 
