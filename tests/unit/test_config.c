@@ -97,6 +97,12 @@ Test(config, unknown_section_and_bad_values)
     td_config_set(&c, "model.block_tokens", "24");
     cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "block_tokens = 24"));
+    td_config_set(&c, "model.block_tokens", "16");
+    td_config_set(&c, "model.numerics", "exact");
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "numerics = 'exact'"), "%s", td_last_error());
+    td_config_set(&c, "model.numerics", "reference");
+    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
     cr_assert_eq(td_config_load(&c, "/nonexistent.yaml"), TD_ERR_IO);
     td_config_free(&c);
 }
