@@ -102,7 +102,9 @@ def main():
         return np.fromfile(os.path.join(out, f), dtype=np.float32).reshape(index[f]) if f in index else None
 
     def show(label, mine, want):
-        want = want.reshape(mine.shape[0], -1)[-mine.shape[0]:]
+        # llama.cpp keeps only the output row after the last layer's attention
+        want = want.reshape(-1, mine.shape[1])
+        mine = mine[-want.shape[0]:]
         d = np.abs(mine - want)
         print(f"{label:24s} identical {100 * np.mean(mine == want):6.2f}%  max |diff| {d.max():.3e}")
 
