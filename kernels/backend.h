@@ -50,6 +50,13 @@ typedef struct kern_kv_view {
     uint32_t layer, n_layers, n_kv_heads, head_dim, block_tokens;
 } kern_kv_view_t;
 
+/* Elements from a block's start to the K (which 0) or V (which 1) rows of
+ * kv_head in the view's layer: the canonical block layout of engine/kv_pool.h. */
+static inline size_t kern_kv_offset(const kern_kv_view_t *kv, uint32_t which, uint32_t kv_head)
+{
+    return (((size_t)kv->layer * 2 + which) * kv->n_kv_heads + kv_head) * kv->block_tokens * kv->head_dim;
+}
+
 /* One sequence's part of a batch: its tokens are rows [row0, row0 + n) of q,
  * at positions pos0 .. pos0 + n - 1, and attend causally to every position
  * from 0, whose KV is in the blocks block_table[0 .. n_blocks). */

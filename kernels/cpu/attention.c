@@ -9,7 +9,8 @@
  * blocks up to the row's own position and keeps a running softmax (max, sum
  * and the weighted sum of V, rescaled when the max grows), so no score buffer
  * as long as the context is needed. fp16 KV is widened to fp32; all arithmetic
- * is fp32. Query heads share KV heads in groups (GQA). */
+ * is fp32. Query heads share KV heads in groups (GQA). A backend with
+ * reference numerics takes llama.cpp's two-pass path instead (refnum.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +18,6 @@
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/refnum.h"
 #include "kernels/quant.h"
-
-static inline size_t kv_offset(const kern_kv_view_t *kv, uint32_t which, uint32_t head)
-{
-    return (((size_t)kv->layer * 2 + which) * kv->n_kv_heads + head) * kv->block_tokens * kv->head_dim;
-}
 
 td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                               const int32_t *slots, uint32_t n)
@@ -34,7 +30,7 @@ td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const
         for (uint32_t h = 0; h < kv->n_kv_heads; h++) {
             for (uint32_t which = 0; which < 2; which++) {
                 const float *src = (which ? v : k) + ((size_t)t * kv->n_kv_heads + h) * kv->head_dim;
-                uint8_t *dst = base + (kv_offset(kv, which, h) + (size_t)off * kv->head_dim) * es;
+                uint8_t *dst = base + (kern_kv_offset(kv, which, h) + (size_t)off * kv->head_dim) * es;
                 if (kv->dtype == KERN_KV_F32) {
                     memcpy(dst, src, kv->head_dim * sizeof(float));
                 } else {
@@ -81,7 +77,7 @@ static void attn_task(void *ctx, int task, int n_tasks)
             qr[i] = kern_fp16_to_fp32(qh[i]);
         q = qr;
     }
-    size_t k_off = kv_offset(kv, 0, kvh) * es, v_off = kv_offset(kv, 1, kvh) * es, row_bytes = hd * es;
+    size_t k_off = kern_kv_offset(kv, 0, kvh) * es, v_off = kern_kv_offset(kv, 1, kvh) * es, row_bytes = hd * es;
     float acc[512];
     memset(acc, 0, hd * sizeof(float));
     float m = -INFINITY, l = 0;

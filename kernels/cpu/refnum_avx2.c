@@ -29,7 +29,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/quant.h"
@@ -151,11 +150,6 @@ static float dot16(const uint16_t *a, const uint16_t *b, uint32_t n, bool decode
     return (float)sum;
 }
 
-static inline size_t kv_offset(const kern_kv_view_t *kv, uint32_t which, uint32_t head)
-{
-    return (((size_t)kv->layer * 2 + which) * kv->n_kv_heads + head) * kv->block_tokens * kv->head_dim;
-}
-
 void kern_ref_attention_row(const kern_kv_view_t *kv, const kern_attn_seq_t *s, uint32_t row, uint32_t head,
                             uint32_t n_heads, const float *q_all, float *out_all, float scale, float *scratch)
 {
@@ -168,7 +162,7 @@ void kern_ref_attention_row(const kern_kv_view_t *kv, const kern_attn_seq_t *s, 
     const float *q = q_all + ((size_t)row * n_heads + head) * hd;
     for (uint32_t i = 0; i < hd; i++)
         q16[i] = _cvtss_sh(q[i], _MM_FROUND_TO_NEAREST_INT);
-    size_t k_off = kv_offset(kv, 0, kvh), v_off = kv_offset(kv, 1, kvh);
+    size_t k_off = kern_kv_offset(kv, 0, kvh), v_off = kern_kv_offset(kv, 1, kvh);
     float mx = -INFINITY;
     for (uint32_t p = 0; p < n_pos; p++) {
         uint32_t blk = (uint32_t)s->block_table[p / kv->block_tokens], off = p % kv->block_tokens;
