@@ -108,7 +108,12 @@ int cli_generate(int argc, char **argv)
         else if (cli_tls_flag(argc, argv, &i, &tls)) ;
         else if (!strcmp(a, "--chat")) chat = true;
         else if (!strcmp(a, "--ids")) ids = true;
-        else if (!strcmp(a, "--numerics") && nx && kern_numerics_parse(nx, &cfg.numerics)) i++;
+        else if (!strcmp(a, "--numerics") && nx) {
+            if (!kern_numerics_parse(argv[++i], &cfg.numerics)) {
+                fprintf(stderr, "tandem generate: --numerics '%s': it must be fast or reference\n", nx);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--ignore-eos")) req.ignore_eos = true;
         else if (!strcmp(a, "--stop") && nx && req.n_stop < 16) stops[req.n_stop++] = argv[++i];
         else if (NUM("--max-tokens", 0, 1e6)) req.max_tokens = (uint32_t)v;

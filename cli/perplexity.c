@@ -35,7 +35,12 @@ int cli_perplexity(int argc, char **argv)
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--numerics") && i + 1 < argc && kern_numerics_parse(argv[i + 1], &numerics)) i++;
+        else if (!strcmp(argv[i], "--numerics") && i + 1 < argc) {
+            if (!kern_numerics_parse(argv[++i], &numerics)) {
+                fprintf(stderr, "tandem perplexity: --numerics '%s': it must be fast or reference\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!file && argv[i][0] != '-') file = argv[i];
         else {
             fprintf(stderr, "usage: tandem perplexity FILE [--model PATH] [--ctx N] [--threads N] [--numerics fast|reference]\n");
