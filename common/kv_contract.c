@@ -2,6 +2,7 @@
 #include "common/kv_contract.h"
 
 #include <string.h>
+#include <xxhash.h>
 
 #include "common/log.h"
 
@@ -39,4 +40,9 @@ td_status_t td_kv_contract_check(const td_kv_contract_t *a, const td_kv_contract
 size_t td_kv_contract_block_bytes(const td_kv_contract_t *c)
 {
     return (size_t)c->n_layers * 2 * c->n_kv_heads * c->block_tokens * c->head_dim * (!strcmp(c->dtype, "fp16") ? 2 : 4);
+}
+
+uint64_t td_kv_block_digest(const void *block, size_t block_bytes)
+{
+    return XXH3_64bits(block, block_bytes);
 }

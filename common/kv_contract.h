@@ -30,4 +30,11 @@ td_status_t td_kv_contract_check(const td_kv_contract_t *ours, const td_kv_contr
 /* Bytes of one block under the contract. */
 size_t td_kv_contract_block_bytes(const td_kv_contract_t *c);
 
+/* The digest of one block's bytes (XXH3-64 over the whole block in the
+ * canonical layout, every layer, the unused tail of a partial block too).
+ * The prefill side states the digest of every block it pushed; the decode
+ * side computes it over its landing blocks before decode starts, so a block
+ * that is missing, partial or overwritten is an error, never silent garbage. */
+uint64_t td_kv_block_digest(const void *block, size_t block_bytes);
+
 #endif

@@ -288,6 +288,35 @@ static void on_decode_event(void *ctx, const eng_event_t *ev)
         dreq_put(d); /* the listener's reference */
 }
 
+/* The landing check (DESIGN.md §1's invariant): before a sequence decodes
+ * on imported KV, every reserved block must hold exactly the bytes the
+ * prefill side stated — a block that was never put, put only in part or
+ * overwritten is refused (d->rc, d->err), never decoded on. */
+static td_status_t landing_check(eng_worker_t *w, dreq_t *d, const reservation_t *r)
+{
+    if (d->rq->n_block_digests != r->n_blocks) {
+        d->rc = TD_ERR_INVALID_ARG;
+        snprintf(d->err, sizeof d->err, "block_digests: %zu given for the %u blocks of reservation %llu",
+                 d->rq->n_block_digests, r->n_blocks, (unsigned long long)r->id);
+        return d->rc;
+    }
+    size_t bb;
+    const uint8_t *base = eng_engine_kv_base(eng_worker_engine(w), &bb);
+    for (uint32_t b = 0; b < r->n_blocks; b++) {
+        uint64_t got = td_kv_block_digest(base + (size_t)r->blocks[b] * bb, bb);
+        if (got != d->rq->block_digests[b]) {
+            d->rc = TD_ERR_INTERNAL;
+            snprintf(d->err, sizeof d->err, "%s: KV block %u of %u (reservation %llu) did not land as the prefill "
+                     "side sent it (digest %016llx, expected %016llx); not decoding on it", eng_worker_id(w), b,
+                     r->n_blocks, (unsigned long long)r->id, (unsigned long long)got,
+                     (unsigned long long)d->rq->block_digests[b]);
+            td_log(TD_LOG_ERROR, "%s", d->err);
+            return d->rc;
+        }
+    }
+    return TD_OK;
+}
+
 static void start_on_engine(eng_worker_t *w, void *arg)
 {
     dreq_t *d = arg;
@@ -303,6 +332,11 @@ static void start_on_engine(eng_worker_t *w, void *arg)
         d->rc = TD_ERR_INVALID_ARG;
         snprintf(d->err, sizeof d->err, "tokens: %zu tokens do not fill the %u blocks reserved for %u",
                  d->rq->n_tokens, r.n_blocks, r.n_tokens);
+        eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
+        free(r.blocks);
+        return;
+    }
+    if (landing_check(w, d, &r)) {
         eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
         free(r.blocks);
         return;

@@ -366,11 +366,25 @@ static bool preempt_one(eng_engine_t *e, const eng_seq_t *keep)
     return true;
 }
 
+/* The positions [0, limit) of s whose KV may be named and shared. A block's
+ * bytes must be those any sequence with the same tokens would compute cold
+ * (DESIGN.md §1's invariant). Under reference numerics a generated position
+ * (from decode_from on) rounds unlike a prompt position, so the KV of a block
+ * holding one is not what a later prompt with those tokens computes: such
+ * blocks are neither published nor taken from the cache. Fast numerics round
+ * every row alike. */
+static uint32_t seq_shareable(const eng_engine_t *e, const eng_seq_t *s, uint32_t limit)
+{
+    if (e->cfg.numerics == KERN_NUMERICS_REFERENCE && limit > s->decode_from)
+        return s->decode_from;
+    return limit;
+}
+
 /* A sequence starting from zero takes its cached full prompt blocks (all but
  * the block of the last prompt token, which must be computed for its logits). */
 static void seq_use_prefix_cache(eng_engine_t *e, eng_seq_t *s)
 {
-    uint32_t bt = e->cfg.block_tokens, full = (s->n_tokens - 1) / bt;
+    uint32_t bt = e->cfg.block_tokens, full = seq_shareable(e, s, s->n_tokens - 1) / bt;
     td_block_name_t h = e->root;
     for (uint32_t b = 0; b < full; b++) {
         h = td_block_name_next(h, s->tokens + b * bt, bt);
@@ -389,7 +403,8 @@ static void seq_use_prefix_cache(eng_engine_t *e, eng_seq_t *s)
 static void seq_publish(eng_engine_t *e, eng_seq_t *s)
 {
     uint32_t bt = e->cfg.block_tokens;
-    while (e->cfg.prefix_cache && (s->n_published + 1) * bt <= s->n_computed) {
+    uint32_t limit = seq_shareable(e, s, s->n_computed);
+    while (e->cfg.prefix_cache && (s->n_published + 1) * bt <= limit) {
         uint32_t b = s->n_published;
         td_block_name_t h = td_block_name_next(b ? s->last_name : e->root, s->tokens + b * bt, bt);
         int32_t got = eng_kv_publish(e->pool, s->blocks[b], h);

@@ -172,6 +172,12 @@ typedef struct preq {
     double t0, t_done, busy0, exposed_s;
     uint64_t bytes0, bytes;
     double busy_s;
+    /* Engine thread: the landing blocks [0, pushed) have had every layer put
+     * at least once; digests[b] is block b's td_kv_block_digest as of its
+     * last put (the decode side checks its landing against them). */
+    uint32_t pushed;
+    uint64_t *digests;
+    size_t n_digests;
 } preq_t;
 
 typedef struct prefill_role {
@@ -233,6 +239,7 @@ static void preq_put(preq_t *r)
     if (r->rq)
         tandem__internal__v1__prefill_request__free_unpacked(r->rq, NULL);
     free(r->bias);
+    free(r->digests);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
@@ -267,28 +274,44 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
     active_remove(r);
     if (r->pe->failed)
         preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
+    else if (r->pushed < r->n_digests) /* a bug: the landing would decode on garbage */
+        preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);
     else
         preq_finish(r, TD_OK, NULL, ev->token, ev->n_cached);
     preq_put(r); /* the listener's */
 }
 
-/* Engine thread, after each layer: queue that layer's slice of each touched block. */
+/* Engine thread, after each layer: queue that layer's slice of each block
+ * the landing does not hold yet — the blocks the step wrote, and before them
+ * any blocks the sequence took from the prefix cache instead of computing
+ * (the landing needs the whole prompt's KV, whatever this pool had cached:
+ * DESIGN.md §1's invariant). A partial block is put again by the next chunk
+ * that writes into it; each step's puts are flushed before the next step. */
 static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uint32_t n)
 {
     (void)ctx;
     eng_engine_t *e = eng_worker_engine(g_role.w);
     size_t bb;
     uint8_t *base = eng_engine_kv_base(e, &bb);
-    size_t lb = bb / eng_worker_contract(g_role.w).n_layers;
+    uint32_t n_layers = eng_worker_contract(g_role.w).n_layers;
+    size_t lb = bb / n_layers;
     for (uint32_t i = 0; i < n; i++)
         for (size_t k = 0; k < g_role.n_active; k++) {
             preq_t *r = g_role.active[k];
             if (r->eng_id != seqs[i].id)
                 continue;
             const Tandem__Internal__V1__LandingDescriptor *ld = r->rq->landing;
-            for (uint32_t b = seqs[i].first_block; b < seqs[i].end_block && b < ld->n_block_offsets; b++)
+            uint32_t from = seqs[i].first_block < r->pushed ? seqs[i].first_block : r->pushed;
+            uint32_t end = seqs[i].end_block < ld->n_block_offsets ? seqs[i].end_block : (uint32_t)ld->n_block_offsets;
+            for (uint32_t b = from; b < end; b++)
                 pusher_push(&g_role.pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
                             ld->remote_base + ld->block_offsets[b] + layer * lb);
+            if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
+                for (uint32_t b = from; b < end; b++)
+                    r->digests[b] = td_kv_block_digest(base + (size_t)seqs[i].blocks[b] * bb, bb);
+                if (end > r->pushed)
+                    r->pushed = end;
+            }
             break;
         }
 }
@@ -452,6 +475,12 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         preq_put(r);
         return;
     }
+    r->n_digests = need;
+    if (!(r->digests = calloc(need, sizeof *r->digests))) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory for %u block digests", need);
+        preq_put(r);
+        return;
+    }
     if (!(r->pe = peer_get(w, ld))) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "cannot reach %s over UCX: %s", who, td_last_error());
         preq_put(r);
@@ -496,9 +525,17 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     rp.exposed_transfer_ms = r->exposed_s * 1e3;
     rp.bytes = (uint64_t)need * bb;
     rp.prefill_worker = (char *)eng_worker_id(w);
-    uint8_t buf[256];
-    size_t pn = tandem__internal__v1__prefill_response__pack(&rp, buf);
-    td_rpc_call_reply(call, buf, pn);
+    rp.n_block_digests = r->n_digests;
+    rp.block_digests = r->digests;
+    size_t pn = tandem__internal__v1__prefill_response__get_packed_size(&rp);
+    uint8_t *buf = malloc(pn);
+    if (buf) {
+        tandem__internal__v1__prefill_response__pack(&rp, buf);
+        td_rpc_call_reply(call, buf, pn);
+    } else {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory for the PrefillResponse");
+    }
+    free(buf);
 done:
     pthread_mutex_lock(&r->mu);
     r->call = NULL;

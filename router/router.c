@@ -206,6 +206,7 @@ typedef struct gen {
     double t0, c0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
     char prefill_id[96], decode_id[96];
     uint64_t text_sent; /* bytes of text relayed to the client, all attempts */
+    int internal_errors; /* attempts a worker ended with INTERNAL */
     bool sent_any;
 } gen_t;
 
@@ -371,7 +372,6 @@ static int attempt(gen_t *g)
     if (g->n_tokens == g->n_prompt)
         g->cached = prp->cached_tokens;
     int32_t first = prp->first_token;
-    tandem__internal__v1__prefill_response__free_unpacked(prp, NULL);
     rt_table_done(&r->table, p, false, 0);
 
     /* the completion notice: decode joins its batch and streams */
@@ -389,10 +389,13 @@ static int attempt(gen_t *g)
     drq.resume_generated = (uint32_t)(g->n_tokens - g->n_prompt);
     drq.resume_text_sent = g->text_sent;
     drq.sampling = sampling_for(g, &sp);
+    drq.n_block_digests = prp->n_block_digests;
+    drq.block_digests = prp->block_digests;
     pn = tandem__internal__v1__decode_request__get_packed_size(&drq);
     pbuf = malloc(pn);
     if (pbuf)
         tandem__internal__v1__decode_request__pack(&drq, pbuf);
+    tandem__internal__v1__prefill_response__free_unpacked(prp, NULL);
     td_rpc_stream_t *st = NULL;
     rc = pbuf ? td_rpc_stream_open(d->ch, "/tandem.internal.v1.Decode/Decode", pbuf, pn, left(g), g->call, &st)
               : TD_ERR_NO_MEMORY;
@@ -484,6 +487,12 @@ static int attempt(gen_t *g)
     }
     if (fatal_code(sres.code)) {
         td_rpc_call_finish(g->call, sres.code, "decode worker %s: %s", d->id, sres.message);
+        return 1;
+    }
+    /* a worker's own error (a landing refused by its check) is tried again
+     * on a fresh prefill, but not until the deadline */
+    if (sres.code == TD_RPC_INTERNAL && ++g->internal_errors >= 3) {
+        td_rpc_call_finish(g->call, sres.code, "decode worker %s, 3 attempts: %s", d->id, sres.message);
         return 1;
     }
     TD_WARN("router: the decode stream on %s broke after %zu tokens (%s: %s); resuming elsewhere", d->id,

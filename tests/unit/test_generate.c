@@ -194,6 +194,113 @@ Test(generate, chunked_prefill_prefix_cache_and_preemption_change_nothing)
     invariance(KERN_NUMERICS_REFERENCE);
 }
 
+/* Long prompts that share prefixes in every way a cluster sees them — whole
+ * blocks, a partial block, a multi-turn continuation that carries the first
+ * turn's generated tokens, the same prompt again, two of them batched — run
+ * hot (one engine, prefix cache on, prompts chunked by 64) and each cold
+ * (a fresh engine, no cache): the tokens must be the same (DESIGN.md §1's
+ * invariant). Under reference numerics a generated position rounds unlike a
+ * prompt one, so the blocks holding generated tokens must not be reused as
+ * a later prompt's prefix. */
+#define LONG_GEN 16
+typedef struct long_prompt {
+    int32_t ids[1400];
+    size_t n;
+} long_prompt_t;
+
+static void long_run(eng_engine_t *e, long_prompt_t *const *p, size_t k, collect_t *c)
+{
+    memset(c, 0, sizeof *c);
+    for (size_t j = 0; j < k; j++) {
+        eng_request_t r = {.prompt = p[j]->ids, .n_prompt = p[j]->n, .sampling = eng_sampling_default(),
+                           .max_tokens = LONG_GEN, .ignore_eos = true};
+        uint64_t id;
+        cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK, "%s", td_last_error());
+        if (j == 0)
+            c->first = id;
+    }
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_ev, c), TD_OK, "%s", td_last_error());
+}
+
+static void long_prefix_sharing(kern_numerics_t nm)
+{
+    /* a document of real prompt tokens, the fixture prompts in a shuffled order */
+    static int32_t doc[1400];
+    size_t nd = 0;
+    uint32_t lcg = 12345;
+    while (nd < 1400) {
+        lcg = lcg * 1103515245u + 12345u;
+        const ref_t *r = &refs[(lcg >> 16) % n_refs];
+        for (size_t i = 0; i < r->n_ids && nd < 1400; i++)
+            doc[nd++] = r->ids[i];
+    }
+    size_t scale = quick() ? 4 : 1; /* the sanitizer run: prompts of ~300 tokens */
+    static long_prompt_t a, b, b2, c;
+    a.n = 1203 / scale;
+    memcpy(a.ids, doc, a.n * 4);
+    size_t shared = 1100 / scale; /* 68 whole blocks and 12 tokens of the next (quick: 17 and 3) */
+    b.n = b2.n = shared + 37;
+    memcpy(b.ids, doc, shared * 4);
+    memcpy(b2.ids, doc, shared * 4);
+    for (size_t i = 0; i < 37; i++) {
+        b.ids[shared + i] = doc[1399 - i];
+        b2.ids[shared + i] = doc[1300 - 2 * i];
+    }
+    /* c: the next turn of a — its prompt, its (cold) answer, a new question */
+    static collect_t cold_a, cold, hot;
+    eng_engine_t *e = engine_numerics(512, 0, false, nm);
+    long_prompt_t *pa = &a;
+    long_run(e, &pa, 1, &cold_a);
+    eng_engine_destroy(e);
+    c.n = a.n;
+    memcpy(c.ids, a.ids, a.n * 4);
+    memcpy(c.ids + c.n, cold_a.out[0], LONG_GEN * 4);
+    c.n += LONG_GEN;
+    memcpy(c.ids + c.n, doc + 500, 21 * 4);
+    c.n += 21;
+    long_prompt_t *all[] = {&a, &b, &b2, &c};
+    int32_t want[4][LONG_GEN];
+    memcpy(want[0], cold_a.out[0], sizeof want[0]);
+    for (size_t i = 1; i < 4; i++) {
+        e = engine_numerics(512, 0, false, nm);
+        long_run(e, &all[i], 1, &cold);
+        eng_engine_destroy(e);
+        memcpy(want[i], cold.out[0], sizeof want[i]);
+    }
+    /* hot: a, then b (whole blocks + a partial one shared), then c (the next
+     * turn), then a again beside b2 (batched, both from the cache) */
+    e = engine_numerics(64, 0, true, nm);
+    struct { long_prompt_t *p[2]; size_t k, want[2]; bool hit; } plan[] = {
+        {{&a}, 1, {0}, false}, {{&b}, 1, {1}, true}, {{&c}, 1, {3}, true}, {{&a, &b2}, 2, {0, 2}, true}};
+    uint32_t reused = 0;
+    for (size_t s = 0; s < sizeof plan / sizeof plan[0]; s++) {
+        long_run(e, plan[s].p, plan[s].k, &hot);
+        for (size_t j = 0; j < plan[s].k; j++) {
+            size_t w = plan[s].want[j];
+            cr_assert(memcmp(hot.out[j], want[w], sizeof want[w]) == 0,
+                      "%s numerics, step %zu: prompt %zu (%zu tokens, %u cached) differs from its cold run",
+                      nm == KERN_NUMERICS_REFERENCE ? "reference" : "fast", s, w, all[w]->n, hot.cached[j]);
+            if (plan[s].hit)
+                cr_assert_gt(hot.cached[j], 0, "step %zu: prompt %zu found nothing cached", s, w);
+            if (w == 3 && nm == KERN_NUMERICS_REFERENCE) /* the first turn's generated positions are not reused */
+                cr_assert_leq(hot.cached[j], a.n / 16 * 16, "c reused %u tokens; a has %zu", hot.cached[j], a.n);
+            if (w == 3 && nm == KERN_NUMERICS_FAST) /* here they are: every row rounds alike */
+                cr_assert_gt(hot.cached[j], a.n, "c reused %u tokens; a has %zu", hot.cached[j], a.n);
+            reused += hot.cached[j];
+        }
+    }
+    fprintf(stderr, "long prompts, %s numerics: 5 hot runs of %zu-%zu tokens identical to cold, %u tokens reused\n",
+            nm == KERN_NUMERICS_REFERENCE ? "reference" : "fast", b.n, c.n, reused);
+    eng_engine_destroy(e);
+}
+
+Test(generate, long_prompts_sharing_prefixes_give_cold_tokens)
+{
+    long_prefix_sharing(KERN_NUMERICS_FAST);
+    long_prefix_sharing(KERN_NUMERICS_REFERENCE);
+}
+
 Test(generate, bad_requests_are_named_and_the_engine_goes_on)
 {
     eng_engine_t *e = engine(512, 0, true);
