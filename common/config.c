@@ -26,7 +26,7 @@ typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64 } cfg_kind_t;
 typedef struct { char *level, *format; } raw_log_t;
 typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *context; } raw_model_t;
 typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } raw_router_t;
-typedef struct { uint32_t *count, *threads; } raw_workers_t;
+typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
 typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
 typedef struct { char *endpoints, *data_dir; } raw_etcd_t;
 typedef struct {
@@ -53,7 +53,9 @@ static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t,
                                                        STR("tls_ca", raw_router_t, tls_ca), CYAML_FIELD_END};
 static const cyaml_schema_field_t workers_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_workers_t, count),
-    CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads), CYAML_FIELD_END};
+    CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads),
+    CYAML_FIELD_UINT_PTR("token_budget", OPT, raw_workers_t, token_budget),
+    CYAML_FIELD_UINT_PTR("kv_mib", OPT, raw_workers_t, kv_mib), CYAML_FIELD_END};
 static const cyaml_schema_field_t kvstore_fields[] = {
     CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), STR("data_dir", raw_kvstore_t, data_dir),
     CYAML_FIELD_END};
@@ -100,8 +102,12 @@ static const cfg_field_t cfg_fields[] = {
     F("router.tls_ca", CFG_STR, router.tls_ca, router, raw_router_t, tls_ca),
     F("prefill.count", CFG_U32, prefill.count, prefill, raw_workers_t, count),
     F("prefill.threads", CFG_U32, prefill.threads, prefill, raw_workers_t, threads),
+    F("prefill.token_budget", CFG_U32, prefill.token_budget, prefill, raw_workers_t, token_budget),
+    F("prefill.kv_mib", CFG_U64, prefill.kv_mib, prefill, raw_workers_t, kv_mib),
     F("decode.count", CFG_U32, decode.count, decode, raw_workers_t, count),
     F("decode.threads", CFG_U32, decode.threads, decode, raw_workers_t, threads),
+    F("decode.token_budget", CFG_U32, decode.token_budget, decode, raw_workers_t, token_budget),
+    F("decode.kv_mib", CFG_U64, decode.kv_mib, decode, raw_workers_t, kv_mib),
     F("kvstore.dram_mb", CFG_U64, kvstore.dram_mb, kvstore, raw_kvstore_t, dram_mb),
     F("kvstore.data_dir", CFG_STR, kvstore.data_dir, kvstore, raw_kvstore_t, data_dir),
     F("etcd.endpoints", CFG_STR, etcd.endpoints, etcd, raw_etcd_t, endpoints),
@@ -128,7 +134,8 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"model.block_tokens", "16"}, {"model.context", "0"},
         {"router.listen", "127.0.0.1:50051"}, {"router.tls_cert", ""}, {"router.tls_key", ""},
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""},
-        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"decode.count", "1"}, {"decode.threads", "0"},
+        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"},
+        {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},
         {"kvstore.dram_mb", "1024"}, {"kvstore.data_dir", ""},
         {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""},
     };
@@ -308,7 +315,7 @@ td_status_t td_config_load(td_config_t *cfg, const char *path)
             *(uint64_t *)(void *)slot = *(uint64_t *)v;
     }
     raw_free(raw, &cc);
-    return rc;
+    return rc ? rc : td_config_validate(cfg);
 }
 
 td_status_t td_config_validate(const td_config_t *cfg)
@@ -321,6 +328,16 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (strcmp(cfg->model.numerics, "fast") && strcmp(cfg->model.numerics, "reference"))
         return td_error(TD_ERR_CONFIG, "config: model.numerics = '%s'; it must be fast or reference",
                         cfg->model.numerics);
+    const struct { const char *role; uint32_t budget; uint64_t mib; } w[] = {
+        {"prefill", cfg->prefill.token_budget, cfg->prefill.kv_mib}, {"decode", cfg->decode.token_budget, cfg->decode.kv_mib}};
+    for (size_t i = 0; i < 2; i++) {
+        if (w[i].budget < 1 || w[i].budget > 1u << 20)
+            return td_error(TD_ERR_CONFIG, "config: %s.token_budget = %u; it must be from 1 to 1048576", w[i].role,
+                            w[i].budget);
+        if (w[i].mib < 1 || w[i].mib > 1u << 20)
+            return td_error(TD_ERR_CONFIG, "config: %s.kv_mib = %llu; it must be from 1 to 1048576", w[i].role,
+                            (unsigned long long)w[i].mib);
+    }
     td_log_level_t lv;
     if (td_log_level_parse(cfg->log.level, &lv))
         return td_error(TD_ERR_CONFIG, "config: log.level = '%s'; it must be debug, info, warn, error or off",

@@ -8,8 +8,10 @@
  *              tls_client_ca: "", tls_ca: "" }  (TLS on the public API when cert+key
  *              are set; client certificates required when tls_client_ca is; tls_ca:
  *              what clients trust, for tandem up's readiness probe)
- *   prefill: { count: 1, threads: 0 }
- *   decode:  { count: 1, threads: 0 }
+ *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
+ *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
+ *            (token_budget: tokens per engine step, the chunked-prefill size;
+ *            kv_mib: the worker's KV pool)
  *   kvstore: { dram_mb: 1024, data_dir: "" }
  *   etcd:    { endpoints: 127.0.0.1:2379, data_dir: "" }
  *
@@ -28,7 +30,7 @@ typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
     struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } router;
-    struct { uint32_t count, threads; } prefill, decode;
+    struct { uint32_t count, threads, token_budget; uint64_t kv_mib; } prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;
     struct { char *endpoints, *data_dir; } etcd;
 } td_config_t;

@@ -693,10 +693,63 @@ void td_rpc_call_reply(td_rpc_call_t *c, const void *msg, size_t len)
 
 /* ------------------------------------------------------------------ client */
 
+/* calls: the client calls in flight on this channel (under mu), so that
+ * td_rpc_channel_shutdown can end them; closed: no new call starts. */
 struct td_rpc_channel {
     grpc_channel *ch;
     char target[256];
+    pthread_mutex_t mu;
+    grpc_call **calls;
+    size_t n_calls, cap_calls;
+    bool closed;
 };
+
+#define SHUTDOWN_MSG "the peer left the cluster; the call was ended by the caller"
+
+/* Registers a new call; false (and the call cancelled) when the channel is closed or out of memory. */
+static bool channel_track(td_rpc_channel_t *ch, grpc_call *call)
+{
+    pthread_mutex_lock(&ch->mu);
+    bool ok = !ch->closed;
+    if (ok && ch->n_calls == ch->cap_calls) {
+        size_t nc = ch->cap_calls ? 2 * ch->cap_calls : 16;
+        grpc_call **c = realloc(ch->calls, nc * sizeof *c);
+        if (c) {
+            ch->calls = c;
+            ch->cap_calls = nc;
+        }
+        ok = c != NULL;
+    }
+    if (ok)
+        ch->calls[ch->n_calls++] = call;
+    else
+        grpc_call_cancel_with_status(call, GRPC_STATUS_UNAVAILABLE,
+                                     ch->closed ? SHUTDOWN_MSG : "no memory to track the call", NULL);
+    pthread_mutex_unlock(&ch->mu);
+    return ok;
+}
+
+static void channel_untrack(td_rpc_channel_t *ch, grpc_call *call)
+{
+    pthread_mutex_lock(&ch->mu);
+    for (size_t i = 0; i < ch->n_calls; i++)
+        if (ch->calls[i] == call) {
+            ch->calls[i] = ch->calls[--ch->n_calls];
+            break;
+        }
+    pthread_mutex_unlock(&ch->mu);
+}
+
+void td_rpc_channel_shutdown(td_rpc_channel_t *ch)
+{
+    if (!ch)
+        return;
+    pthread_mutex_lock(&ch->mu);
+    ch->closed = true;
+    for (size_t i = 0; i < ch->n_calls; i++)
+        grpc_call_cancel_with_status(ch->calls[i], GRPC_STATUS_UNAVAILABLE, SHUTDOWN_MSG, NULL);
+    pthread_mutex_unlock(&ch->mu);
+}
 
 struct td_rpc_stream {
     td_rpc_channel_t *ch;
@@ -741,6 +794,7 @@ td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, t
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 1000},
     };
     grpc_channel_args ca = {4, args};
+    pthread_mutex_init(&c->mu, NULL);
     c->ch = grpc_channel_create(target, cr, &ca);
     grpc_channel_credentials_release(cr);
     if (!c->ch) {
@@ -756,6 +810,8 @@ void td_rpc_channel_destroy(td_rpc_channel_t *ch)
     if (!ch)
         return;
     grpc_channel_destroy(ch->ch);
+    pthread_mutex_destroy(&ch->mu);
+    free(ch->calls);
     free(ch);
 }
 
@@ -831,12 +887,14 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
     ops[5].data.recv_status_on_client.status_details = &details;
     ops[5].data.recv_status_on_client.error_string = &err_str;
     td_status_t rc = TD_OK;
+    channel_track(ch, call); /* a closed channel cancels it: the batch ends at once */
     if (grpc_call_start_batch(call, ops, 6, (void *)(intptr_t)TAG_STATUS, NULL) != GRPC_CALL_OK) {
         code = GRPC_STATUS_INTERNAL;
         rc = TD_ERR_INTERNAL;
     } else {
         cq_wait(&pump, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC)); /* the call's deadline bounds it */
     }
+    channel_untrack(ch, call);
     result_set(res, code, details, err_str);
     explain_unconnected(ch, res);
     if (!rc && code == GRPC_STATUS_OK && in) {
@@ -870,6 +928,7 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
     st->ch = ch;
     st->pump.cq = grpc_completion_queue_create_for_next(NULL);
     st->call = client_call(ch, method, timeout_s, parent, st->pump.cq);
+    channel_track(ch, st->call);
     grpc_metadata_array_init(&st->md_initial);
     grpc_metadata_array_init(&st->md_trailing);
     st->details = grpc_empty_slice();
@@ -987,6 +1046,7 @@ void td_rpc_stream_destroy(td_rpc_stream_t *st)
         cq_wait(&st->pump, TAG_RECV, gpr_inf_future(GPR_CLOCK_MONOTONIC));
     if (st->recv)
         grpc_byte_buffer_destroy(st->recv);
+    channel_untrack(st->ch, st->call);
     grpc_call_unref(st->call);
     cq_destroy(st->pump.cq);
     if (st->send_bb)

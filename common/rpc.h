@@ -118,6 +118,10 @@ typedef struct td_rpc_result {
 
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out);
 void td_rpc_channel_destroy(td_rpc_channel_t *ch);
+/* Any thread: ends every call in flight on ch with UNAVAILABLE and makes new
+ * ones fail the same way at once — for a peer that left (its lease expired),
+ * whose calls would otherwise wait for a connection until their deadlines. */
+void td_rpc_channel_shutdown(td_rpc_channel_t *ch);
 const char *td_rpc_channel_target(const td_rpc_channel_t *ch);
 
 /* A unary call. On TD_OK *resp (malloc'd, the caller frees) holds the reply.

@@ -64,6 +64,7 @@ struct eng_engine {
     void *layer_ctx;
     eng_layer_seq_t *layer_seqs;
     uint32_t n_batch;
+    uint64_t preemptions;
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -281,6 +282,8 @@ td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id)
 
 bool eng_engine_busy(const eng_engine_t *e) { return e->seqs != NULL; }
 
+uint64_t eng_engine_preemptions(const eng_engine_t *e) { return e->preemptions; }
+
 uint32_t eng_engine_n_requests(const eng_engine_t *e)
 {
     uint32_t n = 0;
@@ -363,6 +366,7 @@ static bool preempt_one(eng_engine_t *e, const eng_seq_t *keep)
     TD_DEBUG("engine: preempting request %llu (%u tokens)", (unsigned long long)victim->id, victim->n_tokens);
     seq_free_blocks(e, victim);
     victim->state = SEQ_WAITING;
+    e->preemptions++;
     return true;
 }
 

@@ -99,6 +99,8 @@ bool eng_engine_busy(const eng_engine_t *e);
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
 /* Requests in the engine (waiting or running). */
 uint32_t eng_engine_n_requests(const eng_engine_t *e);
+/* Sequences preempted so far (their KV dropped, recomputed later). */
+uint64_t eng_engine_preemptions(const eng_engine_t *e);
 
 /* Landing blocks for n_tokens tokens of KV written from outside (a peer's
  * puts): ceil(n_tokens / block_tokens) fresh blocks into blocks[], or

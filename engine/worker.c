@@ -42,6 +42,7 @@ struct eng_worker {
     int threads;
     uint32_t block_tokens;
     uint64_t kv_mib;
+    uint32_t token_budget;
     bool kv_fp32;
     kern_numerics_t numerics;
     int64_t lease_ttl;
@@ -281,6 +282,8 @@ static void stats_on_engine(eng_worker_t *w, void *arg)
     s->r.kv_in_use = k.in_use;
     s->r.kv_cached = k.cached;
     s->r.running = eng_engine_n_requests(w->engine);
+    s->r.has_preemptions = 1;
+    s->r.preemptions = eng_engine_preemptions(w->engine);
     if (w->role->stats)
         w->role->stats(w, w->role->ctx, &s->r);
 }
@@ -348,7 +351,8 @@ static td_status_t etcd_register(eng_worker_t *w)
 
 static const char usage_fmt[] =
     "usage: tandem-%s [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT] [--id ID]\n"
-    "                 [--threads N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32] [--lease-ttl S]\n";
+    "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
+    "                 [--lease-ttl S]\n";
 
 static bool parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 {
@@ -378,10 +382,12 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
     w->block_tokens = cfg.model.block_tokens;
     w->kv_fp32 = cfg.model.kv_dtype && !strcmp(cfg.model.kv_dtype, "fp32");
     kern_numerics_parse(cfg.model.numerics, &w->numerics); /* validated with the file */
-    w->threads = (int)(!strcmp(w->role->name, "prefill") ? cfg.prefill.threads : cfg.decode.threads);
+    bool is_prefill = !strcmp(w->role->name, "prefill");
+    w->threads = (int)(is_prefill ? cfg.prefill.threads : cfg.decode.threads);
+    w->token_budget = is_prefill ? cfg.prefill.token_budget : cfg.decode.token_budget;
+    w->kv_mib = is_prefill ? cfg.prefill.kv_mib : cfg.decode.kv_mib;
     td_config_free(&cfg);
     snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
-    w->kv_mib = 64;
     w->lease_ttl = 3;
     snprintf(w->id, sizeof w->id, "%s-%d", w->role->name, (int)getpid());
     for (int i = 1; i < argc; i++) {
@@ -406,6 +412,10 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
             if (!parse_u64(a, v, 1, 256, &n))
                 return 2;
             w->block_tokens = (uint32_t)n;
+        } else if (TAKE("--token-budget")) {
+            if (!parse_u64(a, v, 1, 1 << 20, &n))
+                return 2;
+            w->token_budget = (uint32_t)n;
         } else if (TAKE("--kv-mib")) {
             if (!parse_u64(a, v, 1, 1 << 20, &w->kv_mib))
                 return 2;
@@ -463,6 +473,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     ec.block_tokens = w->block_tokens;
     ec.kv_dtype = w->kv_fp32 ? KERN_KV_F32 : KERN_KV_F16;
     ec.numerics = w->numerics;
+    ec.token_budget = w->token_budget;
     w->xo = &kv_transport_ucx;
     if (w->xo->create(&w->xfer))
         goto out;

@@ -103,6 +103,8 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     for (size_t i = 0; i < t->n; i++)
         if (!strcmp(t->w[i]->key, key)) { /* re-registered: replace */
             t->w[i]->gone = true;
+            if (strcmp(t->w[i]->addr, w->addr)) /* another process now: end what the old one held */
+                td_rpc_channel_shutdown(t->w[i]->ch);
             worker_put(t->w[i]);
             t->w[i] = w;
             pthread_mutex_unlock(&t->mu);
@@ -128,8 +130,9 @@ void rt_table_remove(rt_table_t *t, const char *key)
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++)
         if (!strcmp(t->w[i]->key, key)) {
-            TD_INFO("router: worker %s left", t->w[i]->id);
+            TD_INFO("router: worker %s left; its calls in flight end now", t->w[i]->id);
             t->w[i]->gone = true;
+            td_rpc_channel_shutdown(t->w[i]->ch); /* requests on it fail over instead of waiting */
             worker_put(t->w[i]);
             t->w[i] = t->w[--t->n];
             break;

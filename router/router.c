@@ -308,6 +308,10 @@ static int attempt(gen_t *g)
     }
     g->overhead += td_now_s() - t_a;
     g->cpu += cpu_s() - c_a;
+    /* the records may be freed once released (rt_table_done): messages use copies */
+    char pid[sizeof p->id], did[sizeof d->id];
+    memcpy(pid, p->id, sizeof pid);
+    memcpy(did, d->id, sizeof did);
     Tandem__Internal__V1__LandingDescriptor *land = NULL;
     td_rpc_result_t res = {0};
     int rv = reserve(g, d, &land, &res);
@@ -316,10 +320,10 @@ static int attempt(gen_t *g)
         rt_table_done(&r->table, d, true, mismatch ? 60 : 2);
         rt_table_done(&r->table, p, false, 0);
         if (rv < 0) {
-            td_rpc_call_finish(g->call, res.code, "decode worker %s: %s", d->id, res.message);
+            td_rpc_call_finish(g->call, res.code, "decode worker %s: %s", did, res.message);
             return 1;
         }
-        TD_WARN("router: reserve on %s failed (%s: %s); trying elsewhere", d->id, td_rpc_code_name(res.code),
+        TD_WARN("router: reserve on %s failed (%s: %s); trying elsewhere", did, td_rpc_code_name(res.code),
                 res.message);
         return 0;
     }
@@ -360,15 +364,15 @@ static int attempt(gen_t *g)
             return 1;
         }
         if (fatal_code(res.code) || left(g) <= 0) {
-            td_rpc_call_finish(g->call, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", p->id,
+            td_rpc_call_finish(g->call, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", pid,
                                res.message);
             return 1;
         }
-        TD_WARN("router: prefill on %s failed (%s: %s); trying again", p->id, td_rpc_code_name(res.code), res.message);
+        TD_WARN("router: prefill on %s failed (%s: %s); trying again", pid, td_rpc_code_name(res.code), res.message);
         return 0;
     }
-    snprintf(g->prefill_id, sizeof g->prefill_id, "%s", p->id);
-    snprintf(g->decode_id, sizeof g->decode_id, "%s", d->id);
+    snprintf(g->prefill_id, sizeof g->prefill_id, "%s", pid);
+    snprintf(g->decode_id, sizeof g->decode_id, "%s", did);
     if (g->n_tokens == g->n_prompt)
         g->cached = prp->cached_tokens;
     int32_t first = prp->first_token;
@@ -486,16 +490,16 @@ static int attempt(gen_t *g)
         return 1;
     }
     if (fatal_code(sres.code)) {
-        td_rpc_call_finish(g->call, sres.code, "decode worker %s: %s", d->id, sres.message);
+        td_rpc_call_finish(g->call, sres.code, "decode worker %s: %s", did, sres.message);
         return 1;
     }
     /* a worker's own error (a landing refused by its check) is tried again
      * on a fresh prefill, but not until the deadline */
     if (sres.code == TD_RPC_INTERNAL && ++g->internal_errors >= 3) {
-        td_rpc_call_finish(g->call, sres.code, "decode worker %s, 3 attempts: %s", d->id, sres.message);
+        td_rpc_call_finish(g->call, sres.code, "decode worker %s, 3 attempts: %s", did, sres.message);
         return 1;
     }
-    TD_WARN("router: the decode stream on %s broke after %zu tokens (%s: %s); resuming elsewhere", d->id,
+    TD_WARN("router: the decode stream on %s broke after %zu tokens (%s: %s); resuming elsewhere", did,
             g->n_tokens - g->n_prompt, td_rpc_code_name(sres.code), sres.message);
     return 0;
 }

@@ -41,11 +41,26 @@ run_suites() { # $1: build dir, $2: label
 }
 
 echo "== build (release)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build -j"$jobs" >/dev/null \
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON >/dev/null && cmake --build build -j"$jobs" >/dev/null \
   || { echo "build failed"; cmake --build build 2>&1 | tail -30; echo "tests: $passed passed, $((failed + 1)) failed"; exit 1; }
 run_suites build release
 # the kernels again on the AVX2 path without VNNI (the suite checks the portable path itself)
 TANDEM_CPU=avx2 run_one build/bin/tests/test_kernels "release/avx2"
+
+echo "== a user's build: Release, no test package (Criterion hidden from pkg-config), warnings not errors; make demo's job on it"
+hide=$(mktemp -d) ulog=$(mktemp) dlog=$(mktemp)
+for d in $(pkg-config --variable pc_path pkg-config | tr : ' '); do
+  [ -d "$d" ] || continue
+  for f in "$d"/*.pc; do [ "$(basename "$f")" = criterion.pc ] || ln -s "$f" "$hide/" 2>/dev/null || true; done
+done
+if PKG_CONFIG_LIBDIR=$hide cmake -S . -B build-user -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF >"$ulog" 2>&1 &&
+   grep -q "Criterion not found" "$ulog" && cmake --build build-user -j"$jobs" >>"$ulog" 2>&1 &&
+   [ ! -e build-user/bin/tests ] && deploy/demo.sh build-user >"$dlog" 2>&1 && [ -s "$dlog" ]; then
+  echo "  user build (no Criterion) and demo: ok"; passed=$((passed + 1))
+else
+  echo "  user build (no Criterion) or its demo FAILED:"; tail -20 "$ulog" "$dlog" 2>/dev/null; failed=$((failed + 1))
+fi
+rm -rf "$hide" "$ulog" "$dlog"
 
 echo "== integration (a real local cluster: tandem up, a Python grpcio client)"
 out=$(timeout 900 .venv/bin/python tests/integration/test_cluster.py build/bin 2>&1)
@@ -58,8 +73,19 @@ else
   echo "  the integration suite did not finish"; failed=$((failed + 1))
 fi
 
+echo "== cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
+out=$(timeout 1500 .venv/bin/python tests/integration/test_cache_hits.py build/bin 2>&1)
+printf '%s\n' "$out" | grep -E '^(PASS|FAIL|  )|cache-hits:|Traceback|Error' | sed 's/^/  /'
+line=$(printf '%s\n' "$out" | grep '^cache-hits:' | tail -1)
+if [ -n "$line" ]; then
+  p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+  passed=$((passed + p)); failed=$((failed + f))
+else
+  echo "  the cache-hit suite did not finish"; failed=$((failed + 1))
+fi
+
 echo "== build (address + undefined sanitizers)"
-if cmake -S . -B build-asan -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
+if cmake -S . -B build-asan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
      -DCMAKE_C_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&
    cmake --build build-asan -j"$jobs" >/dev/null; then
   TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 run_suites build-asan asan+ubsan

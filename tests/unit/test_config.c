@@ -50,6 +50,8 @@ Test(config, the_shipped_example_is_the_defaults)
     cr_assert(c.model.block_tokens == d.model.block_tokens && c.model.context == d.model.context);
     cr_assert(c.prefill.count == d.prefill.count && c.prefill.threads == d.prefill.threads);
     cr_assert(c.decode.count == d.decode.count && c.decode.threads == d.decode.threads);
+    cr_assert(c.prefill.token_budget == d.prefill.token_budget && c.prefill.kv_mib == d.prefill.kv_mib);
+    cr_assert(c.decode.token_budget == d.decode.token_budget && c.decode.kv_mib == d.decode.kv_mib);
     cr_assert_eq(c.kvstore.dram_mb, d.kvstore.dram_mb);
     td_config_free(&c);
     td_config_free(&d);

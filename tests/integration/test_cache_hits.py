@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""The invariant of DESIGN.md §1 on a real cluster: a sequence's output depends
+only on its tokens and sampling parameters, never on which blocks were cached
+where, how its prefill was chunked, what it was batched with, whether it was
+preempted, or whether its stream resumed on another worker.
+
+Each round starts a cluster with `tandem up` (etcd, router, prefill and decode
+workers) in one setting — numerics fast or reference, 1 or 2 prefill workers,
+chunked-prefill budgets of 7, 64 and 512 tokens, a decode pool small enough to
+force preemption, a kill -9 of the decode worker mid-stream — and sends a
+randomized workload (seeded, so a failure can be replayed): prompts of 16 to
+4,000 tokens made from a few random documents, sharing whole blocks and partial
+blocks of them, repeated, continued as multi-turn conversations (the previous
+prompt, its answer, a new question), sequentially and concurrently. Every
+greedy output is compared with a cold single-process `tandem generate` of the
+same prompt in the same numerics. Each round prints how many requests hit the
+prefix cache and how many prompt tokens were reused, so the hit path is seen
+to be exercised.
+
+Prints one line per check and closes with "cache-hits: N passed, N failed".
+Usage: test_cache_hits.py BUILD_BIN_DIR [SEED]  (from the repository root)."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cluster as tc  # noqa: E402  (stubs, Cluster, the model path)
+
+import grpc  # noqa: E402
+
+pb = tc.pb
+BIN = tc.BIN
+SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 20261123
+# common English words, each one token with its leading space for the default model's tokenizer
+WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or has had "
+         "not but one all new first after their also two who they more its time when city year would been other into "
+         "years most only over such some then there these used about than many where between through during under "
+         "while well both since three early part later known found made world high state house water river music "
+         "group school north south family life people work book game film war team line land south west east").split()
+
+results = []
+check = tc.check
+
+
+def text_of(n_words, rng):
+    return "".join(" " + rng.choice(WORDS) for _ in range(n_words))
+
+
+def cold(prompt, numerics, max_tokens, cache):
+    """The reference: single-process tandem generate, cold, greedy (memoized per run)."""
+    key = (prompt, numerics, max_tokens)
+    if key not in cache:
+        out = subprocess.run(["timeout", "600", BIN + "/tandem", "generate", "--model", tc.MODEL, "--ids",
+                              "--threads", "2", "--kv-tokens", "8192", "--numerics", numerics, "--max-tokens", str(max_tokens),
+                              "--ignore-eos", prompt], capture_output=True, text=True, check=True).stdout
+        cache[key] = [int(x) for x in out.split()]
+    return cache[key]
+
+
+def detok(ids):
+    return subprocess.run([BIN + "/tandem", "tokenize", tc.MODEL, "--decode"] + [str(i) for i in ids],
+                          capture_output=True, text=True, check=True).stdout.rstrip("\n")
+
+
+def workload(rng, max_words, n_docs, n_seq, n_conc):
+    """Sequential then concurrent prompts: cuts of random documents (a cut may
+    end inside a block) with new tails, exact repeats, and multi-turn
+    continuations (filled in by the caller once the earlier turn is known)."""
+    docs = [text_of(rng.randint(max(8, max_words // 4), max_words), rng) for _ in range(n_docs)]
+    made = []
+
+    def one():
+        r = rng.random()
+        if made and r < 0.2:
+            return ("repeat", rng.choice(made))
+        if made and r < 0.35:
+            return ("turn", rng.choice(made))
+        d = rng.choice(docs).split(" ")
+        cut = rng.randint(min(12, len(d) - 1), len(d) - 1)
+        p = " ".join(d[:cut + 1]) + text_of(rng.randint(0, 40), rng)
+        return ("cut", p)
+    seq = []
+    for _ in range(n_seq):
+        k, p = one()
+        if k != "turn":
+            made.append(p)
+        seq.append((k, p))
+    conc = []
+    for _ in range(n_conc):
+        k, p = one()
+        conc.append((k, p))
+    return seq, conc
+
+
+def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_words, n_seq, n_conc, max_tokens,
+              refs, kill_decode=False, want_preempt=False):
+    rng = random.Random("%d %s" % (SEED, name))
+    seq, conc = workload(rng, max_words, 3, n_seq, n_conc)
+    d = tempfile.mkdtemp(prefix="tandem-hits-")
+    cfg = d + "/tandem.yaml"
+    with open(cfg, "w") as f:
+        f.write("model:\n  numerics: %s\nprefill:\n  count: %d\n  token_budget: %d\n  kv_mib: %d\n"
+                "decode:\n  kv_mib: %d\n" % (numerics, prefill, budget, prefill_mib, decode_mib))
+    turn_text = {}
+
+    def resolve(kind, p):
+        if kind != "turn":
+            return p
+        # the next turn: the earlier prompt, its (greedy) answer, a new question
+        if p not in turn_text:
+            turn_text[p] = p + detok(cold(p, numerics, max_tokens, refs)) + text_of(rng.randint(3, 20), rng)
+        return turn_text[p]
+    seq = [resolve(k, p) for k, p in seq]
+    conc = [resolve(k, p) for k, p in conc]
+    want = {p: cold(p, numerics, max_tokens, refs) for p in seq + conc}
+    c = tc.Cluster(cfg)
+    stats = {"n": 0, "hits": 0, "reused": 0, "bad": [], "errors": []}
+    lock = threading.Lock()
+
+    def one(p):
+        try:
+            ids, last = tc.generate(c.stub, p, max_tokens=max_tokens, timeout=300)
+        except grpc.RpcError as e:
+            with lock:
+                stats["errors"].append("%s: %s" % (e.code(), e.details()))
+            return
+        with lock:
+            stats["n"] += 1
+            if last.usage.cached_prompt_tokens:
+                stats["hits"] += 1
+                stats["reused"] += last.usage.cached_prompt_tokens
+            if ids != want[p]:
+                stats["bad"].append((last.usage.prompt_tokens, last.usage.cached_prompt_tokens, ids, want[p]))
+    try:
+        t0 = time.time()
+        for p in seq:
+            one(p)
+        killed, pre_killed = None, 0
+        ts = [threading.Thread(target=one, args=(p,)) for p in conc]
+        [t.start() for t in ts]
+        if kill_decode:
+            # kill -9 the decode worker once streams are running on it
+            dw = c.worker("decode")
+            if tc.wait_for(lambda: c.stats(dw).running >= 2, 120):
+                time.sleep(0.3)
+                pre_killed = c.stats(dw).preemptions
+                os.kill(dw["pid"], signal.SIGKILL)
+                killed = dw["pid"]
+        [t.join(600) for t in ts]
+        pre = pre_killed + sum(c.stats(w).preemptions for w in c.workers() if w.get("pid") != killed)
+        lens = sorted(len(p.split()) for p in seq + conc)
+        print("  %s: %d requests (%d-%d words), %d hit the prefix cache, %d prompt tokens reused, %d preemptions, "
+              "%.0f s" % (name, stats["n"], lens[0], lens[-1], stats["hits"], stats["reused"], pre, time.time() - t0),
+              flush=True)
+        for n_prompt, n_cached, got, exp in stats["bad"][:3]:
+            print("    differs: %d prompt tokens, %d cached\n      cluster %s\n      cold    %s" %
+                  (n_prompt, n_cached, got[:12], exp[:12]))
+        total = len(seq) + len(conc)
+        check("%s: %d/%d greedy outputs identical to cold single-process" % (name, stats["n"] - len(stats["bad"]),
+                                                                              total),
+              not stats["bad"] and not stats["errors"] and stats["n"] == total,
+              "; ".join(stats["errors"][:3]))
+        check("%s: the hit path was exercised (%d hits)" % (name, stats["hits"]), stats["hits"] >= 3)
+        if want_preempt:
+            check("%s: the small decode pool forced preemption (%d)" % (name, pre), pre > 0)
+        if kill_decode:
+            check("%s: the decode worker was killed mid-stream" % name, killed is not None)
+    finally:
+        rc = c.stop()
+        check("%s: tandem up stops cleanly (exit %s)" % (name, rc), rc == 0)
+
+
+def main():
+    refs = {}
+    quick = os.environ.get("TANDEM_TEST_QUICK")
+    big = 1 if quick else 4  # words ~ tokens: up to ~4,000-token prompts in the full run
+    rounds = [
+        # name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
+        dict(name="fast, 1 prefill, budget 512", numerics="fast", prefill=1, budget=512, prefill_mib=192,
+             decode_mib=512, max_words=1000 * big, n_seq=10, n_conc=8, max_tokens=12),
+        dict(name="fast, 2 prefill, budget 7", numerics="fast", prefill=2, budget=7, prefill_mib=96,
+             decode_mib=256, max_words=400, n_seq=8, n_conc=8, max_tokens=12),
+        dict(name="reference, 2 prefill, budget 64", numerics="reference", prefill=2, budget=64, prefill_mib=160,
+             decode_mib=512, max_words=600 * (2 if big > 1 else 1), n_seq=8, n_conc=8, max_tokens=12),
+        # a decode pool of 45 blocks (720 tokens): reservations take what is free, so growing sequences preempt
+        dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
+             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True,
+             want_preempt=True),
+        dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
+             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, want_preempt=True),
+    ]
+    for r in rounds:
+        run_round(refs=refs, **r)
+    print("cache-hits: %d passed, %d failed" % (sum(tc.results), len(tc.results) - sum(tc.results)))
+    return 0 if all(tc.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
