@@ -30,7 +30,8 @@ struct eng_pretok {
     size_t n_norms;
     pretok_step_t steps[PRETOK_MAX_STEPS];
     size_t n_steps;
-    pcre2_match_data *md;
+    /* Read-only once built: any number of threads split text with one
+     * pre-tokenizer at once (each call has its own match data). */
 };
 
 /* The pre-tokenizer regexes of GGUF `tokenizer.ggml.pre` names, as llama.cpp
@@ -58,10 +59,8 @@ static const struct {
 td_status_t eng_pretok_create(eng_pretok_t **out)
 {
     eng_pretok_t *p = calloc(1, sizeof *p);
-    if (!p || !(p->md = pcre2_match_data_create(4, NULL))) {
-        free(p);
+    if (!p)
         return td_error(TD_ERR_NO_MEMORY, "pretok: no memory");
-    }
     *out = p;
     return TD_OK;
 }
@@ -78,7 +77,6 @@ void eng_pretok_destroy(eng_pretok_t *p)
         pcre2_code_free(p->steps[i].re);
         free(p->steps[i].literal);
     }
-    pcre2_match_data_free(p->md);
     free(p);
 }
 
@@ -446,7 +444,7 @@ static td_status_t seg_extend(seg_list_t *l, uint32_t start, uint32_t len, bool 
 }
 
 /* Splits [start, start+len) of text by one step, appending to out. */
-static td_status_t split_one(const eng_pretok_t *p, const pretok_step_t *st, const char *text, uint32_t start,
+static td_status_t split_one(pcre2_match_data *md, const pretok_step_t *st, const char *text, uint32_t start,
                              uint32_t len, seg_list_t *out)
 {
     const char *subj = text + start;
@@ -456,13 +454,13 @@ static td_status_t split_one(const eng_pretok_t *p, const pretok_step_t *st, con
     while (at <= len && !rc) {
         size_t ms, me;
         if (st->re) {
-            int r = pcre2_match(st->re, (PCRE2_SPTR)subj, len, at, PCRE2_NO_UTF_CHECK, p->md, NULL);
+            int r = pcre2_match(st->re, (PCRE2_SPTR)subj, len, at, PCRE2_NO_UTF_CHECK, md, NULL);
             if (r < 0) {
                 if (r != PCRE2_ERROR_NOMATCH)
                     return td_error(TD_ERR_INTERNAL, "pretok: regex match failed (%d)", r);
                 break;
             }
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(p->md);
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             ms = ov[0], me = ov[1];
         } else {
             const char *hit = memmem(subj + at, len - at, st->literal, strlen(st->literal));
@@ -519,18 +517,22 @@ td_status_t eng_pretok_split(const eng_pretok_t *p, const char *text, size_t len
 {
     if (len > UINT32_MAX)
         return td_error(TD_ERR_INVALID_ARG, "pretok: text of %zu bytes is too long", len);
+    pcre2_match_data *md = pcre2_match_data_create(4, NULL);
+    if (!md)
+        return td_error(TD_ERR_NO_MEMORY, "pretok: no memory");
     seg_list_t cur = {.v = *pieces, .n = 0, .cap = *cap};
     td_status_t rc = seg_push(&cur, 0, (uint32_t)len);
     seg_list_t next = {0};
     for (size_t s = 0; s < p->n_steps && !rc; s++) {
         next.n = 0;
         for (size_t i = 0; i < cur.n && !rc; i++)
-            rc = split_one(p, &p->steps[s], text, cur.v[i].start, cur.v[i].len, &next);
+            rc = split_one(md, &p->steps[s], text, cur.v[i].start, cur.v[i].len, &next);
         seg_list_t t = cur;
         cur = next;
         next = t;
     }
     free(next.v);
+    pcre2_match_data_free(md);
     *pieces = cur.v;
     *cap = cur.cap;
     *n = rc ? 0 : cur.n;

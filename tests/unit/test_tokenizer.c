@@ -7,6 +7,8 @@
  * llama.cpp give them. tandem must equal `tokenizers` on every string. */
 #include "tests/unit/helpers.h"
 
+#include <pthread.h>
+
 #include "common/log.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
@@ -126,6 +128,63 @@ Test(tokenizer, smollm2_corpus_matches_hf_tokenizers)
     cr_assert_eq(st.hf_mismatch, 0, "%zu strings tokenize differently from HF tokenizers", st.hf_mismatch);
     cr_assert_eq(st.roundtrip_fail, 0, "%zu strings do not decode back", st.roundtrip_fail);
     cr_assert_eq(st.stream_fail, 0, "%zu streams differ from the full decode", st.stream_fail);
+    eng_tokenizer_destroy(tok);
+    eng_gguf_close(g);
+}
+
+/* One tokenizer, many threads (the router tokenizes on every RPC thread):
+ * each thread's ids are those of a single-threaded encode. A shared regex
+ * match buffer once made two simultaneous requests crash the router. */
+typedef struct enc_job {
+    const eng_tokenizer_t *tok;
+    const char *text;
+    const int32_t *want;
+    size_t n_want;
+    int bad;
+} enc_job_t;
+
+static void *enc_thread(void *arg)
+{
+    enc_job_t *j = arg;
+    for (int it = 0; it < 300; it++) {
+        int32_t *ids = NULL;
+        size_t n = 0, cap = 0;
+        if (eng_tokenizer_encode(j->tok, j->text, strlen(j->text), 0, &ids, &cap, &n) || n != j->n_want ||
+            memcmp(ids, j->want, n * sizeof *ids))
+            j->bad++;
+        free(ids);
+    }
+    return NULL;
+}
+
+Test(tokenizer, concurrent_encodes_equal_single_threaded)
+{
+    require_default_model();
+    eng_gguf_t *g;
+    eng_tokenizer_t *tok;
+    cr_assert_eq(eng_gguf_open(DEFAULT_MODEL, &g), TD_OK);
+    cr_assert_eq(eng_tokenizer_from_gguf(g, &tok), TD_OK);
+    static const char *texts[4] = {
+        "The history of the lighthouse begins in ancient times. Summarize the text above in one sentence:",
+        "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)  # 12345 67890",
+        "Ünïcödé — text with emoji 🙂🙂 and numbers 3.14159, 2718281828; done.",
+        "   leading spaces, tabs\tand\nnewlines\r\n   and 'quotes' it's we're they'll",
+    };
+    enc_job_t jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0, cap = 0;
+        cr_assert_eq(eng_tokenizer_encode(tok, texts[i], strlen(texts[i]), 0, &ids, &cap, &n), TD_OK);
+        jobs[i] = (enc_job_t){tok, texts[i], ids, n, 0};
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, enc_thread, &jobs[i]);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(jobs[i].bad, 0, "thread %d: %d of 300 encodes differ from the single-threaded one", i, jobs[i].bad);
+        free((void *)jobs[i].want);
+    }
     eng_tokenizer_destroy(tok);
     eng_gguf_close(g);
 }
