@@ -16,7 +16,7 @@
 #include "common/log.h"
 #include "engine/model.h"
 
-static const char bench_usage[] =
+const char cli_bench_usage[] =
     "usage: tandem bench --endpoint HOST:PORT [--api openai|grpc] [--model NAME] [--tls-ca PEM]\n"
     "                    [--rate R | --sweep R1,R2,...] [--num-requests N]\n"
     "                    [--workload synthetic | trace FILE | prompts FILE] [--time-scale X]\n"
@@ -123,16 +123,16 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(a, "--goodput") && nx) {
             ok = sscanf(argv[++i], "ttft:%lf,tpot:%lf", &ttft_ms, &tpot_ms) == 2 && ttft_ms > 0 && tpot_ms > 0;
         } else {
-            fprintf(stderr, "tandem bench: unknown or incomplete option '%s'\n%s", a, bench_usage);
+            fprintf(stderr, "tandem bench: unknown or incomplete option '%s'\n%s", a, cli_bench_usage);
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "tandem bench: bad value for %s\n%s", a, bench_usage);
+            fprintf(stderr, "tandem bench: bad value for %s\n%s", a, cli_bench_usage);
             return 2;
         }
     }
     if (!endpoint) {
-        fputs(bench_usage, stderr);
+        fputs(cli_bench_usage, stderr);
         return 2;
     }
     bool grpc = !strcmp(api, "grpc");

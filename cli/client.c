@@ -26,6 +26,8 @@ bool cli_tls_flag(int argc, char **argv, int *i, td_rpc_tls_t *tls)
     return true;
 }
 
+const char cli_health_usage[] = "usage: tandem health --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n";
+
 int cli_health(int argc, char **argv)
 {
     const char *ep = NULL;
@@ -39,7 +41,7 @@ int cli_health(int argc, char **argv)
         }
     }
     if (!ep) {
-        fprintf(stderr, "usage: tandem health --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n");
+        fputs(cli_health_usage, stderr);
         return 2;
     }
     td_log_set_level(TD_LOG_OFF);

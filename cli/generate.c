@@ -17,7 +17,7 @@
 
 #define DEFAULT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-static const char gen_usage[] =
+const char cli_generate_usage[] =
     "usage: tandem generate [--model PATH | --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
     "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N | --kv-mib M] [--ids]\n"
@@ -129,17 +129,17 @@ int cli_generate(int argc, char **argv)
         else if (NUM("--kv-mib", 1, 1e7)) cfg.kv_bytes = (uint64_t)(v * 1048576.0), cfg.kv_tokens = 0;
         else if (a[0] == '-' && a[1] == '-' && a[2]) {
             if (i < argc && !strcmp(argv[i], a)) /* not a NUM flag that failed to parse */
-                fprintf(stderr, "tandem generate: unknown or incomplete option '%s'\n%s", a, gen_usage);
+                fprintf(stderr, "tandem generate: unknown or incomplete option '%s'\n%s", a, cli_generate_usage);
             return 2;
         } else if (!prompt) prompt = a;
         else {
-            fprintf(stderr, "tandem generate: unexpected argument '%s'\n%s", a, gen_usage);
+            fprintf(stderr, "tandem generate: unexpected argument '%s'\n%s", a, cli_generate_usage);
             return 2;
         }
 #undef NUM
     }
     if (!prompt) {
-        fputs(gen_usage, stderr);
+        fputs(cli_generate_usage, stderr);
         return 2;
     }
     req.stop = stops;

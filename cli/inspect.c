@@ -55,6 +55,8 @@ static json_t *desc_json(const eng_model_desc_t *d)
                      (json_int_t)d->weight_bytes);
 }
 
+const char cli_inspect_usage[] = "usage: tandem inspect MODEL [--json]\n";
+
 int cli_inspect(int argc, char **argv)
 {
     const char *path = NULL;
@@ -70,7 +72,7 @@ int cli_inspect(int argc, char **argv)
         }
     }
     if (!path) {
-        fprintf(stderr, "usage: tandem inspect MODEL [--json]\n");
+        fputs(cli_inspect_usage, stderr);
         return 2;
     }
     eng_model_t *m;

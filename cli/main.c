@@ -1,4 +1,5 @@
 /* main.c — `tandem`: the command line. Dispatches to a subcommand. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -9,6 +10,7 @@ static const char usage[] =
     "usage: tandem COMMAND [ARGS]\n"
     "  up [--config FILE] [--prefill N] [--decode N]  a whole cluster on this machine; prints the router's HOST:PORT\n"
     "  health --endpoint HOST:PORT           is the cluster serving (exit 0) or not\n"
+    "  --version                             the version and the commit it was built from\n"
     "\n"
     "commands:\n"
     "  inspect MODEL [--json]              describe a model: hyper-parameters, tensors, tokenizer\n"
@@ -26,6 +28,17 @@ static const char usage[] =
     "MODEL is a .gguf file or a Hugging Face folder (config.json, model.safetensors,\n"
     "tokenizer.json). Logging: TANDEM_LOG=debug|info|warn|error|off, TANDEM_LOG_FORMAT=json.\n";
 
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage;
+} commands[] = {
+    {"inspect", cli_inspect, cli_inspect_usage},          {"tokenize", cli_tokenize, cli_tokenize_usage},
+    {"generate", cli_generate, cli_generate_usage},       {"perplexity", cli_perplexity, cli_perplexity_usage},
+    {"bench", cli_bench, cli_bench_usage},                {"up", cli_up, cli_up_usage},
+    {"health", cli_health, cli_health_usage},
+};
+
 int main(int argc, char **argv)
 {
     td_log_init("tandem", TD_LOG_WARN, false);
@@ -33,20 +46,20 @@ int main(int argc, char **argv)
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "inspect"))
-        return cli_inspect(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "up"))
-        return cli_up(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "health"))
-        return cli_health(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "bench"))
-        return cli_bench(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "perplexity"))
-        return cli_perplexity(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "generate"))
-        return cli_generate(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "tokenize"))
-        return cli_tokenize(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("tandem %s (commit %s)\n", TANDEM_VERSION, TANDEM_COMMIT);
+        return 0;
+    }
+    for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++) {
+        if (strcmp(argv[1], commands[c].name))
+            continue;
+        for (int i = 2; i < argc; i++)
+            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+                fputs(commands[c].usage, stdout);
+                return 0;
+            }
+        return commands[c].run(argc - 2, argv + 2);
+    }
     fprintf(stderr, "tandem: unknown command '%s'\n\n%s", argv[1], usage);
     return 2;
 }

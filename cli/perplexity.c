@@ -26,6 +26,9 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+const char cli_perplexity_usage[] =
+    "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N] [--numerics fast|reference]\n";
+
 int cli_perplexity(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *file = NULL;
@@ -43,12 +46,12 @@ int cli_perplexity(int argc, char **argv)
         }
         else if (!file && argv[i][0] != '-') file = argv[i];
         else {
-            fprintf(stderr, "usage: tandem perplexity FILE [--model PATH] [--ctx N] [--threads N] [--numerics fast|reference]\n");
+            fputs(cli_perplexity_usage, stderr);
             return 2;
         }
     }
     if (!file || ctx < 16 || ctx > 65536 || ctx % 2 || threads < 0) {
-        fprintf(stderr, "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N] [--numerics fast|reference]\n");
+        fputs(cli_perplexity_usage, stderr);
         return 2;
     }
     FILE *fp = fopen(file, "rb");

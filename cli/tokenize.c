@@ -15,7 +15,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 
-static const char tok_usage[] = "usage: tandem tokenize MODEL TEXT [--chat] [--json] [--no-special] [--bos]\n"
+const char cli_tokenize_usage[] = "usage: tandem tokenize MODEL TEXT [--chat] [--json] [--no-special] [--bos]\n"
                                 "       tandem tokenize MODEL --decode ID...\n";
 
 static char *read_stdin(size_t *len)
@@ -86,12 +86,12 @@ int cli_tokenize(int argc, char **argv)
         else if (!model) model = argv[i];
         else if (!text) text = argv[i];
         else {
-            fprintf(stderr, "tandem tokenize: unexpected argument '%s'\n%s", argv[i], tok_usage);
+            fprintf(stderr, "tandem tokenize: unexpected argument '%s'\n%s", argv[i], cli_tokenize_usage);
             return 2;
         }
     }
     if (!model || (decode_at < 0 && !text)) {
-        fputs(tok_usage, stderr);
+        fputs(cli_tokenize_usage, stderr);
         return 2;
     }
     eng_model_t *m;

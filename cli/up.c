@@ -101,7 +101,7 @@ static bool router_serving(td_rpc_channel_t *ch)
     return ok;
 }
 
-static const char up_usage[] =
+const char cli_up_usage[] =
     "usage: tandem up [--config FILE] [--model PATH] [--prefill N] [--decode N] [--listen HOST:PORT]\n"
     "                 [--worker-arg ARG]...\n";
 
@@ -114,7 +114,7 @@ int cli_up(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
-            fprintf(stderr, "tandem up: %s needs a value\n%s", argv[i], up_usage);
+            fprintf(stderr, "tandem up: %s needs a value\n%s", argv[i], cli_up_usage);
             return 2;
         }
         if (!strcmp(argv[i], "--config"))
@@ -134,7 +134,7 @@ int cli_up(int argc, char **argv)
         } else if (!strcmp(argv[i], "--worker-arg") && n_extra < MAX_EXTRA)
             extra[n_extra++] = v;
         else {
-            fprintf(stderr, "tandem up: unknown argument '%s'\n%s", argv[i], up_usage);
+            fprintf(stderr, "tandem up: unknown argument '%s'\n%s", argv[i], cli_up_usage);
             return 2;
         }
         i++;

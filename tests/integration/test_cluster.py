@@ -181,7 +181,21 @@ def tls_cluster(refs):
         check("TLS cluster stops cleanly (exit %s)" % c.stop(), c.p.returncode == 0)
 
 
+def cli_conventions():
+    for cmd in ["inspect", "tokenize", "generate", "perplexity", "bench", "up", "health"]:
+        r = subprocess.run([BIN + "/tandem", cmd, "--help"], capture_output=True, text=True, timeout=10)
+        check("tandem %s --help: usage on stdout, exit 0" % cmd,
+              r.returncode == 0 and r.stdout.startswith("usage: tandem " + cmd), "exit %d: %s" % (r.returncode,
+                                                                                             (r.stdout + r.stderr)[:200]))
+    # the commit is the one the build was configured from (CI configures a fresh clone: HEAD)
+    r = subprocess.run([BIN + "/tandem", "--version"], capture_output=True, text=True, timeout=10)
+    check("tandem --version names the version and commit (%s)" % r.stdout.strip(),
+          r.returncode == 0 and re.match(r"tandem \d+\.\d+\.\d+ \(commit [0-9a-f]{12}\)", r.stdout) is not None,
+          r.stdout + r.stderr)
+
+
 def main():
+    cli_conventions()
     refs = {p: reference(p) for p in PROMPTS}
     c = Cluster()
     try:
