@@ -71,8 +71,9 @@ def workload(rng, max_words, n_docs, n_seq, n_conc):
     """Sequential then concurrent prompts: cuts of random documents (a cut may
     end inside a block) with new tails, exact repeats, and multi-turn
     continuations (filled in by the caller once the earlier turn is known)."""
-    docs = [text_of(rng.randint(max(8, max_words // 4), max_words), rng) for _ in range(n_docs)]
-    made = []
+    docs = [text_of(max_words if i == 0 else rng.randint(max(8, max_words // 4), max_words), rng)
+            for i in range(n_docs)]
+    made = [docs[0] + text_of(rng.randint(1, 20), rng)]  # the longest prompt first: a cold, whole-document prefill
 
     def one():
         r = rng.random()
@@ -84,8 +85,8 @@ def workload(rng, max_words, n_docs, n_seq, n_conc):
         cut = rng.randint(min(12, len(d) - 1), len(d) - 1)
         p = " ".join(d[:cut + 1]) + text_of(rng.randint(0, 40), rng)
         return ("cut", p)
-    seq = []
-    for _ in range(n_seq):
+    seq = [("cut", made[0])]
+    for _ in range(n_seq - 1):
         k, p = one()
         if k != "turn":
             made.append(p)
@@ -182,15 +183,15 @@ def main():
     rounds = [
         # name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
         dict(name="fast, 1 prefill, budget 512", numerics="fast", prefill=1, budget=512, prefill_mib=192,
-             decode_mib=512, max_words=1000 * big, n_seq=10, n_conc=8, max_tokens=12),
-        dict(name="fast, 2 prefill, budget 7", numerics="fast", prefill=2, budget=7, prefill_mib=96,
-             decode_mib=256, max_words=400, n_seq=8, n_conc=8, max_tokens=12),
+             decode_mib=512, max_words=1000 * big, n_seq=10 if quick else 6, n_conc=8 if quick else 4,
+             max_tokens=12),
+        # decode pools of 45 blocks (720 tokens): reservations take what is free, so growing sequences preempt
+        dict(name="fast, 2 prefill, budget 7, small decode pool", numerics="fast", prefill=2, budget=7,
+             prefill_mib=96, decode_mib=16, max_words=300, n_seq=8, n_conc=8, max_tokens=96, want_preempt=True),
         dict(name="reference, 2 prefill, budget 64", numerics="reference", prefill=2, budget=64, prefill_mib=160,
-             decode_mib=512, max_words=600 * (2 if big > 1 else 1), n_seq=8, n_conc=8, max_tokens=12),
-        # a decode pool of 45 blocks (720 tokens): reservations take what is free, so growing sequences preempt
+             decode_mib=512, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
         dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
-             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True,
-             want_preempt=True),
+             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True),
         dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
              prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, want_preempt=True),
     ]
