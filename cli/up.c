@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -65,9 +66,14 @@ static int free_port(void)
 
 static pid_t spawn(child_t *c)
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0); /* a terminal's Ctrl-C reaches us; we stop the children in order */
+        /* tandem up killed outright (SIGKILL, OOM) leaves no child behind: each
+         * gets SIGTERM (and drains) when its supervisor dies */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() != parent)
+            _exit(1);
         execv(c->argv[0], c->argv);
         fprintf(stderr, "tandem up: cannot run %s: %s\n", c->argv[0], strerror(errno));
         _exit(127);

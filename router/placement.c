@@ -163,6 +163,16 @@ void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s)
     pthread_mutex_unlock(&t->mu);
 }
 
+uint32_t rt_table_registered(rt_table_t *t, rt_role_t role)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n; i++)
+        n += t->w[i]->role == role && !t->w[i]->refused && !t->w[i]->gone;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
 void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode)
 {
     double now = td_now_s();

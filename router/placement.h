@@ -56,6 +56,8 @@ rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_rol
                               size_t n_tokens);
 /* failed: skip the worker for suspect_s seconds. */
 void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s);
+/* Workers of a role that are registered and not refused (usable or suspect). */
+uint32_t rt_table_registered(rt_table_t *t, rt_role_t role);
 /* Counts of usable workers per role. */
 void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode);
 

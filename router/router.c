@@ -303,6 +303,13 @@ static int attempt(gen_t *g)
     if (!d || !p) {
         if (d)
             rt_table_done(&r->table, d, false, 0);
+        /* none of a role at all (not merely busy or suspect): say so now, not at the deadline */
+        rt_role_t role = d ? RT_PREFILL : RT_DECODE;
+        if (!g->sent_any && !rt_table_registered(&r->table, role)) {
+            td_rpc_call_finish(g->call, TD_RPC_UNAVAILABLE, "no %s worker is registered with this router",
+                               role == RT_PREFILL ? "prefill" : "decode");
+            return 1;
+        }
         td_sleep_s(0.05);
         return 0;
     }
@@ -316,8 +323,11 @@ static int attempt(gen_t *g)
     td_rpc_result_t res = {0};
     int rv = reserve(g, d, &land, &res);
     if (rv <= 0) {
-        bool mismatch = res.code == TD_RPC_FAILED_PRECONDITION;
-        rt_table_done(&r->table, d, true, mismatch ? 60 : 2);
+        /* the client's own deadline or cancel says nothing about the worker's health; a full pool
+         * is load, not a fault: the worker is skipped only briefly */
+        bool own = left(g) <= 0.001 || td_rpc_call_cancelled(g->call);
+        double skip = res.code == TD_RPC_FAILED_PRECONDITION ? 60 : res.code == TD_RPC_RESOURCE_EXHAUSTED ? 0.1 : 2;
+        rt_table_done(&r->table, d, !own, skip);
         rt_table_done(&r->table, p, false, 0);
         if (rv < 0) {
             td_rpc_call_finish(g->call, res.code, "decode worker %s: %s", did, res.message);

@@ -194,8 +194,34 @@ def cli_conventions():
           r.stdout + r.stderr)
 
 
+def proc_state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            st = f.read().rsplit(")", 1)[1].split()
+        return st[0], int(st[1])  # state, parent pid
+    except OSError:
+        return None, None
+
+
+def sigkill_up_leaves_nothing():
+    """tandem up killed with SIGKILL (no chance to stop its children): every
+    child (etcd, router, workers) ends by itself, within a few seconds."""
+    c = Cluster()
+    kids = [int(p) for p in os.listdir("/proc") if p.isdigit() and proc_state(int(p))[1] == c.p.pid]
+    os.kill(c.p.pid, signal.SIGKILL)
+    c.p.wait()
+    t0 = time.time()
+    gone = wait_for(lambda: all(proc_state(k)[0] in (None, "Z") for k in kids), 20)
+    left = [k for k in kids if proc_state(k)[0] not in (None, "Z")]
+    check("tandem up killed with SIGKILL: its %d children end by themselves (%.1f s; left: %s)" %
+          (len(kids), time.time() - t0, left), gone and len(kids) >= 4)
+    for k in left:
+        os.kill(k, signal.SIGKILL)
+
+
 def main():
     cli_conventions()
+    sigkill_up_leaves_nothing()
     refs = {p: reference(p) for p in PROMPTS}
     c = Cluster()
     try:
@@ -301,6 +327,23 @@ def main():
               msg)
         ids, _ = generate(c.stub, PROMPTS[0])
         check("the cluster keeps serving after bad requests", ids == refs[PROMPTS[0]])
+
+        # 4a. a client's own 1 ms deadline ends its request, and does not make the workers unusable for
+        # others (it used to mark the decode worker suspect for 2 s)
+        codes = []
+        for _ in range(5):
+            try:
+                list(c.stub.Generate(pb.GenerateRequest(prompt=PROMPTS[0], deadline_ms=1, sampling=pb.SamplingParams(
+                    max_tokens=4, ignore_eos=True)), timeout=10))
+                codes.append("OK")
+            except grpc.RpcError as e:
+                codes.append(e.code().name)
+        t0 = time.time()
+        ids, _ = generate(c.stub, PROMPTS[0])
+        secs = time.time() - t0
+        check("five 1 ms deadlines (%s) leave the workers usable: the next request is correct in %.2f s" %
+              (",".join(sorted(set(codes))), secs), ids == refs[PROMPTS[0]] and secs < 1.5 and
+              all(x in ("DEADLINE_EXCEEDED", "OK") for x in codes), str(codes))
 
         # 4b. tandem bench --api grpc against the cluster: an open-loop run with a JSON report
         rep = tempfile.mkdtemp(prefix="tandem-bench-") + "/run.json"
