@@ -355,9 +355,11 @@ static void start_on_engine(eng_worker_t *w, void *arg)
     if (d->rc) {
         snprintf(d->err, sizeof d->err, "%s", td_last_error());
         eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
+    } else if ((d->rc = eng_worker_listen(w, d->eng_id, on_decode_event, d))) {
+        snprintf(d->err, sizeof d->err, "%s", td_last_error());
+        eng_engine_cancel(eng_worker_engine(w), d->eng_id); /* the engine owned the blocks: it frees them */
     } else {
         d->refs++; /* the listener's */
-        eng_worker_listen(w, d->eng_id, on_decode_event, d);
     }
     free(r.blocks);
 }

@@ -128,17 +128,18 @@ void eng_worker_contract_from_pb(const Tandem__Internal__V1__KvContract *pb, td_
 
 /* ---------------------------------------------------------- engine thread */
 
-void eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx)
+td_status_t eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx)
 {
     if (w->n_listeners == w->cap_listeners) {
         size_t nc = w->cap_listeners ? 2 * w->cap_listeners : 64;
         listener_t *l = realloc(w->listeners, nc * sizeof *l);
         if (!l)
-            return;
+            return td_error(TD_ERR_NO_MEMORY, "%s: no memory for a request's listener", w->id);
         w->listeners = l;
         w->cap_listeners = nc;
     }
     w->listeners[w->n_listeners++] = (listener_t){id, fn, ctx};
+    return TD_OK;
 }
 
 void eng_worker_unlisten(eng_worker_t *w, uint64_t id)

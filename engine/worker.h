@@ -59,8 +59,9 @@ const eng_model_t *eng_worker_model(const eng_worker_t *w);
  * timeout_s, the closure still runs later: arg must outlive it — keep it in
  * the request object). */
 td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *arg), void *arg, double timeout_s);
-/* Engine thread: events of request id go to fn(ctx, ev) until its finish. */
-void eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx);
+/* Engine thread: events of request id go to fn(ctx, ev) until its finish.
+ * TD_ERR_NO_MEMORY (nothing registered): the caller must end the request. */
+td_status_t eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx);
 void eng_worker_unlisten(eng_worker_t *w, uint64_t id);
 
 /* A KvContract message pointing into c (c must outlive it), and back. */

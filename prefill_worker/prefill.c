@@ -70,8 +70,11 @@ static void touch(pusher_t *p, peer_entry_t *pe)
     if (p->n_touched == p->cap_touched) {
         size_t nc = p->cap_touched ? 2 * p->cap_touched : 16;
         peer_entry_t **t = realloc(p->touched, nc * sizeof *t);
-        if (!t)
+        if (!t) { /* it would not be flushed: its requests fail rather than announce KV that may not have landed */
+            pe->failed = true;
+            TD_WARN("prefill: no memory to track a decode peer for the flush; its requests fail");
             return;
+        }
         p->touched = t;
         p->cap_touched = nc;
     }
@@ -371,9 +374,13 @@ static void add_on_engine(eng_worker_t *w, void *arg)
         g_role.active = a;
         g_role.cap_active = nc;
     }
+    if ((r->rc = eng_worker_listen(w, r->eng_id, on_prefill_event, r))) {
+        snprintf(r->err, sizeof r->err, "%s", td_last_error());
+        eng_engine_cancel(eng_worker_engine(w), r->eng_id);
+        return;
+    }
     g_role.active[g_role.n_active++] = r;
     r->refs++;
-    eng_worker_listen(w, r->eng_id, on_prefill_event, r);
 }
 
 static void cancel_on_engine(eng_worker_t *w, void *arg)

@@ -99,14 +99,14 @@ def workload(rng, max_words, n_docs, n_seq, n_conc):
 
 
 def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_words, n_seq, n_conc, max_tokens,
-              refs, kill_decode=False, want_preempt=False):
+              refs, kill_decode=False, want_preempt=False, decode=1):
     rng = random.Random("%d %s" % (SEED, name))
     seq, conc = workload(rng, max_words, 3, n_seq, n_conc)
     d = tempfile.mkdtemp(prefix="tandem-hits-")
     cfg = d + "/tandem.yaml"
     with open(cfg, "w") as f:
         f.write("model:\n  numerics: %s\nprefill:\n  count: %d\n  token_budget: %d\n  kv_mib: %d\n"
-                "decode:\n  kv_mib: %d\n" % (numerics, prefill, budget, prefill_mib, decode_mib))
+                "decode:\n  count: %d\n  kv_mib: %d\n" % (numerics, prefill, budget, prefill_mib, decode, decode_mib))
     turn_text = {}
 
     def resolve(kind, p):
@@ -188,8 +188,8 @@ def main():
         # decode pools of 45 blocks (720 tokens): reservations take what is free, so growing sequences preempt
         dict(name="fast, 2 prefill, budget 7, small decode pool", numerics="fast", prefill=2, budget=7,
              prefill_mib=96, decode_mib=16, max_words=300, n_seq=8, n_conc=8, max_tokens=96, want_preempt=True),
-        dict(name="reference, 2 prefill, budget 64", numerics="reference", prefill=2, budget=64, prefill_mib=160,
-             decode_mib=512, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
+        dict(name="reference, 2 prefill + 2 decode, budget 64", numerics="reference", prefill=2, decode=2, budget=64,
+             prefill_mib=160, decode_mib=256, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
         dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
              prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True),
         dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
