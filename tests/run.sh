@@ -62,27 +62,24 @@ else
 fi
 rm -rf "$hide" "$ulog" "$dlog"
 
+run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"), $3: time limit (s)
+  local out line p f
+  out=$(timeout "$3" .venv/bin/python "$1" build/bin 2>&1)
+  printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^$2:|Traceback|Error" | sed 's/^/  /'
+  line=$(printf '%s\n' "$out" | grep "^$2:" | tail -1)
+  if [ -n "$line" ]; then
+    p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    passed=$((passed + p)); failed=$((failed + f))
+  else
+    echo "  $1 did not finish"; failed=$((failed + 1))
+  fi
+}
+
 echo "== integration (a real local cluster: tandem up, a Python grpcio client)"
-out=$(timeout 900 .venv/bin/python tests/integration/test_cluster.py build/bin 2>&1)
-printf '%s\n' "$out" | grep -E '^(PASS|FAIL|  )|integration:|Traceback|Error' | sed 's/^/  /'
-line=$(printf '%s\n' "$out" | grep '^integration:' | tail -1)
-if [ -n "$line" ]; then
-  p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
-  passed=$((passed + p)); failed=$((failed + f))
-else
-  echo "  the integration suite did not finish"; failed=$((failed + 1))
-fi
+run_py tests/integration/test_cluster.py integration 900
 
 echo "== cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
-out=$(timeout 1500 .venv/bin/python tests/integration/test_cache_hits.py build/bin 2>&1)
-printf '%s\n' "$out" | grep -E '^(PASS|FAIL|  )|cache-hits:|Traceback|Error' | sed 's/^/  /'
-line=$(printf '%s\n' "$out" | grep '^cache-hits:' | tail -1)
-if [ -n "$line" ]; then
-  p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
-  passed=$((passed + p)); failed=$((failed + f))
-else
-  echo "  the cache-hit suite did not finish"; failed=$((failed + 1))
-fi
+run_py tests/integration/test_cache_hits.py cache-hits 1500
 
 echo "== build (address + undefined sanitizers)"
 if cmake -S . -B build-asan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
