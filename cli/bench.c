@@ -13,6 +13,7 @@
 #include "bench/stats.h"
 #include "bench/workload.h"
 #include "cli/cli.h"
+#include "common/config.h"
 #include "common/log.h"
 #include "engine/model.h"
 
@@ -55,7 +56,7 @@ static bool parse_num(const char *s, double lo, double hi, double *out)
 int cli_bench(int argc, char **argv)
 {
     const char *endpoint = NULL, *api = "openai", *model_name = NULL, *workload = "synthetic", *wfile = NULL,
-               *out_path = NULL, *tls_ca = NULL, *tok_model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+               *out_path = NULL, *tls_ca = NULL, *tok_model = TD_DEFAULT_MODEL;
     double rates[64], scales[16], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, time_scale = 1, v;
     size_t n_rates = 0, n_req = 100, n_scales = 0;
     unsigned workers = 1;

@@ -9,13 +9,14 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "common/config.h"
 #include "common/log.h"
 #include "engine/chat.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 
-#define DEFAULT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define DEFAULT_MODEL_PATH TD_DEFAULT_MODEL
 
 const char cli_generate_usage[] =
     "usage: tandem generate [--model PATH | --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "common/config.h"
 #include "common/log.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
@@ -31,7 +32,7 @@ const char cli_perplexity_usage[] =
 
 int cli_perplexity(int argc, char **argv)
 {
-    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *file = NULL;
+    const char *model = TD_DEFAULT_MODEL, *file = NULL;
     long ctx = 512, threads = 0;
     kern_numerics_t numerics = KERN_NUMERICS_FAST;
     for (int i = 0; i < argc; i++) {

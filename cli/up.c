@@ -157,7 +157,7 @@ int cli_up(int argc, char **argv)
         nd = cfg.decode.count ? cfg.decode.count : 1;
     static char model_buf[PATH_MAX];
     snprintf(model_buf, sizeof model_buf, "%s",
-             model ? model : cfg.model.path && cfg.model.path[0] ? cfg.model.path : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+             model ? model : cfg.model.path && cfg.model.path[0] ? cfg.model.path : TD_DEFAULT_MODEL);
     model = model_buf;
     if (access(model, R_OK)) {
         fprintf(stderr, "tandem up: cannot read the model %s: %s\n", model, strerror(errno));

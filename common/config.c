@@ -130,7 +130,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
     memset(cfg, 0, sizeof *cfg);
     static const struct { const char *k, *v; } defaults[] = {
         {"log.level", "info"}, {"log.format", "text"},
-        {"model.path", "models/SmolLM2-135M-Instruct.Q4_1.gguf"}, {"model.kv_dtype", "fp16"}, {"model.numerics", "fast"},
+        {"model.path", TD_DEFAULT_MODEL}, {"model.kv_dtype", "fp16"}, {"model.numerics", "fast"},
         {"model.block_tokens", "16"}, {"model.context", "0"},
         {"router.listen", "127.0.0.1:50051"}, {"router.tls_cert", ""}, {"router.tls_key", ""},
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""},

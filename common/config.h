@@ -26,6 +26,9 @@
 
 #include "common/status.h"
 
+/* The default model (deploy/install-deps.sh puts it there), relative to the working directory. */
+#define TD_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
 typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;

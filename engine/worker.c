@@ -438,7 +438,7 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
 #undef TAKE
     }
     if (!w->model_path[0])
-        snprintf(w->model_path, sizeof w->model_path, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        snprintf(w->model_path, sizeof w->model_path, "%s", TD_DEFAULT_MODEL);
     return 0;
 }
 

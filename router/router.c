@@ -735,7 +735,7 @@ static int parse_args(router_t *r, int argc, char **argv)
             return 2;
         }
     snprintf(r->model_path, sizeof r->model_path, "%s",
-             cfg.model.path && cfg.model.path[0] ? cfg.model.path : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+             cfg.model.path && cfg.model.path[0] ? cfg.model.path : TD_DEFAULT_MODEL);
     snprintf(r->etcd_ep, sizeof r->etcd_ep, "%s", cfg.etcd.endpoints ? cfg.etcd.endpoints : "127.0.0.1:2379");
     snprintf(r->listen, sizeof r->listen, "%s", cfg.router.listen ? cfg.router.listen : "127.0.0.1:50051");
     r->block_tokens = cfg.model.block_tokens;
