@@ -201,6 +201,9 @@ static void closure_put(eng_worker_t *w, closure_t *c)
 static void *engine_thread(void *arg)
 {
     eng_worker_t *w = arg;
+    char last_err[256] = "";
+    double last_err_t = 0;
+    unsigned repeats = 0;
     for (;;) {
         pthread_mutex_lock(&w->mu);
         closure_t *q = w->queue;
@@ -223,8 +226,22 @@ static void *engine_thread(void *arg)
             w->role->before_step(w, w->role->ctx);
         if (eng_engine_busy(w->engine)) {
             td_status_t rc = eng_engine_step(w->engine, hold_event, w);
-            if (rc)
-                TD_WARN("%s: an engine step failed: %s", w->id, td_last_error());
+            if (rc) { /* the same failure every step is said once every 5 s, with its count */
+                const char *e = td_last_error();
+                double t = td_now_s();
+                if (strncmp(e, last_err, sizeof last_err - 1) || t - last_err_t >= 5) {
+                    if (repeats)
+                        TD_WARN("%s: an engine step failed: %s (%u more times since the last report)", w->id, e,
+                                repeats);
+                    else
+                        TD_WARN("%s: an engine step failed: %s", w->id, e);
+                    snprintf(last_err, sizeof last_err, "%s", e);
+                    last_err_t = t;
+                    repeats = 0;
+                } else {
+                    repeats++;
+                }
+            }
             if (w->role->after_step)
                 w->role->after_step(w, w->role->ctx);
             deliver_events(w);
