@@ -83,7 +83,7 @@ int main(int argc, char **argv)
         return 1;
     }
     eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, KERN_KV_F16};
-    if (kern_cpu_backend_create_numerics(2, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, &pool) ||
+    if (kern_cpu_backend_create_numerics(2, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
         eng_forward_create(m, be, pool, (uint32_t)np, 1, &f)) {
         fprintf(stderr, "numerics-tap: %s\n", td_last_error());
         return 1;

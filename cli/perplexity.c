@@ -84,7 +84,7 @@ int cli_perplexity(int argc, char **argv)
     uint32_t bt = 16, nblocks = (uint32_t)(ctx + bt - 1) / bt;
     eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, KERN_KV_F16};
     table = malloc(nblocks * sizeof *table);
-    if (!table || kern_cpu_backend_create_numerics((int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, &pool) ||
+    if (!table || kern_cpu_backend_create_numerics((int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
         eng_forward_create(m, be, pool, PPL_ROWS, PPL_ROWS, &f))
         goto out;
     for (uint32_t i = 0; i < nblocks; i++)

@@ -228,6 +228,7 @@ typedef struct dec_event {
     char *text;
     size_t len;
     uint32_t n_generated;
+    char *error; /* ENG_FINISH_ERROR's message */
 } dec_event_t;
 
 typedef struct dreq {
@@ -251,8 +252,10 @@ static void dreq_put(dreq_t *d)
     pthread_mutex_unlock(&d->mu);
     if (r)
         return;
-    for (size_t i = 0; i < d->n_ev; i++)
+    for (size_t i = 0; i < d->n_ev; i++) {
         free(d->ev[i].text);
+        free(d->ev[i].error);
+    }
     free(d->ev);
     free(d->bias);
     if (d->rq)
@@ -280,6 +283,7 @@ static void on_decode_event(void *ctx, const eng_event_t *ev)
         x->text = strndup(ev->text, ev->text_len);
         x->len = x->text ? ev->text_len : 0;
         x->n_generated = ev->n_generated;
+        x->error = ev->error ? strdup(ev->error) : NULL;
     }
     if (d->call)
         td_rpc_call_wake(d->call);
@@ -442,6 +446,8 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
                 r.finish_reason = finish_pb[x.finish];
                 finished = true;
             }
+            if (x.finish == ENG_FINISH_ERROR)
+                r.error = x.error ? x.error : "an engine step failed";
             uint8_t buf[4096 + 64];
             uint8_t *b = buf;
             size_t pn = tandem__internal__v1__decode_response__get_packed_size(&r);

@@ -51,6 +51,7 @@ struct eng_engine {
     eng_model_t *m;
     eng_engine_config_t cfg;
     kern_backend_t *be;
+    bool own_be; /* made here (cfg.backend NULL) */
     eng_kv_pool_t *pool;
     eng_forward_t *fwd;
     td_block_name_t root;
@@ -65,6 +66,7 @@ struct eng_engine {
     eng_layer_seq_t *layer_seqs;
     uint32_t n_batch;
     uint64_t preemptions;
+    char err[512]; /* the message of the failure being reported */
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -92,17 +94,22 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     e->next_id = 1;
     eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, cfg->block_tokens, cfg->kv_dtype};
     size_t bb = eng_kv_block_bytes(&g);
-    uint64_t blocks = cfg->kv_memory ? cfg->kv_memory_bytes / bb
-                      : cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
-                                       : (cfg->kv_bytes ? cfg->kv_bytes : 64u << 20) / bb;
+    uint64_t blocks = cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
+                                     : (cfg->kv_bytes ? cfg->kv_bytes : 64u << 20) / bb;
     if (blocks < 2 || blocks > (1u << 30)) {
         free(e);
         return td_error(TD_ERR_INVALID_ARG, "engine: a KV pool of %llu blocks (%zu bytes each) is not usable",
                         (unsigned long long)blocks, bb);
     }
-    td_status_t rc = kern_cpu_backend_create_numerics(cfg->n_threads, cfg->numerics, &e->be);
+    td_status_t rc = TD_OK;
+    if (cfg->backend)
+        e->be = cfg->backend;
+    else if (!(rc = kern_cpu_backend_create_numerics(cfg->n_threads, cfg->numerics, &e->be)))
+        e->own_be = true;
     if (!rc)
-        rc = eng_kv_pool_create_at(e->be, &g, (uint32_t)blocks, cfg->kv_memory, &e->pool);
+        rc = kern_backend_check(e->be, KERN_OPS_FORWARD);
+    if (!rc)
+        rc = eng_kv_pool_create(e->be, &g, (uint32_t)blocks, &cfg->kv_memory, &e->pool);
     if (!rc)
         rc = eng_forward_create(m, e->be, e->pool, cfg->token_budget, cfg->max_seqs, &e->fwd);
     e->batch = calloc(cfg->max_seqs, sizeof *e->batch);
@@ -155,7 +162,8 @@ void eng_engine_destroy(eng_engine_t *e)
     }
     eng_forward_destroy(e->fwd);
     eng_kv_pool_destroy(e->pool);
-    kern_cpu_backend_destroy(e->be);
+    if (e->own_be)
+        kern_backend_destroy(e->be);
     free(e->batch);
     free(e->batch_seq);
     free(e->layer_seqs);
@@ -329,6 +337,7 @@ void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx)
     eng_forward_set_layer_hook(e->fwd, fn ? engine_layer_hook : NULL, e);
 }
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
+eng_kv_pool_t *eng_engine_kv_pool(eng_engine_t *e) { return e->pool; }
 td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e)
 {
     td_kv_contract_t c = {.layout_version = TD_KV_LAYOUT_VERSION, .block_tokens = e->cfg.block_tokens,
@@ -486,6 +495,27 @@ static void seq_accept(eng_engine_t *e, eng_seq_t *s, int32_t tok, eng_event_fn 
         s->state = SEQ_DONE;
 }
 
+/* Ends s with ENG_FINISH_ERROR and e->err as its message. */
+static void seq_fail(eng_engine_t *e, eng_seq_t *s, eng_event_fn fn, void *ctx)
+{
+    eng_event_t ev = {.id = s->id, .token = -1, .text = "", .finish = ENG_FINISH_ERROR, .error = e->err,
+                      .n_prompt = s->n_prompt, .n_generated = s->n_tokens - s->n_prompt, .n_cached = s->n_cached};
+    fn(ctx, &ev);
+    s->state = SEQ_DONE;
+}
+
+/* The message for a request that can get no KV block. */
+static void no_block_error(eng_engine_t *e, const eng_seq_t *s)
+{
+    eng_kv_stats_t k = eng_kv_stats(e->pool);
+    uint32_t mine = 0;
+    for (const eng_seq_t *q = e->seqs; q; q = q->next)
+        mine += q->n_blocks;
+    snprintf(e->err, sizeof e->err, "the KV pool (%u blocks) has no block for request %llu: %u are held outside "
+             "the engine's requests (landing reservations), nothing can be preempted", k.n_blocks,
+             (unsigned long long)s->id, k.in_use > mine ? k.in_use - mine : 0);
+}
+
 static void reap_done(eng_engine_t *e)
 {
     for (eng_seq_t *s = e->seqs, *nx; s; s = nx) {
@@ -512,9 +542,14 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
     for (eng_seq_t *s = e->seqs; s && nb < e->cfg.max_seqs && budget; s = s->next) {
         if (s->state != SEQ_RUNNING || s->n_computed != s->n_tokens - 1)
             continue;
-        while (!seq_reserve(e, s, s->n_tokens))
-            if (!preempt_one(e, s))
-                return td_error(TD_ERR_NO_MEMORY, "engine: the KV pool cannot hold one sequence");
+        bool fits;
+        while (!(fits = seq_reserve(e, s, s->n_tokens)) && preempt_one(e, s))
+            ;
+        if (!fits) {
+            no_block_error(e, s);
+            seq_fail(e, s, fn, ctx);
+            continue;
+        }
         if (s->state != SEQ_RUNNING)
             continue;
         e->batch_seq[nb] = s;
@@ -547,6 +582,11 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         if (!fits) {
             /* take what fits; if nothing, wait for blocks to free up */
             uint32_t have = s->n_blocks * e->cfg.block_tokens;
+            if (have <= s->n_computed && nb == 0) { /* nothing runs that could free one */
+                no_block_error(e, s);
+                seq_fail(e, s, fn, ctx);
+                continue;
+            }
             if (have <= s->n_computed)
                 break;
             chunk = have - s->n_computed;
@@ -559,8 +599,10 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
                                            .decode_from = s->decode_from};
         budget -= chunk;
     }
-    if (!nb)
+    if (!nb) {
+        reap_done(e);
         return TD_OK;
+    }
     if (e->layer_fn) {
         uint32_t bt = e->cfg.block_tokens;
         for (uint32_t i = 0; i < nb; i++) {
@@ -573,8 +615,13 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
     const float *logits;
     uint32_t nl;
     td_status_t rc = eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
-    if (rc)
+    if (rc) { /* the batch's requests end with the error; the others go on */
+        snprintf(e->err, sizeof e->err, "engine step of %u requests failed: %s", nb, td_last_error());
+        for (uint32_t i = 0; i < nb; i++)
+            seq_fail(e, e->batch_seq[i], fn, ctx);
+        reap_done(e);
         return rc;
+    }
     uint32_t li = 0;
     for (uint32_t i = 0; i < nb; i++) {
         eng_seq_t *s = e->batch_seq[i];

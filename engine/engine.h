@@ -21,6 +21,11 @@
 #include "kernels/backend.h"
 
 typedef struct eng_engine_config {
+    /* The backend to run on, the caller's (it outlives the engine and must
+     * round as `numerics` says); NULL: the engine makes the CPU backend with
+     * n_threads and numerics. Refused unless it has every op the forward
+     * pass calls (kern_backend_check). */
+    kern_backend_t *backend;
     int n_threads;            /* CPU compute threads (0: one per core) */
     uint32_t block_tokens;    /* tokens per KV block (16) */
     kern_kv_dtype_t kv_dtype; /* fp16 (default) or fp32 */
@@ -30,8 +35,7 @@ typedef struct eng_engine_config {
     uint32_t token_budget;    /* tokens per step (512) */
     uint32_t max_seqs;        /* sequences per step (64) */
     bool prefix_cache;        /* reuse KV of equal prefixes (on) */
-    void *kv_memory;          /* optional: host memory for the pool (its size in kv_memory_bytes decides */
-    size_t kv_memory_bytes;   /* the number of blocks; the caller frees it after the engine) */
+    eng_kv_memory_t kv_memory; /* where the pool lives (alloc NULL: the backend's memory) */
 } eng_engine_config_t;
 
 eng_engine_config_t eng_engine_config_default(void);
@@ -76,6 +80,7 @@ typedef struct eng_event {
     const char *text;           /* the text this token completes (whole UTF-8) */
     size_t text_len;
     eng_finish_t finish;        /* NONE while running */
+    const char *error;          /* with ENG_FINISH_ERROR: what went wrong (valid during the callback) */
     uint32_t n_prompt, n_generated, n_cached; /* n_cached: prompt tokens served from the prefix cache */
 } eng_event_t;
 
@@ -92,11 +97,18 @@ void eng_engine_destroy(eng_engine_t *e);
 td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id);
 /* Ends a request now (its blocks are freed); an unknown id is TD_ERR_NOT_FOUND. */
 td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id);
-/* Runs one step and reports each request's new token (and finishes). */
+/* Runs one step and reports each request's new token (and finishes). A step
+ * that fails (a backend op's error) ends every request of its batch with
+ * ENG_FINISH_ERROR and the message, and returns that error; the engine goes
+ * on with the other requests. A request that can get no KV block at all (the
+ * pool held by landing reservations, nothing to preempt) ends the same way. */
 td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx);
 bool eng_engine_busy(const eng_engine_t *e);
 
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
+/* The pool itself (engine thread only): its stored/removed events and
+ * snapshot (kv_pool.h) feed the KV store's and the router's indexes. */
+eng_kv_pool_t *eng_engine_kv_pool(eng_engine_t *e);
 /* Requests in the engine (waiting or running). */
 uint32_t eng_engine_n_requests(const eng_engine_t *e);
 /* Sequences preempted so far (their KV dropped, recomputed later). */

@@ -78,6 +78,9 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
                                uint32_t max_logits, eng_forward_t **out)
 {
     const eng_model_desc_t *d = &m->desc;
+    td_status_t rc = kern_backend_check(be, KERN_OPS_FORWARD);
+    if (rc)
+        return rc;
     if (d->head_dim > 512)
         return td_error(TD_ERR_UNSUPPORTED, "forward: head dimension %u is over 512", d->head_dim);
     eng_forward_t *f = calloc(1, sizeof *f);
@@ -92,7 +95,7 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
     size_t T = max_tokens, qd = (size_t)d->n_heads * d->head_dim, kvd = (size_t)d->n_kv_heads * d->head_dim;
     size_t max_blocks = T * 4 + 1024; /* block-table entries a batch may bring */
     float hfreq[257];
-    td_status_t rc = rope_freqs(d, hfreq);
+    rc = rope_freqs(d, hfreq);
     if (!rc)
         rc = eng_weights_bind(m, be, &f->w);
     struct { void *slot; size_t bytes; } bufs[] = {
@@ -156,10 +159,37 @@ static void tap(eng_forward_t *f, const char *name, int layer, const float *x, u
     free(h);
 }
 
-static void add_bias(kern_backend_t *be, float *x, const float *b, uint32_t n, uint32_t dim)
+static td_status_t add_bias(kern_backend_t *be, float *x, const float *b, uint32_t n, uint32_t dim)
 {
-    for (uint32_t t = 0; t < n; t++)
-        be->ops->add(be, x + (size_t)t * dim, b, dim);
+    td_status_t rc = TD_OK;
+    for (uint32_t t = 0; t < n && !rc; t++)
+        rc = be->ops->add(be, x + (size_t)t * dim, b, dim);
+    return rc;
+}
+
+/* Every op's status is checked: the first error ends the pass (and, through
+ * the engine, the batch's requests). */
+#define TRY(call)                                                                                                  \
+    do {                                                                                                           \
+        if ((rc = (call)))                                                                                         \
+            return rc;                                                                                             \
+    } while (0)
+
+/* y_i = x · W_iᵀ for weights of one kind: one fused call when the backend has
+ * it and the weights share a layout, else one matmul each. */
+static td_status_t matmuls(eng_forward_t *f, const kern_weight_t *const *w, float *const *y, uint32_t k,
+                           const float *x, uint32_t n)
+{
+    kern_backend_t *be = f->be;
+    bool fuse = be->ops->supported & KERN_OP_MATMUL_MULTI;
+    for (uint32_t i = 1; i < k && fuse; i++)
+        fuse = w[i]->type == w[0]->type && !w[i]->priv == !w[0]->priv;
+    if (fuse)
+        return be->ops->matmul_multi(be, w, y, k, x, n);
+    td_status_t rc = TD_OK;
+    for (uint32_t i = 0; i < k && !rc; i++)
+        rc = be->ops->matmul(be, w[i], x, y[i], n);
+    return rc;
 }
 
 td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
@@ -206,95 +236,79 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
         return TD_OK;
     }
     td_status_t rc;
-    if ((rc = o->upload(be, f->ids, f->h_ids, n * 4)) || (rc = o->upload(be, f->pos, f->h_pos, n * 4)) ||
-        (rc = o->upload(be, f->slots, f->h_slots, n * 4)) || (rc = o->upload(be, f->tables, f->h_tables, nt * 4)))
-        return rc;
+    TRY(o->upload(be, f->ids, f->h_ids, n * 4));
+    TRY(o->upload(be, f->pos, f->h_pos, n * 4));
+    TRY(o->upload(be, f->slots, f->h_slots, n * 4));
+    TRY(o->upload(be, f->tables, f->h_tables, nt * 4));
     uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim, hid = d->hidden;
-    if ((rc = o->embed(be, &f->w.tok_embd, f->ids, n, f->x)))
-        return rc;
+    TRY(o->embed(be, &f->w.tok_embd, f->ids, n, f->x));
     tap(f, "embd", -1, f->x, n, hid);
     float scale = 1.0f / sqrtf((float)hd);
     for (uint32_t l = 0; l < d->n_layers; l++) {
         const eng_layer_weights_t *L = &f->w.layers[l];
         kern_kv_view_t kv = eng_kv_view(f->pool, l);
-        o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps);
+        TRY(o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps));
         tap(f, "attn_norm", (int)l, f->xn, n, hid);
-        if (L->wq.type == L->wk.type && L->wk.type == L->wv.type && !L->wq.priv == !L->wk.priv &&
-            !L->wk.priv == !L->wv.priv) {
-            const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
-            float *out[3] = {f->q, f->k, f->v};
-            rc = o->matmul_multi(be, qkv, out, 3, f->xn, n);
-        } else if (!(rc = o->matmul(be, &L->wq, f->xn, f->q, n)) && !(rc = o->matmul(be, &L->wk, f->xn, f->k, n))) {
-            rc = o->matmul(be, &L->wv, f->xn, f->v, n);
-        }
-        if (rc)
-            return rc;
+        const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[3] = {f->q, f->k, f->v};
+        TRY(matmuls(f, qkv, qkv_out, 3, f->xn, n));
         if (L->bq) {
-            add_bias(be, f->q, L->bq, n, H * hd);
-            add_bias(be, f->k, L->bk, n, KV * hd);
-            add_bias(be, f->v, L->bv, n, KV * hd);
+            TRY(add_bias(be, f->q, L->bq, n, H * hd));
+            TRY(add_bias(be, f->k, L->bk, n, KV * hd));
+            TRY(add_bias(be, f->v, L->bv, n, KV * hd));
         }
         tap(f, "Qcur", (int)l, f->q, n, H * hd);
         tap(f, "Kcur", (int)l, f->k, n, KV * hd);
         tap(f, "Vcur", (int)l, f->v, n, KV * hd);
-        o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style);
-        o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style);
+        TRY(o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style));
+        TRY(o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style));
         tap(f, "Qrope", (int)l, f->q, n, H * hd);
         tap(f, "Krope", (int)l, f->k, n, KV * hd);
-        o->kv_store(be, &kv, f->k, f->v, f->slots, n);
+        TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
         if (f->layer_fn) {
-            o->sync(be); /* the layer's KV is in the pool now */
+            TRY(o->sync(be)); /* the layer's KV is in the pool now */
             f->layer_fn(f->layer_ctx, l);
         }
-        o->attention(be, &kv, f->q, f->att, H, f->aseqs, n_seqs, scale);
+        TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, n_seqs, scale));
         tap(f, "kqv_out", (int)l, f->att, n, H * hd);
-        if ((rc = o->matmul(be, &L->wo, f->att, f->tmp, n)))
-            return rc;
+        TRY(o->matmul(be, &L->wo, f->att, f->tmp, n));
         tap(f, "attn_out", (int)l, f->tmp, n, hid);
-        o->add(be, f->x, f->tmp, (size_t)n * hid);
+        TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
         tap(f, "ffn_inp", (int)l, f->x, n, hid);
-        o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps);
+        TRY(o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps));
         tap(f, "ffn_norm", (int)l, f->xn, n, hid);
-        if (L->w_gate.type == L->w_up.type && !L->w_gate.priv == !L->w_up.priv) {
-            const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
-            float *out[2] = {f->gate, f->up};
-            rc = o->matmul_multi(be, gu, out, 2, f->xn, n);
-        } else if (!(rc = o->matmul(be, &L->w_gate, f->xn, f->gate, n))) {
-            rc = o->matmul(be, &L->w_up, f->xn, f->up, n);
-        }
-        if (rc)
-            return rc;
+        const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
+        float *gu_out[2] = {f->gate, f->up};
+        TRY(matmuls(f, gu, gu_out, 2, f->xn, n));
         tap(f, "ffn_gate", (int)l, f->gate, n, d->ffn);
         tap(f, "ffn_up", (int)l, f->up, n, d->ffn);
-        o->swiglu(be, f->gate, f->up, f->gate, (size_t)n * d->ffn);
+        TRY(o->swiglu(be, f->gate, f->up, f->gate, (size_t)n * d->ffn));
         tap(f, "ffn_swiglu", (int)l, f->gate, n, d->ffn);
-        if ((rc = o->matmul(be, &L->w_down, f->gate, f->tmp, n)))
-            return rc;
+        TRY(o->matmul(be, &L->w_down, f->gate, f->tmp, n));
         tap(f, "ffn_out", (int)l, f->tmp, n, hid);
-        o->add(be, f->x, f->tmp, (size_t)n * hid);
+        TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
         tap(f, "l_out", (int)l, f->x, n, hid);
     }
     /* the last row of each sequence that wants logits */
     uint32_t k = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {
         if (seqs[s].all_logits) {
-            o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)f->aseqs[s].row0 * hid, (size_t)seqs[s].n * hid * 4);
+            TRY(o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)f->aseqs[s].row0 * hid,
+                        (size_t)seqs[s].n * hid * 4));
             k += seqs[s].n;
         } else if (seqs[s].want_logits) {
             uint32_t row = f->aseqs[s].row0 + seqs[s].n - 1;
-            o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)row * hid, hid * 4);
+            TRY(o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)row * hid, hid * 4));
             k++;
         }
     }
     if (nl) {
-        o->rmsnorm(be, f->xl, f->w.out_norm, f->xl, nl, hid, d->norm_eps);
+        TRY(o->rmsnorm(be, f->xl, f->w.out_norm, f->xl, nl, hid, d->norm_eps));
         tap(f, "result_norm", -1, f->xl, nl, hid);
-        if ((rc = o->matmul(be, &f->w.output, f->xl, f->logits, nl)) ||
-            (rc = o->download(be, f->h_logits, f->logits, (size_t)nl * d->vocab * 4)))
-            return rc;
+        TRY(o->matmul(be, &f->w.output, f->xl, f->logits, nl));
+        TRY(o->download(be, f->h_logits, f->logits, (size_t)nl * d->vocab * 4));
     }
-    if ((rc = o->sync(be)))
-        return rc;
+    TRY(o->sync(be));
     *logits = f->h_logits;
     *n_logits = nl;
     return TD_OK;

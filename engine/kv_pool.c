@@ -2,7 +2,9 @@
  *
  * State per block: a count; a name (if published); links in the LRU list of
  * cached blocks (count 0 and named). Free blocks (count 0, no name) are on a
- * stack. The name index is open addressing with tombstones over 2x the blocks. */
+ * stack. The name index is open addressing with linear probing over at least
+ * 2x the blocks; a deleted name's slot is refilled by shifting the rest of its
+ * run back (no tombstones), so probes stay as short as on a fresh pool. */
 #include "engine/kv_pool.h"
 
 #include <stdbool.h>
@@ -12,7 +14,6 @@
 #include "common/log.h"
 
 #define NAME_EMPTY -1
-#define NAME_GONE -2
 
 struct eng_kv_pool {
     kern_backend_t *be;
@@ -20,7 +21,7 @@ struct eng_kv_pool {
     size_t block_bytes;
     uint32_t n_blocks;
     void *mem;
-    bool mem_borrowed; /* given by the caller (UCX-allocated, for peers to write into) */
+    eng_kv_memory_t provider; /* alloc NULL: the backend's memory */
     int32_t *count;
     bool *named;
     td_block_name_t *name;
@@ -31,6 +32,9 @@ struct eng_kv_pool {
     uint32_t n_cached;
     int32_t *index; /* name slots -> block */
     uint32_t index_mask;
+    eng_kv_event_fn on_event;
+    void *event_ctx;
+    uint64_t event_seq;
 };
 
 size_t eng_kv_block_bytes(const eng_kv_geom_t *g)
@@ -39,13 +43,8 @@ size_t eng_kv_block_bytes(const eng_kv_geom_t *g)
            (g->dtype == KERN_KV_F16 ? 2 : 4);
 }
 
-td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, eng_kv_pool_t **out)
-{
-    return eng_kv_pool_create_at(be, g, n_blocks, NULL, out);
-}
-
-td_status_t eng_kv_pool_create_at(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, void *mem,
-                                  eng_kv_pool_t **out)
+td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks,
+                               const eng_kv_memory_t *mem, eng_kv_pool_t **out)
 {
     if (!n_blocks || g->block_tokens < 1)
         return td_error(TD_ERR_INVALID_ARG, "kv pool: %u blocks of %u tokens is not a pool", n_blocks, g->block_tokens);
@@ -71,15 +70,14 @@ td_status_t eng_kv_pool_create_at(kern_backend_t *be, const eng_kv_geom_t *g, ui
         eng_kv_pool_destroy(p);
         return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory for %u blocks", n_blocks);
     }
-    if (mem) {
-        p->mem = mem;
-        p->mem_borrowed = true;
-    } else {
-        td_status_t rc = be->ops->alloc(be, p->block_bytes * n_blocks, &p->mem);
-        if (rc) {
-            eng_kv_pool_destroy(p);
-            return rc;
-        }
+    if (mem && mem->alloc)
+        p->provider = *mem;
+    td_status_t rc = p->provider.alloc ? p->provider.alloc(p->provider.ctx, p->block_bytes * n_blocks, &p->mem)
+                                       : be->ops->alloc(be, p->block_bytes * n_blocks, &p->mem);
+    if (rc) {
+        p->mem = NULL;
+        eng_kv_pool_destroy(p);
+        return rc;
     }
     for (uint32_t i = 0; i < n_blocks; i++)
         p->free_stack[i] = (int32_t)(n_blocks - 1 - i);
@@ -95,7 +93,9 @@ void eng_kv_pool_destroy(eng_kv_pool_t *p)
 {
     if (!p)
         return;
-    if (p->mem && !p->mem_borrowed)
+    if (p->mem && p->provider.alloc)
+        p->provider.free(p->provider.ctx, p->mem);
+    else if (p->mem)
         p->be->ops->free(p->be, p->mem);
     free(p->count);
     free(p->named);
@@ -115,7 +115,7 @@ static int32_t *index_find(eng_kv_pool_t *p, td_block_name_t n)
         int32_t b = p->index[s];
         if (b == NAME_EMPTY)
             return NULL;
-        if (b >= 0 && td_block_name_eq(p->name[b], n))
+        if (td_block_name_eq(p->name[b], n))
             return &p->index[s];
     }
     return NULL;
@@ -146,12 +146,37 @@ static void lru_push(eng_kv_pool_t *p, int32_t b)
     p->n_cached++;
 }
 
+static void raise_event(eng_kv_pool_t *p, eng_kv_event_kind_t kind, int32_t b)
+{
+    p->event_seq++;
+    if (p->on_event) {
+        eng_kv_event_t ev = {.kind = kind, .seq = p->event_seq, .name = p->name[b], .block = b};
+        p->on_event(p->event_ctx, &ev);
+    }
+}
+
+/* Empties slot i and moves back every later entry of its run that may sit
+ * there (its home slot is not cyclically within (i, j]). */
+static void index_delete(eng_kv_pool_t *p, uint32_t i)
+{
+    uint32_t m = p->index_mask;
+    for (uint32_t j = (i + 1) & m; p->index[j] != NAME_EMPTY; j = (j + 1) & m) {
+        uint32_t home = name_slot(p, p->name[p->index[j]]);
+        if (((j - home) & m) >= ((j - i) & m)) {
+            p->index[i] = p->index[j];
+            i = j;
+        }
+    }
+    p->index[i] = NAME_EMPTY;
+}
+
 static void unname(eng_kv_pool_t *p, int32_t b)
 {
     int32_t *slot = index_find(p, p->name[b]);
     if (slot)
-        *slot = NAME_GONE;
+        index_delete(p, (uint32_t)(slot - p->index));
     p->named[b] = false;
+    raise_event(p, ENG_KV_REMOVED, b);
 }
 
 td_status_t eng_kv_alloc(eng_kv_pool_t *p, int32_t *block)
@@ -195,12 +220,43 @@ int32_t eng_kv_publish(eng_kv_pool_t *p, int32_t b, td_block_name_t n)
     if (p->named[b])
         unname(p, b);
     uint32_t s = name_slot(p, n);
-    while (p->index[s] >= 0)
+    while (p->index[s] != NAME_EMPTY)
         s = (s + 1) & p->index_mask;
     p->index[s] = b;
     p->name[b] = n;
     p->named[b] = true;
+    raise_event(p, ENG_KV_STORED, b);
     return b;
+}
+
+void eng_kv_set_listener(eng_kv_pool_t *p, eng_kv_event_fn fn, void *ctx)
+{
+    p->on_event = fn;
+    p->event_ctx = ctx;
+}
+
+uint64_t eng_kv_snapshot(const eng_kv_pool_t *p, void (*fn)(void *ctx, td_block_name_t name, int32_t block),
+                         void *ctx)
+{
+    for (uint32_t b = 0; b < p->n_blocks; b++)
+        if (p->named[b])
+            fn(ctx, p->name[b], (int32_t)b);
+    return p->event_seq;
+}
+
+uint32_t eng_kv_index_longest_run(const eng_kv_pool_t *p)
+{
+    uint32_t best = 0, run = 0, cap = p->index_mask + 1;
+    /* start after an empty slot so that a run across the end is counted whole */
+    uint32_t start = 0;
+    while (start < cap && p->index[start] != NAME_EMPTY)
+        start++;
+    for (uint32_t k = 1; k <= cap; k++) {
+        uint32_t s = (start + k) & p->index_mask;
+        run = p->index[s] == NAME_EMPTY ? 0 : run + 1;
+        best = run > best ? run : best;
+    }
+    return best;
 }
 
 int32_t eng_kv_lookup(eng_kv_pool_t *p, td_block_name_t n)

@@ -35,12 +35,20 @@ typedef struct eng_kv_pool eng_kv_pool_t;
 /* Bytes of one block (all layers, K and V). */
 size_t eng_kv_block_bytes(const eng_kv_geom_t *g);
 
-/* A pool of n_blocks blocks in the backend's memory. */
-td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, eng_kv_pool_t **out);
-/* The same in memory the caller owns (host memory of block_bytes * n_blocks,
- * e.g. allocated by UCX so that peers can put KV into it); it is not freed here. */
-td_status_t eng_kv_pool_create_at(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks, void *mem,
-                                  eng_kv_pool_t **out);
+/* Where a pool's blocks live: a provider of one region of `bytes`, freed
+ * when the pool goes. The worker's provider maps it with the KV transport
+ * (host memory peers can put into, kvstore/transfer.h); a GPU worker's will
+ * give device memory. The memory must be the backend's kind. */
+typedef struct eng_kv_memory {
+    td_status_t (*alloc)(void *ctx, size_t bytes, void **mem);
+    void (*free)(void *ctx, void *mem);
+    void *ctx;
+} eng_kv_memory_t;
+
+/* A pool of n_blocks blocks in the provider's memory (mem NULL or its alloc
+ * NULL: the backend's own, ops->alloc). */
+td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks,
+                               const eng_kv_memory_t *mem, eng_kv_pool_t **out);
 void eng_kv_pool_destroy(eng_kv_pool_t *p);
 
 /* A fresh block with count 1, evicting a cached one if none is free;
@@ -53,6 +61,31 @@ void eng_kv_unref(eng_kv_pool_t *p, int32_t block);
 int32_t eng_kv_publish(eng_kv_pool_t *p, int32_t block, td_block_name_t name);
 /* The block cached under name (its count raised by one), or -1. */
 int32_t eng_kv_lookup(eng_kv_pool_t *p, td_block_name_t name);
+
+/* Named blocks come and go: `stored` when a block is published under a new
+ * name, `removed` when a named block's name is dropped (it was evicted for
+ * space). Each event carries the pool's sequence number, one higher than the
+ * last event's, so a consumer (the store's index, the router's cache map)
+ * that starts from a snapshot applies exactly the events after it and can
+ * tell when it missed one. Events are raised on the thread that changed the
+ * pool, inside the call; the listener must not call back into the pool. */
+typedef enum eng_kv_event_kind { ENG_KV_STORED = 1, ENG_KV_REMOVED = 2 } eng_kv_event_kind_t;
+typedef struct eng_kv_event {
+    eng_kv_event_kind_t kind;
+    uint64_t seq;
+    td_block_name_t name;
+    int32_t block;
+} eng_kv_event_t;
+typedef void (*eng_kv_event_fn)(void *ctx, const eng_kv_event_t *ev);
+void eng_kv_set_listener(eng_kv_pool_t *p, eng_kv_event_fn fn, void *ctx);
+/* Every named block now (fn(ctx, name, block) each), and the sequence number
+ * of the last event it includes. */
+uint64_t eng_kv_snapshot(const eng_kv_pool_t *p, void (*fn)(void *ctx, td_block_name_t name, int32_t block),
+                         void *ctx);
+/* The longest run of occupied slots in the name index: the most slots a
+ * lookup of an absent name reads. Deleted names free their slot (no
+ * tombstones), so it stays short however long the pool runs. */
+uint32_t eng_kv_index_longest_run(const eng_kv_pool_t *p);
 
 /* The view of one layer, for the backend's kv_store and attention. */
 kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer);

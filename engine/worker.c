@@ -34,6 +34,7 @@ typedef struct listener {
 typedef struct held_event {
     eng_event_t ev;
     char *text;
+    char *error; /* ENG_FINISH_ERROR's message */
 } held_event_t;
 
 struct eng_worker {
@@ -172,6 +173,8 @@ static void hold_event(void *ctx, const eng_event_t *ev)
         h->ev.text_len = 0;
     }
     h->ev.text = h->text ? h->text : "";
+    h->error = ev->error ? strdup(ev->error) : NULL;
+    h->ev.error = ev->error ? (h->error ? h->error : "an engine step failed") : NULL;
 }
 
 static void deliver_events(eng_worker_t *w)
@@ -187,6 +190,7 @@ static void deliver_events(eng_worker_t *w)
                 break;
             }
         free(h->text);
+        free(h->error);
     }
     w->n_held = 0;
 }
@@ -459,6 +463,31 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
     return 0;
 }
 
+/* The KV pool's memory provider: a region the transport maps, so that peers
+ * can put KV into it (its remote key is taken here). */
+static td_status_t pool_mem_alloc(void *ctx, size_t bytes, void **mem)
+{
+    eng_worker_t *w = ctx;
+    td_status_t rc = w->xo->mem_alloc(w->xfer, bytes, &w->pool_base, &w->pool_mem);
+    if (!rc && (rc = w->xo->mem_rkey(w->xfer, w->pool_mem, &w->rkey, &w->rkey_len))) {
+        w->xo->mem_free(w->xfer, w->pool_mem);
+        w->pool_mem = NULL;
+    }
+    if (rc)
+        return rc;
+    w->pool_bytes = bytes;
+    *mem = w->pool_base;
+    return TD_OK;
+}
+
+static void pool_mem_free(void *ctx, void *mem)
+{
+    eng_worker_t *w = ctx;
+    (void)mem;
+    w->xo->mem_free(w->xfer, w->pool_mem);
+    w->pool_mem = NULL;
+}
+
 int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
 {
     char comp[32];
@@ -495,14 +524,10 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     w->xo = &kv_transport_ucx;
     if (w->xo->create(&w->xfer))
         goto out;
-    w->pool_bytes = (size_t)w->kv_mib << 20;
-    if (w->xo->mem_alloc(w->xfer, w->pool_bytes, &w->pool_base, &w->pool_mem) ||
-        w->xo->mem_rkey(w->xfer, w->pool_mem, &w->rkey, &w->rkey_len) ||
-        w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len) || w->xo->progress_start(w->xfer))
-        goto out;
-    ec.kv_memory = w->pool_base;
-    ec.kv_memory_bytes = w->pool_bytes;
-    if (eng_engine_create(w->model, &ec, &w->engine))
+    ec.kv_bytes = (uint64_t)w->kv_mib << 20;
+    ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
+    if (eng_engine_create(w->model, &ec, &w->engine) || w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len) ||
+        w->xo->progress_start(w->xfer))
         goto out;
     w->contract = eng_engine_kv_contract(w->engine);
     if (td_rpc_server_create(w->listen, NULL, &w->server))
@@ -558,10 +583,8 @@ out:
         role->detach(w, role->ctx);
     td_etcd_destroy(w->etcd);
     eng_engine_destroy(w->engine);
-    if (w->xo && w->xfer) {
-        w->xo->mem_free(w->xfer, w->pool_mem);
+    if (w->xo && w->xfer)
         w->xo->destroy(w->xfer);
-    }
     free(w->ucx_addr);
     free(w->rkey);
     eng_model_close(w->model);

@@ -8,6 +8,17 @@
  * asynchronously; ops->sync waits for all of them. Nothing is read back
  * implicitly.
  *
+ * Errors: an op returns an error it can see at once. A backend that finds one
+ * later (an asynchronous kernel that failed) keeps it, sticky: every op after
+ * it returns it without running, and sync returns it and clears it, so that
+ * the caller fails the batch it was running and may start the next. The
+ * caller checks every op's status and sync's.
+ *
+ * Capabilities: every entry of the table is set; an op a backend does not
+ * have returns TD_ERR_UNSUPPORTED, and `supported` has a bit (KERN_OP_*) for
+ * each op it does have, so that a caller refuses a backend up front
+ * (kern_backend_check) instead of at its first step.
+ *
  * Shapes (row-major, the last dimension contiguous):
  *   activations  x[n][dim] fp32
  *   a weight     W[rows][cols] of any kern_type_t; matmul computes y = x Wᵀ
@@ -70,8 +81,28 @@ typedef struct kern_attn_seq {
     uint32_t decode_from;
 } kern_attn_seq_t;
 
+/* The compute ops, one bit each in kern_backend_ops_t.supported. */
+typedef enum kern_op {
+    KERN_OP_MATMUL = 1u << 0,
+    KERN_OP_MATMUL_MULTI = 1u << 1,
+    KERN_OP_RMSNORM = 1u << 2,
+    KERN_OP_ROPE = 1u << 3,
+    KERN_OP_SWIGLU = 1u << 4,
+    KERN_OP_ADD = 1u << 5,
+    KERN_OP_EMBED = 1u << 6,
+    KERN_OP_KV_STORE = 1u << 7,
+    KERN_OP_ATTENTION = 1u << 8,
+} kern_op_t;
+#define KERN_OPS_ALL 0x1ffu
+/* What the engine's forward pass calls (matmul_multi is optional: the forward
+ * pass falls back to one matmul per weight). */
+#define KERN_OPS_FORWARD (KERN_OPS_ALL & ~(uint32_t)KERN_OP_MATMUL_MULTI)
+
 typedef struct kern_backend_ops {
     const char *name;
+    uint32_t supported; /* KERN_OP_* bits */
+    /* frees the backend and everything it allocated */
+    void (*destroy)(kern_backend_t *b);
     /* memory */
     td_status_t (*alloc)(kern_backend_t *b, size_t bytes, void **ptr);
     void (*free)(kern_backend_t *b, void *ptr);
@@ -119,6 +150,16 @@ struct kern_backend {
     const kern_backend_ops_t *ops;
 };
 
+static inline void kern_backend_destroy(kern_backend_t *b)
+{
+    if (b)
+        b->ops->destroy(b);
+}
+
+/* TD_OK when b supports every op in `need` (KERN_OP_* bits); else
+ * TD_ERR_UNSUPPORTED naming the backend and the ops it lacks. */
+td_status_t kern_backend_check(const kern_backend_t *b, uint32_t need);
+
 /* How the CPU backend rounds. FAST: its own kernels (weights repacked into
  * 8-row tiles, one accumulator per row). REFERENCE: llama.cpp's order of
  * operations in every op that rounds (kernels/cpu/refnum.h), so its floats —
@@ -131,6 +172,6 @@ td_status_t kern_cpu_backend_create(int n_threads, kern_backend_t **out);
 td_status_t kern_cpu_backend_create_numerics(int n_threads, kern_numerics_t numerics, kern_backend_t **out);
 /* "fast" or "reference" -> *out; false for anything else */
 bool kern_numerics_parse(const char *s, kern_numerics_t *out);
-void kern_cpu_backend_destroy(kern_backend_t *b);
+void kern_cpu_backend_destroy(kern_backend_t *b); /* = kern_backend_destroy */
 
 #endif

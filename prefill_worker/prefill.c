@@ -275,7 +275,9 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
 {
     preq_t *r = ctx;
     active_remove(r);
-    if (r->pe->failed)
+    if (ev->finish == ENG_FINISH_ERROR)
+        preq_finish(r, TD_ERR_INTERNAL, ev->error, -1, 0);
+    else if (r->pe->failed)
         preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
     else if (r->pushed < r->n_digests) /* a bug: the landing would decode on garbage */
         preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);

@@ -449,6 +449,7 @@ static int attempt(gen_t *g)
             finished = true;
             gr.has_finish_reason = 1;
             gr.finish_reason = dr->finish_reason;
+            gr.error = dr->error;
             usage.has_prompt_tokens = usage.has_completion_tokens = usage.has_cached_prompt_tokens = 1;
             usage.prompt_tokens = (uint32_t)g->n_prompt;
             usage.completion_tokens = (uint32_t)(g->n_tokens - g->n_prompt);

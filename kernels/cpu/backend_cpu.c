@@ -108,6 +108,8 @@ static void cpu_weight_release(kern_backend_t *b, kern_weight_t *w)
 
 static const kern_backend_ops_t kern_cpu_ops = {
     .name = "cpu",
+    .supported = KERN_OPS_ALL,
+    .destroy = kern_cpu_backend_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,

@@ -226,8 +226,34 @@ static td_status_t cu_add(kern_backend_t *b, float *x, const float *y, size_t n)
     return TD_OK;
 }
 
+// The ops this backend does not have yet: a clear error, never a NULL entry.
+static td_status_t cu_matmul_multi(kern_backend_t *, const kern_weight_t *const *, float *const *, uint32_t,
+                                   const float *, uint32_t)
+{
+    return td_error(TD_ERR_UNSUPPORTED, "cuda: matmul_multi is not implemented yet");
+}
+
+static td_status_t cu_embed(kern_backend_t *, const kern_weight_t *, const int32_t *, uint32_t, float *)
+{
+    return td_error(TD_ERR_UNSUPPORTED, "cuda: embed is not implemented yet");
+}
+
+static td_status_t cu_kv_store(kern_backend_t *, const kern_kv_view_t *, const float *, const float *,
+                               const int32_t *, uint32_t)
+{
+    return td_error(TD_ERR_UNSUPPORTED, "cuda: kv_store is not implemented yet");
+}
+
+static td_status_t cu_attention(kern_backend_t *, const kern_kv_view_t *, const float *, float *, uint32_t,
+                                const kern_attn_seq_t *, uint32_t, float)
+{
+    return td_error(TD_ERR_UNSUPPORTED, "cuda: attention is not implemented yet");
+}
+
 static const kern_backend_ops_t kern_cuda_ops = {
     .name = "cuda",
+    .supported = KERN_OP_MATMUL | KERN_OP_RMSNORM | KERN_OP_ROPE | KERN_OP_SWIGLU | KERN_OP_ADD,
+    .destroy = kern_cuda_backend_destroy,
     .alloc = cu_alloc,
     .free = cu_free,
     .upload = cu_upload,
@@ -237,14 +263,14 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .weight_prepare = cu_weight_prepare,
     .weight_release = cu_weight_release,
     .matmul = cu_matmul,
-    .matmul_multi = NULL,  // not yet
+    .matmul_multi = cu_matmul_multi,
     .rmsnorm = cu_rmsnorm,
     .rope = cu_rope,
     .swiglu = cu_swiglu,
     .add = cu_add,
-    .embed = NULL,         // not yet
-    .kv_store = NULL,      // not yet
-    .attention = NULL,     // not yet
+    .embed = cu_embed,
+    .kv_store = cu_kv_store,
+    .attention = cu_attention,
 };
 
 extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out)

@@ -1,9 +1,9 @@
 /* backend_cuda.h — the CUDA backend (kernels/backend.h). So far: memory,
  * matmul (weights held as fp16, cuBLAS GEMM with fp32 accumulation), RMSNorm,
  * RoPE, SwiGLU, add. The ops it does not have yet (matmul_multi, embed,
- * kv_store, attention) are NULL in its table: it is checked op by op
- * (tandem-cuda-check) and the engine runs on the CPU backend until a later
- * issue completes it. */
+ * kv_store, attention) answer TD_ERR_UNSUPPORTED and are missing from its
+ * `supported` bits, so the engine refuses it (kern_backend_check) until a
+ * later issue completes it; tandem-cuda-check checks it op by op. */
 #ifndef KERN_CUDA_BACKEND_H
 #define KERN_CUDA_BACKEND_H
 

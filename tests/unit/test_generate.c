@@ -570,7 +570,7 @@ Test(generate, tiny_llama_logits_match_transformers)
     cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
     eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16, KERN_KV_F32};
     eng_kv_pool_t *pool;
-    cr_assert_eq(eng_kv_pool_create(be, &g, 4, &pool), TD_OK);
+    cr_assert_eq(eng_kv_pool_create(be, &g, 4, NULL, &pool), TD_OK);
     eng_forward_t *f;
     cr_assert_eq(eng_forward_create(m, be, pool, 64, 64, &f), TD_OK, "%s", td_last_error());
     int32_t table[4] = {2, 0, 3, 1};
@@ -615,7 +615,7 @@ static void teacher_forced(kern_numerics_t nm)
     cr_assert_eq(kern_cpu_backend_create_numerics(2, nm, &be), TD_OK);
     eng_kv_geom_t g = {model->desc.n_layers, model->desc.n_kv_heads, model->desc.head_dim, 16, KERN_KV_F16};
     eng_kv_pool_t *pool;
-    cr_assert_eq(eng_kv_pool_create(be, &g, 16, &pool), TD_OK);
+    cr_assert_eq(eng_kv_pool_create(be, &g, 16, NULL, &pool), TD_OK);
     eng_forward_t *f;
     cr_assert_eq(eng_forward_create(model, be, pool, 256, 80, &f), TD_OK);
     int32_t table[16];
@@ -720,4 +720,130 @@ Test(generate, kv_contract_mismatch_names_both_values)
     cr_assert(strstr(td_last_error(), "dtype: here 'fp16', peer 'fp32'"), "%s", td_last_error());
     eng_engine_destroy(a);
     eng_engine_destroy(b);
+}
+
+/* ---- a backend that fails on demand: the CPU backend with its attention
+ * op swapped for one that errs while `flaky_armed` is set ---- */
+static kern_backend_ops_t flaky_ops;
+static const kern_backend_ops_t *real_ops;
+static bool flaky_armed;
+
+static td_status_t flaky_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
+                                   uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
+{
+    if (flaky_armed)
+        return td_error(TD_ERR_INTERNAL, "attention failed on purpose");
+    return real_ops->attention(b, kv, q, out, n_heads, seqs, n_seqs, scale);
+}
+
+typedef struct failures {
+    collect_t c;
+    char error[64][256];
+} failures_t;
+
+static void on_fail_ev(void *ctx, const eng_event_t *ev)
+{
+    failures_t *f = ctx;
+    on_ev(&f->c, ev);
+    if (ev->finish == ENG_FINISH_ERROR)
+        snprintf(f->error[ev->id - f->c.first], sizeof f->error[0], "%s", ev->error ? ev->error : "(none)");
+}
+
+/* A backend op that fails ends the requests of that step's batch with
+ * ENG_FINISH_ERROR and the op's message; the engine serves the next request
+ * as a fresh engine would. Before: the step's error was returned and the same
+ * batch retried forever. */
+Test(generate, a_failing_backend_op_ends_the_batch_with_an_error)
+{
+    kern_backend_t *be;
+    cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
+    real_ops = be->ops;
+    flaky_ops = *be->ops;
+    flaky_ops.attention = flaky_attention;
+    be->ops = &flaky_ops;
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.backend = be;
+    eng_engine_t *e;
+    cr_assert_eq(eng_engine_create(model, &cfg, &e), TD_OK, "%s", td_last_error());
+    static failures_t f;
+    memset(&f, 0, sizeof f);
+    for (int i = 0; i < 2; i++) {
+        eng_request_t r = {.prompt = refs[i].ids, .n_prompt = refs[i].n_ids, .sampling = eng_sampling_default(),
+                           .max_tokens = N_GEN, .ignore_eos = true};
+        uint64_t id;
+        cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK);
+        if (i == 0)
+            f.c.first = id;
+    }
+    cr_assert_eq(eng_engine_step(e, on_fail_ev, &f), TD_OK, "%s", td_last_error());
+    cr_assert_eq(f.c.n[0], 1, "the prompts were computed and sampled once before the failure");
+    flaky_armed = true;
+    cr_assert_eq(eng_engine_step(e, on_fail_ev, &f), TD_ERR_INTERNAL);
+    flaky_armed = false;
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(f.c.fin[i], ENG_FINISH_ERROR, "request %d ended with an error", i);
+        cr_assert(strstr(f.error[i], "attention failed on purpose"), "request %d's message: %s", i, f.error[i]);
+    }
+    cr_assert_not(eng_engine_busy(e), "the failed requests are gone");
+    cr_assert_eq(eng_engine_kv_stats(e).in_use, 0, "their blocks are free");
+    /* the engine goes on: the next request's tokens are a fresh engine's */
+    static collect_t after, fresh;
+    size_t idx = 2;
+    run(e, &idx, 1, &after);
+    eng_engine_t *clean = engine(512, 0, true);
+    run(clean, &idx, 1, &fresh);
+    cr_assert_eq(after.n[0], N_GEN);
+    cr_assert_eq(memcmp(after.out[0], fresh.out[0], N_GEN * sizeof(int32_t)), 0);
+    eng_engine_destroy(clean);
+    eng_engine_destroy(e);
+    be->ops = real_ops;
+    kern_backend_destroy(be);
+}
+
+/* A backend that lacks an op the forward pass needs is refused at creation,
+ * the op named — not at its first step. */
+Test(generate, a_backend_without_an_op_is_refused_up_front)
+{
+    kern_backend_t *be;
+    cr_assert_eq(kern_cpu_backend_create(1, &be), TD_OK);
+    real_ops = be->ops;
+    flaky_ops = *be->ops;
+    flaky_ops.supported &= ~(uint32_t)(KERN_OP_ATTENTION | KERN_OP_EMBED);
+    be->ops = &flaky_ops;
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.backend = be;
+    eng_engine_t *e = NULL;
+    cr_assert_eq(eng_engine_create(model, &cfg, &e), TD_ERR_UNSUPPORTED);
+    cr_assert(strstr(td_last_error(), "backend cpu does not support embed, attention"), "%s", td_last_error());
+    be->ops = real_ops;
+    kern_backend_destroy(be);
+}
+
+/* A pool held entirely by landing reservations: a request that can get no
+ * block ends with an error that says so (before: every step failed with
+ * "cannot hold one sequence" and the request hung); once they are released
+ * the engine serves again. */
+Test(generate, a_pool_pinned_by_reservations_fails_the_request_not_hangs)
+{
+    eng_engine_t *e = engine(512, 16 * 8, true);
+    int32_t held[8];
+    cr_assert_eq(eng_engine_kv_reserve(e, 16 * 8, held), TD_OK);
+    static failures_t f;
+    memset(&f, 0, sizeof f);
+    eng_request_t r = {.prompt = refs[0].ids, .n_prompt = refs[0].n_ids, .sampling = eng_sampling_default(),
+                       .max_tokens = 8, .ignore_eos = true};
+    cr_assert_eq(eng_engine_add(e, &r, &f.c.first), TD_OK);
+    for (int s = 0; s < 3 && eng_engine_busy(e); s++)
+        eng_engine_step(e, on_fail_ev, &f);
+    cr_assert_not(eng_engine_busy(e), "the request ended");
+    cr_assert_eq(f.c.fin[0], ENG_FINISH_ERROR);
+    cr_assert(strstr(f.error[0], "8 are held outside the engine's requests"), "%s", f.error[0]);
+    eng_engine_kv_release(e, held, 8);
+    memset(&f, 0, sizeof f);
+    cr_assert_eq(eng_engine_add(e, &r, &f.c.first), TD_OK);
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_fail_ev, &f), TD_OK, "%s", td_last_error());
+    cr_assert_eq(f.c.fin[0], ENG_FINISH_LENGTH);
+    cr_assert_eq(f.c.n[0], 8);
+    eng_engine_destroy(e);
 }
