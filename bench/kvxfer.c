@@ -59,7 +59,7 @@ int main(int argc, char **argv)
         kv_xfer_mem_t *m;
         void *base, *addr, *rkey;
         size_t al, rl;
-        if (xo->create(&x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
+        if (xo->create(NULL, &x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
             xo->address(x, &addr, &al) || xo->progress_start(x))
             _exit(1);
         memset(base, 0, bytes);
@@ -91,18 +91,20 @@ int main(int argc, char **argv)
     kv_xfer_mem_t *m;
     void *src;
     kv_xfer_peer_t *peer;
-    if (xo->create(&x) || xo->mem_alloc(x, bytes, &src, &m) || xo->connect(x, addr, al, rkey, rl, &peer))
+    uint32_t region;
+    if (xo->create(NULL, &x) || xo->mem_alloc(x, bytes, &src, &m) || xo->connect(x, addr, al, &peer) ||
+        xo->region_add(x, peer, rkey, rl, rbase, bytes, &region))
         return 1;
     for (size_t i = 0; i < bytes; i++)
         ((uint8_t *)src)[i] = (uint8_t)(i * 2654435761u >> 13);
     /* warm-up (wire-up) */
-    xo->put(x, peer, src, chunk, rbase);
+    xo->put(x, peer, region, src, chunk, 0);
     xo->flush(x, peer, 10);
     double best = 1e9;
     for (int rep = 0; rep < 5; rep++) {
         double t0 = td_now_s();
         for (size_t off = 0; off < bytes; off += chunk)
-            if (xo->put(x, peer, (uint8_t *)src + off, chunk, rbase + off))
+            if (xo->put(x, peer, region, (uint8_t *)src + off, chunk, off))
                 return 1;
         if (xo->flush(x, peer, 30))
             return 1;

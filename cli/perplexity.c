@@ -82,7 +82,7 @@ int cli_perplexity(int argc, char **argv)
     if (eng_tokenizer_encode(m->tok, text, got, 0, &toks, &cap, &n))
         goto out;
     uint32_t bt = 16, nblocks = (uint32_t)(ctx + bt - 1) / bt;
-    eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, KERN_KV_F16};
+    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, TD_KV_F16);
     table = malloc(nblocks * sizeof *table);
     if (!table || kern_cpu_backend_create_numerics((int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
         eng_forward_create(m, be, pool, PPL_ROWS, PPL_ROWS, &f))

@@ -12,6 +12,7 @@
 #include <cyaml/cyaml.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@
 
 #include "common/log.h"
 
-typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64 } cfg_kind_t;
+typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 
 /* raw: what libcyaml fills */
 typedef struct { char *level, *format; } raw_log_t;
@@ -28,7 +29,8 @@ typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *cont
 typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } raw_router_t;
 typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
 typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
-typedef struct { char *endpoints, *data_dir; } raw_etcd_t;
+typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
+typedef struct { bool *peer_errors; uint32_t *peer_idle_s; } raw_transport_t;
 typedef struct {
     raw_log_t *log;
     raw_model_t *model;
@@ -36,6 +38,7 @@ typedef struct {
     raw_workers_t *prefill, *decode;
     raw_kvstore_t *kvstore;
     raw_etcd_t *etcd;
+    raw_transport_t *transport;
 } raw_config_t;
 
 #define OPT (CYAML_FLAG_OPTIONAL | CYAML_FLAG_POINTER)
@@ -60,7 +63,12 @@ static const cyaml_schema_field_t kvstore_fields[] = {
     CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), STR("data_dir", raw_kvstore_t, data_dir),
     CYAML_FIELD_END};
 static const cyaml_schema_field_t etcd_fields[] = {
-    STR("endpoints", raw_etcd_t, endpoints), STR("data_dir", raw_etcd_t, data_dir), CYAML_FIELD_END};
+    STR("endpoints", raw_etcd_t, endpoints), STR("data_dir", raw_etcd_t, data_dir),
+    CYAML_FIELD_UINT_PTR("lease_ttl_s", OPT, raw_etcd_t, lease_ttl_s), CYAML_FIELD_END};
+
+static const cyaml_schema_field_t transport_fields[] = {
+    CYAML_FIELD_BOOL_PTR("peer_errors", OPT, raw_transport_t, peer_errors),
+    CYAML_FIELD_UINT_PTR("peer_idle_s", OPT, raw_transport_t, peer_idle_s), CYAML_FIELD_END};
 
 static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("log", OPT, raw_config_t, log, log_fields),
@@ -70,6 +78,7 @@ static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("decode", OPT, raw_config_t, decode, workers_fields),
     CYAML_FIELD_MAPPING_PTR("kvstore", OPT, raw_config_t, kvstore, kvstore_fields),
     CYAML_FIELD_MAPPING_PTR("etcd", OPT, raw_config_t, etcd, etcd_fields),
+    CYAML_FIELD_MAPPING_PTR("transport", OPT, raw_config_t, transport, transport_fields),
     CYAML_FIELD_END};
 
 static const cyaml_schema_value_t top_schema = {
@@ -112,6 +121,9 @@ static const cfg_field_t cfg_fields[] = {
     F("kvstore.data_dir", CFG_STR, kvstore.data_dir, kvstore, raw_kvstore_t, data_dir),
     F("etcd.endpoints", CFG_STR, etcd.endpoints, etcd, raw_etcd_t, endpoints),
     F("etcd.data_dir", CFG_STR, etcd.data_dir, etcd, raw_etcd_t, data_dir),
+    F("etcd.lease_ttl_s", CFG_U32, etcd.lease_ttl_s, etcd, raw_etcd_t, lease_ttl_s),
+    F("transport.peer_errors", CFG_BOOL, transport.peer_errors, transport, raw_transport_t, peer_errors),
+    F("transport.peer_idle_s", CFG_U32, transport.peer_idle_s, transport, raw_transport_t, peer_idle_s),
 };
 #define N_FIELDS (sizeof cfg_fields / sizeof cfg_fields[0])
 
@@ -137,7 +149,8 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"},
         {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},
         {"kvstore.dram_mb", "1024"}, {"kvstore.data_dir", ""},
-        {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""},
+        {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""}, {"etcd.lease_ttl_s", "3"},
+        {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"},
     };
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
         td_status_t rc = td_config_set(cfg, defaults[i].k, defaults[i].v);
@@ -156,6 +169,13 @@ td_status_t td_config_set(td_config_t *cfg, const char *key, const char *value)
         char *slot = (char *)cfg + f->off;
         if (f->kind == CFG_STR)
             return set_str((char **)(void *)slot, value);
+        if (f->kind == CFG_BOOL) {
+            bool t = !strcmp(value, "true") || !strcmp(value, "1"), fa = !strcmp(value, "false") || !strcmp(value, "0");
+            if (!t && !fa)
+                return td_error(TD_ERR_CONFIG, "config: %s: '%s' is not true or false", key, value);
+            *(bool *)(void *)slot = t;
+            return TD_OK;
+        }
         char *end;
         errno = 0;
         unsigned long long v = strtoull(value, &end, 10);
@@ -309,6 +329,8 @@ td_status_t td_config_load(td_config_t *cfg, const char *path)
         char *slot = (char *)cfg + f->off;
         if (f->kind == CFG_STR)
             rc = set_str((char **)(void *)slot, v);
+        else if (f->kind == CFG_BOOL)
+            *(bool *)(void *)slot = *(bool *)v;
         else if (f->kind == CFG_U32)
             *(uint32_t *)(void *)slot = *(uint32_t *)v;
         else
@@ -328,9 +350,13 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (strcmp(cfg->model.numerics, "fast") && strcmp(cfg->model.numerics, "reference"))
         return td_error(TD_ERR_CONFIG, "config: model.numerics = '%s'; it must be fast or reference",
                         cfg->model.numerics);
-    const struct { const char *role; uint32_t budget; uint64_t mib; } w[] = {
-        {"prefill", cfg->prefill.token_budget, cfg->prefill.kv_mib}, {"decode", cfg->decode.token_budget, cfg->decode.kv_mib}};
+    const struct { const char *role; uint32_t budget; uint64_t mib; uint32_t threads; } w[] = {
+        {"prefill", cfg->prefill.token_budget, cfg->prefill.kv_mib, cfg->prefill.threads},
+        {"decode", cfg->decode.token_budget, cfg->decode.kv_mib, cfg->decode.threads}};
     for (size_t i = 0; i < 2; i++) {
+        if (w[i].threads > 256)
+            return td_error(TD_ERR_CONFIG, "config: %s.threads = %u; it must be from 0 (one per core) to 256",
+                            w[i].role, w[i].threads);
         if (w[i].budget < 1 || w[i].budget > 1u << 20)
             return td_error(TD_ERR_CONFIG, "config: %s.token_budget = %u; it must be from 1 to 1048576", w[i].role,
                             w[i].budget);
@@ -338,6 +364,12 @@ td_status_t td_config_validate(const td_config_t *cfg)
             return td_error(TD_ERR_CONFIG, "config: %s.kv_mib = %llu; it must be from 1 to 1048576", w[i].role,
                             (unsigned long long)w[i].mib);
     }
+    if (cfg->etcd.lease_ttl_s < 1 || cfg->etcd.lease_ttl_s > 3600)
+        return td_error(TD_ERR_CONFIG, "config: etcd.lease_ttl_s = %u; it must be from 1 to 3600",
+                        cfg->etcd.lease_ttl_s);
+    if (cfg->transport.peer_idle_s < 1 || cfg->transport.peer_idle_s > 86400)
+        return td_error(TD_ERR_CONFIG, "config: transport.peer_idle_s = %u; it must be from 1 to 86400",
+                        cfg->transport.peer_idle_s);
     td_log_level_t lv;
     if (td_log_level_parse(cfg->log.level, &lv))
         return td_error(TD_ERR_CONFIG, "config: log.level = '%s'; it must be debug, info, warn, error or off",

@@ -13,7 +13,12 @@
  *            (token_budget: tokens per engine step, the chunked-prefill size;
  *            kv_mib: the worker's KV pool)
  *   kvstore: { dram_mb: 1024, data_dir: "" }
- *   etcd:    { endpoints: 127.0.0.1:2379, data_dir: "" }
+ *   etcd:    { endpoints: 127.0.0.1:2379, data_dir: "", lease_ttl_s: 3 }  (lease_ttl_s: a
+ *            worker's registration lease; a dead worker leaves the membership this long after)
+ *   transport: { peer_errors: false, peer_idle_s: 60 }  (the KV transport, kvstore/transfer.h:
+ *            peer_errors: UCX peer error handling, which costs UCX's shared-memory
+ *            paths; peer_idle_s: a prefill worker closes a connection to a decode
+ *            worker unused this long)
  *
  * Every key is optional; what is absent keeps its default. The file is read
  * through a libcyaml schema; an unknown key or a value of the wrong type is an
@@ -22,6 +27,7 @@
 #ifndef TD_CONFIG_H
 #define TD_CONFIG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -29,13 +35,20 @@
 /* The default model (deploy/install-deps.sh puts it there), relative to the working directory. */
 #define TD_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
+/* A worker role's section (prefill, decode). */
+typedef struct td_worker_config {
+    uint32_t count, threads, token_budget;
+    uint64_t kv_mib;
+} td_worker_config_t;
+
 typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
     struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } router;
-    struct { uint32_t count, threads, token_budget; uint64_t kv_mib; } prefill, decode;
+    td_worker_config_t prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;
-    struct { char *endpoints, *data_dir; } etcd;
+    struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;
+    struct { bool peer_errors; uint32_t peer_idle_s; } transport;
 } td_config_t;
 
 /* Fills cfg with the defaults. Free with td_config_free(). */

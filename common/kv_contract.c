@@ -1,6 +1,8 @@
 /* kv_contract.c — see kv_contract.h. */
 #include "common/kv_contract.h"
 
+#include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -16,12 +18,35 @@ static td_status_t differ_s(const char *field, const char *a, const char *b, con
     return td_error(TD_ERR_CONFIG, "KV contract mismatch with %s: %s: here '%s', peer '%s'", peer, field, a, b);
 }
 
-td_status_t td_kv_contract_check(const td_kv_contract_t *a, const td_kv_contract_t *b, const char *peer)
+const char *td_kv_dtype_name(td_kv_dtype_t d) { return d == TD_KV_F16 ? "fp16" : d == TD_KV_F32 ? "fp32" : "?"; }
+
+bool td_kv_dtype_parse(const char *s, td_kv_dtype_t *out)
+{
+    if (s && !strcmp(s, "fp16"))
+        *out = TD_KV_F16;
+    else if (s && !strcmp(s, "fp32"))
+        *out = TD_KV_F32;
+    else
+        return false;
+    return true;
+}
+
+td_kv_layout_t td_kv_layout_make(const char *model_id, uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                                 uint32_t block_tokens, td_kv_dtype_t dtype)
+{
+    td_kv_layout_t l = {.n_layers = n_layers, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
+                        .block_tokens = block_tokens, .dtype = dtype, .layout_version = TD_KV_LAYOUT_VERSION};
+    snprintf(l.hash_scheme, sizeof l.hash_scheme, "%s", TD_KV_HASH_SCHEME);
+    snprintf(l.model_id, sizeof l.model_id, "%s", model_id ? model_id : "");
+    return l;
+}
+
+td_status_t td_kv_contract_check(const td_kv_layout_t *a, const td_kv_layout_t *b, const char *peer)
 {
     if (a->layout_version != b->layout_version)
         return differ_u("layout_version", a->layout_version, b->layout_version, peer);
-    if (strncmp(a->dtype, b->dtype, sizeof a->dtype))
-        return differ_s("dtype", a->dtype, b->dtype, peer);
+    if (a->dtype != b->dtype)
+        return differ_s("dtype", td_kv_dtype_name(a->dtype), td_kv_dtype_name(b->dtype), peer);
     if (a->block_tokens != b->block_tokens)
         return differ_u("block_tokens", a->block_tokens, b->block_tokens, peer);
     if (strncmp(a->hash_scheme, b->hash_scheme, sizeof a->hash_scheme))
@@ -37,9 +62,49 @@ td_status_t td_kv_contract_check(const td_kv_contract_t *a, const td_kv_contract
     return TD_OK;
 }
 
-size_t td_kv_contract_block_bytes(const td_kv_contract_t *c)
+json_t *td_kv_layout_to_json(const td_kv_layout_t *l)
 {
-    return (size_t)c->n_layers * 2 * c->n_kv_heads * c->block_tokens * c->head_dim * (!strcmp(c->dtype, "fp16") ? 2 : 4);
+    return json_pack("{s:i, s:s, s:i, s:s, s:s, s:i, s:i, s:i}", "layout_version", (json_int_t)l->layout_version,
+                     "dtype", td_kv_dtype_name(l->dtype), "block_tokens", (json_int_t)l->block_tokens, "hash_scheme",
+                     l->hash_scheme, "model_id", l->model_id, "n_layers", (json_int_t)l->n_layers, "n_kv_heads",
+                     (json_int_t)l->n_kv_heads, "head_dim", (json_int_t)l->head_dim);
+}
+
+static td_status_t json_u32(const json_t *j, const char *key, uint32_t *out)
+{
+    json_t *v = json_object_get(j, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX)
+        return td_error(TD_ERR_FORMAT, "KV contract: '%s' is missing or not a 32-bit count", key);
+    *out = (uint32_t)json_integer_value(v);
+    return TD_OK;
+}
+
+static td_status_t json_str(const json_t *j, const char *key, char *out, size_t cap)
+{
+    const char *v = json_string_value(json_object_get(j, key));
+    if (!v || strlen(v) >= cap)
+        return td_error(TD_ERR_FORMAT, "KV contract: '%s' is missing, not a string or longer than %zu bytes", key,
+                        cap - 1);
+    memcpy(out, v, strlen(v) + 1);
+    return TD_OK;
+}
+
+td_status_t td_kv_layout_from_json(const json_t *j, td_kv_layout_t *l)
+{
+    memset(l, 0, sizeof *l);
+    if (!json_is_object(j))
+        return td_error(TD_ERR_FORMAT, "KV contract: not a JSON object");
+    char dtype[8];
+    td_status_t rc;
+    if ((rc = json_u32(j, "layout_version", &l->layout_version)) || (rc = json_u32(j, "block_tokens", &l->block_tokens)) ||
+        (rc = json_u32(j, "n_layers", &l->n_layers)) || (rc = json_u32(j, "n_kv_heads", &l->n_kv_heads)) ||
+        (rc = json_u32(j, "head_dim", &l->head_dim)) || (rc = json_str(j, "dtype", dtype, sizeof dtype)) ||
+        (rc = json_str(j, "hash_scheme", l->hash_scheme, sizeof l->hash_scheme)) ||
+        (rc = json_str(j, "model_id", l->model_id, sizeof l->model_id)))
+        return rc;
+    if (!td_kv_dtype_parse(dtype, &l->dtype))
+        return td_error(TD_ERR_FORMAT, "KV contract: dtype '%s' is not fp16 or fp32", dtype);
+    return TD_OK;
 }
 
 uint64_t td_kv_block_digest(const void *block, size_t block_bytes)

@@ -1,12 +1,22 @@
-/* kv_contract.h — the KV contract (DESIGN.md §3): everything two peers must
- * agree on before one writes KV blocks the other reads. Layout version, pool
- * dtype, tokens per block, block-name hash scheme, and the model (its id and
- * the shape that fixes a block's size). Peers state theirs when they connect;
- * a mismatch is refused with an error that names both sides' values, and KV is
- * never converted. */
+/* kv_contract.h — the KV layout (DESIGN.md §3): the one description of a KV
+ * block that the pool, the kernels, the wire and the kvstore share, and the
+ * contract two peers must agree on before one writes blocks the other reads.
+ *
+ * A block holds block_tokens consecutive tokens of one sequence, all layers,
+ * in the canonical layout (layout_version 1):
+ *
+ *   [layer][k|v][kv_head][token][head_dim]   in dtype (fp16 or fp32)
+ *
+ * The contract is the whole struct: layout version, dtype, tokens per block,
+ * block-name hash scheme, the model (its id and the shape that fixes a
+ * block's size). Peers state theirs when they connect; a mismatch is refused
+ * with an error that names both sides' values, and KV is never converted.
+ * Encoded once per wire format: JSON here (etcd records), protobuf in
+ * common/kv_contract_pb.h (RPCs). */
 #ifndef TD_KV_CONTRACT_H
 #define TD_KV_CONTRACT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,20 +25,50 @@
 #define TD_KV_LAYOUT_VERSION 1   /* [layer][k|v][kv_head][token][head_dim] */
 #define TD_KV_HASH_SCHEME "xxh3-128-chain-v1"
 
-typedef struct td_kv_contract {
-    uint32_t layout_version;
-    char dtype[8];          /* fp16 | fp32 */
-    uint32_t block_tokens;
-    char hash_scheme[32];
+typedef enum td_kv_dtype { TD_KV_F32 = 0, TD_KV_F16 = 1 } td_kv_dtype_t;
+
+/* "fp16" | "fp32" */
+const char *td_kv_dtype_name(td_kv_dtype_t d);
+bool td_kv_dtype_parse(const char *s, td_kv_dtype_t *out);
+static inline size_t td_kv_dtype_size(td_kv_dtype_t d) { return d == TD_KV_F16 ? 2 : 4; }
+
+typedef struct td_kv_layout {
+    /* the geometry first (positional initializers of tests name these) */
+    uint32_t n_layers, n_kv_heads, head_dim, block_tokens;
+    td_kv_dtype_t dtype;
+    uint32_t layout_version; /* TD_KV_LAYOUT_VERSION */
+    char hash_scheme[32];    /* TD_KV_HASH_SCHEME */
     char model_id[128];
-    uint32_t n_layers, n_kv_heads, head_dim;
-} td_kv_contract_t;
+} td_kv_layout_t;
+
+/* A layout of the current version and hash scheme. */
+td_kv_layout_t td_kv_layout_make(const char *model_id, uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                                 uint32_t block_tokens, td_kv_dtype_t dtype);
+
+/* Bytes of one block (all layers, K and V), of one token's KV in it, and of
+ * one layer's slice of a block (its K and V rows, contiguous). */
+static inline size_t td_kv_layer_bytes(const td_kv_layout_t *l)
+{
+    return (size_t)2 * l->n_kv_heads * l->block_tokens * l->head_dim * td_kv_dtype_size(l->dtype);
+}
+static inline size_t td_kv_block_bytes(const td_kv_layout_t *l) { return l->n_layers * td_kv_layer_bytes(l); }
+static inline size_t td_kv_token_bytes(const td_kv_layout_t *l) { return td_kv_block_bytes(l) / l->block_tokens; }
+/* Elements (not bytes) from a block's start to the K (which 0) or V (which
+ * 1) rows of kv_head in layer. */
+static inline size_t td_kv_offset(const td_kv_layout_t *l, uint32_t layer, uint32_t which, uint32_t kv_head)
+{
+    return (((size_t)layer * 2 + which) * l->n_kv_heads + kv_head) * l->block_tokens * l->head_dim;
+}
 
 /* Checks that peer's contract equals ours; the error names the first field
  * that differs with both values ("block_tokens: here 16, peer 32"). */
-td_status_t td_kv_contract_check(const td_kv_contract_t *ours, const td_kv_contract_t *peer, const char *peer_name);
-/* Bytes of one block under the contract. */
-size_t td_kv_contract_block_bytes(const td_kv_contract_t *c);
+td_status_t td_kv_contract_check(const td_kv_layout_t *ours, const td_kv_layout_t *peer, const char *peer_name);
+
+/* The JSON form (etcd's worker records): an object with every field; and
+ * back, TD_ERR_PARSE naming a missing or ill-typed field. */
+struct json_t;
+struct json_t *td_kv_layout_to_json(const td_kv_layout_t *l);
+td_status_t td_kv_layout_from_json(const struct json_t *j, td_kv_layout_t *l);
 
 /* The digest of one block's bytes (XXH3-64 over the whole block in the
  * canonical layout, every layer, the unused tail of a partial block too).

@@ -110,13 +110,12 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "ReserveRequest does not parse");
         return;
     }
-    td_kv_contract_t ours = eng_worker_contract(w), peer;
-    eng_worker_contract_from_pb(rq->contract, &peer);
+    td_kv_layout_t ours = eng_worker_contract(w), peer;
     if (!rq->contract) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "contract: missing");
         goto out;
     }
-    if (td_kv_contract_check(&ours, &peer, "prefill side")) {
+    if (td_kv_layout_from_pb(rq->contract, &peer) || td_kv_contract_check(&ours, &peer, "prefill side")) {
         td_rpc_call_finish(call, TD_RPC_FAILED_PRECONDITION, "KV contract refused by %s: %s", eng_worker_id(w),
                            td_last_error());
         goto out;
@@ -145,21 +144,25 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     }
     Tandem__Internal__V1__LandingDescriptor land = TANDEM__INTERNAL__V1__LANDING_DESCRIPTOR__INIT;
     Tandem__Internal__V1__KvContract c;
-    eng_worker_contract_to_pb(&ours, &c);
+    td_kv_layout_to_pb(&ours, &c);
     const void *addr, *rkey;
     size_t addr_len, rkey_len;
-    uint64_t base;
-    eng_worker_pool_desc(w, &addr, &addr_len, &rkey, &rkey_len, &base);
+    uint64_t base, pool_len;
+    eng_worker_pool_desc(w, &addr, &addr_len, &rkey, &rkey_len, &base, &pool_len);
     size_t bb;
     eng_engine_kv_base(eng_worker_engine(w), &bb); /* block size only; constant after start */
     uint64_t *offs = malloc(op->n_blocks * sizeof *offs);
     for (uint32_t i = 0; offs && i < op->n_blocks; i++)
         offs[i] = (uint64_t)op->blocks[i] * bb;
-    land.has_reservation_id = land.has_ucx_address = land.has_rkey = land.has_remote_base = land.has_block_bytes = 1;
+    kv_xfer_t *xfer;
+    land.has_reservation_id = land.has_address = land.has_region_key = land.has_remote_base = land.has_block_bytes =
+        land.has_region_bytes = 1;
     land.reservation_id = op->id;
-    land.ucx_address = (ProtobufCBinaryData){addr_len, (uint8_t *)addr};
-    land.rkey = (ProtobufCBinaryData){rkey_len, (uint8_t *)rkey};
+    land.transport = (char *)eng_worker_transport(w, &xfer)->name;
+    land.address = (ProtobufCBinaryData){addr_len, (uint8_t *)addr};
+    land.region_key = (ProtobufCBinaryData){rkey_len, (uint8_t *)rkey};
     land.remote_base = base;
+    land.region_bytes = pool_len;
     land.n_block_offsets = offs ? op->n_blocks : 0;
     land.block_offsets = offs;
     land.block_bytes = bb;

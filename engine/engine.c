@@ -77,7 +77,7 @@ const char *eng_finish_name(eng_finish_t f)
 
 eng_engine_config_t eng_engine_config_default(void)
 {
-    return (eng_engine_config_t){.n_threads = 0, .block_tokens = 16, .kv_dtype = KERN_KV_F16, .kv_tokens = 0,
+    return (eng_engine_config_t){.n_threads = 0, .block_tokens = 16, .kv_dtype = TD_KV_F16, .kv_tokens = 0,
                                  .kv_bytes = 64u << 20, .token_budget = 512, .max_seqs = 64, .prefix_cache = true};
 }
 
@@ -92,8 +92,9 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     e->m = m;
     e->cfg = *cfg;
     e->next_id = 1;
-    eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, cfg->block_tokens, cfg->kv_dtype};
-    size_t bb = eng_kv_block_bytes(&g);
+    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim,
+                                         cfg->block_tokens, cfg->kv_dtype);
+    size_t bb = td_kv_block_bytes(&g);
     uint64_t blocks = cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
                                      : (cfg->kv_bytes ? cfg->kv_bytes : 64u << 20) / bb;
     if (blocks < 2 || blocks > (1u << 30)) {
@@ -121,7 +122,7 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
         eng_engine_destroy(e);
         return rc;
     }
-    e->root = td_block_name_root(m->desc.name, cfg->kv_dtype == KERN_KV_F16 ? "fp16" : "fp32", cfg->block_tokens);
+    e->root = td_block_name_root(m->desc.name, td_kv_dtype_name(cfg->kv_dtype), cfg->block_tokens);
     e->n_eog = eng_tokenizer_eog(m->tok, e->eog, 8);
     if (e->n_eog > 8)
         e->n_eog = 8;
@@ -338,16 +339,7 @@ void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx)
 }
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
 eng_kv_pool_t *eng_engine_kv_pool(eng_engine_t *e) { return e->pool; }
-td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e)
-{
-    td_kv_contract_t c = {.layout_version = TD_KV_LAYOUT_VERSION, .block_tokens = e->cfg.block_tokens,
-                          .n_layers = e->m->desc.n_layers, .n_kv_heads = e->m->desc.n_kv_heads,
-                          .head_dim = e->m->desc.head_dim};
-    snprintf(c.dtype, sizeof c.dtype, "%s", e->cfg.kv_dtype == KERN_KV_F16 ? "fp16" : "fp32");
-    snprintf(c.hash_scheme, sizeof c.hash_scheme, "%s", TD_KV_HASH_SCHEME);
-    snprintf(c.model_id, sizeof c.model_id, "%s", e->m->desc.name);
-    return c;
-}
+td_kv_layout_t eng_engine_kv_contract(const eng_engine_t *e) { return *eng_kv_layout(e->pool); }
 
 /* Makes the block table cover positions [0, upto); false if the pool is out. */
 static bool seq_reserve(eng_engine_t *e, eng_seq_t *s, uint32_t upto)

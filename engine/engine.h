@@ -28,7 +28,7 @@ typedef struct eng_engine_config {
     kern_backend_t *backend;
     int n_threads;            /* CPU compute threads (0: one per core) */
     uint32_t block_tokens;    /* tokens per KV block (16) */
-    kern_kv_dtype_t kv_dtype; /* fp16 (default) or fp32 */
+    td_kv_dtype_t kv_dtype; /* fp16 (default) or fp32 */
     kern_numerics_t numerics; /* fast (default) or llama.cpp's exact rounding (kernels/backend.h) */
     uint64_t kv_tokens;       /* pool size in tokens (0: use kv_bytes) */
     uint64_t kv_bytes;        /* pool size in bytes (0 and kv_tokens 0: 64 MiB) */
@@ -133,6 +133,6 @@ typedef struct eng_layer_seq {
 typedef void (*eng_layer_fn)(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uint32_t n);
 void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx);
 /* The KV contract this engine's blocks follow (kv_contract.h). */
-td_kv_contract_t eng_engine_kv_contract(const eng_engine_t *e);
+td_kv_layout_t eng_engine_kv_contract(const eng_engine_t *e);
 
 #endif

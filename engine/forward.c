@@ -198,7 +198,7 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     const eng_model_desc_t *d = &f->m->desc;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
-    uint32_t n = 0, nl = 0, bt = eng_kv_view(f->pool, 0).block_tokens;
+    uint32_t n = 0, nl = 0, bt = eng_kv_layout(f->pool)->block_tokens;
     size_t nt = 0;
     /* lay the batch out: token rows, positions, KV slots, block tables */
     for (uint32_t s = 0; s < n_seqs; s++) {

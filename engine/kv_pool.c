@@ -17,7 +17,7 @@
 
 struct eng_kv_pool {
     kern_backend_t *be;
-    eng_kv_geom_t g;
+    td_kv_layout_t g;
     size_t block_bytes;
     uint32_t n_blocks;
     void *mem;
@@ -37,13 +37,7 @@ struct eng_kv_pool {
     uint64_t event_seq;
 };
 
-size_t eng_kv_block_bytes(const eng_kv_geom_t *g)
-{
-    return (size_t)g->n_layers * 2 * g->n_kv_heads * g->block_tokens * g->head_dim *
-           (g->dtype == KERN_KV_F16 ? 2 : 4);
-}
-
-td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks,
+td_status_t eng_kv_pool_create(kern_backend_t *be, const td_kv_layout_t *g, uint32_t n_blocks,
                                const eng_kv_memory_t *mem, eng_kv_pool_t **out)
 {
     if (!n_blocks || g->block_tokens < 1)
@@ -53,7 +47,7 @@ td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint3
         return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory");
     p->be = be;
     p->g = *g;
-    p->block_bytes = eng_kv_block_bytes(g);
+    p->block_bytes = td_kv_block_bytes(g);
     p->n_blocks = n_blocks;
     uint32_t cap = 16;
     while (cap < 2 * n_blocks)
@@ -270,9 +264,12 @@ int32_t eng_kv_lookup(eng_kv_pool_t *p, td_block_name_t n)
 
 kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer)
 {
-    return (kern_kv_view_t){.base = p->mem, .block_bytes = p->block_bytes, .dtype = p->g.dtype, .layer = layer,
-                            .n_layers = p->g.n_layers, .n_kv_heads = p->g.n_kv_heads, .head_dim = p->g.head_dim,
-                            .block_tokens = p->g.block_tokens};
+    return (kern_kv_view_t){.base = p->mem, .layout = &p->g, .block_bytes = p->block_bytes, .layer = layer};
+}
+
+const td_kv_layout_t *eng_kv_layout(const eng_kv_pool_t *p)
+{
+    return &p->g;
 }
 
 eng_kv_stats_t eng_kv_stats(const eng_kv_pool_t *p)

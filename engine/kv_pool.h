@@ -1,16 +1,6 @@
 /* kv_pool.h — the paged KV pool: fixed-size blocks of KV in the canonical
- * layout that every pool, the wire and the kvstore share (DESIGN.md §3).
- *
- * One block holds block_tokens consecutive tokens of one sequence, all layers:
- *
- *   block ─┬─ layer 0 ─┬─ K ─┬─ kv_head 0: [token 0][head_dim] ... [token bt-1][head_dim]
- *          │           │     └─ kv_head 1: ...
- *          │           └─ V ─── kv_head 0 ... kv_head n_kv-1
- *          ├─ layer 1 ── K, V
- *          └─ ...
- *   offset(layer, k|v, head, token) = ((layer * 2 + kv) * n_kv_heads + head) * bt * head_dim + token * head_dim
- *
- * in the pool's dtype (fp32 or fp16). Blocks are reference counted: a block
+ * layout that every pool, the wire and the kvstore share (td_kv_layout_t,
+ * common/kv_contract.h; DESIGN.md §3). Blocks are reference counted: a block
  * shared by several sequences (a common prefix) is freed when the last lets go.
  * A full block may be published under its name (common/blockhash.h); when its
  * count drops to zero it stays cached, reusable by name, until the pool needs
@@ -25,15 +15,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 
-typedef struct eng_kv_geom {
-    uint32_t n_layers, n_kv_heads, head_dim, block_tokens;
-    kern_kv_dtype_t dtype;
-} eng_kv_geom_t;
-
 typedef struct eng_kv_pool eng_kv_pool_t;
-
-/* Bytes of one block (all layers, K and V). */
-size_t eng_kv_block_bytes(const eng_kv_geom_t *g);
 
 /* Where a pool's blocks live: a provider of one region of `bytes`, freed
  * when the pool goes. The worker's provider maps it with the KV transport
@@ -47,7 +29,7 @@ typedef struct eng_kv_memory {
 
 /* A pool of n_blocks blocks in the provider's memory (mem NULL or its alloc
  * NULL: the backend's own, ops->alloc). */
-td_status_t eng_kv_pool_create(kern_backend_t *be, const eng_kv_geom_t *g, uint32_t n_blocks,
+td_status_t eng_kv_pool_create(kern_backend_t *be, const td_kv_layout_t *g, uint32_t n_blocks,
                                const eng_kv_memory_t *mem, eng_kv_pool_t **out);
 void eng_kv_pool_destroy(eng_kv_pool_t *p);
 
@@ -87,7 +69,9 @@ uint64_t eng_kv_snapshot(const eng_kv_pool_t *p, void (*fn)(void *ctx, td_block_
  * tombstones), so it stays short however long the pool runs. */
 uint32_t eng_kv_index_longest_run(const eng_kv_pool_t *p);
 
-/* The view of one layer, for the backend's kv_store and attention. */
+/* The pool's layout, and the view of one layer for the backend's kv_store
+ * and attention. */
+const td_kv_layout_t *eng_kv_layout(const eng_kv_pool_t *p);
 kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer);
 
 typedef struct eng_kv_stats {

@@ -39,17 +39,13 @@ typedef struct held_event {
 
 struct eng_worker {
     eng_worker_role_t *role;
-    char id[96], listen[128], advertise[160], etcd_ep[256], model_path[512];
-    int threads;
-    uint32_t block_tokens;
-    uint64_t kv_mib;
-    uint32_t token_budget;
-    bool kv_fp32;
-    kern_numerics_t numerics;
-    int64_t lease_ttl;
+    char id[96], listen[128], advertise[160];
+    td_config_t cfg;               /* the file, then the flags over it; validated */
+    const td_worker_config_t *rc;  /* this role's section of cfg */
+    kv_xfer_config_t xfer_cfg;
     eng_model_t *model;
     eng_engine_t *engine;
-    td_kv_contract_t contract;
+    td_kv_layout_t contract;
     const kv_transport_ops_t *xo;
     kv_xfer_t *xfer;
     kv_xfer_mem_t *pool_mem;
@@ -79,7 +75,7 @@ static void on_signal(int sig) { g_signal = sig; }
 eng_engine_t *eng_worker_engine(eng_worker_t *w) { return w->engine; }
 td_rpc_server_t *eng_worker_server(eng_worker_t *w) { return w->server; }
 const char *eng_worker_id(const eng_worker_t *w) { return w->id; }
-td_kv_contract_t eng_worker_contract(const eng_worker_t *w) { return w->contract; }
+td_kv_layout_t eng_worker_contract(const eng_worker_t *w) { return w->contract; }
 const eng_model_t *eng_worker_model(const eng_worker_t *w) { return w->model; }
 
 const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x)
@@ -89,42 +85,14 @@ const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x)
 }
 
 void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, const void **rkey, size_t *rkey_len,
-                          uint64_t *base)
+                          uint64_t *base, uint64_t *len)
 {
+    *len = w->pool_bytes;
     *addr = w->ucx_addr;
     *addr_len = w->ucx_addr_len;
     *rkey = w->rkey;
     *rkey_len = w->rkey_len;
     *base = (uint64_t)(uintptr_t)w->pool_base;
-}
-
-void eng_worker_contract_to_pb(td_kv_contract_t *c, Tandem__Internal__V1__KvContract *pb)
-{
-    tandem__internal__v1__kv_contract__init(pb);
-    pb->has_layout_version = pb->has_block_tokens = pb->has_n_layers = pb->has_n_kv_heads = pb->has_head_dim = 1;
-    pb->layout_version = c->layout_version;
-    pb->block_tokens = c->block_tokens;
-    pb->n_layers = c->n_layers;
-    pb->n_kv_heads = c->n_kv_heads;
-    pb->head_dim = c->head_dim;
-    pb->dtype = c->dtype;
-    pb->hash_scheme = c->hash_scheme;
-    pb->model_id = c->model_id;
-}
-
-void eng_worker_contract_from_pb(const Tandem__Internal__V1__KvContract *pb, td_kv_contract_t *c)
-{
-    memset(c, 0, sizeof *c);
-    if (!pb)
-        return;
-    c->layout_version = pb->layout_version;
-    c->block_tokens = pb->block_tokens;
-    c->n_layers = pb->n_layers;
-    c->n_kv_heads = pb->n_kv_heads;
-    c->head_dim = pb->head_dim;
-    snprintf(c->dtype, sizeof c->dtype, "%s", pb->dtype ? pb->dtype : "");
-    snprintf(c->hash_scheme, sizeof c->hash_scheme, "%s", pb->hash_scheme ? pb->hash_scheme : "");
-    snprintf(c->model_id, sizeof c->model_id, "%s", pb->model_id ? pb->model_id : "");
 }
 
 /* ---------------------------------------------------------- engine thread */
@@ -325,7 +293,7 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     }
     s->r.id = w->id;
     s->r.role = (char *)w->role->name;
-    eng_worker_contract_to_pb(&w->contract, &s->c);
+    td_kv_layout_to_pb(&w->contract, &s->c);
     s->r.contract = &s->c;
     size_t n = tandem__internal__v1__stats_response__get_packed_size(&s->r);
     uint8_t *buf = malloc(n ? n : 1);
@@ -348,24 +316,20 @@ static void on_lease_lost(void *ctx)
 
 static td_status_t etcd_register(eng_worker_t *w)
 {
-    td_status_t rc = td_etcd_connect(w->etcd_ep, NULL, &w->etcd);
+    td_status_t rc = td_etcd_connect(w->cfg.etcd.endpoints, NULL, &w->etcd);
     if (!rc)
-        rc = td_etcd_lease_grant(w->etcd, w->lease_ttl, &w->lease);
+        rc = td_etcd_lease_grant(w->etcd, w->cfg.etcd.lease_ttl_s, &w->lease);
     if (rc)
         return rc;
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:{s:i, s:s, s:i, s:s, s:s, s:i, s:i, s:i}}", "id", w->id, "role",
-                          w->role->name, "addr", w->advertise, "pid", (int)getpid(), "contract", "layout_version",
-                          (int)w->contract.layout_version, "dtype", w->contract.dtype, "block_tokens",
-                          (int)w->contract.block_tokens, "hash_scheme", w->contract.hash_scheme, "model_id",
-                          w->contract.model_id, "n_layers", (int)w->contract.n_layers, "n_kv_heads",
-                          (int)w->contract.n_kv_heads, "head_dim", (int)w->contract.head_dim);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o}", "id", w->id, "role", w->role->name, "addr", w->advertise,
+                          "pid", (int)getpid(), "contract", td_kv_layout_to_json(&w->contract));
     char *v = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     snprintf(w->etcd_key, sizeof w->etcd_key, "/tandem/workers/%s/%s", w->role->name, w->id);
     rc = v ? td_etcd_put(w->etcd, w->etcd_key, v, strlen(v), w->lease) : TD_ERR_NO_MEMORY;
     free(v);
     if (!rc)
-        rc = td_etcd_keepalive_start(w->etcd, w->lease, w->lease_ttl, on_lease_lost, w);
+        rc = td_etcd_keepalive_start(w->etcd, w->lease, w->cfg.etcd.lease_ttl_s, on_lease_lost, w);
     return rc;
 }
 
@@ -374,94 +338,73 @@ static td_status_t etcd_register(eng_worker_t *w)
 static const char usage_fmt[] =
     "usage: tandem-%s [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT] [--id ID]\n"
     "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
-    "                 [--lease-ttl S]\n";
+    "                 [--numerics fast|reference] [--lease-ttl S] [--peer-idle-s S]\n"
+    "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
+    "  which it overrides; the role's keys are those of its section\n";
 
-static bool parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v ? v : "", &end, 10);
-    if (!v || errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "%s needs a whole number in [%llu, %llu], not '%s'\n", flag, (unsigned long long)lo,
-                (unsigned long long)hi, v ? v : "");
-        return false;
-    }
-    *out = x;
-    return true;
-}
+/* Each flag sets one config key ("%s" stands for the role's section): the
+ * YAML is the source of truth, flags override, one validation for both. */
+static const struct worker_flag {
+    const char *flag, *key;
+} worker_flags[] = {
+    {"--model", "model.path"},           {"--etcd", "etcd.endpoints"},         {"--threads", "%s.threads"},
+    {"--token-budget", "%s.token_budget"}, {"--block-tokens", "model.block_tokens"}, {"--kv-mib", "%s.kv_mib"},
+    {"--kv-dtype", "model.kv_dtype"},    {"--numerics", "model.numerics"},     {"--lease-ttl", "etcd.lease_ttl_s"},
+    {"--peer-idle-s", "transport.peer_idle_s"},
+};
 
 static int parse_args(eng_worker_t *w, int argc, char **argv)
 {
-    td_config_t cfg;
-    td_config_defaults(&cfg);
+    td_config_t *cfg = &w->cfg;
+    if (td_config_defaults(cfg))
+        return 2;
     for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--config") && td_config_load(&cfg, argv[i + 1])) {
-            td_config_free(&cfg);
+        if (!strcmp(argv[i], "--config") && td_config_load(cfg, argv[i + 1])) {
+            fprintf(stderr, "tandem-%s: %s\n", w->role->name, td_last_error());
             return 2;
         }
-    snprintf(w->model_path, sizeof w->model_path, "%s", cfg.model.path ? cfg.model.path : "");
-    snprintf(w->etcd_ep, sizeof w->etcd_ep, "%s", cfg.etcd.endpoints ? cfg.etcd.endpoints : "127.0.0.1:2379");
-    w->block_tokens = cfg.model.block_tokens;
-    w->kv_fp32 = cfg.model.kv_dtype && !strcmp(cfg.model.kv_dtype, "fp32");
-    kern_numerics_parse(cfg.model.numerics, &w->numerics); /* validated with the file */
-    bool is_prefill = !strcmp(w->role->name, "prefill");
-    w->threads = (int)(is_prefill ? cfg.prefill.threads : cfg.decode.threads);
-    w->token_budget = is_prefill ? cfg.prefill.token_budget : cfg.decode.token_budget;
-    w->kv_mib = is_prefill ? cfg.prefill.kv_mib : cfg.decode.kv_mib;
-    td_config_free(&cfg);
     snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
-    w->lease_ttl = 3;
     snprintf(w->id, sizeof w->id, "%s-%d", w->role->name, (int)getpid());
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t n;
-#define TAKE(flag) (!strcmp(a, flag) && (i++, 1))
-        if (TAKE("--config"))
-            ;
-        else if (TAKE("--model"))
-            snprintf(w->model_path, sizeof w->model_path, "%s", v ? v : "");
-        else if (TAKE("--listen"))
-            snprintf(w->listen, sizeof w->listen, "%s", v ? v : "");
-        else if (TAKE("--etcd"))
-            snprintf(w->etcd_ep, sizeof w->etcd_ep, "%s", v ? v : "");
-        else if (TAKE("--id"))
-            snprintf(w->id, sizeof w->id, "%s", v ? v : "");
-        else if (TAKE("--threads")) {
-            if (!parse_u64(a, v, 0, 256, &n))
-                return 2;
-            w->threads = (int)n;
-        } else if (TAKE("--block-tokens")) {
-            if (!parse_u64(a, v, 1, 256, &n))
-                return 2;
-            w->block_tokens = (uint32_t)n;
-        } else if (TAKE("--token-budget")) {
-            if (!parse_u64(a, v, 1, 1 << 20, &n))
-                return 2;
-            w->token_budget = (uint32_t)n;
-        } else if (TAKE("--kv-mib")) {
-            if (!parse_u64(a, v, 1, 1 << 20, &w->kv_mib))
-                return 2;
-        } else if (TAKE("--lease-ttl")) {
-            if (!parse_u64(a, v, 1, 3600, &n))
-                return 2;
-            w->lease_ttl = (int64_t)n;
-        } else if (TAKE("--kv-dtype")) {
-            if (!v || (strcmp(v, "fp16") && strcmp(v, "fp32"))) {
-                fprintf(stderr, "--kv-dtype is fp16 or fp32, not '%s'\n", v ? v : "");
-                return 2;
-            }
-            w->kv_fp32 = !strcmp(v, "fp32");
-        } else {
+        const struct worker_flag *f = NULL;
+        for (size_t k = 0; k < sizeof worker_flags / sizeof worker_flags[0] && !f; k++)
+            if (!strcmp(a, worker_flags[k].flag))
+                f = &worker_flags[k];
+        bool known = f || !strcmp(a, "--config") || !strcmp(a, "--listen") || !strcmp(a, "--id");
+        if (!known) {
             fprintf(stderr, "tandem-%s: unknown argument '%s'\n", w->role->name, a);
             fprintf(stderr, usage_fmt, w->role->name);
             return 2;
         }
-#undef TAKE
+        if (!v) {
+            fprintf(stderr, "tandem-%s: %s needs a value\n", w->role->name, a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--listen")) {
+            snprintf(w->listen, sizeof w->listen, "%s", v);
+        } else if (!strcmp(a, "--id")) {
+            snprintf(w->id, sizeof w->id, "%s", v);
+        } else if (f) {
+            char key[64];
+            snprintf(key, sizeof key, f->key, w->role->name);
+            if (td_config_set(cfg, key, v)) {
+                fprintf(stderr, "tandem-%s: %s: %s\n", w->role->name, a, td_last_error());
+                return 2;
+            }
+        }
     }
-    if (!w->model_path[0])
-        snprintf(w->model_path, sizeof w->model_path, "%s", TD_DEFAULT_MODEL);
+    if (td_config_validate(cfg)) {
+        fprintf(stderr, "tandem-%s: %s\n", w->role->name, td_last_error());
+        return 2;
+    }
+    w->rc = !strcmp(w->role->name, "prefill") ? &cfg->prefill : &cfg->decode;
+    w->xfer_cfg.peer_errors = cfg->transport.peer_errors;
     return 0;
 }
+
+const td_config_t *eng_worker_config(const eng_worker_t *w) { return &w->cfg; }
 
 /* The KV pool's memory provider: a region the transport maps, so that peers
  * can put KV into it (its remote key is taken here). */
@@ -500,6 +443,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     bool attached = false;
     int code = parse_args(w, argc, argv);
     if (code) {
+        td_config_free(&w->cfg);
         free(w);
         return code;
     }
@@ -513,18 +457,18 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (eng_model_open(w->model_path, &w->model))
+    if (eng_model_open(w->cfg.model.path, &w->model))
         goto out;
     eng_engine_config_t ec = eng_engine_config_default();
-    ec.n_threads = w->threads;
-    ec.block_tokens = w->block_tokens;
-    ec.kv_dtype = w->kv_fp32 ? KERN_KV_F32 : KERN_KV_F16;
-    ec.numerics = w->numerics;
-    ec.token_budget = w->token_budget;
+    ec.n_threads = (int)w->rc->threads;
+    ec.block_tokens = w->cfg.model.block_tokens;
+    td_kv_dtype_parse(w->cfg.model.kv_dtype, &ec.kv_dtype);    /* validated */
+    kern_numerics_parse(w->cfg.model.numerics, &ec.numerics); /* validated */
+    ec.token_budget = w->rc->token_budget;
     w->xo = &kv_transport_ucx;
-    if (w->xo->create(&w->xfer))
+    if (w->xo->create(&w->xfer_cfg, &w->xfer))
         goto out;
-    ec.kv_bytes = (uint64_t)w->kv_mib << 20;
+    ec.kv_bytes = w->rc->kv_mib << 20;
     ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
     if (eng_engine_create(w->model, &ec, &w->engine) || w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len) ||
         w->xo->progress_start(w->xfer))
@@ -556,7 +500,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
         goto stop_server;
     TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s)", w->id, w->advertise,
             w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
-            w->contract.dtype, w->etcd_ep);
+            td_kv_dtype_name(w->contract.dtype), w->cfg.etcd.endpoints);
     while (!g_signal && !g_lease_lost)
         usleep(50 * 1000);
     if (g_lease_lost)
@@ -590,6 +534,7 @@ out:
     eng_model_close(w->model);
     free(w->listeners);
     free(w->held);
+    td_config_free(&w->cfg);
     free(w);
     td_rpc_shutdown();
     return code;

@@ -18,8 +18,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/config.h"
 #include "common/etcd.h"
 #include "common/kv_contract.h"
+#include "common/kv_contract_pb.h"
 #include "common/rpc.h"
 #include "engine/engine.h"
 #include "engine/sampling_pb.h"
@@ -48,12 +50,15 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role);
 eng_engine_t *eng_worker_engine(eng_worker_t *w);           /* engine thread only */
 td_rpc_server_t *eng_worker_server(eng_worker_t *w);
 const char *eng_worker_id(const eng_worker_t *w);
-td_kv_contract_t eng_worker_contract(const eng_worker_t *w);
+td_kv_layout_t eng_worker_contract(const eng_worker_t *w);
 const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x);
-/* The UCX description of this worker's pool (address, remote key, base). */
+/* The transport's description of this worker's pool (address, remote key,
+ * base address, length); constant once serving. */
 void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, const void **rkey, size_t *rkey_len,
-                          uint64_t *base);
+                          uint64_t *base, uint64_t *len);
 const eng_model_t *eng_worker_model(const eng_worker_t *w);
+/* The process's configuration (the file with the flags over it); constant. */
+const td_config_t *eng_worker_config(const eng_worker_t *w);
 
 /* Runs fn(w, arg) on the engine thread; waits for it (TD_ERR_TIMEOUT after
  * timeout_s, the closure still runs later: arg must outlive it — keep it in
@@ -63,9 +68,5 @@ td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *a
  * TD_ERR_NO_MEMORY (nothing registered): the caller must end the request. */
 td_status_t eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx);
 void eng_worker_unlisten(eng_worker_t *w, uint64_t id);
-
-/* A KvContract message pointing into c (c must outlive it), and back. */
-void eng_worker_contract_to_pb(td_kv_contract_t *c, Tandem__Internal__V1__KvContract *pb);
-void eng_worker_contract_from_pb(const Tandem__Internal__V1__KvContract *pb, td_kv_contract_t *c);
 
 #endif

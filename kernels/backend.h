@@ -24,7 +24,7 @@
  *   a weight     W[rows][cols] of any kern_type_t; matmul computes y = x Wᵀ
  *   q, k, v      [n][heads][head_dim] fp32
  * The KV pool (engine/kv_pool.h) is an array of blocks in the canonical layout
- * [layer][k|v][kv_head][token][head_dim], in fp32 or fp16. */
+ * of common/kv_contract.h, [layer][k|v][kv_head][token][head_dim], fp32 or fp16. */
 #ifndef KERN_BACKEND_H
 #define KERN_BACKEND_H
 
@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/kv_contract.h"
 #include "common/status.h"
 
 typedef struct kern_backend kern_backend_t;
@@ -51,21 +52,21 @@ typedef enum kern_rope_style {
     KERN_ROPE_NEOX, /* rotate (x[i], x[i + d/2]) */
 } kern_rope_style_t;
 
-typedef enum kern_kv_dtype { KERN_KV_F32, KERN_KV_F16 } kern_kv_dtype_t;
-
-/* Where the KV of one layer lives: the pool and its geometry. */
+/* Where the KV of one layer lives: the pool's memory, its layout
+ * (common/kv_contract.h) and the layer; block_bytes is the layout's, kept
+ * here for the kernels' inner loops. */
 typedef struct kern_kv_view {
-    void *base;             /* block 0 */
-    size_t block_bytes;     /* bytes of one block (all layers) */
-    kern_kv_dtype_t dtype;
-    uint32_t layer, n_layers, n_kv_heads, head_dim, block_tokens;
+    void *base; /* block 0 */
+    const td_kv_layout_t *layout;
+    size_t block_bytes;
+    uint32_t layer;
 } kern_kv_view_t;
 
 /* Elements from a block's start to the K (which 0) or V (which 1) rows of
- * kv_head in the view's layer: the canonical block layout of engine/kv_pool.h. */
+ * kv_head in the view's layer. */
 static inline size_t kern_kv_offset(const kern_kv_view_t *kv, uint32_t which, uint32_t kv_head)
 {
-    return (((size_t)kv->layer * 2 + which) * kv->n_kv_heads + kv_head) * kv->block_tokens * kv->head_dim;
+    return td_kv_offset(kv->layout, kv->layer, which, kv_head);
 }
 
 /* One sequence's part of a batch: its tokens are rows [row0, row0 + n) of q,

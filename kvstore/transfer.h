@@ -9,9 +9,9 @@
  * allocated by the transport itself (for UCX, ucp_mem_map with ALLOCATE, the
  * only way puts stay truly one-sided, shared/STACK.md), and described to
  * peers by an opaque address and remote key, handed over an authenticated RPC.
- * The initiator connects to that description and issues puts; a put's
- * completion means only that its source may be reused, so a flush is what
- * says the bytes have landed. Every wait has a deadline; a peer that died
+ * The initiator connects to that description and issues puts and gets; a
+ * put's completion means only that its source may be reused, so a flush is
+ * what says the bytes have landed (and that gets have arrived). Every wait has a deadline; a peer that died
  * turns into TD_ERR_UNAVAILABLE, never a hang.
  *
  * Threads: a context is used by one thread at a time, except that a target
@@ -19,6 +19,7 @@
 #ifndef KV_TRANSFER_H
 #define KV_TRANSFER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,11 +29,24 @@ typedef struct kv_xfer kv_xfer_t;
 typedef struct kv_xfer_mem kv_xfer_mem_t;
 typedef struct kv_xfer_peer kv_xfer_peer_t;
 
+/* Settings of a transport (the worker's `kvstore.transport` config keys). */
+typedef struct kv_xfer_config {
+    /* UCX: peer error handling on endpoints, so a dead target fails its
+     * endpoint at once. In UCX 1.13 it rules out the shared-memory transports
+     * (RMA then runs over TCP loopback, ~17x slower: bench/results), so it is
+     * off by default; a dead peer is then learnt from gRPC and etcd, and every
+     * wait here still has a deadline. */
+    bool peer_errors;
+} kv_xfer_config_t;
+
+#define KV_XFER_MAX_REGIONS 8
+
 typedef struct kv_transport_ops {
     const char *name;
-    td_status_t (*create)(kv_xfer_t **out);
+    td_status_t (*create)(const kv_xfer_config_t *cfg, kv_xfer_t **out);
     void (*destroy)(kv_xfer_t *x);
-    /* Target side: memory peers may put into, its remote key, our address. */
+    /* Target side: memory peers may put into and get from, its remote key
+     * (the region's description for peers), our address. */
     td_status_t (*mem_alloc)(kv_xfer_t *x, size_t bytes, void **addr, kv_xfer_mem_t **out);
     void (*mem_free)(kv_xfer_t *x, kv_xfer_mem_t *m);
     td_status_t (*mem_rkey)(kv_xfer_t *x, kv_xfer_mem_t *m, void **rkey, size_t *len); /* malloc'd */
@@ -40,15 +54,26 @@ typedef struct kv_transport_ops {
     /* Target side, optional: a thread that drives the transport for peers'
      * operations that need the target's help (TCP). */
     td_status_t (*progress_start)(kv_xfer_t *x);
-    /* Initiator side. */
-    td_status_t (*connect)(kv_xfer_t *x, const void *addr, size_t addr_len, const void *rkey, size_t rkey_len,
-                           kv_xfer_peer_t **out);
-    td_status_t (*put)(kv_xfer_t *x, kv_xfer_peer_t *p, const void *src, size_t len, uint64_t remote_addr);
-    /* Waits until every put to p so far has landed (or timeout_s passes). */
+    /* Initiator side: a connection to the peer at addr, then the peer's
+     * regions (up to KV_XFER_MAX_REGIONS: a pool, a store's tiers), each
+     * described by its remote key, its base address there and its length. */
+    td_status_t (*connect)(kv_xfer_t *x, const void *addr, size_t addr_len, kv_xfer_peer_t **out);
+    td_status_t (*region_add)(kv_xfer_t *x, kv_xfer_peer_t *p, const void *rkey, size_t rkey_len,
+                              uint64_t remote_base, uint64_t remote_len, uint32_t *region);
+    /* One-sided writes and reads of len bytes at offset in a region; an
+     * access past the region's end is refused (TD_ERR_OUT_OF_RANGE) before
+     * anything moves. Completion is what flush waits for. */
+    td_status_t (*put)(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, const void *src, size_t len, uint64_t offset);
+    td_status_t (*get)(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, void *dst, size_t len, uint64_t offset);
+    /* Waits until every put to p so far has landed and every get has
+     * arrived (or timeout_s passes: TD_ERR_TIMEOUT). */
     td_status_t (*flush)(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s);
     void (*disconnect)(kv_xfer_t *x, kv_xfer_peer_t *p);
 } kv_transport_ops_t;
 
 extern const kv_transport_ops_t kv_transport_ucx;
+
+/* The transport a landing descriptor names ("ucx"; "" means ucx), or NULL. */
+const kv_transport_ops_t *kv_transport_find(const char *name);
 
 #endif

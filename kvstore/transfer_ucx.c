@@ -24,6 +24,7 @@
 #define MAX_PENDING 4096
 
 struct kv_xfer {
+    kv_xfer_config_t cfg;
     ucp_context_h ctx;
     ucp_worker_h worker;
     pthread_t progress;
@@ -37,19 +38,27 @@ struct kv_xfer_mem {
     size_t len;
 };
 
+typedef struct region {
+    ucp_rkey_h rkey;
+    uint64_t base, len;
+} region_t;
+
 struct kv_xfer_peer {
     ucp_ep_h ep;
-    ucp_rkey_h rkey;
+    region_t regions[KV_XFER_MAX_REGIONS];
+    uint32_t n_regions;
     void *pending[MAX_PENDING];
     size_t n_pending;
     ucs_status_t failed; /* set by the error handler */
 };
 
-static td_status_t ucx_create(kv_xfer_t **out)
+static td_status_t ucx_create(const kv_xfer_config_t *cfg_in, kv_xfer_t **out)
 {
     kv_xfer_t *x = calloc(1, sizeof *x);
     if (!x)
         return td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
+    if (cfg_in)
+        x->cfg = *cfg_in;
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) {
@@ -182,21 +191,17 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     p->failed = status;
 }
 
-static td_status_t ucx_connect(kv_xfer_t *x, const void *addr, size_t addr_len, const void *rkey, size_t rkey_len,
-                               kv_xfer_peer_t **out)
+static td_status_t ucx_connect(kv_xfer_t *x, const void *addr, size_t addr_len, kv_xfer_peer_t **out)
 {
     (void)addr_len;
-    (void)rkey_len;
     kv_xfer_peer_t *p = calloc(1, sizeof *p);
     if (!p)
         return td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
     /* Peer error handling (a dead target fails the endpoint) rules out UCX's
      * shared-memory transports in 1.13: RMA then runs as active messages over
      * TCP loopback at 1.2 GB/s instead of 20.8 GB/s (bench/results). So it is
-     * off unless TANDEM_UCX_PEER_ERRORS=1 asks for it: a dead decode worker is
-     * learnt from gRPC and etcd instead, and every wait here has a deadline. */
-    const char *pe = getenv("TANDEM_UCX_PEER_ERRORS");
-    bool peer_errors = pe && !strcmp(pe, "1");
+     * off unless the config asks for it (kv_xfer_config_t.peer_errors). */
+    bool peer_errors = x->cfg.peer_errors;
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLER,
                           .address = addr,
@@ -207,12 +212,42 @@ static td_status_t ucx_connect(kv_xfer_t *x, const void *addr, size_t addr_len, 
         free(p);
         return td_error(TD_ERR_UNAVAILABLE, "ucx: cannot reach the peer: %s", ucs_status_string(st));
     }
-    st = ucp_ep_rkey_unpack(p->ep, rkey, &p->rkey);
-    if (st != UCS_OK) {
-        kv_transport_ucx.disconnect(x, p);
-        return td_error(TD_ERR_FORMAT, "ucx: the peer's remote key does not unpack: %s", ucs_status_string(st));
-    }
     *out = p;
+    return TD_OK;
+}
+
+static td_status_t ucx_region_add(kv_xfer_t *x, kv_xfer_peer_t *p, const void *rkey, size_t rkey_len,
+                                  uint64_t remote_base, uint64_t remote_len, uint32_t *region)
+{
+    (void)x;
+    if (p->n_regions == KV_XFER_MAX_REGIONS)
+        return td_error(TD_ERR_EXHAUSTED, "ucx: a peer has at most %d regions", KV_XFER_MAX_REGIONS);
+    if (!rkey || !rkey_len || !remote_len || remote_base + remote_len < remote_base)
+        return td_error(TD_ERR_FORMAT, "ucx: a region needs a remote key and a length that fits (base %llu, "
+                        "length %llu)", (unsigned long long)remote_base, (unsigned long long)remote_len);
+    region_t *r = &p->regions[p->n_regions];
+    ucs_status_t st = ucp_ep_rkey_unpack(p->ep, rkey, &r->rkey);
+    if (st != UCS_OK)
+        return td_error(TD_ERR_FORMAT, "ucx: the peer's remote key does not unpack: %s", ucs_status_string(st));
+    r->base = remote_base;
+    r->len = remote_len;
+    *region = p->n_regions++;
+    return TD_OK;
+}
+
+/* The remote address of [offset, offset + len) of a region, or an error. */
+static td_status_t locate(const kv_xfer_peer_t *p, uint32_t region, size_t len, uint64_t offset, const char *what,
+                          uint64_t *remote)
+{
+    if (p->failed != UCS_OK)
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: the peer failed: %s", ucs_status_string(p->failed));
+    if (region >= p->n_regions)
+        return td_error(TD_ERR_OUT_OF_RANGE, "ucx: %s to region %u, the peer has %u", what, region, p->n_regions);
+    const region_t *r = &p->regions[region];
+    if (offset > r->len || len > r->len - offset)
+        return td_error(TD_ERR_OUT_OF_RANGE, "ucx: %s of %zu bytes at offset %llu is past the region's %llu bytes",
+                        what, len, (unsigned long long)offset, (unsigned long long)r->len);
+    *remote = r->base + offset;
     return TD_OK;
 }
 
@@ -242,35 +277,49 @@ static td_status_t wait_pending(kv_xfer_t *x, kv_xfer_peer_t *p, size_t below, d
         if (st != UCS_OK && p->failed == UCS_OK)
             p->failed = st;
         if (p->failed != UCS_OK)
-            return td_error(TD_ERR_UNAVAILABLE, "ucx: a put to the peer failed: %s", ucs_status_string(p->failed));
+            return td_error(TD_ERR_UNAVAILABLE, "ucx: an operation on the peer failed: %s", ucs_status_string(p->failed));
         if (p->n_pending <= below)
             return TD_OK;
         if (td_now_s() > deadline)
-            return td_error(TD_ERR_TIMEOUT, "ucx: %zu puts to the peer did not complete in time", p->n_pending);
+            return td_error(TD_ERR_TIMEOUT, "ucx: %zu operations on the peer did not complete in time", p->n_pending);
         ucp_worker_progress(x->worker);
     }
 }
 
-static td_status_t ucx_put(kv_xfer_t *x, kv_xfer_peer_t *p, const void *src, size_t len, uint64_t remote_addr)
+/* Issues one put or get; its request, if UCX returns one, joins pending. */
+static td_status_t rma(kv_xfer_t *x, kv_xfer_peer_t *p, bool put, uint32_t region, void *local, size_t len,
+                       uint64_t offset)
 {
-    if (p->failed != UCS_OK)
-        return td_error(TD_ERR_UNAVAILABLE, "ucx: the peer failed: %s", ucs_status_string(p->failed));
-    if (p->n_pending == MAX_PENDING) {
-        td_status_t rc = wait_pending(x, p, MAX_PENDING / 2, td_now_s() + 10);
-        if (rc)
-            return rc;
-    }
+    uint64_t remote = 0;
+    td_status_t rc = locate(p, region, len, offset, put ? "a put" : "a get", &remote);
+    if (rc)
+        return rc;
+    if (p->n_pending == MAX_PENDING && (rc = wait_pending(x, p, MAX_PENDING / 2, td_now_s() + 10)))
+        return rc;
     ucp_request_param_t rp = {.op_attr_mask = 0};
-    ucs_status_ptr_t r = ucp_put_nbx(p->ep, src, len, remote_addr, p->rkey, &rp);
+    ucs_status_ptr_t r = put ? ucp_put_nbx(p->ep, local, len, remote, p->regions[region].rkey, &rp)
+                             : ucp_get_nbx(p->ep, local, len, remote, p->regions[region].rkey, &rp);
     if (r == NULL)
         return TD_OK;
     if (UCS_PTR_IS_ERR(r)) {
         p->failed = UCS_PTR_STATUS(r);
-        return td_error(TD_ERR_UNAVAILABLE, "ucx: put of %zu bytes failed: %s", len, ucs_status_string(p->failed));
+        return td_error(TD_ERR_UNAVAILABLE, "ucx: %s of %zu bytes failed: %s", put ? "put" : "get", len,
+                        ucs_status_string(p->failed));
     }
     p->pending[p->n_pending++] = r;
     ucp_worker_progress(x->worker);
     return TD_OK;
+}
+
+static td_status_t ucx_put(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, const void *src, size_t len,
+                           uint64_t offset)
+{
+    return rma(x, p, true, region, (void *)src, len, offset);
+}
+
+static td_status_t ucx_get(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, void *dst, size_t len, uint64_t offset)
+{
+    return rma(x, p, false, region, dst, len, offset);
 }
 
 static td_status_t ucx_flush(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s)
@@ -300,8 +349,8 @@ static void ucx_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
         ucp_request_cancel(x->worker, p->pending[i]);
         ucp_request_free(p->pending[i]);
     }
-    if (p->rkey)
-        ucp_rkey_destroy(p->rkey);
+    for (uint32_t i = 0; i < p->n_regions; i++)
+        ucp_rkey_destroy(p->regions[i].rkey);
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
     if (r && !UCS_PTR_IS_ERR(r)) {
@@ -323,7 +372,16 @@ const kv_transport_ops_t kv_transport_ucx = {
     .address = ucx_address,
     .progress_start = ucx_progress_start,
     .connect = ucx_connect,
+    .region_add = ucx_region_add,
     .put = ucx_put,
+    .get = ucx_get,
     .flush = ucx_flush,
     .disconnect = ucx_disconnect,
 };
+
+const kv_transport_ops_t *kv_transport_find(const char *name)
+{
+    if (!name || !name[0] || !strcmp(name, kv_transport_ucx.name))
+        return &kv_transport_ucx;
+    return NULL;
+}

@@ -29,12 +29,13 @@
 
 /* A connection to one decode worker's pool. refs: requests holding it
  * (under peers_mu); a connection that failed, or that nobody used for
- * TANDEM_PEER_IDLE_S seconds (default 60: a decode worker that went away
+ * transport.peer_idle_s seconds (default 60: a decode worker that went away
  * leaves one behind), is closed between steps once no request holds it. */
 typedef struct peer_entry {
     uint8_t *addr;
     size_t addr_len;
     kv_xfer_peer_t *peer;
+    uint32_t region; /* the decode worker's pool */
     bool failed;
     int refs;
     double last_used;
@@ -94,7 +95,7 @@ static void *pusher_thread(void *arg)
             job_t j = p->jobs[p->head++];
             pthread_mutex_unlock(&p->mu);
             double t0 = td_now_s();
-            if (!j.pe->failed && p->xo->put(p->x, j.pe->peer, j.src, j.len, j.dst)) {
+            if (!j.pe->failed && p->xo->put(p->x, j.pe->peer, j.pe->region, j.src, j.len, j.dst)) {
                 j.pe->failed = true;
                 TD_WARN("prefill: a KV put failed: %s", td_last_error());
             }
@@ -310,7 +311,7 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
             uint32_t end = seqs[i].end_block < ld->n_block_offsets ? seqs[i].end_block : (uint32_t)ld->n_block_offsets;
             for (uint32_t b = from; b < end; b++)
                 pusher_push(&g_role.pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
-                            ld->remote_base + ld->block_offsets[b] + layer * lb);
+                            ld->block_offsets[b] + layer * lb);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
                 for (uint32_t b = from; b < end; b++)
                     r->digests[b] = td_kv_block_digest(base + (size_t)seqs[i].blocks[b] * bb, bb);
@@ -404,7 +405,7 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
     pthread_mutex_lock(&g_role.peers_mu);
     for (size_t i = 0; i < g_role.n_peers; i++) {
         peer_entry_t *pe = g_role.peers[i];
-        if (!pe->failed && pe->addr_len == ld->ucx_address.len && !memcmp(pe->addr, ld->ucx_address.data, pe->addr_len)) {
+        if (!pe->failed && pe->addr_len == ld->address.len && !memcmp(pe->addr, ld->address.data, pe->addr_len)) {
             pe->refs++;
             pe->last_used = td_now_s();
             pthread_mutex_unlock(&g_role.peers_mu);
@@ -414,10 +415,12 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
     kv_xfer_t *x;
     const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
     peer_entry_t *pe = calloc(1, sizeof *pe);
-    if (pe && (pe->addr = malloc(ld->ucx_address.len))) {
-        memcpy(pe->addr, ld->ucx_address.data, ld->ucx_address.len);
-        pe->addr_len = ld->ucx_address.len;
-        if (xo->connect(x, ld->ucx_address.data, ld->ucx_address.len, ld->rkey.data, ld->rkey.len, &pe->peer) == TD_OK) {
+    if (pe && (pe->addr = malloc(ld->address.len ? ld->address.len : 1))) {
+        memcpy(pe->addr, ld->address.data, ld->address.len);
+        pe->addr_len = ld->address.len;
+        if (xo->connect(x, ld->address.data, ld->address.len, &pe->peer) == TD_OK &&
+            xo->region_add(x, pe->peer, ld->region_key.data, ld->region_key.len, ld->remote_base, ld->region_bytes,
+                           &pe->region) == TD_OK) {
             if (g_role.n_peers == g_role.cap_peers) {
                 size_t nc = g_role.cap_peers ? 2 * g_role.cap_peers : 8;
                 peer_entry_t **np = realloc(g_role.peers, nc * sizeof *np);
@@ -433,8 +436,9 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
                 pthread_mutex_unlock(&g_role.peers_mu);
                 return pe;
             }
-            xo->disconnect(x, pe->peer);
         }
+        if (pe->peer)
+            xo->disconnect(x, pe->peer);
     }
     if (pe)
         free(pe->addr);
@@ -464,11 +468,10 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         preq_put(r);
         return;
     }
-    td_kv_contract_t ours = eng_worker_contract(w), peer;
-    eng_worker_contract_from_pb(ld->contract, &peer);
+    td_kv_layout_t ours = eng_worker_contract(w), peer;
     char who[160];
     snprintf(who, sizeof who, "decode worker %s", ld->decode_worker ? ld->decode_worker : "?");
-    if (!ld->contract || td_kv_contract_check(&ours, &peer, who)) {
+    if (!ld->contract || td_kv_layout_from_pb(ld->contract, &peer) || td_kv_contract_check(&ours, &peer, who)) {
         td_rpc_call_finish(call, TD_RPC_FAILED_PRECONDITION, "KV contract refused by %s: %s", eng_worker_id(w),
                            ld->contract ? td_last_error() : "the landing states no contract");
         preq_put(r);
@@ -484,6 +487,21 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         preq_put(r);
         return;
     }
+    for (uint32_t b = 0; b < need; b++)
+        if (ld->block_offsets[b] > ld->region_bytes || bb > ld->region_bytes - ld->block_offsets[b]) {
+            td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "landing: block %u at offset %llu is past the pool's "
+                               "%llu bytes", b, (unsigned long long)ld->block_offsets[b],
+                               (unsigned long long)ld->region_bytes);
+            preq_put(r);
+            return;
+        }
+    kv_xfer_t *xfer;
+    if (kv_transport_find(ld->transport) != eng_worker_transport(w, &xfer)) {
+        td_rpc_call_finish(call, TD_RPC_FAILED_PRECONDITION, "landing: transport '%s' is not one %s has (it has %s)",
+                           ld->transport, eng_worker_id(w), eng_worker_transport(w, &xfer)->name);
+        preq_put(r);
+        return;
+    }
     r->n_digests = need;
     if (!(r->digests = calloc(need, sizeof *r->digests))) {
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory for %u block digests", need);
@@ -491,7 +509,8 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         return;
     }
     if (!(r->pe = peer_get(w, ld))) {
-        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "cannot reach %s over UCX: %s", who, td_last_error());
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "cannot reach %s over %s: %s", who, eng_worker_transport(w, &xfer)->name,
+                           td_last_error());
         preq_put(r);
         return;
     }
@@ -571,8 +590,7 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     (void)ctx;
     g_role.w = w;
     pthread_mutex_init(&g_role.peers_mu, NULL);
-    const char *idle = getenv("TANDEM_PEER_IDLE_S");
-    g_role.peer_idle_s = idle && atof(idle) > 0 ? atof(idle) : 60;
+    g_role.peer_idle_s = eng_worker_config(w)->transport.peer_idle_s;
     pusher_t *p = &g_role.pusher;
     p->xo = eng_worker_transport(w, &p->x);
     pthread_mutex_init(&p->mu, NULL);

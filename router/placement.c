@@ -29,7 +29,7 @@ static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const int32_t *t
 
 const rt_placement_ops_t rt_placement_least_loaded = {.name = "least_loaded", .pick = least_loaded};
 
-void rt_table_init(rt_table_t *t, const td_kv_contract_t *expect)
+void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect)
 {
     memset(t, 0, sizeof *t);
     pthread_mutex_init(&t->mu, NULL);
@@ -71,15 +71,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     char role[16];
     take_str(j, "role", role, sizeof role);
     w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
-    json_t *c = json_object_get(j, "contract");
-    w->contract.layout_version = (uint32_t)json_integer_value(json_object_get(c, "layout_version"));
-    w->contract.block_tokens = (uint32_t)json_integer_value(json_object_get(c, "block_tokens"));
-    w->contract.n_layers = (uint32_t)json_integer_value(json_object_get(c, "n_layers"));
-    w->contract.n_kv_heads = (uint32_t)json_integer_value(json_object_get(c, "n_kv_heads"));
-    w->contract.head_dim = (uint32_t)json_integer_value(json_object_get(c, "head_dim"));
-    take_str(c, "dtype", w->contract.dtype, sizeof w->contract.dtype);
-    take_str(c, "hash_scheme", w->contract.hash_scheme, sizeof w->contract.hash_scheme);
-    take_str(c, "model_id", w->contract.model_id, sizeof w->contract.model_id);
+    td_status_t crc = td_kv_layout_from_json(json_object_get(j, "contract"), &w->contract);
     json_decref(j);
     if ((strcmp(role, "prefill") && strcmp(role, "decode")) || !w->addr[0]) {
         TD_WARN("router: the worker record %s has no usable role or address; ignored", key);
@@ -88,7 +80,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     }
     char who[160];
     snprintf(who, sizeof who, "worker %s", w->id);
-    if (td_kv_contract_check(&t->expect, &w->contract, who)) {
+    if (crc || td_kv_contract_check(&t->expect, &w->contract, who)) {
         w->refused = true;
         snprintf(w->refused_why, sizeof w->refused_why, "%s", td_last_error());
         td_log(TD_LOG_ERROR, "router: %s (%s) refused: its KV contract differs from the cluster's: %s", w->id,

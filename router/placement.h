@@ -21,7 +21,7 @@ typedef enum rt_role { RT_PREFILL, RT_DECODE } rt_role_t;
 typedef struct rt_worker {
     char key[256], id[96], addr[160];
     rt_role_t role;
-    td_kv_contract_t contract;
+    td_kv_layout_t contract;
     td_rpc_channel_t *ch;
     int inflight;
     double suspect_until; /* skipped until then (a call to it failed) */
@@ -34,7 +34,7 @@ typedef struct rt_table {
     pthread_mutex_t mu;
     rt_worker_t **w;
     size_t n, cap;
-    td_kv_contract_t expect;
+    td_kv_layout_t expect;
 } rt_table_t;
 
 /* Placement policy: picks a worker of a role among the usable ones (not
@@ -47,7 +47,7 @@ typedef struct rt_placement_ops {
 
 extern const rt_placement_ops_t rt_placement_least_loaded;
 
-void rt_table_init(rt_table_t *t, const td_kv_contract_t *expect);
+void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect);
 /* A worker registered or re-registered (value: its JSON record). */
 void rt_table_put(rt_table_t *t, const char *key, const char *value);
 void rt_table_remove(rt_table_t *t, const char *key);

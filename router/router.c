@@ -26,6 +26,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/etcd.h"
+#include "common/kv_contract_pb.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "engine/chat.h"
@@ -229,17 +230,7 @@ static int reserve(gen_t *g, rt_worker_t *d, Tandem__Internal__V1__LandingDescri
 {
     Tandem__Internal__V1__ReserveRequest rq = TANDEM__INTERNAL__V1__RESERVE_REQUEST__INIT;
     Tandem__Internal__V1__KvContract c;
-    td_kv_contract_t expect = g->r->table.expect;
-    tandem__internal__v1__kv_contract__init(&c);
-    c.has_layout_version = c.has_block_tokens = c.has_n_layers = c.has_n_kv_heads = c.has_head_dim = 1;
-    c.layout_version = expect.layout_version;
-    c.block_tokens = expect.block_tokens;
-    c.n_layers = expect.n_layers;
-    c.n_kv_heads = expect.n_kv_heads;
-    c.head_dim = expect.head_dim;
-    c.dtype = expect.dtype;
-    c.hash_scheme = expect.hash_scheme;
-    c.model_id = expect.model_id;
+    td_kv_layout_to_pb(&g->r->table.expect, &c);
     rq.contract = &c;
     rq.has_n_tokens = rq.has_max_tokens = rq.has_lease_ms = 1;
     rq.n_tokens = (uint32_t)g->n_tokens;
@@ -800,12 +791,8 @@ int main(int argc, char **argv)
         goto out;
     r.has_chat = eng_chat_init(&r.chat, r.model->tok) == TD_OK;
     td_clear_error();
-    td_kv_contract_t expect = {.layout_version = TD_KV_LAYOUT_VERSION, .block_tokens = r.block_tokens,
-                               .n_layers = r.model->desc.n_layers, .n_kv_heads = r.model->desc.n_kv_heads,
-                               .head_dim = r.model->desc.head_dim};
-    snprintf(expect.dtype, sizeof expect.dtype, "%s", r.kv_fp32 ? "fp32" : "fp16");
-    snprintf(expect.hash_scheme, sizeof expect.hash_scheme, "%s", TD_KV_HASH_SCHEME);
-    snprintf(expect.model_id, sizeof expect.model_id, "%s", r.model->desc.name);
+    td_kv_layout_t expect = td_kv_layout_make(r.model->desc.name, r.model->desc.n_layers, r.model->desc.n_kv_heads,
+                                              r.model->desc.head_dim, r.block_tokens, r.kv_fp32 ? TD_KV_F32 : TD_KV_F16);
     rt_table_init(&r.table, &expect);
     r.place = &rt_placement_least_loaded;
     if (membership_start(&r))

@@ -23,18 +23,18 @@ td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const
                               const int32_t *slots, uint32_t n)
 {
     const kern_cpu_t *c = (const kern_cpu_t *)b;
-    size_t es = kv->dtype == KERN_KV_F16 ? 2 : 4;
+    size_t es = kv->layout->dtype == TD_KV_F16 ? 2 : 4;
     for (uint32_t t = 0; t < n; t++) {
-        uint32_t blk = (uint32_t)slots[t] / kv->block_tokens, off = (uint32_t)slots[t] % kv->block_tokens;
+        uint32_t blk = (uint32_t)slots[t] / kv->layout->block_tokens, off = (uint32_t)slots[t] % kv->layout->block_tokens;
         uint8_t *base = (uint8_t *)kv->base + (size_t)blk * kv->block_bytes;
-        for (uint32_t h = 0; h < kv->n_kv_heads; h++) {
+        for (uint32_t h = 0; h < kv->layout->n_kv_heads; h++) {
             for (uint32_t which = 0; which < 2; which++) {
-                const float *src = (which ? v : k) + ((size_t)t * kv->n_kv_heads + h) * kv->head_dim;
-                uint8_t *dst = base + (kern_kv_offset(kv, which, h) + (size_t)off * kv->head_dim) * es;
-                if (kv->dtype == KERN_KV_F32) {
-                    memcpy(dst, src, kv->head_dim * sizeof(float));
+                const float *src = (which ? v : k) + ((size_t)t * kv->layout->n_kv_heads + h) * kv->layout->head_dim;
+                uint8_t *dst = base + (kern_kv_offset(kv, which, h) + (size_t)off * kv->layout->head_dim) * es;
+                if (kv->layout->dtype == TD_KV_F32) {
+                    memcpy(dst, src, kv->layout->head_dim * sizeof(float));
                 } else {
-                    c->vd->to_f16(src, (uint16_t *)(void *)dst, kv->head_dim);
+                    c->vd->to_f16(src, (uint16_t *)(void *)dst, kv->layout->head_dim);
                 }
             }
         }
@@ -64,13 +64,13 @@ static void attn_task(void *ctx, int task, int n_tasks)
     while (row >= s->row0 + s->n)
         s++;
     uint32_t pos = s->pos0 + (row - s->row0);
-    uint32_t hd = kv->head_dim, kvh = head / (j->n_heads / kv->n_kv_heads);
-    size_t es = kv->dtype == KERN_KV_F16 ? 2 : 4;
-    kern_vec_dot_fn dot = kv->dtype == KERN_KV_F16 ? j->vd->f16_f32 : j->vd->f32_f32;
-    kern_axpy_fn axpy = kv->dtype == KERN_KV_F16 ? j->vd->axpy_f16 : j->vd->axpy_f32;
+    uint32_t hd = kv->layout->head_dim, kvh = head / (j->n_heads / kv->layout->n_kv_heads);
+    size_t es = kv->layout->dtype == TD_KV_F16 ? 2 : 4;
+    kern_vec_dot_fn dot = kv->layout->dtype == TD_KV_F16 ? j->vd->f16_f32 : j->vd->f32_f32;
+    kern_axpy_fn axpy = kv->layout->dtype == TD_KV_F16 ? j->vd->axpy_f16 : j->vd->axpy_f32;
     const float *q = j->q + ((size_t)row * j->n_heads + head) * hd;
     float qr[512];
-    if (kv->dtype == KERN_KV_F16) { /* q·k in fp16 inputs, fp32 sums */
+    if (kv->layout->dtype == TD_KV_F16) { /* q·k in fp16 inputs, fp32 sums */
         uint16_t qh[512];
         j->vd->to_f16(q, qh, hd);
         for (uint32_t i = 0; i < hd; i++)
@@ -82,7 +82,7 @@ static void attn_task(void *ctx, int task, int n_tasks)
     memset(acc, 0, hd * sizeof(float));
     float m = -INFINITY, l = 0;
     for (uint32_t p = 0; p <= pos; p++) {
-        uint32_t blk = (uint32_t)s->block_table[p / kv->block_tokens], off = p % kv->block_tokens;
+        uint32_t blk = (uint32_t)s->block_table[p / kv->layout->block_tokens], off = p % kv->layout->block_tokens;
         const uint8_t *base = (const uint8_t *)kv->base + (size_t)blk * kv->block_bytes + off * row_bytes;
         float sc = dot(base + k_off, q, hd) * j->scale;
         if (sc > m) {
@@ -115,8 +115,8 @@ static void attn_ref_task(void *ctx, int task, int n_tasks)
     float stack[4096 * 3 / 2];
     float *scratch = n_pad <= 4096 ? stack : malloc((size_t)n_pad * 6);
     if (!scratch) /* no memory: leave a NaN row rather than a wrong one */
-        return (void)memset(j->out + ((size_t)row * j->n_heads + head) * j->kv->head_dim, 0xff,
-                            j->kv->head_dim * sizeof(float));
+        return (void)memset(j->out + ((size_t)row * j->n_heads + head) * j->kv->layout->head_dim, 0xff,
+                            j->kv->layout->head_dim * sizeof(float));
     kern_ref_attention_row(j->kv, s, row, head, j->n_heads, j->q, j->out, j->scale, scratch);
     if (scratch != stack)
         free(scratch);
@@ -132,7 +132,7 @@ td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, cons
         rows = seqs[i].row0 + seqs[i].n > rows ? seqs[i].row0 + seqs[i].n : rows;
     attn_job_t j = {kv, q, out, n_heads, seqs, n_seqs, scale, rows, c->vd};
 #if defined(__x86_64__)
-    if (c->ref && kv->dtype == KERN_KV_F16 && kv->head_dim % 8 == 0) {
+    if (c->ref && kv->layout->dtype == TD_KV_F16 && kv->layout->head_dim % 8 == 0) {
         kern_pool_run(c->pool, (int)(rows * n_heads), attn_ref_task, &j);
         return TD_OK;
     }

@@ -153,7 +153,7 @@ static float dot16(const uint16_t *a, const uint16_t *b, uint32_t n, bool decode
 void kern_ref_attention_row(const kern_kv_view_t *kv, const kern_attn_seq_t *s, uint32_t row, uint32_t head,
                             uint32_t n_heads, const float *q_all, float *out_all, float scale, float *scratch)
 {
-    uint32_t pos = s->pos0 + (row - s->row0), hd = kv->head_dim, kvh = head / (n_heads / kv->n_kv_heads);
+    uint32_t pos = s->pos0 + (row - s->row0), hd = kv->layout->head_dim, kvh = head / (n_heads / kv->layout->n_kv_heads);
     bool decode = pos >= s->decode_from;
     uint32_t n_pos = pos + 1, n_pad = (n_pos + 31) / 32 * 32;
     float *sc = scratch;                               /* n_pad scores, then probabilities */
@@ -165,7 +165,7 @@ void kern_ref_attention_row(const kern_kv_view_t *kv, const kern_attn_seq_t *s, 
     size_t k_off = kern_kv_offset(kv, 0, kvh), v_off = kern_kv_offset(kv, 1, kvh);
     float mx = -INFINITY;
     for (uint32_t p = 0; p < n_pos; p++) {
-        uint32_t blk = (uint32_t)s->block_table[p / kv->block_tokens], off = p % kv->block_tokens;
+        uint32_t blk = (uint32_t)s->block_table[p / kv->layout->block_tokens], off = p % kv->layout->block_tokens;
         const uint16_t *k = (const uint16_t *)((const uint8_t *)kv->base + (size_t)blk * kv->block_bytes) + k_off +
                             (size_t)off * hd;
         sc[p] = dot16(k, q16, hd, decode) * scale;
@@ -190,7 +190,7 @@ void kern_ref_attention_row(const kern_kv_view_t *kv, const kern_attn_seq_t *s, 
     float acc[32 * 512];
     memset(acc, 0, (size_t)lanes * hd * sizeof(float));
     for (uint32_t p = 0; p < n_pos; p++) {
-        uint32_t blk = (uint32_t)s->block_table[p / kv->block_tokens], off = p % kv->block_tokens;
+        uint32_t blk = (uint32_t)s->block_table[p / kv->layout->block_tokens], off = p % kv->layout->block_tokens;
         const uint16_t *v = (const uint16_t *)((const uint8_t *)kv->base + (size_t)blk * kv->block_bytes) + v_off +
                             (size_t)off * hd;
         __m256 pr = _mm256_set1_ps(kern_fp16_to_fp32(p16[p]));

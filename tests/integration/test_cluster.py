@@ -79,11 +79,11 @@ def reference_text(prompt, max_tokens, seeded=False):
 class Cluster:
     def __init__(self, config=None, creds=None):
         self.err = open(tempfile.mktemp(prefix="tandem-up-", suffix=".log"), "w+")
-        # idle UCX connections are closed after 3 s (60 by default), so the suite can see it
+        # idle UCX connections are closed after 3 s (transport.peer_idle_s, 60 by default), so the suite can see it
         self.p = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads",
-                                   "--worker-arg", "1"] + (["--config", config] if config else []),
-                                  stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True,
-                                  env=dict(os.environ, TANDEM_PEER_IDLE_S="3"))
+                                   "--worker-arg", "1", "--worker-arg", "--peer-idle-s", "--worker-arg", "3"] +
+                                  (["--config", config] if config else []),
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)
         t0 = time.time()
         line = ""
         while time.time() - t0 < 60 and not line:

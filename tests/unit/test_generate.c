@@ -568,7 +568,7 @@ Test(generate, tiny_llama_logits_match_transformers)
     size_t first = (size_t)json_integer_value(json_object_get(ref, "first_row"));
     kern_backend_t *be;
     cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
-    eng_kv_geom_t g = {m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16, KERN_KV_F32};
+    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16, TD_KV_F32);
     eng_kv_pool_t *pool;
     cr_assert_eq(eng_kv_pool_create(be, &g, 4, NULL, &pool), TD_OK);
     eng_forward_t *f;
@@ -613,7 +613,7 @@ static void teacher_forced(kern_numerics_t nm)
 {
     kern_backend_t *be;
     cr_assert_eq(kern_cpu_backend_create_numerics(2, nm, &be), TD_OK);
-    eng_kv_geom_t g = {model->desc.n_layers, model->desc.n_kv_heads, model->desc.head_dim, 16, KERN_KV_F16};
+    td_kv_layout_t g = td_kv_layout_make(model->desc.name, model->desc.n_layers, model->desc.n_kv_heads, model->desc.head_dim, 16, TD_KV_F16);
     eng_kv_pool_t *pool;
     cr_assert_eq(eng_kv_pool_create(be, &g, 16, NULL, &pool), TD_OK);
     eng_forward_t *f;
@@ -708,14 +708,14 @@ Test(generate, kv_contract_mismatch_names_both_values)
     cfg.n_threads = 1;
     cfg.block_tokens = 32;
     cr_assert_eq(eng_engine_create(model, &cfg, &b), TD_OK);
-    td_kv_contract_t ca = eng_engine_kv_contract(a), cb = eng_engine_kv_contract(b);
+    td_kv_layout_t ca = eng_engine_kv_contract(a), cb = eng_engine_kv_contract(b);
     cr_assert_eq(td_kv_contract_check(&ca, &ca, "self"), TD_OK);
     cr_assert_eq(td_kv_contract_check(&ca, &cb, "decode-1"), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "block_tokens: here 16, peer 32"), "%s", td_last_error());
     cr_assert(strstr(td_last_error(), "decode-1"));
-    cr_assert_eq(td_kv_contract_block_bytes(&ca), eng_engine_kv_stats(a).block_bytes);
+    cr_assert_eq(td_kv_block_bytes(&ca), eng_engine_kv_stats(a).block_bytes);
     cb = ca;
-    snprintf(cb.dtype, sizeof cb.dtype, "fp32");
+    cb.dtype = TD_KV_F32;
     cr_assert_eq(td_kv_contract_check(&ca, &cb, "p"), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "dtype: here 'fp16', peer 'fp32'"), "%s", td_last_error());
     eng_engine_destroy(a);

@@ -175,7 +175,7 @@ Test(kernels, paged_attention_against_naive)
     kern_backend_t *be;
     kern_cpu_backend_create(2, &be);
     for (int dt = 0; dt < 2; dt++) {
-        eng_kv_geom_t g = {2, 2, 16, 4, dt ? KERN_KV_F16 : KERN_KV_F32};
+        td_kv_layout_t g = td_kv_layout_make("test", 2, 2, 16, 4, dt ? TD_KV_F16 : TD_KV_F32);
         eng_kv_pool_t *pool;
         cr_assert_eq(eng_kv_pool_create(be, &g, 8, NULL, &pool), TD_OK);
         enum { N = 11, H = 4, KVH = 2, HD = 16 };
@@ -253,7 +253,7 @@ Test(kernels, kv_pool_refcounts_and_prefix_cache)
 {
     kern_backend_t *be;
     kern_cpu_backend_create(1, &be);
-    eng_kv_geom_t g = {1, 1, 8, 16, KERN_KV_F16};
+    td_kv_layout_t g = td_kv_layout_make("test", 1, 1, 8, 16, TD_KV_F16);
     eng_kv_pool_t *p;
     cr_assert_eq(eng_kv_pool_create(be, &g, 3, NULL, &p), TD_OK);
     int32_t a, b, c, d;

@@ -68,7 +68,7 @@ Test(kv_pool, churn_against_a_model)
 {
     kern_backend_t *be;
     cr_assert_eq(kern_cpu_backend_create(1, &be), TD_OK);
-    eng_kv_geom_t g = {1, 1, 8, 16, KERN_KV_F16};
+    td_kv_layout_t g = td_kv_layout_make("test", 1, 1, 8, 16, TD_KV_F16);
     eng_kv_pool_t *p;
     cr_assert_eq(eng_kv_pool_create(be, &g, NB, NULL, &p), TD_OK);
     static model_t m;

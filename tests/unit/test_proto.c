@@ -4,6 +4,8 @@
  * are refused. */
 #include "tests/unit/helpers.h"
 
+#include "common/kv_contract_pb.h"
+#include "common/log.h"
 #include "tandem/v1/tandem.pb-c.h"
 
 Test(proto, generate_request_round_trip)
@@ -55,4 +57,46 @@ Test(proto, garbage_is_refused)
     cr_assert_null(tandem__v1__generate_request__unpack(NULL, sizeof junk, junk));
     uint8_t bad_wire[] = {0x07};                                /* wire type 7 does not exist */
     cr_assert_null(tandem__v1__generate_request__unpack(NULL, sizeof bad_wire, bad_wire));
+}
+
+/* The KV layout's two wire forms (common/kv_contract.h): protobuf for RPCs,
+ * JSON for etcd records. Each round-trips every field; a record with a field
+ * missing or ill-typed is refused with the field named. */
+Test(proto, kv_layout_round_trips_in_both_wire_forms)
+{
+    td_kv_layout_t l = td_kv_layout_make("SmolLM2-135M-Instruct", 30, 3, 64, 16, TD_KV_F16), back;
+    Tandem__Internal__V1__KvContract pb;
+    td_kv_layout_to_pb(&l, &pb);
+    uint8_t buf[512];
+    size_t n = tandem__internal__v1__kv_contract__pack(&pb, buf);
+    Tandem__Internal__V1__KvContract *got = tandem__internal__v1__kv_contract__unpack(NULL, n, buf);
+    cr_assert_not_null(got);
+    cr_assert_eq(td_kv_layout_from_pb(got, &back), TD_OK);
+    tandem__internal__v1__kv_contract__free_unpacked(got, NULL);
+    cr_assert_eq(memcmp(&l, &back, sizeof l), 0, "protobuf round trip");
+    cr_assert_eq(td_kv_layout_from_pb(NULL, &back), TD_ERR_FORMAT);
+
+    json_t *j = td_kv_layout_to_json(&l);
+    char *text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    j = json_loads(text, 0, NULL);
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_OK, "%s", td_last_error());
+    cr_assert_eq(memcmp(&l, &back, sizeof l), 0, "JSON round trip: %s", text);
+    json_object_set_new(j, "head_dim", json_string("64"));
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_ERR_FORMAT);
+    cr_assert(strstr(td_last_error(), "'head_dim'"), "%s", td_last_error());
+    json_object_set_new(j, "head_dim", json_integer(64));
+    json_object_set_new(j, "dtype", json_string("fp8"));
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_ERR_FORMAT);
+    cr_assert(strstr(td_last_error(), "dtype 'fp8'"), "%s", td_last_error());
+    json_object_del(j, "model_id");
+    json_object_set_new(j, "dtype", json_string("fp16"));
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_ERR_FORMAT);
+    cr_assert(strstr(td_last_error(), "'model_id'"), "%s", td_last_error());
+    json_decref(j);
+    free(text);
+    /* the geometry the pool and the kernels read: offsets of K and V rows */
+    cr_assert_eq(td_kv_block_bytes(&l), (size_t)30 * 2 * 3 * 16 * 64 * 2);
+    cr_assert_eq(td_kv_offset(&l, 1, 1, 2), (size_t)((1 * 2 + 1) * 3 + 2) * 16 * 64);
+    cr_assert_eq(td_kv_token_bytes(&l) * 16, td_kv_block_bytes(&l));
 }
