@@ -20,6 +20,10 @@
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -241,6 +245,7 @@ struct td_rpc_server {
     int n_methods;
     pthread_t thread;
     bool started, stopping, shut;
+    bool abandoned; /* stop gave up waiting for handlers: destroy leaves it */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int active;
@@ -511,13 +516,54 @@ void td_rpc_server_stop(td_rpc_server_t *s, double grace_s)
         ;
     pthread_mutex_unlock(&s->mu);
     grpc_server_cancel_all_calls(s->srv);
+    /* cancelled handlers end within their own waits' deadlines; one that does
+     * not in 10 s is left behind (logged) rather than waited on forever */
+    until = td_wall_deadline(10);
+    int e = 0;
     pthread_mutex_lock(&s->mu);
-    while (s->active > 0 || !s->shut)
-        pthread_cond_wait(&s->cv, &s->mu);
+    while ((s->active > 0 || !s->shut) && e != ETIMEDOUT)
+        e = pthread_cond_timedwait(&s->cv, &s->mu, &until);
+    int left = s->active;
+    bool shut = s->shut;
     pthread_mutex_unlock(&s->mu);
+    if (left > 0 || !shut) {
+        TD_WARN("rpc: %d handler(s) did not end within 10 s of being cancelled; the server is left running",
+                left);
+        s->abandoned = true;
+        return;
+    }
     grpc_completion_queue_shutdown(s->cq);
     pthread_join(s->thread, NULL);
     s->started = false;
+}
+
+void td_rpc_advertise_addr(const char *listen, int port, char *out, size_t cap)
+{
+    char host[128];
+    snprintf(host, sizeof host, "%s", listen ? listen : "");
+    char *colon = strrchr(host, ':');
+    if (colon)
+        *colon = 0;
+    if (host[0] == '[') { /* [v6] */
+        memmove(host, host + 1, strlen(host));
+        char *b = strchr(host, ']');
+        if (b)
+            *b = 0;
+    }
+    if (!host[0] || !strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "*")) {
+        snprintf(host, sizeof host, "127.0.0.1");
+        struct ifaddrs *ifs = NULL;
+        if (getifaddrs(&ifs) == 0) {
+            for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+                    !(i->ifa_flags & IFF_LOOPBACK)) {
+                    inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, host, sizeof host);
+                    break;
+                }
+            freeifaddrs(ifs);
+        }
+    }
+    snprintf(out, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
 }
 
 void td_rpc_server_destroy(td_rpc_server_t *s)
@@ -526,6 +572,8 @@ void td_rpc_server_destroy(td_rpc_server_t *s)
         return;
     if (s->started)
         td_rpc_server_stop(s, 0);
+    if (s->abandoned) /* handlers still hold it (td_rpc_server_stop said so): the process is ending */
+        return;
     else if (s->srv && !s->stopping) { /* created, never started */
         grpc_server_shutdown_and_notify(s->srv, s->cq, s);
         grpc_server_cancel_all_calls(s->srv);

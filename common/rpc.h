@@ -63,6 +63,12 @@ int td_rpc_code_of(td_status_t st);
 td_status_t td_rpc_status_of(int code);
 const char *td_rpc_code_name(int code);
 
+/* The HOST:PORT peers should dial for a server bound to listen ("HOST:PORT",
+ * port the bound one): listen's host, except that a wildcard (0.0.0.0, ::,
+ * empty) is not an address anyone can reach — then the first up, non-loopback
+ * IPv4 address of this machine (127.0.0.1 when it has none). */
+void td_rpc_advertise_addr(const char *listen, int port, char *out, size_t cap);
+
 /* ---- server ---- */
 typedef struct td_rpc_server td_rpc_server_t;
 typedef struct td_rpc_call td_rpc_call_t;

@@ -488,14 +488,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     int port;
     if (td_rpc_server_start(w->server, &port))
         goto stop_thread;
-    {
-        char host[128];
-        snprintf(host, sizeof host, "%s", w->listen);
-        char *colon = strrchr(host, ':');
-        if (colon)
-            *colon = 0;
-        snprintf(w->advertise, sizeof w->advertise, "%s:%d", host[0] ? host : "127.0.0.1", port);
-    }
+    td_rpc_advertise_addr(w->listen, port, w->advertise, sizeof w->advertise);
     if (etcd_register(w))
         goto stop_server;
     TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s)", w->id, w->advertise,

@@ -15,6 +15,7 @@
  * contract; a mismatch is refused with both values named, before any byte
  * moves. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,15 +147,29 @@ static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t l
 }
 
 /* Waits until every put so far has landed; the seconds it waited. */
+/* Every put and flush of the pusher has its own deadline; this one bounds
+ * the whole barrier (many peers, each slow up to its flush deadline). */
+#define BARRIER_DEADLINE_S 30.0
+
+static void peers_fail_all(const char *why);
+
+/* Waits until every queued put is issued and flushed. Past the deadline,
+ * every peer is marked failed (their requests end UNAVAILABLE) rather than
+ * the engine thread waiting on. */
 static double pusher_barrier(pusher_t *p)
 {
     double t0 = td_now_s();
+    struct timespec until = td_wall_deadline(BARRIER_DEADLINE_S);
+    int e = 0;
     pthread_mutex_lock(&p->mu);
     p->barrier = true;
     pthread_cond_broadcast(&p->cv);
-    while (p->barrier)
-        pthread_cond_wait(&p->cv, &p->mu);
+    while (p->barrier && e != ETIMEDOUT)
+        e = pthread_cond_timedwait(&p->cv, &p->mu, &until);
+    bool stuck = p->barrier;
     pthread_mutex_unlock(&p->mu);
+    if (stuck)
+        peers_fail_all("the KV pushes of a step did not land within 30 s");
     return td_now_s() - t0;
 }
 
@@ -397,6 +412,15 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
             preq_put(r);
             return;
         }
+}
+
+static void peers_fail_all(const char *why)
+{
+    pthread_mutex_lock(&g_role.peers_mu);
+    for (size_t i = 0; i < g_role.n_peers; i++)
+        g_role.peers[i]->failed = true;
+    pthread_mutex_unlock(&g_role.peers_mu);
+    TD_WARN("prefill: %s; the requests landing on every decode worker fail", why);
 }
 
 /* The cached connection to a decode worker's pool (made on first use). */

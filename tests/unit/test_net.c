@@ -510,3 +510,43 @@ Test(etcd, kv_lease_watch_election, .init = etcd_up, .fini = etcd_down, .timeout
     td_etcd_destroy(e);
     td_etcd_destroy(e2);
 }
+
+/* A worker bound to a wildcard must not advertise it: peers cannot dial
+ * 0.0.0.0. A concrete host is kept as it is. */
+Test(rpc, advertised_address_is_reachable)
+{
+    char a[160];
+    td_rpc_advertise_addr("10.1.2.3:0", 4321, a, sizeof a);
+    cr_assert_str_eq(a, "10.1.2.3:4321");
+    td_rpc_advertise_addr("[fd00::7]:0", 99, a, sizeof a);
+    cr_assert_str_eq(a, "[fd00::7]:99");
+    const char *wild[] = {"0.0.0.0:0", "[::]:0", ":0"};
+    for (size_t i = 0; i < 3; i++) {
+        td_rpc_advertise_addr(wild[i], 5000, a, sizeof a);
+        cr_assert(strncmp(a, "0.0.0.0", 7) && !strstr(a, "::]"), "%s advertised %s", wild[i], a);
+        cr_assert(strstr(a, ":5000"), "%s", a);
+        /* it is an address of this machine: a server on the wildcard answers there */
+        struct in_addr in;
+        char host[64];
+        snprintf(host, sizeof host, "%.*s", (int)(strrchr(a, ':') - a), a);
+        cr_assert_eq(inet_pton(AF_INET, host, &in), 1, "%s is an IPv4 address", host);
+    }
+    /* a server on the wildcard is reached at the address it advertises */
+    td_rpc_init();
+    td_rpc_server_t *srv;
+    int port;
+    cr_assert_eq(td_rpc_server_create("0.0.0.0:0", NULL, &srv), TD_OK);
+    cr_assert_eq(td_rpc_server_start(srv, &port), TD_OK);
+    td_rpc_advertise_addr("0.0.0.0:0", port, a, sizeof a);
+    td_rpc_channel_t *ch;
+    cr_assert_eq(td_rpc_channel_create(a, NULL, &ch), TD_OK);
+    uint8_t *resp = NULL;
+    size_t rl;
+    td_rpc_result_t res;
+    td_rpc_unary(ch, "/tandem.test.v1.Nothing/Here", "", 0, 5, NULL, &resp, &rl, &res);
+    cr_assert_eq(res.code, TD_RPC_UNIMPLEMENTED, "the server answered at %s: %d %s", a, res.code, res.message);
+    free(resp);
+    td_rpc_channel_destroy(ch);
+    td_rpc_server_destroy(srv);
+    td_rpc_shutdown();
+}
