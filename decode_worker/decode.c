@@ -2,8 +2,9 @@
  *
  * Reserve takes landing blocks out of the engine's pool (UCX-allocated
  * memory) and answers with where they are; the reservation is held on a
- * lease (lease_ms) and reclaimed by the engine thread if no Decode claims it
- * in time. Prefill workers put the prompt's KV straight into those blocks.
+ * lease (lease_ms), which its holder renews (Renew) while the prompt is
+ * prefilled, and reclaimed by the engine thread if no Decode claims it in
+ * time. Prefill workers put the prompt's KV straight into those blocks.
  * Decode is the completion notice: the blocks become an imported sequence
  * whose first token the prefill side sampled, it joins the running batch,
  * and its tokens stream back. Release is the abort path. A client that goes
@@ -221,6 +222,74 @@ static void h_release(void *ctx, td_rpc_call_t *call)
     }
     /* an unknown id is fine: it was claimed, expired or released already */
     td_rpc_call_reply(call, "", 0);
+    free(op);
+}
+
+/* ---- Renew ---- */
+typedef struct renew_op {
+    Tandem__Internal__V1__RenewRequest *rq;
+    uint64_t *unknown;
+    size_t n_unknown;
+} renew_op_t;
+
+static void renew_on_engine(eng_worker_t *w, void *arg)
+{
+    (void)w;
+    renew_op_t *op = arg;
+    uint32_t ms = op->rq->lease_ms < MAX_LEASE_MS ? op->rq->lease_ms : MAX_LEASE_MS;
+    double until = td_now_s() + ms / 1000.0;
+    for (size_t k = 0; k < op->rq->n_reservation_ids; k++) {
+        bool found = false;
+        for (size_t i = 0; i < g_role.n_res && !found; i++)
+            if (g_role.res[i].id == op->rq->reservation_ids[k]) {
+                g_role.res[i].expires = until;
+                found = true;
+            }
+        if (!found)
+            op->unknown[op->n_unknown++] = op->rq->reservation_ids[k];
+    }
+}
+
+static void h_renew(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    renew_op_t *op = calloc(1, sizeof *op);
+    if (!op) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        return;
+    }
+    op->rq = tandem__internal__v1__renew_request__unpack(NULL, n, p);
+    if (!op->rq || !op->rq->lease_ms) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
+                           op->rq ? "lease_ms: must be at least 1" : "RenewRequest does not parse");
+        goto out;
+    }
+    if (!(op->unknown = calloc(op->rq->n_reservation_ids + 1, sizeof *op->unknown))) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        goto out;
+    }
+    if (eng_worker_call(w, renew_on_engine, op, 5)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        return; /* op stays with the queued closure */
+    }
+    Tandem__Internal__V1__RenewResponse rp = TANDEM__INTERNAL__V1__RENEW_RESPONSE__INIT;
+    rp.n_unknown_ids = op->n_unknown;
+    rp.unknown_ids = op->unknown;
+    size_t pn = tandem__internal__v1__renew_response__get_packed_size(&rp);
+    uint8_t *buf = malloc(pn ? pn : 1);
+    if (buf) {
+        tandem__internal__v1__renew_response__pack(&rp, buf);
+        td_rpc_call_reply(call, buf, pn);
+    } else {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+    }
+    free(buf);
+out:
+    if (op->rq)
+        tandem__internal__v1__renew_request__free_unpacked(op->rq, NULL);
+    free(op->unknown);
     free(op);
 }
 
@@ -497,6 +566,8 @@ static td_status_t decode_attach(eng_worker_t *w, void *ctx)
         rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Decode", h_decode, w);
     if (!rc)
         rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Release", h_release, w);
+    if (!rc)
+        rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Renew", h_renew, w);
     return rc;
 }
 

@@ -155,6 +155,20 @@ void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s)
     pthread_mutex_unlock(&t->mu);
 }
 
+void rt_table_hold(rt_table_t *t, rt_worker_t *w)
+{
+    pthread_mutex_lock(&t->mu);
+    w->refs++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_unhold(rt_table_t *t, rt_worker_t *w)
+{
+    pthread_mutex_lock(&t->mu);
+    worker_put(w);
+    pthread_mutex_unlock(&t->mu);
+}
+
 uint32_t rt_table_registered(rt_table_t *t, rt_role_t role)
 {
     uint32_t n = 0;

@@ -56,6 +56,10 @@ rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_rol
                               size_t n_tokens);
 /* failed: skip the worker for suspect_s seconds. */
 void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s);
+/* Another reference to w, for a thread that uses its channel outside an
+ * acquire/done pair (renewing reservations); drop it with rt_table_unhold. */
+void rt_table_hold(rt_table_t *t, rt_worker_t *w);
+void rt_table_unhold(rt_table_t *t, rt_worker_t *w);
 /* Workers of a role that are registered and not refused (usable or suspect). */
 uint32_t rt_table_registered(rt_table_t *t, rt_role_t role);
 /* Counts of usable workers per role. */

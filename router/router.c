@@ -41,6 +41,19 @@
 #define MAX_PROMPT_BYTES (1u << 20)
 #define OVERHEAD_RING 4096
 
+/* Reservations this router holds (reserved on a decode worker, not yet
+ * claimed by a Decode or released). Their leases are short and renewed
+ * every second, so a router that dies leaves them for one lease at most. A
+ * fixed table: a request that finds it full is refused at admission. */
+#define RES_LEASE_MS 3000
+#define RES_RENEW_S 1.0
+#define MAX_HELD 4096
+
+typedef struct held_res {
+    rt_worker_t *d;
+    uint64_t id;
+} held_res_t;
+
 typedef struct router {
     eng_model_t *model;
     eng_chat_t chat;
@@ -59,6 +72,13 @@ typedef struct router {
     double overhead[OVERHEAD_RING]; /* seconds of router work per request (wall clock) */
     double overhead_cpu[OVERHEAD_RING]; /* the same sections in the handler thread's CPU time */
     size_t n_overhead;
+    /* reservation renewal (held_*: under held_mu) */
+    pthread_mutex_t held_mu;
+    pthread_cond_t held_cv;
+    held_res_t held[MAX_HELD];
+    size_t n_held;
+    pthread_t renewer;
+    bool renewer_running, renewer_stop;
 } router_t;
 
 static volatile sig_atomic_t g_signal;
@@ -225,6 +245,85 @@ static bool fatal_code(int code)
     return code == TD_RPC_INVALID_ARGUMENT || code == TD_RPC_CANCELLED || code == TD_RPC_DEADLINE_EXCEEDED;
 }
 
+/* Starts renewing reservation id on d; false when the table is full. */
+static bool held_add(router_t *r, rt_worker_t *d, uint64_t id)
+{
+    pthread_mutex_lock(&r->held_mu);
+    bool ok = r->n_held < MAX_HELD;
+    if (ok)
+        r->held[r->n_held++] = (held_res_t){d, id};
+    pthread_mutex_unlock(&r->held_mu);
+    return ok;
+}
+
+static void held_remove(router_t *r, rt_worker_t *d, uint64_t id)
+{
+    pthread_mutex_lock(&r->held_mu);
+    for (size_t i = 0; i < r->n_held; i++)
+        if (r->held[i].d == d && r->held[i].id == id) {
+            r->held[i] = r->held[--r->n_held];
+            break;
+        }
+    pthread_mutex_unlock(&r->held_mu);
+}
+
+/* Every RES_RENEW_S: one Renew per decode worker for the reservations held
+ * on it (each call bounded by 0.5 s, so one slow worker delays the others'
+ * renewals by that much at most, well within the lease). */
+static void *renewer_thread(void *arg)
+{
+    router_t *r = arg;
+    static held_res_t snap[MAX_HELD];
+    static uint64_t ids[MAX_HELD];
+    static bool sent[MAX_HELD];
+    pthread_mutex_lock(&r->held_mu);
+    while (!r->renewer_stop) {
+        struct timespec until = td_wall_deadline(RES_RENEW_S);
+        pthread_cond_timedwait(&r->held_cv, &r->held_mu, &until);
+        if (r->renewer_stop)
+            break;
+        size_t n = r->n_held;
+        memcpy(snap, r->held, n * sizeof *snap);
+        for (size_t i = 0; i < n; i++) { /* the holder may finish meanwhile: keep the record alive */
+            rt_table_hold(&r->table, snap[i].d);
+            sent[i] = false;
+        }
+        pthread_mutex_unlock(&r->held_mu);
+        for (size_t i = 0; i < n; i++) {
+            if (sent[i])
+                continue;
+            rt_worker_t *d = snap[i].d;
+            size_t k = 0;
+            for (size_t j = i; j < n; j++)
+                if (snap[j].d == d) {
+                    ids[k++] = snap[j].id;
+                    sent[j] = true;
+                }
+            Tandem__Internal__V1__RenewRequest rq = TANDEM__INTERNAL__V1__RENEW_REQUEST__INIT;
+            rq.n_reservation_ids = k;
+            rq.reservation_ids = ids;
+            rq.has_lease_ms = 1;
+            rq.lease_ms = RES_LEASE_MS;
+            size_t pn = tandem__internal__v1__renew_request__get_packed_size(&rq);
+            uint8_t *buf = malloc(pn ? pn : 1), *out = NULL;
+            size_t on;
+            td_rpc_result_t res;
+            if (buf) {
+                tandem__internal__v1__renew_request__pack(&rq, buf);
+                if (td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Renew", buf, pn, 0.5, NULL, &out, &on, &res))
+                    TD_DEBUG("router: renewing %zu reservations on %s: %s", k, d->id, res.message);
+            }
+            free(buf);
+            free(out);
+        }
+        for (size_t i = 0; i < n; i++)
+            rt_table_unhold(&r->table, snap[i].d);
+        pthread_mutex_lock(&r->held_mu);
+    }
+    pthread_mutex_unlock(&r->held_mu);
+    return NULL;
+}
+
 /* Reserve on D; 1 done, 0 try again, -1 give up (res says why). */
 static int reserve(gen_t *g, rt_worker_t *d, Tandem__Internal__V1__LandingDescriptor **land, td_rpc_result_t *res)
 {
@@ -236,7 +335,7 @@ static int reserve(gen_t *g, rt_worker_t *d, Tandem__Internal__V1__LandingDescri
     rq.n_tokens = (uint32_t)g->n_tokens;
     rq.max_tokens = g->max_tokens;
     double l = left(g);
-    rq.lease_ms = (uint32_t)((l > 0 ? l : 0) * 1000 + 2000);
+    rq.lease_ms = RES_LEASE_MS; /* renewed while held (renewer_thread) */
     uint8_t buf[512];
     size_t n = tandem__internal__v1__reserve_request__pack(&rq, buf);
     uint8_t *out;
@@ -328,6 +427,16 @@ static int attempt(gen_t *g)
                 res.message);
         return 0;
     }
+    uint64_t res_id = land->reservation_id;
+    if (!held_add(r, d, res_id)) {
+        release(g, d, res_id);
+        tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
+        rt_table_done(&r->table, d, false, 0);
+        rt_table_done(&r->table, p, false, 0);
+        td_rpc_call_finish(g->call, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %d reservations, its most; try "
+                           "again later", MAX_HELD);
+        return 1;
+    }
     /* prefill the prompt (plus what was streamed already, on a resume) */
     double t_b = td_now_s(), c_b = cpu_s();
     Tandem__V1__SamplingParams sp;
@@ -353,9 +462,9 @@ static int attempt(gen_t *g)
     free(pbuf);
     Tandem__Internal__V1__PrefillResponse *prp = rc ? NULL : tandem__internal__v1__prefill_response__unpack(NULL, on, out);
     free(out);
-    uint64_t res_id = land->reservation_id;
     tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
     if (!prp) {
+        held_remove(r, d, res_id);
         release(g, d, res_id);
         rt_table_done(&r->table, d, false, 0);
         bool cancelled = td_rpc_call_cancelled(g->call);
@@ -405,6 +514,7 @@ static int attempt(gen_t *g)
     rc = pbuf ? td_rpc_stream_open(d->ch, "/tandem.internal.v1.Decode/Decode", pbuf, pn, left(g), g->call, &st)
               : TD_ERR_NO_MEMORY;
     free(pbuf);
+    held_remove(r, d, res_id); /* the Decode claims it (or, failing, its lease runs out) */
     g->overhead += td_now_s() - t_c;
     g->cpu += cpu_s() - c_c;
     bool finished = false;
@@ -795,6 +905,13 @@ int main(int argc, char **argv)
                                               r.model->desc.head_dim, r.block_tokens, r.kv_fp32 ? TD_KV_F32 : TD_KV_F16);
     rt_table_init(&r.table, &expect);
     r.place = &rt_placement_least_loaded;
+    pthread_mutex_init(&r.held_mu, NULL);
+    pthread_cond_init(&r.held_cv, NULL);
+    if (pthread_create(&r.renewer, NULL, renewer_thread, &r)) {
+        td_error(TD_ERR_INTERNAL, "router: cannot start the reservation renewer");
+        goto out;
+    }
+    r.renewer_running = true;
     if (membership_start(&r))
         goto out;
     int port;
@@ -821,6 +938,13 @@ out:
     if (srv) {
         td_rpc_server_stop(srv, 10);
         td_rpc_server_destroy(srv);
+    }
+    if (r.renewer_running) {
+        pthread_mutex_lock(&r.held_mu);
+        r.renewer_stop = true;
+        pthread_cond_broadcast(&r.held_cv);
+        pthread_mutex_unlock(&r.held_mu);
+        pthread_join(r.renewer, NULL);
     }
     td_etcd_watch_stop(r.watch);
     td_etcd_destroy(r.etcd);
