@@ -31,6 +31,7 @@ struct td_etcd_watch {
     char *prefix;
     int64_t next_rev;
     td_etcd_watch_fn fn;
+    td_etcd_resync_fn resync;
     void *ctx;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -407,6 +408,29 @@ static td_rpc_stream_t *watch_open(td_etcd_watch_t *w)
     return st;
 }
 
+/* Re-reads the prefix after a compaction and hands it to the watcher; the
+ * watch goes on from that read's revision. 0 on success. */
+static int watch_resync(td_etcd_watch_t *w)
+{
+    td_etcd_kvs_t kvs = {0};
+    for (int tries = 0; !watch_stopping(w); tries++) {
+        if (td_etcd_get(w->e, w->prefix, true, &kvs) == TD_OK)
+            break;
+        struct timespec t = {0, 200 * 1000 * 1000};
+        nanosleep(&t, NULL);
+    }
+    if (watch_stopping(w))
+        return -1;
+    if (w->resync)
+        w->resync(w->ctx, &kvs);
+    else
+        for (size_t i = 0; i < kvs.n; i++)
+            w->fn(w->ctx, true, &kvs.kv[i]);
+    w->next_rev = kvs.revision + 1;
+    td_etcd_kvs_free(&kvs);
+    return 0;
+}
+
 static void *watch_thread(void *arg)
 {
     td_etcd_watch_t *w = arg;
@@ -453,9 +477,21 @@ static void *watch_thread(void *arg)
         }
         if (rp->created && w->next_rev == 0 && rp->header)
             w->next_rev = rp->header->revision + 1;
-        if (rp->canceled && rp->compact_revision > 0)
-            w->next_rev = rp->compact_revision;
+        bool canceled = rp->canceled;
+        int64_t compacted = rp->compact_revision;
         etcdserverpb__watch_response__free_unpacked(rp, NULL);
+        if (!canceled)
+            continue;
+        /* etcd ended the watch; when because next_rev was compacted away, the
+         * events up to compacted are lost: read the prefix as it is now */
+        pthread_mutex_lock(&w->mu);
+        w->st = NULL;
+        pthread_mutex_unlock(&w->mu);
+        td_rpc_stream_destroy(st);
+        st = NULL;
+        if (compacted > 0 && !watch_resync(w))
+            TD_WARN("etcd: the watch on %s resumed after a compaction (revision %lld)", w->prefix,
+                    (long long)compacted);
     }
     pthread_mutex_lock(&w->mu);
     w->st = NULL;
@@ -464,8 +500,8 @@ static void *watch_thread(void *arg)
     return NULL;
 }
 
-td_status_t td_etcd_watch_start(td_etcd_t *e, const char *prefix, int64_t start_rev, td_etcd_watch_fn fn, void *ctx,
-                                td_etcd_watch_t **out)
+td_status_t td_etcd_watch_start(td_etcd_t *e, const char *prefix, int64_t start_rev, td_etcd_watch_fn fn,
+                                td_etcd_resync_fn resync, void *ctx, td_etcd_watch_t **out)
 {
     td_etcd_watch_t *w = calloc(1, sizeof *w);
     if (!w || !(w->prefix = strdup(prefix))) {
@@ -475,6 +511,7 @@ td_status_t td_etcd_watch_start(td_etcd_t *e, const char *prefix, int64_t start_
     w->e = e;
     w->next_rev = start_rev;
     w->fn = fn;
+    w->resync = resync;
     w->ctx = ctx;
     pthread_mutex_init(&w->mu, NULL);
     if (pthread_create(&w->thread, NULL, watch_thread, w)) {

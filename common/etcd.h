@@ -3,8 +3,9 @@
  * What tandem needs of etcd and nothing more: keys (get, put, delete, by key or
  * prefix), leases (grant, revoke, and a keep-alive thread that reports when
  * the lease is lost), watches (a thread per watch that calls back for every
- * put and delete under a prefix and resumes after a dropped stream from the
- * revision it had reached), and a Txn-based election (the key is created only
+ * put and delete under a prefix, resumes after a dropped stream from the
+ * revision it had reached, and re-reads the prefix when that revision was
+ * compacted away), and a Txn-based election (the key is created only
  * if it does not exist, under the candidate's lease). Keys are C strings;
  * values are bytes. Every call has a deadline (TD_ETCD_TIMEOUT_S). */
 #ifndef TD_ETCD_H
@@ -59,9 +60,14 @@ td_status_t td_etcd_campaign(td_etcd_t *e, const char *key, const void *value, s
 typedef struct td_etcd_watch td_etcd_watch_t;
 /* Called from the watch thread: put (true) or delete of kv (a delete has no value). */
 typedef void (*td_etcd_watch_fn)(void *ctx, bool put, const td_etcd_kv_t *kv);
+/* Called from the watch thread when the history the watch needed was
+ * compacted away (it fell behind, or resumed after a long break): the events
+ * in between are lost, so here is every key under the prefix as it is now;
+ * the watch then goes on from there. A watcher forgets the keys not in it. */
+typedef void (*td_etcd_resync_fn)(void *ctx, const td_etcd_kvs_t *now);
 /* Watches every key under prefix from revision start_rev (0: from now). */
-td_status_t td_etcd_watch_start(td_etcd_t *e, const char *prefix, int64_t start_rev, td_etcd_watch_fn fn, void *ctx,
-                                td_etcd_watch_t **out);
+td_status_t td_etcd_watch_start(td_etcd_t *e, const char *prefix, int64_t start_rev, td_etcd_watch_fn fn,
+                                td_etcd_resync_fn resync, void *ctx, td_etcd_watch_t **out);
 void td_etcd_watch_stop(td_etcd_watch_t *w);
 
 #endif

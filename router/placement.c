@@ -132,6 +132,23 @@ void rt_table_remove(rt_table_t *t, const char *key)
     pthread_mutex_unlock(&t->mu);
 }
 
+void rt_table_retain(rt_table_t *t, const char *const *keys, size_t n)
+{
+    char gone[64][256];
+    size_t n_gone = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n && n_gone < 64; i++) {
+        bool keep = false;
+        for (size_t k = 0; k < n && !keep; k++)
+            keep = !strcmp(t->w[i]->key, keys[k]);
+        if (!keep)
+            snprintf(gone[n_gone++], sizeof gone[0], "%s", t->w[i]->key);
+    }
+    pthread_mutex_unlock(&t->mu);
+    for (size_t i = 0; i < n_gone; i++)
+        rt_table_remove(t, gone[i]);
+}
+
 rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const int32_t *tokens,
                               size_t n_tokens)
 {

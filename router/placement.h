@@ -51,6 +51,9 @@ void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect);
 /* A worker registered or re-registered (value: its JSON record). */
 void rt_table_put(rt_table_t *t, const char *key, const char *value);
 void rt_table_remove(rt_table_t *t, const char *key);
+/* Removes every worker whose key is not among keys[0..n) (after the
+ * membership was re-read: those left while nobody watched). */
+void rt_table_retain(rt_table_t *t, const char *const *keys, size_t n);
 /* Picks and takes a reference (inflight + 1); release with rt_table_done. */
 rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const int32_t *tokens,
                               size_t n_tokens);

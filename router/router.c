@@ -95,6 +95,21 @@ static void on_watch(void *ctx, bool put, const td_etcd_kv_t *kv)
         rt_table_remove(&r->table, kv->key);
 }
 
+/* The watch fell behind a compaction: the membership as it is now. */
+static void on_resync(void *ctx, const td_etcd_kvs_t *now)
+{
+    router_t *r = ctx;
+    const char **keys = calloc(now->n + 1, sizeof *keys);
+    if (!keys)
+        return;
+    for (size_t i = 0; i < now->n; i++)
+        keys[i] = now->kv[i].key;
+    rt_table_retain(&r->table, keys, now->n);
+    free(keys);
+    for (size_t i = 0; i < now->n; i++)
+        rt_table_put(&r->table, now->kv[i].key, (const char *)now->kv[i].value);
+}
+
 static td_status_t membership_start(router_t *r)
 {
     td_status_t rc = td_etcd_connect(r->etcd_ep, NULL, &r->etcd);
@@ -107,7 +122,7 @@ static td_status_t membership_start(router_t *r)
         rt_table_put(&r->table, kvs.kv[i].key, (const char *)kvs.kv[i].value);
     int64_t rev = kvs.revision;
     td_etcd_kvs_free(&kvs);
-    return td_etcd_watch_start(r->etcd, "/tandem/workers/", rev + 1, on_watch, r, &r->watch);
+    return td_etcd_watch_start(r->etcd, "/tandem/workers/", rev + 1, on_watch, on_resync, r, &r->watch);
 }
 
 /* ---------------------------------------------------------------- helpers */

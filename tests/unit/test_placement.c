@@ -1,0 +1,100 @@
+/* test_placement.c — the router's worker table and least-loaded placement
+ * (router/placement.h): workers join from their etcd records, a worker whose
+ * call failed is skipped while suspect and chosen again after, a refused
+ * (contract mismatch) or departed worker is never chosen, and load spreads. */
+#include "tests/unit/helpers.h"
+
+#include "common/clock.h"
+#include "common/kv_contract.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "router/placement.h"
+
+static td_kv_layout_t expect;
+
+static void put_worker(rt_table_t *t, const char *id, const char *role, uint32_t block_tokens)
+{
+    td_kv_layout_t l = expect;
+    l.block_tokens = block_tokens;
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
+                          "contract", td_kv_layout_to_json(&l));
+    char *v = json_dumps(j, JSON_COMPACT), key[128];
+    snprintf(key, sizeof key, "/tandem/workers/%s/%s", role, id);
+    rt_table_put(t, key, v);
+    free(v);
+    json_decref(j);
+}
+
+/* Acquires n times (keeping every reference) and counts picks per id. */
+static int picks(rt_table_t *t, const char *id, int n, rt_worker_t **held)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        held[i] = rt_table_acquire(t, &rt_placement_least_loaded, RT_DECODE, NULL, 0);
+        k += held[i] && !strcmp(held[i]->id, id);
+    }
+    return k;
+}
+
+static void release_all(rt_table_t *t, rt_worker_t **held, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (held[i])
+            rt_table_done(t, held[i], false, 0);
+}
+
+Test(placement, skips_failed_suspect_refused_and_gone_workers, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &expect);
+    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0), "an empty table");
+    put_worker(&t, "d1", "decode", 16);
+    put_worker(&t, "d2", "decode", 16);
+    put_worker(&t, "d3", "decode", 32); /* refused: its contract differs */
+    put_worker(&t, "p1", "prefill", 16);
+    cr_assert_eq(rt_table_registered(&t, RT_DECODE), 2, "the refused worker does not count");
+    rt_worker_t *held[64];
+    /* least loaded: 8 concurrent picks split 4/4; never the refused or the prefill worker */
+    int d1 = picks(&t, "d1", 8, held), d2 = 0;
+    for (int i = 0; i < 8; i++) {
+        cr_assert_not_null(held[i]);
+        cr_assert(strcmp(held[i]->id, "d3") && strcmp(held[i]->id, "p1"), "picked %s", held[i]->id);
+        d2 += !strcmp(held[i]->id, "d2");
+    }
+    cr_assert(d1 == 4 && d2 == 4, "load spreads: d1 %d, d2 %d", d1, d2);
+    release_all(&t, held, 8);
+    /* a failed call makes d1 suspect: skipped until its time is up, then chosen again */
+    rt_worker_t *w = NULL;
+    for (int i = 0; i < 4 && (!w || strcmp(w->id, "d1")); i++) {
+        if (w)
+            rt_table_done(&t, w, false, 0);
+        w = rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0);
+    }
+    cr_assert_str_eq(w->id, "d1");
+    rt_table_done(&t, w, true, 0.5);
+    cr_assert_eq(picks(&t, "d1", 10, held), 0, "a suspect worker is skipped");
+    release_all(&t, held, 10);
+    td_sleep_s(0.6);
+    cr_assert_gt(picks(&t, "d1", 10, held), 0, "and chosen again once its suspect time is over");
+    release_all(&t, held, 10);
+    /* both suspect: nothing to pick, though both are still registered */
+    for (int i = 0; i < 2; i++) {
+        rt_worker_t *x = rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0);
+        held[i] = x;
+    }
+    rt_table_done(&t, held[0], true, 30);
+    rt_table_done(&t, held[1], true, 30);
+    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0), "every worker suspect");
+    cr_assert_eq(rt_table_registered(&t, RT_DECODE), 2);
+    /* a worker that left is gone at once, and a record held across its removal stays valid */
+    rt_worker_t *pf = rt_table_acquire(&t, &rt_placement_least_loaded, RT_PREFILL, NULL, 0);
+    cr_assert_not_null(pf);
+    rt_table_remove(&t, "/tandem/workers/prefill/p1");
+    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_PREFILL, NULL, 0), "p1 left");
+    cr_assert_str_eq(pf->id, "p1", "the holder's record is still readable");
+    rt_table_done(&t, pf, false, 0);
+    cr_assert_eq(rt_table_registered(&t, RT_PREFILL), 0);
+    td_rpc_shutdown();
+}
