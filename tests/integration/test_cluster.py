@@ -77,12 +77,12 @@ def reference_text(prompt, max_tokens, seeded=False):
 
 
 class Cluster:
-    def __init__(self, config=None, creds=None):
+    def __init__(self, config=None, creds=None, extra=()):
         self.err = open(tempfile.mktemp(prefix="tandem-up-", suffix=".log"), "w+")
         # idle UCX connections are closed after 3 s (transport.peer_idle_s, 60 by default), so the suite can see it
         self.p = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads",
                                    "--worker-arg", "1", "--worker-arg", "--peer-idle-s", "--worker-arg", "3"] +
-                                  (["--config", config] if config else []),
+                                  (["--config", config] if config else []) + list(extra),
                                   stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)
         t0 = time.time()
         line = ""
@@ -217,6 +217,34 @@ def sigkill_up_leaves_nothing():
           (len(kids), time.time() - t0, left), gone and len(kids) >= 4)
     for k in left:
         os.kill(k, signal.SIGKILL)
+
+
+def two_by_two(refs):
+    """A cluster of 2 prefill + 2 decode workers: concurrent requests spread
+    over all four, each output identical to single-process."""
+    c = Cluster(extra=["--prefill", "2", "--decode", "2"])
+    try:
+        ok = wait_for(lambda: len(c.workers()) == 4 and c.health()[0], 60)
+        check("2 prefill + 2 decode workers registered (%d)" % len(c.workers()), ok)
+        out = {}
+
+        def run(i):
+            p = PROMPTS[i % len(PROMPTS)]
+            ids, last = generate(c.stub, p)
+            out[i] = (p, ids, last.timing.prefill_worker, last.timing.decode_worker)
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(12)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(180)
+        same = sum(1 for p, ids, _, _ in out.values() if ids == refs[p])
+        pws = {o[2] for o in out.values()}
+        dws = {o[3] for o in out.values()}
+        check("2+2 cluster: %d/12 concurrent requests identical to single-process" % same, same == 12)
+        check("2+2 cluster: requests used %d prefill and %d decode workers" % (len(pws), len(dws)),
+              len(pws) == 2 and len(dws) == 2, "%s %s" % (pws, dws))
+    finally:
+        c.stop()
 
 
 def main():
@@ -464,6 +492,7 @@ def main():
         rc = c.stop()
         check("tandem up stops cleanly on SIGTERM (exit %s)" % rc, rc == 0)
     tls_cluster(refs)
+    two_by_two(refs)
     print("integration: %d passed, %d failed" % (sum(results), len(results) - sum(results)))
     return 0 if all(results) else 1
 
