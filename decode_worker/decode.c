@@ -29,13 +29,13 @@ typedef struct reservation {
     double expires;
 } reservation_t;
 
+/* The role's state, behind its context (eng_worker_role_t.ctx); engine thread. */
 typedef struct decode_role {
     reservation_t *res;
     size_t n_res, cap_res;
     uint64_t next_res;
 } decode_role_t;
 
-static decode_role_t g_role;
 
 /* ---- Reserve ---- */
 typedef struct reserve_op {
@@ -49,35 +49,36 @@ typedef struct reserve_op {
 static void reserve_on_engine(eng_worker_t *w, void *arg)
 {
     reserve_op_t *op = arg;
+    decode_role_t *R = eng_worker_role_ctx(w);
     eng_engine_t *e = eng_worker_engine(w);
     uint32_t bt = eng_worker_contract(w).block_tokens;
     op->n_blocks = (op->n_tokens + bt - 1) / bt;
     op->blocks = malloc(op->n_blocks * sizeof *op->blocks);
-    if (!op->blocks || g_role.n_res == g_role.cap_res) {
-        size_t nc = g_role.cap_res ? 2 * g_role.cap_res : 64;
-        reservation_t *r = op->blocks ? realloc(g_role.res, nc * sizeof *r) : NULL;
+    if (!op->blocks || R->n_res == R->cap_res) {
+        size_t nc = R->cap_res ? 2 * R->cap_res : 64;
+        reservation_t *r = op->blocks ? realloc(R->res, nc * sizeof *r) : NULL;
         if (!r) {
             op->rc = TD_ERR_NO_MEMORY;
             return;
         }
-        g_role.res = r;
-        g_role.cap_res = nc;
+        R->res = r;
+        R->cap_res = nc;
     }
     op->rc = eng_engine_kv_reserve(e, op->n_tokens, op->blocks);
     if (op->rc)
         return;
-    op->id = ++g_role.next_res;
-    g_role.res[g_role.n_res++] = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens,
+    op->id = ++R->next_res;
+    R->res[R->n_res++] = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens,
                                                   td_now_s() + op->lease_ms / 1000.0};
 }
 
 /* Takes reservation id out of the table (engine thread); false if unknown. */
-static bool reservation_take(uint64_t id, reservation_t *out)
+static bool reservation_take(decode_role_t *R, uint64_t id, reservation_t *out)
 {
-    for (size_t i = 0; i < g_role.n_res; i++)
-        if (g_role.res[i].id == id) {
-            *out = g_role.res[i];
-            g_role.res[i] = g_role.res[--g_role.n_res];
+    for (size_t i = 0; i < R->n_res; i++)
+        if (R->res[i].id == id) {
+            *out = R->res[i];
+            R->res[i] = R->res[--R->n_res];
             return true;
         }
     return false;
@@ -85,16 +86,16 @@ static bool reservation_take(uint64_t id, reservation_t *out)
 
 static void expire_reservations(eng_worker_t *w, void *ctx)
 {
-    (void)ctx;
+    decode_role_t *R = ctx;
     double t = td_now_s();
-    for (size_t i = 0; i < g_role.n_res;) {
-        reservation_t *r = &g_role.res[i];
+    for (size_t i = 0; i < R->n_res;) {
+        reservation_t *r = &R->res[i];
         if (r->expires < t) {
             TD_WARN("%s: reservation %llu (%u blocks) expired unclaimed; its blocks are free again", eng_worker_id(w),
                     (unsigned long long)r->id, r->n_blocks);
             eng_engine_kv_release(eng_worker_engine(w), r->blocks, r->n_blocks);
             free(r->blocks);
-            g_role.res[i] = g_role.res[--g_role.n_res];
+            R->res[i] = R->res[--R->n_res];
         } else {
             i++;
         }
@@ -196,7 +197,7 @@ static void release_on_engine(eng_worker_t *w, void *arg)
 {
     release_op_t *op = arg;
     reservation_t r;
-    op->found = reservation_take(op->id, &r);
+    op->found = reservation_take(eng_worker_role_ctx(w), op->id, &r);
     if (op->found) {
         eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
         free(r.blocks);
@@ -234,15 +235,15 @@ typedef struct renew_op {
 
 static void renew_on_engine(eng_worker_t *w, void *arg)
 {
-    (void)w;
     renew_op_t *op = arg;
+    decode_role_t *R = eng_worker_role_ctx(w);
     uint32_t ms = op->rq->lease_ms < MAX_LEASE_MS ? op->rq->lease_ms : MAX_LEASE_MS;
     double until = td_now_s() + ms / 1000.0;
     for (size_t k = 0; k < op->rq->n_reservation_ids; k++) {
         bool found = false;
-        for (size_t i = 0; i < g_role.n_res && !found; i++)
-            if (g_role.res[i].id == op->rq->reservation_ids[k]) {
-                g_role.res[i].expires = until;
+        for (size_t i = 0; i < R->n_res && !found; i++)
+            if (R->res[i].id == op->rq->reservation_ids[k]) {
+                R->res[i].expires = until;
                 found = true;
             }
         if (!found)
@@ -397,7 +398,7 @@ static void start_on_engine(eng_worker_t *w, void *arg)
 {
     dreq_t *d = arg;
     reservation_t r;
-    if (!reservation_take(d->rq->reservation_id, &r)) {
+    if (!reservation_take(eng_worker_role_ctx(w), d->rq->reservation_id, &r)) {
         d->rc = TD_ERR_NOT_FOUND;
         snprintf(d->err, sizeof d->err, "reservation_id %llu: unknown or expired on %s",
                  (unsigned long long)d->rq->reservation_id, eng_worker_id(w));
@@ -552,9 +553,9 @@ done:
 static void decode_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__StatsResponse *r)
 {
     (void)w;
-    (void)ctx;
+    decode_role_t *R = ctx;
     r->has_reservations = 1;
-    r->reservations = (uint32_t)g_role.n_res;
+    r->reservations = (uint32_t)R->n_res;
 }
 
 static td_status_t decode_attach(eng_worker_t *w, void *ctx)
@@ -573,7 +574,8 @@ static td_status_t decode_attach(eng_worker_t *w, void *ctx)
 
 int main(int argc, char **argv)
 {
+    static decode_role_t state;
     eng_worker_role_t role = {.name = "decode", .attach = decode_attach, .before_step = expire_reservations,
-                              .stats = decode_stats, .ctx = &g_role};
+                              .stats = decode_stats, .ctx = &state};
     return eng_worker_main(argc, argv, &role);
 }

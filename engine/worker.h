@@ -48,6 +48,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role);
 
 /* ---- for the role code ---- */
 eng_engine_t *eng_worker_engine(eng_worker_t *w);           /* engine thread only */
+void *eng_worker_role_ctx(eng_worker_t *w);                 /* the role's state (eng_worker_role_t.ctx) */
 td_rpc_server_t *eng_worker_server(eng_worker_t *w);
 const char *eng_worker_id(const eng_worker_t *w);
 td_kv_layout_t eng_worker_contract(const eng_worker_t *w);

@@ -26,6 +26,8 @@
 #include "common/log.h"
 #include "engine/worker.h"
 
+typedef struct prefill_role prefill_role_t;
+
 /* ------------------------------------------------------------ the pusher */
 
 /* A connection to one decode worker's pool. refs: requests holding it
@@ -151,12 +153,12 @@ static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t l
  * the whole barrier (many peers, each slow up to its flush deadline). */
 #define BARRIER_DEADLINE_S 30.0
 
-static void peers_fail_all(const char *why);
+static void peers_fail_all(prefill_role_t *R, const char *why);
 
 /* Waits until every queued put is issued and flushed. Past the deadline,
  * every peer is marked failed (their requests end UNAVAILABLE) rather than
  * the engine thread waiting on. */
-static double pusher_barrier(pusher_t *p)
+static double pusher_barrier(prefill_role_t *R, pusher_t *p)
 {
     double t0 = td_now_s();
     struct timespec until = td_wall_deadline(BARRIER_DEADLINE_S);
@@ -169,13 +171,14 @@ static double pusher_barrier(pusher_t *p)
     bool stuck = p->barrier;
     pthread_mutex_unlock(&p->mu);
     if (stuck)
-        peers_fail_all("the KV pushes of a step did not land within 30 s");
+        peers_fail_all(R, "the KV pushes of a step did not land within 30 s");
     return td_now_s() - t0;
 }
 
 /* ------------------------------------------------------------ requests */
 
 typedef struct preq {
+    prefill_role_t *role;
     pthread_mutex_t mu;
     int refs;
     td_rpc_call_t *call;
@@ -199,7 +202,8 @@ typedef struct preq {
     size_t n_digests;
 } preq_t;
 
-typedef struct prefill_role {
+/* The role's state, behind its context (eng_worker_role_t.ctx). */
+struct prefill_role {
     eng_worker_t *w;
     pusher_t pusher;
     pthread_mutex_t peers_mu;
@@ -211,29 +215,27 @@ typedef struct prefill_role {
     double exposed_total, busy_total;
     uint64_t bytes_total;
     double busy_at_step;
-} prefill_role_t;
+};
 
-static prefill_role_t g_role;
-
-static void peer_release(peer_entry_t *pe)
+static void peer_release(prefill_role_t *R, peer_entry_t *pe)
 {
-    pthread_mutex_lock(&g_role.peers_mu);
+    pthread_mutex_lock(&R->peers_mu);
     pe->refs--;
     pe->last_used = td_now_s();
-    pthread_mutex_unlock(&g_role.peers_mu);
+    pthread_mutex_unlock(&R->peers_mu);
 }
 
 /* Between steps (the pusher idle, nothing queued): closes the connections
  * that failed or sat idle, that no request holds. */
-static void peers_reap(void)
+static void peers_reap(prefill_role_t *R)
 {
     kv_xfer_t *x;
-    const kv_transport_ops_t *xo = eng_worker_transport(g_role.w, &x);
+    const kv_transport_ops_t *xo = eng_worker_transport(R->w, &x);
     double now = td_now_s();
-    pthread_mutex_lock(&g_role.peers_mu);
-    for (size_t i = 0; i < g_role.n_peers;) {
-        peer_entry_t *pe = g_role.peers[i];
-        if (pe->refs > 0 || (!pe->failed && now - pe->last_used < g_role.peer_idle_s)) {
+    pthread_mutex_lock(&R->peers_mu);
+    for (size_t i = 0; i < R->n_peers;) {
+        peer_entry_t *pe = R->peers[i];
+        if (pe->refs > 0 || (!pe->failed && now - pe->last_used < R->peer_idle_s)) {
             i++;
             continue;
         }
@@ -241,9 +243,9 @@ static void peers_reap(void)
         xo->disconnect(x, pe->peer);
         free(pe->addr);
         free(pe);
-        g_role.peers[i] = g_role.peers[--g_role.n_peers];
+        R->peers[i] = R->peers[--R->n_peers];
     }
-    pthread_mutex_unlock(&g_role.peers_mu);
+    pthread_mutex_unlock(&R->peers_mu);
 }
 
 static void preq_put(preq_t *r)
@@ -254,7 +256,7 @@ static void preq_put(preq_t *r)
     if (n)
         return;
     if (r->pe)
-        peer_release(r->pe);
+        peer_release(r->role, r->pe);
     if (r->rq)
         tandem__internal__v1__prefill_request__free_unpacked(r->rq, NULL);
     free(r->bias);
@@ -265,9 +267,10 @@ static void preq_put(preq_t *r)
 
 static void active_remove(preq_t *r)
 {
-    for (size_t i = 0; i < g_role.n_active; i++)
-        if (g_role.active[i] == r) {
-            g_role.active[i] = g_role.active[--g_role.n_active];
+    prefill_role_t *R = r->role;
+    for (size_t i = 0; i < R->n_active; i++)
+        if (R->active[i] == r) {
+            R->active[i] = R->active[--R->n_active];
             return;
         }
 }
@@ -310,22 +313,22 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
  * that writes into it; each step's puts are flushed before the next step. */
 static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uint32_t n)
 {
-    (void)ctx;
-    eng_engine_t *e = eng_worker_engine(g_role.w);
+    prefill_role_t *R = ctx;
+    eng_engine_t *e = eng_worker_engine(R->w);
     size_t bb;
     uint8_t *base = eng_engine_kv_base(e, &bb);
-    uint32_t n_layers = eng_worker_contract(g_role.w).n_layers;
+    uint32_t n_layers = eng_worker_contract(R->w).n_layers;
     size_t lb = bb / n_layers;
     for (uint32_t i = 0; i < n; i++)
-        for (size_t k = 0; k < g_role.n_active; k++) {
-            preq_t *r = g_role.active[k];
+        for (size_t k = 0; k < R->n_active; k++) {
+            preq_t *r = R->active[k];
             if (r->eng_id != seqs[i].id)
                 continue;
             const Tandem__Internal__V1__LandingDescriptor *ld = r->rq->landing;
             uint32_t from = seqs[i].first_block < r->pushed ? seqs[i].first_block : r->pushed;
             uint32_t end = seqs[i].end_block < ld->n_block_offsets ? seqs[i].end_block : (uint32_t)ld->n_block_offsets;
             for (uint32_t b = from; b < end; b++)
-                pusher_push(&g_role.pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
+                pusher_push(&R->pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
                             ld->block_offsets[b] + layer * lb);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
                 for (uint32_t b = from; b < end; b++)
@@ -339,37 +342,38 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
 
 static void prefill_after_step(eng_worker_t *w, void *ctx)
 {
-    (void)ctx;
-    pusher_t *p = &g_role.pusher;
-    double waited = pusher_barrier(p);
+    prefill_role_t *R = ctx;
+    pusher_t *p = &R->pusher;
+    double waited = pusher_barrier(R, p);
     pthread_mutex_lock(&p->mu);
-    double busy = p->busy_s - g_role.busy_at_step;
-    g_role.busy_at_step = p->busy_s;
+    double busy = p->busy_s - R->busy_at_step;
+    R->busy_at_step = p->busy_s;
     uint64_t bytes = p->bytes;
     pthread_mutex_unlock(&p->mu);
-    g_role.exposed_total += waited;
-    g_role.busy_total += busy;
-    g_role.bytes_total = bytes;
-    for (size_t k = 0; k < g_role.n_active;) {
-        preq_t *r = g_role.active[k];
+    R->exposed_total += waited;
+    R->busy_total += busy;
+    R->bytes_total = bytes;
+    for (size_t k = 0; k < R->n_active;) {
+        preq_t *r = R->active[k];
         r->exposed_s += waited;
         r->busy_s += busy;
         if (r->pe->failed) { /* its KV cannot land: stop computing it */
             eng_engine_cancel(eng_worker_engine(w), r->eng_id);
             eng_worker_unlisten(w, r->eng_id);
-            g_role.active[k] = g_role.active[--g_role.n_active];
+            R->active[k] = R->active[--R->n_active];
             preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
             preq_put(r);
             continue;
         }
         k++;
     }
-    peers_reap();
+    peers_reap(R);
 }
 
 static void add_on_engine(eng_worker_t *w, void *arg)
 {
     preq_t *r = arg;
+    prefill_role_t *R = r->role;
     const Tandem__V1__SamplingParams *sp = r->rq->sampling;
     r->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *r->bias);
     eng_request_t er = {.prompt = r->rq->tokens, .n_prompt = r->rq->n_tokens, .max_tokens = 1, .ignore_eos = true,
@@ -380,59 +384,61 @@ static void add_on_engine(eng_worker_t *w, void *arg)
         snprintf(r->err, sizeof r->err, "%s", td_last_error());
         return;
     }
-    if (g_role.n_active == g_role.cap_active) {
-        size_t nc = g_role.cap_active ? 2 * g_role.cap_active : 64;
-        preq_t **a = realloc(g_role.active, nc * sizeof *a);
+    if (R->n_active == R->cap_active) {
+        size_t nc = R->cap_active ? 2 * R->cap_active : 64;
+        preq_t **a = realloc(R->active, nc * sizeof *a);
         if (!a) {
             eng_engine_cancel(eng_worker_engine(w), r->eng_id);
             r->rc = TD_ERR_NO_MEMORY;
             snprintf(r->err, sizeof r->err, "no memory");
             return;
         }
-        g_role.active = a;
-        g_role.cap_active = nc;
+        R->active = a;
+        R->cap_active = nc;
     }
     if ((r->rc = eng_worker_listen(w, r->eng_id, on_prefill_event, r))) {
         snprintf(r->err, sizeof r->err, "%s", td_last_error());
         eng_engine_cancel(eng_worker_engine(w), r->eng_id);
         return;
     }
-    g_role.active[g_role.n_active++] = r;
+    R->active[R->n_active++] = r;
     r->refs++;
 }
 
 static void cancel_on_engine(eng_worker_t *w, void *arg)
 {
     preq_t *r = arg;
-    for (size_t k = 0; k < g_role.n_active; k++)
-        if (g_role.active[k] == r) {
+    prefill_role_t *R = r->role;
+    for (size_t k = 0; k < R->n_active; k++)
+        if (R->active[k] == r) {
             eng_engine_cancel(eng_worker_engine(w), r->eng_id);
             eng_worker_unlisten(w, r->eng_id);
-            g_role.active[k] = g_role.active[--g_role.n_active];
+            R->active[k] = R->active[--R->n_active];
             preq_put(r);
             return;
         }
 }
 
-static void peers_fail_all(const char *why)
+static void peers_fail_all(prefill_role_t *R, const char *why)
 {
-    pthread_mutex_lock(&g_role.peers_mu);
-    for (size_t i = 0; i < g_role.n_peers; i++)
-        g_role.peers[i]->failed = true;
-    pthread_mutex_unlock(&g_role.peers_mu);
+    pthread_mutex_lock(&R->peers_mu);
+    for (size_t i = 0; i < R->n_peers; i++)
+        R->peers[i]->failed = true;
+    pthread_mutex_unlock(&R->peers_mu);
     TD_WARN("prefill: %s; the requests landing on every decode worker fail", why);
 }
 
 /* The cached connection to a decode worker's pool (made on first use). */
 static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__LandingDescriptor *ld)
 {
-    pthread_mutex_lock(&g_role.peers_mu);
-    for (size_t i = 0; i < g_role.n_peers; i++) {
-        peer_entry_t *pe = g_role.peers[i];
+    prefill_role_t *R = eng_worker_role_ctx(w);
+    pthread_mutex_lock(&R->peers_mu);
+    for (size_t i = 0; i < R->n_peers; i++) {
+        peer_entry_t *pe = R->peers[i];
         if (!pe->failed && pe->addr_len == ld->address.len && !memcmp(pe->addr, ld->address.data, pe->addr_len)) {
             pe->refs++;
             pe->last_used = td_now_s();
-            pthread_mutex_unlock(&g_role.peers_mu);
+            pthread_mutex_unlock(&R->peers_mu);
             return pe;
         }
     }
@@ -445,19 +451,19 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
         if (xo->connect(x, ld->address.data, ld->address.len, &pe->peer) == TD_OK &&
             xo->region_add(x, pe->peer, ld->region_key.data, ld->region_key.len, ld->remote_base, ld->region_bytes,
                            &pe->region) == TD_OK) {
-            if (g_role.n_peers == g_role.cap_peers) {
-                size_t nc = g_role.cap_peers ? 2 * g_role.cap_peers : 8;
-                peer_entry_t **np = realloc(g_role.peers, nc * sizeof *np);
+            if (R->n_peers == R->cap_peers) {
+                size_t nc = R->cap_peers ? 2 * R->cap_peers : 8;
+                peer_entry_t **np = realloc(R->peers, nc * sizeof *np);
                 if (np) {
-                    g_role.peers = np;
-                    g_role.cap_peers = nc;
+                    R->peers = np;
+                    R->cap_peers = nc;
                 }
             }
-            if (g_role.n_peers < g_role.cap_peers) {
+            if (R->n_peers < R->cap_peers) {
                 pe->refs = 1;
                 pe->last_used = td_now_s();
-                g_role.peers[g_role.n_peers++] = pe;
-                pthread_mutex_unlock(&g_role.peers_mu);
+                R->peers[R->n_peers++] = pe;
+                pthread_mutex_unlock(&R->peers_mu);
                 return pe;
             }
         }
@@ -467,7 +473,7 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
     if (pe)
         free(pe->addr);
     free(pe);
-    pthread_mutex_unlock(&g_role.peers_mu);
+    pthread_mutex_unlock(&R->peers_mu);
     return NULL;
 }
 
@@ -482,6 +488,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         return;
     }
     pthread_mutex_init(&r->mu, NULL);
+    r->role = eng_worker_role_ctx(w);
     r->refs = 1;
     r->t0 = td_now_s();
     r->rq = tandem__internal__v1__prefill_request__unpack(NULL, n, p);
@@ -598,30 +605,30 @@ done:
 static void prefill_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__StatsResponse *r)
 {
     (void)w;
-    (void)ctx;
+    prefill_role_t *R = ctx;
     r->has_transfer_bytes = r->has_transfer_ms = r->has_exposed_transfer_ms = 1;
-    r->transfer_bytes = g_role.bytes_total;
-    r->transfer_ms = g_role.busy_total * 1e3;
-    r->exposed_transfer_ms = g_role.exposed_total * 1e3;
-    pthread_mutex_lock(&g_role.peers_mu);
+    r->transfer_bytes = R->bytes_total;
+    r->transfer_ms = R->busy_total * 1e3;
+    r->exposed_transfer_ms = R->exposed_total * 1e3;
+    pthread_mutex_lock(&R->peers_mu);
     r->has_kv_peers = 1;
-    r->kv_peers = (uint32_t)g_role.n_peers;
-    pthread_mutex_unlock(&g_role.peers_mu);
+    r->kv_peers = (uint32_t)R->n_peers;
+    pthread_mutex_unlock(&R->peers_mu);
 }
 
 static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
 {
-    (void)ctx;
-    g_role.w = w;
-    pthread_mutex_init(&g_role.peers_mu, NULL);
-    g_role.peer_idle_s = eng_worker_config(w)->transport.peer_idle_s;
-    pusher_t *p = &g_role.pusher;
+    prefill_role_t *R = ctx;
+    R->w = w;
+    pthread_mutex_init(&R->peers_mu, NULL);
+    R->peer_idle_s = eng_worker_config(w)->transport.peer_idle_s;
+    pusher_t *p = &R->pusher;
     p->xo = eng_worker_transport(w, &p->x);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (pthread_create(&p->thread, NULL, pusher_thread, p))
         return td_error(TD_ERR_INTERNAL, "cannot start the pusher thread");
-    eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, NULL);
+    eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, R);
     return td_rpc_server_add(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", h_prefill, w);
 }
 
@@ -629,8 +636,8 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
  * with a barrier after its last step) and every connection is closed. */
 static void prefill_detach(eng_worker_t *w, void *ctx)
 {
-    (void)ctx;
-    pusher_t *p = &g_role.pusher;
+    prefill_role_t *R = ctx;
+    pusher_t *p = &R->pusher;
     pthread_mutex_lock(&p->mu);
     p->stop = true;
     pthread_cond_broadcast(&p->cv);
@@ -638,24 +645,25 @@ static void prefill_detach(eng_worker_t *w, void *ctx)
     pthread_join(p->thread, NULL);
     kv_xfer_t *x;
     const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
-    pthread_mutex_lock(&g_role.peers_mu);
-    for (size_t i = 0; i < g_role.n_peers; i++) {
-        xo->disconnect(x, g_role.peers[i]->peer);
-        free(g_role.peers[i]->addr);
-        free(g_role.peers[i]);
+    pthread_mutex_lock(&R->peers_mu);
+    for (size_t i = 0; i < R->n_peers; i++) {
+        xo->disconnect(x, R->peers[i]->peer);
+        free(R->peers[i]->addr);
+        free(R->peers[i]);
     }
-    free(g_role.peers);
-    g_role.peers = NULL;
-    g_role.n_peers = g_role.cap_peers = 0;
-    pthread_mutex_unlock(&g_role.peers_mu);
+    free(R->peers);
+    R->peers = NULL;
+    R->n_peers = R->cap_peers = 0;
+    pthread_mutex_unlock(&R->peers_mu);
     free(p->jobs);
     free(p->touched);
-    free(g_role.active);
+    free(R->active);
 }
 
 int main(int argc, char **argv)
 {
+    static prefill_role_t state;
     eng_worker_role_t role = {.name = "prefill", .attach = prefill_attach, .after_step = prefill_after_step,
-                              .stats = prefill_stats, .detach = prefill_detach, .ctx = &g_role};
+                              .stats = prefill_stats, .detach = prefill_detach, .ctx = &state};
     return eng_worker_main(argc, argv, &role);
 }
