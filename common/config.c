@@ -390,3 +390,51 @@ void td_config_free(td_config_t *cfg)
             *slot = NULL;
         }
 }
+
+int td_config_from_args(td_config_t *cfg, const char *prog, const char *section, const td_flag_t *flags,
+                        size_t n_flags, const char *const *own, td_own_flag_fn own_fn, void *ctx, const char *usage,
+                        int argc, char **argv)
+{
+    if (td_config_defaults(cfg))
+        return 2;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--config") && td_config_load(cfg, argv[i + 1])) {
+            fprintf(stderr, "%s: %s\n", prog, td_last_error());
+            return 2;
+        }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const td_flag_t *f = NULL;
+        for (size_t k = 0; k < n_flags && !f; k++)
+            if (!strcmp(a, flags[k].flag))
+                f = &flags[k];
+        bool mine = false;
+        for (size_t k = 0; own && own[k] && !mine; k++)
+            mine = !strcmp(a, own[k]);
+        if (!f && !mine && strcmp(a, "--config")) {
+            fprintf(stderr, "%s: unknown argument '%s'\n%s", prog, a, usage);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "%s: %s needs a value\n", prog, a);
+            return 2;
+        }
+        i++;
+        if (mine) {
+            if (own_fn(ctx, a, v))
+                return 2;
+        } else if (f) {
+            char key[96];
+            snprintf(key, sizeof key, f->key, section ? section : "");
+            if (td_config_set(cfg, key, v)) {
+                fprintf(stderr, "%s: %s: %s\n", prog, a, td_last_error());
+                return 2;
+            }
+        }
+    }
+    if (td_config_validate(cfg)) {
+        fprintf(stderr, "%s: %s\n", prog, td_last_error());
+        return 2;
+    }
+    return 0;
+}

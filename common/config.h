@@ -28,6 +28,7 @@
 #define TD_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -60,5 +61,23 @@ td_status_t td_config_set(td_config_t *cfg, const char *key, const char *value);
 /* Checks ranges across fields (block_tokens a power of two in 16..256, ...). */
 td_status_t td_config_validate(const td_config_t *cfg);
 void td_config_free(td_config_t *cfg);
+
+/* A command-line flag that sets a config key ("%s" in key: the process's
+ * section, e.g. "%s.threads" for a prefill worker's prefill.threads). */
+typedef struct td_flag {
+    const char *flag, *key;
+} td_flag_t;
+
+/* A process's flags the config does not hold (--listen of one worker): the
+ * caller takes the value; nonzero refuses it (with a message on stderr). */
+typedef int (*td_own_flag_fn)(void *ctx, const char *flag, const char *value);
+
+/* The one way a process reads its settings: the defaults, the file of
+ * --config FILE over them, every flag of `flags` over that, then one
+ * validation. Flags named in own[] (NULL-terminated) go to own_fn. Every flag
+ * takes a value. Returns 0, or 2 after printing what was wrong and usage. */
+int td_config_from_args(td_config_t *cfg, const char *prog, const char *section, const td_flag_t *flags,
+                        size_t n_flags, const char *const *own, td_own_flag_fn own_fn, void *ctx, const char *usage,
+                        int argc, char **argv);
 
 #endif

@@ -342,65 +342,39 @@ static const char usage_fmt[] =
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
     "  which it overrides; the role's keys are those of its section\n";
 
-/* Each flag sets one config key ("%s" stands for the role's section): the
- * YAML is the source of truth, flags override, one validation for both. */
-static const struct worker_flag {
-    const char *flag, *key;
-} worker_flags[] = {
+/* Each flag sets one config key ("%s": the role's section); --listen and
+ * --id name this one process. */
+static const td_flag_t worker_flags[] = {
     {"--model", "model.path"},           {"--etcd", "etcd.endpoints"},         {"--threads", "%s.threads"},
     {"--token-budget", "%s.token_budget"}, {"--block-tokens", "model.block_tokens"}, {"--kv-mib", "%s.kv_mib"},
     {"--kv-dtype", "model.kv_dtype"},    {"--numerics", "model.numerics"},     {"--lease-ttl", "etcd.lease_ttl_s"},
     {"--peer-idle-s", "transport.peer_idle_s"},
 };
 
+static int own_flag(void *ctx, const char *flag, const char *v)
+{
+    eng_worker_t *w = ctx;
+    if (!strcmp(flag, "--listen"))
+        snprintf(w->listen, sizeof w->listen, "%s", v);
+    else
+        snprintf(w->id, sizeof w->id, "%s", v);
+    return 0;
+}
+
 static int parse_args(eng_worker_t *w, int argc, char **argv)
 {
-    td_config_t *cfg = &w->cfg;
-    if (td_config_defaults(cfg))
-        return 2;
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--config") && td_config_load(cfg, argv[i + 1])) {
-            fprintf(stderr, "tandem-%s: %s\n", w->role->name, td_last_error());
-            return 2;
-        }
     snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
     snprintf(w->id, sizeof w->id, "%s-%d", w->role->name, (int)getpid());
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        const struct worker_flag *f = NULL;
-        for (size_t k = 0; k < sizeof worker_flags / sizeof worker_flags[0] && !f; k++)
-            if (!strcmp(a, worker_flags[k].flag))
-                f = &worker_flags[k];
-        bool known = f || !strcmp(a, "--config") || !strcmp(a, "--listen") || !strcmp(a, "--id");
-        if (!known) {
-            fprintf(stderr, "tandem-%s: unknown argument '%s'\n", w->role->name, a);
-            fprintf(stderr, usage_fmt, w->role->name);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "tandem-%s: %s needs a value\n", w->role->name, a);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--listen")) {
-            snprintf(w->listen, sizeof w->listen, "%s", v);
-        } else if (!strcmp(a, "--id")) {
-            snprintf(w->id, sizeof w->id, "%s", v);
-        } else if (f) {
-            char key[64];
-            snprintf(key, sizeof key, f->key, w->role->name);
-            if (td_config_set(cfg, key, v)) {
-                fprintf(stderr, "tandem-%s: %s: %s\n", w->role->name, a, td_last_error());
-                return 2;
-            }
-        }
-    }
-    if (td_config_validate(cfg)) {
-        fprintf(stderr, "tandem-%s: %s\n", w->role->name, td_last_error());
-        return 2;
-    }
-    w->rc = !strcmp(w->role->name, "prefill") ? &cfg->prefill : &cfg->decode;
-    w->xfer_cfg.peer_errors = cfg->transport.peer_errors;
+    char prog[32], usage[1024];
+    snprintf(prog, sizeof prog, "tandem-%s", w->role->name);
+    snprintf(usage, sizeof usage, usage_fmt, w->role->name);
+    static const char *const own[] = {"--listen", "--id", NULL};
+    int rc = td_config_from_args(&w->cfg, prog, w->role->name, worker_flags, sizeof worker_flags / sizeof worker_flags[0],
+                                 own, own_flag, w, usage, argc, argv);
+    if (rc)
+        return rc;
+    w->rc = !strcmp(w->role->name, "prefill") ? &w->cfg.prefill : &w->cfg.decode;
+    w->xfer_cfg.peer_errors = w->cfg.transport.peer_errors;
     return 0;
 }
 

@@ -62,10 +62,7 @@ typedef struct router {
     const rt_placement_ops_t *place;
     td_etcd_t *etcd;
     td_etcd_watch_t *watch;
-    char etcd_ep[256], listen[128], model_path[512];
-    char tls_cert[512], tls_key[512], tls_client_ca[512]; /* TLS on the public API when cert+key are set */
-    uint32_t block_tokens;
-    bool kv_fp32;
+    td_config_t cfg; /* the file, then the flags over it; validated (router.tls_*: TLS on the public API) */
     uint32_t default_max_tokens;
     pthread_mutex_t mu;
     uint64_t n_requests, n_errors, n_ok;
@@ -112,7 +109,7 @@ static void on_resync(void *ctx, const td_etcd_kvs_t *now)
 
 static td_status_t membership_start(router_t *r)
 {
-    td_status_t rc = td_etcd_connect(r->etcd_ep, NULL, &r->etcd);
+    td_status_t rc = td_etcd_connect(r->cfg.etcd.endpoints, NULL, &r->etcd);
     td_etcd_kvs_t kvs = {0};
     if (!rc)
         rc = td_etcd_get(r->etcd, "/tandem/workers/", true, &kvs); /* waits for etcd up to its deadline */
@@ -842,59 +839,23 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     free(detail);
 }
 
+/* Each flag sets one config key: the YAML is the source of truth. */
+static const td_flag_t router_flags[] = {
+    {"--model", "model.path"},           {"--listen", "router.listen"},     {"--etcd", "etcd.endpoints"},
+    {"--block-tokens", "model.block_tokens"}, {"--kv-dtype", "model.kv_dtype"}, {"--tls-cert", "router.tls_cert"},
+    {"--tls-key", "router.tls_key"},     {"--tls-client-ca", "router.tls_client_ca"},
+};
+
+static const char router_usage[] =
+    "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT]\n"
+    "                     [--block-tokens N] [--kv-dtype fp16|fp32] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
+    "  every flag but --config sets a key of the config file (deploy/tandem.yaml), which it overrides\n";
+
 static int parse_args(router_t *r, int argc, char **argv)
 {
-    td_config_t cfg;
-    td_config_defaults(&cfg);
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--config") && td_config_load(&cfg, argv[i + 1])) {
-            td_config_free(&cfg);
-            return 2;
-        }
-    snprintf(r->model_path, sizeof r->model_path, "%s",
-             cfg.model.path && cfg.model.path[0] ? cfg.model.path : TD_DEFAULT_MODEL);
-    snprintf(r->etcd_ep, sizeof r->etcd_ep, "%s", cfg.etcd.endpoints ? cfg.etcd.endpoints : "127.0.0.1:2379");
-    snprintf(r->listen, sizeof r->listen, "%s", cfg.router.listen ? cfg.router.listen : "127.0.0.1:50051");
-    r->block_tokens = cfg.model.block_tokens;
-    r->kv_fp32 = cfg.model.kv_dtype && !strcmp(cfg.model.kv_dtype, "fp32");
-    snprintf(r->tls_cert, sizeof r->tls_cert, "%s", cfg.router.tls_cert ? cfg.router.tls_cert : "");
-    snprintf(r->tls_key, sizeof r->tls_key, "%s", cfg.router.tls_key ? cfg.router.tls_key : "");
-    snprintf(r->tls_client_ca, sizeof r->tls_client_ca, "%s", cfg.router.tls_client_ca ? cfg.router.tls_client_ca : "");
-    td_config_free(&cfg);
     r->default_max_tokens = 128;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "tandem-router: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--config"))
-            ;
-        else if (!strcmp(a, "--model"))
-            snprintf(r->model_path, sizeof r->model_path, "%s", v);
-        else if (!strcmp(a, "--listen"))
-            snprintf(r->listen, sizeof r->listen, "%s", v);
-        else if (!strcmp(a, "--etcd"))
-            snprintf(r->etcd_ep, sizeof r->etcd_ep, "%s", v);
-        else if (!strcmp(a, "--block-tokens"))
-            r->block_tokens = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--kv-dtype"))
-            r->kv_fp32 = !strcmp(v, "fp32");
-        else if (!strcmp(a, "--tls-cert"))
-            snprintf(r->tls_cert, sizeof r->tls_cert, "%s", v);
-        else if (!strcmp(a, "--tls-key"))
-            snprintf(r->tls_key, sizeof r->tls_key, "%s", v);
-        else if (!strcmp(a, "--tls-client-ca"))
-            snprintf(r->tls_client_ca, sizeof r->tls_client_ca, "%s", v);
-        else {
-            fprintf(stderr, "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] "
-                            "[--etcd HOST:PORT] [--block-tokens N] [--kv-dtype fp16|fp32]\n"
-                            "       [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n");
-            return 2;
-        }
-        i++;
-    }
-    return 0;
+    return td_config_from_args(&r->cfg, "tandem-router", "router", router_flags,
+                               sizeof router_flags / sizeof router_flags[0], NULL, NULL, NULL, router_usage, argc, argv);
 }
 
 int main(int argc, char **argv)
@@ -903,8 +864,10 @@ int main(int argc, char **argv)
     static router_t r;
     pthread_mutex_init(&r.mu, NULL);
     int code = parse_args(&r, argc, argv);
-    if (code)
+    if (code) {
+        td_config_free(&r.cfg);
         return code;
+    }
     code = 1;
     td_rpc_init();
     struct sigaction sa = {.sa_handler = on_signal};
@@ -912,12 +875,13 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     td_rpc_server_t *srv = NULL;
-    if (eng_model_open(r.model_path, &r.model))
+    if (eng_model_open(r.cfg.model.path, &r.model))
         goto out;
     r.has_chat = eng_chat_init(&r.chat, r.model->tok) == TD_OK;
     td_clear_error();
     td_kv_layout_t expect = td_kv_layout_make(r.model->desc.name, r.model->desc.n_layers, r.model->desc.n_kv_heads,
-                                              r.model->desc.head_dim, r.block_tokens, r.kv_fp32 ? TD_KV_F32 : TD_KV_F16);
+                                              r.model->desc.head_dim, r.cfg.model.block_tokens, TD_KV_F16);
+    td_kv_dtype_parse(r.cfg.model.kv_dtype, &expect.dtype); /* validated */
     rt_table_init(&r.table, &expect);
     r.place = &rt_placement_least_loaded;
     pthread_mutex_init(&r.held_mu, NULL);
@@ -930,19 +894,20 @@ int main(int argc, char **argv)
     if (membership_start(&r))
         goto out;
     int port;
-    if ((r.tls_cert[0] || r.tls_key[0] || r.tls_client_ca[0]) && !(r.tls_cert[0] && r.tls_key[0])) {
+    const char *cert = r.cfg.router.tls_cert, *key = r.cfg.router.tls_key, *cca = r.cfg.router.tls_client_ca;
+    if ((cert[0] || key[0] || cca[0]) && !(cert[0] && key[0])) {
         td_error(TD_ERR_CONFIG, "router: TLS needs both tls_cert and tls_key (tls_client_ca is optional)");
         goto out;
     }
-    td_rpc_tls_t tls = {.cert_file = r.tls_cert, .key_file = r.tls_key, .ca_file = r.tls_client_ca};
-    if (td_rpc_server_create(r.listen, r.tls_cert[0] ? &tls : NULL, &srv) ||
+    td_rpc_tls_t tls = {.cert_file = cert, .key_file = key, .ca_file = cca};
+    if (td_rpc_server_create(r.cfg.router.listen, cert[0] ? &tls : NULL, &srv) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Generate", h_generate, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Tokenize", h_tokenize, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/ListModels", h_list_models, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r) || td_rpc_server_start(srv, &port))
         goto out;
     TD_INFO("router serving %s on port %d%s (etcd %s, placement %s)", r.model->desc.name, port,
-            !r.tls_cert[0] ? "" : r.tls_client_ca[0] ? " with mutual TLS" : " with TLS", r.etcd_ep, r.place->name);
+            !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", r.cfg.etcd.endpoints, r.place->name);
     while (!g_signal)
         usleep(50 * 1000);
     TD_INFO("router: stopping (signal %d)", (int)g_signal);
@@ -966,6 +931,7 @@ out:
     if (r.has_chat)
         eng_chat_free(&r.chat);
     eng_model_close(r.model);
+    td_config_free(&r.cfg);
     td_rpc_shutdown();
     return code;
 }

@@ -120,3 +120,39 @@ Test(config, malformed_yaml)
     free(p);
     td_config_free(&c);
 }
+
+static int own_seen(void *ctx, const char *flag, const char *value)
+{
+    snprintf(ctx, 64, "%s=%s", flag, value);
+    return 0;
+}
+
+/* The one way a process reads its settings: the file, then each flag over
+ * the key it names (the role's section for "%s" keys), one validation. */
+Test(config, flags_set_keys_over_the_file)
+{
+    const char *yaml = "prefill:\n  threads: 3\n  kv_mib: 32\ntransport:\n  peer_idle_s: 9\n";
+    char *path = write_temp(yaml, strlen(yaml), ".yaml");
+    static const td_flag_t flags[] = {{"--threads", "%s.threads"}, {"--peer-idle-s", "transport.peer_idle_s"},
+                                      {"--kv-dtype", "model.kv_dtype"}};
+    static const char *const own[] = {"--id", NULL};
+    char seen[64] = "";
+    td_config_t cfg;
+    char *argv[] = {"p", "--config", path, "--threads", "5", "--id", "w7", NULL};
+    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", flags, 3, own, own_seen, seen, "", 7, argv), 0);
+    cr_assert_eq(cfg.prefill.threads, 5, "the flag overrides the file");
+    cr_assert_eq(cfg.prefill.kv_mib, 32, "the file's key stays");
+    cr_assert_eq(cfg.decode.threads, 0, "another role's section is untouched");
+    cr_assert_eq(cfg.transport.peer_idle_s, 9);
+    cr_assert_str_eq(seen, "--id=w7");
+    td_config_free(&cfg);
+    char *bad[] = {"p", "--kv-dtype", "fp8", NULL};
+    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", flags, 3, own, own_seen, seen, "", 3, bad), 2,
+                 "a flag's value is validated as the file's would be");
+    td_config_free(&cfg);
+    char *unknown[] = {"p", "--nope", "1", NULL};
+    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", flags, 3, own, own_seen, seen, "", 3, unknown), 2);
+    td_config_free(&cfg);
+    unlink(path);
+    free(path);
+}
