@@ -13,6 +13,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@ struct kv_xfer {
     ucp_worker_h worker;
     pthread_t progress;
     bool progress_running;
-    volatile bool stop;
+    atomic_bool stop; /* set by destroy, read by the progress thread */
 };
 
 struct kv_xfer_mem {
@@ -88,7 +89,7 @@ static void ucx_destroy(kv_xfer_t *x)
     if (!x)
         return;
     if (x->progress_running) {
-        x->stop = true;
+        atomic_store(&x->stop, true);
         ucp_worker_signal(x->worker);
         pthread_join(x->progress, NULL);
     }
@@ -163,7 +164,7 @@ static void *progress_thread(void *arg)
     kv_xfer_t *x = arg;
     int fd = -1;
     ucp_worker_get_efd(x->worker, &fd);
-    while (!x->stop) {
+    while (!atomic_load(&x->stop)) {
         if (ucp_worker_progress(x->worker))
             continue;
         if (fd >= 0 && ucp_worker_arm(x->worker) == UCS_OK) {

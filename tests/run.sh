@@ -5,7 +5,9 @@
 #   2. builds everything (CUDA code too when nvcc is found) into build/
 #   3. runs every Criterion suite
 #   4. builds the suites again with AddressSanitizer + UBSan checks (build-asan/) and runs them
-#   5. runs the libFuzzer targets for FUZZ_SECONDS each (default 60)
+#   5. builds tests/tsan/tsan_stress.c with ThreadSanitizer (build-tsan/) and runs it (Criterion
+#      itself cannot run under TSan: Snaipe/Criterion#274)
+#   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 60)
 # and prints one closing line: "tests: N passed, N failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -88,6 +90,21 @@ if cmake -S . -B build-asan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITI
   TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 run_suites build-asan asan+ubsan
 else
   echo "sanitizer build failed"; failed=$((failed + 1))
+fi
+
+echo "== thread sanitizer (tests/tsan/tsan_stress.c: the objects threads share, driven concurrently)"
+if cmake -S . -B build-tsan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=thread -DTANDEM_CUDA=OFF \
+     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build-tsan -j"$jobs" --target tsan_stress >/dev/null; then
+  # UCX's memory hooks and TSan's interceptors do not mix: the hooks are off for this run
+  if out=$(UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
+           TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan/suppressions.txt" \
+           timeout 600 build-tsan/bin/tests/tsan_stress models/SmolLM2-135M-Instruct.Q4_1.gguf 2>&1); then
+    printf '%s\n' "$out" | grep '^tsan_stress:' | sed 's/^/  /'; passed=$((passed + 1))
+  else
+    printf '%s\n' "$out" | grep -v ' tandem' | tail -60; echo "FAILED: tsan_stress"; failed=$((failed + 1))
+  fi
+else
+  echo "thread sanitizer build failed"; failed=$((failed + 1))
 fi
 
 echo "== fuzz (${fuzz_secs}s per target)"

@@ -1,0 +1,382 @@
+/* tsan_stress.c — the objects tandem shares between threads, driven from
+ * several threads at once, for ThreadSanitizer (tests/run.sh builds this with
+ * -fsanitize=thread and runs it; a data race aborts it). Criterion cannot
+ * run under ThreadSanitizer (its inheritable arena and TSan's memory map
+ * collide: Snaipe/Criterion#274), so this is a plain program; the Criterion
+ * suites check what these objects compute, this checks who touches them.
+ *
+ * Covered, each with its owner rule (the file that states it):
+ *   tokenizer  one tokenizer, encodes from 4 threads        (engine/pretok.c)
+ *   threadpool the kernel pool, runs from one owner thread   (kernels/cpu/threadpool.h)
+ *   rpc        a server's handler threads, clients on 6 threads, unary, streams,
+ *              wakes from another thread, a channel shut down while calls fly
+ *                                                            (common/rpc.h)
+ *   placement  the router's table: acquire/done from 6 threads, joins, leaves,
+ *              holds, while etcd-style puts and removes arrive (router/placement.h)
+ *   transport  puts and flushes while the target's progress thread runs
+ *                                                            (kvstore/transfer.h)
+ * Usage: tsan_stress MODEL.gguf; exit 0 when every check held. */
+#define _GNU_SOURCE
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/kv_contract.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
+#include "kernels/backend.h"
+#include "kvstore/transfer.h"
+#include "router/placement.h"
+
+static int failures;
+#define CHECK(cond, ...)                                                                                           \
+    do {                                                                                                           \
+        if (!(cond)) {                                                                                             \
+            fprintf(stderr, "tsan_stress: FAILED: " __VA_ARGS__);                                                   \
+            fprintf(stderr, "\n");                                                                                 \
+            __atomic_add_fetch(&failures, 1, __ATOMIC_RELAXED);                                                    \
+        }                                                                                                          \
+    } while (0)
+
+/* ---- tokenizer ---- */
+typedef struct enc_job {
+    const eng_tokenizer_t *tok;
+    const char *text;
+    size_t n_want;
+} enc_job_t;
+
+static void *enc_thread(void *arg)
+{
+    enc_job_t *j = arg;
+    for (int it = 0; it < 50; it++) {
+        int32_t *ids = NULL;
+        size_t n = 0, cap = 0;
+        td_status_t rc = eng_tokenizer_encode(j->tok, j->text, strlen(j->text), 0, &ids, &cap, &n);
+        CHECK(!rc && n == j->n_want, "tokenizer: a concurrent encode differs");
+        free(ids);
+    }
+    return NULL;
+}
+
+static void stress_tokenizer(const char *model)
+{
+    eng_gguf_t *g;
+    eng_tokenizer_t *tok;
+    if (eng_gguf_open(model, &g) || eng_tokenizer_from_gguf(g, &tok)) {
+        CHECK(0, "tokenizer: cannot open %s", model);
+        return;
+    }
+    static const char *texts[4] = {"The history of the lighthouse begins in ancient times.",
+                                   "def f(n):\n    return n + 12345  # 67890", "Ünïcödé 🙂 3.14159",
+                                   "  tabs\tand\nnewlines it's"};
+    enc_job_t jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0, cap = 0;
+        eng_tokenizer_encode(tok, texts[i], strlen(texts[i]), 0, &ids, &cap, &n);
+        free(ids);
+        jobs[i] = (enc_job_t){tok, texts[i], n};
+        pthread_create(&th[i], NULL, enc_thread, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    eng_tokenizer_destroy(tok);
+    eng_gguf_close(g);
+}
+
+/* ---- threadpool (through the CPU backend's ops) ---- */
+static void stress_threadpool(void)
+{
+    kern_backend_t *be;
+    if (kern_cpu_backend_create(4, &be)) {
+        CHECK(0, "threadpool: no backend");
+        return;
+    }
+    enum { N = 64, D = 512 };
+    float *x = malloc(sizeof(float) * N * D), *y = malloc(sizeof(float) * N * D), w[D];
+    for (int i = 0; i < N * D; i++)
+        x[i] = (float)(i % 17) * 0.25f;
+    for (int i = 0; i < D; i++)
+        w[i] = 1.0f;
+    for (int rep = 0; rep < 50; rep++) {
+        CHECK(!be->ops->rmsnorm(be, x, w, y, N, D, 1e-5f), "threadpool: rmsnorm");
+        CHECK(!be->ops->swiglu(be, x, y, y, (size_t)N * D), "threadpool: swiglu");
+    }
+    free(x);
+    free(y);
+    kern_backend_destroy(be);
+}
+
+/* ---- rpc ---- */
+static void h_echo(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(c, &n);
+    td_rpc_call_reply(c, p, n);
+}
+
+static void *waker(void *arg)
+{
+    td_sleep_s(0.002);
+    td_rpc_call_wake(arg);
+    return NULL;
+}
+
+/* streams 5 messages, each after a wake from another thread */
+static void h_stream(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    for (int i = 0; i < 5; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, waker, c);
+        td_status_t rc = td_rpc_call_wait(c, 5);
+        pthread_join(t, NULL);
+        if (rc || td_rpc_call_send(c, "m", 1)) {
+            td_rpc_call_finish(c, TD_RPC_CANCELLED, "gone");
+            return;
+        }
+    }
+    td_rpc_call_finish(c, TD_RPC_OK, NULL);
+}
+
+typedef struct rpc_job {
+    td_rpc_channel_t *ch;
+    int ok, shut; /* calls that succeeded; that ended UNAVAILABLE after the shutdown */
+} rpc_job_t;
+
+static void *rpc_client(void *arg)
+{
+    rpc_job_t *j = arg;
+    for (int it = 0; it < 30; it++) {
+        uint8_t *out = NULL;
+        size_t on;
+        td_rpc_result_t res;
+        if (td_rpc_unary(j->ch, "/t.T/Echo", "hello", 5, 5, NULL, &out, &on, &res) == TD_OK)
+            j->ok += on == 5 && !memcmp(out, "hello", 5);
+        else
+            j->shut += res.code == TD_RPC_UNAVAILABLE;
+        free(out);
+        td_rpc_stream_t *st;
+        if (td_rpc_stream_open(j->ch, "/t.T/Stream", "x", 1, 5, NULL, &st) == TD_OK) {
+            uint8_t *m;
+            size_t l;
+            int got = 0;
+            while (td_rpc_stream_read(st, &m, &l, 5) == TD_OK) {
+                free(m);
+                got++;
+            }
+            td_rpc_stream_result(st, 5, &res);
+            j->ok += got == 5 && res.code == TD_RPC_OK;
+            j->shut += res.code == TD_RPC_UNAVAILABLE;
+            td_rpc_stream_destroy(st);
+        }
+    }
+    return NULL;
+}
+
+static void stress_rpc(void)
+{
+    td_rpc_server_t *s;
+    int port;
+    if (td_rpc_server_create("127.0.0.1:0", NULL, &s) || td_rpc_server_add(s, "/t.T/Echo", h_echo, NULL) ||
+        td_rpc_server_add(s, "/t.T/Stream", h_stream, NULL) || td_rpc_server_start(s, &port)) {
+        CHECK(0, "rpc: no server");
+        return;
+    }
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    td_rpc_channel_t *a, *b;
+    td_rpc_channel_create(addr, NULL, &a);
+    td_rpc_channel_create(addr, NULL, &b);
+    rpc_job_t jobs[6];
+    pthread_t th[6];
+    for (int i = 0; i < 6; i++) {
+        jobs[i] = (rpc_job_t){i < 3 ? a : b, 0, 0};
+        pthread_create(&th[i], NULL, rpc_client, &jobs[i]);
+    }
+    td_sleep_s(0.3);
+    td_rpc_channel_shutdown(b); /* while b's calls are in flight */
+    int ok_a = 0, ok_b = 0;
+    for (int i = 0; i < 6; i++) {
+        pthread_join(th[i], NULL);
+        if (i < 3)
+            ok_a += jobs[i].ok;
+        else
+            ok_b += jobs[i].ok + jobs[i].shut;
+    }
+    CHECK(ok_a == 3 * 60, "rpc: %d of 180 calls on the live channel succeeded", ok_a);
+    CHECK(ok_b > 0, "rpc: the shut channel's calls neither succeeded nor ended UNAVAILABLE");
+    td_rpc_channel_destroy(a);
+    td_rpc_channel_destroy(b);
+    td_rpc_server_stop(s, 5);
+    td_rpc_server_destroy(s);
+}
+
+/* ---- placement ---- */
+typedef struct place_job {
+    rt_table_t *t;
+    int picked;
+} place_job_t;
+
+static void *place_user(void *arg)
+{
+    place_job_t *j = arg;
+    for (int it = 0; it < 2000; it++) {
+        rt_worker_t *w = rt_table_acquire(j->t, &rt_placement_least_loaded, it & 1 ? RT_DECODE : RT_PREFILL, NULL, 0);
+        if (!w)
+            continue;
+        j->picked++;
+        rt_table_hold(j->t, w);
+        char id[sizeof w->id];
+        memcpy(id, w->id, sizeof id); /* the record stays valid while held */
+        rt_table_unhold(j->t, w);
+        rt_table_done(j->t, w, it % 97 == 0, 0.0001);
+    }
+    return NULL;
+}
+
+static void put_worker(rt_table_t *t, const td_kv_layout_t *l, const char *role, int k)
+{
+    char rec[1024], key[96];
+    json_t *c = td_kv_layout_to_json(l);
+    char *cs = json_dumps(c, JSON_COMPACT);
+    json_decref(c);
+    snprintf(rec, sizeof rec, "{\"id\":\"%s-%d\",\"role\":\"%s\",\"addr\":\"127.0.0.1:9\",\"pid\":1,\"contract\":%s}",
+             role, k, role, cs);
+    free(cs);
+    snprintf(key, sizeof key, "/tandem/workers/%s/%s-%d", role, role, k);
+    rt_table_put(t, key, rec);
+}
+
+static void stress_placement(void)
+{
+    td_kv_layout_t l = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &l);
+    for (int k = 0; k < 3; k++) {
+        put_worker(&t, &l, "prefill", k);
+        put_worker(&t, &l, "decode", k);
+    }
+    place_job_t jobs[6];
+    pthread_t th[6];
+    for (int i = 0; i < 6; i++) {
+        jobs[i] = (place_job_t){&t, 0};
+        pthread_create(&th[i], NULL, place_user, &jobs[i]);
+    }
+    for (int r = 0; r < 50; r++) { /* membership changes while requests pick */
+        char key[96];
+        snprintf(key, sizeof key, "/tandem/workers/decode/decode-%d", r % 3);
+        rt_table_remove(&t, key);
+        put_worker(&t, &l, "decode", r % 3);
+        td_sleep_s(0.001);
+    }
+    int picked = 0;
+    for (int i = 0; i < 6; i++) {
+        pthread_join(th[i], NULL);
+        picked += jobs[i].picked;
+    }
+    CHECK(picked > 1000, "placement: only %d of 12000 acquires found a worker", picked);
+    const char *none[1] = {NULL};
+    rt_table_retain(&t, none, 0);
+    CHECK(rt_table_registered(&t, RT_DECODE) == 0 && rt_table_registered(&t, RT_PREFILL) == 0,
+          "placement: workers left after retaining none");
+}
+
+/* ---- transport ---- */
+static void stress_transport(void)
+{
+    const kv_transport_ops_t *xo = &kv_transport_ucx;
+    int up[2], down[2];
+    if (pipe(up) || pipe(down))
+        return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        kv_xfer_t *x;
+        kv_xfer_mem_t *m;
+        void *base, *addr, *rkey;
+        size_t al, rl;
+        if (xo->create(NULL, &x) || xo->mem_alloc(x, 1 << 20, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
+            xo->address(x, &addr, &al) || xo->progress_start(x))
+            _exit(1);
+        uint64_t b = (uint64_t)(uintptr_t)base;
+        (void)!write(up[1], &al, sizeof al);
+        (void)!write(up[1], addr, al);
+        (void)!write(up[1], &rl, sizeof rl);
+        (void)!write(up[1], rkey, rl);
+        (void)!write(up[1], &b, sizeof b);
+        char c;
+        while (read(down[0], &c, 1) > 0)
+            ;
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    size_t al, rl;
+    uint64_t base;
+    if (read(up[0], &al, sizeof al) != sizeof al) {
+        CHECK(0, "transport: the target did not start");
+        return;
+    }
+    void *addr = malloc(al);
+    (void)!read(up[0], addr, al);
+    (void)!read(up[0], &rl, sizeof rl);
+    void *rkey = malloc(rl);
+    (void)!read(up[0], rkey, rl);
+    (void)!read(up[0], &base, sizeof base);
+    /* an initiator with its own progress thread too (as the decode side has) */
+    kv_xfer_t *x;
+    kv_xfer_peer_t *p;
+    uint32_t region;
+    static uint8_t src[1 << 16], got[1 << 16];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)i;
+    if (xo->create(NULL, &x) || xo->progress_start(x) || xo->connect(x, addr, al, &p) ||
+        xo->region_add(x, p, rkey, rl, base, 1 << 20, &region)) {
+        CHECK(0, "transport: cannot connect");
+    } else {
+        for (int rep = 0; rep < 20; rep++) {
+            CHECK(!xo->put(x, p, region, src, sizeof src, (uint64_t)rep * 4096), "transport: put");
+            CHECK(!xo->flush(x, p, 10), "transport: flush");
+        }
+        CHECK(!xo->get(x, p, region, got, sizeof got, 19 * 4096) && !xo->flush(x, p, 10) &&
+                  !memcmp(got, src, sizeof got), "transport: the bytes read back differ");
+        xo->disconnect(x, p);
+        xo->destroy(x);
+    }
+    close(down[1]);
+    close(up[0]);
+    waitpid(pid, NULL, 0);
+    free(addr);
+    free(rkey);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: tsan_stress MODEL.gguf\n");
+        return 2;
+    }
+    td_log_init("tsan_stress", TD_LOG_WARN, false);
+    double t0 = td_now_s();
+    stress_transport(); /* first: it forks its target, before any other thread exists */
+    td_rpc_init();
+    stress_tokenizer(argv[1]);
+    stress_threadpool();
+    stress_rpc();
+    stress_placement();
+    td_rpc_shutdown();
+    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement: %s (%.1f s)\n",
+           failures ? "FAILED" : "ok", td_now_s() - t0);
+    return failures ? 1 : 0;
+}
