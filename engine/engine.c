@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "common/blockhash.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "engine/forward.h"
 #include "engine/tokenizer.h"
@@ -32,6 +33,7 @@ typedef struct eng_seq {
     int32_t *tokens;
     uint32_t n_tokens, cap_tokens, n_prompt, n_computed, n_cached;
     uint32_t decode_from; /* first generated position (a resumed stream's prompt holds some) */
+    double blocked_since; /* when it last found no KV block and nothing to preempt (0: not blocked) */
     int32_t *blocks;
     uint32_t n_blocks, cap_blocks, n_published; /* blocks [0, n_published) are named */
     td_block_name_t last_name;                  /* name of block n_published - 1 */
@@ -67,6 +69,7 @@ struct eng_engine {
     uint32_t n_batch;
     uint64_t preemptions;
     char err[512]; /* the message of the failure being reported */
+    bool stalled;  /* the last step ran nothing: every request waits for blocks */
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -78,7 +81,8 @@ const char *eng_finish_name(eng_finish_t f)
 eng_engine_config_t eng_engine_config_default(void)
 {
     return (eng_engine_config_t){.n_threads = 0, .block_tokens = 16, .kv_dtype = TD_KV_F16, .kv_tokens = 0,
-                                 .kv_bytes = 64u << 20, .token_budget = 512, .max_seqs = 64, .prefix_cache = true};
+                                 .kv_bytes = 64u << 20, .token_budget = 512, .max_seqs = 64, .prefix_cache = true,
+                                 .block_wait_s = 10};
 }
 
 td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, eng_engine_t **out)
@@ -290,6 +294,7 @@ td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id)
 }
 
 bool eng_engine_busy(const eng_engine_t *e) { return e->seqs != NULL; }
+bool eng_engine_stalled(const eng_engine_t *e) { return e->stalled && e->seqs != NULL; }
 
 uint64_t eng_engine_preemptions(const eng_engine_t *e) { return e->preemptions; }
 
@@ -496,7 +501,13 @@ static void seq_fail(eng_engine_t *e, eng_seq_t *s, eng_event_fn fn, void *ctx)
     s->state = SEQ_DONE;
 }
 
-/* The message for a request that can get no KV block. */
+/* A request that can get no KV block, with nothing this engine could
+ * preempt: the blocks are held by landing reservations, which are claimed
+ * (becoming sequences that can be preempted) or expire within their lease.
+ * It waits that long — up to cfg.block_wait_s — and then fails, rather than
+ * every step failing while it waits (true: it failed now). */
+static bool seq_blocked(eng_engine_t *e, eng_seq_t *s, eng_event_fn fn, void *ctx);
+
 static void no_block_error(eng_engine_t *e, const eng_seq_t *s)
 {
     eng_kv_stats_t k = eng_kv_stats(e->pool);
@@ -506,6 +517,20 @@ static void no_block_error(eng_engine_t *e, const eng_seq_t *s)
     snprintf(e->err, sizeof e->err, "the KV pool (%u blocks) has no block for request %llu: %u are held outside "
              "the engine's requests (landing reservations), nothing can be preempted", k.n_blocks,
              (unsigned long long)s->id, k.in_use > mine ? k.in_use - mine : 0);
+}
+
+static bool seq_blocked(eng_engine_t *e, eng_seq_t *s, eng_event_fn fn, void *ctx)
+{
+    double now = td_now_s();
+    if (!s->blocked_since)
+        s->blocked_since = now;
+    if (now - s->blocked_since < e->cfg.block_wait_s)
+        return false;
+    no_block_error(e, s);
+    size_t n = strlen(e->err);
+    snprintf(e->err + n, sizeof e->err - n, " (waited %.1f s)", now - s->blocked_since);
+    seq_fail(e, s, fn, ctx);
+    return true;
 }
 
 static void reap_done(eng_engine_t *e)
@@ -538,10 +563,10 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         while (!(fits = seq_reserve(e, s, s->n_tokens)) && preempt_one(e, s))
             ;
         if (!fits) {
-            no_block_error(e, s);
-            seq_fail(e, s, fn, ctx);
+            seq_blocked(e, s, fn, ctx);
             continue;
         }
+        s->blocked_since = 0;
         if (s->state != SEQ_RUNNING)
             continue;
         e->batch_seq[nb] = s;
@@ -575,14 +600,15 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
             /* take what fits; if nothing, wait for blocks to free up */
             uint32_t have = s->n_blocks * e->cfg.block_tokens;
             if (have <= s->n_computed && nb == 0) { /* nothing runs that could free one */
-                no_block_error(e, s);
-                seq_fail(e, s, fn, ctx);
+                if (!seq_blocked(e, s, fn, ctx))
+                    break;
                 continue;
             }
             if (have <= s->n_computed)
                 break;
             chunk = have - s->n_computed;
         }
+        s->blocked_since = 0;
         s->state = SEQ_RUNNING;
         e->batch_seq[nb] = s;
         e->batch[nb++] = (eng_batch_seq_t){.tokens = s->tokens + s->n_computed, .n = chunk, .pos0 = s->n_computed,
@@ -591,6 +617,7 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
                                            .decode_from = s->decode_from};
         budget -= chunk;
     }
+    e->stalled = !nb;
     if (!nb) {
         reap_done(e);
         return TD_OK;

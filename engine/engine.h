@@ -36,6 +36,8 @@ typedef struct eng_engine_config {
     uint32_t max_seqs;        /* sequences per step (64) */
     bool prefix_cache;        /* reuse KV of equal prefixes (on) */
     eng_kv_memory_t kv_memory; /* where the pool lives (alloc NULL: the backend's memory) */
+    double block_wait_s;      /* how long a request may wait for a KV block held by landing
+                               * reservations before it fails (10 s: longer than their lease) */
 } eng_engine_config_t;
 
 eng_engine_config_t eng_engine_config_default(void);
@@ -101,9 +103,13 @@ td_status_t eng_engine_cancel(eng_engine_t *e, uint64_t id);
  * that fails (a backend op's error) ends every request of its batch with
  * ENG_FINISH_ERROR and the message, and returns that error; the engine goes
  * on with the other requests. A request that can get no KV block at all (the
- * pool held by landing reservations, nothing to preempt) ends the same way. */
+ * pool held by landing reservations, nothing to preempt) waits up to
+ * cfg.block_wait_s for one, then ends the same way. */
 td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx);
 bool eng_engine_busy(const eng_engine_t *e);
+/* Busy, but the last step ran nothing: every request waits for KV blocks
+ * (held by reservations); the caller may wait a little before the next step. */
+bool eng_engine_stalled(const eng_engine_t *e);
 
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
 /* The pool itself (engine thread only): its stored/removed events and

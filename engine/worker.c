@@ -217,6 +217,14 @@ static void *engine_thread(void *arg)
             if (w->role->after_step)
                 w->role->after_step(w, w->role->ctx);
             deliver_events(w);
+            if (eng_engine_stalled(w->engine)) { /* waiting for blocks: not a spin; a closure wakes it */
+                pthread_mutex_lock(&w->mu);
+                if (!w->queue && !w->stop) {
+                    struct timespec until = td_wall_deadline(0.002);
+                    pthread_cond_timedwait(&w->cv, &w->mu, &until);
+                }
+                pthread_mutex_unlock(&w->mu);
+            }
             continue;
         }
         pthread_mutex_lock(&w->mu);

@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -820,12 +821,18 @@ Test(generate, a_backend_without_an_op_is_refused_up_front)
 }
 
 /* A pool held entirely by landing reservations: a request that can get no
- * block ends with an error that says so (before: every step failed with
- * "cannot hold one sequence" and the request hung); once they are released
- * the engine serves again. */
-Test(generate, a_pool_pinned_by_reservations_fails_the_request_not_hangs)
+ * block waits (reservations are claimed or expire within their lease) and,
+ * past block_wait_s, ends with an error that says so — the other requests
+ * and the engine go on (before: every step failed with "cannot hold one
+ * sequence" and the request hung). Released in time, it completes. */
+Test(generate, a_pool_pinned_by_reservations_waits_then_fails_not_hangs)
 {
-    eng_engine_t *e = engine(512, 16 * 8, true);
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.n_threads = 2;
+    cfg.kv_tokens = 16 * 8;
+    cfg.block_wait_s = 0.3;
+    eng_engine_t *e;
+    cr_assert_eq(eng_engine_create(model, &cfg, &e), TD_OK);
     int32_t held[8];
     cr_assert_eq(eng_engine_kv_reserve(e, 16 * 8, held), TD_OK);
     static failures_t f;
@@ -833,14 +840,22 @@ Test(generate, a_pool_pinned_by_reservations_fails_the_request_not_hangs)
     eng_request_t r = {.prompt = refs[0].ids, .n_prompt = refs[0].n_ids, .sampling = eng_sampling_default(),
                        .max_tokens = 8, .ignore_eos = true};
     cr_assert_eq(eng_engine_add(e, &r, &f.c.first), TD_OK);
-    for (int s = 0; s < 3 && eng_engine_busy(e); s++)
-        eng_engine_step(e, on_fail_ev, &f);
+    double t0 = td_now_s();
+    while (eng_engine_busy(e) && td_now_s() - t0 < 5)
+        cr_assert_eq(eng_engine_step(e, on_fail_ev, &f), TD_OK, "waiting is not a failed step");
+    double waited = td_now_s() - t0;
     cr_assert_not(eng_engine_busy(e), "the request ended");
     cr_assert_eq(f.c.fin[0], ENG_FINISH_ERROR);
     cr_assert(strstr(f.error[0], "8 are held outside the engine's requests"), "%s", f.error[0]);
-    eng_engine_kv_release(e, held, 8);
+    cr_assert(waited >= 0.3 && waited < 2, "it waited its block_wait_s (%.2f s)", waited);
+    /* released while the request waits: it completes */
     memset(&f, 0, sizeof f);
     cr_assert_eq(eng_engine_add(e, &r, &f.c.first), TD_OK);
+    for (int s = 0; s < 3; s++) {
+        cr_assert_eq(eng_engine_step(e, on_fail_ev, &f), TD_OK);
+        cr_assert(eng_engine_stalled(e), "step %d: nothing can run yet", s);
+    }
+    eng_engine_kv_release(e, held, 8);
     while (eng_engine_busy(e))
         cr_assert_eq(eng_engine_step(e, on_fail_ev, &f), TD_OK, "%s", td_last_error());
     cr_assert_eq(f.c.fin[0], ENG_FINISH_LENGTH);
