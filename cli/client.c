@@ -105,12 +105,11 @@ int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const cha
         return 1;
     }
     free(buf);
-    uint8_t *m;
+    const uint8_t *m;
     size_t ml;
     size_t count = 0;
     while (td_rpc_stream_read(st, &m, &ml, timeout_s) == TD_OK) {
         Tandem__V1__GenerateResponse *r = tandem__v1__generate_response__unpack(NULL, ml, m);
-        free(m);
         if (!r)
             break;
         if (ids)

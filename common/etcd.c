@@ -245,12 +245,11 @@ static int keepalive_once(td_etcd_t *e, td_rpc_stream_t *st)
     size_t n = etcdserverpb__lease_keep_alive_request__pack(&rq, buf);
     if (td_rpc_stream_write(st, buf, n, TD_ETCD_TIMEOUT_S))
         return -1;
-    uint8_t *msg;
+    const uint8_t *msg;
     size_t len;
     if (td_rpc_stream_read(st, &msg, &len, TD_ETCD_TIMEOUT_S))
         return -1;
     Etcdserverpb__LeaseKeepAliveResponse *rp = etcdserverpb__lease_keep_alive_response__unpack(NULL, len, msg);
-    free(msg);
     if (!rp)
         return -1;
     int alive = rp->ttl > 0;
@@ -447,7 +446,7 @@ static void *watch_thread(void *arg)
                 continue;
             }
         }
-        uint8_t *msg;
+        const uint8_t *msg;
         size_t len;
         td_status_t rc = td_rpc_stream_read(st, &msg, &len, 0.5);
         if (rc == TD_ERR_TIMEOUT)
@@ -461,7 +460,6 @@ static void *watch_thread(void *arg)
             continue;
         }
         Etcdserverpb__WatchResponse *rp = etcdserverpb__watch_response__unpack(NULL, len, msg);
-        free(msg);
         if (!rp)
             continue;
         for (size_t i = 0; i < rp->n_events; i++) {

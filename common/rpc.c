@@ -111,6 +111,44 @@ static uint8_t *buffer_copy(grpc_byte_buffer *bb, size_t *len)
     return out;
 }
 
+/* Grows *buf (capacity *cap) to hold n bytes; false without memory. */
+static bool buf_reserve(uint8_t **buf, size_t *cap, size_t n)
+{
+    if (*buf && n <= *cap)
+        return true;
+    size_t nc = *cap ? *cap : 256;
+    while (nc < n)
+        nc *= 2;
+    uint8_t *nb = realloc(*buf, nc);
+    if (!nb)
+        return false;
+    *buf = nb;
+    *cap = nc;
+    return true;
+}
+
+/* The message into *buf (capacity *cap, grown when short: no allocation
+ * once it is large enough); false without memory. */
+static bool buffer_into(grpc_byte_buffer *bb, uint8_t **buf, size_t *cap, size_t *len)
+{
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return false;
+    bool ok = buf_reserve(buf, cap, grpc_byte_buffer_length(bb));
+    size_t off = 0;
+    grpc_slice s;
+    while (ok && grpc_byte_buffer_reader_next(&r, &s)) {
+        size_t k = GRPC_SLICE_LENGTH(s);
+        if ((ok = buf_reserve(buf, cap, off + k)))
+            memcpy(*buf + off, GRPC_SLICE_START_PTR(s), k);
+        off += k;
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&r);
+    *len = off;
+    return ok;
+}
+
 static grpc_byte_buffer *buffer_of(const void *msg, size_t len)
 {
     grpc_slice s = grpc_slice_from_copied_buffer(msg, len);
@@ -810,6 +848,8 @@ struct td_rpc_stream {
     grpc_byte_buffer *recv;
     grpc_byte_buffer *send_bb; /* the request in flight after open, freed at destroy */
     bool md_sent, recv_posted, got_initial, status_done, ended;
+    uint8_t *msg;   /* the last message read, reused (grown, never shrunk) */
+    size_t msg_cap;
 };
 
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out)
@@ -1032,7 +1072,7 @@ td_status_t td_rpc_stream_write(td_rpc_stream_t *st, const void *msg, size_t len
     return r == 1 ? TD_OK : r == 0 ? TD_ERR_TIMEOUT : TD_ERR_UNAVAILABLE;
 }
 
-td_status_t td_rpc_stream_read(td_rpc_stream_t *st, uint8_t **msg, size_t *len, double wait_s)
+td_status_t td_rpc_stream_read(td_rpc_stream_t *st, const uint8_t **msg, size_t *len, double wait_s)
 {
     if (st->ended)
         return TD_ERR_NOT_FOUND;
@@ -1061,10 +1101,11 @@ td_status_t td_rpc_stream_read(td_rpc_stream_t *st, uint8_t **msg, size_t *len, 
         st->ended = true;
         return TD_ERR_NOT_FOUND;
     }
-    *msg = buffer_copy(st->recv, len);
+    bool ok = buffer_into(st->recv, &st->msg, &st->msg_cap, len);
     grpc_byte_buffer_destroy(st->recv);
     st->recv = NULL;
-    return *msg ? TD_OK : TD_ERR_NO_MEMORY;
+    *msg = st->msg;
+    return ok ? TD_OK : TD_ERR_NO_MEMORY;
 }
 
 td_status_t td_rpc_stream_result(td_rpc_stream_t *st, double wait_s, td_rpc_result_t *res)
@@ -1094,6 +1135,7 @@ void td_rpc_stream_destroy(td_rpc_stream_t *st)
         cq_wait(&st->pump, TAG_RECV, gpr_inf_future(GPR_CLOCK_MONOTONIC));
     if (st->recv)
         grpc_byte_buffer_destroy(st->recv);
+    free(st->msg);
     channel_untrack(st->ch, st->call);
     grpc_call_unref(st->call);
     cq_destroy(st->pump.cq);

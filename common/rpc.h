@@ -144,10 +144,12 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
 td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const void *req, size_t req_len,
                                double timeout_s, td_rpc_call_t *parent, td_rpc_stream_t **out);
 td_status_t td_rpc_stream_write(td_rpc_stream_t *st, const void *msg, size_t len, double timeout_s);
-/* Reads the next message (malloc'd into *msg). TD_ERR_NOT_FOUND at the end of
- * the stream (then td_rpc_stream_result says how it ended), TD_ERR_TIMEOUT if
- * none came within wait_s (the read stays posted; call again). */
-td_status_t td_rpc_stream_read(td_rpc_stream_t *st, uint8_t **msg, size_t *len, double wait_s);
+/* Reads the next message into the stream's own buffer (reused: no
+ * allocation per message once it is large enough); *msg stays valid until
+ * the next read or destroy. TD_ERR_NOT_FOUND at the end of the stream (then
+ * td_rpc_stream_result says how it ended), TD_ERR_TIMEOUT if none came within
+ * wait_s (the read stays posted; call again). */
+td_status_t td_rpc_stream_read(td_rpc_stream_t *st, const uint8_t **msg, size_t *len, double wait_s);
 /* The final status (waits up to wait_s for it). */
 td_status_t td_rpc_stream_result(td_rpc_stream_t *st, double wait_s, td_rpc_result_t *res);
 /* Cancels from any thread. */

@@ -295,11 +295,13 @@ out:
 }
 
 /* ---- Decode ---- */
+/* Events wait in d->ev, their texts back to back in d->text (each
+ * NUL-terminated); both are reused once the handler has sent everything, so
+ * a stream allocates nothing per token once they are large enough. */
 typedef struct dec_event {
     int32_t token;
     eng_finish_t finish;
-    char *text;
-    size_t len;
+    size_t text_off;
     uint32_t n_generated;
     char *error; /* ENG_FINISH_ERROR's message */
 } dec_event_t;
@@ -310,6 +312,9 @@ typedef struct dreq {
     td_rpc_call_t *call; /* NULL once the handler is done */
     dec_event_t *ev;
     size_t n_ev, cap_ev;
+    char *text;
+    size_t text_len, text_cap;
+    bool lost; /* an event could not be queued (no memory): the stream ends with an error */
     /* the start closure's inputs and outputs */
     Tandem__Internal__V1__DecodeRequest *rq;
     eng_logit_bias_t *bias;
@@ -325,10 +330,9 @@ static void dreq_put(dreq_t *d)
     pthread_mutex_unlock(&d->mu);
     if (r)
         return;
-    for (size_t i = 0; i < d->n_ev; i++) {
-        free(d->ev[i].text);
+    for (size_t i = 0; i < d->n_ev; i++)
         free(d->ev[i].error);
-    }
+    free(d->text);
     free(d->ev);
     free(d->bias);
     if (d->rq)
@@ -337,32 +341,93 @@ static void dreq_put(dreq_t *d)
     free(d);
 }
 
+static bool grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t nc = *cap ? *cap : 16;
+    while (nc < need)
+        nc *= 2;
+    void *np = realloc(*p, nc * elem);
+    if (!np)
+        return false;
+    *p = np;
+    *cap = nc;
+    return true;
+}
+
 static void on_decode_event(void *ctx, const eng_event_t *ev)
 {
     dreq_t *d = ctx;
     pthread_mutex_lock(&d->mu);
-    if (d->n_ev == d->cap_ev) {
-        size_t nc = d->cap_ev ? 2 * d->cap_ev : 16;
-        dec_event_t *ne = realloc(d->ev, nc * sizeof *ne);
-        if (ne) {
-            d->ev = ne;
-            d->cap_ev = nc;
-        }
-    }
-    if (d->n_ev < d->cap_ev) {
+    if (grow((void **)&d->ev, &d->cap_ev, d->n_ev + 1, sizeof *d->ev) &&
+        grow((void **)&d->text, &d->text_cap, d->text_len + ev->text_len + 1, 1)) {
         dec_event_t *x = &d->ev[d->n_ev++];
         x->token = ev->finish == ENG_FINISH_EOS ? -1 : ev->token;
         x->finish = ev->finish;
-        x->text = strndup(ev->text, ev->text_len);
-        x->len = x->text ? ev->text_len : 0;
+        x->text_off = d->text_len;
+        memcpy(d->text + d->text_len, ev->text, ev->text_len);
+        d->text[d->text_len + ev->text_len] = 0;
+        d->text_len += ev->text_len + 1;
         x->n_generated = ev->n_generated;
         x->error = ev->error ? strdup(ev->error) : NULL;
+    } else {
+        d->lost = true;
     }
     if (d->call)
         td_rpc_call_wake(d->call);
     pthread_mutex_unlock(&d->mu);
     if (ev->finish != ENG_FINISH_NONE)
         dreq_put(d); /* the listener's reference */
+}
+
+static const Tandem__V1__FinishReason finish_pb[] = {
+    [ENG_FINISH_NONE] = TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED,
+    [ENG_FINISH_EOS] = TANDEM__V1__FINISH_REASON__FINISH_REASON_EOS,
+    [ENG_FINISH_STOP] = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP,
+    [ENG_FINISH_LENGTH] = TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH,
+    [ENG_FINISH_CANCELLED] = TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED,
+    [ENG_FINISH_ERROR] = TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR,
+};
+
+/* Packs the next event not sent into buf (the heap when longer than cap;
+ * *out says where); 0 when none is waiting. Once every event is sent, the
+ * queue and its text buffer start over. */
+static size_t next_message(dreq_t *d, size_t *sent, uint8_t *buf, size_t cap, uint8_t **out, eng_finish_t *fin)
+{
+    size_t pn = 0;
+    pthread_mutex_lock(&d->mu);
+    if (*sent < d->n_ev) {
+        dec_event_t *x = &d->ev[*sent];
+        Tandem__Internal__V1__DecodeResponse r = TANDEM__INTERNAL__V1__DECODE_RESPONSE__INIT;
+        r.text = d->text + x->text_off;
+        int32_t tok = x->token;
+        if (tok >= 0) {
+            r.n_token_ids = 1;
+            r.token_ids = &tok;
+        }
+        r.has_completion_tokens = 1;
+        r.completion_tokens = x->n_generated;
+        if (x->finish != ENG_FINISH_NONE) {
+            r.has_finish_reason = 1;
+            r.finish_reason = finish_pb[x->finish];
+        }
+        if (x->finish == ENG_FINISH_ERROR)
+            r.error = x->error ? x->error : "an engine step failed";
+        *fin = x->finish;
+        pn = tandem__internal__v1__decode_response__get_packed_size(&r);
+        *out = pn <= cap ? buf : malloc(pn);
+        if (*out)
+            tandem__internal__v1__decode_response__pack(&r, *out);
+        if (++*sent == d->n_ev) { /* all sent: reuse the queue */
+            for (size_t i = 0; i < d->n_ev; i++)
+                free(d->ev[i].error);
+            d->n_ev = d->text_len = 0;
+            *sent = 0;
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return pn;
 }
 
 /* The landing check (DESIGN.md §1's invariant): before a sequence decodes
@@ -455,14 +520,6 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
     }
 }
 
-static const Tandem__V1__FinishReason finish_pb[] = {
-    [ENG_FINISH_NONE] = TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED,
-    [ENG_FINISH_EOS] = TANDEM__V1__FINISH_REASON__FINISH_REASON_EOS,
-    [ENG_FINISH_STOP] = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP,
-    [ENG_FINISH_LENGTH] = TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH,
-    [ENG_FINISH_CANCELLED] = TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED,
-    [ENG_FINISH_ERROR] = TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR,
-};
 
 static void h_decode(void *ctx, td_rpc_call_t *call)
 {
@@ -497,44 +554,26 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
     }
     size_t sent = 0;
     for (;;) {
-        pthread_mutex_lock(&d->mu);
-        size_t have = d->n_ev;
-        pthread_mutex_unlock(&d->mu);
         bool finished = false;
-        for (; sent < have; sent++) {
-            pthread_mutex_lock(&d->mu);
-            dec_event_t x = d->ev[sent];
-            pthread_mutex_unlock(&d->mu);
-            Tandem__Internal__V1__DecodeResponse r = TANDEM__INTERNAL__V1__DECODE_RESPONSE__INIT;
-            r.text = x.text ? x.text : "";
-            int32_t tok = x.token;
-            if (tok >= 0) {
-                r.n_token_ids = 1;
-                r.token_ids = &tok;
-            }
-            r.has_completion_tokens = 1;
-            r.completion_tokens = x.n_generated;
-            if (x.finish != ENG_FINISH_NONE) {
-                r.has_finish_reason = 1;
-                r.finish_reason = finish_pb[x.finish];
-                finished = true;
-            }
-            if (x.finish == ENG_FINISH_ERROR)
-                r.error = x.error ? x.error : "an engine step failed";
-            uint8_t buf[4096 + 64];
-            uint8_t *b = buf;
-            size_t pn = tandem__internal__v1__decode_response__get_packed_size(&r);
-            if (pn > sizeof buf)
-                b = malloc(pn);
-            tandem__internal__v1__decode_response__pack(&r, b);
-            rc = td_rpc_call_send(call, b, pn);
+        uint8_t buf[4096 + 64], *b = NULL;
+        eng_finish_t fin = ENG_FINISH_NONE;
+        size_t pn;
+        while (!rc && !finished && (pn = next_message(d, &sent, buf, sizeof buf, &b, &fin))) {
+            rc = b ? td_rpc_call_send(call, b, pn) : TD_ERR_NO_MEMORY;
             if (b != buf)
                 free(b);
-            if (rc)
-                break;
+            finished = fin != ENG_FINISH_NONE;
         }
-        if (finished) {
+        if (finished && !rc) {
             td_rpc_call_finish(call, TD_RPC_OK, NULL);
+            break;
+        }
+        pthread_mutex_lock(&d->mu);
+        bool lost = d->lost;
+        pthread_mutex_unlock(&d->mu);
+        if (lost) {
+            eng_worker_call(w, cancel_on_engine, d, 5);
+            td_rpc_call_finish(call, TD_RPC_INTERNAL, "%s: no memory to queue a token", eng_worker_id(w));
             break;
         }
         if (rc || td_rpc_call_wait(call, 1.0) == TD_ERR_CANCELLED) {

@@ -31,9 +31,11 @@ typedef struct listener {
     void *ctx;
 } listener_t;
 
+/* A step's events wait (until the role's after-step hook ran) in w->held,
+ * their texts back to back in w->held_text; both are reused every step. */
 typedef struct held_event {
     eng_event_t ev;
-    char *text;
+    size_t text_off;
     char *error; /* ENG_FINISH_ERROR's message */
 } held_event_t;
 
@@ -67,6 +69,8 @@ struct eng_worker {
     size_t n_listeners, cap_listeners;
     held_event_t *held;
     size_t n_held, cap_held;
+    char *held_text;
+    size_t held_text_len, held_text_cap;
 };
 
 static volatile sig_atomic_t g_signal;
@@ -120,27 +124,38 @@ void eng_worker_unlisten(eng_worker_t *w, uint64_t id)
         }
 }
 
+static bool grow_to(void **p, size_t *cap, size_t need, size_t elem, size_t first)
+{
+    if (need <= *cap)
+        return true;
+    size_t nc = *cap ? *cap : first;
+    while (nc < need)
+        nc *= 2;
+    void *np = realloc(*p, nc * elem);
+    if (!np)
+        return false;
+    *p = np;
+    *cap = nc;
+    return true;
+}
+
 static void hold_event(void *ctx, const eng_event_t *ev)
 {
     eng_worker_t *w = ctx;
-    if (w->n_held == w->cap_held) {
-        size_t nc = w->cap_held ? 2 * w->cap_held : 64;
-        held_event_t *h = realloc(w->held, nc * sizeof *h);
-        if (!h)
-            return;
-        w->held = h;
-        w->cap_held = nc;
+    if (!grow_to((void **)&w->held, &w->cap_held, w->n_held + 1, sizeof *w->held, 64)) {
+        TD_WARN("%s: no memory to hold an event of request %llu; it is lost", w->id, (unsigned long long)ev->id);
+        return;
     }
     held_event_t *h = &w->held[w->n_held++];
     h->ev = *ev;
-    h->text = malloc(ev->text_len + 1);
-    if (h->text) {
-        memcpy(h->text, ev->text, ev->text_len);
-        h->text[ev->text_len] = 0;
-    } else {
-        h->ev.text_len = 0;
+    h->ev.text_len = 0;
+    h->text_off = w->held_text_len;
+    if (grow_to((void **)&w->held_text, &w->held_text_cap, w->held_text_len + ev->text_len + 1, 1, 4096)) {
+        memcpy(w->held_text + w->held_text_len, ev->text, ev->text_len);
+        w->held_text[w->held_text_len + ev->text_len] = 0;
+        w->held_text_len += ev->text_len + 1;
+        h->ev.text_len = ev->text_len;
     }
-    h->ev.text = h->text ? h->text : "";
     h->error = ev->error ? strdup(ev->error) : NULL;
     h->ev.error = ev->error ? (h->error ? h->error : "an engine step failed") : NULL;
 }
@@ -149,6 +164,7 @@ static void deliver_events(eng_worker_t *w)
 {
     for (size_t i = 0; i < w->n_held; i++) {
         held_event_t *h = &w->held[i];
+        h->ev.text = h->ev.text_len ? w->held_text + h->text_off : "";
         for (size_t k = 0; k < w->n_listeners; k++)
             if (w->listeners[k].id == h->ev.id) {
                 listener_t l = w->listeners[k];
@@ -157,10 +173,10 @@ static void deliver_events(eng_worker_t *w)
                 l.fn(l.ctx, &h->ev);
                 break;
             }
-        free(h->text);
         free(h->error);
     }
     w->n_held = 0;
+    w->held_text_len = 0;
 }
 
 static void closure_put(eng_worker_t *w, closure_t *c)
@@ -510,6 +526,7 @@ out:
     eng_model_close(w->model);
     free(w->listeners);
     free(w->held);
+    free(w->held_text);
     td_config_free(&w->cfg);
     free(w);
     td_rpc_shutdown();

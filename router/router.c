@@ -27,6 +27,7 @@
 #include "common/config.h"
 #include "common/etcd.h"
 #include "common/kv_contract_pb.h"
+#include "common/pb_arena.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "engine/chat.h"
@@ -530,15 +531,18 @@ static int attempt(gen_t *g)
     g->overhead += td_now_s() - t_c;
     g->cpu += cpu_s() - c_c;
     bool finished = false;
+    _Alignas(16) uint8_t pb_mem[8192]; /* each DecodeResponse unpacks here: no allocation per token */
+    td_pb_arena_t arena;
+    td_pb_arena_init(&arena, pb_mem, sizeof pb_mem);
     while (!rc) {
-        uint8_t *m;
+        const uint8_t *m;
         size_t ml;
         td_status_t rr = td_rpc_stream_read(st, &m, &ml, fmax(left(g), 0.01));
         if (rr)
             break;
         double t_m = td_now_s(), c_m = cpu_s();
-        Tandem__Internal__V1__DecodeResponse *dr = tandem__internal__v1__decode_response__unpack(NULL, ml, m);
-        free(m);
+        td_pb_arena_reset(&arena);
+        Tandem__Internal__V1__DecodeResponse *dr = tandem__internal__v1__decode_response__unpack(&arena.a, ml, m);
         if (!dr)
             break;
         for (size_t i = 0; i < dr->n_token_ids && g->n_tokens < g->cap_tokens; i++)
@@ -585,7 +589,7 @@ static int attempt(gen_t *g)
             if (!sr)
                 g->text_sent += strlen(gr.text);
         }
-        tandem__internal__v1__decode_response__free_unpacked(dr, NULL);
+        tandem__internal__v1__decode_response__free_unpacked(dr, &arena.a);
         g->overhead += td_now_s() - t_m;
     g->cpu += cpu_s() - c_m;
         if (sr || finished)

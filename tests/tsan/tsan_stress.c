@@ -167,11 +167,10 @@ static void *rpc_client(void *arg)
         free(out);
         td_rpc_stream_t *st;
         if (td_rpc_stream_open(j->ch, "/t.T/Stream", "x", 1, 5, NULL, &st) == TD_OK) {
-            uint8_t *m;
+            const uint8_t *m;
             size_t l;
             int got = 0;
             while (td_rpc_stream_read(st, &m, &l, 5) == TD_OK) {
-                free(m);
                 got++;
             }
             td_rpc_stream_result(st, 5, &res);
