@@ -27,12 +27,26 @@ static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const int32_t *t
     return best;
 }
 
-const rt_placement_ops_t rt_placement_least_loaded = {.name = "least_loaded", .pick = least_loaded};
+/* An exponentially weighted mean of each worker's measured TTFT and TPOT. */
+static void ewma_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm)
+{
+    (void)t;
+    if (!tm->ok)
+        return;
+    if (prefill)
+        prefill->ewma_ttft_ms = prefill->ewma_ttft_ms ? 0.8 * prefill->ewma_ttft_ms + 0.2 * tm->ttft_ms : tm->ttft_ms;
+    if (decode && tm->output_tokens > 1)
+        decode->ewma_tpot_ms = decode->ewma_tpot_ms ? 0.8 * decode->ewma_tpot_ms + 0.2 * tm->tpot_ms : tm->tpot_ms;
+}
+
+const rt_placement_ops_t rt_placement_least_loaded = {.name = "least_loaded", .pick = least_loaded,
+                                                      .observe = ewma_observe};
 
 void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect)
 {
     memset(t, 0, sizeof *t);
     pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->changed, NULL);
     t->expect = *expect;
 }
 
@@ -99,6 +113,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
                 td_rpc_channel_shutdown(t->w[i]->ch);
             worker_put(t->w[i]);
             t->w[i] = w;
+            pthread_cond_broadcast(&t->changed);
             pthread_mutex_unlock(&t->mu);
             return;
         }
@@ -107,6 +122,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
         rt_worker_t **nw = realloc(t->w, nc * sizeof *nw);
         if (!nw) {
             pthread_mutex_unlock(&t->mu);
+            TD_WARN("router: no memory to add worker %s to the table; it is not used", w->id);
             worker_put(w);
             return;
         }
@@ -114,6 +130,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
         t->cap = nc;
     }
     t->w[t->n++] = w;
+    pthread_cond_broadcast(&t->changed);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -127,6 +144,7 @@ void rt_table_remove(rt_table_t *t, const char *key)
             td_rpc_channel_shutdown(t->w[i]->ch); /* requests on it fail over instead of waiting */
             worker_put(t->w[i]);
             t->w[i] = t->w[--t->n];
+            pthread_cond_broadcast(&t->changed);
             break;
         }
     pthread_mutex_unlock(&t->mu);
@@ -162,13 +180,92 @@ rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_rol
     return w;
 }
 
-void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s)
+void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed, double suspect_s)
 {
     pthread_mutex_lock(&t->mu);
     w->inflight--;
-    if (failed)
+    if (failed) {
         w->suspect_until = td_now_s() + suspect_s;
+        w->suspect_code = failed->code ? failed->code : TD_RPC_UNAVAILABLE;
+        snprintf(w->suspect_why, sizeof w->suspect_why, "%.*s", (int)sizeof w->suspect_why - 1, failed->message);
+    }
     worker_put(w);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Why no worker of role is usable: the code, the reason, and retry_at. */
+static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *out)
+{
+    const char *rn = role == RT_PREFILL ? "prefill" : "decode";
+    size_t registered = 0, refused = 0;
+    const rt_worker_t *first_refused = NULL, *soonest = NULL;
+    bool full = false;
+    for (size_t i = 0; i < t->n; i++) {
+        const rt_worker_t *w = t->w[i];
+        if (w->role != role || w->gone)
+            continue;
+        registered++;
+        if (w->refused) {
+            refused++;
+            first_refused = first_refused ? first_refused : w;
+        } else if (w->suspect_until > now) {
+            if (!soonest || w->suspect_until < soonest->suspect_until)
+                soonest = w;
+            full = full || w->suspect_code == TD_RPC_RESOURCE_EXHAUSTED;
+        }
+    }
+    out->retry_at = soonest ? soonest->suspect_until : 0;
+    if (!registered) {
+        out->code = TD_RPC_UNAVAILABLE;
+        snprintf(out->why, sizeof out->why, "no %s worker is registered with this router", rn);
+    } else if (refused == registered) {
+        out->code = TD_RPC_FAILED_PRECONDITION;
+        snprintf(out->why, sizeof out->why, "every %s worker was refused (%.64s: %.200s)", rn, first_refused->id,
+                 first_refused->refused_why);
+    } else {
+        out->code = full ? TD_RPC_RESOURCE_EXHAUSTED : TD_RPC_UNAVAILABLE;
+        snprintf(out->why, sizeof out->why, "no %s worker can take it for %.2f s: %.64s answered %s (%.160s)", rn,
+                 soonest ? soonest->suspect_until - now : 0.0, soonest ? soonest->id : "?",
+                 td_rpc_code_name(soonest ? soonest->suspect_code : 0), soonest ? soonest->suspect_why : "");
+    }
+}
+
+void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const int32_t *tokens, size_t n_tokens,
+                    rt_placement_t *out)
+{
+    memset(out, 0, sizeof *out);
+    double now = td_now_s();
+    pthread_mutex_lock(&t->mu);
+    rt_worker_t *d = p->pick(t, RT_DECODE, tokens, n_tokens, now);
+    rt_worker_t *pf = d ? p->pick(t, RT_PREFILL, tokens, n_tokens, now) : NULL;
+    if (d && pf) {
+        d->refs++;
+        d->inflight++;
+        pf->refs++;
+        pf->inflight++;
+        out->decode = d;
+        out->prefill = pf;
+    } else {
+        refuse(t, d ? RT_PREFILL : RT_DECODE, now, out);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_observe(rt_table_t *t, const rt_placement_ops_t *p, rt_worker_t *prefill, rt_worker_t *decode,
+                      const rt_timings_t *tm)
+{
+    if (!p->observe)
+        return;
+    pthread_mutex_lock(&t->mu);
+    p->observe(t, prefill, decode, tm);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_wait(rt_table_t *t, double until)
+{
+    struct timespec ts = td_wall_deadline(until - td_now_s());
+    pthread_mutex_lock(&t->mu);
+    pthread_cond_timedwait(&t->changed, &t->mu, &ts);
     pthread_mutex_unlock(&t->mu);
 }
 

@@ -25,6 +25,9 @@ typedef struct rt_worker {
     td_rpc_channel_t *ch;
     int inflight;
     double suspect_until; /* skipped until then (a call to it failed) */
+    int suspect_code;     /* that call's gRPC code and message */
+    char suspect_why[192];
+    double ewma_ttft_ms, ewma_tpot_ms; /* measured on requests it served (rt_table_observe) */
     bool refused, gone;
     char refused_why[384];
     int refs;
@@ -32,18 +35,40 @@ typedef struct rt_worker {
 
 typedef struct rt_table {
     pthread_mutex_t mu;
+    pthread_cond_t changed; /* a worker joined, left or became usable again */
     rt_worker_t **w;
     size_t n, cap;
     td_kv_layout_t expect;
 } rt_table_t;
 
+/* What a placed request measured, told to the policy afterwards (the
+ * predictive placement of a later issue learns its TTFT model from these). */
+typedef struct rt_timings {
+    double queue_ms, prefill_ms, ttft_ms, tpot_ms, e2e_ms;
+    uint32_t prompt_tokens, cached_tokens, output_tokens;
+    bool ok;
+} rt_timings_t;
+
 /* Placement policy: picks a worker of a role among the usable ones (not
  * refused, not gone, not suspect); NULL when there is none. Called with the
- * table locked. */
+ * table locked; observe (optional, also locked) hears each placed request's
+ * timings. */
 typedef struct rt_placement_ops {
     const char *name;
     rt_worker_t *(*pick)(rt_table_t *t, rt_role_t role, const int32_t *tokens, size_t n_tokens, double now);
+    void (*observe)(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm);
 } rt_placement_ops_t;
+
+/* Placement's answer: a (prefill, decode) pair, both held (release each
+ * with rt_table_done), or a refusal — the gRPC code, the reason, and when a
+ * worker of the missing role leaves its suspect time (retry_at; 0 when none
+ * will by itself: none registered, or all refused). */
+typedef struct rt_placement {
+    rt_worker_t *prefill, *decode;
+    int code; /* TD_RPC_OK when placed */
+    double retry_at;
+    char why[320];
+} rt_placement_t;
 
 extern const rt_placement_ops_t rt_placement_least_loaded;
 
@@ -57,8 +82,18 @@ void rt_table_retain(rt_table_t *t, const char *const *keys, size_t n);
 /* Picks and takes a reference (inflight + 1); release with rt_table_done. */
 rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const int32_t *tokens,
                               size_t n_tokens);
-/* failed: skip the worker for suspect_s seconds. */
-void rt_table_done(rt_table_t *t, rt_worker_t *w, bool failed, double suspect_s);
+/* A pair for a request, or why not (rt_placement_t). */
+void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const int32_t *tokens, size_t n_tokens,
+                    rt_placement_t *out);
+/* Releases w; failed (its call's result), when not NULL, makes it suspect
+ * (skipped) for suspect_s seconds with that result as the reason. */
+void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed, double suspect_s);
+/* Tells the policy what a placed request measured. */
+void rt_table_observe(rt_table_t *t, const rt_placement_ops_t *p, rt_worker_t *prefill, rt_worker_t *decode,
+                      const rt_timings_t *tm);
+/* Waits until the table changes (a worker joins, leaves, or fails) or until
+ * (absolute td_now_s time): for a request refused with a retry_at. */
+void rt_table_wait(rt_table_t *t, double until);
 /* Another reference to w, for a thread that uses its channel outside an
  * acquire/done pair (renewing reservations); drop it with rt_table_unhold. */
 void rt_table_hold(rt_table_t *t, rt_worker_t *w);

@@ -401,21 +401,29 @@ static int attempt(gen_t *g)
 {
     router_t *r = g->r;
     double t_a = td_now_s(), c_a = cpu_s();
-    rt_worker_t *d = rt_table_acquire(&r->table, r->place, RT_DECODE, g->tokens, g->n_tokens);
-    rt_worker_t *p = d ? rt_table_acquire(&r->table, r->place, RT_PREFILL, g->tokens, g->n_tokens) : NULL;
-    if (!d || !p) {
-        if (d)
-            rt_table_done(&r->table, d, false, 0);
-        /* none of a role at all (not merely busy or suspect): say so now, not at the deadline */
-        rt_role_t role = d ? RT_PREFILL : RT_DECODE;
-        if (!g->sent_any && !rt_table_registered(&r->table, role)) {
-            td_rpc_call_finish(g->call, TD_RPC_UNAVAILABLE, "no %s worker is registered with this router",
-                               role == RT_PREFILL ? "prefill" : "decode");
+    rt_placement_t pl;
+    rt_table_place(&r->table, r->place, g->tokens, g->n_tokens, &pl);
+    if (pl.code) {
+        /* nothing can serve it: say why now, unless a worker becomes usable before the deadline (its
+         * suspect time ends) or, for a stream already under way, a worker may still join to resume it */
+        double until = pl.retry_at ? pl.retry_at : g->sent_any ? g->deadline : 0;
+        if (until <= td_now_s() && !pl.retry_at) {
+            td_rpc_call_finish(g->call, pl.code, "%s", pl.why);
             return 1;
         }
-        td_sleep_s(0.05);
+        if (until >= g->deadline && !g->sent_any) {
+            td_rpc_call_finish(g->call, pl.code, "%s (the deadline comes first)", pl.why);
+            return 1;
+        }
+        /* woken by the table (a worker joined, left or failed), capped at 1 s to see a cancel */
+        rt_table_wait(&r->table, fmin(fmin(until, g->deadline), td_now_s() + 1.0));
+        if (td_rpc_call_cancelled(g->call)) {
+            td_rpc_call_finish(g->call, TD_RPC_CANCELLED, "the client cancelled");
+            return 1;
+        }
         return 0;
     }
+    rt_worker_t *d = pl.decode, *p = pl.prefill;
     g->overhead += td_now_s() - t_a;
     g->cpu += cpu_s() - c_a;
     /* the records may be freed once released (rt_table_done): messages use copies */
@@ -430,8 +438,8 @@ static int attempt(gen_t *g)
          * is load, not a fault: the worker is skipped only briefly */
         bool own = left(g) <= 0.001 || td_rpc_call_cancelled(g->call);
         double skip = res.code == TD_RPC_FAILED_PRECONDITION ? 60 : res.code == TD_RPC_RESOURCE_EXHAUSTED ? 0.1 : 2;
-        rt_table_done(&r->table, d, !own, skip);
-        rt_table_done(&r->table, p, false, 0);
+        rt_table_done(&r->table, d, !own ? &res : NULL, skip);
+        rt_table_done(&r->table, p, NULL, 0);
         if (rv < 0) {
             td_rpc_call_finish(g->call, res.code, "decode worker %s: %s", did, res.message);
             return 1;
@@ -444,8 +452,8 @@ static int attempt(gen_t *g)
     if (!held_add(r, d, res_id)) {
         release(g, d, res_id);
         tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
-        rt_table_done(&r->table, d, false, 0);
-        rt_table_done(&r->table, p, false, 0);
+        rt_table_done(&r->table, d, NULL, 0);
+        rt_table_done(&r->table, p, NULL, 0);
         td_rpc_call_finish(g->call, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %d reservations, its most; try "
                            "again later", MAX_HELD);
         return 1;
@@ -479,9 +487,10 @@ static int attempt(gen_t *g)
     if (!prp) {
         held_remove(r, d, res_id);
         release(g, d, res_id);
-        rt_table_done(&r->table, d, false, 0);
+        rt_table_done(&r->table, d, NULL, 0);
         bool cancelled = td_rpc_call_cancelled(g->call);
-        rt_table_done(&r->table, p, !cancelled && !fatal_code(res.code), res.code == TD_RPC_FAILED_PRECONDITION ? 60 : 2);
+        rt_table_done(&r->table, p, !cancelled && !fatal_code(res.code) ? &res : NULL,
+                      res.code == TD_RPC_FAILED_PRECONDITION ? 60 : 2);
         if (cancelled) {
             td_rpc_call_finish(g->call, TD_RPC_CANCELLED, "the client cancelled");
             return 1;
@@ -499,7 +508,9 @@ static int attempt(gen_t *g)
     if (g->n_tokens == g->n_prompt)
         g->cached = prp->cached_tokens;
     int32_t first = prp->first_token;
-    rt_table_done(&r->table, p, false, 0);
+    double prefill_ms = (td_now_s() - t_b) * 1e3;
+    rt_table_hold(&r->table, p); /* for rt_table_observe once the stream is done */
+    rt_table_done(&r->table, p, NULL, 0);
 
     /* the completion notice: decode joins its batch and streams */
     double t_c = td_now_s(), c_c = cpu_s();
@@ -603,7 +614,15 @@ static int attempt(gen_t *g)
         td_rpc_stream_destroy(st);
     }
     bool cancelled = td_rpc_call_cancelled(g->call);
-    rt_table_done(&r->table, d, !finished && !cancelled && !fatal_code(sres.code), 2);
+    double now = td_now_s();
+    rt_timings_t tm = {.prefill_ms = prefill_ms, .ttft_ms = ((g->t_first ? g->t_first : now) - g->t0) * 1e3,
+                       .e2e_ms = (now - g->t0) * 1e3, .prompt_tokens = (uint32_t)g->n_prompt,
+                       .cached_tokens = g->cached, .output_tokens = (uint32_t)(g->n_tokens - g->n_prompt),
+                       .ok = finished};
+    tm.tpot_ms = tm.output_tokens > 1 ? (g->t_last - g->t_first) * 1e3 / (tm.output_tokens - 1) : 0;
+    rt_table_observe(&r->table, r->place, p, d, &tm);
+    rt_table_unhold(&r->table, p);
+    rt_table_done(&r->table, d, !finished && !cancelled && !fatal_code(sres.code) ? &sres : NULL, 2);
     if (finished) {
         td_rpc_call_finish(g->call, TD_RPC_OK, NULL);
         return 1;

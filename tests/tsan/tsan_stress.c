@@ -230,6 +230,17 @@ static void *place_user(void *arg)
 {
     place_job_t *j = arg;
     for (int it = 0; it < 2000; it++) {
+        if (it % 5 == 0) { /* a whole placement, its refusal or its pair */
+            rt_placement_t pl;
+            rt_table_place(j->t, &rt_placement_least_loaded, NULL, 0, &pl);
+            if (!pl.code) {
+                rt_timings_t tm = {.ttft_ms = 1, .tpot_ms = 1, .output_tokens = 2, .ok = true};
+                rt_table_observe(j->t, &rt_placement_least_loaded, pl.prefill, pl.decode, &tm);
+                rt_table_done(j->t, pl.prefill, NULL, 0);
+                rt_table_done(j->t, pl.decode, NULL, 0);
+            }
+            continue;
+        }
         rt_worker_t *w = rt_table_acquire(j->t, &rt_placement_least_loaded, it & 1 ? RT_DECODE : RT_PREFILL, NULL, 0);
         if (!w)
             continue;
@@ -238,7 +249,8 @@ static void *place_user(void *arg)
         char id[sizeof w->id];
         memcpy(id, w->id, sizeof id); /* the record stays valid while held */
         rt_table_unhold(j->t, w);
-        rt_table_done(j->t, w, it % 97 == 0, 0.0001);
+        td_rpc_result_t failed = {.code = TD_RPC_UNAVAILABLE, .message = "stress"};
+        rt_table_done(j->t, w, it % 97 == 0 ? &failed : NULL, 0.0001);
     }
     return NULL;
 }
