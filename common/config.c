@@ -26,7 +26,7 @@ typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 /* raw: what libcyaml fills */
 typedef struct { char *level, *format; } raw_log_t;
 typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *context; } raw_model_t;
-typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } raw_router_t;
+typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; uint32_t *max_streams; } raw_router_t;
 typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
 typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
 typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
@@ -53,7 +53,10 @@ static const cyaml_schema_field_t model_fields[] = {
 static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t, listen), STR("tls_cert", raw_router_t, tls_cert),
                                                        STR("tls_key", raw_router_t, tls_key),
                                                        STR("tls_client_ca", raw_router_t, tls_client_ca),
-                                                       STR("tls_ca", raw_router_t, tls_ca), CYAML_FIELD_END};
+                                                       STR("tls_ca", raw_router_t, tls_ca),
+                                                       CYAML_FIELD_UINT_PTR("max_streams", OPT, raw_router_t,
+                                                                            max_streams),
+                                                       CYAML_FIELD_END};
 static const cyaml_schema_field_t workers_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_workers_t, count),
     CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads),
@@ -109,6 +112,7 @@ static const cfg_field_t cfg_fields[] = {
     F("router.tls_key", CFG_STR, router.tls_key, router, raw_router_t, tls_key),
     F("router.tls_client_ca", CFG_STR, router.tls_client_ca, router, raw_router_t, tls_client_ca),
     F("router.tls_ca", CFG_STR, router.tls_ca, router, raw_router_t, tls_ca),
+    F("router.max_streams", CFG_U32, router.max_streams, router, raw_router_t, max_streams),
     F("prefill.count", CFG_U32, prefill.count, prefill, raw_workers_t, count),
     F("prefill.threads", CFG_U32, prefill.threads, prefill, raw_workers_t, threads),
     F("prefill.token_budget", CFG_U32, prefill.token_budget, prefill, raw_workers_t, token_budget),
@@ -145,7 +149,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"model.path", TD_DEFAULT_MODEL}, {"model.kv_dtype", "fp16"}, {"model.numerics", "fast"},
         {"model.block_tokens", "16"}, {"model.context", "0"},
         {"router.listen", "127.0.0.1:50051"}, {"router.tls_cert", ""}, {"router.tls_key", ""},
-        {"router.tls_client_ca", ""}, {"router.tls_ca", ""},
+        {"router.tls_client_ca", ""}, {"router.tls_ca", ""}, {"router.max_streams", "4096"},
         {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"},
         {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},
         {"kvstore.dram_mb", "1024"}, {"kvstore.data_dir", ""},
@@ -364,6 +368,9 @@ td_status_t td_config_validate(const td_config_t *cfg)
             return td_error(TD_ERR_CONFIG, "config: %s.kv_mib = %llu; it must be from 1 to 1048576", w[i].role,
                             (unsigned long long)w[i].mib);
     }
+    if (cfg->router.max_streams < 1 || cfg->router.max_streams > 1u << 20)
+        return td_error(TD_ERR_CONFIG, "config: router.max_streams = %u; it must be from 1 to 1048576",
+                        cfg->router.max_streams);
     if (cfg->etcd.lease_ttl_s < 1 || cfg->etcd.lease_ttl_s > 3600)
         return td_error(TD_ERR_CONFIG, "config: etcd.lease_ttl_s = %u; it must be from 1 to 3600",
                         cfg->etcd.lease_ttl_s);

@@ -5,9 +5,10 @@
  *              numerics: fast, block_tokens: 16, context: 0 }  (numerics: fast, or
  *              reference = llama.cpp's rounding bit for bit; kernels/backend.h)
  *   router:  { listen: 127.0.0.1:50051, tls_cert: "", tls_key: "",
- *              tls_client_ca: "", tls_ca: "" }  (TLS on the public API when cert+key
+ *              tls_client_ca: "", tls_ca: "", max_streams: 4096 }  (TLS on the public API when cert+key
  *              are set; client certificates required when tls_client_ca is; tls_ca:
- *              what clients trust, for tandem up's readiness probe)
+ *              what clients trust, for tandem up's readiness probe; max_streams: calls the
+ *              router handles at once, past which it answers RESOURCE_EXHAUSTED)
  *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
  *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
  *            (token_budget: tokens per engine step, the chunked-prefill size;
@@ -45,7 +46,7 @@ typedef struct td_worker_config {
 typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
-    struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; } router;
+    struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; uint32_t max_streams; } router;
     td_worker_config_t prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;

@@ -284,6 +284,7 @@ struct td_rpc_server {
     pthread_t thread;
     bool started, stopping, shut;
     bool abandoned; /* stop gave up waiting for handlers: destroy leaves it */
+    int max_active; /* calls handled at once, past which new ones are refused (0: no limit) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int active;
@@ -410,6 +411,7 @@ static void *server_thread(void *arg)
         bool stopping = s->stopping;
         if (c)
             s->active++;
+        bool over = s->max_active && s->active > s->max_active;
         pthread_mutex_unlock(&s->mu);
         if (!stopping)
             server_post(s, p->method);
@@ -436,6 +438,12 @@ static void *server_thread(void *arg)
             grpc_call_details_destroy(&p->details);
         free(p);
         call_start(c);
+        if (over && c->m) { /* admission: refused now, not queued */
+            td_rpc_call_finish(c, TD_RPC_RESOURCE_EXHAUSTED, "the server handles %d calls at once, its most; "
+                               "try again later", s->max_active);
+            call_end(c);
+            continue;
+        }
         pthread_t t;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -528,6 +536,8 @@ td_status_t td_rpc_server_start(td_rpc_server_t *s, int *port)
         *port = p;
     return TD_OK;
 }
+
+void td_rpc_server_set_max_calls(td_rpc_server_t *s, int max) { s->max_active = max > 0 ? max : 0; }
 
 int td_rpc_server_active(td_rpc_server_t *s)
 {

@@ -80,6 +80,9 @@ typedef void (*td_rpc_handler_fn)(void *ctx, td_rpc_call_t *call);
 td_status_t td_rpc_server_create(const char *addr, const td_rpc_tls_t *tls, td_rpc_server_t **out);
 /* Registers a method ("/tandem.v1.Tandem/Generate") before start. */
 td_status_t td_rpc_server_add(td_rpc_server_t *s, const char *method, td_rpc_handler_fn fn, void *ctx);
+/* At most max calls handled at once (before start; 0: no limit): a call past
+ * it is answered RESOURCE_EXHAUSTED at once, without a handler. */
+void td_rpc_server_set_max_calls(td_rpc_server_t *s, int max);
 /* Binds and starts serving; *port is the bound port. */
 td_status_t td_rpc_server_start(td_rpc_server_t *s, int *port);
 /* Stops accepting, lets running calls finish for up to grace_s seconds,

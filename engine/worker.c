@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,7 @@ struct eng_worker {
     td_config_t cfg;               /* the file, then the flags over it; validated */
     const td_worker_config_t *rc;  /* this role's section of cfg */
     kv_xfer_config_t xfer_cfg;
+    atomic_bool lease_lost; /* set by the etcd keep-alive thread */
     eng_model_t *model;
     eng_engine_t *engine;
     td_kv_layout_t contract;
@@ -331,16 +333,16 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     free(s);
 }
 
-static volatile sig_atomic_t g_lease_lost;
 static void on_lease_lost(void *ctx)
 {
-    (void)ctx;
-    g_lease_lost = 1;
+    eng_worker_t *w = ctx;
+    atomic_store(&w->lease_lost, true);
 }
 
+/* Joins the membership under a fresh lease kept alive by a thread. */
 static td_status_t etcd_register(eng_worker_t *w)
 {
-    td_status_t rc = td_etcd_connect(w->cfg.etcd.endpoints, NULL, &w->etcd);
+    td_status_t rc = w->etcd ? TD_OK : td_etcd_connect(w->cfg.etcd.endpoints, NULL, &w->etcd);
     if (!rc)
         rc = td_etcd_lease_grant(w->etcd, w->cfg.etcd.lease_ttl_s, &w->lease);
     if (rc)
@@ -493,13 +495,25 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s)", w->id, w->advertise,
             w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
             td_kv_dtype_name(w->contract.dtype), w->cfg.etcd.endpoints);
-    while (!g_signal && !g_lease_lost)
+    /* A lost lease (etcd unreachable past the TTL, or the lease expired while
+     * etcd was frozen) takes this worker out of the membership, not out of
+     * service: what runs here goes on, and it joins again under a new lease
+     * as soon as etcd answers. */
+    while (!g_signal) {
+        if (atomic_load(&w->lease_lost)) {
+            TD_WARN("%s: the etcd lease is lost; serving what runs here and registering again", w->id);
+            td_etcd_keepalive_stop(w->etcd);
+            atomic_store(&w->lease_lost, false);
+            double t0 = td_now_s();
+            while (!g_signal && etcd_register(w))
+                usleep(500 * 1000);
+            if (!g_signal)
+                TD_INFO("%s: registered again after %.1f s", w->id, td_now_s() - t0);
+        }
         usleep(50 * 1000);
-    if (g_lease_lost)
-        TD_WARN("%s: the etcd lease is lost; stopping so that the supervisor restarts a registered worker", w->id);
-    else
-        TD_INFO("%s: draining (signal %d)", w->id, (int)g_signal);
-    code = g_lease_lost ? 1 : 0;
+    }
+    TD_INFO("%s: draining (signal %d)", w->id, (int)g_signal);
+    code = 0;
     /* drain: leave the membership first, so that no new work is placed here */
     td_etcd_keepalive_stop(w->etcd);
     td_etcd_lease_revoke(w->etcd, w->lease);
@@ -512,7 +526,7 @@ stop_thread:
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->thread, NULL);
 out:
-    if (code && !g_signal && !g_lease_lost)
+    if (code && !g_signal)
         fprintf(stderr, "tandem-%s: %s\n", role->name, td_last_error());
     td_rpc_server_destroy(w->server);
     if (attached && role->detach)

@@ -867,11 +867,13 @@ static const td_flag_t router_flags[] = {
     {"--model", "model.path"},           {"--listen", "router.listen"},     {"--etcd", "etcd.endpoints"},
     {"--block-tokens", "model.block_tokens"}, {"--kv-dtype", "model.kv_dtype"}, {"--tls-cert", "router.tls_cert"},
     {"--tls-key", "router.tls_key"},     {"--tls-client-ca", "router.tls_client_ca"},
+    {"--max-streams", "router.max_streams"},
 };
 
 static const char router_usage[] =
     "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT]\n"
     "                     [--block-tokens N] [--kv-dtype fp16|fp32] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
+    "                     [--max-streams N]\n"
     "  every flag but --config sets a key of the config file (deploy/tandem.yaml), which it overrides\n";
 
 static int parse_args(router_t *r, int argc, char **argv)
@@ -927,7 +929,10 @@ int main(int argc, char **argv)
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Generate", h_generate, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Tokenize", h_tokenize, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/ListModels", h_list_models, &r) ||
-        td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r) || td_rpc_server_start(srv, &port))
+        td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r))
+        goto out;
+    td_rpc_server_set_max_calls(srv, (int)r.cfg.router.max_streams);
+    if (td_rpc_server_start(srv, &port))
         goto out;
     TD_INFO("router serving %s on port %d%s (etcd %s, placement %s)", r.model->desc.name, port,
             !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", r.cfg.etcd.endpoints, r.place->name);

@@ -630,3 +630,50 @@ Test(etcd, watch_resumes_after_compaction, .init = etcd_up, .fini = etcd_down, .
     td_etcd_watch_stop(w);
     td_etcd_destroy(e);
 }
+
+/* A server at its limit of calls answers the next one RESOURCE_EXHAUSTED at
+ * once (admission), and serves again when a call ends. */
+Test(rpc, calls_past_the_limit_are_refused_at_once, .init = init, .fini = fini, .timeout = 60)
+{
+    int port;
+    td_rpc_server_t *s;
+    cr_assert_eq(td_rpc_server_create("127.0.0.1:0", NULL, &s), TD_OK);
+    td_rpc_server_add(s, "/t.T/Count", h_count, NULL);
+    td_rpc_server_add(s, "/t.T/Echo", h_echo, NULL);
+    td_rpc_server_set_max_calls(s, 2);
+    cr_assert_eq(td_rpc_server_start(s, &port), TD_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    td_rpc_channel_t *ch;
+    cr_assert_eq(td_rpc_channel_create(addr, NULL, &ch), TD_OK);
+    td_rpc_stream_t *st[2];
+    const uint8_t *m;
+    size_t ml;
+    for (int i = 0; i < 2; i++) { /* two long streams hold both places */
+        cr_assert_eq(td_rpc_stream_open(ch, "/t.T/Count", "1000", 4, 30, NULL, &st[i]), TD_OK);
+        cr_assert_eq(td_rpc_stream_read(st[i], &m, &ml, 5), TD_OK);
+    }
+    uint8_t *out = NULL;
+    size_t on;
+    td_rpc_result_t res;
+    double t0 = now_s();
+    cr_assert_neq(td_rpc_unary(ch, "/t.T/Echo", "x", 1, 5, NULL, &out, &on, &res), TD_OK);
+    cr_assert_eq(res.code, TD_RPC_RESOURCE_EXHAUSTED, "%d %s", res.code, res.message);
+    cr_assert(strstr(res.message, "2 calls at once"), "%s", res.message);
+    cr_assert_lt(now_s() - t0, 1.0, "refused at once");
+    td_rpc_stream_cancel(st[0]);
+    td_rpc_stream_destroy(st[0]);
+    bool served = false;
+    for (int i = 0; i < 50 && !served; i++) {
+        served = td_rpc_unary(ch, "/t.T/Echo", "x", 1, 5, NULL, &out, &on, &res) == TD_OK;
+        free(out);
+        out = NULL;
+        if (!served)
+            sleep_s(0.05);
+    }
+    cr_assert(served, "a place freed up: the next call is served");
+    td_rpc_stream_cancel(st[1]);
+    td_rpc_stream_destroy(st[1]);
+    td_rpc_channel_destroy(ch);
+    td_rpc_server_destroy(s);
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Many concurrent Generate streams through one router: N streams (grpcio
+asyncio client, short prompts, 32 tokens each, greedy) opened at once against
+a `tandem up` cluster; every output is compared with single-process `tandem
+generate`. While they run, the router's thread count and RSS are sampled from
+/proc (the peak is reported). Then the router's own overhead, one request at
+a time: the p50/p99 of its per-request work as the Health RPC reports it.
+
+Usage: bench/streams.py BUILD_BIN_DIR [--streams 2000] [--tokens 32] [--serial 200]"""
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+
+sys.argv, _argv = sys.argv[:2], sys.argv
+sys.path.insert(0, os.path.join(os.getcwd(), "tests", "integration"))
+import test_cluster as tc  # noqa: E402
+import grpc  # noqa: E402
+
+sys.argv = _argv
+
+
+def router_pid(c):
+    for p in os.listdir("/proc"):
+        if p.isdigit() and tc.proc_state(int(p))[1] == c.p.pid:
+            try:
+                if b"tandem-router" in open("/proc/%s/cmdline" % p, "rb").read():
+                    return int(p)
+            except OSError:
+                pass
+    return None
+
+
+def proc_status(pid):
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for l in f:
+            k, _, v = l.partition(":")
+            out[k] = v.strip()
+    return int(out["Threads"]), int(out["VmRSS"].split()[0]) / 1024.0
+
+
+async def all_streams(endpoint, prompts, n, tokens, deadline):
+    async with grpc.aio.insecure_channel(endpoint, options=[("grpc.max_concurrent_streams", 1 << 20)]) as ch:
+        stub = tc.pbg.TandemStub(ch)
+
+        async def one(i):
+            p = prompts[i % len(prompts)]
+            rq = tc.pb.GenerateRequest(prompt=p, return_token_ids=True,
+                                       sampling=tc.pb.SamplingParams(max_tokens=tokens, ignore_eos=True))
+            ids = []
+            try:
+                async for r in stub.Generate(rq, timeout=deadline):
+                    ids.extend(r.token_ids)
+                return p, ids, None
+            except grpc.aio.AioRpcError as e:
+                return p, ids, "%s: %s" % (e.code().name, e.details())
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin")
+    ap.add_argument("--streams", type=int, default=2000)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--serial", type=int, default=200)
+    a = ap.parse_args()
+    prompts = tc.PROMPTS
+    refs = {p: tc.reference(p, a.tokens) for p in prompts}
+    c = tc.Cluster()
+    try:
+        tc.wait_for(lambda: c.health()[0], 60)
+        # first, one request at a time: the router's own work per request (Health reports its quantiles
+        # over its last 4096 requests, so this comes before the concurrent ones)
+        for i in range(a.serial):
+            tc.generate(c.stub, prompts[i % len(prompts)], max_tokens=8)
+        ok, detail = c.health()
+        serial = {k: v for k, v in detail.items() if "overhead" in k}
+        rp = router_pid(c)
+        t0_threads, t0_rss = proc_status(rp)
+        peak = [t0_threads, t0_rss]
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                try:
+                    th, rss = proc_status(rp)
+                    peak[0], peak[1] = max(peak[0], th), max(peak[1], rss)
+                except OSError:
+                    pass
+                time.sleep(0.2)
+        s = threading.Thread(target=sample, daemon=True)
+        s.start()
+        t0 = time.time()
+        res = asyncio.run(all_streams(c.endpoint, prompts, a.streams, a.tokens, 900))
+        secs = time.time() - t0
+        stop.set()
+        s.join()
+        same = sum(1 for p, ids, err in res if err is None and ids == refs[p])
+        errs = {}
+        for p, ids, err in res:
+            if err:
+                errs[err[:90]] = errs.get(err[:90], 0) + 1
+        print("%d concurrent streams of %d tokens: %d/%d identical to single-process, %d errors %s, %.1f s "
+              "(%.0f tokens/s)" % (a.streams, a.tokens, same, a.streams, sum(errs.values()), errs or "",
+                                   secs, a.streams * a.tokens / secs))
+        print("router: %d threads and %.0f MiB RSS idle; at the peak %d threads and %.0f MiB RSS" %
+              (t0_threads, t0_rss, peak[0], peak[1]))
+        print("router overhead, %d requests one at a time (its Health detail): %s" % (a.serial, json.dumps(serial)))
+    finally:
+        c.stop()
+
+
+if __name__ == "__main__":
+    main()
