@@ -66,7 +66,9 @@ def main():
     ap.add_argument("bin")
     ap.add_argument("--streams", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--serial", type=int, default=200)
+    ap.add_argument("--serial", type=int, default=300)
+    ap.add_argument("--serial-prompt", default="Hi")
+    ap.add_argument("--serial-tokens", type=int, default=2)
     a = ap.parse_args()
     prompts = tc.PROMPTS
     refs = {p: tc.reference(p, a.tokens) for p in prompts}
@@ -75,8 +77,8 @@ def main():
         tc.wait_for(lambda: c.health()[0], 60)
         # first, one request at a time: the router's own work per request (Health reports its quantiles
         # over its last 4096 requests, so this comes before the concurrent ones)
-        for i in range(a.serial):
-            tc.generate(c.stub, prompts[i % len(prompts)], max_tokens=8)
+        for i in range(a.serial):  # as bench/results/disagg-2026-11-21.md measured it: "Hi", 2 tokens
+            tc.generate(c.stub, a.serial_prompt, max_tokens=a.serial_tokens)
         ok, detail = c.health()
         serial = {k: v for k, v in detail.items() if "overhead" in k}
         rp = router_pid(c)
@@ -95,7 +97,7 @@ def main():
         s = threading.Thread(target=sample, daemon=True)
         s.start()
         t0 = time.time()
-        res = asyncio.run(all_streams(c.endpoint, prompts, a.streams, a.tokens, 900))
+        res = asyncio.run(all_streams(c.endpoint, prompts, a.streams, a.tokens, 900)) if a.streams else []
         secs = time.time() - t0
         stop.set()
         s.join()
@@ -104,12 +106,14 @@ def main():
         for p, ids, err in res:
             if err:
                 errs[err[:90]] = errs.get(err[:90], 0) + 1
-        print("%d concurrent streams of %d tokens: %d/%d identical to single-process, %d errors %s, %.1f s "
-              "(%.0f tokens/s)" % (a.streams, a.tokens, same, a.streams, sum(errs.values()), errs or "",
-                                   secs, a.streams * a.tokens / secs))
-        print("router: %d threads and %.0f MiB RSS idle; at the peak %d threads and %.0f MiB RSS" %
-              (t0_threads, t0_rss, peak[0], peak[1]))
-        print("router overhead, %d requests one at a time (its Health detail): %s" % (a.serial, json.dumps(serial)))
+        if a.streams:
+            print("%d concurrent streams of %d tokens: %d/%d identical to single-process, %d errors %s, %.1f s "
+                  "(%.0f tokens/s)" % (a.streams, a.tokens, same, a.streams, sum(errs.values()), errs or "",
+                                       secs, a.streams * a.tokens / secs))
+            print("router: %d threads and %.0f MiB RSS idle; at the peak %d threads and %.0f MiB RSS" %
+                  (t0_threads, t0_rss, peak[0], peak[1]))
+        print("router overhead, %d requests of %r, %d tokens, one at a time (its Health detail): %s" %
+              (a.serial, a.serial_prompt, a.serial_tokens, json.dumps(serial)))
     finally:
         c.stop()
 
