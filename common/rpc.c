@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/grow.h"
 #include "common/log.h"
 
 #define MAX_METHODS 16
@@ -111,22 +112,6 @@ static uint8_t *buffer_copy(grpc_byte_buffer *bb, size_t *len)
     return out;
 }
 
-/* Grows *buf (capacity *cap) to hold n bytes; false without memory. */
-static bool buf_reserve(uint8_t **buf, size_t *cap, size_t n)
-{
-    if (*buf && n <= *cap)
-        return true;
-    size_t nc = *cap ? *cap : 256;
-    while (nc < n)
-        nc *= 2;
-    uint8_t *nb = realloc(*buf, nc);
-    if (!nb)
-        return false;
-    *buf = nb;
-    *cap = nc;
-    return true;
-}
-
 /* The message into *buf (capacity *cap, grown when short: no allocation
  * once it is large enough); false without memory. */
 static bool buffer_into(grpc_byte_buffer *bb, uint8_t **buf, size_t *cap, size_t *len)
@@ -134,12 +119,12 @@ static bool buffer_into(grpc_byte_buffer *bb, uint8_t **buf, size_t *cap, size_t
     grpc_byte_buffer_reader r;
     if (!grpc_byte_buffer_reader_init(&r, bb))
         return false;
-    bool ok = buf_reserve(buf, cap, grpc_byte_buffer_length(bb));
+    bool ok = td_grow((void **)buf, cap, grpc_byte_buffer_length(bb), 1, 256);
     size_t off = 0;
     grpc_slice s;
     while (ok && grpc_byte_buffer_reader_next(&r, &s)) {
         size_t k = GRPC_SLICE_LENGTH(s);
-        if ((ok = buf_reserve(buf, cap, off + k)))
+        if ((ok = td_grow((void **)buf, cap, off + k, 1, 256)))
             memcpy(*buf + off, GRPC_SLICE_START_PTR(s), k);
         off += k;
         grpc_slice_unref(s);

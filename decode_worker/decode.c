@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/grow.h"
 #include "common/log.h"
 #include "engine/worker.h"
 
@@ -341,27 +342,12 @@ static void dreq_put(dreq_t *d)
     free(d);
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t nc = *cap ? *cap : 16;
-    while (nc < need)
-        nc *= 2;
-    void *np = realloc(*p, nc * elem);
-    if (!np)
-        return false;
-    *p = np;
-    *cap = nc;
-    return true;
-}
-
 static void on_decode_event(void *ctx, const eng_event_t *ev)
 {
     dreq_t *d = ctx;
     pthread_mutex_lock(&d->mu);
-    if (grow((void **)&d->ev, &d->cap_ev, d->n_ev + 1, sizeof *d->ev) &&
-        grow((void **)&d->text, &d->text_cap, d->text_len + ev->text_len + 1, 1)) {
+    if (td_grow((void **)&d->ev, &d->cap_ev, d->n_ev + 1, sizeof *d->ev, 16) &&
+        td_grow((void **)&d->text, &d->text_cap, d->text_len + ev->text_len + 1, 1, 256)) {
         dec_event_t *x = &d->ev[d->n_ev++];
         x->token = ev->finish == ENG_FINISH_EOS ? -1 : ev->token;
         x->finish = ev->finish;
@@ -519,7 +505,6 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
         dreq_put(d);
     }
 }
-
 
 static void h_decode(void *ctx, td_rpc_call_t *call)
 {

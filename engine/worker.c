@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "common/grow.h"
 #include "common/log.h"
 #include "engine/model.h"
 
@@ -126,25 +127,10 @@ void eng_worker_unlisten(eng_worker_t *w, uint64_t id)
         }
 }
 
-static bool grow_to(void **p, size_t *cap, size_t need, size_t elem, size_t first)
-{
-    if (need <= *cap)
-        return true;
-    size_t nc = *cap ? *cap : first;
-    while (nc < need)
-        nc *= 2;
-    void *np = realloc(*p, nc * elem);
-    if (!np)
-        return false;
-    *p = np;
-    *cap = nc;
-    return true;
-}
-
 static void hold_event(void *ctx, const eng_event_t *ev)
 {
     eng_worker_t *w = ctx;
-    if (!grow_to((void **)&w->held, &w->cap_held, w->n_held + 1, sizeof *w->held, 64)) {
+    if (!td_grow((void **)&w->held, &w->cap_held, w->n_held + 1, sizeof *w->held, 64)) {
         TD_WARN("%s: no memory to hold an event of request %llu; it is lost", w->id, (unsigned long long)ev->id);
         return;
     }
@@ -152,7 +138,7 @@ static void hold_event(void *ctx, const eng_event_t *ev)
     h->ev = *ev;
     h->ev.text_len = 0;
     h->text_off = w->held_text_len;
-    if (grow_to((void **)&w->held_text, &w->held_text_cap, w->held_text_len + ev->text_len + 1, 1, 4096)) {
+    if (td_grow((void **)&w->held_text, &w->held_text_cap, w->held_text_len + ev->text_len + 1, 1, 4096)) {
         memcpy(w->held_text + w->held_text_len, ev->text, ev->text_len);
         w->held_text[w->held_text_len + ev->text_len] = 0;
         w->held_text_len += ev->text_len + 1;
