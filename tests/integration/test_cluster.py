@@ -267,6 +267,30 @@ def main():
               last.finish_reason == pb.FINISH_REASON_LENGTH and last.timing.prefill_worker != "",
               str(last))
 
+        # 1b. reservations: an unclaimed one returns when its lease ends, renewed ones live on, a
+        # released one returns at once (the decode worker's Stats counts them)
+        dw = c.worker("decode")
+        dch = grpc.insecure_channel(dw["addr"])
+        dstub = wpbg.DecodeStub(dch)
+        ct = wpb.KvContract(**dw["contract"])
+        r1 = dstub.Reserve(wpb.ReserveRequest(n_tokens=40, max_tokens=8, contract=ct, lease_ms=600), timeout=5)
+        r2 = dstub.Reserve(wpb.ReserveRequest(n_tokens=40, max_tokens=8, contract=ct, lease_ms=600), timeout=5)
+        held = c.stats(dw).reservations
+        for _ in range(4):  # renew r2 only, for 1.2 s: r1's 0.6 s lease runs out meanwhile
+            unknown = dstub.Renew(wpb.RenewRequest(reservation_ids=[r2.landing.reservation_id], lease_ms=600),
+                                  timeout=5).unknown_ids
+            time.sleep(0.3)
+        after_lease = c.stats(dw).reservations
+        dstub.Release(wpb.ReleaseRequest(reservation_id=r2.landing.reservation_id), timeout=5)
+        after_release = c.stats(dw).reservations
+        gone = dstub.Renew(wpb.RenewRequest(reservation_ids=[r1.landing.reservation_id], lease_ms=600),
+                           timeout=5).unknown_ids
+        dch.close()
+        check("reservations: 2 held, the unrenewed one expired with its 0.6 s lease (%d left), the renewed one "
+              "lived, and Release returned it (%d left)" % (after_lease, after_release),
+              held == 2 and after_lease == 1 and not unknown and after_release == 0 and
+              list(gone) == [r1.landing.reservation_id])
+
         # 2. 64 concurrent streams, all correct
         out = [None] * 64
 
