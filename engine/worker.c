@@ -6,8 +6,6 @@
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
-#include <stdatomic.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +15,7 @@
 #include "common/config.h"
 #include "common/grow.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "engine/model.h"
 
 typedef struct closure {
@@ -47,7 +46,6 @@ struct eng_worker {
     td_config_t cfg;               /* the file, then the flags over it; validated */
     const td_worker_config_t *rc;  /* this role's section of cfg */
     kv_xfer_config_t xfer_cfg;
-    atomic_bool lease_lost; /* set by the etcd keep-alive thread */
     eng_model_t *model;
     eng_engine_t *engine;
     td_kv_layout_t contract;
@@ -59,9 +57,7 @@ struct eng_worker {
     void *ucx_addr, *rkey;
     size_t ucx_addr_len, rkey_len;
     td_rpc_server_t *server;
-    td_etcd_t *etcd;
-    int64_t lease;
-    char etcd_key[256];
+    td_member_t *member; /* this worker's etcd record under its lease */
     /* engine thread */
     pthread_t thread;
     pthread_mutex_t mu;
@@ -76,8 +72,6 @@ struct eng_worker {
     size_t held_text_len, held_text_cap;
 };
 
-static volatile sig_atomic_t g_signal;
-static void on_signal(int sig) { g_signal = sig; }
 
 eng_engine_t *eng_worker_engine(eng_worker_t *w) { return w->engine; }
 td_rpc_server_t *eng_worker_server(eng_worker_t *w) { return w->server; }
@@ -319,30 +313,24 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     free(s);
 }
 
-static void on_lease_lost(void *ctx)
-{
-    eng_worker_t *w = ctx;
-    atomic_store(&w->lease_lost, true);
-}
-
-/* Joins the membership under a fresh lease kept alive by a thread. */
+/* Joins the membership: this worker's record under its lease (common/process.h). */
 static td_status_t etcd_register(eng_worker_t *w)
 {
-    td_status_t rc = w->etcd ? TD_OK : td_etcd_connect(w->cfg.etcd.endpoints, NULL, &w->etcd);
-    if (!rc)
-        rc = td_etcd_lease_grant(w->etcd, w->cfg.etcd.lease_ttl_s, &w->lease);
-    if (rc)
-        return rc;
     json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o}", "id", w->id, "role", w->role->name, "addr", w->advertise,
                           "pid", (int)getpid(), "contract", td_kv_layout_to_json(&w->contract));
-    char *v = json_dumps(j, JSON_COMPACT);
+    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
     json_decref(j);
-    snprintf(w->etcd_key, sizeof w->etcd_key, "/tandem/workers/%s/%s", w->role->name, w->id);
-    rc = v ? td_etcd_put(w->etcd, w->etcd_key, v, strlen(v), w->lease) : TD_ERR_NO_MEMORY;
+    snprintf(key, sizeof key, "/tandem/workers/%s/%s", w->role->name, w->id);
+    td_status_t rc = v ? td_member_join(w->cfg.etcd.endpoints, key, v, w->cfg.etcd.lease_ttl_s, &w->member, NULL)
+                       : td_error(TD_ERR_NO_MEMORY, "%s: no memory for its etcd record", w->id);
     free(v);
-    if (!rc)
-        rc = td_etcd_keepalive_start(w->etcd, w->lease, w->cfg.etcd.lease_ttl_s, on_lease_lost, w);
     return rc;
+}
+
+static void main_tick(void *ctx)
+{
+    eng_worker_t *w = ctx;
+    td_member_tick(w->member);
 }
 
 /* ---------------------------------------------------------- main */
@@ -422,7 +410,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
 {
     char comp[32];
     snprintf(comp, sizeof comp, "tandem-%s", role->name);
-    td_log_init(comp, TD_LOG_INFO, false);
+    td_process_init(comp);
     eng_worker_t *w = calloc(1, sizeof *w);
     if (!w)
         return 1;
@@ -432,17 +420,13 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     if (code) {
         td_config_free(&w->cfg);
         free(w);
+        td_rpc_shutdown();
         return code;
     }
     code = 1;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->queue_tail = &w->queue;
-    td_rpc_init();
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     if (eng_model_open(w->cfg.model.path, &w->model))
         goto out;
@@ -481,28 +465,14 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s)", w->id, w->advertise,
             w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
             td_kv_dtype_name(w->contract.dtype), w->cfg.etcd.endpoints);
-    /* A lost lease (etcd unreachable past the TTL, or the lease expired while
-     * etcd was frozen) takes this worker out of the membership, not out of
-     * service: what runs here goes on, and it joins again under a new lease
-     * as soon as etcd answers. */
-    while (!g_signal) {
-        if (atomic_load(&w->lease_lost)) {
-            TD_WARN("%s: the etcd lease is lost; serving what runs here and registering again", w->id);
-            td_etcd_keepalive_stop(w->etcd);
-            atomic_store(&w->lease_lost, false);
-            double t0 = td_now_s();
-            while (!g_signal && etcd_register(w))
-                usleep(500 * 1000);
-            if (!g_signal)
-                TD_INFO("%s: registered again after %.1f s", w->id, td_now_s() - t0);
-        }
-        usleep(50 * 1000);
-    }
-    TD_INFO("%s: draining (signal %d)", w->id, (int)g_signal);
+    /* a lost lease takes this worker out of the membership, not out of
+     * service: td_member_tick registers it again (common/process.h) */
+    td_process_run(main_tick, w);
+    TD_INFO("%s: draining (signal %d)", w->id, td_process_stop_signal());
     code = 0;
     /* drain: leave the membership first, so that no new work is placed here */
-    td_etcd_keepalive_stop(w->etcd);
-    td_etcd_lease_revoke(w->etcd, w->lease);
+    td_member_leave(w->member);
+    w->member = NULL;
 stop_server:
     td_rpc_server_stop(w->server, 30);
 stop_thread:
@@ -512,12 +482,12 @@ stop_thread:
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->thread, NULL);
 out:
-    if (code && !g_signal)
+    if (code && !td_process_stop_signal())
         fprintf(stderr, "tandem-%s: %s\n", role->name, td_last_error());
     td_rpc_server_destroy(w->server);
     if (attached && role->detach)
         role->detach(w, role->ctx);
-    td_etcd_destroy(w->etcd);
+    td_member_leave(w->member);
     eng_engine_destroy(w->engine);
     if (w->xo && w->xfer)
         w->xo->destroy(w->xfer);

@@ -16,7 +16,6 @@
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +28,7 @@
 #include "common/kv_contract_pb.h"
 #include "common/pb_arena.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/rpc.h"
 #include "engine/chat.h"
 #include "engine/model.h"
@@ -79,8 +79,6 @@ typedef struct router {
     bool renewer_running, renewer_stop;
 } router_t;
 
-static volatile sig_atomic_t g_signal;
-static void on_signal(int sig) { g_signal = sig; }
 
 /* ---------------------------------------------------------------- etcd */
 
@@ -885,20 +883,16 @@ static int parse_args(router_t *r, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    td_log_init("tandem-router", TD_LOG_INFO, false);
+    td_process_init("tandem-router");
     static router_t r;
     pthread_mutex_init(&r.mu, NULL);
     int code = parse_args(&r, argc, argv);
     if (code) {
         td_config_free(&r.cfg);
+        td_rpc_shutdown();
         return code;
     }
     code = 1;
-    td_rpc_init();
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     td_rpc_server_t *srv = NULL;
     if (eng_model_open(r.cfg.model.path, &r.model))
         goto out;
@@ -936,9 +930,8 @@ int main(int argc, char **argv)
         goto out;
     TD_INFO("router serving %s on port %d%s (etcd %s, placement %s)", r.model->desc.name, port,
             !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", r.cfg.etcd.endpoints, r.place->name);
-    while (!g_signal)
-        usleep(50 * 1000);
-    TD_INFO("router: stopping (signal %d)", (int)g_signal);
+    td_process_run(NULL, NULL);
+    TD_INFO("router: stopping (signal %d)", td_process_stop_signal());
     code = 0;
 out:
     if (code)

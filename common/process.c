@@ -1,0 +1,115 @@
+/* process.c — see process.h. */
+#define _GNU_SOURCE
+#include "common/process.h"
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rpc.h"
+
+static volatile sig_atomic_t g_stop_signal; /* set by the handler; read by td_process_stop_signal */
+
+static void on_signal(int sig) { g_stop_signal = sig; }
+
+void td_process_init(const char *component)
+{
+    td_log_init(component, TD_LOG_INFO, false);
+    td_rpc_init();
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int td_process_stop_signal(void) { return (int)g_stop_signal; }
+
+void td_process_run(void (*tick)(void *ctx), void *ctx)
+{
+    while (!g_stop_signal) {
+        if (tick)
+            tick(ctx);
+        usleep(50 * 1000);
+    }
+}
+
+struct td_member {
+    td_etcd_t *etcd;
+    char *key, *value;
+    int64_t ttl_s, lease;
+    atomic_bool lost; /* set by the keep-alive thread */
+};
+
+static void on_lease_lost(void *ctx)
+{
+    td_member_t *m = ctx;
+    atomic_store(&m->lost, true);
+}
+
+static td_status_t member_register(td_member_t *m)
+{
+    td_status_t rc = td_etcd_lease_grant(m->etcd, m->ttl_s, &m->lease);
+    if (!rc)
+        rc = td_etcd_put(m->etcd, m->key, m->value, strlen(m->value), m->lease);
+    if (!rc)
+        rc = td_etcd_keepalive_start(m->etcd, m->lease, m->ttl_s, on_lease_lost, m);
+    return rc;
+}
+
+td_status_t td_member_join(const char *endpoints, const char *key, const char *value, int64_t ttl_s,
+                           td_member_t **out, td_etcd_t **etcd)
+{
+    td_member_t *m = calloc(1, sizeof *m);
+    if (!m || !(m->key = strdup(key)) || !(m->value = strdup(value))) {
+        if (m)
+            free(m->key);
+        free(m);
+        return td_error(TD_ERR_NO_MEMORY, "membership: no memory");
+    }
+    m->ttl_s = ttl_s;
+    td_status_t rc = td_etcd_connect(endpoints, NULL, &m->etcd);
+    if (!rc)
+        rc = member_register(m);
+    if (rc) {
+        td_etcd_destroy(m->etcd);
+        free(m->key);
+        free(m->value);
+        free(m);
+        return rc;
+    }
+    if (etcd)
+        *etcd = m->etcd;
+    *out = m;
+    return TD_OK;
+}
+
+void td_member_tick(td_member_t *m)
+{
+    if (!m || !atomic_load(&m->lost))
+        return;
+    TD_WARN("%s: the etcd lease is lost; serving what runs here and registering again", m->key);
+    td_etcd_keepalive_stop(m->etcd);
+    atomic_store(&m->lost, false);
+    double t0 = td_now_s();
+    while (!g_stop_signal && member_register(m))
+        usleep(500 * 1000);
+    if (!g_stop_signal)
+        TD_INFO("%s: registered again after %.1f s", m->key, td_now_s() - t0);
+}
+
+void td_member_leave(td_member_t *m)
+{
+    if (!m)
+        return;
+    td_etcd_keepalive_stop(m->etcd);
+    td_etcd_lease_revoke(m->etcd, m->lease);
+    td_etcd_destroy(m->etcd);
+    free(m->key);
+    free(m->value);
+    free(m);
+}
