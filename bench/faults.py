@@ -109,6 +109,10 @@ def run(bin_dir, target, how, rate, secs, refs, prompts):
             after_ok = False
     finally:
         rc = c.stop()
+        c.err.seek(0)
+        log = c.err.read()
+        # an ASan/UBSan build reports here (the children's stderr): counted, never ignored
+        san = log.count("ERROR: AddressSanitizer") + log.count("runtime error:") + log.count("ERROR: LeakSanitizer")
     ok = [r for r in results if r["code"] is None and r["ids"] == refs[r["prompt"]]]
     wrong = [r for r in results if r["code"] is None and r["ids"] != refs[r["prompt"]]]
     errs = [r for r in results if r["code"] is not None]
@@ -120,7 +124,7 @@ def run(bin_dir, target, how, rate, secs, refs, prompts):
         codes[r["code"]] = codes.get(r["code"], 0) + 1
     return dict(target=target, how=how, n=len(results), ok=len(ok), wrong=len(wrong), errors=len(errs),
                 codes=codes, deadline=len(deadline), max_err_s=max(late) if late else 0.0, hung=hung,
-                back=back, after_ok=after_ok, stop_rc=rc,
+                back=back, after_ok=after_ok, stop_rc=rc, san=san,
                 sample=[(r["code"], r["msg"][:80]) for r in errs[:2]])
 
 
@@ -136,16 +140,16 @@ def main():
     runs = [(t, h) for t in ("prefill", "decode", "router", "etcd") for h in ("kill", "stop")]
     print("| process | fault | requests | correct | wrong | errors (codes) | waited out the 30 s deadline | "
           "longest wait for an error, from the later of its start and the fault (s) | hung | "
-          "recovered, next request correct |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "recovered, next request correct | sanitizer reports |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for t, h in runs:
         if a.only and a.only not in (t, "%s-%s" % (t, h)):
             continue
         r = run(a.bin, t, h, a.rate, a.secs, refs, prompts)
-        print("| %s | %s | %d | %d | %d | %d %s | %d | %.1f | %d | %s |" % (
+        print("| %s | %s | %d | %d | %d | %d %s | %d | %.1f | %d | %s | %d |" % (
             t, "kill -9" if h == "kill" else "SIGSTOP 20 s", r["n"], r["ok"], r["wrong"], r["errors"],
             r["codes"] or "", r["deadline"], r["max_err_s"], r["hung"],
-            "yes" if r["back"] and r["after_ok"] else "NO"), flush=True)
+            "yes" if r["back"] and r["after_ok"] else "NO", r["san"]), flush=True)
         if r["sample"]:
             print("<!-- %s %s: %s -->" % (t, h, r["sample"]), flush=True)
 
