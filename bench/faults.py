@@ -70,6 +70,8 @@ def run(bin_dir, target, how, rate, secs, refs, prompts):
             try:
                 for r in c.stub.Generate(rq, timeout=DEADLINE_S):
                     ids.extend(r.token_ids)
+                    if r.finish_reason == tc.pb.FINISH_REASON_ERROR:  # ended by the engine, with its reason
+                        code, msg = "FINISH_REASON_ERROR", r.error
             except grpc.RpcError as e:
                 code, msg = e.code().name, e.details()
             with lock:

@@ -492,6 +492,8 @@ static void start_on_engine(eng_worker_t *w, void *arg)
     free(r.blocks);
 }
 
+/* The closure holds its own reference (cancel_async takes it): it may run
+ * after the handler that queued it gave up waiting and went away. */
 static void cancel_on_engine(eng_worker_t *w, void *arg)
 {
     dreq_t *d = arg;
@@ -504,6 +506,15 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
         eng_worker_unlisten(w, d->eng_id);
         dreq_put(d);
     }
+    dreq_put(d); /* the closure's */
+}
+
+static void cancel_async(eng_worker_t *w, dreq_t *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->refs++;
+    pthread_mutex_unlock(&d->mu);
+    eng_worker_call(w, cancel_on_engine, d, 5);
 }
 
 static void h_decode(void *ctx, td_rpc_call_t *call)
@@ -557,12 +568,12 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
         bool lost = d->lost;
         pthread_mutex_unlock(&d->mu);
         if (lost) {
-            eng_worker_call(w, cancel_on_engine, d, 5);
+            cancel_async(w, d);
             td_rpc_call_finish(call, TD_RPC_INTERNAL, "%s: no memory to queue a token", eng_worker_id(w));
             break;
         }
         if (rc || td_rpc_call_wait(call, 1.0) == TD_ERR_CANCELLED) {
-            eng_worker_call(w, cancel_on_engine, d, 5); /* frees the sequence's blocks */
+            cancel_async(w, d); /* frees the sequence's blocks */
             td_rpc_call_finish(call, TD_RPC_CANCELLED, "the caller went away");
             break;
         }

@@ -405,6 +405,8 @@ static void add_on_engine(eng_worker_t *w, void *arg)
     r->refs++;
 }
 
+/* The closure holds its own reference (taken by the caller): it may run
+ * after the handler that queued it gave up waiting and went away. */
 static void cancel_on_engine(eng_worker_t *w, void *arg)
 {
     preq_t *r = arg;
@@ -414,9 +416,10 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
             eng_engine_cancel(eng_worker_engine(w), r->eng_id);
             eng_worker_unlisten(w, r->eng_id);
             R->active[k] = R->active[--R->n_active];
-            preq_put(r);
-            return;
+            preq_put(r); /* the active list's */
+            break;
         }
+    preq_put(r); /* the closure's */
 }
 
 static void peers_fail_all(prefill_role_t *R, const char *why)
@@ -565,6 +568,9 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         if (done)
             break;
         if (td_rpc_call_wait(call, 1.0) == TD_ERR_CANCELLED) {
+            pthread_mutex_lock(&r->mu);
+            r->refs++; /* the cancel closure's */
+            pthread_mutex_unlock(&r->mu);
             eng_worker_call(w, cancel_on_engine, r, 5);
             td_rpc_call_finish(call, TD_RPC_CANCELLED, "the caller went away");
             goto done;
