@@ -1,16 +1,18 @@
 /* rpc.c — see rpc.h.
  *
- * How it works: every call (server or client side) owns a completion queue of
- * the "next" kind. Its operations are tagged with small integers (tag_t); one
- * pump (cq_wait) waits for a given tag and records any other completion it
- * sees on the way (the close-on-server notice, wake-ups, a posted read), so a
- * call is driven by one thread with ordinary blocking code. gRPC allows one
- * outstanding batch per operation type, which this shape keeps naturally.
+ * How it works: every batch started on a call is tagged with an op_t, a
+ * small record naming the call and what to do when the batch completes. A
+ * few loop threads, each owning one completion queue, take completions and
+ * run the op: it clears the op's "posted" bit and either runs the op's
+ * callback (asynchronous use) or records the outcome and signals the call's
+ * condition variable (a thread blocked in one of the waits below). A call is
+ * bound to one queue, so all of its completions, and callbacks, come on one
+ * thread, in order.
  *
- * The server's own completion queue only carries "a call arrived" events: for
- * every registered method a few requests stay posted, each with the queue its
- * call will be bound to, and each arrival is re-armed and handed to a new
- * detached thread. Unknown methods are answered UNIMPLEMENTED the same way. */
+ * A server call is reference counted: its owner (the handler, or whoever
+ * holds a detached call) and every batch in flight hold one, so the record
+ * outlives a completion that arrives after the owner let go. Client calls
+ * are owned by their caller, who waits for their batches before freeing. */
 #define _GNU_SOURCE
 #include "common/rpc.h"
 
@@ -30,22 +32,102 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/log.h"
+#include "common/pool.h"
 
 #define MAX_METHODS 16
-#define POSTED_PER_METHOD 4
+#define POSTED_PER_METHOD 8
 #define MAX_MESSAGE (64 << 20)
+#define MAX_LOOPS 4
+#define DEFAULT_MAX_CALLS 4096
+#define DEFAULT_THREADS 16
+#define SCOPE_CALLS 8
 
-typedef enum tag { TAG_SEND = 1, TAG_RECV, TAG_STATUS, TAG_CLOSE, TAG_WAKE, TAG_FINISH, TAG_COUNT } tag_t;
+typedef enum tag { TAG_SEND, TAG_RECV, TAG_STATUS, TAG_CLOSE, TAG_WAKE, TAG_FINISH, TAG_COUNT } tag_t;
 
-typedef struct cq_pump {
-    grpc_completion_queue *cq;
-    unsigned done, ok; /* bit per tag */
-    unsigned wakes;
-} cq_pump_t;
+/* A batch in flight: done(op, ok) runs on the loop thread. */
+typedef struct op {
+    void (*done)(struct op *op, bool ok);
+} op_t;
+
+/* ------------------------------------------------------------------ loop */
+
+/* The completion-queue threads: process-wide, like gRPC's own state, and
+ * started and stopped with it (td_rpc_init / td_rpc_shutdown). */
+static struct loop {
+    pthread_mutex_t mu;
+    int refs, n;
+    unsigned next;
+    grpc_completion_queue *cq[MAX_LOOPS];
+    pthread_t thread[MAX_LOOPS];
+} g_loop = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static __thread bool t_on_loop; /* this thread is a loop thread (callbacks must not block) */
+
+static void *loop_thread(void *arg)
+{
+    grpc_completion_queue *cq = arg;
+    t_on_loop = true;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type == GRPC_OP_COMPLETE) {
+            op_t *op = ev.tag;
+            op->done(op, ev.success != 0);
+        }
+    }
+    return NULL;
+}
+
+static grpc_completion_queue *loop_pick(void)
+{
+    unsigned i = __atomic_fetch_add(&g_loop.next, 1, __ATOMIC_RELAXED);
+    return g_loop.cq[i % (unsigned)g_loop.n];
+}
+
+void td_rpc_init(void)
+{
+    pthread_mutex_lock(&g_loop.mu);
+    if (g_loop.refs++ == 0) {
+        grpc_init();
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        int n = cpus > MAX_LOOPS ? MAX_LOOPS : cpus < 2 ? 2 : (int)cpus;
+        g_loop.n = 0;
+        for (int i = 0; i < n; i++) {
+            g_loop.cq[i] = grpc_completion_queue_create_for_next(NULL);
+            if (pthread_create(&g_loop.thread[i], NULL, loop_thread, g_loop.cq[i]) != 0) {
+                grpc_completion_queue_shutdown(g_loop.cq[i]);
+                grpc_completion_queue_destroy(g_loop.cq[i]);
+                break;
+            }
+            g_loop.n++;
+        }
+        if (!g_loop.n)
+            { td_log(TD_LOG_ERROR, "rpc: cannot start a completion-queue thread"); abort(); }
+    }
+    pthread_mutex_unlock(&g_loop.mu);
+}
+
+void td_rpc_shutdown(void)
+{
+    pthread_mutex_lock(&g_loop.mu);
+    if (--g_loop.refs == 0) {
+        for (int i = 0; i < g_loop.n; i++)
+            grpc_completion_queue_shutdown(g_loop.cq[i]);
+        for (int i = 0; i < g_loop.n; i++) {
+            pthread_join(g_loop.thread[i], NULL);
+            grpc_completion_queue_destroy(g_loop.cq[i]);
+        }
+        g_loop.n = 0;
+        grpc_shutdown();
+    }
+    pthread_mutex_unlock(&g_loop.mu);
+}
 
 static gpr_timespec deadline_in(double s)
 {
@@ -56,60 +138,88 @@ static gpr_timespec deadline_in(double s)
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_micros((int64_t)(s * 1e6), GPR_TIMESPAN));
 }
 
-static void cq_record(cq_pump_t *p, grpc_event ev)
+/* ------------------------------------------------------------------ sync */
+
+/* What a blocked thread waits on: bits per tag, under mu. */
+typedef struct sync {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned posted, done, ok;
+} sync_t;
+
+static void sync_init(sync_t *s)
 {
-    tag_t got = (tag_t)(intptr_t)ev.tag;
-    if (got == TAG_WAKE) {
-        p->wakes++;
-        return;
-    }
-    p->done |= 1u << got;
-    if (ev.success)
-        p->ok |= 1u << got;
-    else
-        p->ok &= ~(1u << got);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &a);
+    pthread_condattr_destroy(&a);
+    s->posted = s->done = s->ok = 0;
 }
 
-/* Waits for tag t: 1 when it completed well, -1 when it failed, 0 at the deadline. */
-static int cq_wait(cq_pump_t *p, tag_t t, gpr_timespec deadline)
+static void sync_destroy(sync_t *s)
+{
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+}
+
+static struct timespec mono_in(double s)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (!(s < 1e8))
+        s = 1e8;
+    if (s < 0)
+        s = 0;
+    t.tv_sec += (time_t)s;
+    t.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+/* With mu held: waits for tag t to complete (consuming it). 1 it went
+ * well, -1 it failed, 0 wait_s passed first. */
+static int sync_wait_locked(sync_t *s, tag_t t, double wait_s)
 {
     unsigned bit = 1u << t;
-    while (!(p->done & bit)) {
-        grpc_event ev = grpc_completion_queue_next(p->cq, deadline, NULL);
-        if (ev.type == GRPC_QUEUE_TIMEOUT)
+    struct timespec until = mono_in(wait_s);
+    while (!(s->done & bit))
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT && !(s->done & bit))
             return 0;
-        if (ev.type == GRPC_QUEUE_SHUTDOWN)
-            return -1;
-        cq_record(p, ev);
-    }
-    p->done &= ~bit;
-    return (p->ok & bit) ? 1 : -1;
+    s->done &= ~bit;
+    return (s->ok & bit) ? 1 : -1;
 }
 
-static void cq_destroy(grpc_completion_queue *cq)
+static int sync_wait(sync_t *s, tag_t t, double wait_s)
 {
-    if (!cq)
-        return;
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
+    pthread_mutex_lock(&s->mu);
+    int r = sync_wait_locked(s, t, wait_s);
+    pthread_mutex_unlock(&s->mu);
+    return r;
 }
 
-static uint8_t *buffer_copy(grpc_byte_buffer *bb, size_t *len)
+/* With mu held: records tag t's outcome and wakes the waiters. */
+static void sync_complete_locked(sync_t *s, tag_t t, bool ok)
 {
-    grpc_byte_buffer_reader r;
-    if (!grpc_byte_buffer_reader_init(&r, bb))
-        return NULL;
-    grpc_slice all = grpc_byte_buffer_reader_readall(&r);
-    grpc_byte_buffer_reader_destroy(&r);
-    size_t n = GRPC_SLICE_LENGTH(all);
-    uint8_t *out = malloc(n ? n : 1);
-    if (out)
-        memcpy(out, GRPC_SLICE_START_PTR(all), n);
-    grpc_slice_unref(all);
-    *len = n;
-    return out;
+    unsigned bit = 1u << t;
+    s->posted &= ~bit;
+    s->done |= bit;
+    if (ok)
+        s->ok |= bit;
+    else
+        s->ok &= ~bit;
+    pthread_cond_broadcast(&s->cv);
+}
+
+/* With mu held: waits until no batch of tag t is in flight. */
+static void sync_settle_locked(sync_t *s, tag_t t)
+{
+    while (s->posted & (1u << t))
+        pthread_cond_wait(&s->cv, &s->mu);
 }
 
 /* The message into *buf (capacity *cap, grown when short: no allocation
@@ -133,17 +243,6 @@ static bool buffer_into(grpc_byte_buffer *bb, uint8_t **buf, size_t *cap, size_t
     *len = off;
     return ok;
 }
-
-static grpc_byte_buffer *buffer_of(const void *msg, size_t len)
-{
-    grpc_slice s = grpc_slice_from_copied_buffer(msg, len);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
-}
-
-void td_rpc_init(void) { grpc_init(); }
-void td_rpc_shutdown(void) { grpc_shutdown(); }
 
 int td_rpc_code_of(td_status_t st)
 {
@@ -238,6 +337,95 @@ static bool tls_on(const td_rpc_tls_t *tls)
     return tls && ((tls->ca_file && tls->ca_file[0]) || (tls->cert_file && tls->cert_file[0]));
 }
 
+
+/* ------------------------------------------------------------------ scopes */
+
+struct td_rpc_scope {
+    pthread_mutex_t mu;
+    double deadline; /* td_now_s() clock; INFINITY: none */
+    bool cancelled;
+    grpc_call *calls[SCOPE_CALLS];
+    size_t n;
+};
+
+static void scope_init(td_rpc_scope_t *sc, double timeout_s)
+{
+    pthread_mutex_init(&sc->mu, NULL);
+    sc->deadline = timeout_s < 1e8 ? td_now_s() + timeout_s : INFINITY;
+    sc->cancelled = false;
+    sc->n = 0;
+}
+
+td_status_t td_rpc_scope_create(double timeout_s, td_rpc_scope_t **out)
+{
+    td_rpc_scope_t *sc = calloc(1, sizeof *sc);
+    if (!sc)
+        return td_error(TD_ERR_NO_MEMORY, "rpc: no memory");
+    scope_init(sc, timeout_s);
+    *out = sc;
+    return TD_OK;
+}
+
+void td_rpc_scope_destroy(td_rpc_scope_t *sc)
+{
+    if (!sc)
+        return;
+    pthread_mutex_destroy(&sc->mu);
+    free(sc);
+}
+
+void td_rpc_scope_cancel(td_rpc_scope_t *sc)
+{
+    pthread_mutex_lock(&sc->mu);
+    sc->cancelled = true;
+    for (size_t i = 0; i < sc->n; i++)
+        grpc_call_cancel_with_status(sc->calls[i], GRPC_STATUS_CANCELLED, "the caller cancelled", NULL);
+    pthread_mutex_unlock(&sc->mu);
+}
+
+bool td_rpc_scope_cancelled(td_rpc_scope_t *sc)
+{
+    pthread_mutex_lock(&sc->mu);
+    bool c = sc->cancelled;
+    pthread_mutex_unlock(&sc->mu);
+    return c;
+}
+
+double td_rpc_scope_left(td_rpc_scope_t *sc)
+{
+    return isinf(sc->deadline) ? 1e9 : sc->deadline - td_now_s();
+}
+
+/* Registers a call made under sc; cancels it at once when sc is cancelled
+ * (or has no room: a scope serves a few calls at a time). */
+static void scope_track(td_rpc_scope_t *sc, grpc_call *call)
+{
+    if (!sc)
+        return;
+    pthread_mutex_lock(&sc->mu);
+    if (sc->cancelled)
+        grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED, "the caller cancelled", NULL);
+    else if (sc->n == SCOPE_CALLS)
+        grpc_call_cancel_with_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "too many calls at once in one scope",
+                                     NULL);
+    else
+        sc->calls[sc->n++] = call;
+    pthread_mutex_unlock(&sc->mu);
+}
+
+static void scope_untrack(td_rpc_scope_t *sc, grpc_call *call)
+{
+    if (!sc)
+        return;
+    pthread_mutex_lock(&sc->mu);
+    for (size_t i = 0; i < sc->n; i++)
+        if (sc->calls[i] == call) {
+            sc->calls[i] = sc->calls[--sc->n];
+            break;
+        }
+    pthread_mutex_unlock(&sc->mu);
+}
+
 /* ------------------------------------------------------------------ server */
 
 typedef struct method {
@@ -247,7 +435,9 @@ typedef struct method {
     void *handle;
 } method_t;
 
+/* A request for the next call of a method, posted to gRPC. */
 typedef struct posted {
+    op_t op;
     struct td_rpc_server *srv;
     int method; /* -1: the unimplemented catch-all */
     grpc_call *call;
@@ -255,99 +445,78 @@ typedef struct posted {
     grpc_metadata_array md;
     grpc_byte_buffer *payload;
     grpc_call_details details;
-    grpc_completion_queue *call_cq;
+    grpc_completion_queue *cq;
 } posted_t;
 
 struct td_rpc_server {
     grpc_server *srv;
-    grpc_completion_queue *cq;
     char addr[256];
     bool tls;
     pems_t pems;
     method_t methods[MAX_METHODS];
     int n_methods;
-    pthread_t thread;
-    bool started, stopping, shut;
-    bool abandoned; /* stop gave up waiting for handlers: destroy leaves it */
-    int max_active; /* calls handled at once, past which new ones are refused (0: no limit) */
-    pthread_mutex_t mu;
+    td_pool_t *pool;
+    int threads;
+    int max_active; /* calls open at once, past which new ones are refused */
+    op_t shutdown_op;
+    pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
-    int active;
+    bool started, stopping, shut;
+    bool abandoned; /* stop gave up waiting for calls: destroy leaves it */
+    int active;     /* call records alive */
+    int n_posted;   /* requests posted and not completed */
 };
+
+typedef struct call_op {
+    op_t op;
+    struct td_rpc_call *c;
+    tag_t tag;
+} call_op_t;
 
 struct td_rpc_call {
     td_rpc_server_t *srv;
     method_t *m;
     grpc_call *call;
-    cq_pump_t pump;
     gpr_timespec deadline;
     grpc_metadata_array md;
-    grpc_byte_buffer *payload_bb;
     uint8_t *payload;
     size_t payload_len;
-    int cancelled_flag; /* written by gRPC when TAG_CLOSE completes */
-    bool closed, md_sent, finished;
-    grpc_byte_buffer *send_bb; /* the message in flight (one at a time), freed when it settles */
     char *peer;
-    pthread_mutex_t wake_mu;
-    unsigned wakes_seen;
+    td_rpc_scope_t scope;
+    call_op_t ops[TAG_COUNT];
+    sync_t s;    /* s.mu guards what follows */
+    int refs;    /* the owner's, and one per batch in flight or pool task queued */
+    int in_cb;   /* callbacks running now */
+    int cancelled_flag; /* written by gRPC when TAG_CLOSE completes */
+    bool closed, md_sent, finished, send_failed, detached, ended, wake_posted;
+    bool task_running; /* a pool task has the call (a resume waits for it to detach) */
+    grpc_byte_buffer *send_bb; /* the message in flight (one at a time) */
+    grpc_byte_buffer *fin_bb;  /* the reply sent with the status */
+    grpc_slice fin_details;
+    bool fin_set;
+    unsigned wakes, wakes_seen;
+    td_rpc_event_fn send_cb, wake_cb, cancel_cb;
+    void *send_ctx, *wake_ctx, *cancel_ctx;
+    td_rpc_handler_fn resume_fn;
+    void *resume_ctx;
 };
 
-static void server_post(td_rpc_server_t *s, int method)
+static void call_free(td_rpc_call_t *c)
 {
-    posted_t *p = calloc(1, sizeof *p);
-    if (!p)
-        return;
-    p->srv = s;
-    p->method = method;
-    p->call_cq = grpc_completion_queue_create_for_next(NULL);
-    grpc_metadata_array_init(&p->md);
-    grpc_call_error e;
-    if (method >= 0) {
-        e = grpc_server_request_registered_call(s->srv, s->methods[method].handle, &p->call, &p->deadline, &p->md,
-                                                &p->payload, p->call_cq, s->cq, p);
-    } else {
-        grpc_call_details_init(&p->details);
-        e = grpc_server_request_call(s->srv, &p->call, &p->details, &p->md, p->call_cq, s->cq, p);
-    }
-    if (e != GRPC_CALL_OK) {
-        TD_WARN("rpc: cannot post a request for %s: error %d", method >= 0 ? s->methods[method].name : "*", e);
-        grpc_metadata_array_destroy(&p->md);
-        if (method < 0)
-            grpc_call_details_destroy(&p->details);
-        cq_destroy(p->call_cq);
-        free(p);
-    }
-}
-
-static void call_start(td_rpc_call_t *c)
-{
-    grpc_op op = {.op = GRPC_OP_RECV_CLOSE_ON_SERVER};
-    op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
-    grpc_call_start_batch(c->call, &op, 1, (void *)(intptr_t)TAG_CLOSE, NULL);
-}
-
-static void call_end(td_rpc_call_t *c)
-{
-    if (!c->finished)
-        td_rpc_call_finish(c, TD_RPC_INTERNAL, "the handler ended without a status");
-    if (!c->closed && cq_wait(&c->pump, TAG_CLOSE, deadline_in(5)) == 0) {
-        grpc_call_cancel(c->call, NULL);
-        cq_wait(&c->pump, TAG_CLOSE, gpr_inf_future(GPR_CLOCK_MONOTONIC));
-    }
-    pthread_mutex_lock(&c->wake_mu);
+    td_rpc_server_t *s = c->srv;
     grpc_call_unref(c->call);
-    c->call = NULL;
-    pthread_mutex_unlock(&c->wake_mu);
-    cq_destroy(c->pump.cq);
     grpc_metadata_array_destroy(&c->md);
-    if (c->payload_bb)
-        grpc_byte_buffer_destroy(c->payload_bb);
+    if (c->send_bb)
+        grpc_byte_buffer_destroy(c->send_bb);
+    if (c->fin_bb)
+        grpc_byte_buffer_destroy(c->fin_bb);
+    if (c->fin_set)
+        grpc_slice_unref(c->fin_details);
     free(c->payload);
     if (c->peer)
         gpr_free(c->peer);
-    pthread_mutex_destroy(&c->wake_mu);
-    td_rpc_server_t *s = c->srv;
+    sync_destroy(&c->s);
+    pthread_mutex_destroy(&c->scope.mu);
     free(c);
     pthread_mutex_lock(&s->mu);
     s->active--;
@@ -355,92 +524,319 @@ static void call_end(td_rpc_call_t *c)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void *call_thread(void *arg)
+static void call_unref(td_rpc_call_t *c)
 {
-    td_rpc_call_t *c = arg;
-    if (c->m)
-        c->m->fn(c->m->ctx, c);
-    else
-        td_rpc_call_finish(c, TD_RPC_UNIMPLEMENTED, "no such method");
-    call_end(c);
-    return NULL;
+    pthread_mutex_lock(&c->s.mu);
+    int r = --c->refs;
+    pthread_mutex_unlock(&c->s.mu);
+    if (!r)
+        call_free(c);
 }
 
-static void *server_thread(void *arg)
+/* Starts a batch tagged t (the caller has set posted and taken the ref,
+ * under mu); false (both undone) when gRPC refuses it. */
+static bool call_start_batch(td_rpc_call_t *c, tag_t t, const grpc_op *ops, size_t n)
 {
-    td_rpc_server_t *s = arg;
-    for (;;) {
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-        if (ev.type == GRPC_QUEUE_SHUTDOWN)
-            break;
-        if (ev.type != GRPC_OP_COMPLETE)
-            continue;
-        if (ev.tag == (void *)s) { /* the server's shutdown is complete */
-            pthread_mutex_lock(&s->mu);
-            s->shut = true;
-            pthread_cond_broadcast(&s->cv);
-            pthread_mutex_unlock(&s->mu);
-            continue;
+    if (grpc_call_start_batch(c->call, ops, n, &c->ops[t].op, NULL) == GRPC_CALL_OK)
+        return true;
+    pthread_mutex_lock(&c->s.mu);
+    c->s.posted &= ~(1u << t);
+    c->refs--; /* the owner still holds one */
+    pthread_mutex_unlock(&c->s.mu);
+    return false;
+}
+
+static void run_cb(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx, bool ok)
+{
+    if (!fn)
+        return;
+    fn(ctx, ok);
+    pthread_mutex_lock(&c->s.mu);
+    c->in_cb--;
+    pthread_cond_broadcast(&c->s.cv);
+    pthread_mutex_unlock(&c->s.mu);
+}
+
+static void call_op_done(op_t *op, bool ok)
+{
+    call_op_t *o = (call_op_t *)op;
+    td_rpc_call_t *c = o->c;
+    td_rpc_event_fn cb1 = NULL, cb2 = NULL;
+    void *ctx1 = NULL, *ctx2 = NULL;
+    bool cancelled = false;
+    pthread_mutex_lock(&c->s.mu);
+    switch (o->tag) {
+    case TAG_SEND:
+        grpc_byte_buffer_destroy(c->send_bb);
+        c->send_bb = NULL;
+        if (!ok)
+            c->send_failed = true;
+        cb1 = c->send_cb;
+        ctx1 = c->send_ctx;
+        c->send_cb = NULL;
+        sync_complete_locked(&c->s, TAG_SEND, ok);
+        break;
+    case TAG_CLOSE:
+        c->closed = true;
+        cancelled = c->cancelled_flag != 0;
+        if (cancelled && !c->finished) {
+            cb1 = c->cancel_cb;
+            ctx1 = c->cancel_ctx;
+            c->cancel_cb = NULL;
+            cb2 = c->wake_cb;
+            ctx2 = c->wake_ctx;
         }
-        posted_t *p = ev.tag;
-        if (!ev.success) { /* the server is shutting down */
-            grpc_metadata_array_destroy(&p->md);
-            if (p->method < 0)
-                grpc_call_details_destroy(&p->details);
-            cq_destroy(p->call_cq);
-            free(p);
-            continue;
+        sync_complete_locked(&c->s, TAG_CLOSE, ok);
+        break;
+    case TAG_WAKE:
+        c->wake_posted = false;
+        c->s.posted &= ~(1u << TAG_WAKE);
+        if (!c->finished && !c->ended) {
+            cb1 = c->wake_cb;
+            ctx1 = c->wake_ctx;
         }
-        td_rpc_call_t *c = calloc(1, sizeof *c);
-        pthread_mutex_lock(&s->mu);
-        bool stopping = s->stopping;
-        if (c)
-            s->active++;
-        bool over = s->max_active && s->active > s->max_active;
-        pthread_mutex_unlock(&s->mu);
-        if (!stopping)
-            server_post(s, p->method);
-        if (!c) {
-            grpc_call_cancel(p->call, NULL);
-            grpc_call_unref(p->call);
-            cq_destroy(p->call_cq);
-            grpc_metadata_array_destroy(&p->md);
-            free(p);
-            continue;
-        }
-        c->srv = s;
-        c->m = p->method >= 0 ? &s->methods[p->method] : NULL;
-        c->call = p->call;
-        c->pump.cq = p->call_cq;
-        c->deadline = p->deadline;
-        c->md = p->md;
-        c->payload_bb = p->payload;
-        c->peer = grpc_call_get_peer(c->call);
-        pthread_mutex_init(&c->wake_mu, NULL);
-        if (c->payload_bb)
-            c->payload = buffer_copy(c->payload_bb, &c->payload_len);
-        if (p->method < 0)
-            grpc_call_details_destroy(&p->details);
-        free(p);
-        call_start(c);
-        if (over && c->m) { /* admission: refused now, not queued */
-            td_rpc_call_finish(c, TD_RPC_RESOURCE_EXHAUSTED, "the server handles %d calls at once, its most; "
-                               "try again later", s->max_active);
-            call_end(c);
-            continue;
-        }
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, call_thread, c) != 0) {
-            TD_WARN("rpc: cannot start a handler thread; answering UNAVAILABLE");
-            td_rpc_call_finish(c, TD_RPC_UNAVAILABLE, "the server cannot start a thread");
-            call_end(c);
-        }
-        pthread_attr_destroy(&attr);
+        break;
+    default: /* TAG_FINISH */
+        sync_complete_locked(&c->s, o->tag, ok);
+        break;
     }
-    return NULL;
+    c->in_cb += (cb1 != NULL) + (cb2 != NULL);
+    pthread_mutex_unlock(&c->s.mu);
+    if (cancelled)
+        td_rpc_scope_cancel(&c->scope);
+    run_cb(c, cb1, ctx1, ok);
+    run_cb(c, cb2, ctx2, ok);
+    call_unref(c);
+}
+
+static void server_post(td_rpc_server_t *s, int method);
+
+static void posted_free(posted_t *p)
+{
+    grpc_metadata_array_destroy(&p->md);
+    if (p->method < 0)
+        grpc_call_details_destroy(&p->details);
+    free(p);
+}
+
+/* Waits until the message in flight is written or failed (with mu held);
+ * a client that went away while it waits has the call cancelled. */
+static void send_settle_locked(td_rpc_call_t *c)
+{
+    while (c->s.posted & (1u << TAG_SEND)) {
+        struct timespec until = mono_in(1);
+        if (pthread_cond_timedwait(&c->s.cv, &c->s.mu, &until) == ETIMEDOUT && c->closed && c->cancelled_flag)
+            grpc_call_cancel(c->call, NULL);
+    }
+}
+
+/* Sends the status (and reply); waits up to 5 s for it to go out (then
+ * cancels), except on a loop thread, which must not wait. */
+static void call_status(td_rpc_call_t *c, int code, const char *msg, const void *reply, size_t reply_len)
+{
+    pthread_mutex_lock(&c->s.mu);
+    if (c->finished) {
+        pthread_mutex_unlock(&c->s.mu);
+        return;
+    }
+    c->finished = true;
+    c->wake_cb = c->cancel_cb = NULL;
+    if (!t_on_loop)
+        send_settle_locked(c);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    int n = 0;
+    if (!c->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->md_sent = true;
+    }
+    if (reply) {
+        grpc_slice sl = grpc_slice_from_copied_buffer(reply, reply_len);
+        c->fin_bb = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = c->fin_bb;
+    }
+    c->fin_details = grpc_slice_from_copied_string(msg ? msg : "");
+    c->fin_set = true;
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)code;
+    ops[n++].data.send_status_from_server.status_details = &c->fin_details;
+    c->s.posted |= 1u << TAG_FINISH;
+    c->refs++;
+    pthread_mutex_unlock(&c->s.mu);
+    if (!call_start_batch(c, TAG_FINISH, ops, (size_t)n) || t_on_loop)
+        return;
+    pthread_mutex_lock(&c->s.mu);
+    if (sync_wait_locked(&c->s, TAG_FINISH, 5) == 0) {
+        grpc_call_cancel(c->call, NULL);
+        sync_wait_locked(&c->s, TAG_FINISH, 1e9);
+    }
+    pthread_mutex_unlock(&c->s.mu);
+}
+
+/* The owner lets go: the status goes out if the handler sent none, the
+ * callbacks are turned off (waiting for one under way) and the owner's
+ * reference is dropped. */
+static void call_end(td_rpc_call_t *c)
+{
+    if (!c->finished)
+        call_status(c, TD_RPC_INTERNAL, "the handler ended without a status", NULL, 0);
+    pthread_mutex_lock(&c->s.mu);
+    c->ended = true;
+    c->wake_cb = c->cancel_cb = c->send_cb = NULL;
+    while (c->in_cb && !t_on_loop)
+        pthread_cond_wait(&c->s.cv, &c->s.mu);
+    pthread_mutex_unlock(&c->s.mu);
+    call_unref(c);
+}
+
+/* A pool task: the handler (or a resumed step) of a call. While it runs the
+ * call is its own; unless it detaches again, the call ends when it returns. */
+static void call_task(void *arg)
+{
+    td_rpc_call_t *c = arg;
+    for (;;) {
+        pthread_mutex_lock(&c->s.mu);
+        td_rpc_handler_fn fn = c->resume_fn;
+        void *ctx = c->resume_ctx;
+        c->resume_fn = NULL;
+        c->detached = false;
+        pthread_mutex_unlock(&c->s.mu);
+        if (fn)
+            fn(ctx, c);
+        else if (c->m)
+            c->m->fn(c->m->ctx, c);
+        else
+            call_status(c, TD_RPC_UNIMPLEMENTED, "no such method", NULL, 0);
+        pthread_mutex_lock(&c->s.mu);
+        bool detached = c->detached, again = detached && c->resume_fn;
+        if (detached && !again)
+            c->task_running = false;
+        pthread_mutex_unlock(&c->s.mu);
+        if (!again) {
+            if (!detached)
+                call_end(c); /* the owner's reference */
+            break;
+        }
+        /* a callback asked to resume while this task still had the call: run it now */
+    }
+    call_unref(c); /* the task's */
+}
+
+static void on_arrival(op_t *op, bool ok)
+{
+    posted_t *p = (posted_t *)op;
+    td_rpc_server_t *s = p->srv;
+    pthread_mutex_lock(&s->mu);
+    s->n_posted--;
+    bool stopping = s->stopping;
+    if (!ok)
+        pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (!ok) { /* the server is shutting down */
+        posted_free(p);
+        return;
+    }
+    if (!stopping)
+        server_post(s, p->method);
+    td_rpc_call_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        grpc_call_cancel(p->call, NULL);
+        grpc_call_unref(p->call);
+        if (p->payload)
+            grpc_byte_buffer_destroy(p->payload);
+        posted_free(p);
+        return;
+    }
+    c->srv = s;
+    c->m = p->method >= 0 ? &s->methods[p->method] : NULL;
+    c->call = p->call;
+    c->deadline = p->deadline;
+    c->md = p->md;
+    grpc_metadata_array_init(&p->md);
+    c->peer = grpc_call_get_peer(c->call);
+    if (p->payload) {
+        size_t cap = 0;
+        if (!buffer_into(p->payload, &c->payload, &cap, &c->payload_len)) {
+            free(c->payload);
+            c->payload = NULL;
+            c->payload_len = 0;
+        }
+        grpc_byte_buffer_destroy(p->payload);
+    }
+    posted_free(p);
+    gpr_timespec dl = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+    double left = gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0
+                      ? 1e9
+                      : gpr_timespec_to_micros(gpr_time_sub(dl, gpr_now(GPR_CLOCK_MONOTONIC))) * 1e-6;
+    scope_init(&c->scope, left);
+    sync_init(&c->s);
+    for (int t = 0; t < TAG_COUNT; t++)
+        c->ops[t] = (call_op_t){.op.done = call_op_done, .c = c, .tag = (tag_t)t};
+    pthread_mutex_lock(&s->mu);
+    s->active++;
+    bool over = s->active > s->max_active;
+    pthread_mutex_unlock(&s->mu);
+    c->refs = 2; /* the owner's and TAG_CLOSE's */
+    c->s.posted = 1u << TAG_CLOSE;
+    grpc_op cl = {.op = GRPC_OP_RECV_CLOSE_ON_SERVER};
+    cl.data.recv_close_on_server.cancelled = &c->cancelled_flag;
+    call_start_batch(c, TAG_CLOSE, &cl, 1);
+    if (over && c->m) { /* admission: refused now, not queued */
+        char msg[160];
+        snprintf(msg, sizeof msg, "the server handles %d calls at once, its most; try again later", s->max_active);
+        call_status(c, TD_RPC_RESOURCE_EXHAUSTED, msg, NULL, 0);
+        call_end(c);
+        return;
+    }
+    c->refs++; /* the task's */
+    c->task_running = true;
+    if (td_pool_submit(s->pool, call_task, c) != TD_OK) {
+        c->refs--;
+        call_status(c, TD_RPC_UNAVAILABLE, "the server is stopping", NULL, 0);
+        call_end(c);
+    }
+}
+
+static void server_post(td_rpc_server_t *s, int method)
+{
+    posted_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return;
+    p->op.done = on_arrival;
+    p->srv = s;
+    p->method = method;
+    p->cq = loop_pick();
+    grpc_metadata_array_init(&p->md);
+    pthread_mutex_lock(&s->mu);
+    s->n_posted++;
+    pthread_mutex_unlock(&s->mu);
+    grpc_call_error e;
+    if (method >= 0) {
+        e = grpc_server_request_registered_call(s->srv, s->methods[method].handle, &p->call, &p->deadline, &p->md,
+                                                &p->payload, p->cq, p->cq, &p->op);
+    } else {
+        grpc_call_details_init(&p->details);
+        e = grpc_server_request_call(s->srv, &p->call, &p->details, &p->md, p->cq, p->cq, &p->op);
+    }
+    if (e != GRPC_CALL_OK) {
+        TD_WARN("rpc: cannot post a request for %s: error %d", method >= 0 ? s->methods[method].name : "*", e);
+        pthread_mutex_lock(&s->mu);
+        s->n_posted--;
+        pthread_mutex_unlock(&s->mu);
+        posted_free(p);
+    }
+}
+
+static void on_server_shutdown(op_t *op, bool ok)
+{
+    (void)ok;
+    td_rpc_server_t *s = (td_rpc_server_t *)((char *)op - offsetof(td_rpc_server_t, shutdown_op));
+    pthread_mutex_lock(&s->mu);
+    s->shut = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
 }
 
 td_status_t td_rpc_server_create(const char *addr, const td_rpc_tls_t *tls, td_rpc_server_t **out)
@@ -468,8 +864,11 @@ td_status_t td_rpc_server_create(const char *addr, const td_rpc_tls_t *tls, td_r
     };
     grpc_channel_args ca = {2, args};
     s->srv = grpc_server_create(&ca, NULL);
-    s->cq = grpc_completion_queue_create_for_next(NULL);
-    grpc_server_register_completion_queue(s->srv, s->cq, NULL);
+    for (int i = 0; i < g_loop.n; i++)
+        grpc_server_register_completion_queue(s->srv, g_loop.cq[i], NULL);
+    s->shutdown_op.done = on_server_shutdown;
+    s->max_active = DEFAULT_MAX_CALLS;
+    s->threads = DEFAULT_THREADS;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     *out = s;
@@ -494,6 +893,10 @@ td_status_t td_rpc_server_add(td_rpc_server_t *s, const char *method, td_rpc_han
 
 td_status_t td_rpc_server_start(td_rpc_server_t *s, int *port)
 {
+    /* one queued task per admitted call at most, and the unimplemented ones */
+    td_status_t rc = td_pool_create("rpc", s->threads, (size_t)s->max_active + 64, &s->pool);
+    if (rc)
+        return rc;
     grpc_server_credentials *cr;
     if (s->tls) {
         grpc_ssl_pem_key_cert_pair pair = {.private_key = s->pems.key, .cert_chain = s->pems.cert};
@@ -510,19 +913,18 @@ td_status_t td_rpc_server_start(td_rpc_server_t *s, int *port)
         return td_error(TD_ERR_UNAVAILABLE, "rpc: cannot listen on %s (in use, or not an address of this host)",
                         s->addr);
     grpc_server_start(s->srv);
+    s->started = true;
     for (int i = 0; i < s->n_methods; i++)
         for (int k = 0; k < POSTED_PER_METHOD; k++)
             server_post(s, i);
     server_post(s, -1);
-    if (pthread_create(&s->thread, NULL, server_thread, s) != 0)
-        return td_error(TD_ERR_INTERNAL, "rpc: cannot start the server thread");
-    s->started = true;
     if (port)
         *port = p;
     return TD_OK;
 }
 
-void td_rpc_server_set_max_calls(td_rpc_server_t *s, int max) { s->max_active = max > 0 ? max : 0; }
+void td_rpc_server_set_max_calls(td_rpc_server_t *s, int max) { s->max_active = max > 0 ? max : DEFAULT_MAX_CALLS; }
+void td_rpc_server_set_threads(td_rpc_server_t *s, int threads) { s->threads = threads > 0 ? threads : DEFAULT_THREADS; }
 
 int td_rpc_server_active(td_rpc_server_t *s)
 {
@@ -542,31 +944,30 @@ void td_rpc_server_stop(td_rpc_server_t *s, double grace_s)
     pthread_mutex_unlock(&s->mu);
     if (was)
         return;
-    grpc_server_shutdown_and_notify(s->srv, s->cq, s);
+    grpc_server_shutdown_and_notify(s->srv, g_loop.cq[0], &s->shutdown_op);
     struct timespec until = td_wall_deadline(grace_s);
     pthread_mutex_lock(&s->mu);
     while (s->active > 0 && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0)
         ;
     pthread_mutex_unlock(&s->mu);
     grpc_server_cancel_all_calls(s->srv);
-    /* cancelled handlers end within their own waits' deadlines; one that does
+    /* cancelled calls end within their own waits' deadlines; one that does
      * not in 10 s is left behind (logged) rather than waited on forever */
     until = td_wall_deadline(10);
     int e = 0;
     pthread_mutex_lock(&s->mu);
-    while ((s->active > 0 || !s->shut) && e != ETIMEDOUT)
+    while ((s->active > 0 || !s->shut || s->n_posted > 0) && e != ETIMEDOUT)
         e = pthread_cond_timedwait(&s->cv, &s->mu, &until);
     int left = s->active;
-    bool shut = s->shut;
+    bool done = s->shut && !s->n_posted && !left;
     pthread_mutex_unlock(&s->mu);
-    if (left > 0 || !shut) {
-        TD_WARN("rpc: %d handler(s) did not end within 10 s of being cancelled; the server is left running",
-                left);
+    if (!done) {
+        TD_WARN("rpc: %d call(s) did not end within 10 s of being cancelled; the server is left running", left);
         s->abandoned = true;
         return;
     }
-    grpc_completion_queue_shutdown(s->cq);
-    pthread_join(s->thread, NULL);
+    td_pool_destroy(s->pool);
+    s->pool = NULL;
     s->started = false;
 }
 
@@ -605,18 +1006,18 @@ void td_rpc_server_destroy(td_rpc_server_t *s)
         return;
     if (s->started)
         td_rpc_server_stop(s, 0);
-    if (s->abandoned) /* handlers still hold it (td_rpc_server_stop said so): the process is ending */
+    if (s->abandoned) /* calls still hold it (td_rpc_server_stop said so): the process is ending */
         return;
-    else if (s->srv && !s->stopping) { /* created, never started */
-        grpc_server_shutdown_and_notify(s->srv, s->cq, s);
+    if (!s->stopping) { /* created, never started */
+        grpc_server_shutdown_and_notify(s->srv, g_loop.cq[0], &s->shutdown_op);
         grpc_server_cancel_all_calls(s->srv);
-        grpc_completion_queue_shutdown(s->cq);
-        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-               GRPC_QUEUE_SHUTDOWN)
-            ;
+        pthread_mutex_lock(&s->mu);
+        while (!s->shut || s->n_posted > 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
     }
     grpc_server_destroy(s->srv);
-    grpc_completion_queue_destroy(s->cq);
+    td_pool_destroy(s->pool);
     pems_free(&s->pems);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -631,6 +1032,7 @@ const uint8_t *td_rpc_call_payload(td_rpc_call_t *c, size_t *len)
 
 const char *td_rpc_call_method(td_rpc_call_t *c) { return c->m ? c->m->name : "?"; }
 const char *td_rpc_call_peer(td_rpc_call_t *c) { return c->peer ? c->peer : "?"; }
+td_rpc_scope_t *td_rpc_call_scope(td_rpc_call_t *c) { return &c->scope; }
 
 double td_rpc_call_time_left(td_rpc_call_t *c)
 {
@@ -641,32 +1043,36 @@ double td_rpc_call_time_left(td_rpc_call_t *c)
     return (double)left.tv_sec + left.tv_nsec * 1e-9;
 }
 
-static void call_poll(td_rpc_call_t *c)
-{
-    if (!c->closed && cq_wait(&c->pump, TAG_CLOSE, gpr_inf_past(GPR_CLOCK_MONOTONIC)) != 0)
-        c->closed = true;
-}
-
 bool td_rpc_call_cancelled(td_rpc_call_t *c)
 {
-    call_poll(c);
-    return c->closed && c->cancelled_flag;
+    pthread_mutex_lock(&c->s.mu);
+    bool r = c->closed && c->cancelled_flag;
+    pthread_mutex_unlock(&c->s.mu);
+    return r;
 }
 
-/* Waits for the message in flight to be written (or the call to fail): 1
- * written, -1 not. The write waits on the client's flow control; a client
- * that is gone ends it. */
-static int send_settle(td_rpc_call_t *c)
+/* Posts one message (mu held, no send in flight); cb NULL: blocking use. */
+static td_status_t send_post_locked(td_rpc_call_t *c, const void *msg, size_t len, td_rpc_event_fn cb, void *ctx,
+                                    grpc_op *ops, int *n)
 {
-    if (!c->send_bb)
-        return 1;
-    int r;
-    while ((r = cq_wait(&c->pump, TAG_SEND, deadline_in(1))) == 0)
-        if (td_rpc_call_cancelled(c)) /* the write waits on a client that is gone */
-            grpc_call_cancel(c->call, NULL);
-    grpc_byte_buffer_destroy(c->send_bb);
-    c->send_bb = NULL;
-    return r;
+    if (c->finished || c->send_failed || (c->closed && c->cancelled_flag))
+        return TD_ERR_CANCELLED;
+    *n = 0;
+    memset(ops, 0, 2 * sizeof *ops);
+    if (!c->md_sent) {
+        ops[(*n)++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->md_sent = true;
+    }
+    grpc_slice sl = grpc_slice_from_copied_buffer(msg, len);
+    c->send_bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    ops[*n].op = GRPC_OP_SEND_MESSAGE;
+    ops[(*n)++].data.send_message.send_message = c->send_bb;
+    c->send_cb = cb;
+    c->send_ctx = ctx;
+    c->s.posted |= 1u << TAG_SEND;
+    c->refs++;
+    return TD_OK;
 }
 
 /* Sends without waiting for the write: the caller goes on (say, to read the
@@ -674,85 +1080,145 @@ static int send_settle(td_rpc_call_t *c)
  * waits for this one first, so flow control still holds the sender back. */
 td_status_t td_rpc_call_send(td_rpc_call_t *c, const void *msg, size_t len)
 {
-    if (td_rpc_call_cancelled(c) || send_settle(c) != 1)
-        return TD_ERR_CANCELLED;
     grpc_op ops[2];
-    int n = 0;
-    memset(ops, 0, sizeof ops);
-    if (!c->md_sent) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->md_sent = true;
-    }
-    grpc_byte_buffer *bb = buffer_of(msg, len);
-    ops[n].op = GRPC_OP_SEND_MESSAGE;
-    ops[n++].data.send_message.send_message = bb;
-    if (grpc_call_start_batch(c->call, ops, (size_t)n, (void *)(intptr_t)TAG_SEND, NULL) != GRPC_CALL_OK) {
-        grpc_byte_buffer_destroy(bb);
+    int n;
+    pthread_mutex_lock(&c->s.mu);
+    send_settle_locked(c);
+    td_status_t rc = send_post_locked(c, msg, len, NULL, NULL, ops, &n);
+    pthread_mutex_unlock(&c->s.mu);
+    if (rc)
+        return rc;
+    return call_start_batch(c, TAG_SEND, ops, (size_t)n) ? TD_OK : TD_ERR_CANCELLED;
+}
+
+td_status_t td_rpc_call_send_async(td_rpc_call_t *c, const void *msg, size_t len, td_rpc_event_fn done, void *ctx)
+{
+    grpc_op ops[2];
+    int n;
+    pthread_mutex_lock(&c->s.mu);
+    td_status_t rc = c->s.posted & (1u << TAG_SEND) ? TD_ERR_INTERNAL : send_post_locked(c, msg, len, done, ctx, ops, &n);
+    pthread_mutex_unlock(&c->s.mu);
+    if (rc == TD_ERR_INTERNAL)
+        return td_error(rc, "rpc: a send is already in flight on this call");
+    if (rc)
+        return rc;
+    if (!call_start_batch(c, TAG_SEND, ops, (size_t)n)) {
+        pthread_mutex_lock(&c->s.mu);
+        c->send_cb = NULL;
+        pthread_mutex_unlock(&c->s.mu);
         return TD_ERR_CANCELLED;
     }
-    c->send_bb = bb;
     return TD_OK;
 }
 
 td_status_t td_rpc_call_wait(td_rpc_call_t *c, double timeout_s)
 {
-    gpr_timespec dl = deadline_in(timeout_s);
+    struct timespec until = mono_in(timeout_s);
+    td_status_t rc = TD_OK;
+    pthread_mutex_lock(&c->s.mu);
     for (;;) {
-        if (c->pump.wakes != c->wakes_seen) {
-            c->wakes_seen = c->pump.wakes;
-            return TD_OK;
+        if (c->wakes != c->wakes_seen) {
+            c->wakes_seen = c->wakes;
+            break;
         }
-        if (c->closed || (c->pump.done & (1u << TAG_CLOSE))) {
-            c->closed = true;
-            if (c->cancelled_flag)
-                return TD_ERR_CANCELLED;
+        if (c->closed && c->cancelled_flag) {
+            rc = TD_ERR_CANCELLED;
+            break;
         }
-        grpc_event ev = grpc_completion_queue_next(c->pump.cq, dl, NULL);
-        if (ev.type != GRPC_OP_COMPLETE)
-            return TD_ERR_TIMEOUT;
-        cq_record(&c->pump, ev);
+        if (pthread_cond_timedwait(&c->s.cv, &c->s.mu, &until) == ETIMEDOUT) {
+            rc = TD_ERR_TIMEOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->s.mu);
+    return rc;
+}
+
+/* With mu held: posts an empty batch whose completion runs the wake
+ * callback on the call's loop thread (one at a time: wakes coalesce). */
+static bool wake_post_locked(td_rpc_call_t *c)
+{
+    if (!c->wake_cb || c->wake_posted || c->finished || c->ended)
+        return false;
+    c->wake_posted = true;
+    c->s.posted |= 1u << TAG_WAKE;
+    c->refs++;
+    return true;
+}
+
+static void wake_start(td_rpc_call_t *c)
+{
+    if (!call_start_batch(c, TAG_WAKE, NULL, 0)) {
+        pthread_mutex_lock(&c->s.mu);
+        c->wake_posted = false;
+        pthread_mutex_unlock(&c->s.mu);
     }
 }
 
 void td_rpc_call_wake(td_rpc_call_t *c)
 {
-    pthread_mutex_lock(&c->wake_mu);
-    if (c->call)
-        grpc_call_start_batch(c->call, NULL, 0, (void *)(intptr_t)TAG_WAKE, NULL);
-    pthread_mutex_unlock(&c->wake_mu);
+    pthread_mutex_lock(&c->s.mu);
+    c->wakes++;
+    pthread_cond_broadcast(&c->s.cv);
+    bool post = wake_post_locked(c);
+    pthread_mutex_unlock(&c->s.mu);
+    if (post)
+        wake_start(c);
 }
 
-static void call_status(td_rpc_call_t *c, int code, const char *msg, const void *reply, size_t reply_len)
+void td_rpc_call_on_wake(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx)
 {
-    if (c->finished)
-        return;
-    c->finished = true;
-    send_settle(c);
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    int n = 0;
-    if (!c->md_sent) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->md_sent = true;
+    pthread_mutex_lock(&c->s.mu);
+    c->wake_cb = fn;
+    c->wake_ctx = ctx;
+    bool post = fn && wake_post_locked(c); /* one at once: wakes that came before */
+    pthread_mutex_unlock(&c->s.mu);
+    if (post)
+        wake_start(c);
+}
+
+void td_rpc_call_on_cancel(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&c->s.mu);
+    bool now = fn && c->closed && c->cancelled_flag && !c->finished;
+    c->cancel_cb = now ? NULL : fn;
+    c->cancel_ctx = ctx;
+    pthread_mutex_unlock(&c->s.mu);
+    if (now)
+        fn(ctx, true);
+}
+
+void td_rpc_call_detach(td_rpc_call_t *c)
+{
+    pthread_mutex_lock(&c->s.mu);
+    c->detached = true;
+    pthread_mutex_unlock(&c->s.mu);
+}
+
+void td_rpc_call_done(td_rpc_call_t *c) { call_end(c); }
+
+td_status_t td_rpc_call_resume(td_rpc_call_t *c, td_rpc_handler_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&c->s.mu);
+    c->resume_fn = fn;
+    c->resume_ctx = ctx;
+    bool queued = c->task_running; /* the task that has it runs fn once it lets go */
+    if (!queued) {
+        c->task_running = true;
+        c->refs++;
     }
-    grpc_byte_buffer *bb = NULL;
-    if (reply) {
-        bb = buffer_of(reply, reply_len);
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
-        ops[n++].data.send_message.send_message = bb;
-    }
-    grpc_slice details = grpc_slice_from_copied_string(msg ? msg : "");
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.status = (grpc_status_code)code;
-    ops[n++].data.send_status_from_server.status_details = &details;
-    if (grpc_call_start_batch(c->call, ops, (size_t)n, (void *)(intptr_t)TAG_FINISH, NULL) == GRPC_CALL_OK &&
-        cq_wait(&c->pump, TAG_FINISH, deadline_in(5)) == 0) {
+    pthread_mutex_unlock(&c->s.mu);
+    if (queued)
+        return TD_OK;
+    td_status_t rc = td_pool_submit(c->srv->pool, call_task, c);
+    if (rc) {
         grpc_call_cancel(c->call, NULL);
-        cq_wait(&c->pump, TAG_FINISH, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+        pthread_mutex_lock(&c->s.mu);
+        c->task_running = false;
+        pthread_mutex_unlock(&c->s.mu);
+        call_unref(c);
     }
-    grpc_slice_unref(details);
-    if (bb)
-        grpc_byte_buffer_destroy(bb);
+    return rc;
 }
 
 void td_rpc_call_finish(td_rpc_call_t *c, int code, const char *fmt, ...)
@@ -782,32 +1248,22 @@ struct td_rpc_channel {
     pthread_mutex_t mu;
     grpc_call **calls;
     size_t n_calls, cap_calls;
-    bool closed;
+    bool closed, fail_fast;
 };
 
 #define SHUTDOWN_MSG "the peer left the cluster; the call was ended by the caller"
 
-/* Registers a new call; false (and the call cancelled) when the channel is closed or out of memory. */
-static bool channel_track(td_rpc_channel_t *ch, grpc_call *call)
+/* Registers a new call; a closed channel (or no memory) cancels it at once. */
+static void channel_track(td_rpc_channel_t *ch, grpc_call *call)
 {
     pthread_mutex_lock(&ch->mu);
-    bool ok = !ch->closed;
-    if (ok && ch->n_calls == ch->cap_calls) {
-        size_t nc = ch->cap_calls ? 2 * ch->cap_calls : 16;
-        grpc_call **c = realloc(ch->calls, nc * sizeof *c);
-        if (c) {
-            ch->calls = c;
-            ch->cap_calls = nc;
-        }
-        ok = c != NULL;
-    }
+    bool ok = !ch->closed && td_grow((void **)&ch->calls, &ch->cap_calls, ch->n_calls + 1, sizeof *ch->calls, 16);
     if (ok)
         ch->calls[ch->n_calls++] = call;
     else
         grpc_call_cancel_with_status(call, GRPC_STATUS_UNAVAILABLE,
                                      ch->closed ? SHUTDOWN_MSG : "no memory to track the call", NULL);
     pthread_mutex_unlock(&ch->mu);
-    return ok;
 }
 
 static void channel_untrack(td_rpc_channel_t *ch, grpc_call *call)
@@ -831,21 +1287,6 @@ void td_rpc_channel_shutdown(td_rpc_channel_t *ch)
         grpc_call_cancel_with_status(ch->calls[i], GRPC_STATUS_UNAVAILABLE, SHUTDOWN_MSG, NULL);
     pthread_mutex_unlock(&ch->mu);
 }
-
-struct td_rpc_stream {
-    td_rpc_channel_t *ch;
-    grpc_call *call;
-    cq_pump_t pump;
-    grpc_metadata_array md_initial, md_trailing;
-    grpc_status_code code;
-    grpc_slice details;
-    char *error_string;
-    grpc_byte_buffer *recv;
-    grpc_byte_buffer *send_bb; /* the request in flight after open, freed at destroy */
-    bool md_sent, recv_posted, got_initial, status_done, ended;
-    uint8_t *msg;   /* the last message read, reused (grown, never shrunk) */
-    size_t msg_cap;
-};
 
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out)
 {
@@ -888,6 +1329,8 @@ td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, t
     return TD_OK;
 }
 
+void td_rpc_channel_set_fail_fast(td_rpc_channel_t *ch, bool on) { ch->fail_fast = on; }
+
 void td_rpc_channel_destroy(td_rpc_channel_t *ch)
 {
     if (!ch)
@@ -900,14 +1343,25 @@ void td_rpc_channel_destroy(td_rpc_channel_t *ch)
 
 const char *td_rpc_channel_target(const td_rpc_channel_t *ch) { return ch->target; }
 
-static grpc_call *client_call(td_rpc_channel_t *ch, const char *method, double timeout_s, td_rpc_call_t *parent,
+static grpc_call *client_call(td_rpc_channel_t *ch, const char *method, double timeout_s, td_rpc_scope_t *scope,
                               grpc_completion_queue *cq)
 {
+    if (scope && td_rpc_scope_left(scope) < timeout_s)
+        timeout_s = td_rpc_scope_left(scope);
     grpc_slice m = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(ch->ch, parent ? parent->call : NULL, GRPC_PROPAGATE_DEFAULTS, cq, m,
-                                               NULL, deadline_in(timeout_s), NULL);
+    grpc_call *call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
+                                               deadline_in(timeout_s), NULL);
     grpc_slice_unref(m);
+    channel_track(ch, call);
+    scope_track(scope, call);
     return call;
+}
+
+static void client_call_end(td_rpc_channel_t *ch, td_rpc_scope_t *scope, grpc_call *call)
+{
+    scope_untrack(scope, call);
+    channel_untrack(ch, call);
+    grpc_call_unref(call);
 }
 
 static void result_set(td_rpc_result_t *res, grpc_status_code code, grpc_slice details, const char *fallback)
@@ -940,23 +1394,49 @@ static void explain_unconnected(td_rpc_channel_t *ch, td_rpc_result_t *res)
              ch->target);
 }
 
+/* A client batch: completes into its sync (and, for streams, the stream). */
+typedef struct client_op {
+    op_t op;
+    sync_t *s;
+    struct td_rpc_stream *st; /* NULL: a unary call */
+    tag_t tag;
+} client_op_t;
+
+static void stream_op_done(client_op_t *o, bool ok);
+
+static void client_op_done(op_t *op, bool ok)
+{
+    client_op_t *o = (client_op_t *)op;
+    if (o->st) {
+        stream_op_done(o, ok);
+        return;
+    }
+    pthread_mutex_lock(&o->s->mu);
+    sync_complete_locked(o->s, o->tag, ok);
+    pthread_mutex_unlock(&o->s->mu);
+}
+
 td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *req, size_t req_len,
-                         double timeout_s, td_rpc_call_t *parent, uint8_t **resp, size_t *resp_len,
+                         double timeout_s, td_rpc_scope_t *scope, uint8_t **resp, size_t *resp_len,
                          td_rpc_result_t *res)
 {
-    cq_pump_t pump = {.cq = grpc_completion_queue_create_for_next(NULL)};
-    grpc_call *call = client_call(ch, method, timeout_s, parent, pump.cq);
+    sync_t s;
+    sync_init(&s);
+    client_op_t op = {.op.done = client_op_done, .s = &s, .tag = TAG_STATUS};
+    grpc_call *call = client_call(ch, method, timeout_s, scope, loop_pick());
     grpc_metadata_array mi, mt;
     grpc_metadata_array_init(&mi);
     grpc_metadata_array_init(&mt);
-    grpc_byte_buffer *out = buffer_of(req, req_len), *in = NULL;
+    grpc_slice sl = grpc_slice_from_copied_buffer(req, req_len);
+    grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&sl, 1), *in = NULL;
+    grpc_slice_unref(sl);
     grpc_status_code code = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
     const char *err_str = NULL;
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+    ops[0].flags = ch->fail_fast ? 0 : GRPC_INITIAL_METADATA_WAIT_FOR_READY;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = out;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -970,20 +1450,27 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
     ops[5].data.recv_status_on_client.status_details = &details;
     ops[5].data.recv_status_on_client.error_string = &err_str;
     td_status_t rc = TD_OK;
-    channel_track(ch, call); /* a closed channel cancels it: the batch ends at once */
-    if (grpc_call_start_batch(call, ops, 6, (void *)(intptr_t)TAG_STATUS, NULL) != GRPC_CALL_OK) {
+    if (grpc_call_start_batch(call, ops, 6, &op.op, NULL) != GRPC_CALL_OK) {
         code = GRPC_STATUS_INTERNAL;
         rc = TD_ERR_INTERNAL;
     } else {
-        cq_wait(&pump, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC)); /* the call's deadline bounds it */
+        sync_wait(&s, TAG_STATUS, 1e9); /* the call's deadline bounds it */
     }
-    channel_untrack(ch, call);
+    client_call_end(ch, scope, call);
+    sync_destroy(&s);
     result_set(res, code, details, err_str);
     explain_unconnected(ch, res);
     if (!rc && code == GRPC_STATUS_OK && in) {
-        *resp = buffer_copy(in, resp_len);
-        if (!*resp)
+        size_t cap = 0;
+        *resp = NULL;
+        if (!buffer_into(in, resp, &cap, resp_len)) {
+            free(*resp);
+            *resp = NULL;
             rc = TD_ERR_NO_MEMORY;
+        } else if (!*resp) { /* an empty reply: still a buffer the caller frees */
+            *resp = malloc(1);
+            rc = *resp ? TD_OK : TD_ERR_NO_MEMORY;
+        }
     } else if (!rc) {
         rc = code == GRPC_STATUS_OK ? TD_ERR_FORMAT : td_rpc_status_of(code);
         if (code == GRPC_STATUS_OK && res)
@@ -997,21 +1484,101 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
         gpr_free((void *)err_str);
     grpc_metadata_array_destroy(&mi);
     grpc_metadata_array_destroy(&mt);
-    grpc_call_unref(call);
-    cq_destroy(pump.cq);
     return rc;
 }
 
+struct td_rpc_stream {
+    td_rpc_channel_t *ch;
+    td_rpc_scope_t *scope;
+    grpc_call *call;
+    client_op_t ops[TAG_COUNT];
+    grpc_metadata_array md_initial, md_trailing;
+    grpc_status_code code;
+    grpc_slice details;
+    char *error_string;
+    grpc_byte_buffer *recv;
+    grpc_byte_buffer *send_bb; /* the message in flight (the request after open, or a write) */
+    bool md_sent, got_initial, ended;
+    uint8_t *msg; /* the last message read, reused (grown, never shrunk) */
+    size_t msg_cap, msg_len;
+    sync_t s; /* s.mu guards what follows */
+    bool status_done, end_pending;
+    int in_cb;
+    td_rpc_read_fn read_cb;
+    void *read_ctx;
+};
+
+static void stream_read_cb(td_rpc_stream_t *st, td_rpc_read_fn cb, void *ctx, td_status_t rc)
+{
+    cb(ctx, rc, rc ? NULL : st->msg, rc ? 0 : st->msg_len);
+    pthread_mutex_lock(&st->s.mu);
+    st->in_cb--;
+    pthread_cond_broadcast(&st->s.cv);
+    pthread_mutex_unlock(&st->s.mu);
+}
+
+static void stream_op_done(client_op_t *o, bool ok)
+{
+    td_rpc_stream_t *st = o->st;
+    td_rpc_read_fn cb = NULL;
+    void *ctx = NULL;
+    td_status_t rc = TD_OK;
+    pthread_mutex_lock(&st->s.mu);
+    if (o->tag == TAG_RECV && st->read_cb) {
+        st->s.posted &= ~(1u << TAG_RECV);
+        cb = st->read_cb;
+        ctx = st->read_ctx;
+        st->read_cb = NULL;
+        bool got = ok && st->recv;
+        if (got) {
+            got = buffer_into(st->recv, &st->msg, &st->msg_cap, &st->msg_len);
+            rc = got ? TD_OK : TD_ERR_NO_MEMORY;
+        }
+        if (st->recv)
+            grpc_byte_buffer_destroy(st->recv);
+        st->recv = NULL;
+        if (!got && rc == TD_OK) { /* the end: told once the status is in */
+            st->ended = true;
+            rc = TD_ERR_NOT_FOUND;
+            if (!st->status_done) {
+                st->end_pending = true;
+                st->read_cb = cb;
+                st->read_ctx = ctx;
+                cb = NULL;
+            }
+        }
+    } else if (o->tag == TAG_STATUS) {
+        st->status_done = true;
+        if (st->end_pending) {
+            st->end_pending = false;
+            cb = st->read_cb;
+            ctx = st->read_ctx;
+            st->read_cb = NULL;
+            rc = TD_ERR_NOT_FOUND;
+        }
+        sync_complete_locked(&st->s, TAG_STATUS, ok);
+    } else {
+        sync_complete_locked(&st->s, o->tag, ok);
+    }
+    if (cb)
+        st->in_cb++;
+    pthread_mutex_unlock(&st->s.mu);
+    if (cb)
+        stream_read_cb(st, cb, ctx, rc);
+}
+
 td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const void *req, size_t req_len,
-                               double timeout_s, td_rpc_call_t *parent, td_rpc_stream_t **out)
+                               double timeout_s, td_rpc_scope_t *scope, td_rpc_stream_t **out)
 {
     td_rpc_stream_t *st = calloc(1, sizeof *st);
     if (!st)
         return td_error(TD_ERR_NO_MEMORY, "rpc: no memory");
     st->ch = ch;
-    st->pump.cq = grpc_completion_queue_create_for_next(NULL);
-    st->call = client_call(ch, method, timeout_s, parent, st->pump.cq);
-    channel_track(ch, st->call);
+    st->scope = scope;
+    sync_init(&st->s);
+    for (int t = 0; t < TAG_COUNT; t++)
+        st->ops[t] = (client_op_t){.op.done = client_op_done, .s = &st->s, .st = st, .tag = (tag_t)t};
+    st->call = client_call(ch, method, timeout_s, scope, loop_pick());
     grpc_metadata_array_init(&st->md_initial);
     grpc_metadata_array_init(&st->md_trailing);
     st->details = grpc_empty_slice();
@@ -1020,23 +1587,33 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
     op.data.recv_status_on_client.status = &st->code;
     op.data.recv_status_on_client.status_details = &st->details;
     op.data.recv_status_on_client.error_string = (const char **)&st->error_string;
-    grpc_call_start_batch(st->call, &op, 1, (void *)(intptr_t)TAG_STATUS, NULL);
+    st->s.posted |= 1u << TAG_STATUS;
+    if (grpc_call_start_batch(st->call, &op, 1, &st->ops[TAG_STATUS].op, NULL) != GRPC_CALL_OK) {
+        st->s.posted = 0;
+        st->status_done = true;
+        st->code = GRPC_STATUS_INTERNAL;
+    }
     if (req) {
-        grpc_byte_buffer *bb = buffer_of(req, req_len);
+        grpc_slice sl = grpc_slice_from_copied_buffer(req, req_len);
+        st->send_bb = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
         grpc_op ops[3];
         memset(ops, 0, sizeof ops);
         ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+        ops[0].flags = ch->fail_fast ? 0 : GRPC_INITIAL_METADATA_WAIT_FOR_READY;
         ops[1].op = GRPC_OP_SEND_MESSAGE;
-        ops[1].data.send_message.send_message = bb;
+        ops[1].data.send_message.send_message = st->send_bb;
         ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
         st->md_sent = true;
-        /* not waited for: the first read waits for the reply anyway, and the
-         * buffer lives until destroy (after the call has ended) */
-        if (grpc_call_start_batch(st->call, ops, 3, (void *)(intptr_t)TAG_SEND, NULL) == GRPC_CALL_OK)
-            st->send_bb = bb;
-        else
-            grpc_byte_buffer_destroy(bb);
+        /* not waited for: the first read waits for the reply anyway */
+        pthread_mutex_lock(&st->s.mu);
+        st->s.posted |= 1u << TAG_SEND;
+        pthread_mutex_unlock(&st->s.mu);
+        if (grpc_call_start_batch(st->call, ops, 3, &st->ops[TAG_SEND].op, NULL) != GRPC_CALL_OK) {
+            pthread_mutex_lock(&st->s.mu);
+            st->s.posted &= ~(1u << TAG_SEND);
+            pthread_mutex_unlock(&st->s.mu);
+        }
     }
     *out = st;
     return TD_OK;
@@ -1044,54 +1621,76 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
 
 td_status_t td_rpc_stream_write(td_rpc_stream_t *st, const void *msg, size_t len, double timeout_s)
 {
+    pthread_mutex_lock(&st->s.mu);
+    sync_settle_locked(&st->s, TAG_SEND);
+    st->s.done &= ~(1u << TAG_SEND);
+    if (st->send_bb)
+        grpc_byte_buffer_destroy(st->send_bb);
+    grpc_slice sl = grpc_slice_from_copied_buffer(msg, len);
+    st->send_bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    st->s.posted |= 1u << TAG_SEND;
+    pthread_mutex_unlock(&st->s.mu);
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
     int n = 0;
     if (!st->md_sent) {
-        ops[n].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+        ops[n].flags = st->ch->fail_fast ? 0 : GRPC_INITIAL_METADATA_WAIT_FOR_READY;
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         st->md_sent = true;
     }
-    grpc_byte_buffer *bb = buffer_of(msg, len);
     ops[n].op = GRPC_OP_SEND_MESSAGE;
-    ops[n++].data.send_message.send_message = bb;
+    ops[n++].data.send_message.send_message = st->send_bb;
     int r = -1;
-    if (grpc_call_start_batch(st->call, ops, (size_t)n, (void *)(intptr_t)TAG_SEND, NULL) == GRPC_CALL_OK) {
-        r = cq_wait(&st->pump, TAG_SEND, deadline_in(timeout_s));
+    if (grpc_call_start_batch(st->call, ops, (size_t)n, &st->ops[TAG_SEND].op, NULL) == GRPC_CALL_OK) {
+        r = sync_wait(&st->s, TAG_SEND, timeout_s);
         if (r == 0) {
             grpc_call_cancel(st->call, NULL);
-            cq_wait(&st->pump, TAG_SEND, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+            r = sync_wait(&st->s, TAG_SEND, 1e9) == 1 ? 0 : -1;
         }
+    } else {
+        pthread_mutex_lock(&st->s.mu);
+        st->s.posted &= ~(1u << TAG_SEND);
+        pthread_mutex_unlock(&st->s.mu);
     }
-    grpc_byte_buffer_destroy(bb);
     return r == 1 ? TD_OK : r == 0 ? TD_ERR_TIMEOUT : TD_ERR_UNAVAILABLE;
+}
+
+/* Posts a receive (mu not held); false when gRPC refuses it (the stream is over). */
+static bool stream_post_recv(td_rpc_stream_t *st)
+{
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    int n = 0;
+    if (!st->got_initial) {
+        ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[n++].data.recv_initial_metadata.recv_initial_metadata = &st->md_initial;
+        st->got_initial = true;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &st->recv;
+    return grpc_call_start_batch(st->call, ops, (size_t)n, &st->ops[TAG_RECV].op, NULL) == GRPC_CALL_OK;
 }
 
 td_status_t td_rpc_stream_read(td_rpc_stream_t *st, const uint8_t **msg, size_t *len, double wait_s)
 {
     if (st->ended)
         return TD_ERR_NOT_FOUND;
-    if (!st->recv_posted) {
-        grpc_op ops[2];
-        memset(ops, 0, sizeof ops);
-        int n = 0;
-        if (!st->got_initial) {
-            ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-            ops[n++].data.recv_initial_metadata.recv_initial_metadata = &st->md_initial;
-            st->got_initial = true;
-        }
-        ops[n].op = GRPC_OP_RECV_MESSAGE;
-        ops[n++].data.recv_message.recv_message = &st->recv;
-        if (grpc_call_start_batch(st->call, ops, (size_t)n, (void *)(intptr_t)TAG_RECV, NULL) != GRPC_CALL_OK) {
-            st->ended = true;
-            return TD_ERR_NOT_FOUND;
-        }
-        st->recv_posted = true;
+    pthread_mutex_lock(&st->s.mu);
+    bool post = !(st->s.posted & (1u << TAG_RECV)) && !(st->s.done & (1u << TAG_RECV));
+    if (post)
+        st->s.posted |= 1u << TAG_RECV;
+    pthread_mutex_unlock(&st->s.mu);
+    if (post && !stream_post_recv(st)) {
+        pthread_mutex_lock(&st->s.mu);
+        st->s.posted &= ~(1u << TAG_RECV);
+        pthread_mutex_unlock(&st->s.mu);
+        st->ended = true;
+        return TD_ERR_NOT_FOUND;
     }
-    int r = cq_wait(&st->pump, TAG_RECV, deadline_in(wait_s));
+    int r = sync_wait(&st->s, TAG_RECV, wait_s);
     if (r == 0)
         return TD_ERR_TIMEOUT;
-    st->recv_posted = false;
     if (r < 0 || !st->recv) {
         st->ended = true;
         return TD_ERR_NOT_FOUND;
@@ -1103,14 +1702,46 @@ td_status_t td_rpc_stream_read(td_rpc_stream_t *st, const uint8_t **msg, size_t 
     return ok ? TD_OK : TD_ERR_NO_MEMORY;
 }
 
+td_status_t td_rpc_stream_read_async(td_rpc_stream_t *st, td_rpc_read_fn cb, void *ctx)
+{
+    pthread_mutex_lock(&st->s.mu);
+    td_status_t rc = st->ended ? TD_ERR_NOT_FOUND
+                     : (st->s.posted & (1u << TAG_RECV)) || st->read_cb ? TD_ERR_INTERNAL
+                                                                        : TD_OK;
+    if (!rc) {
+        st->read_cb = cb;
+        st->read_ctx = ctx;
+        st->s.posted |= 1u << TAG_RECV;
+    }
+    pthread_mutex_unlock(&st->s.mu);
+    if (rc == TD_ERR_INTERNAL)
+        return td_error(rc, "rpc: a read is already posted on this stream");
+    if (rc)
+        return rc;
+    if (!stream_post_recv(st)) {
+        pthread_mutex_lock(&st->s.mu);
+        st->s.posted &= ~(1u << TAG_RECV);
+        st->read_cb = NULL;
+        st->ended = true;
+        pthread_mutex_unlock(&st->s.mu);
+        return TD_ERR_NOT_FOUND;
+    }
+    return TD_OK;
+}
+
 td_status_t td_rpc_stream_result(td_rpc_stream_t *st, double wait_s, td_rpc_result_t *res)
 {
-    if (!st->status_done) {
-        int r = cq_wait(&st->pump, TAG_STATUS, deadline_in(wait_s));
-        if (r == 0)
-            return TD_ERR_TIMEOUT;
-        st->status_done = true;
+    pthread_mutex_lock(&st->s.mu);
+    bool done = st->status_done;
+    if (!done && wait_s > 0) {
+        struct timespec until = mono_in(wait_s);
+        while (!st->status_done && pthread_cond_timedwait(&st->s.cv, &st->s.mu, &until) != ETIMEDOUT)
+            ;
+        done = st->status_done;
     }
+    pthread_mutex_unlock(&st->s.mu);
+    if (!done)
+        return TD_ERR_TIMEOUT;
     result_set(res, st->code, st->details, st->error_string);
     explain_unconnected(st->ch, res);
     return td_rpc_status_of(st->code);
@@ -1122,18 +1753,16 @@ void td_rpc_stream_destroy(td_rpc_stream_t *st)
 {
     if (!st)
         return;
-    if (!st->status_done) {
+    pthread_mutex_lock(&st->s.mu);
+    if (!st->status_done)
         grpc_call_cancel(st->call, NULL);
-        cq_wait(&st->pump, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC));
-    }
-    if (st->recv_posted)
-        cq_wait(&st->pump, TAG_RECV, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    while (st->s.posted || st->in_cb || st->end_pending)
+        pthread_cond_wait(&st->s.cv, &st->s.mu);
+    pthread_mutex_unlock(&st->s.mu);
     if (st->recv)
         grpc_byte_buffer_destroy(st->recv);
     free(st->msg);
-    channel_untrack(st->ch, st->call);
-    grpc_call_unref(st->call);
-    cq_destroy(st->pump.cq);
+    client_call_end(st->ch, st->scope, st->call);
     if (st->send_bb)
         grpc_byte_buffer_destroy(st->send_bb);
     grpc_metadata_array_destroy(&st->md_initial);
@@ -1141,5 +1770,6 @@ void td_rpc_stream_destroy(td_rpc_stream_t *st)
     grpc_slice_unref(st->details);
     if (st->error_string)
         gpr_free(st->error_string);
+    sync_destroy(&st->s);
     free(st);
 }

@@ -1,26 +1,32 @@
 /* rpc.h — gRPC over the C core (libgrpc), the way every tandem process uses it.
  *
- * The idea: one completion queue per call, driven by one thread at a time, so
- * that a handler reads like blocking code (read the request, send messages,
- * finish) while gRPC stays asynchronous underneath. The server's own thread
- * only accepts calls and hands each to a fresh handler thread; clients run their
- * calls in the caller's thread. Payloads are opaque bytes (protobuf-c packs and
- * unpacks them in the callers).
+ * Threads, fixed whatever the number of calls: a few completion-queue
+ * threads per process (started by td_rpc_init) receive every completion of
+ * every call, server or client, and hand it on — to the thread blocked on
+ * that call's condition variable, or to an asynchronous callback. Servers
+ * run their handlers on a fixed pool of threads (common/pool.h); a call
+ * past the server's limit is answered RESOURCE_EXHAUSTED at once.
  *
- * Deadlines and cancellation travel both ways: a server call knows the client's
- * deadline and learns of its cancellation (td_rpc_call_cancelled, and every wait
- * returns TD_ERR_CANCELLED); a client call made on behalf of a server call
- * (parent) inherits the parent's deadline and is cancelled with it — this is
- * how the router's upstream calls die with the client's.
+ * Two ways to write a handler or a client:
+ *  - blocking: a handler reads like blocking code (read the request, send
+ *    messages, finish) and a client call waits for its reply; this holds a
+ *    pool thread (a handler) or the caller's thread (a client) meanwhile;
+ *  - asynchronous, for streams that last: a handler detaches its call
+ *    (td_rpc_call_detach) and returns its thread; sends, wake-ups, reads of
+ *    an upstream stream and the client's cancel then arrive as callbacks on a
+ *    completion-queue thread. Callbacks must not block (no blocking call of
+ *    this API in them): they post the next operation, or resume the call on
+ *    the pool (td_rpc_call_resume) for anything that waits. The callbacks of
+ *    one call never run concurrently with each other.
  *
- * Another thread (an engine loop) hands work to a handler through its own
- * queue and td_rpc_call_wake(), an empty batch that wakes the handler blocked
- * in td_rpc_call_wait(). TLS with mutual authentication is an option of both
- * sides (td_rpc_tls_t); without it, plain HTTP/2.
- *
- * Threads: a td_rpc_call_t belongs to its handler thread, except
- * td_rpc_call_wake(), which any thread may call while the handler has not
- * finished (the caller's own lock makes sure of that). */
+ * Deadlines and cancellation: a scope (td_rpc_scope_t) is a deadline and a
+ * cancel switch that client calls are made under: cancelling it ends them
+ * all, and a call made under it gets at most its time left. A server call has
+ * one (td_rpc_call_scope: the client's deadline, cancelled when the client
+ * goes away); a router request makes its own, whatever transport serves it.
+ * Payloads are opaque bytes (protobuf-c packs and unpacks them in the callers).
+ * TLS with mutual authentication is an option of both sides (td_rpc_tls_t);
+ * without it, plain HTTP/2. */
 #ifndef TD_RPC_H
 #define TD_RPC_H
 
@@ -53,8 +59,9 @@ typedef struct td_rpc_tls {
     const char *ca_file, *cert_file, *key_file;
 } td_rpc_tls_t;
 
-/* Starts and stops the gRPC library (reference counted; every process calls
- * init once before anything here and shutdown after destroying everything). */
+/* Starts and stops the gRPC library and the completion-queue threads
+ * (reference counted, process-wide like gRPC itself: every process calls init
+ * once before anything here and shutdown after destroying everything). */
 void td_rpc_init(void);
 void td_rpc_shutdown(void);
 
@@ -69,20 +76,39 @@ const char *td_rpc_code_name(int code);
  * IPv4 address of this machine (127.0.0.1 when it has none). */
 void td_rpc_advertise_addr(const char *listen, int port, char *out, size_t cap);
 
+/* ---- scopes ---- */
+typedef struct td_rpc_scope td_rpc_scope_t;
+
+/* A scope whose calls end by timeout_s from now (>= 1e8: no deadline). */
+td_status_t td_rpc_scope_create(double timeout_s, td_rpc_scope_t **out);
+void td_rpc_scope_destroy(td_rpc_scope_t *sc);
+/* Any thread: ends every call in flight under sc with CANCELLED; later
+ * calls under it fail at once. Idempotent. */
+void td_rpc_scope_cancel(td_rpc_scope_t *sc);
+bool td_rpc_scope_cancelled(td_rpc_scope_t *sc);
+/* Seconds left before its deadline (a large number when none). */
+double td_rpc_scope_left(td_rpc_scope_t *sc);
+
 /* ---- server ---- */
 typedef struct td_rpc_server td_rpc_server_t;
 typedef struct td_rpc_call td_rpc_call_t;
-/* Runs in its own thread; must end the call with td_rpc_call_finish() or
- * td_rpc_call_reply(). */
+/* Runs on a thread of the server's pool; must end the call with
+ * td_rpc_call_finish() or td_rpc_call_reply(), or detach it. */
 typedef void (*td_rpc_handler_fn)(void *ctx, td_rpc_call_t *call);
+/* An asynchronous event of a call (a write done, a wake-up, a cancel), on a
+ * completion-queue thread; ok: the operation succeeded. */
+typedef void (*td_rpc_event_fn)(void *ctx, bool ok);
 
 /* A server on addr ("127.0.0.1:0" picks a port). */
 td_status_t td_rpc_server_create(const char *addr, const td_rpc_tls_t *tls, td_rpc_server_t **out);
 /* Registers a method ("/tandem.v1.Tandem/Generate") before start. */
 td_status_t td_rpc_server_add(td_rpc_server_t *s, const char *method, td_rpc_handler_fn fn, void *ctx);
-/* At most max calls handled at once (before start; 0: no limit): a call past
- * it is answered RESOURCE_EXHAUSTED at once, without a handler. */
+/* At most max calls open at once, queued, running or detached (before start;
+ * default 4096): a call past it is answered RESOURCE_EXHAUSTED at once,
+ * without a handler. */
 void td_rpc_server_set_max_calls(td_rpc_server_t *s, int max);
+/* Handler threads (before start; default 16). */
+void td_rpc_server_set_threads(td_rpc_server_t *s, int threads);
 /* Binds and starts serving; *port is the bound port. */
 td_status_t td_rpc_server_start(td_rpc_server_t *s, int *port);
 /* Stops accepting, lets running calls finish for up to grace_s seconds,
@@ -100,6 +126,9 @@ const char *td_rpc_call_peer(td_rpc_call_t *c);
 double td_rpc_call_time_left(td_rpc_call_t *c);
 /* True once the client cancelled, went away or its deadline passed. */
 bool td_rpc_call_cancelled(td_rpc_call_t *c);
+/* The call's scope: the client's deadline, cancelled when the client goes
+ * away; valid until the call is done. */
+td_rpc_scope_t *td_rpc_call_scope(td_rpc_call_t *c);
 /* Sends one message of a server stream without waiting for the write: the
  * next send (or the status) waits for it first, so one message is in flight
  * at a time and a slow client still holds the sender back. TD_ERR_CANCELLED
@@ -115,6 +144,29 @@ void td_rpc_call_finish(td_rpc_call_t *c, int code, const char *fmt, ...) __attr
 /* Unary success: the reply message and status OK. */
 void td_rpc_call_reply(td_rpc_call_t *c, const void *msg, size_t len);
 
+/* -- asynchronous server calls -- */
+/* The handler keeps the call open after it returns; some thread later ends
+ * it with finish (or reply) and then td_rpc_call_done. */
+void td_rpc_call_detach(td_rpc_call_t *c);
+/* Ends a detached call (finished or not: then INTERNAL). Not on a
+ * completion-queue thread. c is gone after it. */
+void td_rpc_call_done(td_rpc_call_t *c);
+/* Runs fn(ctx, c) on the server's pool as the call's handler again (for a
+ * callback with something to wait for): the call ends when fn returns,
+ * unless fn detaches it again. */
+td_status_t td_rpc_call_resume(td_rpc_call_t *c, td_rpc_handler_fn fn, void *ctx);
+/* Sends one message and calls done(ctx, ok) once it is written (ok false:
+ * the client is gone). One send at a time: the next waits for done. */
+td_status_t td_rpc_call_send_async(td_rpc_call_t *c, const void *msg, size_t len, td_rpc_event_fn done, void *ctx);
+/* From now on every td_rpc_call_wake() (coalesced) and the client's cancel
+ * call fn(ctx, true) on the call's completion-queue thread, until the call
+ * is finished; fn NULL turns it off (waiting for a callback under way). */
+void td_rpc_call_on_wake(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx);
+/* fn(ctx, true) once, on a completion-queue thread, if the client cancels or
+ * goes away before the call is finished; fn NULL turns it off (waiting for
+ * a callback under way). */
+void td_rpc_call_on_cancel(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx);
+
 /* ---- client ---- */
 typedef struct td_rpc_channel td_rpc_channel_t;
 typedef struct td_rpc_stream td_rpc_stream_t;
@@ -127,6 +179,9 @@ typedef struct td_rpc_result {
 
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out);
 void td_rpc_channel_destroy(td_rpc_channel_t *ch);
+/* Calls on ch fail at once when there is no connection (UNAVAILABLE)
+ * instead of waiting for one until their deadlines (before any call). */
+void td_rpc_channel_set_fail_fast(td_rpc_channel_t *ch, bool on);
 /* Any thread: ends every call in flight on ch with UNAVAILABLE and makes new
  * ones fail the same way at once — for a peer that left (its lease expired),
  * whose calls would otherwise wait for a connection until their deadlines. */
@@ -134,18 +189,17 @@ void td_rpc_channel_shutdown(td_rpc_channel_t *ch);
 const char *td_rpc_channel_target(const td_rpc_channel_t *ch);
 
 /* A unary call. On TD_OK *resp (malloc'd, the caller frees) holds the reply.
- * Otherwise res says what the server or the transport answered. parent, when
- * not NULL, is the server call this one serves: its deadline and cancellation
- * carry over. */
+ * Otherwise res says what the server or the transport answered. scope, when
+ * not NULL, bounds its deadline and cancels it. */
 td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *req, size_t req_len,
-                         double timeout_s, td_rpc_call_t *parent, uint8_t **resp, size_t *resp_len,
+                         double timeout_s, td_rpc_scope_t *scope, uint8_t **resp, size_t *resp_len,
                          td_rpc_result_t *res);
 
 /* A streaming call. With req, the request is sent and the client half-closes
  * (server streaming); with req NULL, messages are sent with td_rpc_stream_write
  * (bidirectional). */
 td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const void *req, size_t req_len,
-                               double timeout_s, td_rpc_call_t *parent, td_rpc_stream_t **out);
+                               double timeout_s, td_rpc_scope_t *scope, td_rpc_stream_t **out);
 td_status_t td_rpc_stream_write(td_rpc_stream_t *st, const void *msg, size_t len, double timeout_s);
 /* Reads the next message into the stream's own buffer (reused: no
  * allocation per message once it is large enough); *msg stays valid until
@@ -153,10 +207,19 @@ td_status_t td_rpc_stream_write(td_rpc_stream_t *st, const void *msg, size_t len
  * td_rpc_stream_result says how it ended), TD_ERR_TIMEOUT if none came within
  * wait_s (the read stays posted; call again). */
 td_status_t td_rpc_stream_read(td_rpc_stream_t *st, const uint8_t **msg, size_t *len, double wait_s);
+/* A read whose outcome arrives as cb(ctx, rc, msg, len) on a
+ * completion-queue thread: TD_OK with the message (valid during cb), or
+ * TD_ERR_NOT_FOUND at the end of the stream, called once the final status is
+ * in (td_rpc_stream_result with wait 0 then answers). cb may post the next
+ * read; one read at a time. */
+typedef void (*td_rpc_read_fn)(void *ctx, td_status_t rc, const uint8_t *msg, size_t len);
+td_status_t td_rpc_stream_read_async(td_rpc_stream_t *st, td_rpc_read_fn cb, void *ctx);
 /* The final status (waits up to wait_s for it). */
 td_status_t td_rpc_stream_result(td_rpc_stream_t *st, double wait_s, td_rpc_result_t *res);
 /* Cancels from any thread. */
 void td_rpc_stream_cancel(td_rpc_stream_t *st);
+/* Cancels it if still open and waits for its operations; not on a
+ * completion-queue thread. */
 void td_rpc_stream_destroy(td_rpc_stream_t *st);
 
 #endif

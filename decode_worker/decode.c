@@ -316,6 +316,14 @@ typedef struct dreq {
     char *text;
     size_t text_len, text_cap;
     bool lost; /* an event could not be queued (no memory): the stream ends with an error */
+    /* the pump's (touched by the call's callbacks only, which never overlap) */
+    eng_worker_t *w;
+    size_t sent;       /* events of the queue sent */
+    bool sending;      /* a message is being written */
+    bool final_queued; /* the message with the finish reason is written or being written */
+    bool ending;       /* the end is under way on the pool */
+    int end_code;
+    uint8_t buf[4096 + 64]; /* the message being packed (longer ones take the heap once) */
     /* the start closure's inputs and outputs */
     Tandem__Internal__V1__DecodeRequest *rq;
     eng_logit_bias_t *bias;
@@ -517,6 +525,92 @@ static void cancel_async(eng_worker_t *w, dreq_t *d)
     eng_worker_call(w, cancel_on_engine, d, 5);
 }
 
+static void decode_pump(void *ctx, bool ok);
+
+/* The end of a stream, on the pool (it may wait for the engine): the
+ * sequence is cancelled unless it finished, the status goes out, and the
+ * call ends when this returns. */
+static void decode_end(void *ctx, td_rpc_call_t *call)
+{
+    dreq_t *d = ctx;
+    if (d->end_code == TD_RPC_OK) {
+        td_rpc_call_finish(call, TD_RPC_OK, NULL);
+    } else {
+        cancel_async(d->w, d); /* frees the sequence's blocks */
+        if (d->end_code == TD_RPC_INTERNAL)
+            td_rpc_call_finish(call, TD_RPC_INTERNAL, "%s: no memory to queue a token", eng_worker_id(d->w));
+        else
+            td_rpc_call_finish(call, TD_RPC_CANCELLED, "the caller went away");
+    }
+    pthread_mutex_lock(&d->mu);
+    d->call = NULL;
+    pthread_mutex_unlock(&d->mu);
+    dreq_put(d);
+}
+
+static void decode_end_async(dreq_t *d, int code)
+{
+    d->ending = true;
+    d->end_code = code;
+    td_rpc_call_t *call = d->call; /* still set: only decode_end clears it */
+    td_rpc_call_on_wake(call, NULL, NULL);
+    if (td_rpc_call_resume(call, decode_end, d) != TD_OK)
+        TD_WARN("%s: cannot end a decode stream (the server is stopping)", eng_worker_id(d->w));
+}
+
+static void decode_sent(void *ctx, bool ok)
+{
+    dreq_t *d = ctx;
+    d->sending = false;
+    if (!ok) {
+        decode_end_async(d, TD_RPC_CANCELLED);
+        return;
+    }
+    decode_pump(d, true);
+}
+
+/* Runs on the call's completion-queue thread whenever the engine queued
+ * events (td_rpc_call_wake), a write completed, or the client went away:
+ * one message in flight at a time, so a slow client holds the stream back
+ * without holding a thread. */
+static void decode_pump(void *ctx, bool ok)
+{
+    (void)ok;
+    dreq_t *d = ctx;
+    if (d->ending || d->sending)
+        return;
+    pthread_mutex_lock(&d->mu);
+    bool lost = d->lost;
+    td_rpc_call_t *call = d->call;
+    pthread_mutex_unlock(&d->mu);
+    if (lost) {
+        decode_end_async(d, TD_RPC_INTERNAL);
+        return;
+    }
+    if (td_rpc_call_cancelled(call)) {
+        decode_end_async(d, TD_RPC_CANCELLED);
+        return;
+    }
+    if (d->final_queued) { /* written: the stream is complete */
+        decode_end_async(d, TD_RPC_OK);
+        return;
+    }
+    uint8_t *b = NULL;
+    eng_finish_t fin = ENG_FINISH_NONE;
+    size_t pn = next_message(d, &d->sent, d->buf, sizeof d->buf, &b, &fin);
+    if (!pn)
+        return; /* nothing new: the next wake comes with the next event */
+    d->sending = true; /* before the write: its completion comes on this thread, but only after */
+    d->final_queued = fin != ENG_FINISH_NONE;
+    td_status_t rc = b ? td_rpc_call_send_async(call, b, pn, decode_sent, d) : TD_ERR_NO_MEMORY;
+    if (b != d->buf)
+        free(b);
+    if (rc) {
+        d->sending = false;
+        decode_end_async(d, rc == TD_ERR_NO_MEMORY ? TD_RPC_INTERNAL : TD_RPC_CANCELLED);
+    }
+}
+
 static void h_decode(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
@@ -530,6 +624,7 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
     pthread_mutex_init(&d->mu, NULL);
     d->refs = 1;
     d->call = call;
+    d->w = w;
     d->rq = tandem__internal__v1__decode_request__unpack(NULL, n, p);
     if (!d->rq || !d->rq->n_tokens || !d->rq->has_first_token) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
@@ -548,36 +643,10 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
         td_rpc_call_finish(call, td_rpc_code_of(d->rc), "%s", d->err);
         goto done;
     }
-    size_t sent = 0;
-    for (;;) {
-        bool finished = false;
-        uint8_t buf[4096 + 64], *b = NULL;
-        eng_finish_t fin = ENG_FINISH_NONE;
-        size_t pn;
-        while (!rc && !finished && (pn = next_message(d, &sent, buf, sizeof buf, &b, &fin))) {
-            rc = b ? td_rpc_call_send(call, b, pn) : TD_ERR_NO_MEMORY;
-            if (b != buf)
-                free(b);
-            finished = fin != ENG_FINISH_NONE;
-        }
-        if (finished && !rc) {
-            td_rpc_call_finish(call, TD_RPC_OK, NULL);
-            break;
-        }
-        pthread_mutex_lock(&d->mu);
-        bool lost = d->lost;
-        pthread_mutex_unlock(&d->mu);
-        if (lost) {
-            cancel_async(w, d);
-            td_rpc_call_finish(call, TD_RPC_INTERNAL, "%s: no memory to queue a token", eng_worker_id(w));
-            break;
-        }
-        if (rc || td_rpc_call_wait(call, 1.0) == TD_ERR_CANCELLED) {
-            cancel_async(w, d); /* frees the sequence's blocks */
-            td_rpc_call_finish(call, TD_RPC_CANCELLED, "the caller went away");
-            break;
-        }
-    }
+    /* the stream goes on without this thread: the pump sends as events come */
+    td_rpc_call_detach(call);
+    td_rpc_call_on_wake(call, decode_pump, d);
+    return;
 done:
     pthread_mutex_lock(&d->mu);
     d->call = NULL;

@@ -99,7 +99,7 @@ static void h_relay(void *ctx, td_rpc_call_t *c)
     size_t n;
     const uint8_t *p = td_rpc_call_payload(c, &n);
     td_rpc_stream_t *st;
-    td_rpc_stream_open(g_upstream, "/t.T/Count", p, n, 30, c, &st);
+    td_rpc_stream_open(g_upstream, "/t.T/Count", p, n, 30, td_rpc_call_scope(c), &st);
     const uint8_t *m;
     size_t l;
     while (td_rpc_stream_read(st, &m, &l, 30) == TD_OK) {

@@ -1,0 +1,659 @@
+/* request.c — see request.h.
+ *
+ * A request goes through attempts: place a (prefill, decode) pair, reserve
+ * landing blocks on the decode worker, have the prefill worker compute the
+ * prompt and push its KV there, open the decode stream and relay it. A
+ * worker that fails is skipped for a while and the request goes on
+ * elsewhere: a failed prefill is redone, a decode stream that breaks is
+ * resumed by re-prefilling the prompt plus the tokens already streamed —
+ * within the request's deadline, after which it ends DEADLINE_EXCEEDED, never
+ * a hang. Every upstream call is made under the request's scope, so the
+ * deadline bounds it and a cancel ends it, whatever transport the client
+ * came by.
+ *
+ * Threads: the steps (step, after_stream) run on the router's pool, one at a
+ * time per request; the relay (on_upstream, rt_request_sent) runs on RPC
+ * completion-queue threads, one callback at a time: each message read posts
+ * one write to the sink, and each write done posts the next read. mu guards
+ * only `cancelled`. */
+#define _GNU_SOURCE
+#include "router/request.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/kv_contract_pb.h"
+#include "common/log.h"
+#include "common/pb_arena.h"
+#include "common/rpc.h"
+#include "engine/sampler.h"
+#include "engine/sampling_pb.h"
+#include "tandem/internal/v1/worker.pb-c.h"
+
+struct rt_request {
+    router_t *r;
+    rt_sink_t sink;
+    void *sink_ctx;
+    td_rpc_scope_t *scope; /* the deadline and cancel of every upstream call */
+    Tandem__V1__GenerateRequest *rq;
+    int32_t *tokens; /* prompt, then the tokens streamed so far */
+    size_t n_prompt, n_tokens, cap_tokens;
+    uint32_t max_tokens, cached;
+    double t0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
+    char prefill_id[96], decode_id[96];
+    uint64_t text_sent; /* bytes of text relayed to the client, all attempts */
+    int internal_errors; /* attempts a worker ended with INTERNAL */
+    bool validated, sent_any;
+    /* the attempt under way */
+    rt_worker_t *p, *d;
+    char did[96];
+    double prefill_ms;
+    td_rpc_stream_t *st;
+    bool finished;    /* the message with the finish reason was relayed */
+    bool sink_failed; /* the client could not be written to */
+    _Alignas(16) uint8_t pb_mem[8192]; /* each DecodeResponse unpacks here: no allocation per token */
+    td_pb_arena_t arena;
+    pthread_mutex_t mu;
+    bool cancelled;
+};
+
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double left(const rt_request_t *q) { return q->deadline - td_now_s(); }
+
+static bool cancelled(rt_request_t *q)
+{
+    pthread_mutex_lock(&q->mu);
+    bool c = q->cancelled;
+    pthread_mutex_unlock(&q->mu);
+    return c;
+}
+
+static bool fatal_code(int code)
+{
+    return code == TD_RPC_INVALID_ARGUMENT || code == TD_RPC_CANCELLED || code == TD_RPC_DEADLINE_EXCEEDED;
+}
+
+/* The end: the sink's last call, then the request is freed. */
+static void finish(rt_request_t *q, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void finish(rt_request_t *q, int code, const char *fmt, ...)
+{
+    router_t *r = q->r;
+    char msg[1024] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+    }
+    if (q->validated)
+        rt_count(r, true, q->overhead, q->cpu);
+    else
+        rt_count(r, false, -1, -1);
+    q->sink.end(q->sink_ctx, code, msg);
+    pthread_mutex_lock(&r->mu);
+    r->n_active--;
+    pthread_mutex_unlock(&r->mu);
+    free(q->tokens);
+    tandem__v1__generate_request__free_unpacked(q->rq, NULL);
+    td_rpc_scope_destroy(q->scope);
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}
+
+/* ---------------------------------------------------------------- validation */
+
+/* Checks the request and tokenizes it; false when it ended (the error sent). */
+static bool validate(rt_request_t *q)
+{
+    router_t *r = q->r;
+    Tandem__V1__GenerateRequest *rq = q->rq;
+    char err[600] = "";
+    int code = TD_RPC_INVALID_ARGUMENT;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (rq->model && rq->model[0] && strcmp(rq->model, r->model->desc.name)) {
+        snprintf(err, sizeof err, "model: '%s' is not served here (this router serves '%s')", rq->model,
+                 r->model->desc.name);
+        code = TD_RPC_NOT_FOUND;
+        goto fail;
+    }
+    if (rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT__NOT_SET) {
+        snprintf(err, sizeof err, "input: set prompt or chat");
+        goto fail;
+    }
+    td_status_t rc = rt_tokenize_input(r, rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT ? rq->prompt : NULL,
+                                       rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT ? rq->chat : NULL,
+                                       false, true, &ids, &n_ids, err, sizeof err);
+    if (rc) {
+        code = td_rpc_code_of(rc);
+        goto fail;
+    }
+    const Tandem__V1__SamplingParams *sp = rq->sampling;
+    q->max_tokens = sp && sp->max_tokens ? sp->max_tokens : r->default_max_tokens;
+    uint32_t ctxlen = r->model->desc.context ? r->model->desc.context : 4096;
+    if (n_ids + q->max_tokens > ctxlen) {
+        snprintf(err, sizeof err, "%s: %zu prompt tokens + max_tokens %u exceed the context of %u tokens",
+                 n_ids >= ctxlen ? "prompt" : "sampling.max_tokens", n_ids, q->max_tokens, ctxlen);
+        goto fail;
+    }
+    eng_sampling_t es;
+    eng_logit_bias_t *bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *bias);
+    if (!bias) {
+        code = TD_RPC_RESOURCE_EXHAUSTED;
+        snprintf(err, sizeof err, "no memory");
+        goto fail;
+    }
+    eng_sampling_from_pb(sp, &es, bias);
+    rc = eng_sampling_validate(&es, (int32_t)r->model->desc.vocab);
+    free(bias);
+    if (rc) {
+        snprintf(err, sizeof err, "sampling: %s", td_last_error());
+        goto fail;
+    }
+    for (size_t i = 0; sp && i < sp->n_stop; i++)
+        if (!sp->stop[i][0]) {
+            snprintf(err, sizeof err, "sampling.stop[%zu]: empty", i);
+            goto fail;
+        }
+    q->cap_tokens = n_ids + q->max_tokens + 1;
+    q->tokens = malloc(q->cap_tokens * sizeof *q->tokens);
+    if (!q->tokens) {
+        code = TD_RPC_RESOURCE_EXHAUSTED;
+        snprintf(err, sizeof err, "no memory");
+        goto fail;
+    }
+    memcpy(q->tokens, ids, n_ids * sizeof *ids);
+    free(ids);
+    q->n_prompt = q->n_tokens = n_ids;
+    q->validated = true;
+    return true;
+fail:
+    free(ids);
+    finish(q, code, "%s", err);
+    return false;
+}
+
+/* ---------------------------------------------------------------- upstream calls */
+
+/* Reserve on D; 1 done, 0 try again, -1 give up (res says why). */
+static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__LandingDescriptor **land,
+                   td_rpc_result_t *res)
+{
+    Tandem__Internal__V1__ReserveRequest rq = TANDEM__INTERNAL__V1__RESERVE_REQUEST__INIT;
+    Tandem__Internal__V1__KvContract c;
+    td_kv_layout_to_pb(&q->r->table.expect, &c);
+    rq.contract = &c;
+    rq.has_n_tokens = rq.has_max_tokens = rq.has_lease_ms = 1;
+    rq.n_tokens = (uint32_t)q->n_tokens;
+    rq.max_tokens = q->max_tokens;
+    rq.lease_ms = RT_RES_LEASE_MS; /* renewed while held (the router's renewer) */
+    uint8_t buf[512];
+    size_t n = tandem__internal__v1__reserve_request__pack(&rq, buf);
+    uint8_t *out;
+    size_t on;
+    td_status_t rc = td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Reserve", buf, n, fmin(left(q), 5.0), q->scope,
+                                  &out, &on, res);
+    if (rc)
+        return fatal_code(res->code) && res->code != TD_RPC_DEADLINE_EXCEEDED ? -1 : 0;
+    Tandem__Internal__V1__ReserveResponse *rp = tandem__internal__v1__reserve_response__unpack(NULL, on, out);
+    free(out);
+    if (!rp || !rp->landing) {
+        if (rp)
+            tandem__internal__v1__reserve_response__free_unpacked(rp, NULL);
+        snprintf(res->message, sizeof res->message, "decode worker %s: bad ReserveResponse", d->id);
+        return 0;
+    }
+    *land = rp->landing;
+    rp->landing = NULL;
+    tandem__internal__v1__reserve_response__free_unpacked(rp, NULL);
+    return 1;
+}
+
+static void release(rt_worker_t *d, uint64_t id)
+{
+    Tandem__Internal__V1__ReleaseRequest rq = TANDEM__INTERNAL__V1__RELEASE_REQUEST__INIT;
+    rq.has_reservation_id = 1;
+    rq.reservation_id = id;
+    uint8_t buf[32];
+    size_t n = tandem__internal__v1__release_request__pack(&rq, buf);
+    uint8_t *out = NULL;
+    size_t on;
+    td_rpc_result_t res;
+    if (td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Release", buf, n, 2.0, NULL, &out, &on, &res) == TD_OK)
+        free(out);
+}
+
+static Tandem__V1__SamplingParams *sampling_for(rt_request_t *q, Tandem__V1__SamplingParams *copy)
+{
+    static const Tandem__V1__SamplingParams none = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    *copy = q->rq->sampling ? *q->rq->sampling : none;
+    copy->has_max_tokens = 1;
+    copy->max_tokens = q->max_tokens - (uint32_t)(q->n_tokens - q->n_prompt);
+    return copy;
+}
+
+/* ---------------------------------------------------------------- the relay */
+
+static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml);
+static void after_stream_task(void *arg);
+
+/* From a relay callback: the stream is over (or must be), the rest waits. */
+static void relay_over(rt_request_t *q)
+{
+    if (td_pool_submit(q->r->pool, after_stream_task, q) != TD_OK) /* sized for every request: cannot be full */
+        TD_WARN("router: request %s cannot be queued to end; it waits for its deadline", q->rq->request_id);
+}
+
+static void read_next(rt_request_t *q)
+{
+    if (td_rpc_stream_read_async(q->st, on_upstream, q) != TD_OK)
+        relay_over(q);
+}
+
+/* A decode worker's message: relayed to the sink as a GenerateResponse. */
+static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
+{
+    rt_request_t *q = ctx;
+    if (rc) {
+        relay_over(q);
+        return;
+    }
+    double t_m = td_now_s(), c_m = cpu_s();
+    td_pb_arena_reset(&q->arena);
+    Tandem__Internal__V1__DecodeResponse *dr = tandem__internal__v1__decode_response__unpack(&q->arena.a, ml, m);
+    if (!dr) {
+        td_rpc_stream_cancel(q->st);
+        read_next(q); /* to its end */
+        return;
+    }
+    for (size_t i = 0; i < dr->n_token_ids && q->n_tokens < q->cap_tokens; i++)
+        q->tokens[q->n_tokens++] = dr->token_ids[i];
+    Tandem__V1__GenerateResponse gr = TANDEM__V1__GENERATE_RESPONSE__INIT;
+    gr.request_id = q->rq->request_id;
+    gr.text = dr->text;
+    if (q->rq->return_token_ids) {
+        gr.n_token_ids = dr->n_token_ids;
+        gr.token_ids = dr->token_ids;
+    }
+    Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
+    Tandem__V1__Timing timing = TANDEM__V1__TIMING__INIT;
+    double t = td_now_s();
+    if (dr->n_token_ids) {
+        if (!q->t_first)
+            q->t_first = t;
+        q->t_last = t;
+    }
+    bool fin = dr->has_finish_reason;
+    if (fin) {
+        gr.has_finish_reason = 1;
+        gr.finish_reason = dr->finish_reason;
+        gr.error = dr->error;
+        usage.has_prompt_tokens = usage.has_completion_tokens = usage.has_cached_prompt_tokens = 1;
+        usage.prompt_tokens = (uint32_t)q->n_prompt;
+        usage.completion_tokens = (uint32_t)(q->n_tokens - q->n_prompt);
+        usage.cached_prompt_tokens = q->cached;
+        gr.usage = &usage;
+        uint32_t gen = usage.completion_tokens;
+        timing.has_ttft_ms = timing.has_tpot_ms = timing.has_e2e_ms = timing.has_queue_ms = 1;
+        timing.ttft_ms = ((q->t_first ? q->t_first : t) - q->t0) * 1e3;
+        timing.tpot_ms = gen > 1 ? (q->t_last - q->t_first) * 1e3 / (gen - 1) : 0;
+        timing.e2e_ms = (t - q->t0) * 1e3;
+        timing.queue_ms = 0;
+        timing.prefill_worker = q->prefill_id;
+        timing.decode_worker = q->decode_id;
+        gr.timing = &timing;
+    }
+    bool emit = gr.text[0] || gr.n_token_ids || fin;
+    size_t text_len = strlen(gr.text);
+    if (emit) { /* before the write: its completion may run on another thread at once */
+        q->sent_any = true;
+        q->text_sent += text_len;
+        q->finished = fin;
+    }
+    q->overhead += td_now_s() - t_m;
+    q->cpu += cpu_s() - c_m;
+    if (!emit) {
+        read_next(q);
+        return;
+    }
+    if (q->sink.emit(q->sink_ctx, q, &gr) != TD_OK) { /* the client is gone: end the upstream stream too */
+        q->text_sent -= text_len;
+        q->finished = false;
+        q->sink_failed = true;
+        td_rpc_stream_cancel(q->st);
+        read_next(q);
+    } /* else rt_request_sent goes on */
+}
+
+void rt_request_sent(rt_request_t *q, bool ok)
+{
+    if (!ok) {
+        q->sink_failed = true;
+        q->finished = false;
+        td_rpc_stream_cancel(q->st);
+    }
+    if (q->finished)
+        relay_over(q);
+    else
+        read_next(q);
+}
+
+/* ---------------------------------------------------------------- attempts */
+
+/* After the relay: how the stream ended decides. 1: the request ended, 0:
+ * try again. */
+static int after_stream(rt_request_t *q)
+{
+    router_t *r = q->r;
+    rt_worker_t *p = q->p, *d = q->d;
+    td_rpc_result_t sres = {0};
+    if (!q->finished)
+        td_rpc_stream_cancel(q->st);
+    td_rpc_stream_result(q->st, 2.0, &sres);
+    td_rpc_stream_destroy(q->st);
+    q->st = NULL;
+    bool gone = cancelled(q) || q->sink_failed;
+    double now = td_now_s();
+    rt_timings_t tm = {.prefill_ms = q->prefill_ms, .ttft_ms = ((q->t_first ? q->t_first : now) - q->t0) * 1e3,
+                       .e2e_ms = (now - q->t0) * 1e3, .prompt_tokens = (uint32_t)q->n_prompt,
+                       .cached_tokens = q->cached, .output_tokens = (uint32_t)(q->n_tokens - q->n_prompt),
+                       .ok = q->finished};
+    tm.tpot_ms = tm.output_tokens > 1 ? (q->t_last - q->t_first) * 1e3 / (tm.output_tokens - 1) : 0;
+    rt_table_observe(&r->table, r->place, p, d, &tm);
+    rt_table_unhold(&r->table, p);
+    rt_table_done(&r->table, d, !q->finished && !gone && !fatal_code(sres.code) ? &sres : NULL, 2);
+    q->p = q->d = NULL;
+    if (q->finished) {
+        finish(q, TD_RPC_OK, NULL);
+        return 1;
+    }
+    if (gone) {
+        finish(q, TD_RPC_CANCELLED, "the client cancelled");
+        return 1;
+    }
+    if (left(q) <= 0 || sres.code == TD_RPC_DEADLINE_EXCEEDED) {
+        finish(q, TD_RPC_DEADLINE_EXCEEDED, "the deadline passed after %zu tokens", q->n_tokens - q->n_prompt);
+        return 1;
+    }
+    if (fatal_code(sres.code)) {
+        finish(q, sres.code, "decode worker %s: %s", q->did, sres.message);
+        return 1;
+    }
+    /* a worker's own error (a landing refused by its check) is tried again
+     * on a fresh prefill, but not forever */
+    if (sres.code == TD_RPC_INTERNAL && ++q->internal_errors >= 3) {
+        finish(q, sres.code, "decode worker %s, 3 attempts: %s", q->did, sres.message);
+        return 1;
+    }
+    TD_WARN("router: the decode stream on %s broke after %zu tokens (%s: %s); resuming elsewhere", q->did,
+            q->n_tokens - q->n_prompt, td_rpc_code_name(sres.code), sres.message);
+    return 0;
+}
+
+/* One attempt up to the decode stream: 2 the relay runs (this thread is
+ * free), 1 the request ended, 0 try again. */
+static int attempt(rt_request_t *q)
+{
+    router_t *r = q->r;
+    double t_a = td_now_s(), c_a = cpu_s();
+    rt_placement_t pl;
+    rt_table_place(&r->table, r->place, q->tokens, q->n_tokens, &pl);
+    if (pl.code) {
+        /* nothing can serve it: say why now, unless a worker becomes usable before the deadline (its
+         * suspect time ends) or, for a stream already under way, a worker may still join to resume it */
+        double until = pl.retry_at ? pl.retry_at : q->sent_any ? q->deadline : 0;
+        if (until <= td_now_s() && !pl.retry_at) {
+            finish(q, pl.code, "%s", pl.why);
+            return 1;
+        }
+        if (until >= q->deadline && !q->sent_any) {
+            finish(q, pl.code, "%s (the deadline comes first)", pl.why);
+            return 1;
+        }
+        /* woken by the table (a worker joined, left or failed), capped at 1 s to see a cancel */
+        rt_table_wait(&r->table, fmin(fmin(until, q->deadline), td_now_s() + 1.0));
+        return 0;
+    }
+    rt_worker_t *d = pl.decode, *p = pl.prefill;
+    q->overhead += td_now_s() - t_a;
+    q->cpu += cpu_s() - c_a;
+    /* the records may be freed once released (rt_table_done): messages use copies */
+    char pid[sizeof p->id];
+    memcpy(pid, p->id, sizeof pid);
+    memcpy(q->did, d->id, sizeof q->did);
+    Tandem__Internal__V1__LandingDescriptor *land = NULL;
+    td_rpc_result_t res = {0};
+    int rv = reserve(q, d, &land, &res);
+    if (rv <= 0) {
+        /* the client's own deadline or cancel says nothing about the worker's health; a full pool
+         * is load, not a fault: the worker is skipped only briefly */
+        bool own = left(q) <= 0.001 || cancelled(q);
+        double skip = res.code == TD_RPC_FAILED_PRECONDITION ? 60 : res.code == TD_RPC_RESOURCE_EXHAUSTED ? 0.1 : 2;
+        rt_table_done(&r->table, d, !own ? &res : NULL, skip);
+        rt_table_done(&r->table, p, NULL, 0);
+        if (rv < 0) {
+            finish(q, res.code, "decode worker %s: %s", q->did, res.message);
+            return 1;
+        }
+        if (!own)
+            TD_WARN("router: reserve on %s failed (%s: %s); trying elsewhere", q->did, td_rpc_code_name(res.code),
+                    res.message);
+        return 0;
+    }
+    uint64_t res_id = land->reservation_id;
+    if (!rt_held_add(r, d, res_id)) {
+        release(d, res_id);
+        tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
+        rt_table_done(&r->table, d, NULL, 0);
+        rt_table_done(&r->table, p, NULL, 0);
+        finish(q, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %d reservations, its most; try again later",
+               RT_MAX_HELD);
+        return 1;
+    }
+    /* prefill the prompt (plus what was streamed already, on a resume) */
+    double t_b = td_now_s(), c_b = cpu_s();
+    Tandem__V1__SamplingParams sp;
+    Tandem__Internal__V1__PrefillRequest prq = TANDEM__INTERNAL__V1__PREFILL_REQUEST__INIT;
+    prq.request_id = q->rq->request_id;
+    prq.n_tokens = q->n_tokens;
+    prq.tokens = q->tokens;
+    prq.sampling = sampling_for(q, &sp);
+    prq.landing = land;
+    prq.has_sampled_before = 1;
+    prq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt); /* streamed before a resume */
+    size_t pn = tandem__internal__v1__prefill_request__get_packed_size(&prq);
+    uint8_t *pbuf = malloc(pn);
+    if (pbuf)
+        tandem__internal__v1__prefill_request__pack(&prq, pbuf);
+    q->overhead += td_now_s() - t_b;
+    q->cpu += cpu_s() - c_b;
+    uint8_t *out = NULL;
+    size_t on = 0;
+    td_status_t rc = pbuf ? td_rpc_unary(p->ch, "/tandem.internal.v1.Prefill/Prefill", pbuf, pn, left(q), q->scope,
+                                         &out, &on, &res)
+                          : TD_ERR_NO_MEMORY;
+    free(pbuf);
+    Tandem__Internal__V1__PrefillResponse *prp = rc ? NULL : tandem__internal__v1__prefill_response__unpack(NULL, on, out);
+    free(out);
+    tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
+    if (!prp) {
+        rt_held_remove(r, d, res_id);
+        release(d, res_id);
+        rt_table_done(&r->table, d, NULL, 0);
+        bool gone = cancelled(q);
+        rt_table_done(&r->table, p, !gone && !fatal_code(res.code) ? &res : NULL,
+                      res.code == TD_RPC_FAILED_PRECONDITION ? 60 : 2);
+        if (gone) {
+            finish(q, TD_RPC_CANCELLED, "the client cancelled");
+            return 1;
+        }
+        if (fatal_code(res.code) || left(q) <= 0) {
+            finish(q, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", pid, res.message);
+            return 1;
+        }
+        TD_WARN("router: prefill on %s failed (%s: %s); trying again", pid, td_rpc_code_name(res.code), res.message);
+        return 0;
+    }
+    snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pid);
+    snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
+    if (q->n_tokens == q->n_prompt)
+        q->cached = prp->cached_tokens;
+    int32_t first = prp->first_token;
+    q->prefill_ms = (td_now_s() - t_b) * 1e3;
+    rt_table_hold(&r->table, p); /* for rt_table_observe once the stream is done */
+    rt_table_done(&r->table, p, NULL, 0);
+
+    /* the completion notice: decode joins its batch and streams */
+    double t_c = td_now_s(), c_c = cpu_s();
+    Tandem__Internal__V1__DecodeRequest drq = TANDEM__INTERNAL__V1__DECODE_REQUEST__INIT;
+    drq.request_id = q->rq->request_id;
+    drq.has_reservation_id = drq.has_first_token = 1;
+    drq.reservation_id = res_id;
+    drq.n_tokens = q->n_tokens;
+    drq.tokens = q->tokens;
+    drq.first_token = first;
+    drq.has_sampled_before = 1;
+    drq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt) + 1; /* and the first token */
+    drq.has_resume_generated = drq.has_resume_text_sent = 1;
+    drq.resume_generated = (uint32_t)(q->n_tokens - q->n_prompt);
+    drq.resume_text_sent = q->text_sent;
+    drq.sampling = sampling_for(q, &sp);
+    drq.n_block_digests = prp->n_block_digests;
+    drq.block_digests = prp->block_digests;
+    pn = tandem__internal__v1__decode_request__get_packed_size(&drq);
+    pbuf = malloc(pn);
+    if (pbuf)
+        tandem__internal__v1__decode_request__pack(&drq, pbuf);
+    tandem__internal__v1__prefill_response__free_unpacked(prp, NULL);
+    q->st = NULL;
+    rc = pbuf ? td_rpc_stream_open(d->ch, "/tandem.internal.v1.Decode/Decode", pbuf, pn, left(q), q->scope, &q->st)
+              : TD_ERR_NO_MEMORY;
+    free(pbuf);
+    rt_held_remove(r, d, res_id); /* the Decode claims it (or, failing, its lease runs out) */
+    q->p = p;
+    q->d = d;
+    q->finished = q->sink_failed = false;
+    q->overhead += td_now_s() - t_c;
+    q->cpu += cpu_s() - c_c;
+    if (rc) { /* no stream: as if it broke at once */
+        q->st = NULL;
+        rt_table_observe(&r->table, r->place, p, d, &(rt_timings_t){.prefill_ms = q->prefill_ms});
+        rt_table_unhold(&r->table, p);
+        rt_table_done(&r->table, d, NULL, 0);
+        q->p = q->d = NULL;
+        finish(q, TD_RPC_RESOURCE_EXHAUSTED, "no memory for the decode request");
+        return 1;
+    }
+    if (td_rpc_stream_read_async(q->st, on_upstream, q) != TD_OK)
+        return after_stream(q);
+    return 2;
+}
+
+/* Attempts until the relay runs or the request ends. */
+static void run(rt_request_t *q)
+{
+    for (;;) {
+        int a = attempt(q);
+        if (a)
+            return;
+        if (cancelled(q)) {
+            finish(q, TD_RPC_CANCELLED, "the client cancelled");
+            return;
+        }
+        if (left(q) <= 0) {
+            uint32_t np, nd;
+            rt_table_counts(&q->r->table, &np, &nd);
+            finish(q, np && nd ? TD_RPC_DEADLINE_EXCEEDED : TD_RPC_UNAVAILABLE,
+                   "no answer within the deadline (%zu tokens made; %u prefill and %u decode workers usable)",
+                   q->n_tokens - q->n_prompt, np, nd);
+            return;
+        }
+    }
+}
+
+static void after_stream_task(void *arg)
+{
+    rt_request_t *q = arg;
+    if (after_stream(q))
+        return;
+    if (cancelled(q)) {
+        finish(q, TD_RPC_CANCELLED, "the client cancelled");
+        return;
+    }
+    run(q);
+}
+
+static void start_task(void *arg)
+{
+    rt_request_t *q = arg;
+    double c0 = cpu_s();
+    if (!validate(q))
+        return;
+    q->overhead = td_now_s() - q->t0;
+    q->cpu = cpu_s() - c0;
+    if (cancelled(q)) {
+        finish(q, TD_RPC_CANCELLED, "the client cancelled");
+        return;
+    }
+    run(q);
+}
+
+/* ---------------------------------------------------------------- the API */
+
+rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, double timeout_s, const rt_sink_t *sink,
+                                void *sink_ctx)
+{
+    rt_request_t *q = calloc(1, sizeof *q);
+    double dl = timeout_s;
+    if (rq->deadline_ms && rq->deadline_ms / 1e3 < dl)
+        dl = rq->deadline_ms / 1e3;
+    if (dl > 3600)
+        dl = 3600;
+    if (!q || td_rpc_scope_create(dl, &q->scope)) {
+        free(q);
+        tandem__v1__generate_request__free_unpacked(rq, NULL);
+        return NULL;
+    }
+    q->r = r;
+    q->rq = rq;
+    q->sink = *sink;
+    q->sink_ctx = sink_ctx;
+    q->t0 = td_now_s();
+    q->deadline = q->t0 + dl;
+    td_pb_arena_init(&q->arena, q->pb_mem, sizeof q->pb_mem);
+    pthread_mutex_init(&q->mu, NULL);
+    return q;
+}
+
+void rt_request_start(rt_request_t *q)
+{
+    router_t *r = q->r;
+    pthread_mutex_lock(&r->mu);
+    bool room = r->n_active < r->cfg.router.max_streams;
+    r->n_active++; /* finish counts it out */
+    pthread_mutex_unlock(&r->mu);
+    if (!room)
+        finish(q, TD_RPC_RESOURCE_EXHAUSTED, "the router serves %u requests at once, its most (router.max_streams); "
+               "try again later", r->cfg.router.max_streams);
+    else if (td_pool_submit(r->pool, start_task, q) != TD_OK)
+        finish(q, TD_RPC_UNAVAILABLE, "the router is stopping");
+}
+
+void rt_request_cancel(rt_request_t *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->cancelled = true;
+    pthread_mutex_unlock(&q->mu);
+    td_rpc_scope_cancel(q->scope);
+}

@@ -1,0 +1,45 @@
+/* request.h — one Generate request inside the router, whatever transport
+ * brought it (gRPC today, HTTP next).
+ *
+ * The transport parses its request into a tandem.v1 GenerateRequest, gives
+ * it a deadline and a sink, and starts it; the request validates and
+ * tokenizes, places itself on a (prefill, decode) pair, reserves, prefills,
+ * and relays the decode stream into the sink, resuming elsewhere when a
+ * worker fails, until it ends — exactly once — with sink->end. The steps
+ * that wait run on the router's pool; the relay runs on the RPC
+ * completion-queue threads, so an open stream holds no thread.
+ *
+ * The sink: emit sends one response without blocking and reports its write
+ * with rt_request_sent (one in flight at a time: a slow client holds the
+ * stream back); end is the last call the request makes, on a pool thread,
+ * and may block; after end returns the request is gone, so the transport
+ * must have stopped calling rt_request_cancel and rt_request_sent by then.
+ * The transport calls rt_request_cancel when its client goes away. */
+#ifndef RT_REQUEST_H
+#define RT_REQUEST_H
+
+#include <stdbool.h>
+
+#include "router/router.h"
+
+typedef struct rt_request rt_request_t;
+
+typedef struct rt_sink {
+    td_status_t (*emit)(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m);
+    void (*end)(void *ctx, int code, const char *message);
+} rt_sink_t;
+
+/* A request for rq (taken: freed with the request) that may take timeout_s
+ * seconds (capped by rq->deadline_ms and an hour); NULL without memory (rq
+ * is then freed). Nothing runs until rt_request_start. */
+rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, double timeout_s, const rt_sink_t *sink,
+                                void *sink_ctx);
+/* Runs it; it ends through sink->end — on this thread when the router holds
+ * router.max_streams requests already (RESOURCE_EXHAUSTED). */
+void rt_request_start(rt_request_t *q);
+/* Any thread, until end: the client went away. */
+void rt_request_cancel(rt_request_t *q);
+/* The sink's write of the last emitted message is done (ok false: failed). */
+void rt_request_sent(rt_request_t *q, bool ok);
+
+#endif

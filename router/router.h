@@ -1,0 +1,69 @@
+/* router.h — the router process's state, shared by its parts: the gRPC
+ * front (router.c), the requests (request.c) and the reservation renewer. */
+#ifndef RT_ROUTER_H
+#define RT_ROUTER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/etcd.h"
+#include "common/pool.h"
+#include "engine/chat.h"
+#include "engine/model.h"
+#include "router/placement.h"
+#include "tandem/v1/tandem.pb-c.h"
+
+#define RT_OVERHEAD_RING 4096
+
+/* Reservations this router holds (reserved on a decode worker, not yet
+ * claimed by a Decode or released). Their leases are short and renewed
+ * every second, so a router that dies leaves them for one lease at most. A
+ * fixed table: a request that finds it full is refused at admission. */
+#define RT_RES_LEASE_MS 3000
+#define RT_RES_RENEW_S 1.0
+#define RT_MAX_HELD 4096
+
+typedef struct rt_held {
+    rt_worker_t *d;
+    uint64_t id;
+} rt_held_t;
+
+typedef struct router {
+    eng_model_t *model;
+    eng_chat_t chat;
+    bool has_chat;
+    rt_table_t table;
+    const rt_placement_ops_t *place;
+    td_etcd_t *etcd;
+    td_etcd_watch_t *watch;
+    td_config_t cfg; /* the file, then the flags over it; validated */
+    uint32_t default_max_tokens;
+    td_pool_t *pool; /* runs the requests' steps that wait (placement, reserve, prefill) */
+    pthread_mutex_t mu;
+    uint32_t n_active; /* requests started and not ended (at most router.max_streams) */
+    uint64_t n_requests, n_errors, n_ok;
+    double overhead[RT_OVERHEAD_RING];     /* seconds of router work per request (wall clock) */
+    double overhead_cpu[RT_OVERHEAD_RING]; /* the same sections in thread CPU time */
+    size_t n_overhead;
+    /* reservation renewal (held_*: under held_mu) */
+    pthread_mutex_t held_mu;
+    pthread_cond_t held_cv;
+    rt_held_t held[RT_MAX_HELD];
+    size_t n_held;
+    pthread_t renewer;
+    bool renewer_running, renewer_stop;
+} router_t;
+
+/* Renders (chat) and tokenizes the input; an error (INVALID_ARGUMENT) names
+ * the field in err. */
+td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1__ChatInput *chat, bool parse_special,
+                              bool add_bos, int32_t **ids, size_t *n, char *err, size_t errcap);
+/* Starts renewing reservation id on d; false when the table is full. */
+bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id);
+void rt_held_remove(router_t *r, rt_worker_t *d, uint64_t id);
+/* Counts a request (overhead < 0: none measured). */
+void rt_count(router_t *r, bool ok, double overhead, double cpu);
+
+#endif
