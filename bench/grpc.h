@@ -3,9 +3,8 @@
  *
  * The same contract as openai.h: every request goes out at its planned time
  * whatever the server is doing, and every request ends by its deadline. One
- * thread drives all calls through one completion queue (gRPC's C core, used
- * directly: common/rpc blocks a thread per call, which an open loop at
- * hundreds of requests in flight cannot afford). Calls are fail-fast: an
+ * thread sends on schedule; replies arrive as callbacks of common/rpc's
+ * asynchronous client (no thread per request in flight). Calls are fail-fast: an
  * unreachable endpoint or one that stops mid-run fails its requests at once
  * with UNAVAILABLE, counted in the results. Tokens are counted from the
  * token ids each message carries, timed as the message arrives. */
