@@ -49,10 +49,21 @@
 
 typedef enum tag { TAG_SEND, TAG_RECV, TAG_STATUS, TAG_CLOSE, TAG_WAKE, TAG_FINISH, TAG_COUNT } tag_t;
 
-/* A batch in flight: done(op, ok) runs on the loop thread. */
+/* A batch in flight: done(op, ok) runs on the loop thread. armed: bumped
+ * (release) just before the batch starts and read (acquire) by the loop
+ * thread, so that what the poster wrote is ordered before done() in the
+ * memory model, and ThreadSanitizer sees it (the hand-off inside gRPC is
+ * invisible to it). */
 typedef struct op {
     void (*done)(struct op *op, bool ok);
+    unsigned armed;
 } op_t;
+
+static inline op_t *op_arm(op_t *op)
+{
+    __atomic_fetch_add(&op->armed, 1, __ATOMIC_RELEASE);
+    return op;
+}
 
 /* ------------------------------------------------------------------ loop */
 
@@ -78,6 +89,7 @@ static void *loop_thread(void *arg)
             break;
         if (ev.type == GRPC_OP_COMPLETE) {
             op_t *op = ev.tag;
+            (void)__atomic_load_n(&op->armed, __ATOMIC_ACQUIRE);
             op->done(op, ev.success != 0);
         }
     }
@@ -537,7 +549,7 @@ static void call_unref(td_rpc_call_t *c)
  * under mu); false (both undone) when gRPC refuses it. */
 static bool call_start_batch(td_rpc_call_t *c, tag_t t, const grpc_op *ops, size_t n)
 {
-    if (grpc_call_start_batch(c->call, ops, n, &c->ops[t].op, NULL) == GRPC_CALL_OK)
+    if (grpc_call_start_batch(c->call, ops, n, op_arm(&c->ops[t].op), NULL) == GRPC_CALL_OK)
         return true;
     pthread_mutex_lock(&c->s.mu);
     c->s.posted &= ~(1u << t);
@@ -815,10 +827,10 @@ static void server_post(td_rpc_server_t *s, int method)
     grpc_call_error e;
     if (method >= 0) {
         e = grpc_server_request_registered_call(s->srv, s->methods[method].handle, &p->call, &p->deadline, &p->md,
-                                                &p->payload, p->cq, p->cq, &p->op);
+                                                &p->payload, p->cq, p->cq, op_arm(&p->op));
     } else {
         grpc_call_details_init(&p->details);
-        e = grpc_server_request_call(s->srv, &p->call, &p->details, &p->md, p->cq, p->cq, &p->op);
+        e = grpc_server_request_call(s->srv, &p->call, &p->details, &p->md, p->cq, p->cq, op_arm(&p->op));
     }
     if (e != GRPC_CALL_OK) {
         TD_WARN("rpc: cannot post a request for %s: error %d", method >= 0 ? s->methods[method].name : "*", e);
@@ -944,7 +956,7 @@ void td_rpc_server_stop(td_rpc_server_t *s, double grace_s)
     pthread_mutex_unlock(&s->mu);
     if (was)
         return;
-    grpc_server_shutdown_and_notify(s->srv, g_loop.cq[0], &s->shutdown_op);
+    grpc_server_shutdown_and_notify(s->srv, g_loop.cq[0], op_arm(&s->shutdown_op));
     struct timespec until = td_wall_deadline(grace_s);
     pthread_mutex_lock(&s->mu);
     while (s->active > 0 && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0)
@@ -1009,7 +1021,7 @@ void td_rpc_server_destroy(td_rpc_server_t *s)
     if (s->abandoned) /* calls still hold it (td_rpc_server_stop said so): the process is ending */
         return;
     if (!s->stopping) { /* created, never started */
-        grpc_server_shutdown_and_notify(s->srv, g_loop.cq[0], &s->shutdown_op);
+        grpc_server_shutdown_and_notify(s->srv, g_loop.cq[0], op_arm(&s->shutdown_op));
         grpc_server_cancel_all_calls(s->srv);
         pthread_mutex_lock(&s->mu);
         while (!s->shut || s->n_posted > 0)
@@ -1450,7 +1462,7 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
     ops[5].data.recv_status_on_client.status_details = &details;
     ops[5].data.recv_status_on_client.error_string = &err_str;
     td_status_t rc = TD_OK;
-    if (grpc_call_start_batch(call, ops, 6, &op.op, NULL) != GRPC_CALL_OK) {
+    if (grpc_call_start_batch(call, ops, 6, op_arm(&op.op), NULL) != GRPC_CALL_OK) {
         code = GRPC_STATUS_INTERNAL;
         rc = TD_ERR_INTERNAL;
     } else {
@@ -1588,7 +1600,7 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
     op.data.recv_status_on_client.status_details = &st->details;
     op.data.recv_status_on_client.error_string = (const char **)&st->error_string;
     st->s.posted |= 1u << TAG_STATUS;
-    if (grpc_call_start_batch(st->call, &op, 1, &st->ops[TAG_STATUS].op, NULL) != GRPC_CALL_OK) {
+    if (grpc_call_start_batch(st->call, &op, 1, op_arm(&st->ops[TAG_STATUS].op), NULL) != GRPC_CALL_OK) {
         st->s.posted = 0;
         st->status_done = true;
         st->code = GRPC_STATUS_INTERNAL;
@@ -1609,7 +1621,7 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
         pthread_mutex_lock(&st->s.mu);
         st->s.posted |= 1u << TAG_SEND;
         pthread_mutex_unlock(&st->s.mu);
-        if (grpc_call_start_batch(st->call, ops, 3, &st->ops[TAG_SEND].op, NULL) != GRPC_CALL_OK) {
+        if (grpc_call_start_batch(st->call, ops, 3, op_arm(&st->ops[TAG_SEND].op), NULL) != GRPC_CALL_OK) {
             pthread_mutex_lock(&st->s.mu);
             st->s.posted &= ~(1u << TAG_SEND);
             pthread_mutex_unlock(&st->s.mu);
@@ -1642,7 +1654,7 @@ td_status_t td_rpc_stream_write(td_rpc_stream_t *st, const void *msg, size_t len
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = st->send_bb;
     int r = -1;
-    if (grpc_call_start_batch(st->call, ops, (size_t)n, &st->ops[TAG_SEND].op, NULL) == GRPC_CALL_OK) {
+    if (grpc_call_start_batch(st->call, ops, (size_t)n, op_arm(&st->ops[TAG_SEND].op), NULL) == GRPC_CALL_OK) {
         r = sync_wait(&st->s, TAG_SEND, timeout_s);
         if (r == 0) {
             grpc_call_cancel(st->call, NULL);
@@ -1669,7 +1681,7 @@ static bool stream_post_recv(td_rpc_stream_t *st)
     }
     ops[n].op = GRPC_OP_RECV_MESSAGE;
     ops[n++].data.recv_message.recv_message = &st->recv;
-    return grpc_call_start_batch(st->call, ops, (size_t)n, &st->ops[TAG_RECV].op, NULL) == GRPC_CALL_OK;
+    return grpc_call_start_batch(st->call, ops, (size_t)n, op_arm(&st->ops[TAG_RECV].op), NULL) == GRPC_CALL_OK;
 }
 
 td_status_t td_rpc_stream_read(td_rpc_stream_t *st, const uint8_t **msg, size_t *len, double wait_s)

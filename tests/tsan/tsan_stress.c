@@ -9,7 +9,9 @@
  *   tokenizer  one tokenizer, encodes from 4 threads        (engine/pretok.c)
  *   threadpool the kernel pool, runs from one owner thread   (kernels/cpu/threadpool.h)
  *   rpc        a server's handler threads, clients on 6 threads, unary, streams,
- *              wakes from another thread, a channel shut down while calls fly
+ *              wakes from another thread, a channel shut down while calls fly;
+ *              detached calls pumped by wakes and asynchronous sends, read by
+ *              asynchronous client reads, some cancelled through their scope
  *                                                            (common/rpc.h)
  *   placement  the router's table: acquire/done from 6 threads, joins, leaves,
  *              holds, while etcd-style puts and removes arrive (router/placement.h)
@@ -148,10 +150,145 @@ static void h_stream(void *ctx, td_rpc_call_t *c)
     td_rpc_call_finish(c, TD_RPC_OK, NULL);
 }
 
+/* the asynchronous shape: the handler detaches; a thread queues 5 events
+ * and wakes the call; the pump (on a completion-queue thread) sends one at a
+ * time and resumes the call on the pool to finish */
+typedef struct pump {
+    pthread_mutex_t mu;
+    int queued;                  /* events from the producer (under mu) */
+    int sent;                    /* the pump's own */
+    bool sending, ending;
+    td_rpc_call_t *call;
+    pthread_t producer;
+} pump_t;
+
+static void pump_run(void *ctx, bool ok);
+
+static void pump_end(void *ctx, td_rpc_call_t *c)
+{
+    pump_t *p = ctx;
+    pthread_join(p->producer, NULL);
+    td_rpc_call_finish(c, p->sent == 5 ? TD_RPC_OK : TD_RPC_CANCELLED, "pump");
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static void pump_sent(void *ctx, bool ok)
+{
+    pump_t *p = ctx;
+    p->sending = false;
+    if (!ok)
+        p->ending = true, td_rpc_call_resume(p->call, pump_end, p);
+    else
+        pump_run(p, true);
+}
+
+static void pump_run(void *ctx, bool ok)
+{
+    (void)ok;
+    pump_t *p = ctx;
+    if (p->sending || p->ending)
+        return;
+    pthread_mutex_lock(&p->mu);
+    int q = p->queued;
+    pthread_mutex_unlock(&p->mu);
+    if (td_rpc_call_cancelled(p->call) || p->sent == 5) {
+        p->ending = true;
+        td_rpc_call_on_wake(p->call, NULL, NULL);
+        td_rpc_call_resume(p->call, pump_end, p);
+        return;
+    }
+    if (p->sent < q) {
+        p->sending = true;
+        p->sent++;
+        if (td_rpc_call_send_async(p->call, "p", 1, pump_sent, p) != TD_OK) {
+            p->sending = false;
+            p->ending = true;
+            td_rpc_call_resume(p->call, pump_end, p);
+        }
+    }
+}
+
+static void *producer(void *arg)
+{
+    pump_t *p = arg;
+    for (int i = 0; i < 5; i++) {
+        td_sleep_s(0.001);
+        pthread_mutex_lock(&p->mu);
+        p->queued++;
+        td_rpc_call_wake(p->call); /* under the producer's lock, as the decode worker does */
+        pthread_mutex_unlock(&p->mu);
+    }
+    return NULL;
+}
+
+static void h_pump(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    pump_t *p = calloc(1, sizeof *p);
+    pthread_mutex_init(&p->mu, NULL);
+    p->call = c;
+    td_rpc_call_detach(c);
+    td_rpc_call_on_wake(c, pump_run, p);
+    pthread_create(&p->producer, NULL, producer, p);
+}
+
+/* the client side: asynchronous reads, counted; the last read wakes the waiter */
+typedef struct areader {
+    td_rpc_stream_t *st;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int got;
+    bool done;
+} areader_t;
+
+static void on_aread(void *ctx, td_status_t rc, const uint8_t *msg, size_t len)
+{
+    areader_t *a = ctx;
+    if (rc == TD_OK && len == 1 && msg[0] == 'p') {
+        a->got++;
+        if (td_rpc_stream_read_async(a->st, on_aread, a) == TD_OK)
+            return;
+    }
+    pthread_mutex_lock(&a->mu);
+    a->done = true;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
 typedef struct rpc_job {
     td_rpc_channel_t *ch;
     int ok, shut; /* calls that succeeded; that ended UNAVAILABLE after the shutdown */
+    int async_ok, async_cancelled;
 } rpc_job_t;
+
+static void async_round(rpc_job_t *j, bool cancel)
+{
+    td_rpc_scope_t *sc;
+    if (td_rpc_scope_create(5, &sc))
+        return;
+    areader_t a = {.got = 0};
+    pthread_mutex_init(&a.mu, NULL);
+    pthread_cond_init(&a.cv, NULL);
+    if (td_rpc_stream_open(j->ch, "/t.T/Pump", "x", 1, 5, sc, &a.st) == TD_OK &&
+        td_rpc_stream_read_async(a.st, on_aread, &a) == TD_OK) {
+        if (cancel)
+            td_rpc_scope_cancel(sc); /* from this thread, while the callbacks run */
+        pthread_mutex_lock(&a.mu);
+        while (!a.done)
+            pthread_cond_wait(&a.cv, &a.mu);
+        pthread_mutex_unlock(&a.mu);
+        td_rpc_result_t res;
+        td_rpc_stream_result(a.st, 0, &res);
+        j->async_ok += !cancel && a.got == 5 && res.code == TD_RPC_OK;
+        j->async_cancelled += cancel && (res.code == TD_RPC_CANCELLED || (a.got == 5 && res.code == TD_RPC_OK));
+    }
+    td_rpc_stream_destroy(a.st);
+    pthread_mutex_destroy(&a.mu);
+    pthread_cond_destroy(&a.cv);
+    td_rpc_scope_destroy(sc);
+}
+
 
 static void *rpc_client(void *arg)
 {
@@ -178,6 +315,7 @@ static void *rpc_client(void *arg)
             j->shut += res.code == TD_RPC_UNAVAILABLE;
             td_rpc_stream_destroy(st);
         }
+        async_round(j, it % 3 == 2);
     }
     return NULL;
 }
@@ -187,7 +325,8 @@ static void stress_rpc(void)
     td_rpc_server_t *s;
     int port;
     if (td_rpc_server_create("127.0.0.1:0", NULL, &s) || td_rpc_server_add(s, "/t.T/Echo", h_echo, NULL) ||
-        td_rpc_server_add(s, "/t.T/Stream", h_stream, NULL) || td_rpc_server_start(s, &port)) {
+        td_rpc_server_add(s, "/t.T/Stream", h_stream, NULL) || td_rpc_server_add(s, "/t.T/Pump", h_pump, NULL) ||
+        td_rpc_server_start(s, &port)) {
         CHECK(0, "rpc: no server");
         return;
     }
@@ -199,20 +338,26 @@ static void stress_rpc(void)
     rpc_job_t jobs[6];
     pthread_t th[6];
     for (int i = 0; i < 6; i++) {
-        jobs[i] = (rpc_job_t){i < 3 ? a : b, 0, 0};
+        jobs[i] = (rpc_job_t){.ch = i < 3 ? a : b};
         pthread_create(&th[i], NULL, rpc_client, &jobs[i]);
     }
     td_sleep_s(0.3);
     td_rpc_channel_shutdown(b); /* while b's calls are in flight */
-    int ok_a = 0, ok_b = 0;
+    int ok_a = 0, ok_b = 0, async_a = 0, cancelled_a = 0;
     for (int i = 0; i < 6; i++) {
         pthread_join(th[i], NULL);
-        if (i < 3)
+        if (i < 3) {
             ok_a += jobs[i].ok;
-        else
+            async_a += jobs[i].async_ok;
+            cancelled_a += jobs[i].async_cancelled;
+        } else {
             ok_b += jobs[i].ok + jobs[i].shut;
+        }
     }
     CHECK(ok_a == 3 * 60, "rpc: %d of 180 calls on the live channel succeeded", ok_a);
+    CHECK(async_a == 3 * 20, "rpc: %d of 60 asynchronous streams on the live channel delivered 5 of 5", async_a);
+    CHECK(cancelled_a == 3 * 10, "rpc: %d of 30 cancelled asynchronous streams ended CANCELLED (or complete)",
+          cancelled_a);
     CHECK(ok_b > 0, "rpc: the shut channel's calls neither succeeded nor ended UNAVAILABLE");
     td_rpc_channel_destroy(a);
     td_rpc_channel_destroy(b);
