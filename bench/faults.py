@@ -10,7 +10,10 @@ For each run it reports: requests, completed correctly, completed wrong (must
 be 0), errors (by code), requests that waited out their deadline, the longest
 time from the fault to an error answer, and whether every process is back.
 
-Usage: bench/faults.py BUILD_BIN_DIR [--rate R] [--secs S] [--only NAME]
+With --workers N the cluster has N prefill and N decode workers (the fault
+hits one of each role; the others can take over).
+
+Usage: bench/faults.py BUILD_BIN_DIR [--rate R] [--secs S] [--only NAME] [--workers N]
 Writes a Markdown table to stdout (bench/results/faults-DATE.md keeps one)."""
 import argparse
 import os
@@ -49,8 +52,8 @@ def children(c):
     return out
 
 
-def run(bin_dir, target, how, rate, secs, refs, prompts):
-    c = tc.Cluster()
+def run(bin_dir, target, how, rate, secs, refs, prompts, workers=1):
+    c = tc.Cluster(extra=["--prefill", str(workers), "--decode", str(workers)] if workers > 1 else ())
     results, lock = [], threading.Lock()
     try:
         tc.wait_for(lambda: c.health()[0], 60)
@@ -127,7 +130,10 @@ def run(bin_dir, target, how, rate, secs, refs, prompts):
     return dict(target=target, how=how, n=len(results), ok=len(ok), wrong=len(wrong), errors=len(errs),
                 codes=codes, deadline=len(deadline), max_err_s=max(late) if late else 0.0, hung=hung,
                 back=back, after_ok=after_ok, stop_rc=rc, san=san,
-                sample=[(r["code"], r["msg"][:80]) for r in errs[:2]])
+                sample=[(r["code"], r["msg"][:80]) for r in errs[:2]],
+                wrong_sample=[(len(r["ids"]), len(refs[r["prompt"]]),
+                               next((i for i, (x, y) in enumerate(zip(r["ids"], refs[r["prompt"]])) if x != y), None))
+                              for r in wrong[:3]])
 
 
 def main():
@@ -136,6 +142,7 @@ def main():
     ap.add_argument("--rate", type=float, default=3.5)
     ap.add_argument("--secs", type=float, default=45)
     ap.add_argument("--only", default="")
+    ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args()
     prompts = tc.PROMPTS[:12]
     refs = {p: tc.reference(p, MAX_TOKENS) for p in prompts}
@@ -147,13 +154,15 @@ def main():
     for t, h in runs:
         if a.only and a.only not in (t, "%s-%s" % (t, h)):
             continue
-        r = run(a.bin, t, h, a.rate, a.secs, refs, prompts)
+        r = run(a.bin, t, h, a.rate, a.secs, refs, prompts, a.workers)
         print("| %s | %s | %d | %d | %d | %d %s | %d | %.1f | %d | %s | %d |" % (
             t, "kill -9" if h == "kill" else "SIGSTOP 20 s", r["n"], r["ok"], r["wrong"], r["errors"],
             r["codes"] or "", r["deadline"], r["max_err_s"], r["hung"],
             "yes" if r["back"] and r["after_ok"] else "NO", r["san"]), flush=True)
         if r["sample"]:
             print("<!-- %s %s: %s -->" % (t, h, r["sample"]), flush=True)
+        if r["wrong_sample"]:  # (tokens got, tokens expected, first differing index)
+            print("<!-- %s %s wrong: %s -->" % (t, h, r["wrong_sample"]), flush=True)
 
 
 if __name__ == "__main__":

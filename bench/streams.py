@@ -80,7 +80,7 @@ def main():
         for i in range(a.serial):  # as bench/results/disagg-2026-11-21.md measured it: "Hi", 2 tokens
             tc.generate(c.stub, a.serial_prompt, max_tokens=a.serial_tokens)
         ok, detail = c.health()
-        serial = {k: v for k, v in detail.items() if "overhead" in k}
+        serial = {k: v for k, v in detail.items() if "overhead" in k or "handoff" in k}
         rp = router_pid(c)
         t0_threads, t0_rss = proc_status(rp)
         peak = [t0_threads, t0_rss]

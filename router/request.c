@@ -45,6 +45,7 @@ struct rt_request {
     size_t n_prompt, n_tokens, cap_tokens;
     uint32_t max_tokens, cached;
     double t0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
+    double t_queued, handoff; /* when the next step was queued; the time steps waited for a pool thread */
     char prefill_id[96], decode_id[96];
     uint64_t text_sent; /* bytes of text relayed to the client, all attempts */
     int internal_errors; /* attempts a worker ended with INTERNAL */
@@ -97,9 +98,9 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
         va_end(ap);
     }
     if (q->validated)
-        rt_count(r, true, q->overhead, q->cpu);
+        rt_count(r, true, q->overhead, q->cpu, q->handoff);
     else
-        rt_count(r, false, -1, -1);
+        rt_count(r, false, -1, -1, -1);
     q->sink.end(q->sink_ctx, code, msg);
     pthread_mutex_lock(&r->mu);
     r->n_active--;
@@ -251,6 +252,7 @@ static void after_stream_task(void *arg);
 /* From a relay callback: the stream is over (or must be), the rest waits. */
 static void relay_over(rt_request_t *q)
 {
+    q->t_queued = td_now_s();
     if (td_pool_submit(q->r->pool, after_stream_task, q) != TD_OK) /* sized for every request: cannot be full */
         TD_WARN("router: request %s cannot be queued to end; it waits for its deadline", q->rq->request_id);
 }
@@ -585,6 +587,7 @@ static void run(rt_request_t *q)
 static void after_stream_task(void *arg)
 {
     rt_request_t *q = arg;
+    q->handoff += td_now_s() - q->t_queued;
     if (after_stream(q))
         return;
     if (cancelled(q)) {
@@ -597,10 +600,11 @@ static void after_stream_task(void *arg)
 static void start_task(void *arg)
 {
     rt_request_t *q = arg;
-    double c0 = cpu_s();
+    double t = td_now_s(), c0 = cpu_s();
+    q->handoff += t - q->t_queued;
     if (!validate(q))
         return;
-    q->overhead = td_now_s() - q->t0;
+    q->overhead = td_now_s() - t;
     q->cpu = cpu_s() - c0;
     if (cancelled(q)) {
         finish(q, TD_RPC_CANCELLED, "the client cancelled");
@@ -643,6 +647,7 @@ void rt_request_start(rt_request_t *q)
     bool room = r->n_active < r->cfg.router.max_streams;
     r->n_active++; /* finish counts it out */
     pthread_mutex_unlock(&r->mu);
+    q->t_queued = td_now_s();
     if (!room)
         finish(q, TD_RPC_RESOURCE_EXHAUSTED, "the router serves %u requests at once, its most (router.max_streams); "
                "try again later", r->cfg.router.max_streams);

@@ -157,7 +157,7 @@ td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1_
     return rc;
 }
 
-void rt_count(router_t *r, bool ok, double overhead, double cpu)
+void rt_count(router_t *r, bool ok, double overhead, double cpu, double handoff)
 {
     pthread_mutex_lock(&r->mu);
     r->n_requests++;
@@ -167,6 +167,7 @@ void rt_count(router_t *r, bool ok, double overhead, double cpu)
         r->n_errors++;
     if (overhead >= 0) {
         r->overhead_cpu[r->n_overhead % RT_OVERHEAD_RING] = cpu;
+        r->handoff[r->n_overhead % RT_OVERHEAD_RING] = handoff;
         r->overhead[r->n_overhead++ % RT_OVERHEAD_RING] = overhead;
     }
     pthread_mutex_unlock(&r->mu);
@@ -300,7 +301,7 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
     Tandem__V1__GenerateRequest *rq = tandem__v1__generate_request__unpack(NULL, n, p);
     if (!rq) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "GenerateRequest does not parse");
-        rt_count(r, false, -1, -1);
+        rt_count(r, false, -1, -1, -1);
         return;
     }
     grpc_sink_t *g = calloc(1, sizeof *g);
@@ -385,29 +386,32 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     pthread_mutex_unlock(&r->table.mu);
     pthread_mutex_lock(&r->mu);
     size_t no = r->n_overhead < RT_OVERHEAD_RING ? r->n_overhead : RT_OVERHEAD_RING;
-    double *o = malloc((no ? no : 1) * sizeof *o);
-    double *oc = malloc((no ? no : 1) * sizeof *oc);
-    if (o)
-        memcpy(o, r->overhead, no * sizeof *o);
-    if (oc)
-        memcpy(oc, r->overhead_cpu, no * sizeof *oc);
+    /* each ring sorted for its quantiles: wall and CPU time of the router's work per request, and the
+     * time its steps waited to be picked up by a pool thread */
+    static const char *const names[3] = {"overhead_ms", "overhead_cpu_ms", "handoff_ms"};
+    double *q[3];
+    for (int k = 0; k < 3; k++) {
+        q[k] = malloc((no ? no : 1) * sizeof *q[k]);
+        if (q[k])
+            memcpy(q[k], k == 0 ? r->overhead : k == 1 ? r->overhead_cpu : r->handoff, no * sizeof *q[k]);
+    }
     json_t *j = json_pack("{s:i, s:i, s:I, s:I, s:I}", "prefill_workers", (int)np, "decode_workers", (int)nd,
                           "requests", (json_int_t)r->n_requests, "ok", (json_int_t)r->n_ok, "errors",
                           (json_int_t)r->n_errors);
     pthread_mutex_unlock(&r->mu);
-    if (o && no) {
-        qsort(o, no, sizeof *o, cmp_double);
-        json_object_set_new(j, "overhead_ms_p50", json_real(o[no / 2] * 1e3));
-        json_object_set_new(j, "overhead_ms_p99", json_real(o[(size_t)(0.99 * (double)(no - 1))] * 1e3));
-        json_object_set_new(j, "overhead_ms_max", json_real(o[no - 1] * 1e3));
+    for (int k = 0; k < 3; k++) {
+        if (q[k] && no) {
+            char key[48];
+            qsort(q[k], no, sizeof *q[k], cmp_double);
+            snprintf(key, sizeof key, "%s_p50", names[k]);
+            json_object_set_new(j, key, json_real(q[k][no / 2] * 1e3));
+            snprintf(key, sizeof key, "%s_p99", names[k]);
+            json_object_set_new(j, key, json_real(q[k][(size_t)(0.99 * (double)(no - 1))] * 1e3));
+            snprintf(key, sizeof key, "%s_max", names[k]);
+            json_object_set_new(j, key, json_real(q[k][no - 1] * 1e3));
+        }
+        free(q[k]);
     }
-    if (oc && no) {
-        qsort(oc, no, sizeof *oc, cmp_double);
-        json_object_set_new(j, "overhead_cpu_ms_p50", json_real(oc[no / 2] * 1e3));
-        json_object_set_new(j, "overhead_cpu_ms_p99", json_real(oc[(size_t)(0.99 * (double)(no - 1))] * 1e3));
-    }
-    free(o);
-    free(oc);
     json_object_set_new(j, "refused", refused);
     char *detail = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -489,6 +493,7 @@ int main(int argc, char **argv)
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r))
         goto out;
     td_rpc_server_set_max_calls(srv, (int)r.cfg.router.max_streams);
+    td_rpc_server_set_threads(srv, 4); /* its handlers return at once: a Generate runs on the router's pool */
     if (td_rpc_server_start(srv, &port))
         goto out;
     TD_INFO("router serving %s on port %d%s (etcd %s, placement %s)", r.model->desc.name, port,

@@ -46,6 +46,7 @@ typedef struct router {
     uint64_t n_requests, n_errors, n_ok;
     double overhead[RT_OVERHEAD_RING];     /* seconds of router work per request (wall clock) */
     double overhead_cpu[RT_OVERHEAD_RING]; /* the same sections in thread CPU time */
+    double handoff[RT_OVERHEAD_RING];      /* seconds its steps waited in the pool's queue */
     size_t n_overhead;
     /* reservation renewal (held_*: under held_mu) */
     pthread_mutex_t held_mu;
@@ -64,6 +65,6 @@ td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1_
 bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id);
 void rt_held_remove(router_t *r, rt_worker_t *d, uint64_t id);
 /* Counts a request (overhead < 0: none measured). */
-void rt_count(router_t *r, bool ok, double overhead, double cpu);
+void rt_count(router_t *r, bool ok, double overhead, double cpu, double handoff);
 
 #endif
