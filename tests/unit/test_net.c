@@ -677,3 +677,133 @@ Test(rpc, calls_past_the_limit_are_refused_at_once, .init = init, .fini = fini, 
     td_rpc_channel_destroy(ch);
     td_rpc_server_destroy(s);
 }
+
+/* ---- detached calls: a stream that lasts holds no handler thread ---- */
+#define TICK_CALLS 64
+typedef struct tick_pump {
+    td_rpc_call_t *call;
+    int sent;     /* the pump's (its callbacks never overlap) */
+    bool sending, ending;
+} tick_pump_t;
+
+static pthread_mutex_t g_tick_mu = PTHREAD_MUTEX_INITIALIZER;
+static tick_pump_t *g_ticks[TICK_CALLS];
+static int g_n_ticks, g_entered;
+static volatile bool g_ticking;
+
+static void tick_end(void *ctx, td_rpc_call_t *c)
+{
+    tick_pump_t *p = ctx;
+    pthread_mutex_lock(&g_tick_mu);
+    for (int i = 0; i < g_n_ticks; i++)
+        if (g_ticks[i] == p) {
+            g_ticks[i] = g_ticks[--g_n_ticks];
+            break;
+        }
+    pthread_mutex_unlock(&g_tick_mu);
+    td_rpc_call_finish(c, p->sent == 3 ? TD_RPC_OK : TD_RPC_CANCELLED, "tick");
+    free(p);
+}
+
+static void tick_pump(void *ctx, bool ok);
+static void tick_sent(void *ctx, bool ok)
+{
+    tick_pump_t *p = ctx;
+    p->sending = false;
+    if (!ok) {
+        p->ending = true;
+        td_rpc_call_resume(p->call, tick_end, p);
+    }
+}
+
+static void tick_pump(void *ctx, bool ok)
+{
+    (void)ok;
+    tick_pump_t *p = ctx;
+    if (p->sending || p->ending)
+        return;
+    if (p->sent == 3 || td_rpc_call_cancelled(p->call)) {
+        p->ending = true;
+        td_rpc_call_on_wake(p->call, NULL, NULL);
+        td_rpc_call_resume(p->call, tick_end, p);
+        return;
+    }
+    p->sending = true;
+    p->sent++;
+    if (td_rpc_call_send_async(p->call, "t", 1, tick_sent, p) != TD_OK) {
+        p->sending = false;
+        p->ending = true;
+        td_rpc_call_resume(p->call, tick_end, p);
+    }
+}
+
+/* Each wake of the ticker sends one message; the handler returns at once. */
+static void h_tick(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    tick_pump_t *p = calloc(1, sizeof *p);
+    p->call = c;
+    pthread_mutex_lock(&g_tick_mu);
+    g_entered++;
+    g_ticks[g_n_ticks++] = p;
+    pthread_mutex_unlock(&g_tick_mu);
+    td_rpc_call_detach(c);
+    td_rpc_call_on_wake(c, tick_pump, p); /* runs once now: the first message */
+}
+
+static void *ticker(void *arg)
+{
+    (void)arg;
+    while (g_ticking) {
+        sleep_s(0.02);
+        pthread_mutex_lock(&g_tick_mu);
+        for (int i = 0; i < g_n_ticks; i++)
+            td_rpc_call_wake(g_ticks[i]->call);
+        pthread_mutex_unlock(&g_tick_mu);
+    }
+    return NULL;
+}
+
+Test(rpc, detached_streams_hold_no_handler_thread, .init = init, .fini = fini, .timeout = 60)
+{
+    int port;
+    td_rpc_server_t *s;
+    cr_assert_eq(td_rpc_server_create("127.0.0.1:0", NULL, &s), TD_OK);
+    td_rpc_server_add(s, "/t.T/Tick", h_tick, NULL);
+    td_rpc_server_set_threads(s, 1); /* one handler thread for 48 open streams */
+    cr_assert_eq(td_rpc_server_start(s, &port), TD_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    td_rpc_channel_t *ch;
+    cr_assert_eq(td_rpc_channel_create(addr, NULL, &ch), TD_OK);
+    enum { N = 48 };
+    td_rpc_stream_t *st[N];
+    const uint8_t *m;
+    size_t ml;
+    for (int i = 0; i < N; i++) { /* every stream open and answering before any is read to its end */
+        cr_assert_eq(td_rpc_stream_open(ch, "/t.T/Tick", "x", 1, 30, NULL, &st[i]), TD_OK);
+        cr_assert_eq(td_rpc_stream_read(st[i], &m, &ml, 5), TD_OK, "stream %d got its first message", i);
+    }
+    pthread_mutex_lock(&g_tick_mu);
+    int entered = g_entered, open = g_n_ticks;
+    pthread_mutex_unlock(&g_tick_mu);
+    cr_assert_eq(entered, N, "%d handlers ran on one thread", entered);
+    cr_assert_eq(open, N, "%d streams open at once", open);
+    cr_assert_geq(td_rpc_server_active(s), N);
+    g_ticking = true;
+    pthread_t t;
+    pthread_create(&t, NULL, ticker, NULL);
+    for (int i = 0; i < N; i++) {
+        int got = 1;
+        while (td_rpc_stream_read(st[i], &m, &ml, 5) == TD_OK)
+            got += ml == 1 && m[0] == 't';
+        td_rpc_result_t res;
+        cr_assert_eq(td_rpc_stream_result(st[i], 5, &res), TD_OK, "%s", res.message);
+        cr_assert_eq(got, 3, "stream %d: %d of 3 messages", i, got);
+        td_rpc_stream_destroy(st[i]);
+    }
+    g_ticking = false;
+    pthread_join(t, NULL);
+    td_rpc_channel_destroy(ch);
+    td_rpc_server_destroy(s);
+}
