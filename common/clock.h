@@ -23,13 +23,15 @@ static inline void td_sleep_s(double s)
         ;
 }
 
-/* The CLOCK_REALTIME instant s seconds (>= 0) from now, for pthread_cond_timedwait. */
-static inline struct timespec td_wall_deadline(double s)
+/* The instant s seconds (>= 0) from now on clock c, as a timespec. */
+static inline struct timespec td_deadline_on(clockid_t c, double s)
 {
     struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    if (s < 0)
+    clock_gettime(c, &t);
+    if (!(s >= 0))
         s = 0;
+    if (s > 1e8)
+        s = 1e8;
     t.tv_sec += (time_t)s;
     t.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
     if (t.tv_nsec >= 1000000000L) {
@@ -38,5 +40,8 @@ static inline struct timespec td_wall_deadline(double s)
     }
     return t;
 }
+
+/* The CLOCK_REALTIME instant s seconds (>= 0) from now, for pthread_cond_timedwait. */
+static inline struct timespec td_wall_deadline(double s) { return td_deadline_on(CLOCK_REALTIME, s); }
 
 #endif

@@ -176,22 +176,8 @@ static void sync_destroy(sync_t *s)
     pthread_cond_destroy(&s->cv);
 }
 
-static struct timespec mono_in(double s)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if (!(s < 1e8))
-        s = 1e8;
-    if (s < 0)
-        s = 0;
-    t.tv_sec += (time_t)s;
-    t.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
-    if (t.tv_nsec >= 1000000000L) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000L;
-    }
-    return t;
-}
+/* s seconds from now on the clock the condition variables here wait on */
+static struct timespec mono_in(double s) { return td_deadline_on(CLOCK_MONOTONIC, s); }
 
 /* With mu held: waits for tag t to complete (consuming it). 1 it went
  * well, -1 it failed, 0 wait_s passed first. */
