@@ -103,6 +103,16 @@ static void expire_reservations(eng_worker_t *w, void *ctx)
     }
 }
 
+/* A reserve whose caller gave up waiting: blocks a late success reserved
+ * belong to the reservation (its lease returns them); others are freed. */
+static void reserve_op_drop(void *arg)
+{
+    reserve_op_t *op = arg;
+    if (op->rc)
+        free(op->blocks);
+    free(op);
+}
+
 static void h_reserve(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
@@ -134,15 +144,14 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     }
     op->n_tokens = rq->n_tokens;
     op->lease_ms = rq->lease_ms ? (rq->lease_ms < MAX_LEASE_MS ? rq->lease_ms : MAX_LEASE_MS) : 30000;
-    if (eng_worker_call(w, reserve_on_engine, op, 5)) {
+    if (eng_worker_call_or_drop(w, reserve_on_engine, op, reserve_op_drop, 5)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
-        goto out; /* op stays with the queued closure */
+        goto out; /* op is the queued closure's now */
     }
     if (op->rc) {
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s: no room for %u tokens of KV (pool full)",
                            eng_worker_id(w), rq->n_tokens);
-        free(op->blocks);
-        free(op);
+        reserve_op_drop(op);
         goto out;
     }
     Tandem__Internal__V1__LandingDescriptor land = TANDEM__INTERNAL__V1__LANDING_DESCRIPTOR__INIT;
@@ -216,11 +225,16 @@ static void h_release(void *ctx, td_rpc_call_t *call)
         return;
     }
     release_op_t *op = calloc(1, sizeof *op);
-    op->id = rq->reservation_id;
+    if (op)
+        op->id = rq->reservation_id;
     tandem__internal__v1__release_request__free_unpacked(rq, NULL);
-    if (eng_worker_call(w, release_on_engine, op, 5)) {
-        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+    if (!op) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
         return;
+    }
+    if (eng_worker_call_or_drop(w, release_on_engine, op, free, 5)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        return; /* op is the queued closure's now */
     }
     /* an unknown id is fine: it was claimed, expired or released already */
     td_rpc_call_reply(call, "", 0);
@@ -252,6 +266,15 @@ static void renew_on_engine(eng_worker_t *w, void *arg)
     }
 }
 
+static void renew_op_drop(void *arg)
+{
+    renew_op_t *op = arg;
+    if (op->rq)
+        tandem__internal__v1__renew_request__free_unpacked(op->rq, NULL);
+    free(op->unknown);
+    free(op);
+}
+
 static void h_renew(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
@@ -272,9 +295,9 @@ static void h_renew(void *ctx, td_rpc_call_t *call)
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
         goto out;
     }
-    if (eng_worker_call(w, renew_on_engine, op, 5)) {
+    if (eng_worker_call_or_drop(w, renew_on_engine, op, renew_op_drop, 5)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
-        return; /* op stays with the queued closure */
+        return; /* op is the queued closure's now */
     }
     Tandem__Internal__V1__RenewResponse rp = TANDEM__INTERNAL__V1__RENEW_RESPONSE__INIT;
     rp.n_unknown_ids = op->n_unknown;
@@ -289,10 +312,7 @@ static void h_renew(void *ctx, td_rpc_call_t *call)
     }
     free(buf);
 out:
-    if (op->rq)
-        tandem__internal__v1__renew_request__free_unpacked(op->rq, NULL);
-    free(op->unknown);
-    free(op);
+    renew_op_drop(op);
 }
 
 /* ---- Decode ---- */

@@ -23,6 +23,8 @@ typedef struct closure {
     void *arg;
     int refs; /* caller + engine thread */
     bool done;
+    bool abandoned;           /* the caller timed out: drop(arg) after fn */
+    void (*drop)(void *arg);  /* NULL: the caller keeps arg alive itself */
     struct closure *next;
 } closure_t;
 
@@ -186,9 +188,13 @@ static void *engine_thread(void *arg)
             c->fn(w, c->arg);
             pthread_mutex_lock(&w->mu);
             c->done = true;
+            void (*drop)(void *) = c->abandoned ? c->drop : NULL;
+            void *carg = c->arg;
             closure_put(w, c);
             pthread_cond_broadcast(&w->cv);
             pthread_mutex_unlock(&w->mu);
+            if (drop) /* its caller gave up waiting: arg is the closure's to free */
+                drop(carg);
         }
         if (stop)
             break;
@@ -237,11 +243,18 @@ static void *engine_thread(void *arg)
 
 td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *arg), void *arg, double timeout_s)
 {
+    return eng_worker_call_or_drop(w, fn, arg, NULL, timeout_s);
+}
+
+td_status_t eng_worker_call_or_drop(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *arg), void *arg,
+                                    void (*drop)(void *arg), double timeout_s)
+{
     closure_t *c = calloc(1, sizeof *c);
     if (!c)
         return td_error(TD_ERR_NO_MEMORY, "worker: no memory");
     c->fn = fn;
     c->arg = arg;
+    c->drop = drop;
     c->refs = 2;
     struct timespec until = td_wall_deadline(timeout_s);
     pthread_mutex_lock(&w->mu);
@@ -257,6 +270,7 @@ td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *a
     while (!c->done && e != ETIMEDOUT)
         e = pthread_cond_timedwait(&w->cv, &w->mu, &until);
     bool done = c->done;
+    c->abandoned = !done; /* the engine thread drops arg once fn has run */
     closure_put(w, c);
     pthread_mutex_unlock(&w->mu);
     return done ? TD_OK : td_error(TD_ERR_TIMEOUT, "%s: the engine did not answer in %.1f s", w->id, timeout_s);
@@ -293,9 +307,9 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
         return;
     }
     tandem__internal__v1__stats_response__init(&s->r);
-    if (eng_worker_call(w, stats_on_engine, s, 5)) {
+    if (eng_worker_call_or_drop(w, stats_on_engine, s, free, 5)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
-        return; /* s is still referenced by the queued closure: left to it (leaks once, on a stuck engine) */
+        return; /* s is the queued closure's now */
     }
     s->r.id = w->id;
     s->r.role = (char *)w->role->name;

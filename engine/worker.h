@@ -65,6 +65,10 @@ const td_config_t *eng_worker_config(const eng_worker_t *w);
  * timeout_s, the closure still runs later: arg must outlive it — keep it in
  * the request object). */
 td_status_t eng_worker_call(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *arg), void *arg, double timeout_s);
+/* The same, for an arg the caller would free: on TD_ERR_TIMEOUT it becomes
+ * the closure's, and the engine thread calls drop(arg) once fn has run. */
+td_status_t eng_worker_call_or_drop(eng_worker_t *w, void (*fn)(eng_worker_t *w, void *arg), void *arg,
+                                    void (*drop)(void *arg), double timeout_s);
 /* Engine thread: events of request id go to fn(ctx, ev) until its finish.
  * TD_ERR_NO_MEMORY (nothing registered): the caller must end the request. */
 td_status_t eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx);
