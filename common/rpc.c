@@ -673,6 +673,13 @@ static void call_status(td_rpc_call_t *c, int code, const char *msg, const void 
     pthread_mutex_unlock(&c->s.mu);
 }
 
+/* With mu held, off the loop threads: waits for the callbacks under way. */
+static void callbacks_settle_locked(td_rpc_call_t *c)
+{
+    while (c->in_cb && !t_on_loop)
+        pthread_cond_wait(&c->s.cv, &c->s.mu);
+}
+
 /* The owner lets go: the status goes out if the handler sent none, the
  * callbacks are turned off (waiting for one under way) and the owner's
  * reference is dropped. */
@@ -683,8 +690,7 @@ static void call_end(td_rpc_call_t *c)
     pthread_mutex_lock(&c->s.mu);
     c->ended = true;
     c->wake_cb = c->cancel_cb = c->send_cb = NULL;
-    while (c->in_cb && !t_on_loop)
-        pthread_cond_wait(&c->s.cv, &c->s.mu);
+    callbacks_settle_locked(c);
     pthread_mutex_unlock(&c->s.mu);
     call_unref(c);
 }
@@ -1170,6 +1176,8 @@ void td_rpc_call_on_wake(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx)
     c->wake_cb = fn;
     c->wake_ctx = ctx;
     bool post = fn && wake_post_locked(c); /* one at once: wakes that came before */
+    if (!fn)
+        callbacks_settle_locked(c);
     pthread_mutex_unlock(&c->s.mu);
     if (post)
         wake_start(c);
@@ -1181,6 +1189,8 @@ void td_rpc_call_on_cancel(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx)
     bool now = fn && c->closed && c->cancelled_flag && !c->finished;
     c->cancel_cb = now ? NULL : fn;
     c->cancel_ctx = ctx;
+    if (!fn)
+        callbacks_settle_locked(c);
     pthread_mutex_unlock(&c->s.mu);
     if (now)
         fn(ctx, true);

@@ -160,14 +160,14 @@ td_status_t td_rpc_call_resume(td_rpc_call_t *c, td_rpc_handler_fn fn, void *ctx
 td_status_t td_rpc_call_send_async(td_rpc_call_t *c, const void *msg, size_t len, td_rpc_event_fn done, void *ctx);
 /* From now on every td_rpc_call_wake() (coalesced) and the client's cancel
  * call fn(ctx, true) on the call's completion-queue thread, until the call
- * is finished; fn NULL turns it off (a callback under way still runs to its
- * end: td_rpc_call_done waits for it). The first call runs once at once, for
- * the wakes that came before. */
+ * is finished; fn NULL turns it off and, off a completion-queue thread, waits
+ * for any callback of the call under way (then the callbacks' context may be
+ * freed). The first call runs once at once, for the wakes that came before. */
 void td_rpc_call_on_wake(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx);
 /* fn(ctx, true) once, on a completion-queue thread, if the client cancels or
  * goes away before the call is finished (at once, in this thread, if it is
- * gone already); fn NULL turns it off (td_rpc_call_done waits for a callback
- * under way). */
+ * gone already); fn NULL turns it off and, off a completion-queue thread,
+ * waits for any callback of the call under way. */
 void td_rpc_call_on_cancel(td_rpc_call_t *c, td_rpc_event_fn fn, void *ctx);
 
 /* ---- client ---- */

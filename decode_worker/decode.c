@@ -562,6 +562,7 @@ static void decode_end(void *ctx, td_rpc_call_t *call)
         else
             td_rpc_call_finish(call, TD_RPC_CANCELLED, "the caller went away");
     }
+    td_rpc_call_on_wake(call, NULL, NULL); /* and wait for a callback still returning: d may go now */
     pthread_mutex_lock(&d->mu);
     d->call = NULL;
     pthread_mutex_unlock(&d->mu);
