@@ -336,6 +336,7 @@ typedef struct dreq {
     char *text;
     size_t text_len, text_cap;
     bool lost; /* an event could not be queued (no memory): the stream ends with an error */
+    double t_final; /* when the engine queued the last event (0: not yet) */
     /* the pump's (touched by the call's callbacks only, which never overlap) */
     eng_worker_t *w;
     size_t sent;       /* events of the queue sent */
@@ -343,6 +344,7 @@ typedef struct dreq {
     bool final_queued; /* the message with the finish reason is written or being written */
     bool ending;       /* the end is under way on the pool */
     int end_code;
+    double t_pumped;   /* when the pump last ran (for the report of a stream cancelled with its end queued) */
     uint8_t buf[4096 + 64]; /* the message being packed (longer ones take the heap once) */
     /* the start closure's inputs and outputs */
     Tandem__Internal__V1__DecodeRequest *rq;
@@ -388,6 +390,8 @@ static void on_decode_event(void *ctx, const eng_event_t *ev)
     } else {
         d->lost = true;
     }
+    if (ev->finish != ENG_FINISH_NONE)
+        d->t_final = td_now_s();
     if (d->call)
         td_rpc_call_wake(d->call);
     pthread_mutex_unlock(&d->mu);
@@ -556,6 +560,15 @@ static void decode_end(void *ctx, td_rpc_call_t *call)
     if (d->end_code == TD_RPC_OK) {
         td_rpc_call_finish(call, TD_RPC_OK, NULL);
     } else {
+        pthread_mutex_lock(&d->mu);
+        size_t unsent = d->n_ev - d->sent;
+        bool final = unsent && d->ev[d->n_ev - 1].finish != ENG_FINISH_NONE;
+        double t_final = d->t_final;
+        pthread_mutex_unlock(&d->mu);
+        if (final) /* the sequence had ended but its stream had not: say where the pump stood */
+            TD_WARN("%s: decode stream cancelled with its last %zu event(s) unsent, the end among them, queued "
+                    "%.1f s ago (a write in flight: %s; the pump last looked %.1f s ago)", eng_worker_id(d->w),
+                    unsent, td_now_s() - t_final, d->sending ? "yes" : "no", td_now_s() - d->t_pumped);
         cancel_async(d->w, d); /* frees the sequence's blocks */
         if (d->end_code == TD_RPC_INTERNAL)
             td_rpc_call_finish(call, TD_RPC_INTERNAL, "%s: no memory to queue a token", eng_worker_id(d->w));
@@ -600,6 +613,7 @@ static void decode_pump(void *ctx, bool ok)
     dreq_t *d = ctx;
     if (d->ending || d->sending)
         return;
+    d->t_pumped = td_now_s();
     pthread_mutex_lock(&d->mu);
     bool lost = d->lost;
     td_rpc_call_t *call = d->call;
