@@ -562,13 +562,13 @@ static void decode_end(void *ctx, td_rpc_call_t *call)
     } else {
         pthread_mutex_lock(&d->mu);
         size_t unsent = d->n_ev - d->sent;
-        bool final = unsent && d->ev[d->n_ev - 1].finish != ENG_FINISH_NONE;
         double t_final = d->t_final;
         pthread_mutex_unlock(&d->mu);
-        if (final) /* the sequence had ended but its stream had not: say where the pump stood */
-            TD_WARN("%s: decode stream cancelled with its last %zu event(s) unsent, the end among them, queued "
-                    "%.1f s ago (a write in flight: %s; the pump last looked %.1f s ago)", eng_worker_id(d->w),
-                    unsent, td_now_s() - t_final, d->sending ? "yes" : "no", td_now_s() - d->t_pumped);
+        if (t_final) /* the sequence had ended but its stream had not: say where the pump stood */
+            TD_WARN("%s: decode stream cancelled after its sequence ended %.1f s ago (%zu event(s) unsent; the "
+                    "last one written: %s; a write in flight: %s; the pump last looked %.1f s ago)",
+                    eng_worker_id(d->w), td_now_s() - t_final, unsent, d->final_queued ? "yes" : "no",
+                    d->sending ? "yes" : "no", td_now_s() - d->t_pumped);
         cancel_async(d->w, d); /* frees the sequence's blocks */
         if (d->end_code == TD_RPC_INTERNAL)
             td_rpc_call_finish(call, TD_RPC_INTERNAL, "%s: no memory to queue a token", eng_worker_id(d->w));
