@@ -13,7 +13,7 @@ time from the fault to an error answer, and whether every process is back.
 With --workers N the cluster has N prefill and N decode workers (the fault
 hits one of each role; the others can take over).
 
-Usage: bench/faults.py BUILD_BIN_DIR [--rate R] [--secs S] [--only NAME] [--workers N]
+Usage: bench/faults.py BUILD_BIN_DIR [--rate R] [--secs S] [--only NAME] [--workers N] [--logs DIR]
 Writes a Markdown table to stdout (bench/results/faults-DATE.md keeps one)."""
 import argparse
 import os
@@ -52,7 +52,7 @@ def children(c):
     return out
 
 
-def run(bin_dir, target, how, rate, secs, refs, prompts, workers=1):
+def run(bin_dir, target, how, rate, secs, refs, prompts, workers=1, logs=""):
     c = tc.Cluster(extra=["--prefill", str(workers), "--decode", str(workers)] if workers > 1 else ())
     results, lock = [], threading.Lock()
     try:
@@ -116,6 +116,9 @@ def run(bin_dir, target, how, rate, secs, refs, prompts, workers=1):
         rc = c.stop()
         c.err.seek(0)
         log = c.err.read()
+        if logs:
+            with open(os.path.join(logs, "%s-%s.log" % (target, how)), "w") as f:
+                f.write(log)
         # an ASan/UBSan build reports here (the children's stderr): counted, never ignored
         san = log.count("ERROR: AddressSanitizer") + log.count("runtime error:") + log.count("ERROR: LeakSanitizer")
     ok = [r for r in results if r["code"] is None and r["ids"] == refs[r["prompt"]]]
@@ -143,6 +146,7 @@ def main():
     ap.add_argument("--secs", type=float, default=45)
     ap.add_argument("--only", default="")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--logs", default="", help="keep each row's cluster log (tandem up's stderr) in this folder")
     a = ap.parse_args()
     prompts = tc.PROMPTS[:12]
     refs = {p: tc.reference(p, MAX_TOKENS) for p in prompts}
@@ -154,7 +158,7 @@ def main():
     for t, h in runs:
         if a.only and a.only not in (t, "%s-%s" % (t, h)):
             continue
-        r = run(a.bin, t, h, a.rate, a.secs, refs, prompts, a.workers)
+        r = run(a.bin, t, h, a.rate, a.secs, refs, prompts, a.workers, a.logs)
         print("| %s | %s | %d | %d | %d | %d %s | %d | %.1f | %d | %s | %d |" % (
             t, "kill -9" if h == "kill" else "SIGSTOP 20 s", r["n"], r["ok"], r["wrong"], r["errors"],
             r["codes"] or "", r["deadline"], r["max_err_s"], r["hung"],

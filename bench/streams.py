@@ -43,6 +43,34 @@ def proc_status(pid):
     return int(out["Threads"]), int(out["VmRSS"].split()[0]) / 1024.0
 
 
+def cluster_pids(c):
+    """The processes of the cluster: `tandem up` and everything below it."""
+    out, todo = [], [c.p.pid]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        for p in os.listdir("/proc"):
+            if p.isdigit() and tc.proc_state(int(p))[1] == pid:
+                todo.append(int(p))
+    return out
+
+
+def pin(c):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        sys.exit("--pin-router needs at least 2 CPUs")
+    rp = router_pid(c)
+    for pid in cluster_pids(c) + [os.getpid()]:
+        mask = {cpus[0]} if pid == rp else set(cpus[1:])
+        for t in os.listdir("/proc/%d/task" % pid):
+            try:
+                os.sched_setaffinity(int(t), mask)
+            except OSError:
+                pass
+    print("router (pid %d) pinned to CPU %d; the rest of the cluster and the client to %s" %
+          (rp, cpus[0], cpus[1:]))
+
+
 async def all_streams(endpoint, prompts, n, tokens, deadline):
     async with grpc.aio.insecure_channel(endpoint, options=[("grpc.max_concurrent_streams", 1 << 20)]) as ch:
         stub = tc.pbg.TandemStub(ch)
@@ -69,12 +97,18 @@ def main():
     ap.add_argument("--serial", type=int, default=300)
     ap.add_argument("--serial-prompt", default="Hi")
     ap.add_argument("--serial-tokens", type=int, default=2)
+    ap.add_argument("--pin-router", action="store_true",
+                    help="before the serial requests, pin the router to CPU 0 and every other process of the "
+                         "cluster and this client to the other CPUs (tells the router's work from contention "
+                         "for shared cores)")
     a = ap.parse_args()
     prompts = tc.PROMPTS
     refs = {p: tc.reference(p, a.tokens) for p in prompts}
     c = tc.Cluster()
     try:
         tc.wait_for(lambda: c.health()[0], 60)
+        if a.pin_router:
+            pin(c)
         # first, one request at a time: the router's own work per request (Health reports its quantiles
         # over its last 4096 requests, so this comes before the concurrent ones)
         for i in range(a.serial):  # as bench/results/disagg-2026-11-21.md measured it: "Hi", 2 tokens
