@@ -456,6 +456,7 @@ struct td_rpc_server {
     td_pool_t *pool;
     int threads;
     int max_active; /* calls open at once, past which new ones are refused */
+    size_t max_message; /* a request message larger is refused */
     op_t shutdown_op;
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
@@ -760,6 +761,12 @@ static void on_arrival(op_t *op, bool ok)
     c->md = p->md;
     grpc_metadata_array_init(&p->md);
     c->peer = grpc_call_get_peer(c->call);
+    size_t big = 0;
+    if (p->payload && grpc_byte_buffer_length(p->payload) > s->max_message) {
+        big = grpc_byte_buffer_length(p->payload);
+        grpc_byte_buffer_destroy(p->payload);
+        p->payload = NULL;
+    }
     if (p->payload) {
         size_t cap = 0;
         if (!buffer_into(p->payload, &c->payload, &cap, &c->payload_len)) {
@@ -787,9 +794,14 @@ static void on_arrival(op_t *op, bool ok)
     grpc_op cl = {.op = GRPC_OP_RECV_CLOSE_ON_SERVER};
     cl.data.recv_close_on_server.cancelled = &c->cancelled_flag;
     call_start_batch(c, TAG_CLOSE, &cl, 1);
-    if (over && c->m) { /* admission: refused now, not queued */
+    if ((over || big) && c->m) { /* admission: refused now, not queued */
         char msg[160];
-        snprintf(msg, sizeof msg, "the server handles %d calls at once, its most; try again later", s->max_active);
+        if (big)
+            snprintf(msg, sizeof msg, "request message: %zu bytes, over this server's limit of %zu bytes", big,
+                     s->max_message);
+        else
+            snprintf(msg, sizeof msg, "the server handles %d calls at once, its most; try again later",
+                     s->max_active);
         call_status(c, TD_RPC_RESOURCE_EXHAUSTED, msg, NULL, 0);
         call_end(c);
         return;
@@ -872,6 +884,7 @@ td_status_t td_rpc_server_create(const char *addr, const td_rpc_tls_t *tls, td_r
         grpc_server_register_completion_queue(s->srv, g_loop.cq[i], NULL);
     s->shutdown_op.done = on_server_shutdown;
     s->max_active = DEFAULT_MAX_CALLS;
+    s->max_message = MAX_MESSAGE;
     s->threads = DEFAULT_THREADS;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -928,6 +941,11 @@ td_status_t td_rpc_server_start(td_rpc_server_t *s, int *port)
 }
 
 void td_rpc_server_set_max_calls(td_rpc_server_t *s, int max) { s->max_active = max > 0 ? max : DEFAULT_MAX_CALLS; }
+
+void td_rpc_server_set_max_message(td_rpc_server_t *s, size_t bytes)
+{
+    s->max_message = bytes && bytes < MAX_MESSAGE ? bytes : MAX_MESSAGE;
+}
 void td_rpc_server_set_threads(td_rpc_server_t *s, int threads) { s->threads = threads > 0 ? threads : DEFAULT_THREADS; }
 
 int td_rpc_server_active(td_rpc_server_t *s)

@@ -107,6 +107,9 @@ td_status_t td_rpc_server_add(td_rpc_server_t *s, const char *method, td_rpc_han
  * default 4096): a call past it is answered RESOURCE_EXHAUSTED at once,
  * without a handler. */
 void td_rpc_server_set_max_calls(td_rpc_server_t *s, int max);
+/* The largest request message (before start; default and most 64 MiB): a
+ * larger one is answered RESOURCE_EXHAUSTED, naming both sizes. */
+void td_rpc_server_set_max_message(td_rpc_server_t *s, size_t bytes);
 /* Handler threads (before start; default 16). */
 void td_rpc_server_set_threads(td_rpc_server_t *s, int threads);
 /* Binds and starts serving; *port is the bound port. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "common/clock.h"
@@ -21,7 +22,13 @@
 #include "common/log.h"
 #include "engine/worker.h"
 
-#define MAX_LEASE_MS 600000u
+/* A reservation's lease is short; its holder renews it while the prompt is
+ * prefilled (the router every second for 3 s), so a holder that dies pins
+ * blocks for one lease at most. */
+#define MAX_LEASE_MS 30000u
+#define DEFAULT_LEASE_MS 3000u
+/* Reservations open at once (claimed ones are sequences, not counted). */
+#define MAX_RESERVATIONS 4096
 
 typedef struct reservation {
     uint64_t id;
@@ -34,7 +41,6 @@ typedef struct reservation {
 typedef struct decode_role {
     reservation_t *res;
     size_t n_res, cap_res;
-    uint64_t next_res;
 } decode_role_t;
 
 
@@ -42,6 +48,7 @@ typedef struct decode_role {
 typedef struct reserve_op {
     uint32_t n_tokens, lease_ms;
     td_status_t rc;
+    char err[160]; /* what rc means, for the caller (not logged: a peer's request, answered) */
     uint64_t id;
     int32_t *blocks;
     uint32_t n_blocks;
@@ -53,22 +60,45 @@ static void reserve_on_engine(eng_worker_t *w, void *arg)
     decode_role_t *R = eng_worker_role_ctx(w);
     eng_engine_t *e = eng_worker_engine(w);
     uint32_t bt = eng_worker_contract(w).block_tokens;
-    op->n_blocks = (op->n_tokens + bt - 1) / bt;
+    /* counted in 64 bits: n_tokens near 2^32 must not wrap to a few blocks */
+    uint64_t nb = ((uint64_t)op->n_tokens + bt - 1) / bt, pool = eng_engine_kv_stats(e).n_blocks;
+    if (nb > pool) {
+        op->rc = TD_ERR_INVALID_ARG;
+        snprintf(op->err, sizeof op->err, "n_tokens: %u tokens need %llu blocks; the pool has %llu", op->n_tokens,
+                 (unsigned long long)nb, (unsigned long long)pool);
+        return;
+    }
+    if (R->n_res >= MAX_RESERVATIONS) {
+        op->rc = TD_ERR_EXHAUSTED;
+        snprintf(op->err, sizeof op->err, "%u reservations open, the most this worker holds", (unsigned)R->n_res);
+        return;
+    }
+    op->n_blocks = (uint32_t)nb;
     op->blocks = malloc(op->n_blocks * sizeof *op->blocks);
     if (!op->blocks || R->n_res == R->cap_res) {
         size_t nc = R->cap_res ? 2 * R->cap_res : 64;
         reservation_t *r = op->blocks ? realloc(R->res, nc * sizeof *r) : NULL;
         if (!r) {
             op->rc = TD_ERR_NO_MEMORY;
+            snprintf(op->err, sizeof op->err, "no memory");
             return;
         }
         R->res = r;
         R->cap_res = nc;
     }
+    /* an id no one can guess: Renew, Release and Decode name a reservation by it */
+    do {
+        if (getrandom(&op->id, sizeof op->id, 0) != sizeof op->id) {
+            op->rc = TD_ERR_INTERNAL;
+            snprintf(op->err, sizeof op->err, "getrandom failed");
+            return;
+        }
+    } while (!op->id);
     op->rc = eng_engine_kv_reserve(e, op->n_tokens, op->blocks);
-    if (op->rc)
+    if (op->rc) {
+        snprintf(op->err, sizeof op->err, "no room for %u tokens of KV (pool full)", op->n_tokens);
         return;
-    op->id = ++R->next_res;
+    }
     R->res[R->n_res++] = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens,
                                                   td_now_s() + op->lease_ms / 1000.0};
 }
@@ -143,14 +173,14 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
         goto out;
     }
     op->n_tokens = rq->n_tokens;
-    op->lease_ms = rq->lease_ms ? (rq->lease_ms < MAX_LEASE_MS ? rq->lease_ms : MAX_LEASE_MS) : 30000;
+    op->lease_ms = rq->lease_ms ? (rq->lease_ms < MAX_LEASE_MS ? rq->lease_ms : MAX_LEASE_MS) : DEFAULT_LEASE_MS;
     if (eng_worker_call_or_drop(w, reserve_on_engine, op, reserve_op_drop, 5)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
         goto out; /* op is the queued closure's now */
     }
     if (op->rc) {
-        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s: no room for %u tokens of KV (pool full)",
-                           eng_worker_id(w), rq->n_tokens);
+        td_rpc_call_finish(call, op->rc == TD_ERR_INVALID_ARG ? TD_RPC_INVALID_ARGUMENT : TD_RPC_RESOURCE_EXHAUSTED,
+                           "%s: %s", eng_worker_id(w), op->err);
         reserve_op_drop(op);
         goto out;
     }

@@ -129,6 +129,10 @@ static bool validate(rt_request_t *q)
         code = TD_RPC_NOT_FOUND;
         goto fail;
     }
+    if (rq->request_id && strlen(rq->request_id) > RT_MAX_REQUEST_ID) {
+        snprintf(err, sizeof err, "request_id: %zu bytes, at most %d", strlen(rq->request_id), RT_MAX_REQUEST_ID);
+        goto fail;
+    }
     if (rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT__NOT_SET) {
         snprintf(err, sizeof err, "input: set prompt or chat");
         goto fail;
@@ -141,6 +145,21 @@ static bool validate(rt_request_t *q)
         goto fail;
     }
     const Tandem__V1__SamplingParams *sp = rq->sampling;
+    if (sp && sp->n_stop > RT_MAX_STOP) {
+        snprintf(err, sizeof err, "sampling.stop: %zu strings, at most %d", sp->n_stop, RT_MAX_STOP);
+        goto fail;
+    }
+    for (size_t i = 0; sp && i < sp->n_stop; i++)
+        if (strlen(sp->stop[i]) > RT_MAX_STOP_BYTES) {
+            snprintf(err, sizeof err, "sampling.stop[%zu]: %zu bytes, at most %d", i, strlen(sp->stop[i]),
+                     RT_MAX_STOP_BYTES);
+            goto fail;
+        }
+    if (sp && sp->n_logit_bias > RT_MAX_LOGIT_BIAS) {
+        snprintf(err, sizeof err, "sampling.logit_bias: %zu entries, at most %d", sp->n_logit_bias,
+                 RT_MAX_LOGIT_BIAS);
+        goto fail;
+    }
     q->max_tokens = sp && sp->max_tokens ? sp->max_tokens : r->default_max_tokens;
     uint32_t ctxlen = r->model->desc.context ? r->model->desc.context : 4096;
     if (n_ids + q->max_tokens > ctxlen) {

@@ -23,6 +23,7 @@
 #include "common/grow.h"
 #include "common/kv_contract_pb.h"
 #include "common/pb_arena.h"
+#include "common/pb_wire.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "common/rpc.h"
@@ -110,6 +111,10 @@ td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1_
         }
         if (!chat->n_messages) {
             snprintf(err, errcap, "chat.messages: empty");
+            return TD_ERR_INVALID_ARG;
+        }
+        if (chat->n_messages > RT_MAX_CHAT_MESSAGES) {
+            snprintf(err, errcap, "chat.messages: %zu messages, at most %d", chat->n_messages, RT_MAX_CHAT_MESSAGES);
             return TD_ERR_INVALID_ARG;
         }
         eng_chat_msg_t *msgs = calloc(chat->n_messages, sizeof *msgs);
@@ -293,14 +298,29 @@ static void g_cancel(void *ctx, bool ok)
 
 static const rt_sink_t grpc_sink = {.emit = g_emit, .end = g_end};
 
+/* A NUL inside a string field would cut it short once unpacked: refused,
+ * naming the field (true: the call is finished). */
+static bool refuse_nul(td_rpc_call_t *call, const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
+{
+    char where[256];
+    size_t at;
+    if (!td_pb_find_nul(d, p, n, where, sizeof where, &at))
+        return false;
+    td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT,
+                       "%s: a NUL character (U+0000) at byte %zu; tandem does not take text with NULs", where, at);
+    return true;
+}
+
 static void h_generate(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
     size_t n;
     const uint8_t *p = td_rpc_call_payload(call, &n);
     Tandem__V1__GenerateRequest *rq = tandem__v1__generate_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "GenerateRequest does not parse");
+    if (!rq || refuse_nul(call, &tandem__v1__generate_request__descriptor, p, n)) {
+        if (!rq)
+            td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "GenerateRequest does not parse");
+        tandem__v1__generate_request__free_unpacked(rq, NULL);
         rt_count(r, false, -1, -1, -1);
         return;
     }
@@ -327,8 +347,10 @@ static void h_tokenize(void *ctx, td_rpc_call_t *call)
     size_t n;
     const uint8_t *p = td_rpc_call_payload(call, &n);
     Tandem__V1__TokenizeRequest *rq = tandem__v1__tokenize_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "TokenizeRequest does not parse");
+    if (!rq || refuse_nul(call, &tandem__v1__tokenize_request__descriptor, p, n)) {
+        if (!rq)
+            td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "TokenizeRequest does not parse");
+        tandem__v1__tokenize_request__free_unpacked(rq, NULL);
         return;
     }
     char err[600];
@@ -493,6 +515,7 @@ int main(int argc, char **argv)
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r))
         goto out;
     td_rpc_server_set_max_calls(srv, (int)r.cfg.router.max_streams);
+    td_rpc_server_set_max_message(srv, RT_MAX_REQUEST_BYTES);
     td_rpc_server_set_threads(srv, 4); /* its handlers return at once: a Generate runs on the router's pool */
     if (td_rpc_server_start(srv, &port))
         goto out;

@@ -25,6 +25,16 @@
 #define RT_RES_RENEW_S 1.0
 #define RT_MAX_HELD 4096
 
+/* Limits on a public request, each refused with INVALID_ARGUMENT naming the
+ * field (a larger message: RESOURCE_EXHAUSTED before it is parsed). Prompt
+ * length is bounded by the model's context once tokenized. */
+#define RT_MAX_REQUEST_BYTES (4u << 20)
+#define RT_MAX_REQUEST_ID 256
+#define RT_MAX_STOP 16
+#define RT_MAX_STOP_BYTES 1024
+#define RT_MAX_LOGIT_BIAS 1024
+#define RT_MAX_CHAT_MESSAGES 4096
+
 typedef struct rt_held {
     rt_worker_t *d;
     uint64_t id;

@@ -2,10 +2,12 @@
  * protobuf-c generates them: a request round-trips, unset optional fields stay
  * unset (and read as the engine's defaults), and bytes that are not a message
  * are refused. */
+#define _GNU_SOURCE
 #include "tests/unit/helpers.h"
 
 #include "common/kv_contract_pb.h"
 #include "common/log.h"
+#include "common/pb_wire.h"
 #include "tandem/v1/tandem.pb-c.h"
 
 Test(proto, generate_request_round_trip)
@@ -99,4 +101,39 @@ Test(proto, kv_layout_round_trips_in_both_wire_forms)
     cr_assert_eq(td_kv_block_bytes(&l), (size_t)30 * 2 * 3 * 16 * 64 * 2);
     cr_assert_eq(td_kv_offset(&l, 1, 1, 2), (size_t)((1 * 2 + 1) * 3 + 2) * 16 * 64);
     cr_assert_eq(td_kv_token_bytes(&l) * 16, td_kv_block_bytes(&l));
+}
+
+/* A NUL inside a string field is found in the wire bytes, with the field's
+ * path and the byte offset, at any depth; clean and truncated bytes are not
+ * reported (protobuf-c's unpack would cut such a string at the NUL). */
+Test(proto, nul_inside_a_string_is_found_with_its_field)
+{
+    Tandem__V1__GenerateRequest req = TANDEM__V1__GENERATE_REQUEST__INIT;
+    Tandem__V1__ChatInput chat = TANDEM__V1__CHAT_INPUT__INIT;
+    Tandem__V1__ChatMessage m0 = TANDEM__V1__CHAT_MESSAGE__INIT, m1 = TANDEM__V1__CHAT_MESSAGE__INIT;
+    Tandem__V1__ChatMessage *msgs[2] = {&m0, &m1};
+    m0.role = m1.role = "user";
+    m0.content = "clean";
+    m1.content = "hiXthere";
+    chat.n_messages = 2;
+    chat.messages = msgs;
+    req.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    req.chat = &chat;
+    req.request_id = "r-1";
+    size_t n = tandem__v1__generate_request__get_packed_size(&req);
+    uint8_t *buf = malloc(n);
+    tandem__v1__generate_request__pack(&req, buf);
+    char where[128];
+    size_t at = 99;
+    cr_assert_not(td_pb_find_nul(&tandem__v1__generate_request__descriptor, buf, n, where, sizeof where, &at));
+    uint8_t *x = memmem(buf, n, "hiXthere", 8);
+    cr_assert_not_null(x);
+    x[2] = 0;
+    cr_assert(td_pb_find_nul(&tandem__v1__generate_request__descriptor, buf, n, where, sizeof where, &at));
+    cr_assert_str_eq(where, "chat.messages.content");
+    cr_assert_eq(at, 2);
+    /* cut inside the string's bytes: the message does not parse, nothing is reported */
+    cr_assert_not(td_pb_find_nul(&tandem__v1__generate_request__descriptor, buf, (size_t)(x - buf) + 1, where,
+                                 sizeof where, &at));
+    free(buf);
 }
