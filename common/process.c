@@ -42,8 +42,34 @@ struct td_member {
     td_etcd_t *etcd;
     char *key, *value;
     int64_t ttl_s, lease;
-    atomic_bool lost; /* set by the keep-alive thread */
+    atomic_bool lost;    /* set by the keep-alive thread */
+    atomic_bool changed; /* set by the watch thread: the record was deleted or overwritten */
+    td_etcd_watch_t *watch;
 };
+
+/* The record under its key is this member's own; anything else (a delete by
+ * someone, a put of another value) is put right by td_member_tick. */
+static void on_record(void *ctx, bool put, const td_etcd_kv_t *kv)
+{
+    td_member_t *m = ctx;
+    if (strcmp(kv->key, m->key))
+        return; /* another key under the same prefix ("decode-1" watches "decode-10" too) */
+    if (!put || kv->value_len != strlen(m->value) || memcmp(kv->value, m->value, kv->value_len))
+        atomic_store(&m->changed, true);
+}
+
+static void on_record_resync(void *ctx, const td_etcd_kvs_t *now)
+{
+    td_member_t *m = ctx;
+    bool found = false;
+    for (size_t i = 0; i < now->n; i++)
+        if (!strcmp(now->kv[i].key, m->key)) {
+            found = true;
+            on_record(m, true, &now->kv[i]);
+        }
+    if (!found)
+        atomic_store(&m->changed, true);
+}
 
 static void on_lease_lost(void *ctx)
 {
@@ -75,6 +101,8 @@ td_status_t td_member_join(const char *endpoints, const char *key, const char *v
     td_status_t rc = td_etcd_connect(endpoints, NULL, &m->etcd);
     if (!rc)
         rc = member_register(m);
+    if (!rc)
+        rc = td_etcd_watch_start(m->etcd, m->key, 0, on_record, on_record_resync, m, &m->watch);
     if (rc) {
         td_etcd_destroy(m->etcd);
         free(m->key);
@@ -90,6 +118,15 @@ td_status_t td_member_join(const char *endpoints, const char *key, const char *v
 
 void td_member_tick(td_member_t *m)
 {
+    if (m && atomic_exchange(&m->changed, false) && !atomic_load(&m->lost)) {
+        /* deleted or overwritten while the lease lives: the record is put back under the same lease */
+        td_status_t rc = td_etcd_put(m->etcd, m->key, m->value, strlen(m->value), m->lease);
+        if (rc)
+            atomic_store(&m->changed, true); /* tried again on the next tick */
+        else
+            TD_WARN("%s: the record was deleted or changed by someone else while its lease lived; put back",
+                    m->key);
+    }
     if (!m || !atomic_load(&m->lost))
         return;
     TD_WARN("%s: the etcd lease is lost; serving what runs here and registering again", m->key);
@@ -106,6 +143,7 @@ void td_member_leave(td_member_t *m)
 {
     if (!m)
         return;
+    td_etcd_watch_stop(m->watch);
     td_etcd_keepalive_stop(m->etcd);
     td_etcd_lease_revoke(m->etcd, m->lease);
     td_etcd_destroy(m->etcd);

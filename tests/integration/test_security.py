@@ -13,7 +13,8 @@ Covered here (the planes' authentication is not yet: see the issue):
 - a NUL inside a prompt, a chat message or a stop string: refused naming the
   field (never cut short); a request_id of 1 MiB, 17 stop strings, 2,000
   logit-bias entries: each refused naming the field; a 5 MiB message:
-  RESOURCE_EXHAUSTED before it is parsed.
+  RESOURCE_EXHAUSTED before it is parsed;
+- a worker's etcd record deleted by someone else: put back under its lease.
 
 Usage: test_security.py BUILD_BIN_DIR  (run from the repository root)."""
 import os
@@ -135,6 +136,15 @@ def main():
             tc.check("%s is refused: %s" % (name, why[:160]), ok)
         same, vwhy = v.same()
         tc.check("the victim beside the malformed requests: %s" % vwhy, same)
+        # etcd: a worker whose record someone deletes while its lease lives puts it back
+        key = "/tandem/workers/decode/" + dw["id"]
+        env = dict(os.environ, ETCDCTL_API="3")
+        deleted = tc.subprocess.run(["etcdctl", "--endpoints", c.etcd, "del", key], capture_output=True, text=True,
+                                    env=env, timeout=10).stdout.strip()
+        t0 = time.time()
+        back = tc.wait_for(lambda: c.worker("decode") == dw, 10)
+        tc.check("a decode worker's record deleted from etcd (%s deleted) is put back as it was, after %.1f s" %
+                 (deleted, time.time() - t0), deleted == "1" and back and time.time() - t0 < 3)
         ids, _ = tc.generate(c.stub, VICTIM, max_tokens=VICTIM_TOKENS)
         tc.check("the cluster serves afterwards, output identical", ids == ref)
         dch.close()
