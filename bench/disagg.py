@@ -57,8 +57,10 @@ def start_cluster():
                            THREADS], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
     ep = up.stdout.readline().strip()
     err.seek(0)
-    etcd = re.search(r"etcd on (\S+),", err.read()).group(1)
-    return up, ep, etcd
+    log = err.read()
+    etcd = re.search(r"etcd on (\S+),", log).group(1)
+    certs = re.search(r"certificates in (\S+) ", log).group(1)  # the internal planes' mutual TLS
+    return up, ep, etcd, certs
 
 
 def router_overhead():
@@ -92,7 +94,7 @@ def router_overhead():
 
 
 def main():
-    up, ep, etcd = start_cluster()
+    up, ep, etcd, certs = start_cluster()
     stub = pbg.TandemStub(grpc.insecure_channel(ep))
     res = {"threads_per_process": int(THREADS), "generated_tokens": GEN, "prompts": {}}
     try:
@@ -121,10 +123,14 @@ def main():
             }
             print(n, res["prompts"][str(n)], file=sys.stderr, flush=True)
         envv = dict(os.environ, ETCDCTL_API="3")
-        recs = subprocess.run(["etcdctl", "--endpoints", etcd, "get", "--prefix", "/tandem/workers/prefill",
+        recs = subprocess.run(["etcdctl", "--endpoints", "https://" + etcd, "--cacert", certs + "/ca.pem",
+                               "--cert", certs + "/client.pem", "--key", certs + "/client.key",
+                               "get", "--prefix", "/tandem/workers/prefill",
                                "--print-value-only"], capture_output=True, text=True, env=envv).stdout
         pw = json.loads([l for l in recs.splitlines() if l.startswith("{")][0])
-        st = wpbg.PrefillStub(grpc.insecure_channel(pw["addr"])).Stats(wpb.StatsRequest(), timeout=5)
+        rd = lambda n: open(os.path.join(certs, n), "rb").read()  # noqa: E731
+        creds = grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
+        st = wpbg.PrefillStub(grpc.secure_channel(pw["addr"], creds)).Stats(wpb.StatsRequest(), timeout=5)
         res["kv_transfer"] = {
             "bytes": st.transfer_bytes, "pusher_busy_ms": st.transfer_ms, "exposed_ms": st.exposed_transfer_ms,
             "hidden_share": 1 - st.exposed_transfer_ms / st.transfer_ms if st.transfer_ms else None,

@@ -10,6 +10,7 @@ static const char usage[] =
     "usage: tandem COMMAND [ARGS]\n"
     "  up [--config FILE] [--prefill N] [--decode N]  a whole cluster on this machine; prints the router's HOST:PORT\n"
     "  health --endpoint HOST:PORT           is the cluster serving (exit 0) or not\n"
+    "  certs --dir DIR [--hosts H1,H2]       a cluster CA and certificates for its processes\n"
     "  --version                             the version and the commit it was built from\n"
     "\n"
     "commands:\n"
@@ -36,7 +37,7 @@ static const struct {
     {"inspect", cli_inspect, cli_inspect_usage},          {"tokenize", cli_tokenize, cli_tokenize_usage},
     {"generate", cli_generate, cli_generate_usage},       {"perplexity", cli_perplexity, cli_perplexity_usage},
     {"bench", cli_bench, cli_bench_usage},                {"up", cli_up, cli_up_usage},
-    {"health", cli_health, cli_health_usage},
+    {"health", cli_health, cli_health_usage},             {"certs", cli_certs, cli_certs_usage},
 };
 
 int main(int argc, char **argv)

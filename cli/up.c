@@ -26,6 +26,7 @@
 
 #include "common/clock.h"
 #include "cli/cli.h"
+#include "common/certs.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -91,6 +92,30 @@ static void add_arg(child_t *c, const char *a)
 }
 
 /* true when the router answers Health with SERVING (a call of at most 1 s) */
+/* The certificate and key of process NAME: certdir's NAME.pem and NAME.key
+ * (the ones tandem up made), or the config's cluster pair when certdir is NULL. */
+static void pair_of(const td_config_t *cfg, const char *certdir, const char *name, char cert[PATH_MAX],
+                    char key[PATH_MAX])
+{
+    if (certdir) {
+        snprintf(cert, PATH_MAX, "%s/%s.pem", certdir, name);
+        snprintf(key, PATH_MAX, "%s/%s.key", certdir, name);
+    } else {
+        snprintf(cert, PATH_MAX, "%s", cfg->cluster.tls_cert ? cfg->cluster.tls_cert : "");
+        snprintf(key, PATH_MAX, "%s", cfg->cluster.tls_key ? cfg->cluster.tls_key : "");
+    }
+}
+
+/* The internal planes' flags of a router or worker (they override the config's cluster section). */
+static void add_cluster_tls(child_t *c, bool plaintext, const char *ca, const char *cert, const char *key)
+{
+    if (plaintext)
+        return; /* the config says so, and the child reads the same config */
+    const char *a[] = {"--cluster-ca", ca, "--cluster-cert", cert, "--cluster-key", key};
+    for (size_t i = 0; i < sizeof a / sizeof *a; i++)
+        add_arg(c, a[i]);
+}
+
 static bool router_serving(td_rpc_channel_t *ch)
 {
     uint8_t *out = NULL;
@@ -175,17 +200,45 @@ int cli_up(int argc, char **argv)
     snprintf(dir, sizeof dir, "%s", self);
     *strrchr(dir, '/') = 0;
 
-    char datadir[] = "/tmp/tandem-etcd-XXXXXX";
-    if (!mkdtemp(datadir)) {
+    char base[] = "/tmp/tandem-up-XXXXXX";
+    if (!mkdtemp(base)) {
         fprintf(stderr, "tandem up: cannot make a data dir: %s\n", strerror(errno));
         return 1;
     }
+    static char datadir[64], certdir[64];
+    snprintf(datadir, sizeof datadir, "%s/etcd", base);
+    snprintf(certdir, sizeof certdir, "%s/tls", base);
+    /* the internal planes: mutual TLS with the config's cluster CA and pair, or
+     * (by default) a throwaway CA and a certificate per process made here */
+    bool plaintext = cfg.cluster.plaintext, own_certs = !plaintext && !(cfg.cluster.tls_ca && cfg.cluster.tls_ca[0]);
+    if (own_certs) {
+        const char *names[2 * 16 + 3];
+        char name_buf[2 * 16][32];
+        size_t nn = 0;
+        names[nn++] = "router";
+        names[nn++] = "etcd";
+        names[nn++] = "client";
+        for (long k = 0; k < np + nd; k++) {
+            snprintf(name_buf[k], sizeof name_buf[k], "%s-%ld", k < np ? "prefill" : "decode", k < np ? k : k - np);
+            names[nn++] = name_buf[k];
+        }
+        if (td_certs_make(certdir, names, nn, NULL, 0, 30)) {
+            fprintf(stderr, "tandem up: %s\n", td_last_error());
+            return 1;
+        }
+    }
+    static char ca_file[PATH_MAX];
+    if (own_certs)
+        snprintf(ca_file, sizeof ca_file, "%s/ca.pem", certdir);
+    else if (!plaintext)
+        snprintf(ca_file, sizeof ca_file, "%s", cfg.cluster.tls_ca);
     int cport = free_port(), pport = free_port();
     while (pport == cport)
         pport = free_port();
+    const char *scheme = plaintext ? "http" : "https";
     char client[64], peer[64], cluster[96], etcd_ep[64], router_listen[128];
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
-    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
+    snprintf(client, sizeof client, "%s://127.0.0.1:%d", scheme, cport);
+    snprintf(peer, sizeof peer, "%s://127.0.0.1:%d", scheme, pport);
     snprintf(cluster, sizeof cluster, "tandem=%s", peer);
     snprintf(etcd_ep, sizeof etcd_ep, "127.0.0.1:%d", cport);
     if (listen_at)
@@ -206,6 +259,15 @@ int cli_up(int argc, char **argv)
                            "--initial-cluster-state", "new", "--log-level", "error", "--logger", "zap"};
     for (size_t i = 0; i < sizeof eargs / sizeof *eargs; i++)
         add_arg(etcd, eargs[i]);
+    if (!plaintext) { /* clients and the peer port: a certificate the cluster CA signed, or no connection */
+        char cert[PATH_MAX], key[PATH_MAX];
+        pair_of(&cfg, own_certs ? certdir : NULL, "etcd", cert, key);
+        const char *targs[] = {"--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca_file,
+                               "--client-cert-auth", "--peer-cert-file", cert, "--peer-key-file", key,
+                               "--peer-trusted-ca-file", ca_file, "--peer-client-cert-auth"};
+        for (size_t i = 0; i < sizeof targs / sizeof *targs; i++)
+            add_arg(etcd, targs[i]);
+    }
     char bin[PATH_MAX + 32];
     child_t *router = &kids[nk++];
     snprintf(router->name, sizeof router->name, "tandem-router");
@@ -221,6 +283,9 @@ int cli_up(int argc, char **argv)
     add_arg(router, router_listen);
     add_arg(router, "--etcd");
     add_arg(router, etcd_ep);
+    char cert[PATH_MAX], key[PATH_MAX];
+    pair_of(&cfg, own_certs ? certdir : NULL, "router", cert, key);
+    add_cluster_tls(router, plaintext, ca_file, cert, key);
     for (long k = 0; k < np + nd && nk < MAX_CHILDREN; k++) {
         child_t *c = &kids[nk++];
         bool pre = k < np;
@@ -235,6 +300,10 @@ int cli_up(int argc, char **argv)
         add_arg(c, model);
         add_arg(c, "--etcd");
         add_arg(c, etcd_ep);
+        char name[32];
+        snprintf(name, sizeof name, "%s-%ld", pre ? "prefill" : "decode", pre ? k : k - np);
+        pair_of(&cfg, own_certs ? certdir : NULL, name, cert, key);
+        add_cluster_tls(c, plaintext, ca_file, cert, key);
         for (int e = 0; e < n_extra; e++)
             add_arg(c, extra[e]);
     }
@@ -274,6 +343,13 @@ int cli_up(int argc, char **argv)
     for (int i = 0; i < nk; i++)
         spawn(&kids[i]);
     fprintf(stderr, "tandem up: etcd on %s, %ld prefill + %ld decode workers, model %s\n", etcd_ep, np, nd, model);
+    if (plaintext)
+        fprintf(stderr, "tandem up: WARNING: cluster.plaintext is set: etcd and the workers' RPCs take anyone\n");
+    else if (own_certs)
+        fprintf(stderr, "tandem up: mutual TLS on every internal plane; certificates in %s (ca.pem, and "
+                        "client.pem + client.key for tools such as etcdctl)\n", certdir);
+    else
+        fprintf(stderr, "tandem up: mutual TLS on every internal plane (cluster CA %s)\n", ca_file);
 
     /* wait for the router to say SERVING, then print its endpoint */
     bool announced = false;
@@ -359,7 +435,7 @@ int cli_up(int argc, char **argv)
         }
     }
     char rm[PATH_MAX];
-    snprintf(rm, sizeof rm, "rm -rf '%s'", datadir);
+    snprintf(rm, sizeof rm, "rm -rf '%s'", base);
     if (system(rm)) {
     }
     for (int i = 0; i < nk; i++)

@@ -30,7 +30,8 @@ typedef struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; uin
 typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
 typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
 typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
-typedef struct { bool *peer_errors; uint32_t *peer_idle_s; } raw_transport_t;
+typedef struct { char *tls_ca, *tls_cert, *tls_key; bool *plaintext; } raw_cluster_t;
+typedef struct { bool *peer_errors; uint32_t *peer_idle_s; char *interfaces; } raw_transport_t;
 typedef struct {
     raw_log_t *log;
     raw_model_t *model;
@@ -38,6 +39,7 @@ typedef struct {
     raw_workers_t *prefill, *decode;
     raw_kvstore_t *kvstore;
     raw_etcd_t *etcd;
+    raw_cluster_t *cluster;
     raw_transport_t *transport;
 } raw_config_t;
 
@@ -69,9 +71,14 @@ static const cyaml_schema_field_t etcd_fields[] = {
     STR("endpoints", raw_etcd_t, endpoints), STR("data_dir", raw_etcd_t, data_dir),
     CYAML_FIELD_UINT_PTR("lease_ttl_s", OPT, raw_etcd_t, lease_ttl_s), CYAML_FIELD_END};
 
+static const cyaml_schema_field_t cluster_fields[] = {
+    STR("tls_ca", raw_cluster_t, tls_ca), STR("tls_cert", raw_cluster_t, tls_cert),
+    STR("tls_key", raw_cluster_t, tls_key), CYAML_FIELD_BOOL_PTR("plaintext", OPT, raw_cluster_t, plaintext),
+    CYAML_FIELD_END};
 static const cyaml_schema_field_t transport_fields[] = {
     CYAML_FIELD_BOOL_PTR("peer_errors", OPT, raw_transport_t, peer_errors),
-    CYAML_FIELD_UINT_PTR("peer_idle_s", OPT, raw_transport_t, peer_idle_s), CYAML_FIELD_END};
+    CYAML_FIELD_UINT_PTR("peer_idle_s", OPT, raw_transport_t, peer_idle_s),
+    STR("interfaces", raw_transport_t, interfaces), CYAML_FIELD_END};
 
 static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("log", OPT, raw_config_t, log, log_fields),
@@ -81,6 +88,7 @@ static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("decode", OPT, raw_config_t, decode, workers_fields),
     CYAML_FIELD_MAPPING_PTR("kvstore", OPT, raw_config_t, kvstore, kvstore_fields),
     CYAML_FIELD_MAPPING_PTR("etcd", OPT, raw_config_t, etcd, etcd_fields),
+    CYAML_FIELD_MAPPING_PTR("cluster", OPT, raw_config_t, cluster, cluster_fields),
     CYAML_FIELD_MAPPING_PTR("transport", OPT, raw_config_t, transport, transport_fields),
     CYAML_FIELD_END};
 
@@ -126,8 +134,13 @@ static const cfg_field_t cfg_fields[] = {
     F("etcd.endpoints", CFG_STR, etcd.endpoints, etcd, raw_etcd_t, endpoints),
     F("etcd.data_dir", CFG_STR, etcd.data_dir, etcd, raw_etcd_t, data_dir),
     F("etcd.lease_ttl_s", CFG_U32, etcd.lease_ttl_s, etcd, raw_etcd_t, lease_ttl_s),
+    F("cluster.tls_ca", CFG_STR, cluster.tls_ca, cluster, raw_cluster_t, tls_ca),
+    F("cluster.tls_cert", CFG_STR, cluster.tls_cert, cluster, raw_cluster_t, tls_cert),
+    F("cluster.tls_key", CFG_STR, cluster.tls_key, cluster, raw_cluster_t, tls_key),
+    F("cluster.plaintext", CFG_BOOL, cluster.plaintext, cluster, raw_cluster_t, plaintext),
     F("transport.peer_errors", CFG_BOOL, transport.peer_errors, transport, raw_transport_t, peer_errors),
     F("transport.peer_idle_s", CFG_U32, transport.peer_idle_s, transport, raw_transport_t, peer_idle_s),
+    F("transport.interfaces", CFG_STR, transport.interfaces, transport, raw_transport_t, interfaces),
 };
 #define N_FIELDS (sizeof cfg_fields / sizeof cfg_fields[0])
 
@@ -154,7 +167,8 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},
         {"kvstore.dram_mb", "1024"}, {"kvstore.data_dir", ""},
         {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""}, {"etcd.lease_ttl_s", "3"},
-        {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"},
+        {"cluster.tls_ca", ""}, {"cluster.tls_cert", ""}, {"cluster.tls_key", ""}, {"cluster.plaintext", "false"},
+        {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"}, {"transport.interfaces", "lo"},
     };
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
         td_status_t rc = td_config_set(cfg, defaults[i].k, defaults[i].v);

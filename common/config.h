@@ -16,10 +16,16 @@
  *   kvstore: { dram_mb: 1024, data_dir: "" }
  *   etcd:    { endpoints: 127.0.0.1:2379, data_dir: "", lease_ttl_s: 3 }  (lease_ttl_s: a
  *            worker's registration lease; a dead worker leaves the membership this long after)
- *   transport: { peer_errors: false, peer_idle_s: 60 }  (the KV transport, kvstore/transfer.h:
+ *   cluster: { tls_ca: "", tls_cert: "", tls_key: "", plaintext: false }  (the internal planes,
+ *            router <-> workers and etcd: mutual TLS, every peer's certificate signed by the CA
+ *            tls_ca names, this process's own pair; `tandem certs` makes them, `tandem up`
+ *            makes throwaway ones. plaintext: true leaves those planes open to anyone who
+ *            can reach them, and says so loudly)
+ *   transport: { peer_errors: false, peer_idle_s: 60, interfaces: lo }  (the KV transport, kvstore/transfer.h:
  *            peer_errors: UCX peer error handling, which costs UCX's shared-memory
  *            paths; peer_idle_s: a prefill worker closes a connection to a decode
- *            worker unused this long)
+ *            worker unused this long; interfaces: the network interfaces UCX may listen and
+ *            connect on, comma-separated: loopback by default, the cluster's network on many hosts)
  *
  * Every key is optional; what is absent keeps its default. The file is read
  * through a libcyaml schema; an unknown key or a value of the wrong type is an
@@ -50,7 +56,8 @@ typedef struct td_config {
     td_worker_config_t prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;
-    struct { bool peer_errors; uint32_t peer_idle_s; } transport;
+    struct { char *tls_ca, *tls_cert, *tls_key; bool plaintext; } cluster;
+    struct { bool peer_errors; uint32_t peer_idle_s; char *interfaces; } transport;
 } td_config_t;
 
 /* Fills cfg with the defaults. Free with td_config_free(). */

@@ -87,8 +87,32 @@ static td_status_t member_register(td_member_t *m)
     return rc;
 }
 
-td_status_t td_member_join(const char *endpoints, const char *key, const char *value, int64_t ttl_s,
-                           td_member_t **out, td_etcd_t **etcd)
+td_status_t td_cluster_tls(const td_config_t *cfg, td_rpc_tls_t *tls, const td_rpc_tls_t **out)
+{
+    *out = NULL;
+    if (cfg->cluster.plaintext) {
+        TD_WARN("cluster.plaintext is set: this process's internal RPCs and its etcd client run WITHOUT TLS or "
+                "authentication; anyone who can reach their ports can read prompts, take KV memory and change "
+                "the membership");
+        return TD_OK;
+    }
+    const char *f[3] = {cfg->cluster.tls_ca, cfg->cluster.tls_cert, cfg->cluster.tls_key};
+    static const char *const key[3] = {"cluster.tls_ca", "cluster.tls_cert", "cluster.tls_key"};
+    for (int i = 0; i < 3; i++) {
+        if (!f[i] || !f[i][0])
+            return td_error(TD_ERR_CONFIG, "%s is not set: the internal planes are mutual TLS, every process needs "
+                            "the cluster CA and its own certificate and key (`tandem certs` makes them; "
+                            "`tandem up` makes throwaway ones), or cluster.plaintext: true", key[i]);
+        if (access(f[i], R_OK))
+            return td_error(TD_ERR_CONFIG, "%s: cannot read %s", key[i], f[i]);
+    }
+    *tls = (td_rpc_tls_t){.ca_file = f[0], .cert_file = f[1], .key_file = f[2]};
+    *out = tls;
+    return TD_OK;
+}
+
+td_status_t td_member_join(const char *endpoints, const td_rpc_tls_t *tls, const char *key, const char *value,
+                           int64_t ttl_s, td_member_t **out, td_etcd_t **etcd)
 {
     td_member_t *m = calloc(1, sizeof *m);
     if (!m || !(m->key = strdup(key)) || !(m->value = strdup(value))) {
@@ -98,7 +122,7 @@ td_status_t td_member_join(const char *endpoints, const char *key, const char *v
         return td_error(TD_ERR_NO_MEMORY, "membership: no memory");
     }
     m->ttl_s = ttl_s;
-    td_status_t rc = td_etcd_connect(endpoints, NULL, &m->etcd);
+    td_status_t rc = td_etcd_connect(endpoints, tls, &m->etcd);
     if (!rc)
         rc = member_register(m);
     if (!rc)

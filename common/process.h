@@ -14,7 +14,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/config.h"
 #include "common/etcd.h"
+#include "common/rpc.h"
 #include "common/status.h"
 
 /* Logging as `component`, gRPC started, the signals above installed. */
@@ -24,11 +26,17 @@ int td_process_stop_signal(void);
 /* Until a stop signal: tick(ctx) every 50 ms (tick may be NULL). */
 void td_process_run(void (*tick)(void *ctx), void *ctx);
 
+/* The internal planes' security from cfg's cluster section (config.h): *out
+ * is tls, filled with the CA and this process's pair (mutual TLS), or NULL
+ * when cluster.plaintext is set, which is logged as a warning naming who
+ * is exposed. An error when neither is set or a file cannot be read. */
+td_status_t td_cluster_tls(const td_config_t *cfg, td_rpc_tls_t *tls, const td_rpc_tls_t **out);
+
 typedef struct td_member td_member_t;
 /* Registers key = value under a lease of ttl_s seconds on etcd (connected
  * here; *etcd, when not NULL, receives the client for the caller's own use). */
-td_status_t td_member_join(const char *endpoints, const char *key, const char *value, int64_t ttl_s,
-                           td_member_t **out, td_etcd_t **etcd);
+td_status_t td_member_join(const char *endpoints, const td_rpc_tls_t *tls, const char *key, const char *value,
+                           int64_t ttl_s, td_member_t **out, td_etcd_t **etcd);
 /* From the main loop: registers again under a new lease if the lease was
  * lost (retrying every 0.5 s while etcd does not answer, until a stop signal). */
 void td_member_tick(td_member_t *m);

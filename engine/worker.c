@@ -47,6 +47,8 @@ struct eng_worker {
     char id[96], listen[128], advertise[160];
     td_config_t cfg;               /* the file, then the flags over it; validated */
     const td_worker_config_t *rc;  /* this role's section of cfg */
+    td_rpc_tls_t tls_files;        /* the internal planes' mutual TLS (cluster section) */
+    const td_rpc_tls_t *tls;       /* &tls_files, or NULL under cluster.plaintext */
     kv_xfer_config_t xfer_cfg;
     eng_model_t *model;
     eng_engine_t *engine;
@@ -335,7 +337,7 @@ static td_status_t etcd_register(eng_worker_t *w)
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
     json_decref(j);
     snprintf(key, sizeof key, "/tandem/workers/%s/%s", w->role->name, w->id);
-    td_status_t rc = v ? td_member_join(w->cfg.etcd.endpoints, key, v, w->cfg.etcd.lease_ttl_s, &w->member, NULL)
+    td_status_t rc = v ? td_member_join(w->cfg.etcd.endpoints, w->tls, key, v, w->cfg.etcd.lease_ttl_s, &w->member, NULL)
                        : td_error(TD_ERR_NO_MEMORY, "%s: no memory for its etcd record", w->id);
     free(v);
     return rc;
@@ -353,6 +355,7 @@ static const char usage_fmt[] =
     "usage: tandem-%s [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT] [--id ID]\n"
     "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
     "                 [--numerics fast|reference] [--lease-ttl S] [--peer-idle-s S]\n"
+    "                 [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true] [--interfaces lo]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
     "  which it overrides; the role's keys are those of its section\n";
 
@@ -362,7 +365,9 @@ static const td_flag_t worker_flags[] = {
     {"--model", "model.path"},           {"--etcd", "etcd.endpoints"},         {"--threads", "%s.threads"},
     {"--token-budget", "%s.token_budget"}, {"--block-tokens", "model.block_tokens"}, {"--kv-mib", "%s.kv_mib"},
     {"--kv-dtype", "model.kv_dtype"},    {"--numerics", "model.numerics"},     {"--lease-ttl", "etcd.lease_ttl_s"},
-    {"--peer-idle-s", "transport.peer_idle_s"},
+    {"--peer-idle-s", "transport.peer_idle_s"}, {"--cluster-ca", "cluster.tls_ca"},
+    {"--cluster-cert", "cluster.tls_cert"},     {"--cluster-key", "cluster.tls_key"},
+    {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
 };
 
 static int own_flag(void *ctx, const char *flag, const char *v)
@@ -389,6 +394,7 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
         return rc;
     w->rc = !strcmp(w->role->name, "prefill") ? &w->cfg.prefill : &w->cfg.decode;
     w->xfer_cfg.peer_errors = w->cfg.transport.peer_errors;
+    w->xfer_cfg.interfaces = w->cfg.transport.interfaces;
     return 0;
 }
 
@@ -438,6 +444,12 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
         return code;
     }
     code = 1;
+    if (td_cluster_tls(&w->cfg, &w->tls_files, &w->tls)) {
+        td_config_free(&w->cfg);
+        free(w);
+        td_rpc_shutdown();
+        return 2;
+    }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->queue_tail = &w->queue;
@@ -459,7 +471,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
         w->xo->progress_start(w->xfer))
         goto out;
     w->contract = eng_engine_kv_contract(w->engine);
-    if (td_rpc_server_create(w->listen, NULL, &w->server))
+    if (td_rpc_server_create(w->listen, w->tls, &w->server))
         goto out;
     char method[128];
     snprintf(method, sizeof method, "/tandem.internal.v1.%s/Stats", !strcmp(role->name, "prefill") ? "Prefill" : "Decode");

@@ -37,6 +37,10 @@ typedef struct kv_xfer_config {
      * off by default; a dead peer is then learnt from gRPC and etcd, and every
      * wait here still has a deadline. */
     bool peer_errors;
+    /* The network interfaces UCX may use, comma-separated ("lo", "eth1"; its
+     * UCX_NET_DEVICES); NULL or "" leaves UCX's own choice (every interface).
+     * UCX listens on each, unauthenticated, so tandem names them. */
+    const char *interfaces;
 } kv_xfer_config_t;
 
 #define KV_XFER_MAX_REGIONS 8

@@ -66,6 +66,14 @@ static td_status_t ucx_create(const kv_xfer_config_t *cfg_in, kv_xfer_t **out)
         free(x);
         return td_error(TD_ERR_CONFIG, "ucx: cannot read its configuration: %s", ucs_status_string(st));
     }
+    if (x->cfg.interfaces && x->cfg.interfaces[0] &&
+        (st = ucp_config_modify(cfg, "NET_DEVICES", x->cfg.interfaces)) != UCS_OK) {
+        ucp_config_release(cfg);
+        td_status_t rc = td_error(TD_ERR_CONFIG, "ucx: transport.interfaces '%s' refused: %s", x->cfg.interfaces,
+                                  ucs_status_string(st));
+        free(x);
+        return rc;
+    }
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
     st = ucp_init(&p, cfg, &x->ctx);
     ucp_config_release(cfg);

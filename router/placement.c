@@ -42,9 +42,10 @@ static void ewma_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decod
 const rt_placement_ops_t rt_placement_least_loaded = {.name = "least_loaded", .pick = least_loaded,
                                                       .observe = ewma_observe};
 
-void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect)
+void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls_t *tls)
 {
     memset(t, 0, sizeof *t);
+    t->tls = tls;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->changed, NULL);
     t->expect = *expect;
@@ -99,7 +100,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
         snprintf(w->refused_why, sizeof w->refused_why, "%s", td_last_error());
         td_log(TD_LOG_ERROR, "router: %s (%s) refused: its KV contract differs from the cluster's: %s", w->id,
                w->addr, w->refused_why);
-    } else if (td_rpc_channel_create(w->addr, NULL, &w->ch)) {
+    } else if (td_rpc_channel_create(w->addr, t->tls, &w->ch)) {
         free(w);
         return;
     } else {

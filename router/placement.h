@@ -39,6 +39,7 @@ typedef struct rt_table {
     rt_worker_t **w;
     size_t n, cap;
     td_kv_layout_t expect;
+    const td_rpc_tls_t *tls; /* how the router dials workers (mutual TLS; NULL: plaintext) */
 } rt_table_t;
 
 /* What a placed request measured, told to the policy afterwards (the
@@ -72,7 +73,7 @@ typedef struct rt_placement {
 
 extern const rt_placement_ops_t rt_placement_least_loaded;
 
-void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect);
+void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls_t *tls);
 /* A worker registered or re-registered (value: its JSON record). */
 void rt_table_put(rt_table_t *t, const char *key, const char *value);
 void rt_table_remove(rt_table_t *t, const char *key);

@@ -69,7 +69,7 @@ static void on_resync(void *ctx, const td_etcd_kvs_t *now)
 
 static td_status_t membership_start(router_t *r)
 {
-    td_status_t rc = td_etcd_connect(r->cfg.etcd.endpoints, NULL, &r->etcd);
+    td_status_t rc = td_etcd_connect(r->cfg.etcd.endpoints, r->tls, &r->etcd);
     td_etcd_kvs_t kvs = {0};
     if (!rc)
         rc = td_etcd_get(r->etcd, "/tandem/workers/", true, &kvs); /* waits for etcd up to its deadline */
@@ -451,13 +451,15 @@ static const td_flag_t router_flags[] = {
     {"--model", "model.path"},           {"--listen", "router.listen"},     {"--etcd", "etcd.endpoints"},
     {"--block-tokens", "model.block_tokens"}, {"--kv-dtype", "model.kv_dtype"}, {"--tls-cert", "router.tls_cert"},
     {"--tls-key", "router.tls_key"},     {"--tls-client-ca", "router.tls_client_ca"},
-    {"--max-streams", "router.max_streams"},
+    {"--max-streams", "router.max_streams"}, {"--cluster-ca", "cluster.tls_ca"},
+    {"--cluster-cert", "cluster.tls_cert"},  {"--cluster-key", "cluster.tls_key"},
+    {"--plaintext", "cluster.plaintext"},
 };
 
 static const char router_usage[] =
     "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT]\n"
     "                     [--block-tokens N] [--kv-dtype fp16|fp32] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
-    "                     [--max-streams N]\n"
+    "                     [--max-streams N] [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
     "  every flag but --config sets a key of the config file (deploy/tandem.yaml), which it overrides\n";
 
 static int parse_args(router_t *r, int argc, char **argv)
@@ -480,6 +482,10 @@ int main(int argc, char **argv)
     }
     code = 1;
     td_rpc_server_t *srv = NULL;
+    if (td_cluster_tls(&r.cfg, &r.tls_files, &r.tls)) {
+        code = 2;
+        goto out;
+    }
     if (eng_model_open(r.cfg.model.path, &r.model))
         goto out;
     r.has_chat = eng_chat_init(&r.chat, r.model->tok) == TD_OK;
@@ -487,7 +493,7 @@ int main(int argc, char **argv)
     td_kv_layout_t expect = td_kv_layout_make(r.model->desc.name, r.model->desc.n_layers, r.model->desc.n_kv_heads,
                                               r.model->desc.head_dim, r.cfg.model.block_tokens, TD_KV_F16);
     td_kv_dtype_parse(r.cfg.model.kv_dtype, &expect.dtype); /* validated */
-    rt_table_init(&r.table, &expect);
+    rt_table_init(&r.table, &expect, r.tls);
     r.place = &rt_placement_least_loaded;
     /* a queued step per request at most: the queue holds every request the router admits */
     if (td_pool_create("router", RT_POOL_THREADS, (size_t)r.cfg.router.max_streams + 64, &r.pool))

@@ -49,6 +49,8 @@ typedef struct router {
     td_etcd_t *etcd;
     td_etcd_watch_t *watch;
     td_config_t cfg; /* the file, then the flags over it; validated */
+    td_rpc_tls_t tls_files;  /* the internal planes' mutual TLS (cluster section) */
+    const td_rpc_tls_t *tls; /* &tls_files, or NULL under cluster.plaintext */
     uint32_t default_max_tokens;
     td_pool_t *pool; /* runs the requests' steps that wait (placement, reserve, prefill) */
     pthread_mutex_t mu;

@@ -91,15 +91,42 @@ class Cluster:
         assert re.fullmatch(r"[\d.]+:\d+", line), "tandem up printed no endpoint: " + repr(line)
         self.endpoint = line
         self.err.seek(0)
-        m = re.search(r"etcd on (\S+),", self.err.read())
+        log = self.err.read()
+        m = re.search(r"etcd on (\S+),", log)
         self.etcd = m.group(1)
+        # the internal planes are mutual TLS: tandem up's throwaway CA and its client pair
+        m = re.search(r"certificates in (\S+) ", log)
+        self.certs = m.group(1) if m else None
         self.ch = grpc.secure_channel(self.endpoint, creds) if creds else grpc.insecure_channel(self.endpoint)
         self.stub = pbg.TandemStub(self.ch)
 
+    def etcdctl(self, *args, cert="client"):
+        """etcdctl against the cluster's etcd, showing certificate `cert` of tandem up's folder (None: none)."""
+        tls = ["--cacert", self.certs + "/ca.pem"] if self.certs else []
+        if self.certs and cert:
+            tls += ["--cert", "%s/%s.pem" % (self.certs, cert), "--key", "%s/%s.key" % (self.certs, cert)]
+        ep = ("https://" if self.certs else "http://") + self.etcd
+        return subprocess.run(["etcdctl", "--endpoints", ep, "--command-timeout", "5s"] + tls + list(args),
+                              capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3"), timeout=20)
+
+    def channel(self, addr, cert="client"):
+        """A channel to an internal plane (a worker), with tandem up's client certificate."""
+        if not self.certs:
+            return grpc.insecure_channel(addr)
+        rd = lambda n: open(os.path.join(self.certs, n), "rb").read()  # noqa: E731
+        creds = grpc.ssl_channel_credentials(rd("ca.pem"), rd(cert + ".key") if cert else None,
+                                             rd(cert + ".pem") if cert else None)
+        return grpc.secure_channel(addr, creds)
+
+    def tls_args(self, name):
+        """The flags that give a process started by hand (not by tandem up) certificate `name` of the cluster."""
+        if not self.certs:
+            return []
+        return ["--cluster-ca", self.certs + "/ca.pem", "--cluster-cert", "%s/%s.pem" % (self.certs, name),
+                "--cluster-key", "%s/%s.key" % (self.certs, name)]
+
     def workers(self):
-        out = subprocess.run(["etcdctl", "--endpoints", self.etcd, "get", "--prefix", "/tandem/workers/",
-                              "--print-value-only"], capture_output=True, text=True,
-                             env=dict(os.environ, ETCDCTL_API="3"), timeout=10).stdout
+        out = self.etcdctl("get", "--prefix", "/tandem/workers/", "--print-value-only").stdout
         return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
 
     def worker(self, role):
@@ -107,7 +134,7 @@ class Cluster:
         return ws[0] if ws else None
 
     def stats(self, w):
-        ch = grpc.insecure_channel(w["addr"])
+        ch = self.channel(w["addr"])
         stub = (wpbg.PrefillStub if w["role"] == "prefill" else wpbg.DecodeStub)(ch)
         r = stub.Stats(wpb.StatsRequest(), timeout=5)
         ch.close()
@@ -270,7 +297,7 @@ def main():
         # 1b. reservations: an unclaimed one returns when its lease ends, renewed ones live on, a
         # released one returns at once (the decode worker's Stats counts them)
         dw = c.worker("decode")
-        dch = grpc.insecure_channel(dw["addr"])
+        dch = c.channel(dw["addr"])
         dstub = wpbg.DecodeStub(dch)
         ct = wpb.KvContract(**dw["contract"])
         r1 = dstub.Reserve(wpb.ReserveRequest(n_tokens=40, max_tokens=8, contract=ct, lease_ms=600), timeout=5)
@@ -414,7 +441,7 @@ def main():
 
         # 5. a worker with another KV contract is refused, naming both values
         odd = subprocess.Popen([BIN + "/tandem-decode", "--model", MODEL, "--etcd", c.etcd, "--threads", "1",
-                                "--block-tokens", "32", "--id", "decode-bt32"], stdout=subprocess.DEVNULL,
+                                "--block-tokens", "32", "--id", "decode-bt32"] + c.tls_args("decode-0"), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
         seen = wait_for(lambda: any(r["id"] == "decode-bt32" for r in c.health()[1]["refused"]), 15)
         why = [r["why"] for r in c.health()[1]["refused"] if r["id"] == "decode-bt32"]

@@ -417,7 +417,7 @@ static void stress_placement(void)
 {
     td_kv_layout_t l = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
     rt_table_t t;
-    rt_table_init(&t, &l);
+    rt_table_init(&t, &l, NULL);
     for (int k = 0; k < 3; k++) {
         put_worker(&t, &l, "prefill", k);
         put_worker(&t, &l, "decode", k);

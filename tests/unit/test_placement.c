@@ -48,7 +48,7 @@ Test(placement, skips_failed_suspect_refused_and_gone_workers, .timeout = 30)
     td_rpc_init();
     expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
     rt_table_t t;
-    rt_table_init(&t, &expect);
+    rt_table_init(&t, &expect, NULL);
     cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0), "an empty table");
     put_worker(&t, "d1", "decode", 16);
     put_worker(&t, "d2", "decode", 16);
@@ -125,7 +125,7 @@ Test(placement, pairs_and_observed_timings, .timeout = 30)
     td_rpc_init();
     expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
     rt_table_t t;
-    rt_table_init(&t, &expect);
+    rt_table_init(&t, &expect, NULL);
     rt_placement_t pl;
     rt_table_place(&t, &rt_placement_least_loaded, NULL, 0, &pl);
     cr_assert_eq(pl.code, TD_RPC_UNAVAILABLE);
