@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -97,6 +98,9 @@ def main():
     ap.add_argument("--serial", type=int, default=300)
     ap.add_argument("--serial-prompt", default="Hi")
     ap.add_argument("--serial-tokens", type=int, default=2)
+    ap.add_argument("--plaintext", action="store_true",
+                    help="run the cluster with cluster.plaintext: true (no mutual TLS on the internal planes), "
+                         "to measure what TLS costs")
     ap.add_argument("--pin-router", action="store_true",
                     help="before the serial requests, pin the router to CPU 0 and every other process of the "
                          "cluster and this client to the other CPUs (tells the router's work from contention "
@@ -104,15 +108,23 @@ def main():
     a = ap.parse_args()
     prompts = tc.PROMPTS
     refs = {p: tc.reference(p, a.tokens) for p in prompts}
-    c = tc.Cluster()
+    cfg = None
+    if a.plaintext:
+        cfg = tempfile.mktemp(prefix="tandem-plain-", suffix=".yaml")
+        with open(cfg, "w") as f:
+            f.write("cluster:\n  plaintext: true\n")
+    c = tc.Cluster(config=cfg)
     try:
         tc.wait_for(lambda: c.health()[0], 60)
         if a.pin_router:
             pin(c)
         # first, one request at a time: the router's own work per request (Health reports its quantiles
         # over its last 4096 requests, so this comes before the concurrent ones)
+        ttft, tpot = [], []
         for i in range(a.serial):  # as bench/results/disagg-2026-11-21.md measured it: "Hi", 2 tokens
-            tc.generate(c.stub, a.serial_prompt, max_tokens=a.serial_tokens)
+            _, last = tc.generate(c.stub, a.serial_prompt, max_tokens=a.serial_tokens)
+            ttft.append(last.timing.ttft_ms)
+            tpot.append(last.timing.tpot_ms)
         ok, detail = c.health()
         serial = {k: v for k, v in detail.items() if "overhead" in k or "handoff" in k}
         rp = router_pid(c)
@@ -148,6 +160,9 @@ def main():
                   (t0_threads, t0_rss, peak[0], peak[1]))
         print("router overhead, %d requests of %r, %d tokens, one at a time (its Health detail): %s" %
               (a.serial, a.serial_prompt, a.serial_tokens, json.dumps(serial)))
+        q = lambda v, p: sorted(v)[min(len(v) - 1, int(p * len(v)))] if v else 0.0  # noqa: E731
+        print("the same requests' TTFT p50 %.2f p99 %.2f ms, TPOT p50 %.2f p99 %.2f ms (the router's timing)" %
+              (q(ttft, 0.5), q(ttft, 0.99), q(tpot, 0.5), q(tpot, 0.99)))
     finally:
         c.stop()
 
