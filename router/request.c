@@ -20,6 +20,7 @@
 #include "router/request.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@ struct rt_request {
     td_pb_arena_t arena;
     pthread_mutex_t mu;
     bool cancelled;
+    rt_request_t *next_free; /* in the router's free list (router.h) */
 };
 
 static double cpu_s(void)
@@ -102,14 +104,14 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
     else
         rt_count(r, false, -1, -1, -1);
     q->sink.end(q->sink_ctx, code, msg);
-    pthread_mutex_lock(&r->mu);
-    r->n_active--;
-    pthread_mutex_unlock(&r->mu);
-    free(q->tokens);
     tandem__v1__generate_request__free_unpacked(q->rq, NULL);
     td_rpc_scope_destroy(q->scope);
     pthread_mutex_destroy(&q->mu);
-    free(q);
+    pthread_mutex_lock(&r->mu);
+    r->n_active--;
+    q->next_free = r->free_reqs; /* kept, with its token buffer, for the next request */
+    r->free_reqs = q;
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* ---------------------------------------------------------------- validation */
@@ -186,9 +188,15 @@ static bool validate(rt_request_t *q)
             snprintf(err, sizeof err, "sampling.stop[%zu]: empty", i);
             goto fail;
         }
-    q->cap_tokens = n_ids + q->max_tokens + 1;
-    q->tokens = malloc(q->cap_tokens * sizeof *q->tokens);
-    if (!q->tokens) {
+    size_t need = n_ids + q->max_tokens + 1;
+    if (need > q->cap_tokens) { /* a pooled request keeps its buffer: most requests allocate nothing here */
+        int32_t *t = realloc(q->tokens, need * sizeof *t);
+        if (t) {
+            q->tokens = t;
+            q->cap_tokens = need;
+        }
+    }
+    if (need > q->cap_tokens) {
         code = TD_RPC_RESOURCE_EXHAUSTED;
         snprintf(err, sizeof err, "no memory");
         goto fail;
@@ -637,14 +645,41 @@ static void start_task(void *arg)
 rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, double timeout_s, const rt_sink_t *sink,
                                 void *sink_ctx)
 {
-    rt_request_t *q = calloc(1, sizeof *q);
+    /* from the free list; a new one while fewer than the most that can be in flight exist */
+    pthread_mutex_lock(&r->mu);
+    rt_request_t *q = r->free_reqs;
+    bool make = !q && r->n_reqs < r->cfg.router.max_streams + RT_REQ_SLACK;
+    if (q)
+        r->free_reqs = q->next_free;
+    else if (make)
+        r->n_reqs++;
+    pthread_mutex_unlock(&r->mu);
+    if (make && !(q = calloc(1, sizeof *q))) {
+        pthread_mutex_lock(&r->mu);
+        r->n_reqs--;
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (q) {
+        int32_t *tokens = q->tokens;
+        size_t cap = q->cap_tokens;
+        memset(q, 0, offsetof(rt_request_t, pb_mem));
+        q->tokens = tokens;
+        q->cap_tokens = cap;
+        q->cancelled = false;
+        q->next_free = NULL;
+    }
     double dl = timeout_s;
     if (rq->deadline_ms && rq->deadline_ms / 1e3 < dl)
         dl = rq->deadline_ms / 1e3;
     if (dl > 3600)
         dl = 3600;
     if (!q || td_rpc_scope_create(dl, &q->scope)) {
-        free(q);
+        if (q) {
+            pthread_mutex_lock(&r->mu);
+            q->next_free = r->free_reqs;
+            r->free_reqs = q;
+            pthread_mutex_unlock(&r->mu);
+        }
         tandem__v1__generate_request__free_unpacked(rq, NULL);
         return NULL;
     }
@@ -657,6 +692,19 @@ rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, do
     td_pb_arena_init(&q->arena, q->pb_mem, sizeof q->pb_mem);
     pthread_mutex_init(&q->mu, NULL);
     return q;
+}
+
+void rt_request_pool_free(router_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    while (r->free_reqs) {
+        rt_request_t *q = r->free_reqs;
+        r->free_reqs = q->next_free;
+        free(q->tokens);
+        free(q);
+        r->n_reqs--;
+    }
+    pthread_mutex_unlock(&r->mu);
 }
 
 void rt_request_start(rt_request_t *q)

@@ -30,10 +30,15 @@ typedef struct rt_sink {
 } rt_sink_t;
 
 /* A request for rq (taken: freed with the request) that may take timeout_s
- * seconds (capped by rq->deadline_ms and an hour); NULL without memory (rq
- * is then freed). Nothing runs until rt_request_start. */
+ * seconds (capped by rq->deadline_ms and an hour). Request objects come from
+ * the router's free list (at most router.max_streams + RT_REQ_SLACK exist;
+ * an ended one is kept with its buffers for the next); NULL when none is
+ * left or without memory (rq is then freed): the caller refuses the request
+ * at admission. Nothing runs until rt_request_start. */
 rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, double timeout_s, const rt_sink_t *sink,
                                 void *sink_ctx);
+/* Frees the free list (at exit, once no request is in flight). */
+void rt_request_pool_free(router_t *r);
 /* Runs it; it ends through sink->end — on this thread when the router holds
  * router.max_streams requests already (RESOURCE_EXHAUSTED). */
 void rt_request_start(rt_request_t *q);

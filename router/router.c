@@ -330,7 +330,9 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
         if (!g)
             tandem__v1__generate_request__free_unpacked(rq, NULL);
         free(g);
-        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %u requests at once, its most "
+                           "(router.max_streams), or has no memory; try again later", r->cfg.router.max_streams);
+        rt_count(r, false, -1, -1, -1);
         return;
     }
     g->call = call;
@@ -537,6 +539,7 @@ out:
         td_rpc_server_stop(srv, 10); /* every request ends with its call */
     td_pool_destroy(r.pool);
     td_rpc_server_destroy(srv);
+    rt_request_pool_free(&r);
     if (r.renewer_running) {
         pthread_mutex_lock(&r.held_mu);
         r.renewer_stop = true;

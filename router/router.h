@@ -16,6 +16,9 @@
 #include "tandem/v1/tandem.pb-c.h"
 
 #define RT_OVERHEAD_RING 4096
+/* Request objects beyond router.max_streams: those created and not yet
+ * admitted (a handler thread's worth each). */
+#define RT_REQ_SLACK 64
 
 /* Reservations this router holds (reserved on a decode worker, not yet
  * claimed by a Decode or released). Their leases are short and renewed
@@ -55,6 +58,8 @@ typedef struct router {
     td_pool_t *pool; /* runs the requests' steps that wait (placement, reserve, prefill) */
     pthread_mutex_t mu;
     uint32_t n_active; /* requests started and not ended (at most router.max_streams) */
+    struct rt_request *free_reqs; /* ended request objects, kept for reuse (request.c) */
+    uint32_t n_reqs;              /* request objects that exist, in use or free */
     uint64_t n_requests, n_errors, n_ok;
     double overhead[RT_OVERHEAD_RING];     /* seconds of router work per request (wall clock) */
     double overhead_cpu[RT_OVERHEAD_RING]; /* the same sections in thread CPU time */
