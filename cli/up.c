@@ -247,6 +247,15 @@ int cli_up(int argc, char **argv)
         snprintf(router_listen, sizeof router_listen, "%s", cfg.router.listen);
     else
         snprintf(router_listen, sizeof router_listen, "127.0.0.1:%d", free_port());
+    /* the OpenAI HTTP API: the config's address, or a free loopback port for the default; "" turns it off */
+    char http_listen[128];
+    const char *hl = cfg.router.http_listen ? cfg.router.http_listen : "";
+    if (hl[0] && strcmp(hl, "127.0.0.1:8000"))
+        snprintf(http_listen, sizeof http_listen, "%s", hl);
+    else if (hl[0])
+        snprintf(http_listen, sizeof http_listen, "127.0.0.1:%d", free_port());
+    else
+        http_listen[0] = 0;
 
     static child_t kids[MAX_CHILDREN];
     int nk = 0;
@@ -281,6 +290,8 @@ int cli_up(int argc, char **argv)
     add_arg(router, model);
     add_arg(router, "--listen");
     add_arg(router, router_listen);
+    add_arg(router, "--http-listen");
+    add_arg(router, http_listen);
     add_arg(router, "--etcd");
     add_arg(router, etcd_ep);
     char cert[PATH_MAX], key[PATH_MAX];
@@ -382,6 +393,8 @@ int cli_up(int argc, char **argv)
                 announced = true;
                 printf("%s\n", router_listen);
                 fflush(stdout);
+                if (http_listen[0])
+                    fprintf(stderr, "tandem up: OpenAI-compatible HTTP API at http://%s/v1\n", http_listen);
                 fprintf(stderr, "tandem up: serving at %s after %.1f s (Ctrl-C stops)\n", router_listen,
                         td_now_s() - t_start);
             }

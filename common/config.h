@@ -4,11 +4,12 @@
  *   model:   { path: models/SmolLM2-135M-Instruct.Q4_1.gguf, kv_dtype: fp16,
  *              numerics: fast, block_tokens: 16, context: 0 }  (numerics: fast, or
  *              reference = llama.cpp's rounding bit for bit; kernels/backend.h)
- *   router:  { listen: 127.0.0.1:50051, tls_cert: "", tls_key: "",
+ *   router:  { listen: 127.0.0.1:50051, http_listen: 127.0.0.1:8000, tls_cert: "", tls_key: "",
  *              tls_client_ca: "", tls_ca: "", max_streams: 4096 }  (TLS on the public API when cert+key
  *              are set; client certificates required when tls_client_ca is; tls_ca:
  *              what clients trust, for tandem up's readiness probe; max_streams: calls the
- *              router handles at once, past which it answers RESOURCE_EXHAUSTED)
+ *              router handles at once, past which it answers RESOURCE_EXHAUSTED; http_listen:
+ *              the OpenAI-compatible HTTP API, "" for none)
  *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
  *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
  *            (token_budget: tokens per engine step, the chunked-prefill size;
@@ -52,7 +53,7 @@ typedef struct td_worker_config {
 typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
-    struct { char *listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; uint32_t max_streams; } router;
+    struct { char *listen, *http_listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; uint32_t max_streams; } router;
     td_worker_config_t prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;

@@ -32,6 +32,7 @@
 #include "engine/sampler.h"
 #include "engine/sampling_pb.h"
 #include "engine/tokenizer.h"
+#include "router/http.h"
 #include "router/placement.h"
 #include "router/request.h"
 #include "router/router.h"
@@ -453,7 +454,8 @@ static const td_flag_t router_flags[] = {
     {"--model", "model.path"},           {"--listen", "router.listen"},     {"--etcd", "etcd.endpoints"},
     {"--block-tokens", "model.block_tokens"}, {"--kv-dtype", "model.kv_dtype"}, {"--tls-cert", "router.tls_cert"},
     {"--tls-key", "router.tls_key"},     {"--tls-client-ca", "router.tls_client_ca"},
-    {"--max-streams", "router.max_streams"}, {"--cluster-ca", "cluster.tls_ca"},
+    {"--max-streams", "router.max_streams"}, {"--http-listen", "router.http_listen"},
+    {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},  {"--cluster-key", "cluster.tls_key"},
     {"--plaintext", "cluster.plaintext"},
 };
@@ -461,7 +463,7 @@ static const td_flag_t router_flags[] = {
 static const char router_usage[] =
     "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT]\n"
     "                     [--block-tokens N] [--kv-dtype fp16|fp32] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
-    "                     [--max-streams N] [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
+    "                     [--http-listen HOST:PORT|\"\"] [--max-streams N] [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
     "  every flag but --config sets a key of the config file (deploy/tandem.yaml), which it overrides\n";
 
 static int parse_args(router_t *r, int argc, char **argv)
@@ -484,6 +486,7 @@ int main(int argc, char **argv)
     }
     code = 1;
     td_rpc_server_t *srv = NULL;
+    rt_http_t *http = NULL;
     if (td_cluster_tls(&r.cfg, &r.tls_files, &r.tls)) {
         code = 2;
         goto out;
@@ -527,14 +530,22 @@ int main(int argc, char **argv)
     td_rpc_server_set_threads(srv, 4); /* its handlers return at once: a Generate runs on the router's pool */
     if (td_rpc_server_start(srv, &port))
         goto out;
-    TD_INFO("router serving %s on port %d%s (etcd %s, placement %s)", r.model->desc.name, port,
-            !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", r.cfg.etcd.endpoints, r.place->name);
+    int http_port = 0;
+    if (r.cfg.router.http_listen[0] && rt_http_start(&r, r.cfg.router.http_listen, &http, &http_port))
+        goto out;
+    char http_at[32] = "none";
+    if (http)
+        snprintf(http_at, sizeof http_at, "port %d", http_port);
+    TD_INFO("router serving %s on port %d%s, OpenAI HTTP on %s (etcd %s, placement %s)", r.model->desc.name, port,
+            !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at, r.cfg.etcd.endpoints,
+            r.place->name);
     td_process_run(NULL, NULL);
     TD_INFO("router: stopping (signal %d)", td_process_stop_signal());
     code = 0;
 out:
     if (code)
         fprintf(stderr, "tandem-router: %s\n", td_last_error());
+    rt_http_stop(http); /* its requests cancelled and ended (they need the pool) */
     if (srv)
         td_rpc_server_stop(srv, 10); /* every request ends with its call */
     td_pool_destroy(r.pool);

@@ -80,6 +80,9 @@ run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"),
 echo "== integration (a real local cluster: tandem up, a Python grpcio client)"
 run_py tests/integration/test_cluster.py integration 900
 
+echo "== OpenAI HTTP API (the openai client against a real cluster)"
+run_py tests/integration/test_http.py http 300
+
 echo "== security (the adversarial run's attacks against a real cluster, a victim request beside each)"
 run_py tests/integration/test_security.py security 300
 

@@ -1,0 +1,1060 @@
+/* http.c — see http.h.
+ *
+ * libmicrohttpd runs one polling thread (epoll) for every connection. A
+ * generation request is parsed there into a tandem.v1 GenerateRequest and
+ * started as a router request (request.h) whose sink is the connection: the
+ * connection is suspended until the request's first message or its end, and
+ * then answered — with the SSE stream (200, chunked) for a streaming request
+ * that has begun, or with one JSON body (the completion, or an error whose
+ * HTTP status follows its gRPC code). While a stream runs, the sink formats
+ * each message into the connection's buffer and resumes the connection; the
+ * reader hands the bytes to libmicrohttpd and, once they are all taken,
+ * reports the write (rt_request_sent) so the request sends the next one. The
+ * per-token path formats into buffers it reuses: it allocates nothing once
+ * they are large enough.
+ *
+ * Lifetime: an hreq has two owners, libmicrohttpd (until its
+ * request-completed callback) and the router request (until the sink's end);
+ * the last one frees it. hreq.mu guards what both touch. */
+#define _GNU_SOURCE
+#include "router/http.h"
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "common/grow.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "engine/tokenizer.h"
+#include "router/request.h"
+
+#define HTTP_TIMEOUT_S 600.0 /* a request's deadline (HTTP has none of its own) */
+
+struct rt_http {
+    router_t *r;
+    struct MHD_Daemon *d;
+    long created; /* for /v1/models */
+    pthread_mutex_t mu;
+    struct hreq *active; /* generations started and not ended (to cancel them at stop) */
+};
+
+enum { KIND_OTHER, KIND_CHAT, KIND_COMPLETION };
+
+typedef struct hreq {
+    rt_http_t *h;
+    struct MHD_Connection *conn;
+    char *body;
+    size_t n_body, cap_body;
+    bool too_big;
+    /* a generation */
+    int kind;
+    bool stream, include_usage, begun; /* begun: the request was started */
+    char id[48];
+    rt_request_t *q; /* until the sink's end */
+    pthread_mutex_t mu;
+    int refs;
+    bool suspended, ended, answered, mhd_done, role_sent, need_sent;
+    bool streamed; /* a streaming request has written its first chunk */
+    struct hreq *prev, *next; /* in h->active */
+    int end_code;
+    char end_msg[512];
+    char *out; /* bytes for the client: SSE chunks, or the whole JSON body */
+    size_t n_out, off_out, cap_out;
+    char *text; /* a non-streaming request's text so far */
+    size_t n_text, cap_text;
+    const char *finish;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    bool has_usage;
+} hreq_t;
+
+/* ---------------------------------------------------------------- helpers */
+
+static void hreq_put(hreq_t *x)
+{
+    pthread_mutex_lock(&x->mu);
+    bool last = --x->refs == 0;
+    pthread_mutex_unlock(&x->mu);
+    if (!last)
+        return;
+    pthread_mutex_destroy(&x->mu);
+    free(x->body);
+    free(x->out);
+    free(x->text);
+    free(x);
+}
+
+/* Appends n bytes; false without memory. */
+static bool out_add(hreq_t *x, const char *s, size_t n)
+{
+    if (!td_grow((void **)&x->out, &x->cap_out, x->n_out + n + 1, 1, 1024))
+        return false;
+    memcpy(x->out + x->n_out, s, n);
+    x->n_out += n;
+    x->out[x->n_out] = 0;
+    return true;
+}
+
+static bool out_str(hreq_t *x, const char *s) { return out_add(x, s, strlen(s)); }
+
+/* Appends s as the inside of a JSON string (escaped, no quotes). */
+static bool out_json_str(hreq_t *x, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char e[8];
+        size_t n = 0;
+        switch (*p) {
+        case '"': e[n++] = '\\', e[n++] = '"'; break;
+        case '\\': e[n++] = '\\', e[n++] = '\\'; break;
+        case '\n': e[n++] = '\\', e[n++] = 'n'; break;
+        case '\r': e[n++] = '\\', e[n++] = 'r'; break;
+        case '\t': e[n++] = '\\', e[n++] = 't'; break;
+        default:
+            if (*p < 0x20) {
+                memcpy(e, "\\u00", 4);
+                n = 4;
+                e[n++] = hex[*p >> 4];
+                e[n++] = hex[*p & 15];
+            } else {
+                e[n++] = (char)*p;
+            }
+        }
+        if (!out_add(x, e, n))
+            return false;
+    }
+    return true;
+}
+
+static int http_status_of(int code)
+{
+    switch (code) {
+    case TD_RPC_INVALID_ARGUMENT:
+    case TD_RPC_FAILED_PRECONDITION:
+        return 400;
+    case TD_RPC_NOT_FOUND: return 404;
+    case TD_RPC_RESOURCE_EXHAUSTED: return 429;
+    case TD_RPC_UNAVAILABLE: return 503;
+    case TD_RPC_DEADLINE_EXCEEDED: return 504;
+    case TD_RPC_CANCELLED: return 499;
+    case TD_RPC_UNIMPLEMENTED: return 501;
+    default: return 500;
+    }
+}
+
+static const char *error_type_of(int status)
+{
+    return status == 400 || status == 404 || status == 413 ? "invalid_request_error"
+           : status == 429                                  ? "rate_limit_error"
+           : status == 503                                  ? "service_unavailable"
+                                                            : "server_error";
+}
+
+/* {"error": {...}}: the message; param: the field it names ("sampling.stop"
+ * → "stop"), taken from the message's "FIELD: ..." prefix when it has one. */
+static char *error_json(int status, const char *message, const char *param)
+{
+    char p[64] = "";
+    if (param) {
+        snprintf(p, sizeof p, "%s", param);
+    } else if (status == 400 || status == 404) {
+        const char *colon = strstr(message, ": ");
+        size_t n = colon ? (size_t)(colon - message) : 0;
+        if (n && n < sizeof p && !memchr(message, ' ', n)) {
+            memcpy(p, message, n);
+            p[n] = 0;
+            const char *dot = strrchr(p, '.');
+            if (!strncmp(p, "sampling.", 9) && dot)
+                memmove(p, dot + 1, strlen(dot + 1) + 1);
+            if (!strcmp(p, "sampling")) { /* "sampling: temperature -1 is outside ..." */
+                size_t k = strcspn(message + n + 2, " :");
+                if (k && k < sizeof p) {
+                    memcpy(p, message + n + 2, k);
+                    p[k] = 0;
+                }
+            } else if (!strcmp(p, "chat"))
+                snprintf(p, sizeof p, "messages");
+            else if (!strncmp(p, "chat.", 5))
+                memmove(p, p + 5, strlen(p + 5) + 1);
+        }
+    }
+    json_t *j = json_pack("{s:{s:s, s:s, s:o, s:i}}", "error", "message", message, "type", error_type_of(status),
+                          "param", p[0] ? json_string(p) : json_null(), "code", status);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
+}
+
+static enum MHD_Result respond(struct MHD_Connection *c, int status, char *body_owned, const char *ctype)
+{
+    const char *fallback = "{\"error\":{\"message\":\"no memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}";
+    struct MHD_Response *rs =
+        body_owned ? MHD_create_response_from_buffer(strlen(body_owned), body_owned, MHD_RESPMEM_MUST_FREE)
+                   : MHD_create_response_from_buffer(strlen(fallback), (void *)fallback, MHD_RESPMEM_PERSISTENT);
+    if (!rs) {
+        free(body_owned);
+        return MHD_NO;
+    }
+    MHD_add_response_header(rs, "Content-Type", ctype ? ctype : "application/json");
+    if (status == 429)
+        MHD_add_response_header(rs, "Retry-After", "1");
+    enum MHD_Result ret = MHD_queue_response(c, body_owned ? (unsigned)status : 500u, rs);
+    MHD_destroy_response(rs);
+    return ret;
+}
+
+static enum MHD_Result respond_error(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum MHD_Result respond_error(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return respond(c, status, error_json(status, msg, param), NULL);
+}
+
+static enum MHD_Result respond_json(struct MHD_Connection *c, int status, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return respond(c, status, s, NULL);
+}
+
+/* ---------------------------------------------------------------- the sink */
+
+static const char *finish_name(int f)
+{
+    return f == TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH ? "length" : "stop";
+}
+
+/* The head of one SSE chunk: `data: {"id":...,"choices":[{"index":0,` */
+static bool chunk_head(hreq_t *x)
+{
+    char head[400];
+    snprintf(head, sizeof head, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"", x->id,
+             x->kind == KIND_CHAT ? "chat.completion.chunk" : "text_completion", (long)time(NULL));
+    return out_str(x, head) && out_json_str(x, x->h->r->model->desc.name) &&
+           out_str(x, "\",\"choices\":[{\"index\":0,");
+}
+
+/* A chunk that carries text (and the role, first) and/or the finish reason. */
+static bool chunk(hreq_t *x, const char *text, const char *finish)
+{
+    if (!chunk_head(x))
+        return false;
+    if (x->kind == KIND_CHAT) {
+        bool ok = out_str(x, "\"delta\":{");
+        if (!x->role_sent) {
+            ok = ok && out_str(x, "\"role\":\"assistant\"") && out_str(x, text || !finish ? "," : "");
+            x->role_sent = true;
+        }
+        if (text || !finish)
+            ok = ok && out_str(x, "\"content\":\"") && out_json_str(x, text ? text : "") && out_str(x, "\"");
+        if (!ok || !out_str(x, "},\"logprobs\":null,"))
+            return false;
+    } else if (!out_str(x, "\"text\":\"") || !out_json_str(x, text ? text : "") ||
+               !out_str(x, "\",\"logprobs\":null,")) {
+        return false;
+    }
+    if (finish)
+        return out_str(x, "\"finish_reason\":\"") && out_str(x, finish) && out_str(x, "\"}]}\n\n");
+    return out_str(x, "\"finish_reason\":null}]}\n\n");
+}
+
+static bool usage_json(hreq_t *x)
+{
+    char u[300];
+    snprintf(u, sizeof u,
+             "\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,\"total_tokens\":%u,"
+             "\"prompt_tokens_details\":{\"cached_tokens\":%u}}",
+             x->prompt_tokens, x->completion_tokens, x->prompt_tokens + x->completion_tokens, x->cached_tokens);
+    return out_str(x, u);
+}
+
+/* Resumes the connection if it waits for us; called with mu held, which it
+ * releases (libmicrohttpd is not entered with it held). */
+static void wake_and_unlock(hreq_t *x)
+{
+    bool resume = x->suspended;
+    x->suspended = false;
+    pthread_mutex_unlock(&x->mu);
+    if (resume)
+        MHD_resume_connection(x->conn);
+}
+
+static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m)
+{
+    hreq_t *x = ctx;
+    pthread_mutex_lock(&x->mu);
+    if (x->mhd_done) { /* the client is gone */
+        pthread_mutex_unlock(&x->mu);
+        return TD_ERR_CANCELLED;
+    }
+    if (m->usage) {
+        x->has_usage = true;
+        x->prompt_tokens = m->usage->prompt_tokens;
+        x->completion_tokens = m->usage->completion_tokens;
+        x->cached_tokens = m->usage->cached_prompt_tokens;
+    }
+    bool fin = m->has_finish_reason && m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+    bool bad_fin = fin && m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_EOS &&
+                   m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP &&
+                   m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+    const char *text = m->text && m->text[0] ? m->text : NULL;
+    bool ok = true;
+    if (!x->stream) { /* collected; written at the end */
+        size_t n = text ? strlen(text) : 0;
+        ok = td_grow((void **)&x->text, &x->cap_text, x->n_text + n + 1, 1, 256);
+        if (ok && n)
+            memcpy(x->text + x->n_text, text, n);
+        if (ok) {
+            x->n_text += n;
+            x->text[x->n_text] = 0;
+        }
+        if (fin && !bad_fin)
+            x->finish = finish_name(m->finish_reason);
+        pthread_mutex_unlock(&x->mu);
+        rt_request_sent(q, ok);
+        return TD_OK;
+    }
+    if (text || (!x->role_sent && !fin))
+        ok = chunk(x, text, NULL);
+    if (ok && fin && !bad_fin)
+        ok = chunk(x, NULL, finish_name(m->finish_reason));
+    x->need_sent = ok;
+    x->streamed = true;
+    if (!ok) {
+        pthread_mutex_unlock(&x->mu);
+        return TD_ERR_NO_MEMORY;
+    }
+    wake_and_unlock(x);
+    return TD_OK;
+}
+
+static void active_remove(hreq_t *x)
+{
+    rt_http_t *h = x->h;
+    pthread_mutex_lock(&h->mu);
+    if (x->prev)
+        x->prev->next = x->next;
+    else if (h->active == x)
+        h->active = x->next;
+    if (x->next)
+        x->next->prev = x->prev;
+    x->prev = x->next = NULL;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void h_end(void *ctx, int code, const char *message)
+{
+    hreq_t *x = ctx;
+    active_remove(x);
+    pthread_mutex_lock(&x->mu);
+    x->ended = true;
+    x->q = NULL;
+    x->end_code = code;
+    snprintf(x->end_msg, sizeof x->end_msg, "%s", message ? message : "");
+    if (!x->mhd_done) {
+        if (x->stream && (x->streamed || code == TD_RPC_OK)) { /* the stream has begun: it ends in the stream */
+            if (code != TD_RPC_OK) {
+                char *e = error_json(http_status_of(code), x->end_msg, NULL);
+                if (e && out_str(x, "data: "))
+                    out_str(x, e), out_str(x, "\n\n");
+                free(e);
+            } else if (x->include_usage) {
+                chunk_head(x);
+                x->n_out -= strlen("{\"index\":0,"); /* an empty choices list */
+                out_str(x, "],");
+                usage_json(x);
+                out_str(x, "}\n\n");
+            }
+            out_str(x, "data: [DONE]\n\n");
+        } else if (code == TD_RPC_OK) { /* the whole completion, one body */
+            char head[400];
+            snprintf(head, sizeof head, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"", x->id,
+                     x->kind == KIND_CHAT ? "chat.completion" : "text_completion", (long)time(NULL));
+            out_str(x, head);
+            out_json_str(x, x->h->r->model->desc.name);
+            out_str(x, x->kind == KIND_CHAT ? "\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\""
+                                            : "\",\"choices\":[{\"index\":0,\"text\":\"");
+            out_json_str(x, x->text ? x->text : "");
+            out_str(x, x->kind == KIND_CHAT ? "\"},\"logprobs\":null,\"finish_reason\":\"" : "\",\"logprobs\":null,\"finish_reason\":\"");
+            out_str(x, x->finish ? x->finish : "stop");
+            out_str(x, "\"}],");
+            usage_json(x);
+            out_str(x, "}");
+        }
+    }
+    wake_and_unlock(x);
+    hreq_put(x); /* the request's reference */
+}
+
+static const rt_sink_t http_sink = {.emit = h_emit, .end = h_end};
+
+/* libmicrohttpd takes the stream's bytes here. */
+static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    hreq_t *x = cls;
+    pthread_mutex_lock(&x->mu);
+    size_t avail = x->n_out - x->off_out, n = avail < max ? avail : max;
+    memcpy(buf, x->out + x->off_out, n);
+    x->off_out += n;
+    rt_request_t *sent = NULL;
+    if (x->off_out == x->n_out) {
+        x->n_out = x->off_out = 0;
+        if (x->need_sent) {
+            x->need_sent = false;
+            sent = x->q;
+        }
+    }
+    if (!n && x->ended) {
+        pthread_mutex_unlock(&x->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    if (!n) { /* nothing yet: wait for the next message */
+        x->suspended = true;
+        MHD_suspend_connection(x->conn);
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (sent)
+        rt_request_sent(sent, true);
+    return (ssize_t)n;
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+/* A field of the wrong type: the error names it. */
+typedef struct perr {
+    char msg[300];
+    char param[64];
+} perr_t;
+
+static bool bad(perr_t *e, const char *param, const char *fmt, const char *what)
+{
+    snprintf(e->param, sizeof e->param, "%s", param);
+    snprintf(e->msg, sizeof e->msg, fmt, param, what);
+    return false;
+}
+
+/* A JSON string's text; NULL (e set) when it is not a string or holds a NUL,
+ * which a C string would cut (tandem does not take text with NULs). */
+static const char *str_of(json_t *j, const char *param, perr_t *e)
+{
+    if (!json_is_string(j)) {
+        bad(e, param, "%s: must be a string%s", "");
+        return NULL;
+    }
+    const char *s = json_string_value(j);
+    if (strlen(s) != json_string_length(j)) {
+        snprintf(e->param, sizeof e->param, "%s", param);
+        snprintf(e->msg, sizeof e->msg, "%s: a NUL character (U+0000) at byte %zu; tandem does not take text with "
+                 "NULs", param, strlen(s));
+        return NULL;
+    }
+    return s;
+}
+
+static bool get_num(json_t *o, const char *k, bool *has, double *v, perr_t *e)
+{
+    json_t *j = json_object_get(o, k);
+    *has = j && !json_is_null(j);
+    if (!*has)
+        return true;
+    if (!json_is_number(j))
+        return bad(e, k, "%s: must be a number%s", "");
+    *v = json_number_value(j);
+    return true;
+}
+
+static bool get_int(json_t *o, const char *k, bool *has, json_int_t *v, perr_t *e)
+{
+    json_t *j = json_object_get(o, k);
+    *has = j && !json_is_null(j);
+    if (!*has)
+        return true;
+    if (!json_is_integer(j))
+        return bad(e, k, "%s: must be an integer%s", "");
+    *v = json_integer_value(j);
+    return true;
+}
+
+/* Text of a message's content: a string, or an array of {"type":"text","text":...} parts. */
+static char *content_text(json_t *c, perr_t *e, const char *param)
+{
+    if (json_is_string(c)) {
+        const char *s = str_of(c, param, e);
+        return s ? strdup(s) : NULL;
+    }
+    if (!json_is_array(c)) {
+        bad(e, param, "%s: must be a string or an array of text parts%s", "");
+        return NULL;
+    }
+    size_t n = 0, i;
+    json_t *p;
+    json_array_foreach(c, i, p)
+    {
+        json_t *t = json_object_get(p, "text");
+        if (!json_is_object(p) || !json_is_string(json_object_get(p, "type")) ||
+            strcmp(json_string_value(json_object_get(p, "type")), "text") || !json_is_string(t)) {
+            bad(e, param, "%s: only text parts ({\"type\": \"text\", \"text\": ...}) are supported%s", "");
+            return NULL;
+        }
+        if (!str_of(t, param, e))
+            return NULL;
+        n += strlen(json_string_value(t));
+    }
+    char *s = malloc(n + 1);
+    if (!s)
+        return NULL;
+    s[0] = 0;
+    json_array_foreach(c, i, p) strcat(s, json_string_value(json_object_get(p, "text")));
+    return s;
+}
+
+static void free_request(Tandem__V1__GenerateRequest *rq)
+{
+    /* built by hand with malloc'd parts: the unpacked-message free of protobuf-c frees exactly these */
+    tandem__v1__generate_request__free_unpacked(rq, NULL);
+}
+
+/* The OpenAI request body → a tandem.v1 GenerateRequest (heap parts, freed by
+ * free_unpacked); false with e set. */
+static bool parse_generate(hreq_t *x, json_t *b, Tandem__V1__GenerateRequest **out, perr_t *e)
+{
+    Tandem__V1__GenerateRequest *rq = calloc(1, sizeof *rq);
+    Tandem__V1__SamplingParams *sp = calloc(1, sizeof *sp);
+    if (!rq || !sp) {
+        free(rq);
+        free(sp);
+        snprintf(e->msg, sizeof e->msg, "no memory");
+        return false;
+    }
+    tandem__v1__generate_request__init(rq);
+    tandem__v1__sampling_params__init(sp);
+    rq->sampling = sp;
+    *out = rq;
+    json_t *j;
+    if ((j = json_object_get(b, "model")) && !json_is_null(j)) {
+        const char *s = str_of(j, "model", e);
+        if (!s)
+            return false;
+        rq->model = strdup(s);
+    }
+    if (x->kind == KIND_CHAT) {
+        json_t *msgs = json_object_get(b, "messages");
+        if (!json_is_array(msgs) || !json_array_size(msgs))
+            return bad(e, "messages", "%s: must be a non-empty array of {\"role\", \"content\"}%s", "");
+        if (json_array_size(msgs) > RT_MAX_CHAT_MESSAGES)
+            return bad(e, "messages", "%s: more than 4096 messages%s", "");
+        Tandem__V1__ChatInput *ci = calloc(1, sizeof *ci);
+        if (!ci)
+            return bad(e, "messages", "%s: no memory%s", "");
+        tandem__v1__chat_input__init(ci);
+        rq->input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+        rq->chat = ci;
+        ci->messages = calloc(json_array_size(msgs), sizeof *ci->messages);
+        if (!ci->messages)
+            return bad(e, "messages", "%s: no memory%s", "");
+        size_t i;
+        json_t *m;
+        json_array_foreach(msgs, i, m)
+        {
+            char param[64];
+            snprintf(param, sizeof param, "messages[%zu]", i);
+            json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+            if (!json_is_object(m) || !json_is_string(role))
+                return bad(e, param, "%s: needs a string \"role\"%s", "");
+            if (!str_of(role, param, e))
+                return false;
+            Tandem__V1__ChatMessage *cm = calloc(1, sizeof *cm);
+            if (!cm)
+                return bad(e, param, "%s: no memory%s", "");
+            tandem__v1__chat_message__init(cm);
+            ci->messages[ci->n_messages++] = cm;
+            cm->role = strdup(json_string_value(role));
+            snprintf(param, sizeof param, "messages[%zu].content", i);
+            cm->content = json_is_null(content) || !content ? strdup("") : content_text(content, e, param);
+            if (!cm->role || !cm->content)
+                return e->msg[0] ? false : bad(e, param, "%s: no memory%s", "");
+        }
+    } else {
+        json_t *p = json_object_get(b, "prompt");
+        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+            p = json_array_get(p, 0);
+        if (!json_is_string(p))
+            return bad(e, "prompt", "%s: must be a string (one prompt per request; token-id prompts are not "
+                                    "supported)%s", "");
+        const char *ps = str_of(p, "prompt", e);
+        if (!ps)
+            return false;
+        rq->input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
+        rq->prompt = strdup(ps);
+    }
+    /* sampling: OpenAI's defaults (temperature 1, top_p 1), tandem's ranges (the request validates them) */
+    bool has;
+    double v;
+    json_int_t n;
+    sp->has_temperature = 1;
+    sp->temperature = 1.0f;
+    if (!get_num(b, "temperature", &has, &v, e))
+        return false;
+    if (has)
+        sp->temperature = (float)v;
+    static const struct { const char *k; size_t off, has_off; } floats[] = {
+        {"top_p", offsetof(Tandem__V1__SamplingParams, top_p), offsetof(Tandem__V1__SamplingParams, has_top_p)},
+        {"min_p", offsetof(Tandem__V1__SamplingParams, min_p), offsetof(Tandem__V1__SamplingParams, has_min_p)},
+        {"presence_penalty", offsetof(Tandem__V1__SamplingParams, presence_penalty),
+         offsetof(Tandem__V1__SamplingParams, has_presence_penalty)},
+        {"frequency_penalty", offsetof(Tandem__V1__SamplingParams, frequency_penalty),
+         offsetof(Tandem__V1__SamplingParams, has_frequency_penalty)},
+        {"repetition_penalty", offsetof(Tandem__V1__SamplingParams, repetition_penalty),
+         offsetof(Tandem__V1__SamplingParams, has_repetition_penalty)},
+    };
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
+        if (!get_num(b, floats[i].k, &has, &v, e))
+            return false;
+        if (has) {
+            *(float *)(void *)((char *)sp + floats[i].off) = (float)v;
+            *(protobuf_c_boolean *)(void *)((char *)sp + floats[i].has_off) = 1;
+        }
+    }
+    if (!get_int(b, "top_k", &has, &n, e))
+        return false;
+    if (has) {
+        if (n < -1 || n > INT32_MAX)
+            return bad(e, "top_k", "%s: must be -1, 0 (off) or a positive integer%s", "");
+        sp->has_top_k = 1;
+        sp->top_k = n < 0 ? 0 : (int32_t)n;
+    }
+    if (!get_int(b, "seed", &has, &n, e))
+        return false;
+    if (has) {
+        sp->has_seed = 1;
+        sp->seed = (uint64_t)n;
+    }
+    const char *mt = json_object_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (!get_int(b, mt, &has, &n, e))
+        return false;
+    if (has) {
+        if (n < 1 || n > UINT32_MAX)
+            return bad(e, mt, "%s: must be at least 1%s", "");
+        sp->has_max_tokens = 1;
+        sp->max_tokens = (uint32_t)n;
+    } else if (x->kind == KIND_COMPLETION) {
+        sp->has_max_tokens = 1; /* OpenAI's default for completions */
+        sp->max_tokens = 16;
+    }
+    if ((j = json_object_get(b, "ignore_eos")) && !json_is_null(j)) {
+        if (!json_is_boolean(j))
+            return bad(e, "ignore_eos", "%s: must be a boolean%s", "");
+        sp->has_ignore_eos = 1;
+        sp->ignore_eos = json_is_true(j);
+    }
+    if ((j = json_object_get(b, "stop")) && !json_is_null(j)) {
+        size_t ns = json_is_string(j) ? 1 : json_is_array(j) ? json_array_size(j) : 0;
+        if (!json_is_string(j) && !json_is_array(j))
+            return bad(e, "stop", "%s: must be a string or an array of strings%s", "");
+        if (ns > RT_MAX_STOP)
+            return bad(e, "stop", "%s: more than 16 strings%s", "");
+        sp->stop = calloc(ns ? ns : 1, sizeof *sp->stop);
+        if (!sp->stop)
+            return bad(e, "stop", "%s: no memory%s", "");
+        for (size_t i = 0; i < ns; i++) {
+            json_t *s = json_is_string(j) ? j : json_array_get(j, i);
+            const char *st = str_of(s, "stop", e);
+            if (!st)
+                return false;
+            sp->stop[sp->n_stop++] = strdup(st);
+        }
+    }
+    if ((j = json_object_get(b, "logit_bias")) && !json_is_null(j)) {
+        if (!json_is_object(j))
+            return bad(e, "logit_bias", "%s: must be an object of token id -> bias%s", "");
+        if (json_object_size(j) > RT_MAX_LOGIT_BIAS)
+            return bad(e, "logit_bias", "%s: more than 1024 entries%s", "");
+        sp->logit_bias = calloc(json_object_size(j) + 1, sizeof *sp->logit_bias);
+        if (!sp->logit_bias)
+            return bad(e, "logit_bias", "%s: no memory%s", "");
+        const char *k;
+        json_t *bv;
+        json_object_foreach(j, k, bv)
+        {
+            char *end;
+            long id = strtol(k, &end, 10);
+            if (*end || !k[0] || id < 0 || id > INT32_MAX || !json_is_number(bv))
+                return bad(e, "logit_bias", "%s: keys must be token ids and values numbers%s", "");
+            Tandem__V1__SamplingParams__LogitBiasEntry *le = malloc(sizeof *le);
+            if (!le)
+                return bad(e, "logit_bias", "%s: no memory%s", "");
+            tandem__v1__sampling_params__logit_bias_entry__init(le);
+            le->has_key = le->has_value = 1;
+            le->key = (int32_t)id;
+            le->value = (float)json_number_value(bv);
+            sp->logit_bias[sp->n_logit_bias++] = le;
+        }
+    }
+    if (!get_int(b, "n", &has, &n, e))
+        return false;
+    if (has && n != 1)
+        return bad(e, "n", "%s: only 1 is supported (send one request per completion)%s", "");
+    j = json_object_get(b, "logprobs");
+    if (j && !json_is_null(j) && !json_is_false(j) && !(json_is_integer(j) && !json_integer_value(j)))
+        return bad(e, "logprobs", "%s: not supported by this server (the engine does not return them)%s", "");
+    j = json_object_get(b, "top_logprobs");
+    if (j && !json_is_null(j) && !(json_is_integer(j) && !json_integer_value(j)))
+        return bad(e, "top_logprobs", "%s: not supported by this server%s", "");
+    if ((j = json_object_get(b, "stream")) && !json_is_null(j)) {
+        if (!json_is_boolean(j))
+            return bad(e, "stream", "%s: must be a boolean%s", "");
+        x->stream = json_is_true(j);
+    }
+    json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        json_t *iu = json_object_get(so, "include_usage");
+        if (!json_is_object(so) || (iu && !json_is_boolean(iu) && !json_is_null(iu)))
+            return bad(e, "stream_options", "%s: must be {\"include_usage\": bool}%s", "");
+        if (!x->stream)
+            return bad(e, "stream_options", "%s: only with stream: true%s", "");
+        x->include_usage = json_is_true(iu);
+    }
+    rq->request_id = strdup(x->id);
+    return true;
+}
+
+/* ---------------------------------------------------------------- endpoints */
+
+static enum MHD_Result start_generation(hreq_t *x)
+{
+    router_t *r = x->h->r;
+    json_error_t je;
+    json_t *b = json_loadb(x->body ? x->body : "", x->n_body, JSON_ALLOW_NUL, &je);
+    if (!json_is_object(b)) {
+        json_decref(b);
+        return respond_error(x->conn, 400, NULL, "the body is not a JSON object: %s (line %d)", je.text, je.line);
+    }
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
+        rnd = (uint64_t)time(NULL);
+    snprintf(x->id, sizeof x->id, "%s-%016llx", x->kind == KIND_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)rnd);
+    Tandem__V1__GenerateRequest *rq = NULL;
+    perr_t e = {0};
+    bool ok = parse_generate(x, b, &rq, &e);
+    json_decref(b);
+    if (!ok) {
+        free_request(rq);
+        return respond_error(x->conn, 400, e.param[0] ? e.param : NULL, "%s", e.msg);
+    }
+    rt_request_t *q = rt_request_create(r, rq, HTTP_TIMEOUT_S, &http_sink, x);
+    if (!q)
+        return respond_error(x->conn, 429, NULL, "the router holds %u requests at once, its most; try again later",
+                             r->cfg.router.max_streams);
+    pthread_mutex_lock(&x->h->mu);
+    x->next = x->h->active;
+    if (x->next)
+        x->next->prev = x;
+    x->h->active = x;
+    pthread_mutex_unlock(&x->h->mu);
+    pthread_mutex_lock(&x->mu);
+    x->q = q;
+    x->refs++; /* the request's */
+    x->begun = true;
+    x->suspended = true;
+    MHD_suspend_connection(x->conn);
+    pthread_mutex_unlock(&x->mu);
+    rt_request_start(q);
+    return MHD_YES;
+}
+
+/* Called again once resumed: the answer's head, when there is one to give. */
+static enum MHD_Result answer(hreq_t *x)
+{
+    pthread_mutex_lock(&x->mu);
+    if (x->answered || (!x->ended && !x->streamed)) { /* spurious: wait on */
+        if (!x->answered) {
+            x->suspended = true;
+            MHD_suspend_connection(x->conn);
+        }
+        pthread_mutex_unlock(&x->mu);
+        return MHD_YES;
+    }
+    x->answered = true;
+    if (x->stream && (x->streamed || x->end_code == TD_RPC_OK)) {
+        pthread_mutex_unlock(&x->mu);
+        struct MHD_Response *rs = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, x, NULL);
+        if (!rs)
+            return MHD_NO;
+        MHD_add_response_header(rs, "Content-Type", "text/event-stream");
+        MHD_add_response_header(rs, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(x->conn, 200, rs);
+        MHD_destroy_response(rs);
+        return ret;
+    }
+    int code = x->end_code;
+    char *body = NULL;
+    if (code == TD_RPC_OK) {
+        body = x->out;
+        x->out = NULL;
+        x->n_out = x->cap_out = 0;
+    } else {
+        body = error_json(http_status_of(code), x->end_msg, NULL);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return respond(x->conn, code == TD_RPC_OK ? 200 : http_status_of(code), body, NULL);
+}
+
+static enum MHD_Result models(rt_http_t *h, struct MHD_Connection *c)
+{
+    const eng_model_desc_t *d = &h->r->model->desc;
+    return respond_json(c, 200,
+                        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data", "id", d->name,
+                                  "object", "model", "created", (json_int_t)h->created, "owned_by", "tandem",
+                                  "max_model_len", (int)d->context));
+}
+
+static enum MHD_Result health(rt_http_t *h, struct MHD_Connection *c)
+{
+    uint32_t np, nd;
+    rt_table_counts(&h->r->table, &np, &nd);
+    bool ok = np && nd;
+    return respond_json(c, ok ? 200 : 503,
+                        json_pack("{s:s, s:i, s:i}", "status", ok ? "serving" : "not serving (no prefill or decode "
+                                  "worker)", "prefill_workers", (int)np, "decode_workers", (int)nd));
+}
+
+static enum MHD_Result tokenize(hreq_t *x)
+{
+    router_t *r = x->h->r;
+    json_error_t je;
+    json_t *b = json_loadb(x->body ? x->body : "", x->n_body, 0, &je);
+    if (!json_is_object(b)) {
+        json_decref(b);
+        return respond_error(x->conn, 400, NULL, "the body is not a JSON object: %s", je.text);
+    }
+    json_t *p = json_object_get(b, "prompt"), *msgs = json_object_get(b, "messages"),
+           *spec = json_object_get(b, "add_special_tokens");
+    char err[600] = "";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    td_status_t rc;
+    if (json_is_string(p)) {
+        rc = rt_tokenize_input(r, json_string_value(p), NULL, false, !spec || json_is_true(spec), &ids, &n, err,
+                               sizeof err);
+    } else if (json_is_array(msgs)) {
+        hreq_t tmp = {.kind = KIND_CHAT};
+        Tandem__V1__GenerateRequest *rq = NULL;
+        perr_t e = {0};
+        json_t *only = json_pack("{s:O}", "messages", msgs);
+        bool ok = parse_generate(&tmp, only, &rq, &e);
+        json_decref(only);
+        rc = ok ? rt_tokenize_input(r, NULL, rq->chat, false, true, &ids, &n, err, sizeof err) : TD_ERR_INVALID_ARG;
+        if (!ok)
+            snprintf(err, sizeof err, "%s", e.msg);
+        free_request(rq);
+    } else {
+        rc = TD_ERR_INVALID_ARG;
+        snprintf(err, sizeof err, "prompt: set \"prompt\" (a string) or \"messages\"");
+    }
+    json_decref(b);
+    if (rc) {
+        free(ids);
+        return respond_error(x->conn, http_status_of(td_rpc_code_of(rc)), NULL, "%s", err);
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    return respond_json(x->conn, 200, json_pack("{s:I, s:i, s:o}", "count", (json_int_t)n, "max_model_len",
+                                                (int)r->model->desc.context, "tokens", arr));
+}
+
+static enum MHD_Result detokenize(hreq_t *x)
+{
+    router_t *r = x->h->r;
+    json_t *b = json_loadb(x->body ? x->body : "", x->n_body, 0, NULL);
+    json_t *t = json_object_get(b, "tokens");
+    if (!json_is_array(t)) {
+        json_decref(b);
+        return respond_error(x->conn, 400, "tokens", "tokens: must be an array of token ids");
+    }
+    size_t n = json_array_size(t);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    for (size_t i = 0; ids && i < n; i++) {
+        json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= r->model->desc.vocab) {
+            free(ids);
+            json_decref(b);
+            return respond_error(x->conn, 400, "tokens", "tokens[%zu]: not a token id of this model (0 to %u)", i,
+                                 r->model->desc.vocab - 1);
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    json_decref(b);
+    char *text = NULL;
+    size_t len = 0;
+    if (!ids || eng_tokenizer_decode(r->model->tok, ids, n, false, &text, &len)) {
+        free(ids);
+        return respond_error(x->conn, 500, NULL, "cannot decode the tokens");
+    }
+    free(ids);
+    json_t *j = json_pack("{s:s%}", "prompt", text, len);
+    free(text);
+    return respond_json(x->conn, 200, j);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    rt_http_t *h = cls;
+    hreq_t *x = *con_cls;
+    if (!x) { /* the head: this request's state */
+        x = calloc(1, sizeof *x);
+        if (!x)
+            return MHD_NO;
+        x->h = h;
+        x->conn = c;
+        x->refs = 1;
+        pthread_mutex_init(&x->mu, NULL);
+        *con_cls = x;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* a piece of the body */
+        if (x->n_body + *upload_size > RT_MAX_REQUEST_BYTES)
+            x->too_big = true;
+        else if (td_grow((void **)&x->body, &x->cap_body, x->n_body + *upload_size + 1, 1, 4096)) {
+            memcpy(x->body + x->n_body, upload, *upload_size);
+            x->n_body += *upload_size;
+        } else {
+            x->too_big = true;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (x->begun)
+        return answer(x);
+    if (x->too_big)
+        return respond_error(c, 413, NULL, "the body is over this server's limit of %u bytes", RT_MAX_REQUEST_BYTES);
+    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
+        if (!post)
+            return respond_error(c, 405, NULL, "%s takes POST", url);
+        x->kind = !strcmp(url, "/v1/chat/completions") ? KIND_CHAT : KIND_COMPLETION;
+        return start_generation(x);
+    }
+    if (!strcmp(url, "/v1/models") && get)
+        return models(h, c);
+    if (!strcmp(url, "/health") && get)
+        return health(h, c);
+    if (!strcmp(url, "/tokenize") && post)
+        return tokenize(x);
+    if (!strcmp(url, "/detokenize") && post)
+        return detokenize(x);
+    return respond_error(c, 404, NULL, "no route %s %s (this server has POST /v1/chat/completions, POST "
+                         "/v1/completions, GET /v1/models, GET /health, POST /tokenize, POST /detokenize)", method, url);
+}
+
+/* The request is over for libmicrohttpd: a client that went away cancels it. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    (void)toe;
+    hreq_t *x = *con_cls;
+    if (!x)
+        return;
+    *con_cls = NULL;
+    pthread_mutex_lock(&x->mu);
+    x->mhd_done = true;
+    rt_request_t *q = x->q, *unsent = NULL;
+    if (q && !x->ended)
+        rt_request_cancel(q); /* does not call the sink; end has not returned (q is set) */
+    if (x->need_sent) {
+        x->need_sent = false;
+        unsent = q;
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (unsent)
+        rt_request_sent(unsent, false);
+    hreq_put(x); /* libmicrohttpd's reference */
+}
+
+/* ---------------------------------------------------------------- start, stop */
+
+td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int *port)
+{
+    char host[256];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || (size_t)(colon - listen) >= sizeof host)
+        return td_error(TD_ERR_CONFIG, "router.http_listen '%s': not HOST:PORT", listen);
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = 0;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    if (getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai) || !ai)
+        return td_error(TD_ERR_CONFIG, "router.http_listen '%s': not an IPv4 address and port of this host", listen);
+    rt_http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        freeaddrinfo(ai);
+        return td_error(TD_ERR_NO_MEMORY, "http: no memory");
+    }
+    h->r = r;
+    h->created = (long)time(NULL);
+    pthread_mutex_init(&h->mu, NULL);
+    struct sockaddr_in sa;
+    memcpy(&sa, ai->ai_addr, sizeof sa);
+    freeaddrinfo(ai);
+    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                                MHD_USE_ERROR_LOG,
+                            ntohs(sa.sin_port), NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)r->cfg.router.max_streams,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_END);
+    if (!h->d) {
+        free(h);
+        return td_error(TD_ERR_UNAVAILABLE, "http: cannot listen on %s (in use, or not an address of this host)",
+                        listen);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    *port = di ? di->port : ntohs(sa.sin_port);
+    *out = h;
+    return TD_OK;
+}
+
+void rt_http_stop(rt_http_t *h)
+{
+    if (!h)
+        return;
+    /* no new connections; every generation under way cancelled, and waited for (its end resumes its
+     * connection, which libmicrohttpd needs before it stops) */
+    MHD_quiesce_daemon(h->d);
+    pthread_mutex_lock(&h->mu);
+    for (hreq_t *x = h->active; x; x = x->next) {
+        pthread_mutex_lock(&x->mu);
+        if (x->q)
+            rt_request_cancel(x->q);
+        pthread_mutex_unlock(&x->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < 1000; i++) { /* 10 s at most */
+        pthread_mutex_lock(&h->mu);
+        bool left = h->active != NULL;
+        pthread_mutex_unlock(&h->mu);
+        if (!left)
+            break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    MHD_stop_daemon(h->d); /* every connection's completed callback runs */
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}

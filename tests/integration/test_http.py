@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The OpenAI-compatible HTTP API of the router, driven by the real `openai`
+client (and raw HTTP where the client hides the wire) against a `tandem up`
+cluster: greedy completions identical to single-process `tandem generate`,
+streamed and not; chat streamed and not, the same text both ways; usage and
+cached tokens; every error in OpenAI's shape naming its field; models, health,
+tokenize/detokenize; a client that disconnects mid-stream frees its KV on the
+decode worker.
+
+Usage: test_http.py BUILD_BIN_DIR  (run from the repository root)."""
+import http.client
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cluster as tc  # noqa: E402  (stubs, Cluster, the model path)
+
+import openai  # noqa: E402
+
+check = tc.check
+TOKENS = 24
+
+
+def raw(host, port, method, path, body=None, headers=None):
+    c = http.client.HTTPConnection(host, port, timeout=60)
+    c.request(method, path, body=body, headers=headers or {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def main():
+    prompts = tc.PROMPTS[:4]
+    refs = {p: tc.reference_text(p, TOKENS) for p in prompts}
+    c = tc.Cluster()
+    try:
+        tc.wait_for(lambda: c.health()[0], 60)
+        c.err.seek(0)
+        m = re.search(r"HTTP API at http://(\S+)/v1", c.err.read())
+        host, port = m.group(1).rsplit(":", 1)
+        port = int(port)
+        cl = openai.OpenAI(base_url="http://%s:%d/v1" % (host, port), api_key="unused", max_retries=0, timeout=120)
+        models = cl.models.list().data
+        check("GET /v1/models lists the one model: %s" % [x.id for x in models], len(models) == 1)
+        model = models[0].id
+
+        # completions: identical to single-process greedy, streamed and not
+        same = same_stream = 0
+        for p in prompts:
+            r = cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0,
+                                      extra_body={"ignore_eos": True})
+            same += r.choices[0].text == refs[p] and r.usage.completion_tokens == TOKENS
+            text, last = "", None
+            for ch in cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+                if ch.choices:
+                    text += ch.choices[0].text
+                last = ch
+            same_stream += text == refs[p] and last.usage is not None and last.usage.completion_tokens == TOKENS \
+                and not last.choices
+        check("completions: %d/%d identical to single-process greedy; streamed %d/%d (with a last usage chunk)" %
+              (same, len(prompts), same_stream, len(prompts)), same == same_stream == len(prompts))
+
+        # chat: streamed and not give the same text; finish reason and usage; a repeat hits the prefix cache
+        msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a color."}]
+        r1 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
+        parts, roles, fin = [], [], None
+        for ch in cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0, stream=True):
+            d = ch.choices[0].delta
+            roles += [d.role] if d.role else []
+            parts += [d.content] if d.content else []
+            fin = ch.choices[0].finish_reason or fin
+        r2 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
+        cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else 0
+        check("chat: %r non-streamed == streamed (%r), role once, finish %s; the repeat's cached_tokens %d" %
+              (r1.choices[0].message.content, "".join(parts), fin, cached),
+              r1.choices[0].message.content == "".join(parts) and roles == ["assistant"] and
+              fin == r1.choices[0].finish_reason and r1.choices[0].finish_reason in ("stop", "length") and
+              r1.choices[0].message.role == "assistant" and cached > 0 and
+              r2.choices[0].message.content == r1.choices[0].message.content)
+
+        # sampling parameters reach the engine: a seeded sample repeats, a stop string stops
+        kw = dict(model=model, prompt=prompts[1], max_tokens=16, temperature=0.9, top_p=0.9, seed=7,
+                  extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True})
+        a, b = cl.completions.create(**kw).choices[0].text, cl.completions.create(**kw).choices[0].text
+        check("a seeded sample (temperature, top_p, top_k, min_p, repetition_penalty) repeats: %r" % a, a == b)
+        full = refs[prompts[0]]
+        word = full.split()[3]
+        s = cl.completions.create(model=model, prompt=prompts[0], max_tokens=TOKENS, temperature=0, stop=[word])
+        check("stop=%r ends the text before it: %r, finish %s" % (word, s.choices[0].text, s.choices[0].finish_reason),
+              word not in s.choices[0].text and full.startswith(s.choices[0].text) and
+              s.choices[0].finish_reason == "stop")
+
+        # errors: OpenAI's shape, naming the field
+        cases = [
+            ("n=2", lambda: cl.completions.create(model=model, prompt="Hi", n=2), openai.BadRequestError, "n"),
+            ("temperature=-1", lambda: cl.completions.create(model=model, prompt="Hi", temperature=-1),
+             openai.BadRequestError, "temperature"),
+            ("an unknown model", lambda: cl.completions.create(model="nope", prompt="Hi"), openai.NotFoundError,
+             "model"),
+            ("logprobs", lambda: cl.completions.create(model=model, prompt="Hi", logprobs=2), openai.BadRequestError,
+             "logprobs"),
+            ("messages missing", lambda: cl.chat.completions.create(model=model, messages=[]),
+             openai.BadRequestError, "messages"),
+            ("a NUL in the prompt", lambda: cl.completions.create(model=model, prompt="a\0b"),
+             openai.BadRequestError, "prompt"),
+        ]
+        for name, fn, exc, param in cases:
+            try:
+                fn()
+                ok, why = False, "accepted"
+            except exc as e:
+                body = e.body if isinstance(e.body, dict) else {}
+                ok = bool(body.get("message")) and body.get("type") and (param is None or body.get("param") == param)
+                why = "%d %s" % (e.status_code, body)
+            except Exception as e:  # noqa: BLE001
+                ok, why = False, repr(e)
+            check("%s is refused in OpenAI's shape: %s" % (name, why[:200]), ok)
+        st, _, body = raw(host, port, "POST", "/v1/completions", body=b"{not json")
+        check("a body that is not JSON: %d %s" % (st, body[:120]), st == 400 and b'"error"' in body)
+        st, _, body = raw(host, port, "POST", "/v1/completions", body=b'{"prompt":"' + b"a" * (5 << 20) + b'"}')
+        check("a 5 MiB body: %d" % st, st == 413 and b'"error"' in body)
+        st, _, body = raw(host, port, "GET", "/v1/nothing")
+        check("an unknown route: %d" % st, st == 404 and b'"error"' in body)
+
+        # health, tokenize, detokenize (against the gRPC Tokenize)
+        st, _, body = raw(host, port, "GET", "/health")
+        check("GET /health: %d %s" % (st, body), st == 200)
+        st, _, body = raw(host, port, "POST", "/tokenize", body=json.dumps({"prompt": prompts[0]}))
+        toks = json.loads(body)["tokens"]
+        grpc_toks = list(c.stub.Tokenize(tc.pb.TokenizeRequest(text=prompts[0], add_bos=True), timeout=10).token_ids)
+        st2, _, body2 = raw(host, port, "POST", "/detokenize", body=json.dumps({"tokens": toks}))
+        check("tokenize equals the gRPC Tokenize (%d tokens), detokenize gives the prompt back" % len(toks),
+              st == 200 and toks == grpc_toks and st2 == 200 and json.loads(body2)["prompt"].endswith(prompts[0]))
+
+        # a client that disconnects mid-stream: its request is cancelled and its KV freed on the decode worker
+        dw = c.worker("decode")
+        s = socket.create_connection((host, port), timeout=30)
+        body = json.dumps({"model": model, "prompt": "Tell me a long story.", "max_tokens": 2000,
+                           "temperature": 0, "stream": True, "extra": 1, "ignore_eos": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while got.count(b"data: ") < 5:
+            more = s.recv(65536)
+            if not more:
+                break
+            got += more
+        running = c.stats(dw).running
+        s.close()
+        t0 = time.time()
+        freed = tc.wait_for(lambda: c.stats(dw).running == 0 and c.stats(dw).kv_in_use == 0, 10)
+        check("a client that disconnects mid-stream (%d running before): its sequence ends and its KV is freed "
+              "after %.1f s" % (running, time.time() - t0), running == 1 and freed)
+        ids, _ = tc.generate(c.stub, prompts[0])
+        check("the cluster serves afterwards", ids == tc.reference(prompts[0]))
+    finally:
+        c.stop()
+    print("http: %d passed, %d failed" % (sum(tc.results), len(tc.results) - sum(tc.results)))
+    return 0 if all(tc.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
