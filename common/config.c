@@ -27,7 +27,7 @@ typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 typedef struct { char *level, *format; } raw_log_t;
 typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *context; } raw_model_t;
 typedef struct {
-    char *listen, *http_listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca;
+    char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca;
     uint32_t *max_streams;
 } raw_router_t;
 typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
@@ -57,6 +57,7 @@ static const cyaml_schema_field_t model_fields[] = {
     CYAML_FIELD_UINT_PTR("context", OPT, raw_model_t, context), CYAML_FIELD_END};
 static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t, listen),
                                                        STR("http_listen", raw_router_t, http_listen),
+                                                       STR("api_keys", raw_router_t, api_keys),
                                                        STR("tls_cert", raw_router_t, tls_cert),
                                                        STR("tls_key", raw_router_t, tls_key),
                                                        STR("tls_client_ca", raw_router_t, tls_client_ca),
@@ -122,6 +123,7 @@ static const cfg_field_t cfg_fields[] = {
     F("model.context", CFG_U32, model.context, model, raw_model_t, context),
     F("router.listen", CFG_STR, router.listen, router, raw_router_t, listen),
     F("router.http_listen", CFG_STR, router.http_listen, router, raw_router_t, http_listen),
+    F("router.api_keys", CFG_STR, router.api_keys, router, raw_router_t, api_keys),
     F("router.tls_cert", CFG_STR, router.tls_cert, router, raw_router_t, tls_cert),
     F("router.tls_key", CFG_STR, router.tls_key, router, raw_router_t, tls_key),
     F("router.tls_client_ca", CFG_STR, router.tls_client_ca, router, raw_router_t, tls_client_ca),
@@ -167,7 +169,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"log.level", "info"}, {"log.format", "text"},
         {"model.path", TD_DEFAULT_MODEL}, {"model.kv_dtype", "fp16"}, {"model.numerics", "fast"},
         {"model.block_tokens", "16"}, {"model.context", "0"},
-        {"router.listen", "127.0.0.1:50051"}, {"router.http_listen", "127.0.0.1:8000"}, {"router.tls_cert", ""}, {"router.tls_key", ""},
+        {"router.listen", "127.0.0.1:50051"}, {"router.http_listen", "127.0.0.1:8000"}, {"router.api_keys", ""}, {"router.tls_cert", ""}, {"router.tls_key", ""},
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""}, {"router.max_streams", "4096"},
         {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"},
         {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},

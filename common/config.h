@@ -9,7 +9,8 @@
  *              are set; client certificates required when tls_client_ca is; tls_ca:
  *              what clients trust, for tandem up's readiness probe; max_streams: calls the
  *              router handles at once, past which it answers RESOURCE_EXHAUSTED; http_listen:
- *              the OpenAI-compatible HTTP API, "" for none)
+ *              the OpenAI-compatible HTTP API, "" for none; api_keys: its keys file, one
+ *              "SHA256-HEX NAME RPM TPM" a line (`tandem apikey` makes them), "" for an open API)
  *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
  *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
  *            (token_budget: tokens per engine step, the chunked-prefill size;
@@ -53,7 +54,10 @@ typedef struct td_worker_config {
 typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
-    struct { char *listen, *http_listen, *tls_cert, *tls_key, *tls_client_ca, *tls_ca; uint32_t max_streams; } router;
+    struct {
+        char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca;
+        uint32_t max_streams;
+    } router;
     td_worker_config_t prefill, decode;
     struct { uint64_t dram_mb; char *data_dir; } kvstore;
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;

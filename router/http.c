@@ -19,8 +19,11 @@
 #define _GNU_SOURCE
 #include "router/http.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -31,6 +34,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/grow.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -39,11 +43,21 @@
 
 #define HTTP_TIMEOUT_S 600.0 /* a request's deadline (HTTP has none of its own) */
 
+/* An API key of router.api_keys' file: its SHA-256, name and limits, and its
+ * two token buckets (requests and tokens per minute; 0: no limit). */
+typedef struct api_key {
+    unsigned char hash[32];
+    char name[64];
+    double rpm, tpm, req_bucket, tok_bucket, refilled;
+} api_key_t;
+
 struct rt_http {
     router_t *r;
     struct MHD_Daemon *d;
     long created; /* for /v1/models */
-    pthread_mutex_t mu;
+    api_key_t *keys; /* NULL: the API is open (router.api_keys unset) */
+    size_t n_keys;
+    pthread_mutex_t mu; /* active and the keys' buckets */
     struct hreq *active; /* generations started and not ended (to cancel them at stop) */
 };
 
@@ -74,6 +88,7 @@ typedef struct hreq {
     const char *finish;
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     bool has_usage;
+    api_key_t *key; /* the caller's, when keys are on */
 } hreq_t;
 
 /* ---------------------------------------------------------------- helpers */
@@ -152,7 +167,7 @@ static int http_status_of(int code)
 
 static const char *error_type_of(int status)
 {
-    return status == 400 || status == 404 || status == 413 ? "invalid_request_error"
+    return status == 400 || status == 404 || status == 413 || status == 401 ? "invalid_request_error"
            : status == 429                                  ? "rate_limit_error"
            : status == 503                                  ? "service_unavailable"
                                                             : "server_error";
@@ -292,6 +307,8 @@ static void wake_and_unlock(hreq_t *x)
         MHD_resume_connection(x->conn);
 }
 
+static void charge(struct hreq *x);
+
 static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m)
 {
     hreq_t *x = ctx;
@@ -359,6 +376,7 @@ static void h_end(void *ctx, int code, const char *message)
 {
     hreq_t *x = ctx;
     active_remove(x);
+    charge(x);
     pthread_mutex_lock(&x->mu);
     x->ended = true;
     x->q = NULL;
@@ -732,6 +750,9 @@ static bool parse_generate(hreq_t *x, json_t *b, Tandem__V1__GenerateRequest **o
     return true;
 }
 
+static enum MHD_Result authorize(struct hreq *x, bool *refused);
+static void charge(struct hreq *x);
+
 /* ---------------------------------------------------------------- endpoints */
 
 static enum MHD_Result start_generation(hreq_t *x)
@@ -946,6 +967,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (x->too_big)
         return respond_error(c, 413, NULL, "the body is over this server's limit of %u bytes", RT_MAX_REQUEST_BYTES);
     bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+    if (strcmp(url, "/health")) {
+        bool refused;
+        enum MHD_Result ar = authorize(x, &refused);
+        if (refused)
+            return ar;
+    }
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
         if (!post)
             return respond_error(c, 405, NULL, "%s takes POST", url);
@@ -989,6 +1016,143 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     hreq_put(x); /* libmicrohttpd's reference */
 }
 
+/* ---------------------------------------------------------------- API keys */
+
+static void refill(api_key_t *k, double now)
+{
+    double dt = now - k->refilled;
+    k->refilled = now;
+    if (k->rpm) {
+        k->req_bucket += dt * k->rpm / 60.0;
+        if (k->req_bucket > k->rpm)
+            k->req_bucket = k->rpm;
+    }
+    if (k->tpm) {
+        k->tok_bucket += dt * k->tpm / 60.0;
+        if (k->tok_bucket > k->tpm)
+            k->tok_bucket = k->tpm;
+    }
+}
+
+/* The caller's key from "Authorization: Bearer KEY"; 0 when it may go on,
+ * else the HTTP status it was refused with (the answer queued). */
+static enum MHD_Result authorize(hreq_t *x, bool *refused)
+{
+    rt_http_t *h = x->h;
+    *refused = false;
+    if (!h->keys)
+        return MHD_YES;
+    const char *auth = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization");
+    unsigned char hash[32];
+    api_key_t *k = NULL;
+    if (auth && !strncasecmp(auth, "Bearer ", 7)) {
+        SHA256((const unsigned char *)auth + 7, strlen(auth + 7), hash);
+        for (size_t i = 0; i < h->n_keys; i++)
+            if (!CRYPTO_memcmp(hash, h->keys[i].hash, 32))
+                k = &h->keys[i];
+    }
+    *refused = true;
+    if (!k)
+        return respond_error(x->conn, 401, NULL, "%s", auth ? "the API key is not one of this server's"
+                                                           : "an API key is needed: Authorization: Bearer KEY");
+    pthread_mutex_lock(&h->mu);
+    refill(k, td_now_s());
+    double wait = 0;
+    const char *what = NULL;
+    if (k->rpm && k->req_bucket < 1) {
+        wait = (1 - k->req_bucket) * 60.0 / k->rpm;
+        what = "requests";
+    } else if (k->tpm && k->tok_bucket <= 0) {
+        wait = (1 - k->tok_bucket) * 60.0 / k->tpm;
+        what = "tokens";
+    } else if (k->rpm) {
+        k->req_bucket -= 1;
+    }
+    pthread_mutex_unlock(&h->mu);
+    if (what) {
+        char msg[200], retry[24];
+        snprintf(msg, sizeof msg, "rate limit of key '%s': %.0f %s per minute; try again in %.1f s", k->name,
+                 what[0] == 'r' ? k->rpm : k->tpm, what, wait);
+        snprintf(retry, sizeof retry, "%.0f", wait < 1 ? 1 : wait + 0.5);
+        struct MHD_Response *rs;
+        char *body = error_json(429, msg, NULL);
+        rs = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+        if (!rs) {
+            free(body);
+            return MHD_NO;
+        }
+        MHD_add_response_header(rs, "Content-Type", "application/json");
+        MHD_add_response_header(rs, "Retry-After", retry);
+        enum MHD_Result ret = MHD_queue_response(x->conn, 429, rs);
+        MHD_destroy_response(rs);
+        return ret;
+    }
+    x->key = k;
+    *refused = false;
+    return MHD_YES;
+}
+
+/* Tokens a request used, debited from its key's bucket at its end. */
+static void charge(hreq_t *x)
+{
+    if (!x->key || !x->key->tpm)
+        return;
+    pthread_mutex_lock(&x->h->mu);
+    refill(x->key, td_now_s());
+    x->key->tok_bucket -= (double)x->prompt_tokens + x->completion_tokens;
+    pthread_mutex_unlock(&x->h->mu);
+}
+
+/* router.api_keys: one key a line, "SHA256-HEX NAME RPM TPM" (0: no limit; `tandem apikey` makes them); '#'
+ * starts a comment. */
+static td_status_t keys_load(rt_http_t *h, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return td_error(TD_ERR_CONFIG, "router.api_keys: cannot read %s: %s", path, strerror(errno));
+    char line[512];
+    int no = 0;
+    td_status_t rc = TD_OK;
+    while (!rc && fgets(line, sizeof line, f)) {
+        no++;
+        char *hash = strtok(line, " \t\r\n");
+        if (!hash || hash[0] == '#')
+            continue;
+        char *name = strtok(NULL, " \t\r\n"), *rpm = strtok(NULL, " \t\r\n"), *tpm = strtok(NULL, " \t\r\n");
+        char *e1 = NULL, *e2 = NULL;
+        double r = rpm ? strtod(rpm, &e1) : -1, t = tpm ? strtod(tpm, &e2) : -1;
+        api_key_t k = {0};
+        bool hex = strlen(hash) == 64;
+        for (int i = 0; hex && i < 32; i++) {
+            unsigned v;
+            hex = sscanf(hash + 2 * i, "%2x", &v) == 1;
+            k.hash[i] = (unsigned char)v;
+        }
+        if (!hex || !name || r < 0 || t < 0 || *e1 || *e2 || strlen(name) >= sizeof k.name) {
+            rc = td_error(TD_ERR_CONFIG, "router.api_keys: %s line %d: expected \"SHA256-HEX NAME RPM TPM\" "
+                          "(tandem apikey NAME makes one)", path, no);
+            break;
+        }
+        snprintf(k.name, sizeof k.name, "%s", name);
+        k.rpm = r;
+        k.tpm = t;
+        k.req_bucket = r;
+        k.tok_bucket = t;
+        k.refilled = td_now_s();
+        api_key_t *nk = realloc(h->keys, (h->n_keys + 1) * sizeof *nk);
+        if (!nk) {
+            rc = td_error(TD_ERR_NO_MEMORY, "router.api_keys: no memory");
+            break;
+        }
+        h->keys = nk;
+        h->keys[h->n_keys++] = k;
+    }
+    fclose(f);
+    if (!rc && !h->n_keys)
+        rc = td_error(TD_ERR_CONFIG, "router.api_keys: %s has no key (every request would be refused)", path);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- start, stop */
 
 td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int *port)
@@ -1010,6 +1174,17 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     h->r = r;
     h->created = (long)time(NULL);
     pthread_mutex_init(&h->mu, NULL);
+    if (r->cfg.router.api_keys[0]) {
+        td_status_t rc = keys_load(h, r->cfg.router.api_keys);
+        if (rc) {
+            freeaddrinfo(ai);
+            free(h->keys);
+            free(h);
+            return rc;
+        }
+    } else {
+        TD_WARN("router.api_keys is not set: the HTTP API on %s takes requests without an API key", listen);
+    }
     struct sockaddr_in sa;
     memcpy(&sa, ai->ai_addr, sizeof sa);
     freeaddrinfo(ai);
@@ -1056,5 +1231,6 @@ void rt_http_stop(rt_http_t *h)
     }
     MHD_stop_daemon(h->d); /* every connection's completed callback runs */
     pthread_mutex_destroy(&h->mu);
+    free(h->keys);
     free(h);
 }

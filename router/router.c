@@ -455,6 +455,7 @@ static const td_flag_t router_flags[] = {
     {"--block-tokens", "model.block_tokens"}, {"--kv-dtype", "model.kv_dtype"}, {"--tls-cert", "router.tls_cert"},
     {"--tls-key", "router.tls_key"},     {"--tls-client-ca", "router.tls_client_ca"},
     {"--max-streams", "router.max_streams"}, {"--http-listen", "router.http_listen"},
+    {"--api-keys", "router.api_keys"},
     {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},  {"--cluster-key", "cluster.tls_key"},
     {"--plaintext", "cluster.plaintext"},

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +33,53 @@ def raw(host, port, method, path, body=None, headers=None):
     data = r.read()
     c.close()
     return r.status, dict(r.getheaders()), data
+
+
+def new_key(name, rpm, tpm):
+    out = tc.subprocess.run([tc.BIN + "/tandem", "apikey", name, "--rpm", str(rpm), "--tpm", str(tpm)],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    return out[0].split()[1], out[1].split(None, 1)[1]
+
+
+def api_keys():
+    """A cluster whose HTTP API takes keys (router.api_keys): unknown keys are 401; each key's request and
+    token rates are limited on its own (429 with Retry-After)."""
+    d = tempfile.mkdtemp(prefix="tandem-keys-")
+    (ka, la), (kb, lb) = new_key("alice", 3, 0), new_key("bob", 0, 40)
+    with open(d + "/keys", "w") as f:
+        f.write("# name rpm tpm\n%s\n%s\n" % (la, lb))
+    with open(d + "/tandem.yaml", "w") as f:
+        f.write("router:\n  api_keys: %s\n" % (d + "/keys"))
+    c = tc.Cluster(config=d + "/tandem.yaml")
+    try:
+        tc.wait_for(lambda: c.health()[0], 60)
+        c.err.seek(0)
+        url = "http://%s/v1" % re.search(r"HTTP API at http://(\S+)/v1", c.err.read()).group(1)
+        host, port = url[7:-3].rsplit(":", 1)
+
+        def call(key, max_tokens=4):
+            cl = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
+            try:
+                cl.completions.create(model="Smollm2 135M 8k Lc100K Mix1 Ep2", prompt="Hi", max_tokens=max_tokens,
+                                      temperature=0, extra_body={"ignore_eos": True})
+                return 200, ""
+            except openai.APIStatusError as e:
+                return e.status_code, "%s %s" % (e.response.headers.get("retry-after"), e.body)
+        st, _, _ = raw(host, int(port), "GET", "/v1/models", headers={})
+        st_h, _, _ = raw(host, int(port), "GET", "/health", headers={})
+        wrong = call("tdk-" + "0" * 48)
+        check("no key: %d; an unknown key: %d; /health without a key: %d" % (st, wrong[0], st_h),
+              st == 401 and wrong[0] == 401 and st_h == 200)
+        alice = [call(ka) for _ in range(4)]
+        check("alice (3 requests a minute): %s; the 4th is 429 with Retry-After (%s)" %
+              ([a[0] for a in alice], alice[3][1][:120]),
+              [a[0] for a in alice] == [200, 200, 200, 429] and alice[3][1].split()[0] not in ("None", "0"))
+        bob = [call(kb, 24) for _ in range(3)]
+        check("bob (40 tokens a minute, ~26 a request): %s, the 3rd refused for tokens (%s)" %
+              ([b[0] for b in bob], bob[2][1][:120]),
+              [b[0] for b in bob] == [200, 200, 429] and "tokens" in bob[2][1])
+    finally:
+        c.stop()
 
 
 def main():
@@ -161,6 +209,7 @@ def main():
         check("the cluster serves afterwards", ids == tc.reference(prompts[0]))
     finally:
         c.stop()
+    api_keys()
     print("http: %d passed, %d failed" % (sum(tc.results), len(tc.results) - sum(tc.results)))
     return 0 if all(tc.results) else 1
 
