@@ -1191,7 +1191,9 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                                 MHD_USE_ERROR_LOG,
                             ntohs(sa.sin_port), NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)r->cfg.router.max_streams,
+                            /* open connections, idle keep-alive ones included: more than the requests the
+                             * router admits (router.max_streams), which past that answers 429 */
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * r->cfg.router.max_streams + 1024),
                             MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_END);
     if (!h->d) {

@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
@@ -45,11 +46,11 @@ def api_keys():
     """A cluster whose HTTP API takes keys (router.api_keys): unknown keys are 401; each key's request and
     token rates are limited on its own (429 with Retry-After)."""
     d = tempfile.mkdtemp(prefix="tandem-keys-")
-    (ka, la), (kb, lb) = new_key("alice", 3, 0), new_key("bob", 0, 40)
+    (ka, la), (kb, lb), (kc, lc) = new_key("alice", 3, 0), new_key("bob", 0, 40), new_key("carol", 0, 0)
     with open(d + "/keys", "w") as f:
-        f.write("# name rpm tpm\n%s\n%s\n" % (la, lb))
+        f.write("# name rpm tpm\n%s\n%s\n%s\n" % (la, lb, lc))
     with open(d + "/tandem.yaml", "w") as f:
-        f.write("router:\n  api_keys: %s\n" % (d + "/keys"))
+        f.write("router:\n  api_keys: %s\n  max_streams: 1\n" % (d + "/keys"))
     c = tc.Cluster(config=d + "/tandem.yaml")
     try:
         tc.wait_for(lambda: c.health()[0], 60)
@@ -78,6 +79,32 @@ def api_keys():
         check("bob (40 tokens a minute, ~26 a request): %s, the 3rd refused for tokens (%s)" %
               ([b[0] for b in bob], bob[2][1][:120]),
               [b[0] for b in bob] == [200, 200, 429] and "tokens" in bob[2][1])
+
+        # the router full (router.max_streams: 1): a second request at once is 429 with Retry-After
+        body = json.dumps({"model": "Smollm2 135M 8k Lc100K Mix1 Ep2", "prompt": "Hi", "max_tokens": 300,
+                           "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+        s = socket.create_connection((host, int(port)), timeout=30)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + kc.encode() +
+                  b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+                  b"\r\n\r\n" + body)
+        first = s.recv(4096)
+        second = call(kc)
+        s.close()
+        check("with the router full, a second request: %d (%s)" % (second[0], second[1][:140]),
+              first.startswith(b"HTTP/1.1 200") and second[0] == 429 and second[1].split()[0] == "1")
+
+        # nothing can serve (the only decode worker frozen past its lease): 503 at once, not a wait
+        dw = c.worker("decode")
+        tc.wait_for(lambda: c.stats(dw).running == 0, 10)
+        os.kill(dw["pid"], signal.SIGSTOP)
+        try:
+            tc.wait_for(lambda: not c.worker("decode"), 10)
+            t0 = time.time()
+            st = call(kc)
+            secs = time.time() - t0
+        finally:
+            os.kill(dw["pid"], signal.SIGCONT)
+        check("with no decode worker: %d after %.2f s (%s)" % (st[0], secs, st[1][:140]), st[0] == 503 and secs < 2)
     finally:
         c.stop()
 
