@@ -8,15 +8,18 @@ secs=${1:-60}
 cd "$root"
 CC=clang cmake -S . -B build-fuzz -DTANDEM_FUZZ=ON -DTANDEM_SANITIZE=address -DTANDEM_TESTS=OFF \
   -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_gguf fuzz_safetensors >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_gguf fuzz_safetensors fuzz_openai >/dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/gguf" "$work/st"
+mkdir -p "$work/gguf" "$work/st" "$work/openai"
+# OpenAI request bodies (first byte: 1 chat, 0 completion), as clients send them
+printf '1{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_tokens":8,"temperature":0.5,"top_p":0.9,"stop":["\\n"],"stream":true,"stream_options":{"include_usage":true}}' > "$work/openai/chat.json"
+printf '0{"model":"m","prompt":["Hello"],"max_tokens":16,"seed":7,"top_k":40,"min_p":0.1,"logit_bias":{"50256":-100},"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_penalty":1.1,"ignore_eos":true,"n":1,"logprobs":null}' > "$work/openai/completion.json"
 cp tests/fixtures/dequant/crafted.gguf "$work/gguf/"
 head -c 65536 models/SmolLM2-135M-Instruct.Q4_1.gguf > "$work/gguf/model-head.gguf" 2>/dev/null || true
 cp tests/fixtures/hf/tiny-llama3/model.safetensors tests/fixtures/hf/tiny-spm/model-00001-of-00002.safetensors "$work/st/"
 status=0
-for t in gguf:gguf safetensors:st; do
+for t in gguf:gguf safetensors:st openai:openai; do
   name=${t%%:*} dir=${t##*:}
   echo "fuzz: $name for ${secs}s"
   if ! ./build-fuzz/bin/fuzz_$name "$work/$dir" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 \

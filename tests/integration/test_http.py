@@ -141,6 +141,17 @@ def main():
         check("completions: %d/%d identical to single-process greedy; streamed %d/%d (with a last usage chunk)" %
               (same, len(prompts), same_stream, len(prompts)), same == same_stream == len(prompts))
 
+        # every prompt of the integration suite: the HTTP text equals the gRPC API's
+        same_grpc = 0
+        for p in tc.PROMPTS:
+            rq = tc.pb.GenerateRequest(prompt=p, sampling=tc.pb.SamplingParams(max_tokens=TOKENS, ignore_eos=True))
+            g = "".join(r.text for r in c.stub.Generate(rq, timeout=120))
+            h = cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].text
+            same_grpc += g == h
+        check("greedy text over HTTP identical to the gRPC API's for %d/%d prompts" % (same_grpc, len(tc.PROMPTS)),
+              same_grpc == len(tc.PROMPTS) >= 20)
+
         # chat: streamed and not give the same text; finish reason and usage; a repeat hits the prefix cache
         msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a color."}]
         r1 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)

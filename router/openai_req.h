@@ -1,0 +1,31 @@
+/* openai_req.h — an OpenAI request body (chat or text completion, as
+ * vLLM and OpenAI take them) read into a tandem.v1 GenerateRequest: the
+ * HTTP front door's parser (router/http.c), kept apart so that a fuzzer can
+ * drive it alone. Unknown fields are ignored, as OpenAI's API does; a field
+ * of the wrong type or out of range is an error that names it. */
+#ifndef RT_OPENAI_REQ_H
+#define RT_OPENAI_REQ_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "tandem/v1/tandem.pb-c.h"
+
+typedef enum { RT_OAI_CHAT = 1, RT_OAI_COMPLETION } rt_oai_kind_t;
+
+typedef struct rt_oai_error {
+    char msg[300];  /* "stop: must be a string or an array of strings" */
+    char param[64]; /* the field: "stop" */
+} rt_oai_error_t;
+
+/* The body b → *out (heap parts; free it with
+ * tandem__v1__generate_request__free_unpacked, on failure too: *out may be
+ * set); *stream and *include_usage from the body. False with e set. */
+bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Tandem__V1__GenerateRequest **out,
+                       bool *stream, bool *include_usage, rt_oai_error_t *e);
+/* The same from the body's bytes (not JSON: an error). */
+bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *request_id,
+                  Tandem__V1__GenerateRequest **out, bool *stream, bool *include_usage, rt_oai_error_t *e);
+
+#endif
