@@ -16,7 +16,6 @@ import re
 import resource
 import socket
 import sys
-import threading
 import time
 
 sys.argv, _argv = sys.argv[:2], sys.argv
@@ -144,24 +143,11 @@ def main():
 
         rp = streams.router_pid(c)
         t0_threads, t0_rss = streams.proc_status(rp)
-        peak = [t0_threads, t0_rss]
-        stop = threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                try:
-                    th, rss = streams.proc_status(rp)
-                    peak[0], peak[1] = max(peak[0], th), max(peak[1], rss)
-                except OSError:
-                    pass
-                time.sleep(0.2)
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
+        sampler = streams.PeakSampler(rp)
         t0 = time.time()
         res = asyncio.run(all_streams(host, port, model, prompts, a.streams, a.tokens))
         secs = time.time() - t0
-        stop.set()
-        th.join()
+        peak = sampler.done()
         same = sum(1 for i, (text, err) in enumerate(res) if err is None and text == refs[prompts[i % len(prompts)]])
         errs = {}
         for text, err in res:

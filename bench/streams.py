@@ -44,16 +44,27 @@ def proc_status(pid):
     return int(out["Threads"]), int(out["VmRSS"].split()[0]) / 1024.0
 
 
-def cluster_pids(c):
-    """The processes of the cluster: `tandem up` and everything below it."""
-    out, todo = [], [c.p.pid]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        for p in os.listdir("/proc"):
-            if p.isdigit() and tc.proc_state(int(p))[1] == pid:
-                todo.append(int(p))
-    return out
+class PeakSampler:
+    """Samples a process's thread count and RSS every 0.2 s from a thread; .peak is the largest seen."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self.stop = pid, list(proc_status(pid)), threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                th, rss = proc_status(self.pid)
+                self.peak = [max(self.peak[0], th), max(self.peak[1], rss)]
+            except OSError:
+                pass
+            time.sleep(0.2)
+
+    def done(self):
+        self.stop.set()
+        self.t.join()
+        return self.peak
 
 
 def pin(c):
@@ -61,7 +72,7 @@ def pin(c):
     if len(cpus) < 2:
         sys.exit("--pin-router needs at least 2 CPUs")
     rp = router_pid(c)
-    for pid in cluster_pids(c) + [os.getpid()]:
+    for pid in c.pids() + [os.getpid()]:
         mask = {cpus[0]} if pid == rp else set(cpus[1:])
         for t in os.listdir("/proc/%d/task" % pid):
             try:
@@ -129,24 +140,11 @@ def main():
         serial = {k: v for k, v in detail.items() if "overhead" in k or "handoff" in k}
         rp = router_pid(c)
         t0_threads, t0_rss = proc_status(rp)
-        peak = [t0_threads, t0_rss]
-        stop = threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                try:
-                    th, rss = proc_status(rp)
-                    peak[0], peak[1] = max(peak[0], th), max(peak[1], rss)
-                except OSError:
-                    pass
-                time.sleep(0.2)
-        s = threading.Thread(target=sample, daemon=True)
-        s.start()
+        sampler = PeakSampler(rp)
         t0 = time.time()
         res = asyncio.run(all_streams(c.endpoint, prompts, a.streams, a.tokens, 900)) if a.streams else []
         secs = time.time() - t0
-        stop.set()
-        s.join()
+        peak = sampler.done()
         same = sum(1 for p, ids, err in res if err is None and ids == refs[p])
         errs = {}
         for p, ids, err in res:

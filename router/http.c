@@ -252,20 +252,19 @@ static const char *finish_name(int f)
     return f == TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH ? "length" : "stop";
 }
 
-/* The head of one SSE chunk: `data: {"id":...,"choices":[{"index":0,` */
+/* The head of one SSE chunk: `data: {"id":...,"model":"NAME"` (its choices follow). */
 static bool chunk_head(hreq_t *x)
 {
     char head[400];
     snprintf(head, sizeof head, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"", x->id,
              x->kind == RT_OAI_CHAT ? "chat.completion.chunk" : "text_completion", (long)time(NULL));
-    return out_str(x, head) && out_json_str(x, x->h->r->model->desc.name) &&
-           out_str(x, "\",\"choices\":[{\"index\":0,");
+    return out_str(x, head) && out_json_str(x, x->h->r->model->desc.name) && out_str(x, "\"");
 }
 
 /* A chunk that carries text (and the role, first) and/or the finish reason. */
 static bool chunk(hreq_t *x, const char *text, const char *finish)
 {
-    if (!chunk_head(x))
+    if (!chunk_head(x) || !out_str(x, ",\"choices\":[{\"index\":0,"))
         return false;
     if (x->kind == RT_OAI_CHAT) {
         bool ok = out_str(x, "\"delta\":{");
@@ -386,13 +385,10 @@ static void h_end(void *ctx, int code, const char *message)
         if (x->stream && (x->streamed || code == TD_RPC_OK)) { /* the stream has begun: it ends in the stream */
             if (code != TD_RPC_OK) {
                 char *e = error_json(http_status_of(code), x->end_msg, NULL);
-                if (e && out_str(x, "data: "))
-                    out_str(x, e), out_str(x, "\n\n");
+                if (e && out_str(x, "data: ") && out_str(x, e))
+                    out_str(x, "\n\n");
                 free(e);
-            } else if (x->include_usage) {
-                chunk_head(x);
-                x->n_out -= strlen("{\"index\":0,"); /* an empty choices list */
-                out_str(x, "],");
+            } else if (x->include_usage && chunk_head(x) && out_str(x, ",\"choices\":[],")) {
                 usage_json(x);
                 out_str(x, "}\n\n");
             }

@@ -118,6 +118,15 @@ class Cluster:
                                              rd(cert + ".pem") if cert else None)
         return grpc.secure_channel(addr, creds)
 
+    def pids(self):
+        """The processes of the cluster: `tandem up` and everything below it."""
+        out, todo = [], [self.p.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += [int(p) for p in os.listdir("/proc") if p.isdigit() and proc_state(int(p))[1] == pid]
+        return out
+
     def tls_args(self, name):
         """The flags that give a process started by hand (not by tandem up) certificate `name` of the cluster."""
         if not self.certs:

@@ -88,15 +88,6 @@ def internal_calls(dstub, pstub, ct):
     ]
 
 
-def cluster_pids(c):
-    out, todo = [], [c.p.pid]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += [int(p) for p in os.listdir("/proc") if p.isdigit() and tc.proc_state(int(p))[1] == pid]
-    return out
-
-
 def listening(pids):
     """(pid, address, port) of every listening TCP socket of pids, from /proc."""
     inodes = {}
@@ -181,7 +172,7 @@ def main():
                      put.returncode != 0 and dele.returncode != 0 and "evil" not in ids and dw["id"] in ids)
 
         # every listening socket on loopback
-        socks = listening(cluster_pids(c))
+        socks = listening(c.pids())
         off = [s for s in socks if s[1] not in ("127.0.0.1", "::1")]
         tc.check("every listening socket of the cluster's processes is on loopback (%d sockets%s)" %
                  (len(socks), "; not: %s" % off if off else ""), socks and not off)
