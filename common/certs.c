@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <openssl/sha.h>
+#include <pthread.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -13,6 +15,7 @@
 #include <openssl/x509v3.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -166,4 +169,206 @@ td_status_t td_certs_make(const char *dir, const char *const *names, size_t n_na
     X509_free(ca);
     EVP_PKEY_free(ca_key);
     return rc;
+}
+
+/* ------------------------------------------------------------------ grants */
+
+bool td_cert_role_in(const char *roles, const char *cn)
+{
+    size_t n = strcspn(cn, "-");
+    if (!n)
+        return false;
+    for (const char *r = roles; *r;) {
+        size_t k = strcspn(r, ",");
+        if (k == n && !strncmp(r, cn, n))
+            return true;
+        r += k + (r[k] == ',');
+    }
+    return false;
+}
+
+struct td_signer {
+    EVP_PKEY *key;
+    uint8_t *der;
+    size_t der_len;
+};
+
+td_status_t td_signer_open(const char *cert_file, const char *key_file, td_signer_t **out)
+{
+    *out = NULL;
+    td_signer_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return td_error(TD_ERR_NO_MEMORY, "certs: no memory");
+    FILE *f = fopen(cert_file, "r");
+    X509 *x = f ? PEM_read_X509(f, NULL, NULL, NULL) : NULL;
+    if (f)
+        fclose(f);
+    f = x ? fopen(key_file, "r") : NULL;
+    s->key = f ? PEM_read_PrivateKey(f, NULL, NULL, NULL) : NULL;
+    if (f)
+        fclose(f);
+    int n = s->key ? i2d_X509(x, &s->der) : -1;
+    X509_free(x);
+    if (n <= 0) {
+        td_status_t rc = td_error(TD_ERR_CONFIG, "certs: cannot read the %s %s", !x ? "certificate" : "key",
+                                  !x ? cert_file : key_file);
+        ERR_clear_error();
+        td_signer_close(s);
+        return rc;
+    }
+    s->der_len = (size_t)n;
+    *out = s;
+    return TD_OK;
+}
+
+void td_signer_close(td_signer_t *s)
+{
+    if (!s)
+        return;
+    EVP_PKEY_free(s->key);
+    OPENSSL_free(s->der);
+    free(s);
+}
+
+const uint8_t *td_signer_cert(const td_signer_t *s, size_t *len)
+{
+    *len = s->der_len;
+    return s->der;
+}
+
+td_status_t td_sign(td_signer_t *s, const void *msg, size_t len, uint8_t *sig, size_t *sig_len)
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    size_t n = 0;
+    bool ok = c && EVP_DigestSignInit(c, NULL, EVP_sha256(), NULL, s->key) == 1 &&
+              EVP_DigestSign(c, NULL, &n, msg, len) == 1 && n <= TD_SIG_MAX &&
+              EVP_DigestSign(c, sig, &n, msg, len) == 1;
+    EVP_MD_CTX_free(c);
+    if (!ok)
+        return ssl_error("signing a grant");
+    *sig_len = n;
+    return TD_OK;
+}
+
+/* a certificate verified before: its digest, its key and its common name */
+#define VERIFIED_KEEP 16
+typedef struct verified {
+    uint8_t digest[SHA256_DIGEST_LENGTH];
+    EVP_PKEY *key;
+    char cn[64];
+} verified_t;
+
+struct td_verifier {
+    X509_STORE *store;
+    pthread_mutex_t mu;
+    verified_t kept[VERIFIED_KEEP];
+    unsigned next;
+};
+
+td_status_t td_verifier_open(const char *ca_file, td_verifier_t **out)
+{
+    *out = NULL;
+    td_verifier_t *v = calloc(1, sizeof *v);
+    if (!v || !(v->store = X509_STORE_new())) {
+        free(v);
+        return td_error(TD_ERR_NO_MEMORY, "certs: no memory");
+    }
+    pthread_mutex_init(&v->mu, NULL);
+    if (X509_STORE_load_file(v->store, ca_file) != 1) {
+        ERR_clear_error();
+        td_verifier_close(v);
+        return td_error(TD_ERR_CONFIG, "certs: cannot read the CA certificate %s", ca_file);
+    }
+    *out = v;
+    return TD_OK;
+}
+
+void td_verifier_close(td_verifier_t *v)
+{
+    if (!v)
+        return;
+    for (int i = 0; i < VERIFIED_KEEP; i++)
+        EVP_PKEY_free(v->kept[i].key);
+    X509_STORE_free(v->store);
+    pthread_mutex_destroy(&v->mu);
+    free(v);
+}
+
+/* The key and common name of cert (DER) once it chains to the CA: from the
+ * kept ones, or verified now and kept. A new reference to the key. */
+static td_status_t verified_key(td_verifier_t *v, const uint8_t *cert, size_t cert_len, EVP_PKEY **key, char *cn,
+                                size_t cn_cap)
+{
+    uint8_t d[SHA256_DIGEST_LENGTH];
+    SHA256(cert, cert_len, d);
+    pthread_mutex_lock(&v->mu);
+    for (int i = 0; i < VERIFIED_KEEP; i++)
+        if (v->kept[i].key && !memcmp(v->kept[i].digest, d, sizeof d)) {
+            EVP_PKEY_up_ref(v->kept[i].key);
+            *key = v->kept[i].key;
+            snprintf(cn, cn_cap, "%s", v->kept[i].cn);
+            pthread_mutex_unlock(&v->mu);
+            return TD_OK;
+        }
+    pthread_mutex_unlock(&v->mu);
+    const uint8_t *p = cert;
+    X509 *x = cert_len <= LONG_MAX ? d2i_X509(NULL, &p, (long)cert_len) : NULL;
+    if (!x || p != cert + cert_len) {
+        X509_free(x);
+        ERR_clear_error();
+        return td_error(TD_ERR_INVALID_ARG, "the signer's certificate does not parse");
+    }
+    X509_STORE_CTX *ctx = X509_STORE_CTX_new();
+    bool ok = ctx && X509_STORE_CTX_init(ctx, v->store, x, NULL) == 1;
+    int vr = ok ? X509_verify_cert(ctx) : -1;
+    int err = ctx ? X509_STORE_CTX_get_error(ctx) : 0;
+    X509_STORE_CTX_free(ctx);
+    char name[64] = "";
+    X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, name, sizeof name);
+    if (vr != 1) {
+        X509_free(x);
+        ERR_clear_error();
+        return td_error(TD_ERR_INVALID_ARG, "the signer's certificate (CN \"%s\") is not one the cluster CA signed: %s",
+                        name, X509_verify_cert_error_string(err));
+    }
+    EVP_PKEY *k = X509_get_pubkey(x);
+    X509_free(x);
+    if (!k)
+        return ssl_error("reading the signer's key");
+    pthread_mutex_lock(&v->mu);
+    verified_t *slot = &v->kept[v->next++ % VERIFIED_KEEP];
+    EVP_PKEY_free(slot->key);
+    memcpy(slot->digest, d, sizeof d);
+    slot->key = k;
+    snprintf(slot->cn, sizeof slot->cn, "%s", name);
+    EVP_PKEY_up_ref(k);
+    pthread_mutex_unlock(&v->mu);
+    *key = k;
+    snprintf(cn, cn_cap, "%s", name);
+    return TD_OK;
+}
+
+td_status_t td_verify(td_verifier_t *v, const uint8_t *cert, size_t cert_len, const char *roles, const void *msg,
+                      size_t len, const uint8_t *sig, size_t sig_len)
+{
+    if (!cert_len || !sig_len)
+        return td_error(TD_ERR_INVALID_ARG, "unsigned (no %s)", !cert_len ? "signer certificate" : "signature");
+    EVP_PKEY *k = NULL;
+    char cn[64];
+    td_status_t rc = verified_key(v, cert, cert_len, &k, cn, sizeof cn);
+    if (rc)
+        return rc;
+    if (!td_cert_role_in(roles, cn)) {
+        EVP_PKEY_free(k);
+        return td_error(TD_ERR_INVALID_ARG, "signed by \"%s\", not a %s", cn, roles);
+    }
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    int r = c && EVP_DigestVerifyInit(c, NULL, EVP_sha256(), NULL, k) == 1
+                ? EVP_DigestVerify(c, sig, sig_len, msg, len) : -1;
+    EVP_MD_CTX_free(c);
+    EVP_PKEY_free(k);
+    ERR_clear_error();
+    if (r != 1)
+        return td_error(TD_ERR_INVALID_ARG, "the signature is not %s's over these contents", cn);
+    return TD_OK;
 }

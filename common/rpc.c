@@ -34,6 +34,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/certs.h"
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/log.h"
@@ -431,6 +432,7 @@ typedef struct method {
     td_rpc_handler_fn fn;
     void *ctx;
     void *handle;
+    char roles[64]; /* who may call it (td_rpc_server_allow); "" anyone the server admits */
 } method_t;
 
 /* A request for the next call of a method, posted to gRPC. */
@@ -481,6 +483,7 @@ struct td_rpc_call {
     uint8_t *payload;
     size_t payload_len;
     char *peer;
+    char identity[64]; /* the peer certificate's common name, "" if none */
     td_rpc_scope_t scope;
     call_op_t ops[TAG_COUNT];
     sync_t s;    /* s.mu guards what follows */
@@ -729,6 +732,21 @@ static void call_task(void *arg)
     call_unref(c); /* the task's */
 }
 
+/* The peer certificate's common name, as the TLS handshake verified it. */
+static void call_identity(td_rpc_call_t *c)
+{
+    grpc_auth_context *ac = grpc_call_auth_context(c->call);
+    if (!ac)
+        return;
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ac, GRPC_X509_CN_PROPERTY_NAME);
+    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+    if (p && p->value_length < sizeof c->identity && !memchr(p->value, 0, p->value_length)) {
+        memcpy(c->identity, p->value, p->value_length);
+        c->identity[p->value_length] = 0;
+    }
+    grpc_auth_context_release(ac);
+}
+
 static void on_arrival(op_t *op, bool ok)
 {
     posted_t *p = (posted_t *)op;
@@ -761,6 +779,8 @@ static void on_arrival(op_t *op, bool ok)
     c->md = p->md;
     grpc_metadata_array_init(&p->md);
     c->peer = grpc_call_get_peer(c->call);
+    if (s->tls)
+        call_identity(c);
     size_t big = 0;
     if (p->payload && grpc_byte_buffer_length(p->payload) > s->max_message) {
         big = grpc_byte_buffer_length(p->payload);
@@ -794,6 +814,14 @@ static void on_arrival(op_t *op, bool ok)
     grpc_op cl = {.op = GRPC_OP_RECV_CLOSE_ON_SERVER};
     cl.data.recv_close_on_server.cancelled = &c->cancelled_flag;
     call_start_batch(c, TAG_CLOSE, &cl, 1);
+    if (c->m && c->m->roles[0] && !td_cert_role_in(c->m->roles, c->identity)) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s: the peer's certificate (CN \"%s\") is not one of the roles that may call "
+                 "it (%s)", c->m->name, c->identity[0] ? c->identity : "none", c->m->roles);
+        call_status(c, TD_RPC_PERMISSION_DENIED, msg, NULL, 0);
+        call_end(c);
+        return;
+    }
     if ((over || big) && c->m) { /* admission: refused now, not queued */
         char msg[160];
         if (big)
@@ -906,6 +934,19 @@ td_status_t td_rpc_server_add(td_rpc_server_t *s, const char *method, td_rpc_han
         return td_error(TD_ERR_INTERNAL, "rpc: gRPC refused to register %s", method);
     s->n_methods++;
     return TD_OK;
+}
+
+td_status_t td_rpc_server_allow(td_rpc_server_t *s, const char *method, const char *roles)
+{
+    for (int i = 0; i < s->n_methods; i++)
+        if (!strcmp(s->methods[i].name, method)) {
+            if (s->started || strlen(roles) >= sizeof s->methods[i].roles)
+                return td_error(TD_ERR_INTERNAL, "rpc: cannot restrict %s to '%s'", method, roles);
+            if (s->tls)
+                snprintf(s->methods[i].roles, sizeof s->methods[i].roles, "%s", roles);
+            return TD_OK;
+        }
+    return td_error(TD_ERR_INTERNAL, "rpc: %s is not registered", method);
 }
 
 td_status_t td_rpc_server_start(td_rpc_server_t *s, int *port)
@@ -1054,6 +1095,7 @@ const uint8_t *td_rpc_call_payload(td_rpc_call_t *c, size_t *len)
 
 const char *td_rpc_call_method(td_rpc_call_t *c) { return c->m ? c->m->name : "?"; }
 const char *td_rpc_call_peer(td_rpc_call_t *c) { return c->peer ? c->peer : "?"; }
+const char *td_rpc_call_identity(td_rpc_call_t *c) { return c->identity; }
 td_rpc_scope_t *td_rpc_call_scope(td_rpc_call_t *c) { return &c->scope; }
 
 double td_rpc_call_time_left(td_rpc_call_t *c)

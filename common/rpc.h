@@ -44,6 +44,7 @@ enum {
     TD_RPC_INVALID_ARGUMENT = 3,
     TD_RPC_DEADLINE_EXCEEDED = 4,
     TD_RPC_NOT_FOUND = 5,
+    TD_RPC_PERMISSION_DENIED = 7,
     TD_RPC_RESOURCE_EXHAUSTED = 8,
     TD_RPC_FAILED_PRECONDITION = 9,
     TD_RPC_ABORTED = 10,
@@ -103,6 +104,13 @@ typedef void (*td_rpc_event_fn)(void *ctx, bool ok);
 td_status_t td_rpc_server_create(const char *addr, const td_rpc_tls_t *tls, td_rpc_server_t **out);
 /* Registers a method ("/tandem.v1.Tandem/Generate") before start. */
 td_status_t td_rpc_server_add(td_rpc_server_t *s, const char *method, td_rpc_handler_fn fn, void *ctx);
+/* Only peers of these roles may call method (before start; roles is a comma
+ * list, "router" or "router,prefill"): a peer's role is its certificate's
+ * common name up to the first '-' ("decode-0" is a decode worker), so this
+ * needs a mutual-TLS server; any other peer is answered PERMISSION_DENIED,
+ * naming its certificate, without a handler. A server without TLS cannot
+ * tell peers apart and lets every call through (cluster.plaintext). */
+td_status_t td_rpc_server_allow(td_rpc_server_t *s, const char *method, const char *roles);
 /* At most max calls open at once, queued, running or detached (before start;
  * default 4096): a call past it is answered RESOURCE_EXHAUSTED at once,
  * without a handler. */
@@ -125,6 +133,9 @@ int td_rpc_server_active(td_rpc_server_t *s);
 const uint8_t *td_rpc_call_payload(td_rpc_call_t *c, size_t *len);
 const char *td_rpc_call_method(td_rpc_call_t *c);
 const char *td_rpc_call_peer(td_rpc_call_t *c);
+/* The common name of the peer's certificate ("router", "decode-0"), or ""
+ * when the peer showed none (a server without mutual TLS). */
+const char *td_rpc_call_identity(td_rpc_call_t *c);
 /* Seconds left before the client's deadline (a large number when none). */
 double td_rpc_call_time_left(td_rpc_call_t *c);
 /* True once the client cancelled, went away or its deadline passed. */

@@ -8,7 +8,20 @@
  * Decode is the completion notice: the blocks become an imported sequence
  * whose first token the prefill side sampled, it joins the running batch,
  * and its tokens stream back. Release is the abort path. A client that goes
- * away cancels its sequence, which frees its blocks at once. */
+ * away cancels its sequence, which frees its blocks at once.
+ *
+ * The data plane touches only what was granted (DESIGN.md §2 "Security").
+ * UCX's remote key covers the whole pool (with shared memory a key maps the
+ * whole segment; over TCP it carries no check), so keys are per pool and the
+ * grant is the landing descriptor: the decode worker signs it with its
+ * cluster key (the reservation, its blocks, the pool, a land-by time), and
+ * the prefill worker puts only into blocks of a descriptor a decode worker
+ * of this cluster signed, and only until land-by. Blocks of a reservation
+ * that ends unclaimed stay fenced until land-by has passed, unless the
+ * router says the prefill worker answered its call (Release landing_closed),
+ * so a late put from a stalled prefill worker cannot reach their next owner.
+ * Only the router's certificate may call Reserve, Decode, Release and Renew,
+ * and one peer holds at most MAX_RESERVATIONS_PER_PEER reservations. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -17,6 +30,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "common/certs.h"
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/log.h"
@@ -27,26 +41,74 @@
  * blocks for one lease at most. */
 #define MAX_LEASE_MS 30000u
 #define DEFAULT_LEASE_MS 3000u
-/* Reservations open at once (claimed ones are sequences, not counted). */
+/* Reservations open at once (claimed ones are sequences, not counted), in
+ * all and by one peer (certificate). */
 #define MAX_RESERVATIONS 4096
+#define MAX_RESERVATIONS_PER_PEER 1024
+/* How long puts may land after a Reserve: the router asks for its Prefill
+ * call's deadline; 60 s when it asks nothing, at most 10 min. A fenced block
+ * is held FENCE_MARGIN_S past land-by (clocks of two hosts may differ). */
+#define DEFAULT_LANDING_MS 60000u
+#define MAX_LANDING_MS 600000u
+#define FENCE_MARGIN_S 1.0
 
 typedef struct reservation {
     uint64_t id;
     int32_t *blocks;
     uint32_t n_blocks, n_tokens;
     double expires;
+    double fence_until; /* td_now_s() past which no put of its landing can come */
+    char owner[64];     /* the certificate that reserved it ("" under plaintext) */
 } reservation_t;
 
-/* The role's state, behind its context (eng_worker_role_t.ctx); engine thread. */
+/* Blocks of a reservation that ended unclaimed, until a late put cannot come. */
+typedef struct fenced {
+    int32_t *blocks;
+    uint32_t n_blocks;
+    double until;
+} fenced_t;
+
+/* The role's state, behind its context (eng_worker_role_t.ctx); engine thread
+ * (signer: set before serving, then read-only). */
 typedef struct decode_role {
     reservation_t *res;
     size_t n_res, cap_res;
+    fenced_t *fenced;
+    size_t n_fenced, cap_fenced;
+    uint32_t fenced_blocks;
+    td_signer_t *signer; /* NULL under cluster.plaintext: landings go unsigned */
 } decode_role_t;
+
+/* Engine thread: a reservation that ended unclaimed gives its blocks back,
+ * at once when its landing is closed or past land-by, else once it is. */
+static void reservation_end(eng_worker_t *w, decode_role_t *R, reservation_t *r, bool landing_closed)
+{
+    if (!landing_closed && r->fence_until > td_now_s()) {
+        if (R->n_fenced == R->cap_fenced) {
+            size_t nc = R->cap_fenced ? 2 * R->cap_fenced : 16;
+            fenced_t *f = realloc(R->fenced, nc * sizeof *f);
+            if (!f) { /* no room to remember them: they stay out of the pool (a leak, not a hazard) */
+                TD_WARN("%s: no memory to fence %u blocks; they are lost until restart", eng_worker_id(w), r->n_blocks);
+                free(r->blocks);
+                return;
+            }
+            R->fenced = f;
+            R->cap_fenced = nc;
+        }
+        R->fenced[R->n_fenced++] = (fenced_t){r->blocks, r->n_blocks, r->fence_until};
+        R->fenced_blocks += r->n_blocks;
+        return;
+    }
+    eng_engine_kv_release(eng_worker_engine(w), r->blocks, r->n_blocks);
+    free(r->blocks);
+}
 
 
 /* ---- Reserve ---- */
 typedef struct reserve_op {
     uint32_t n_tokens, lease_ms;
+    double fence_until;
+    char owner[64];
     td_status_t rc;
     char err[160]; /* what rc means, for the caller (not logged: a peer's request, answered) */
     uint64_t id;
@@ -71,6 +133,15 @@ static void reserve_on_engine(eng_worker_t *w, void *arg)
     if (R->n_res >= MAX_RESERVATIONS) {
         op->rc = TD_ERR_EXHAUSTED;
         snprintf(op->err, sizeof op->err, "%u reservations open, the most this worker holds", (unsigned)R->n_res);
+        return;
+    }
+    unsigned mine = 0;
+    for (size_t i = 0; i < R->n_res; i++)
+        mine += !strcmp(R->res[i].owner, op->owner);
+    if (mine >= MAX_RESERVATIONS_PER_PEER) {
+        op->rc = TD_ERR_EXHAUSTED;
+        snprintf(op->err, sizeof op->err, "\"%.40s\" holds %u reservations, the most one peer may hold", op->owner,
+                 mine);
         return;
     }
     op->n_blocks = (uint32_t)nb;
@@ -99,8 +170,10 @@ static void reserve_on_engine(eng_worker_t *w, void *arg)
         snprintf(op->err, sizeof op->err, "no room for %u tokens of KV (pool full)", op->n_tokens);
         return;
     }
-    R->res[R->n_res++] = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens,
-                                                  td_now_s() + op->lease_ms / 1000.0};
+    reservation_t *r = &R->res[R->n_res++];
+    *r = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens, td_now_s() + op->lease_ms / 1000.0,
+                         op->fence_until, ""};
+    memcpy(r->owner, op->owner, sizeof r->owner);
 }
 
 /* Takes reservation id out of the table (engine thread); false if unknown. */
@@ -122,11 +195,21 @@ static void expire_reservations(eng_worker_t *w, void *ctx)
     for (size_t i = 0; i < R->n_res;) {
         reservation_t *r = &R->res[i];
         if (r->expires < t) {
-            TD_WARN("%s: reservation %llu (%u blocks) expired unclaimed; its blocks are free again", eng_worker_id(w),
-                    (unsigned long long)r->id, r->n_blocks);
-            eng_engine_kv_release(eng_worker_engine(w), r->blocks, r->n_blocks);
-            free(r->blocks);
+            TD_WARN("%s: reservation %llu (%u blocks) expired unclaimed; its blocks are free again%s", eng_worker_id(w),
+                    (unsigned long long)r->id, r->n_blocks, r->fence_until > t ? " once its landing time is over" : "");
+            reservation_t gone = *r;
             R->res[i] = R->res[--R->n_res];
+            reservation_end(w, R, &gone, false);
+        } else {
+            i++;
+        }
+    }
+    for (size_t i = 0; i < R->n_fenced;) {
+        if (R->fenced[i].until <= t) {
+            eng_engine_kv_release(eng_worker_engine(w), R->fenced[i].blocks, R->fenced[i].n_blocks);
+            free(R->fenced[i].blocks);
+            R->fenced_blocks -= R->fenced[i].n_blocks;
+            R->fenced[i] = R->fenced[--R->n_fenced];
         } else {
             i++;
         }
@@ -174,6 +257,13 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     }
     op->n_tokens = rq->n_tokens;
     op->lease_ms = rq->lease_ms ? (rq->lease_ms < MAX_LEASE_MS ? rq->lease_ms : MAX_LEASE_MS) : DEFAULT_LEASE_MS;
+    uint32_t landing_ms = rq->landing_ms ? (rq->landing_ms < MAX_LANDING_MS ? rq->landing_ms : MAX_LANDING_MS)
+                                         : DEFAULT_LANDING_MS;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t land_by = (uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000 + landing_ms;
+    op->fence_until = td_now_s() + landing_ms / 1000.0 + FENCE_MARGIN_S;
+    snprintf(op->owner, sizeof op->owner, "%s", td_rpc_call_identity(call));
     if (eng_worker_call_or_drop(w, reserve_on_engine, op, reserve_op_drop, 5)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
         goto out; /* op is the queued closure's now */
@@ -210,11 +300,34 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     land.block_bytes = bb;
     land.contract = &c;
     land.decode_worker = (char *)eng_worker_id(w);
+    land.has_land_by_unix_ms = 1;
+    land.land_by_unix_ms = land_by;
+    /* the grant: this descriptor as packed now, signed (fields 12, 13 added after) */
+    decode_role_t *R = eng_worker_role_ctx(w);
+    uint8_t sig[TD_SIG_MAX];
+    size_t sig_len = 0, gn = 0;
+    uint8_t *grant = NULL;
+    bool signed_ok = !R->signer;
+    if (R->signer && offs && (grant = malloc(gn = tandem__internal__v1__landing_descriptor__get_packed_size(&land)))) {
+        tandem__internal__v1__landing_descriptor__pack(&land, grant);
+        if (td_sign(R->signer, grant, gn, sig, &sig_len) == TD_OK) {
+            size_t cl;
+            const uint8_t *cert = td_signer_cert(R->signer, &cl);
+            land.has_signature = land.has_signer_cert = 1;
+            land.signature = (ProtobufCBinaryData){sig_len, sig};
+            land.signer_cert = (ProtobufCBinaryData){cl, (uint8_t *)cert};
+            signed_ok = true;
+        }
+        free(grant);
+    }
     Tandem__Internal__V1__ReserveResponse rp = TANDEM__INTERNAL__V1__RESERVE_RESPONSE__INIT;
     rp.landing = &land;
     size_t pn = tandem__internal__v1__reserve_response__get_packed_size(&rp);
     uint8_t *buf = malloc(pn);
-    if (buf && offs) {
+    if (!signed_ok) {
+        td_rpc_call_finish(call, TD_RPC_INTERNAL, "%s: cannot sign the landing: %s", eng_worker_id(w),
+                           td_last_error());
+    } else if (buf && offs) {
         tandem__internal__v1__reserve_response__pack(&rp, buf);
         td_rpc_call_reply(call, buf, pn);
     } else {
@@ -230,6 +343,7 @@ out:
 /* ---- Release ---- */
 typedef struct release_op {
     uint64_t id;
+    bool landing_closed;
     bool found;
 } release_op_t;
 
@@ -238,10 +352,8 @@ static void release_on_engine(eng_worker_t *w, void *arg)
     release_op_t *op = arg;
     reservation_t r;
     op->found = reservation_take(eng_worker_role_ctx(w), op->id, &r);
-    if (op->found) {
-        eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
-        free(r.blocks);
-    }
+    if (op->found)
+        reservation_end(w, eng_worker_role_ctx(w), &r, op->landing_closed);
 }
 
 static void h_release(void *ctx, td_rpc_call_t *call)
@@ -255,8 +367,10 @@ static void h_release(void *ctx, td_rpc_call_t *call)
         return;
     }
     release_op_t *op = calloc(1, sizeof *op);
-    if (op)
+    if (op) {
         op->id = rq->reservation_id;
+        op->landing_closed = rq->landing_closed;
+    }
     tandem__internal__v1__release_request__free_unpacked(rq, NULL);
     if (!op) {
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
@@ -723,28 +837,43 @@ static void decode_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__Stats
 {
     (void)w;
     decode_role_t *R = ctx;
-    r->has_reservations = 1;
+    r->has_reservations = r->has_fenced_blocks = 1;
     r->reservations = (uint32_t)R->n_res;
+    r->fenced_blocks = R->fenced_blocks;
 }
 
 static td_status_t decode_attach(eng_worker_t *w, void *ctx)
 {
-    (void)ctx;
+    decode_role_t *R = ctx;
+    const td_rpc_tls_t *tls = eng_worker_tls(w);
+    td_status_t rc = tls ? td_signer_open(tls->cert_file, tls->key_file, &R->signer) : TD_OK;
+    static const char *const methods[] = {"/tandem.internal.v1.Decode/Reserve", "/tandem.internal.v1.Decode/Decode",
+                                          "/tandem.internal.v1.Decode/Release", "/tandem.internal.v1.Decode/Renew"};
+    static const td_rpc_handler_fn fns[] = {h_reserve, h_decode, h_release, h_renew};
     td_rpc_server_t *s = eng_worker_server(w);
-    td_status_t rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Reserve", h_reserve, w);
-    if (!rc)
-        rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Decode", h_decode, w);
-    if (!rc)
-        rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Release", h_release, w);
-    if (!rc)
-        rc = td_rpc_server_add(s, "/tandem.internal.v1.Decode/Renew", h_renew, w);
+    for (size_t i = 0; !rc && i < sizeof methods / sizeof *methods; i++)
+        if (!(rc = td_rpc_server_add(s, methods[i], fns[i], w)))
+            rc = td_rpc_server_allow(s, methods[i], "router");
     return rc;
+}
+
+static void decode_detach(eng_worker_t *w, void *ctx)
+{
+    decode_role_t *R = ctx;
+    for (size_t i = 0; i < R->n_fenced; i++)
+        free(R->fenced[i].blocks);
+    free(R->fenced);
+    R->fenced = NULL;
+    R->n_fenced = R->cap_fenced = 0;
+    td_signer_close(R->signer);
+    R->signer = NULL;
+    (void)w;
 }
 
 int main(int argc, char **argv)
 {
     static decode_role_t state;
     eng_worker_role_t role = {.name = "decode", .attach = decode_attach, .before_step = expire_reservations,
-                              .stats = decode_stats, .ctx = &state};
+                              .stats = decode_stats, .detach = decode_detach, .ctx = &state};
     return eng_worker_main(argc, argv, &role);
 }

@@ -399,6 +399,7 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
 }
 
 const td_config_t *eng_worker_config(const eng_worker_t *w) { return &w->cfg; }
+const td_rpc_tls_t *eng_worker_tls(const eng_worker_t *w) { return w->tls; }
 void *eng_worker_role_ctx(eng_worker_t *w) { return w->role->ctx; }
 
 /* The KV pool's memory provider: a region the transport maps, so that peers

@@ -60,6 +60,8 @@ void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, 
 const eng_model_t *eng_worker_model(const eng_worker_t *w);
 /* The process's configuration (the file with the flags over it); constant. */
 const td_config_t *eng_worker_config(const eng_worker_t *w);
+/* The internal planes' certificate files, or NULL under cluster.plaintext. */
+const td_rpc_tls_t *eng_worker_tls(const eng_worker_t *w);
 
 /* Runs fn(w, arg) on the engine thread; waits for it (TD_ERR_TIMEOUT after
  * timeout_s, the closure still runs later: arg must outlive it — keep it in

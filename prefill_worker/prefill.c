@@ -13,15 +13,24 @@
  *
  * Contract handshake: the landing descriptor states the decode side's KV
  * contract; a mismatch is refused with both values named, before any byte
- * moves. */
+ * moves.
+ *
+ * Grants: with the cluster's mutual TLS, a landing descriptor is put into
+ * only when a decode worker of this cluster signed it (decode.c says why the
+ * remote keys cannot be narrower), every offset lies inside the pool it
+ * names, and its land-by time has not passed: the pusher drops a put that
+ * comes later (the blocks may belong to another request by then) and the
+ * request fails DEADLINE_EXCEEDED. Only the router may call Prefill. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/certs.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "engine/worker.h"
@@ -49,6 +58,7 @@ typedef struct job {
     const void *src;
     size_t len;
     uint64_t dst;
+    double land_by; /* td_now_s() past which the put must not be made */
 } job_t;
 
 typedef struct pusher {
@@ -98,7 +108,8 @@ static void *pusher_thread(void *arg)
             job_t j = p->jobs[p->head++];
             pthread_mutex_unlock(&p->mu);
             double t0 = td_now_s();
-            if (!j.pe->failed && p->xo->put(p->x, j.pe->peer, j.pe->region, j.src, j.len, j.dst)) {
+            /* past land-by the block may be another request's: dropped (its request sees the time and fails) */
+            if (!j.pe->failed && t0 <= j.land_by && p->xo->put(p->x, j.pe->peer, j.pe->region, j.src, j.len, j.dst)) {
                 j.pe->failed = true;
                 TD_WARN("prefill: a KV put failed: %s", td_last_error());
             }
@@ -129,7 +140,7 @@ static void *pusher_thread(void *arg)
     return NULL;
 }
 
-static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t len, uint64_t dst)
+static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t len, uint64_t dst, double land_by)
 {
     pthread_mutex_lock(&p->mu);
     if (p->n_jobs == p->cap_jobs) {
@@ -143,7 +154,7 @@ static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t l
         p->jobs = j;
         p->cap_jobs = nc;
     }
-    p->jobs[p->n_jobs++] = (job_t){pe, src, len, dst};
+    p->jobs[p->n_jobs++] = (job_t){pe, src, len, dst, land_by};
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
@@ -192,6 +203,7 @@ typedef struct preq {
     int32_t first_token;
     uint32_t n_cached;
     double t0, t_done, busy0, exposed_s;
+    double land_by; /* td_now_s() at the landing's land-by time (HUGE_VAL: unsigned, unlimited) */
     uint64_t bytes0, bytes;
     double busy_s;
     /* Engine thread: the landing blocks [0, pushed) have had every layer put
@@ -210,6 +222,7 @@ struct prefill_role {
     peer_entry_t **peers;
     size_t n_peers, cap_peers;
     double peer_idle_s;
+    td_verifier_t *verifier; /* NULL under cluster.plaintext: landings are not checked for a grant */
     preq_t **active; /* engine thread */
     size_t n_active, cap_active;
     double exposed_total, busy_total;
@@ -298,6 +311,8 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
         preq_finish(r, TD_ERR_INTERNAL, ev->error, -1, 0);
     else if (r->pe->failed)
         preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
+    else if (td_now_s() > r->land_by) /* a put may have been dropped: the landing is not whole */
+        preq_finish(r, TD_ERR_TIMEOUT, "landing: its land-by time passed before the KV was put", -1, 0);
     else if (r->pushed < r->n_digests) /* a bug: the landing would decode on garbage */
         preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);
     else
@@ -329,7 +344,7 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
             uint32_t end = seqs[i].end_block < ld->n_block_offsets ? seqs[i].end_block : (uint32_t)ld->n_block_offsets;
             for (uint32_t b = from; b < end; b++)
                 pusher_push(&R->pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
-                            ld->block_offsets[b] + layer * lb);
+                            ld->block_offsets[b] + layer * lb, r->land_by);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
                 for (uint32_t b = from; b < end; b++)
                     r->digests[b] = td_kv_block_digest(base + (size_t)seqs[i].blocks[b] * bb, bb);
@@ -480,6 +495,42 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
     return NULL;
 }
 
+/* The landing is a grant from a decode worker of this cluster (its signature
+ * over the descriptor, fields 12 and 13 left out) whose land-by time has not
+ * passed: NULL and *land_by (on td_now_s()'s clock), or why not (*land_by
+ * set only when the time is what failed). */
+static const char *landing_grant(prefill_role_t *R, const Tandem__Internal__V1__LandingDescriptor *ld,
+                                 double *land_by)
+{
+    static __thread char why[400];
+    if (!ld->has_signature || !ld->has_signer_cert || !ld->has_land_by_unix_ms)
+        return "not signed by a decode worker (no signature, signer certificate or land-by time)";
+    Tandem__Internal__V1__LandingDescriptor u = *ld;
+    u.has_signature = u.has_signer_cert = 0;
+    size_t n = tandem__internal__v1__landing_descriptor__get_packed_size(&u);
+    uint8_t *m = malloc(n);
+    if (!m)
+        return "no memory to check its signature";
+    tandem__internal__v1__landing_descriptor__pack(&u, m);
+    td_status_t rc = td_verify(R->verifier, ld->signer_cert.data, ld->signer_cert.len, "decode", m, n,
+                               ld->signature.data, ld->signature.len);
+    free(m);
+    if (rc) {
+        snprintf(why, sizeof why, "not a grant of this cluster's decode workers: %s", td_last_error());
+        return why;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    double left = ((double)ld->land_by_unix_ms - ((double)now.tv_sec * 1e3 + now.tv_nsec / 1e6)) / 1e3;
+    if (left <= 0) {
+        *land_by = td_now_s() + left;
+        snprintf(why, sizeof why, "its land-by time passed %.3f s ago; the blocks may be another request's", -left);
+        return why;
+    }
+    *land_by = td_now_s() + left;
+    return NULL;
+}
+
 static void h_prefill(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
@@ -501,6 +552,16 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
                            !r->rq ? "PrefillRequest does not parse" : !r->rq->n_tokens ? "tokens: empty" : "landing: missing");
         preq_put(r);
         return;
+    }
+    r->land_by = HUGE_VAL;
+    if (r->role->verifier) {
+        const char *why = landing_grant(r->role, ld, &r->land_by);
+        if (why) {
+            td_rpc_call_finish(call, r->land_by < HUGE_VAL ? TD_RPC_DEADLINE_EXCEEDED : TD_RPC_PERMISSION_DENIED,
+                               "landing: %s", why);
+            preq_put(r);
+            return;
+        }
     }
     td_kv_layout_t ours = eng_worker_contract(w), peer;
     char who[160];
@@ -635,7 +696,11 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     if (pthread_create(&p->thread, NULL, pusher_thread, p))
         return td_error(TD_ERR_INTERNAL, "cannot start the pusher thread");
     eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, R);
-    return td_rpc_server_add(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", h_prefill, w);
+    const td_rpc_tls_t *tls = eng_worker_tls(w);
+    td_status_t rc = tls ? td_verifier_open(tls->ca_file, &R->verifier) : TD_OK;
+    if (!rc)
+        rc = td_rpc_server_add(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", h_prefill, w);
+    return rc ? rc : td_rpc_server_allow(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", "router");
 }
 
 /* At exit: the pusher stops (its queue is empty: the engine thread ended
@@ -664,6 +729,8 @@ static void prefill_detach(eng_worker_t *w, void *ctx)
     free(p->jobs);
     free(p->touched);
     free(R->active);
+    td_verifier_close(R->verifier);
+    R->verifier = NULL;
 }
 
 int main(int argc, char **argv)

@@ -226,6 +226,10 @@ static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__Landin
     rq.n_tokens = (uint32_t)q->n_tokens;
     rq.max_tokens = q->max_tokens;
     rq.lease_ms = RT_RES_LEASE_MS; /* renewed while held (the router's renewer) */
+    /* the prefill may put until its call's deadline (the decode side caps it) */
+    double ms = ceil(left(q) * 1e3);
+    rq.has_landing_ms = 1;
+    rq.landing_ms = ms < 1 ? 1 : ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
     uint8_t buf[512];
     size_t n = tandem__internal__v1__reserve_request__pack(&rq, buf);
     uint8_t *out;
@@ -248,11 +252,15 @@ static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__Landin
     return 1;
 }
 
-static void release(rt_worker_t *d, uint64_t id)
+/* Gives reservation id back to D. landing_closed: no prefill worker can put
+ * into its blocks any more (none was asked, or the one asked answered), so
+ * they are free at once; else D fences them until the landing's land-by. */
+static void release(rt_worker_t *d, uint64_t id, bool landing_closed)
 {
     Tandem__Internal__V1__ReleaseRequest rq = TANDEM__INTERNAL__V1__RELEASE_REQUEST__INIT;
-    rq.has_reservation_id = 1;
+    rq.has_reservation_id = rq.has_landing_closed = 1;
     rq.reservation_id = id;
+    rq.landing_closed = landing_closed;
     uint8_t buf[32];
     size_t n = tandem__internal__v1__release_request__pack(&rq, buf);
     uint8_t *out = NULL;
@@ -482,7 +490,7 @@ static int attempt(rt_request_t *q)
     }
     uint64_t res_id = land->reservation_id;
     if (!rt_held_add(r, d, res_id)) {
-        release(d, res_id);
+        release(d, res_id, true);
         tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
         rt_table_done(&r->table, d, NULL, 0);
         rt_table_done(&r->table, p, NULL, 0);
@@ -512,13 +520,18 @@ static int attempt(rt_request_t *q)
     td_status_t rc = pbuf ? td_rpc_unary(p->ch, "/tandem.internal.v1.Prefill/Prefill", pbuf, pn, left(q), q->scope,
                                          &out, &on, &res)
                           : TD_ERR_NO_MEMORY;
+    bool sent = pbuf != NULL;
     free(pbuf);
     Tandem__Internal__V1__PrefillResponse *prp = rc ? NULL : tandem__internal__v1__prefill_response__unpack(NULL, on, out);
     free(out);
     tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
     if (!prp) {
+        /* an answer the prefill worker gave (not a local cancel, deadline or lost connection) means it
+         * stopped putting; so does a call never sent */
+        bool answered = !sent || res.code == TD_RPC_INVALID_ARGUMENT || res.code == TD_RPC_FAILED_PRECONDITION ||
+                        res.code == TD_RPC_NOT_FOUND || res.code == TD_RPC_PERMISSION_DENIED;
         rt_held_remove(r, d, res_id);
-        release(d, res_id);
+        release(d, res_id, answered);
         rt_table_done(&r->table, d, NULL, 0);
         bool gone = cancelled(q);
         rt_table_done(&r->table, p, !gone && !fatal_code(res.code) ? &res : NULL,

@@ -306,18 +306,20 @@ def main():
         # 1b. reservations: an unclaimed one returns when its lease ends, renewed ones live on, a
         # released one returns at once (the decode worker's Stats counts them)
         dw = c.worker("decode")
-        dch = c.channel(dw["addr"])
+        dch = c.channel(dw["addr"], cert="router")  # only the router's certificate may reserve
         dstub = wpbg.DecodeStub(dch)
         ct = wpb.KvContract(**dw["contract"])
-        r1 = dstub.Reserve(wpb.ReserveRequest(n_tokens=40, max_tokens=8, contract=ct, lease_ms=600), timeout=5)
-        r2 = dstub.Reserve(wpb.ReserveRequest(n_tokens=40, max_tokens=8, contract=ct, lease_ms=600), timeout=5)
+        r1 = dstub.Reserve(wpb.ReserveRequest(n_tokens=40, max_tokens=8, contract=ct, lease_ms=600, landing_ms=100),
+                           timeout=5)
+        r2 = dstub.Reserve(wpb.ReserveRequest(n_tokens=40, max_tokens=8, contract=ct, lease_ms=600, landing_ms=100),
+                           timeout=5)
         held = c.stats(dw).reservations
         for _ in range(4):  # renew r2 only, for 1.2 s: r1's 0.6 s lease runs out meanwhile
             unknown = dstub.Renew(wpb.RenewRequest(reservation_ids=[r2.landing.reservation_id], lease_ms=600),
                                   timeout=5).unknown_ids
             time.sleep(0.3)
         after_lease = c.stats(dw).reservations
-        dstub.Release(wpb.ReleaseRequest(reservation_id=r2.landing.reservation_id), timeout=5)
+        dstub.Release(wpb.ReleaseRequest(reservation_id=r2.landing.reservation_id, landing_closed=True), timeout=5)
         after_release = c.stats(dw).reservations
         gone = dstub.Renew(wpb.RenewRequest(reservation_ids=[r1.landing.reservation_id], lease_ms=600),
                            timeout=5).unknown_ids

@@ -6,13 +6,20 @@ generate`, and the cluster must still serve afterwards.
 
 Covered here:
 - every internal RPC of both workers called without TLS, with TLS but no
-  client certificate, and with a certificate from another CA: refused;
+  client certificate, and with a certificate from another CA: refused; with
+  a certificate of this cluster that is not the router's: every one but
+  Stats refused PERMISSION_DENIED, naming the certificate;
 - etcd: an anonymous put of a fake prefill-worker record and a delete of the
   decode worker's, without a certificate and with another CA's: refused,
   nothing changed;
 - every listening socket of every process of the cluster is on loopback;
-- a Prefill whose landing offset lies outside the decode pool (2^40): refused
-  by the prefill worker, which keeps serving;
+- with the router's own certificate (the strongest peer): a Prefill whose
+  landing offset lies outside the decode pool (2^40), or whose landing is
+  another reservation's blocks under this one's grant, or is unsigned, or is
+  signed by a certificate of this cluster that is not a decode worker's, or
+  whose land-by time has passed: each refused by the prefill worker before
+  any byte moves, which keeps serving; blocks of a reservation released with
+  its landing not closed stay fenced until its land-by time, then return;
 - a Reserve of 2^32 - 1 tokens (wrapped to 0 blocks before): refused, nothing
   reserved; a pool-sized Reserve without a lease: returned within the short
   default lease; reservation ids cannot be guessed from one another;
@@ -88,6 +95,23 @@ def internal_calls(dstub, pstub, ct):
     ]
 
 
+def sign_as(certs, name, landing):
+    """landing signed with certs/NAME's key, as a decode worker signs its grants (openssl's CLI)."""
+    body = wpb.LandingDescriptor()
+    body.CopyFrom(landing)
+    body.ClearField("signature")
+    body.ClearField("signer_cert")
+    d = tempfile.mkdtemp(prefix="tandem-sign-")
+    with open(d + "/m", "wb") as f:
+        f.write(body.SerializeToString())
+    sig = subprocess.run(["openssl", "dgst", "-sha256", "-sign", "%s/%s.key" % (certs, name), d + "/m"],
+                         capture_output=True, check=True).stdout
+    der = subprocess.run(["openssl", "x509", "-in", "%s/%s.pem" % (certs, name), "-outform", "DER"],
+                         capture_output=True, check=True).stdout
+    body.signature, body.signer_cert = sig, der
+    return body
+
+
 def listening(pids):
     """(pid, address, port) of every listening TCP socket of pids, from /proc."""
     inodes = {}
@@ -124,7 +148,8 @@ def main():
         tc.wait_for(lambda: c.health()[0], 60)
         dw, pw = c.worker("decode"), c.worker("prefill")
         ct = wpb.KvContract(**dw["contract"])
-        dch, pch = c.channel(dw["addr"]), c.channel(pw["addr"])
+        # the data-plane attacks below use the router's certificate: the strongest peer there is
+        dch, pch = c.channel(dw["addr"], cert="router"), c.channel(pw["addr"], cert="router")
         dstub, pstub = wpbg.DecodeStub(dch), wpbg.PrefillStub(pch)
         blocks = c.stats(dw).kv_blocks
 
@@ -151,6 +176,24 @@ def main():
                 ch.close()
             tc.check("every internal RPC (7) with %s is refused%s" % (how, "; not: " + "; ".join(bad) if bad else ""),
                      not bad)
+        # a certificate of this cluster, not the router's (tandem up's client certificate, as an operator's
+        # or a stolen worker's would be): every method but Stats refused, naming the certificate
+        chs = [c.channel(a, cert="client") for a in (dw["addr"], pw["addr"])]
+        bad = []
+        for name, fn in internal_calls(wpbg.DecodeStub(chs[0]), wpbg.PrefillStub(chs[1]), ct):
+            if name.endswith("Stats"):
+                try:
+                    fn()
+                except grpc.RpcError as e:
+                    bad.append("%s: %s" % (name, e.details()))
+                continue
+            ok, why = refused(fn, grpc.StatusCode.PERMISSION_DENIED, 'CN "client"')
+            if not ok:
+                bad.append("%s: %s" % (name, why))
+        for ch in chs:
+            ch.close()
+        tc.check("with a cluster certificate that is not the router's, every internal RPC but Stats is refused "
+                 "PERMISSION_DENIED naming it, Stats answers%s" % ("; not: " + "; ".join(bad) if bad else ""), not bad)
         same, vwhy = v.same()
         tc.check("the victim beside them: %s" % vwhy, same)
 
@@ -177,20 +220,59 @@ def main():
         tc.check("every listening socket of the cluster's processes is on loopback (%d sockets%s)" %
                  (len(socks), "; not: %s" % off if off else ""), socks and not off)
 
-        # the data plane: a landing outside the pool
+        # the data plane: a landing outside the pool, another reservation's blocks, forged or stale grants
         v = Victim(c, ref)
-        r = dstub.Reserve(wpb.ReserveRequest(n_tokens=16, max_tokens=1, contract=ct, lease_ms=2000), timeout=5)
-        bad = wpb.LandingDescriptor()
-        bad.CopyFrom(r.landing)
-        del bad.block_offsets[:]
-        bad.block_offsets.append(1 << 40)
-        ok, why = refused(lambda: pstub.Prefill(wpb.PrefillRequest(request_id="attack", tokens=[1] * 16,
-                                                                    landing=bad), timeout=10),
-                          grpc.StatusCode.INVALID_ARGUMENT, "past the pool")
+        other_res = dstub.Reserve(wpb.ReserveRequest(n_tokens=16, max_tokens=1, contract=ct, lease_ms=5000),
+                                  timeout=5)
+        r = dstub.Reserve(wpb.ReserveRequest(n_tokens=16, max_tokens=1, contract=ct, lease_ms=5000), timeout=5)
+        def attempt(landing):  # noqa: E306
+            return lambda: pstub.Prefill(wpb.PrefillRequest(request_id="attack", tokens=[1] * 16, landing=landing),
+                                         timeout=10)
+        far = wpb.LandingDescriptor()
+        far.CopyFrom(r.landing)
+        del far.block_offsets[:]
+        far.block_offsets.append(1 << 40)
+        theirs = wpb.LandingDescriptor()
+        theirs.CopyFrom(r.landing)
+        del theirs.block_offsets[:]
+        theirs.block_offsets.extend(other_res.landing.block_offsets)
+        unsigned = wpb.LandingDescriptor()
+        unsigned.CopyFrom(r.landing)
+        unsigned.ClearField("signature")
+        unsigned.ClearField("signer_cert")
+        cases = [("a landing offset of 2^40", far, grpc.StatusCode.PERMISSION_DENIED, "signature is not"),
+                 ("another reservation's blocks under this one's grant", theirs, grpc.StatusCode.PERMISSION_DENIED,
+                  "signature is not"),
+                 ("an unsigned landing", unsigned, grpc.StatusCode.PERMISSION_DENIED, "not signed"),
+                 ("another CA's signature", sign_as(other, "client", theirs), grpc.StatusCode.PERMISSION_DENIED,
+                  "not one the cluster CA signed"),
+                 ("the signature of a cluster certificate that is not a decode worker's",
+                  sign_as(c.certs, "client", theirs), grpc.StatusCode.PERMISSION_DENIED, 'not a decode')]
+        for how, landing, code, needle in cases:
+            ok, why = refused(attempt(landing), code, needle)
+            tc.check("%s is refused by the prefill worker (%s)" % (how, why), ok)
+        stale = dstub.Reserve(wpb.ReserveRequest(n_tokens=16, max_tokens=1, contract=ct, landing_ms=50), timeout=5)
+        time.sleep(0.3)
+        ok2, why2 = refused(attempt(stale.landing), grpc.StatusCode.DEADLINE_EXCEEDED, "land-by")
+        tc.check("a true grant whose land-by time has passed is refused (%s)" % why2, ok2)
         same, vwhy = v.same()
-        tc.check("a landing offset of 2^40 is refused by the prefill worker (%s); the victim: %s" % (why, vwhy),
-                 ok and same)
-        dstub.Release(wpb.ReleaseRequest(reservation_id=r.landing.reservation_id), timeout=5)
+        tc.check("the victim beside the landing attacks: %s" % vwhy, same)
+
+        # fences: a release whose landing is not closed keeps the blocks until land-by, a closed one frees them
+        for x in (other_res, r, stale):
+            dstub.Release(wpb.ReleaseRequest(reservation_id=x.landing.reservation_id, landing_closed=True), timeout=5)
+        tc.wait_for(lambda: c.stats(dw).fenced_blocks == 0 and c.stats(dw).reservations == 0, 5)
+        base = c.stats(dw).kv_in_use
+        f = dstub.Reserve(wpb.ReserveRequest(n_tokens=64, max_tokens=1, contract=ct, landing_ms=2000), timeout=5)
+        dstub.Release(wpb.ReleaseRequest(reservation_id=f.landing.reservation_id), timeout=5)
+        st = c.stats(dw)
+        fenced, in_use = st.fenced_blocks, st.kv_in_use - base
+        t0 = time.time()
+        back = tc.wait_for(lambda: c.stats(dw).fenced_blocks == 0, 10)
+        waited = time.time() - t0
+        tc.check("released with its landing open: %d blocks fenced (%d still out of the pool), back after %.1f s "
+                 "(land-by 2 s + 1 s margin)" % (fenced, in_use, waited),
+                 fenced == 4 and in_use == 4 and back and 1.0 < waited < 5)
 
         # reservations: a wrap-around size, a pool-sized one without a lease, ids
         v = Victim(c, ref)
