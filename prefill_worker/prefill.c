@@ -74,6 +74,7 @@ typedef struct pusher {
     size_t n_touched, cap_touched;
     double busy_s;             /* time spent putting and flushing, all time */
     uint64_t bytes;
+    uint64_t dropped;          /* puts not made: past their land-by */
 } pusher_t;
 
 static void touch(pusher_t *p, peer_entry_t *pe)
@@ -109,13 +110,15 @@ static void *pusher_thread(void *arg)
             pthread_mutex_unlock(&p->mu);
             double t0 = td_now_s();
             /* past land-by the block may be another request's: dropped (its request sees the time and fails) */
-            if (!j.pe->failed && t0 <= j.land_by && p->xo->put(p->x, j.pe->peer, j.pe->region, j.src, j.len, j.dst)) {
+            bool late = t0 > j.land_by;
+            if (!j.pe->failed && !late && p->xo->put(p->x, j.pe->peer, j.pe->region, j.src, j.len, j.dst)) {
                 j.pe->failed = true;
                 TD_WARN("prefill: a KV put failed: %s", td_last_error());
             }
             pthread_mutex_lock(&p->mu);
+            p->dropped += late;
             p->busy_s += td_now_s() - t0;
-            p->bytes += j.len;
+            p->bytes += late ? 0 : j.len;
             touch(p, j.pe);
             continue;
         }
@@ -677,6 +680,10 @@ static void prefill_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__Stat
     r->transfer_bytes = R->bytes_total;
     r->transfer_ms = R->busy_total * 1e3;
     r->exposed_transfer_ms = R->exposed_total * 1e3;
+    pthread_mutex_lock(&R->pusher.mu);
+    r->has_late_puts_dropped = 1;
+    r->late_puts_dropped = R->pusher.dropped;
+    pthread_mutex_unlock(&R->pusher.mu);
     pthread_mutex_lock(&R->peers_mu);
     r->has_kv_peers = 1;
     r->kv_peers = (uint32_t)R->n_peers;

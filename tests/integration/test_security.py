@@ -31,6 +31,7 @@ Covered here:
 
 Usage: test_security.py BUILD_BIN_DIR  (run from the repository root)."""
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -273,6 +274,41 @@ def main():
         tc.check("released with its landing open: %d blocks fenced (%d still out of the pool), back after %.1f s "
                  "(land-by 2 s + 1 s margin)" % (fenced, in_use, waited),
                  fenced == 4 and in_use == 4 and back and 1.0 < waited < 5)
+
+        # a prefill worker frozen mid-prefill (SIGSTOP) past its request's deadline: the router gives the
+        # reservation up with its landing open, the decode worker fences the blocks until land-by, and the
+        # worker, resumed after land-by, drops its late puts instead of writing into blocks that may be
+        # someone else's by then
+        long_prompt = " ".join("word%d" % (i % 97) for i in range(700))  # ~2,000 tokens: seconds of prefill here
+        err = []
+        def slow():  # noqa: E306
+            try:
+                list(c.stub.Generate(pb.GenerateRequest(prompt=long_prompt, sampling=pb.SamplingParams(max_tokens=1)),
+                                     timeout=1.5))
+                err.append("completed")
+            except grpc.RpcError as e:
+                err.append(e.code().name if e.code() != grpc.StatusCode.INVALID_ARGUMENT else e.details())
+        dropped0 = c.stats(pw).late_puts_dropped
+        t = threading.Thread(target=slow)
+        t.start()
+        time.sleep(0.4)
+        os.kill(pw["pid"], signal.SIGSTOP)
+        try:
+            t.join(10)
+            fenced = c.stats(dw).fenced_blocks  # the router gave up at 1.5 s; land-by + 1 s is ~2.5 s
+            time.sleep(4)
+        finally:
+            os.kill(pw["pid"], signal.SIGCONT)
+        time.sleep(1)
+        dropped = c.stats(pw).late_puts_dropped - dropped0
+        back = tc.wait_for(lambda: c.stats(dw).fenced_blocks == 0, 10)
+        tc.check("a prefill worker frozen past its request's deadline (%s): %d landing blocks fenced meanwhile, "
+                 "%d late puts dropped after it resumed, the fence lifted (%s)" % (err, fenced, dropped, back),
+                 err == ["DEADLINE_EXCEEDED"] and fenced > 0 and dropped > 0 and back)
+        tc.wait_for(lambda: c.health()[0] and c.worker("prefill") is not None, 30)
+        v = Victim(c, ref)
+        same, vwhy = v.same()
+        tc.check("after it resumed, a request through it: %s" % vwhy, same)
 
         # reservations: a wrap-around size, a pool-sized one without a lease, ids
         v = Victim(c, ref)
