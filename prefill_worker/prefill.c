@@ -226,6 +226,10 @@ struct prefill_role {
     size_t n_peers, cap_peers;
     double peer_idle_s;
     td_verifier_t *verifier; /* NULL under cluster.plaintext: landings are not checked for a grant */
+    /* Engine thread: reservations the router cancelled before their Prefill
+     * ran here (one may still arrive), until their land-by. */
+    struct tomb { uint64_t id; double until; } *tombs;
+    size_t n_tombs;
     preq_t **active; /* engine thread */
     size_t n_active, cap_active;
     double exposed_total, busy_total;
@@ -388,10 +392,34 @@ static void prefill_after_step(eng_worker_t *w, void *ctx)
     peers_reap(R);
 }
 
+/* Engine thread: at most this many cancelled reservations are remembered. */
+#define MAX_TOMBS 4096
+
+static bool tombstoned(prefill_role_t *R, uint64_t id)
+{
+    double now = td_now_s();
+    bool hit = false;
+    for (size_t i = 0; i < R->n_tombs;) {
+        if (R->tombs[i].until < now) {
+            R->tombs[i] = R->tombs[--R->n_tombs];
+            continue;
+        }
+        hit |= R->tombs[i].id == id;
+        i++;
+    }
+    return hit;
+}
+
 static void add_on_engine(eng_worker_t *w, void *arg)
 {
     preq_t *r = arg;
     prefill_role_t *R = r->role;
+    if (R->n_tombs && tombstoned(R, r->rq->landing->reservation_id)) {
+        r->rc = TD_ERR_CANCELLED;
+        snprintf(r->err, sizeof r->err, "the router cancelled reservation %llu's prefill before it began",
+                 (unsigned long long)r->rq->landing->reservation_id);
+        return;
+    }
     const Tandem__V1__SamplingParams *sp = r->rq->sampling;
     r->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *r->bias);
     eng_request_t er = {.prompt = r->rq->tokens, .n_prompt = r->rq->n_tokens, .max_tokens = 1, .ignore_eos = true,
@@ -438,6 +466,82 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
             break;
         }
     preq_put(r); /* the closure's */
+}
+
+/* ---- Cancel: the router's acknowledged cancel ---- */
+typedef struct pcancel_op {
+    uint64_t id;
+    double until;
+    bool found;
+    td_status_t rc;
+} pcancel_op_t;
+
+static void pcancel_on_engine(eng_worker_t *w, void *arg)
+{
+    pcancel_op_t *op = arg;
+    prefill_role_t *R = eng_worker_role_ctx(w);
+    for (size_t k = 0; k < R->n_active; k++) {
+        preq_t *r = R->active[k];
+        if (r->rq->landing->reservation_id != op->id)
+            continue;
+        /* between steps: the pusher has drained, so nothing of it is left to put */
+        eng_engine_cancel(eng_worker_engine(w), r->eng_id);
+        eng_worker_unlisten(w, r->eng_id);
+        R->active[k] = R->active[--R->n_active];
+        preq_finish(r, TD_ERR_CANCELLED, "the router cancelled it", -1, 0);
+        preq_put(r); /* the active list's */
+        op->found = true;
+        return;
+    }
+    tombstoned(R, 0); /* drops the expired ones */
+    if (R->n_tombs == MAX_TOMBS || (!R->tombs && !(R->tombs = malloc(MAX_TOMBS * sizeof *R->tombs)))) {
+        op->rc = TD_ERR_EXHAUSTED;
+        return;
+    }
+    R->tombs[R->n_tombs++] = (struct tomb){op->id, op->until};
+}
+
+static void h_cancel(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__CancelPrefillRequest *rq = tandem__internal__v1__cancel_prefill_request__unpack(NULL, n, p);
+    if (!rq || !rq->reservation_id) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s", rq ? "reservation_id: missing" :
+                           "CancelPrefillRequest does not parse");
+        if (rq)
+            tandem__internal__v1__cancel_prefill_request__free_unpacked(rq, NULL);
+        return;
+    }
+    pcancel_op_t *op = calloc(1, sizeof *op);
+    if (op) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        double left = ((double)rq->land_by_unix_ms - ((double)now.tv_sec * 1e3 + now.tv_nsec / 1e6)) / 1e3;
+        op->id = rq->reservation_id;
+        op->until = td_now_s() + (left > 0 ? left : 0) + 1.0;
+    }
+    tandem__internal__v1__cancel_prefill_request__free_unpacked(rq, NULL);
+    if (!op) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        return;
+    }
+    if (eng_worker_call_or_drop(w, pcancel_on_engine, op, free, 2)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        return; /* op is the queued closure's now */
+    }
+    if (op->rc) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s remembers %d cancelled reservations, its most",
+                           eng_worker_id(w), MAX_TOMBS);
+    } else {
+        Tandem__Internal__V1__CancelPrefillResponse rp = TANDEM__INTERNAL__V1__CANCEL_PREFILL_RESPONSE__INIT;
+        rp.has_found = 1;
+        rp.found = op->found;
+        uint8_t buf[8];
+        td_rpc_call_reply(call, buf, tandem__internal__v1__cancel_prefill_response__pack(&rp, buf));
+    }
+    free(op);
 }
 
 static void peers_fail_all(prefill_role_t *R, const char *why)
@@ -705,9 +809,12 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, R);
     const td_rpc_tls_t *tls = eng_worker_tls(w);
     td_status_t rc = tls ? td_verifier_open(tls->ca_file, &R->verifier) : TD_OK;
-    if (!rc)
-        rc = td_rpc_server_add(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", h_prefill, w);
-    return rc ? rc : td_rpc_server_allow(eng_worker_server(w), "/tandem.internal.v1.Prefill/Prefill", "router");
+    static const char *const methods[] = {"/tandem.internal.v1.Prefill/Prefill", "/tandem.internal.v1.Prefill/Cancel"};
+    static const td_rpc_handler_fn fns[] = {h_prefill, h_cancel};
+    for (size_t i = 0; !rc && i < 2; i++)
+        if (!(rc = td_rpc_server_add(eng_worker_server(w), methods[i], fns[i], w)))
+            rc = td_rpc_server_allow(eng_worker_server(w), methods[i], "router");
+    return rc;
 }
 
 /* At exit: the pusher stops (its queue is empty: the engine thread ended
@@ -738,6 +845,8 @@ static void prefill_detach(eng_worker_t *w, void *ctx)
     free(R->active);
     td_verifier_close(R->verifier);
     R->verifier = NULL;
+    free(R->tombs);
+    R->tombs = NULL;
 }
 
 int main(int argc, char **argv)

@@ -270,6 +270,26 @@ static void release(rt_worker_t *d, uint64_t id, bool landing_closed)
         free(out);
 }
 
+/* Asks prefill worker P to stop the prefill landing in reservation id and
+ * waits for its answer (2 s at most): true once P said nothing more will be
+ * put there. Not bound to the request's scope: it runs after a cancel. */
+static bool cancel_prefill(rt_worker_t *p, uint64_t id, uint64_t land_by)
+{
+    Tandem__Internal__V1__CancelPrefillRequest rq = TANDEM__INTERNAL__V1__CANCEL_PREFILL_REQUEST__INIT;
+    rq.has_reservation_id = rq.has_land_by_unix_ms = 1;
+    rq.reservation_id = id;
+    rq.land_by_unix_ms = land_by;
+    uint8_t buf[32];
+    size_t n = tandem__internal__v1__cancel_prefill_request__pack(&rq, buf);
+    uint8_t *out = NULL;
+    size_t on;
+    td_rpc_result_t res;
+    if (td_rpc_unary(p->ch, "/tandem.internal.v1.Prefill/Cancel", buf, n, 2.0, NULL, &out, &on, &res) != TD_OK)
+        return false;
+    free(out);
+    return true;
+}
+
 static Tandem__V1__SamplingParams *sampling_for(rt_request_t *q, Tandem__V1__SamplingParams *copy)
 {
     static const Tandem__V1__SamplingParams none = TANDEM__V1__SAMPLING_PARAMS__INIT;
@@ -524,12 +544,15 @@ static int attempt(rt_request_t *q)
     free(pbuf);
     Tandem__Internal__V1__PrefillResponse *prp = rc ? NULL : tandem__internal__v1__prefill_response__unpack(NULL, on, out);
     free(out);
+    uint64_t land_by = land->land_by_unix_ms;
     tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
     if (!prp) {
         /* an answer the prefill worker gave (not a local cancel, deadline or lost connection) means it
-         * stopped putting; so does a call never sent */
+         * stopped putting; so does a call never sent; else it is asked to stop, and says when it has */
         bool answered = !sent || res.code == TD_RPC_INVALID_ARGUMENT || res.code == TD_RPC_FAILED_PRECONDITION ||
                         res.code == TD_RPC_NOT_FOUND || res.code == TD_RPC_PERMISSION_DENIED;
+        if (!answered)
+            answered = cancel_prefill(p, res_id, land_by);
         rt_held_remove(r, d, res_id);
         release(d, res_id, answered);
         rt_table_done(&r->table, d, NULL, 0);

@@ -17,9 +17,15 @@ Covered here:
   landing offset lies outside the decode pool (2^40), or whose landing is
   another reservation's blocks under this one's grant, or is unsigned, or is
   signed by a certificate of this cluster that is not a decode worker's, or
-  whose land-by time has passed: each refused by the prefill worker before
-  any byte moves, which keeps serving; blocks of a reservation released with
-  its landing not closed stay fenced until its land-by time, then return;
+  whose land-by time has passed, or whose reservation the router cancelled
+  before it came: each refused by the prefill worker before any byte moves,
+  which keeps serving; blocks of a reservation released with its landing not
+  closed stay fenced until its land-by time, then return;
+- a prefill worker frozen (SIGSTOP) mid-prefill past its request's deadline:
+  the landing blocks stay out of the decode pool until land-by, and once it
+  resumes it drops its late puts (Stats late_puts_dropped) and serves again;
+- one certificate holds at most 1,024 reservations (a second router's, on a
+  pool larger than that), while the router's own requests are served;
 - a Reserve of 2^32 - 1 tokens (wrapped to 0 blocks before): refused, nothing
   reserved; a pool-sized Reserve without a lease: returned within the short
   default lease; reservation ids cannot be guessed from one another;
@@ -85,6 +91,7 @@ def internal_calls(dstub, pstub, ct):
     """One call of every internal RPC: (name, fn)."""
     return [
         ("Prefill.Prefill", lambda: pstub.Prefill(wpb.PrefillRequest(request_id="x", tokens=[1]), timeout=5)),
+        ("Prefill.Cancel", lambda: pstub.Cancel(wpb.CancelPrefillRequest(reservation_id=1), timeout=5)),
         ("Prefill.Stats", lambda: pstub.Stats(wpb.StatsRequest(), timeout=5)),
         ("Decode.Reserve", lambda: dstub.Reserve(wpb.ReserveRequest(n_tokens=16, max_tokens=1, contract=ct),
                                                  timeout=5)),
@@ -142,6 +149,35 @@ def listening(pids):
     return out
 
 
+def peer_quota(ref):
+    """One peer (certificate) holds at most 1,024 reservations: a second router's certificate takes its
+    fill of a decode pool large enough for more, and the router's own requests still get theirs."""
+    c = tc.Cluster(extra=["--worker-arg", "--kv-mib", "--worker-arg", "440"])
+    try:
+        tc.wait_for(lambda: c.health()[0], 60)
+        dw = c.worker("decode")
+        ct = wpb.KvContract(**dw["contract"])
+        subprocess.run([tc.BIN + "/tandem", "certs", "--dir", c.certs, "--names", "router-b"], check=True,
+                       capture_output=True)
+        ch = c.channel(dw["addr"], cert="router-b")
+        stub = wpbg.DecodeStub(ch)
+        blocks = c.stats(dw).kv_blocks
+        held = 0
+        for _ in range(1024):
+            stub.Reserve(wpb.ReserveRequest(n_tokens=1, max_tokens=1, contract=ct, lease_ms=30000, landing_ms=100),
+                         timeout=5)
+            held += 1
+        ok, why = refused(lambda: stub.Reserve(wpb.ReserveRequest(n_tokens=1, max_tokens=1, contract=ct), timeout=5),
+                          grpc.StatusCode.RESOURCE_EXHAUSTED, "the most one peer may hold")
+        ids, _ = tc.generate(c.stub, VICTIM, max_tokens=VICTIM_TOKENS)
+        tc.check("a second router certificate holds %d reservations of a %d-block pool; its next is refused (%s); "
+                 "the router's own request beside it is served, identical" % (held, blocks, why),
+                 ok and blocks > 1024 + 8 and ids == ref)
+        ch.close()
+    finally:
+        c.stop()
+
+
 def main():
     ref = tc.reference(VICTIM, VICTIM_TOKENS)
     c = tc.Cluster()
@@ -175,7 +211,7 @@ def main():
                     bad.append("%s: %s" % (name, why))
             for ch in chs:
                 ch.close()
-            tc.check("every internal RPC (7) with %s is refused%s" % (how, "; not: " + "; ".join(bad) if bad else ""),
+            tc.check("every internal RPC (8) with %s is refused%s" % (how, "; not: " + "; ".join(bad) if bad else ""),
                      not bad)
         # a certificate of this cluster, not the router's (tandem up's client certificate, as an operator's
         # or a stolen worker's would be): every method but Stats refused, naming the certificate
@@ -256,6 +292,14 @@ def main():
         time.sleep(0.3)
         ok2, why2 = refused(attempt(stale.landing), grpc.StatusCode.DEADLINE_EXCEEDED, "land-by")
         tc.check("a true grant whose land-by time has passed is refused (%s)" % why2, ok2)
+        # the router's acknowledged cancel before the Prefill arrives: the Prefill is refused when it comes
+        early = dstub.Reserve(wpb.ReserveRequest(n_tokens=16, max_tokens=1, contract=ct, lease_ms=5000), timeout=5)
+        ack = pstub.Cancel(wpb.CancelPrefillRequest(reservation_id=early.landing.reservation_id,
+                                                    land_by_unix_ms=early.landing.land_by_unix_ms), timeout=5)
+        ok3, why3 = refused(attempt(early.landing), grpc.StatusCode.CANCELLED, "before it began")
+        tc.check("a Prefill arriving after the router's Cancel of its reservation (answered, found=%s) is refused "
+                 "(%s)" % (ack.found, why3), ok3 and not ack.found)
+        dstub.Release(wpb.ReleaseRequest(reservation_id=early.landing.reservation_id, landing_closed=True), timeout=5)
         same, vwhy = v.same()
         tc.check("the victim beside the landing attacks: %s" % vwhy, same)
 
@@ -276,35 +320,38 @@ def main():
                  fenced == 4 and in_use == 4 and back and 1.0 < waited < 5)
 
         # a prefill worker frozen mid-prefill (SIGSTOP) past its request's deadline: the router gives the
-        # reservation up with its landing open, the decode worker fences the blocks until land-by, and the
-        # worker, resumed after land-by, drops its late puts instead of writing into blocks that may be
-        # someone else's by then
+        # reservation up (its Cancel unanswered), the decode worker keeps the blocks out of the pool until
+        # land-by, and the worker, resumed after land-by, drops its late puts instead of writing into blocks
+        # that may be someone else's by then
         long_prompt = " ".join("word%d" % (i % 97) for i in range(700))  # ~2,000 tokens: seconds of prefill here
         err = []
         def slow():  # noqa: E306
             try:
                 list(c.stub.Generate(pb.GenerateRequest(prompt=long_prompt, sampling=pb.SamplingParams(max_tokens=1)),
-                                     timeout=1.5))
+                                     timeout=2.0))
                 err.append("completed")
             except grpc.RpcError as e:
                 err.append(e.code().name if e.code() != grpc.StatusCode.INVALID_ARGUMENT else e.details())
+        idle = c.stats(dw).kv_in_use
         dropped0 = c.stats(pw).late_puts_dropped
         t = threading.Thread(target=slow)
+        t0 = time.time()
         t.start()
         time.sleep(0.4)
         os.kill(pw["pid"], signal.SIGSTOP)
         try:
             t.join(10)
-            fenced = c.stats(dw).fenced_blocks  # the router gave up at 1.5 s; land-by + 1 s is ~2.5 s
+            time.sleep(max(0, t0 + 2.7 - time.time()))  # past the deadline (2 s), before land-by + 1 s (~3 s)
+            held = c.stats(dw).kv_in_use - idle
             time.sleep(4)
         finally:
             os.kill(pw["pid"], signal.SIGCONT)
         time.sleep(1)
         dropped = c.stats(pw).late_puts_dropped - dropped0
-        back = tc.wait_for(lambda: c.stats(dw).fenced_blocks == 0, 10)
-        tc.check("a prefill worker frozen past its request's deadline (%s): %d landing blocks fenced meanwhile, "
-                 "%d late puts dropped after it resumed, the fence lifted (%s)" % (err, fenced, dropped, back),
-                 err == ["DEADLINE_EXCEEDED"] and fenced > 0 and dropped > 0 and back)
+        back = tc.wait_for(lambda: c.stats(dw).fenced_blocks == 0 and c.stats(dw).kv_in_use == idle, 10)
+        tc.check("a prefill worker frozen past its request's deadline (%s): its %d landing blocks kept out of the "
+                 "pool past the deadline, %d late puts dropped after it resumed, the blocks back (%s)" %
+                 (err, held, dropped, back), err == ["DEADLINE_EXCEEDED"] and held > 0 and dropped > 0 and back)
         tc.wait_for(lambda: c.health()[0] and c.worker("prefill") is not None, 30)
         v = Victim(c, ref)
         same, vwhy = v.same()
@@ -368,6 +415,7 @@ def main():
         pch.close()
     finally:
         c.stop()
+    peer_quota(ref)
     print("security: %d passed, %d failed" % (sum(tc.results), len(tc.results) - sum(tc.results)))
     return 0 if all(tc.results) else 1
 
