@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/certs.h"
 #include "common/etcd.h"
 #include "common/rpc.h"
 #include "common/log.h"
@@ -252,7 +253,9 @@ static void pki_make(void)
              "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext "
              "-out server.pem && "
              "openssl req -newkey rsa:2048 -nodes -subj /CN=client -keyout client.key -out client.csr && "
-             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out client.pem",
+             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out client.pem && "
+             "openssl req -newkey rsa:2048 -nodes -subj /CN=router-1 -keyout router.key -out router.csr && "
+             "openssl x509 -req -in router.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out router.pem",
              g_pki);
     cr_assert_eq(system(cmd), 0, "openssl could not make the test certificates");
 }
@@ -337,6 +340,87 @@ Test(rpc, tls_server_and_mutual, .init = pki_make, .fini = pki_drop, .timeout = 
     td_rpc_tls_t half = {.cert_file = scert};
     cr_assert_eq(td_rpc_server_create("127.0.0.1:0", &half, &s), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "key_file"), "%s", td_last_error());
+}
+
+/* A method only some roles may call: the peer's certificate CN decides
+ * (its name up to the first '-'), and the refusal names the certificate. */
+Test(rpc, roles_by_certificate, .init = pki_make, .fini = pki_drop, .timeout = 90)
+{
+    char ca[160], scert[160], skey[160], ccert[160], ckey[160], rcert[160], rkey[160], target[64];
+    pki_path(ca, sizeof ca, "ca.pem");
+    pki_path(scert, sizeof scert, "server.pem");
+    pki_path(skey, sizeof skey, "server.key");
+    pki_path(ccert, sizeof ccert, "client.pem");
+    pki_path(ckey, sizeof ckey, "client.key");
+    pki_path(rcert, sizeof rcert, "router.pem");
+    pki_path(rkey, sizeof rkey, "router.key");
+    td_rpc_tls_t mtls = {.ca_file = ca, .cert_file = scert, .key_file = skey};
+    td_rpc_server_t *s;
+    cr_assert_eq(td_rpc_server_create("127.0.0.1:0", &mtls, &s), TD_OK, "%s", td_last_error());
+    td_rpc_server_add(s, "/t.T/Echo", h_echo, NULL);
+    cr_assert_eq(td_rpc_server_allow(s, "/t.T/Echo", "prefill,router"), TD_OK);
+    cr_assert_neq(td_rpc_server_allow(s, "/t.T/Nope", "router"), TD_OK, "an unregistered method is an error");
+    int port;
+    cr_assert_eq(td_rpc_server_start(s, &port), TD_OK, "%s", td_last_error());
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    td_rpc_tls_t router = {.ca_file = ca, .cert_file = rcert, .key_file = rkey};
+    td_rpc_tls_t client = {.ca_file = ca, .cert_file = ccert, .key_file = ckey};
+    cr_assert_eq(echo_over(target, &router, 5), TD_OK, "router-1 is a router: %s", g_echo_msg);
+    cr_assert_eq(echo_over(target, &client, 5), TD_ERR_INTERNAL, "client is not a router or prefill worker");
+    cr_assert(strstr(g_echo_msg, "CN \"client\"") && strstr(g_echo_msg, "prefill,router"), "%s", g_echo_msg);
+    td_rpc_server_stop(s, 1);
+    td_rpc_server_destroy(s);
+
+    cr_assert(td_cert_role_in("router", "router"));
+    cr_assert(td_cert_role_in("decode,router", "decode-12"));
+    cr_assert(!td_cert_role_in("decode", "decoder-1"));
+    cr_assert(!td_cert_role_in("router", "-router"));
+    cr_assert(!td_cert_role_in("router", ""));
+}
+
+/* Grants: signed with a process's key (RSA here, ECDSA from tandem certs),
+ * checked against the CA, the signer's role and the exact bytes. */
+Test(certs, grants, .init = pki_make, .fini = pki_drop, .timeout = 60)
+{
+    char ca[160], rcert[160], rkey[160], ocert[160], okey[160];
+    pki_path(ca, sizeof ca, "ca.pem");
+    pki_path(rcert, sizeof rcert, "router.pem");
+    pki_path(rkey, sizeof rkey, "router.key");
+    pki_path(ocert, sizeof ocert, "other.pem");
+    pki_path(okey, sizeof okey, "other.key");
+    td_signer_t *sg, *og;
+    td_verifier_t *v;
+    cr_assert_eq(td_signer_open(rcert, rkey, &sg), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_signer_open(ocert, okey, &og), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_verifier_open(ca, &v), TD_OK, "%s", td_last_error());
+    static const char msg[] = "reservation 7: blocks 3, 9, 4";
+    uint8_t sig[TD_SIG_MAX], osig[TD_SIG_MAX];
+    size_t sl, ol, cl, ocl;
+    cr_assert_eq(td_sign(sg, msg, sizeof msg, sig, &sl), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_sign(og, msg, sizeof msg, osig, &ol), TD_OK, "%s", td_last_error());
+    const uint8_t *cert = td_signer_cert(sg, &cl), *ocert_der = td_signer_cert(og, &ocl);
+    for (int k = 0; k < 2; k++) /* the second time from the kept certificate */
+        cr_assert_eq(td_verify(v, cert, cl, "router", msg, sizeof msg, sig, sl), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_verify(v, cert, cl, "decode", msg, sizeof msg, sig, sl), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "not a decode"), "%s", td_last_error());
+    char changed[sizeof msg];
+    memcpy(changed, msg, sizeof msg);
+    changed[sizeof msg - 2] = '5';
+    cr_assert_eq(td_verify(v, cert, cl, "router", changed, sizeof msg, sig, sl), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "signature is not"), "%s", td_last_error());
+    cr_assert_eq(td_verify(v, ocert_der, ocl, "other", msg, sizeof msg, osig, ol), TD_ERR_INVALID_ARG);
+    cr_assert(strstr(td_last_error(), "not one the cluster CA signed"), "%s", td_last_error());
+    cr_assert_eq(td_verify(v, cert, cl, "router", msg, sizeof msg, osig, ol), TD_ERR_INVALID_ARG,
+                 "another key's signature under this certificate");
+    cr_assert_eq(td_verify(v, cert, cl - 1, "router", msg, sizeof msg, sig, sl), TD_ERR_INVALID_ARG,
+                 "a cut certificate");
+    cr_assert_eq(td_verify(v, NULL, 0, "router", msg, sizeof msg, sig, sl), TD_ERR_INVALID_ARG);
+    td_signer_t *bad;
+    cr_assert_eq(td_signer_open(rcert, "/nonexistent.key", &bad), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "/nonexistent.key"), "%s", td_last_error());
+    td_signer_close(sg);
+    td_signer_close(og);
+    td_verifier_close(v);
 }
 
 /* ---- etcd ---- */
