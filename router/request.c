@@ -252,6 +252,19 @@ static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__Landin
     return 1;
 }
 
+/* A small unary call whose answer carries nothing the caller reads (2 s at
+ * most, outside any request's scope): true when it succeeded. */
+static bool tell(td_rpc_channel_t *ch, const char *method, const uint8_t *msg, size_t n)
+{
+    uint8_t *out = NULL;
+    size_t on;
+    td_rpc_result_t res;
+    if (td_rpc_unary(ch, method, msg, n, 2.0, NULL, &out, &on, &res) != TD_OK)
+        return false;
+    free(out);
+    return true;
+}
+
 /* Gives reservation id back to D. landing_closed: no prefill worker can put
  * into its blocks any more (none was asked, or the one asked answered), so
  * they are free at once; else D fences them until the landing's land-by. */
@@ -262,17 +275,11 @@ static void release(rt_worker_t *d, uint64_t id, bool landing_closed)
     rq.reservation_id = id;
     rq.landing_closed = landing_closed;
     uint8_t buf[32];
-    size_t n = tandem__internal__v1__release_request__pack(&rq, buf);
-    uint8_t *out = NULL;
-    size_t on;
-    td_rpc_result_t res;
-    if (td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Release", buf, n, 2.0, NULL, &out, &on, &res) == TD_OK)
-        free(out);
+    tell(d->ch, "/tandem.internal.v1.Decode/Release", buf, tandem__internal__v1__release_request__pack(&rq, buf));
 }
 
 /* Asks prefill worker P to stop the prefill landing in reservation id and
- * waits for its answer (2 s at most): true once P said nothing more will be
- * put there. Not bound to the request's scope: it runs after a cancel. */
+ * waits for its answer: true once P said nothing more will be put there. */
 static bool cancel_prefill(rt_worker_t *p, uint64_t id, uint64_t land_by)
 {
     Tandem__Internal__V1__CancelPrefillRequest rq = TANDEM__INTERNAL__V1__CANCEL_PREFILL_REQUEST__INIT;
@@ -280,14 +287,8 @@ static bool cancel_prefill(rt_worker_t *p, uint64_t id, uint64_t land_by)
     rq.reservation_id = id;
     rq.land_by_unix_ms = land_by;
     uint8_t buf[32];
-    size_t n = tandem__internal__v1__cancel_prefill_request__pack(&rq, buf);
-    uint8_t *out = NULL;
-    size_t on;
-    td_rpc_result_t res;
-    if (td_rpc_unary(p->ch, "/tandem.internal.v1.Prefill/Cancel", buf, n, 2.0, NULL, &out, &on, &res) != TD_OK)
-        return false;
-    free(out);
-    return true;
+    return tell(p->ch, "/tandem.internal.v1.Prefill/Cancel", buf,
+                tandem__internal__v1__cancel_prefill_request__pack(&rq, buf));
 }
 
 static Tandem__V1__SamplingParams *sampling_for(rt_request_t *q, Tandem__V1__SamplingParams *copy)
