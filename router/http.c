@@ -644,6 +644,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->refs = 1;
         pthread_mutex_init(&x->mu, NULL);
         *con_cls = x;
+        /* a body announced over the limit is refused before a byte of it is read (MHD then closes) */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > RT_MAX_REQUEST_BYTES)
+            return respond_error(c, 413, NULL, "the body (Content-Length %s) is over this server's limit of %u "
+                                 "bytes", cl, RT_MAX_REQUEST_BYTES);
         return MHD_YES;
     }
     if (*upload_size) { /* a piece of the body */

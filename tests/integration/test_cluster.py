@@ -239,6 +239,28 @@ def proc_state(pid):
         return None, None
 
 
+def router_pid(c):
+    """The pid of cluster c's tandem-router."""
+    for p in os.listdir("/proc"):
+        if p.isdigit() and proc_state(int(p))[1] == c.p.pid:
+            try:
+                if b"tandem-router" in open("/proc/%s/cmdline" % p, "rb").read():
+                    return int(p)
+            except OSError:
+                pass
+    return None
+
+
+def proc_status(pid):
+    """(threads, RSS in MiB) of pid."""
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.strip()
+    return int(out["Threads"]), int(out["VmRSS"].split()[0]) / 1024.0
+
+
 def sigkill_up_leaves_nothing():
     """tandem up killed with SIGKILL (no chance to stop its children): every
     child (etcd, router, workers) ends by itself, within a few seconds."""

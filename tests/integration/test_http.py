@@ -5,7 +5,9 @@ cluster: greedy completions identical to single-process `tandem generate`,
 streamed and not; chat streamed and not, the same text both ways; usage and
 cached tokens; every error in OpenAI's shape naming its field; models, health,
 tokenize/detokenize; a client that disconnects mid-stream frees its KV on the
-decode worker.
+decode worker; a 100 MB body is refused before it is read; 200 slowloris
+clients dribbling their headers do not slow the others down; after all the
+bad input the router's RSS and the decode worker's KV are back to idle.
 
 Usage: test_http.py BUILD_BIN_DIR  (run from the repository root)."""
 import http.client
@@ -16,6 +18,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +37,71 @@ def raw(host, port, method, path, body=None, headers=None):
     data = r.read()
     c.close()
     return r.status, dict(r.getheaders()), data
+
+
+def abuse(c, cl, model, host, port, prompt):
+    """A 100 MB body and a slowloris crowd; the router's RSS and the KV back to idle after."""
+    rp = tc.router_pid(c)
+    dw = c.worker("decode")
+    _, rss0 = tc.proc_status(rp)
+    # 100 MB announced and sent: refused from the header, the connection closed long before 100 MB went
+    s = socket.create_connection((host, port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 104857600\r\n\r\n")
+    sent, chunk, t0 = 0, b"a" * (1 << 20), time.time()
+    try:
+        while sent < 100 << 20:
+            s.sendall(chunk)
+            sent += len(chunk)
+    except OSError:
+        pass
+    try:
+        head = s.recv(4096)
+    except OSError:
+        head = b""
+    s.close()
+    check("a 100 MB body: %r after %.1f s, the connection closed after %d MiB of it were sent" %
+          (head.split(b"\r\n")[0], time.time() - t0, sent >> 20),
+          head.startswith(b"HTTP/1.1 413") and sent < (100 << 20))
+
+    # slowloris: 200 connections sending their headers a few bytes at a time, while 8 requests are served
+    stop = threading.Event()
+    socks = []
+    for _ in range(200):
+        x = socket.create_connection((host, port), timeout=30)
+        x.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        socks.append(x)
+
+    def dribble():
+        while not stop.is_set():
+            for x in socks:
+                try:
+                    x.sendall(b"X-a: b\r\n")
+                except OSError:
+                    pass
+            stop.wait(0.5)
+    th = threading.Thread(target=dribble)
+    th.start()
+    lat = []
+    try:
+        for _ in range(8):
+            t0 = time.time()
+            r = cl.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0)
+            lat.append(time.time() - t0)
+        ok = bool(r.choices[0].text)
+    finally:
+        stop.set()
+        th.join()
+    threads, rss = tc.proc_status(rp)
+    for x in socks:
+        x.close()
+    t0 = time.time()
+    back = tc.wait_for(lambda: tc.proc_status(rp)[1] < rss0 + 16 and c.stats(dw).kv_in_use == 0, 20)
+    _, rss_after = tc.proc_status(rp)
+    check("200 slowloris connections: 8 requests beside them served in %.2f s at most (%d router threads, %.0f "
+          "MiB RSS meanwhile)" % (max(lat), threads, rss), ok and max(lat) < 5)
+    check("after the bad input the router's RSS is back to idle (%.0f MiB before, %.0f MiB after %.1f s) and the "
+          "decode worker's KV is free" % (rss0, rss_after, time.time() - t0), back)
 
 
 def new_key(name, rpm, tpm):
@@ -209,8 +277,21 @@ def main():
             check("%s is refused in OpenAI's shape: %s" % (name, why[:200]), ok)
         st, _, body = raw(host, port, "POST", "/v1/completions", body=b"{not json")
         check("a body that is not JSON: %d %s" % (st, body[:120]), st == 400 and b'"error"' in body)
-        st, _, body = raw(host, port, "POST", "/v1/completions", body=b'{"prompt":"' + b"a" * (5 << 20) + b'"}')
-        check("a 5 MiB body: %d" % st, st == 413 and b'"error"' in body)
+        # 5 MiB sent chunked (no Content-Length to refuse it by): read, counted, refused
+        s = socket.create_connection((host, port), timeout=60)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(5):
+            s.sendall(b"100000\r\n" + b"a" * (1 << 20) + b"\r\n")
+        s.sendall(b"0\r\n\r\n")
+        resp = b""
+        while b"}}" not in resp:
+            more = s.recv(65536)
+            if not more:
+                break
+            resp += more
+        s.close()
+        check("a 5 MiB chunked body: %r" % resp.split(b"\r\n")[0], resp.startswith(b"HTTP/1.1 413") and
+              b'"error"' in resp)
         st, _, body = raw(host, port, "GET", "/v1/nothing")
         check("an unknown route: %d" % st, st == 404 and b'"error"' in body)
 
@@ -245,6 +326,7 @@ def main():
               "after %.1f s" % (running, time.time() - t0), running == 1 and freed)
         ids, _ = tc.generate(c.stub, prompts[0])
         check("the cluster serves afterwards", ids == tc.reference(prompts[0]))
+        abuse(c, cl, model, host, int(port), prompts[0])
     finally:
         c.stop()
     api_keys()
