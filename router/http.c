@@ -60,6 +60,8 @@ struct rt_http {
     size_t n_keys;
     pthread_mutex_t mu; /* active and the keys' buckets */
     struct hreq *active; /* generations started and not ended (to cancel them at stop) */
+    int open;            /* connections open now (MHD's thread; read by it only) */
+    int max_open;        /* past which a request is answered 503 and its connection closed */
 };
 
 
@@ -224,6 +226,36 @@ static enum MHD_Result respond(struct MHD_Connection *c, int status, char *body_
     enum MHD_Result ret = MHD_queue_response(c, body_owned ? (unsigned)status : 500u, rs);
     MHD_destroy_response(rs);
     return ret;
+}
+
+/* Too many connections: 503, and this one closed (MHD's own limit, a little
+ * higher, leaves room to say so instead of dropping the connection). */
+static enum MHD_Result respond_crowded(rt_http_t *h, struct MHD_Connection *c)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg, "%d connections are open, this server's most (2 x router.max_streams + 1024); "
+             "close idle ones or try again later", h->max_open);
+    char *body = error_json(503, msg, NULL);
+    struct MHD_Response *rs = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!rs) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(rs, "Content-Type", "application/json");
+    MHD_add_response_header(rs, "Retry-After", "1");
+    MHD_add_response_header(rs, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(c, 503, rs);
+    MHD_destroy_response(rs);
+    return ret;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    (void)c;
+    (void)socket_ctx;
+    rt_http_t *h = cls;
+    h->open += code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
 }
 
 static enum MHD_Result respond_error(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
@@ -644,6 +676,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->refs = 1;
         pthread_mutex_init(&x->mu, NULL);
         *con_cls = x;
+        if (h->open > h->max_open)
+            return respond_crowded(h, c);
         /* a body announced over the limit is refused before a byte of it is read (MHD then closes) */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > RT_MAX_REQUEST_BYTES)
@@ -889,13 +923,16 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     struct sockaddr_in sa;
     memcpy(&sa, ai->ai_addr, sizeof sa);
     freeaddrinfo(ai);
+    h->max_open = (int)(2 * r->cfg.router.max_streams + 1024);
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                                 MHD_USE_ERROR_LOG,
                             ntohs(sa.sin_port), NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
                             /* open connections, idle keep-alive ones included: more than the requests the
-                             * router admits (router.max_streams), which past that answers 429 */
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * r->cfg.router.max_streams + 1024),
+                             * router admits (router.max_streams), which past that answers 429; past
+                             * max_open a request is answered 503, past 64 more MHD drops connections */
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->max_open + 64u,
                             MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_END);
     if (!h->d) {
         free(h);

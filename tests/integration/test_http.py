@@ -173,6 +173,21 @@ def api_keys():
         finally:
             os.kill(dw["pid"], signal.SIGCONT)
         check("with no decode worker: %d after %.2f s (%s)" % (st[0], secs, st[1][:140]), st[0] == 503 and secs < 2)
+
+        # too many connections (router.max_streams 1: at most 1,026 open): 1,030 idle ones, then a request
+        idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(1030)]
+        time.sleep(0.5)
+        try:
+            st, hd, body = raw(host, port, "GET", "/v1/models", headers={"Authorization": "Bearer " + kc})
+        except OSError as e:
+            st, hd, body = 0, {}, repr(e).encode()
+        for x in idle:
+            x.close()
+        tc.wait_for(lambda: raw(host, port, "GET", "/health")[0] == 200, 10)
+        st2 = raw(host, port, "GET", "/v1/models", headers={"Authorization": "Bearer " + kc})[0]
+        check("with 1,030 connections open (the most is 1,026): %d, Connection: %s, Retry-After: %s (%s); after "
+              "they close: %d" % (st, hd.get("Connection"), hd.get("Retry-After"), body[:120], st2),
+              st == 503 and hd.get("Connection") == "close" and b"connections are open" in body and st2 == 200)
     finally:
         c.stop()
 
