@@ -468,7 +468,11 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
     preq_put(r); /* the closure's */
 }
 
-/* ---- Cancel: the router's acknowledged cancel ---- */
+/* ---- Cancel: the router's acknowledged cancel ----
+ * It waits for the engine thread to be between steps (one step of a long
+ * prompt can take seconds on a loaded CPU); the router waits a little
+ * longer (router/request.c). */
+#define CANCEL_WAIT_S 15.0
 typedef struct pcancel_op {
     uint64_t id;
     double until;
@@ -527,7 +531,7 @@ static void h_cancel(void *ctx, td_rpc_call_t *call)
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
         return;
     }
-    if (eng_worker_call_or_drop(w, pcancel_on_engine, op, free, 2)) {
+    if (eng_worker_call_or_drop(w, pcancel_on_engine, op, free, CANCEL_WAIT_S)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
         return; /* op is the queued closure's now */
     }

@@ -30,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -61,6 +63,14 @@ struct rt_http {
     pthread_mutex_t mu; /* active and the keys' buckets */
     struct hreq *active; /* generations started and not ended (to cancel them at stop) */
     int open;            /* connections open now (MHD's thread; read by it only) */
+    /* The hang-up watcher: a suspended connection is not polled by MHD, so a
+     * client that goes away before its answer (a non-streaming request, or a
+     * stream before its first chunk) is seen here (EPOLLRDHUP) and cancelled. */
+    int ep;
+    pthread_t watcher;
+    bool watching;
+    int stop_watch;      /* atomic */
+    uint64_t serial;     /* under mu: names a generation in the watch set */
     int max_open;        /* past which a request is answered 503 and its connection closed */
 };
 
@@ -81,6 +91,8 @@ typedef struct hreq {
     bool suspended, ended, answered, mhd_done, role_sent, need_sent;
     bool streamed; /* a streaming request has written its first chunk */
     struct hreq *prev, *next; /* in h->active */
+    uint64_t serial; /* its name in the hang-up watcher's set */
+    int fd;          /* the connection's socket while watched, else -1 */
     int end_code;
     char end_msg[512];
     char *out; /* bytes for the client: SSE chunks, or the whole JSON body */
@@ -403,10 +415,58 @@ static void active_remove(hreq_t *x)
     pthread_mutex_unlock(&h->mu);
 }
 
+/* Adds x's connection to the hang-up watcher's set (best effort: a
+ * connection not watched is noticed at its first write, as before). */
+static void watch(hreq_t *x)
+{
+    x->fd = -1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(x->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!x->h->watching || !ci)
+        return;
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = x->serial};
+    if (!epoll_ctl(x->h->ep, EPOLL_CTL_ADD, ci->connect_fd, &ev))
+        x->fd = ci->connect_fd;
+}
+
+static void unwatch(hreq_t *x)
+{
+    if (x->fd >= 0) /* still libmicrohttpd's open socket: the connection waits for this end to resume */
+        epoll_ctl(x->h->ep, EPOLL_CTL_DEL, x->fd, NULL);
+    x->fd = -1;
+}
+
+/* A generation is named by its serial, not its address: x is looked up in
+ * the active list under h->mu, where h_end cannot take it out meanwhile. */
+static void *watcher_thread(void *arg)
+{
+    rt_http_t *h = arg;
+    struct epoll_event evs[64];
+    while (!__atomic_load_n(&h->stop_watch, __ATOMIC_ACQUIRE)) {
+        int n = epoll_wait(h->ep, evs, 64, 200);
+        for (int i = 0; i < n; i++) {
+            pthread_mutex_lock(&h->mu);
+            for (hreq_t *x = h->active; x; x = x->next) {
+                if (x->serial != evs[i].data.u64)
+                    continue;
+                pthread_mutex_lock(&x->mu);
+                if (x->q && !x->ended && !x->mhd_done) {
+                    TD_INFO("http: the client of %s went away before its answer; cancelled", x->id);
+                    rt_request_cancel(x->q);
+                }
+                pthread_mutex_unlock(&x->mu);
+                break;
+            }
+            pthread_mutex_unlock(&h->mu);
+        }
+    }
+    return NULL;
+}
+
 static void h_end(void *ctx, int code, const char *message)
 {
     hreq_t *x = ctx;
     active_remove(x);
+    unwatch(x);
     charge(x);
     pthread_mutex_lock(&x->mu);
     x->ended = true;
@@ -513,7 +573,9 @@ static enum MHD_Result start_generation(hreq_t *x)
     if (x->next)
         x->next->prev = x;
     x->h->active = x;
+    x->serial = ++x->h->serial;
     pthread_mutex_unlock(&x->h->mu);
+    watch(x);
     pthread_mutex_lock(&x->mu);
     x->q = q;
     x->refs++; /* the request's */
@@ -924,6 +986,11 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     memcpy(&sa, ai->ai_addr, sizeof sa);
     freeaddrinfo(ai);
     h->max_open = (int)(2 * r->cfg.router.max_streams + 1024);
+    h->ep = epoll_create1(EPOLL_CLOEXEC);
+    h->watching = h->ep >= 0 && !pthread_create(&h->watcher, NULL, watcher_thread, h);
+    if (!h->watching)
+        TD_WARN("http: no hang-up watcher (%s): a client that leaves before its answer is noticed at its first "
+                "write", strerror(errno));
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                                 MHD_USE_ERROR_LOG,
                             ntohs(sa.sin_port), NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
@@ -935,6 +1002,13 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_END);
     if (!h->d) {
+        if (h->watching) {
+            __atomic_store_n(&h->stop_watch, 1, __ATOMIC_RELEASE);
+            pthread_join(h->watcher, NULL);
+        }
+        if (h->ep >= 0)
+            close(h->ep);
+        free(h->keys);
         free(h);
         return td_error(TD_ERR_UNAVAILABLE, "http: cannot listen on %s (in use, or not an address of this host)",
                         listen);
@@ -970,6 +1044,12 @@ void rt_http_stop(rt_http_t *h)
         nanosleep(&ts, NULL);
     }
     MHD_stop_daemon(h->d); /* every connection's completed callback runs */
+    if (h->watching) {
+        __atomic_store_n(&h->stop_watch, 1, __ATOMIC_RELEASE);
+        pthread_join(h->watcher, NULL); /* within its 200 ms wait */
+    }
+    if (h->ep >= 0)
+        close(h->ep);
     pthread_mutex_destroy(&h->mu);
     free(h->keys);
     free(h);

@@ -252,14 +252,14 @@ static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__Landin
     return 1;
 }
 
-/* A small unary call whose answer carries nothing the caller reads (2 s at
- * most, outside any request's scope): true when it succeeded. */
-static bool tell(td_rpc_channel_t *ch, const char *method, const uint8_t *msg, size_t n)
+/* A small unary call whose answer carries nothing the caller reads (wait_s
+ * at most, outside any request's scope): true when it succeeded. */
+static bool tell(td_rpc_channel_t *ch, const char *method, const uint8_t *msg, size_t n, double wait_s)
 {
     uint8_t *out = NULL;
     size_t on;
     td_rpc_result_t res;
-    if (td_rpc_unary(ch, method, msg, n, 2.0, NULL, &out, &on, &res) != TD_OK)
+    if (td_rpc_unary(ch, method, msg, n, wait_s, NULL, &out, &on, &res) != TD_OK)
         return false;
     free(out);
     return true;
@@ -275,11 +275,13 @@ static void release(rt_worker_t *d, uint64_t id, bool landing_closed)
     rq.reservation_id = id;
     rq.landing_closed = landing_closed;
     uint8_t buf[32];
-    tell(d->ch, "/tandem.internal.v1.Decode/Release", buf, tandem__internal__v1__release_request__pack(&rq, buf));
+    tell(d->ch, "/tandem.internal.v1.Decode/Release", buf, tandem__internal__v1__release_request__pack(&rq, buf), 2.0);
 }
 
 /* Asks prefill worker P to stop the prefill landing in reservation id and
- * waits for its answer: true once P said nothing more will be put there. */
+ * waits for its answer: true once P said nothing more will be put there. P
+ * answers between two engine steps, at most 15 s away (prefill.c); past
+ * 16 s the blocks stay fenced instead. Only abnormal ends come here. */
 static bool cancel_prefill(rt_worker_t *p, uint64_t id, uint64_t land_by)
 {
     Tandem__Internal__V1__CancelPrefillRequest rq = TANDEM__INTERNAL__V1__CANCEL_PREFILL_REQUEST__INIT;
@@ -288,7 +290,7 @@ static bool cancel_prefill(rt_worker_t *p, uint64_t id, uint64_t land_by)
     rq.land_by_unix_ms = land_by;
     uint8_t buf[32];
     return tell(p->ch, "/tandem.internal.v1.Prefill/Cancel", buf,
-                tandem__internal__v1__cancel_prefill_request__pack(&rq, buf));
+                tandem__internal__v1__cancel_prefill_request__pack(&rq, buf), 16.0);
 }
 
 static Tandem__V1__SamplingParams *sampling_for(rt_request_t *q, Tandem__V1__SamplingParams *copy)

@@ -4,8 +4,8 @@ client (and raw HTTP where the client hides the wire) against a `tandem up`
 cluster: greedy completions identical to single-process `tandem generate`,
 streamed and not; chat streamed and not, the same text both ways; usage and
 cached tokens; every error in OpenAI's shape naming its field; models, health,
-tokenize/detokenize; a client that disconnects mid-stream frees its KV on the
-decode worker; a 100 MB body is refused before it is read; 200 slowloris
+tokenize/detokenize; a client that disconnects mid-stream, or while it waits
+for a whole (non-streamed) answer, frees its KV on the decode worker; a 100 MB body is refused before it is read; 200 slowloris
 clients dribbling their headers do not slow the others down; after all the
 bad input the router's RSS and the decode worker's KV are back to idle.
 
@@ -339,6 +339,19 @@ def main():
         freed = tc.wait_for(lambda: c.stats(dw).running == 0 and c.stats(dw).kv_in_use == 0, 10)
         check("a client that disconnects mid-stream (%d running before): its sequence ends and its KV is freed "
               "after %.1f s" % (running, time.time() - t0), running == 1 and freed)
+        # the same without streaming: the connection waits for the whole answer (suspended), the hang-up is
+        # still seen and the request cancelled
+        s = socket.create_connection((host, port), timeout=30)
+        body = json.dumps({"model": model, "prompt": "Tell me a long story.", "max_tokens": 2000,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body)
+        started = tc.wait_for(lambda: c.stats(dw).running == 1, 10)
+        s.close()
+        t0 = time.time()
+        freed = tc.wait_for(lambda: c.stats(dw).running == 0 and c.stats(dw).kv_in_use == 0, 10)
+        check("a non-streaming client that disconnects while its answer is generated (running: %s): cancelled, its "
+              "KV freed after %.1f s" % (started, time.time() - t0), started and freed and time.time() - t0 < 3)
         ids, _ = tc.generate(c.stub, prompts[0])
         check("the cluster serves afterwards", ids == tc.reference(prompts[0]))
         abuse(c, cl, model, host, int(port), prompts[0])
