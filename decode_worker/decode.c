@@ -259,10 +259,8 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     op->lease_ms = rq->lease_ms ? (rq->lease_ms < MAX_LEASE_MS ? rq->lease_ms : MAX_LEASE_MS) : DEFAULT_LEASE_MS;
     uint32_t landing_ms = rq->landing_ms ? (rq->landing_ms < MAX_LANDING_MS ? rq->landing_ms : MAX_LANDING_MS)
                                          : DEFAULT_LANDING_MS;
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    uint64_t land_by = (uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000 + landing_ms;
-    op->fence_until = td_now_s() + landing_ms / 1000.0 + FENCE_MARGIN_S;
+    uint64_t land_by = td_unix_ms() + landing_ms;
+    op->fence_until = td_local_of_unix_ms(land_by) + FENCE_MARGIN_S;
     snprintf(op->owner, sizeof op->owner, "%s", td_rpc_call_identity(call));
     if (eng_worker_call_or_drop(w, reserve_on_engine, op, reserve_op_drop, 5)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());

@@ -395,19 +395,23 @@ static void prefill_after_step(eng_worker_t *w, void *ctx)
 /* Engine thread: at most this many cancelled reservations are remembered. */
 #define MAX_TOMBS 4096
 
-static bool tombstoned(prefill_role_t *R, uint64_t id)
+static void tombs_expire(prefill_role_t *R)
 {
     double now = td_now_s();
-    bool hit = false;
-    for (size_t i = 0; i < R->n_tombs;) {
-        if (R->tombs[i].until < now) {
+    for (size_t i = 0; i < R->n_tombs;)
+        if (R->tombs[i].until < now)
             R->tombs[i] = R->tombs[--R->n_tombs];
-            continue;
-        }
-        hit |= R->tombs[i].id == id;
-        i++;
-    }
-    return hit;
+        else
+            i++;
+}
+
+static bool tombstoned(prefill_role_t *R, uint64_t id)
+{
+    tombs_expire(R);
+    for (size_t i = 0; i < R->n_tombs; i++)
+        if (R->tombs[i].id == id)
+            return true;
+    return false;
 }
 
 static void add_on_engine(eng_worker_t *w, void *arg)
@@ -497,7 +501,7 @@ static void pcancel_on_engine(eng_worker_t *w, void *arg)
         op->found = true;
         return;
     }
-    tombstoned(R, 0); /* drops the expired ones */
+    tombs_expire(R);
     if (R->n_tombs == MAX_TOMBS || (!R->tombs && !(R->tombs = malloc(MAX_TOMBS * sizeof *R->tombs)))) {
         op->rc = TD_ERR_EXHAUSTED;
         return;
@@ -520,11 +524,8 @@ static void h_cancel(void *ctx, td_rpc_call_t *call)
     }
     pcancel_op_t *op = calloc(1, sizeof *op);
     if (op) {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        double left = ((double)rq->land_by_unix_ms - ((double)now.tv_sec * 1e3 + now.tv_nsec / 1e6)) / 1e3;
         op->id = rq->reservation_id;
-        op->until = td_now_s() + (left > 0 ? left : 0) + 1.0;
+        op->until = fmax(td_local_of_unix_ms(rq->land_by_unix_ms), td_now_s()) + 1.0;
     }
     tandem__internal__v1__cancel_prefill_request__free_unpacked(rq, NULL);
     if (!op) {
@@ -630,15 +631,12 @@ static const char *landing_grant(prefill_role_t *R, const Tandem__Internal__V1__
         snprintf(why, sizeof why, "not a grant of this cluster's decode workers: %s", td_last_error());
         return why;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    double left = ((double)ld->land_by_unix_ms - ((double)now.tv_sec * 1e3 + now.tv_nsec / 1e6)) / 1e3;
+    *land_by = td_local_of_unix_ms(ld->land_by_unix_ms);
+    double left = *land_by - td_now_s();
     if (left <= 0) {
-        *land_by = td_now_s() + left;
         snprintf(why, sizeof why, "its land-by time passed %.3f s ago; the blocks may be another request's", -left);
         return why;
     }
-    *land_by = td_now_s() + left;
     return NULL;
 }
 
