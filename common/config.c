@@ -31,7 +31,7 @@ typedef struct {
     uint32_t *max_streams;
 } raw_router_t;
 typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
-typedef struct { uint64_t *dram_mb; char *data_dir; } raw_kvstore_t;
+typedef struct { uint32_t *count; uint64_t *dram_mb, *ssd_mb; char *data_dir; bool *use; } raw_kvstore_t;
 typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
 typedef struct { char *tls_ca, *tls_cert, *tls_key; bool *plaintext; } raw_cluster_t;
 typedef struct { bool *peer_errors; uint32_t *peer_idle_s; char *interfaces; } raw_transport_t;
@@ -71,8 +71,9 @@ static const cyaml_schema_field_t workers_fields[] = {
     CYAML_FIELD_UINT_PTR("token_budget", OPT, raw_workers_t, token_budget),
     CYAML_FIELD_UINT_PTR("kv_mib", OPT, raw_workers_t, kv_mib), CYAML_FIELD_END};
 static const cyaml_schema_field_t kvstore_fields[] = {
-    CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), STR("data_dir", raw_kvstore_t, data_dir),
-    CYAML_FIELD_END};
+    CYAML_FIELD_UINT_PTR("count", OPT, raw_kvstore_t, count),
+    CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), CYAML_FIELD_UINT_PTR("ssd_mb", OPT, raw_kvstore_t, ssd_mb),
+    STR("data_dir", raw_kvstore_t, data_dir), CYAML_FIELD_BOOL_PTR("use", OPT, raw_kvstore_t, use), CYAML_FIELD_END};
 static const cyaml_schema_field_t etcd_fields[] = {
     STR("endpoints", raw_etcd_t, endpoints), STR("data_dir", raw_etcd_t, data_dir),
     CYAML_FIELD_UINT_PTR("lease_ttl_s", OPT, raw_etcd_t, lease_ttl_s), CYAML_FIELD_END};
@@ -137,8 +138,11 @@ static const cfg_field_t cfg_fields[] = {
     F("decode.threads", CFG_U32, decode.threads, decode, raw_workers_t, threads),
     F("decode.token_budget", CFG_U32, decode.token_budget, decode, raw_workers_t, token_budget),
     F("decode.kv_mib", CFG_U64, decode.kv_mib, decode, raw_workers_t, kv_mib),
+    F("kvstore.count", CFG_U32, kvstore.count, kvstore, raw_kvstore_t, count),
     F("kvstore.dram_mb", CFG_U64, kvstore.dram_mb, kvstore, raw_kvstore_t, dram_mb),
+    F("kvstore.ssd_mb", CFG_U64, kvstore.ssd_mb, kvstore, raw_kvstore_t, ssd_mb),
     F("kvstore.data_dir", CFG_STR, kvstore.data_dir, kvstore, raw_kvstore_t, data_dir),
+    F("kvstore.use", CFG_BOOL, kvstore.use, kvstore, raw_kvstore_t, use),
     F("etcd.endpoints", CFG_STR, etcd.endpoints, etcd, raw_etcd_t, endpoints),
     F("etcd.data_dir", CFG_STR, etcd.data_dir, etcd, raw_etcd_t, data_dir),
     F("etcd.lease_ttl_s", CFG_U32, etcd.lease_ttl_s, etcd, raw_etcd_t, lease_ttl_s),
@@ -173,7 +177,8 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""}, {"router.max_streams", "4096"},
         {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"},
         {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},
-        {"kvstore.dram_mb", "1024"}, {"kvstore.data_dir", ""},
+        {"kvstore.count", "1"}, {"kvstore.dram_mb", "1024"}, {"kvstore.ssd_mb", "0"}, {"kvstore.data_dir", ""},
+        {"kvstore.use", "true"},
         {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""}, {"etcd.lease_ttl_s", "3"},
         {"cluster.tls_ca", ""}, {"cluster.tls_cert", ""}, {"cluster.tls_key", ""}, {"cluster.plaintext", "false"},
         {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"}, {"transport.interfaces", "lo"},

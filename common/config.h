@@ -15,7 +15,10 @@
  *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
  *            (token_budget: tokens per engine step, the chunked-prefill size;
  *            kv_mib: the worker's KV pool)
- *   kvstore: { dram_mb: 1024, data_dir: "" }
+ *   kvstore: { count: 1, dram_mb: 1024, ssd_mb: 0, data_dir: "", use: true }  (count: kvstore nodes
+ *            `tandem up` starts; dram_mb: a node's CPU tier; ssd_mb: its SSD tier, block files
+ *            in data_dir (0: none); use: prefill workers fetch prefixes from and publish
+ *            blocks to the kvstore nodes registered in etcd)
  *   etcd:    { endpoints: 127.0.0.1:2379, data_dir: "", lease_ttl_s: 3 }  (lease_ttl_s: a
  *            worker's registration lease; a dead worker leaves the membership this long after)
  *   cluster: { tls_ca: "", tls_cert: "", tls_key: "", plaintext: false }  (the internal planes,
@@ -59,7 +62,7 @@ typedef struct td_config {
         uint32_t max_streams;
     } router;
     td_worker_config_t prefill, decode;
-    struct { uint64_t dram_mb; char *data_dir; } kvstore;
+    struct { uint32_t count; uint64_t dram_mb, ssd_mb; char *data_dir; bool use; } kvstore;
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;
     struct { char *tls_ca, *tls_cert, *tls_key; bool plaintext; } cluster;
     struct { bool peer_errors; uint32_t peer_idle_s; char *interfaces; } transport;

@@ -1,0 +1,777 @@
+/* server.c — tandem-kvstore, one node of the KV store (DESIGN.md §4).
+ *
+ * The CPU tier is one region of kvstore.dram_mb bytes allocated by the KV
+ * transport (UCX maps it, so peers' puts and gets into it are one-sided),
+ * cut into slots of one block each; the SSD tier (kvstore/ssd.h), when
+ * kvstore.ssd_mb is set, holds blocks the CPU tier evicts, in block files
+ * under kvstore.data_dir, and brings them back on a hit. The index
+ * (kvstore/index.h) names every block the node holds.
+ *
+ * A node serves one KV contract's blocks: the first writer's (its block
+ * size cuts the region); a peer stating another is refused, naming both.
+ *
+ * Reads and writes are leased: Get holds the blocks of the prefix it returns
+ * (they are not evicted) until Unlease or lease_ms passes — a reader that
+ * died leaves nothing held for long. Put takes room for the names the node
+ * lacks (a name held already, or being written, is skipped) and holds it
+ * until Commit, which checks every block's digest over the bytes that
+ * landed, or until the lease ends (the room is freed). A full tier evicts
+ * its coldest unheld block (kvstore/index.c); when none can go the name is
+ * not stored, and Put says so per name, never fails.
+ *
+ * One lock around the index and tiers: every operation under it is a
+ * table probe or a list move per name; SSD reads and writes happen under it
+ * too (simple, and the SSD tier is the slow path). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/kv_contract_pb.h"
+#include "common/log.h"
+#include "common/process.h"
+#include "kvstore/index.h"
+#include "kvstore/ssd.h"
+#include "kvstore/transfer.h"
+#include "tandem/internal/v1/kvstore.pb-c.h"
+
+#define MAX_LEASE_MS 60000u
+#define DEFAULT_LEASE_MS 10000u
+#define MAX_NAMES 65536u   /* names in one Get or Put (a 1M-token prompt of 16-token blocks) */
+#define MAX_LEASES 65536u
+
+typedef struct lease {
+    uint64_t id;
+    double until;
+    bool put;
+    uint32_t *ids; /* entries held */
+    uint32_t n;
+} lease_t;
+
+typedef struct node {
+    td_config_t cfg;
+    char id[64], listen[128], advertise[160];
+    td_rpc_tls_t tls_files;
+    const td_rpc_tls_t *tls;
+    td_member_t *member;
+    /* the CPU tier's region */
+    const kv_transport_ops_t *xo;
+    kv_xfer_t *xfer;
+    kv_xfer_mem_t *mem;
+    uint8_t *base;
+    size_t bytes;
+    void *rkey, *addr;
+    size_t rkey_len, addr_len;
+    kv_ssd_t *ssd;
+    pthread_mutex_t mu;
+    /* set by the first writer's contract (or the SSD tier's files) */
+    bool have_contract;
+    td_kv_layout_t contract;
+    size_t block_bytes;
+    kv_index_t *ix;
+    uint32_t n_slots, *free_slots, n_free;
+    lease_t *leases;
+    uint32_t n_leases;
+    uint64_t next_lease;
+    /* stats */
+    uint64_t gets, hits, puts, stored, dropped_full, evictions[KV_TIERS], tier_hits[KV_TIERS];
+} node_t;
+
+/* ------------------------------------------------------------ tiers */
+
+/* Makes the index and cuts the CPU region once the block size is known. */
+static td_status_t adopt_contract(node_t *N, const td_kv_layout_t *l)
+{
+    size_t bb = td_kv_block_bytes(l);
+    uint32_t slots = (uint32_t)(N->bytes / bb);
+    if (!slots)
+        return td_error(TD_ERR_INVALID_ARG, "kvstore %s: a block of %zu bytes does not fit its %zu-byte CPU tier",
+                        N->id, bb, N->bytes);
+    uint32_t ssd_slots = 0;
+    if (N->ssd) {
+        td_status_t rc = kv_ssd_set_block_bytes(N->ssd, l, &ssd_slots);
+        if (rc)
+            return rc;
+    }
+    if (!(N->free_slots = malloc(slots * sizeof *N->free_slots)))
+        return td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory", N->id);
+    td_status_t rc = kv_index_create(slots + ssd_slots, &N->ix);
+    if (rc) {
+        free(N->free_slots);
+        N->free_slots = NULL;
+        return rc;
+    }
+    kv_index_set_capacity(N->ix, KV_TIER_CPU, slots);
+    if (ssd_slots)
+        kv_index_set_capacity(N->ix, KV_TIER_SSD, ssd_slots);
+    for (uint32_t i = 0; i < slots; i++)
+        N->free_slots[i] = slots - 1 - i;
+    N->n_slots = N->n_free = slots;
+    N->block_bytes = bb;
+    N->contract = *l;
+    N->have_contract = true;
+    TD_INFO("kvstore %s: blocks of %zu bytes (%s, %u tokens, %s): %u in DRAM, %u on SSD", N->id, bb, l->model_id,
+            l->block_tokens, td_kv_dtype_name(l->dtype), slots, ssd_slots);
+    return TD_OK;
+}
+
+static uint8_t *slot_mem(node_t *N, uint32_t slot) { return N->base + (size_t)slot * N->block_bytes; }
+
+static void drop_entry(node_t *N, uint32_t id)
+{
+    kv_entry_t *e = kv_index_entry(N->ix, id);
+    if (e->tier == KV_TIER_CPU)
+        N->free_slots[N->n_free++] = e->slot;
+    else
+        kv_ssd_free(N->ssd, e->slot);
+    kv_index_remove(N->ix, id);
+}
+
+/* A free SSD slot, dropping the coldest unheld SSD block when none is. */
+static bool ssd_slot(node_t *N, uint32_t *slot)
+{
+    while (!kv_ssd_take(N->ssd, slot)) {
+        uint32_t v = kv_index_victim(N->ix, KV_TIER_SSD);
+        if (v == KV_NONE)
+            return false;
+        N->evictions[KV_TIER_SSD]++;
+        drop_entry(N, v);
+    }
+    return true;
+}
+
+/* CPU entry id goes to the SSD tier (its CPU slot freed); false: it could
+ * not (no SSD tier, no room, a write error, logged) and stays. */
+static bool demote(node_t *N, uint32_t id)
+{
+    kv_entry_t *e = kv_index_entry(N->ix, id);
+    uint32_t ss;
+    if (!N->ssd || !ssd_slot(N, &ss))
+        return false;
+    if (kv_ssd_write(N->ssd, ss, e->name, e->digest, slot_mem(N, e->slot))) {
+        TD_WARN("kvstore %s: %s", N->id, td_last_error());
+        kv_ssd_free(N->ssd, ss);
+        return false;
+    }
+    N->free_slots[N->n_free++] = e->slot;
+    kv_index_move(N->ix, id, KV_TIER_SSD, ss);
+    return true;
+}
+
+/* A free CPU slot, evicting the coldest unheld CPU block to the SSD tier
+ * (or dropping it) when none is free; false when every block is held. */
+static bool cpu_slot(node_t *N, uint32_t *slot)
+{
+    while (!N->n_free) {
+        uint32_t v = kv_index_victim(N->ix, KV_TIER_CPU);
+        if (v == KV_NONE)
+            return false;
+        N->evictions[KV_TIER_CPU]++;
+        if (!demote(N, v))
+            drop_entry(N, v);
+    }
+    *slot = N->free_slots[--N->n_free];
+    return true;
+}
+
+/* An SSD block hit: read into a CPU slot (its digest checked) and moved
+ * there; false (the block dropped, said in the log) if its bytes are bad. */
+static bool promote(node_t *N, uint32_t id)
+{
+    kv_entry_t *e = kv_index_entry(N->ix, id);
+    e->refs++; /* not this slot's victim */
+    uint32_t slot;
+    bool ok = cpu_slot(N, &slot);
+    e->refs--;
+    if (!ok)
+        return false;
+    if (kv_ssd_read(N->ssd, e->slot, e->name, e->digest, slot_mem(N, slot)) != TD_OK) {
+        TD_WARN("kvstore %s: %s; the block is dropped (a miss)", N->id, td_last_error());
+        N->free_slots[N->n_free++] = slot;
+        drop_entry(N, id);
+        return false;
+    }
+    kv_ssd_free(N->ssd, e->slot);
+    kv_index_move(N->ix, id, KV_TIER_CPU, slot);
+    return true;
+}
+
+/* ------------------------------------------------------------ leases */
+
+static lease_t *lease_new(node_t *N, bool put, uint32_t lease_ms, uint32_t cap)
+{
+    if (N->n_leases == MAX_LEASES)
+        return NULL;
+    if (!(N->n_leases & (N->n_leases + 1)) || !N->leases) { /* grow at powers of two */
+        lease_t *nl = realloc(N->leases, (2 * (size_t)N->n_leases + 2) * sizeof *nl);
+        if (!nl)
+            return NULL;
+        N->leases = nl;
+    }
+    lease_t *l = &N->leases[N->n_leases];
+    if (!(l->ids = malloc((cap ? cap : 1) * sizeof *l->ids)))
+        return NULL;
+    l->id = ++N->next_lease;
+    l->until = td_now_s() + (lease_ms ? (lease_ms < MAX_LEASE_MS ? lease_ms : MAX_LEASE_MS) : DEFAULT_LEASE_MS) / 1e3;
+    l->put = put;
+    l->n = 0;
+    N->n_leases++;
+    return l;
+}
+
+/* Ends lease i: a read lease lets go of its blocks; an uncommitted write
+ * lease frees the room it took. */
+static void lease_end(node_t *N, uint32_t i)
+{
+    lease_t *l = &N->leases[i];
+    for (uint32_t k = 0; k < l->n; k++) {
+        kv_entry_t *e = kv_index_entry(N->ix, l->ids[k]);
+        if (e->refs)
+            e->refs--;
+        if (l->put && e->state == KV_PENDING)
+            drop_entry(N, l->ids[k]);
+    }
+    free(l->ids);
+    N->leases[i] = N->leases[--N->n_leases];
+}
+
+static int lease_find(node_t *N, uint64_t id)
+{
+    for (uint32_t i = 0; i < N->n_leases; i++)
+        if (N->leases[i].id == id)
+            return (int)i;
+    return -1;
+}
+
+static void leases_expire(node_t *N)
+{
+    double now = td_now_s();
+    for (uint32_t i = 0; i < N->n_leases;)
+        if (N->leases[i].until < now) {
+            TD_DEBUG("kvstore %s: %s lease %llu expired", N->id, N->leases[i].put ? "write" : "read",
+                     (unsigned long long)N->leases[i].id);
+            lease_end(N, i);
+        } else {
+            i++;
+        }
+}
+
+/* ------------------------------------------------------------ RPCs */
+
+static void reply_pb(td_rpc_call_t *call, const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b) {
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
+        return;
+    }
+    protobuf_c_message_pack(m, b);
+    td_rpc_call_reply(call, b, n);
+    free(b);
+}
+
+static void region_pb(node_t *N, Tandem__Internal__V1__KvRegion *r)
+{
+    tandem__internal__v1__kv_region__init(r);
+    r->transport = (char *)N->xo->name;
+    r->has_address = r->has_region_key = r->has_remote_base = r->has_region_bytes = 1;
+    r->address = (ProtobufCBinaryData){N->addr_len, N->addr};
+    r->region_key = (ProtobufCBinaryData){N->rkey_len, N->rkey};
+    r->remote_base = (uint64_t)(uintptr_t)N->base;
+    r->region_bytes = N->bytes;
+}
+
+/* The peer's contract against the node's (adopted when the node has none
+ * and adopt is set): an RPC code, with msg filled on refusal. */
+static int contract_ok(node_t *N, const Tandem__Internal__V1__KvContract *pb, bool adopt, char *msg, size_t cap)
+{
+    td_kv_layout_t l;
+    if (td_kv_layout_from_pb(pb, &l)) {
+        snprintf(msg, cap, "contract: %s", td_last_error());
+        return TD_RPC_INVALID_ARGUMENT;
+    }
+    if (!N->have_contract) {
+        if (!adopt)
+            return TD_RPC_OK;
+        if (adopt_contract(N, &l)) {
+            snprintf(msg, cap, "%s", td_last_error());
+            return TD_RPC_FAILED_PRECONDITION;
+        }
+        return TD_RPC_OK;
+    }
+    if (td_kv_contract_check(&N->contract, &l, "the caller")) {
+        snprintf(msg, cap, "kvstore %s holds another KV contract's blocks: %s", N->id, td_last_error());
+        return TD_RPC_FAILED_PRECONDITION;
+    }
+    return TD_RPC_OK;
+}
+
+static td_block_name_t name_of(const Tandem__Internal__V1__BlockName *b)
+{
+    return (td_block_name_t){b->lo, b->hi};
+}
+
+static void h_get(void *ctx, td_rpc_call_t *call)
+{
+    node_t *N = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__KvGetRequest *rq = tandem__internal__v1__kv_get_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Get: the request does not parse");
+        return;
+    }
+    if (rq->n_names > MAX_NAMES) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Get: %zu names, more than %u", rq->n_names,
+                           MAX_NAMES);
+        tandem__internal__v1__kv_get_request__free_unpacked(rq, NULL);
+        return;
+    }
+    uint64_t *offsets = malloc((rq->n_names + 1) * sizeof *offsets), *digests = malloc((rq->n_names + 1) * sizeof *digests);
+    Tandem__Internal__V1__KvGetResponse r = TANDEM__INTERNAL__V1__KV_GET_RESPONSE__INIT;
+    Tandem__Internal__V1__KvRegion reg;
+    char msg[512];
+    pthread_mutex_lock(&N->mu);
+    int code = offsets && digests ? contract_ok(N, rq->contract, false, msg, sizeof msg) : TD_RPC_RESOURCE_EXHAUSTED;
+    if (code == TD_RPC_RESOURCE_EXHAUSTED)
+        snprintf(msg, sizeof msg, "no memory");
+    size_t found = 0;
+    uint32_t ssd_hits = 0;
+    if (!code && N->have_contract && rq->n_names) {
+        leases_expire(N);
+        lease_t *l = lease_new(N, false, rq->lease_ms, (uint32_t)rq->n_names);
+        if (!l) {
+            code = TD_RPC_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof msg, "kvstore %s: %u leases open, the most it holds", N->id, N->n_leases);
+        } else {
+            double now = td_now_s();
+            N->gets += rq->n_names;
+            for (; found < rq->n_names; found++) {
+                uint32_t id = kv_index_find(N->ix, name_of(rq->names[found]));
+                if (id == KV_NONE)
+                    break;
+                kv_entry_t *e = kv_index_entry(N->ix, id);
+                if (e->state != KV_READY)
+                    break;
+                if (e->tier == KV_TIER_SSD) {
+                    if (!promote(N, id))
+                        break;
+                    ssd_hits++;
+                    N->tier_hits[KV_TIER_SSD]++;
+                } else {
+                    N->tier_hits[KV_TIER_CPU]++;
+                }
+                kv_index_touch(N->ix, id, now);
+                e->refs++;
+                l->ids[l->n++] = id;
+                offsets[found] = (uint64_t)e->slot * N->block_bytes;
+                digests[found] = e->digest;
+            }
+            N->hits += found;
+            if (found) {
+                r.has_lease_id = 1;
+                r.lease_id = l->id;
+            } else {
+                lease_end(N, N->n_leases - 1);
+            }
+        }
+    }
+    if (!code) {
+        r.n_offsets = r.n_digests = found;
+        r.offsets = offsets;
+        r.digests = digests;
+        r.has_block_bytes = 1;
+        r.block_bytes = N->block_bytes;
+        region_pb(N, &reg);
+        r.region = &reg;
+        r.node = N->id;
+        r.has_ssd_hits = 1;
+        r.ssd_hits = ssd_hits;
+    }
+    pthread_mutex_unlock(&N->mu);
+    if (code)
+        td_rpc_call_finish(call, code, "%s", msg);
+    else
+        reply_pb(call, &r.base);
+    free(offsets);
+    free(digests);
+    tandem__internal__v1__kv_get_request__free_unpacked(rq, NULL);
+}
+
+static void h_unlease(void *ctx, td_rpc_call_t *call)
+{
+    node_t *N = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__KvUnleaseRequest *rq = tandem__internal__v1__kv_unlease_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Unlease: the request does not parse");
+        return;
+    }
+    pthread_mutex_lock(&N->mu);
+    int i = lease_find(N, rq->lease_id);
+    if (i >= 0 && !N->leases[i].put)
+        lease_end(N, (uint32_t)i);
+    pthread_mutex_unlock(&N->mu);
+    tandem__internal__v1__kv_unlease_request__free_unpacked(rq, NULL);
+    Tandem__Internal__V1__KvUnleaseResponse r = TANDEM__INTERNAL__V1__KV_UNLEASE_RESPONSE__INIT;
+    reply_pb(call, &r.base);
+}
+
+static void h_put(void *ctx, td_rpc_call_t *call)
+{
+    node_t *N = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__KvPutRequest *rq = tandem__internal__v1__kv_put_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Put: the request does not parse");
+        return;
+    }
+    if (rq->n_names > MAX_NAMES) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Put: %zu names, more than %u", rq->n_names,
+                           MAX_NAMES);
+        tandem__internal__v1__kv_put_request__free_unpacked(rq, NULL);
+        return;
+    }
+    uint64_t *slots = calloc(rq->n_names + 1, sizeof *slots);
+    Tandem__Internal__V1__KvPutResponse r = TANDEM__INTERNAL__V1__KV_PUT_RESPONSE__INIT;
+    Tandem__Internal__V1__KvRegion reg;
+    char msg[512];
+    pthread_mutex_lock(&N->mu);
+    int code = slots ? contract_ok(N, rq->contract, true, msg, sizeof msg) : TD_RPC_RESOURCE_EXHAUSTED;
+    if (code == TD_RPC_RESOURCE_EXHAUSTED)
+        snprintf(msg, sizeof msg, "no memory");
+    if (!code && rq->n_names) {
+        leases_expire(N);
+        lease_t *l = lease_new(N, true, rq->lease_ms, (uint32_t)rq->n_names);
+        if (!l) {
+            code = TD_RPC_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof msg, "kvstore %s: %u leases open, the most it holds", N->id, N->n_leases);
+        } else {
+            double now = td_now_s();
+            N->puts += rq->n_names;
+            for (size_t i = 0; i < rq->n_names; i++) {
+                td_block_name_t nm = name_of(rq->names[i]);
+                if (kv_index_find(N->ix, nm) != KV_NONE)
+                    continue; /* held or being written: deduplicated */
+                uint32_t slot, id;
+                if (!cpu_slot(N, &slot)) {
+                    N->dropped_full++;
+                    continue;
+                }
+                if ((id = kv_index_insert(N->ix, nm, KV_TIER_CPU, slot, now)) == KV_NONE) {
+                    N->free_slots[N->n_free++] = slot;
+                    N->dropped_full++;
+                    continue;
+                }
+                kv_index_entry(N->ix, id)->refs = 1;
+                l->ids[l->n++] = id;
+                slots[i] = 1 + (uint64_t)slot * N->block_bytes;
+            }
+            if (l->n) {
+                r.has_put_id = 1;
+                r.put_id = l->id;
+            } else {
+                lease_end(N, N->n_leases - 1);
+            }
+        }
+    }
+    if (!code) {
+        r.n_slots = rq->n_names;
+        r.slots = slots;
+        r.has_block_bytes = 1;
+        r.block_bytes = N->block_bytes;
+        region_pb(N, &reg);
+        r.region = &reg;
+        r.node = N->id;
+    }
+    pthread_mutex_unlock(&N->mu);
+    if (code)
+        td_rpc_call_finish(call, code, "%s", msg);
+    else
+        reply_pb(call, &r.base);
+    free(slots);
+    tandem__internal__v1__kv_put_request__free_unpacked(rq, NULL);
+}
+
+static void h_commit(void *ctx, td_rpc_call_t *call)
+{
+    node_t *N = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__KvCommitRequest *rq = tandem__internal__v1__kv_commit_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Commit: the request does not parse");
+        return;
+    }
+    Tandem__Internal__V1__KvCommitResponse r = TANDEM__INTERNAL__V1__KV_COMMIT_RESPONSE__INIT;
+    r.has_stored = r.has_rejected = 1;
+    int code = TD_RPC_OK;
+    char msg[256];
+    pthread_mutex_lock(&N->mu);
+    int i = lease_find(N, rq->put_id);
+    if (i < 0 || !N->leases[i].put) {
+        code = TD_RPC_NOT_FOUND;
+        snprintf(msg, sizeof msg, "kvstore %s: no open put %llu (its lease ended: the room was freed)", N->id,
+                 (unsigned long long)rq->put_id);
+    } else if (rq->n_digests != N->leases[i].n) {
+        code = TD_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "kvstore Commit: %zu digests for %u blocks", rq->n_digests, N->leases[i].n);
+    } else {
+        lease_t *l = &N->leases[i];
+        for (uint32_t k = 0; k < l->n; k++) {
+            kv_entry_t *e = kv_index_entry(N->ix, l->ids[k]);
+            uint64_t d = td_kv_block_digest(slot_mem(N, e->slot), N->block_bytes);
+            if (d != rq->digests[k]) {
+                r.rejected++;
+                continue; /* stays pending: lease_end drops it */
+            }
+            e->digest = d;
+            e->state = KV_READY;
+            r.stored++;
+        }
+        N->stored += r.stored;
+        lease_end(N, (uint32_t)i);
+    }
+    pthread_mutex_unlock(&N->mu);
+    tandem__internal__v1__kv_commit_request__free_unpacked(rq, NULL);
+    if (r.rejected)
+        TD_WARN("kvstore %s: %u blocks of put %llu did not carry their stated digest: not stored", N->id, r.rejected,
+                (unsigned long long)rq->put_id);
+    if (code)
+        td_rpc_call_finish(call, code, "%s", msg);
+    else
+        reply_pb(call, &r.base);
+}
+
+static void h_stats(void *ctx, td_rpc_call_t *call)
+{
+    node_t *N = ctx;
+    Tandem__Internal__V1__KvStatsResponse r = TANDEM__INTERNAL__V1__KV_STATS_RESPONSE__INIT;
+    Tandem__Internal__V1__KvTierStats t[KV_TIERS], *tp[KV_TIERS];
+    Tandem__Internal__V1__KvContract c;
+    pthread_mutex_lock(&N->mu);
+    leases_expire(N);
+    r.id = N->id;
+    size_t nt = N->ssd ? 2 : 1;
+    for (size_t k = 0; k < nt; k++) {
+        tandem__internal__v1__kv_tier_stats__init(&t[k]);
+        tp[k] = &t[k];
+        t[k].tier = k ? "ssd" : "cpu";
+        t[k].has_capacity_bytes = t[k].has_used_bytes = t[k].has_blocks = t[k].has_hits = t[k].has_evictions = 1;
+        t[k].capacity_bytes = k ? kv_ssd_capacity(N->ssd) : N->bytes;
+        t[k].blocks = N->ix ? kv_index_tier_count(N->ix, (kv_tier_t)k) : 0;
+        t[k].used_bytes = (uint64_t)t[k].blocks * N->block_bytes;
+        t[k].hits = N->tier_hits[k];
+        t[k].evictions = N->evictions[k];
+    }
+    r.n_tiers = nt;
+    r.tiers = tp;
+    r.has_gets = r.has_hits = r.has_puts = r.has_stored = r.has_dropped_full = r.has_checksum_errors = 1;
+    r.has_leases = r.has_block_bytes = 1;
+    r.gets = N->gets;
+    r.hits = N->hits;
+    r.puts = N->puts;
+    r.stored = N->stored;
+    r.dropped_full = N->dropped_full;
+    r.checksum_errors = N->ssd ? kv_ssd_checksum_errors(N->ssd) : 0;
+    r.leases = N->n_leases;
+    r.block_bytes = N->block_bytes;
+    if (N->have_contract) {
+        td_kv_layout_to_pb(&N->contract, &c);
+        r.contract = &c;
+    }
+    reply_pb(call, &r.base); /* under the lock: the contract's strings are the node's */
+    pthread_mutex_unlock(&N->mu);
+}
+
+/* ------------------------------------------------------------ process */
+
+static void tick(void *ctx)
+{
+    node_t *N = ctx;
+    td_member_tick(N->member);
+    pthread_mutex_lock(&N->mu);
+    leases_expire(N);
+    pthread_mutex_unlock(&N->mu);
+}
+
+static const td_flag_t kvstore_flags[] = {
+    {"--etcd", "etcd.endpoints"},        {"--dram-mb", "kvstore.dram_mb"},     {"--ssd-mb", "kvstore.ssd_mb"},
+    {"--data-dir", "kvstore.data_dir"},  {"--lease-ttl", "etcd.lease_ttl_s"},  {"--cluster-ca", "cluster.tls_ca"},
+    {"--cluster-cert", "cluster.tls_cert"}, {"--cluster-key", "cluster.tls_key"}, {"--plaintext", "cluster.plaintext"},
+    {"--interfaces", "transport.interfaces"},
+};
+
+static const char kvstore_usage[] =
+    "usage: tandem-kvstore [--config FILE] [--listen HOST:PORT] [--id ID] [--etcd HOST:PORT] [--dram-mb M]\n"
+    "                      [--ssd-mb M --data-dir DIR] [--lease-ttl S] [--interfaces lo]\n"
+    "                      [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
+    "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml)\n";
+
+static int own_flag(void *ctx, const char *flag, const char *v)
+{
+    node_t *N = ctx;
+    if (!strcmp(flag, "--listen"))
+        snprintf(N->listen, sizeof N->listen, "%s", v);
+    else
+        snprintf(N->id, sizeof N->id, "%s", v);
+    return 0;
+}
+
+static td_status_t region_setup(node_t *N)
+{
+    kv_xfer_config_t xc = {.peer_errors = N->cfg.transport.peer_errors, .interfaces = N->cfg.transport.interfaces};
+    N->xo = &kv_transport_ucx;
+    N->bytes = (size_t)N->cfg.kvstore.dram_mb << 20;
+    if (!N->bytes)
+        return td_error(TD_ERR_CONFIG, "kvstore: kvstore.dram_mb is 0: a node needs a CPU tier");
+    void *base;
+    td_status_t rc = N->xo->create(&xc, &N->xfer);
+    if (!rc)
+        rc = N->xo->mem_alloc(N->xfer, N->bytes, &base, &N->mem);
+    if (!rc)
+        rc = N->xo->mem_rkey(N->xfer, N->mem, &N->rkey, &N->rkey_len);
+    if (!rc)
+        rc = N->xo->address(N->xfer, &N->addr, &N->addr_len);
+    if (!rc && N->xo->progress_start)
+        rc = N->xo->progress_start(N->xfer);
+    if (!rc)
+        N->base = base;
+    return rc;
+}
+
+static td_status_t etcd_register(node_t *N)
+{
+    json_t *j = json_pack("{s:s, s:s, s:i, s:I, s:I}", "id", N->id, "addr", N->advertise, "pid", (int)getpid(),
+                          "dram_bytes", (json_int_t)N->bytes, "ssd_bytes",
+                          (json_int_t)(N->ssd ? kv_ssd_capacity(N->ssd) : 0));
+    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
+    json_decref(j);
+    snprintf(key, sizeof key, "/tandem/kvstores/%s", N->id);
+    td_status_t rc = v ? td_member_join(N->cfg.etcd.endpoints, N->tls, key, v, N->cfg.etcd.lease_ttl_s, &N->member, NULL)
+                       : td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory for its etcd record", N->id);
+    free(v);
+    return rc;
+}
+
+/* The SSD tier's blocks, back in the index after a restart. */
+static void ssd_restore(void *ctx, uint32_t slot, td_block_name_t name, uint64_t digest)
+{
+    node_t *N = ctx;
+    uint32_t id = kv_index_insert(N->ix, name, KV_TIER_SSD, slot, td_now_s());
+    if (id == KV_NONE) {
+        kv_ssd_free(N->ssd, slot);
+        return;
+    }
+    kv_entry_t *e = kv_index_entry(N->ix, id);
+    e->state = KV_READY;
+    e->digest = digest;
+}
+
+int main(int argc, char **argv)
+{
+    td_process_init("tandem-kvstore");
+    static node_t N;
+    pthread_mutex_init(&N.mu, NULL);
+    snprintf(N.listen, sizeof N.listen, "127.0.0.1:0");
+    snprintf(N.id, sizeof N.id, "kvstore-%d", (int)getpid());
+    static const char *const own[] = {"--listen", "--id", NULL};
+    int code = td_config_from_args(&N.cfg, "tandem-kvstore", "kvstore", kvstore_flags,
+                                   sizeof kvstore_flags / sizeof kvstore_flags[0], own, own_flag, &N, kvstore_usage,
+                                   argc, argv);
+    if (code) {
+        td_config_free(&N.cfg);
+        td_rpc_shutdown();
+        return code;
+    }
+    code = 1;
+    td_rpc_server_t *srv = NULL;
+    if (td_cluster_tls(&N.cfg, &N.tls_files, &N.tls)) {
+        code = 2;
+        goto out;
+    }
+    if (region_setup(&N))
+        goto out;
+    if (N.cfg.kvstore.ssd_mb) {
+        if (!N.cfg.kvstore.data_dir[0]) {
+            td_error(TD_ERR_CONFIG, "kvstore: kvstore.ssd_mb is set but kvstore.data_dir is empty");
+            goto out;
+        }
+        td_kv_layout_t l;
+        bool have = false;
+        if (kv_ssd_open(N.cfg.kvstore.data_dir, (uint64_t)N.cfg.kvstore.ssd_mb << 20, &N.ssd, &l, &have))
+            goto out;
+        if (have) { /* warm: the files' contract and blocks */
+            if (adopt_contract(&N, &l))
+                goto out;
+            uint32_t n = kv_ssd_restore(N.ssd, ssd_restore, &N);
+            TD_INFO("kvstore %s: %u blocks back from the SSD tier in %s", N.id, n, N.cfg.kvstore.data_dir);
+        }
+    }
+    static const char *const methods[] = {"Get", "Unlease", "Put", "Commit", "Stats"};
+    td_rpc_handler_fn fns[] = {h_get, h_unlease, h_put, h_commit, h_stats};
+    if (td_rpc_server_create(N.listen, N.tls, &srv))
+        goto out;
+    for (size_t i = 0; i < 5; i++) {
+        char m[96];
+        snprintf(m, sizeof m, "/tandem.internal.v1.KvStore/%s", methods[i]);
+        if (td_rpc_server_add(srv, m, fns[i], &N) ||
+            (i < 4 && td_rpc_server_allow(srv, m, "prefill,decode,kvstore")))
+            goto out;
+    }
+    td_rpc_server_set_max_message(srv, 16u << 20);
+    int port;
+    if (td_rpc_server_start(srv, &port))
+        goto out;
+    td_rpc_advertise_addr(N.listen, port, N.advertise, sizeof N.advertise);
+    if (etcd_register(&N))
+        goto out;
+    TD_INFO("kvstore %s serving on %s: %llu MiB DRAM, %llu MiB SSD%s%s (etcd %s)", N.id, N.advertise,
+            (unsigned long long)N.cfg.kvstore.dram_mb, (unsigned long long)N.cfg.kvstore.ssd_mb,
+            N.ssd ? " in " : "", N.ssd ? N.cfg.kvstore.data_dir : "", N.cfg.etcd.endpoints);
+    td_process_run(tick, &N);
+    TD_INFO("kvstore %s: stopping (signal %d)", N.id, td_process_stop_signal());
+    code = 0;
+out:
+    if (code)
+        fprintf(stderr, "tandem-kvstore: %s\n", td_last_error());
+    td_member_leave(N.member);
+    if (srv)
+        td_rpc_server_stop(srv, 5);
+    td_rpc_server_destroy(srv);
+    pthread_mutex_lock(&N.mu);
+    while (N.n_leases)
+        lease_end(&N, N.n_leases - 1);
+    if (N.ssd && N.ix) { /* the CPU tier's blocks go to the SSD tier where room is: the next start is warm */
+        uint32_t spilled = 0, v; /* coldest first: the hottest are the last evicted to make room */
+        while ((v = kv_index_victim(N.ix, KV_TIER_CPU)) != KV_NONE && demote(&N, v))
+            spilled++;
+        if (kv_ssd_save_manifest(N.ssd, N.ix))
+            TD_WARN("kvstore %s: %s (the next start reads every slot's header instead)", N.id, td_last_error());
+        else
+            TD_INFO("kvstore %s: %u blocks of the CPU tier written to the SSD tier, manifest saved", N.id, spilled);
+    }
+    pthread_mutex_unlock(&N.mu);
+    kv_ssd_close(N.ssd);
+    kv_index_destroy(N.ix);
+    free(N.free_slots);
+    free(N.leases);
+    if (N.xfer) {
+        N.xo->mem_free(N.xfer, N.mem);
+        N.xo->destroy(N.xfer);
+    }
+    free(N.rkey);
+    free(N.addr);
+    td_config_free(&N.cfg);
+    td_rpc_shutdown();
+    return code;
+}
