@@ -1,9 +1,12 @@
 /* up.c — `tandem up`: a whole cluster on this machine (DESIGN.md §2).
  *
- * Starts etcd (a private data dir, loopback ports), the router and P prefill
- * + D decode workers (the config's counts; 1 + 1 by default), each as its own
- * process (tandem-router, tandem-prefill, tandem-decode, found beside this
- * binary). It supervises them: a child that dies is logged and started again
+ * Starts etcd (a private data dir, loopback ports), K kvstore nodes, the
+ * router and P prefill + D decode workers (the config's counts; 1, 1 + 1 by
+ * default), each as its own process (tandem-kvstore, tandem-router,
+ * tandem-prefill, tandem-decode, found beside this binary). A kvstore node's
+ * SSD tier (kvstore.ssd_mb) lives in kvstore.data_dir/kvstore-K when the
+ * config names a data dir (kept: the next start is warm), else in the
+ * cluster's throwaway dir. It supervises them: a child that dies is logged and started again
  * (after a short back-off that grows if it keeps dying). When the router
  * reports SERVING it prints the router's endpoint as HOST:PORT on stdout.
  * Ctrl-C / SIGTERM stops the children (workers drain), then etcd, and
@@ -133,15 +136,15 @@ static bool router_serving(td_rpc_channel_t *ch)
 }
 
 const char cli_up_usage[] =
-    "usage: tandem up [--config FILE] [--model PATH] [--prefill N] [--decode N] [--listen HOST:PORT]\n"
-    "                 [--worker-arg ARG]...\n";
+    "usage: tandem up [--config FILE] [--model PATH] [--prefill N] [--decode N] [--kvstores N] [--listen HOST:PORT]\n"
+    "                 [--worker-arg ARG]... [--kvstore-arg ARG]...\n";
 
 int cli_up(int argc, char **argv)
 {
     const char *config = NULL, *model = NULL, *listen_at = NULL;
-    const char *extra[MAX_EXTRA];
-    int n_extra = 0;
-    long np = -1, nd = -1;
+    const char *extra[MAX_EXTRA], *kv_extra[MAX_EXTRA];
+    int n_extra = 0, n_kv_extra = 0;
+    long np = -1, nd = -1, nkv = -1;
     for (int i = 0; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -162,8 +165,18 @@ int cli_up(int argc, char **argv)
                 return 2;
             }
             *(argv[i][2] == 'p' ? &np : &nd) = n;
+        } else if (!strcmp(argv[i], "--kvstores")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 0 || n > 16) {
+                fprintf(stderr, "tandem up: --kvstores needs a count in [0, 16], not '%s'\n", v);
+                return 2;
+            }
+            nkv = n;
         } else if (!strcmp(argv[i], "--worker-arg") && n_extra < MAX_EXTRA)
             extra[n_extra++] = v;
+        else if (!strcmp(argv[i], "--kvstore-arg") && n_kv_extra < MAX_EXTRA)
+            kv_extra[n_kv_extra++] = v;
         else {
             fprintf(stderr, "tandem up: unknown argument '%s'\n%s", argv[i], cli_up_usage);
             return 2;
@@ -180,6 +193,8 @@ int cli_up(int argc, char **argv)
         np = cfg.prefill.count ? cfg.prefill.count : 1;
     if (nd < 0)
         nd = cfg.decode.count ? cfg.decode.count : 1;
+    if (nkv < 0)
+        nkv = cfg.kvstore.count > 16 ? 16 : cfg.kvstore.count;
     static char model_buf[PATH_MAX];
     snprintf(model_buf, sizeof model_buf, "%s",
              model ? model : cfg.model.path && cfg.model.path[0] ? cfg.model.path : TD_DEFAULT_MODEL);
@@ -212,8 +227,8 @@ int cli_up(int argc, char **argv)
      * (by default) a throwaway CA and a certificate per process made here */
     bool plaintext = cfg.cluster.plaintext, own_certs = !plaintext && !(cfg.cluster.tls_ca && cfg.cluster.tls_ca[0]);
     if (own_certs) {
-        const char *names[2 * 16 + 3];
-        char name_buf[2 * 16][32];
+        const char *names[3 * 16 + 3];
+        char name_buf[3 * 16][32];
         size_t nn = 0;
         names[nn++] = "router";
         names[nn++] = "etcd";
@@ -221,6 +236,10 @@ int cli_up(int argc, char **argv)
         for (long k = 0; k < np + nd; k++) {
             snprintf(name_buf[k], sizeof name_buf[k], "%s-%ld", k < np ? "prefill" : "decode", k < np ? k : k - np);
             names[nn++] = name_buf[k];
+        }
+        for (long k = 0; k < nkv; k++) {
+            snprintf(name_buf[np + nd + k], sizeof name_buf[0], "kvstore-%ld", k);
+            names[nn++] = name_buf[np + nd + k];
         }
         if (td_certs_make(certdir, names, nn, NULL, 0, 30)) {
             fprintf(stderr, "tandem up: %s\n", td_last_error());
@@ -278,6 +297,31 @@ int cli_up(int argc, char **argv)
             add_arg(etcd, targs[i]);
     }
     char bin[PATH_MAX + 32];
+    for (long k = 0; k < nkv && nk < MAX_CHILDREN; k++) {
+        child_t *c = &kids[nk++];
+        snprintf(c->name, sizeof c->name, "tandem-kvstore");
+        snprintf(bin, sizeof bin, "%s/tandem-kvstore", dir);
+        add_arg(c, bin);
+        if (config) {
+            add_arg(c, "--config");
+            add_arg(c, config);
+        }
+        char name[32], kdir[PATH_MAX + 64];
+        snprintf(name, sizeof name, "kvstore-%ld", k);
+        add_arg(c, "--id");
+        add_arg(c, name);
+        add_arg(c, "--etcd");
+        add_arg(c, etcd_ep);
+        snprintf(kdir, sizeof kdir, "%s/%s", cfg.kvstore.data_dir && cfg.kvstore.data_dir[0] ? cfg.kvstore.data_dir : base,
+                 name);
+        add_arg(c, "--data-dir");
+        add_arg(c, kdir);
+        char cert[PATH_MAX], key[PATH_MAX];
+        pair_of(&cfg, own_certs ? certdir : NULL, name, cert, key);
+        add_cluster_tls(c, plaintext, ca_file, cert, key);
+        for (int e = 0; e < n_kv_extra; e++)
+            add_arg(c, kv_extra[e]);
+    }
     child_t *router = &kids[nk++];
     snprintf(router->name, sizeof router->name, "tandem-router");
     snprintf(bin, sizeof bin, "%s/tandem-router", dir);
@@ -353,7 +397,8 @@ int cli_up(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     for (int i = 0; i < nk; i++)
         spawn(&kids[i]);
-    fprintf(stderr, "tandem up: etcd on %s, %ld prefill + %ld decode workers, model %s\n", etcd_ep, np, nd, model);
+    fprintf(stderr, "tandem up: etcd on %s, %ld kvstore nodes, %ld prefill + %ld decode workers, model %s\n", etcd_ep,
+            nkv, np, nd, model);
     if (plaintext)
         fprintf(stderr, "tandem up: WARNING: cluster.plaintext is set: etcd and the workers' RPCs take anyone\n");
     else if (own_certs)

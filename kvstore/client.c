@@ -263,7 +263,9 @@ static void part_get(kv_client_t *c, part_t *p, const td_block_name_t *names, do
         if (td_rpc_unary(p->node->ch, "/tandem.internal.v1.KvStore/Get", buf, len, timeout_s, NULL, &resp, &rlen,
                          &res) == TD_OK) {
             Tandem__Internal__V1__KvGetResponse *r = tandem__internal__v1__kv_get_response__unpack(NULL, rlen, resp);
-            if (r && r->n_offsets == r->n_digests && r->n_offsets <= p->n_pos && r->block_bytes ==
+            if (r && !r->n_offsets) {
+                /* a miss (a node with no blocks yet states no block size) */
+            } else if (r && r->n_offsets == r->n_digests && r->n_offsets <= p->n_pos && r->block_bytes ==
                 td_kv_block_bytes(&c->cfg.contract) && (p->offsets = malloc((r->n_offsets + 1) * 8)) &&
                 (p->digests = malloc((r->n_offsets + 1) * 8))) {
                 p->lease = r->lease_id;
@@ -377,64 +379,67 @@ td_status_t kv_client_lookup(kv_client_t *c, const td_block_name_t *names, uint3
 
 uint32_t kv_client_read_ssd_hits(const kv_client_read_t *rd) { return rd ? rd->ssd_hits : 0; }
 
-td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, void *const *dst, uint32_t n, double timeout_s,
-                            uint32_t *got)
+td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from, uint32_t n, void *const *dst,
+                            double timeout_s, uint32_t *got)
 {
     *got = 0;
-    if (n > rd->found)
-        n = rd->found;
-    uint32_t ok_prefix = n;
+    if (from >= rd->found)
+        return TD_OK;
+    uint32_t end = from + n < rd->found ? from + n : rd->found, ok_end = end;
     double deadline = td_now_s() + timeout_s;
+#define DST(pos) ((uint8_t *)dst[(pos) - from])
     pthread_mutex_lock(&c->xmu);
     for (uint32_t k = 0; k < rd->n_parts; k++) {
         part_t *p = &rd->parts[k];
         knode_t *nd = p->node;
-        uint32_t m = 0;
-        while (m < p->found && p->pos[m] < n)
+        uint32_t a = 0, m;
+        while (a < p->found && p->pos[a] < from)
+            a++;
+        for (m = a; m < p->found && p->pos[m] < end;)
             m++;
-        if (!m)
+        if (m == a)
             continue;
         td_status_t rc = nd->peer && !nd->peer_failed ? TD_OK
                                                        : td_error(TD_ERR_UNAVAILABLE, "no connection to %s", nd->id);
         size_t bb = p->block_bytes;
-        for (uint32_t i = 0; i < m && !rc;) { /* one get per run contiguous on both ends */
+        for (uint32_t i = a; i < m && !rc;) { /* one get per run contiguous on both ends */
             uint32_t j = i + 1;
-            while (j < m && p->offsets[j] == p->offsets[j - 1] + bb &&
-                   (uint8_t *)dst[p->pos[j]] == (uint8_t *)dst[p->pos[j - 1]] + bb)
+            while (j < m && p->offsets[j] == p->offsets[j - 1] + bb && DST(p->pos[j]) == DST(p->pos[j - 1]) + bb)
                 j++;
-            rc = c->xo->get(c->x, nd->peer, nd->region, dst[p->pos[i]], (j - i) * bb, p->offsets[i]);
+            rc = c->xo->get(c->x, nd->peer, nd->region, DST(p->pos[i]), (j - i) * bb, p->offsets[i]);
             i = j;
         }
         double left = deadline - td_now_s();
         if (!rc)
             rc = c->xo->flush(c->x, nd->peer, left > 0.01 ? left : 0.01);
         if (rc) {
-            TD_WARN("kvstore client: reading %u blocks from %s: %s; the prefix ends before them", m, nd->id,
+            TD_WARN("kvstore client: reading %u blocks from %s: %s; the prefix ends before them", m - a, nd->id,
                     td_last_error());
             nd->peer_failed = true;
-            if (p->pos[0] < ok_prefix)
-                ok_prefix = p->pos[0];
+            if (p->pos[a] < ok_end)
+                ok_end = p->pos[a];
             pthread_mutex_lock(&c->mu);
             c->st.fetch_failures++;
             pthread_mutex_unlock(&c->mu);
             continue;
         }
-        for (uint32_t i = 0; i < m; i++)
-            if (td_kv_block_digest(dst[p->pos[i]], bb) != p->digests[i]) {
+        for (uint32_t i = a; i < m; i++)
+            if (td_kv_block_digest(DST(p->pos[i]), bb) != p->digests[i]) {
                 TD_WARN("kvstore client: block %u of the chain from %s arrived with another digest; the prefix ends "
                         "before it", p->pos[i], nd->id);
                 pthread_mutex_lock(&c->mu);
                 c->st.digest_failures++;
                 pthread_mutex_unlock(&c->mu);
-                if (p->pos[i] < ok_prefix)
-                    ok_prefix = p->pos[i];
+                if (p->pos[i] < ok_end)
+                    ok_end = p->pos[i];
                 break;
             }
     }
     pthread_mutex_unlock(&c->xmu);
-    *got = ok_prefix;
+#undef DST
+    *got = ok_end - from;
     pthread_mutex_lock(&c->mu);
-    c->st.fetched_blocks += ok_prefix;
+    c->st.fetched_blocks += *got;
     pthread_mutex_unlock(&c->mu);
     return TD_OK;
 }

@@ -53,11 +53,12 @@ uint32_t kv_client_nodes(kv_client_t *c);
  * that fail or time out count as misses (logged at debug). */
 td_status_t kv_client_lookup(kv_client_t *c, const td_block_name_t *names, uint32_t n, double timeout_s,
                              kv_client_read_t **rd, uint32_t *found);
-/* Reads blocks [0, n) of the prefix found (n <= found) into dst[i]
- * (block_bytes each); *got: the blocks, from the first, that arrived with
- * their digests (fewer than n when a node failed or a block was bad). */
-td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, void *const *dst, uint32_t n, double timeout_s,
-                            uint32_t *got);
+/* Reads blocks [from, from + n) of the prefix found (from + n <= found)
+ * into dst[0..n) (block_bytes each); *got: the blocks, from the first, that
+ * arrived with their digests (fewer than n when a node failed or a block
+ * was bad). */
+td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from, uint32_t n, void *const *dst,
+                            double timeout_s, uint32_t *got);
 /* How many of the blocks found came from the SSD tier. */
 uint32_t kv_client_read_ssd_hits(const kv_client_read_t *rd);
 void kv_client_read_end(kv_client_t *c, kv_client_read_t *rd);

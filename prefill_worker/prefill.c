@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "engine/worker.h"
+#include "kvstore/client.h"
 
 typedef struct prefill_role prefill_role_t;
 
@@ -215,6 +216,14 @@ typedef struct preq {
     uint32_t pushed;
     uint64_t *digests;
     size_t n_digests;
+    /* The KV store: the prompt's block names (its full blocks but the last
+     * token's), how many leading ones the pool held, and the blocks fetched
+     * from the store after them, held (engine thread) until the request
+     * leaves the engine so that its first step finds them. */
+    td_block_name_t *names;
+    uint32_t n_names, pool_have, n_fetched, store_found, store_got;
+    int32_t *fetched;
+    bool store_abandoned; /* the handler gave up waiting for the alloc closure (under mu) */
 } preq_t;
 
 /* The role's state, behind its context (eng_worker_role_t.ctx). */
@@ -235,6 +244,9 @@ struct prefill_role {
     double exposed_total, busy_total;
     uint64_t bytes_total;
     double busy_at_step;
+    kv_client_t *store; /* NULL: no KV store (kvstore.use false, or none could be set up) */
+    bool store_closing;
+    uint64_t store_blocks_in, store_publish_jobs;
 };
 
 static void peer_release(prefill_role_t *R, peer_entry_t *pe)
@@ -281,8 +293,26 @@ static void preq_put(preq_t *r)
         tandem__internal__v1__prefill_request__free_unpacked(r->rq, NULL);
     free(r->bias);
     free(r->digests);
+    free(r->names);
+    free(r->fetched);
     pthread_mutex_destroy(&r->mu);
     free(r);
+}
+
+/* Engine thread: the blocks fetched from the store for r are let go (the
+ * sequence holds its own references to those it took). */
+static void fetched_release(preq_t *r)
+{
+    eng_kv_pool_t *pool = eng_engine_kv_pool(eng_worker_engine(r->role->w));
+    for (uint32_t i = 0; i < r->n_fetched; i++)
+        eng_kv_unref(pool, r->fetched[i]);
+    r->n_fetched = 0;
+}
+
+static void active_remove_at(prefill_role_t *R, size_t k)
+{
+    fetched_release(R->active[k]);
+    R->active[k] = R->active[--R->n_active];
 }
 
 static void active_remove(preq_t *r)
@@ -290,7 +320,7 @@ static void active_remove(preq_t *r)
     prefill_role_t *R = r->role;
     for (size_t i = 0; i < R->n_active; i++)
         if (R->active[i] == r) {
-            R->active[i] = R->active[--R->n_active];
+            active_remove_at(R, i);
             return;
         }
 }
@@ -310,6 +340,172 @@ static void preq_finish(preq_t *r, td_status_t rc, const char *err, int32_t tok,
     pthread_mutex_unlock(&r->mu);
 }
 
+/* ------------------------------------------------------------ the KV store
+ * Before a prompt joins the engine: its block names are looked up in the
+ * store (every home node asked for its names, kvstore/client.h); the blocks
+ * after the ones this pool holds are allocated in the pool (engine thread),
+ * read into it with UCX gets and their digests checked (handler thread),
+ * then named in the pool where the engine's prefix cache finds them
+ * (engine thread, in add_on_engine). Any failure is a shorter prefix, so the
+ * rest is computed. After the first token, the prompt's full blocks are
+ * published write-behind (kv_client_put_async), held in the pool until
+ * written. */
+#define STORE_LOOKUP_S 1.0
+#define STORE_FETCH_S 3.0
+
+static void store_alloc_on_engine(eng_worker_t *w, void *arg)
+{
+    preq_t *r = arg;
+    eng_kv_pool_t *pool = eng_engine_kv_pool(eng_worker_engine(w));
+    uint32_t have = 0;
+    int32_t *held = r->fetched + r->n_names; /* the pool's own prefix, held while blocks are taken */
+    for (; have < r->n_names; have++)
+        if ((held[have] = eng_kv_lookup(pool, r->names[have])) < 0)
+            break;
+    r->pool_have = have;
+    uint32_t k = 0;
+    pthread_mutex_lock(&r->mu);
+    bool abandoned = r->store_abandoned;
+    pthread_mutex_unlock(&r->mu);
+    for (uint32_t want = r->store_found > have && !abandoned ? r->store_found - have : 0; k < want; k++)
+        if (eng_kv_alloc(pool, &r->fetched[k]))
+            break;
+    r->n_fetched = k;
+    for (uint32_t i = 0; i < have; i++)
+        eng_kv_unref(pool, held[i]);
+    preq_put(r); /* the closure's */
+}
+
+/* Engine thread, before the request is added: the fetched blocks get their
+ * names (or the block already named so, if one appeared meanwhile). */
+static void store_name_fetched(eng_worker_t *w, preq_t *r)
+{
+    eng_kv_pool_t *pool = eng_engine_kv_pool(eng_worker_engine(w));
+    for (uint32_t i = r->store_got; i < r->n_fetched; i++)
+        eng_kv_unref(pool, r->fetched[i]); /* taken, but nothing valid arrived */
+    if (r->n_fetched > r->store_got)
+        r->n_fetched = r->store_got;
+    for (uint32_t i = 0; i < r->n_fetched; i++) {
+        int32_t got = eng_kv_publish(pool, r->fetched[i], r->names[r->pool_have + i]);
+        if (got != r->fetched[i]) {
+            eng_kv_ref(pool, got);
+            eng_kv_unref(pool, r->fetched[i]);
+            r->fetched[i] = got;
+        }
+    }
+}
+
+/* Handler thread: looks the prompt up in the store and reads what the pool
+ * lacks into fresh pool blocks. r->store_got: blocks read (after the pool's
+ * r->pool_have). */
+static void store_fetch(eng_worker_t *w, preq_t *r)
+{
+    prefill_role_t *R = r->role;
+    td_kv_layout_t l = eng_worker_contract(w);
+    uint32_t bt = l.block_tokens, full = (uint32_t)((r->rq->n_tokens - 1) / bt);
+    if (!full || !(r->names = malloc(full * sizeof *r->names)) || !(r->fetched = malloc(2 * full * sizeof *r->fetched)))
+        return;
+    td_block_name_t root = td_block_name_root(l.model_id, td_kv_dtype_name(l.dtype), bt);
+    td_block_name_chain(root, r->rq->tokens, r->rq->n_tokens, bt, r->names, full);
+    r->n_names = full;
+    kv_client_read_t *rd = NULL;
+    uint32_t found = 0;
+    kv_client_lookup(R->store, r->names, full, STORE_LOOKUP_S, &rd, &found);
+    if (found) {
+        r->store_found = found; /* what to allocate for */
+        pthread_mutex_lock(&r->mu);
+        r->refs++; /* the closure's */
+        pthread_mutex_unlock(&r->mu);
+        if (eng_worker_call(w, store_alloc_on_engine, r, 10)) {
+            pthread_mutex_lock(&r->mu);
+            r->store_abandoned = true;
+            pthread_mutex_unlock(&r->mu);
+            kv_client_read_end(R->store, rd);
+            return; /* the closure, run later, takes nothing */
+        }
+        if (r->n_fetched) {
+            size_t bb;
+            uint8_t *base = eng_engine_kv_base(eng_worker_engine(w), &bb); /* constant: no engine state */
+            void **dst = malloc(r->n_fetched * sizeof *dst);
+            if (dst) {
+                for (uint32_t i = 0; i < r->n_fetched; i++)
+                    dst[i] = base + (size_t)r->fetched[i] * bb;
+                kv_client_fetch(R->store, rd, r->pool_have, r->n_fetched, dst, STORE_FETCH_S, &r->store_got);
+                free(dst);
+            }
+        }
+    }
+    kv_client_read_end(R->store, rd);
+}
+
+typedef struct publish {
+    prefill_role_t *R;
+    uint32_t n;
+    int32_t *blocks;
+    td_block_name_t *names;
+    const void **src;
+} publish_t;
+
+static void publish_free(void *arg) { free(arg); }
+
+static void publish_unref_on_engine(eng_worker_t *w, void *arg)
+{
+    publish_t *p = arg;
+    eng_kv_pool_t *pool = eng_engine_kv_pool(eng_worker_engine(w));
+    for (uint32_t i = 0; i < p->n; i++)
+        eng_kv_unref(pool, p->blocks[i]);
+}
+
+/* The writer thread: the blocks are written (or failed): let them go. */
+static void publish_done(void *ctx, uint32_t stored)
+{
+    publish_t *p = ctx;
+    (void)stored;
+    if (p->R->store_closing) { /* the engine thread has stopped; the pool goes with it */
+        free(p);
+        return;
+    }
+    if (eng_worker_call_or_drop(p->R->w, publish_unref_on_engine, p, publish_free, 60) == TD_OK)
+        free(p);
+}
+
+/* Engine thread, after r's first token: its prompt's full blocks go to the
+ * store, held in the pool (a reference each) until written. */
+static void store_publish(prefill_role_t *R, preq_t *r)
+{
+    td_kv_layout_t l = eng_worker_contract(R->w);
+    uint32_t bt = l.block_tokens, full = (uint32_t)(r->rq->n_tokens / bt);
+    if (!full)
+        return;
+    publish_t *p = malloc(sizeof *p + full * (sizeof *p->blocks + sizeof *p->names + sizeof *p->src));
+    if (!p)
+        return;
+    p->R = R;
+    p->names = (td_block_name_t *)(p + 1);
+    p->src = (const void **)(p->names + full);
+    p->blocks = (int32_t *)(p->src + full);
+    td_block_name_t root = td_block_name_root(l.model_id, td_kv_dtype_name(l.dtype), bt);
+    td_block_name_chain(root, r->rq->tokens, r->rq->n_tokens, bt, p->names, full);
+    eng_engine_t *e = eng_worker_engine(R->w);
+    eng_kv_pool_t *pool = eng_engine_kv_pool(e);
+    size_t bb;
+    uint8_t *base = eng_engine_kv_base(e, &bb);
+    uint32_t n = 0;
+    for (; n < full; n++) {
+        if ((p->blocks[n] = eng_kv_lookup(pool, p->names[n])) < 0)
+            break;
+        p->src[n] = base + (size_t)p->blocks[n] * bb;
+    }
+    p->n = n;
+    if (!n || kv_client_put_async(R->store, p->names, p->src, n, publish_done, p)) {
+        for (uint32_t i = 0; i < n; i++)
+            eng_kv_unref(pool, p->blocks[i]);
+        free(p);
+        return;
+    }
+    R->store_publish_jobs++;
+}
+
 static void on_prefill_event(void *ctx, const eng_event_t *ev)
 {
     preq_t *r = ctx;
@@ -322,8 +518,11 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
         preq_finish(r, TD_ERR_TIMEOUT, "landing: its land-by time passed before the KV was put", -1, 0);
     else if (r->pushed < r->n_digests) /* a bug: the landing would decode on garbage */
         preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);
-    else
+    else {
+        if (r->role->store)
+            store_publish(r->role, r);
         preq_finish(r, TD_OK, NULL, ev->token, ev->n_cached);
+    }
     preq_put(r); /* the listener's */
 }
 
@@ -382,7 +581,7 @@ static void prefill_after_step(eng_worker_t *w, void *ctx)
         if (r->pe->failed) { /* its KV cannot land: stop computing it */
             eng_engine_cancel(eng_worker_engine(w), r->eng_id);
             eng_worker_unlisten(w, r->eng_id);
-            R->active[k] = R->active[--R->n_active];
+            active_remove_at(R, k);
             preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
             preq_put(r);
             continue;
@@ -418,7 +617,9 @@ static void add_on_engine(eng_worker_t *w, void *arg)
 {
     preq_t *r = arg;
     prefill_role_t *R = r->role;
+    store_name_fetched(w, r);
     if (R->n_tombs && tombstoned(R, r->rq->landing->reservation_id)) {
+        fetched_release(r);
         r->rc = TD_ERR_CANCELLED;
         snprintf(r->err, sizeof r->err, "the router cancelled reservation %llu's prefill before it began",
                  (unsigned long long)r->rq->landing->reservation_id);
@@ -432,6 +633,7 @@ static void add_on_engine(eng_worker_t *w, void *arg)
     r->rc = eng_engine_add(eng_worker_engine(w), &er, &r->eng_id);
     if (r->rc) {
         snprintf(r->err, sizeof r->err, "%s", td_last_error());
+        fetched_release(r);
         return;
     }
     if (R->n_active == R->cap_active) {
@@ -439,6 +641,7 @@ static void add_on_engine(eng_worker_t *w, void *arg)
         preq_t **a = realloc(R->active, nc * sizeof *a);
         if (!a) {
             eng_engine_cancel(eng_worker_engine(w), r->eng_id);
+            fetched_release(r);
             r->rc = TD_ERR_NO_MEMORY;
             snprintf(r->err, sizeof r->err, "no memory");
             return;
@@ -449,6 +652,7 @@ static void add_on_engine(eng_worker_t *w, void *arg)
     if ((r->rc = eng_worker_listen(w, r->eng_id, on_prefill_event, r))) {
         snprintf(r->err, sizeof r->err, "%s", td_last_error());
         eng_engine_cancel(eng_worker_engine(w), r->eng_id);
+        fetched_release(r);
         return;
     }
     R->active[R->n_active++] = r;
@@ -465,7 +669,7 @@ static void cancel_on_engine(eng_worker_t *w, void *arg)
         if (R->active[k] == r) {
             eng_engine_cancel(eng_worker_engine(w), r->eng_id);
             eng_worker_unlisten(w, r->eng_id);
-            R->active[k] = R->active[--R->n_active];
+            active_remove_at(R, k);
             preq_put(r); /* the active list's */
             break;
         }
@@ -495,7 +699,7 @@ static void pcancel_on_engine(eng_worker_t *w, void *arg)
         /* between steps: the pusher has drained, so nothing of it is left to put */
         eng_engine_cancel(eng_worker_engine(w), r->eng_id);
         eng_worker_unlisten(w, r->eng_id);
-        R->active[k] = R->active[--R->n_active];
+        active_remove_at(R, k);
         preq_finish(r, TD_ERR_CANCELLED, "the router cancelled it", -1, 0);
         preq_put(r); /* the active list's */
         op->found = true;
@@ -721,7 +925,11 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     pthread_mutex_lock(&r->mu);
     r->call = call;
     pthread_mutex_unlock(&r->mu);
+    if (r->role->store)
+        store_fetch(w, r);
+    pthread_mutex_lock(&r->mu);
     r->refs++; /* the add closure's */
+    pthread_mutex_unlock(&r->mu);
     if (eng_worker_call(w, add_on_engine, r, 10)) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
         goto done;
@@ -760,6 +968,12 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     rp.exposed_transfer_ms = r->exposed_s * 1e3;
     rp.bytes = (uint64_t)need * bb;
     rp.prefill_worker = (char *)eng_worker_id(w);
+    /* of the cached tokens, those the store brought (the pool's own come first) */
+    uint32_t bt = eng_worker_contract(w).block_tokens, own = r->pool_have * bt;
+    rp.has_store_tokens = 1;
+    rp.store_tokens = r->n_cached > own ? r->n_cached - own : 0;
+    if (rp.store_tokens > r->store_got * bt)
+        rp.store_tokens = r->store_got * bt;
     rp.n_block_digests = r->n_digests;
     rp.block_digests = r->digests;
     size_t pn = tandem__internal__v1__prefill_response__get_packed_size(&rp);
@@ -811,6 +1025,16 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, R);
     const td_rpc_tls_t *tls = eng_worker_tls(w);
     td_status_t rc = tls ? td_verifier_open(tls->ca_file, &R->verifier) : TD_OK;
+    const td_config_t *cfg = eng_worker_config(w);
+    if (!rc && cfg->kvstore.use) {
+        kv_client_config_t kc = {.etcd_endpoints = cfg->etcd.endpoints, .tls = tls, .contract = eng_worker_contract(w),
+                                 .xfer = {.peer_errors = cfg->transport.peer_errors,
+                                          .interfaces = cfg->transport.interfaces}};
+        if (kv_client_create(&kc, &R->store)) {
+            TD_WARN("prefill: no KV store (%s): prefixes are cached in this pool only", td_last_error());
+            R->store = NULL;
+        }
+    }
     static const char *const methods[] = {"/tandem.internal.v1.Prefill/Prefill", "/tandem.internal.v1.Prefill/Cancel"};
     static const td_rpc_handler_fn fns[] = {h_prefill, h_cancel};
     for (size_t i = 0; !rc && i < 2; i++)
@@ -824,6 +1048,9 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
 static void prefill_detach(eng_worker_t *w, void *ctx)
 {
     prefill_role_t *R = ctx;
+    R->store_closing = true; /* the engine thread has stopped: written blocks need no release */
+    kv_client_destroy(R->store);
+    R->store = NULL;
     pusher_t *p = &R->pusher;
     pthread_mutex_lock(&p->mu);
     p->stop = true;

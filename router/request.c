@@ -44,7 +44,7 @@ struct rt_request {
     Tandem__V1__GenerateRequest *rq;
     int32_t *tokens; /* prompt, then the tokens streamed so far */
     size_t n_prompt, n_tokens, cap_tokens;
-    uint32_t max_tokens, cached;
+    uint32_t max_tokens, cached, store_cached;
     double t0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
     double t_queued, handoff; /* when the next step was queued; the time steps waited for a pool thread */
     char prefill_id[96], decode_id[96];
@@ -363,6 +363,8 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         usage.prompt_tokens = (uint32_t)q->n_prompt;
         usage.completion_tokens = (uint32_t)(q->n_tokens - q->n_prompt);
         usage.cached_prompt_tokens = q->cached;
+        usage.has_store_cached_tokens = 1;
+        usage.store_cached_tokens = q->store_cached;
         gr.usage = &usage;
         uint32_t gen = usage.completion_tokens;
         timing.has_ttft_ms = timing.has_tpot_ms = timing.has_e2e_ms = timing.has_queue_ms = 1;
@@ -575,8 +577,10 @@ static int attempt(rt_request_t *q)
     }
     snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pid);
     snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
-    if (q->n_tokens == q->n_prompt)
+    if (q->n_tokens == q->n_prompt) {
         q->cached = prp->cached_tokens;
+        q->store_cached = prp->store_tokens;
+    }
     int32_t first = prp->first_token;
     q->prefill_ms = (td_now_s() - t_b) * 1e3;
     rt_table_hold(&r->table, p); /* for rt_table_observe once the stream is done */
