@@ -86,6 +86,9 @@ run_py tests/integration/test_http.py http 300
 echo "== security (the adversarial run's attacks against a real cluster, a victim request beside each)"
 run_py tests/integration/test_security.py security 300
 
+echo "== KV store (3 kvstore nodes, 2 prefill workers: prefixes from the store, restarts, bad block files, kill -9)"
+run_py tests/integration/test_kvstore.py kvstore 900
+
 echo "== cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 

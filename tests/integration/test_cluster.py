@@ -42,7 +42,7 @@ def check(name, ok, why=""):
 
 def gen_stubs():
     out = tempfile.mkdtemp(prefix="tandem-stubs-")
-    for p in ["tandem/v1/tandem.proto", "tandem/internal/v1/worker.proto"]:
+    for p in ["tandem/v1/tandem.proto", "tandem/internal/v1/worker.proto", "tandem/internal/v1/kvstore.proto"]:
         rc = protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + out,
                           "--grpc_python_out=" + out, p])
         assert rc == 0, "protoc failed on " + p

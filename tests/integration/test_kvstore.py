@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The KV store on a real cluster: `tandem up --kvstores 3` with 2 prefill
+workers, each node with a CPU and an SSD tier (kvstore/server.c).
+
+- 20 prompts served cold, then again after both prefill workers were killed
+  (their pools empty): the second time their prefixes come from the store,
+  and every greedy output equals the cold single-process `tandem generate`.
+- A 2,000-token prompt, then the same prefix + a new question after the
+  prefill workers restarted: cached_prompt_tokens >= 1,984, all from the
+  store, TTFT <= 10% of the cold TTFT; the same after every kvstore node was
+  restarted (SIGTERM: the CPU tier is written to the SSD tier, the next start
+  reads the manifest back).
+- A flipped byte in a node's block file: a miss naming the block in the log,
+  the checksum error counted, the output still the reference's.
+- kill -9 of the nodes while requests run: every request completes with the
+  reference's output (misses), none hangs.
+Prints one line per check and closes with "kvstore: N passed, N failed".
+Usage: test_kvstore.py BUILD_BIN_DIR  (from the repository root)."""
+import glob
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cluster as tc  # noqa: E402
+
+from tandem.internal.v1 import kvstore_pb2 as kpb  # noqa: E402
+from tandem.internal.v1 import kvstore_pb2_grpc as kpbg  # noqa: E402
+
+pb = tc.pb
+check = tc.check
+WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or has had "
+         "not but one all new first after their also two who they more its time when city year would been").split()
+MAX = 6
+
+
+def text(n, rng):
+    return "".join(" " + rng.choice(WORDS) for _ in range(n))
+
+
+def gen(c, prompt, max_tokens=MAX):
+    t0 = time.time()
+    ids, last = tc.generate(c.stub, prompt, max_tokens, timeout=300)
+    return ids, last.usage, last.timing, time.time() - t0
+
+
+def kvstores(c):
+    out = c.etcdctl("get", "--prefix", "/tandem/kvstores/", "--print-value-only").stdout
+    return sorted([json.loads(l) for l in out.splitlines() if l.startswith("{")], key=lambda n: n["id"])
+
+
+def kv_stats(c, node):
+    ch = c.channel(node["addr"], cert="prefill-0")
+    r = kpbg.KvStoreStub(ch).Stats(kpb.KvStatsRequest(), timeout=5)
+    ch.close()
+    return r
+
+
+def restart_prefill(c):
+    """kill -9 of every prefill worker; tandem up starts them again with empty pools."""
+    old = [w for w in c.workers() if w["role"] == "prefill"]
+    for w in old:
+        os.kill(w["pid"], signal.SIGKILL)
+    olds = {w["id"] for w in old}
+    return tc.wait_for(lambda: len([w for w in c.workers() if w["role"] == "prefill" and w["id"] not in olds]) == 2, 60)
+
+
+def restart_kvstores(c, sig):
+    old = kvstores(c)
+    for n in old:
+        os.kill(n["pid"], sig)
+    pids = {n["pid"] for n in old}
+    return tc.wait_for(lambda: len([n for n in kvstores(c) if n["pid"] not in pids]) == len(old), 60)
+
+
+def main():
+    rng = random.Random(20261124)
+    work = tempfile.mkdtemp(prefix="tandem-kvstore-test-")
+    cfg = os.path.join(work, "tandem.yaml")
+    with open(cfg, "w") as f:
+        f.write("kvstore: { dram_mb: 96, ssd_mb: 192, data_dir: %s }\nprefill: { count: 2, kv_mib: 96 }\n"
+                "decode: { kv_mib: 96 }\n" % work)
+    c = tc.Cluster(config=cfg, extra=["--kvstores", "3"])
+    try:
+        nodes = kvstores(c)
+        check("tandem up --kvstores 3: three kvstore nodes registered in etcd", len(nodes) == 3, str(nodes))
+
+        # 20 prompts, cold then from the store
+        docs = [text(rng.randint(40, 260), rng) for _ in range(20)]
+        first = [gen(c, d) for d in docs]
+        refs = [tc.reference(d, MAX) for d in docs]
+        check("20 prompts served cold equal the single-process reference",
+              all(f[0] == r for f, r in zip(first, refs)), str([i for i, (f, r) in enumerate(zip(first, refs)) if f[0] != r]))
+        time.sleep(1)  # write-behind publishing
+        check("prefill workers restarted (kill -9)", restart_prefill(c))
+        again = [gen(c, d) for d in docs]
+        store_hits = sum(1 for a in again if a[1].store_cached_tokens > 0)
+        full = sum(1 for d, a in zip(docs, again) if a[1].store_cached_tokens == a[1].cached_prompt_tokens > 0)
+        check("the 20 prompts again on empty pools: %d of 20 took their prefix from the store (%d tokens)" %
+              (store_hits, sum(a[1].store_cached_tokens for a in again)), store_hits == 20 and full == 20,
+              str([(a[1].cached_prompt_tokens, a[1].store_cached_tokens) for a in again]))
+        check("... and their outputs equal the cold reference token for token",
+              all(a[0] == r for a, r in zip(again, refs)), str([i for i, (a, r) in enumerate(zip(again, refs)) if a[0] != r]))
+
+        # a 2,000-token prompt, then its prefix + a new question
+        long_doc = text(1990, rng)
+        cold = gen(c, long_doc)
+        n_prompt = cold[1].prompt_tokens
+        time.sleep(2)
+        check("prefill workers restarted again (kill -9)", restart_prefill(c))
+        q = long_doc + " and then which of the two was first"
+        q_ref = tc.reference(q, MAX)
+        hit = gen(c, q)
+        check("%d-token prompt cold: TTFT %.0f ms; prefix + question on an empty pool: %d cached tokens, %d from the "
+              "store, TTFT %.0f ms (%.1f%% of cold)" % (n_prompt, cold[2].ttft_ms, hit[1].cached_prompt_tokens,
+                                                        hit[1].store_cached_tokens, hit[2].ttft_ms,
+                                                        100 * hit[2].ttft_ms / cold[2].ttft_ms),
+              n_prompt >= 1990 and hit[1].store_cached_tokens >= 1984 and hit[2].ttft_ms <= 0.1 * cold[2].ttft_ms)
+        check("... its output equals the cold reference", hit[0] == q_ref, "%s vs %s" % (hit[0], q_ref))
+
+        # every kvstore node restarted (SIGTERM: CPU tier to SSD, manifest) and the prefill workers too
+        check("every kvstore node restarted (SIGTERM)", restart_kvstores(c, signal.SIGTERM))
+        check("prefill workers restarted (kill -9)", restart_prefill(c))
+        q2 = long_doc + " and then which of the three was last"
+        q2_ref = tc.reference(q2, MAX)
+        warm = gen(c, q2)
+        ssd = sum(t.hits for n in kvstores(c) for t in kv_stats(c, n).tiers if t.tier == "ssd")
+        check("after the restart the store is warm: %d tokens from the store (%d SSD-tier hits), TTFT %.0f ms" %
+              (warm[1].store_cached_tokens, ssd, warm[2].ttft_ms),
+              warm[1].store_cached_tokens >= 1984 and ssd > 0 and warm[2].ttft_ms <= 0.1 * cold[2].ttft_ms)
+        check("... output equals the reference", warm[0] == q2_ref)
+        log = open(c.err.name).read()
+        check("the nodes read their manifests back (no header scan)", log.count("blocks back from the SSD tier") >= 3 and
+              "rebuilding the block list" not in log)
+
+        # a flipped byte in every node's block file, after a clean restart put the blocks there
+        check("every kvstore node restarted (SIGTERM) again", restart_kvstores(c, signal.SIGTERM))
+        time.sleep(0.5)
+        slot = 4096 + 368640  # a 4 KiB header, then the block (SmolLM2-135M, fp16, 16 tokens)
+        for f in glob.glob(os.path.join(work, "kvstore-*", "blocks")):
+            with open(f, "r+b") as fh:
+                for s in range(os.path.getsize(f) // slot):  # one byte of every slot's block
+                    fh.seek(s * slot + 4096 + 1000)
+                    b = fh.read(1)
+                    fh.seek(-1, 1)
+                    fh.write(bytes([b[0] ^ 0x5A]))
+        check("prefill workers restarted (kill -9)", restart_prefill(c))
+        q3 = long_doc + " so what came after the first"
+        bad = gen(c, q3)
+        log = open(c.err.name).read()
+        errs = sum(kv_stats(c, n).checksum_errors for n in kvstores(c))
+        check("a flipped byte in every block of the block files: %d checksum errors, logged naming the block, %d tokens "
+              "from the store" % (errs, bad[1].store_cached_tokens),
+              errs > 0 and "fails its checksum" in log and bad[1].store_cached_tokens == 0)
+        check("... and the output equals the reference (the bad blocks recomputed)", bad[0] == tc.reference(q3, MAX))
+
+        # kill -9 of every node while requests run: they complete (misses), none hangs
+        outs, errs2 = [None] * 6, []
+        prompts = [long_doc[: 200 * (i + 1)] + " and so on" for i in range(6)]
+
+        def run(i):
+            try:
+                outs[i] = gen(c, prompts[i])
+            except Exception as e:  # noqa: BLE001
+                errs2.append(repr(e))
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+        for t in ts:
+            t.start()
+        time.sleep(0.3)
+        for n in kvstores(c):
+            os.kill(n["pid"], signal.SIGKILL)
+        for t in ts:
+            t.join(200)
+        check("kill -9 of every kvstore node under 6 concurrent requests: all complete, none hangs (%s)" %
+              ("; ".join(errs2) or "no errors"), all(o is not None for o in outs) and not errs2)
+        check("... with the reference's outputs",
+              all(o is not None and o[0] == tc.reference(p, MAX) for o, p in zip(outs, prompts)))
+    finally:
+        rc = c.stop()
+        check("tandem up stops cleanly (exit %s)" % rc, rc == 0)
+    p, f = sum(tc.results), len(tc.results) - sum(tc.results)
+    print("kvstore: %d passed, %d failed" % (p, f))
+    return 0 if not f else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
