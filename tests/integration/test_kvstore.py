@@ -21,6 +21,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -158,6 +159,16 @@ def main():
               "from the store" % (errs, bad[1].store_cached_tokens),
               errs > 0 and "fails its checksum" in log and bad[1].store_cached_tokens == 0)
         check("... and the output equals the reference (the bad blocks recomputed)", bad[0] == tc.reference(q3, MAX))
+
+        # the operator's view
+        st = subprocess.run([tc.BIN + "/tandem", "kvstore-status", "--etcd", c.etcd, "--tls-ca", c.certs + "/ca.pem",
+                             "--tls-cert", c.certs + "/client.pem", "--tls-key", c.certs + "/client.key", "--json"],
+                            capture_output=True, text=True, timeout=30)
+        rows = [json.loads(l) for l in st.stdout.splitlines() if l.startswith("{")]
+        check("tandem kvstore-status: 3 nodes, each with a cpu and an ssd tier, blocks held (%s)" %
+              ", ".join("%s %d+%d blocks" % (r["id"], r["tiers"][0]["blocks"], r["tiers"][1]["blocks"]) for r in rows),
+              st.returncode == 0 and len(rows) == 3 and all(len(r["tiers"]) == 2 for r in rows) and
+              sum(t["blocks"] for r in rows for t in r["tiers"]) > 0, st.stderr)
 
         # kill -9 of every node while requests run: they complete (misses), none hangs
         outs, errs2 = [None] * 6, []
