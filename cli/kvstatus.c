@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 #include "common/etcd.h"
 #include "common/log.h"
+#include "common/rpc_pb.h"
 #include "tandem/internal/v1/kvstore.pb-c.h"
 
 const char cli_kvstatus_usage[] =
@@ -89,25 +90,21 @@ int cli_kvstatus(int argc, char **argv)
         const char *id = j ? json_string_value(json_object_get(j, "id")) : NULL;
         const char *addr = j ? json_string_value(json_object_get(j, "addr")) : NULL;
         td_rpc_channel_t *ch = NULL;
-        uint8_t *resp = NULL;
-        size_t rlen = 0;
         td_rpc_result_t res = {0};
         Tandem__Internal__V1__KvStatsRequest rq = TANDEM__INTERNAL__V1__KV_STATS_REQUEST__INIT;
-        uint8_t buf[8];
-        size_t len = tandem__internal__v1__kv_stats_request__pack(&rq, buf);
-        Tandem__Internal__V1__KvStatsResponse *r = NULL;
-        if (addr && td_rpc_channel_create(addr, tp, &ch) == TD_OK &&
-            td_rpc_unary(ch, "/tandem.internal.v1.KvStore/Stats", buf, len, 5.0, NULL, &resp, &rlen, &res) == TD_OK)
-            r = tandem__internal__v1__kv_stats_response__unpack(NULL, rlen, resp);
+        ProtobufCMessage *m = NULL;
+        if (addr && td_rpc_channel_create(addr, tp, &ch) == TD_OK)
+            td_rpc_unary_pb(ch, "/tandem.internal.v1.KvStore/Stats", &rq.base,
+                            &tandem__internal__v1__kv_stats_response__descriptor, 5.0, NULL, &m, &res);
+        Tandem__Internal__V1__KvStatsResponse *r = (Tandem__Internal__V1__KvStatsResponse *)m;
         if (r) {
             node_line(id ? id : kvs.kv[i].key, r, as_json);
         } else {
-            fprintf(stderr, "tandem kvstore-status: %s at %s: %s\n", id ? id : kvs.kv[i].key, addr ? addr : "?",
-                    res.code ? res.message : td_last_error());
+            fprintf(stderr, "tandem kvstore-status: %s: %s\n", id ? id : kvs.kv[i].key, td_last_error());
             code = 1;
         }
-        tandem__internal__v1__kv_stats_response__free_unpacked(r, NULL);
-        free(resp);
+        if (m)
+            protobuf_c_message_free_unpacked(m, NULL);
         td_rpc_channel_destroy(ch);
         json_decref(j);
     }

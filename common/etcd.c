@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "common/clock.h"
 #include "common/etcd.h"
+#include "common/rpc_pb.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -63,22 +64,10 @@ static ProtobufCBinaryData bin_of(const char *s) { return (ProtobufCBinaryData){
 static td_status_t call(td_etcd_t *e, const char *method, const ProtobufCMessage *msg,
                         const ProtobufCMessageDescriptor *desc, ProtobufCMessage **reply)
 {
-    size_t n = protobuf_c_message_get_packed_size(msg);
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf)
-        return td_error(TD_ERR_NO_MEMORY, "etcd: no memory");
-    protobuf_c_message_pack(msg, buf);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
     td_rpc_result_t res;
-    td_status_t rc = td_rpc_unary(e->ch, method, buf, n, TD_ETCD_TIMEOUT_S, NULL, &resp, &rlen, &res);
-    free(buf);
+    td_status_t rc = td_rpc_unary_pb(e->ch, method, msg, desc, TD_ETCD_TIMEOUT_S, NULL, reply, &res);
     if (rc)
-        return td_error(rc, "etcd %s: %s %s: %s", e->endpoint, method, td_rpc_code_name(res.code), res.message);
-    *reply = protobuf_c_message_unpack(desc, NULL, rlen, resp);
-    free(resp);
-    if (!*reply)
-        return td_error(TD_ERR_FORMAT, "etcd %s: %s: the reply does not parse", e->endpoint, method);
+        return td_error(rc, "etcd: %s", td_last_error());
     return TD_OK;
 }
 

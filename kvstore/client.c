@@ -11,6 +11,7 @@
 #include "common/etcd.h"
 #include "common/kv_contract_pb.h"
 #include "common/log.h"
+#include "common/rpc_pb.h"
 #include "kvstore/client.h"
 #include "tandem/internal/v1/kvstore.pb-c.h"
 
@@ -254,45 +255,38 @@ static void part_get(kv_client_t *c, part_t *p, const td_block_name_t *names, do
     rq.lease_ms = LEASE_MS;
     rq.n_names = p->n_pos;
     rq.names = store ? names_pb(names, p->pos, p->n_pos, store) : NULL;
-    size_t len = tandem__internal__v1__kv_get_request__get_packed_size(&rq);
-    uint8_t *buf = rq.names ? malloc(len ? len : 1) : NULL, *resp = NULL;
-    size_t rlen = 0;
     td_rpc_result_t res;
-    if (buf) {
-        tandem__internal__v1__kv_get_request__pack(&rq, buf);
-        if (td_rpc_unary(p->node->ch, "/tandem.internal.v1.KvStore/Get", buf, len, timeout_s, NULL, &resp, &rlen,
-                         &res) == TD_OK) {
-            Tandem__Internal__V1__KvGetResponse *r = tandem__internal__v1__kv_get_response__unpack(NULL, rlen, resp);
-            if (r && !r->n_offsets) {
-                /* a miss (a node with no blocks yet states no block size) */
-            } else if (r && r->n_offsets == r->n_digests && r->n_offsets <= p->n_pos && r->block_bytes ==
-                td_kv_block_bytes(&c->cfg.contract) && (p->offsets = malloc((r->n_offsets + 1) * 8)) &&
-                (p->digests = malloc((r->n_offsets + 1) * 8))) {
-                p->lease = r->lease_id;
-                p->found = (uint32_t)r->n_offsets;
-                p->block_bytes = r->block_bytes;
-                memcpy(p->offsets, r->offsets, r->n_offsets * 8);
-                memcpy(p->digests, r->digests, r->n_offsets * 8);
-                *ssd += r->ssd_hits;
-                if (p->found) {
-                    pthread_mutex_lock(&c->xmu);
-                    if (node_peer(c, p->node, r->region)) {
-                        TD_WARN("kvstore client: %s: %s", p->node->id, td_last_error());
-                        p->found = 0;
-                    }
-                    pthread_mutex_unlock(&c->xmu);
-                }
-            } else if (r) {
-                TD_WARN("kvstore client: %s answered Get with %zu offsets for %u names of %llu bytes", p->node->id,
-                        r->n_offsets, p->n_pos, (unsigned long long)r->block_bytes);
+    ProtobufCMessage *m = NULL;
+    if (rq.names && td_rpc_unary_pb(p->node->ch, "/tandem.internal.v1.KvStore/Get", &rq.base,
+                                    &tandem__internal__v1__kv_get_response__descriptor, timeout_s, NULL, &m,
+                                    &res) == TD_OK) {
+        Tandem__Internal__V1__KvGetResponse *r = (Tandem__Internal__V1__KvGetResponse *)m;
+        if (!r->n_offsets) {
+            /* a miss (a node with no blocks yet states no block size) */
+        } else if (r->n_offsets == r->n_digests && r->n_offsets <= p->n_pos &&
+                   r->block_bytes == td_kv_block_bytes(&c->cfg.contract) &&
+                   (p->offsets = malloc((r->n_offsets + 1) * 8)) && (p->digests = malloc((r->n_offsets + 1) * 8))) {
+            p->lease = r->lease_id;
+            p->found = (uint32_t)r->n_offsets;
+            p->block_bytes = r->block_bytes;
+            memcpy(p->offsets, r->offsets, r->n_offsets * 8);
+            memcpy(p->digests, r->digests, r->n_offsets * 8);
+            *ssd += r->ssd_hits;
+            pthread_mutex_lock(&c->xmu);
+            if (node_peer(c, p->node, r->region)) {
+                TD_WARN("kvstore client: %s: %s", p->node->id, td_last_error());
+                p->found = 0;
             }
-            tandem__internal__v1__kv_get_response__free_unpacked(r, NULL);
+            pthread_mutex_unlock(&c->xmu);
         } else {
-            TD_DEBUG("kvstore client: Get at %s: %s %s", p->node->id, td_rpc_code_name(res.code), res.message);
+            TD_WARN("kvstore client: %s answered Get with %zu offsets for %u names of %llu bytes", p->node->id,
+                    r->n_offsets, p->n_pos, (unsigned long long)r->block_bytes);
         }
+    } else if (rq.names) {
+        TD_DEBUG("kvstore client: %s", td_last_error());
     }
-    free(resp);
-    free(buf);
+    if (m)
+        protobuf_c_message_free_unpacked(m, NULL);
     free(rq.names);
     free(store);
 }
@@ -304,11 +298,12 @@ static void unlease(part_t *p)
     Tandem__Internal__V1__KvUnleaseRequest rq = TANDEM__INTERNAL__V1__KV_UNLEASE_REQUEST__INIT;
     rq.has_lease_id = 1;
     rq.lease_id = p->lease;
-    uint8_t buf[32], *resp = NULL;
-    size_t rlen, len = tandem__internal__v1__kv_unlease_request__pack(&rq, buf);
     td_rpc_result_t res;
-    td_rpc_unary(p->node->ch, "/tandem.internal.v1.KvStore/Unlease", buf, len, 1.0, NULL, &resp, &rlen, &res);
-    free(resp);
+    ProtobufCMessage *m = NULL;
+    td_rpc_unary_pb(p->node->ch, "/tandem.internal.v1.KvStore/Unlease", &rq.base,
+                    &tandem__internal__v1__kv_unlease_response__descriptor, 1.0, NULL, &m, &res);
+    if (m)
+        protobuf_c_message_free_unpacked(m, NULL);
     p->lease = 0;
 }
 
@@ -460,36 +455,35 @@ void kv_client_read_end(kv_client_t *c, kv_client_read_t *rd)
 /* ------------------------------------------------------------ writes */
 
 /* One node's share of a put job: Put, the puts, Commit; blocks stored. */
-static uint32_t put_part(kv_client_t *c, knode_t *nd, const put_job_t *j, const uint32_t *pos, uint32_t m)
+static uint32_t put_part(kv_client_t *c, knode_t *nd, const put_job_t *j, const uint32_t *pos, uint32_t m_names)
 {
-    Tandem__Internal__V1__BlockName *store = malloc(m * sizeof *store);
+    Tandem__Internal__V1__BlockName *store = malloc(m_names * sizeof *store);
     Tandem__Internal__V1__KvPutRequest rq = TANDEM__INTERNAL__V1__KV_PUT_REQUEST__INIT;
     rq.contract = &c->contract_pb;
     rq.has_lease_ms = 1;
     rq.lease_ms = LEASE_MS;
-    rq.n_names = m;
-    rq.names = store ? names_pb(j->names, pos, m, store) : NULL;
-    size_t len = tandem__internal__v1__kv_put_request__get_packed_size(&rq), rlen = 0;
-    uint8_t *buf = rq.names ? malloc(len ? len : 1) : NULL, *resp = NULL;
+    rq.n_names = m_names;
+    rq.names = store ? names_pb(j->names, pos, m_names, store) : NULL;
     td_rpc_result_t res;
     uint32_t stored = 0;
+    ProtobufCMessage *m = NULL;
     Tandem__Internal__V1__KvPutResponse *r = NULL;
-    if (!buf)
+    if (!rq.names)
         goto out;
-    tandem__internal__v1__kv_put_request__pack(&rq, buf);
-    if (td_rpc_unary(nd->ch, "/tandem.internal.v1.KvStore/Put", buf, len, RPC_TIMEOUT_S, NULL, &resp, &rlen, &res)) {
-        TD_DEBUG("kvstore client: Put at %s: %s %s", nd->id, td_rpc_code_name(res.code), res.message);
+    if (td_rpc_unary_pb(nd->ch, "/tandem.internal.v1.KvStore/Put", &rq.base,
+                        &tandem__internal__v1__kv_put_response__descriptor, RPC_TIMEOUT_S, NULL, &m, &res)) {
+        TD_DEBUG("kvstore client: %s", td_last_error());
         goto out;
     }
-    r = tandem__internal__v1__kv_put_response__unpack(NULL, rlen, resp);
-    if (!r || r->n_slots != m || !r->put_id)
+    r = (Tandem__Internal__V1__KvPutResponse *)m;
+    if (r->n_slots != m_names || !r->put_id)
         goto out;
     size_t bb = td_kv_block_bytes(&c->cfg.contract);
-    uint64_t *digests = malloc(m * sizeof *digests);
+    uint64_t *digests = malloc(m_names * sizeof *digests);
     size_t nd_ = 0;
     pthread_mutex_lock(&c->xmu);
     td_status_t rc = digests ? node_peer(c, nd, r->region) : TD_ERR_NO_MEMORY;
-    for (uint32_t i = 0; i < m && !rc; i++)
+    for (uint32_t i = 0; i < m_names && !rc; i++)
         if (r->slots[i]) {
             digests[nd_++] = td_kv_block_digest(j->src[pos[i]], bb);
             rc = c->xo->put(c->x, nd->peer, nd->region, j->src[pos[i]], bb, r->slots[i] - 1);
@@ -509,28 +503,18 @@ static uint32_t put_part(kv_client_t *c, knode_t *nd, const put_job_t *j, const 
     cq.put_id = r->put_id;
     cq.n_digests = nd_;
     cq.digests = digests;
-    size_t clen = tandem__internal__v1__kv_commit_request__get_packed_size(&cq);
-    uint8_t *cbuf = malloc(clen ? clen : 1), *cresp = NULL;
-    size_t crlen;
-    if (cbuf) {
-        tandem__internal__v1__kv_commit_request__pack(&cq, cbuf);
-        if (td_rpc_unary(nd->ch, "/tandem.internal.v1.KvStore/Commit", cbuf, clen, RPC_TIMEOUT_S, NULL, &cresp, &crlen,
-                         &res) == TD_OK) {
-            Tandem__Internal__V1__KvCommitResponse *cr = tandem__internal__v1__kv_commit_response__unpack(NULL, crlen, cresp);
-            if (cr)
-                stored = cr->stored;
-            tandem__internal__v1__kv_commit_response__free_unpacked(cr, NULL);
-        } else {
-            TD_WARN("kvstore client: Commit at %s: %s %s", nd->id, td_rpc_code_name(res.code), res.message);
-        }
-    }
-    free(cresp);
-    free(cbuf);
+    ProtobufCMessage *cm = NULL;
+    if (td_rpc_unary_pb(nd->ch, "/tandem.internal.v1.KvStore/Commit", &cq.base,
+                        &tandem__internal__v1__kv_commit_response__descriptor, RPC_TIMEOUT_S, NULL, &cm, &res) == TD_OK)
+        stored = ((Tandem__Internal__V1__KvCommitResponse *)cm)->stored;
+    else
+        TD_WARN("kvstore client: %s", td_last_error());
+    if (cm)
+        protobuf_c_message_free_unpacked(cm, NULL);
     free(digests);
 out:
-    tandem__internal__v1__kv_put_response__free_unpacked(r, NULL);
-    free(resp);
-    free(buf);
+    if (m)
+        protobuf_c_message_free_unpacked(m, NULL);
     free(rq.names);
     free(store);
     return stored;

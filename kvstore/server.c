@@ -36,6 +36,7 @@
 #include "common/kv_contract_pb.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/rpc_pb.h"
 #include "kvstore/index.h"
 #include "kvstore/ssd.h"
 #include "kvstore/transfer.h"
@@ -264,18 +265,6 @@ static void leases_expire(node_t *N)
 
 /* ------------------------------------------------------------ RPCs */
 
-static void reply_pb(td_rpc_call_t *call, const ProtobufCMessage *m)
-{
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t *b = malloc(n ? n : 1);
-    if (!b) {
-        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
-        return;
-    }
-    protobuf_c_message_pack(m, b);
-    td_rpc_call_reply(call, b, n);
-    free(b);
-}
 
 static void region_pb(node_t *N, Tandem__Internal__V1__KvRegion *r)
 {
@@ -399,7 +388,7 @@ static void h_get(void *ctx, td_rpc_call_t *call)
     if (code)
         td_rpc_call_finish(call, code, "%s", msg);
     else
-        reply_pb(call, &r.base);
+        td_rpc_reply_pb(call, &r.base);
     free(offsets);
     free(digests);
     tandem__internal__v1__kv_get_request__free_unpacked(rq, NULL);
@@ -422,7 +411,7 @@ static void h_unlease(void *ctx, td_rpc_call_t *call)
     pthread_mutex_unlock(&N->mu);
     tandem__internal__v1__kv_unlease_request__free_unpacked(rq, NULL);
     Tandem__Internal__V1__KvUnleaseResponse r = TANDEM__INTERNAL__V1__KV_UNLEASE_RESPONSE__INIT;
-    reply_pb(call, &r.base);
+    td_rpc_reply_pb(call, &r.base);
 }
 
 static void h_put(void *ctx, td_rpc_call_t *call)
@@ -497,7 +486,7 @@ static void h_put(void *ctx, td_rpc_call_t *call)
     if (code)
         td_rpc_call_finish(call, code, "%s", msg);
     else
-        reply_pb(call, &r.base);
+        td_rpc_reply_pb(call, &r.base);
     free(slots);
     tandem__internal__v1__kv_put_request__free_unpacked(rq, NULL);
 }
@@ -549,7 +538,7 @@ static void h_commit(void *ctx, td_rpc_call_t *call)
     if (code)
         td_rpc_call_finish(call, code, "%s", msg);
     else
-        reply_pb(call, &r.base);
+        td_rpc_reply_pb(call, &r.base);
 }
 
 static void h_stats(void *ctx, td_rpc_call_t *call)
@@ -589,7 +578,7 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
         td_kv_layout_to_pb(&N->contract, &c);
         r.contract = &c;
     }
-    reply_pb(call, &r.base); /* under the lock: the contract's strings are the node's */
+    td_rpc_reply_pb(call, &r.base); /* under the lock: the contract's strings are the node's */
     pthread_mutex_unlock(&N->mu);
 }
 

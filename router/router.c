@@ -26,6 +26,7 @@
 #include "common/pb_wire.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/rpc_pb.h"
 #include "common/rpc.h"
 #include "engine/chat.h"
 #include "engine/model.h"
@@ -85,18 +86,6 @@ static td_status_t membership_start(router_t *r)
 
 /* ---------------------------------------------------------------- helpers */
 
-static void reply_pb(td_rpc_call_t *call, const ProtobufCMessage *m)
-{
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t *b = malloc(n ? n : 1);
-    if (!b) {
-        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
-        return;
-    }
-    protobuf_c_message_pack(m, b);
-    td_rpc_call_reply(call, b, n);
-    free(b);
-}
 
 /* Renders and tokenizes the input; an error (INVALID_ARGUMENT) names the field. */
 td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1__ChatInput *chat, bool parse_special,
@@ -368,7 +357,7 @@ static void h_tokenize(void *ctx, td_rpc_call_t *call)
         Tandem__V1__TokenizeResponse tr = TANDEM__V1__TOKENIZE_RESPONSE__INIT;
         tr.n_token_ids = n_ids;
         tr.token_ids = ids;
-        reply_pb(call, &tr.base);
+        td_rpc_reply_pb(call, &tr.base);
     }
     free(ids);
     tandem__v1__tokenize_request__free_unpacked(rq, NULL);
@@ -388,7 +377,7 @@ static void h_list_models(void *ctx, td_rpc_call_t *call)
     Tandem__V1__ListModelsResponse lr = TANDEM__V1__LIST_MODELS_RESPONSE__INIT;
     lr.n_models = 1;
     lr.models = list;
-    reply_pb(call, &lr.base);
+    td_rpc_reply_pb(call, &lr.base);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -445,7 +434,7 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     hr.status = np && nd ? TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING
                          : TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_NOT_SERVING;
     hr.detail = detail ? detail : "";
-    reply_pb(call, &hr.base);
+    td_rpc_reply_pb(call, &hr.base);
     free(detail);
 }
 

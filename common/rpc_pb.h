@@ -1,0 +1,21 @@
+/* rpc_pb.h — common/rpc.h's calls with protobuf-c messages: the one place
+ * that packs a request, calls, and unpacks the reply (and packs a handler's
+ * reply). */
+#ifndef TD_RPC_PB_H
+#define TD_RPC_PB_H
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "common/rpc.h"
+
+/* A unary call of msg; on TD_OK *reply (free with
+ * protobuf_c_message_free_unpacked) is the reply unpacked as desc. Otherwise
+ * res holds what the peer or the transport answered (code 0 when the reply
+ * did not parse: TD_ERR_FORMAT) and the error names method. */
+td_status_t td_rpc_unary_pb(td_rpc_channel_t *ch, const char *method, const ProtobufCMessage *msg,
+                            const ProtobufCMessageDescriptor *desc, double timeout_s, td_rpc_scope_t *scope,
+                            ProtobufCMessage **reply, td_rpc_result_t *res);
+/* Ends a unary call with m (RESOURCE_EXHAUSTED when it cannot be packed). */
+void td_rpc_reply_pb(td_rpc_call_t *call, const ProtobufCMessage *m);
+
+#endif
