@@ -8,7 +8,13 @@
  *          x 16 tokens x 64 x fp16) through O_DIRECT + io_uring, digest
  *          checked on every read as the node does, in GB/s of block bytes;
  *          bench/kvstore.sh runs fio on the same file system and block size.
- * Usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS]. One JSON line. */
+ *  policy  the eviction policy (segmented LRU, kvstore/index.c) against plain
+ *          LRU at equal capacity on a Mooncake trace (one block per hash id):
+ *          each request reads its longest cached prefix of blocks (the hits),
+ *          then stores the rest; beside them the trace's ideal (an infinite
+ *          cache). Capacities: 1, 2, 5, 10, 20 and 50% of the distinct blocks.
+ * Usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE.
+ * One JSON line per result. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +22,8 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include <jansson.h>
+
 #include "common/rng.h"
 #include "kvstore/index.h"
 #include "kvstore/ssd.h"
@@ -117,12 +125,123 @@ static int bench_ssd(const char *dir, uint32_t blocks)
     return 0;
 }
 
+typedef struct trace {
+    uint32_t *ids, *start; /* request i: ids[start[i] .. start[i + 1]) */
+    uint32_t n_req, n_ids, distinct;
+} trace_t;
+
+static int trace_load(const char *path, trace_t *t)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t cap_ids = 1 << 20, cap_req = 1 << 15;
+    t->ids = malloc(cap_ids * sizeof *t->ids);
+    t->start = malloc((cap_req + 1) * sizeof *t->start);
+    char line[1 << 16];
+    uint32_t maxid = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL), *h = j ? json_object_get(j, "hash_ids") : NULL;
+        if (!h) {
+            json_decref(j);
+            continue;
+        }
+        if (t->n_req + 1 >= cap_req) {
+            cap_req *= 2;
+            t->start = realloc(t->start, (cap_req + 1) * sizeof *t->start);
+        }
+        t->start[t->n_req++] = t->n_ids;
+        for (size_t k = 0; k < json_array_size(h); k++) {
+            if (t->n_ids == cap_ids) {
+                cap_ids *= 2;
+                t->ids = realloc(t->ids, cap_ids * sizeof *t->ids);
+            }
+            uint32_t v = (uint32_t)json_integer_value(json_array_get(h, k));
+            t->ids[t->n_ids++] = v;
+            if (v > maxid)
+                maxid = v;
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    t->start[t->n_req] = t->n_ids;
+    uint8_t *seen = calloc(maxid + 1, 1);
+    for (uint32_t i = 0; i < t->n_ids; i++)
+        if (!seen[t->ids[i]]++)
+            t->distinct++;
+    free(seen);
+    return 0;
+}
+
+/* Hits (blocks of cached prefixes) with capacity blocks; slru: segmented
+ * LRU (80% protected), else plain LRU (no protected segment). */
+static uint64_t simulate(const trace_t *t, uint32_t capacity, double protected_frac)
+{
+    kv_index_t *ix;
+    if (kv_index_create(capacity + 1, &ix))
+        return 0;
+    kv_index_set_protected(ix, KV_TIER_CPU, (uint32_t)(protected_frac * capacity));
+    uint64_t hits = 0;
+    for (uint32_t r = 0; r < t->n_req; r++) {
+        uint32_t a = t->start[r], b = t->start[r + 1], k = a;
+        while (k < b && kv_index_find(ix, nm(t->ids[k])) != KV_NONE) /* the longest cached prefix */
+            k++;
+        hits += k - a;
+        /* the rest is computed and stored; then every block of the request is
+         * touched deepest first, so that a chain's earlier blocks (which every
+         * later one needs) are the more recent */
+        for (uint32_t m = b; m-- > a;) {
+            uint32_t id = kv_index_find(ix, nm(t->ids[m]));
+            if (id == KV_NONE && m >= k) {
+                if (kv_index_count(ix) >= capacity) {
+                    uint32_t v = kv_index_victim(ix, KV_TIER_CPU);
+                    if (v == KV_NONE)
+                        continue;
+                    kv_index_remove(ix, v);
+                }
+                id = kv_index_insert(ix, nm(t->ids[m]), KV_TIER_CPU, 0, r);
+                kv_index_entry(ix, id)->state = KV_READY;
+            } else if (id != KV_NONE && m < k) {
+                kv_index_touch(ix, id, r);
+            }
+        }
+    }
+    kv_index_destroy(ix);
+    return hits;
+}
+
+static int bench_policy(const char *path)
+{
+    trace_t t = {0};
+    if (trace_load(path, &t)) {
+        fprintf(stderr, "tandem-bench-kvstore: cannot read %s\n", path);
+        return 1;
+    }
+    uint64_t ideal = simulate(&t, t.distinct, 0);
+    static const double fr[] = {0.01, 0.02, 0.05, 0.10, 0.20, 0.50};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) {
+        uint32_t cap = (uint32_t)(fr[i] * t.distinct);
+        uint64_t s = simulate(&t, cap, 0.8), l = simulate(&t, cap, 0), s5 = simulate(&t, cap, 0.5),
+                 s2 = simulate(&t, cap, 0.2);
+        printf("{\"bench\":\"policy\",\"trace\":\"%s\",\"requests\":%u,\"blocks\":%u,\"distinct\":%u,"
+               "\"capacity\":%u,\"capacity_frac\":%.2f,\"slru80_hit_rate\":%.4f,\"slru50_hit_rate\":%.4f,"
+               "\"slru20_hit_rate\":%.4f,\"lru_hit_rate\":%.4f,\"ideal_hit_rate\":%.4f}\n", path, t.n_req, t.n_ids,
+               t.distinct, cap, fr[i], (double)s / t.n_ids, (double)s5 / t.n_ids, (double)s2 / t.n_ids,
+               (double)l / t.n_ids, (double)ideal / t.n_ids);
+    }
+    free(t.ids);
+    free(t.start);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "index"))
         return bench_index(argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 10) : 1000000);
     if (argc >= 3 && !strcmp(argv[1], "ssd"))
         return bench_ssd(argv[2], argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 2048);
-    fprintf(stderr, "usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS]\n");
+    if (argc >= 3 && !strcmp(argv[1], "policy"))
+        return bench_policy(argv[2]);
+    fprintf(stderr, "usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE\n");
     return 2;
 }

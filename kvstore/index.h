@@ -64,8 +64,10 @@ void kv_index_move(kv_index_t *ix, uint32_t id, kv_tier_t tier, uint32_t slot);
 uint32_t kv_index_victim(const kv_index_t *ix, kv_tier_t tier);
 
 /* The tier holds at most slots blocks: its protected list keeps at most
- * 80% of them. */
+ * 20% of them (index.c says why). */
 void kv_index_set_capacity(kv_index_t *ix, kv_tier_t tier, uint32_t slots);
+/* The protected list keeps at most this many blocks (0: plain LRU). */
+void kv_index_set_protected(kv_index_t *ix, kv_tier_t tier, uint32_t blocks);
 
 uint32_t kv_index_count(const kv_index_t *ix);
 uint32_t kv_index_tier_count(const kv_index_t *ix, kv_tier_t tier);
