@@ -57,7 +57,6 @@ struct kv_client {
     put_job_t *head, *tail;
     uint32_t queued_blocks;
     bool busy;
-    kv_client_stats_t st;
 };
 
 typedef struct part {
@@ -71,7 +70,7 @@ typedef struct part {
 
 struct kv_client_read {
     part_t *parts;
-    uint32_t n_parts, found, ssd_hits;
+    uint32_t n_parts, found;
 };
 
 uint64_t kv_client_node_seed(const char *id) { return XXH3_64bits(id, strlen(id)); }
@@ -168,16 +167,6 @@ static void on_resync(void *ctx, const td_etcd_kvs_t *now)
         node_set(c, now->kv[j].key, (const char *)now->kv[j].value, true);
 }
 
-uint32_t kv_client_nodes(kv_client_t *c)
-{
-    pthread_mutex_lock(&c->mu);
-    uint32_t n = 0;
-    for (size_t i = 0; i < c->n_nodes; i++)
-        n += c->nodes[i]->live;
-    pthread_mutex_unlock(&c->mu);
-    return n;
-}
-
 /* The live nodes now (their structs stay until the client goes). */
 static uint32_t live_nodes(kv_client_t *c, knode_t **out, uint64_t *seeds, uint32_t cap)
 {
@@ -246,7 +235,7 @@ static void part_free(part_t *p)
 }
 
 /* One node's Get of its names of the chain. */
-static void part_get(kv_client_t *c, part_t *p, const td_block_name_t *names, double timeout_s, uint32_t *ssd)
+static void part_get(kv_client_t *c, part_t *p, const td_block_name_t *names, double timeout_s)
 {
     Tandem__Internal__V1__BlockName *store = malloc(p->n_pos * sizeof *store);
     Tandem__Internal__V1__KvGetRequest rq = TANDEM__INTERNAL__V1__KV_GET_REQUEST__INIT;
@@ -271,7 +260,6 @@ static void part_get(kv_client_t *c, part_t *p, const td_block_name_t *names, do
             p->block_bytes = r->block_bytes;
             memcpy(p->offsets, r->offsets, r->n_offsets * 8);
             memcpy(p->digests, r->digests, r->n_offsets * 8);
-            *ssd += r->ssd_hits;
             pthread_mutex_lock(&c->xmu);
             if (node_peer(c, p->node, r->region)) {
                 TD_WARN("kvstore client: %s: %s", p->node->id, td_last_error());
@@ -359,20 +347,13 @@ td_status_t kv_client_lookup(kv_client_t *c, const td_block_name_t *names, uint3
             continue;
         double left = deadline - td_now_s();
         if (left > 0)
-            part_get(c, p, names, left < RPC_TIMEOUT_S ? left : RPC_TIMEOUT_S, &r->ssd_hits);
+            part_get(c, p, names, left < RPC_TIMEOUT_S ? left : RPC_TIMEOUT_S);
         if (p->found < p->n_pos && p->pos[p->found] < prefix)
             prefix = p->pos[p->found];
     }
     r->found = *found = prefix;
-    pthread_mutex_lock(&c->mu);
-    c->st.lookups++;
-    c->st.names_asked += n;
-    c->st.names_found += prefix;
-    pthread_mutex_unlock(&c->mu);
     return TD_OK;
 }
-
-uint32_t kv_client_read_ssd_hits(const kv_client_read_t *rd) { return rd ? rd->ssd_hits : 0; }
 
 td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from, uint32_t n, void *const *dst,
                             double timeout_s, uint32_t *got)
@@ -390,7 +371,8 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
         uint32_t a = 0, m;
         while (a < p->found && p->pos[a] < from)
             a++;
-        for (m = a; m < p->found && p->pos[m] < end;)
+        m = a;
+        while (m < p->found && p->pos[m] < end)
             m++;
         if (m == a)
             continue;
@@ -413,18 +395,12 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
             nd->peer_failed = true;
             if (p->pos[a] < ok_end)
                 ok_end = p->pos[a];
-            pthread_mutex_lock(&c->mu);
-            c->st.fetch_failures++;
-            pthread_mutex_unlock(&c->mu);
             continue;
         }
         for (uint32_t i = a; i < m; i++)
             if (td_kv_block_digest(DST(p->pos[i]), bb) != p->digests[i]) {
                 TD_WARN("kvstore client: block %u of the chain from %s arrived with another digest; the prefix ends "
                         "before it", p->pos[i], nd->id);
-                pthread_mutex_lock(&c->mu);
-                c->st.digest_failures++;
-                pthread_mutex_unlock(&c->mu);
                 if (p->pos[i] < ok_end)
                     ok_end = p->pos[i];
                 break;
@@ -433,9 +409,6 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
     pthread_mutex_unlock(&c->xmu);
 #undef DST
     *got = ok_end - from;
-    pthread_mutex_lock(&c->mu);
-    c->st.fetched_blocks += *got;
-    pthread_mutex_unlock(&c->mu);
     return TD_OK;
 }
 
@@ -541,10 +514,6 @@ static void put_run(kv_client_t *c, put_job_t *j)
     }
     free(pos);
     free(home);
-    pthread_mutex_lock(&c->mu);
-    c->st.put_blocks += j->n;
-    c->st.put_stored += stored;
-    pthread_mutex_unlock(&c->mu);
     if (j->done)
         j->done(j->ctx, stored);
 }
@@ -591,7 +560,6 @@ td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, co
     j->next = NULL;
     pthread_mutex_lock(&c->mu);
     if (c->stop || c->queued_blocks + n > c->cfg.max_queued_blocks) {
-        c->st.put_dropped_queue += n;
         pthread_mutex_unlock(&c->mu);
         free(j);
         return td_error(TD_ERR_EXHAUSTED, "kvstore client: %u blocks wait to be written already", c->queued_blocks);
@@ -605,14 +573,6 @@ td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, co
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
     return TD_OK;
-}
-
-kv_client_stats_t kv_client_stats(kv_client_t *c)
-{
-    pthread_mutex_lock(&c->mu);
-    kv_client_stats_t s = c->st;
-    pthread_mutex_unlock(&c->mu);
-    return s;
 }
 
 /* ------------------------------------------------------------ life */

@@ -45,9 +45,6 @@ typedef struct kv_client_config {
 td_status_t kv_client_create(const kv_client_config_t *cfg, kv_client_t **out);
 /* Waits for the writer's queue to drain (up to 5 s), then closes. */
 void kv_client_destroy(kv_client_t *c);
-/* Live nodes now. */
-uint32_t kv_client_nodes(kv_client_t *c);
-
 /* The longest prefix of names[0..n) the store holds: *found names, held for
  * the reader until kv_client_read_end (*rd, also when *found is 0). Nodes
  * that fail or time out count as misses (logged at debug). */
@@ -59,8 +56,6 @@ td_status_t kv_client_lookup(kv_client_t *c, const td_block_name_t *names, uint3
  * was bad). */
 td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from, uint32_t n, void *const *dst,
                             double timeout_s, uint32_t *got);
-/* How many of the blocks found came from the SSD tier. */
-uint32_t kv_client_read_ssd_hits(const kv_client_read_t *rd);
 void kv_client_read_end(kv_client_t *c, kv_client_read_t *rd);
 
 /* Queues names[i] with its bytes src[i] for publishing; done(ctx, stored)
@@ -69,12 +64,6 @@ void kv_client_read_end(kv_client_t *c, kv_client_read_t *rd);
  * then. TD_ERR_EXHAUSTED (done not called) when the queue is full. */
 td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, const void *const *src, uint32_t n,
                                 void (*done)(void *ctx, uint32_t stored), void *ctx);
-
-typedef struct kv_client_stats {
-    uint64_t lookups, names_asked, names_found, fetched_blocks, fetch_failures, digest_failures;
-    uint64_t put_blocks, put_stored, put_failures, put_dropped_queue;
-} kv_client_stats_t;
-kv_client_stats_t kv_client_stats(kv_client_t *c);
 
 /* The home of name among node ids ids[0..n) (rendezvous hashing): its
  * index, or -1 when n is 0. */

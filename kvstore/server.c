@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/grow.h"
 #include "common/kv_contract_pb.h"
 #include "common/log.h"
 #include "common/process.h"
@@ -79,6 +80,7 @@ typedef struct node {
     uint32_t n_slots, *free_slots, n_free;
     lease_t *leases;
     uint32_t n_leases;
+    size_t cap_leases;
     uint64_t next_lease;
     /* stats */
     uint64_t gets, hits, puts, stored, dropped_full, evictions[KV_TIERS], tier_hits[KV_TIERS];
@@ -209,12 +211,8 @@ static lease_t *lease_new(node_t *N, bool put, uint32_t lease_ms, uint32_t cap)
 {
     if (N->n_leases == MAX_LEASES)
         return NULL;
-    if (!(N->n_leases & (N->n_leases + 1)) || !N->leases) { /* grow at powers of two */
-        lease_t *nl = realloc(N->leases, (2 * (size_t)N->n_leases + 2) * sizeof *nl);
-        if (!nl)
-            return NULL;
-        N->leases = nl;
-    }
+    if (!td_grow((void **)&N->leases, &N->cap_leases, N->n_leases + 1, sizeof *N->leases, 64))
+        return NULL;
     lease_t *l = &N->leases[N->n_leases];
     if (!(l->ids = malloc((cap ? cap : 1) * sizeof *l->ids)))
         return NULL;

@@ -245,8 +245,6 @@ struct prefill_role {
     uint64_t bytes_total;
     double busy_at_step;
     kv_client_t *store; /* NULL: no KV store (kvstore.use false, or none could be set up) */
-    bool store_closing;
-    uint64_t store_blocks_in, store_publish_jobs;
 };
 
 static void peer_release(prefill_role_t *R, peer_entry_t *pe)
@@ -416,12 +414,15 @@ static void store_fetch(eng_worker_t *w, preq_t *r)
         pthread_mutex_lock(&r->mu);
         r->refs++; /* the closure's */
         pthread_mutex_unlock(&r->mu);
-        if (eng_worker_call(w, store_alloc_on_engine, r, 10)) {
+        td_status_t rc = eng_worker_call(w, store_alloc_on_engine, r, 10);
+        if (rc) {
             pthread_mutex_lock(&r->mu);
             r->store_abandoned = true;
             pthread_mutex_unlock(&r->mu);
+            if (rc != TD_ERR_TIMEOUT)
+                preq_put(r); /* refused (the worker is stopping): no closure holds r */
             kv_client_read_end(R->store, rd);
-            return; /* the closure, run later, takes nothing */
+            return; /* on a timeout the closure, run later, takes nothing */
         }
         if (r->n_fetched) {
             size_t bb;
@@ -456,16 +457,14 @@ static void publish_unref_on_engine(eng_worker_t *w, void *arg)
         eng_kv_unref(pool, p->blocks[i]);
 }
 
-/* The writer thread: the blocks are written (or failed): let them go. */
+/* The writer thread: the blocks are written (or failed): let them go. A
+ * worker that is stopping refuses the call at once (its pool goes with it);
+ * on a timeout the queued closure owns p. */
 static void publish_done(void *ctx, uint32_t stored)
 {
     publish_t *p = ctx;
     (void)stored;
-    if (p->R->store_closing) { /* the engine thread has stopped; the pool goes with it */
-        free(p);
-        return;
-    }
-    if (eng_worker_call_or_drop(p->R->w, publish_unref_on_engine, p, publish_free, 60) == TD_OK)
+    if (eng_worker_call_or_drop(p->R->w, publish_unref_on_engine, p, publish_free, 60) != TD_ERR_TIMEOUT)
         free(p);
 }
 
@@ -501,9 +500,7 @@ static void store_publish(prefill_role_t *R, preq_t *r)
         for (uint32_t i = 0; i < n; i++)
             eng_kv_unref(pool, p->blocks[i]);
         free(p);
-        return;
     }
-    R->store_publish_jobs++;
 }
 
 static void on_prefill_event(void *ctx, const eng_event_t *ev)
@@ -1048,8 +1045,7 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
 static void prefill_detach(eng_worker_t *w, void *ctx)
 {
     prefill_role_t *R = ctx;
-    R->store_closing = true; /* the engine thread has stopped: written blocks need no release */
-    kv_client_destroy(R->store);
+    kv_client_destroy(R->store); /* its writer's releases are refused now: the pool goes with the engine */
     R->store = NULL;
     pusher_t *p = &R->pusher;
     pthread_mutex_lock(&p->mu);
