@@ -13,8 +13,6 @@
 #include "common/rng.h"
 #include "engine/tokenizer.h"
 
-#define BLOCK_WORDS 512 /* a trace hash id stands for 512 tokens */
-
 typedef td_rng_t rng_t;
 
 /* Uniform in (0, 1): never 0, so log() is safe. */
@@ -108,11 +106,11 @@ static td_status_t append_words(const bench_workload_t *w, rng_t *r, size_t n, c
     return TD_OK;
 }
 
-void bench_block_text(const bench_workload_t *w, uint64_t id, char **out, size_t *len, size_t *cap)
+void bench_block_text(const bench_workload_t *w, uint64_t id, uint32_t words, char **out, size_t *len, size_t *cap)
 {
     rng_t r;
     td_rng_seed(&r, id * 0x2545f4914f6cdd1dull + 12345);
-    append_words(w, &r, BLOCK_WORDS, out, len, cap);
+    append_words(w, &r, words, out, len, cap);
 }
 
 static td_status_t grow(bench_workload_t *w, size_t n)
@@ -162,8 +160,12 @@ static td_status_t trace_line_error(const char *path, size_t line, const char *f
     return td_error(TD_ERR_FORMAT, "bench: %s:%zu: field '%s' %s", path, line, field, what);
 }
 
-td_status_t bench_trace(bench_workload_t *w, const char *path, double time_scale, size_t max_n)
+td_status_t bench_trace(bench_workload_t *w, const char *path, const bench_trace_opts_t *o, size_t max_n)
 {
+    uint32_t block = o->block_tokens ? o->block_tokens : 512, divide = o->divide ? o->divide : 1;
+    if (block % divide)
+        return td_error(TD_ERR_INVALID_ARG, "bench: the trace's block size (%u tokens) is not a multiple of the "
+                        "divisor %u", block, divide);
     FILE *f = fopen(path, "r");
     if (!f)
         return td_error(TD_ERR_IO, "bench: %s: %s", path, strerror(errno));
@@ -177,24 +179,25 @@ td_status_t bench_trace(bench_workload_t *w, const char *path, double time_scale
         if (got <= 1 && (line[0] == '\n' || line[0] == '\0'))
             continue;
         json_error_t err;
-        json_t *o = json_loads(line, 0, &err);
-        if (!o || !json_is_object(o)) {
-            rc = td_error(TD_ERR_FORMAT, "bench: %s:%zu: not a JSON object (%s)", path, lineno, o ? "" : err.text);
-            json_decref(o);
+        json_t *j = json_loads(line, 0, &err);
+        if (!j || !json_is_object(j)) {
+            rc = td_error(TD_ERR_FORMAT, "bench: %s:%zu: not a JSON object (%s)", path, lineno, j ? "" : err.text);
+            json_decref(j);
             break;
         }
-        json_t *ts = json_object_get(o, "timestamp"), *in = json_object_get(o, "input_length"),
-               *out = json_object_get(o, "output_length"), *ids = json_object_get(o, "hash_ids");
+        json_t *ts = json_object_get(j, "timestamp"), *in = json_object_get(j, "input_length"),
+               *out = json_object_get(j, "output_length"), *ids = json_object_get(j, "hash_ids");
         if (!json_is_number(ts) || json_number_value(ts) < 0)
             rc = trace_line_error(path, lineno, "timestamp", "is missing or not a non-negative number (ms)");
         else if (!json_is_integer(in) || json_integer_value(in) < 1 || json_integer_value(in) > 1 << 20)
             rc = trace_line_error(path, lineno, "input_length", "is missing or not an integer in 1..1048576");
         else if (!json_is_integer(out) || json_integer_value(out) < 1 || json_integer_value(out) > 1 << 20)
             rc = trace_line_error(path, lineno, "output_length", "is missing or not an integer in 1..1048576");
-        else if (!json_is_array(ids) || json_array_size(ids) * BLOCK_WORDS < (size_t)json_integer_value(in) ||
-                 (json_array_size(ids) - 1) * BLOCK_WORDS >= (size_t)json_integer_value(in))
-            rc = trace_line_error(path, lineno, "hash_ids", "is missing or does not cover input_length in blocks "
-                                  "of 512");
+        else if (!json_is_array(ids) || json_array_size(ids) * block < (size_t)json_integer_value(in) ||
+                 (json_array_size(ids) - 1) * block >= (size_t)json_integer_value(in))
+            rc = td_error(TD_ERR_FORMAT, "bench: %s:%zu: field 'hash_ids' is missing or does not cover "
+                          "input_length in blocks of %u tokens (the trace's block size: --trace-block)",
+                          path, lineno, block);
         for (size_t i = 0; !rc && i < json_array_size(ids); i++)
             if (!json_is_integer(json_array_get(ids, i)) || json_integer_value(json_array_get(ids, i)) < 0)
                 rc = trace_line_error(path, lineno, "hash_ids", "holds something other than non-negative integers");
@@ -204,13 +207,15 @@ td_status_t bench_trace(bench_workload_t *w, const char *path, double time_scale
             double t = json_number_value(ts) / 1000.0;
             if (t0 < 0)
                 t0 = t;
-            q->t_send = (t - t0) * time_scale;
-            q->input_len = (uint32_t)json_integer_value(in);
-            q->output_len = (uint32_t)json_integer_value(out);
+            q->t_send = (t - t0) * o->time_scale;
+            /* scaled: lengths and the block size divided alike, so the ids still cover the prompt */
+            q->input_len = (uint32_t)((json_integer_value(in) + divide - 1) / divide);
+            q->output_len = (uint32_t)((json_integer_value(out) + divide - 1) / divide);
             q->group = -1;
             size_t len = 0, cap = 0;
             for (size_t i = 0; i < json_array_size(ids); i++)
-                bench_block_text(w, (uint64_t)json_integer_value(json_array_get(ids, i)), &q->prompt, &len, &cap);
+                bench_block_text(w, (uint64_t)json_integer_value(json_array_get(ids, i)), block / divide,
+                                 &q->prompt, &len, &cap);
             /* the last block holds only what input_length leaves: cut after that many words */
             size_t words = 0, cut = 0;
             for (size_t k = 0; k < len && words <= q->input_len; k++)
@@ -223,7 +228,7 @@ td_status_t bench_trace(bench_workload_t *w, const char *path, double time_scale
             else
                 w->n++;
         }
-        json_decref(o);
+        json_decref(j);
     }
     free(line);
     fclose(f);

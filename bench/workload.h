@@ -9,7 +9,8 @@
  *              output lengths fixed, uniform or lognormal; optional shared-prefix
  *              groups (a share of each prompt is its group's common prefix);
  *   trace      Mooncake JSONL {timestamp (ms), input_length, output_length,
- *              hash_ids}: one id per 512-token block, equal ids the same block
+ *              hash_ids}: one id per block of the trace's block size (512
+ *              tokens in Mooncake's public traces), equal ids the same block
  *              text, so prompts share exactly the prefixes the ids say;
  *   prompts    JSONL {"prompt": "..."} or {"messages": [...]} (+ optional
  *              "max_tokens"), sent at the rate. */
@@ -61,14 +62,20 @@ typedef struct bench_workload {
  * lower-case ASCII letters); fewer than 256 is an error. */
 td_status_t bench_words(const eng_tokenizer_t *tok, bench_workload_t *w);
 td_status_t bench_synthetic(bench_workload_t *w, const bench_synthetic_t *s);
-/* time_scale multiplies the trace's timestamps (0.5: twice as fast); max_n
- * caps the requests read (0: all). A malformed line is an error naming the
- * line and the field. */
-td_status_t bench_trace(bench_workload_t *w, const char *path, double time_scale, size_t max_n);
+typedef struct bench_trace_opts {
+    double time_scale;     /* multiplies the timestamps (0.5: twice as fast) */
+    uint32_t block_tokens; /* tokens per hash id in the file (0: 512, Mooncake's) */
+    uint32_t divide;       /* lengths and block size divided by this (0, 1: as is); it must divide the block
+                              size, so a scaled trace keeps exactly the sharing the ids say */
+} bench_trace_opts_t;
+
+/* max_n caps the requests read (0: all). A malformed line is an error naming
+ * the line and the field. */
+td_status_t bench_trace(bench_workload_t *w, const char *path, const bench_trace_opts_t *o, size_t max_n);
 td_status_t bench_prompts(bench_workload_t *w, const char *path, double rate, uint32_t max_tokens, size_t max_n);
 void bench_workload_free(bench_workload_t *w);
 
-/* The text of trace block `id` (512 words, deterministic in id). */
-void bench_block_text(const bench_workload_t *w, uint64_t id, char **out, size_t *len, size_t *cap);
+/* The text of trace block `id` (`words` one-token words, deterministic in id). */
+void bench_block_text(const bench_workload_t *w, uint64_t id, uint32_t words, char **out, size_t *len, size_t *cap);
 
 #endif

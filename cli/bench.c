@@ -21,6 +21,7 @@ const char cli_bench_usage[] =
     "usage: tandem bench --endpoint HOST:PORT [--api openai|grpc] [--model NAME] [--tls-ca PEM]\n"
     "                    [--rate R | --sweep R1,R2,...] [--num-requests N]\n"
     "                    [--workload synthetic | trace FILE | prompts FILE] [--time-scale X]\n"
+    "                    [--trace-block TOKENS] [--trace-divide K]\n"
     "                    [--input-len fixed:N|uniform:A:B|lognormal:MEAN:SIGMA] [--output-len ...]\n"
     "                    [--cv C] [--prefix-groups G] [--prefix-share S] [--seed S]\n"
     "                    [--goodput ttft:MS,tpot:MS] [--attainment 90] [--timeout S] [--ignore-eos]\n"
@@ -57,7 +58,8 @@ int cli_bench(int argc, char **argv)
 {
     const char *endpoint = NULL, *api = "openai", *model_name = NULL, *workload = "synthetic", *wfile = NULL,
                *out_path = NULL, *tls_ca = NULL, *tok_model = TD_DEFAULT_MODEL;
-    double rates[64], scales[16], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, time_scale = 1, v;
+    double rates[64], scales[16], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, v;
+    bench_trace_opts_t topts = {.time_scale = 1};
     size_t n_rates = 0, n_req = 100, n_scales = 0;
     unsigned workers = 1;
     bool ignore_eos = false;
@@ -118,7 +120,14 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(a, "--seed") && nx) {
             ok = parse_num(argv[++i], 0, 1e18, &v);
             syn.seed = (uint64_t)v;
-        } else if (!strcmp(a, "--time-scale") && nx) ok = parse_num(argv[++i], 1e-6, 1e6, &time_scale);
+        } else if (!strcmp(a, "--time-scale") && nx) ok = parse_num(argv[++i], 1e-6, 1e6, &topts.time_scale);
+        else if (!strcmp(a, "--trace-block") && nx) {
+            ok = parse_num(argv[++i], 1, 1 << 20, &v);
+            topts.block_tokens = (uint32_t)v;
+        } else if (!strcmp(a, "--trace-divide") && nx) {
+            ok = parse_num(argv[++i], 1, 1 << 20, &v);
+            topts.divide = (uint32_t)v;
+        }
         else if (!strcmp(a, "--timeout") && nx) ok = parse_num(argv[++i], 0.1, 86400, &timeout);
         else if (!strcmp(a, "--attainment") && nx) ok = parse_num(argv[++i], 1, 100, &attain);
         else if (!strcmp(a, "--goodput") && nx) {
@@ -170,7 +179,7 @@ int cli_bench(int argc, char **argv)
             syn.n = n_req;
             rc = bench_synthetic(&w, &syn);
         } else if (!strcmp(workload, "trace")) {
-            rc = bench_trace(&w, wfile, time_scale, n_req);
+            rc = bench_trace(&w, wfile, &topts, n_req);
             if (!rc && n_rates > 1 && w.n > 1 && w.req[w.n - 1].t_send > 0) { /* rescale to the rate asked */
                 double native = (w.n - 1) / w.req[w.n - 1].t_send;
                 for (size_t i = 0; i < w.n; i++)

@@ -110,7 +110,7 @@ Test(bench, trace_replay_shares_exactly_the_stated_prefixes, .init = setup, .fin
                         "{\"timestamp\": 1500, \"input_length\": 100, \"output_length\": 7, \"hash_ids\": [5]}\n";
     char *path = write_temp(trace, strlen(trace), ".jsonl");
     bench_workload_t w = {.words = words.words, .n_words = words.n_words};
-    cr_assert_eq(bench_trace(&w, path, 2.0, 0), TD_OK, "%s", td_last_error());
+    cr_assert_eq(bench_trace(&w, path, &(bench_trace_opts_t){.time_scale = 2.0}, 0), TD_OK, "%s", td_last_error());
     cr_assert_eq(w.n, 3);
     cr_assert_float_eq(w.req[1].t_send, 1.0, 1e-9, "500 ms scaled by 2");
     static td_block_name_t a[128], b[128], c[128];
@@ -132,11 +132,65 @@ Test(bench, trace_replay_shares_exactly_the_stated_prefixes, .init = setup, .fin
     free(path);
 }
 
+/* Mooncake's 512-token ids scaled down by 32 (16 tokens per id): the shared
+ * prefix is still exactly the shared ids, now one 16-token block each; a trace
+ * written with 64-token ids is read with --trace-block 64. */
+Test(bench, trace_block_size_and_scaling_keep_the_sharing, .init = setup, .fini = teardown)
+{
+    const char *trace = "{\"timestamp\": 0, \"input_length\": 1536, \"output_length\": 64, \"hash_ids\": [1, 2, 3]}\n"
+                        "{\"timestamp\": 10, \"input_length\": 1100, \"output_length\": 33, \"hash_ids\": [1, 2, 4]}\n";
+    char *path = write_temp(trace, strlen(trace), ".jsonl");
+    bench_workload_t w = {.words = words.words, .n_words = words.n_words};
+    cr_assert_eq(bench_trace(&w, path, &(bench_trace_opts_t){.time_scale = 1, .divide = 32}, 0), TD_OK, "%s",
+                 td_last_error());
+    static td_block_name_t a[128], b[128];
+    size_t ta, tb;
+    size_t na = names(w.req[0].prompt, a, 128, &ta), nb = names(w.req[1].prompt, b, 128, &tb);
+    cr_assert_eq(ta, 48, "1536 / 32");
+    cr_assert_eq(tb, 35, "1100 / 32, rounded up");
+    cr_assert_eq(w.req[0].output_len, 2);
+    cr_assert_eq(w.req[1].output_len, 2, "33 / 32, rounded up");
+    cr_assert_eq(na, 3);
+    cr_assert_eq(nb, 2);
+    cr_assert(td_block_name_eq(a[0], b[0]) && td_block_name_eq(a[1], b[1]), "ids 1, 2: two shared 16-token blocks");
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+    w = (bench_workload_t){.words = words.words, .n_words = words.n_words};
+    cr_assert_neq(bench_trace(&w, path, &(bench_trace_opts_t){.time_scale = 1, .divide = 3}, 0), TD_OK);
+    cr_assert(strstr(td_last_error(), "not a multiple of the divisor 3"), "%s", td_last_error());
+    unlink(path);
+    free(path);
+
+    trace = "{\"timestamp\": 0, \"input_length\": 130, \"output_length\": 1, \"hash_ids\": [7, 8, 9]}\n"
+            "{\"timestamp\": 1, \"input_length\": 64, \"output_length\": 1, \"hash_ids\": [7]}\n";
+    path = write_temp(trace, strlen(trace), ".jsonl");
+    w = (bench_workload_t){.words = words.words, .n_words = words.n_words};
+    cr_assert_neq(bench_trace(&w, path, &(bench_trace_opts_t){.time_scale = 1}, 0), TD_OK, "512-token ids: 130 "
+                  "tokens cannot need 3 ids");
+    cr_assert(strstr(td_last_error(), "blocks of 512 tokens"), "%s", td_last_error());
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+    w = (bench_workload_t){.words = words.words, .n_words = words.n_words};
+    cr_assert_eq(bench_trace(&w, path, &(bench_trace_opts_t){.time_scale = 1, .block_tokens = 64}, 0), TD_OK, "%s",
+                 td_last_error());
+    na = names(w.req[0].prompt, a, 128, &ta);
+    nb = names(w.req[1].prompt, b, 128, &tb);
+    cr_assert_eq(ta, 130);
+    cr_assert_eq(tb, 64);
+    for (size_t i = 0; i < 4; i++)
+        cr_assert(td_block_name_eq(a[i], b[i]), "id 7: 64 tokens = 4 shared blocks (%zu)", i);
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+    unlink(path);
+    free(path);
+}
+
 static void expect_bad(const char *text, const char *needle, bool prompts)
 {
     char *path = write_temp(text, strlen(text), ".jsonl");
     bench_workload_t w = {.words = words.words, .n_words = words.n_words};
-    td_status_t rc = prompts ? bench_prompts(&w, path, 1, 8, 0) : bench_trace(&w, path, 1, 0);
+    td_status_t rc = prompts ? bench_prompts(&w, path, 1, 8, 0)
+                             : bench_trace(&w, path, &(bench_trace_opts_t){.time_scale = 1}, 0);
     cr_assert_neq(rc, TD_OK, "'%s' was accepted", text);
     cr_assert(strstr(td_last_error(), needle), "'%s' should say '%s'", td_last_error(), needle);
     w.words = NULL, w.n_words = 0;
