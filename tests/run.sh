@@ -18,6 +18,7 @@ jobs=$(nproc)
 deploy/install-deps.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
 
 passed=0 failed=0
+failures=() # one line per failure, repeated at the end (CI keeps only the tail of the output)
 run_one() { # $1: test binary, $2: label
   local t=$1 label=$2 out p f c line
   out=$("$t" --jobs "$jobs" 2>&1)
@@ -29,7 +30,7 @@ run_one() { # $1: test binary, $2: label
   passed=$((passed + p)); failed=$((failed + f + c))
   if [ $((f + c)) -gt 0 ] || [ -z "$line" ]; then
     printf '%s\n' "$out" | grep -v ' error tandem' | tail -40
-    echo "FAILED: $label $(basename "$t")"
+    echo "FAILED: $label $(basename "$t")"; failures+=("$label $(basename "$t")")
   else
     printf '%-12s %-22s %s\n' "$label" "$(basename "$t")" "$line"
   fi
@@ -61,19 +62,26 @@ if PKG_CONFIG_LIBDIR=$hide cmake -S . -B build-user -DCMAKE_BUILD_TYPE=Release -
   echo "  user build (no Criterion) and demo: ok"; passed=$((passed + 1))
 else
   echo "  user build (no Criterion) or its demo FAILED:"; tail -20 "$ulog" "$dlog" 2>/dev/null; failed=$((failed + 1))
+  failures+=("user build (no Criterion) or its demo")
 fi
 rm -rf "$hide" "$ulog" "$dlog"
 
 run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"), $3: time limit (s)
   local out line p f
-  out=$(timeout "$3" .venv/bin/python "$1" build/bin 2>&1)
-  printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^$2:|Traceback|Error" | sed 's/^/  /'
+  # past the limit SIGABRT makes Python's faulthandler print every thread's stack: where it hung
+  out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler "$1" build/bin 2>&1)
+  printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^$2:|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
+  while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL')
   line=$(printf '%s\n' "$out" | grep "^$2:" | tail -1)
   if [ -n "$line" ]; then
     p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
     passed=$((passed + p)); failed=$((failed + f))
   else
-    echo "  $1 did not finish"; failed=$((failed + 1))
+    local last where
+    last=$(printf '%s\n' "$out" | grep -E '^(PASS|FAIL)' | tail -1)
+    where=$(printf '%s\n' "$out" | grep -E "^  File \".*$(basename "$1")\"" | head -3 | tr -s ' ' | tr '\n' ';')
+    echo "  $1 did not finish in $3 s"; failed=$((failed + 1))
+    failures+=("$(basename "$1") did not finish in $3 s; last result: ${last:-none}; its frames:${where:- ?}")
   fi
 }
 
@@ -111,6 +119,7 @@ if cmake -S . -B build-tsan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITI
     printf '%s\n' "$out" | grep '^tsan_stress:' | sed 's/^/  /'; passed=$((passed + 1))
   else
     printf '%s\n' "$out" | grep -v ' tandem' | tail -60; echo "FAILED: tsan_stress"; failed=$((failed + 1))
+    failures+=("tsan_stress")
   fi
 else
   echo "thread sanitizer build failed"; failed=$((failed + 1))
@@ -121,5 +130,6 @@ if [ "$fuzz_secs" -gt 0 ]; then
   if tests/fuzz/run.sh "$fuzz_secs"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 fi
 
+for f in "${failures[@]}"; do echo "FAILED: $f"; done
 echo "tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
