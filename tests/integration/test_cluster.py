@@ -9,6 +9,7 @@ Usage: test_cluster.py BUILD_BIN_DIR  (run from the repository root)."""
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -84,11 +85,18 @@ class Cluster:
                                    "--worker-arg", "1", "--worker-arg", "--peer-idle-s", "--worker-arg", "3"] +
                                   (["--config", config] if config else []) + list(extra),
                                   stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)
-        t0 = time.time()
         line = ""
-        while time.time() - t0 < 60 and not line:
-            line = self.p.stdout.readline().strip()
-        assert re.fullmatch(r"[\d.]+:\d+", line), "tandem up printed no endpoint: " + repr(line)
+        deadline = time.time() + 90
+        while not line and time.time() < deadline and self.p.poll() is None:  # a start that hangs fails, not hangs
+            if select.select([self.p.stdout], [], [], max(0.0, deadline - time.time()))[0]:
+                line = self.p.stdout.readline().strip()
+        if not re.fullmatch(r"[\d.]+:\d+", line):
+            self.err.seek(0)
+            tail = self.err.read()[-3000:]
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(30)
+            raise AssertionError("tandem up printed no endpoint in 90 s (exit %s): %r; its log ends:\n%s" %
+                                 (self.p.returncode, line, tail))
         self.endpoint = line
         self.err.seek(0)
         log = self.err.read()
