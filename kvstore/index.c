@@ -223,9 +223,10 @@ uint32_t kv_index_longest_run(const kv_index_t *ix)
     return best > ix->mask + 1 ? ix->mask + 1 : best;
 }
 
-void kv_index_each(kv_index_t *ix, void (*fn)(void *ctx, uint32_t id, kv_entry_t *e), void *ctx)
+uint32_t kv_index_each(kv_index_t *ix, uint32_t from, bool (*fn)(void *ctx, uint32_t id, kv_entry_t *e), void *ctx)
 {
-    for (uint32_t i = 0; i < ix->max; i++)
-        if (ix->e[i].state != KV_FREE)
-            fn(ctx, i, &ix->e[i]);
+    for (uint32_t i = from; i < ix->max; i++)
+        if (ix->e[i].state != KV_FREE && !fn(ctx, i, &ix->e[i]))
+            return i;
+    return KV_NONE;
 }

@@ -73,7 +73,8 @@ uint32_t kv_index_count(const kv_index_t *ix);
 uint32_t kv_index_tier_count(const kv_index_t *ix, kv_tier_t tier);
 /* The longest run of occupied table slots (what a miss reads). */
 uint32_t kv_index_longest_run(const kv_index_t *ix);
-/* Each entry: fn(ctx, id, entry). */
-void kv_index_each(kv_index_t *ix, void (*fn)(void *ctx, uint32_t id, kv_entry_t *e), void *ctx);
+/* fn(ctx, id, entry) for each entry from id `from` on, in id order, while fn
+ * returns true; returns the id where fn said stop (KV_NONE: all were seen). */
+uint32_t kv_index_each(kv_index_t *ix, uint32_t from, bool (*fn)(void *ctx, uint32_t id, kv_entry_t *e), void *ctx);
 
 #endif

@@ -19,6 +19,12 @@
  * its coldest unheld block (kvstore/index.c); when none can go the name is
  * not stored, and Put says so per name, never fails.
  *
+ * Events: every name that becomes readable, moves tier or goes is one
+ * event in a ring (EVENT_RING), numbered from 1 in this run (the epoch, a
+ * random number drawn at start); a follower polls Events for what came
+ * after the last it applied, and takes a Snapshot when it fell off the
+ * ring, the epoch changed or it has none yet.
+ *
  * One lock around the index and tiers: every operation under it is a
  * table probe or a list move per name; SSD reads and writes happen under it
  * too (simple, and the SSD tier is the slow path). */
@@ -30,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -47,6 +54,15 @@
 #define DEFAULT_LEASE_MS 10000u
 #define MAX_NAMES 65536u   /* names in one Get or Put (a 1M-token prompt of 16-token blocks) */
 #define MAX_LEASES 65536u
+#define EVENT_RING 65536u  /* events a follower may fall behind by before it needs a Snapshot */
+#define MAX_EVENTS 65536u  /* in one Events reply */
+#define MAX_SNAPSHOT 65536u /* names in one Snapshot page */
+
+typedef struct event {
+    uint64_t seq;
+    td_block_name_t name;
+    uint8_t kind, tier;
+} event_t;
 
 typedef struct lease {
     uint64_t id;
@@ -82,6 +98,9 @@ typedef struct node {
     uint32_t n_leases;
     size_t cap_leases;
     uint64_t next_lease;
+    /* events: seq s is events[s % EVENT_RING] while s > ev_seq - EVENT_RING */
+    event_t *events;
+    uint64_t ev_seq, epoch;
     /* stats */
     uint64_t gets, hits, puts, stored, dropped_full, evictions[KV_TIERS], tier_hits[KV_TIERS];
 } node_t;
@@ -126,9 +145,19 @@ static td_status_t adopt_contract(node_t *N, const td_kv_layout_t *l)
 
 static uint8_t *slot_mem(node_t *N, uint32_t slot) { return N->base + (size_t)slot * N->block_bytes; }
 
+/* An event about a readable entry: it is now in its tier (STORED) or gone. */
+static void emit(node_t *N, const kv_entry_t *e, Tandem__Internal__V1__KvEvent__Kind kind)
+{
+    if (e->state != KV_READY)
+        return;
+    event_t *v = &N->events[++N->ev_seq % EVENT_RING];
+    *v = (event_t){.seq = N->ev_seq, .name = e->name, .kind = (uint8_t)kind, .tier = e->tier};
+}
+
 static void drop_entry(node_t *N, uint32_t id)
 {
     kv_entry_t *e = kv_index_entry(N->ix, id);
+    emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_REMOVED);
     if (e->tier == KV_TIER_CPU)
         N->free_slots[N->n_free++] = e->slot;
     else
@@ -164,6 +193,7 @@ static bool demote(node_t *N, uint32_t id)
     }
     N->free_slots[N->n_free++] = e->slot;
     kv_index_move(N->ix, id, KV_TIER_SSD, ss);
+    emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
     return true;
 }
 
@@ -202,6 +232,7 @@ static bool promote(node_t *N, uint32_t id)
     }
     kv_ssd_free(N->ssd, e->slot);
     kv_index_move(N->ix, id, KV_TIER_CPU, slot);
+    emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
     return true;
 }
 
@@ -523,6 +554,7 @@ static void h_commit(void *ctx, td_rpc_call_t *call)
             }
             e->digest = d;
             e->state = KV_READY;
+            emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
             r.stored++;
         }
         N->stored += r.stored;
@@ -578,6 +610,119 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     }
     td_rpc_reply_pb(call, &r.base); /* under the lock: the contract's strings are the node's */
     pthread_mutex_unlock(&N->mu);
+}
+
+static void h_events(void *ctx, td_rpc_call_t *call)
+{
+    node_t *N = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__KvEventsRequest *rq = tandem__internal__v1__kv_events_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Events: the request does not parse");
+        return;
+    }
+    Tandem__Internal__V1__KvEventsResponse r = TANDEM__INTERNAL__V1__KV_EVENTS_RESPONSE__INIT;
+    uint32_t max = rq->max_events ? (rq->max_events < MAX_EVENTS ? rq->max_events : MAX_EVENTS) : 4096;
+    Tandem__Internal__V1__KvEvent *ev = NULL, **evp = NULL;
+    Tandem__Internal__V1__BlockName *names = NULL;
+    pthread_mutex_lock(&N->mu);
+    r.has_epoch = r.has_gap = r.has_last_seq = 1;
+    r.epoch = N->epoch;
+    r.last_seq = N->ev_seq;
+    uint64_t oldest = N->ev_seq >= EVENT_RING ? N->ev_seq - EVENT_RING + 1 : 1;
+    r.gap = rq->epoch != N->epoch || rq->after_seq > N->ev_seq || rq->after_seq + 1 < oldest;
+    uint64_t k = r.gap ? 0 : N->ev_seq - rq->after_seq;
+    if (k > max)
+        k = max;
+    if (k && (!(ev = malloc(k * sizeof *ev)) || !(evp = malloc(k * sizeof *evp)) ||
+              !(names = malloc(k * sizeof *names))))
+        k = 0; /* no memory: an empty batch, the follower asks again */
+    for (uint64_t i = 0; i < k; i++) {
+        const event_t *v = &N->events[(rq->after_seq + 1 + i) % EVENT_RING];
+        tandem__internal__v1__kv_event__init(&ev[i]);
+        tandem__internal__v1__block_name__init(&names[i]);
+        names[i].has_lo = names[i].has_hi = 1;
+        names[i].lo = v->name.lo;
+        names[i].hi = v->name.hi;
+        ev[i].has_seq = ev[i].has_kind = 1;
+        ev[i].seq = v->seq;
+        ev[i].kind = (Tandem__Internal__V1__KvEvent__Kind)v->kind;
+        ev[i].name = &names[i];
+        if (v->kind == TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED) {
+            ev[i].has_tier = 1;
+            ev[i].tier = v->tier;
+        }
+        evp[i] = &ev[i];
+    }
+    pthread_mutex_unlock(&N->mu);
+    r.n_events = k;
+    r.events = evp;
+    tandem__internal__v1__kv_events_request__free_unpacked(rq, NULL);
+    td_rpc_reply_pb(call, &r.base);
+    free(ev);
+    free(evp);
+    free(names);
+}
+
+typedef struct snap {
+    Tandem__Internal__V1__BlockName *names, **np;
+    uint32_t *tiers, n, max;
+} snap_t;
+
+static bool snap_add(void *ctx, uint32_t id, kv_entry_t *e)
+{
+    (void)id;
+    snap_t *sn = ctx;
+    if (e->state != KV_READY)
+        return true;
+    if (sn->n == sn->max)
+        return false;
+    Tandem__Internal__V1__BlockName *b = &sn->names[sn->n];
+    tandem__internal__v1__block_name__init(b);
+    b->has_lo = b->has_hi = 1;
+    b->lo = e->name.lo;
+    b->hi = e->name.hi;
+    sn->np[sn->n] = b;
+    sn->tiers[sn->n++] = e->tier;
+    return true;
+}
+
+static void h_snapshot(void *ctx, td_rpc_call_t *call)
+{
+    node_t *N = ctx;
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__Internal__V1__KvSnapshotRequest *rq = tandem__internal__v1__kv_snapshot_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Snapshot: the request does not parse");
+        return;
+    }
+    snap_t sn = {.max = rq->max_names && rq->max_names < MAX_SNAPSHOT ? rq->max_names : MAX_SNAPSHOT};
+    uint32_t cursor = rq->cursor;
+    tandem__internal__v1__kv_snapshot_request__free_unpacked(rq, NULL);
+    Tandem__Internal__V1__KvSnapshotResponse r = TANDEM__INTERNAL__V1__KV_SNAPSHOT_RESPONSE__INIT;
+    if (!(sn.names = malloc(sn.max * sizeof *sn.names)) || !(sn.np = malloc(sn.max * sizeof *sn.np)) ||
+        !(sn.tiers = malloc(sn.max * sizeof *sn.tiers))) {
+        free(sn.names);
+        free(sn.np);
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "kvstore %s: no memory for a snapshot page", N->id);
+        return;
+    }
+    pthread_mutex_lock(&N->mu);
+    r.has_epoch = r.has_seq = r.has_next_cursor = 1;
+    r.epoch = N->epoch;
+    r.seq = N->ev_seq;
+    uint32_t stop = N->ix ? kv_index_each(N->ix, cursor, snap_add, &sn) : KV_NONE;
+    pthread_mutex_unlock(&N->mu);
+    r.next_cursor = stop == KV_NONE ? 0 : stop;
+    r.n_names = r.n_tiers = sn.n;
+    r.names = sn.np;
+    r.tiers = sn.tiers;
+    td_rpc_reply_pb(call, &r.base);
+    free(sn.names);
+    free(sn.np);
+    free(sn.tiers);
 }
 
 /* ------------------------------------------------------------ process */
@@ -662,6 +807,7 @@ static void ssd_restore(void *ctx, uint32_t slot, td_block_name_t name, uint64_t
     kv_entry_t *e = kv_index_entry(N->ix, id);
     e->state = KV_READY;
     e->digest = digest;
+    emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
 }
 
 int main(int argc, char **argv)
@@ -686,6 +832,11 @@ int main(int argc, char **argv)
         code = 2;
         goto out;
     }
+    if (!(N.events = calloc(EVENT_RING, sizeof *N.events)) || getrandom(&N.epoch, sizeof N.epoch, 0) != sizeof N.epoch) {
+        td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory or randomness for the event ring", N.id);
+        goto out;
+    }
+    N.epoch |= 1; /* never 0: a follower's "none yet" */
     if (region_setup(&N))
         goto out;
     if (N.cfg.kvstore.ssd_mb) {
@@ -704,15 +855,20 @@ int main(int argc, char **argv)
             TD_INFO("kvstore %s: %u blocks back from the SSD tier in %s", N.id, n, N.cfg.kvstore.data_dir);
         }
     }
-    static const char *const methods[] = {"Get", "Unlease", "Put", "Commit", "Stats"};
-    td_rpc_handler_fn fns[] = {h_get, h_unlease, h_put, h_commit, h_stats};
+    /* the data plane's keys only to the roles that move blocks; Stats to any cluster certificate */
+    static const struct {
+        const char *method, *roles;
+        td_rpc_handler_fn fn;
+    } rpcs[] = {{"Get", "prefill,decode,kvstore", h_get},       {"Unlease", "prefill,decode,kvstore", h_unlease},
+                {"Put", "prefill,decode,kvstore", h_put},       {"Commit", "prefill,decode,kvstore", h_commit},
+                {"Stats", NULL, h_stats},                       {"Events", "router,prefill,decode,kvstore", h_events},
+                {"Snapshot", "router,prefill,decode,kvstore", h_snapshot}};
     if (td_rpc_server_create(N.listen, N.tls, &srv))
         goto out;
-    for (size_t i = 0; i < 5; i++) {
+    for (size_t i = 0; i < sizeof rpcs / sizeof rpcs[0]; i++) {
         char m[96];
-        snprintf(m, sizeof m, "/tandem.internal.v1.KvStore/%s", methods[i]);
-        if (td_rpc_server_add(srv, m, fns[i], &N) ||
-            (i < 4 && td_rpc_server_allow(srv, m, "prefill,decode,kvstore")))
+        snprintf(m, sizeof m, "/tandem.internal.v1.KvStore/%s", rpcs[i].method);
+        if (td_rpc_server_add(srv, m, rpcs[i].fn, &N) || (rpcs[i].roles && td_rpc_server_allow(srv, m, rpcs[i].roles)))
             goto out;
     }
     td_rpc_server_set_max_message(srv, 16u << 20);
@@ -752,6 +908,7 @@ out:
     kv_index_destroy(N.ix);
     free(N.free_slots);
     free(N.leases);
+    free(N.events);
     if (N.xfer) {
         N.xo->mem_free(N.xfer, N.mem);
         N.xo->destroy(N.xfer);

@@ -377,17 +377,18 @@ typedef struct man_ctx {
     size_t n, cap;
 } man_ctx_t;
 
-static void man_add(void *ctx, uint32_t id, kv_entry_t *e)
+static bool man_add(void *ctx, uint32_t id, kv_entry_t *e)
 {
     (void)id;
     man_ctx_t *m = ctx;
     if (e->tier != KV_TIER_SSD || e->state != KV_READY || m->n + 28 > m->cap)
-        return;
+        return true;
     memcpy(m->b + m->n, &e->slot, 4);
     memcpy(m->b + m->n + 4, &e->name.lo, 8);
     memcpy(m->b + m->n + 12, &e->name.hi, 8);
     memcpy(m->b + m->n + 20, &e->digest, 8);
     m->n += 28;
+    return true;
 }
 
 td_status_t kv_ssd_save_manifest(kv_ssd_t *s, kv_index_t *ix)
@@ -400,7 +401,7 @@ td_status_t kv_ssd_save_manifest(kv_ssd_t *s, kv_index_t *ix)
     memcpy(m.b, MAN_MAGIC, 8);
     m.n = 16;
     m.cap -= 8;
-    kv_index_each(ix, man_add, &m);
+    kv_index_each(ix, 0, man_add, &m);
     uint64_t count = (m.n - 16) / 28, sum;
     memcpy(m.b + 8, &count, 8);
     sum = XXH3_64bits(m.b, m.n);

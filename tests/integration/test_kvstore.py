@@ -14,6 +14,18 @@ workers, each node with a CPU and an SSD tier (kvstore/server.c).
   the checksum error counted, the output still the reference's.
 - kill -9 of the nodes while requests run: every request completes with the
   reference's output (misses), none hangs.
+- A frozen node (SIGSTOP) while a prefix is fetched from it: the request
+  completes with the reference's output (the get's deadline passes, the
+  prefix is recomputed), and the node serves again after SIGCONT.
+- A full disk (a 6 MiB tmpfs under a node asking 64 MiB of SSD tier): the
+  node takes what fits and says so, evicts when full (CPU -> SSD -> gone),
+  a manifest it cannot write is logged and the next start rebuilds from the
+  slots' headers; no crash, every request correct.
+- Events: a follower of each node (as the router's index is built) polls
+  Events throughout, takes a Snapshot on a gap or a new epoch, and at every
+  quiet point holds exactly the names a fresh Snapshot lists, with no missed
+  sequence number; a node's restart is a new epoch, a dropped block a
+  `removed` event.
 Prints one line per check and closes with "kvstore: N passed, N failed".
 Usage: test_kvstore.py BUILD_BIN_DIR  (from the repository root)."""
 import glob
@@ -62,13 +74,91 @@ def kv_stats(c, node):
     return r
 
 
-def restart_prefill(c):
+class Follower:
+    """Follows every node's events in a thread, as the router's cache index does:
+    per node id, epoch, last seq and the names held (name -> tier)."""
+    STORED, REMOVED = kpb.KvEvent.KV_EVENT_STORED, kpb.KvEvent.KV_EVENT_REMOVED
+
+    def __init__(self, c):
+        self.c, self.mu, self.stop_ = c, threading.Lock(), threading.Event()
+        self.nodes = {}  # id -> {epoch, seq, names, snapshots, events, removed, holes}
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def snapshot(self, stub):
+        names, cursor, seq, epoch = {}, 0, None, None
+        while True:
+            r = stub.Snapshot(kpb.KvSnapshotRequest(cursor=cursor, max_names=100), timeout=5)
+            seq = r.seq if seq is None else seq
+            epoch = r.epoch
+            for n, t in zip(r.names, r.tiers):
+                names[(n.lo, n.hi)] = t
+            cursor = r.next_cursor
+            if not cursor:
+                return epoch, seq, names
+
+    def poll(self, nid, addr):
+        ch = self.c.channel(addr, cert="router")
+        try:
+            stub = kpbg.KvStoreStub(ch)
+            st = self.nodes.setdefault(nid, {"epoch": 0, "seq": 0, "names": {}, "snapshots": 0, "events": 0,
+                                             "removed": 0, "holes": 0})
+            while True:
+                r = stub.Events(kpb.KvEventsRequest(epoch=st["epoch"], after_seq=st["seq"], max_events=500), timeout=5)
+                if r.gap:
+                    st["epoch"], st["seq"], st["names"] = self.snapshot(stub)
+                    st["snapshots"] += 1
+                    continue
+                for e in r.events:
+                    if e.seq != st["seq"] + 1:
+                        st["holes"] += 1
+                    st["seq"] = e.seq
+                    st["events"] += 1
+                    k = (e.name.lo, e.name.hi)
+                    if e.kind == self.STORED:
+                        st["names"][k] = e.tier
+                    else:
+                        st["names"].pop(k, None)
+                        st["removed"] += 1
+                if len(r.events) < 500:
+                    return
+        finally:
+            ch.close()
+
+    def once(self):
+        for n in kvstores(self.c):
+            try:
+                with self.mu:
+                    self.poll(n["id"], n["addr"])
+            except Exception:  # noqa: BLE001  (a node restarting: the next round finds its new address)
+                pass
+
+    def loop(self):
+        while not self.stop_.wait(0.05):
+            self.once()
+
+    def agrees(self):
+        """At a quiet point: per node, does what the follower holds equal a fresh Snapshot?"""
+        out = []
+        for n in kvstores(self.c):
+            ch = self.c.channel(n["addr"], cert="router")
+            with self.mu:
+                self.poll(n["id"], n["addr"])
+                epoch, seq, names = self.snapshot(kpbg.KvStoreStub(ch))
+                st = self.nodes[n["id"]]
+                out.append((n["id"], epoch == st["epoch"] and seq == st["seq"] and names == st["names"],
+                            len(names), dict(st, names=len(st["names"]))))
+            ch.close()
+        return out
+
+
+def restart_prefill(c, count=2):
     """kill -9 of every prefill worker; tandem up starts them again with empty pools."""
     old = [w for w in c.workers() if w["role"] == "prefill"]
     for w in old:
         os.kill(w["pid"], signal.SIGKILL)
     olds = {w["id"] for w in old}
-    return tc.wait_for(lambda: len([w for w in c.workers() if w["role"] == "prefill" and w["id"] not in olds]) == 2, 60)
+    return tc.wait_for(lambda: len([w for w in c.workers() if w["role"] == "prefill" and w["id"] not in olds]) == count, 60)
 
 
 def restart_kvstores(c, sig):
@@ -77,6 +167,60 @@ def restart_kvstores(c, sig):
         os.kill(n["pid"], sig)
     pids = {n["pid"] for n in old}
     return tc.wait_for(lambda: len([n for n in kvstores(c) if n["pid"] not in pids]) == len(old), 60)
+
+
+def full_disk():
+    """One node whose data dir is a 6 MiB tmpfs, asked for a 64 MiB SSD tier
+    and a 4 MiB CPU tier (11 blocks): it takes the slots that fit, saying so;
+    prompts needing far more blocks than both tiers hold are served correctly
+    while it evicts; a filler file then leaves no room for the manifest at the
+    clean stop (logged), and the next start rebuilds the list from the slots."""
+    mnt = tempfile.mkdtemp(prefix="tandem-fulldisk-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", mnt], capture_output=True, text=True)
+    if not check("full disk: a 6 MiB tmpfs mounted for the node's data dir", r.returncode == 0, r.stderr):
+        return
+    cfg = os.path.join(mnt, "..", os.path.basename(mnt) + ".yaml")
+    with open(cfg, "w") as f:
+        f.write("kvstore: { dram_mb: 4, ssd_mb: 64, data_dir: %s }\nprefill: { kv_mib: 64 }\ndecode: { kv_mib: 64 }\n"
+                % mnt)
+    rng = random.Random(6)
+    c = tc.Cluster(config=cfg, extra=["--kvstores", "1"])
+    try:
+        log = open(c.err.name).read()
+        check("full disk: the node takes the slots that fit and says so", "has room for" in log and
+              "not the 64 MiB asked for" in log, log[-2000:])
+        docs = [text(rng.randint(200, 400), rng) for _ in range(8)]  # ~150 blocks: far past 11 + ~15 slots
+        outs = [gen(c, d) for d in docs]
+        time.sleep(1)
+        st = kv_stats(c, kvstores(c)[0])
+        ev = {t.tier: t.evictions for t in st.tiers}
+        check("full disk: %d prompts served while the node evicts (cpu %d, ssd %d evictions), all equal the reference" %
+              (len(docs), ev.get("cpu", 0), ev.get("ssd", 0)),
+              all(o[0] == tc.reference(d, MAX) for o, d in zip(outs, docs)) and ev.get("cpu", 0) > 0 and
+              ev.get("ssd", 0) > 0, str(st))
+        with open(os.path.join(mnt, "filler"), "wb") as f:  # the rest of the disk
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        node = kvstores(c)[0]
+        os.kill(node["pid"], signal.SIGTERM)
+        tc.wait_for(lambda: [n for n in kvstores(c) if n["pid"] != node["pid"]], 60)
+        log = open(c.err.name).read()
+        check("full disk: the manifest that does not fit is logged at the stop, the restart rebuilds from the slots",
+              "the next start reads every slot's header instead" in log and "rebuilding the block list" in log,
+              log[-3000:])
+        os.unlink(os.path.join(mnt, "filler"))
+        check("full disk: the prefill worker restarted (kill -9)", restart_prefill(c, 1))
+        again = gen(c, docs[-1] + " and more")
+        check("full disk: after the restart the node serves (%d tokens from the store), output correct" %
+              again[1].store_cached_tokens, again[0] == tc.reference(docs[-1] + " and more", MAX))
+    finally:
+        rc = c.stop()
+        check("full disk cluster stops cleanly (exit %s)" % rc, rc == 0)
+        subprocess.run(["umount", "-l", mnt])
 
 
 def main():
@@ -90,6 +234,7 @@ def main():
     try:
         nodes = kvstores(c)
         check("tandem up --kvstores 3: three kvstore nodes registered in etcd", len(nodes) == 3, str(nodes))
+        fol = Follower(c)
 
         # 20 prompts, cold then from the store
         docs = [text(rng.randint(40, 260), rng) for _ in range(20)]
@@ -107,6 +252,11 @@ def main():
               str([(a[1].cached_prompt_tokens, a[1].store_cached_tokens) for a in again]))
         check("... and their outputs equal the cold reference token for token",
               all(a[0] == r for a, r in zip(again, refs)), str([i for i, (a, r) in enumerate(zip(again, refs)) if a[0] != r]))
+        ag = fol.agrees()
+        check("events: a follower of each node holds exactly its Snapshot, no sequence number missed (%s)" %
+              "; ".join("%s %d names, %d events" % (a[0], a[2], a[3]["events"]) for a in ag),
+              len(ag) == 3 and all(a[1] and a[3]["holes"] == 0 for a in ag) and sum(a[2] for a in ag) > 0 and
+              all(a[3]["events"] >= a[2] for a in ag), str(ag))
 
         # a 2,000-token prompt, then its prefix + a new question
         long_doc = text(1990, rng)
@@ -138,6 +288,10 @@ def main():
         log = open(c.err.name).read()
         check("the nodes read their manifests back (no header scan)", log.count("blocks back from the SSD tier") >= 3 and
               "rebuilding the block list" not in log)
+        ag = fol.agrees()
+        check("events after the restart: a new epoch per node, the follower re-took a Snapshot and agrees with the node "
+              "(%s)" % "; ".join("%s %d names, %d snapshots" % (a[0], a[2], a[3]["snapshots"]) for a in ag),
+              len(ag) == 3 and all(a[1] and a[3]["snapshots"] >= 2 and a[3]["holes"] == 0 for a in ag), str(ag))
 
         # a flipped byte in every node's block file, after a clean restart put the blocks there
         check("every kvstore node restarted (SIGTERM) again", restart_kvstores(c, signal.SIGTERM))
@@ -159,6 +313,11 @@ def main():
               "from the store" % (errs, bad[1].store_cached_tokens),
               errs > 0 and "fails its checksum" in log and bad[1].store_cached_tokens == 0)
         check("... and the output equals the reference (the bad blocks recomputed)", bad[0] == tc.reference(q3, MAX))
+        time.sleep(1)
+        ag = fol.agrees()
+        check("events: the dropped bad blocks are 'removed' events and the followers still agree (%d removed)" %
+              sum(a[3]["removed"] for a in ag), len(ag) == 3 and all(a[1] for a in ag) and
+              sum(a[3]["removed"] for a in ag) > 0, str(ag))
 
         # the operator's view
         st = subprocess.run([tc.BIN + "/tandem", "kvstore-status", "--etcd", c.etcd, "--tls-ca", c.certs + "/ca.pem",
@@ -169,6 +328,35 @@ def main():
               ", ".join("%s %d+%d blocks" % (r["id"], r["tiers"][0]["blocks"], r["tiers"][1]["blocks"]) for r in rows),
               st.returncode == 0 and len(rows) == 3 and all(len(r["tiers"]) == 2 for r in rows) and
               sum(t["blocks"] for r in rows for t in r["tiers"]) > 0, st.stderr)
+
+        # a frozen node mid-get: the reader's deadline passes, the prefix is recomputed
+        check("prefill workers restarted (kill -9)", restart_prefill(c))
+        q4 = long_doc + " but which one came second"
+        q4_ref = tc.reference(q4, MAX)
+        froz, t_froz = [], [0.0]
+
+        def frozen_run():
+            froz.append(gen(c, q4))
+        th = threading.Thread(target=frozen_run)
+        th.start()
+        t0 = time.time()
+        time.sleep(0.05)
+        for n in kvstores(c):
+            os.kill(n["pid"], signal.SIGSTOP)
+        th.join(120)
+        t_froz[0] = time.time() - t0
+        for n in kvstores(c):
+            os.kill(n["pid"], signal.SIGCONT)
+        check("every kvstore node frozen (SIGSTOP) as a store hit starts: the request completes in %.1f s "
+              "(cold TTFT %.1f s), %d tokens from the store" % (t_froz[0], cold[2].ttft_ms / 1e3,
+                                                               froz[0][1].store_cached_tokens if froz else -1),
+              bool(froz) and t_froz[0] < cold[2].ttft_ms / 1e3 + 15)
+        check("... with the reference's output", bool(froz) and froz[0][0] == q4_ref)
+        time.sleep(1)
+        check("prefill workers restarted (kill -9)", restart_prefill(c))
+        thawed = gen(c, long_doc + " and which one came third")
+        check("after SIGCONT the nodes serve the prefix again (%d tokens from the store)" %
+              thawed[1].store_cached_tokens, thawed[1].store_cached_tokens >= 1984)
 
         # kill -9 of every node while requests run: they complete (misses), none hangs
         outs, errs2 = [None] * 6, []
@@ -192,8 +380,11 @@ def main():
         check("... with the reference's outputs",
               all(o is not None and o[0] == tc.reference(p, MAX) for o, p in zip(outs, prompts)))
     finally:
+        if "fol" in locals():
+            fol.stop_.set()
         rc = c.stop()
         check("tandem up stops cleanly (exit %s)" % rc, rc == 0)
+    full_disk()
     p, f = sum(tc.results), len(tc.results) - sum(tc.results)
     print("kvstore: %d passed, %d failed" % (p, f))
     return 0 if not f else 1
