@@ -13,9 +13,16 @@
  *          each request reads its longest cached prefix of blocks (the hits),
  *          then stores the rest; beside them the trace's ideal (an infinite
  *          cache). Capacities: 1, 2, 5, 10, 20 and 50% of the distinct blocks.
- * Usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE.
+ *  store   through a running node (kvstore/client.h, plaintext, etcd at ETCD):
+ *          put GB/s (write-behind batches of 256 blocks: Put, UCX puts,
+ *          Commit), get GB/s (one lookup of every name, one fetch: one UCX get
+ *          per contiguous run, digests checked) and the latency of a one-block
+ *          read (lookup + fetch + lease end) p50/p99; tandem-bench-kvxfer is
+ *          the raw UCX and memcpy floor (bench/kvstore.sh runs both).
+ * Usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE | store ETCD [BLOCKS].
  * One JSON line per result. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +32,8 @@
 #include <jansson.h>
 
 #include "common/rng.h"
+#include "common/rpc.h"
+#include "kvstore/client.h"
 #include "kvstore/index.h"
 #include "kvstore/ssd.h"
 
@@ -234,6 +243,113 @@ static int bench_policy(const char *path)
     return 0;
 }
 
+typedef struct put_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t done, stored;
+} put_wait_t;
+
+static void put_done(void *ctx, uint32_t stored)
+{
+    put_wait_t *w = ctx;
+    pthread_mutex_lock(&w->mu);
+    w->done++;
+    w->stored += stored;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int bench_store(const char *etcd, uint32_t blocks)
+{
+    td_rpc_init();
+    kv_client_config_t cfg = {.etcd_endpoints = etcd,
+                              .contract = td_kv_layout_make("bench", 30, 3, 64, 16, TD_KV_F16)};
+    size_t bb = td_kv_block_bytes(&cfg.contract);
+    kv_client_t *c;
+    if (kv_client_create(&cfg, &c)) {
+        fprintf(stderr, "tandem-bench-kvstore: %s\n", td_last_error());
+        return 1;
+    }
+    td_sleep_s(1); /* the etcd watch's first listing of the nodes */
+    uint8_t *src = malloc(blocks * bb), *dst = malloc(blocks * bb);
+    td_block_name_t *names = malloc(blocks * sizeof *names);
+    const void **sp = malloc(blocks * sizeof *sp);
+    void **dp = malloc(blocks * sizeof *dp);
+    if (!src || !dst || !names || !sp || !dp)
+        return 1;
+    td_rng_t r;
+    td_rng_seed(&r, (uint64_t)(td_now_s() * 1e6));
+    uint64_t base = td_rng_u64(&r);
+    for (size_t i = 0; i < blocks * bb; i += 8) {
+        uint64_t v = td_rng_u64(&r);
+        memcpy(src + i, &v, 8);
+    }
+    for (uint32_t i = 0; i < blocks; i++) {
+        names[i] = nm(base + i);
+        sp[i] = src + (size_t)i * bb;
+        dp[i] = dst + (size_t)i * bb;
+    }
+    /* put: batches of 256 through the writer thread */
+    put_wait_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    uint32_t batches = 0;
+    double t0 = td_now_s();
+    for (uint32_t i = 0; i < blocks; i += 256, batches++) {
+        uint32_t n = blocks - i < 256 ? blocks - i : 256;
+        if (kv_client_put_async(c, names + i, sp + i, n, put_done, &w)) {
+            fprintf(stderr, "tandem-bench-kvstore: %s\n", td_last_error());
+            return 1;
+        }
+    }
+    pthread_mutex_lock(&w.mu);
+    while (w.done < batches)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    double t_put = td_now_s() - t0;
+    /* get: the whole chain, one lookup and one fetch */
+    kv_client_read_t *rd;
+    uint32_t found = 0, got = 0;
+    t0 = td_now_s();
+    td_status_t rc = kv_client_lookup(c, names, blocks, 10, &rd, &found);
+    double t_lookup = td_now_s() - t0;
+    if (!rc && found)
+        rc = kv_client_fetch(c, rd, 0, found, dp, 30, &got);
+    double t_get = td_now_s() - t0;
+    kv_client_read_end(c, rd);
+    bool same = got == blocks && !memcmp(src, dst, blocks * bb);
+    /* one-block reads: lookup + fetch + end */
+    enum { L = 1000 };
+    static double lat[L], lat_lookup[L];
+    uint32_t ok1 = 0;
+    for (int i = 0; i < L; i++) {
+        uint32_t k = (uint32_t)(td_rng_u64(&r) % blocks), f = 0, g = 0;
+        double a = td_now_s();
+        kv_client_lookup(c, &names[k], 1, 5, &rd, &f);
+        lat_lookup[i] = td_now_s() - a;
+        if (f)
+            kv_client_fetch(c, rd, 0, 1, &dp[0], 5, &g);
+        kv_client_read_end(c, rd);
+        lat[i] = td_now_s() - a;
+        ok1 += g;
+    }
+    qsort(lat, L, sizeof lat[0], cmp_d);
+    qsort(lat_lookup, L, sizeof lat[0], cmp_d);
+    printf("{\"bench\": \"store\", \"blocks\": %u, \"block_bytes\": %zu, \"stored\": %u, \"put_gbs\": %.3f, "
+           "\"get_gbs\": %.3f, \"get_fetch_only_gbs\": %.3f, \"got\": %u, \"bytes_equal\": %s, "
+           "\"read1_p50_us\": %.0f, \"read1_p99_us\": %.0f, \"lookup1_p50_us\": %.0f, \"lookup1_p99_us\": %.0f, "
+           "\"read1_ok\": %u}\n",
+           blocks, bb, w.stored, blocks * bb / t_put / 1e9, got * bb / t_get / 1e9,
+           got * bb / (t_get - t_lookup) / 1e9, got, same ? "true" : "false", lat[L / 2] * 1e6,
+           lat[L * 99 / 100] * 1e6, lat_lookup[L / 2] * 1e6, lat_lookup[L * 99 / 100] * 1e6, ok1);
+    kv_client_destroy(c);
+    free(src);
+    free(dst);
+    free(names);
+    free(sp);
+    free(dp);
+    td_rpc_shutdown();
+    return same && w.stored == blocks ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "index"))
@@ -242,6 +358,8 @@ int main(int argc, char **argv)
         return bench_ssd(argv[2], argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 2048);
     if (argc >= 3 && !strcmp(argv[1], "policy"))
         return bench_policy(argv[2]);
-    fprintf(stderr, "usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE\n");
+    if (argc >= 3 && !strcmp(argv[1], "store"))
+        return bench_store(argv[2], argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 1024);
+    fprintf(stderr, "usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE | store ETCD [BLOCKS]\n");
     return 2;
 }

@@ -30,6 +30,17 @@ td_status_t td_rpc_unary_pb(td_rpc_channel_t *ch, const char *method, const Prot
     return TD_OK;
 }
 
+ProtobufCMessage *td_rpc_request_pb(td_rpc_call_t *call, const ProtobufCMessageDescriptor *desc)
+{
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, n, p);
+    if (!m)
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s: the request does not parse as %s",
+                           td_rpc_call_method(call), desc->name);
+    return m;
+}
+
 void td_rpc_reply_pb(td_rpc_call_t *call, const ProtobufCMessage *m)
 {
     size_t n = protobuf_c_message_get_packed_size(m);

@@ -15,6 +15,10 @@
 td_status_t td_rpc_unary_pb(td_rpc_channel_t *ch, const char *method, const ProtobufCMessage *msg,
                             const ProtobufCMessageDescriptor *desc, double timeout_s, td_rpc_scope_t *scope,
                             ProtobufCMessage **reply, td_rpc_result_t *res);
+/* The call's request unpacked as desc (free with
+ * protobuf_c_message_free_unpacked); NULL when it does not parse, and then
+ * the call is finished with INVALID_ARGUMENT naming the method. */
+ProtobufCMessage *td_rpc_request_pb(td_rpc_call_t *call, const ProtobufCMessageDescriptor *desc);
 /* Ends a unary call with m (RESOURCE_EXHAUSTED when it cannot be packed). */
 void td_rpc_reply_pb(td_rpc_call_t *call, const ProtobufCMessage *m);
 

@@ -339,13 +339,9 @@ static td_block_name_t name_of(const Tandem__Internal__V1__BlockName *b)
 static void h_get(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__KvGetRequest *rq = tandem__internal__v1__kv_get_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Get: the request does not parse");
+    Tandem__Internal__V1__KvGetRequest *rq = (Tandem__Internal__V1__KvGetRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_get_request__descriptor);
+    if (!rq)
         return;
-    }
     if (rq->n_names > MAX_NAMES) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Get: %zu names, more than %u", rq->n_names,
                            MAX_NAMES);
@@ -426,13 +422,9 @@ static void h_get(void *ctx, td_rpc_call_t *call)
 static void h_unlease(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__KvUnleaseRequest *rq = tandem__internal__v1__kv_unlease_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Unlease: the request does not parse");
+    Tandem__Internal__V1__KvUnleaseRequest *rq = (Tandem__Internal__V1__KvUnleaseRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_unlease_request__descriptor);
+    if (!rq)
         return;
-    }
     pthread_mutex_lock(&N->mu);
     int i = lease_find(N, rq->lease_id);
     if (i >= 0 && !N->leases[i].put)
@@ -446,13 +438,9 @@ static void h_unlease(void *ctx, td_rpc_call_t *call)
 static void h_put(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__KvPutRequest *rq = tandem__internal__v1__kv_put_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Put: the request does not parse");
+    Tandem__Internal__V1__KvPutRequest *rq = (Tandem__Internal__V1__KvPutRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_put_request__descriptor);
+    if (!rq)
         return;
-    }
     if (rq->n_names > MAX_NAMES) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Put: %zu names, more than %u", rq->n_names,
                            MAX_NAMES);
@@ -523,13 +511,9 @@ static void h_put(void *ctx, td_rpc_call_t *call)
 static void h_commit(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__KvCommitRequest *rq = tandem__internal__v1__kv_commit_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Commit: the request does not parse");
+    Tandem__Internal__V1__KvCommitRequest *rq = (Tandem__Internal__V1__KvCommitRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_commit_request__descriptor);
+    if (!rq)
         return;
-    }
     Tandem__Internal__V1__KvCommitResponse r = TANDEM__INTERNAL__V1__KV_COMMIT_RESPONSE__INIT;
     r.has_stored = r.has_rejected = 1;
     int code = TD_RPC_OK;
@@ -615,13 +599,9 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
 static void h_events(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__KvEventsRequest *rq = tandem__internal__v1__kv_events_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Events: the request does not parse");
+    Tandem__Internal__V1__KvEventsRequest *rq = (Tandem__Internal__V1__KvEventsRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_events_request__descriptor);
+    if (!rq)
         return;
-    }
     Tandem__Internal__V1__KvEventsResponse r = TANDEM__INTERNAL__V1__KV_EVENTS_RESPONSE__INIT;
     uint32_t max = rq->max_events ? (rq->max_events < MAX_EVENTS ? rq->max_events : MAX_EVENTS) : 4096;
     Tandem__Internal__V1__KvEvent *ev = NULL, **evp = NULL;
@@ -691,13 +671,9 @@ static bool snap_add(void *ctx, uint32_t id, kv_entry_t *e)
 static void h_snapshot(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__KvSnapshotRequest *rq = tandem__internal__v1__kv_snapshot_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Snapshot: the request does not parse");
+    Tandem__Internal__V1__KvSnapshotRequest *rq = (Tandem__Internal__V1__KvSnapshotRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_snapshot_request__descriptor);
+    if (!rq)
         return;
-    }
     snap_t sn = {.max = rq->max_names && rq->max_names < MAX_SNAPSHOT ? rq->max_names : MAX_SNAPSHOT};
     uint32_t cursor = rq->cursor;
     tandem__internal__v1__kv_snapshot_request__free_unpacked(rq, NULL);

@@ -48,14 +48,24 @@ struct kv_ssd {
     found_t *found;
     uint32_t n_found;
     uint64_t checksum_errors;
+    bool stuck; /* an I/O passed its deadline: no more I/O */
 };
 
 static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
 static uint64_t hdr_check(const hdr_t *h) { return XXH3_64bits(h, offsetof(hdr_t, check)); }
 
+#define IO_DEADLINE_S 10 /* one block's I/O; past it the I/O is cancelled and the tier stops */
+
+/* One I/O, waited for at most IO_DEADLINE_S: a disk that does not answer is
+ * cancelled and the tier is marked stuck (every later I/O fails at once,
+ * saying so) rather than holding the node's lock forever. A late completion
+ * of an abandoned read or write can only change bytes that every reader
+ * checks against their digest. */
 static td_status_t io(kv_ssd_t *s, bool write, struct iovec *iov, unsigned n, off_t off, size_t want)
 {
+    if (s->stuck)
+        return td_error(TD_ERR_IO, "kvstore ssd: %s/blocks stopped answering earlier: the SSD tier is off", s->dir);
     struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
     if (!sqe)
         return td_error(TD_ERR_IO, "kvstore ssd: no io_uring submission entry");
@@ -63,10 +73,23 @@ static td_status_t io(kv_ssd_t *s, bool write, struct iovec *iov, unsigned n, of
         io_uring_prep_writev(sqe, s->fd, iov, n, off);
     else
         io_uring_prep_readv(sqe, s->fd, iov, n, off);
-    int rc = io_uring_submit_and_wait(&s->ring, 1);
-    struct io_uring_cqe *cqe;
+    io_uring_sqe_set_data64(sqe, 1);
+    int rc = io_uring_submit(&s->ring);
+    struct io_uring_cqe *cqe = NULL;
+    struct __kernel_timespec ts = {.tv_sec = IO_DEADLINE_S};
     if (rc >= 0)
-        rc = io_uring_wait_cqe(&s->ring, &cqe);
+        rc = io_uring_wait_cqe_timeout(&s->ring, &cqe, &ts);
+    if (rc == -ETIME) {
+        struct io_uring_sqe *c = io_uring_get_sqe(&s->ring);
+        if (c) {
+            io_uring_prep_cancel64(c, 1, 0);
+            io_uring_sqe_set_data64(c, 2);
+            io_uring_submit(&s->ring);
+        }
+        s->stuck = true; /* whatever the cancel does: this disk is not answering in time */
+        return td_error(TD_ERR_IO, "kvstore ssd: %s %s/blocks at %lld did not complete in %d s: cancelled, the SSD tier "
+                        "is off", write ? "writing" : "reading", s->dir, (long long)off, IO_DEADLINE_S);
+    }
     if (rc < 0)
         return td_error(TD_ERR_IO, "kvstore ssd: io_uring: %s", strerror(-rc));
     int res = cqe->res;

@@ -158,7 +158,11 @@ def restart_prefill(c, count=2):
     for w in old:
         os.kill(w["pid"], signal.SIGKILL)
     olds = {w["id"] for w in old}
-    return tc.wait_for(lambda: len([w for w in c.workers() if w["role"] == "prefill" and w["id"] not in olds]) == count, 60)
+    # the new ones registered and the dead ones' records gone (their leases ended), so the router stops
+    # placing on them: a prefill call lost to a dead worker fences its decode landing until the call's
+    # deadline (decode_worker/decode.c), which on these small pools starves the next request
+    return tc.wait_for(lambda: len([w for w in c.workers() if w["role"] == "prefill" and w["id"] not in olds]) == count
+                       and not [w for w in c.workers() if w["id"] in olds], 60)
 
 
 def restart_kvstores(c, sig):
