@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -300,10 +301,20 @@ static int bench_store(const char *etcd, uint32_t blocks)
             return 1;
         }
     }
+    /* each batch's RPCs and transfers have their own deadlines; this one bounds the whole */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 120;
     pthread_mutex_lock(&w.mu);
-    while (w.done < batches)
-        pthread_cond_wait(&w.cv, &w.mu);
+    int wr = 0;
+    while (w.done < batches && wr == 0)
+        wr = pthread_cond_timedwait(&w.cv, &w.mu, &until);
+    uint32_t done = w.done;
     pthread_mutex_unlock(&w.mu);
+    if (done < batches) {
+        fprintf(stderr, "tandem-bench-kvstore: %u of %u put batches done after 120 s\n", done, batches);
+        return 1;
+    }
     double t_put = td_now_s() - t0;
     /* get: the whole chain, one lookup and one fetch */
     kv_client_read_t *rd;

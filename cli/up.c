@@ -94,7 +94,19 @@ static void add_arg(child_t *c, const char *a)
     c->argv[c->argc] = NULL;
 }
 
-/* true when the router answers Health with SERVING (a call of at most 1 s) */
+/* A child running binary `prog` of dir, with --config FILE when there is one. */
+static void child_begin(child_t *c, const char *prog, const char *dir, const char *config)
+{
+    char bin[PATH_MAX + 32];
+    snprintf(c->name, sizeof c->name, "%s", prog);
+    snprintf(bin, sizeof bin, "%s/%s", dir, prog);
+    add_arg(c, bin);
+    if (config) {
+        add_arg(c, "--config");
+        add_arg(c, config);
+    }
+}
+
 /* The certificate and key of process NAME: certdir's NAME.pem and NAME.key
  * (the ones tandem up made), or the config's cluster pair when certdir is NULL. */
 static void pair_of(const td_config_t *cfg, const char *certdir, const char *name, char cert[PATH_MAX],
@@ -296,16 +308,9 @@ int cli_up(int argc, char **argv)
         for (size_t i = 0; i < sizeof targs / sizeof *targs; i++)
             add_arg(etcd, targs[i]);
     }
-    char bin[PATH_MAX + 32];
     for (long k = 0; k < nkv && nk < MAX_CHILDREN; k++) {
         child_t *c = &kids[nk++];
-        snprintf(c->name, sizeof c->name, "tandem-kvstore");
-        snprintf(bin, sizeof bin, "%s/tandem-kvstore", dir);
-        add_arg(c, bin);
-        if (config) {
-            add_arg(c, "--config");
-            add_arg(c, config);
-        }
+        child_begin(c, "tandem-kvstore", dir, config);
         char name[32], kdir[PATH_MAX + 64];
         snprintf(name, sizeof name, "kvstore-%ld", k);
         add_arg(c, "--id");
@@ -323,13 +328,7 @@ int cli_up(int argc, char **argv)
             add_arg(c, kv_extra[e]);
     }
     child_t *router = &kids[nk++];
-    snprintf(router->name, sizeof router->name, "tandem-router");
-    snprintf(bin, sizeof bin, "%s/tandem-router", dir);
-    add_arg(router, bin);
-    if (config) {
-        add_arg(router, "--config");
-        add_arg(router, config);
-    }
+    child_begin(router, "tandem-router", dir, config);
     add_arg(router, "--model");
     add_arg(router, model);
     add_arg(router, "--listen");
@@ -344,13 +343,7 @@ int cli_up(int argc, char **argv)
     for (long k = 0; k < np + nd && nk < MAX_CHILDREN; k++) {
         child_t *c = &kids[nk++];
         bool pre = k < np;
-        snprintf(c->name, sizeof c->name, "tandem-%s", pre ? "prefill" : "decode");
-        snprintf(bin, sizeof bin, "%s/%s", dir, c->name);
-        add_arg(c, bin);
-        if (config) {
-            add_arg(c, "--config");
-            add_arg(c, config);
-        }
+        child_begin(c, pre ? "tandem-prefill" : "tandem-decode", dir, config);
         add_arg(c, "--model");
         add_arg(c, model);
         add_arg(c, "--etcd");

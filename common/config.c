@@ -472,3 +472,13 @@ int td_config_from_args(td_config_t *cfg, const char *prog, const char *section,
     }
     return 0;
 }
+
+int td_own_listen_id(void *ctx, const char *flag, const char *value)
+{
+    td_listen_id_t *o = ctx;
+    if (!strcmp(flag, "--listen"))
+        snprintf(o->listen, o->listen_cap, "%s", value);
+    else
+        snprintf(o->id, o->id_cap, "%s", value);
+    return 0;
+}

@@ -92,6 +92,14 @@ typedef int (*td_own_flag_fn)(void *ctx, const char *flag, const char *value);
  * --config FILE over them, every flag of `flags` over that, then one
  * validation. Flags named in own[] (NULL-terminated) go to own_fn. Every flag
  * takes a value. Returns 0, or 2 after printing what was wrong and usage. */
+/* The own flags every long-running role takes: --listen HOST:PORT and --id
+ * ID, copied into the caller's buffers (ctx: a td_listen_id_t). */
+typedef struct td_listen_id {
+    char *listen, *id;
+    size_t listen_cap, id_cap;
+} td_listen_id_t;
+int td_own_listen_id(void *ctx, const char *flag, const char *value);
+
 int td_config_from_args(td_config_t *cfg, const char *prog, const char *section, const td_flag_t *flags,
                         size_t n_flags, const char *const *own, td_own_flag_fn own_fn, void *ctx, const char *usage,
                         int argc, char **argv);

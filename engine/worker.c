@@ -370,16 +370,6 @@ static const td_flag_t worker_flags[] = {
     {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
 };
 
-static int own_flag(void *ctx, const char *flag, const char *v)
-{
-    eng_worker_t *w = ctx;
-    if (!strcmp(flag, "--listen"))
-        snprintf(w->listen, sizeof w->listen, "%s", v);
-    else
-        snprintf(w->id, sizeof w->id, "%s", v);
-    return 0;
-}
-
 static int parse_args(eng_worker_t *w, int argc, char **argv)
 {
     snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
@@ -388,8 +378,9 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
     snprintf(prog, sizeof prog, "tandem-%s", w->role->name);
     snprintf(usage, sizeof usage, usage_fmt, w->role->name);
     static const char *const own[] = {"--listen", "--id", NULL};
+    td_listen_id_t li = {w->listen, w->id, sizeof w->listen, sizeof w->id};
     int rc = td_config_from_args(&w->cfg, prog, w->role->name, worker_flags, sizeof worker_flags / sizeof worker_flags[0],
-                                 own, own_flag, w, usage, argc, argv);
+                                 own, td_own_listen_id, &li, usage, argc, argv);
     if (rc)
         return rc;
     w->rc = !strcmp(w->role->name, "prefill") ? &w->cfg.prefill : &w->cfg.decode;

@@ -725,16 +725,6 @@ static const char kvstore_usage[] =
     "                      [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml)\n";
 
-static int own_flag(void *ctx, const char *flag, const char *v)
-{
-    node_t *N = ctx;
-    if (!strcmp(flag, "--listen"))
-        snprintf(N->listen, sizeof N->listen, "%s", v);
-    else
-        snprintf(N->id, sizeof N->id, "%s", v);
-    return 0;
-}
-
 static td_status_t region_setup(node_t *N)
 {
     kv_xfer_config_t xc = {.peer_errors = N->cfg.transport.peer_errors, .interfaces = N->cfg.transport.interfaces};
@@ -794,9 +784,10 @@ int main(int argc, char **argv)
     snprintf(N.listen, sizeof N.listen, "127.0.0.1:0");
     snprintf(N.id, sizeof N.id, "kvstore-%d", (int)getpid());
     static const char *const own[] = {"--listen", "--id", NULL};
+    td_listen_id_t li = {N.listen, N.id, sizeof N.listen, sizeof N.id};
     int code = td_config_from_args(&N.cfg, "tandem-kvstore", "kvstore", kvstore_flags,
-                                   sizeof kvstore_flags / sizeof kvstore_flags[0], own, own_flag, &N, kvstore_usage,
-                                   argc, argv);
+                                   sizeof kvstore_flags / sizeof kvstore_flags[0], own, td_own_listen_id, &li,
+                                   kvstore_usage, argc, argv);
     if (code) {
         td_config_free(&N.cfg);
         td_rpc_shutdown();
