@@ -17,7 +17,7 @@ etcd --name bench --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1
      --initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "bench=http://127.0.0.1:$pp" \
      --log-level error >"$work/etcd.log" 2>&1 &
 epid=$!
-mb=$(( (BLOCKS * BB >> 20) + 64 ))
+mb=$(( (BLOCKS * BB >> 20) + 64 ))  # one round of blocks: each later round evicts the one before
 trap 'kill $kpid $epid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 sleep 1
 "$BIN/tandem-kvstore" --plaintext true --etcd "127.0.0.1:$cp" --dram-mb "$mb" --id bench-0 >"$work/kv.log" 2>&1 &

@@ -18,6 +18,9 @@
 #define PREFIX "/tandem/kvstores/"
 #define RPC_TIMEOUT_S 2.0
 #define LEASE_MS 15000u
+/* Writer threads: while one waits for a node's Commit (which checks the
+ * digests of what landed), the other moves the next batch's bytes. */
+#define KV_WRITERS 2
 
 typedef struct knode {
     char id[64], addr[160];
@@ -51,12 +54,13 @@ struct kv_client {
     const kv_transport_ops_t *xo;
     kv_xfer_t *x;
     pthread_mutex_t xmu; /* the transport: one thread at a time */
-    pthread_t writer;
-    bool writer_up, stop;
+    pthread_t writers[KV_WRITERS];
+    uint32_t n_writers;
+    bool stop;
     pthread_cond_t cv, idle_cv;
     put_job_t *head, *tail;
     uint32_t queued_blocks;
-    bool busy;
+    uint32_t busy; /* writers running a job */
 };
 
 typedef struct part {
@@ -531,12 +535,12 @@ static void *writer_thread(void *arg)
         c->head = j->next;
         if (!c->head)
             c->tail = NULL;
-        c->busy = true;
+        c->busy++;
         pthread_mutex_unlock(&c->mu);
         put_run(c, j);
         pthread_mutex_lock(&c->mu);
         c->queued_blocks -= j->n;
-        c->busy = false;
+        c->busy--;
         pthread_cond_broadcast(&c->idle_cv);
         free(j);
     }
@@ -604,10 +608,11 @@ td_status_t kv_client_create(const kv_client_config_t *cfg, kv_client_t **out)
         td_etcd_kvs_free(&kvs);
     }
     if (!rc) {
-        if (pthread_create(&c->writer, NULL, writer_thread, c))
-            rc = td_error(TD_ERR_INTERNAL, "kvstore client: cannot start its writer");
-        else
-            c->writer_up = true;
+        while (!rc && c->n_writers < KV_WRITERS)
+            if (pthread_create(&c->writers[c->n_writers], NULL, writer_thread, c))
+                rc = td_error(TD_ERR_INTERNAL, "kvstore client: cannot start its writers");
+            else
+                c->n_writers++;
     }
     if (rc) {
         kv_client_destroy(c);
@@ -621,7 +626,7 @@ void kv_client_destroy(kv_client_t *c)
 {
     if (!c)
         return;
-    if (c->writer_up) {
+    if (c->n_writers) {
         pthread_mutex_lock(&c->mu);
         struct timespec dl = td_deadline_on(CLOCK_REALTIME, 5.0);
         while ((c->head || c->busy) && pthread_cond_timedwait(&c->idle_cv, &c->mu, &dl) == 0)
@@ -632,7 +637,8 @@ void kv_client_destroy(kv_client_t *c)
         c->stop = true;
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
-        pthread_join(c->writer, NULL);
+        for (uint32_t i = 0; i < c->n_writers; i++)
+            pthread_join(c->writers[i], NULL);
         while (left) {
             put_job_t *nx = left->next;
             if (left->done)

@@ -14,7 +14,7 @@
  * and checks each block's digest (a block that arrives otherwise ends the
  * prefix there); kv_client_read_end lets the leases go. Writes are
  * write-behind: kv_client_put_async queues blocks for the client's writer
- * thread (Put, UCX puts, Commit with digests) and calls back when done, so
+ * threads (Put, UCX puts, Commit with digests) and calls back when done, so
  * the caller keeps the source bytes untouched until then.
  *
  * Every RPC and transfer has a deadline; a node that is dead or frozen
@@ -43,7 +43,7 @@ typedef struct kv_client_config {
 } kv_client_config_t;
 
 td_status_t kv_client_create(const kv_client_config_t *cfg, kv_client_t **out);
-/* Waits for the writer's queue to drain (up to 5 s), then closes. */
+/* Waits for the writers' queue to drain (up to 5 s), then closes. */
 void kv_client_destroy(kv_client_t *c);
 /* The longest prefix of names[0..n) the store holds: *found names, held for
  * the reader until kv_client_read_end (*rd, also when *found is 0). Nodes
@@ -59,7 +59,7 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
 void kv_client_read_end(kv_client_t *c, kv_client_read_t *rd);
 
 /* Queues names[i] with its bytes src[i] for publishing; done(ctx, stored)
- * runs on the writer thread once every block was stored, found present,
+ * runs on one of the writer threads once every block was stored, found present,
  * or failed (stored: how many were new). src must stay unchanged until
  * then. TD_ERR_EXHAUSTED (done not called) when the queue is full. */
 td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, const void *const *src, uint32_t n,
