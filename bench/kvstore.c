@@ -21,7 +21,10 @@
  *          names: the first maps the node's tier into this process (cold), the
  *          best later one is the steady state (warm). tandem-bench-kvxfer is
  *          the raw UCX and memcpy floor (bench/kvstore.sh runs both).
- * Usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE | store ETCD [BLOCKS].
+ *  hot     one chain read at a high rate by one reader per node, each near
+ *          its node (bench_hot says more): tests/integration/test_kvstore_hot.py.
+ * Usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE | store ETCD [BLOCKS] |
+ *        hot ETCD NODE,NODE,... BLOCKS SECONDS.
  * One JSON line per result. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -394,6 +397,137 @@ static int bench_store(const char *etcd, uint32_t blocks)
     return same && stored_all == (uint32_t)ROUNDS * blocks ? 0 : 1;
 }
 
+typedef struct hot_reader {
+    kv_client_t *c;
+    const td_block_name_t *names;
+    uint32_t blocks;
+    void **dp;
+    double seconds;
+    uint64_t reads, full, blocks_got;
+} hot_reader_t;
+
+static void *hot_read(void *arg)
+{
+    hot_reader_t *h = arg;
+    h->reads = h->full = h->blocks_got = 0;
+    double until = td_now_s() + h->seconds;
+    while (td_now_s() < until) {
+        kv_client_read_t *rd;
+        uint32_t f = 0, g = 0;
+        if (kv_client_lookup(h->c, h->names, h->blocks, 5, &rd, &f) == TD_OK) {
+            if (f)
+                kv_client_fetch(h->c, rd, 0, f, h->dp, 5, &g);
+            kv_client_read_end(h->c, rd);
+        }
+        h->reads++;
+        h->blocks_got += g;
+        h->full += g == h->blocks;
+        td_sleep_s(0.005);
+    }
+    return NULL;
+}
+
+/* hot: one chain of BLOCKS blocks put once, then read at a high rate by one
+ * reader per node, each with that node as its near node (as tandem up gives
+ * its prefill workers): the phase the kvstore's hot-block replication is
+ * for. Reads for SECONDS, prints each reader's reads, full-chain hits and
+ * blocks got; then waits for a line on stdin and reads again (the test
+ * kills a node in between). */
+static int bench_hot(const char *etcd, const char *node_list, uint32_t blocks, double seconds)
+{
+    td_rpc_init();
+    char ids[8][64];
+    int nr = 0;
+    for (const char *p = node_list; *p && nr < 8;) {
+        size_t l = strcspn(p, ",");
+        snprintf(ids[nr++], sizeof ids[0], "%.*s", (int)l, p);
+        p += l + (p[l] == ',');
+    }
+    kv_client_config_t cfg = {.etcd_endpoints = etcd,
+                              .contract = td_kv_layout_make("bench", 30, 3, 64, 16, TD_KV_F16)};
+    size_t bb = td_kv_block_bytes(&cfg.contract);
+    kv_client_t *w, *rc[8];
+    if (kv_client_create(&cfg, &w)) {
+        fprintf(stderr, "tandem-bench-kvstore: %s\n", td_last_error());
+        return 1;
+    }
+    for (int i = 0; i < nr; i++) {
+        kv_client_config_t rcfg = cfg;
+        rcfg.near_node = ids[i];
+        if (kv_client_create(&rcfg, &rc[i])) {
+            fprintf(stderr, "tandem-bench-kvstore: %s\n", td_last_error());
+            return 1;
+        }
+    }
+    td_sleep_s(1); /* the etcd watches' first listing of the nodes */
+    uint8_t *src = malloc(blocks * bb), *dst = malloc((size_t)nr * blocks * bb);
+    td_block_name_t *names = malloc(blocks * sizeof *names);
+    const void **sp = malloc(blocks * sizeof *sp);
+    void **dp = malloc((size_t)nr * blocks * sizeof *dp);
+    if (!src || !dst || !names || !sp || !dp)
+        return 1;
+    td_rng_t r;
+    td_rng_seed(&r, (uint64_t)(td_now_s() * 1e6));
+    uint64_t base = td_rng_u64(&r);
+    for (size_t i = 0; i < blocks * bb; i += 8) {
+        uint64_t v = td_rng_u64(&r);
+        memcpy(src + i, &v, 8);
+    }
+    for (uint32_t i = 0; i < blocks; i++) {
+        names[i] = nm(base + i);
+        sp[i] = src + (size_t)i * bb;
+    }
+    for (size_t i = 0; i < (size_t)nr * blocks; i++)
+        dp[i] = dst + i * bb;
+    put_wait_t pw = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    if (kv_client_put_async(w, names, sp, blocks, put_done, &pw)) {
+        fprintf(stderr, "tandem-bench-kvstore: %s\n", td_last_error());
+        return 1;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    pthread_mutex_lock(&pw.mu);
+    int wr = 0;
+    while (!pw.done && wr == 0)
+        wr = pthread_cond_timedwait(&pw.cv, &pw.mu, &until);
+    pthread_mutex_unlock(&pw.mu);
+    printf("{\"phase\": \"stored\", \"blocks\": %u, \"stored\": %u}\n", blocks, pw.stored);
+    fflush(stdout);
+    int code = pw.stored == blocks ? 0 : 1;
+    for (int phase = 1; phase <= 2 && !code; phase++) {
+        hot_reader_t h[8];
+        pthread_t t[8];
+        for (int i = 0; i < nr; i++) {
+            h[i] = (hot_reader_t){.c = rc[i], .names = names, .blocks = blocks, .dp = dp + (size_t)i * blocks,
+                                  .seconds = seconds};
+            pthread_create(&t[i], NULL, hot_read, &h[i]);
+        }
+        printf("{\"phase\": %d, \"readers\": [", phase);
+        for (int i = 0; i < nr; i++) {
+            pthread_join(t[i], NULL);
+            printf("%s{\"near\": \"%s\", \"reads\": %llu, \"full\": %llu, \"blocks_got\": %llu}", i ? ", " : "",
+                   ids[i], (unsigned long long)h[i].reads, (unsigned long long)h[i].full,
+                   (unsigned long long)h[i].blocks_got);
+        }
+        printf("]}\n");
+        fflush(stdout);
+        char line[64];
+        if (phase == 1 && !fgets(line, sizeof line, stdin))
+            break;
+    }
+    for (int i = 0; i < nr; i++)
+        kv_client_destroy(rc[i]);
+    kv_client_destroy(w);
+    free(src);
+    free(dst);
+    free(names);
+    free(sp);
+    free(dp);
+    td_rpc_shutdown();
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "index"))
@@ -404,6 +538,9 @@ int main(int argc, char **argv)
         return bench_policy(argv[2]);
     if (argc >= 3 && !strcmp(argv[1], "store"))
         return bench_store(argv[2], argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 1024);
-    fprintf(stderr, "usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE | store ETCD [BLOCKS]\n");
+    if (argc >= 6 && !strcmp(argv[1], "hot"))
+        return bench_hot(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10), atof(argv[5]));
+    fprintf(stderr, "usage: tandem-bench-kvstore index [N] | ssd DIR [BLOCKS] | policy TRACE | store ETCD [BLOCKS] |\n"
+                    "                            hot ETCD NODE,NODE,... BLOCKS SECONDS\n");
     return 2;
 }

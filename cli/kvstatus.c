@@ -23,10 +23,12 @@ const char cli_kvstatus_usage[] =
 static void node_line(const char *id, const Tandem__Internal__V1__KvStatsResponse *r, bool as_json)
 {
     if (as_json) {
-        json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:[]}", "id", id, "gets", (json_int_t)r->gets,
-                              "hits", (json_int_t)r->hits, "puts", (json_int_t)r->puts, "stored",
+        json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:I, s:I, s:[]}", "id", id, "gets",
+                              (json_int_t)r->gets, "hits", (json_int_t)r->hits, "puts", (json_int_t)r->puts, "stored",
                               (json_int_t)r->stored, "dropped_full", (json_int_t)r->dropped_full, "checksum_errors",
-                              (json_int_t)r->checksum_errors, "leases", (int)r->leases, "tiers");
+                              (json_int_t)r->checksum_errors, "leases", (int)r->leases, "replicas", (int)r->replicas,
+                              "replicas_pushed", (json_int_t)r->replicas_pushed, "replicas_dropped",
+                              (json_int_t)r->replicas_dropped, "tiers");
         for (size_t t = 0; j && t < r->n_tiers; t++) {
             const Tandem__Internal__V1__KvTierStats *s = r->tiers[t];
             json_array_append_new(json_object_get(j, "tiers"),
@@ -42,10 +44,11 @@ static void node_line(const char *id, const Tandem__Internal__V1__KvStatsRespons
         return;
     }
     printf("%-16s gets %llu, hits %llu (%.1f%%), puts %llu, stored %llu, dropped (full) %llu, checksum errors %llu, "
-           "leases %u\n", id, (unsigned long long)r->gets, (unsigned long long)r->hits,
+           "leases %u\n  replicas: %u held for other nodes' hot blocks, %llu of its own copied out, %llu dropped "
+           "(cooled)\n", id, (unsigned long long)r->gets, (unsigned long long)r->hits,
            r->gets ? 100.0 * (double)r->hits / (double)r->gets : 0.0, (unsigned long long)r->puts,
            (unsigned long long)r->stored, (unsigned long long)r->dropped_full, (unsigned long long)r->checksum_errors,
-           r->leases);
+           r->leases, r->replicas, (unsigned long long)r->replicas_pushed, (unsigned long long)r->replicas_dropped);
     for (size_t t = 0; t < r->n_tiers; t++) {
         const Tandem__Internal__V1__KvTierStats *s = r->tiers[t];
         printf("  %-4s %8.1f / %8.1f MiB, %6u blocks, %8llu hits, %8llu evictions\n", s->tier,

@@ -12,7 +12,7 @@ static const char usage[] =
     "  health --endpoint HOST:PORT           is the cluster serving (exit 0) or not\n"
     "  certs --dir DIR [--hosts H1,H2]       a cluster CA and certificates for its processes\n"
     "  apikey NAME [--rpm N] [--tpm N]       an API key for the HTTP API, and its line for router.api_keys\n"
-    "  kvstore-status --etcd HOST:PORT       the KV store's nodes: per tier bytes, blocks, hits, evictions\n"
+    "  kvstore-status --etcd HOST:PORT       the KV store's nodes: per tier bytes, blocks, hits, evictions; replicas\n"
     "  --version                             the version and the commit it was built from\n"
     "\n"
     "commands:\n"

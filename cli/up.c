@@ -352,6 +352,12 @@ int cli_up(int argc, char **argv)
         snprintf(name, sizeof name, "%s-%ld", pre ? "prefill" : "decode", pre ? k : k - np);
         pair_of(&cfg, own_certs ? certdir : NULL, name, cert, key);
         add_cluster_tls(c, plaintext, ca_file, cert, key);
+        if (pre && nkv) { /* each prefill worker's near node, round robin: where its hot blocks get copies */
+            char near[32];
+            snprintf(near, sizeof near, "kvstore-%ld", k % nkv);
+            add_arg(c, "--kvstore-near");
+            add_arg(c, near);
+        }
         for (int e = 0; e < n_extra; e++)
             add_arg(c, extra[e]);
     }

@@ -31,7 +31,14 @@ typedef struct {
     uint32_t *max_streams;
 } raw_router_t;
 typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
-typedef struct { uint32_t *count; uint64_t *dram_mb, *ssd_mb; char *data_dir; bool *use; } raw_kvstore_t;
+typedef struct {
+    uint32_t *count;
+    uint64_t *dram_mb, *ssd_mb;
+    char *data_dir;
+    bool *use;
+    uint32_t *replicas_max, *hot_hits, *hit_half_life_s;
+    char *near;
+} raw_kvstore_t;
 typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
 typedef struct { char *tls_ca, *tls_cert, *tls_key; bool *plaintext; } raw_cluster_t;
 typedef struct { bool *peer_errors; uint32_t *peer_idle_s; char *interfaces; } raw_transport_t;
@@ -73,7 +80,11 @@ static const cyaml_schema_field_t workers_fields[] = {
 static const cyaml_schema_field_t kvstore_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_kvstore_t, count),
     CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), CYAML_FIELD_UINT_PTR("ssd_mb", OPT, raw_kvstore_t, ssd_mb),
-    STR("data_dir", raw_kvstore_t, data_dir), CYAML_FIELD_BOOL_PTR("use", OPT, raw_kvstore_t, use), CYAML_FIELD_END};
+    STR("data_dir", raw_kvstore_t, data_dir), CYAML_FIELD_BOOL_PTR("use", OPT, raw_kvstore_t, use),
+    CYAML_FIELD_UINT_PTR("replicas_max", OPT, raw_kvstore_t, replicas_max),
+    CYAML_FIELD_UINT_PTR("hot_hits", OPT, raw_kvstore_t, hot_hits),
+    CYAML_FIELD_UINT_PTR("hit_half_life_s", OPT, raw_kvstore_t, hit_half_life_s), STR("near", raw_kvstore_t, near),
+    CYAML_FIELD_END};
 static const cyaml_schema_field_t etcd_fields[] = {
     STR("endpoints", raw_etcd_t, endpoints), STR("data_dir", raw_etcd_t, data_dir),
     CYAML_FIELD_UINT_PTR("lease_ttl_s", OPT, raw_etcd_t, lease_ttl_s), CYAML_FIELD_END};
@@ -143,6 +154,10 @@ static const cfg_field_t cfg_fields[] = {
     F("kvstore.ssd_mb", CFG_U64, kvstore.ssd_mb, kvstore, raw_kvstore_t, ssd_mb),
     F("kvstore.data_dir", CFG_STR, kvstore.data_dir, kvstore, raw_kvstore_t, data_dir),
     F("kvstore.use", CFG_BOOL, kvstore.use, kvstore, raw_kvstore_t, use),
+    F("kvstore.replicas_max", CFG_U32, kvstore.replicas_max, kvstore, raw_kvstore_t, replicas_max),
+    F("kvstore.hot_hits", CFG_U32, kvstore.hot_hits, kvstore, raw_kvstore_t, hot_hits),
+    F("kvstore.hit_half_life_s", CFG_U32, kvstore.hit_half_life_s, kvstore, raw_kvstore_t, hit_half_life_s),
+    F("kvstore.near", CFG_STR, kvstore.near, kvstore, raw_kvstore_t, near),
     F("etcd.endpoints", CFG_STR, etcd.endpoints, etcd, raw_etcd_t, endpoints),
     F("etcd.data_dir", CFG_STR, etcd.data_dir, etcd, raw_etcd_t, data_dir),
     F("etcd.lease_ttl_s", CFG_U32, etcd.lease_ttl_s, etcd, raw_etcd_t, lease_ttl_s),
@@ -178,7 +193,8 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"},
         {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},
         {"kvstore.count", "1"}, {"kvstore.dram_mb", "1024"}, {"kvstore.ssd_mb", "0"}, {"kvstore.data_dir", ""},
-        {"kvstore.use", "true"},
+        {"kvstore.use", "true"}, {"kvstore.replicas_max", "2"}, {"kvstore.hot_hits", "8"},
+        {"kvstore.hit_half_life_s", "30"}, {"kvstore.near", ""},
         {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""}, {"etcd.lease_ttl_s", "3"},
         {"cluster.tls_ca", ""}, {"cluster.tls_cert", ""}, {"cluster.tls_key", ""}, {"cluster.plaintext", "false"},
         {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"}, {"transport.interfaces", "lo"},
@@ -408,6 +424,12 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (td_log_level_parse(cfg->log.level, &lv))
         return td_error(TD_ERR_CONFIG, "config: log.level = '%s'; it must be debug, info, warn, error or off",
                         cfg->log.level);
+    if (cfg->kvstore.replicas_max > KV_REPLICAS_LIMIT)
+        return td_error(TD_ERR_CONFIG, "config: kvstore.replicas_max = %u; at most %u", cfg->kvstore.replicas_max,
+                        KV_REPLICAS_LIMIT);
+    if (!cfg->kvstore.hot_hits || !cfg->kvstore.hit_half_life_s)
+        return td_error(TD_ERR_CONFIG, "config: kvstore.%s is 0; it must be at least 1",
+                        cfg->kvstore.hot_hits ? "hit_half_life_s" : "hot_hits");
     if (strcmp(cfg->log.format, "text") && strcmp(cfg->log.format, "json"))
         return td_error(TD_ERR_CONFIG, "config: log.format = '%s'; it must be text or json", cfg->log.format);
     return TD_OK;

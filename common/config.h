@@ -18,7 +18,11 @@
  *   kvstore: { count: 1, dram_mb: 1024, ssd_mb: 0, data_dir: "", use: true }  (count: kvstore nodes
  *            `tandem up` starts; dram_mb: a node's CPU tier; ssd_mb: its SSD tier, block files
  *            in data_dir (0: none); use: prefill workers fetch prefixes from and publish
- *            blocks to the kvstore nodes registered in etcd)
+ *            blocks to the kvstore nodes registered in etcd;
+ *            replicas_max: 2, hot_hits: 8, hit_half_life_s: 30, near: ""  (a block read more
+ *            than hot_hits times per half-life, decayed, gets up to replicas_max copies on other
+ *            nodes, first the readers' near nodes, and loses them when it cools; near: the id of
+ *            the kvstore node on this worker's host, asked first and told to readers' homes)
  *   etcd:    { endpoints: 127.0.0.1:2379, data_dir: "", lease_ttl_s: 3 }  (lease_ttl_s: a
  *            worker's registration lease; a dead worker leaves the membership this long after)
  *   cluster: { tls_ca: "", tls_cert: "", tls_key: "", plaintext: false }  (the internal planes,
@@ -38,6 +42,8 @@
  * with td_config_set("section.key", "value"). */
 #ifndef TD_CONFIG_H
 #define TD_CONFIG_H
+
+#define KV_REPLICAS_LIMIT 4 /* kvstore.replicas_max at most */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -62,7 +68,14 @@ typedef struct td_config {
         uint32_t max_streams;
     } router;
     td_worker_config_t prefill, decode;
-    struct { uint32_t count; uint64_t dram_mb, ssd_mb; char *data_dir; bool use; } kvstore;
+    struct {
+        uint32_t count;
+        uint64_t dram_mb, ssd_mb;
+        char *data_dir;
+        bool use;
+        uint32_t replicas_max, hot_hits, hit_half_life_s;
+        char *near;
+    } kvstore;
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;
     struct { char *tls_ca, *tls_cert, *tls_key; bool plaintext; } cluster;
     struct { bool peer_errors; uint32_t peer_idle_s; char *interfaces; } transport;

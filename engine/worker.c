@@ -356,6 +356,7 @@ static const char usage_fmt[] =
     "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
     "                 [--numerics fast|reference] [--lease-ttl S] [--peer-idle-s S]\n"
     "                 [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true] [--interfaces lo]\n"
+    "                 [--kvstore-near KVSTORE_ID]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
     "  which it overrides; the role's keys are those of its section\n";
 
@@ -368,6 +369,7 @@ static const td_flag_t worker_flags[] = {
     {"--peer-idle-s", "transport.peer_idle_s"}, {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},     {"--cluster-key", "cluster.tls_key"},
     {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
+    {"--kvstore-near", "kvstore.near"},
 };
 
 static int parse_args(eng_worker_t *w, int argc, char **argv)

@@ -246,6 +246,7 @@ static void part_get(kv_client_t *c, part_t *p, const td_block_name_t *names, do
     rq.contract = &c->contract_pb;
     rq.has_lease_ms = 1;
     rq.lease_ms = LEASE_MS;
+    rq.reader_node = c->cfg.near_node && c->cfg.near_node[0] ? (char *)c->cfg.near_node : NULL;
     rq.n_names = p->n_pos;
     rq.names = store ? names_pb(names, p->pos, p->n_pos, store) : NULL;
     td_rpc_result_t res;
@@ -309,20 +310,43 @@ td_status_t kv_client_lookup(kv_client_t *c, const td_block_name_t *names, uint3
     knode_t *nodes[MAX_NODES];
     uint64_t seeds[MAX_NODES];
     uint32_t nn = live_nodes(c, nodes, seeds, MAX_NODES);
-    if (!r || (nn && !(r->parts = calloc(nn, sizeof *r->parts)))) {
+    if (!r || (nn && !(r->parts = calloc(nn + 1, sizeof *r->parts)))) {
         free(r);
         return td_error(TD_ERR_NO_MEMORY, "kvstore client: no memory");
     }
     *rd = r;
     if (!nn || !n)
         return TD_OK;
+    double deadline = td_now_s() + timeout_s;
+    /* The near node first, for the whole chain: it holds its own names and
+     * replicas of hot ones; the homes are asked for the rest. */
+    uint32_t from = 0;
+    part_t *near = &r->parts[nn];
+    for (uint32_t i = 0; i < nn && c->cfg.near_node && c->cfg.near_node[0]; i++)
+        if (!strcmp(nodes[i]->id, c->cfg.near_node)) {
+            near->node = nodes[i];
+            if (!(near->pos = malloc(n * sizeof *near->pos)))
+                return td_error(TD_ERR_NO_MEMORY, "kvstore client: no memory");
+            for (uint32_t k = 0; k < n; k++)
+                near->pos[k] = k;
+            near->n_pos = n;
+            part_get(c, near, names, timeout_s < RPC_TIMEOUT_S ? timeout_s : RPC_TIMEOUT_S);
+            near->n_pos = from = near->found;
+            r->n_parts = nn + 1;
+            break;
+        }
+    if (from == n) {
+        r->found = *found = n;
+        return TD_OK;
+    }
     int *home = malloc(n * sizeof *home);
     if (!home)
         return td_error(TD_ERR_NO_MEMORY, "kvstore client: no memory");
     for (uint32_t i = 0; i < nn; i++)
         r->parts[i].node = nodes[i];
-    r->n_parts = nn;
-    for (uint32_t i = 0; i < n; i++) {
+    if (r->n_parts < nn)
+        r->n_parts = nn;
+    for (uint32_t i = from; i < n; i++) {
         home[i] = kv_client_home(names[i], seeds, nn);
         r->parts[home[i]].n_pos++;
     }
@@ -334,12 +358,11 @@ td_status_t kv_client_lookup(kv_client_t *c, const td_block_name_t *names, uint3
         }
         p->n_pos = 0;
     }
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = from; i < n; i++) {
         part_t *p = &r->parts[home[i]];
         p->pos[p->n_pos++] = i;
     }
     free(home);
-    double deadline = td_now_s() + timeout_s;
     uint32_t prefix = n;
     for (uint32_t k = 0; k < nn; k++) { /* each node: its names, in chain order, up to the prefix known */
         part_t *p = &r->parts[k];
@@ -432,13 +455,16 @@ void kv_client_read_end(kv_client_t *c, kv_client_read_t *rd)
 /* ------------------------------------------------------------ writes */
 
 /* One node's share of a put job: Put, the puts, Commit; blocks stored. */
-static uint32_t put_part(kv_client_t *c, knode_t *nd, const put_job_t *j, const uint32_t *pos, uint32_t m_names)
+static uint32_t put_part(kv_client_t *c, knode_t *nd, const put_job_t *j, const uint32_t *pos, uint32_t m_names,
+                         bool replica)
 {
     Tandem__Internal__V1__BlockName *store = malloc(m_names * sizeof *store);
     Tandem__Internal__V1__KvPutRequest rq = TANDEM__INTERNAL__V1__KV_PUT_REQUEST__INIT;
     rq.contract = &c->contract_pb;
     rq.has_lease_ms = 1;
     rq.lease_ms = LEASE_MS;
+    rq.has_replica = replica;
+    rq.replica = replica;
     rq.n_names = m_names;
     rq.names = store ? names_pb(j->names, pos, m_names, store) : NULL;
     td_rpc_result_t res;
@@ -513,7 +539,7 @@ static void put_run(kv_client_t *c, put_job_t *j)
                 if (home[i] == (int)k)
                     pos[m++] = i;
             if (m)
-                stored += put_part(c, nodes[k], j, pos, m);
+                stored += put_part(c, nodes[k], j, pos, m, false);
         }
     }
     free(pos);
@@ -576,6 +602,29 @@ td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, co
     c->tail = j;
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    return TD_OK;
+}
+
+td_status_t kv_client_put_node(kv_client_t *c, const char *node_id, const td_block_name_t *names,
+                               const void *const *src, uint32_t n, bool replica, uint32_t *stored)
+{
+    *stored = 0;
+    knode_t *nodes[MAX_NODES], *nd = NULL;
+    uint64_t seeds[MAX_NODES];
+    uint32_t nn = live_nodes(c, nodes, seeds, MAX_NODES);
+    for (uint32_t i = 0; i < nn && !nd; i++)
+        if (!strcmp(nodes[i]->id, node_id))
+            nd = nodes[i];
+    if (!nd)
+        return td_error(TD_ERR_NOT_FOUND, "kvstore client: no live node %s", node_id);
+    uint32_t *pos = malloc((n + 1) * sizeof *pos);
+    if (!pos)
+        return td_error(TD_ERR_NO_MEMORY, "kvstore client: no memory");
+    for (uint32_t i = 0; i < n; i++)
+        pos[i] = i;
+    put_job_t j = {.names = (td_block_name_t *)names, .src = (const void **)src, .n = n};
+    *stored = put_part(c, nd, &j, pos, n, replica);
+    free(pos);
     return TD_OK;
 }
 

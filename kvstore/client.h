@@ -8,8 +8,10 @@
  * node), and its return moves back only those.
  *
  * Reads are two-phase so that a worker takes pool blocks only for what the
- * store holds: kv_client_lookup asks each home node for its names of the
- * chain (held under a read lease) and finds the longest prefix held;
+ * store holds: kv_client_lookup asks the near node (the one on this host,
+ * kvstore.near: it may hold replicas of hot blocks) for the whole chain,
+ * then each home node for its names of the rest (held under a read lease)
+ * and finds the longest prefix held;
  * kv_client_fetch moves those blocks with one UCX get per contiguous run
  * and checks each block's digest (a block that arrives otherwise ends the
  * prefix there); kv_client_read_end lets the leases go. Writes are
@@ -40,6 +42,7 @@ typedef struct kv_client_config {
     td_kv_layout_t contract;      /* the blocks' contract */
     kv_xfer_config_t xfer;        /* the KV transport's settings */
     uint32_t max_queued_blocks;   /* write-behind: blocks waiting at most (default 4096); more are not published */
+    const char *near_node;        /* kvstore.near: the node on this host, asked first (NULL or "": none) */
 } kv_client_config_t;
 
 td_status_t kv_client_create(const kv_client_config_t *cfg, kv_client_t **out);
@@ -64,6 +67,11 @@ void kv_client_read_end(kv_client_t *c, kv_client_read_t *rd);
  * then. TD_ERR_EXHAUSTED (done not called) when the queue is full. */
 td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, const void *const *src, uint32_t n,
                                 void (*done)(void *ctx, uint32_t stored), void *ctx);
+
+/* Writes names[i] with src[i] to the live node node_id now (not to their
+ * homes), as replicas when replica is set; *stored: how many were new. */
+td_status_t kv_client_put_node(kv_client_t *c, const char *node_id, const td_block_name_t *names,
+                               const void *const *src, uint32_t n, bool replica, uint32_t *stored);
 
 /* The home of name among node ids ids[0..n) (rendezvous hashing): its
  * index, or -1 when n is 0. */

@@ -33,6 +33,7 @@ struct kv_index {
     uint32_t mask;
     list_t lists[KV_TIERS][2];
     uint32_t protected_cap[KV_TIERS];
+    double half_life_s;
 };
 
 static uint32_t slot_of(const kv_index_t *ix, td_block_name_t n) { return (uint32_t)(n.lo ^ (n.hi >> 17)) & ix->mask; }
@@ -54,6 +55,7 @@ td_status_t kv_index_create(uint32_t max_entries, kv_index_t **out)
     memset(ix->table, 0xff, (size_t)cap * sizeof *ix->table);
     ix->mask = cap - 1;
     ix->max = max_entries;
+    ix->half_life_s = KV_HIT_HALF_LIFE_S;
     for (uint32_t i = 0; i < max_entries; i++)
         ix->e[i].next = i + 1 < max_entries ? i + 1 : KV_NONE;
     ix->free_head = 0;
@@ -170,17 +172,22 @@ void kv_index_remove(kv_index_t *ix, uint32_t id)
     ix->n--;
 }
 
-static double decayed(const kv_entry_t *x, double now)
+static double decayed(const kv_index_t *ix, const kv_entry_t *x, double now)
 {
-    return x->hits * exp2(-(now - x->hits_at) / KV_HIT_HALF_LIFE_S);
+    return x->hits * exp2(-(now - x->hits_at) / ix->half_life_s);
 }
 
-double kv_index_hits(const kv_index_t *ix, uint32_t id, double now) { return decayed(&ix->e[id], now); }
+double kv_index_hits(const kv_index_t *ix, uint32_t id, double now) { return decayed(ix, &ix->e[id], now); }
+
+void kv_index_set_half_life(kv_index_t *ix, double half_life_s)
+{
+    ix->half_life_s = half_life_s > 0 ? half_life_s : KV_HIT_HALF_LIFE_S;
+}
 
 void kv_index_touch(kv_index_t *ix, uint32_t id, double now)
 {
     kv_entry_t *x = &ix->e[id];
-    x->hits = decayed(x, now) + 1;
+    x->hits = decayed(ix, x, now) + 1;
     x->hits_at = now;
     x->last_access = now;
     unlink_entry(ix, id);

@@ -18,6 +18,7 @@
 #include "common/status.h"
 
 #define KV_NONE UINT32_MAX
+#define KV_ENTRY_REPLICAS 4
 
 typedef enum kv_tier { KV_TIER_CPU = 0, KV_TIER_SSD = 1, KV_TIERS = 2 } kv_tier_t;
 typedef enum kv_state { KV_FREE = 0, KV_PENDING = 1, KV_READY = 2 } kv_state_t;
@@ -26,15 +27,20 @@ typedef struct kv_entry {
     td_block_name_t name;
     uint64_t digest;      /* td_kv_block_digest of its bytes, set when it was committed */
     double last_access;   /* td_now_s() */
-    double hits;          /* hit count, halved every KV_HIT_HALF_LIFE_S seconds */
+    double hits;          /* hit count, halved every half-life */
     double hits_at;       /* when hits was last decayed */
     uint32_t slot;        /* its place in its tier */
     uint32_t refs;        /* readers' and writers' leases: not evicted while > 0 */
     uint32_t prev, next;  /* its eviction list */
     uint8_t tier, state, list;
+    bool replica;         /* a copy of another node's hot block (DRAM only, dropped when it cools) */
+    /* a home's hot block: the nodes (kv_client_node_seed) it was copied to
+     * since it was last cool, the latest at sent_at (kvstore/server.c) */
+    uint64_t sent_to[KV_ENTRY_REPLICAS];
+    double sent_at;
 } kv_entry_t;
 
-#define KV_HIT_HALF_LIFE_S 30.0
+#define KV_HIT_HALF_LIFE_S 30.0 /* the default (kv_index_set_half_life) */
 
 typedef struct kv_index kv_index_t;
 
@@ -57,6 +63,8 @@ kv_entry_t *kv_index_entry(kv_index_t *ix, uint32_t id);
 void kv_index_touch(kv_index_t *ix, uint32_t id, double now);
 /* The entry's hit rate now (hits, decayed to now). */
 double kv_index_hits(const kv_index_t *ix, uint32_t id, double now);
+/* Hit counts halve every half_life_s seconds (default KV_HIT_HALF_LIFE_S). */
+void kv_index_set_half_life(kv_index_t *ix, double half_life_s);
 /* Moves entry id to tier with slot (an SSD demotion, a promotion). */
 void kv_index_move(kv_index_t *ix, uint32_t id, kv_tier_t tier, uint32_t slot);
 /* The entry to evict from tier: the coldest one nobody holds (probation's

@@ -45,6 +45,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "common/rpc_pb.h"
+#include "kvstore/client.h"
 #include "kvstore/index.h"
 #include "kvstore/ssd.h"
 #include "kvstore/transfer.h"
@@ -57,12 +58,22 @@
 #define EVENT_RING 65536u  /* events a follower may fall behind by before it needs a Snapshot */
 #define MAX_EVENTS 65536u  /* in one Events reply */
 #define MAX_SNAPSHOT 65536u /* names in one Snapshot page */
+#define REPL_QUEUE 1024u   /* hot blocks waiting to be copied to a reader's node */
+#define REPL_BATCH 64u     /* copied to one node in one Put */
 
 typedef struct event {
     uint64_t seq;
     td_block_name_t name;
     uint8_t kind, tier;
 } event_t;
+
+/* A hot block to copy to the node near its reader: the entry is held (refs)
+ * until the copy is done. */
+typedef struct repl_job {
+    uint32_t id;
+    td_block_name_t name;
+    char to[64];
+} repl_job_t;
 
 typedef struct lease {
     uint64_t id;
@@ -101,8 +112,18 @@ typedef struct node {
     /* events: seq s is events[s % EVENT_RING] while s > ev_seq - EVENT_RING */
     event_t *events;
     uint64_t ev_seq, epoch;
+    /* hot-block replication (kvstore.replicas_max, hot_hits, hit_half_life_s) */
+    repl_job_t *repl_q;
+    uint32_t repl_head, repl_n;
+    pthread_cond_t repl_cv;
+    pthread_t repl_thread;
+    bool repl_up, repl_stop;
+    kv_client_t *repl; /* made by the replicator once the contract is known */
+    uint32_t n_replicas;
+    double cool_scan_at;
     /* stats */
     uint64_t gets, hits, puts, stored, dropped_full, evictions[KV_TIERS], tier_hits[KV_TIERS];
+    uint64_t replicas_pushed, replicas_dropped;
 } node_t;
 
 /* ------------------------------------------------------------ tiers */
@@ -130,6 +151,7 @@ static td_status_t adopt_contract(node_t *N, const td_kv_layout_t *l)
         return rc;
     }
     kv_index_set_capacity(N->ix, KV_TIER_CPU, slots);
+    kv_index_set_half_life(N->ix, N->cfg.kvstore.hit_half_life_s);
     if (ssd_slots)
         kv_index_set_capacity(N->ix, KV_TIER_SSD, ssd_slots);
     for (uint32_t i = 0; i < slots; i++)
@@ -158,6 +180,8 @@ static void drop_entry(node_t *N, uint32_t id)
 {
     kv_entry_t *e = kv_index_entry(N->ix, id);
     emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_REMOVED);
+    if (e->replica && e->state == KV_READY)
+        N->n_replicas--;
     if (e->tier == KV_TIER_CPU)
         N->free_slots[N->n_free++] = e->slot;
     else
@@ -184,7 +208,7 @@ static bool demote(node_t *N, uint32_t id)
 {
     kv_entry_t *e = kv_index_entry(N->ix, id);
     uint32_t ss;
-    if (!N->ssd || !ssd_slot(N, &ss))
+    if (e->replica || !N->ssd || !ssd_slot(N, &ss)) /* a replica's home keeps the block: evicting it drops it */
         return false;
     if (kv_ssd_write(N->ssd, ss, e->name, e->digest, slot_mem(N, e->slot))) {
         TD_WARN("kvstore %s: %s", N->id, td_last_error());
@@ -292,6 +316,120 @@ static void leases_expire(node_t *N)
         }
 }
 
+/* ------------------------------------------------------------ replication */
+
+/* A hit on one of this node's own blocks, read by a worker near reader
+ * (its kvstore.near; readers ask their near node first). When the block is
+ * hot (its decayed hits reach hot_hits) and fewer than replicas_max nodes
+ * got a copy since it was last cool, one is queued for the reader's node:
+ * reads of it move to the readers' nodes, and a reader whose block's home
+ * dies still finds it. The count is reset when the block cools here
+ * (hot_hits / 4): a copy that cools elsewhere first is not replaced until
+ * then, so copies never exceed replicas_max. */
+static void maybe_replicate(node_t *N, uint32_t id, const char *reader, double now)
+{
+    kv_entry_t *e = kv_index_entry(N->ix, id);
+    uint32_t max = N->cfg.kvstore.replicas_max;
+    if (!max || e->replica || !reader || !reader[0] || !strcmp(reader, N->id) || e->tier != KV_TIER_CPU || !N->repl_q)
+        return;
+    double h = kv_index_hits(N->ix, id, now);
+    if (h < N->cfg.kvstore.hot_hits / 4.0) {
+        memset(e->sent_to, 0, sizeof e->sent_to);
+        return;
+    }
+    if (h < N->cfg.kvstore.hot_hits || N->repl_n == REPL_QUEUE)
+        return;
+    uint64_t seed = kv_client_node_seed(reader);
+    uint32_t k = 0;
+    for (; k < max && k < KV_ENTRY_REPLICAS && e->sent_to[k]; k++)
+        if (e->sent_to[k] == seed)
+            return;
+    if (k == max || k == KV_ENTRY_REPLICAS)
+        return;
+    e->sent_to[k] = seed;
+    e->sent_at = now;
+    e->refs++;
+    repl_job_t *j = &N->repl_q[(N->repl_head + N->repl_n++) % REPL_QUEUE];
+    j->id = id;
+    j->name = e->name;
+    snprintf(j->to, sizeof j->to, "%s", reader);
+    pthread_cond_signal(&N->repl_cv);
+}
+
+/* The replicator: copies queued hot blocks, a batch per target node, with
+ * the client library (Put as replicas, UCX puts from this node's own CPU
+ * tier, Commit); the blocks are held until then. */
+static void *replicator(void *arg)
+{
+    node_t *N = arg;
+    repl_job_t batch[REPL_BATCH];
+    td_block_name_t names[REPL_BATCH];
+    const void *src[REPL_BATCH];
+    pthread_mutex_lock(&N->mu);
+    for (;;) {
+        while (!N->repl_n && !N->repl_stop)
+            pthread_cond_wait(&N->repl_cv, &N->mu);
+        if (N->repl_stop)
+            break;
+        /* the first job's target, and every queued job for it */
+        uint32_t nb = 0, kept = 0;
+        char to[64];
+        snprintf(to, sizeof to, "%s", N->repl_q[N->repl_head % REPL_QUEUE].to);
+        for (uint32_t i = 0; i < N->repl_n; i++) {
+            repl_job_t *j = &N->repl_q[(N->repl_head + i) % REPL_QUEUE];
+            if (nb < REPL_BATCH && !strcmp(j->to, to))
+                batch[nb++] = *j;
+            else
+                N->repl_q[(N->repl_head + kept++) % REPL_QUEUE] = *j;
+        }
+        N->repl_n = kept;
+        for (uint32_t i = 0; i < nb; i++) {
+            names[i] = batch[i].name;
+            src[i] = slot_mem(N, kv_index_entry(N->ix, batch[i].id)->slot);
+        }
+        td_status_t rc = TD_OK;
+        if (!N->repl) {
+            kv_client_config_t kc = {.etcd_endpoints = N->cfg.etcd.endpoints, .tls = N->tls, .contract = N->contract,
+                                     .xfer = {.peer_errors = N->cfg.transport.peer_errors,
+                                              .interfaces = N->cfg.transport.interfaces}};
+            pthread_mutex_unlock(&N->mu);
+            rc = kv_client_create(&kc, &N->repl);
+            pthread_mutex_lock(&N->mu);
+        }
+        uint32_t stored = 0;
+        if (!rc) {
+            pthread_mutex_unlock(&N->mu); /* the blocks are held: their slots stay theirs */
+            rc = kv_client_put_node(N->repl, to, names, src, nb, true, &stored);
+            pthread_mutex_lock(&N->mu);
+        }
+        if (rc)
+            TD_WARN("kvstore %s: copying %u hot blocks to %s: %s", N->id, nb, to, td_last_error());
+        else
+            TD_DEBUG("kvstore %s: %u hot blocks copied to %s (%u new)", N->id, nb, to, stored);
+        N->replicas_pushed += stored;
+        for (uint32_t i = 0; i < nb; i++) {
+            kv_entry_t *e = kv_index_entry(N->ix, batch[i].id);
+            if (e->refs)
+                e->refs--;
+        }
+    }
+    pthread_mutex_unlock(&N->mu);
+    return NULL;
+}
+
+static bool drop_cool(void *ctx, uint32_t id, kv_entry_t *e)
+{
+    node_t *N = ctx;
+    double now = td_now_s();
+    if (e->replica && e->state == KV_READY && !e->refs &&
+        kv_index_hits(N->ix, id, now) < N->cfg.kvstore.hot_hits / 4.0) {
+        TD_DEBUG("kvstore %s: a replica cooled: dropped", N->id);
+        N->replicas_dropped++;
+        drop_entry(N, id);
+    }
+    return N->n_replicas > 0;
+}
+
 /* ------------------------------------------------------------ RPCs */
 
 
@@ -383,6 +521,7 @@ static void h_get(void *ctx, td_rpc_call_t *call)
                     N->tier_hits[KV_TIER_CPU]++;
                 }
                 kv_index_touch(N->ix, id, now);
+                maybe_replicate(N, id, rq->reader_node, now);
                 e->refs++;
                 l->ids[l->n++] = id;
                 offsets[found] = (uint64_t)e->slot * N->block_bytes;
@@ -466,8 +605,15 @@ static void h_put(void *ctx, td_rpc_call_t *call)
             N->puts += rq->n_names;
             for (size_t i = 0; i < rq->n_names; i++) {
                 td_block_name_t nm = name_of(rq->names[i]);
-                if (kv_index_find(N->ix, nm) != KV_NONE)
-                    continue; /* held or being written: deduplicated */
+                uint32_t have = kv_index_find(N->ix, nm);
+                if (have != KV_NONE) { /* held or being written: deduplicated */
+                    kv_entry_t *e = kv_index_entry(N->ix, have);
+                    if (e->replica && !rq->replica && e->state == KV_READY) {
+                        e->replica = false; /* a writer's own block now, not a copy that may cool away */
+                        N->n_replicas--;
+                    }
+                    continue;
+                }
                 uint32_t slot, id;
                 if (!cpu_slot(N, &slot)) {
                     N->dropped_full++;
@@ -479,6 +625,7 @@ static void h_put(void *ctx, td_rpc_call_t *call)
                     continue;
                 }
                 kv_index_entry(N->ix, id)->refs = 1;
+                kv_index_entry(N->ix, id)->replica = rq->replica;
                 l->ids[l->n++] = id;
                 slots[i] = 1 + (uint64_t)slot * N->block_bytes;
             }
@@ -538,6 +685,11 @@ static void h_commit(void *ctx, td_rpc_call_t *call)
             }
             e->digest = d;
             e->state = KV_READY;
+            if (e->replica) { /* as hot as its home found it: it cools from there */
+                N->n_replicas++;
+                e->hits = N->cfg.kvstore.hot_hits;
+                e->hits_at = td_now_s();
+            }
             emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
             r.stored++;
         }
@@ -588,6 +740,10 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     r.checksum_errors = N->ssd ? kv_ssd_checksum_errors(N->ssd) : 0;
     r.leases = N->n_leases;
     r.block_bytes = N->block_bytes;
+    r.has_replicas = r.has_replicas_pushed = r.has_replicas_dropped = 1;
+    r.replicas = N->n_replicas;
+    r.replicas_pushed = N->replicas_pushed;
+    r.replicas_dropped = N->replicas_dropped;
     if (N->have_contract) {
         td_kv_layout_to_pb(&N->contract, &c);
         r.contract = &c;
@@ -709,6 +865,11 @@ static void tick(void *ctx)
     td_member_tick(N->member);
     pthread_mutex_lock(&N->mu);
     leases_expire(N);
+    double now = td_now_s();
+    if (N->n_replicas && now - N->cool_scan_at >= 1.0) { /* replicas whose reads cooled go */
+        N->cool_scan_at = now;
+        kv_index_each(N->ix, 0, drop_cool, N);
+    }
     pthread_mutex_unlock(&N->mu);
 }
 
@@ -716,12 +877,14 @@ static const td_flag_t kvstore_flags[] = {
     {"--etcd", "etcd.endpoints"},        {"--dram-mb", "kvstore.dram_mb"},     {"--ssd-mb", "kvstore.ssd_mb"},
     {"--data-dir", "kvstore.data_dir"},  {"--lease-ttl", "etcd.lease_ttl_s"},  {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"}, {"--cluster-key", "cluster.tls_key"}, {"--plaintext", "cluster.plaintext"},
-    {"--interfaces", "transport.interfaces"},
+    {"--interfaces", "transport.interfaces"}, {"--replicas-max", "kvstore.replicas_max"},
+    {"--hot-hits", "kvstore.hot_hits"},  {"--hit-half-life-s", "kvstore.hit_half_life_s"},
 };
 
 static const char kvstore_usage[] =
     "usage: tandem-kvstore [--config FILE] [--listen HOST:PORT] [--id ID] [--etcd HOST:PORT] [--dram-mb M]\n"
     "                      [--ssd-mb M --data-dir DIR] [--lease-ttl S] [--interfaces lo]\n"
+    "                      [--replicas-max N] [--hot-hits H] [--hit-half-life-s S]\n"
     "                      [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml)\n";
 
@@ -804,6 +967,12 @@ int main(int argc, char **argv)
         goto out;
     }
     N.epoch |= 1; /* never 0: a follower's "none yet" */
+    pthread_cond_init(&N.repl_cv, NULL);
+    if (!(N.repl_q = calloc(REPL_QUEUE, sizeof *N.repl_q)) || pthread_create(&N.repl_thread, NULL, replicator, &N)) {
+        td_error(TD_ERR_NO_MEMORY, "kvstore %s: cannot start the replicator", N.id);
+        goto out;
+    }
+    N.repl_up = true;
     if (region_setup(&N))
         goto out;
     if (N.cfg.kvstore.ssd_mb) {
@@ -858,13 +1027,33 @@ out:
     if (srv)
         td_rpc_server_stop(srv, 5);
     td_rpc_server_destroy(srv);
+    if (N.repl_up) { /* a copy in flight has its own deadlines */
+        pthread_mutex_lock(&N.mu);
+        N.repl_stop = true;
+        pthread_cond_signal(&N.repl_cv);
+        pthread_mutex_unlock(&N.mu);
+        pthread_join(N.repl_thread, NULL);
+    }
+    kv_client_destroy(N.repl);
+    for (uint32_t i = 0; i < N.repl_n; i++) { /* jobs never run let their blocks go */
+        kv_entry_t *e = kv_index_entry(N.ix, N.repl_q[(N.repl_head + i) % REPL_QUEUE].id);
+        if (e->refs)
+            e->refs--;
+    }
+    free(N.repl_q);
     pthread_mutex_lock(&N.mu);
     while (N.n_leases)
         lease_end(&N, N.n_leases - 1);
     if (N.ssd && N.ix) { /* the CPU tier's blocks go to the SSD tier where room is: the next start is warm */
         uint32_t spilled = 0, v; /* coldest first: the hottest are the last evicted to make room */
-        while ((v = kv_index_victim(N.ix, KV_TIER_CPU)) != KV_NONE && demote(&N, v))
-            spilled++;
+        while ((v = kv_index_victim(N.ix, KV_TIER_CPU)) != KV_NONE) {
+            if (kv_index_entry(N.ix, v)->replica)
+                drop_entry(&N, v); /* a copy: its home has the block */
+            else if (demote(&N, v))
+                spilled++;
+            else
+                break;
+        }
         if (kv_ssd_save_manifest(N.ssd, N.ix))
             TD_WARN("kvstore %s: %s (the next start reads every slot's header instead)", N.id, td_last_error());
         else

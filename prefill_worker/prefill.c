@@ -1026,7 +1026,8 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     if (!rc && cfg->kvstore.use) {
         kv_client_config_t kc = {.etcd_endpoints = cfg->etcd.endpoints, .tls = tls, .contract = eng_worker_contract(w),
                                  .xfer = {.peer_errors = cfg->transport.peer_errors,
-                                          .interfaces = cfg->transport.interfaces}};
+                                          .interfaces = cfg->transport.interfaces},
+                                 .near_node = cfg->kvstore.near};
         if (kv_client_create(&kc, &R->store)) {
             TD_WARN("prefill: no KV store (%s): prefixes are cached in this pool only", td_last_error());
             R->store = NULL;
