@@ -265,6 +265,63 @@ static void put_done(void *ctx, uint32_t stored)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Waits up to timeout_s for `batches` put batches to be done: how many were. */
+static uint32_t put_wait_for(put_wait_t *w, uint32_t batches, int timeout_s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_s;
+    pthread_mutex_lock(&w->mu);
+    int wr = 0;
+    while (w->done < batches && wr == 0)
+        wr = pthread_cond_timedwait(&w->cv, &w->mu, &until);
+    uint32_t done = w->done;
+    pthread_mutex_unlock(&w->mu);
+    return done;
+}
+
+/* Blocks of random bytes to put (src, names base.., sp) and `copies`
+ * destinations for reading them back (dst, dp). */
+typedef struct bench_blocks {
+    uint8_t *src, *dst;
+    td_block_name_t *names;
+    const void **sp;
+    void **dp;
+    uint64_t base;
+} bench_blocks_t;
+
+static bool bench_blocks_make(bench_blocks_t *b, uint32_t blocks, size_t bb, uint32_t copies, td_rng_t *r)
+{
+    b->src = malloc(blocks * bb);
+    b->dst = malloc((size_t)copies * blocks * bb);
+    b->names = malloc(blocks * sizeof *b->names);
+    b->sp = malloc(blocks * sizeof *b->sp);
+    b->dp = malloc((size_t)copies * blocks * sizeof *b->dp);
+    if (!b->src || !b->dst || !b->names || !b->sp || !b->dp)
+        return false;
+    b->base = td_rng_u64(r);
+    for (size_t i = 0; i < blocks * bb; i += 8) {
+        uint64_t v = td_rng_u64(r);
+        memcpy(b->src + i, &v, 8);
+    }
+    for (uint32_t i = 0; i < blocks; i++) {
+        b->names[i] = nm(b->base + i);
+        b->sp[i] = b->src + (size_t)i * bb;
+    }
+    for (size_t i = 0; i < (size_t)copies * blocks; i++)
+        b->dp[i] = b->dst + i * bb;
+    return true;
+}
+
+static void bench_blocks_free(bench_blocks_t *b)
+{
+    free(b->src);
+    free(b->dst);
+    free(b->names);
+    free(b->sp);
+    free(b->dp);
+}
+
 static int bench_store(const char *etcd, uint32_t blocks)
 {
     td_rpc_init();
@@ -277,24 +334,16 @@ static int bench_store(const char *etcd, uint32_t blocks)
         return 1;
     }
     td_sleep_s(1); /* the etcd watch's first listing of the nodes */
-    uint8_t *src = malloc(blocks * bb), *dst = malloc(blocks * bb);
-    td_block_name_t *names = malloc(blocks * sizeof *names);
-    const void **sp = malloc(blocks * sizeof *sp);
-    void **dp = malloc(blocks * sizeof *dp);
-    if (!src || !dst || !names || !sp || !dp)
-        return 1;
     td_rng_t r;
     td_rng_seed(&r, (uint64_t)(td_now_s() * 1e6));
-    uint64_t base = td_rng_u64(&r);
-    for (size_t i = 0; i < blocks * bb; i += 8) {
-        uint64_t v = td_rng_u64(&r);
-        memcpy(src + i, &v, 8);
-    }
-    for (uint32_t i = 0; i < blocks; i++) {
-        names[i] = nm(base + i);
-        sp[i] = src + (size_t)i * bb;
-        dp[i] = dst + (size_t)i * bb;
-    }
+    bench_blocks_t bk;
+    if (!bench_blocks_make(&bk, blocks, bb, 1, &r))
+        return 1;
+    uint8_t *src = bk.src, *dst = bk.dst;
+    td_block_name_t *names = bk.names;
+    const void **sp = bk.sp;
+    void **dp = bk.dp;
+    uint64_t base = bk.base;
     /* Rounds of put then get, fresh names each round. The first round maps
      * the node's tier into this process page by page (UCX's shared-memory
      * segment); later rounds reuse mapped slots (the tier holds one round, so
@@ -318,15 +367,7 @@ static int bench_store(const char *etcd, uint32_t blocks)
             }
         }
         /* each batch's RPCs and transfers have their own deadlines; this one bounds the whole */
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 120;
-        pthread_mutex_lock(&w.mu);
-        int wr = 0;
-        while (w.done < batches && wr == 0)
-            wr = pthread_cond_timedwait(&w.cv, &w.mu, &until);
-        uint32_t done = w.done;
-        pthread_mutex_unlock(&w.mu);
+        uint32_t done = put_wait_for(&w, batches, 120);
         if (done < batches) {
             fprintf(stderr, "tandem-bench-kvstore: %u of %u put batches done after 120 s\n", done, batches);
             return 1;
@@ -388,11 +429,7 @@ static int bench_store(const char *etcd, uint32_t blocks)
            blocks, bb, stored_all, pw, gw, fw, put_gbs[0], get_gbs[0], rounds, got, same ? "true" : "false",
            lat[L / 2] * 1e6, lat[L * 99 / 100] * 1e6, lat_lookup[L / 2] * 1e6, lat_lookup[L * 99 / 100] * 1e6, ok1);
     kv_client_destroy(c);
-    free(src);
-    free(dst);
-    free(names);
-    free(sp);
-    free(dp);
+    bench_blocks_free(&bk);
     td_rpc_shutdown();
     return same && stored_all == (uint32_t)ROUNDS * blocks ? 0 : 1;
 }
@@ -460,38 +497,17 @@ static int bench_hot(const char *etcd, const char *node_list, uint32_t blocks, d
         }
     }
     td_sleep_s(1); /* the etcd watches' first listing of the nodes */
-    uint8_t *src = malloc(blocks * bb), *dst = malloc((size_t)nr * blocks * bb);
-    td_block_name_t *names = malloc(blocks * sizeof *names);
-    const void **sp = malloc(blocks * sizeof *sp);
-    void **dp = malloc((size_t)nr * blocks * sizeof *dp);
-    if (!src || !dst || !names || !sp || !dp)
-        return 1;
     td_rng_t r;
     td_rng_seed(&r, (uint64_t)(td_now_s() * 1e6));
-    uint64_t base = td_rng_u64(&r);
-    for (size_t i = 0; i < blocks * bb; i += 8) {
-        uint64_t v = td_rng_u64(&r);
-        memcpy(src + i, &v, 8);
-    }
-    for (uint32_t i = 0; i < blocks; i++) {
-        names[i] = nm(base + i);
-        sp[i] = src + (size_t)i * bb;
-    }
-    for (size_t i = 0; i < (size_t)nr * blocks; i++)
-        dp[i] = dst + i * bb;
+    bench_blocks_t bk;
+    if (!bench_blocks_make(&bk, blocks, bb, (uint32_t)nr, &r))
+        return 1;
     put_wait_t pw = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    if (kv_client_put_async(w, names, sp, blocks, put_done, &pw)) {
+    if (kv_client_put_async(w, bk.names, bk.sp, blocks, put_done, &pw)) {
         fprintf(stderr, "tandem-bench-kvstore: %s\n", td_last_error());
         return 1;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 60;
-    pthread_mutex_lock(&pw.mu);
-    int wr = 0;
-    while (!pw.done && wr == 0)
-        wr = pthread_cond_timedwait(&pw.cv, &pw.mu, &until);
-    pthread_mutex_unlock(&pw.mu);
+    put_wait_for(&pw, 1, 60);
     printf("{\"phase\": \"stored\", \"blocks\": %u, \"stored\": %u}\n", blocks, pw.stored);
     fflush(stdout);
     int code = pw.stored == blocks ? 0 : 1;
@@ -499,7 +515,7 @@ static int bench_hot(const char *etcd, const char *node_list, uint32_t blocks, d
         hot_reader_t h[8];
         pthread_t t[8];
         for (int i = 0; i < nr; i++) {
-            h[i] = (hot_reader_t){.c = rc[i], .names = names, .blocks = blocks, .dp = dp + (size_t)i * blocks,
+            h[i] = (hot_reader_t){.c = rc[i], .names = bk.names, .blocks = blocks, .dp = bk.dp + (size_t)i * blocks,
                                   .seconds = seconds};
             pthread_create(&t[i], NULL, hot_read, &h[i]);
         }
@@ -519,11 +535,7 @@ static int bench_hot(const char *etcd, const char *node_list, uint32_t blocks, d
     for (int i = 0; i < nr; i++)
         kv_client_destroy(rc[i]);
     kv_client_destroy(w);
-    free(src);
-    free(dst);
-    free(names);
-    free(sp);
-    free(dp);
+    bench_blocks_free(&bk);
     td_rpc_shutdown();
     return code;
 }

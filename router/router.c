@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/etcd.h"
+#include "kvstore/status.h"
 #include "common/grow.h"
 #include "common/kv_contract_pb.h"
 #include "common/pb_arena.h"
@@ -427,6 +428,12 @@ static void h_health(void *ctx, td_rpc_call_t *call)
         free(q[k]);
     }
     json_object_set_new(j, "refused", refused);
+    /* the KV store as kvstore-status shows it: per node tiers, hit rate, replicas */
+    json_t *kv = NULL;
+    if (kv_status_collect(r->etcd, r->tls, 0.5, &kv) == TD_OK)
+        json_object_set_new(j, "kvstore", kv);
+    else
+        json_object_set_new(j, "kvstore_error", json_string(td_last_error()));
     char *detail = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     Tandem__V1__HealthResponse hr = TANDEM__V1__HEALTH_RESPONSE__INIT;

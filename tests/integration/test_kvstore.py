@@ -248,6 +248,13 @@ def main():
         check("20 prompts served cold equal the single-process reference",
               all(f[0] == r for f, r in zip(first, refs)), str([i for i, (f, r) in enumerate(zip(first, refs)) if f[0] != r]))
         time.sleep(1)  # write-behind publishing
+        _, h = c.health()
+        kv = h.get("kvstore", [])
+        held = sum(t["blocks"] for n in kv for t in n.get("tiers", []))
+        check("Health shows the store: 3 nodes, their tiers and hit rates (%d blocks held, %s)" %
+              (held, [(n.get("id"), [t["tier"] for t in n.get("tiers", [])]) for n in kv]),
+              len(kv) == 3 and held > 0 and all("hit_rate" in n and "replicas" in n and len(n["tiers"]) == 2
+                                                 for n in kv), json.dumps(h)[:400])
         check("prefill workers restarted (kill -9)", restart_prefill(c))
         again = [gen(c, d) for d in docs]
         store_hits = sum(1 for a in again if a[1].store_cached_tokens > 0)
