@@ -91,6 +91,9 @@ Test(kv_index, hits_decay)
         kv_index_touch(ix, id, 10.0);
     cr_assert_float_eq(kv_index_hits(ix, id, 10.0), 8.0, 1e-9);
     cr_assert_float_eq(kv_index_hits(ix, id, 10.0 + KV_HIT_HALF_LIFE_S), 4.0, 1e-9);
+    /* kvstore.hit_half_life_s: the same count, halving every 2 s */
+    kv_index_set_half_life(ix, 2.0);
+    cr_assert_float_eq(kv_index_hits(ix, id, 14.0), 2.0, 1e-9);
     kv_index_destroy(ix);
 }
 
