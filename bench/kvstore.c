@@ -437,16 +437,18 @@ static int bench_store(const char *etcd, uint32_t blocks)
 typedef struct hot_reader {
     kv_client_t *c;
     const td_block_name_t *names;
+    const uint8_t *src; /* the bytes put: every block read is compared */
+    size_t block_bytes;
     uint32_t blocks;
     void **dp;
     double seconds;
-    uint64_t reads, full, blocks_got;
+    uint64_t reads, full, blocks_got, bytes_differ;
 } hot_reader_t;
 
 static void *hot_read(void *arg)
 {
     hot_reader_t *h = arg;
-    h->reads = h->full = h->blocks_got = 0;
+    h->reads = h->full = h->blocks_got = h->bytes_differ = 0;
     double until = td_now_s() + h->seconds;
     while (td_now_s() < until) {
         kv_client_read_t *rd;
@@ -456,6 +458,8 @@ static void *hot_read(void *arg)
                 kv_client_fetch(h->c, rd, 0, f, h->dp, 5, &g);
             kv_client_read_end(h->c, rd);
         }
+        for (uint32_t i = 0; i < g; i++)
+            h->bytes_differ += memcmp(h->dp[i], h->src + (size_t)i * h->block_bytes, h->block_bytes) != 0;
         h->reads++;
         h->blocks_got += g;
         h->full += g == h->blocks;
@@ -515,16 +519,18 @@ static int bench_hot(const char *etcd, const char *node_list, uint32_t blocks, d
         hot_reader_t h[8];
         pthread_t t[8];
         for (int i = 0; i < nr; i++) {
-            h[i] = (hot_reader_t){.c = rc[i], .names = bk.names, .blocks = blocks, .dp = bk.dp + (size_t)i * blocks,
+            h[i] = (hot_reader_t){.c = rc[i], .names = bk.names, .src = bk.src, .block_bytes = bb, .blocks = blocks,
+                                  .dp = bk.dp + (size_t)i * blocks,
                                   .seconds = seconds};
             pthread_create(&t[i], NULL, hot_read, &h[i]);
         }
         printf("{\"phase\": %d, \"readers\": [", phase);
         for (int i = 0; i < nr; i++) {
             pthread_join(t[i], NULL);
-            printf("%s{\"near\": \"%s\", \"reads\": %llu, \"full\": %llu, \"blocks_got\": %llu}", i ? ", " : "",
-                   ids[i], (unsigned long long)h[i].reads, (unsigned long long)h[i].full,
-                   (unsigned long long)h[i].blocks_got);
+            printf("%s{\"near\": \"%s\", \"reads\": %llu, \"full\": %llu, \"blocks_got\": %llu, "
+                   "\"blocks_differ\": %llu}", i ? ", " : "", ids[i], (unsigned long long)h[i].reads,
+                   (unsigned long long)h[i].full, (unsigned long long)h[i].blocks_got,
+                   (unsigned long long)h[i].bytes_differ);
         }
         printf("]}\n");
         fflush(stdout);

@@ -35,9 +35,8 @@ typedef struct kv_entry {
     uint8_t tier, state, list;
     bool replica;         /* a copy of another node's hot block (DRAM only, dropped when it cools) */
     /* a home's hot block: the nodes (kv_client_node_seed) it was copied to
-     * since it was last cool, the latest at sent_at (kvstore/server.c) */
+     * since it was last cool (kvstore/server.c) */
     uint64_t sent_to[KV_ENTRY_REPLICAS];
-    double sent_at;
 } kv_entry_t;
 
 #define KV_HIT_HALF_LIFE_S 30.0 /* the default (kv_index_set_half_life) */

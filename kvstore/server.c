@@ -114,7 +114,7 @@ typedef struct node {
     uint64_t ev_seq, epoch;
     /* hot-block replication (kvstore.replicas_max, hot_hits, hit_half_life_s) */
     repl_job_t *repl_q;
-    uint32_t repl_head, repl_n;
+    uint32_t repl_n; /* jobs queued: repl_q[0 .. repl_n) */
     pthread_cond_t repl_cv;
     pthread_t repl_thread;
     bool repl_up, repl_stop;
@@ -347,9 +347,8 @@ static void maybe_replicate(node_t *N, uint32_t id, const char *reader, double n
     if (k == max || k == KV_ENTRY_REPLICAS)
         return;
     e->sent_to[k] = seed;
-    e->sent_at = now;
     e->refs++;
-    repl_job_t *j = &N->repl_q[(N->repl_head + N->repl_n++) % REPL_QUEUE];
+    repl_job_t *j = &N->repl_q[N->repl_n++];
     j->id = id;
     j->name = e->name;
     snprintf(j->to, sizeof j->to, "%s", reader);
@@ -374,13 +373,13 @@ static void *replicator(void *arg)
         /* the first job's target, and every queued job for it */
         uint32_t nb = 0, kept = 0;
         char to[64];
-        snprintf(to, sizeof to, "%s", N->repl_q[N->repl_head % REPL_QUEUE].to);
+        snprintf(to, sizeof to, "%s", N->repl_q[0].to);
         for (uint32_t i = 0; i < N->repl_n; i++) {
-            repl_job_t *j = &N->repl_q[(N->repl_head + i) % REPL_QUEUE];
+            repl_job_t *j = &N->repl_q[i];
             if (nb < REPL_BATCH && !strcmp(j->to, to))
                 batch[nb++] = *j;
             else
-                N->repl_q[(N->repl_head + kept++) % REPL_QUEUE] = *j;
+                N->repl_q[kept++] = *j;
         }
         N->repl_n = kept;
         for (uint32_t i = 0; i < nb; i++) {
@@ -480,6 +479,12 @@ static void h_get(void *ctx, td_rpc_call_t *call)
     Tandem__Internal__V1__KvGetRequest *rq = (Tandem__Internal__V1__KvGetRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_get_request__descriptor);
     if (!rq)
         return;
+    if (rq->reader_node && strlen(rq->reader_node) >= sizeof ((repl_job_t *)0)->to) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Get: reader_node is %zu bytes, more than %zu",
+                           strlen(rq->reader_node), sizeof ((repl_job_t *)0)->to - 1);
+        tandem__internal__v1__kv_get_request__free_unpacked(rq, NULL);
+        return;
+    }
     if (rq->n_names > MAX_NAMES) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "kvstore Get: %zu names, more than %u", rq->n_names,
                            MAX_NAMES);
@@ -1036,7 +1041,7 @@ out:
     }
     kv_client_destroy(N.repl);
     for (uint32_t i = 0; i < N.repl_n; i++) { /* jobs never run let their blocks go */
-        kv_entry_t *e = kv_index_entry(N.ix, N.repl_q[(N.repl_head + i) % REPL_QUEUE].id);
+        kv_entry_t *e = kv_index_entry(N.ix, N.repl_q[i].id);
         if (e->refs)
             e->refs--;
     }

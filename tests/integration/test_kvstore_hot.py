@@ -8,7 +8,7 @@ The nodes run with hot_hits 4 and a 2 s half-life so that a test sees blocks
 heat and cool in seconds (the defaults are 8 and 30 s).
 
 - replicas_max 1: every block gets exactly one copy on another node (the cap),
-  every read is a full-chain hit, every node serves reads; after the load
+  every read is a full-chain hit with the bytes put, every node serves reads; after the load
   stops the copies cool and are dropped, the homes keep theirs.
 - replicas_max 2: every node holds every block (its own and two copies) and
   the reads spread evenly (each reader reads its near node);
@@ -124,7 +124,10 @@ def read_phase(h, timeout=60):
 
 
 def full_share(phase):
-    return min(r["full"] / r["reads"] for r in phase["readers"]) if phase and phase["readers"] else 0.0
+    """The smallest share of full-chain reads among the readers; 0 if any block read differed from what was put."""
+    if not phase or not phase["readers"] or any(r["blocks_differ"] for r in phase["readers"]):
+        return 0.0
+    return min(r["full"] / r["reads"] for r in phase["readers"])
 
 
 def one_replica():
