@@ -31,6 +31,7 @@ typedef struct knode {
     kv_xfer_peer_t *peer;
     uint32_t region;
     uint64_t region_base, region_bytes;
+    uint64_t peer_gen; /* counts connections made: a writer between its puts sees a reconnect */
     bool peer_failed;
 } knode_t;
 
@@ -205,6 +206,7 @@ static td_status_t node_peer(kv_client_t *c, knode_t *k, const Tandem__Internal_
         k->peer = NULL;
     }
     if (!rc) {
+        k->peer_gen++;
         k->peer_failed = false;
         k->region_base = r->remote_base;
         k->region_bytes = r->region_bytes;
@@ -391,7 +393,6 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
     uint32_t end = from + n < rd->found ? from + n : rd->found, ok_end = end;
     double deadline = td_now_s() + timeout_s;
 #define DST(pos) ((uint8_t *)dst[(pos) - from])
-    pthread_mutex_lock(&c->xmu);
     for (uint32_t k = 0; k < rd->n_parts; k++) {
         part_t *p = &rd->parts[k];
         knode_t *nd = p->node;
@@ -403,6 +404,7 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
             m++;
         if (m == a)
             continue;
+        pthread_mutex_lock(&c->xmu);
         td_status_t rc = nd->peer && !nd->peer_failed ? TD_OK
                                                        : td_error(TD_ERR_UNAVAILABLE, "no connection to %s", nd->id);
         size_t bb = p->block_bytes;
@@ -416,15 +418,17 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
         double left = deadline - td_now_s();
         if (!rc)
             rc = c->xo->flush(c->x, nd->peer, left > 0.01 ? left : 0.01);
+        if (rc)
+            nd->peer_failed = true;
+        pthread_mutex_unlock(&c->xmu);
         if (rc) {
             TD_WARN("kvstore client: reading %u blocks from %s: %s; the prefix ends before them", m - a, nd->id,
                     td_last_error());
-            nd->peer_failed = true;
             if (p->pos[a] < ok_end)
                 ok_end = p->pos[a];
             continue;
         }
-        for (uint32_t i = a; i < m; i++)
+        for (uint32_t i = a; i < m; i++) /* outside the lock: another reader's gets move meanwhile */
             if (td_kv_block_digest(DST(p->pos[i]), bb) != p->digests[i]) {
                 TD_WARN("kvstore client: block %u of the chain from %s arrived with another digest; the prefix ends "
                         "before it", p->pos[i], nd->id);
@@ -433,7 +437,6 @@ td_status_t kv_client_fetch(kv_client_t *c, kv_client_read_t *rd, uint32_t from,
                 break;
             }
     }
-    pthread_mutex_unlock(&c->xmu);
 #undef DST
     *got = ok_end - from;
     return TD_OK;
@@ -484,13 +487,26 @@ static uint32_t put_part(kv_client_t *c, knode_t *nd, const put_job_t *j, const 
     size_t bb = td_kv_block_bytes(&c->cfg.contract);
     uint64_t *digests = malloc(m_names * sizeof *digests);
     size_t nd_ = 0;
+    /* each block hashed just before its put (its bytes still in cache for
+     * the copy), outside the transport's lock: one writer hashes while the
+     * other's puts move */
     pthread_mutex_lock(&c->xmu);
     td_status_t rc = digests ? node_peer(c, nd, r->region) : TD_ERR_NO_MEMORY;
+    uint64_t gen = nd->peer_gen;
+    pthread_mutex_unlock(&c->xmu);
     for (uint32_t i = 0; i < m_names && !rc; i++)
         if (r->slots[i]) {
             digests[nd_++] = td_kv_block_digest(j->src[pos[i]], bb);
-            rc = c->xo->put(c->x, nd->peer, nd->region, j->src[pos[i]], bb, r->slots[i] - 1);
+            pthread_mutex_lock(&c->xmu);
+            if (nd->peer_gen != gen || nd->peer_failed) /* another writer's failure closed this connection */
+                rc = td_error(TD_ERR_UNAVAILABLE, "kvstore %s: the connection failed meanwhile", nd->id);
+            else
+                rc = c->xo->put(c->x, nd->peer, nd->region, j->src[pos[i]], bb, r->slots[i] - 1);
+            pthread_mutex_unlock(&c->xmu);
         }
+    pthread_mutex_lock(&c->xmu);
+    if (!rc && (nd->peer_gen != gen || nd->peer_failed))
+        rc = td_error(TD_ERR_UNAVAILABLE, "kvstore %s: the connection failed meanwhile", nd->id);
     if (!rc)
         rc = c->xo->flush(c->x, nd->peer, RPC_TIMEOUT_S);
     if (rc)
