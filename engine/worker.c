@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "engine/model.h"
+#include "kvstore/client.h"
 
 typedef struct closure {
     void (*fn)(eng_worker_t *w, void *arg);
@@ -74,6 +75,15 @@ struct eng_worker {
     size_t n_held, cap_held;
     char *held_text;
     size_t held_text_len, held_text_cap;
+    /* the KV store (NULL: none); engine thread: the names the pool gave
+     * blocks during this step, to publish after it (at most the pool's
+     * block count: a step names each block once), the batches at rest */
+    kv_client_t *store;
+    td_block_name_t *pub_names;
+    uint32_t pub_n, pub_cap;
+    bool pub_quiet;              /* naming a block that came from the store */
+    struct pub_batch *pub_free;
+    uint64_t pub_offered, pub_new, pub_unpublished;
 };
 
 
@@ -165,6 +175,144 @@ static void deliver_events(eng_worker_t *w)
     w->held_text_len = 0;
 }
 
+/* ------------------------------------------------------------ the KV store
+ * Every full block the pool names is offered to the store write-behind:
+ * collected from the pool's events during a step, looked up again (a
+ * reference each, so the block stays until written) and queued for the
+ * client's writers after the step's events are delivered, so it never
+ * delays a token. A prefill worker's prompt blocks, a decode worker's
+ * answer blocks (a conversation's next turn finds them) and hence every
+ * block the pool evicts later went to the store once; the store drops what
+ * it has already (kvstore/client.h). Blocks the pool took from the store
+ * are named quietly (eng_worker_kv_adopt). */
+#define PUB_BATCH 64u
+
+typedef struct pub_batch {
+    eng_worker_t *w;
+    uint32_t n, stored;
+    int32_t blocks[PUB_BATCH];
+    td_block_name_t names[PUB_BATCH];
+    const void *src[PUB_BATCH];
+    struct pub_batch *next; /* on w->pub_free */
+} pub_batch_t;
+
+static void on_pool_event(void *ctx, const eng_kv_event_t *ev)
+{
+    eng_worker_t *w = ctx;
+    if (ev->kind != ENG_KV_STORED || w->pub_quiet)
+        return;
+    if (w->pub_n < w->pub_cap)
+        w->pub_names[w->pub_n++] = ev->name;
+    else
+        w->pub_unpublished++;
+}
+
+/* Engine thread: the batch's blocks are let go, the batch kept for reuse. */
+static void pub_release(eng_worker_t *w, pub_batch_t *b)
+{
+    eng_kv_pool_t *pool = eng_engine_kv_pool(w->engine);
+    for (uint32_t i = 0; i < b->n; i++)
+        eng_kv_unref(pool, b->blocks[i]);
+    w->pub_new += b->stored;
+    b->next = w->pub_free;
+    w->pub_free = b;
+}
+
+static void pub_release_on_engine(eng_worker_t *w, void *arg) { pub_release(w, arg); }
+
+/* A writer thread: the batch is written (or failed). A worker that is
+ * stopping refuses the call (its pool goes with it): the batch is freed; on
+ * a timeout the queued closure still runs with it. */
+static void pub_done(void *ctx, uint32_t stored)
+{
+    pub_batch_t *b = ctx;
+    b->stored = stored;
+    td_status_t rc = eng_worker_call(b->w, pub_release_on_engine, b, 60);
+    if (rc == TD_ERR_UNAVAILABLE)
+        free(b);
+    else if (rc == TD_ERR_NO_MEMORY)
+        TD_WARN("%s: %u published blocks stay held (no memory to release them)", b->w->id, b->n);
+}
+
+static void store_flush(eng_worker_t *w)
+{
+    eng_kv_pool_t *pool = eng_engine_kv_pool(w->engine);
+    size_t bb;
+    uint8_t *base = eng_engine_kv_base(w->engine, &bb);
+    for (uint32_t i = 0; i < w->pub_n;) {
+        pub_batch_t *b = w->pub_free;
+        if (b)
+            w->pub_free = b->next;
+        else if (!(b = malloc(sizeof *b))) {
+            w->pub_unpublished += w->pub_n - i;
+            break;
+        }
+        b->w = w;
+        b->n = b->stored = 0;
+        for (; i < w->pub_n && b->n < PUB_BATCH; i++) {
+            int32_t blk = eng_kv_lookup(pool, w->pub_names[i]);
+            if (blk < 0) /* named and evicted within the step */
+                continue;
+            b->blocks[b->n] = blk;
+            b->names[b->n] = w->pub_names[i];
+            b->src[b->n++] = base + (size_t)blk * bb;
+        }
+        if (b->n && !kv_client_put_async(w->store, b->names, b->src, b->n, pub_done, b)) {
+            w->pub_offered += b->n;
+            continue;
+        }
+        w->pub_unpublished += b->n; /* the writers' queue is full */
+        pub_release(w, b);
+    }
+    w->pub_n = 0;
+}
+
+kv_client_t *eng_worker_store(eng_worker_t *w) { return w->store; }
+
+int32_t eng_worker_kv_adopt(eng_worker_t *w, int32_t block, td_block_name_t name)
+{
+    w->pub_quiet = true;
+    int32_t got = eng_kv_publish(eng_engine_kv_pool(w->engine), block, name);
+    w->pub_quiet = false;
+    return got;
+}
+
+/* Before serving: the store's client, if the config uses one (a store that
+ * cannot be reached is a warning: prefixes stay in this pool). */
+static void store_open(eng_worker_t *w)
+{
+    if (!w->cfg.kvstore.use)
+        return;
+    kv_client_config_t kc = {.etcd_endpoints = w->cfg.etcd.endpoints, .tls = w->tls, .contract = w->contract,
+                             .xfer = {.peer_errors = w->cfg.transport.peer_errors,
+                                      .interfaces = w->cfg.transport.interfaces},
+                             .near_node = w->cfg.kvstore.near};
+    eng_kv_pool_t *pool = eng_engine_kv_pool(w->engine);
+    w->pub_cap = eng_kv_stats(pool).n_blocks;
+    if (!(w->pub_names = malloc(w->pub_cap * sizeof *w->pub_names)) || kv_client_create(&kc, &w->store)) {
+        TD_WARN("%s: no KV store (%s): prefixes are cached in this pool only", w->id,
+                w->pub_names ? td_last_error() : "no memory");
+        w->store = NULL;
+        return;
+    }
+    eng_kv_set_listener(pool, on_pool_event, w);
+}
+
+/* At exit, the engine thread stopped: the writers finish (their releases are
+ * refused now), then the batches go. */
+static void store_close(eng_worker_t *w)
+{
+    kv_client_destroy(w->store);
+    w->store = NULL;
+    while (w->pub_free) {
+        pub_batch_t *b = w->pub_free;
+        w->pub_free = b->next;
+        free(b);
+    }
+    free(w->pub_names);
+    w->pub_names = NULL;
+}
+
 static void closure_put(eng_worker_t *w, closure_t *c)
 {
     if (--c->refs == 0)
@@ -223,6 +371,8 @@ static void *engine_thread(void *arg)
             if (w->role->after_step)
                 w->role->after_step(w, w->role->ctx);
             deliver_events(w);
+            if (w->pub_n)
+                store_flush(w);
             if (eng_engine_stalled(w->engine)) { /* waiting for blocks: not a spin; a closure wakes it */
                 pthread_mutex_lock(&w->mu);
                 if (!w->queue && !w->stop) {
@@ -296,6 +446,12 @@ static void stats_on_engine(eng_worker_t *w, void *arg)
     s->r.running = eng_engine_n_requests(w->engine);
     s->r.has_preemptions = 1;
     s->r.preemptions = eng_engine_preemptions(w->engine);
+    if (w->store) {
+        s->r.has_store_offered = s->r.has_store_new = s->r.has_store_unpublished = 1;
+        s->r.store_offered = w->pub_offered;
+        s->r.store_new = w->pub_new;
+        s->r.store_unpublished = w->pub_unpublished;
+    }
     if (w->role->stats)
         w->role->stats(w, w->role->ctx, &s->r);
 }
@@ -465,6 +621,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
         w->xo->progress_start(w->xfer))
         goto out;
     w->contract = eng_engine_kv_contract(w->engine);
+    store_open(w);
     if (td_rpc_server_create(w->listen, w->tls, &w->server))
         goto out;
     char method[128];
@@ -507,6 +664,7 @@ out:
     td_rpc_server_destroy(w->server);
     if (attached && role->detach)
         role->detach(w, role->ctx);
+    store_close(w);
     td_member_leave(w->member);
     eng_engine_destroy(w->engine);
     if (w->xo && w->xfer)

@@ -25,6 +25,7 @@
 #include "common/rpc.h"
 #include "engine/engine.h"
 #include "engine/sampling_pb.h"
+#include "kvstore/client.h"
 #include "kvstore/transfer.h"
 #include "tandem/internal/v1/worker.pb-c.h"
 
@@ -62,6 +63,18 @@ const eng_model_t *eng_worker_model(const eng_worker_t *w);
 const td_config_t *eng_worker_config(const eng_worker_t *w);
 /* The internal planes' certificate files, or NULL under cluster.plaintext. */
 const td_rpc_tls_t *eng_worker_tls(const eng_worker_t *w);
+
+/* The KV store's client (kvstore.use), or NULL: not configured, or none
+ * could be set up. Every full block the pool names is published to the store
+ * write-behind, after the step that named it (its events delivered first):
+ * a prefill worker's prompt blocks, a decode worker's answer blocks (a
+ * conversation's next turn finds them), so a block the pool evicts was
+ * offered to the store before. Stats counts them (store_offered, store_new,
+ * store_unpublished). */
+kv_client_t *eng_worker_store(eng_worker_t *w);
+/* Engine thread: eng_kv_publish for a block whose bytes came from the store
+ * (not published back). */
+int32_t eng_worker_kv_adopt(eng_worker_t *w, int32_t block, td_block_name_t name);
 
 /* Runs fn(w, arg) on the engine thread; waits for it (TD_ERR_TIMEOUT after
  * timeout_s, the closure still runs later: arg must outlive it — keep it in

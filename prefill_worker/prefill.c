@@ -345,9 +345,8 @@ static void preq_finish(preq_t *r, td_status_t rc, const char *err, int32_t tok,
  * read into it with UCX gets and their digests checked (handler thread),
  * then named in the pool where the engine's prefix cache finds them
  * (engine thread, in add_on_engine). Any failure is a shorter prefix, so the
- * rest is computed. After the first token, the prompt's full blocks are
- * published write-behind (kv_client_put_async), held in the pool until
- * written. */
+ * rest is computed. The blocks this pool computes go to the store
+ * write-behind through the worker (eng_worker_store, engine/worker.h). */
 #define STORE_LOOKUP_S 1.0
 #define STORE_FETCH_S 3.0
 
@@ -384,7 +383,7 @@ static void store_name_fetched(eng_worker_t *w, preq_t *r)
     if (r->n_fetched > r->store_got)
         r->n_fetched = r->store_got;
     for (uint32_t i = 0; i < r->n_fetched; i++) {
-        int32_t got = eng_kv_publish(pool, r->fetched[i], r->names[r->pool_have + i]);
+        int32_t got = eng_worker_kv_adopt(w, r->fetched[i], r->names[r->pool_have + i]);
         if (got != r->fetched[i]) {
             eng_kv_ref(pool, got);
             eng_kv_unref(pool, r->fetched[i]);
@@ -439,70 +438,6 @@ static void store_fetch(eng_worker_t *w, preq_t *r)
     kv_client_read_end(R->store, rd);
 }
 
-typedef struct publish {
-    prefill_role_t *R;
-    uint32_t n;
-    int32_t *blocks;
-    td_block_name_t *names;
-    const void **src;
-} publish_t;
-
-static void publish_free(void *arg) { free(arg); }
-
-static void publish_unref_on_engine(eng_worker_t *w, void *arg)
-{
-    publish_t *p = arg;
-    eng_kv_pool_t *pool = eng_engine_kv_pool(eng_worker_engine(w));
-    for (uint32_t i = 0; i < p->n; i++)
-        eng_kv_unref(pool, p->blocks[i]);
-}
-
-/* The writer thread: the blocks are written (or failed): let them go. A
- * worker that is stopping refuses the call at once (its pool goes with it);
- * on a timeout the queued closure owns p. */
-static void publish_done(void *ctx, uint32_t stored)
-{
-    publish_t *p = ctx;
-    (void)stored;
-    if (eng_worker_call_or_drop(p->R->w, publish_unref_on_engine, p, publish_free, 60) != TD_ERR_TIMEOUT)
-        free(p);
-}
-
-/* Engine thread, after r's first token: its prompt's full blocks go to the
- * store, held in the pool (a reference each) until written. */
-static void store_publish(prefill_role_t *R, preq_t *r)
-{
-    td_kv_layout_t l = eng_worker_contract(R->w);
-    uint32_t bt = l.block_tokens, full = (uint32_t)(r->rq->n_tokens / bt);
-    if (!full)
-        return;
-    publish_t *p = malloc(sizeof *p + full * (sizeof *p->blocks + sizeof *p->names + sizeof *p->src));
-    if (!p)
-        return;
-    p->R = R;
-    p->names = (td_block_name_t *)(p + 1);
-    p->src = (const void **)(p->names + full);
-    p->blocks = (int32_t *)(p->src + full);
-    td_block_name_t root = td_block_name_root(l.model_id, td_kv_dtype_name(l.dtype), bt);
-    td_block_name_chain(root, r->rq->tokens, r->rq->n_tokens, bt, p->names, full);
-    eng_engine_t *e = eng_worker_engine(R->w);
-    eng_kv_pool_t *pool = eng_engine_kv_pool(e);
-    size_t bb;
-    uint8_t *base = eng_engine_kv_base(e, &bb);
-    uint32_t n = 0;
-    for (; n < full; n++) {
-        if ((p->blocks[n] = eng_kv_lookup(pool, p->names[n])) < 0)
-            break;
-        p->src[n] = base + (size_t)p->blocks[n] * bb;
-    }
-    p->n = n;
-    if (!n || kv_client_put_async(R->store, p->names, p->src, n, publish_done, p)) {
-        for (uint32_t i = 0; i < n; i++)
-            eng_kv_unref(pool, p->blocks[i]);
-        free(p);
-    }
-}
-
 static void on_prefill_event(void *ctx, const eng_event_t *ev)
 {
     preq_t *r = ctx;
@@ -515,11 +450,8 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
         preq_finish(r, TD_ERR_TIMEOUT, "landing: its land-by time passed before the KV was put", -1, 0);
     else if (r->pushed < r->n_digests) /* a bug: the landing would decode on garbage */
         preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);
-    else {
-        if (r->role->store)
-            store_publish(r->role, r);
+    else
         preq_finish(r, TD_OK, NULL, ev->token, ev->n_cached);
-    }
     preq_put(r); /* the listener's */
 }
 
@@ -1022,17 +954,7 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, R);
     const td_rpc_tls_t *tls = eng_worker_tls(w);
     td_status_t rc = tls ? td_verifier_open(tls->ca_file, &R->verifier) : TD_OK;
-    const td_config_t *cfg = eng_worker_config(w);
-    if (!rc && cfg->kvstore.use) {
-        kv_client_config_t kc = {.etcd_endpoints = cfg->etcd.endpoints, .tls = tls, .contract = eng_worker_contract(w),
-                                 .xfer = {.peer_errors = cfg->transport.peer_errors,
-                                          .interfaces = cfg->transport.interfaces},
-                                 .near_node = cfg->kvstore.near};
-        if (kv_client_create(&kc, &R->store)) {
-            TD_WARN("prefill: no KV store (%s): prefixes are cached in this pool only", td_last_error());
-            R->store = NULL;
-        }
-    }
+    R->store = eng_worker_store(w);
     static const char *const methods[] = {"/tandem.internal.v1.Prefill/Prefill", "/tandem.internal.v1.Prefill/Cancel"};
     static const td_rpc_handler_fn fns[] = {h_prefill, h_cancel};
     for (size_t i = 0; !rc && i < 2; i++)
@@ -1046,8 +968,6 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
 static void prefill_detach(eng_worker_t *w, void *ctx)
 {
     prefill_role_t *R = ctx;
-    kv_client_destroy(R->store); /* its writer's releases are refused now: the pool goes with the engine */
-    R->store = NULL;
     pusher_t *p = &R->pusher;
     pthread_mutex_lock(&p->mu);
     p->stop = true;

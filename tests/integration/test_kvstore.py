@@ -5,6 +5,10 @@ workers, each node with a CPU and an SSD tier (kvstore/server.c).
 - 20 prompts served cold, then again after both prefill workers were killed
   (their pools empty): the second time their prefixes come from the store,
   and every greedy output equals the cold single-process `tandem generate`.
+- A conversation's next turn: turn 1's answer was computed by the decode
+  worker, which published its blocks; after the prefill workers restarted,
+  turn 2 takes turn 1's prompt and answer from the store, and its output
+  equals the cold reference.
 - A 2,000-token prompt, then the same prefix + a new question after the
   prefill workers restarted: cached_prompt_tokens >= 1,984, all from the
   store, TTFT <= 10% of the cold TTFT; the same after every kvstore node was
@@ -26,6 +30,9 @@ workers, each node with a CPU and an SSD tier (kvstore/server.c).
   quiet point holds exactly the names a fresh Snapshot lists, with no missed
   sequence number; a node's restart is a new epoch, a dropped block a
   `removed` event.
+- Pool eviction: a prefill pool of 22 blocks; a prompt's blocks evicted by
+  two later prompts come back from the store (each named block was offered
+  to the store when the pool named it).
 Prints one line per check and closes with "kvstore: N passed, N failed".
 Usage: test_kvstore.py BUILD_BIN_DIR  (from the repository root)."""
 import glob
@@ -228,6 +235,33 @@ def full_disk():
         subprocess.run(["umount", "-l", mnt])
 
 
+def pool_eviction():
+    """A prefill pool of 8 MiB (22 blocks) and a store: a prompt's blocks,
+    evicted from the pool by two later prompts, come back from the store."""
+    work = tempfile.mkdtemp(prefix="tandem-kvstore-evict-")
+    cfg = os.path.join(work, "tandem.yaml")
+    with open(cfg, "w") as f:
+        f.write("kvstore: { dram_mb: 64 }\nprefill: { count: 1, kv_mib: 8 }\ndecode: { kv_mib: 32 }\n")
+    rng = random.Random(8)
+    c = tc.Cluster(config=cfg, extra=["--kvstores", "1"])
+    try:
+        docs = [text(190, rng) for _ in range(3)]
+        outs = [gen(c, d) for d in docs]
+        blocks = c.stats(c.worker("prefill")).kv_blocks
+        need = sum(o[1].prompt_tokens // 16 for o in outs)
+        again = docs[0] + " and so what"
+        hit = gen(c, again)
+        check("pool eviction: %d prompts need %d blocks, the prefill pool holds %d; the first prompt's prefix again: "
+              "%d cached tokens, %d from the store" % (len(docs), need, blocks, hit[1].cached_prompt_tokens,
+                                                       hit[1].store_cached_tokens),
+              need > blocks and hit[1].store_cached_tokens >= outs[0][1].prompt_tokens // 16 * 16 - 16 and
+              hit[1].store_cached_tokens == hit[1].cached_prompt_tokens)
+        check("pool eviction: ... its output equals the reference", hit[0] == tc.reference(again, MAX))
+    finally:
+        rc = c.stop()
+        check("pool eviction cluster stops cleanly (exit %s)" % rc, rc == 0)
+
+
 def main():
     rng = random.Random(20261124)
     work = tempfile.mkdtemp(prefix="tandem-kvstore-test-")
@@ -269,6 +303,35 @@ def main():
               "; ".join("%s %d names, %d events" % (a[0], a[2], a[3]["events"]) for a in ag),
               len(ag) == 3 and all(a[1] and a[3]["holes"] == 0 for a in ag) and sum(a[2] for a in ag) > 0 and
               all(a[3]["events"] >= a[2] for a in ag), str(ag))
+
+        # a conversation's next turn: the answer's blocks were computed by the decode worker, which
+        # published them; on empty prefill pools the next turn takes prompt and answer from the store
+        turn1 = text(150, rng)
+        ids1, ans, last1 = [], "", None
+        for r in c.stub.Generate(pb.GenerateRequest(prompt=turn1, return_token_ids=True,
+                                                    sampling=pb.SamplingParams(max_tokens=48, ignore_eos=True)),
+                                 timeout=300):
+            ids1.extend(r.token_ids)
+            ans += r.text
+            last1 = r
+        p1 = last1.usage.prompt_tokens
+        turn2 = turn1 + ans + " and which of them came first"
+        tok = lambda t: list(c.stub.Tokenize(pb.TokenizeRequest(text=t), timeout=30).token_ids)  # noqa: E731
+        agree = tok(turn2)[:p1 + 48] == tok(turn1) + ids1
+        check("turn 2's prompt begins with turn 1's prompt and answer, token for token", agree)
+        time.sleep(1)  # write-behind publishing
+        dec = [w for w in c.workers() if w["role"] == "decode"]
+        ds = [c.stats(w) for w in dec]
+        check("the decode worker published the answer's blocks (store_offered %s, store_new %s)" %
+              ([d.store_offered for d in ds], [d.store_new for d in ds]),
+              sum(d.store_new for d in ds) > 0 and all(d.HasField("store_offered") for d in ds))
+        check("prefill workers restarted (kill -9)", restart_prefill(c))
+        t2 = gen(c, turn2)
+        want = (p1 + 47) // 16 * 16  # the KV decode computed: the prompt and 47 of the 48 answer tokens
+        check("turn 2 (%d prompt tokens, turn 1 %d + 48) on empty pools: %d tokens from the store (want %d: turn 1's "
+              "prompt and answer blocks)" % (t2[1].prompt_tokens, p1, t2[1].store_cached_tokens, want),
+              t2[1].store_cached_tokens >= want > p1)
+        check("... and its output equals the cold reference", t2[0] == tc.reference(turn2, MAX))
 
         # a 2,000-token prompt, then its prefix + a new question
         long_doc = text(1990, rng)
@@ -405,6 +468,7 @@ def main():
         rc = c.stop()
         check("tandem up stops cleanly (exit %s)" % rc, rc == 0)
     full_disk()
+    pool_eviction()
     p, f = sum(tc.results), len(tc.results) - sum(tc.results)
     print("kvstore: %d passed, %d failed" % (p, f))
     return 0 if not f else 1
