@@ -404,6 +404,21 @@ def main():
               st.returncode == 0 and len(rows) == 3 and all(len(r["tiers"]) == 2 for r in rows) and
               sum(t["blocks"] for r in rows for t in r["tiers"]) > 0, st.stderr)
 
+        # a Get naming a reader node longer than any node id is refused, naming the length
+        node = kvstores(c)[0]
+        ch = c.channel(node["addr"], cert="prefill-0")
+        try:
+            kpbg.KvStoreStub(ch).Get(kpb.KvGetRequest(names=[kpb.BlockName(lo=1, hi=2)], reader_node="n" * 64),
+                                     timeout=5)
+            refused = None
+        except Exception as e:  # noqa: BLE001
+            refused = e
+        ch.close()
+        check("a Get with a 64-byte reader_node is refused naming its length (%s)" %
+              (refused.details() if refused else "accepted"),
+              refused is not None and refused.code().name == "INVALID_ARGUMENT" and "64 bytes" in refused.details())
+        check("... and the node still serves Stats", len(kv_stats(c, node).tiers) == 2)
+
         # a frozen node mid-get: the reader's deadline passes, the prefix is recomputed. A fresh document
         # (the chain above has bad blocks left: a read stops at the first and drops only that one)
         doc2 = text(1990, rng)
