@@ -18,8 +18,8 @@
 #define PREFIX "/tandem/kvstores/"
 #define RPC_TIMEOUT_S 2.0
 #define LEASE_MS 15000u
-/* Writer threads: while one waits for a node's Commit (which checks the
- * digests of what landed), the other moves the next batch's bytes. */
+/* Writer threads: while one hashes its blocks or waits for a node's Put or
+ * Commit, the other moves its batch's bytes. */
 #define KV_WRITERS 2
 
 typedef struct knode {
@@ -38,6 +38,7 @@ typedef struct knode {
 typedef struct put_job {
     td_block_name_t *names;
     const void **src;
+    const uint64_t *digests; /* the blocks' digests as known (NULL: hashed here before each put) */
     uint32_t n;
     void (*done)(void *ctx, uint32_t stored);
     void *ctx;
@@ -496,7 +497,7 @@ static uint32_t put_part(kv_client_t *c, knode_t *nd, const put_job_t *j, const 
     pthread_mutex_unlock(&c->xmu);
     for (uint32_t i = 0; i < m_names && !rc; i++)
         if (r->slots[i]) {
-            digests[nd_++] = td_kv_block_digest(j->src[pos[i]], bb);
+            digests[nd_++] = j->digests ? j->digests[pos[i]] : td_kv_block_digest(j->src[pos[i]], bb);
             pthread_mutex_lock(&c->xmu);
             if (nd->peer_gen != gen || nd->peer_failed) /* another writer's failure closed this connection */
                 rc = td_error(TD_ERR_UNAVAILABLE, "kvstore %s: the connection failed meanwhile", nd->id);
@@ -600,6 +601,7 @@ td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, co
     j->src = (const void **)(j->names + n);
     memcpy(j->names, names, n * sizeof *names);
     memcpy(j->src, src, n * sizeof *src);
+    j->digests = NULL;
     j->n = n;
     j->done = done;
     j->ctx = ctx;
@@ -622,7 +624,8 @@ td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, co
 }
 
 td_status_t kv_client_put_node(kv_client_t *c, const char *node_id, const td_block_name_t *names,
-                               const void *const *src, uint32_t n, bool replica, uint32_t *stored)
+                               const void *const *src, const uint64_t *digests, uint32_t n, bool replica,
+                               uint32_t *stored)
 {
     *stored = 0;
     knode_t *nodes[MAX_NODES], *nd = NULL;
@@ -638,7 +641,7 @@ td_status_t kv_client_put_node(kv_client_t *c, const char *node_id, const td_blo
         return td_error(TD_ERR_NO_MEMORY, "kvstore client: no memory");
     for (uint32_t i = 0; i < n; i++)
         pos[i] = i;
-    put_job_t j = {.names = (td_block_name_t *)names, .src = (const void **)src, .n = n};
+    put_job_t j = {.names = (td_block_name_t *)names, .src = (const void **)src, .digests = digests, .n = n};
     *stored = put_part(c, nd, &j, pos, n, replica);
     free(pos);
     return TD_OK;

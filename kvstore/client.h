@@ -69,9 +69,13 @@ td_status_t kv_client_put_async(kv_client_t *c, const td_block_name_t *names, co
                                 void (*done)(void *ctx, uint32_t stored), void *ctx);
 
 /* Writes names[i] with src[i] to the live node node_id now (not to their
- * homes), as replicas when replica is set; *stored: how many were new. */
+ * homes), as replicas when replica is set; *stored: how many were new.
+ * digests[i]: the digest the block was stored with (a copy carries its
+ * writer's, so bytes that changed since are caught by its readers), or
+ * NULL to hash src[i]. */
 td_status_t kv_client_put_node(kv_client_t *c, const char *node_id, const td_block_name_t *names,
-                               const void *const *src, uint32_t n, bool replica, uint32_t *stored);
+                               const void *const *src, const uint64_t *digests, uint32_t n, bool replica,
+                               uint32_t *stored);
 
 /* The home of name among node ids ids[0..n) (rendezvous hashing): its
  * index, or -1 when n is 0. */

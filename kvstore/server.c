@@ -361,13 +361,15 @@ static void maybe_replicate(node_t *N, uint32_t id, const char *reader, double n
 
 /* The replicator: copies queued hot blocks, a batch per target node, with
  * the client library (Put as replicas, UCX puts from this node's own CPU
- * tier, Commit); the blocks are held until then. */
+ * tier, Commit with the digests their writers gave); the blocks are held
+ * until then. */
 static void *replicator(void *arg)
 {
     node_t *N = arg;
     repl_job_t batch[REPL_BATCH];
     td_block_name_t names[REPL_BATCH];
     const void *src[REPL_BATCH];
+    uint64_t digests[REPL_BATCH];
     pthread_mutex_lock(&N->mu);
     for (;;) {
         while (!N->repl_n && !N->repl_stop)
@@ -387,8 +389,10 @@ static void *replicator(void *arg)
         }
         N->repl_n = kept;
         for (uint32_t i = 0; i < nb; i++) {
+            kv_entry_t *e = kv_index_entry(N->ix, batch[i].id);
             names[i] = batch[i].name;
-            src[i] = slot_mem(N, kv_index_entry(N->ix, batch[i].id)->slot);
+            src[i] = slot_mem(N, e->slot);
+            digests[i] = e->digest; /* its writer's: a copy does not vouch for bytes changed since */
         }
         td_status_t rc = TD_OK;
         if (!N->repl) {
@@ -402,7 +406,7 @@ static void *replicator(void *arg)
         uint32_t stored = 0;
         if (!rc) {
             pthread_mutex_unlock(&N->mu); /* the blocks are held: their slots stay theirs */
-            rc = kv_client_put_node(N->repl, to, names, src, nb, true, &stored);
+            rc = kv_client_put_node(N->repl, to, names, src, digests, nb, true, &stored);
             pthread_mutex_lock(&N->mu);
         }
         if (rc)
