@@ -27,10 +27,11 @@ typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 typedef struct { char *level, *format; } raw_log_t;
 typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *context; } raw_model_t;
 typedef struct {
-    char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca;
-    uint32_t *max_streams;
+    char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
+    uint32_t *max_streams, *ttft_slo_ms, *tpot_slo_ms, *index_max_blocks, *index_drop_events;
+    bool *early_reject;
 } raw_router_t;
-typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; } raw_workers_t;
+typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; bool *profile; } raw_workers_t;
 typedef struct {
     uint32_t *count;
     uint64_t *dram_mb, *ssd_mb;
@@ -71,12 +72,24 @@ static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t,
                                                        STR("tls_ca", raw_router_t, tls_ca),
                                                        CYAML_FIELD_UINT_PTR("max_streams", OPT, raw_router_t,
                                                                             max_streams),
+                                                       STR("placement", raw_router_t, placement),
+                                                       CYAML_FIELD_UINT_PTR("ttft_slo_ms", OPT, raw_router_t,
+                                                                            ttft_slo_ms),
+                                                       CYAML_FIELD_UINT_PTR("tpot_slo_ms", OPT, raw_router_t,
+                                                                            tpot_slo_ms),
+                                                       CYAML_FIELD_BOOL_PTR("early_reject", OPT, raw_router_t,
+                                                                            early_reject),
+                                                       CYAML_FIELD_UINT_PTR("index_max_blocks", OPT, raw_router_t,
+                                                                            index_max_blocks),
+                                                       CYAML_FIELD_UINT_PTR("index_drop_events", OPT, raw_router_t,
+                                                                            index_drop_events),
                                                        CYAML_FIELD_END};
 static const cyaml_schema_field_t workers_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_workers_t, count),
     CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads),
     CYAML_FIELD_UINT_PTR("token_budget", OPT, raw_workers_t, token_budget),
-    CYAML_FIELD_UINT_PTR("kv_mib", OPT, raw_workers_t, kv_mib), CYAML_FIELD_END};
+    CYAML_FIELD_UINT_PTR("kv_mib", OPT, raw_workers_t, kv_mib),
+    CYAML_FIELD_BOOL_PTR("profile", OPT, raw_workers_t, profile), CYAML_FIELD_END};
 static const cyaml_schema_field_t kvstore_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_kvstore_t, count),
     CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), CYAML_FIELD_UINT_PTR("ssd_mb", OPT, raw_kvstore_t, ssd_mb),
@@ -141,14 +154,22 @@ static const cfg_field_t cfg_fields[] = {
     F("router.tls_client_ca", CFG_STR, router.tls_client_ca, router, raw_router_t, tls_client_ca),
     F("router.tls_ca", CFG_STR, router.tls_ca, router, raw_router_t, tls_ca),
     F("router.max_streams", CFG_U32, router.max_streams, router, raw_router_t, max_streams),
+    F("router.placement", CFG_STR, router.placement, router, raw_router_t, placement),
+    F("router.ttft_slo_ms", CFG_U32, router.ttft_slo_ms, router, raw_router_t, ttft_slo_ms),
+    F("router.tpot_slo_ms", CFG_U32, router.tpot_slo_ms, router, raw_router_t, tpot_slo_ms),
+    F("router.early_reject", CFG_BOOL, router.early_reject, router, raw_router_t, early_reject),
+    F("router.index_max_blocks", CFG_U32, router.index_max_blocks, router, raw_router_t, index_max_blocks),
+    F("router.index_drop_events", CFG_U32, router.index_drop_events, router, raw_router_t, index_drop_events),
     F("prefill.count", CFG_U32, prefill.count, prefill, raw_workers_t, count),
     F("prefill.threads", CFG_U32, prefill.threads, prefill, raw_workers_t, threads),
     F("prefill.token_budget", CFG_U32, prefill.token_budget, prefill, raw_workers_t, token_budget),
     F("prefill.kv_mib", CFG_U64, prefill.kv_mib, prefill, raw_workers_t, kv_mib),
+    F("prefill.profile", CFG_BOOL, prefill.profile, prefill, raw_workers_t, profile),
     F("decode.count", CFG_U32, decode.count, decode, raw_workers_t, count),
     F("decode.threads", CFG_U32, decode.threads, decode, raw_workers_t, threads),
     F("decode.token_budget", CFG_U32, decode.token_budget, decode, raw_workers_t, token_budget),
     F("decode.kv_mib", CFG_U64, decode.kv_mib, decode, raw_workers_t, kv_mib),
+    F("decode.profile", CFG_BOOL, decode.profile, decode, raw_workers_t, profile),
     F("kvstore.count", CFG_U32, kvstore.count, kvstore, raw_kvstore_t, count),
     F("kvstore.dram_mb", CFG_U64, kvstore.dram_mb, kvstore, raw_kvstore_t, dram_mb),
     F("kvstore.ssd_mb", CFG_U64, kvstore.ssd_mb, kvstore, raw_kvstore_t, ssd_mb),
@@ -190,8 +211,10 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"model.block_tokens", "16"}, {"model.context", "0"},
         {"router.listen", "127.0.0.1:50051"}, {"router.http_listen", "127.0.0.1:8000"}, {"router.api_keys", ""}, {"router.tls_cert", ""}, {"router.tls_key", ""},
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""}, {"router.max_streams", "4096"},
-        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"},
-        {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"},
+        {"router.placement", "predictive"}, {"router.ttft_slo_ms", "0"}, {"router.tpot_slo_ms", "0"},
+        {"router.early_reject", "true"}, {"router.index_max_blocks", "262144"}, {"router.index_drop_events", "0"},
+        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"}, {"prefill.profile", "true"},
+        {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"}, {"decode.profile", "true"},
         {"kvstore.count", "1"}, {"kvstore.dram_mb", "1024"}, {"kvstore.ssd_mb", "0"}, {"kvstore.data_dir", ""},
         {"kvstore.use", "true"}, {"kvstore.replicas_max", "2"}, {"kvstore.hot_hits", "8"},
         {"kvstore.hit_half_life_s", "30"}, {"kvstore.near", ""},
@@ -411,6 +434,16 @@ td_status_t td_config_validate(const td_config_t *cfg)
             return td_error(TD_ERR_CONFIG, "config: %s.kv_mib = %llu; it must be from 1 to 1048576", w[i].role,
                             (unsigned long long)w[i].mib);
     }
+    static const char *const policies[] = {"least_loaded", "round_robin", "kv_cost", "predictive"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++)
+        known = known || !strcmp(cfg->router.placement, policies[i]);
+    if (!known)
+        return td_error(TD_ERR_CONFIG, "config: router.placement = \"%s\"; it must be least_loaded, round_robin, "
+                        "kv_cost or predictive", cfg->router.placement);
+    if (cfg->router.index_max_blocks < 1024 || cfg->router.index_max_blocks > 1u << 26)
+        return td_error(TD_ERR_CONFIG, "config: router.index_max_blocks = %u; it must be from 1024 to 67108864",
+                        cfg->router.index_max_blocks);
     if (cfg->router.max_streams < 1 || cfg->router.max_streams > 1u << 20)
         return td_error(TD_ERR_CONFIG, "config: router.max_streams = %u; it must be from 1 to 1048576",
                         cfg->router.max_streams);

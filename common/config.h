@@ -10,11 +10,18 @@
  *              what clients trust, for tandem up's readiness probe; max_streams: calls the
  *              router handles at once, past which it answers RESOURCE_EXHAUSTED; http_listen:
  *              the OpenAI-compatible HTTP API, "" for none; api_keys: its keys file, one
- *              "SHA256-HEX NAME RPM TPM" a line (`tandem apikey` makes them), "" for an open API)
- *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
- *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64 }
+ *              "SHA256-HEX NAME RPM TPM" a line (`tandem apikey` makes them), "" for an open API;
+ *              placement: predictive | kv_cost | least_loaded | round_robin (DESIGN.md §5);
+ *              ttft_slo_ms: 0, tpot_slo_ms: 0 — the SLOs a request is held to unless it
+ *              tightens them (0: none); early_reject: true — answer RESOURCE_EXHAUSTED with a
+ *              retry hint at once when no pair is predicted to meet them (predictive only);
+ *              index_max_blocks: 262144 — the cache index's bound; index_drop_events: 0 — a
+ *              test hook: the index's follower discards one event in every N it receives)
+ *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64, profile: true }
+ *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64, profile: true }
  *            (token_budget: tokens per engine step, the chunked-prefill size;
- *            kv_mib: the worker's KV pool)
+ *            kv_mib: the worker's KV pool; profile: measure prefill and decode step
+ *            times at start-up and publish the fitted model with the registration)
  *   kvstore: { count: 1, dram_mb: 1024, ssd_mb: 0, data_dir: "", use: true }  (count: kvstore nodes
  *            `tandem up` starts; dram_mb: a node's CPU tier; ssd_mb: its SSD tier, block files
  *            in data_dir (0: none); use: prefill workers fetch prefixes from and publish
@@ -58,14 +65,16 @@
 typedef struct td_worker_config {
     uint32_t count, threads, token_budget;
     uint64_t kv_mib;
+    bool profile;
 } td_worker_config_t;
 
 typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
     struct {
-        char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca;
-        uint32_t max_streams;
+        char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
+        uint32_t max_streams, ttft_slo_ms, tpot_slo_ms, index_max_blocks, index_drop_events;
+        bool early_reject;
     } router;
     td_worker_config_t prefill, decode;
     struct {

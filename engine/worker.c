@@ -14,9 +14,12 @@
 
 #include "common/config.h"
 #include "common/grow.h"
+#include "common/kv_events.h"
+#include "common/rpc_pb.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "engine/model.h"
+#include "engine/profile.h"
 #include "kvstore/client.h"
 
 typedef struct closure {
@@ -84,6 +87,12 @@ struct eng_worker {
     bool pub_quiet;              /* naming a block that came from the store */
     struct pub_batch *pub_free;
     uint64_t pub_offered, pub_new, pub_unpublished;
+    /* the pool's named blocks as events for followers (the router's cache
+     * index): added on the engine thread, answered on RPC threads */
+    pthread_mutex_t ev_mu;
+    td_kv_events_t ev;
+    eng_profile_t profile; /* measured at start-up (has_profile), published with the record */
+    bool has_profile;
 };
 
 
@@ -199,7 +208,12 @@ typedef struct pub_batch {
 static void on_pool_event(void *ctx, const eng_kv_event_t *ev)
 {
     eng_worker_t *w = ctx;
-    if (ev->kind != ENG_KV_STORED || w->pub_quiet)
+    pthread_mutex_lock(&w->ev_mu);
+    td_kv_events_add(&w->ev, ev->kind == ENG_KV_STORED ? TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED
+                                                       : TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_REMOVED,
+                     ev->name, 0);
+    pthread_mutex_unlock(&w->ev_mu);
+    if (!w->store || ev->kind != ENG_KV_STORED || w->pub_quiet)
         return;
     if (w->pub_n < w->pub_cap)
         w->pub_names[w->pub_n++] = ev->name;
@@ -293,9 +307,7 @@ static void store_open(eng_worker_t *w)
         TD_WARN("%s: no KV store (%s): prefixes are cached in this pool only", w->id,
                 w->pub_names ? td_last_error() : "no memory");
         w->store = NULL;
-        return;
     }
-    eng_kv_set_listener(pool, on_pool_event, w);
 }
 
 /* At exit, the engine thread stopped: the writers finish (their releases are
@@ -485,11 +497,137 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     free(s);
 }
 
+/* ---------------------------------------------------------- pool events */
+
+static void h_events(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    Tandem__Internal__V1__KvEventsRequest *rq =
+        (Tandem__Internal__V1__KvEventsRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_events_request__descriptor);
+    if (!rq)
+        return;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    pthread_mutex_lock(&w->ev_mu);
+    td_status_t rc = td_kv_events_answer(&w->ev, rq, &buf, &len);
+    pthread_mutex_unlock(&w->ev_mu);
+    tandem__internal__v1__kv_events_request__free_unpacked(rq, NULL);
+    if (rc)
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s: %s", w->id, td_last_error());
+    else
+        td_rpc_call_reply(call, buf, len);
+    free(buf);
+}
+
+/* A page of the pool's names: those from the cursor-th on, at most max. */
+typedef struct snap_call {
+    uint32_t cursor, max, seen, n;
+    uint64_t epoch, seq;
+    Tandem__Internal__V1__BlockName *names, **np;
+} snap_call_t;
+
+static void snap_add(void *ctx, td_block_name_t name, int32_t block)
+{
+    (void)block;
+    snap_call_t *s = ctx;
+    if (s->seen++ < s->cursor || s->n == s->max)
+        return;
+    Tandem__Internal__V1__BlockName *b = &s->names[s->n];
+    tandem__internal__v1__block_name__init(b);
+    b->has_lo = b->has_hi = 1;
+    b->lo = name.lo;
+    b->hi = name.hi;
+    s->np[s->n++] = b;
+}
+
+static void snap_on_engine(eng_worker_t *w, void *arg)
+{
+    snap_call_t *s = arg;
+    eng_kv_snapshot(eng_engine_kv_pool(w->engine), snap_add, s);
+    pthread_mutex_lock(&w->ev_mu); /* every event up to here is in the snapshot (this thread raises them) */
+    s->epoch = w->ev.epoch;
+    s->seq = w->ev.seq;
+    pthread_mutex_unlock(&w->ev_mu);
+}
+
+static void snap_free(void *arg)
+{
+    snap_call_t *s = arg;
+    free(s->names);
+    free(s->np);
+    free(s);
+}
+
+static void h_snapshot(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    Tandem__Internal__V1__KvSnapshotRequest *rq = (Tandem__Internal__V1__KvSnapshotRequest *)td_rpc_request_pb(
+        call, &tandem__internal__v1__kv_snapshot_request__descriptor);
+    if (!rq)
+        return;
+    uint32_t blocks = w->ev.cap; /* the pool's block count (the ring holds as many events) */
+    snap_call_t *s = calloc(1, sizeof *s);
+    if (s) {
+        s->cursor = rq->cursor;
+        s->max = rq->max_names && rq->max_names < blocks ? rq->max_names : blocks;
+        s->names = malloc((s->max ? s->max : 1) * sizeof *s->names);
+        s->np = malloc((s->max ? s->max : 1) * sizeof *s->np);
+    }
+    tandem__internal__v1__kv_snapshot_request__free_unpacked(rq, NULL);
+    if (!s || !s->names || !s->np) {
+        if (s)
+            snap_free(s);
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s: no memory for a snapshot page", w->id);
+        return;
+    }
+    if (eng_worker_call_or_drop(w, snap_on_engine, s, snap_free, 5)) {
+        td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "%s", td_last_error());
+        return; /* s is the queued closure's now */
+    }
+    Tandem__Internal__V1__KvSnapshotResponse r = TANDEM__INTERNAL__V1__KV_SNAPSHOT_RESPONSE__INIT;
+    r.has_epoch = r.has_seq = r.has_next_cursor = 1;
+    r.epoch = s->epoch;
+    r.seq = s->seq;
+    r.next_cursor = s->seen > s->cursor + s->n ? s->cursor + s->n : 0;
+    r.n_names = s->n;
+    r.names = s->np;
+    td_rpc_reply_pb(call, &r.base);
+    snap_free(s);
+}
+
+/* The start-up sweep (engine/profile.h), before anything else uses the
+ * engine; a pool too small for it, or a failed sweep, leaves the worker
+ * without a profile (the router then learns its speed from what it serves). */
+static void profile(eng_worker_t *w)
+{
+    eng_kv_stats_t k = eng_engine_kv_stats(w->engine);
+    uint32_t pool_tokens = k.n_blocks * w->contract.block_tokens;
+    if (!w->rc->profile)
+        return;
+    if (pool_tokens < 2048) {
+        TD_INFO("%s: no start-up profile (its KV pool holds %u tokens; the sweep needs 2048)", w->id, pool_tokens);
+        return;
+    }
+    int32_t vocab = (int32_t)w->model->desc.vocab;
+    if (eng_profile_measure(w->engine, vocab > 1000 ? 100 : 0, vocab > 1000 ? vocab - 100 : vocab, &w->profile)) {
+        TD_WARN("%s: the start-up profile failed (%s); the router learns this worker's speed online", w->id,
+                td_last_error());
+        return;
+    }
+    w->has_profile = true;
+    const eng_profile_t *p = &w->profile;
+    TD_INFO("%s: profile in %.2f s: prefill_ms = %.3g + %.3g*new + %.3g*new*(cached+new/2); step_ms = %.3g + "
+            "%.3g*batch + %.3g*batch*ctx", w->id, p->sweep_s, p->prefill[0], p->prefill[1], p->prefill[2],
+            p->decode[0], p->decode[1], p->decode[2]);
+}
+
 /* Joins the membership: this worker's record under its lease (common/process.h). */
 static td_status_t etcd_register(eng_worker_t *w)
 {
     json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o}", "id", w->id, "role", w->role->name, "addr", w->advertise,
                           "pid", (int)getpid(), "contract", td_kv_layout_to_json(&w->contract));
+    if (j && w->has_profile)
+        json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
     json_decref(j);
     snprintf(key, sizeof key, "/tandem/workers/%s/%s", w->role->name, w->id);
@@ -601,6 +739,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
         return 2;
     }
     pthread_mutex_init(&w->mu, NULL);
+    pthread_mutex_init(&w->ev_mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->queue_tail = &w->queue;
 
@@ -621,12 +760,21 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
         w->xo->progress_start(w->xfer))
         goto out;
     w->contract = eng_engine_kv_contract(w->engine);
+    profile(w);
+    if (td_kv_events_init(&w->ev, eng_engine_kv_stats(w->engine).n_blocks * 4 + 1024, w->id))
+        goto out;
+    eng_kv_set_listener(eng_engine_kv_pool(w->engine), on_pool_event, w);
     store_open(w);
     if (td_rpc_server_create(w->listen, w->tls, &w->server))
         goto out;
     char method[128];
     snprintf(method, sizeof method, "/tandem.internal.v1.%s/Stats", !strcmp(role->name, "prefill") ? "Prefill" : "Decode");
-    if (td_rpc_server_add(w->server, method, h_stats, w) || (role->attach && role->attach(w, role->ctx)))
+    if (td_rpc_server_add(w->server, method, h_stats, w) ||
+        td_rpc_server_add(w->server, "/tandem.internal.v1.KvEvents/Events", h_events, w) ||
+        td_rpc_server_allow(w->server, "/tandem.internal.v1.KvEvents/Events", "router") ||
+        td_rpc_server_add(w->server, "/tandem.internal.v1.KvEvents/Snapshot", h_snapshot, w) ||
+        td_rpc_server_allow(w->server, "/tandem.internal.v1.KvEvents/Snapshot", "router") ||
+        (role->attach && role->attach(w, role->ctx)))
         goto out;
     attached = true;
     if (pthread_create(&w->thread, NULL, engine_thread, w)) {
@@ -675,6 +823,7 @@ out:
     free(w->listeners);
     free(w->held);
     free(w->held_text);
+    td_kv_events_free(&w->ev);
     td_config_free(&w->cfg);
     free(w);
     td_rpc_shutdown();

@@ -40,12 +40,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/kv_contract_pb.h"
+#include "common/kv_events.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "common/rpc_pb.h"
@@ -60,16 +60,9 @@
 #define MAX_NAMES 65536u   /* names in one Get or Put (a 1M-token prompt of 16-token blocks) */
 #define MAX_LEASES 65536u
 #define EVENT_RING 65536u  /* events a follower may fall behind by before it needs a Snapshot */
-#define MAX_EVENTS 65536u  /* in one Events reply */
 #define MAX_SNAPSHOT 65536u /* names in one Snapshot page */
 #define REPL_QUEUE 1024u   /* hot blocks waiting to be copied to a reader's node */
 #define REPL_BATCH 64u     /* copied to one node in one Put */
-
-typedef struct event {
-    uint64_t seq;
-    td_block_name_t name;
-    uint8_t kind, tier;
-} event_t;
 
 /* A hot block to copy to the node near its reader: the entry is held (refs)
  * until the copy is done. */
@@ -113,9 +106,7 @@ typedef struct node {
     uint32_t n_leases;
     size_t cap_leases;
     uint64_t next_lease;
-    /* events: seq s is events[s % EVENT_RING] while s > ev_seq - EVENT_RING */
-    event_t *events;
-    uint64_t ev_seq, epoch;
+    td_kv_events_t ev; /* names that became readable, moved tier or went (common/kv_events.h) */
     /* hot-block replication (kvstore.replicas_max, hot_hits, hit_half_life_s) */
     repl_job_t *repl_q;
     uint32_t repl_n; /* jobs queued: repl_q[0 .. repl_n) */
@@ -176,8 +167,7 @@ static void emit(node_t *N, const kv_entry_t *e, Tandem__Internal__V1__KvEvent__
 {
     if (e->state != KV_READY)
         return;
-    event_t *v = &N->events[++N->ev_seq % EVENT_RING];
-    *v = (event_t){.seq = N->ev_seq, .name = e->name, .kind = (uint8_t)kind, .tier = e->tier};
+    td_kv_events_add(&N->ev, kind, e->name, e->tier);
 }
 
 static void drop_entry(node_t *N, uint32_t id)
@@ -763,47 +753,17 @@ static void h_events(void *ctx, td_rpc_call_t *call)
     Tandem__Internal__V1__KvEventsRequest *rq = (Tandem__Internal__V1__KvEventsRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_events_request__descriptor);
     if (!rq)
         return;
-    Tandem__Internal__V1__KvEventsResponse r = TANDEM__INTERNAL__V1__KV_EVENTS_RESPONSE__INIT;
-    uint32_t max = rq->max_events ? (rq->max_events < MAX_EVENTS ? rq->max_events : MAX_EVENTS) : 4096;
-    Tandem__Internal__V1__KvEvent *ev = NULL, **evp = NULL;
-    Tandem__Internal__V1__BlockName *names = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
     pthread_mutex_lock(&N->mu);
-    r.has_epoch = r.has_gap = r.has_last_seq = 1;
-    r.epoch = N->epoch;
-    r.last_seq = N->ev_seq;
-    uint64_t oldest = N->ev_seq >= EVENT_RING ? N->ev_seq - EVENT_RING + 1 : 1;
-    r.gap = rq->epoch != N->epoch || rq->after_seq > N->ev_seq || rq->after_seq + 1 < oldest;
-    uint64_t k = r.gap ? 0 : N->ev_seq - rq->after_seq;
-    if (k > max)
-        k = max;
-    if (k && (!(ev = malloc(k * sizeof *ev)) || !(evp = malloc(k * sizeof *evp)) ||
-              !(names = malloc(k * sizeof *names))))
-        k = 0; /* no memory: an empty batch, the follower asks again */
-    for (uint64_t i = 0; i < k; i++) {
-        const event_t *v = &N->events[(rq->after_seq + 1 + i) % EVENT_RING];
-        tandem__internal__v1__kv_event__init(&ev[i]);
-        tandem__internal__v1__block_name__init(&names[i]);
-        names[i].has_lo = names[i].has_hi = 1;
-        names[i].lo = v->name.lo;
-        names[i].hi = v->name.hi;
-        ev[i].has_seq = ev[i].has_kind = 1;
-        ev[i].seq = v->seq;
-        ev[i].kind = (Tandem__Internal__V1__KvEvent__Kind)v->kind;
-        ev[i].name = &names[i];
-        if (v->kind == TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED) {
-            ev[i].has_tier = 1;
-            ev[i].tier = v->tier;
-        }
-        evp[i] = &ev[i];
-    }
+    td_status_t rc = td_kv_events_answer(&N->ev, rq, &buf, &len);
     pthread_mutex_unlock(&N->mu);
-    r.n_events = k;
-    r.events = evp;
     tandem__internal__v1__kv_events_request__free_unpacked(rq, NULL);
-    td_rpc_reply_pb(call, &r.base);
-    free(ev);
-    free(evp);
-    free(names);
+    if (rc)
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "kvstore %s: %s", N->id, td_last_error());
+    else
+        td_rpc_call_reply(call, buf, len);
+    free(buf);
 }
 
 typedef struct snap {
@@ -848,8 +808,8 @@ static void h_snapshot(void *ctx, td_rpc_call_t *call)
     }
     pthread_mutex_lock(&N->mu);
     r.has_epoch = r.has_seq = r.has_next_cursor = 1;
-    r.epoch = N->epoch;
-    r.seq = N->ev_seq;
+    r.epoch = N->ev.epoch;
+    r.seq = N->ev.seq;
     uint32_t stop = N->ix ? kv_index_each(N->ix, cursor, snap_add, &sn) : KV_NONE;
     pthread_mutex_unlock(&N->mu);
     r.next_cursor = stop == KV_NONE ? 0 : stop;
@@ -967,11 +927,10 @@ int main(int argc, char **argv)
         code = 2;
         goto out;
     }
-    if (!(N.events = calloc(EVENT_RING, sizeof *N.events)) || getrandom(&N.epoch, sizeof N.epoch, 0) != sizeof N.epoch) {
-        td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory or randomness for the event ring", N.id);
+    char who[80];
+    snprintf(who, sizeof who, "kvstore %s", N.id);
+    if (td_kv_events_init(&N.ev, EVENT_RING, who))
         goto out;
-    }
-    N.epoch |= 1; /* never 0: a follower's "none yet" */
     pthread_cond_init(&N.repl_cv, NULL);
     if (!(N.repl_q = calloc(REPL_QUEUE, sizeof *N.repl_q)) || pthread_create(&N.repl_thread, NULL, replicator, &N)) {
         td_error(TD_ERR_NO_MEMORY, "kvstore %s: cannot start the replicator", N.id);
@@ -998,17 +957,20 @@ int main(int argc, char **argv)
     }
     /* the data plane's keys only to the roles that move blocks; Stats to any cluster certificate */
     static const struct {
-        const char *method, *roles;
+        const char *service, *method, *roles;
         td_rpc_handler_fn fn;
-    } rpcs[] = {{"Get", "prefill,decode,kvstore", h_get},       {"Unlease", "prefill,decode,kvstore", h_unlease},
-                {"Put", "prefill,decode,kvstore", h_put},       {"Commit", "prefill,decode,kvstore", h_commit},
-                {"Stats", NULL, h_stats},                       {"Events", "router,prefill,decode,kvstore", h_events},
-                {"Snapshot", "router,prefill,decode,kvstore", h_snapshot}};
+    } rpcs[] = {{"KvStore", "Get", "prefill,decode,kvstore", h_get},
+                {"KvStore", "Unlease", "prefill,decode,kvstore", h_unlease},
+                {"KvStore", "Put", "prefill,decode,kvstore", h_put},
+                {"KvStore", "Commit", "prefill,decode,kvstore", h_commit},
+                {"KvStore", "Stats", NULL, h_stats},
+                {"KvEvents", "Events", "router,prefill,decode,kvstore", h_events},
+                {"KvEvents", "Snapshot", "router,prefill,decode,kvstore", h_snapshot}};
     if (td_rpc_server_create(N.listen, N.tls, &srv))
         goto out;
     for (size_t i = 0; i < sizeof rpcs / sizeof rpcs[0]; i++) {
         char m[96];
-        snprintf(m, sizeof m, "/tandem.internal.v1.KvStore/%s", rpcs[i].method);
+        snprintf(m, sizeof m, "/tandem.internal.v1.%s/%s", rpcs[i].service, rpcs[i].method);
         if (td_rpc_server_add(srv, m, rpcs[i].fn, &N) || (rpcs[i].roles && td_rpc_server_allow(srv, m, rpcs[i].roles)))
             goto out;
     }
@@ -1069,7 +1031,7 @@ out:
     kv_index_destroy(N.ix);
     free(N.free_slots);
     free(N.leases);
-    free(N.events);
+    td_kv_events_free(&N.ev);
     if (N.xfer) {
         N.xo->mem_free(N.xfer, N.mem);
         N.xo->destroy(N.xfer);

@@ -107,7 +107,7 @@ class Follower:
     def poll(self, nid, addr):
         ch = self.c.channel(addr, cert="router")
         try:
-            stub = kpbg.KvStoreStub(ch)
+            stub = kpbg.KvEventsStub(ch)
             st = self.nodes.setdefault(nid, {"epoch": 0, "seq": 0, "names": {}, "snapshots": 0, "events": 0,
                                              "removed": 0, "holes": 0})
             while True:
@@ -151,7 +151,7 @@ class Follower:
             ch = self.c.channel(n["addr"], cert="router")
             with self.mu:
                 self.poll(n["id"], n["addr"])
-                epoch, seq, names = self.snapshot(kpbg.KvStoreStub(ch))
+                epoch, seq, names = self.snapshot(kpbg.KvEventsStub(ch))
                 st = self.nodes[n["id"]]
                 out.append((n["id"], epoch == st["epoch"] and seq == st["seq"] and names == st["names"],
                             len(names), dict(st, names=len(st["names"]))))
