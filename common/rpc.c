@@ -496,6 +496,8 @@ struct td_rpc_call {
     grpc_byte_buffer *fin_bb;  /* the reply sent with the status */
     grpc_slice fin_details;
     bool fin_set;
+    grpc_metadata trailer; /* one trailing metadata pair sent with the status (has_trailer) */
+    bool has_trailer;
     unsigned wakes, wakes_seen;
     td_rpc_event_fn send_cb, wake_cb, cancel_cb;
     void *send_ctx, *wake_ctx, *cancel_ctx;
@@ -514,6 +516,10 @@ static void call_free(td_rpc_call_t *c)
         grpc_byte_buffer_destroy(c->fin_bb);
     if (c->fin_set)
         grpc_slice_unref(c->fin_details);
+    if (c->has_trailer) {
+        grpc_slice_unref(c->trailer.key);
+        grpc_slice_unref(c->trailer.value);
+    }
     free(c->payload);
     if (c->peer)
         gpr_free(c->peer);
@@ -663,7 +669,12 @@ static void call_status(td_rpc_call_t *c, int code, const char *msg, const void 
     c->fin_set = true;
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = (grpc_status_code)code;
-    ops[n++].data.send_status_from_server.status_details = &c->fin_details;
+    ops[n].data.send_status_from_server.status_details = &c->fin_details;
+    if (c->has_trailer) {
+        ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+        ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+    }
+    n++;
     c->s.posted |= 1u << TAG_FINISH;
     c->refs++;
     pthread_mutex_unlock(&c->s.mu);
@@ -1299,6 +1310,22 @@ void td_rpc_call_finish(td_rpc_call_t *c, int code, const char *fmt, ...)
         va_end(ap);
     }
     call_status(c, code, msg, NULL, 0);
+}
+
+void td_rpc_call_set_trailer(td_rpc_call_t *c, const char *key, const char *value)
+{
+    pthread_mutex_lock(&c->s.mu);
+    if (!c->finished) {
+        if (c->has_trailer) {
+            grpc_slice_unref(c->trailer.key);
+            grpc_slice_unref(c->trailer.value);
+        }
+        memset(&c->trailer, 0, sizeof c->trailer);
+        c->trailer.key = grpc_slice_from_copied_string(key);
+        c->trailer.value = grpc_slice_from_copied_string(value);
+        c->has_trailer = true;
+    }
+    pthread_mutex_unlock(&c->s.mu);
 }
 
 void td_rpc_call_reply(td_rpc_call_t *c, const void *msg, size_t len)

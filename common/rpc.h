@@ -155,6 +155,9 @@ td_status_t td_rpc_call_wait(td_rpc_call_t *c, double timeout_s);
 void td_rpc_call_wake(td_rpc_call_t *c);
 /* Ends the call with a status and message (printf style). */
 void td_rpc_call_finish(td_rpc_call_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* One trailing metadata pair (a lower-case key) to send with the status
+ * (the last one set wins), e.g. retry-after-ms on an early rejection. */
+void td_rpc_call_set_trailer(td_rpc_call_t *c, const char *key, const char *value);
 /* Unary success: the reply message and status OK. */
 void td_rpc_call_reply(td_rpc_call_t *c, const void *msg, size_t len);
 

@@ -95,6 +95,7 @@ typedef struct hreq {
     int fd;          /* the connection's socket while watched, else -1 */
     int end_code;
     char end_msg[512];
+    uint32_t end_retry_ms; /* an early rejection's hint: Retry-After and retry-after-ms */
     char *out; /* bytes for the client: SSE chunks, or the whole JSON body */
     size_t n_out, off_out, cap_out;
     char *text; /* a non-streaming request's text so far */
@@ -222,7 +223,9 @@ static char *error_json(int status, const char *message, const char *param)
     return s;
 }
 
-static enum MHD_Result respond(struct MHD_Connection *c, int status, char *body_owned, const char *ctype)
+/* retry_ms: a 429's hint, as Retry-After (seconds, rounded up) and retry-after-ms (OpenAI's clients read it) */
+static enum MHD_Result respond_retry(struct MHD_Connection *c, int status, char *body_owned, const char *ctype,
+                                     uint32_t retry_ms)
 {
     const char *fallback = "{\"error\":{\"message\":\"no memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}";
     struct MHD_Response *rs =
@@ -233,11 +236,21 @@ static enum MHD_Result respond(struct MHD_Connection *c, int status, char *body_
         return MHD_NO;
     }
     MHD_add_response_header(rs, "Content-Type", ctype ? ctype : "application/json");
-    if (status == 429)
-        MHD_add_response_header(rs, "Retry-After", "1");
+    if (status == 429) {
+        char sec[16], ms[16];
+        snprintf(sec, sizeof sec, "%u", retry_ms ? (retry_ms + 999) / 1000 : 1);
+        snprintf(ms, sizeof ms, "%u", retry_ms ? retry_ms : 1000);
+        MHD_add_response_header(rs, "Retry-After", sec);
+        MHD_add_response_header(rs, "retry-after-ms", ms);
+    }
     enum MHD_Result ret = MHD_queue_response(c, body_owned ? (unsigned)status : 500u, rs);
     MHD_destroy_response(rs);
     return ret;
+}
+
+static enum MHD_Result respond(struct MHD_Connection *c, int status, char *body_owned, const char *ctype)
+{
+    return respond_retry(c, status, body_owned, ctype, 0);
 }
 
 /* Too many connections: 503, and this one closed (MHD's own limit, a little
@@ -462,9 +475,10 @@ static void *watcher_thread(void *arg)
     return NULL;
 }
 
-static void h_end(void *ctx, int code, const char *message)
+static void h_end(void *ctx, int code, const char *message, uint32_t retry_after_ms)
 {
     hreq_t *x = ctx;
+    x->end_retry_ms = retry_after_ms;
     active_remove(x);
     unwatch(x);
     charge(x);
@@ -612,6 +626,7 @@ static enum MHD_Result answer(hreq_t *x)
         return ret;
     }
     int code = x->end_code;
+    uint32_t retry_ms = x->end_retry_ms;
     char *body = NULL;
     if (code == TD_RPC_OK) {
         body = x->out;
@@ -621,7 +636,7 @@ static enum MHD_Result answer(hreq_t *x)
         body = error_json(http_status_of(code), x->end_msg, NULL);
     }
     pthread_mutex_unlock(&x->mu);
-    return respond(x->conn, code == TD_RPC_OK ? 200 : http_status_of(code), body, NULL);
+    return respond_retry(x->conn, code == TD_RPC_OK ? 200 : http_status_of(code), body, NULL, retry_ms);
 }
 
 static enum MHD_Result models(rt_http_t *h, struct MHD_Connection *c)

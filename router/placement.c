@@ -4,6 +4,7 @@
 #include "router/placement.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +17,9 @@ static bool usable(const rt_worker_t *w, rt_role_t role, double now)
     return w->role == role && !w->refused && !w->gone && w->suspect_until <= now;
 }
 
-static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const int32_t *tokens, size_t n_tokens, double now)
+static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
-    (void)tokens;
-    (void)n_tokens;
+    (void)c;
     rt_worker_t *best = NULL;
     for (size_t i = 0; i < t->n; i++)
         if (usable(t->w[i], role, now) && (!best || t->w[i]->inflight < best->inflight))
@@ -27,10 +27,167 @@ static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const int32_t *t
     return best;
 }
 
+static rt_worker_t *round_robin(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
+{
+    (void)c;
+    for (size_t k = 0; k < t->n; k++) {
+        rt_worker_t *w = t->w[(t->rr[role] + k) % t->n];
+        if (usable(w, role, now)) {
+            t->rr[role] = (unsigned)((t->rr[role] + k + 1) % t->n);
+            return w;
+        }
+    }
+    return NULL;
+}
+
+/* ---- prediction (DESIGN.md §5) ---- */
+
+/* A worker's profile, or else the first other worker's of its role (the
+ * same engine, most likely), or else none (NULL). */
+static const eng_profile_t *profile_of(const rt_table_t *t, const rt_worker_t *w)
+{
+    if (w->has_profile)
+        return &w->profile;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->w[i]->has_profile && t->w[i]->role == w->role)
+            return &t->w[i]->profile;
+    return NULL;
+}
+
+static double queued_ms(const rt_worker_t *w, double now)
+{
+    double left = w->work_ms - (now - w->work_since) * 1e3;
+    return left > 0 ? left : 0;
+}
+
+/* What prefill on w would take: its pool's run of the chain, the store's
+ * further blocks, the new tokens' prefill, the work queued ahead. */
+static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_place_ctx_t *c, double now,
+                            rt_prediction_t *pr)
+{
+    const rt_place_req_t *rq = c->rq;
+    uint32_t bt = t->expect.block_tokens, n = rq ? (uint32_t)rq->n_tokens : 0;
+    uint32_t pool = 0, store = 0;
+    if (c->hits && w->ix_src >= 0) {
+        pool = c->hits->held[w->ix_src];
+        store = c->hits->store_run > pool ? c->hits->store_run - pool : 0;
+    }
+    uint32_t cached = (pool + store) * bt;
+    if (n && cached >= n) { /* the last token is computed again for its logits */
+        cached = n - 1;
+        store = cached / bt > pool ? cached / bt - pool : 0;
+    }
+    pr->pool_tokens = pool * bt < cached ? pool * bt : cached;
+    pr->store_tokens = cached - pr->pool_tokens;
+    pr->new_tokens = n - cached;
+    pr->blocks = rq ? (uint32_t)rq->n_blocks : 0;
+    const eng_profile_t *pf = profile_of(t, w);
+    pr->prefill_raw_ms = pf ? eng_profile_prefill_ms(pf, pr->new_tokens, cached) : 0;
+    double k = w->k_prefill > 0 ? w->k_prefill : 1;
+    pr->fetch_ms = store * t->fetch_ms_per_block;
+    pr->prefill_ms = k * pr->prefill_raw_ms;
+    pr->queue_ms = queued_ms(w, now);
+    pr->overhead_ms = t->overhead_ms;
+    pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->fetch_ms + pr->prefill_ms;
+    pr->valid = true;
+}
+
+/* The decode worker's time between tokens with the request in its batch. */
+static double predict_tbt(const rt_table_t *t, const rt_worker_t *d, const rt_place_req_t *rq, double *raw)
+{
+    const eng_profile_t *pf = profile_of(t, d);
+    double ctx = rq ? (double)rq->n_tokens + rq->max_tokens / 2.0 : 0;
+    *raw = pf ? eng_profile_step_ms(pf, d->inflight + 1, ctx) : 0;
+    return (d->k_step > 0 ? d->k_step : 1) * *raw;
+}
+
+/* kv_cost (Dynamo's KV router): w * prefill blocks left after the worker's
+ * cached overlap + the blocks it is prefilling now; decode least loaded. */
+static rt_worker_t *kv_cost(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
+{
+    if (role == RT_DECODE || !c->rq)
+        return least_loaded(t, role, c, now);
+    rt_worker_t *best = NULL;
+    double best_cost = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        rt_worker_t *w = t->w[i];
+        if (!usable(w, role, now))
+            continue;
+        uint32_t overlap = c->hits && w->ix_src >= 0 ? c->hits->held[w->ix_src] : 0;
+        double cost = 1.0 * (double)(c->rq->n_blocks - overlap) + w->active_blocks;
+        if (!best || cost < best_cost || (cost == best_cost && w->inflight < best->inflight)) {
+            best = w;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+/* predictive: the prefill worker with the lowest predicted TTFT; the least
+ * loaded decode worker whose predicted time between tokens stays under the
+ * request's TPOT SLO (the least loaded of all when none does). */
+static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
+{
+    if (!c->rq)
+        return least_loaded(t, role, c, now);
+    rt_worker_t *best = NULL;
+    double best_v = 0;
+    bool best_ok = false;
+    for (size_t i = 0; i < t->n; i++) {
+        rt_worker_t *w = t->w[i];
+        if (!usable(w, role, now))
+            continue;
+        if (role == RT_PREFILL) {
+            rt_prediction_t pr = {0};
+            predict_prefill(t, w, c, now, &pr);
+            if (!best || pr.ttft_ms < best_v) {
+                best = w;
+                best_v = pr.ttft_ms;
+            }
+        } else {
+            double raw, tbt = predict_tbt(t, w, c->rq, &raw);
+            bool ok = !c->rq->tpot_slo_ms || tbt <= c->rq->tpot_slo_ms;
+            if (!best || (ok && !best_ok) || (ok == best_ok && w->inflight < best->inflight)) {
+                best = w;
+                best_ok = ok;
+            }
+        }
+    }
+    return best;
+}
+
+static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+/* Learns from what a request measured: the prefill worker's correction
+ * (its call's time less the predicted queue, over the profile's figure), the
+ * router's overhead (TTFT less the prefill call), the decode worker's
+ * correction (measured over predicted time between tokens), and records the
+ * TTFT prediction's error. */
+static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm)
+{
+    const rt_prediction_t *pr = &tm->pred;
+    if (!pr->valid || !tm->ok || tm->prefill_ms <= 0)
+        return;
+    if (prefill && pr->prefill_raw_ms + pr->fetch_ms > 0.5 && tm->prefill_ms > pr->queue_ms * 1.05) {
+        double k = clampd((tm->prefill_ms - pr->queue_ms - pr->fetch_ms) / pr->prefill_raw_ms, 0.2, 5);
+        prefill->k_prefill = prefill->k_prefill > 0 ? exp(0.8 * log(prefill->k_prefill) + 0.2 * log(k)) : k;
+    }
+    if (tm->ttft_ms > tm->prefill_ms) {
+        double o = tm->ttft_ms - tm->prefill_ms;
+        t->overhead_ms = t->overhead_ms > 0 ? 0.9 * t->overhead_ms + 0.1 * o : o;
+    }
+    if (decode && tm->output_tokens > 2 && pr->step_raw_ms > 0 && tm->tpot_ms > 0) {
+        double k = clampd(tm->tpot_ms / pr->step_raw_ms, 0.2, 5);
+        decode->k_step = decode->k_step > 0 ? exp(0.8 * log(decode->k_step) + 0.2 * log(k)) : k;
+    }
+    if (tm->ttft_ms > 0)
+        t->err[t->n_err++ % RT_ERR_RING] = (float)(fabs(pr->ttft_ms - tm->ttft_ms) / tm->ttft_ms);
+}
+
 /* An exponentially weighted mean of each worker's measured TTFT and TPOT. */
 static void ewma_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm)
 {
-    (void)t;
+    predict_observe(t, prefill, decode, tm);
     if (!tm->ok)
         return;
     if (prefill)
@@ -41,6 +198,21 @@ static void ewma_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decod
 
 const rt_placement_ops_t rt_placement_least_loaded = {.name = "least_loaded", .pick = least_loaded,
                                                       .observe = ewma_observe};
+const rt_placement_ops_t rt_placement_round_robin = {.name = "round_robin", .pick = round_robin,
+                                                     .observe = ewma_observe};
+const rt_placement_ops_t rt_placement_kv_cost = {.name = "kv_cost", .pick = kv_cost, .observe = ewma_observe};
+const rt_placement_ops_t rt_placement_predictive = {.name = "predictive", .pick = predictive,
+                                                    .observe = ewma_observe, .rejects = true};
+
+const rt_placement_ops_t *rt_placement_by_name(const char *name)
+{
+    static const rt_placement_ops_t *const all[] = {&rt_placement_least_loaded, &rt_placement_round_robin,
+                                                    &rt_placement_kv_cost, &rt_placement_predictive};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(all[i]->name, name))
+            return all[i];
+    return NULL;
+}
 
 void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls_t *tls)
 {
@@ -49,6 +221,8 @@ void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->changed, NULL);
     t->expect = *expect;
+    /* a block from the store at 2 GB/s until measured otherwise */
+    t->fetch_ms_per_block = (double)td_kv_block_bytes(expect) / 2e6;
 }
 
 static void worker_put(rt_worker_t *w)
@@ -80,6 +254,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
         return;
     }
     w->refs = 1;
+    w->ix_src = -1;
     snprintf(w->key, sizeof w->key, "%s", key);
     take_str(j, "id", w->id, sizeof w->id);
     take_str(j, "addr", w->addr, sizeof w->addr);
@@ -87,6 +262,12 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     take_str(j, "role", role, sizeof role);
     w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
     td_status_t crc = td_kv_layout_from_json(json_object_get(j, "contract"), &w->contract);
+    const json_t *prof = json_object_get(j, "profile");
+    if (prof && eng_profile_from_json(prof, &w->profile))
+        TD_WARN("router: the worker record %s has a profile that does not parse (%s); its speed is learnt online",
+                key, td_last_error());
+    else
+        w->has_profile = prof != NULL;
     json_decref(j);
     if ((strcmp(role, "prefill") && strcmp(role, "decode")) || !w->addr[0]) {
         TD_WARN("router: the worker record %s has no usable role or address; ignored", key);
@@ -109,6 +290,9 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++)
         if (!strcmp(t->w[i]->key, key)) { /* re-registered: replace */
+            w->k_prefill = t->w[i]->k_prefill;
+            w->k_step = t->w[i]->k_step;
+            w->ix_src = t->w[i]->ix_src;
             t->w[i]->gone = true;
             if (strcmp(t->w[i]->addr, w->addr)) /* another process now: end what the old one held */
                 td_rpc_channel_shutdown(t->w[i]->ch);
@@ -168,11 +352,11 @@ void rt_table_retain(rt_table_t *t, const char *const *keys, size_t n)
         rt_table_remove(t, gone[i]);
 }
 
-rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const int32_t *tokens,
-                              size_t n_tokens)
+rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const rt_place_req_t *rq)
 {
+    rt_place_ctx_t c = {.rq = rq};
     pthread_mutex_lock(&t->mu);
-    rt_worker_t *w = p->pick(t, role, tokens, n_tokens, td_now_s());
+    rt_worker_t *w = p->pick(t, role, &c, td_now_s());
     if (w) {
         w->refs++;
         w->inflight++;
@@ -231,25 +415,115 @@ static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *ou
     }
 }
 
-void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const int32_t *tokens, size_t n_tokens,
-                    rt_placement_t *out)
+void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_req_t *rq, rt_placement_t *out)
 {
     memset(out, 0, sizeof *out);
+    rt_chain_hits_t hits;
+    rt_place_ctx_t c = {.rq = rq};
+    if (t->ix && rq && rq->n_blocks) { /* the index has its own lock: looked up before the table's */
+        rt_kvindex_chain(t->ix, rq->chain, rq->n_blocks, &hits);
+        c.hits = &hits;
+    }
     double now = td_now_s();
     pthread_mutex_lock(&t->mu);
-    rt_worker_t *d = p->pick(t, RT_DECODE, tokens, n_tokens, now);
-    rt_worker_t *pf = d ? p->pick(t, RT_PREFILL, tokens, n_tokens, now) : NULL;
-    if (d && pf) {
-        d->refs++;
-        d->inflight++;
-        pf->refs++;
-        pf->inflight++;
-        out->decode = d;
-        out->prefill = pf;
-    } else {
+    rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
+    rt_worker_t *pf = d ? p->pick(t, RT_PREFILL, &c, now) : NULL;
+    if (!d || !pf) {
         refuse(t, d ? RT_PREFILL : RT_DECODE, now, out);
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    rt_prediction_t *pr = &out->pred;
+    predict_prefill(t, pf, &c, now, pr);
+    pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
+    if (p->rejects && rq && rq->early_reject &&
+        ((rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms) || (rq->tpot_slo_ms && pr->tbt_ms > rq->tpot_slo_ms))) {
+        bool ttft = rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms;
+        out->code = TD_RPC_RESOURCE_EXHAUSTED;
+        /* the hint: when the queue ahead will have drained by the excess, or a decode step's worth of time */
+        double wait = ttft ? pr->ttft_ms - rq->ttft_slo_ms : 50 * pr->tbt_ms;
+        out->retry_after_ms = (uint32_t)clampd(wait, 10, 60000);
+        if (ttft) {
+            t->rejected_ttft++;
+            snprintf(out->why, sizeof out->why, "rejected early: the predicted time to first token on the best "
+                     "prefill worker (%.64s) is %.0f ms, over the TTFT SLO of %.0f ms; retry after %u ms",
+                     pf->id, pr->ttft_ms, rq->ttft_slo_ms, out->retry_after_ms);
+        } else {
+            t->rejected_tpot++;
+            snprintf(out->why, sizeof out->why, "rejected early: the predicted time between tokens on the best "
+                     "decode worker (%.64s) is %.1f ms, over the TPOT SLO of %.0f ms; retry after %u ms",
+                     d->id, pr->tbt_ms, rq->tpot_slo_ms, out->retry_after_ms);
+        }
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    d->refs++;
+    d->inflight++;
+    pf->refs++;
+    pf->inflight++;
+    /* the prefill's predicted service joins pf's queue until rt_table_prefill_done */
+    if (queued_ms(pf, now) <= 0) {
+        pf->work_ms = 0;
+        pf->work_since = now;
+    }
+    pf->work_ms += pr->fetch_ms + pr->prefill_ms;
+    pf->active_blocks += pr->blocks;
+    t->placed[pr->pool_tokens ? 0 : pr->store_tokens ? 1 : 2]++;
+    out->decode = d;
+    out->prefill = pf;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_prefill_done(rt_table_t *t, rt_worker_t *w, const rt_prediction_t *pred)
+{
+    double now = td_now_s();
+    pthread_mutex_lock(&t->mu);
+    double left = queued_ms(w, now) - (pred->fetch_ms + pred->prefill_ms);
+    w->work_ms = left > 0 ? left : 0;
+    w->work_since = now;
+    w->active_blocks -= pred->blocks < w->active_blocks ? pred->blocks : w->active_blocks;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
+{
+    float *e = malloc(RT_ERR_RING * sizeof *e);
+    json_t *workers = json_array();
+    pthread_mutex_lock(&t->mu);
+    size_t n = t->n_err < RT_ERR_RING ? (size_t)t->n_err : RT_ERR_RING;
+    if (e)
+        memcpy(e, t->err, n * sizeof *e);
+    json_t *j = json_pack("{s:s, s:{s:I, s:I, s:I}, s:{s:I, s:I}, s:I, s:f, s:f}", "policy", p->name, "placed",
+                          "pool_hit", (json_int_t)t->placed[0], "store_hit", (json_int_t)t->placed[1], "cold",
+                          (json_int_t)t->placed[2], "rejected", "ttft", (json_int_t)t->rejected_ttft, "tpot",
+                          (json_int_t)t->rejected_tpot, "predictions", (json_int_t)t->n_err, "overhead_ms",
+                          t->overhead_ms, "fetch_ms_per_block", t->fetch_ms_per_block);
+    double now = td_now_s();
+    for (size_t i = 0; i < t->n; i++) {
+        const rt_worker_t *w = t->w[i];
+        if (w->refused)
+            continue;
+        json_array_append_new(workers, json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:i}", "id", w->id, "role",
+                                                 w->role == RT_PREFILL ? "prefill" : "decode", "profile",
+                                                 w->has_profile, "k_prefill", w->k_prefill ? w->k_prefill : 1.0,
+                                                 "k_step", w->k_step ? w->k_step : 1.0, "queued_ms",
+                                                 queued_ms(w, now), "inflight", w->inflight));
     }
     pthread_mutex_unlock(&t->mu);
+    if (e && n) {
+        qsort(e, n, sizeof *e, cmp_float);
+        json_object_set_new(j, "ttft_error_p50", json_real(e[n / 2]));
+        json_object_set_new(j, "ttft_error_p90", json_real(e[(size_t)(0.9 * (double)(n - 1))]));
+    }
+    free(e);
+    json_object_set_new(j, "workers", workers);
+    return j;
 }
 
 void rt_table_observe(rt_table_t *t, const rt_placement_ops_t *p, rt_worker_t *prefill, rt_worker_t *decode,

@@ -13,8 +13,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
+#include "common/blockhash.h"
 #include "common/kv_contract.h"
 #include "common/rpc.h"
+#include "engine/profile.h"
+#include "router/kvindex.h"
 
 typedef enum rt_role { RT_PREFILL, RT_DECODE } rt_role_t;
 
@@ -28,10 +33,46 @@ typedef struct rt_worker {
     int suspect_code;     /* that call's gRPC code and message */
     char suspect_why[192];
     double ewma_ttft_ms, ewma_tpot_ms; /* measured on requests it served (rt_table_observe) */
+    /* prediction (DESIGN.md §5): the profile it published, the online
+     * corrections (measured / predicted, smoothed), the predicted prefill
+     * work placed on it and not yet done (work_ms, counted down from
+     * work_since), the prompt blocks it is prefilling (kv_cost), its slot in
+     * the cache index (-1: not followed yet) */
+    eng_profile_t profile;
+    bool has_profile;
+    double k_prefill, k_step;
+    double work_ms, work_since;
+    uint32_t active_blocks;
+    int ix_src;
     bool refused, gone;
     char refused_why[384];
     int refs;
 } rt_worker_t;
+
+#define RT_ERR_RING 4096
+
+/* What a request asks of placement: its tokens, its prompt's chain of block
+ * names (full blocks), how many tokens it may generate, its SLOs (0: none)
+ * and whether a request predicted to miss them is refused at once. */
+typedef struct rt_place_req {
+    const int32_t *tokens;
+    size_t n_tokens;
+    const td_block_name_t *chain;
+    size_t n_blocks;
+    uint32_t max_tokens;
+    double ttft_slo_ms, tpot_slo_ms;
+    bool early_reject;
+} rt_place_req_t;
+
+/* A placement's prediction for its pair: TTFT = overhead + queue + fetch +
+ * prefill (each corrected online), the decode worker's time between tokens
+ * once the request joins; the tokens its pool and the store supply. */
+typedef struct rt_prediction {
+    double ttft_ms, overhead_ms, queue_ms, fetch_ms, prefill_ms, tbt_ms;
+    double prefill_raw_ms, step_raw_ms; /* the profiles' figures before correction */
+    uint32_t pool_tokens, store_tokens, new_tokens, blocks;
+    bool valid;
+} rt_prediction_t;
 
 typedef struct rt_table {
     pthread_mutex_t mu;
@@ -40,6 +81,15 @@ typedef struct rt_table {
     size_t n, cap;
     td_kv_layout_t expect;
     const td_rpc_tls_t *tls; /* how the router dials workers (mutual TLS; NULL: plaintext) */
+    /* prediction and its record (under mu) */
+    rt_kvindex_t *ix;           /* the cache index (NULL: none) */
+    double fetch_ms_per_block;  /* a block from the store */
+    double overhead_ms;         /* measured TTFT less the prefill call, smoothed */
+    unsigned rr[2];             /* round_robin's next, per role */
+    uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */
+    uint64_t rejected_ttft, rejected_tpot;
+    float err[RT_ERR_RING];     /* |predicted - measured| / measured TTFT of the last requests */
+    uint64_t n_err;
 } rt_table_t;
 
 /* What a placed request measured, told to the policy afterwards (the
@@ -48,16 +98,26 @@ typedef struct rt_timings {
     double queue_ms, prefill_ms, ttft_ms, tpot_ms, e2e_ms;
     uint32_t prompt_tokens, cached_tokens, output_tokens;
     bool ok;
+    rt_prediction_t pred; /* what placement predicted for it */
 } rt_timings_t;
+
+/* What a policy sees of a request: the request (NULL: none, pick any) and
+ * what the cache index says its chain can be served from (NULL: no index). */
+typedef struct rt_place_ctx {
+    const rt_place_req_t *rq;
+    const rt_chain_hits_t *hits;
+} rt_place_ctx_t;
 
 /* Placement policy: picks a worker of a role among the usable ones (not
  * refused, not gone, not suspect); NULL when there is none. Called with the
- * table locked; observe (optional, also locked) hears each placed request's
- * timings. */
+ * table locked. observe (also locked) hears each placed request's timings
+ * and corrects the predictions. rejects: a pair predicted to miss the
+ * request's SLOs is refused (early rejection). */
 typedef struct rt_placement_ops {
     const char *name;
-    rt_worker_t *(*pick)(rt_table_t *t, rt_role_t role, const int32_t *tokens, size_t n_tokens, double now);
+    rt_worker_t *(*pick)(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now);
     void (*observe)(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm);
+    bool rejects;
 } rt_placement_ops_t;
 
 /* Placement's answer: a (prefill, decode) pair, both held (release each
@@ -68,10 +128,15 @@ typedef struct rt_placement {
     rt_worker_t *prefill, *decode;
     int code; /* TD_RPC_OK when placed */
     double retry_at;
+    uint32_t retry_after_ms; /* an early rejection's hint (0: none) */
     char why[320];
+    rt_prediction_t pred;
 } rt_placement_t;
 
-extern const rt_placement_ops_t rt_placement_least_loaded;
+extern const rt_placement_ops_t rt_placement_least_loaded, rt_placement_round_robin, rt_placement_kv_cost,
+    rt_placement_predictive;
+/* The policy called name (router.placement), or NULL. */
+const rt_placement_ops_t *rt_placement_by_name(const char *name);
 
 void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls_t *tls);
 /* A worker registered or re-registered (value: its JSON record). */
@@ -81,11 +146,19 @@ void rt_table_remove(rt_table_t *t, const char *key);
  * membership was re-read: those left while nobody watched). */
 void rt_table_retain(rt_table_t *t, const char *const *keys, size_t n);
 /* Picks and takes a reference (inflight + 1); release with rt_table_done. */
-rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const int32_t *tokens,
-                              size_t n_tokens);
-/* A pair for a request, or why not (rt_placement_t). */
-void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const int32_t *tokens, size_t n_tokens,
-                    rt_placement_t *out);
+rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const rt_place_req_t *rq);
+/* A pair for a request (rq NULL: any), with its prediction, or why not
+ * (rt_placement_t): no usable worker, or, under a policy that rejects, a
+ * pair predicted to miss the request's SLOs (RESOURCE_EXHAUSTED with
+ * retry_after_ms). */
+void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_req_t *rq, rt_placement_t *out);
+/* The prefill placed with prediction pred on w ended (answered or failed):
+ * its work leaves w's queue. */
+void rt_table_prefill_done(rt_table_t *t, rt_worker_t *w, const rt_prediction_t *pred);
+/* Placement's metrics for Health: the policy's name, placements by reason,
+ * rejections by reason, the prediction error's p50/p90 and its count, and
+ * per worker its corrections and queued work. */
+json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p);
 /* Releases w; failed (its call's result), when not NULL, makes it suspect
  * (skipped) for suspect_s seconds with that result as the reason. */
 void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed, double suspect_s);

@@ -44,6 +44,10 @@ struct rt_request {
     Tandem__V1__GenerateRequest *rq;
     int32_t *tokens; /* prompt, then the tokens streamed so far */
     size_t n_prompt, n_tokens, cap_tokens;
+    td_block_name_t *chain; /* the names of tokens' full blocks (placement prices them) */
+    size_t cap_chain;
+    rt_prediction_t pred, first_pred; /* the attempt's placement's prediction; the first attempt's */
+    uint32_t retry_after_ms;          /* an early rejection's hint */
     uint32_t max_tokens, cached, store_cached;
     double t0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
     double t_queued, handoff; /* when the next step was queued; the time steps waited for a pool thread */
@@ -103,7 +107,7 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
         rt_count(r, true, q->overhead, q->cpu, q->handoff);
     else
         rt_count(r, false, -1, -1, -1);
-    q->sink.end(q->sink_ctx, code, msg);
+    q->sink.end(q->sink_ctx, code, msg, q->retry_after_ms);
     tandem__v1__generate_request__free_unpacked(q->rq, NULL);
     td_rpc_scope_destroy(q->scope);
     pthread_mutex_destroy(&q->mu);
@@ -373,6 +377,10 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         timing.e2e_ms = (t - q->t0) * 1e3;
         timing.queue_ms = 0;
         timing.prefill_worker = q->prefill_id;
+        if (q->first_pred.valid) {
+            timing.has_predicted_ttft_ms = 1;
+            timing.predicted_ttft_ms = q->first_pred.ttft_ms;
+        }
         timing.decode_worker = q->decode_id;
         gr.timing = &timing;
     }
@@ -430,7 +438,7 @@ static int after_stream(rt_request_t *q)
     rt_timings_t tm = {.prefill_ms = q->prefill_ms, .ttft_ms = ((q->t_first ? q->t_first : now) - q->t0) * 1e3,
                        .e2e_ms = (now - q->t0) * 1e3, .prompt_tokens = (uint32_t)q->n_prompt,
                        .cached_tokens = q->cached, .output_tokens = (uint32_t)(q->n_tokens - q->n_prompt),
-                       .ok = q->finished};
+                       .ok = q->finished, .pred = q->pred};
     tm.tpot_ms = tm.output_tokens > 1 ? (q->t_last - q->t_first) * 1e3 / (tm.output_tokens - 1) : 0;
     rt_table_observe(&r->table, r->place, p, d, &tm);
     rt_table_unhold(&r->table, p);
@@ -463,6 +471,33 @@ static int after_stream(rt_request_t *q)
     return 0;
 }
 
+/* What placement is asked: the tokens (a resume's too) and their chain of
+ * block names, the request's SLOs (the router's, tightened by the request's). */
+static void place_req(rt_request_t *q, rt_place_req_t *pr)
+{
+    router_t *r = q->r;
+    uint32_t bt = r->table.expect.block_tokens;
+    size_t nb = q->n_tokens / bt;
+    if (nb > q->cap_chain) {
+        td_block_name_t *c = realloc(q->chain, nb * sizeof *c);
+        if (c) {
+            q->chain = c;
+            q->cap_chain = nb;
+        }
+    }
+    if (nb > q->cap_chain) /* no memory: priced as if nothing were cached */
+        nb = 0;
+    td_block_name_chain(r->chain_root, q->tokens, nb * bt, bt, q->chain, nb);
+    uint32_t ttft = r->cfg.router.ttft_slo_ms, tpot = r->cfg.router.tpot_slo_ms;
+    if (q->rq->ttft_slo_ms && (!ttft || q->rq->ttft_slo_ms < ttft))
+        ttft = q->rq->ttft_slo_ms;
+    if (q->rq->tpot_slo_ms && (!tpot || q->rq->tpot_slo_ms < tpot))
+        tpot = q->rq->tpot_slo_ms;
+    *pr = (rt_place_req_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .chain = q->chain, .n_blocks = nb,
+                           .max_tokens = q->max_tokens, .ttft_slo_ms = ttft, .tpot_slo_ms = tpot,
+                           .early_reject = r->cfg.router.early_reject};
+}
+
 /* One attempt up to the decode stream: 2 the relay runs (this thread is
  * free), 1 the request ended, 0 try again. */
 static int attempt(rt_request_t *q)
@@ -470,7 +505,14 @@ static int attempt(rt_request_t *q)
     router_t *r = q->r;
     double t_a = td_now_s(), c_a = cpu_s();
     rt_placement_t pl;
-    rt_table_place(&r->table, r->place, q->tokens, q->n_tokens, &pl);
+    rt_place_req_t prq_place;
+    place_req(q, &prq_place);
+    rt_table_place(&r->table, r->place, &prq_place, &pl);
+    if (pl.code == TD_RPC_RESOURCE_EXHAUSTED && pl.retry_after_ms && !q->sent_any) {
+        q->retry_after_ms = pl.retry_after_ms; /* rejected early: at once, never queued */
+        finish(q, pl.code, "%s", pl.why);
+        return 1;
+    }
     if (pl.code) {
         /* nothing can serve it: say why now, unless a worker becomes usable before the deadline (its
          * suspect time ends) or, for a stream already under way, a worker may still join to resume it */
@@ -488,6 +530,9 @@ static int attempt(rt_request_t *q)
         return 0;
     }
     rt_worker_t *d = pl.decode, *p = pl.prefill;
+    q->pred = pl.pred;
+    if (!q->first_pred.valid)
+        q->first_pred = pl.pred;
     q->overhead += td_now_s() - t_a;
     q->cpu += cpu_s() - c_a;
     /* the records may be freed once released (rt_table_done): messages use copies */
@@ -503,6 +548,7 @@ static int attempt(rt_request_t *q)
         bool own = left(q) <= 0.001 || cancelled(q);
         double skip = res.code == TD_RPC_FAILED_PRECONDITION ? 60 : res.code == TD_RPC_RESOURCE_EXHAUSTED ? 0.1 : 2;
         rt_table_done(&r->table, d, !own ? &res : NULL, skip);
+        rt_table_prefill_done(&r->table, p, &q->pred);
         rt_table_done(&r->table, p, NULL, 0);
         if (rv < 0) {
             finish(q, res.code, "decode worker %s: %s", q->did, res.message);
@@ -518,6 +564,7 @@ static int attempt(rt_request_t *q)
         release(d, res_id, true);
         tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
         rt_table_done(&r->table, d, NULL, 0);
+        rt_table_prefill_done(&r->table, p, &q->pred);
         rt_table_done(&r->table, p, NULL, 0);
         finish(q, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %d reservations, its most; try again later",
                RT_MAX_HELD);
@@ -551,6 +598,7 @@ static int attempt(rt_request_t *q)
     free(out);
     uint64_t land_by = land->land_by_unix_ms;
     tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
+    rt_table_prefill_done(&r->table, p, &q->pred);
     if (!prp) {
         /* an answer the prefill worker gave (not a local cancel, deadline or lost connection) means it
          * stopped putting; so does a call never sent; else it is asked to stop, and says when it has */
@@ -620,7 +668,7 @@ static int attempt(rt_request_t *q)
     q->cpu += cpu_s() - c_c;
     if (rc) { /* no stream: as if it broke at once */
         q->st = NULL;
-        rt_table_observe(&r->table, r->place, p, d, &(rt_timings_t){.prefill_ms = q->prefill_ms});
+        rt_table_observe(&r->table, r->place, p, d, &(rt_timings_t){.prefill_ms = q->prefill_ms, .pred = q->pred});
         rt_table_unhold(&r->table, p);
         rt_table_done(&r->table, d, NULL, 0);
         q->p = q->d = NULL;
@@ -704,10 +752,13 @@ rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, do
     }
     if (q) {
         int32_t *tokens = q->tokens;
-        size_t cap = q->cap_tokens;
+        size_t cap = q->cap_tokens, cap_chain = q->cap_chain;
+        td_block_name_t *chain = q->chain;
         memset(q, 0, offsetof(rt_request_t, pb_mem));
         q->tokens = tokens;
         q->cap_tokens = cap;
+        q->chain = chain;
+        q->cap_chain = cap_chain;
         q->cancelled = false;
         q->next_free = NULL;
     }
@@ -744,6 +795,7 @@ void rt_request_pool_free(router_t *r)
         rt_request_t *q = r->free_reqs;
         r->free_reqs = q->next_free;
         free(q->tokens);
+        free(q->chain);
         free(q);
         r->n_reqs--;
     }

@@ -26,7 +26,8 @@ typedef struct rt_request rt_request_t;
 
 typedef struct rt_sink {
     td_status_t (*emit)(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m);
-    void (*end)(void *ctx, int code, const char *message);
+    /* retry_after_ms: an early rejection's hint (0: none), for the transport's retry header */
+    void (*end)(void *ctx, int code, const char *message, uint32_t retry_after_ms);
 } rt_sink_t;
 
 /* A request for rq (taken: freed with the request) that may take timeout_s

@@ -21,6 +21,7 @@
 #include "common/config.h"
 #include "common/etcd.h"
 #include "kvstore/status.h"
+#include "router/follow.h"
 #include "common/grow.h"
 #include "common/kv_contract_pb.h"
 #include "common/pb_arena.h"
@@ -272,9 +273,14 @@ static td_status_t g_emit(void *ctx, rt_request_t *q, const Tandem__V1__Generate
     return td_rpc_call_send_async(g->call, g->buf, n, g_sent, q);
 }
 
-static void g_end(void *ctx, int code, const char *message)
+static void g_end(void *ctx, int code, const char *message, uint32_t retry_after_ms)
 {
     grpc_sink_t *g = ctx;
+    if (retry_after_ms) { /* an early rejection: when to try again, as trailing metadata */
+        char v[16];
+        snprintf(v, sizeof v, "%u", retry_after_ms);
+        td_rpc_call_set_trailer(g->call, "retry-after-ms", v);
+    }
     td_rpc_call_finish(g->call, code, "%s", message);
     td_rpc_call_done(g->call); /* waits for a cancel callback under way */
     free(g->buf);
@@ -428,6 +434,9 @@ static void h_health(void *ctx, td_rpc_call_t *call)
         free(q[k]);
     }
     json_object_set_new(j, "refused", refused);
+    json_object_set_new(j, "placement", rt_table_metrics(&r->table, r->place));
+    if (r->follow)
+        json_object_set_new(j, "index", rt_follow_json(r->follow));
     /* the KV store as kvstore-status shows it: per node tiers, hit rate, replicas */
     json_t *kv = NULL;
     if (kv_status_collect(r->etcd, r->tls, 0.5, &kv) == TD_OK)
@@ -496,7 +505,11 @@ int main(int argc, char **argv)
                                               r.model->desc.head_dim, r.cfg.model.block_tokens, TD_KV_F16);
     td_kv_dtype_parse(r.cfg.model.kv_dtype, &expect.dtype); /* validated */
     rt_table_init(&r.table, &expect, r.tls);
-    r.place = &rt_placement_least_loaded;
+    r.place = rt_placement_by_name(r.cfg.router.placement); /* validated */
+    r.chain_root = td_block_name_root(expect.model_id, td_kv_dtype_name(expect.dtype), expect.block_tokens);
+    if (rt_kvindex_create(r.cfg.router.index_max_blocks, &r.index))
+        goto out;
+    r.table.ix = r.index;
     /* a queued step per request at most: the queue holds every request the router admits */
     if (td_pool_create("router", RT_POOL_THREADS, (size_t)r.cfg.router.max_streams + 64, &r.pool))
         goto out;
@@ -507,7 +520,8 @@ int main(int argc, char **argv)
         goto out;
     }
     r.renewer_running = true;
-    if (membership_start(&r))
+    if (membership_start(&r) ||
+        rt_follow_start(&r.table, r.index, r.etcd, r.tls, r.cfg.router.index_drop_events, &r.follow))
         goto out;
     int port;
     const char *cert = r.cfg.router.tls_cert, *key = r.cfg.router.tls_key, *cca = r.cfg.router.tls_client_ca;
@@ -555,8 +569,10 @@ out:
         pthread_mutex_unlock(&r.held_mu);
         pthread_join(r.renewer, NULL);
     }
+    rt_follow_stop(r.follow);
     td_etcd_watch_stop(r.watch);
     td_etcd_destroy(r.etcd);
+    rt_kvindex_destroy(r.index);
     if (r.has_chat)
         eng_chat_free(&r.chat);
     eng_model_close(r.model);

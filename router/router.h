@@ -48,7 +48,10 @@ typedef struct router {
     eng_chat_t chat;
     bool has_chat;
     rt_table_t table;
-    const rt_placement_ops_t *place;
+    const rt_placement_ops_t *place; /* router.placement */
+    td_block_name_t chain_root;      /* of the cluster's block names (common/blockhash.h) */
+    rt_kvindex_t *index;             /* the cache index (router/kvindex.h) */
+    struct rt_follow *follow;        /* keeps it (router/follow.h) */
     td_etcd_t *etcd;
     td_etcd_watch_t *watch;
     td_config_t cfg; /* the file, then the flags over it; validated */

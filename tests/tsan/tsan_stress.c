@@ -377,7 +377,7 @@ static void *place_user(void *arg)
     for (int it = 0; it < 2000; it++) {
         if (it % 5 == 0) { /* a whole placement, its refusal or its pair */
             rt_placement_t pl;
-            rt_table_place(j->t, &rt_placement_least_loaded, NULL, 0, &pl);
+            rt_table_place(j->t, &rt_placement_least_loaded, NULL, &pl);
             if (!pl.code) {
                 rt_timings_t tm = {.ttft_ms = 1, .tpot_ms = 1, .output_tokens = 2, .ok = true};
                 rt_table_observe(j->t, &rt_placement_least_loaded, pl.prefill, pl.decode, &tm);
@@ -386,7 +386,7 @@ static void *place_user(void *arg)
             }
             continue;
         }
-        rt_worker_t *w = rt_table_acquire(j->t, &rt_placement_least_loaded, it & 1 ? RT_DECODE : RT_PREFILL, NULL, 0);
+        rt_worker_t *w = rt_table_acquire(j->t, &rt_placement_least_loaded, it & 1 ? RT_DECODE : RT_PREFILL, NULL);
         if (!w)
             continue;
         j->picked++;

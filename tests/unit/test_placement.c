@@ -30,7 +30,7 @@ static int picks(rt_table_t *t, const char *id, int n, rt_worker_t **held)
 {
     int k = 0;
     for (int i = 0; i < n; i++) {
-        held[i] = rt_table_acquire(t, &rt_placement_least_loaded, RT_DECODE, NULL, 0);
+        held[i] = rt_table_acquire(t, &rt_placement_least_loaded, RT_DECODE, NULL);
         k += held[i] && !strcmp(held[i]->id, id);
     }
     return k;
@@ -49,7 +49,7 @@ Test(placement, skips_failed_suspect_refused_and_gone_workers, .timeout = 30)
     expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
     rt_table_t t;
     rt_table_init(&t, &expect, NULL);
-    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0), "an empty table");
+    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL), "an empty table");
     put_worker(&t, "d1", "decode", 16);
     put_worker(&t, "d2", "decode", 16);
     put_worker(&t, "d3", "decode", 32); /* refused: its contract differs */
@@ -70,7 +70,7 @@ Test(placement, skips_failed_suspect_refused_and_gone_workers, .timeout = 30)
     for (int i = 0; i < 4 && (!w || strcmp(w->id, "d1")); i++) {
         if (w)
             rt_table_done(&t, w, false, 0);
-        w = rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0);
+        w = rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL);
     }
     cr_assert_str_eq(w->id, "d1");
     td_rpc_result_t busy = {.code = TD_RPC_RESOURCE_EXHAUSTED, .message = "no room for 300 tokens of KV"};
@@ -82,36 +82,36 @@ Test(placement, skips_failed_suspect_refused_and_gone_workers, .timeout = 30)
     release_all(&t, held, 10);
     /* both suspect: nothing to pick, though both are still registered */
     for (int i = 0; i < 2; i++) {
-        rt_worker_t *x = rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0);
+        rt_worker_t *x = rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL);
         held[i] = x;
     }
     td_rpc_result_t down = {.code = TD_RPC_UNAVAILABLE, .message = "Socket closed"};
     rt_table_done(&t, held[0], &down, 30);
     rt_table_done(&t, held[1], &busy, 20);
-    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL, 0), "every worker suspect");
+    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_DECODE, NULL), "every worker suspect");
     cr_assert_eq(rt_table_registered(&t, RT_DECODE), 2);
     /* placement refuses with the reason and when a worker is usable again (the sooner one) */
     rt_placement_t pl;
-    rt_table_place(&t, &rt_placement_least_loaded, NULL, 0, &pl);
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
     cr_assert_null(pl.decode);
     cr_assert_eq(pl.code, TD_RPC_RESOURCE_EXHAUSTED, "a full pool is exhaustion: %d %s", pl.code, pl.why);
     cr_assert(strstr(pl.why, "no room for 300 tokens") && strstr(pl.why, held[1]->id), "%s", pl.why);
     double in = pl.retry_at - td_now_s();
     cr_assert(in > 19 && in <= 20, "retry in %.1f s: the sooner of the two", in);
     /* a worker that left is gone at once, and a record held across its removal stays valid */
-    rt_worker_t *pf = rt_table_acquire(&t, &rt_placement_least_loaded, RT_PREFILL, NULL, 0);
+    rt_worker_t *pf = rt_table_acquire(&t, &rt_placement_least_loaded, RT_PREFILL, NULL);
     cr_assert_not_null(pf);
     rt_table_remove(&t, "/tandem/workers/prefill/p1");
-    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_PREFILL, NULL, 0), "p1 left");
+    cr_assert_null(rt_table_acquire(&t, &rt_placement_least_loaded, RT_PREFILL, NULL), "p1 left");
     cr_assert_str_eq(pf->id, "p1", "the holder's record is still readable");
     rt_table_done(&t, pf, false, 0);
     cr_assert_eq(rt_table_registered(&t, RT_PREFILL), 0);
-    rt_table_place(&t, &rt_placement_least_loaded, NULL, 0, &pl);
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
     cr_assert(pl.code == TD_RPC_RESOURCE_EXHAUSTED || pl.code == TD_RPC_UNAVAILABLE);
     put_worker(&t, "d9", "decode", 32);
     rt_table_remove(&t, "/tandem/workers/decode/d1");
     rt_table_remove(&t, "/tandem/workers/decode/d2");
-    rt_table_place(&t, &rt_placement_least_loaded, NULL, 0, &pl);
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
     cr_assert_eq(pl.code, TD_RPC_FAILED_PRECONDITION, "only refused workers: %s", pl.why);
     cr_assert(strstr(pl.why, "block_tokens") && pl.retry_at == 0, "%s", pl.why);
     td_rpc_shutdown();
@@ -127,15 +127,15 @@ Test(placement, pairs_and_observed_timings, .timeout = 30)
     rt_table_t t;
     rt_table_init(&t, &expect, NULL);
     rt_placement_t pl;
-    rt_table_place(&t, &rt_placement_least_loaded, NULL, 0, &pl);
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
     cr_assert_eq(pl.code, TD_RPC_UNAVAILABLE);
     cr_assert(strstr(pl.why, "no decode worker is registered"), "%s", pl.why);
     cr_assert_eq(pl.retry_at, 0, "nothing will become usable by itself");
     put_worker(&t, "d1", "decode", 16);
-    rt_table_place(&t, &rt_placement_least_loaded, NULL, 0, &pl);
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
     cr_assert(pl.code == TD_RPC_UNAVAILABLE && strstr(pl.why, "no prefill worker"), "%s", pl.why);
     put_worker(&t, "p1", "prefill", 16);
-    rt_table_place(&t, &rt_placement_least_loaded, NULL, 0, &pl);
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
     cr_assert_eq(pl.code, TD_RPC_OK, "%s", pl.why);
     cr_assert(!strcmp(pl.prefill->id, "p1") && !strcmp(pl.decode->id, "d1"));
     rt_timings_t tm = {.ttft_ms = 100, .tpot_ms = 10, .output_tokens = 8, .ok = true};
