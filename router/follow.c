@@ -292,6 +292,14 @@ static void poll_source(rt_follow_t *f, fsrc_t *s, double now)
     }
 }
 
+static bool stopping(rt_follow_t *f)
+{
+    pthread_mutex_lock(&f->mu);
+    bool s = f->stop;
+    pthread_mutex_unlock(&f->mu);
+    return s;
+}
+
 static void *follow_thread(void *arg)
 {
     rt_follow_t *f = arg;
@@ -300,7 +308,7 @@ static void *follow_thread(void *arg)
         pthread_mutex_unlock(&f->mu);
         double now = td_now_s();
         refresh(f, now);
-        for (int i = 0; i < RT_IX_SOURCES; i++)
+        for (int i = 0; i < RT_IX_SOURCES && !stopping(f); i++)
             if (f->src[i].key[0])
                 poll_source(f, &f->src[i], now);
         pthread_mutex_lock(&f->mu);

@@ -556,6 +556,8 @@ int main(int argc, char **argv)
 out:
     if (code)
         fprintf(stderr, "tandem-router: %s\n", td_last_error());
+    rt_follow_stop(r.follow); /* first: it may wait on etcd or a source until its deadline */
+    r.follow = NULL;
     rt_http_stop(http); /* its requests cancelled and ended (they need the pool) */
     if (srv)
         td_rpc_server_stop(srv, 10); /* every request ends with its call */
@@ -569,7 +571,6 @@ out:
         pthread_mutex_unlock(&r.held_mu);
         pthread_join(r.renewer, NULL);
     }
-    rt_follow_stop(r.follow);
     td_etcd_watch_stop(r.watch);
     td_etcd_destroy(r.etcd);
     rt_kvindex_destroy(r.index);

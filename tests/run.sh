@@ -100,6 +100,9 @@ run_py tests/integration/test_kvstore.py kvstore 900
 echo "== KV store hot blocks (3 nodes, one reader near each: copies up to replicas_max, spread, cool, kill -9 of a home)"
 run_py tests/integration/test_kvstore_hot.py kvstore-hot 240
 
+echo "== router (the cache index heals from dropped events and a router restart; placement on cached prefixes; predictions; early rejection)"
+run_py tests/integration/test_router.py router 300
+
 echo "== cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 

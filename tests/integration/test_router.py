@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""The predictive, cache-aware router on a real cluster (router/placement.c,
+router/kvindex.c, router/follow.c): `tandem up` with 2 prefill workers, 1
+decode worker and 1 kvstore node, the router's index follower told to drop
+one event in every 7 it receives (router.index_drop_events, a test hook).
+
+- Index healing: at each quiet point, within 1 s, the router's index holds
+  for every source (each prefill worker's pool, the kvstore node) exactly the
+  names the source's own Snapshot lists (same count, same XOR digest), while
+  the hook dropped events and the follower re-read the sources (gaps > 0).
+- A router restart (kill -9; tandem up starts it again): the new router's
+  index converges to the sources' truth within 1 s of serving.
+- Cache-aware placement: a prompt served once is placed again on the prefill
+  worker whose pool holds it (cached tokens > 0), the output unchanged.
+- Predictions: each answer carries the placement's predicted TTFT; Health
+  reports the error's p50/p90 and the workers' profiles.
+- Early rejection: a request asking for a 1 ms TTFT is refused at once with
+  RESOURCE_EXHAUSTED and trailing metadata retry-after-ms; the same prompt
+  with loose SLOs is served.
+Prints one line per check and closes with "router: N passed, N failed".
+Usage: test_router.py BUILD_BIN_DIR  (from the repository root)."""
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cluster as tc  # noqa: E402
+
+from tandem.internal.v1 import kvstore_pb2 as kpb  # noqa: E402
+from tandem.internal.v1 import kvstore_pb2_grpc as kpbg  # noqa: E402
+
+pb = tc.pb
+check = tc.check
+WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or has had "
+         "not but one all new first after their also two who they more its time when city year would been").split()
+MAX = 4
+
+
+def text(n, rng):
+    return "".join(" " + rng.choice(WORDS) for _ in range(n))
+
+
+def truth(c, addr):
+    """A source's names now, by its own Snapshot: (count, XOR of lo ^ hi)."""
+    ch = c.channel(addr, cert="router")
+    try:
+        stub = kpbg.KvEventsStub(ch)
+        n, x, cursor = 0, 0, 0
+        while True:
+            r = stub.Snapshot(kpb.KvSnapshotRequest(cursor=cursor, max_names=4096), timeout=5)
+            for b in r.names:
+                n += 1
+                x ^= b.lo ^ b.hi
+            cursor = r.next_cursor
+            if not cursor:
+                return n, "%016x" % x
+    finally:
+        ch.close()
+
+
+def sources(c):
+    """Each source's address by its id: the prefill workers and the kvstore nodes in etcd."""
+    out = {w["id"]: w["addr"] for w in c.workers() if w["role"] == "prefill"}
+    for line in c.etcdctl("get", "--prefix", "/tandem/kvstores/", "--print-value-only").stdout.splitlines():
+        if line.startswith("{"):
+            n = tc.json.loads(line)
+            out[n["id"]] = n["addr"]
+    return out
+
+
+def agrees(c):
+    """(True, detail) when the router's index equals every source's Snapshot."""
+    _, h = c.health()
+    idx = {s["id"]: s for s in h.get("index", {}).get("sources", [])}
+    srcs = sources(c)
+    bad = []
+    for sid, addr in srcs.items():
+        n, d = truth(c, addr)
+        s = idx.get(sid)
+        if not s or s["blocks"] != n or s["digest"] != d:
+            bad.append("%s: source %d/%s, router %s" % (sid, n, d, (s["blocks"], s["digest"]) if s else None))
+    return not bad and len(srcs) == 3, "; ".join(bad), h
+
+
+def converge(c, secs=1.0):
+    """Seconds until the index agrees with every source (None: not within secs)."""
+    t0 = time.time()
+    last = ""
+    while True:
+        ok, last, h = agrees(c)
+        if ok:
+            return time.time() - t0, h, ""
+        if time.time() - t0 > secs:
+            return None, h, last
+        time.sleep(0.05)
+
+
+def gen(c, prompt, **slo):
+    rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True,
+                            sampling=pb.SamplingParams(max_tokens=MAX, ignore_eos=True), **slo)
+    ids, last = [], None
+    for r in c.stub.Generate(rq, timeout=120):
+        ids.extend(r.token_ids)
+        last = r
+    return ids, last
+
+
+def main():
+    rng = random.Random(20261125)
+    work = tempfile.mkdtemp(prefix="tandem-router-test-")
+    cfg = os.path.join(work, "tandem.yaml")
+    with open(cfg, "w") as f:
+        f.write("router: { placement: predictive, index_drop_events: 7 }\nkvstore: { dram_mb: 64 }\n"
+                "prefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 64 }\n")
+    c = tc.Cluster(config=cfg, extra=["--kvstores", "1"])
+    try:
+        # pools of ~133 blocks: 14 prompts of ~150 tokens evict, the store takes every block
+        docs = [text(rng.randint(100, 200), rng) for _ in range(14)]
+        first = [gen(c, d) for d in docs]
+        took, h, why = converge(c)
+        srcs = h.get("index", {}).get("sources", [])
+        check("index after 14 prompts, one event in 7 dropped on purpose: equals every source's Snapshot "
+              "within 1 s (%s s; %d blocks; gaps healed %s, events dropped %s)" %
+              (None if took is None else "%.2f" % took, h.get("index", {}).get("blocks", 0),
+               [s["gaps"] for s in srcs], [s["dropped_by_hook"] for s in srcs]),
+              took is not None and sum(s["dropped_by_hook"] for s in srcs) > 0 and
+              sum(s["gaps"] for s in srcs) > 0, why)
+        prof = h.get("placement", {}).get("workers", [])
+        check("every worker published a start-up profile (%s)" % [(w["id"], w["profile"]) for w in prof],
+              len(prof) == 3 and all(w["profile"] for w in prof))
+
+        # cache-aware: the same prompts again land where their prefix is
+        again = [gen(c, d) for d in docs[-4:]]
+        hits = [a[1].usage.cached_prompt_tokens for a in again]
+        check("the last 4 prompts again: every one placed on a cached prefix (cached tokens %s)" % hits,
+              all(x > 0 for x in hits))
+        check("... with the same output", all(a[0] == f[0] for a, f in zip(again, first[-4:])))
+        preds = [a[1].timing.predicted_ttft_ms for a in again]
+        check("every answer carries the predicted TTFT (%s ms vs measured %s ms)" %
+              (["%.1f" % p for p in preds], ["%.1f" % a[1].timing.ttft_ms for a in again]),
+              all(a[1].timing.HasField("predicted_ttft_ms") and p > 0 for a, p in zip(again, preds)))
+        _, h = c.health()
+        pl = h.get("placement", {})
+        check("Health: prediction error p50 %.3f, p90 %.3f over %d requests; placed %s" %
+              (pl.get("ttft_error_p50", -1), pl.get("ttft_error_p90", -1), pl.get("predictions", 0),
+               pl.get("placed")), pl.get("predictions", 0) >= 18 and "ttft_error_p90" in pl and
+              pl["placed"]["pool_hit"] + pl["placed"]["store_hit"] >= 4)
+
+        # early rejection
+        times, md, codes = [], [], []
+        for _ in range(5):
+            t0 = time.time()
+            try:
+                gen(c, docs[0] + " and then", ttft_slo_ms=1)
+                codes.append("OK")
+            except grpc.RpcError as e:
+                times.append((time.time() - t0) * 1e3)
+                codes.append(e.code().name)
+                md.append(dict(e.trailing_metadata() or ()).get("retry-after-ms"))
+        times.sort()
+        check("a 1 ms TTFT SLO is refused early: %s, retry-after-ms %s, answered in %s ms (median)" %
+              (codes, md, "%.1f" % times[len(times) // 2] if times else "-"),
+              codes == ["RESOURCE_EXHAUSTED"] * 5 and all(m and int(m) > 0 for m in md) and
+              times[len(times) // 2] < 100)
+        ok = gen(c, docs[0] + " and then", ttft_slo_ms=60000, tpot_slo_ms=60000)
+        check("... the same prompt with loose SLOs is served (%d tokens)" % len(ok[0]), len(ok[0]) == MAX)
+        _, h = c.health()
+        check("Health counts the rejections (%s)" % h["placement"]["rejected"], h["placement"]["rejected"]["ttft"] >= 5)
+
+        # a router restart: the new one's index converges
+        def argv0(pid):
+            return os.path.basename(open("/proc/%d/cmdline" % pid, "rb").read().split(b"\0")[0].decode())
+        router = [p for p in c.pids() if argv0(p) == "tandem-router"]
+        os.kill(router[0], signal.SIGKILL)
+        tc.wait_for(lambda: router[0] not in c.pids(), 10)
+        serving = tc.wait_for(lambda: c.health()[0], 30)
+        took, h, why = converge(c)
+        srcs = h.get("index", {}).get("sources", [])
+        check("router kill -9 and restart: its index equals every source's Snapshot within 1 s of serving "
+              "(%s s; snapshots %s)" % (None if took is None else "%.2f" % took, [s["snapshots"] for s in srcs]),
+              serving and took is not None, why)
+        after = gen(c, docs[-1])
+        check("... and places on the cached prefix again (cached %d)" % after[1].usage.cached_prompt_tokens,
+              after[1].usage.cached_prompt_tokens > 0 and after[0] == first[-1][0])
+    finally:
+        rc = c.stop()
+        check("tandem up stops cleanly (exit %s)" % rc, rc == 0)
+    p, f = sum(tc.results), len(tc.results) - sum(tc.results)
+    print("router: %d passed, %d failed" % (p, f))
+    return 0 if not f else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
