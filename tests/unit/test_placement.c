@@ -149,3 +149,132 @@ Test(placement, pairs_and_observed_timings, .timeout = 30)
     rt_table_done(&t, pl.decode, NULL, 0);
     td_rpc_shutdown();
 }
+
+/* The cache index against a plain reference: random stores and removals of
+ * 3,000 names by 4 sources (deletions shift runs back: no tombstones), a
+ * source cleared; every name's holders and every source's count agree. */
+Test(kvindex, random_operations_match_a_reference, .timeout = 30)
+{
+    enum { N = 3000, S = 4 };
+    rt_kvindex_t *ix;
+    cr_assert_eq(rt_kvindex_create(4096, &ix), TD_OK);
+    int src[S];
+    for (int s = 0; s < S; s++) {
+        char k[16];
+        snprintf(k, sizeof k, "/s/%d", s);
+        src[s] = rt_kvindex_source(ix, k, s == 3);
+        cr_assert(src[s] >= 0);
+    }
+    static uint8_t ref[N]; /* bit s: source s holds name i */
+    td_block_name_t names[N];
+    for (int i = 0; i < N; i++) /* low bits collide on purpose: long runs */
+        names[i] = (td_block_name_t){(uint64_t)(i % 97) | ((uint64_t)i << 20), (uint64_t)i * 0x9e3779b97f4a7c15ull};
+    uint64_t rng = 7;
+    for (int step = 0; step < 60000; step++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int i = (int)((rng >> 33) % N), s = (int)((rng >> 20) % S);
+        bool put = (rng >> 10) % 3 != 0, no = false;
+        rt_kvindex_apply(ix, src[s], &names[i], &put, &no, 1);
+        ref[i] = put ? ref[i] | (1u << s) : ref[i] & ~(1u << s);
+        if (step == 30000) {
+            rt_kvindex_clear(ix, src[1], false);
+            for (int k = 0; k < N; k++)
+                ref[k] &= ~2u;
+        }
+    }
+    rt_kvindex_stats_t st;
+    rt_kvindex_stats(ix, &st);
+    uint32_t count[S] = {0};
+    uint64_t live = 0;
+    for (int i = 0; i < N; i++) {
+        uint64_t want = 0;
+        for (int s = 0; s < S; s++)
+            if (ref[i] & (1u << s)) {
+                want |= 1ull << src[s];
+                count[s]++;
+            }
+        live += want != 0;
+        cr_assert_eq(rt_kvindex_holders(ix, names[i]), want, "name %d", i);
+    }
+    cr_assert_eq(st.names, live);
+    for (int s = 0; s < S; s++)
+        cr_assert_eq(st.source_blocks[src[s]], count[s], "source %d", s);
+    rt_kvindex_destroy(ix);
+}
+
+static void put_profiled(rt_table_t *t, const char *id, const char *role)
+{
+    eng_profile_t p = {.prefill = {1, 1, 0}, .decode = {2, 1, 0}};
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
+                          "contract", td_kv_layout_to_json(&expect), "profile", eng_profile_to_json(&p));
+    char *v = json_dumps(j, JSON_COMPACT), key[128];
+    snprintf(key, sizeof key, "/tandem/workers/%s/%s", role, id);
+    rt_table_put(t, key, v);
+    free(v);
+    json_decref(j);
+}
+
+/* Predictive and kv_cost placement go where the index says the prompt's
+ * prefix is (p2's pool), predictive's TTFT counts only the new tokens
+ * (profile: 1 + 1 ms per new token), a TTFT SLO below it is refused early
+ * with a retry hint, round_robin alternates. */
+Test(placement, predictive_places_on_the_cached_prefix_and_rejects_early, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &expect, NULL);
+    rt_kvindex_t *ix;
+    cr_assert_eq(rt_kvindex_create(4096, &ix), TD_OK);
+    t.ix = ix;
+    put_profiled(&t, "p1", "prefill");
+    put_profiled(&t, "p2", "prefill");
+    put_profiled(&t, "d1", "decode");
+    int32_t tok[160];
+    for (int i = 0; i < 160; i++)
+        tok[i] = 100 + i;
+    td_block_name_t chain[10];
+    td_block_name_chain(td_block_name_root("m", "fp16", 16), tok, 160, 16, chain, 10);
+    int s2 = rt_kvindex_source(ix, "/tandem/workers/prefill/p2", false);
+    bool yes[10] = {true, true, true, true, true, true, true, true, true, true};
+    rt_kvindex_apply(ix, s2, chain, yes, NULL, 8); /* p2 holds the first 8 blocks (128 tokens) */
+    for (size_t i = 0; i < t.n; i++)
+        if (!strcmp(t.w[i]->id, "p2"))
+            t.w[i]->ix_src = s2;
+    rt_place_req_t rq = {.tokens = tok, .n_tokens = 160, .chain = chain, .n_blocks = 10, .max_tokens = 16,
+                         .early_reject = true};
+    const rt_placement_ops_t *pols[2] = {&rt_placement_predictive, &rt_placement_kv_cost};
+    for (int k = 0; k < 2; k++) {
+        rt_placement_t pl;
+        rt_table_place(&t, pols[k], &rq, &pl);
+        cr_assert_eq(pl.code, TD_RPC_OK, "%s", pl.why);
+        cr_assert_str_eq(pl.prefill->id, "p2", "%s", pols[k]->name);
+        cr_assert_eq(pl.pred.pool_tokens, 128);
+        cr_assert_eq(pl.pred.new_tokens, 32);
+        cr_assert_float_eq(pl.pred.prefill_ms, 33, 1e-9);
+        rt_table_prefill_done(&t, pl.prefill, &pl.pred);
+        rt_table_done(&t, pl.prefill, NULL, 0);
+        rt_table_done(&t, pl.decode, NULL, 0);
+    }
+    rq.ttft_slo_ms = 10;
+    rt_placement_t pl;
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert_eq(pl.code, TD_RPC_RESOURCE_EXHAUSTED);
+    cr_assert(pl.retry_after_ms >= 10 && strstr(pl.why, "TTFT SLO"), "%u %s", pl.retry_after_ms, pl.why);
+    cr_assert_null(pl.prefill);
+    rq.ttft_slo_ms = 0;
+    rq.tpot_slo_ms = 1; /* the decode profile's step is 2 + 1*batch ms */
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code == TD_RPC_RESOURCE_EXHAUSTED && strstr(pl.why, "TPOT SLO"), "%s", pl.why);
+    const char *seen[2];
+    for (int k = 0; k < 2; k++) {
+        rt_table_place(&t, &rt_placement_round_robin, NULL, &pl);
+        cr_assert_eq(pl.code, TD_RPC_OK);
+        seen[k] = pl.prefill->id;
+        rt_table_done(&t, pl.prefill, NULL, 0);
+        rt_table_done(&t, pl.decode, NULL, 0);
+    }
+    cr_assert(strcmp(seen[0], seen[1]), "round_robin alternates (%s, %s)", seen[0], seen[1]);
+    rt_kvindex_destroy(ix);
+    td_rpc_shutdown();
+}
