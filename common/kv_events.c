@@ -6,6 +6,7 @@
 #include <sys/random.h>
 
 #include "common/log.h"
+#include "common/rpc_pb.h"
 
 #define MAX_EVENTS 65536u /* in one answer */
 
@@ -82,6 +83,25 @@ td_status_t td_kv_events_answer(const td_kv_events_t *e, const Tandem__Internal_
     free(evp);
     free(names);
     return rc;
+}
+
+void td_kv_events_serve(td_rpc_call_t *call, const td_kv_events_t *e, pthread_mutex_t *mu, const char *who)
+{
+    Tandem__Internal__V1__KvEventsRequest *rq = (Tandem__Internal__V1__KvEventsRequest *)td_rpc_request_pb(
+        call, &tandem__internal__v1__kv_events_request__descriptor);
+    if (!rq)
+        return;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    pthread_mutex_lock(mu);
+    td_status_t rc = td_kv_events_answer(e, rq, &buf, &len);
+    pthread_mutex_unlock(mu);
+    tandem__internal__v1__kv_events_request__free_unpacked(rq, NULL);
+    if (rc)
+        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s: %s", who, td_last_error());
+    else
+        td_rpc_call_reply(call, buf, len);
+    free(buf);
 }
 
 bool td_kv_events_contiguous(const Tandem__Internal__V1__KvEventsResponse *r, uint64_t after_seq)

@@ -11,6 +11,7 @@
 #ifndef TD_KV_EVENTS_H
 #define TD_KV_EVENTS_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "common/blockhash.h"
@@ -43,6 +44,10 @@ void td_kv_events_add(td_kv_events_t *e, Tandem__Internal__V1__KvEvent__Kind kin
  * (the follower asks again). */
 td_status_t td_kv_events_answer(const td_kv_events_t *e, const Tandem__Internal__V1__KvEventsRequest *rq,
                                 uint8_t **buf, size_t *len);
+/* The whole Events handler: unpacks the call's request, answers it from e
+ * under mu (the holder's lock), replies outside it; who names the holder in
+ * an error. */
+void td_kv_events_serve(td_rpc_call_t *call, const td_kv_events_t *e, pthread_mutex_t *mu, const char *who);
 /* A follower's check of an Events answer: the events are numbered
  * after_seq + 1, + 2, ... with nothing missing; false when one is out of
  * order (the follower then takes a snapshot). */

@@ -502,21 +502,7 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
 static void h_events(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
-    Tandem__Internal__V1__KvEventsRequest *rq =
-        (Tandem__Internal__V1__KvEventsRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_events_request__descriptor);
-    if (!rq)
-        return;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    pthread_mutex_lock(&w->ev_mu);
-    td_status_t rc = td_kv_events_answer(&w->ev, rq, &buf, &len);
-    pthread_mutex_unlock(&w->ev_mu);
-    tandem__internal__v1__kv_events_request__free_unpacked(rq, NULL);
-    if (rc)
-        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "%s: %s", w->id, td_last_error());
-    else
-        td_rpc_call_reply(call, buf, len);
-    free(buf);
+    td_kv_events_serve(call, &w->ev, &w->ev_mu, w->id);
 }
 
 /* A page of the pool's names: those from the cursor-th on, at most max. */

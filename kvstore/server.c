@@ -750,20 +750,9 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
 static void h_events(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
-    Tandem__Internal__V1__KvEventsRequest *rq = (Tandem__Internal__V1__KvEventsRequest *)td_rpc_request_pb(call, &tandem__internal__v1__kv_events_request__descriptor);
-    if (!rq)
-        return;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    pthread_mutex_lock(&N->mu);
-    td_status_t rc = td_kv_events_answer(&N->ev, rq, &buf, &len);
-    pthread_mutex_unlock(&N->mu);
-    tandem__internal__v1__kv_events_request__free_unpacked(rq, NULL);
-    if (rc)
-        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "kvstore %s: %s", N->id, td_last_error());
-    else
-        td_rpc_call_reply(call, buf, len);
-    free(buf);
+    char who[80];
+    snprintf(who, sizeof who, "kvstore %s", N->id);
+    td_kv_events_serve(call, &N->ev, &N->mu, who);
 }
 
 typedef struct snap {
