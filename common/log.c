@@ -108,10 +108,13 @@ void td_log(td_log_level_t level, const char *fmt, ...)
 
 td_status_t td_error(td_status_t status, const char *fmt, ...)
 {
+    /* formatted aside first: the arguments may be td_last_error() itself (a caller adding context) */
+    char msg[sizeof td_log_last];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(td_log_last, sizeof td_log_last, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(td_log_last, msg, sizeof msg);
     if (TD_LOG_ERROR >= td_log_level)
         td_log_write(TD_LOG_ERROR, td_log_last);
     return status;
