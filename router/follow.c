@@ -174,9 +174,9 @@ static bool snapshot(rt_follow_t *f, fsrc_t *s)
             epoch = r->epoch;
             seq = r->seq;
             rt_kvindex_clear(f->ix, s->slot, false);
-        } else if (r->epoch != epoch) { /* it restarted between pages: start again */
+        } else if (r->epoch != epoch) { /* it restarted between pages: the next period starts again */
             protobuf_c_message_free_unpacked(m, NULL);
-            return snapshot(f, s);
+            return false;
         }
         enum { CHUNK = 1024 };
         td_block_name_t names[CHUNK];

@@ -187,7 +187,6 @@ void rt_kvindex_chain(rt_kvindex_t *ix, const td_block_name_t *chain, size_t n, 
 {
     memset(out, 0, sizeof *out);
     pthread_rwlock_rdlock(&ix->mu);
-    out->any_store = ix->store_bits;
     uint64_t run = ~0ull; /* sources that held every block so far */
     bool store_on = true;
     for (size_t k = 0; k < n && (run || store_on); k++) {

@@ -44,7 +44,6 @@ void rt_kvindex_apply(rt_kvindex_t *ix, int src, const td_block_name_t *names, c
 typedef struct rt_chain_hits {
     uint32_t held[RT_IX_SOURCES];
     uint32_t store_run, store_ssd;
-    uint64_t any_store; /* the store sources' bits */
 } rt_chain_hits_t;
 void rt_kvindex_chain(rt_kvindex_t *ix, const td_block_name_t *chain, size_t n, rt_chain_hits_t *out);
 /* The source bits holding one name (0: none). */

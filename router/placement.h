@@ -83,7 +83,8 @@ typedef struct rt_table {
     const td_rpc_tls_t *tls; /* how the router dials workers (mutual TLS; NULL: plaintext) */
     /* prediction and its record (under mu) */
     rt_kvindex_t *ix;           /* the cache index (NULL: none) */
-    double fetch_ms_per_block;  /* a block from the store */
+    double fetch_ms_per_block;  /* a block from the store's CPU tier */
+    double ssd_ms_per_block;    /* a block only its SSD tier holds */
     double overhead_ms;         /* measured TTFT less the prefill call, smoothed */
     unsigned rr[2];             /* round_robin's next, per role */
     uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */

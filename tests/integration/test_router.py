@@ -30,19 +30,15 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_cluster as tc  # noqa: E402
+import test_kvstore as tk  # noqa: E402
 
 from tandem.internal.v1 import kvstore_pb2 as kpb  # noqa: E402
 from tandem.internal.v1 import kvstore_pb2_grpc as kpbg  # noqa: E402
 
 pb = tc.pb
 check = tc.check
-WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or has had "
-         "not but one all new first after their also two who they more its time when city year would been").split()
 MAX = 4
-
-
-def text(n, rng):
-    return "".join(" " + rng.choice(WORDS) for _ in range(n))
+text = tk.text
 
 
 def truth(c, addr):

@@ -35,6 +35,7 @@
 #include "engine/tokenizer.h"
 #include "kernels/backend.h"
 #include "kvstore/transfer.h"
+#include "router/kvindex.h"
 #include "router/placement.h"
 
 static int failures;
@@ -369,18 +370,24 @@ static void stress_rpc(void)
 typedef struct place_job {
     rt_table_t *t;
     int picked;
+    const rt_place_req_t *rq; /* the predictive placement's request (its chain in the index) */
 } place_job_t;
 
 static void *place_user(void *arg)
 {
     place_job_t *j = arg;
     for (int it = 0; it < 2000; it++) {
-        if (it % 5 == 0) { /* a whole placement, its refusal or its pair */
+        if (it % 5 == 0) { /* a whole placement, its refusal or its pair; predictive every other time */
+            const rt_placement_ops_t *pol = it % 10 ? &rt_placement_least_loaded : &rt_placement_predictive;
             rt_placement_t pl;
-            rt_table_place(j->t, &rt_placement_least_loaded, NULL, &pl);
+            rt_table_place(j->t, pol, it % 10 ? NULL : j->rq, &pl);
+            if (it % 50 == 0)
+                json_decref(rt_table_metrics(j->t, pol)); /* Health, meanwhile */
             if (!pl.code) {
-                rt_timings_t tm = {.ttft_ms = 1, .tpot_ms = 1, .output_tokens = 2, .ok = true};
-                rt_table_observe(j->t, &rt_placement_least_loaded, pl.prefill, pl.decode, &tm);
+                rt_timings_t tm = {.ttft_ms = 2, .prefill_ms = 1, .tpot_ms = 1, .output_tokens = 3, .ok = true,
+                                   .pred = pl.pred};
+                rt_table_prefill_done(j->t, pl.prefill, &pl.pred);
+                rt_table_observe(j->t, pol, pl.prefill, pl.decode, &tm);
                 rt_table_done(j->t, pl.prefill, NULL, 0);
                 rt_table_done(j->t, pl.decode, NULL, 0);
             }
@@ -418,6 +425,16 @@ static void stress_placement(void)
     td_kv_layout_t l = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
     rt_table_t t;
     rt_table_init(&t, &l, NULL);
+    rt_kvindex_t *ix = NULL;
+    CHECK(rt_kvindex_create(4096, &ix) == TD_OK, "placement: no cache index");
+    t.ix = ix;
+    int32_t tok[256];
+    for (int i = 0; i < 256; i++)
+        tok[i] = 100 + i;
+    td_block_name_t chain[16];
+    td_block_name_chain(td_block_name_root("m", "fp16", 16), tok, 256, 16, chain, 16);
+    rt_place_req_t rq = {.tokens = tok, .n_tokens = 256, .chain = chain, .n_blocks = 16, .max_tokens = 8,
+                         .ttft_slo_ms = 1e6, .early_reject = true};
     for (int k = 0; k < 3; k++) {
         put_worker(&t, &l, "prefill", k);
         put_worker(&t, &l, "decode", k);
@@ -425,14 +442,27 @@ static void stress_placement(void)
     place_job_t jobs[6];
     pthread_t th[6];
     for (int i = 0; i < 6; i++) {
-        jobs[i] = (place_job_t){&t, 0};
+        jobs[i] = (place_job_t){&t, 0, &rq};
         pthread_create(&th[i], NULL, place_user, &jobs[i]);
     }
-    for (int r = 0; r < 50; r++) { /* membership changes while requests pick */
+    bool yes[16], no[16];
+    for (int k = 0; k < 16; k++)
+        yes[k] = true, no[k] = false;
+    for (int r = 0; r < 50; r++) { /* membership and the index change while requests pick (as the follower does) */
         char key[96];
         snprintf(key, sizeof key, "/tandem/workers/decode/decode-%d", r % 3);
         rt_table_remove(&t, key);
         put_worker(&t, &l, "decode", r % 3);
+        snprintf(key, sizeof key, "/tandem/workers/prefill/prefill-%d", r % 3);
+        int slot = rt_kvindex_source(ix, key, false);
+        pthread_mutex_lock(&t.mu);
+        for (size_t i = 0; i < t.n; i++)
+            if (!strcmp(t.w[i]->key, key))
+                t.w[i]->ix_src = slot;
+        pthread_mutex_unlock(&t.mu);
+        rt_kvindex_apply(ix, slot, chain, r % 2 ? yes : no, NULL, 1 + (size_t)(r % 16));
+        if (r % 10 == 9)
+            rt_kvindex_clear(ix, slot, false);
         td_sleep_s(0.001);
     }
     int picked = 0;
@@ -445,6 +475,7 @@ static void stress_placement(void)
     rt_table_retain(&t, none, 0);
     CHECK(rt_table_registered(&t, RT_DECODE) == 0 && rt_table_registered(&t, RT_PREFILL) == 0,
           "placement: workers left after retaining none");
+    rt_kvindex_destroy(ix);
 }
 
 /* ---- transport ---- */
