@@ -130,6 +130,13 @@ static void on_message(gflight_t *f, const uint8_t *msg, size_t len, double t)
         snprintf(f->res->finish, sizeof f->res->finish, "%s", finish_name(m->finish_reason));
     if (m->usage && m->usage->has_prompt_tokens)
         f->res->n_in = m->usage->prompt_tokens;
+    const Tandem__V1__Timing *tm = m->timing;
+    if (tm) {
+        f->res->predicted_ttft = tm->has_predicted_ttft_ms ? tm->predicted_ttft_ms / 1e3 : 0;
+        f->res->server_ttft = tm->has_ttft_ms ? tm->ttft_ms / 1e3 : 0;
+        snprintf(f->res->prefill_worker, sizeof f->res->prefill_worker, "%s",
+                 tm->prefill_worker ? tm->prefill_worker : "");
+    }
     tandem__v1__generate_response__free_unpacked(m, NULL);
 }
 
@@ -142,6 +149,7 @@ static void flight_end(gflight_t *f, double t)
     td_rpc_stream_result(f->st, 0, &st);
     r->t_done = t;
     r->status = st.code;
+    r->retry_after_ms = st.retry_after_ms;
     bench_result_times(r, f->times, (uint32_t)f->n_times);
     if (st.code != TD_RPC_OK && !r->error[0])
         snprintf(r->error, sizeof r->error, "gRPC status %d: %.120s", st.code, st.message);

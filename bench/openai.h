@@ -28,6 +28,10 @@ typedef struct bench_result {
     bool ok;                    /* finished with success and at least one token */
     bool rejected;              /* refused before any token: HTTP 429/503, gRPC RESOURCE_EXHAUSTED */
     char finish[24];            /* finish_reason the server gave */
+    double predicted_ttft;      /* the server's placement prediction, seconds (tandem's gRPC Timing; 0: none) */
+    double server_ttft;         /* the server's own TTFT, seconds (0: none) */
+    uint32_t retry_after_ms;    /* a rejection's retry hint (0: none) */
+    char prefill_worker[48];    /* which worker prefilled it ("" unknown) */
     char error[160];
 } bench_result_t;
 

@@ -27,6 +27,16 @@ void bench_print_table(const bench_report_t *r)
                s->ok, s->failed, 100 * s->attainment, ms[0], ms[1], ms[2], ms[3], 1e3 * s->gap_max, s->out_tok_per_s,
                1e3 * s->send_err_max);
     }
+    for (size_t i = 0; i < r->n_points; i++) { /* what only some servers or runs have */
+        const bench_summary_t *s = &r->points[i].sum;
+        if (s->rejected)
+            printf("rate %.2f: %zu rejected, answered in p50 %.1f ms / max %.1f ms; admitted requests' SLO "
+                   "attainment %.1f%%\n", r->points[i].rate, s->rejected, 1e3 * s->reject_p50, 1e3 * s->reject_max,
+                   100 * s->admitted_attainment);
+        if (s->predicted)
+            printf("rate %.2f: the server's TTFT prediction, |error| / TTFT over %zu requests: p50 %.1f%%, p90 "
+                   "%.1f%%\n", r->points[i].rate, s->predicted, 100 * s->pred_err_p50, 100 * s->pred_err_p90);
+    }
     for (size_t k = 0; k < r->n_slo_scales; k++) {
         printf("SLO x %-5.2g attainment:", r->slo_scales[k]);
         for (size_t i = 0; i < r->n_points; i++) {
@@ -55,6 +65,8 @@ static json_t *summary_json(const bench_summary_t *s)
         {"gap_p90_median", s->gap_p90_p50}, {"gap_max", s->gap_max}, {"e2e_p50", s->e2e_p50},
         {"e2e_p90", s->e2e_p90}, {"duration", s->duration}, {"req_per_s", s->req_per_s},
         {"out_tok_per_s", s->out_tok_per_s}, {"send_err_p50", s->send_err_p50}, {"send_err_max", s->send_err_max},
+        {"admitted_attainment", s->admitted_attainment}, {"reject_p50", s->reject_p50},
+        {"reject_max", s->reject_max}, {"pred_err_p50", s->pred_err_p50}, {"pred_err_p90", s->pred_err_p90},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         json_object_set_new(o, f[i].k, num(f[i].v));
@@ -78,6 +90,14 @@ static json_t *request_json(const bench_result_t *q)
     json_object_set_new(o, "status", json_integer(q->status));
     json_object_set_new(o, "ok", json_boolean(q->ok));
     json_object_set_new(o, "rejected", json_boolean(q->rejected));
+    if (q->retry_after_ms)
+        json_object_set_new(o, "retry_after_ms", json_integer(q->retry_after_ms));
+    if (q->predicted_ttft > 0)
+        json_object_set_new(o, "predicted_ttft", num(q->predicted_ttft));
+    if (q->server_ttft > 0)
+        json_object_set_new(o, "server_ttft", num(q->server_ttft));
+    if (q->prefill_worker[0])
+        json_object_set_new(o, "prefill_worker", json_string(q->prefill_worker));
     if (q->error[0])
         json_object_set_new(o, "error", json_string(q->error));
     return o;

@@ -28,8 +28,9 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
     s.n = n;
     double *a = malloc((n ? n : 1) * sizeof *a), *b = malloc((n ? n : 1) * sizeof *b),
            *c = malloc((n ? n : 1) * sizeof *c), *d = malloc((n ? n : 1) * sizeof *d),
-           *e = malloc((n ? n : 1) * sizeof *e);
-    size_t k = 0;
+           *e = malloc((n ? n : 1) * sizeof *e), *f = malloc((n ? n : 1) * sizeof *f),
+           *g = malloc((n ? n : 1) * sizeof *g);
+    size_t k = 0, nrej = 0;
     double first = INFINITY, last = 0, toks = 0;
     for (size_t i = 0; i < n; i++) {
         const bench_result_t *q = &r[i];
@@ -40,8 +41,12 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
         if (!q->ok) {
             s.failed++;
             s.rejected += q->rejected;
+            if (q->rejected && q->t_done > 0)
+                f[nrej++] = q->t_done - q->t_sent;
             continue;
         }
+        if (q->predicted_ttft > 0 && q->server_ttft > 0)
+            g[s.predicted++] = fabs(q->predicted_ttft - q->server_ttft) / q->server_ttft;
         s.ok++;
         toks += q->n_out;
         double ttft = q->t_first - q->t_sent;
@@ -55,6 +60,11 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
             s.met++;
     }
     s.attainment = n ? (double)s.met / (double)n : 0;
+    s.admitted_attainment = n > s.rejected ? (double)s.met / (double)(n - s.rejected) : 0;
+    s.reject_p50 = bench_percentile(f, nrej, 50);
+    s.reject_max = nrej ? bench_percentile(f, nrej, 100) : NAN;
+    s.pred_err_p50 = bench_percentile(g, s.predicted, 50);
+    s.pred_err_p90 = bench_percentile(g, s.predicted, 90);
     s.ttft_p50 = bench_percentile(a, k, 50), s.ttft_p90 = bench_percentile(a, k, 90),
     s.ttft_p99 = bench_percentile(a, k, 99);
     s.tpot_p50 = bench_percentile(b, k, 50), s.tpot_p90 = bench_percentile(b, k, 90),
@@ -65,7 +75,7 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
     s.duration = n && last > first ? last - first : 0;
     s.req_per_s = s.duration > 0 ? (double)s.ok / s.duration : 0;
     s.out_tok_per_s = s.duration > 0 ? toks / s.duration : 0;
-    free(a), free(b), free(c), free(d), free(e);
+    free(a), free(b), free(c), free(d), free(e), free(f), free(g);
     return s;
 }
 

@@ -15,12 +15,16 @@ double bench_percentile(double *v, size_t n, double p);
 typedef struct bench_summary {
     size_t n, ok, failed, rejected, met; /* rejected: of the failed, refused before any token */
     double attainment;                   /* met / n, 0..1 (failed requests miss) */
+    double admitted_attainment;          /* met / (n - rejected): of the requests the server took */
     double ttft_p50, ttft_p90, ttft_p99;  /* seconds, over ok requests */
     double tpot_p50, tpot_p90, tpot_p99;
     double gap_p90_p50, gap_max;          /* per-request p90 gap (median over requests), worst gap */
     double e2e_p50, e2e_p90;
     double duration, req_per_s, out_tok_per_s;
     double send_err_p50, send_err_max;    /* open-loop schedule error, seconds */
+    double reject_p50, reject_max;        /* how fast rejections were answered, seconds (NAN: none) */
+    size_t predicted;                     /* ok requests that carried the server's TTFT prediction */
+    double pred_err_p50, pred_err_p90;    /* |predicted - server TTFT| / server TTFT over them (NAN: none) */
 } bench_summary_t;
 
 /* A request meets the SLOs when it succeeded, its TTFT <= ttft_slo and its

@@ -45,6 +45,8 @@ static uint32_t draw_len(rng_t *r, const bench_len_t *l)
     double v = l->a;
     if (l->dist == BENCH_DIST_UNIFORM)
         v = l->a + (l->b - l->a + 1) * rng_unit(r) - 0.5;
+    else if (l->dist == BENCH_DIST_LOGUNIFORM)
+        v = l->a * exp(log(l->b / l->a) * rng_unit(r));
     else if (l->dist == BENCH_DIST_LOGNORMAL) /* mean a: mu = ln a - sigma^2 / 2 */
         v = exp(log(l->a) - l->b * l->b / 2 + l->b * rng_normal(r));
     long n = lround(v);

@@ -6,7 +6,7 @@
  * words that are one token each in the given tokenizer, so a prompt of n words
  * is n tokens, and equal word sequences are equal token prefixes:
  *   synthetic  Poisson (cv 1) or gamma (other cv) arrivals at a rate; input and
- *              output lengths fixed, uniform or lognormal; optional shared-prefix
+ *              output lengths fixed, uniform, log-uniform or lognormal; optional shared-prefix
  *              groups (a share of each prompt is its group's common prefix);
  *   trace      Mooncake JSONL {timestamp (ms), input_length, output_length,
  *              hash_ids}: one id per block of the trace's block size (512
@@ -25,9 +25,10 @@
 
 typedef struct eng_tokenizer eng_tokenizer_t;
 
-typedef enum bench_dist { BENCH_DIST_FIXED, BENCH_DIST_UNIFORM, BENCH_DIST_LOGNORMAL } bench_dist_t;
+typedef enum bench_dist { BENCH_DIST_FIXED, BENCH_DIST_UNIFORM, BENCH_DIST_LOGUNIFORM, BENCH_DIST_LOGNORMAL } bench_dist_t;
 
-/* A length distribution: fixed a; uniform [a, b]; lognormal with mean a, sigma b. */
+/* A length distribution: fixed a; uniform [a, b]; log-uniform [a, b] (each
+ * doubling of length as likely); lognormal with mean a, sigma b. */
 typedef struct bench_len {
     bench_dist_t dist;
     double a, b;

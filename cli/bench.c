@@ -22,7 +22,7 @@ const char cli_bench_usage[] =
     "                    [--rate R | --sweep R1,R2,...] [--num-requests N]\n"
     "                    [--workload synthetic | trace FILE | prompts FILE] [--time-scale X]\n"
     "                    [--trace-block TOKENS] [--trace-divide K]\n"
-    "                    [--input-len fixed:N|uniform:A:B|lognormal:MEAN:SIGMA] [--output-len ...]\n"
+    "                    [--input-len fixed:N|uniform:A:B|loguniform:A:B|lognormal:MEAN:SIGMA] [--output-len ...]\n"
     "                    [--cv C] [--prefix-groups G] [--prefix-share S] [--seed S]\n"
     "                    [--goodput ttft:MS,tpot:MS] [--attainment 90] [--timeout S] [--ignore-eos]\n"
     "                    [--workers N] [--slo-scale S1,S2,...] [--tokenizer MODEL] [--output FILE.json]\n";
@@ -36,6 +36,8 @@ static bool parse_len(const char *s, bench_len_t *l)
         *l = (bench_len_t){BENCH_DIST_FIXED, a, 0};
     else if (k == 3 && !strcmp(kind, "uniform") && a >= 1 && b >= a)
         *l = (bench_len_t){BENCH_DIST_UNIFORM, a, b};
+    else if (k == 3 && !strcmp(kind, "loguniform") && a >= 1 && b >= a)
+        *l = (bench_len_t){BENCH_DIST_LOGUNIFORM, a, b};
     else if (k == 3 && !strcmp(kind, "lognormal") && a >= 1 && b > 0)
         *l = (bench_len_t){BENCH_DIST_LOGNORMAL, a, b};
     else

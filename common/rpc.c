@@ -1459,11 +1459,26 @@ static void client_call_end(td_rpc_channel_t *ch, td_rpc_scope_t *scope, grpc_ca
     grpc_call_unref(call);
 }
 
-static void result_set(td_rpc_result_t *res, grpc_status_code code, grpc_slice details, const char *fallback)
+static void result_set(td_rpc_result_t *res, grpc_status_code code, grpc_slice details, const char *fallback,
+                       const grpc_metadata_array *trailing)
 {
     if (!res)
         return;
     res->code = (int)code;
+    res->retry_after_ms = 0;
+    for (size_t i = 0; trailing && i < trailing->count; i++) {
+        const grpc_metadata *m = &trailing->metadata[i];
+        char v[16];
+        size_t vn = GRPC_SLICE_LENGTH(m->value);
+        if (grpc_slice_str_cmp(m->key, "retry-after-ms") || !vn || vn >= sizeof v)
+            continue;
+        memcpy(v, GRPC_SLICE_START_PTR(m->value), vn);
+        v[vn] = '\0';
+        char *end;
+        unsigned long ms = strtoul(v, &end, 10);
+        if (!*end && ms <= UINT32_MAX)
+            res->retry_after_ms = (uint32_t)ms;
+    }
     size_t n = GRPC_SLICE_LENGTH(details);
     if (n >= sizeof res->message)
         n = sizeof res->message - 1;
@@ -1553,7 +1568,7 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
     }
     client_call_end(ch, scope, call);
     sync_destroy(&s);
-    result_set(res, code, details, err_str);
+    result_set(res, code, details, err_str, &mt);
     explain_unconnected(ch, res);
     if (!rc && code == GRPC_STATUS_OK && in) {
         size_t cap = 0;
@@ -1837,7 +1852,7 @@ td_status_t td_rpc_stream_result(td_rpc_stream_t *st, double wait_s, td_rpc_resu
     pthread_mutex_unlock(&st->s.mu);
     if (!done)
         return TD_ERR_TIMEOUT;
-    result_set(res, st->code, st->details, st->error_string);
+    result_set(res, st->code, st->details, st->error_string, &st->md_trailing);
     explain_unconnected(st->ch, res);
     return td_rpc_status_of(st->code);
 }

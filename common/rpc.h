@@ -195,6 +195,7 @@ typedef struct td_rpc_stream td_rpc_stream_t;
 typedef struct td_rpc_result {
     int code;
     char message[512];
+    uint32_t retry_after_ms; /* the server's retry-after-ms trailing metadata (0: none) */
 } td_rpc_result_t;
 
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out);

@@ -54,10 +54,32 @@ static const eng_profile_t *profile_of(const rt_table_t *t, const rt_worker_t *w
     return NULL;
 }
 
+/* The predicted prefill work still ahead on w: what was placed on it counted
+ * down since the last placement on an idle worker or the last answer; while
+ * calls are in flight never less than a tenth of their work (a call that
+ * runs past its prediction is not done until it answers). */
 static double queued_ms(const rt_worker_t *w, double now)
 {
+    if (!w->prefilling)
+        return 0;
     double left = w->work_ms - (now - w->work_since) * 1e3;
-    return left > 0 ? left : 0;
+    return left > 0.1 * w->work_ms ? left : 0.1 * w->work_ms;
+}
+
+/* Whether a prefill worker other than w has a call in flight. */
+static bool others_busy(const rt_table_t *t, const rt_worker_t *w)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->w[i] != w && t->w[i]->role == RT_PREFILL && t->w[i]->prefilling)
+            return true;
+    return false;
+}
+
+/* w's correction when contended (or not); the other one's while it has none. */
+static double k_of(const rt_worker_t *w, bool contended)
+{
+    double k = w->k_prefill[contended];
+    return k > 0 ? k : w->k_prefill[!contended] > 0 ? w->k_prefill[!contended] : 1;
 }
 
 /* What prefill on w would take: its pool's run of the chain, the store's
@@ -83,7 +105,9 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     pr->blocks = rq ? (uint32_t)rq->n_blocks : 0;
     const eng_profile_t *pf = profile_of(t, w);
     pr->prefill_raw_ms = pf ? eng_profile_prefill_ms(pf, pr->new_tokens, cached) : 0;
-    double k = w->k_prefill > 0 ? w->k_prefill : 1;
+    pr->alone = !w->prefilling;
+    pr->contended = others_busy(t, w);
+    double k = k_of(w, pr->contended);
     /* the store's blocks priced by tier: the SSD-only share of the store's run applied to those fetched */
     double ssd_share = c->hits && c->hits->store_run ? (double)c->hits->store_ssd / c->hits->store_run : 0;
     pr->fetch_ms = store * (t->fetch_ms_per_block + ssd_share * (t->ssd_ms_per_block - t->fetch_ms_per_block));
@@ -170,9 +194,9 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
     const rt_prediction_t *pr = &tm->pred;
     if (!pr->valid || !tm->ok || tm->prefill_ms <= 0)
         return;
-    if (prefill && pr->prefill_raw_ms + pr->fetch_ms > 0.5 && tm->prefill_ms > pr->queue_ms * 1.05) {
-        double k = clampd((tm->prefill_ms - pr->queue_ms - pr->fetch_ms) / pr->prefill_raw_ms, 0.2, 5);
-        prefill->k_prefill = prefill->k_prefill > 0 ? exp(0.8 * log(prefill->k_prefill) + 0.2 * log(k)) : k;
+    if (prefill && pr->alone && pr->prefill_raw_ms > 0.5 && tm->prefill_ms > pr->fetch_ms) {
+        double k = clampd((tm->prefill_ms - pr->fetch_ms) / pr->prefill_raw_ms, 0.2, 5), *kp = &prefill->k_prefill[pr->contended];
+        *kp = *kp > 0 ? exp(0.8 * log(*kp) + 0.2 * log(k)) : k;
     }
     if (tm->ttft_ms > tm->prefill_ms) {
         double o = tm->ttft_ms - tm->prefill_ms;
@@ -294,7 +318,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++)
         if (!strcmp(t->w[i]->key, key)) { /* re-registered: replace */
-            w->k_prefill = t->w[i]->k_prefill;
+            memcpy(w->k_prefill, t->w[i]->k_prefill, sizeof w->k_prefill);
             w->k_step = t->w[i]->k_step;
             w->ix_src = t->w[i]->ix_src;
             t->w[i]->gone = true;
@@ -466,7 +490,7 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     pf->refs++;
     pf->inflight++;
     /* the prefill's predicted service joins pf's queue until rt_table_prefill_done */
-    if (queued_ms(pf, now) <= 0) {
+    if (!pf->prefilling++) {
         pf->work_ms = 0;
         pf->work_since = now;
     }
@@ -482,8 +506,10 @@ void rt_table_prefill_done(rt_table_t *t, rt_worker_t *w, const rt_prediction_t 
 {
     double now = td_now_s();
     pthread_mutex_lock(&t->mu);
-    double left = queued_ms(w, now) - (pred->fetch_ms + pred->prefill_ms);
-    w->work_ms = left > 0 ? left : 0;
+    /* what is still in flight starts afresh from now: its predicted work, less nothing done yet */
+    w->prefilling -= w->prefilling > 0;
+    double left = w->work_ms - (pred->fetch_ms + pred->prefill_ms);
+    w->work_ms = w->prefilling && left > 0 ? left : 0;
     w->work_since = now;
     w->active_blocks -= pred->blocks < w->active_blocks ? pred->blocks : w->active_blocks;
     pthread_mutex_unlock(&t->mu);
@@ -514,10 +540,10 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
         const rt_worker_t *w = t->w[i];
         if (w->refused)
             continue;
-        json_array_append_new(workers, json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:i}", "id", w->id, "role",
+        json_array_append_new(workers, json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:i}", "id", w->id, "role",
                                                  w->role == RT_PREFILL ? "prefill" : "decode", "profile",
-                                                 w->has_profile, "k_prefill", w->k_prefill ? w->k_prefill : 1.0,
-                                                 "k_step", w->k_step ? w->k_step : 1.0, "queued_ms",
+                                                 w->has_profile, "k_prefill", k_of(w, false), "k_prefill_contended",
+                                                 k_of(w, true), "k_step", w->k_step ? w->k_step : 1.0, "queued_ms",
                                                  queued_ms(w, now), "inflight", w->inflight));
     }
     pthread_mutex_unlock(&t->mu);

@@ -247,6 +247,25 @@ Test(bench, synthetic_arrivals_lengths_and_groups, .init = setup, .fini = teardo
     bench_workload_free(&w);
 }
 
+/* log-uniform lengths: within [a, b], each doubling as likely (the median is sqrt(a b), a quarter below 2a) */
+Test(bench, loguniform_lengths, .init = setup, .fini = teardown)
+{
+    bench_workload_t w = {.words = words.words, .n_words = words.n_words};
+    bench_synthetic_t s = {.rate = 100, .cv = 1, .n = 2000, .input = {BENCH_DIST_LOGUNIFORM, 4, 64},
+                           .output = {BENCH_DIST_FIXED, 1, 0}, .seed = 5};
+    cr_assert_eq(bench_synthetic(&w, &s), TD_OK);
+    size_t below16 = 0, below8 = 0;
+    for (size_t i = 0; i < w.n; i++) {
+        cr_assert(w.req[i].input_len >= 4 && w.req[i].input_len <= 64, "length %u", w.req[i].input_len);
+        below16 += w.req[i].input_len < 16;
+        below8 += w.req[i].input_len < 8;
+    }
+    cr_assert(fabs((double)below16 / (double)w.n - 0.5) < 0.05, "%zu of %zu below 16", below16, w.n);
+    cr_assert(fabs((double)below8 / (double)w.n - 0.25) < 0.05, "%zu of %zu below 8", below8, w.n);
+    w.words = NULL, w.n_words = 0;
+    bench_workload_free(&w);
+}
+
 /* A server that answers one request with two SSE tokens, then drops the connection. */
 static void *dying_server(void *arg)
 {
