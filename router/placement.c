@@ -66,20 +66,42 @@ static double queued_ms(const rt_worker_t *w, double now)
     return left > 0.1 * w->work_ms ? left : 0.1 * w->work_ms;
 }
 
-/* Whether a prefill worker other than w has a call in flight. */
-static bool others_busy(const rt_table_t *t, const rt_worker_t *w)
+/* w's prefill model: refitted from what it measured, else its profile (or
+ * its role's first other profile), else none (0). */
+static double prefill_model_ms(const rt_table_t *t, const rt_worker_t *w, double n, double cached)
 {
-    for (size_t i = 0; i < t->n; i++)
-        if (t->w[i] != w && t->w[i]->role == RT_PREFILL && t->w[i]->prefilling)
-            return true;
-    return false;
+    if (w->n_obs)
+        return w->pf_fit[0] + w->pf_fit[1] * n + w->pf_fit[2] * n * (cached + n / 2);
+    const eng_profile_t *pf = profile_of(t, w);
+    return pf ? eng_profile_prefill_ms(pf, n, cached) : 0;
 }
 
-/* w's correction when contended (or not); the other one's while it has none. */
-static double k_of(const rt_worker_t *w, bool contended)
+/* Refits w's prefill model after a call that found it idle took ms for n new
+ * tokens after cached ones: least squares of relative error (each row over
+ * its time) over its last RT_OBS such calls, with the profile at four sizes
+ * as prior rows that weigh less as calls accumulate. */
+static void prefill_refit(const rt_table_t *t, rt_worker_t *w, double n, double cached, double ms)
 {
-    double k = w->k_prefill[contended];
-    return k > 0 ? k : w->k_prefill[!contended] > 0 ? w->k_prefill[!contended] : 1;
+    double *o = w->obs[w->n_obs++ % RT_OBS];
+    o[0] = 1, o[1] = n, o[2] = n * (cached + n / 2), o[3] = ms;
+    double x[RT_OBS + 4][3], y[RT_OBS + 4];
+    uint32_t k = 0, have = w->n_obs < RT_OBS ? w->n_obs : RT_OBS;
+    for (uint32_t i = 0; i < have; i++) {
+        for (int j = 0; j < 3; j++)
+            x[k][j] = w->obs[i][j] / w->obs[i][3];
+        y[k++] = 1;
+    }
+    const eng_profile_t *pf = profile_of(t, w);
+    static const double prior[4][2] = {{64, 0}, {512, 0}, {2048, 0}, {256, 2048}};
+    double wt = 1.0 / (1 + have);
+    for (int i = 0; pf && i < 4; i++) {
+        double pn = prior[i][0], pc = prior[i][1], py = eng_profile_prefill_ms(pf, pn, pc);
+        if (py <= 0)
+            continue;
+        x[k][0] = wt / py, x[k][1] = wt * pn / py, x[k][2] = wt * pn * (pc + pn / 2) / py;
+        y[k++] = wt;
+    }
+    eng_profile_fit3((const double (*)[3])x, y, k, w->pf_fit);
 }
 
 /* What prefill on w would take: its pool's run of the chain, the store's
@@ -106,12 +128,10 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     const eng_profile_t *pf = profile_of(t, w);
     pr->prefill_raw_ms = pf ? eng_profile_prefill_ms(pf, pr->new_tokens, cached) : 0;
     pr->alone = !w->prefilling;
-    pr->contended = others_busy(t, w);
-    double k = k_of(w, pr->contended);
     /* the store's blocks priced by tier: the SSD-only share of the store's run applied to those fetched */
     double ssd_share = c->hits && c->hits->store_run ? (double)c->hits->store_ssd / c->hits->store_run : 0;
     pr->fetch_ms = store * (t->fetch_ms_per_block + ssd_share * (t->ssd_ms_per_block - t->fetch_ms_per_block));
-    pr->prefill_ms = k * pr->prefill_raw_ms;
+    pr->prefill_ms = prefill_model_ms(t, w, pr->new_tokens, cached);
     pr->queue_ms = queued_ms(w, now);
     pr->overhead_ms = t->overhead_ms;
     pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->fetch_ms + pr->prefill_ms;
@@ -194,10 +214,8 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
     const rt_prediction_t *pr = &tm->pred;
     if (!pr->valid || !tm->ok || tm->prefill_ms <= 0)
         return;
-    if (prefill && pr->alone && pr->prefill_raw_ms > 0.5 && tm->prefill_ms > pr->fetch_ms) {
-        double k = clampd((tm->prefill_ms - pr->fetch_ms) / pr->prefill_raw_ms, 0.2, 5), *kp = &prefill->k_prefill[pr->contended];
-        *kp = *kp > 0 ? exp(0.8 * log(*kp) + 0.2 * log(k)) : k;
-    }
+    if (prefill && pr->alone && tm->prefill_ms > pr->fetch_ms + 0.5)
+        prefill_refit(t, prefill, pr->new_tokens, pr->pool_tokens + pr->store_tokens, tm->prefill_ms - pr->fetch_ms);
     if (tm->ttft_ms > tm->prefill_ms) {
         double o = tm->ttft_ms - tm->prefill_ms;
         t->overhead_ms = t->overhead_ms > 0 ? 0.9 * t->overhead_ms + 0.1 * o : o;
@@ -318,7 +336,9 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++)
         if (!strcmp(t->w[i]->key, key)) { /* re-registered: replace */
-            memcpy(w->k_prefill, t->w[i]->k_prefill, sizeof w->k_prefill);
+            memcpy(w->pf_fit, t->w[i]->pf_fit, sizeof w->pf_fit);
+            memcpy(w->obs, t->w[i]->obs, sizeof w->obs);
+            w->n_obs = t->w[i]->n_obs;
             w->k_step = t->w[i]->k_step;
             w->ix_src = t->w[i]->ix_src;
             t->w[i]->gone = true;
@@ -540,11 +560,13 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
         const rt_worker_t *w = t->w[i];
         if (w->refused)
             continue;
-        json_array_append_new(workers, json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:i}", "id", w->id, "role",
-                                                 w->role == RT_PREFILL ? "prefill" : "decode", "profile",
-                                                 w->has_profile, "k_prefill", k_of(w, false), "k_prefill_contended",
-                                                 k_of(w, true), "k_step", w->k_step ? w->k_step : 1.0, "queued_ms",
-                                                 queued_ms(w, now), "inflight", w->inflight));
+        json_t *o = json_pack("{s:s, s:s, s:b, s:f, s:f, s:i}", "id", w->id, "role",
+                              w->role == RT_PREFILL ? "prefill" : "decode", "profile", w->has_profile, "k_step",
+                              w->k_step ? w->k_step : 1.0, "queued_ms", queued_ms(w, now), "inflight", w->inflight);
+        if (w->n_obs) /* the prefill model refitted online: a, b, c as the profile's, and from how many calls */
+            json_object_set_new(o, "prefill_fit", json_pack("{s:[f,f,f], s:I}", "coef", w->pf_fit[0], w->pf_fit[1],
+                                                            w->pf_fit[2], "calls", (json_int_t)w->n_obs));
+        json_array_append_new(workers, o);
     }
     pthread_mutex_unlock(&t->mu);
     if (e && n) {

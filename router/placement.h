@@ -23,6 +23,8 @@
 
 typedef enum rt_role { RT_PREFILL, RT_DECODE } rt_role_t;
 
+#define RT_OBS 32 /* the prefill calls a worker's model is refitted from */
+
 typedef struct rt_worker {
     char key[256], id[96], addr[160];
     rt_role_t role;
@@ -33,18 +35,21 @@ typedef struct rt_worker {
     int suspect_code;     /* that call's gRPC code and message */
     char suspect_why[192];
     double ewma_ttft_ms, ewma_tpot_ms; /* measured on requests it served (rt_table_observe) */
-    /* prediction (DESIGN.md §5): the profile it published; the online
-     * corrections (measured / predicted, smoothed): the prefill's learnt
-     * only from calls that found the worker idle, apart for when another
-     * prefill worker was busy too (workers that share a host's cores slow
-     * each other); the prefill calls placed on it and not yet answered
-     * (prefilling) and their predicted work (work_ms), counted down from
-     * work_since (the last placement on an idle worker or the last answer);
-     * the prompt blocks it is prefilling (kv_cost); its slot in the cache
-     * index (-1: not followed yet) */
+    /* prediction (DESIGN.md §5): the profile it published; the prefill
+     * model refitted online (pf_fit, the profile's coefficients until then)
+     * from its last RT_OBS calls that found it idle (obs: the model's three
+     * regressors and the measured ms); the decode step's correction
+     * (measured / predicted, smoothed); the prefill calls placed on it and
+     * not yet answered (prefilling) and their predicted work (work_ms),
+     * counted down from work_since (the last placement on an idle worker or
+     * the last answer); the prompt blocks it is prefilling (kv_cost); its
+     * slot in the cache index (-1: not followed yet) */
     eng_profile_t profile;
     bool has_profile;
-    double k_prefill[2], k_step;
+    double pf_fit[3];
+    double obs[RT_OBS][4];
+    uint32_t n_obs;
+    double k_step;
     uint32_t prefilling;
     double work_ms, work_since;
     uint32_t active_blocks;
@@ -76,8 +81,7 @@ typedef struct rt_prediction {
     double ttft_ms, overhead_ms, queue_ms, fetch_ms, prefill_ms, tbt_ms;
     double prefill_raw_ms, step_raw_ms; /* the profiles' figures before correction */
     uint32_t pool_tokens, store_tokens, new_tokens, blocks;
-    bool alone;     /* the prefill worker had no other call in flight (its time teaches its correction) */
-    bool contended; /* another prefill worker was busy at placement */
+    bool alone; /* the prefill worker had no other call in flight (its time refits its model) */
     bool valid;
 } rt_prediction_t;
 

@@ -442,10 +442,10 @@ static int after_stream(rt_request_t *q)
     tm.tpot_ms = tm.output_tokens > 1 ? (q->t_last - q->t_first) * 1e3 / (tm.output_tokens - 1) : 0;
     if (tm.ok && q->pred.valid)
         TD_DEBUG("router: %s on %s: predicted TTFT %.1f ms (queue %.1f, fetch %.1f, prefill %.1f, overhead %.1f; "
-                 "%u new, %u pool, %u store tokens%s%s); measured %.1f ms (prefill call %.1f ms, %u cached)",
+                 "%u new, %u pool, %u store tokens%s); measured %.1f ms (prefill call %.1f ms, %u cached)",
                  q->rq->request_id ? q->rq->request_id : "-", q->prefill_id, q->pred.ttft_ms, q->pred.queue_ms,
                  q->pred.fetch_ms, q->pred.prefill_ms, q->pred.overhead_ms, q->pred.new_tokens, q->pred.pool_tokens,
-                 q->pred.store_tokens, q->pred.alone ? ", alone" : "", q->pred.contended ? ", contended" : "",
+                 q->pred.store_tokens, q->pred.alone ? ", alone" : "",
                  tm.ttft_ms, tm.prefill_ms, tm.cached_tokens);
     rt_table_observe(&r->table, r->place, p, d, &tm);
     rt_table_unhold(&r->table, p);

@@ -4,6 +4,8 @@
  * (contract mismatch) or departed worker is never chosen, and load spreads. */
 #include "tests/unit/helpers.h"
 
+#include <math.h>
+
 #include "common/clock.h"
 #include "common/kv_contract.h"
 #include "common/log.h"
@@ -276,5 +278,64 @@ Test(placement, predictive_places_on_the_cached_prefix_and_rejects_early, .timeo
     }
     cr_assert(strcmp(seen[0], seen[1]), "round_robin alternates (%s, %s)", seen[0], seen[1]);
     rt_kvindex_destroy(ix);
+    td_rpc_shutdown();
+}
+
+/* A prefill worker whose real speed differs from its profile in scale and in
+ * shape (profile 1 + 1 ms a token; truth 5 + 2 ms a token + an attention
+ * term): after calls that found it idle, of mixed lengths, its model
+ * predicts a 4k-token prompt within 2%; a second call placed while the first
+ * is in flight waits for the first's predicted work, and once the first is
+ * answered the queue is what is still in flight. */
+Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &expect, NULL);
+    put_profiled(&t, "p1", "prefill");
+    put_profiled(&t, "d1", "decode");
+    static int32_t tok[4096];
+    for (int i = 0; i < 4096; i++)
+        tok[i] = i;
+    const double truth[3] = {5, 2, 0.0004};
+    rt_placement_t pl;
+    for (int i = 0; i < 24; i++) {
+        size_t n = (size_t)(64 << (i % 6)); /* 64 .. 2048 */
+        rt_place_req_t rq = {.tokens = tok, .n_tokens = n, .max_tokens = 4};
+        rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+        cr_assert_eq(pl.code, TD_RPC_OK, "%s", pl.why);
+        cr_assert(pl.pred.alone && pl.pred.queue_ms == 0);
+        double ms = truth[0] + truth[1] * (double)n + truth[2] * (double)n * ((double)n / 2);
+        rt_table_prefill_done(&t, pl.prefill, &pl.pred);
+        rt_timings_t tm = {.prefill_ms = ms, .ttft_ms = ms + 3, .output_tokens = 1, .ok = true, .pred = pl.pred};
+        rt_table_observe(&t, &rt_placement_predictive, pl.prefill, pl.decode, &tm);
+        rt_table_done(&t, pl.prefill, NULL, 0);
+        rt_table_done(&t, pl.decode, NULL, 0);
+    }
+    rt_place_req_t big = {.tokens = tok, .n_tokens = 4096, .max_tokens = 4};
+    double want = truth[0] + truth[1] * 4096 + truth[2] * 4096.0 * 2048;
+    rt_table_place(&t, &rt_placement_predictive, &big, &pl);
+    cr_assert(fabs(pl.pred.prefill_ms - want) / want < 0.02, "predicted %.1f ms for 4096 tokens, truth %.1f ms",
+              pl.pred.prefill_ms, want);
+    cr_assert_float_eq(pl.pred.overhead_ms, 3, 1e-6);
+    rt_placement_t second;
+    rt_place_req_t small = {.tokens = tok, .n_tokens = 64, .max_tokens = 4};
+    rt_table_place(&t, &rt_placement_predictive, &small, &second);
+    cr_assert(!second.pred.alone);
+    cr_assert(second.pred.queue_ms > 0.98 * pl.pred.prefill_ms && second.pred.queue_ms <= pl.pred.prefill_ms,
+              "queued %.1f ms behind a call of %.1f ms", second.pred.queue_ms, pl.pred.prefill_ms);
+    rt_table_prefill_done(&t, pl.prefill, &pl.pred); /* the first answers: only the second is left */
+    rt_placement_t third;
+    rt_table_place(&t, &rt_placement_predictive, &small, &third);
+    cr_assert(third.pred.queue_ms > 0.98 * second.pred.prefill_ms && third.pred.queue_ms <= second.pred.prefill_ms,
+              "queued %.1f ms behind %.1f ms", third.pred.queue_ms, second.pred.prefill_ms);
+    rt_placement_t *all[3] = {&pl, &second, &third};
+    for (int i = 0; i < 3; i++) {
+        if (i)
+            rt_table_prefill_done(&t, all[i]->prefill, &all[i]->pred);
+        rt_table_done(&t, all[i]->prefill, NULL, 0);
+        rt_table_done(&t, all[i]->decode, NULL, 0);
+    }
     td_rpc_shutdown();
 }
