@@ -133,7 +133,7 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     pr->fetch_ms = store * (t->fetch_ms_per_block + ssd_share * (t->ssd_ms_per_block - t->fetch_ms_per_block));
     pr->prefill_ms = prefill_model_ms(t, w, pr->new_tokens, cached);
     pr->queue_ms = queued_ms(w, now);
-    pr->overhead_ms = t->overhead_ms;
+    pr->overhead_ms = t->ov_fit[0] + t->ov_fit[1] * n;
     pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->fetch_ms + pr->prefill_ms;
     pr->valid = true;
 }
@@ -202,6 +202,30 @@ static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx
     return best;
 }
 
+/* The router's overhead for a prompt of n tokens: a straight line fitted by
+ * least squares over the last RT_OBS requests (the mean while they are too
+ * few or all of one size; never a negative slope). */
+static void overhead_refit(rt_table_t *t, double n, double ms)
+{
+    double *o = t->ov_obs[t->n_ov++ % RT_OBS];
+    o[0] = n, o[1] = ms;
+    uint32_t have = t->n_ov < RT_OBS ? t->n_ov : RT_OBS;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (uint32_t i = 0; i < have; i++) {
+        sx += t->ov_obs[i][0], sy += t->ov_obs[i][1];
+        sxx += t->ov_obs[i][0] * t->ov_obs[i][0], sxy += t->ov_obs[i][0] * t->ov_obs[i][1];
+    }
+    double var = have * sxx - sx * sx, slope = have >= 4 && var > 1e-9 * have * sxx ? (have * sxy - sx * sy) / var : 0;
+    if (slope < 0)
+        slope = 0;
+    t->ov_fit[1] = slope;
+    t->ov_fit[0] = (sy - slope * sx) / have;
+    if (t->ov_fit[0] < 0) { /* through the origin instead */
+        t->ov_fit[0] = 0;
+        t->ov_fit[1] = sxx > 0 ? sxy / sxx : 0;
+    }
+}
+
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
 /* Learns from what a request measured: the prefill worker's correction
@@ -216,10 +240,8 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
         return;
     if (prefill && pr->alone && tm->prefill_ms > pr->fetch_ms + 0.5)
         prefill_refit(t, prefill, pr->new_tokens, pr->pool_tokens + pr->store_tokens, tm->prefill_ms - pr->fetch_ms);
-    if (tm->ttft_ms > tm->prefill_ms) {
-        double o = tm->ttft_ms - tm->prefill_ms;
-        t->overhead_ms = t->overhead_ms > 0 ? 0.9 * t->overhead_ms + 0.1 * o : o;
-    }
+    if (tm->ttft_ms > tm->prefill_ms)
+        overhead_refit(t, tm->prompt_tokens, tm->ttft_ms - tm->prefill_ms);
     if (decode && tm->output_tokens > 2 && pr->step_raw_ms > 0 && tm->tpot_ms > 0) {
         double k = clampd(tm->tpot_ms / pr->step_raw_ms, 0.2, 5);
         decode->k_step = decode->k_step > 0 ? exp(0.8 * log(decode->k_step) + 0.2 * log(k)) : k;
@@ -553,7 +575,8 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
                           "pool_hit", (json_int_t)t->placed[0], "store_hit", (json_int_t)t->placed[1], "cold",
                           (json_int_t)t->placed[2], "rejected", "ttft", (json_int_t)t->rejected_ttft, "tpot",
                           (json_int_t)t->rejected_tpot, "predictions", (json_int_t)t->n_err, "overhead_ms",
-                          t->overhead_ms, "fetch_ms_per_block", t->fetch_ms_per_block);
+                          t->ov_fit[0], "fetch_ms_per_block", t->fetch_ms_per_block);
+    json_object_set_new(j, "overhead_ms_per_token", json_real(t->ov_fit[1]));
     json_object_set_new(j, "ssd_ms_per_block", json_real(t->ssd_ms_per_block));
     double now = td_now_s();
     for (size_t i = 0; i < t->n; i++) {

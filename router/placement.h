@@ -96,7 +96,12 @@ typedef struct rt_table {
     rt_kvindex_t *ix;           /* the cache index (NULL: none) */
     double fetch_ms_per_block;  /* a block from the store's CPU tier */
     double ssd_ms_per_block;    /* a block only its SSD tier holds */
-    double overhead_ms;         /* measured TTFT less the prefill call, smoothed */
+    /* measured TTFT less the prefill call (the reservation, the decode
+     * worker taking the KV and sending the first token), fitted online as
+     * ov_fit[0] + ov_fit[1] * prompt tokens over the last RT_OBS requests */
+    double ov_fit[2];
+    double ov_obs[RT_OBS][2];
+    uint32_t n_ov;
     unsigned rr[2];             /* round_robin's next, per role */
     uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */
     uint64_t rejected_ttft, rejected_tpot;
