@@ -130,6 +130,10 @@ static void on_message(gflight_t *f, const uint8_t *msg, size_t len, double t)
         snprintf(f->res->finish, sizeof f->res->finish, "%s", finish_name(m->finish_reason));
     if (m->usage && m->usage->has_prompt_tokens)
         f->res->n_in = m->usage->prompt_tokens;
+    if (m->usage && m->usage->has_cached_prompt_tokens)
+        f->res->n_cached = m->usage->cached_prompt_tokens;
+    if (m->usage && m->usage->has_store_cached_tokens)
+        f->res->n_store_cached = m->usage->store_cached_tokens;
     const Tandem__V1__Timing *tm = m->timing;
     if (tm) {
         f->res->predicted_ttft = tm->has_predicted_ttft_ms ? tm->predicted_ttft_ms / 1e3 : 0;

@@ -22,6 +22,8 @@ typedef struct bench_result {
     double t_first, t_done;     /* first token, end (0: never) */
     uint32_t n_in;              /* prompt tokens (the server's count when it gives one) */
     uint32_t n_out;             /* tokens received */
+    uint32_t n_cached;          /* prompt tokens served from a KV cache (the server's count; 0: none or not said) */
+    uint32_t n_store_cached;    /* of those, fetched from a KV store */
     double tpot;                /* mean gap between tokens after the first */
     double gap_p90, gap_max;    /* inter-token gaps */
     int status;                 /* HTTP status (openai) or gRPC status code (grpc) */

@@ -33,6 +33,9 @@ void bench_print_table(const bench_report_t *r)
             printf("rate %.2f: %zu rejected, answered in p50 %.1f ms / max %.1f ms; admitted requests' SLO "
                    "attainment %.1f%%\n", r->points[i].rate, s->rejected, 1e3 * s->reject_p50, 1e3 * s->reject_max,
                    100 * s->admitted_attainment);
+        if (s->cached_share > 0)
+            printf("rate %.2f: %.1f%% of prompt tokens were served from the KV cache\n", r->points[i].rate,
+                   100 * s->cached_share);
         if (s->predicted)
             printf("rate %.2f: the server's TTFT prediction, |error| / TTFT over %zu requests: p50 %.1f%%, p90 "
                    "%.1f%%\n", r->points[i].rate, s->predicted, 100 * s->pred_err_p50, 100 * s->pred_err_p90);
@@ -67,6 +70,7 @@ static json_t *summary_json(const bench_summary_t *s)
         {"out_tok_per_s", s->out_tok_per_s}, {"send_err_p50", s->send_err_p50}, {"send_err_max", s->send_err_max},
         {"admitted_attainment", s->admitted_attainment}, {"reject_p50", s->reject_p50},
         {"reject_max", s->reject_max}, {"pred_err_p50", s->pred_err_p50}, {"pred_err_p90", s->pred_err_p90},
+        {"cached_share", s->cached_share},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         json_object_set_new(o, f[i].k, num(f[i].v));
@@ -86,6 +90,8 @@ static json_t *request_json(const bench_result_t *q)
     json_object_set_new(o, "e2e", num(q->t_done - q->t_sent));
     json_object_set_new(o, "input_tokens", json_integer(q->n_in));
     json_object_set_new(o, "output_tokens", json_integer(q->n_out));
+    json_object_set_new(o, "cached_tokens", json_integer(q->n_cached));
+    json_object_set_new(o, "store_cached_tokens", json_integer(q->n_store_cached));
     json_object_set_new(o, "finish_reason", json_string(q->finish));
     json_object_set_new(o, "status", json_integer(q->status));
     json_object_set_new(o, "ok", json_boolean(q->ok));

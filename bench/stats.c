@@ -31,7 +31,7 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
            *e = malloc((n ? n : 1) * sizeof *e), *f = malloc((n ? n : 1) * sizeof *f),
            *g = malloc((n ? n : 1) * sizeof *g);
     size_t k = 0, nrej = 0;
-    double first = INFINITY, last = 0, toks = 0;
+    double first = INFINITY, last = 0, toks = 0, in_toks = 0, cached = 0;
     for (size_t i = 0; i < n; i++) {
         const bench_result_t *q = &r[i];
         e[i] = fabs(q->t_sent - q->t_planned);
@@ -49,6 +49,8 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
             g[s.predicted++] = fabs(q->predicted_ttft - q->server_ttft) / q->server_ttft;
         s.ok++;
         toks += q->n_out;
+        in_toks += q->n_in;
+        cached += q->n_cached;
         double ttft = q->t_first - q->t_sent;
         a[k] = ttft;
         b[k] = q->tpot;
@@ -60,6 +62,7 @@ bench_summary_t bench_summarize(const bench_result_t *r, size_t n, double ttft_s
             s.met++;
     }
     s.attainment = n ? (double)s.met / (double)n : 0;
+    s.cached_share = in_toks > 0 ? cached / in_toks : 0;
     s.admitted_attainment = n > s.rejected ? (double)s.met / (double)(n - s.rejected) : 0;
     s.reject_p50 = bench_percentile(f, nrej, 50);
     s.reject_max = nrej ? bench_percentile(f, nrej, 100) : NAN;

@@ -23,6 +23,7 @@ typedef struct bench_summary {
     double duration, req_per_s, out_tok_per_s;
     double send_err_p50, send_err_max;    /* open-loop schedule error, seconds */
     double reject_p50, reject_max;        /* how fast rejections were answered, seconds (NAN: none) */
+    double cached_share;                  /* prompt tokens served from a KV cache, of all prompt tokens (ok requests) */
     size_t predicted;                     /* ok requests that carried the server's TTFT prediction */
     double pred_err_p50, pred_err_p90;    /* |predicted - server TTFT| / server TTFT over them (NAN: none) */
 } bench_summary_t;

@@ -39,6 +39,7 @@ typedef struct eng_seq {
     td_block_name_t last_name;                  /* name of block n_published - 1 */
     eng_sampler_t sampler;
     uint32_t max_tokens;
+    int32_t priority;
     bool ignore_eos;
     char **stop;
     size_t n_stop, max_stop;
@@ -265,10 +266,14 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
         s->forced = r->first_token;
         s->state = SEQ_RUNNING;
     }
-    eng_seq_t **tail = &e->seqs;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = s;
+    s->priority = r->priority;
+    /* at the end, or before the first waiting prompt of lower priority not yet begun */
+    eng_seq_t **at = &e->seqs;
+    while (*at && !(s->state == SEQ_WAITING && (*at)->state == SEQ_WAITING && !(*at)->n_computed &&
+                    (*at)->priority < s->priority))
+        at = &(*at)->next;
+    s->next = *at;
+    *at = s;
     *id = s->id;
     return TD_OK;
 }

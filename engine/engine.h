@@ -55,6 +55,10 @@ typedef struct eng_request {
     const char *const *stop;    /* stop strings (not included in the output) */
     size_t n_stop;
     bool ignore_eos;
+    /* Higher first: a new prompt is computed before the waiting prompts of
+     * lower priority that have not started (one already under way is not
+     * overtaken); equal priorities keep their order. */
+    int32_t priority;
     /* Imported KV (a decode worker's request): the KV of all n_prompt tokens
      * is already in these blocks (ceil(n_prompt / block_tokens) of them, from
      * eng_engine_kv_reserve; the engine owns them once the add succeeds), and

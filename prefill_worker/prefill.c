@@ -557,7 +557,7 @@ static void add_on_engine(eng_worker_t *w, void *arg)
     const Tandem__V1__SamplingParams *sp = r->rq->sampling;
     r->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *r->bias);
     eng_request_t er = {.prompt = r->rq->tokens, .n_prompt = r->rq->n_tokens, .max_tokens = 1, .ignore_eos = true,
-                        .sampled_before = r->rq->sampled_before};
+                        .sampled_before = r->rq->sampled_before, .priority = r->rq->priority};
     eng_sampling_from_pb(sp, &er.sampling, r->bias);
     r->rc = eng_engine_add(eng_worker_engine(w), &er, &r->eng_id);
     if (r->rc) {

@@ -206,6 +206,15 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
         sp->has_seed = 1;
         sp->seed = (uint64_t)n;
     }
+    /* vLLM's extension: lower first; tandem's GenerateRequest.priority is higher first */
+    if (!get_int(b, "priority", &has, &n, e))
+        return false;
+    if (has) {
+        if (n < -1000000 || n > 1000000)
+            return bad(e, "priority", "%s: must be an integer from -1000000 to 1000000 (lower first)%s", "");
+        rq->has_priority = 1;
+        rq->priority = (int32_t)-n;
+    }
     const char *mt = json_object_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (!get_int(b, mt, &has, &n, e))
         return false;

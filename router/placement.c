@@ -66,6 +66,45 @@ static double queued_ms(const rt_worker_t *w, double now)
     return left > 0.1 * w->work_ms ? left : 0.1 * w->work_ms;
 }
 
+/* What a call of priority p waits for on w: the work ahead less the calls of
+ * lower priority (the engine computes it first; taken as not yet begun), never
+ * less than a tenth of the equal or higher work in flight. */
+static double queued_for_ms(const rt_worker_t *w, int32_t p, double now)
+{
+    double lower = 0;
+    for (int i = 0; i < RT_PRIOS; i++)
+        if (w->by_prio[i].n && w->by_prio[i].priority < p)
+            lower += w->by_prio[i].ms;
+    if (lower <= 0)
+        return queued_ms(w, now);
+    double ahead = w->work_ms - lower, left = queued_ms(w, now) - lower;
+    return left > 0.1 * ahead ? left : ahead > 0 ? 0.1 * ahead : 0;
+}
+
+/* Adds (sign 1) or takes back (-1) a call's predicted work in w's slot for its priority. */
+static void prio_work(rt_worker_t *w, int32_t p, double ms, int sign)
+{
+    int at = -1, low = 0;
+    for (int i = 0; i < RT_PRIOS && at < 0; i++)
+        if (w->by_prio[i].n && w->by_prio[i].priority == p)
+            at = i;
+    for (int i = 0; i < RT_PRIOS && at < 0 && sign > 0; i++)
+        if (!w->by_prio[i].n)
+            at = i;
+    for (int i = 1; i < RT_PRIOS; i++)
+        if (w->by_prio[i].priority < w->by_prio[low].priority)
+            low = i;
+    if (at < 0) /* no slot of its own: counted with the lowest priority */
+        at = low;
+    if (sign > 0) {
+        if (!w->by_prio[at].n++)
+            w->by_prio[at].priority = p, w->by_prio[at].ms = 0;
+        w->by_prio[at].ms += ms;
+    } else if (w->by_prio[at].n) {
+        w->by_prio[at].ms = --w->by_prio[at].n ? w->by_prio[at].ms - ms : 0;
+    }
+}
+
 /* w's prefill model: refitted from what it measured, else its profile (or
  * its role's first other profile), else none (0). */
 static double prefill_model_ms(const rt_table_t *t, const rt_worker_t *w, double n, double cached)
@@ -132,7 +171,8 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     double ssd_share = c->hits && c->hits->store_run ? (double)c->hits->store_ssd / c->hits->store_run : 0;
     pr->fetch_ms = store * (t->fetch_ms_per_block + ssd_share * (t->ssd_ms_per_block - t->fetch_ms_per_block));
     pr->prefill_ms = prefill_model_ms(t, w, pr->new_tokens, cached);
-    pr->queue_ms = queued_ms(w, now);
+    pr->priority = rq ? rq->priority : 0;
+    pr->queue_ms = queued_for_ms(w, pr->priority, now);
     pr->overhead_ms = t->ov_fit[0] + t->ov_fit[1] * n;
     pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->fetch_ms + pr->prefill_ms;
     pr->valid = true;
@@ -537,6 +577,7 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
         pf->work_since = now;
     }
     pf->work_ms += pr->fetch_ms + pr->prefill_ms;
+    prio_work(pf, pr->priority, pr->fetch_ms + pr->prefill_ms, 1);
     pf->active_blocks += pr->blocks;
     t->placed[pr->pool_tokens ? 0 : pr->store_tokens ? 1 : 2]++;
     out->decode = d;
@@ -553,6 +594,7 @@ void rt_table_prefill_done(rt_table_t *t, rt_worker_t *w, const rt_prediction_t 
     double left = w->work_ms - (pred->fetch_ms + pred->prefill_ms);
     w->work_ms = w->prefilling && left > 0 ? left : 0;
     w->work_since = now;
+    prio_work(w, pred->priority, pred->fetch_ms + pred->prefill_ms, -1);
     w->active_blocks -= pred->blocks < w->active_blocks ? pred->blocks : w->active_blocks;
     pthread_mutex_unlock(&t->mu);
 }

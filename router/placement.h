@@ -24,6 +24,7 @@
 typedef enum rt_role { RT_PREFILL, RT_DECODE } rt_role_t;
 
 #define RT_OBS 32 /* the prefill calls a worker's model is refitted from */
+#define RT_PRIOS 8 /* distinct priorities a worker's queue tells apart (more share the lowest's slot) */
 
 typedef struct rt_worker {
     char key[256], id[96], addr[160];
@@ -52,6 +53,7 @@ typedef struct rt_worker {
     double k_step;
     uint32_t prefilling;
     double work_ms, work_since;
+    struct { int32_t priority; uint32_t n; double ms; } by_prio[RT_PRIOS]; /* work_ms by the calls' priorities */
     uint32_t active_blocks;
     int ix_src;
     bool refused, gone;
@@ -72,6 +74,7 @@ typedef struct rt_place_req {
     uint32_t max_tokens;
     double ttft_slo_ms, tpot_slo_ms;
     bool early_reject;
+    int32_t priority; /* higher first: its queue is the work of equal or higher priority ahead */
 } rt_place_req_t;
 
 /* A placement's prediction for its pair: TTFT = overhead + queue + fetch +
@@ -82,6 +85,7 @@ typedef struct rt_prediction {
     double prefill_raw_ms, step_raw_ms; /* the profiles' figures before correction */
     uint32_t pool_tokens, store_tokens, new_tokens, blocks;
     bool alone; /* the prefill worker had no other call in flight (its time refits its model) */
+    int32_t priority;
     bool valid;
 } rt_prediction_t;
 

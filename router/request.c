@@ -502,7 +502,8 @@ static void place_req(rt_request_t *q, rt_place_req_t *pr)
         tpot = q->rq->tpot_slo_ms;
     *pr = (rt_place_req_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .chain = q->chain, .n_blocks = nb,
                            .max_tokens = q->max_tokens, .ttft_slo_ms = ttft, .tpot_slo_ms = tpot,
-                           .early_reject = r->cfg.router.early_reject};
+                           .early_reject = r->cfg.router.early_reject,
+                           .priority = q->rq->has_priority ? q->rq->priority : 0};
 }
 
 /* One attempt up to the decode stream: 2 the relay runs (this thread is
@@ -586,6 +587,8 @@ static int attempt(rt_request_t *q)
     prq.tokens = q->tokens;
     prq.sampling = sampling_for(q, &sp);
     prq.landing = land;
+    prq.has_priority = q->rq->has_priority;
+    prq.priority = q->rq->priority;
     prq.has_sampled_before = 1;
     prq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt); /* streamed before a resume */
     size_t pn = tandem__internal__v1__prefill_request__get_packed_size(&prq);

@@ -17,6 +17,8 @@ one event in every 7 it receives (router.index_drop_events, a test hook).
 - Early rejection: a request asking for a 1 ms TTFT is refused at once with
   RESOURCE_EXHAUSTED and trailing metadata retry-after-ms; the same prompt
   with loose SLOs is served.
+- Priority: a short high-priority prompt sent after long low-priority ones
+  overtakes those still waiting on its prefill worker.
 Prints one line per check and closes with "router: N passed, N failed".
 Usage: test_router.py BUILD_BIN_DIR  (from the repository root)."""
 import os
@@ -112,7 +114,7 @@ def main():
     cfg = os.path.join(work, "tandem.yaml")
     with open(cfg, "w") as f:
         f.write("router: { placement: predictive, index_drop_events: 7 }\nkvstore: { dram_mb: 64 }\n"
-                "prefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 64 }\n")
+                "prefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 96 }\n")
     c = tc.Cluster(config=cfg, extra=["--kvstores", "1"])
     try:
         # pools of ~133 blocks: 14 prompts of ~150 tokens evict, the store takes every block
@@ -167,6 +169,35 @@ def main():
         check("... the same prompt with loose SLOs is served (%d tokens)" % len(ok[0]), len(ok[0]) == MAX)
         _, h = c.health()
         check("Health counts the rejections (%s)" % h["placement"]["rejected"], h["placement"]["rejected"]["ttft"] >= 5)
+
+        # priority: with both prefill workers busy on long low-priority prompts, a short high-priority one
+        # sent after them is computed before the ones still waiting on its worker
+        def timed(prompt, prio, out, k):
+            rq = pb.GenerateRequest(prompt=prompt, priority=prio,
+                                    sampling=pb.SamplingParams(max_tokens=2, ignore_eos=True))
+            first = None
+            for r in c.stub.Generate(rq, timeout=120):
+                if first is None and (r.token_ids or r.text):
+                    first = time.time()
+                last = r
+            out[k] = (first, last.timing.prefill_worker)
+        import threading
+        res = {}
+        longs = [text(600, rng) for _ in range(4)]  # over the 512-token step: the second waits unbegun
+        ths = [threading.Thread(target=timed, args=(p, 0, res, i)) for i, p in enumerate(longs)]
+        for t in ths:
+            t.start()
+            time.sleep(0.02)
+        time.sleep(0.3)
+        timed(text(40, rng), 10, res, "high")
+        for t in ths:
+            t.join()
+        hw = res["high"][1]
+        same = sorted(res[i][0] for i in range(4) if res[i][1] == hw)
+        check("priority: a short priority-10 prompt sent after 4 long priority-0 ones gets its first token before "
+              "the last of them on its prefill worker %s (%s s after it)" %
+              (hw, "%.2f" % (same[-1] - res["high"][0]) if same else "-"),
+              len(same) >= 2 and res["high"][0] < same[-1])
 
         # a router restart: the new one's index converges
         def argv0(pid):

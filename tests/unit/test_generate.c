@@ -350,6 +350,47 @@ Test(generate, bad_requests_are_named_and_the_engine_goes_on)
     eng_engine_destroy(e);
 }
 
+/* Priority: with a token budget of about one prompt a step, prompts added while
+ * none has begun are computed higher priority first, equal ones in order; a
+ * prompt already under way is not overtaken. The order of first tokens shows it. */
+typedef struct order { uint64_t ids[8]; size_t n; } order_t;
+static void on_first(void *ctx, const eng_event_t *ev)
+{
+    order_t *o = ctx;
+    if (ev->token >= 0 && o->n < 8) {
+        for (size_t i = 0; i < o->n; i++)
+            if (o->ids[i] == ev->id)
+                return;
+        o->ids[o->n++] = ev->id;
+    }
+}
+
+Test(generate, higher_priority_prompts_are_computed_first)
+{
+    eng_engine_t *e = engine((uint32_t)refs[2].n_ids, 0, false); /* the first step is prompt 2's alone */
+    const int32_t prio[4] = {0, 0, 5, 1};
+    uint64_t id[4];
+    for (size_t i = 0; i < 4; i++) {
+        eng_request_t r = {.prompt = refs[i].ids, .n_prompt = refs[i].n_ids, .sampling = eng_sampling_default(),
+                           .max_tokens = 2, .ignore_eos = true, .priority = prio[i]};
+        cr_assert_eq(eng_engine_add(e, &r, &id[i]), TD_OK, "%s", td_last_error());
+    }
+    order_t o = {0};
+    cr_assert_eq(eng_engine_step(e, on_first, &o), TD_OK); /* prompt 2 (priority 5) begins */
+    eng_request_t r = {.prompt = refs[4].ids, .n_prompt = refs[4].n_ids, .sampling = eng_sampling_default(),
+                       .max_tokens = 2, .ignore_eos = true, .priority = 9};
+    uint64_t late;
+    cr_assert_eq(eng_engine_add(e, &r, &late), TD_OK, "%s", td_last_error());
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_first, &o), TD_OK, "%s", td_last_error());
+    const uint64_t want[5] = {id[2], late, id[3], id[0], id[1]};
+    cr_assert_eq(o.n, 5);
+    for (size_t i = 0; i < 5; i++)
+        cr_assert_eq(o.ids[i], want[i], "first token %zu came from request %llu, not %llu", i,
+                     (unsigned long long)o.ids[i], (unsigned long long)want[i]);
+    eng_engine_destroy(e);
+}
+
 static collect_t sampled[3];
 static void sample_once(int slot, uint64_t seed, float temp)
 {

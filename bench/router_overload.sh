@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# router_overload.sh — early rejection under overload (DESIGN.md §5): the
+# same cluster as bench/router_policies.sh (`tandem up`, 2 prefill + 1 decode
+# workers, 3 kvstore nodes, router.placement predictive, router SLOs TTFT
+# TTFT_MS and TPOT TPOT_MS), the synthetic prefix-heavy workload.
+#  1. a rate sweep (SWEEP) with early rejection off finds the goodput rate
+#     (the highest rate at which 90% of requests meet both SLOs);
+#  2. at OVER times that rate, N requests with router.early_reject off, then
+#     on, then off and on again (alternating, one cluster each): SLO
+#     attainment of all and of admitted requests, requests meeting both SLOs
+#     per second, rejections and how fast they were answered.
+# Results: OUT/sweep.{txt,json}, OUT/{off,on}-rN.{txt,json,health.json}.
+#
+# usage: bench/router_overload.sh   Environment: OUT, SWEEP, OVER, RATE (skip
+#        the sweep), N, REPS, TTFT_MS, TPOT_MS, INPUT, PREFIX_GROUPS, THREADS
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+out=${OUT:-bench/results/router-overload-$(date -u +%Y-%m-%d)}
+mkdir -p "$out"
+work=$(mktemp -d)
+pid=
+cleanup() { [ -n "$pid" ] && kill -TERM -- "-$pid" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+ttft=${TTFT_MS:-1000} tpot=${TPOT_MS:-100}
+load=(--input-len "${INPUT:-uniform:128:512}" --output-len fixed:16 --ignore-eos
+      --prefix-groups "${PREFIX_GROUPS:-20}" --prefix-share 0.8 --goodput "ttft:$ttft,tpot:$tpot" --timeout 300 --seed 11)
+up() { # early_reject
+  printf 'router: { placement: predictive, ttft_slo_ms: %s, tpot_slo_ms: %s, early_reject: %s }\nprefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 96 }\nkvstore: { dram_mb: 256 }\n' \
+    "$ttft" "$tpot" "$1" >"$work/c.yaml"
+  setsid build/bin/tandem up --model "$model" --config "$work/c.yaml" --kvstores 3 \
+    --worker-arg --threads --worker-arg "${THREADS:-1}" >"$work/up.out" 2>"$work/up.err" &
+  pid=$!
+  for _ in $(seq 240); do [ -s "$work/up.out" ] && break; sleep 0.5; done
+  ep=$(head -1 "$work/up.out")
+  [ -n "$ep" ] || { echo "tandem up did not start:"; tail -20 "$work/up.err"; exit 1; }
+}
+down() { kill -TERM -- "-$pid"; wait "$pid" || true; pid=; : >"$work/up.out"; }
+rate=${RATE:-}
+if [ -z "$rate" ]; then
+  up false
+  build/bin/tandem bench --endpoint "$ep" --api grpc --sweep "${SWEEP:-1,1.5,2,2.5,3}" --num-requests "${N:-60}" \
+    "${load[@]}" --output "$out/sweep.json" 2>&1 | grep -v '^\[bench\] t=' | tee "$out/sweep.txt"
+  down
+  rate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['goodput'])" "$out/sweep.json")
+fi
+over=$(python3 -c "import sys; print(round(float(sys.argv[1]) * float(sys.argv[2]), 2))" "$rate" "${OVER:-2}")
+echo "goodput rate $rate req/s; overload runs at $over req/s"
+for r in $(seq "${REPS:-2}"); do
+  for er in false true; do
+    name=$([ "$er" = true ] && echo on || echo off)-r$r
+    up "$er"
+    build/bin/tandem bench --endpoint "$ep" --api grpc --rate "$over" --num-requests "${N:-60}" "${load[@]}" \
+      --output "$out/$name.json" 2>&1 | grep -v '^\[bench\] t=' | tee "$out/$name.txt"
+    build/bin/tandem health --endpoint "$ep" | sed 's/^[A-Z_]* //' >"$out/$name.health.json" || true
+    down
+  done
+done
+rm -f "$out"/*.png "$out"/*.dat "$out"/*.gp # the SVG plots stay
