@@ -3,13 +3,14 @@
 # same cluster as bench/router_policies.sh (`tandem up`, 2 prefill + 1 decode
 # workers, 3 kvstore nodes, router.placement predictive, router SLOs TTFT
 # TTFT_MS and TPOT TPOT_MS), the synthetic prefix-heavy workload.
-#  1. a rate sweep (SWEEP) with early rejection off finds the goodput rate
-#     (the highest rate at which 90% of requests meet both SLOs);
+#  1. a rate sweep (SWEEP, each rate on a fresh cluster) with early rejection
+#     off finds the goodput rate (where fewer than 90% of requests meet both
+#     SLOs, interpolated);
 #  2. at OVER times that rate, N requests with router.early_reject off, then
 #     on, then off and on again (alternating, one cluster each): SLO
 #     attainment of all and of admitted requests, requests meeting both SLOs
 #     per second, rejections and how fast they were answered.
-# Results: OUT/sweep.{txt,json}, OUT/{off,on}-rN.{txt,json,health.json}.
+# Results: OUT/sweep-RATE.{txt,json}, OUT/{off,on}-rN.{txt,json,health.json}.
 #
 # usage: bench/router_overload.sh   Environment: OUT, SWEEP, OVER, RATE (skip
 #        the sweep), N, REPS, TTFT_MS, TPOT_MS, INPUT, PREFIX_GROUPS, THREADS
@@ -38,12 +39,27 @@ up() { # early_reject
 }
 down() { kill -TERM -- "-$pid"; wait "$pid" || true; pid=; : >"$work/up.out"; }
 rate=${RATE:-}
-if [ -z "$rate" ]; then
-  up false
-  build/bin/tandem bench --endpoint "$ep" --api grpc --sweep "${SWEEP:-1,1.5,2,2.5,3}" --num-requests "${N:-60}" \
-    "${load[@]}" --output "$out/sweep.json" 2>&1 | grep -v '^\[bench\] t=' | tee "$out/sweep.txt"
-  down
-  rate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['goodput'])" "$out/sweep.json")
+if [ -z "$rate" ]; then # each rate on a fresh cluster: a warm one would serve the next rate's prefixes cached
+  for r in ${SWEEP//,/ }; do
+    up false
+    build/bin/tandem bench --endpoint "$ep" --api grpc --rate "$r" --num-requests "${N:-60}" "${load[@]}" \
+      --output "$out/sweep-$r.json" 2>&1 | grep -v '^\[bench\] t=' | tee "$out/sweep-$r.txt"
+    down
+  done
+  rate=$(python3 - "$out" ${SWEEP//,/ } <<'PY'
+import json, sys
+rates = [float(r) for r in sys.argv[2:]]
+att = [json.load(open("%s/sweep-%s.json" % (sys.argv[1], r)))["runs"][0]["summary"]["attainment"] for r in sys.argv[2:]]
+good = 0.0
+for i, (r, a) in enumerate(zip(rates, att)):
+    if a < 0.9:
+        good = rates[i - 1] + (att[i - 1] - 0.9) / (att[i - 1] - a) * (r - rates[i - 1]) if i else 0.0
+        break
+    good = r
+print(round(good, 2))
+PY
+)
+  [ "$rate" != 0.0 ] || { echo "no rate of the sweep met the SLOs for 90% of requests"; exit 1; }
 fi
 over=$(python3 -c "import sys; print(round(float(sys.argv[1]) * float(sys.argv[2]), 2))" "$rate" "${OVER:-2}")
 echo "goodput rate $rate req/s; overload runs at $over req/s"
