@@ -17,36 +17,25 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+. bench/cluster.sh
 out=${OUT:-bench/results/router-overload-$(date -u +%Y-%m-%d)}
 mkdir -p "$out"
-work=$(mktemp -d)
-pid=
-cleanup() { [ -n "$pid" ] && kill -TERM -- "-$pid" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-ttft=${TTFT_MS:-1000} tpot=${TPOT_MS:-100}
+ttft=${TTFT_MS:-1000} tpot=${TPOT_MS:-100} sweep=${SWEEP:-1,1.5,2,2.5,3}
 load=(--input-len "${INPUT:-uniform:128:512}" --output-len fixed:16 --ignore-eos
       --prefix-groups "${PREFIX_GROUPS:-20}" --prefix-share 0.8 --goodput "ttft:$ttft,tpot:$tpot" --timeout 300 --seed 11)
 up() { # early_reject
-  printf 'router: { placement: predictive, ttft_slo_ms: %s, tpot_slo_ms: %s, early_reject: %s }\nprefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 96 }\nkvstore: { dram_mb: 256 }\n' \
-    "$ttft" "$tpot" "$1" >"$work/c.yaml"
-  setsid build/bin/tandem up --model "$model" --config "$work/c.yaml" --kvstores 3 \
-    --worker-arg --threads --worker-arg "${THREADS:-1}" >"$work/up.out" 2>"$work/up.err" &
-  pid=$!
-  for _ in $(seq 240); do [ -s "$work/up.out" ] && break; sleep 0.5; done
-  ep=$(head -1 "$work/up.out")
-  [ -n "$ep" ] || { echo "tandem up did not start:"; tail -20 "$work/up.err"; exit 1; }
+  cluster_up "$(printf 'router: { placement: predictive, ttft_slo_ms: %s, tpot_slo_ms: %s, early_reject: %s }\nprefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 96 }\nkvstore: { dram_mb: 256 }' \
+    "$ttft" "$tpot" "$1")"
 }
-down() { kill -TERM -- "-$pid"; wait "$pid" || true; pid=; : >"$work/up.out"; }
 rate=${RATE:-}
 if [ -z "$rate" ]; then # each rate on a fresh cluster: a warm one would serve the next rate's prefixes cached
-  for r in ${SWEEP//,/ }; do
+  for r in ${sweep//,/ }; do
     up false
     build/bin/tandem bench --endpoint "$ep" --api grpc --rate "$r" --num-requests "${N:-60}" "${load[@]}" \
       --output "$out/sweep-$r.json" 2>&1 | grep -v '^\[bench\] t=' | tee "$out/sweep-$r.txt"
-    down
+    cluster_down
   done
-  rate=$(python3 - "$out" ${SWEEP//,/ } <<'PY'
+  rate=$(python3 - "$out" ${sweep//,/ } <<'PY'
 import json, sys
 rates = [float(r) for r in sys.argv[2:]]
 att = [json.load(open("%s/sweep-%s.json" % (sys.argv[1], r)))["runs"][0]["summary"]["attainment"] for r in sys.argv[2:]]
@@ -70,7 +59,7 @@ for r in $(seq "${REPS:-2}"); do
     build/bin/tandem bench --endpoint "$ep" --api grpc --rate "$over" --num-requests "${N:-60}" "${load[@]}" \
       --output "$out/$name.json" 2>&1 | grep -v '^\[bench\] t=' | tee "$out/$name.txt"
     build/bin/tandem health --endpoint "$ep" | sed 's/^[A-Z_]* //' >"$out/$name.health.json" || true
-    down
+    cluster_down
   done
 done
 rm -f "$out"/*.png "$out"/*.dat "$out"/*.gp # the SVG plots stay

@@ -18,14 +18,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+. bench/cluster.sh
 policies=${POLICIES:-least_loaded round_robin kv_cost predictive}
 out=${OUT:-bench/results/router-policies-$(date -u +%Y-%m-%d)}
 mkdir -p "$out"
-work=$(mktemp -d)
-pid=
-cleanup() { [ -n "$pid" ] && kill -TERM -- "-$pid" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
 if [ -n "${TRACE:-}" ]; then
   load=(--workload trace "$TRACE" --trace-divide "${TRACE_DIVIDE:-32}")
 else
@@ -35,20 +31,13 @@ else
 fi
 one() { # policy, name
   local pol=$1 name=$2
-  printf 'router: { placement: %s }\nprefill: { count: 2, kv_mib: %s }\ndecode: { kv_mib: %s }\nkvstore: { dram_mb: 256 }\n' \
-    "$pol" "${PREFILL_MIB:-48}" "${DECODE_MIB:-96}" >"$work/$pol.yaml"
-  setsid build/bin/tandem up --model "$model" --config "$work/$pol.yaml" --kvstores 3 \
-    --worker-arg --threads --worker-arg "${THREADS:-1}" >"$work/up.out" 2>"$work/up.err" &
-  pid=$!
-  for _ in $(seq 240); do [ -s "$work/up.out" ] && break; sleep 0.5; done
-  ep=$(head -1 "$work/up.out")
-  [ -n "$ep" ] || { echo "tandem up did not start:"; tail -20 "$work/up.err"; exit 1; }
+  cluster_up "$(printf 'router: { placement: %s }\nprefill: { count: 2, kv_mib: %s }\ndecode: { kv_mib: %s }\nkvstore: { dram_mb: 256 }' \
+    "$pol" "${PREFILL_MIB:-48}" "${DECODE_MIB:-96}")"
   build/bin/tandem bench --endpoint "$ep" --api grpc "${load[@]}" \
     --goodput "${GOODPUT:-ttft:1000,tpot:100}" --timeout 300 --seed 11 --output "$out/$name.json" \
     2>&1 | grep -v '^\[bench\] t=' | tee "$out/$name.txt"
-  build/bin/tandem health --endpoint "$ep" | sed 's/^[A-Z_]* //' >"$out/$name.health.json" || true
-  kill -TERM -- "-$pid"; wait "$pid" || true; pid=
-  : >"$work/up.out"
+  cluster_health "$out/$name.health.json"
+  cluster_down
 }
 order=($policies)
 for r in $(seq "${REPS:-1}"); do

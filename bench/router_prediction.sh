@@ -12,30 +12,18 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+. bench/cluster.sh
 out=${OUT:-bench/results/router-prediction-$(date -u +%Y-%m-%d)}
 mkdir -p "$out"
-work=$(mktemp -d)
-pid=
-cleanup() { [ -n "$pid" ] && kill -TERM -- "-$pid" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
 for np in 1 2; do
   rate=$([ "$np" = 1 ] && echo "${RATE1:-0.08}" || echo "${RATE2:-0.15}")
-  printf 'router: { placement: predictive }\nprefill: { count: %s, kv_mib: 256 }\ndecode: { kv_mib: 512 }\nkvstore: { dram_mb: 256 }\n' \
-    "$np" >"$work/c.yaml"
-  setsid build/bin/tandem up --model "$model" --config "$work/c.yaml" --kvstores 3 \
-    --worker-arg --threads --worker-arg "${THREADS:-1}" >"$work/up.out" 2>"$work/up.err" &
-  pid=$!
-  for _ in $(seq 240); do [ -s "$work/up.out" ] && break; sleep 0.5; done
-  ep=$(head -1 "$work/up.out")
-  [ -n "$ep" ] || { echo "tandem up did not start:"; tail -20 "$work/up.err"; exit 1; }
+  cluster_up "$(printf 'router: { placement: predictive }\nprefill: { count: %s, kv_mib: 256 }\ndecode: { kv_mib: 512 }\nkvstore: { dram_mb: 256 }' "$np")"
   build/bin/tandem bench --endpoint "$ep" --api grpc --rate "$rate" --num-requests "${N:-30}" \
     --input-len loguniform:64:4096 --output-len fixed:16 --ignore-eos --prefix-groups 6 --prefix-share 0.5 \
     --goodput ttft:30000,tpot:100 --timeout 600 --seed 11 --output "$out/p$np.json" 2>&1 |
     grep -v '^\[bench\] t=' | tee "$out/p$np.txt"
-  build/bin/tandem health --endpoint "$ep" | sed 's/^[A-Z_]* //' >"$out/p$np.health.json" || true
-  kill -TERM -- "-$pid"; wait "$pid" || true; pid=
-  : >"$work/up.out"
+  cluster_health "$out/p$np.health.json"
+  cluster_down
 done
 rm -f "$out"/*.png "$out"/*.dat "$out"/*.gp # the SVG plots stay
 python3 - "$out" "${WARMUP:-5}" >"$out/errors.md" <<'PY'
