@@ -147,6 +147,11 @@ int cli_bench(int argc, char **argv)
         fputs(cli_bench_usage, stderr);
         return 2;
     }
+    const char *hostport = strstr(endpoint, "://") ? strstr(endpoint, "://") + 3 : endpoint;
+    if (!*hostport || *hostport == ':' || *hostport == '/') {
+        fprintf(stderr, "tandem bench: --endpoint '%s' names no host\n", endpoint);
+        return 2;
+    }
     bool grpc = !strcmp(api, "grpc");
     if (!grpc && strcmp(api, "openai")) {
         fprintf(stderr, "tandem bench: --api is openai or grpc, not '%s'\n", api);

@@ -231,6 +231,10 @@ def cli_conventions():
         check("tandem %s --help: usage on stdout, exit 0" % cmd,
               r.returncode == 0 and r.stdout.startswith("usage: tandem " + cmd), "exit %d: %s" % (r.returncode,
                                                                                              (r.stdout + r.stderr)[:200]))
+    r = subprocess.run([BIN + "/tandem", "bench", "--endpoint", "", "--api", "grpc", "--num-requests", "1"],
+                       capture_output=True, text=True, timeout=10)
+    check("tandem bench --endpoint '' fails at once naming the endpoint (exit %d)" % r.returncode,
+          r.returncode == 2 and "--endpoint '' names no host" in r.stderr, r.stderr[-200:])
     # the commit is the one the build was configured from (CI configures a fresh clone: HEAD)
     r = subprocess.run([BIN + "/tandem", "--version"], capture_output=True, text=True, timeout=10)
     check("tandem --version names the version and commit (%s)" % r.stdout.strip(),
