@@ -164,8 +164,6 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     pr->store_tokens = cached - pr->pool_tokens;
     pr->new_tokens = n - cached;
     pr->blocks = rq ? (uint32_t)rq->n_blocks : 0;
-    const eng_profile_t *pf = profile_of(t, w);
-    pr->prefill_raw_ms = pf ? eng_profile_prefill_ms(pf, pr->new_tokens, cached) : 0;
     pr->alone = !w->prefilling;
     /* the store's blocks priced by tier: the SSD-only share of the store's run applied to those fetched */
     double ssd_share = c->hits && c->hits->store_run ? (double)c->hits->store_ssd / c->hits->store_run : 0;
@@ -268,9 +266,9 @@ static void overhead_refit(rt_table_t *t, double n, double ms)
 
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-/* Learns from what a request measured: the prefill worker's correction
- * (its call's time less the predicted queue, over the profile's figure), the
- * router's overhead (TTFT less the prefill call), the decode worker's
+/* Learns from what a request measured: the prefill worker's model (from a
+ * call that found it idle: its time less the store fetch), the router's
+ * overhead (TTFT less the prefill call), the decode worker's
  * correction (measured over predicted time between tokens), and records the
  * TTFT prediction's error. */
 static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm)

@@ -82,7 +82,7 @@ typedef struct rt_place_req {
  * once the request joins; the tokens its pool and the store supply. */
 typedef struct rt_prediction {
     double ttft_ms, overhead_ms, queue_ms, fetch_ms, prefill_ms, tbt_ms;
-    double prefill_raw_ms, step_raw_ms; /* the profiles' figures before correction */
+    double step_raw_ms; /* the decode profile's step before its correction */
     uint32_t pool_tokens, store_tokens, new_tokens, blocks;
     bool alone; /* the prefill worker had no other call in flight (its time refits its model) */
     int32_t priority;
