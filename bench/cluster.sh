@@ -1,6 +1,6 @@
 # cluster.sh — sourced by the cluster benchmarks (router_policies.sh,
 # router_overload.sh, router_prediction.sh): one `tandem up` at a time.
-#   cluster_up YAML   starts a cluster with that config text (3 kvstore nodes,
+#   cluster_up YAML   starts a cluster with that config text (KVSTORES kvstore nodes, default 3,
 #                     THREADS threads a worker, default 1) and sets $ep
 #   cluster_health F  the router's Health as JSON into F
 #   cluster_down      stops it (also on exit)
@@ -17,7 +17,7 @@ cluster_down() {
 trap 'cluster_down; rm -rf "$cluster_work"' EXIT
 cluster_up() {
   printf '%s\n' "$1" >"$cluster_work/c.yaml"
-  setsid build/bin/tandem up --model "$model" --config "$cluster_work/c.yaml" --kvstores 3 \
+  setsid build/bin/tandem up --model "$model" --config "$cluster_work/c.yaml" --kvstores "${KVSTORES:-3}" \
     --worker-arg --threads --worker-arg "${THREADS:-1}" >"$cluster_work/up.out" 2>"$cluster_work/up.err" &
   cluster_pid=$!
   for _ in $(seq 240); do [ -s "$cluster_work/up.out" ] && break; sleep 0.5; done

@@ -14,7 +14,7 @@
 #
 # usage: bench/router_policies.sh   Environment: POLICIES, REPS, OUT, RATE, N,
 #        THREADS, PREFIX_GROUPS, PREFIX_SHARE, INPUT, OUTPUT, TRACE,
-#        TRACE_DIVIDE, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS)
+#        TRACE_DIVIDE, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS), KVSTORES (3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
