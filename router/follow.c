@@ -152,6 +152,39 @@ static void refresh(rt_follow_t *f, double now)
             forget(f, &f->src[i]);
 }
 
+/* One name of a Snapshot page (src: the response) or of an Events batch. */
+typedef void (*name_at_fn)(const void *src, size_t i, td_block_name_t *name, bool *stored, bool *ssd);
+
+static void snapshot_name(const void *src, size_t i, td_block_name_t *name, bool *stored, bool *ssd)
+{
+    const Tandem__Internal__V1__KvSnapshotResponse *r = src;
+    *name = (td_block_name_t){r->names[i]->lo, r->names[i]->hi};
+    *stored = true;
+    *ssd = i < r->n_tiers && r->tiers[i] == 1;
+}
+
+static void event_name(const void *src, size_t i, td_block_name_t *name, bool *stored, bool *ssd)
+{
+    const Tandem__Internal__V1__KvEvent *e = ((const Tandem__Internal__V1__KvEventsResponse *)src)->events[i];
+    *name = (td_block_name_t){e->name->lo, e->name->hi};
+    *stored = e->kind == TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED;
+    *ssd = e->has_tier && e->tier == 1;
+}
+
+/* Applies n names to s's slot in the index, in chunks (no allocation). */
+static void apply_names(rt_follow_t *f, const fsrc_t *s, const void *src, size_t n, name_at_fn at)
+{
+    enum { CHUNK = 1024 };
+    td_block_name_t names[CHUNK];
+    bool stored[CHUNK], ssd[CHUNK];
+    for (size_t i = 0; i < n;) {
+        size_t k = 0;
+        for (; k < CHUNK && i < n; k++, i++)
+            at(src, i, &names[k], &stored[k], &ssd[k]);
+        rt_kvindex_apply(f->ix, s->slot, names, stored, ssd, k);
+    }
+}
+
 static td_rpc_channel_t *chan(fsrc_t *s) { return s->w ? s->w->ch : s->ch; }
 
 /* Takes the source's snapshot into the index; false when it did not answer. */
@@ -178,18 +211,7 @@ static bool snapshot(rt_follow_t *f, fsrc_t *s)
             protobuf_c_message_free_unpacked(m, NULL);
             return false;
         }
-        enum { CHUNK = 1024 };
-        td_block_name_t names[CHUNK];
-        bool stored[CHUNK], ssd[CHUNK];
-        for (size_t i = 0; i < r->n_names;) {
-            size_t k = 0;
-            for (; k < CHUNK && i < r->n_names; k++, i++) {
-                names[k] = (td_block_name_t){r->names[i]->lo, r->names[i]->hi};
-                stored[k] = true;
-                ssd[k] = i < r->n_tiers && r->tiers[i] == 1;
-            }
-            rt_kvindex_apply(f->ix, s->slot, names, stored, ssd, k);
-        }
+        apply_names(f, s, r, r->n_names, snapshot_name);
         cursor = r->next_cursor;
         protobuf_c_message_free_unpacked(m, NULL);
         if (!cursor)
@@ -265,19 +287,7 @@ static void poll_source(rt_follow_t *f, fsrc_t *s, double now)
             pthread_mutex_unlock(&f->mu);
             continue; /* the events after the snapshot */
         }
-        enum { CHUNK = 1024 };
-        td_block_name_t names[CHUNK];
-        bool stored[CHUNK], ssd[CHUNK];
-        for (size_t i = 0; i < r->n_events;) {
-            size_t k = 0;
-            for (; k < CHUNK && i < r->n_events; k++, i++) {
-                const Tandem__Internal__V1__KvEvent *e = r->events[i];
-                names[k] = (td_block_name_t){e->name->lo, e->name->hi};
-                stored[k] = e->kind == TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED;
-                ssd[k] = e->has_tier && e->tier == 1;
-            }
-            rt_kvindex_apply(f->ix, s->slot, names, stored, ssd, k);
-        }
+        apply_names(f, s, r, r->n_events, event_name);
         pthread_mutex_lock(&f->mu);
         s->seq += r->n_events;
         s->last_seq = r->last_seq;
