@@ -54,18 +54,32 @@ static void on_stop(int sig)
     g_stop = 1;
 }
 
-static int free_port(void)
+/* Free loopback ports for the cluster's listeners: every probe socket stays
+ * bound until the last port is chosen, so the ports are distinct (one bound
+ * and closed at a time may come back twice; a listener then cannot bind and
+ * restarts on the same port forever). 0 or -1 with errno. */
+static int free_ports(int *ports, int n)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &l)) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
+    int fds[8];
+    int got = 0, rc = 0;
+    for (; got < n && got < 8; got++) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t l = sizeof a;
+        fds[got] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[got] < 0 || bind(fds[got], (struct sockaddr *)&a, sizeof a) ||
+            getsockname(fds[got], (struct sockaddr *)&a, &l)) {
+            if (fds[got] >= 0)
+                close(fds[got]);
+            rc = -1;
+            break;
+        }
+        ports[got] = ntohs(a.sin_port);
     }
-    close(fd);
-    return ntohs(a.sin_port);
+    int err = errno;
+    for (int i = 0; i < got; i++)
+        close(fds[i]);
+    errno = err;
+    return rc;
 }
 
 static pid_t spawn(child_t *c)
@@ -263,9 +277,12 @@ int cli_up(int argc, char **argv)
         snprintf(ca_file, sizeof ca_file, "%s/ca.pem", certdir);
     else if (!plaintext)
         snprintf(ca_file, sizeof ca_file, "%s", cfg.cluster.tls_ca);
-    int cport = free_port(), pport = free_port();
-    while (pport == cport)
-        pport = free_port();
+    int ports[4]; /* etcd's client and peer ports, the router's, the HTTP API's */
+    if (free_ports(ports, 4)) {
+        fprintf(stderr, "tandem up: cannot find free loopback ports: %s\n", strerror(errno));
+        return 1;
+    }
+    int cport = ports[0], pport = ports[1];
     const char *scheme = plaintext ? "http" : "https";
     char client[64], peer[64], cluster[96], etcd_ep[64], router_listen[128];
     snprintf(client, sizeof client, "%s://127.0.0.1:%d", scheme, cport);
@@ -277,14 +294,14 @@ int cli_up(int argc, char **argv)
     else if (cfg.router.listen && cfg.router.listen[0] && strcmp(cfg.router.listen, "127.0.0.1:50051"))
         snprintf(router_listen, sizeof router_listen, "%s", cfg.router.listen);
     else
-        snprintf(router_listen, sizeof router_listen, "127.0.0.1:%d", free_port());
+        snprintf(router_listen, sizeof router_listen, "127.0.0.1:%d", ports[2]);
     /* the OpenAI HTTP API: the config's address, or a free loopback port for the default; "" turns it off */
     char http_listen[128];
     const char *hl = cfg.router.http_listen ? cfg.router.http_listen : "";
     if (hl[0] && strcmp(hl, "127.0.0.1:8000"))
         snprintf(http_listen, sizeof http_listen, "%s", hl);
     else if (hl[0])
-        snprintf(http_listen, sizeof http_listen, "127.0.0.1:%d", free_port());
+        snprintf(http_listen, sizeof http_listen, "127.0.0.1:%d", ports[3]);
     else
         http_listen[0] = 0;
 

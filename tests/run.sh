@@ -67,9 +67,9 @@ fi
 rm -rf "$hide" "$ulog" "$dlog"
 
 run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"), $3: time limit (s)
-  local out line p f
+  local out line p f rc=0
   # past the limit SIGABRT makes Python's faulthandler print every thread's stack: where it hung
-  out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler "$1" build/bin 2>&1)
+  out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler "$1" build/bin 2>&1) || rc=$?
   printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^$2:|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
   while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL')
   line=$(printf '%s\n' "$out" | grep "^$2:" | tail -1)
@@ -77,11 +77,15 @@ run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"),
     p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
     passed=$((passed + p)); failed=$((failed + f))
   else
-    local last where
+    local last where how
     last=$(printf '%s\n' "$out" | grep -E '^(PASS|FAIL)' | tail -1)
-    where=$(printf '%s\n' "$out" | grep -E "^  File \".*$(basename "$1")\"" | head -3 | tr -s ' ' | tr '\n' ';')
-    echo "  $1 did not finish in $3 s"; failed=$((failed + 1))
-    failures+=("$(basename "$1") did not finish in $3 s; last result: ${last:-none}; its frames:${where:- ?}")
+    # faulthandler's stacks (a hang) list the innermost frame first, a traceback (an uncaught error) last
+    where=$(printf '%s\n' "$out" | grep -E "^  File \".*$(basename "$1")\"" | tr -s ' ')
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then how="did not finish in $3 s"; where=$(printf '%s\n' "$where" | head -3)
+    else where=$(printf '%s\n' "$where" | tail -3); how="ended early (exit $rc): $(printf '%s\n' "$out" | grep -E "^[A-Za-z.]*(Error|Exception)" | tail -1 | cut -c1-1500)"; fi
+    where=$(printf '%s\n' "$where" | tr '\n' ';')
+    echo "  $1 $how"; failed=$((failed + 1))
+    failures+=("$(basename "$1") $how; last result: ${last:-none}; its frames:${where:- ?}")
   fi
 }
 

@@ -95,8 +95,9 @@ class Cluster:
             tail = self.err.read()[-3000:]
             os.killpg(self.p.pid, signal.SIGKILL)
             self.p.wait(30)
-            raise AssertionError("tandem up printed no endpoint in 90 s (exit %s): %r; its log ends:\n%s" %
-                                 (self.p.returncode, line, tail))
+            # one line, so that the suite's summary carries the log's end too
+            raise AssertionError("tandem up printed no endpoint in 90 s (exit %s): %r; its log ends: %s" %
+                                 (self.p.returncode, line, " | ".join(tail.splitlines()[-8:])))
         self.endpoint = line
         self.err.seek(0)
         log = self.err.read()
