@@ -22,7 +22,7 @@ const char cli_generate_usage[] =
     "usage: tandem generate [--model PATH | --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
     "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N | --kv-mib M] [--ids]\n"
-    "                       [--numerics fast|reference]\n"
+    "                       [--numerics fast|reference] [--device cpu|cuda[:N]]\n"
     "                       PROMPT\n";
 
 static double now_s(void)
@@ -115,6 +115,7 @@ int cli_generate(int argc, char **argv)
                 return 2;
             }
         }
+        else if (!strcmp(a, "--device") && nx) cfg.device = argv[++i];
         else if (!strcmp(a, "--ignore-eos")) req.ignore_eos = true;
         else if (!strcmp(a, "--stop") && nx && req.n_stop < 16) stops[req.n_stop++] = argv[++i];
         else if (NUM("--max-tokens", 0, 1e6)) req.max_tokens = (uint32_t)v;

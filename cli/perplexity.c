@@ -13,6 +13,7 @@
 #include "cli/cli.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "engine/engine.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
@@ -28,17 +29,19 @@ static double now_s(void)
 }
 
 const char cli_perplexity_usage[] =
-    "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N] [--numerics fast|reference]\n";
+    "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N] [--numerics fast|reference]\n"
+    "                         [--device cpu|cuda[:N]]\n";
 
 int cli_perplexity(int argc, char **argv)
 {
-    const char *model = TD_DEFAULT_MODEL, *file = NULL;
+    const char *model = TD_DEFAULT_MODEL, *file = NULL, *device = NULL;
     long ctx = 512, threads = 0;
     kern_numerics_t numerics = KERN_NUMERICS_FAST;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "--numerics") && i + 1 < argc) {
             if (!kern_numerics_parse(argv[++i], &numerics)) {
                 fprintf(stderr, "tandem perplexity: --numerics '%s': it must be fast or reference\n", argv[i]);
@@ -84,7 +87,7 @@ int cli_perplexity(int argc, char **argv)
     uint32_t bt = 16, nblocks = (uint32_t)(ctx + bt - 1) / bt;
     td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, TD_KV_F16);
     table = malloc(nblocks * sizeof *table);
-    if (!table || kern_cpu_backend_create_numerics((int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
+    if (!table || eng_backend_open(device, (int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
         eng_forward_create(m, be, pool, PPL_ROWS, PPL_ROWS, &f))
         goto out;
     for (uint32_t i = 0; i < nblocks; i++)

@@ -14,6 +14,9 @@
  * Each row's arithmetic does not depend on the rest of the batch, so a
  * sequence's tokens are the same alone or batched, chunked or not, cached or not. */
 #include "engine/engine.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +89,25 @@ eng_engine_config_t eng_engine_config_default(void)
                                  .block_wait_s = 10};
 }
 
+td_status_t eng_backend_open(const char *device, int n_threads, kern_numerics_t numerics, kern_backend_t **out)
+{
+    if (!device || !strcmp(device, "cpu"))
+        return kern_cpu_backend_create_numerics(n_threads, numerics, out);
+    char *end = NULL;
+    long gpu = !strcmp(device, "cuda") ? 0 : !strncmp(device, "cuda:", 5) ? strtol(device + 5, &end, 10) : -1;
+    if (gpu < 0 || gpu > 1023 || (end && (end == device + 5 || *end)))
+        return td_error(TD_ERR_INVALID_ARG, "device '%s': it must be cpu, cuda or cuda:N", device);
+    if (numerics == KERN_NUMERICS_REFERENCE)
+        return td_error(TD_ERR_UNSUPPORTED, "device '%s': reference numerics (llama.cpp's rounding) are the CPU "
+                        "backend's only; use fast", device);
+#ifdef TANDEM_HAVE_CUDA
+    return kern_cuda_backend_create((int)gpu, out); /* its errors say "cuda: " and the device */
+#else
+    return td_error(TD_ERR_UNSUPPORTED, "device '%s': this build has no CUDA backend (configure with "
+                    "-DTANDEM_CUDA=ON where the CUDA toolkit is installed)", device);
+#endif
+}
+
 td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, eng_engine_t **out)
 {
     if (cfg->block_tokens < 1 || cfg->block_tokens > 256 || !cfg->token_budget || !cfg->max_seqs)
@@ -110,7 +132,7 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     td_status_t rc = TD_OK;
     if (cfg->backend)
         e->be = cfg->backend;
-    else if (!(rc = kern_cpu_backend_create_numerics(cfg->n_threads, cfg->numerics, &e->be)))
+    else if (!(rc = eng_backend_open(cfg->device, cfg->n_threads, cfg->numerics, &e->be)))
         e->own_be = true;
     if (!rc)
         rc = kern_backend_check(e->be, KERN_OPS_FORWARD);

@@ -26,6 +26,7 @@ typedef struct eng_engine_config {
      * n_threads and numerics. Refused unless it has every op the forward
      * pass calls (kern_backend_check). */
     kern_backend_t *backend;
+    const char *device;       /* the backend made when `backend` is NULL: eng_backend_open's names (NULL: cpu) */
     int n_threads;            /* CPU compute threads (0: one per core) */
     uint32_t block_tokens;    /* tokens per KV block (16) */
     td_kv_dtype_t kv_dtype; /* fp16 (default) or fp32 */
@@ -41,6 +42,12 @@ typedef struct eng_engine_config {
 } eng_engine_config_t;
 
 eng_engine_config_t eng_engine_config_default(void);
+
+/* The backend of a device: "cpu" (n_threads compute threads, rounding as
+ * numerics says) or "cuda" / "cuda:N" (the GPU's own numerics: reference is
+ * refused). Errors name the device: a build without the CUDA backend, no such
+ * GPU, or a malformed name. */
+td_status_t eng_backend_open(const char *device, int n_threads, kern_numerics_t numerics, kern_backend_t **out);
 
 typedef enum eng_finish {
     ENG_FINISH_NONE, ENG_FINISH_EOS, ENG_FINISH_STOP, ENG_FINISH_LENGTH, ENG_FINISH_CANCELLED, ENG_FINISH_ERROR,

@@ -1,41 +1,29 @@
-// backend_cuda.cu — the CUDA backend: device memory, one stream, cuBLAS.
+// backend_cuda.cu — the CUDA backend's table (kernels/backend.h): device
+// memory, one stream, the weights, cuBLAS loaded at run time; each op lives
+// in its own file (cuda_int.h lists them).
 //
-// Weights: weight_prepare decodes the file's format on the host (the CPU
-// decoders, exact) and uploads fp16 rows; matmul converts the activations to
-// fp16 and runs cublasGemmEx with fp32 accumulation and fp32 output.
-// Elementwise ops are one thread per value (RMSNorm: one block per row with a
-// shared-memory reduction).
-#include <cublas_v2.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <stdio.h>
+// Weights: weight_prepare uploads the file's bytes and decodes them on the
+// GPU (kernels/cuda/dequant.cu: F32, F16, BF16, Q4_0, Q4_1, Q8_0; other
+// formats are decoded on the host) into fp16 rows, which every matmul and
+// the embedding read. Quantized weights so cost 2 bytes a value in device
+// memory and per decode step (a Q4_1 GGUF: 3.6x its file size).
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/log.h"
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda_int.h"
+#include "kernels/cuda/dequant.h"
 #include "kernels/quant.h"
-
-typedef struct kern_cuda {
-    kern_backend_t base;
-    int device;
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    __half *xh;        // fp16 activations scratch
-    size_t xh_cap;
-} kern_cuda_t;
-
-#define CU(call)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess)                                                                            \
-            return td_error(TD_ERR_INTERNAL, "cuda: %s failed: %s", #call, cudaGetErrorString(e_));        \
-    } while (0)
 
 static td_status_t cu_alloc(kern_backend_t *b, size_t bytes, void **ptr)
 {
     (void)b;
-    CU(cudaMalloc(ptr, bytes ? bytes : 64));
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 64);
+    if (e != cudaSuccess)
+        return td_error(e == cudaErrorMemoryAllocation ? TD_ERR_NO_MEMORY : TD_ERR_INTERNAL,
+                        "cuda: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
     return TD_OK;
 }
 
@@ -71,32 +59,94 @@ static td_status_t cu_sync(kern_backend_t *b)
     return TD_OK;
 }
 
-// Decodes every row on the host and uploads them as fp16.
-static td_status_t cu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
+// The formats the GPU decodes; the rest go through the host's decoders.
+static bool gpu_decodes(uint32_t type)
+{
+    return type == KERN_TYPE_F32 || type == KERN_TYPE_F16 || type == KERN_TYPE_BF16 || type == KERN_TYPE_Q4_0 ||
+           type == KERN_TYPE_Q4_1 || type == KERN_TYPE_Q8_0;
+}
+
+// Host decode, row by row, into fp16 (the formats the GPU does not decode).
+static td_status_t prepare_on_host(kern_cuda_t *c, kern_weight_t *w, __half *dst)
 {
     const kern_type_info_t *info = kern_type_info(w->type);
     size_t n = (size_t)w->rows * w->cols, rb = kern_type_row_bytes(info, w->cols);
     float *row = (float *)malloc(w->cols * sizeof(float));
     __half *h = (__half *)malloc(n * sizeof(__half));
-    if (!row || !h) {
-        free(row);
-        free(h);
-        return td_error(TD_ERR_NO_MEMORY, "cuda: no host memory to convert a %ux%u matrix", w->rows, w->cols);
-    }
-    for (uint32_t r = 0; r < w->rows; r++) {
-        kern_dequant_row(w->type, (const uint8_t *)w->data + r * rb, row, w->cols);
-        for (uint32_t k = 0; k < w->cols; k++)
+    td_status_t rc = row && h ? TD_OK
+                              : td_error(TD_ERR_NO_MEMORY, "cuda: no host memory to convert a %ux%u matrix", w->rows,
+                                         w->cols);
+    for (uint32_t r = 0; r < w->rows && !rc; r++) {
+        rc = kern_dequant_row(w->type, (const uint8_t *)w->data + r * rb, row, w->cols);
+        for (uint32_t k = 0; k < w->cols && !rc; k++)
             h[(size_t)r * w->cols + k] = __float2half_rn(row[k]);
     }
-    free(row);
-    td_status_t rc = cu_alloc(b, n * sizeof(__half), &w->priv);
     if (!rc) {
-        cudaError_t e = cudaMemcpy(w->priv, h, n * sizeof(__half), cudaMemcpyHostToDevice);
+        cudaError_t e = cudaMemcpyAsync(dst, h, n * sizeof(__half), cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess)
             rc = td_error(TD_ERR_INTERNAL, "cuda: weight upload failed: %s", cudaGetErrorString(e));
     }
+    free(row);
     free(h);
     return rc;
+}
+
+// Upload the file's bytes, decode on the GPU in slices of rows into an fp32
+// scratch, round to fp16.
+static td_status_t prepare_on_gpu(kern_cuda_t *c, kern_weight_t *w, __half *dst)
+{
+    const kern_type_info_t *info = kern_type_info(w->type);
+    size_t rb = kern_type_row_bytes(info, w->cols), raw_bytes = rb * w->rows;
+    size_t slice_rows = ((size_t)8 << 20) / w->cols + 1;
+    if (slice_rows > w->rows)
+        slice_rows = w->rows;
+    void *raw = NULL;
+    float *f = NULL;
+    td_status_t rc = TD_OK;
+    if ((rc = cu_alloc(&c->base, raw_bytes, &raw)) || (rc = cu_alloc(&c->base, slice_rows * w->cols * 4, (void **)&f)))
+        goto out;
+    if (w->type == KERN_TYPE_F16) { // already the form kept
+        cudaFree(raw);
+        raw = NULL;
+        CU(cudaMemcpy(dst, w->data, raw_bytes, cudaMemcpyHostToDevice));
+        goto out;
+    }
+    if (cudaMemcpyAsync(raw, w->data, raw_bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) {
+        rc = td_error(TD_ERR_INTERNAL, "cuda: weight upload failed: %s", cudaGetErrorString(cudaGetLastError()));
+        goto out;
+    }
+    for (size_t r0 = 0; r0 < w->rows && !rc; r0 += slice_rows) {
+        size_t nr = w->rows - r0 < slice_rows ? w->rows - r0 : slice_rows, ne = nr * w->cols;
+        rc = kern_cuda_dequant(w->type, (const uint8_t *)raw + r0 * rb, f, ne, c->stream);
+        if (rc)
+            rc = td_error(rc, "cuda: decoding a %s weight failed", info->name);
+        else
+            rc = kc_to_half(c, f, dst + r0 * w->cols, ne);
+    }
+    if (!rc && cudaStreamSynchronize(c->stream) != cudaSuccess)
+        rc = td_error(TD_ERR_INTERNAL, "cuda: weight decode failed: %s", cudaGetErrorString(cudaGetLastError()));
+out:
+    cudaFree(raw);
+    cudaFree(f);
+    return rc;
+}
+
+static td_status_t cu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
+{
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    void *dst;
+    td_status_t rc = cu_alloc(b, (size_t)w->rows * w->cols * sizeof(__half), &dst);
+    if (rc)
+        return rc;
+    rc = gpu_decodes(w->type) ? prepare_on_gpu(c, w, (__half *)dst) : prepare_on_host(c, w, (__half *)dst);
+    if (rc) {
+        cudaFree(dst);
+        return rc;
+    }
+    w->priv = dst;
+    return TD_OK;
 }
 
 static void cu_weight_release(kern_backend_t *b, kern_weight_t *w)
@@ -105,154 +155,9 @@ static void cu_weight_release(kern_backend_t *b, kern_weight_t *w)
     w->priv = NULL;
 }
 
-__global__ void k_to_half(const float *x, __half *y, size_t n)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n)
-        y[i] = __float2half_rn(x[i]);
-}
-
-static unsigned blocks_for(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
-
-static td_status_t cu_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
-{
-    kern_cuda_t *c = (kern_cuda_t *)b;
-    size_t nx = (size_t)n * w->cols;
-    if (nx > c->xh_cap) {
-        cudaFree(c->xh);
-        c->xh = NULL;
-        CU(cudaMalloc((void **)&c->xh, nx * sizeof(__half)));
-        c->xh_cap = nx;
-    }
-    k_to_half<<<blocks_for(nx, 256), 256, 0, c->stream>>>(x, c->xh, nx);
-    // cuBLAS is column-major: row-major y[n][rows] is Y (rows x n, ld rows);
-    // row-major W[rows][cols] is A (cols x rows, ld cols) and x[n][cols] is
-    // B (cols x n, ld cols); so Y = Aᵀ · B.
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n, (int)w->cols, &one,
-                                    w->priv, CUDA_R_16F, (int)w->cols, c->xh, CUDA_R_16F, (int)w->cols, &zero, y,
-                                    CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS)
-        return td_error(TD_ERR_INTERNAL, "cuda: cublasGemmEx (%u x %u x %u) failed: status %d", w->rows, n, w->cols,
-                        (int)s);
-    return TD_OK;
-}
-
-// One block per row: the sum of squares reduced in shared memory (fp32).
-__global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t dim, float eps)
-{
-    extern __shared__ float part[];
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = y + (size_t)blockIdx.x * dim;
-    float s = 0;
-    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-        s += xr[i] * xr[i];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned k = blockDim.x / 2; k > 0; k /= 2) {
-        if (threadIdx.x < k)
-            part[threadIdx.x] += part[threadIdx.x + k];
-        __syncthreads();
-    }
-    float scale = rsqrtf(part[0] / dim + eps);
-    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = xr[i] * scale * w[i];
-}
-
-static td_status_t cu_rmsnorm(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
-                              float eps)
-{
-    kern_cuda_t *c = (kern_cuda_t *)b;
-    k_rmsnorm<<<n, 256, 256 * sizeof(float), c->stream>>>(x, w, y, dim, eps);
-    CU(cudaGetLastError());
-    return TD_OK;
-}
-
-// One thread per rotated pair.
-__global__ void k_rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, const int32_t *pos, const float *freq,
-                       int neox)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    uint32_t half = hd / 2;
-    if (i >= (size_t)n * heads * half)
-        return;
-    uint32_t p = (uint32_t)(i % half);
-    size_t th = i / half;
-    uint32_t t = (uint32_t)(th / heads);
-    float *v = x + th * hd;
-    float s, c;
-    sincosf((float)pos[t] * freq[p], &s, &c);
-    uint32_t a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-    float x0 = v[a], x1 = v[b];
-    v[a] = x0 * c - x1 * s;
-    v[b] = x0 * s + x1 * c;
-}
-
-static td_status_t cu_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t hd, const int32_t *pos,
-                           const float *freq, kern_rope_style_t style)
-{
-    kern_cuda_t *c = (kern_cuda_t *)b;
-    size_t pairs = (size_t)n * heads * (hd / 2);
-    k_rope<<<blocks_for(pairs, 256), 256, 0, c->stream>>>(x, n, heads, hd, pos, freq, style == KERN_ROPE_NEOX);
-    CU(cudaGetLastError());
-    return TD_OK;
-}
-
-__global__ void k_swiglu(const float *g, const float *u, float *y, size_t n)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n)
-        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
-static td_status_t cu_swiglu(kern_backend_t *b, const float *g, const float *u, float *y, size_t n)
-{
-    k_swiglu<<<blocks_for(n, 256), 256, 0, ((kern_cuda_t *)b)->stream>>>(g, u, y, n);
-    CU(cudaGetLastError());
-    return TD_OK;
-}
-
-__global__ void k_add(float *x, const float *y, size_t n)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n)
-        x[i] += y[i];
-}
-
-static td_status_t cu_add(kern_backend_t *b, float *x, const float *y, size_t n)
-{
-    k_add<<<blocks_for(n, 256), 256, 0, ((kern_cuda_t *)b)->stream>>>(x, y, n);
-    CU(cudaGetLastError());
-    return TD_OK;
-}
-
-// The ops this backend does not have yet: a clear error, never a NULL entry.
-static td_status_t cu_matmul_multi(kern_backend_t *, const kern_weight_t *const *, float *const *, uint32_t,
-                                   const float *, uint32_t)
-{
-    return td_error(TD_ERR_UNSUPPORTED, "cuda: matmul_multi is not implemented yet");
-}
-
-static td_status_t cu_embed(kern_backend_t *, const kern_weight_t *, const int32_t *, uint32_t, float *)
-{
-    return td_error(TD_ERR_UNSUPPORTED, "cuda: embed is not implemented yet");
-}
-
-static td_status_t cu_kv_store(kern_backend_t *, const kern_kv_view_t *, const float *, const float *,
-                               const int32_t *, uint32_t)
-{
-    return td_error(TD_ERR_UNSUPPORTED, "cuda: kv_store is not implemented yet");
-}
-
-static td_status_t cu_attention(kern_backend_t *, const kern_kv_view_t *, const float *, float *, uint32_t,
-                                const kern_attn_seq_t *, uint32_t, float)
-{
-    return td_error(TD_ERR_UNSUPPORTED, "cuda: attention is not implemented yet");
-}
-
 static const kern_backend_ops_t kern_cuda_ops = {
     .name = "cuda",
-    .supported = KERN_OP_MATMUL | KERN_OP_RMSNORM | KERN_OP_ROPE | KERN_OP_SWIGLU | KERN_OP_ADD,
+    .supported = KERN_OPS_ALL,
     .destroy = kern_cuda_backend_destroy,
     .alloc = cu_alloc,
     .free = cu_free,
@@ -262,35 +167,68 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .sync = cu_sync,
     .weight_prepare = cu_weight_prepare,
     .weight_release = cu_weight_release,
-    .matmul = cu_matmul,
-    .matmul_multi = cu_matmul_multi,
-    .rmsnorm = cu_rmsnorm,
-    .rope = cu_rope,
-    .swiglu = cu_swiglu,
-    .add = cu_add,
-    .embed = cu_embed,
-    .kv_store = cu_kv_store,
-    .attention = cu_attention,
+    .matmul = kc_matmul,
+    .matmul_multi = kc_matmul_multi,
+    .rmsnorm = kc_rmsnorm,
+    .rope = kc_rope,
+    .swiglu = kc_swiglu,
+    .add = kc_add,
+    .embed = kc_embed,
+    .kv_store = kc_kv_store,
+    .attention = kc_attention,
 };
+
+// cuBLAS, once per process: the library CUDA 13 installs, by soname.
+static kc_blas_api_t g_blas;
+static const char *g_blas_error;
+static void load_blas(void)
+{
+    void *h = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        g_blas_error = dlerror();
+        return;
+    }
+    g_blas.create = (cublasStatus_t(*)(cublasHandle_t *))dlsym(h, "cublasCreate_v2");
+    g_blas.destroy = (cublasStatus_t(*)(cublasHandle_t))dlsym(h, "cublasDestroy_v2");
+    g_blas.set_stream = (cublasStatus_t(*)(cublasHandle_t, cudaStream_t))dlsym(h, "cublasSetStream_v2");
+    *(void **)&g_blas.gemm_ex = dlsym(h, "cublasGemmEx");
+    if (!g_blas.create || !g_blas.destroy || !g_blas.set_stream || !g_blas.gemm_ex)
+        g_blas_error = "libcublas.so.13 lacks cublasCreate_v2, cublasSetStream_v2 or cublasGemmEx";
+}
 
 extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, load_blas);
+    if (g_blas_error)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda: cannot load cuBLAS: %s", g_blas_error);
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda: no usable CUDA device: %s", cudaGetErrorString(e));
+    if (device < 0 || device >= count)
+        return td_error(TD_ERR_INVALID_ARG, "cuda: device %d does not exist (this machine has %d)", device, count);
     kern_cuda_t *c = (kern_cuda_t *)calloc(1, sizeof *c);
     if (!c)
         return td_error(TD_ERR_NO_MEMORY, "cuda: no memory");
     c->base.ops = &kern_cuda_ops;
     c->device = device;
-    cudaError_t e = cudaSetDevice(device);
+    c->blas_api = &g_blas;
+    e = cudaSetDevice(device);
     if (e == cudaSuccess)
-        e = cudaStreamCreate(&c->stream);
+        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);
         return td_error(TD_ERR_UNSUPPORTED, "cuda: device %d: %s", device, cudaGetErrorString(e));
     }
-    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
+    td_status_t rc = kc_attention_init();
+    if (!rc && (g_blas.create(&c->blas) != CUBLAS_STATUS_SUCCESS ||
+                g_blas.set_stream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS))
+        rc = td_error(TD_ERR_INTERNAL, "cuda: cublasCreate failed on device %d", device);
+    if (rc) {
         cudaStreamDestroy(c->stream);
         free(c);
-        return td_error(TD_ERR_INTERNAL, "cuda: cublasCreate failed");
+        return rc;
     }
     *out = &c->base;
     return TD_OK;
@@ -301,8 +239,10 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     kern_cuda_t *c = (kern_cuda_t *)b;
     if (!c)
         return;
+    cudaStreamSynchronize(c->stream);
     cudaFree(c->xh);
-    cublasDestroy(c->blas);
+    if (c->blas)
+        c->blas_api->destroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);
 }

@@ -1,0 +1,77 @@
+// cuda_int.h — what the CUDA backend's files share: the backend's state, the
+// error macros, and one launcher per op (each op in its own .cu file; the
+// table in backend_cuda.cu). Internal to kernels/cuda/.
+#ifndef KERN_CUDA_INT_H
+#define KERN_CUDA_INT_H
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+
+// cuBLAS is loaded at run time (dlopen), so that a tandem binary built with
+// CUDA starts without it and only a CUDA device asks for it.
+typedef struct kc_blas_api {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*destroy)(cublasHandle_t);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+} kc_blas_api_t;
+
+typedef struct kern_cuda {
+    kern_backend_t base;
+    int device;
+    cudaStream_t stream;
+    const kc_blas_api_t *blas_api;
+    cublasHandle_t blas;
+    __half *xh; // fp16 activations for the GEMMs
+    size_t xh_cap;
+} kern_cuda_t;
+
+// A CUDA runtime call that must succeed; else its error, naming the call.
+#define CU(call)                                                                                                \
+    do {                                                                                                        \
+        cudaError_t e_ = (call);                                                                                \
+        if (e_ != cudaSuccess)                                                                                  \
+            return td_error(TD_ERR_INTERNAL, "cuda: %s failed: %s", #call, cudaGetErrorString(e_));              \
+    } while (0)
+
+// After a kernel launch: a launch error (bad configuration, or an earlier
+// asynchronous fault, which CUDA keeps sticky) names the kernel.
+static inline td_status_t kc_launched(const char *kernel)
+{
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? TD_OK
+                            : td_error(TD_ERR_INTERNAL, "cuda: kernel %s: %s", kernel, cudaGetErrorString(e));
+}
+
+static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// The device scratch of at least `elems` halves for a GEMM's activations.
+td_status_t kc_half_scratch(kern_cuda_t *c, size_t elems);
+// y[i] = (half)x[i] on the backend's stream
+td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n);
+
+td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);
+td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
+                            const float *x, uint32_t n);
+td_status_t kc_rmsnorm(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
+                       float eps);
+td_status_t kc_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t head_dim, const int32_t *pos,
+                    const float *freq, kern_rope_style_t style);
+td_status_t kc_swiglu(kern_backend_t *b, const float *gate, const float *up, float *y, size_t n);
+td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n);
+td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out);
+td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
+                        const int32_t *slots, uint32_t n);
+td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
+                         const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale);
+// Sets the shared-memory limits the kernels need (once, at creation).
+td_status_t kc_attention_init(void);
+
+#endif

@@ -1,0 +1,75 @@
+// matmul.cu — y[n][rows] = x[n][cols] · Wᵀ with W held as fp16 rows on the
+// device (backend_cuda.cu's weight_prepare): the activations are converted to
+// fp16 and cuBLAS multiplies with fp32 accumulation and fp32 output.
+#include "kernels/cuda/cuda_int.h"
+
+__global__ void k_to_half(const float *x, __half *y, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = __float2half_rn(x[i]);
+}
+
+td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n)
+{
+    if (!n)
+        return TD_OK;
+    k_to_half<<<kc_blocks(n, 256), 256, 0, c->stream>>>(x, y, n);
+    return kc_launched("to_half");
+}
+
+td_status_t kc_half_scratch(kern_cuda_t *c, size_t elems)
+{
+    if (elems <= c->xh_cap)
+        return TD_OK;
+    CU(cudaStreamSynchronize(c->stream)); // the old scratch may still be read
+    cudaFree(c->xh);
+    c->xh = NULL;
+    c->xh_cap = 0;
+    CU(cudaMalloc((void **)&c->xh, elems * sizeof(__half)));
+    c->xh_cap = elems;
+    return TD_OK;
+}
+
+// x (already fp16 in c->xh) times one weight
+static td_status_t gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n)
+{
+    // cuBLAS is column-major: row-major y[n][rows] is Y (rows x n, ld rows);
+    // row-major W[rows][cols] is A (cols x rows, ld cols) and x[n][cols] is
+    // B (cols x n, ld cols); so Y = Aᵀ · B.
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = c->blas_api->gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n, (int)w->cols,
+                                            &one, w->priv, CUDA_R_16F, (int)w->cols, c->xh, CUDA_R_16F, (int)w->cols,
+                                            &zero, y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return td_error(TD_ERR_INTERNAL, "cuda: cublasGemmEx (%u x %u x %u) failed: status %d", w->rows, n, w->cols,
+                        (int)s);
+    return TD_OK;
+}
+
+td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
+{
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    size_t nx = (size_t)n * w->cols;
+    td_status_t rc;
+    if ((rc = kc_half_scratch(c, nx)) || (rc = kc_to_half(c, x, c->xh, nx)))
+        return rc;
+    return gemm(c, w, y, n);
+}
+
+// Several weights of one width over the same x: x is converted once.
+td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
+                            const float *x, uint32_t n)
+{
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    size_t nx = (size_t)n * w[0]->cols;
+    td_status_t rc;
+    if ((rc = kc_half_scratch(c, nx)) || (rc = kc_to_half(c, x, c->xh, nx)))
+        return rc;
+    for (uint32_t i = 0; i < k && !rc; i++)
+        rc = w[i]->cols != w[0]->cols
+                 ? td_error(TD_ERR_INVALID_ARG, "cuda: matmul_multi: widths %u and %u differ", w[0]->cols, w[i]->cols)
+                 : gemm(c, w[i], y[i], n);
+    return rc;
+}
