@@ -22,7 +22,7 @@ const char cli_generate_usage[] =
     "usage: tandem generate [--model PATH | --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
     "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N | --kv-mib M] [--ids]\n"
-    "                       [--numerics fast|reference] [--device cpu|cuda[:N]]\n"
+    "                       [--numerics fast|reference] [--device cpu|cuda[:N]] [--token-budget N]\n"
     "                       PROMPT\n";
 
 static double now_s(void)
@@ -127,6 +127,7 @@ int cli_generate(int argc, char **argv)
         else if (NUM("--seed", 0, 1.8e19)) req.sampling.seed = (uint64_t)v;
         else if (NUM("--n", 1, 256)) n = (int)v;
         else if (NUM("--threads", 0, 1024)) cfg.n_threads = (int)v;
+        else if (NUM("--token-budget", 16, 1 << 20)) cfg.token_budget = (uint32_t)v;
         else if (NUM("--kv-tokens", 16, 1e9)) cfg.kv_tokens = (uint64_t)v;
         else if (NUM("--kv-mib", 1, 1e7)) cfg.kv_bytes = (uint64_t)(v * 1048576.0), cfg.kv_tokens = 0;
         else if (a[0] == '-' && a[1] == '-' && a[2]) {

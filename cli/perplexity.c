@@ -137,8 +137,7 @@ int cli_perplexity(int argc, char **argv)
 out:
     eng_forward_destroy(f);
     eng_kv_pool_destroy(pool);
-    if (be)
-        kern_cpu_backend_destroy(be);
+    kern_backend_destroy(be); /* the device's own destroy */
     eng_model_close(m);
     free(table);
     free(toks);

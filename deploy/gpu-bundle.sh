@@ -1,29 +1,43 @@
 #!/usr/bin/env bash
-# gpu-bundle.sh — builds tandem with CUDA for Hopper and gathers, in bundle/
-# (git-ignored), what a GPU-machine run needs: the CUDA check, its fixtures and
-# the tiny Hugging Face model with the script that computes its reference
-# logits there. Carry bundle/ to the GPU machine and run bundle/run.sh there.
+# gpu-bundle.sh — builds tandem with CUDA for Hopper and gathers what a GPU
+# machine run needs (../shared/GPU.md): bundle/ holds the binaries, every
+# shared library they load that is neither glibc nor the CUDA driver (cuBLAS is
+# the machine's own), the fixtures, the benchmark scripts, run.sh and the first
+# part of the default model; bundle-model/ holds the model's second part (the
+# device tool carries at most 64 MiB a call: carry bundle/ on one call and
+# bundle-model/ on the next). On the GPU machine: bundle/run.sh, which checks
+# every op against the CPU backend, whole models against the CPU backend and
+# transformers, then benchmarks a Llama-2-7B-shaped model beside transformers
+# and prints a table; logs go to $OUT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target tandem-cuda-check >/dev/null
-rm -rf bundle && mkdir -p bundle/fixtures
-cp build-gpu/bin/tandem-cuda-check bundle/
+cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check >/dev/null
+rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
+cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check bundle/bin/
+strip bundle/bin/*
+for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+  grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
+  while read -r l; do cp -L "$l" bundle/lib/; done
+strip --strip-unneeded bundle/lib/*.so* 2>/dev/null || true
+ucx=$(dirname "$(ldd build-gpu/bin/tandem | awk '/libucp/ {print $3}')")/ucx
+[ -d "$ucx" ] && mkdir -p bundle/lib/ucx && cp -L "$ucx"/libuct_*.so.0 "$ucx"/libucm_*.so.0 bundle/lib/ucx/ 2>/dev/null || true
 cp tests/fixtures/dequant/crafted.gguf bundle/fixtures/
 cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
 cp tests/fixtures/hf/make_logits_hf.py bundle/fixtures/
-cat > bundle/run.sh <<'RUN'
-#!/usr/bin/env bash
-# On the GPU machine: the CUDA backend check, then the HF reference logits.
-set -u
-here=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-"$here/tandem-cuda-check" "$here/fixtures/crafted.gguf"; rc=$?
-python3 "$here/fixtures/make_logits_hf.py" "${OUT:-/tmp}/tiny-llama3-logits.json" || rc=1
-exit $rc
-RUN
+cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
+cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bundle/bench/
+model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ -f "$model" ]; then
+  a=$((22 * 1000 * 1000)) size=$(stat -c %s "$model") # bundle/ has about 30 MB besides
+  b=$(((size - a) / 2))
+  head -c "$a" "$model" > bundle/smollm2.part-a
+  dd if="$model" of=bundle-model-b/smollm2.part-b bs=1M iflag=skip_bytes,count_bytes skip="$a" count="$b" status=none
+  tail -c +"$((a + b + 1))" "$model" > bundle-model-c/smollm2.part-c
+  sha256sum "$model" | cut -d' ' -f1 > bundle/smollm2.sha256
+fi
+cp deploy/gpu-run.sh bundle/run.sh
 chmod +x bundle/run.sh
-du -sh bundle
+du -sh bundle bundle-model-b bundle-model-c

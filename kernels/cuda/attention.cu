@@ -11,7 +11,7 @@
 // weighted sum of V with each lane holding head_dim / 32 of it) and rescales
 // when the max grows, so no score buffer as long as the context is needed.
 // Arithmetic is fp32; with fp16 KV the query is rounded to fp16 first, as
-// the CPU backend does. head_dim: a multiple of 32, at most 256.
+// the CPU backend does. head_dim: at most 256.
 #include "kernels/cuda/cuda_int.h"
 
 #define ATT_WARPS 4
@@ -45,9 +45,9 @@ template <> __device__ __forceinline__ float kc_to_float<__half>(__half v) { ret
 template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const att_args_t a)
 {
     extern __shared__ float sm[];
-    const uint32_t hd = a.hd, nd = hd / 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t hd = a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *sq = sm;                    // [16][hd]: the pairs' queries, scaled
-    float *sk = sq + 16 * hd;          // [KT][hd + 1]: K rows (padded: lane j reads row j without conflicts)
+    float *sk = sq + 16 * hd;          // [KT][hd + 1]: K rows (padded: lane j reads row j with few conflicts)
     float *sv = sk + ATT_KT * (hd + 1); // [KT][hd]
     uint32_t s = 0;
     while (s + 1 < a.n_seqs && a.seq[s + 1].tile0 <= blockIdx.x)
@@ -89,13 +89,12 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
             sv[j * hd + d] = vf;
         }
         __syncthreads();
+        // every index into m, l and acc is a constant once unrolled
 #pragma unroll
         for (int j = 0; j < ATT_PAIRS; j++) {
-            uint32_t p = warp * ATT_PAIRS + j;
-            if (p >= npairs)
-                break;
-            uint32_t pos_r = S.pos0 + r0 + p / hc, pos = p0 + lane;
-            bool live = pos <= pos_r;
+            const uint32_t p = warp * ATT_PAIRS + j;
+            const uint32_t pos_r = S.pos0 + r0 + p / hc, pos = p0 + lane;
+            const bool live = p < npairs && pos <= pos_r;
             float sc = -INFINITY;
             if (live) {
                 const float *qv = sq + p * hd, *kr = sk + lane * (hd + 1);
@@ -105,11 +104,16 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
                 sc = dot * a.scale;
             }
             float mt = sc;
+#pragma unroll
             for (int o = 16; o > 0; o >>= 1)
                 mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
-            if (mt == -INFINITY) // every position of the tile is after this row's
-                continue;
-            float mn = fmaxf(m[j], mt), corr = __expf(m[j] - mn), e = live ? __expf(sc - mn) : 0.0f, es = e;
+            // mt is -inf when the pair is not this warp's or every position of
+            // the tile is after its row's: nothing to add
+            const float mn = fmaxf(m[j], mt);
+            const float corr = mt == -INFINITY ? 1.0f : __expf(m[j] - mn);
+            const float e = live ? __expf(sc - mn) : 0.0f;
+            float es = e;
+#pragma unroll
             for (int o = 16; o > 0; o >>= 1)
                 es += __shfl_xor_sync(0xffffffffu, es, o);
             l[j] = l[j] * corr + es;
@@ -117,27 +121,30 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
 #pragma unroll
             for (int i = 0; i < ATT_MAXD; i++)
                 acc[j][i] *= corr;
-            for (int t = 0; t < ATT_KT; t++) {
-                float pt = __shfl_sync(0xffffffffu, e, t);
-                const float *vr = sv + t * hd + lane;
+            if (mt != -INFINITY) {
+#pragma unroll 4
+                for (int t = 0; t < ATT_KT; t++) {
+                    const float pt = __shfl_sync(0xffffffffu, e, t);
+                    const float *vr = sv + t * hd + lane;
 #pragma unroll
-                for (int i = 0; i < ATT_MAXD; i++)
-                    if (i < (int)nd)
-                        acc[j][i] += pt * vr[32 * i];
+                    for (int i = 0; i < ATT_MAXD; i++)
+                        if (lane + 32 * i < hd)
+                            acc[j][i] += pt * vr[32 * i];
+                }
             }
         }
     }
 #pragma unroll
     for (int j = 0; j < ATT_PAIRS; j++) {
-        uint32_t p = warp * ATT_PAIRS + j;
-        if (p >= npairs)
-            break;
-        float *o = a.out + ((size_t)(S.row0 + r0 + p / hc) * a.n_heads + h0 + p % hc) * hd;
-        float inv = 1.0f / l[j];
+        const uint32_t p = warp * ATT_PAIRS + j;
+        if (p < npairs) {
+            float *o = a.out + ((size_t)(S.row0 + r0 + p / hc) * a.n_heads + h0 + p % hc) * hd;
+            const float inv = 1.0f / l[j];
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; i++)
-            if (i < (int)nd)
-                o[lane + 32 * i] = acc[j][i] * inv;
+            for (int i = 0; i < ATT_MAXD; i++)
+                if (lane + 32 * i < hd)
+                    o[lane + 32 * i] = acc[j][i] * inv;
+        }
     }
 }
 
@@ -153,9 +160,8 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                          const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
 {
     const td_kv_layout_t *g = kv->layout;
-    if (g->head_dim % 32 || g->head_dim > 32 * ATT_MAXD)
-        return td_error(TD_ERR_UNSUPPORTED, "cuda: attention: head_dim %u is not a multiple of 32 up to %u",
-                        g->head_dim, 32 * ATT_MAXD);
+    if (!g->head_dim || g->head_dim > 32 * ATT_MAXD)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda: attention: head_dim %u is past %u", g->head_dim, 32 * ATT_MAXD);
     if (!g->n_kv_heads || n_heads % g->n_kv_heads)
         return td_error(TD_ERR_INVALID_ARG, "cuda: attention: %u heads over %u KV heads", n_heads, g->n_kv_heads);
     att_args_t a;

@@ -1,9 +1,14 @@
-/* check.c — tandem-cuda-check [GGUF]: the CUDA backend against the CPU backend
- * on random inputs, and the GPU decoders against the CPU ones, on the GPU
- * machine. Prints one line per check (relative error ‖gpu − cpu‖ / ‖cpu‖ and
- * its bound) and timings against the GPU's floors; exits non-zero if any
- * check fails. GGUF (default tests/fixtures/dequant/crafted.gguf) is decoded
- * tensor by tensor on both sides. */
+/* check.c — tandem-cuda-check: the CUDA backend against the CPU backend on
+ * the GPU machine. Every op on random inputs at several sizes (relative error
+ * ‖gpu − cpu‖ / ‖cpu‖ against a bound stated per op), the GPU decoders bit
+ * for bit on a GGUF's tensors, whole models through the forward pass (a GGUF
+ * on both backends; a Hugging Face directory against the logits transformers
+ * computed there), then timings against the GPU's floors. Exits non-zero if
+ * any check fails.
+ *
+ *   tandem-cuda-check [--crafted GGUF] [--model GGUF_OR_DIR]... [--hf DIR LOGITS_JSON]... [--no-timings]
+ *                     [--no-ops]   (--no-ops: the models only)
+ */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,8 +16,13 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "common/log.h"
+#include "engine/forward.h"
 #include "engine/gguf.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/dequant.h"
@@ -154,6 +164,234 @@ static void check_elementwise(kern_backend_t *cpu, kern_backend_t *gpu)
     report("swiglu 4032", rel_err(yg, yc, N * DIM), 1e-6);
 }
 
+static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
+{
+    enum { ROWS = 1000, COLS = 576, N = 9 };
+    uint8_t *wdata = random_weight(type, ROWS, COLS);
+    int32_t ids[N] = {0, 999, 5, 5, 123, 456, 789, 1, 998};
+    static float yc[N * COLS], yg[N * COLS];
+    kern_weight_t wc = {type, ROWS, COLS, wdata, NULL}, wg = wc;
+    if (cpu->ops->weight_prepare(cpu, &wc) || cpu->ops->embed(cpu, &wc, ids, N, yc) ||
+        gpu->ops->weight_prepare(gpu, &wg))
+        exit(1);
+    int32_t *dids = put(gpu, ids, sizeof ids);
+    float *dy;
+    gpu->ops->alloc(gpu, sizeof yg, (void **)&dy);
+    if (gpu->ops->embed(gpu, &wg, dids, N, dy))
+        exit(1);
+    get(gpu, yg, dy, sizeof yg);
+    char what[96];
+    snprintf(what, sizeof what, "embed %s 1000 x 576, 9 ids", kern_type_info(type)->name);
+    report(what, rel_err(yg, yc, N * COLS), 1e-3); /* rows kept as fp16 */
+    gpu->ops->free(gpu, dids), gpu->ops->free(gpu, dy);
+    gpu->ops->weight_release(gpu, &wg), cpu->ops->weight_release(cpu, &wc);
+    free(wdata);
+}
+
+/* KV store and attention: a batch mixing a prompt that continues a cached
+ * prefix, a fresh prompt and decode rows at several context lengths, each
+ * sequence on its own shuffled blocks; the pools are compared byte for byte
+ * after the stores, the attention outputs by relative error. */
+static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd,
+                            td_kv_dtype_t dtype)
+{
+    enum { NS = 5, BT = 16, NB = 160, LAYERS = 2 };
+    const uint32_t pos0[NS] = {37, 700, 0, 15, 1500}, n[NS] = {100, 1, 5, 1, 1};
+    td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
+    eng_kv_pool_t *pc, *pg;
+    if (eng_kv_pool_create(cpu, &g, NB, NULL, &pc) || eng_kv_pool_create(gpu, &g, NB, NULL, &pg))
+        exit(1);
+    int32_t perm[NB], tables[NS][NB];
+    for (int i = 0; i < NB; i++)
+        perm[i] = i;
+    for (int i = NB - 1; i > 0; i--) {
+        int j = (int)((frand() + 1) / 2 * i), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    uint32_t used = 0, rows = 0, nbk[NS];
+    for (int s = 0; s < NS; s++) {
+        nbk[s] = (pos0[s] + n[s] + BT - 1) / BT;
+        memcpy(tables[s], perm + used, nbk[s] * 4);
+        used += nbk[s];
+        rows += n[s];
+    }
+    if (used > NB)
+        exit(1);
+    kern_kv_view_t vc = eng_kv_view(pc, 1), vg = eng_kv_view(pg, 1);
+    size_t pool_bytes = (size_t)NB * td_kv_block_bytes(&g);
+    uint8_t *zero = calloc(1, pool_bytes); /* what neither store writes compares equal */
+    memcpy(vc.base, zero, pool_bytes);
+    if (gpu->ops->upload(gpu, vg.base, zero, pool_bytes))
+        exit(1);
+    free(zero);
+    /* every position's K and V, history first, then the rows of this step */
+    for (int s = 0; s < NS; s++) {
+        uint32_t total = pos0[s] + n[s];
+        size_t ne = (size_t)total * nkv * hd;
+        float *k = malloc(ne * 4), *v = malloc(ne * 4);
+        int32_t *slots = malloc(total * 4);
+        for (size_t i = 0; i < ne; i++)
+            k[i] = frand(), v[i] = frand();
+        for (uint32_t p = 0; p < total; p++)
+            slots[p] = tables[s][p / BT] * BT + (int32_t)(p % BT);
+        float *dk = put(gpu, k, ne * 4), *dv = put(gpu, v, ne * 4);
+        int32_t *dslots = put(gpu, slots, total * 4);
+        if (cpu->ops->kv_store(cpu, &vc, k, v, slots, total) || gpu->ops->kv_store(gpu, &vg, dk, dv, dslots, total))
+            exit(1);
+        gpu->ops->sync(gpu);
+        gpu->ops->free(gpu, dk), gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dslots);
+        free(k), free(v), free(slots);
+    }
+    uint8_t *gp = malloc(pool_bytes);
+    get(gpu, gp, vg.base, pool_bytes);
+    bool same = !memcmp(gp, vc.base, pool_bytes);
+    failures += !same;
+    printf("%-44s %s\n", dtype == TD_KV_F16 ? "kv_store fp16: pools equal byte for byte" : "kv_store fp32: pools equal byte for byte",
+           same ? "ok" : "FAIL");
+    free(gp);
+    size_t nq = (size_t)rows * nh * hd;
+    float *q = malloc(nq * 4), *oc = malloc(nq * 4), *og = malloc(nq * 4);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = frand();
+    kern_attn_seq_t sc[NS], sg[NS];
+    int32_t *dtab[NS];
+    uint32_t row = 0;
+    for (int s = 0; s < NS; s++) {
+        dtab[s] = put(gpu, tables[s], nbk[s] * 4);
+        sc[s] = (kern_attn_seq_t){.row0 = row, .n = n[s], .pos0 = pos0[s], .block_table = tables[s],
+                                  .n_blocks = nbk[s], .decode_from = UINT32_MAX};
+        sg[s] = sc[s];
+        sg[s].block_table = dtab[s];
+        row += n[s];
+    }
+    float *dq = put(gpu, q, nq * 4), *dout;
+    gpu->ops->alloc(gpu, nq * 4, (void **)&dout);
+    float scale = 1.0f / sqrtf((float)hd);
+    if (cpu->ops->attention(cpu, &vc, q, oc, nh, sc, NS, scale) ||
+        gpu->ops->attention(gpu, &vg, dq, dout, nh, sg, NS, scale))
+        exit(1);
+    get(gpu, og, dout, nq * 4);
+    char what[128];
+    snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, 5 seqs to 1501", nh, nkv, hd,
+             td_kv_dtype_name(dtype));
+    report(what, rel_err(og, oc, nq), 1e-4);
+    for (int s = 0; s < NS; s++)
+        gpu->ops->free(gpu, dtab[s]);
+    gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout);
+    free(q), free(oc), free(og);
+    eng_kv_pool_destroy(pc), eng_kv_pool_destroy(pg);
+}
+
+/* Runs tokens through a model on a backend as two steps (a prompt, then its
+ * continuation over the cached prefix) and keeps every row's logits. */
+static float *model_logits(const eng_model_t *m, kern_backend_t *be, td_kv_dtype_t dtype, const int32_t *ids,
+                           uint32_t n, uint32_t split)
+{
+    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16, dtype);
+    uint32_t nb = (n + 15) / 16;
+    eng_kv_pool_t *pool;
+    eng_forward_t *f;
+    if (eng_kv_pool_create(be, &g, nb + 2, NULL, &pool) || eng_forward_create(m, be, pool, n, n, &f)) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    int32_t table[256];
+    for (uint32_t i = 0; i < nb; i++)
+        table[i] = (int32_t)(nb - 1 - i); /* not in order */
+    float *out = malloc((size_t)n * m->desc.vocab * 4);
+    uint32_t at = 0;
+    for (int step = 0; step < 2; step++) {
+        uint32_t k = step ? n - split : split;
+        eng_batch_seq_t s = {.tokens = ids + at, .n = k, .pos0 = at, .block_table = table, .n_blocks = nb,
+                             .all_logits = true};
+        const float *lg;
+        uint32_t nl;
+        if (eng_forward_run(f, &s, 1, &lg, &nl)) {
+            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+            exit(1);
+        }
+        memcpy(out + (size_t)at * m->desc.vocab, lg, (size_t)nl * m->desc.vocab * 4);
+        at += k;
+    }
+    eng_forward_destroy(f);
+    eng_kv_pool_destroy(pool);
+    return out;
+}
+
+static uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* A model on both backends: every row's logits, and whether the greedy
+ * choices agree. */
+static void check_model(kern_backend_t *cpu, kern_backend_t *gpu, const char *path)
+{
+    eng_model_t *m;
+    if (eng_model_open(path, &m)) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    enum { N = 48, SPLIT = 29 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)(((frand() + 1) / 2) * (m->desc.vocab - 1));
+    float *lc = model_logits(m, cpu, TD_KV_F16, ids, N, SPLIT), *lg = model_logits(m, gpu, TD_KV_F16, ids, N, SPLIT);
+    uint32_t agree = 0;
+    for (int r = 0; r < N; r++)
+        agree += argmax(lc + (size_t)r * m->desc.vocab, m->desc.vocab) ==
+                 argmax(lg + (size_t)r * m->desc.vocab, m->desc.vocab);
+    char what[160];
+    snprintf(what, sizeof what, "model %s: 48 rows' logits vs cpu", m->desc.name);
+    report(what, rel_err(lg, lc, (size_t)N * m->desc.vocab), 3e-2);
+    printf("model %s: greedy token equal to the cpu's at %u of %d rows\n", m->desc.name, agree, N);
+    free(lc), free(lg);
+    eng_model_close(m);
+}
+
+/* A Hugging Face directory against the logits transformers computed for it
+ * (tests/fixtures/hf/make_logits_hf.py: ids, first_row, logits[rows][vocab]). */
+static void check_hf(kern_backend_t *gpu, const char *dir, const char *json_path)
+{
+    json_error_t err;
+    json_t *ref = json_load_file(json_path, 0, &err);
+    eng_model_t *m;
+    if (!ref || eng_model_open(dir, &m)) {
+        fprintf(stderr, "tandem-cuda-check: %s: %s\n", ref ? dir : json_path, ref ? td_last_error() : err.text);
+        exit(1);
+    }
+    json_t *jids = json_object_get(ref, "ids"), *rows = json_object_get(ref, "logits");
+    uint32_t n = (uint32_t)json_array_size(jids), first = (uint32_t)json_integer_value(json_object_get(ref, "first_row"));
+    int32_t ids[256];
+    for (uint32_t i = 0; i < n && i < 256; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(jids, i));
+    float *lg = model_logits(m, gpu, TD_KV_F32, ids, n, n / 2);
+    double d = 0, q = 0;
+    for (size_t r = 0; r < json_array_size(rows); r++)
+        for (size_t v = 0; v < json_array_size(json_array_get(rows, r)); v++) {
+            double want = json_real_value(json_array_get(json_array_get(rows, r), v));
+            double got = lg[(first + r) * m->desc.vocab + v];
+            d += (got - want) * (got - want), q += want * want;
+        }
+    const char *dt = json_string_value(json_object_get(ref, "dtype"));
+    char what[160];
+    snprintf(what, sizeof what, "hf %s vs transformers %s", m->desc.name, dt ? dt : "fp32");
+    /* fp16 weights and GEMM inputs here; a bf16 reference is itself off from
+     * fp32 by vs_fp32 (make_logits_hf.py measures it), the bound allows 1.5x that */
+    double vs32 = json_real_value(json_object_get(ref, "vs_fp32"));
+    double e = sqrt(d / (q + 1e-300)), bound = !dt ? 5e-3 : !strcmp(dt, "bf16") ? fmax(3e-2, 1.5 * vs32) : 1e-2;
+    report(what, e, bound);
+    if (vs32 > 0)
+        printf("  (transformers %s itself vs its fp32: rel err %.2e)\n", dt, vs32);
+    free(lg);
+    json_decref(ref);
+    eng_model_close(m);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -161,9 +399,55 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+double kern_cuda_probe_read_gbs(size_t bytes); /* probe.cu */
+
+/* One layer's attention: ns sequences of n rows after pos0 cached
+ * positions, fp16 KV on contiguous blocks; FLOPs counted causally. */
+static void time_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t ns, uint32_t n,
+                           uint32_t pos0)
+{
+    enum { BT = 16 };
+    uint32_t per = (pos0 + n + BT - 1) / BT, nb = per * ns, rows = ns * n;
+    td_kv_layout_t g = td_kv_layout_make("timing", 1, nkv, hd, BT, TD_KV_F16);
+    eng_kv_pool_t *pool;
+    if (eng_kv_pool_create(gpu, &g, nb, NULL, &pool))
+        exit(1);
+    kern_kv_view_t kv = eng_kv_view(pool, 0);
+    int32_t *tab = malloc(nb * 4);
+    for (uint32_t i = 0; i < nb; i++)
+        tab[i] = (int32_t)i;
+    int32_t *dtab = put(gpu, tab, nb * 4);
+    kern_attn_seq_t *seqs = malloc(ns * sizeof *seqs);
+    for (uint32_t s = 0; s < ns; s++)
+        seqs[s] = (kern_attn_seq_t){.row0 = s * n, .n = n, .pos0 = pos0, .block_table = dtab + s * per,
+                                    .n_blocks = per, .decode_from = UINT32_MAX};
+    float *q, *out;
+    gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4, (void **)&q);
+    gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4, (void **)&out);
+    cudaMemset(q, 0, (size_t)rows * nh * hd * 4);
+    cudaMemset(kv.base, 0, (size_t)nb * td_kv_block_bytes(&g));
+    gpu->ops->attention(gpu, &kv, q, out, nh, seqs, ns, 0.1f);
+    gpu->ops->sync(gpu);
+    int reps = 10;
+    double t0 = now_s();
+    for (int i = 0; i < reps; i++)
+        gpu->ops->attention(gpu, &kv, q, out, nh, seqs, ns, 0.1f);
+    gpu->ops->sync(gpu);
+    double dt = (now_s() - t0) / reps;
+    /* causal: row i of a sequence sees pos0 + i + 1 positions; 4 FLOPs per (row, head, position, dim) */
+    double pairs = (double)ns * ((double)n * pos0 + (double)n * (n + 1) / 2);
+    double flops = 4.0 * pairs * nh * hd, bytes = 2.0 * ns * (pos0 + n) * nkv * hd * 2;
+    printf("timing attention %u/%u heads x %u, %u seqs x %u rows after %u: %.3f ms = %.1f TFLOP/s, KV %.0f GB/s\n", nh,
+           nkv, hd, ns, n, pos0, dt * 1e3, flops / dt / 1e12, bytes / dt / 1e9);
+    gpu->ops->free(gpu, q), gpu->ops->free(gpu, out), gpu->ops->free(gpu, dtab);
+    free(tab), free(seqs);
+    eng_kv_pool_destroy(pool);
+}
+
 /* GEMM and GEMV speed of the fp16 path against the GPU's floors. */
 static void timings(kern_backend_t *gpu)
 {
+    printf("timing read bandwidth (8 GiB, median of 9): %.0f GB/s\n", kern_cuda_probe_read_gbs((size_t)8 << 30));
     uint32_t rows = 8192, cols = 8192;
     uint8_t *w = random_weight(KERN_TYPE_F16, rows, cols);
     kern_weight_t wg = {KERN_TYPE_F16, rows, cols, w, NULL};
@@ -190,6 +474,10 @@ static void timings(kern_backend_t *gpu)
     }
     gpu->ops->weight_release(gpu, &wg);
     free(w);
+    time_attention(gpu, 32, 32, 128, 1, 4096, 0);    /* a 4k prompt, Llama-2-7B's heads */
+    time_attention(gpu, 32, 32, 128, 1, 1024, 0);
+    time_attention(gpu, 32, 32, 128, 256, 1, 1023); /* decode: 256 sequences at 1k context */
+    time_attention(gpu, 32, 32, 128, 1, 1, 4095);   /* decode: one sequence at 4k context */
 }
 
 /* The GPU decoders against the CPU's, tensor by tensor, bit for bit. */
@@ -226,6 +514,21 @@ static void check_decode(const char *path)
 int main(int argc, char **argv)
 {
     td_log_init("cuda-check", TD_LOG_WARN, false);
+    const char *crafted = "tests/fixtures/dequant/crafted.gguf", *models[8], *hf[8][2];
+    int nm = 0, nh = 0;
+    bool timed = true, ops = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--crafted") && i + 1 < argc) crafted = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc && nm < 8) models[nm++] = argv[++i];
+        else if (!strcmp(argv[i], "--hf") && i + 2 < argc && nh < 8) hf[nh][0] = argv[i + 1], hf[nh++][1] = argv[i + 2], i += 2;
+        else if (!strcmp(argv[i], "--no-timings")) timed = false;
+        else if (!strcmp(argv[i], "--no-ops")) ops = false;
+        else {
+            fprintf(stderr, "usage: tandem-cuda-check [--crafted GGUF] [--model PATH]... [--hf DIR LOGITS_JSON]... "
+                            "[--no-timings] [--no-ops]\n");
+            return 2;
+        }
+    }
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
         fprintf(stderr, "tandem-cuda-check: no CUDA device\n");
@@ -234,16 +537,31 @@ int main(int argc, char **argv)
     printf("device: %s, sm_%d%d, %d SMs, %.1f GiB\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
            prop.totalGlobalMem / 1073741824.0);
     kern_backend_t *cpu, *gpu;
-    if (kern_cpu_backend_create(0, &cpu) || kern_cuda_backend_create(0, &gpu))
+    if (kern_cpu_backend_create(0, &cpu) || kern_cuda_backend_create(0, &gpu)) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
         return 1;
+    }
     uint32_t types[] = {KERN_TYPE_F16, KERN_TYPE_BF16, KERN_TYPE_Q4_1, KERN_TYPE_Q8_0};
     uint32_t shapes[][3] = {{576, 576, 1}, {1536, 576, 7}, {576, 1536, 64}, {49152, 576, 1}, {192, 576, 512}};
-    for (size_t t = 0; t < 4; t++)
+    const uint32_t heads[][3] = {{9, 3, 64}, {32, 8, 128}, {32, 32, 128}, {8, 1, 256}, {4, 2, 16}};
+    for (size_t t = 0; ops && t < 4; t++)
         for (size_t s = 0; s < 5; s++)
             check_matmul(cpu, gpu, types[t], shapes[s][0], shapes[s][1], shapes[s][2]);
-    check_elementwise(cpu, gpu);
-    check_decode(argc > 1 ? argv[1] : "tests/fixtures/dequant/crafted.gguf");
-    timings(gpu);
+    if (ops) {
+        check_elementwise(cpu, gpu);
+        check_embed(cpu, gpu, KERN_TYPE_Q4_1);
+        check_embed(cpu, gpu, KERN_TYPE_F16);
+        for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
+            for (int dt = 0; dt < 2; dt++)
+                check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], dt ? TD_KV_F32 : TD_KV_F16);
+        check_decode(crafted);
+    }
+    for (int i = 0; i < nm; i++)
+        check_model(cpu, gpu, models[i]);
+    for (int i = 0; i < nh; i++)
+        check_hf(gpu, hf[i][0], hf[i][1]);
+    if (timed)
+        timings(gpu);
     kern_cuda_backend_destroy(gpu);
     kern_cpu_backend_destroy(cpu);
     printf("cuda check: %d failed\n", failures);

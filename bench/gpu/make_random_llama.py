@@ -1,0 +1,70 @@
+"""A Llama-shaped model with random weights, written as a Hugging Face
+directory (config.json, model.safetensors, the tokenizer given), for GPU
+benchmarks: the same files feed tandem and transformers.
+
+    python3 make_random_llama.py OUT_DIR --shape llama2-7b|llama3-8b [--dtype fp16|bf16] --tokenizer DIR
+
+Weights: normal, std 0.02, made on the GPU with a fixed seed; norms are ones.
+The tokenizer (a small one is enough: ids stay below the vocabulary) is copied
+from DIR. Needs torch and safetensors (the GPU machine has both).
+"""
+import argparse
+import json
+import os
+import shutil
+
+import torch
+from safetensors.torch import save_file
+
+SHAPES = {
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000, rope_theta=10000.0, max_position_embeddings=4096),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    ap.add_argument("--tokenizer", required=True)
+    a = ap.parse_args()
+    s = SHAPES[a.shape]
+    dt = torch.float16 if a.dtype == "fp16" else torch.bfloat16
+    os.makedirs(a.out, exist_ok=True)
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    H, F, V = s["hidden_size"], s["intermediate_size"], s["vocab_size"]
+    hd = H // s["num_attention_heads"]
+    kv = s["num_key_value_heads"] * hd
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * 0.02).to(dt).cpu()
+
+    t = {"model.embed_tokens.weight": rnd(V, H), "model.norm.weight": torch.ones(H, dtype=dt),
+         "lm_head.weight": rnd(V, H)}
+    for i in range(s["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        t[p + "self_attn.q_proj.weight"] = rnd(H, H)
+        t[p + "self_attn.k_proj.weight"] = rnd(kv, H)
+        t[p + "self_attn.v_proj.weight"] = rnd(kv, H)
+        t[p + "self_attn.o_proj.weight"] = rnd(H, H)
+        t[p + "mlp.gate_proj.weight"] = rnd(F, H)
+        t[p + "mlp.up_proj.weight"] = rnd(F, H)
+        t[p + "mlp.down_proj.weight"] = rnd(H, F)
+        t[p + "input_layernorm.weight"] = torch.ones(H, dtype=dt)
+        t[p + "post_attention_layernorm.weight"] = torch.ones(H, dtype=dt)
+    save_file(t, os.path.join(a.out, "model.safetensors"), metadata={"format": "pt"})
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, tie_word_embeddings=False,
+               bos_token_id=0, eos_token_id=1, torch_dtype="float16" if a.dtype == "fp16" else "bfloat16", **s)
+    json.dump(cfg, open(os.path.join(a.out, "config.json"), "w"), indent=1)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        if os.path.exists(os.path.join(a.tokenizer, f)):
+            shutil.copy(os.path.join(a.tokenizer, f), a.out)
+    n = sum(x.numel() for x in t.values())
+    print("%s: %s, %.2f B parameters, %s" % (a.out, a.shape, n / 1e9, a.dtype))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# gpu-run.sh — bundle/run.sh on the GPU machine (deploy/gpu-bundle.sh makes
+# the bundle): every check and benchmark of the CUDA backend in one go; what
+# it prints, then every log it kept, go to $OUT/gpu-run.log. Exit status:
+# non-zero if a check failed.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+work=${WORK:-/tmp/tandem-gpu-work}
+out=$work/logs
+mkdir -p "$out"
+if [ -z "${GPU_RUN_TEED:-}" ]; then # everything printed also goes to $OUT/gpu-run.log, the logs after it
+  mkdir -p "${OUT:-/tmp}"
+  GPU_RUN_TEED=1 "$0" "$@" 2>&1 | tee "${OUT:-/tmp}/gpu-run.log"
+  rc=${PIPESTATUS[0]}
+  for f in "$out"/*; do printf '\n===== %s\n' "$(basename "$f")"; cat "$f"; done >> "${OUT:-/tmp}/gpu-run.log"
+  exit "$rc"
+fi
+export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+export UCX_MODULE_DIR=$here/lib/ucx
+T=$here/bin/tandem
+fail=0
+dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "device: $dev ($(nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader | head -1)), $(date -u +%F)"
+
+# the default model, joined from its three carried parts
+smol=""
+if [ -f "$here/smollm2.part-a" ] && [ -f "$here/../bundle-model-b/smollm2.part-b" ] &&
+   [ -f "$here/../bundle-model-c/smollm2.part-c" ]; then
+  cat "$here/smollm2.part-a" "$here/../bundle-model-b/smollm2.part-b" "$here/../bundle-model-c/smollm2.part-c" \
+    > "$work/smollm2.gguf"
+  if [ "$(sha256sum "$work/smollm2.gguf" | cut -d' ' -f1)" = "$(cat "$here/smollm2.sha256")" ]; then smol=$work/smollm2.gguf
+  else echo "the joined default model's sha256 differs: skipped"; fi
+fi
+
+echo "== 1. every op vs the CPU backend; the decoders; whole models vs the CPU backend and transformers"
+python3 "$here/fixtures/make_logits_hf.py" "$work/tiny-fp32.json" >/dev/null &&
+  python3 "$here/fixtures/make_logits_hf.py" "$work/tiny-bf16.json" bf16 >/dev/null || { echo "transformers reference FAILED"; fail=1; }
+"$here/bin/tandem-cuda-check" --crafted "$here/fixtures/crafted.gguf" ${smol:+--model "$smol"} \
+  --hf "$here/fixtures/tiny-llama3" "$work/tiny-fp32.json" --hf "$here/fixtures/tiny-llama3" "$work/tiny-bf16.json" \
+  > "$out/check.txt" 2>&1 || fail=1
+cat "$out/check.txt"
+
+if [ -n "$smol" ]; then
+  echo "== 2. the default model: greedy tokens and perplexity, cpu vs cuda"
+  same=0; total=0
+  for p in "The capital of France is" "Write a haiku about the sea." "def fibonacci(n):" "1, 2, 3, 4,"; do
+    a=$("$T" generate --model "$smol" --ids --max-tokens 48 --ignore-eos --device cpu "$p" 2>/dev/null)
+    b=$("$T" generate --model "$smol" --ids --max-tokens 48 --ignore-eos --device cuda "$p" 2>>"$out/generate.err")
+    total=$((total + 1)); [ "$a" = "$b" ] && same=$((same + 1))
+    printf '%s\n  cpu  %s\n  cuda %s\n' "$p" "$a" "$b" >> "$out/greedy.txt"
+  done
+  echo "greedy, 48 tokens: $same of $total prompts identical on cpu and cuda"
+  for d in cpu cuda; do
+    "$T" perplexity "$here/fixtures/ppl.txt" --model "$smol" --device $d > "$out/ppl-$d.txt" 2>&1
+    echo "perplexity $d: $(head -1 "$out/ppl-$d.txt")"
+  done
+fi
+
+echo "== 3. a Llama-2-7B-shaped model (random fp16 weights): tandem beside transformers"
+m7=$work/llama2-7b
+[ -f "$m7/model.safetensors" ] || python3 "$here/bench/make_random_llama.py" "$m7" --shape llama2-7b --dtype fp16 \
+  --tokenizer "$here/fixtures/tiny-llama3" > "$out/make-7b.txt" 2>&1 || { echo "making the model FAILED"; cat "$out/make-7b.txt"; fail=1; }
+python3 "$here/bench/hf_bench.py" "$m7" --logits "$work/7b-hf.json" > "$out/hf-7b.jsonl" 2> "$out/hf-7b.err" ||
+  { echo "transformers benchmark FAILED"; tail -5 "$out/hf-7b.err"; fail=1; }
+"$here/bin/tandem-cuda-check" --no-ops --no-timings --hf "$m7" "$work/7b-hf.json" > "$out/check-7b.txt" 2>&1 || fail=1
+cat "$out/check-7b.txt"
+: > "$out/tandem-7b.txt"
+for b in 1 8 32 128 256; do
+  kv=$(( b * 80 / 2 + 512 ))
+  "$T" generate --model "$m7" --device cuda --n $b --max-tokens 64 --ignore-eos --ids --kv-mib $kv "hello" \
+    2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/batch $b: /" >> "$out/tandem-7b.txt"
+done
+for n in 1024 4096; do # a prompt of n tokens less one (BOS comes first) under the model's tokenizer
+  p=$(python3 -c "
+from tokenizers import Tokenizer
+t = Tokenizer.from_file('$m7/tokenizer.json')
+w = []
+while len(t.encode(' '.join(w), add_special_tokens=False).ids) < $n - 1:
+    w.append(str(len(w) % 97))
+print(' '.join(w[:-1]))")
+  "$T" generate --model "$m7" --device cuda --max-tokens 1 --ignore-eos --ids --token-budget 4096 --kv-mib 4096 "$p" \
+    2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/prefill $n: /" >> "$out/tandem-7b.txt"
+done
+cat "$out/tandem-7b.txt"
+"$here/bin/tandem-cuda-check" --no-ops > "$out/timings.txt" 2>&1; grep timing "$out/timings.txt"
+cat "$out/hf-7b.jsonl"
+echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"
+exit $fail
