@@ -68,7 +68,7 @@ cat "$out/check-7b.txt"
 for b in 1 8 32 128 256; do
   kv=$(( b * 80 / 2 + 512 ))
   "$T" generate --model "$m7" --device cuda --n $b --max-tokens 64 --ignore-eos --ids --kv-mib $kv "hello" \
-    2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/batch $b: /" >> "$out/tandem-7b.txt"
+    2>&1 >/dev/null | grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/batch $b: /" >> "$out/tandem-7b.txt"
 done
 for n in 1024 4096; do # a prompt of n tokens less one (BOS comes first) under the model's tokenizer
   p=$(python3 -c "
@@ -79,10 +79,24 @@ while len(t.encode(' '.join(w), add_special_tokens=False).ids) < $n - 1:
     w.append(str(len(w) % 97))
 print(' '.join(w[:-1]))")
   "$T" generate --model "$m7" --device cuda --max-tokens 1 --ignore-eos --ids --token-budget 4096 --kv-mib 4096 "$p" \
-    2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/prefill $n: /" >> "$out/tandem-7b.txt"
+    2>&1 >/dev/null | grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/prefill $n: /" >> "$out/tandem-7b.txt"
 done
 cat "$out/tandem-7b.txt"
-"$here/bin/tandem-cuda-check" --no-ops > "$out/timings.txt" 2>&1; grep timing "$out/timings.txt"
 cat "$out/hf-7b.jsonl"
+
+echo "== 4. a Llama-3-8B-shaped model (GQA 32/8, random bf16 weights; both sides compute in fp16)"
+m8=$work/llama3-8b
+[ -f "$m8/model.safetensors" ] || python3 "$here/bench/make_random_llama.py" "$m8" --shape llama3-8b --dtype bf16 \
+  --tokenizer "$here/fixtures/tiny-llama3" > "$out/make-8b.txt" 2>&1 || { echo "making the model FAILED"; cat "$out/make-8b.txt"; fail=1; }
+python3 "$here/bench/hf_bench.py" "$m8" --logits "$work/8b-hf.json" --batches 1,32 --prefill 4096 > "$out/hf-8b.jsonl" \
+  2> "$out/hf-8b.err" || { echo "transformers benchmark FAILED"; tail -5 "$out/hf-8b.err"; fail=1; }
+"$here/bin/tandem-cuda-check" --no-ops --no-timings --hf "$m8" "$work/8b-hf.json" > "$out/check-8b.txt" 2>&1 || fail=1
+cat "$out/check-8b.txt" "$out/hf-8b.jsonl"
+"$T" generate --model "$m8" --device cuda --max-tokens 64 --ignore-eos --ids --kv-mib 1024 "hello" 2>&1 >/dev/null |
+  grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/8b batch 1: /"
+
+echo "== 5. timings: read bandwidth, GEMM/GEMV, attention; each model's forward pass whole and op by op"
+"$here/bin/tandem-cuda-check" --no-ops --time-model "$m7" --time-model "$m8" > "$out/timings.txt" 2>&1 || fail=1
+grep -A1 timing "$out/timings.txt"
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"
 exit $fail

@@ -7,7 +7,8 @@
  * any check fails.
  *
  *   tandem-cuda-check [--crafted GGUF] [--model GGUF_OR_DIR]... [--hf DIR LOGITS_JSON]... [--no-timings]
- *                     [--no-ops]   (--no-ops: the models only)
+ *                     [--no-ops] [--time-model PATH]...   (--no-ops: the models only; --time-model:
+ *                     a 4k prefill and decode steps timed, whole and op by op)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -444,6 +445,137 @@ static void time_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint3
     eng_kv_pool_destroy(pool);
 }
 
+/* A backend that times each compute op of another (synchronizing before and
+ * after it), for --time-model's breakdown. */
+enum { OP_MATMUL, OP_MULTI, OP_RMSNORM, OP_ROPE, OP_SWIGLU, OP_ADD, OP_EMBED, OP_KV, OP_ATTN, OP_COPY, OP_XFER, OP_N };
+static const char *const op_names[OP_N] = {"matmul", "matmul_multi", "rmsnorm", "rope", "swiglu", "add",
+                                          "embed", "kv_store", "attention", "copy", "upload/download"};
+typedef struct timed_be {
+    kern_backend_t base;
+    kern_backend_t *in;
+    double t[OP_N];
+} timed_be_t;
+static timed_be_t g_timed;
+static double t_begin(void)
+{
+    g_timed.in->ops->sync(g_timed.in);
+    return now_s();
+}
+static td_status_t t_end(int op, double t0, td_status_t rc)
+{
+    g_timed.in->ops->sync(g_timed.in);
+    g_timed.t[op] += now_s() - t0;
+    return rc;
+}
+#define IN g_timed.in
+static void t_destroy(kern_backend_t *b) { (void)b; }
+static td_status_t t_alloc(kern_backend_t *b, size_t n, void **p) { (void)b; return IN->ops->alloc(IN, n, p); }
+static void t_free(kern_backend_t *b, void *p) { (void)b; IN->ops->free(IN, p); }
+static td_status_t t_upload(kern_backend_t *b, void *d, const void *s, size_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_XFER, t, IN->ops->upload(IN, d, s, n)); }
+static td_status_t t_download(kern_backend_t *b, void *d, const void *s, size_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_XFER, t, IN->ops->download(IN, d, s, n)); }
+static td_status_t t_copy(kern_backend_t *b, void *d, const void *s, size_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_COPY, t, IN->ops->copy(IN, d, s, n)); }
+static td_status_t t_sync(kern_backend_t *b) { (void)b; return IN->ops->sync(IN); }
+static td_status_t t_wprep(kern_backend_t *b, kern_weight_t *w) { (void)b; return IN->ops->weight_prepare(IN, w); }
+static void t_wrel(kern_backend_t *b, kern_weight_t *w) { (void)b; IN->ops->weight_release(IN, w); }
+static td_status_t t_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_MATMUL, t, IN->ops->matmul(IN, w, x, y, n)); }
+static td_status_t t_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k, const float *x,
+                           uint32_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_MULTI, t, IN->ops->matmul_multi(IN, w, y, k, x, n)); }
+static td_status_t t_rmsnorm(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t d, float e)
+{ (void)b; double t = t_begin(); return t_end(OP_RMSNORM, t, IN->ops->rmsnorm(IN, x, w, y, n, d, e)); }
+static td_status_t t_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t h, uint32_t hd, const int32_t *pos,
+                          const float *f, kern_rope_style_t st)
+{ (void)b; double t = t_begin(); return t_end(OP_ROPE, t, IN->ops->rope(IN, x, n, h, hd, pos, f, st)); }
+static td_status_t t_swiglu(kern_backend_t *b, const float *g, const float *u, float *y, size_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_SWIGLU, t, IN->ops->swiglu(IN, g, u, y, n)); }
+static td_status_t t_add(kern_backend_t *b, float *x, const float *y, size_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_ADD, t, IN->ops->add(IN, x, y, n)); }
+static td_status_t t_embed(kern_backend_t *b, const kern_weight_t *w, const int32_t *ids, uint32_t n, float *o)
+{ (void)b; double t = t_begin(); return t_end(OP_EMBED, t, IN->ops->embed(IN, w, ids, n, o)); }
+static td_status_t t_kv(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v, const int32_t *sl,
+                        uint32_t n)
+{ (void)b; double t = t_begin(); return t_end(OP_KV, t, IN->ops->kv_store(IN, kv, k, v, sl, n)); }
+static td_status_t t_attn(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *o, uint32_t h,
+                          const kern_attn_seq_t *s, uint32_t ns, float sc)
+{ (void)b; double t = t_begin(); return t_end(OP_ATTN, t, IN->ops->attention(IN, kv, q, o, h, s, ns, sc)); }
+#undef IN
+static const kern_backend_ops_t timed_ops = {
+    .name = "timed", .supported = KERN_OPS_ALL, .destroy = t_destroy, .alloc = t_alloc, .free = t_free,
+    .upload = t_upload, .download = t_download, .copy = t_copy, .sync = t_sync, .weight_prepare = t_wprep,
+    .weight_release = t_wrel, .matmul = t_matmul, .matmul_multi = t_multi, .rmsnorm = t_rmsnorm, .rope = t_rope,
+    .swiglu = t_swiglu, .add = t_add, .embed = t_embed, .kv_store = t_kv, .attention = t_attn};
+
+/* A model's forward pass on the GPU: a prompt of n_prompt tokens, then
+ * decode steps of one sequence, each timed whole and then op by op. */
+static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
+{
+    eng_model_t *m;
+    if (eng_model_open(path, &m)) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    g_timed = (timed_be_t){.base.ops = &timed_ops, .in = gpu};
+    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16,
+                                         TD_KV_F16);
+    uint32_t nb = (n_prompt + 64 + 15) / 16;
+    eng_kv_pool_t *pool;
+    eng_forward_t *f[2];
+    if (eng_kv_pool_create(gpu, &g, nb, NULL, &pool) || eng_forward_create(m, gpu, pool, n_prompt, 1, &f[0]) ||
+        eng_forward_create(m, &g_timed.base, pool, n_prompt, 1, &f[1])) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    int32_t *ids = malloc(n_prompt * 4), *table = malloc(nb * 4);
+    for (uint32_t i = 0; i < n_prompt; i++)
+        ids[i] = (int32_t)(i * 7 % 500 + 2);
+    for (uint32_t i = 0; i < nb; i++)
+        table[i] = (int32_t)i;
+    for (int timed = 0; timed < 2; timed++) {
+        memset(g_timed.t, 0, sizeof g_timed.t);
+        const float *lg;
+        uint32_t nl;
+        eng_batch_seq_t s = {.tokens = ids, .n = n_prompt, .pos0 = 0, .block_table = table, .n_blocks = nb,
+                             .want_logits = true};
+        eng_forward_run(f[timed], &s, 1, &lg, &nl); /* warm-up: the first of each shape loads kernels */
+        double t0 = now_s();
+        if (eng_forward_run(f[timed], &s, 1, &lg, &nl)) {
+            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+            exit(1);
+        }
+        /* the layers' weights (not the embedding table, nor the output matrix a prefill uses for one row) */
+        double layer_params = (double)m->desc.n_params - (double)m->desc.vocab * m->desc.hidden *
+                                                               (m->desc.tied_embeddings ? 1 : 2);
+        double tp = now_s() - t0, flops = 2.0 * n_prompt * layer_params;
+        double td = 0;
+        enum { STEPS = 32 };
+        for (uint32_t k = 0; k < STEPS; k++) {
+            eng_batch_seq_t d = {.tokens = ids + k, .n = 1, .pos0 = n_prompt - STEPS + k, .block_table = table,
+                                 .n_blocks = nb, .want_logits = true};
+            double t1 = now_s();
+            eng_forward_run(f[timed], &d, 1, &lg, &nl);
+            td += now_s() - t1;
+        }
+        printf("timing model %s%s: prefill %u tokens %.1f ms (%.1f TFLOP/s in the layers' matmuls), decode step at %u: %.3f ms\n",
+               m->desc.name, timed ? " (each op synchronized)" : "", n_prompt, tp * 1e3, flops / tp / 1e12, n_prompt,
+               td / STEPS * 1e3);
+        if (timed) {
+            printf("  ops, ms per prefill + %d decode steps:", STEPS);
+            for (int o = 0; o < OP_N; o++)
+                if (g_timed.t[o] > 0)
+                    printf(" %s %.2f", op_names[o], g_timed.t[o] * 1e3);
+            printf("\n");
+        }
+    }
+    free(ids), free(table);
+    eng_forward_destroy(f[0]), eng_forward_destroy(f[1]);
+    eng_kv_pool_destroy(pool);
+    eng_model_close(m);
+}
+
 /* GEMM and GEMV speed of the fp16 path against the GPU's floors. */
 static void timings(kern_backend_t *gpu)
 {
@@ -514,8 +646,8 @@ static void check_decode(const char *path)
 int main(int argc, char **argv)
 {
     td_log_init("cuda-check", TD_LOG_WARN, false);
-    const char *crafted = "tests/fixtures/dequant/crafted.gguf", *models[8], *hf[8][2];
-    int nm = 0, nh = 0;
+    const char *crafted = "tests/fixtures/dequant/crafted.gguf", *models[8], *hf[8][2], *timed_models[8];
+    int nm = 0, nh = 0, nt = 0;
     bool timed = true, ops = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--crafted") && i + 1 < argc) crafted = argv[++i];
@@ -523,9 +655,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--hf") && i + 2 < argc && nh < 8) hf[nh][0] = argv[i + 1], hf[nh++][1] = argv[i + 2], i += 2;
         else if (!strcmp(argv[i], "--no-timings")) timed = false;
         else if (!strcmp(argv[i], "--no-ops")) ops = false;
+        else if (!strcmp(argv[i], "--time-model") && i + 1 < argc && nt < 8) timed_models[nt++] = argv[++i];
         else {
             fprintf(stderr, "usage: tandem-cuda-check [--crafted GGUF] [--model PATH]... [--hf DIR LOGITS_JSON]... "
-                            "[--no-timings] [--no-ops]\n");
+                            "[--no-timings] [--no-ops] [--time-model PATH]...\n");
             return 2;
         }
     }
@@ -562,6 +695,8 @@ int main(int argc, char **argv)
         check_hf(gpu, hf[i][0], hf[i][1]);
     if (timed)
         timings(gpu);
+    for (int i = 0; i < nt; i++)
+        time_model(gpu, timed_models[i], 4096);
     kern_cuda_backend_destroy(gpu);
     kern_cpu_backend_destroy(cpu);
     printf("cuda check: %d failed\n", failures);
