@@ -12,6 +12,14 @@
 // when the max grows, so no score buffer as long as the context is needed.
 // Arithmetic is fp32; with fp16 KV the query is rounded to fp16 first, as
 // the CPU backend does. head_dim: at most 256.
+//
+// Prompt rows over fp16 KV with head_dim 64 or 128 take the tensor cores
+// instead (k_attention_mma, flash-attention 2's scheme): a block takes 64
+// rows of one sequence and one query head, a warp 16 of them; each tile of
+// 64 positions is gathered from the pages into shared memory (K as is, V
+// transposed), S = Q Kᵀ and O += P V are mma.sync m16n8k16 (fp16 inputs,
+// fp32 sums), the softmax runs on the fp32 scores in registers (base 2, the
+// scale folded into Q). P is rounded to fp16 for the P V product.
 #include "kernels/cuda/cuda_int.h"
 
 #define ATT_WARPS 4
@@ -148,6 +156,172 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
     }
 }
 
+// ---- the tensor-core path for prompt rows ----
+#define MMA_ROWS 64 // query rows per block (16 per warp)
+#define MMA_KT 64   // positions per K/V tile
+#define MMA_PAD 8   // halves of padding per shared row (no bank conflicts on the fragment loads)
+
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+template <int HD> __global__ void __launch_bounds__(128) k_attention_mma(const att_args_t a)
+{
+    __shared__ __align__(16) __half ks[MMA_KT][HD + MMA_PAD];     // K rows: the B operand of S = Q Kᵀ as is
+    __shared__ __align__(16) __half vt[HD][MMA_KT + MMA_PAD];     // V transposed: the B operand of O += P V
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    uint32_t s = 0;
+    while (s + 1 < a.n_seqs && a.seq[s + 1].tile0 <= blockIdx.x)
+        s++;
+    const att_seq_t S = a.seq[s];
+    const uint32_t r0 = (blockIdx.x - S.tile0) * MMA_ROWS, rows = min((uint32_t)MMA_ROWS, S.n - r0);
+    const uint32_t head = blockIdx.y, kvh = head / a.group;
+    const uint32_t last = S.pos0 + r0 + rows - 1;              // the block's last row's position
+    const uint32_t wr0 = warp * 16;                            // the warp's first row in the block
+    const uint32_t pos_a = S.pos0 + r0 + wr0 + g, pos_b = pos_a + 8; // this thread's two rows' positions
+    const uint32_t warp_last = S.pos0 + r0 + wr0 + 15;                // the warp's last row's (uniform)
+    const bool warp_live = wr0 < rows;
+    // Q fragments (rows g and g + 8 of the warp's 16), scaled for exp2
+    const float qs = a.scale * 1.4426950408889634f;
+    uint32_t qf[HD / 16][4];
+    {
+        const uint32_t ra = min(r0 + wr0 + g, S.n - 1), rb = min(r0 + wr0 + g + 8, S.n - 1);
+        const float *qa = a.q + ((size_t)(S.row0 + ra) * a.n_heads + head) * HD;
+        const float *qb = a.q + ((size_t)(S.row0 + rb) * a.n_heads + head) * HD;
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) {
+            const int c = k * 16 + t * 2;
+            qf[k][0] = pack_half2(qa[c] * qs, qa[c + 1] * qs);
+            qf[k][1] = pack_half2(qb[c] * qs, qb[c + 1] * qs);
+            qf[k][2] = pack_half2(qa[c + 8] * qs, qa[c + 9] * qs);
+            qf[k][3] = pack_half2(qb[c + 8] * qs, qb[c + 9] * qs);
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
+    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * HD;
+    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * HD;
+    for (uint32_t p0 = 0; p0 <= last; p0 += MMA_KT) {
+        __syncthreads(); // every warp is done with the previous tile
+        // consecutive threads take consecutive positions: the transposed V
+        // stores then fall in distinct banks
+        for (uint32_t i = threadIdx.x; i < MMA_KT * (HD / 8); i += blockDim.x) {
+            const uint32_t j = i % MMA_KT, d = (i / MMA_KT) * 8, pos = p0 + j;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (pos <= last) {
+                const __half *blk = (const __half *)(a.base + (size_t)S.table[pos / a.bt] * a.block_bytes);
+                const size_t o8 = (size_t)(pos % a.bt) * HD + d;
+                kv4 = *(const uint4 *)(blk + k_off + o8);
+                vv4 = *(const uint4 *)(blk + v_off + o8);
+            }
+            *(uint4 *)&ks[j][d] = kv4;
+            const __half *vh = (const __half *)&vv4;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                vt[d + e][j] = vh[e];
+        }
+        __syncthreads();
+        if (!warp_live || p0 > warp_last) // the warp's rows are all before this tile (or past the sequence)
+            continue;
+        float sc[MMA_KT / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < MMA_KT / 8; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++) {
+                const uint32_t b0 = *(const uint32_t *)&ks[nt * 8 + g][k * 16 + t * 2];
+                const uint32_t b1 = *(const uint32_t *)&ks[nt * 8 + g][k * 16 + 8 + t * 2];
+                mma16816(sc[nt], qf[k], b0, b1);
+            }
+        }
+        // causal mask, then the running max of each of the thread's two rows
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < MMA_KT / 8; nt++) {
+            const uint32_t c = p0 + nt * 8 + t * 2;
+            if (c > pos_a) sc[nt][0] = -INFINITY;
+            if (c + 1 > pos_a) sc[nt][1] = -INFINITY;
+            if (c > pos_b) sc[nt][2] = -INFINITY;
+            if (c + 1 > pos_b) sc[nt][3] = -INFINITY;
+            mx_a = fmaxf(mx_a, fmaxf(sc[nt][0], sc[nt][1]));
+            mx_b = fmaxf(mx_b, fmaxf(sc[nt][2], sc[nt][3]));
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
+        }
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
+        const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+        const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+        m_a = mn_a, m_b = mn_b;
+        float sum_a = 0, sum_b = 0;
+#pragma unroll
+        for (int nt = 0; nt < MMA_KT / 8; nt++) {
+            sc[nt][0] = exp2f(sc[nt][0] - base_a);
+            sc[nt][1] = exp2f(sc[nt][1] - base_a);
+            sc[nt][2] = exp2f(sc[nt][2] - base_b);
+            sc[nt][3] = exp2f(sc[nt][3] - base_b);
+            sum_a += sc[nt][0] + sc[nt][1];
+            sum_b += sc[nt][2] + sc[nt][3];
+        }
+        l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
+        l_b = l_b * corr_b + sum_b;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            o[i][0] *= corr_a, o[i][1] *= corr_a;
+            o[i][2] *= corr_b, o[i][3] *= corr_b;
+        }
+#pragma unroll
+        for (int kt = 0; kt < MMA_KT / 16; kt++) {
+            uint32_t pa[4];
+            pa[0] = pack_half2(sc[2 * kt][0], sc[2 * kt][1]);
+            pa[1] = pack_half2(sc[2 * kt][2], sc[2 * kt][3]);
+            pa[2] = pack_half2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
+            pa[3] = pack_half2(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+#pragma unroll
+            for (int nd = 0; nd < HD / 8; nd++) {
+                const uint32_t b0 = *(const uint32_t *)&vt[nd * 8 + g][kt * 16 + t * 2];
+                const uint32_t b1 = *(const uint32_t *)&vt[nd * 8 + g][kt * 16 + 8 + t * 2];
+                mma16816(o[nd], pa, b0, b1);
+            }
+        }
+    }
+    if (!warp_live)
+        return;
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
+    }
+    const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+    const uint32_t ra = r0 + wr0 + g, rb = ra + 8;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; nd++) {
+        const uint32_t c = nd * 8 + t * 2;
+        if (ra < S.n)
+            *(float2 *)(a.out + ((size_t)(S.row0 + ra) * a.n_heads + head) * HD + c) =
+                make_float2(o[nd][0] * inv_a, o[nd][1] * inv_a);
+        if (rb < S.n)
+            *(float2 *)(a.out + ((size_t)(S.row0 + rb) * a.n_heads + head) * HD + c) =
+                make_float2(o[nd][2] * inv_b, o[nd][3] * inv_b);
+    }
+}
+
 td_status_t kc_attention_init(void)
 {
     int bytes = (int)att_smem(32 * ATT_MAXD);
@@ -180,25 +354,43 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
     a.out = out;
     cudaStream_t st = ((kern_cuda_t *)b)->stream;
     size_t smem = att_smem(g->head_dim);
-    for (uint32_t s0 = 0; s0 < n_seqs; s0 += ATT_MAXSEQ) { // independent sequences: a launch per 96
-        uint32_t tiles = 0;
-        a.n_seqs = 0;
-        for (uint32_t s = s0; s < n_seqs && s < s0 + ATT_MAXSEQ; s++) {
-            if (!seqs[s].n)
+    // prompt rows (16 or more) over fp16 KV with a head_dim the tensor-core
+    // kernel has go there; the rest (decode rows) to the general kernel
+    const bool mma_ok = g->dtype == TD_KV_F16 && (g->head_dim == 64 || g->head_dim == 128);
+    for (int pass = 0; pass < 2; pass++) {
+        const bool mma = pass == 1;
+        if (mma && !mma_ok)
+            break;
+        const uint32_t per_tile = mma ? MMA_ROWS : a.qt;
+        uint32_t s = 0;
+        while (s < n_seqs) { // independent sequences: a launch per ATT_MAXSEQ
+            uint32_t tiles = 0;
+            a.n_seqs = 0;
+            for (; s < n_seqs && a.n_seqs < ATT_MAXSEQ; s++) {
+                if (!seqs[s].n || (mma_ok && (seqs[s].n >= 16) != mma))
+                    continue;
+                a.seq[a.n_seqs++] = (att_seq_t){seqs[s].block_table, seqs[s].row0, seqs[s].n, seqs[s].pos0, tiles};
+                tiles += (seqs[s].n + per_tile - 1) / per_tile;
+            }
+            if (!tiles)
                 continue;
-            a.seq[a.n_seqs++] = (att_seq_t){seqs[s].block_table, seqs[s].row0, seqs[s].n, seqs[s].pos0, tiles};
-            tiles += (seqs[s].n + a.qt - 1) / a.qt;
+            if (mma) {
+                dim3 grid(tiles, n_heads);
+                if (g->head_dim == 64)
+                    k_attention_mma<64><<<grid, 128, 0, st>>>(a);
+                else
+                    k_attention_mma<128><<<grid, 128, 0, st>>>(a);
+            } else {
+                dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
+                if (g->dtype == TD_KV_F16)
+                    k_attention<__half><<<grid, ATT_WARPS * 32, smem, st>>>(a);
+                else
+                    k_attention<float><<<grid, ATT_WARPS * 32, smem, st>>>(a);
+            }
+            td_status_t rc = kc_launched(mma ? "attention_mma" : "attention");
+            if (rc)
+                return rc;
         }
-        if (!tiles)
-            continue;
-        dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
-        if (g->dtype == TD_KV_F16)
-            k_attention<__half><<<grid, ATT_WARPS * 32, smem, st>>>(a);
-        else
-            k_attention<float><<<grid, ATT_WARPS * 32, smem, st>>>(a);
-        td_status_t rc = kc_launched("attention");
-        if (rc)
-            return rc;
     }
     return TD_OK;
 }

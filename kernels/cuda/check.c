@@ -275,7 +275,8 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
     char what[128];
     snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, 5 seqs to 1501", nh, nkv, hd,
              td_kv_dtype_name(dtype));
-    report(what, rel_err(og, oc, nq), 1e-4);
+    /* fp16 KV: prompt rows go through the tensor cores, P rounded to fp16 */
+    report(what, rel_err(og, oc, nq), dtype == TD_KV_F16 ? 3e-3 : 1e-4);
     for (int s = 0; s < NS; s++)
         gpu->ops->free(gpu, dtab[s]);
     gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout);
