@@ -13,6 +13,13 @@
 // Arithmetic is fp32; with fp16 KV the query is rounded to fp16 first, as
 // the CPU backend does. head_dim: at most 256.
 //
+// Decode rows (one per sequence) take k_attention_decode (flash-decoding):
+// the context is split into slices so that even one sequence fills the GPU;
+// a block takes one slice of one sequence for one KV head and all the query
+// heads of its group, lane j of a warp scoring position j of a chunk of 32
+// straight from the pages; the slices' partial softmax states are merged by
+// k_attention_merge.
+//
 // Prompt rows over fp16 KV with head_dim 64 or 128 take the tensor cores
 // instead (k_attention_mma, flash-attention 2's scheme): a block takes 64
 // rows of one sequence and one query head, a warp 16 of them; each tile of
@@ -42,6 +49,8 @@ typedef struct att_args {
     float scale;
     const float *q;
     float *out;
+    float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)
+    uint32_t splits; // decode: slices per sequence
 } att_args_t;
 
 static size_t att_smem(uint32_t hd) { return ((size_t)16 * hd + ATT_KT * (hd + 1) + ATT_KT * hd) * sizeof(float); }
@@ -153,6 +162,174 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
                 if (lane + 32 * i < hd)
                     o[lane + 32 * i] = acc[j][i] * inv;
         }
+    }
+}
+
+// ---- decode rows: the context split in slices ----
+// 8 values from 16-byte aligned pool memory (head_dim a multiple of 8)
+__device__ __forceinline__ void load8(const __half *p, float *f)
+{
+    const uint4 u = *(const uint4 *)p;
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 x = __half22float2(h[i]);
+        f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+}
+__device__ __forceinline__ void load8(const float *p, float *f)
+{
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+#define DEC_MAXG 8 // query heads per KV head this kernel takes
+
+template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
+{
+    extern __shared__ float dsm[];
+    const uint32_t hd = a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
+    const att_seq_t S = a.seq[blockIdx.x];
+    const uint32_t kvh = blockIdx.y, split = blockIdx.z, h0 = kvh * G;
+    float *sq = dsm;                    // [G][hd] queries
+    float *part = sq + DEC_MAXG * hd;   // [4 warps][G][hd + 2]: each warp's state
+    for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        float v = a.q[((size_t)S.row0 * a.n_heads + h0 + i / hd) * hd + i % hd];
+        if (sizeof(T) == 2)
+            v = __half2float(__float2half_rn(v));
+        sq[i] = v;
+    }
+    __syncthreads();
+    const uint32_t ctx = S.pos0 + 1, per = ((ctx + a.splits - 1) / a.splits + 31) / 32 * 32;
+    const uint32_t lo = split * per, hi = min(ctx, lo + per);
+    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
+    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
+    float m[DEC_MAXG], l[DEC_MAXG], acc[DEC_MAXG][ATT_MAXD];
+#pragma unroll
+    for (int h = 0; h < DEC_MAXG; h++) {
+        m[h] = -INFINITY, l[h] = 0;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++)
+            acc[h][i] = 0;
+    }
+    for (uint32_t c0 = lo + warp * 32; c0 < hi; c0 += 4 * 32) {
+        const uint32_t pos = c0 + lane;
+        const bool live = pos < hi;
+        float sc[DEC_MAXG];
+#pragma unroll
+        for (int h = 0; h < DEC_MAXG; h++)
+            sc[h] = 0;
+        if (live) {
+            const T *kr = (const T *)(a.base + (size_t)S.table[pos / a.bt] * a.block_bytes) + k_off +
+                          (size_t)(pos % a.bt) * hd;
+            for (uint32_t d = 0; d < hd; d += 8) { // a lane reads its position's K row 16 or 32 bytes at a time
+                float k[8];
+                load8(kr + d, k);
+#pragma unroll
+                for (int h = 0; h < DEC_MAXG; h++)
+                    if (h < (int)G)
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            sc[h] += sq[h * hd + d + e] * k[e];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < DEC_MAXG; h++) {
+            if (h >= (int)G)
+                break;
+            const float s = live ? sc[h] * a.scale : -INFINITY;
+            float mt = s;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+            const float mn = fmaxf(m[h], mt); // finite: the chunk has at least one live position
+            const float corr = __expf(m[h] - mn), e = live ? __expf(s - mn) : 0.0f;
+            float es = e;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                es += __shfl_xor_sync(0xffffffffu, es, o);
+            l[h] = l[h] * corr + es;
+            m[h] = mn;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++)
+                acc[h][i] *= corr;
+            sc[h] = e;
+        }
+        const uint32_t n_live = min(32u, hi - c0);
+        for (uint32_t t = 0; t < n_live; t++) {
+            const uint32_t pt = c0 + t;
+            const T *vr = (const T *)(a.base + (size_t)S.table[pt / a.bt] * a.block_bytes) + v_off +
+                          (size_t)(pt % a.bt) * hd;
+            float v[ATT_MAXD];
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++)
+                v[i] = lane + 32 * i < hd ? kc_to_float<T>(vr[lane + 32 * i]) : 0.0f;
+#pragma unroll
+            for (int h = 0; h < DEC_MAXG; h++) {
+                if (h >= (int)G)
+                    break;
+                const float p = __shfl_sync(0xffffffffu, sc[h], t);
+#pragma unroll
+                for (int i = 0; i < ATT_MAXD; i++)
+                    acc[h][i] += p * v[i];
+            }
+        }
+    }
+    // the four warps' states into one: (max, sum, acc) per head
+    const uint32_t stride = hd + 2;
+#pragma unroll
+    for (int h = 0; h < DEC_MAXG; h++) {
+        if (h >= (int)G)
+            break;
+        float *w = part + ((size_t)warp * G + h) * stride;
+        if (lane == 0)
+            w[0] = m[h], w[1] = l[h];
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++)
+            if (lane + 32 * i < hd)
+                w[2 + lane + 32 * i] = acc[h][i];
+    }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        const uint32_t h = i / hd, d = i % hd;
+        float M = -INFINITY;
+        for (int w = 0; w < 4; w++)
+            M = fmaxf(M, part[((size_t)w * G + h) * stride]);
+        float L = 0, A = 0;
+        for (int w = 0; w < 4; w++) {
+            const float *pw = part + ((size_t)w * G + h) * stride;
+            const float f = pw[0] == -INFINITY ? 0.0f : __expf(pw[0] - M);
+            L += pw[1] * f;
+            A += pw[2 + d] * f;
+        }
+        const uint32_t head = h0 + h;
+        if (a.splits == 1) {
+            a.out[((size_t)S.row0 * a.n_heads + head) * hd + d] = A / L;
+        } else {
+            float *o = a.ws + (((size_t)blockIdx.x * a.n_heads + head) * a.splits + split) * stride;
+            if (d == 0)
+                o[0] = M, o[1] = L;
+            o[2 + d] = A;
+        }
+    }
+}
+
+// The slices of each (row, head) into its output.
+__global__ void k_attention_merge(const att_args_t a)
+{
+    const uint32_t hd = a.hd, stride = hd + 2, head = blockIdx.y;
+    const att_seq_t S = a.seq[blockIdx.x];
+    const float *w = a.ws + ((size_t)blockIdx.x * a.n_heads + head) * a.splits * stride;
+    float M = -INFINITY;
+    for (uint32_t s = 0; s < a.splits; s++)
+        M = fmaxf(M, w[s * stride]);
+    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float L = 0, A = 0;
+        for (uint32_t s = 0; s < a.splits; s++) {
+            const float ms = w[s * stride], f = ms == -INFINITY ? 0.0f : __expf(ms - M);
+            L += w[s * stride + 1] * f;
+            A += w[s * stride + 2 + d] * f;
+        }
+        a.out[((size_t)S.row0 * a.n_heads + head) * hd + d] = A / L;
     }
 }
 
@@ -355,39 +532,66 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
     cudaStream_t st = ((kern_cuda_t *)b)->stream;
     size_t smem = att_smem(g->head_dim);
     // prompt rows (16 or more) over fp16 KV with a head_dim the tensor-core
-    // kernel has go there; the rest (decode rows) to the general kernel
+    // kernel has go there, decode rows to the split kernel, the rest to the
+    // general kernel
     const bool mma_ok = g->dtype == TD_KV_F16 && (g->head_dim == 64 || g->head_dim == 128);
-    for (int pass = 0; pass < 2; pass++) {
-        const bool mma = pass == 1;
-        if (mma && !mma_ok)
-            break;
-        const uint32_t per_tile = mma ? MMA_ROWS : a.qt;
+    const bool dec_ok = a.group <= DEC_MAXG && g->head_dim % 8 == 0;
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
+        if ((pass == 1 && !mma_ok) || (pass == 2 && !dec_ok))
+            continue;
+        const uint32_t per_tile = pass == 1 ? MMA_ROWS : pass == 2 ? 1 : a.qt;
         uint32_t s = 0;
         while (s < n_seqs) { // independent sequences: a launch per ATT_MAXSEQ
-            uint32_t tiles = 0;
+            uint32_t tiles = 0, max_ctx = 0;
             a.n_seqs = 0;
             for (; s < n_seqs && a.n_seqs < ATT_MAXSEQ; s++) {
-                if (!seqs[s].n || (mma_ok && (seqs[s].n >= 16) != mma))
+                const kern_attn_seq_t *q = &seqs[s];
+                int cls = q->n == 1 && dec_ok ? 2 : q->n >= 16 && mma_ok ? 1 : 0;
+                if (!q->n || cls != pass)
                     continue;
-                a.seq[a.n_seqs++] = (att_seq_t){seqs[s].block_table, seqs[s].row0, seqs[s].n, seqs[s].pos0, tiles};
-                tiles += (seqs[s].n + per_tile - 1) / per_tile;
+                a.seq[a.n_seqs++] = (att_seq_t){q->block_table, q->row0, q->n, q->pos0, tiles};
+                tiles += (q->n + per_tile - 1) / per_tile;
+                max_ctx = max_ctx > q->pos0 + 1 ? max_ctx : q->pos0 + 1;
             }
             if (!tiles)
                 continue;
-            if (mma) {
+            td_status_t rc;
+            if (pass == 1) {
                 dim3 grid(tiles, n_heads);
                 if (g->head_dim == 64)
                     k_attention_mma<64><<<grid, 128, 0, st>>>(a);
                 else
                     k_attention_mma<128><<<grid, 128, 0, st>>>(a);
+                rc = kc_launched("attention_mma");
+            } else if (pass == 2) {
+                // enough slices for two blocks per SM, none shorter than 256 positions
+                uint32_t blocks = a.n_seqs * a.n_kv, want = (2 * (uint32_t)c->sms + blocks - 1) / blocks;
+                uint32_t most = (max_ctx + 255) / 256;
+                a.splits = want < 1 ? 1 : want > most ? (most ? most : 1) : want;
+                a.ws = NULL;
+                if (a.splits > 1 && (rc = kc_float_scratch(c, (size_t)a.n_seqs * n_heads * a.splits * (g->head_dim + 2),
+                                                          &a.ws)))
+                    return rc;
+                size_t dsmem = ((size_t)DEC_MAXG * g->head_dim + (size_t)4 * a.group * (g->head_dim + 2)) * 4;
+                dim3 grid(a.n_seqs, a.n_kv, a.splits);
+                if (g->dtype == TD_KV_F16)
+                    k_attention_decode<__half><<<grid, 128, dsmem, st>>>(a);
+                else
+                    k_attention_decode<float><<<grid, 128, dsmem, st>>>(a);
+                rc = kc_launched("attention_decode");
+                if (!rc && a.splits > 1) {
+                    k_attention_merge<<<dim3(a.n_seqs, n_heads), 128, 0, st>>>(a);
+                    rc = kc_launched("attention_merge");
+                }
             } else {
                 dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
                 if (g->dtype == TD_KV_F16)
                     k_attention<__half><<<grid, ATT_WARPS * 32, smem, st>>>(a);
                 else
                     k_attention<float><<<grid, ATT_WARPS * 32, smem, st>>>(a);
+                rc = kc_launched("attention");
             }
-            td_status_t rc = kc_launched(mma ? "attention_mma" : "attention");
             if (rc)
                 return rc;
         }

@@ -221,6 +221,7 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
         free(c);
         return td_error(TD_ERR_UNSUPPORTED, "cuda: device %d: %s", device, cudaGetErrorString(e));
     }
+    cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device);
     td_status_t rc = kc_attention_init();
     if (!rc && (g_blas.create(&c->blas) != CUBLAS_STATUS_SUCCESS ||
                 g_blas.set_stream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS))
@@ -241,6 +242,7 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
         return;
     cudaStreamSynchronize(c->stream);
     cudaFree(c->xh);
+    cudaFree(c->ws);
     if (c->blas)
         c->blas_api->destroy(c->blas);
     cudaStreamDestroy(c->stream);

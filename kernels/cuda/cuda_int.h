@@ -29,8 +29,11 @@ typedef struct kern_cuda {
     cudaStream_t stream;
     const kc_blas_api_t *blas_api;
     cublasHandle_t blas;
+    int sms;    // streaming multiprocessors (how wide a launch must be)
     __half *xh; // fp16 activations for the GEMMs
     size_t xh_cap;
+    float *ws;  // fp32 scratch (attention's slices)
+    size_t ws_cap;
 } kern_cuda_t;
 
 // A CUDA runtime call that must succeed; else its error, naming the call.
@@ -54,6 +57,8 @@ static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)
 
 // The device scratch of at least `elems` halves for a GEMM's activations.
 td_status_t kc_half_scratch(kern_cuda_t *c, size_t elems);
+// The device scratch of at least `elems` floats (*out: its start).
+td_status_t kc_float_scratch(kern_cuda_t *c, size_t elems, float **out);
 // y[i] = (half)x[i] on the backend's stream
 td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n);
 

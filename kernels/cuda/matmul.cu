@@ -31,6 +31,20 @@ td_status_t kc_half_scratch(kern_cuda_t *c, size_t elems)
     return TD_OK;
 }
 
+td_status_t kc_float_scratch(kern_cuda_t *c, size_t elems, float **out)
+{
+    if (elems > c->ws_cap) {
+        CU(cudaStreamSynchronize(c->stream)); // the old scratch may still be read
+        cudaFree(c->ws);
+        c->ws = NULL;
+        c->ws_cap = 0;
+        CU(cudaMalloc((void **)&c->ws, elems * sizeof(float)));
+        c->ws_cap = elems;
+    }
+    *out = c->ws;
+    return TD_OK;
+}
+
 // x (already fp16 in c->xh) times one weight
 static td_status_t gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n)
 {
