@@ -5,8 +5,9 @@ benchmarks: the same files feed tandem and transformers.
     python3 make_random_llama.py OUT_DIR --shape llama2-7b|llama3-8b [--dtype fp16|bf16] --tokenizer DIR
 
 Weights: normal, std 0.02, made on the GPU with a fixed seed; norms are ones.
-The tokenizer (a small one is enough: ids stay below the vocabulary) is copied
-from DIR. Needs torch and safetensors (the GPU machine has both).
+The tokenizer is DIR's (a small byte-level BPE is enough), its vocabulary
+padded with plain word tokens up to the model's, so that every id the random
+model samples decodes. Needs torch and safetensors (the GPU machine has both).
 """
 import argparse
 import json
@@ -59,9 +60,15 @@ def main():
     cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, tie_word_embeddings=False,
                bos_token_id=0, eos_token_id=1, torch_dtype="float16" if a.dtype == "fp16" else "bfloat16", **s)
     json.dump(cfg, open(os.path.join(a.out, "config.json"), "w"), indent=1)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        if os.path.exists(os.path.join(a.tokenizer, f)):
-            shutil.copy(os.path.join(a.tokenizer, f), a.out)
+    tok = json.load(open(os.path.join(a.tokenizer, "tokenizer.json")))
+    vocab = tok["model"]["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in tok.get("added_tokens", [])}
+    for i in range(V):
+        if i not in taken:
+            vocab["\u0120w%d" % i] = i  # "Ġw123": a word, as byte-level BPE spells a leading space
+    json.dump(tok, open(os.path.join(a.out, "tokenizer.json"), "w"))
+    if os.path.exists(os.path.join(a.tokenizer, "tokenizer_config.json")):
+        shutil.copy(os.path.join(a.tokenizer, "tokenizer_config.json"), a.out)
     n = sum(x.numel() for x in t.values())
     print("%s: %s, %.2f B parameters, %s" % (a.out, a.shape, n / 1e9, a.dtype))
 

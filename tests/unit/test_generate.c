@@ -903,3 +903,31 @@ Test(generate, a_pool_pinned_by_reservations_waits_then_fails_not_hangs)
     cr_assert_eq(f.c.n[0], 8);
     eng_engine_destroy(e);
 }
+
+/* Device names: what eng_backend_open takes and how it refuses the rest
+ * (CI has no GPU, so "cuda" itself is only checked to fail or work cleanly). */
+Test(generate, backend_devices_are_named_or_refused)
+{
+    kern_backend_t *be = NULL;
+    cr_assert_eq(eng_backend_open(NULL, 1, KERN_NUMERICS_FAST, &be), TD_OK);
+    cr_assert_str_eq(be->ops->name, "cpu");
+    kern_backend_destroy(be);
+    cr_assert_eq(eng_backend_open("cpu", 1, KERN_NUMERICS_REFERENCE, &be), TD_OK);
+    kern_backend_destroy(be);
+    const char *bad[] = {"tpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "CUDA", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(eng_backend_open(bad[i], 1, KERN_NUMERICS_FAST, &be), TD_ERR_INVALID_ARG, "%s", bad[i]);
+        char want[32];
+        snprintf(want, sizeof want, "device '%s'", bad[i]);
+        cr_assert(strstr(td_last_error(), want), "%s", td_last_error());
+    }
+    cr_assert_eq(eng_backend_open("cuda:0", 1, KERN_NUMERICS_REFERENCE, &be), TD_ERR_UNSUPPORTED);
+    cr_assert(strstr(td_last_error(), "reference"), "%s", td_last_error());
+    /* without a GPU (or without the CUDA backend in this build) a clear refusal, never a crash */
+    td_status_t rc = eng_backend_open("cuda", 1, KERN_NUMERICS_FAST, &be);
+    if (rc == TD_OK)
+        kern_backend_destroy(be);
+    else
+        cr_assert(rc == TD_ERR_UNSUPPORTED && (strstr(td_last_error(), "cuda") || strstr(td_last_error(), "CUDA")),
+                  "%d %s", rc, td_last_error());
+}
