@@ -570,9 +570,12 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                 uint32_t most = (max_ctx + 255) / 256;
                 a.splits = want < 1 ? 1 : want > most ? (most ? most : 1) : want;
                 a.ws = NULL;
-                if (a.splits > 1 && (rc = kc_float_scratch(c, (size_t)a.n_seqs * n_heads * a.splits * (g->head_dim + 2),
-                                                          &a.ws)))
-                    return rc;
+                if (a.splits > 1) {
+                    size_t need = (size_t)a.n_seqs * n_heads * a.splits * (g->head_dim + 2) * sizeof(float);
+                    if ((rc = kc_scratch(c, &c->ws, need)))
+                        return rc;
+                    a.ws = (float *)c->ws.p;
+                }
                 size_t dsmem = ((size_t)DEC_MAXG * g->head_dim + (size_t)4 * a.group * (g->head_dim + 2)) * 4;
                 dim3 grid(a.n_seqs, a.n_kv, a.splits);
                 if (g->dtype == TD_KV_F16)

@@ -241,8 +241,8 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     if (!c)
         return;
     cudaStreamSynchronize(c->stream);
-    cudaFree(c->xh);
-    cudaFree(c->ws);
+    cudaFree(c->xh.p);
+    cudaFree(c->ws.p);
     if (c->blas)
         c->blas_api->destroy(c->blas);
     cudaStreamDestroy(c->stream);

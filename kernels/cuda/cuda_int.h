@@ -23,6 +23,12 @@ typedef struct kc_blas_api {
                               cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 } kc_blas_api_t;
 
+// Device memory that grows on demand (never shrinks).
+typedef struct kc_scratch {
+    void *p;
+    size_t cap; // bytes
+} kc_scratch_t;
+
 typedef struct kern_cuda {
     kern_backend_t base;
     int device;
@@ -30,10 +36,8 @@ typedef struct kern_cuda {
     const kc_blas_api_t *blas_api;
     cublasHandle_t blas;
     int sms;    // streaming multiprocessors (how wide a launch must be)
-    __half *xh; // fp16 activations for the GEMMs
-    size_t xh_cap;
-    float *ws;  // fp32 scratch (attention's slices)
-    size_t ws_cap;
+    kc_scratch_t xh; // fp16 activations for the GEMMs
+    kc_scratch_t ws; // attention's slices
 } kern_cuda_t;
 
 // A CUDA runtime call that must succeed; else its error, naming the call.
@@ -55,10 +59,9 @@ static inline td_status_t kc_launched(const char *kernel)
 
 static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
 
-// The device scratch of at least `elems` halves for a GEMM's activations.
-td_status_t kc_half_scratch(kern_cuda_t *c, size_t elems);
-// The device scratch of at least `elems` floats (*out: its start).
-td_status_t kc_float_scratch(kern_cuda_t *c, size_t elems, float **out);
+// Grows sc to at least `bytes` (waiting for the stream first: the old
+// memory may still be read by queued work).
+td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes);
 // y[i] = (half)x[i] on the backend's stream
 td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n);
 

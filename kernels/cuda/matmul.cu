@@ -18,30 +18,16 @@ td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n)
     return kc_launched("to_half");
 }
 
-td_status_t kc_half_scratch(kern_cuda_t *c, size_t elems)
+td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes)
 {
-    if (elems <= c->xh_cap)
+    if (bytes <= sc->cap)
         return TD_OK;
     CU(cudaStreamSynchronize(c->stream)); // the old scratch may still be read
-    cudaFree(c->xh);
-    c->xh = NULL;
-    c->xh_cap = 0;
-    CU(cudaMalloc((void **)&c->xh, elems * sizeof(__half)));
-    c->xh_cap = elems;
-    return TD_OK;
-}
-
-td_status_t kc_float_scratch(kern_cuda_t *c, size_t elems, float **out)
-{
-    if (elems > c->ws_cap) {
-        CU(cudaStreamSynchronize(c->stream)); // the old scratch may still be read
-        cudaFree(c->ws);
-        c->ws = NULL;
-        c->ws_cap = 0;
-        CU(cudaMalloc((void **)&c->ws, elems * sizeof(float)));
-        c->ws_cap = elems;
-    }
-    *out = c->ws;
+    cudaFree(sc->p);
+    sc->p = NULL;
+    sc->cap = 0;
+    CU(cudaMalloc(&sc->p, bytes));
+    sc->cap = bytes;
     return TD_OK;
 }
 
@@ -53,7 +39,7 @@ static td_status_t gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32
     // B (cols x n, ld cols); so Y = Aᵀ · B.
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t s = c->blas_api->gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n, (int)w->cols,
-                                            &one, w->priv, CUDA_R_16F, (int)w->cols, c->xh, CUDA_R_16F, (int)w->cols,
+                                            &one, w->priv, CUDA_R_16F, (int)w->cols, c->xh.p, CUDA_R_16F, (int)w->cols,
                                             &zero, y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
@@ -67,7 +53,7 @@ td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x,
     kern_cuda_t *c = (kern_cuda_t *)b;
     size_t nx = (size_t)n * w->cols;
     td_status_t rc;
-    if ((rc = kc_half_scratch(c, nx)) || (rc = kc_to_half(c, x, c->xh, nx)))
+    if ((rc = kc_scratch(c, &c->xh, nx * sizeof(__half))) || (rc = kc_to_half(c, x, (__half *)c->xh.p, nx)))
         return rc;
     return gemm(c, w, y, n);
 }
@@ -79,7 +65,7 @@ td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, fl
     kern_cuda_t *c = (kern_cuda_t *)b;
     size_t nx = (size_t)n * w[0]->cols;
     td_status_t rc;
-    if ((rc = kc_half_scratch(c, nx)) || (rc = kc_to_half(c, x, c->xh, nx)))
+    if ((rc = kc_scratch(c, &c->xh, nx * sizeof(__half))) || (rc = kc_to_half(c, x, (__half *)c->xh.p, nx)))
         return rc;
     for (uint32_t i = 0; i < k && !rc; i++)
         rc = w[i]->cols != w[0]->cols
