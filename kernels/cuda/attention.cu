@@ -59,6 +59,19 @@ template <typename T> __device__ __forceinline__ float kc_to_float(T v);
 template <> __device__ __forceinline__ float kc_to_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ float kc_to_float<__half>(__half v) { return __half2float(v); }
 
+// A running softmax state at its start: no maximum yet, nothing summed.
+template <int N>
+__device__ __forceinline__ void softmax_reset(float (&m)[N], float (&l)[N], float (&acc)[N][ATT_MAXD])
+{
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        m[j] = -INFINITY, l[j] = 0;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++)
+            acc[j][i] = 0;
+    }
+}
+
 template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const att_args_t a)
 {
     extern __shared__ float sm[];
@@ -84,13 +97,7 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
     const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
     const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
     float m[ATT_PAIRS], l[ATT_PAIRS], acc[ATT_PAIRS][ATT_MAXD];
-#pragma unroll
-    for (int j = 0; j < ATT_PAIRS; j++) {
-        m[j] = -INFINITY, l[j] = 0;
-#pragma unroll
-        for (int i = 0; i < ATT_MAXD; i++)
-            acc[j][i] = 0;
-    }
+    softmax_reset(m, l, acc);
     for (uint32_t p0 = 0; p0 <= last; p0 += ATT_KT) {
         __syncthreads(); // the previous tile is read by every warp
         for (uint32_t i = threadIdx.x; i < ATT_KT * hd; i += blockDim.x) {
@@ -204,13 +211,7 @@ template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(
     const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
     const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
     float m[DEC_MAXG], l[DEC_MAXG], acc[DEC_MAXG][ATT_MAXD];
-#pragma unroll
-    for (int h = 0; h < DEC_MAXG; h++) {
-        m[h] = -INFINITY, l[h] = 0;
-#pragma unroll
-        for (int i = 0; i < ATT_MAXD; i++)
-            acc[h][i] = 0;
-    }
+    softmax_reset(m, l, acc);
     for (uint32_t c0 = lo + warp * 32; c0 < hi; c0 += 4 * 32) {
         const uint32_t pos = c0 + lane;
         const bool live = pos < hi;

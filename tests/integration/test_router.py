@@ -26,6 +26,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -181,7 +182,6 @@ def main():
                     first = time.time()
                 last = r
             out[k] = (first, last.timing.prefill_worker)
-        import threading
         res = {}
         longs = [text(600, rng) for _ in range(4)]  # over the 512-token step: the second waits unbegun
         ths = [threading.Thread(target=timed, args=(p, 0, res, i)) for i, p in enumerate(longs)]
