@@ -52,7 +52,7 @@ def single(n):
 
 
 def start_cluster():
-    err = open(tempfile.mktemp(prefix="tandem-up-"), "w+")
+    err = open(tempfile.mktemp(prefix="tandem-up-"), "a+")  # append: the children share our offset
     up = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads", "--worker-arg",
                            THREADS], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
     ep = up.stdout.readline().strip()

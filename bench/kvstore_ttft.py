@@ -72,7 +72,7 @@ def restart_prefill(stub):
 
 
 def main():
-    err = open(tempfile.mktemp(prefix="tandem-up-"), "w+")
+    err = open(tempfile.mktemp(prefix="tandem-up-"), "a+")  # append: the children share our offset
     up = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--kvstores", "1", "--worker-arg", "--threads",
                            "--worker-arg", THREADS, "--worker-arg", "--kv-mib", "--worker-arg", "256"],
                           stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
