@@ -92,18 +92,18 @@ class Cluster:
         while not line and time.time() < deadline and self.p.poll() is None:  # a start that hangs fails, not hangs
             if select.select([self.p.stdout], [], [], max(0.0, deadline - time.time()))[0]:
                 line = self.p.stdout.readline().strip()
-        if not re.fullmatch(r"[\d.]+:\d+", line):
-            self.err.seek(0)
-            tail = self.err.read()[-3000:]
-            os.killpg(self.p.pid, signal.SIGKILL)
-            self.p.wait(30)
-            # one line, so that the suite's summary carries the log's end too
-            raise AssertionError("tandem up printed no endpoint in 90 s (exit %s): %r; its log ends: %s" %
-                                 (self.p.returncode, line, " | ".join(tail.splitlines()[-8:])))
-        self.endpoint = line
         self.err.seek(0)
         log = self.err.read()
         m = re.search(r"etcd on (\S+),", log)
+        if not re.fullmatch(r"[\d.]+:\d+", line) or not m:
+            # a failed start stops what it started (its processes would outlive the suite otherwise)
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(30)
+            # one line, so that the suite's summary carries the log's end too
+            raise AssertionError("tandem up printed %s (exit %s): %r; its log ends: %s" %
+                                 ("no etcd address" if m is None and line else "no endpoint in 90 s",
+                                  self.p.returncode, line, " | ".join(log[-3000:].splitlines()[-8:])))
+        self.endpoint = line
         self.etcd = m.group(1)
         # the internal planes are mutual TLS: tandem up's throwaway CA and its client pair
         m = re.search(r"certificates in (\S+) ", log)
