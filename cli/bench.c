@@ -60,7 +60,7 @@ int cli_bench(int argc, char **argv)
 {
     const char *endpoint = NULL, *api = "openai", *model_name = NULL, *workload = "synthetic", *wfile = NULL,
                *out_path = NULL, *tls_ca = NULL, *tok_model = TD_DEFAULT_MODEL;
-    double rates[64], scales[16], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, v;
+    double rates[64], scales[16], ttft_ms = 1000, tpot_ms = 100, attain = 90, timeout = 120, v = 0;
     bench_trace_opts_t topts = {.time_scale = 1};
     size_t n_rates = 0, n_req = 100, n_scales = 0;
     unsigned workers = 1;

@@ -9,6 +9,7 @@
  * with libyaml, which gives the key's own line. */
 #include "common/config.h"
 
+#include <ctype.h>
 #include <cyaml/cyaml.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -31,7 +32,7 @@ typedef struct {
     uint32_t *max_streams, *ttft_slo_ms, *tpot_slo_ms, *index_max_blocks, *index_drop_events;
     bool *early_reject;
 } raw_router_t;
-typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; bool *profile; } raw_workers_t;
+typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; bool *profile; char *device; } raw_workers_t;
 typedef struct {
     uint32_t *count;
     uint64_t *dram_mb, *ssd_mb;
@@ -89,7 +90,8 @@ static const cyaml_schema_field_t workers_fields[] = {
     CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads),
     CYAML_FIELD_UINT_PTR("token_budget", OPT, raw_workers_t, token_budget),
     CYAML_FIELD_UINT_PTR("kv_mib", OPT, raw_workers_t, kv_mib),
-    CYAML_FIELD_BOOL_PTR("profile", OPT, raw_workers_t, profile), CYAML_FIELD_END};
+    CYAML_FIELD_BOOL_PTR("profile", OPT, raw_workers_t, profile), STR("device", raw_workers_t, device),
+    CYAML_FIELD_END};
 static const cyaml_schema_field_t kvstore_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_kvstore_t, count),
     CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), CYAML_FIELD_UINT_PTR("ssd_mb", OPT, raw_kvstore_t, ssd_mb),
@@ -165,11 +167,13 @@ static const cfg_field_t cfg_fields[] = {
     F("prefill.token_budget", CFG_U32, prefill.token_budget, prefill, raw_workers_t, token_budget),
     F("prefill.kv_mib", CFG_U64, prefill.kv_mib, prefill, raw_workers_t, kv_mib),
     F("prefill.profile", CFG_BOOL, prefill.profile, prefill, raw_workers_t, profile),
+    F("prefill.device", CFG_STR, prefill.device, prefill, raw_workers_t, device),
     F("decode.count", CFG_U32, decode.count, decode, raw_workers_t, count),
     F("decode.threads", CFG_U32, decode.threads, decode, raw_workers_t, threads),
     F("decode.token_budget", CFG_U32, decode.token_budget, decode, raw_workers_t, token_budget),
     F("decode.kv_mib", CFG_U64, decode.kv_mib, decode, raw_workers_t, kv_mib),
     F("decode.profile", CFG_BOOL, decode.profile, decode, raw_workers_t, profile),
+    F("decode.device", CFG_STR, decode.device, decode, raw_workers_t, device),
     F("kvstore.count", CFG_U32, kvstore.count, kvstore, raw_kvstore_t, count),
     F("kvstore.dram_mb", CFG_U64, kvstore.dram_mb, kvstore, raw_kvstore_t, dram_mb),
     F("kvstore.ssd_mb", CFG_U64, kvstore.ssd_mb, kvstore, raw_kvstore_t, ssd_mb),
@@ -213,8 +217,8 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""}, {"router.max_streams", "4096"},
         {"router.placement", "predictive"}, {"router.ttft_slo_ms", "0"}, {"router.tpot_slo_ms", "0"},
         {"router.early_reject", "true"}, {"router.index_max_blocks", "262144"}, {"router.index_drop_events", "0"},
-        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"}, {"prefill.profile", "true"},
-        {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"}, {"decode.profile", "true"},
+        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"}, {"prefill.profile", "true"}, {"prefill.device", "cpu"},
+        {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"}, {"decode.profile", "true"}, {"decode.device", "cpu"},
         {"kvstore.count", "1"}, {"kvstore.dram_mb", "1024"}, {"kvstore.ssd_mb", "0"}, {"kvstore.data_dir", ""},
         {"kvstore.use", "true"}, {"kvstore.replicas_max", "2"}, {"kvstore.hot_hits", "8"},
         {"kvstore.hit_half_life_s", "30"}, {"kvstore.near", ""},
@@ -410,6 +414,26 @@ td_status_t td_config_load(td_config_t *cfg, const char *path)
     return rc ? rc : td_config_validate(cfg);
 }
 
+bool td_device_parse(const char *s, int *cuda)
+{
+    if (!strcmp(s, "cpu")) {
+        *cuda = -1;
+        return true;
+    }
+    if (!strcmp(s, "cuda")) {
+        *cuda = 0;
+        return true;
+    }
+    if (strncmp(s, "cuda:", 5) || !isdigit((unsigned char)s[5]))
+        return false;
+    char *end;
+    long n = strtol(s + 5, &end, 10);
+    if (*end || n > 1023)
+        return false;
+    *cuda = (int)n;
+    return true;
+}
+
 td_status_t td_config_validate(const td_config_t *cfg)
 {
     uint32_t bt = cfg->model.block_tokens;
@@ -420,10 +444,14 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (strcmp(cfg->model.numerics, "fast") && strcmp(cfg->model.numerics, "reference"))
         return td_error(TD_ERR_CONFIG, "config: model.numerics = '%s'; it must be fast or reference",
                         cfg->model.numerics);
-    const struct { const char *role; uint32_t budget; uint64_t mib; uint32_t threads; } w[] = {
-        {"prefill", cfg->prefill.token_budget, cfg->prefill.kv_mib, cfg->prefill.threads},
-        {"decode", cfg->decode.token_budget, cfg->decode.kv_mib, cfg->decode.threads}};
+    const struct { const char *role; uint32_t budget; uint64_t mib; uint32_t threads; const char *device; } w[] = {
+        {"prefill", cfg->prefill.token_budget, cfg->prefill.kv_mib, cfg->prefill.threads, cfg->prefill.device},
+        {"decode", cfg->decode.token_budget, cfg->decode.kv_mib, cfg->decode.threads, cfg->decode.device}};
     for (size_t i = 0; i < 2; i++) {
+        int gpu;
+        if (!td_device_parse(w[i].device, &gpu))
+            return td_error(TD_ERR_CONFIG, "config: %s.device = '%s'; it must be cpu, cuda or cuda:N", w[i].role,
+                            w[i].device);
         if (w[i].threads > 256)
             return td_error(TD_ERR_CONFIG, "config: %s.threads = %u; it must be from 0 (one per core) to 256",
                             w[i].role, w[i].threads);

@@ -17,11 +17,14 @@
  *              retry hint at once when no pair is predicted to meet them (predictive only);
  *              index_max_blocks: 262144 — the cache index's bound; index_drop_events: 0 — a
  *              test hook: the index's follower discards one event in every N it receives)
- *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64, profile: true }
- *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64, profile: true }
+ *   prefill: { count: 1, threads: 0, token_budget: 512, kv_mib: 64, profile: true, device: cpu }
+ *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64, profile: true, device: cpu }
  *            (token_budget: tokens per engine step, the chunked-prefill size;
  *            kv_mib: the worker's KV pool; profile: measure prefill and decode step
- *            times at start-up and publish the fitted model with the registration)
+ *            times at start-up and publish the fitted model with the registration;
+ *            device: cpu, cuda or cuda:N — the backend, and where the KV pool lives: a
+ *            GPU worker's pool is device memory, and its KV goes to a decode worker on
+ *            the same host through CUDA IPC)
  *   kvstore: { count: 1, dram_mb: 1024, ssd_mb: 0, data_dir: "", use: true }  (count: kvstore nodes
  *            `tandem up` starts; dram_mb: a node's CPU tier; ssd_mb: its SSD tier, block files
  *            in data_dir (0: none); use: prefill workers fetch prefixes from and publish
@@ -66,7 +69,12 @@ typedef struct td_worker_config {
     uint32_t count, threads, token_budget;
     uint64_t kv_mib;
     bool profile;
+    char *device;
 } td_worker_config_t;
+
+/* A device name: "cpu" (*cuda -1), "cuda" (*cuda 0) or "cuda:N" (*cuda N,
+ * 0..1023); false for anything else. */
+bool td_device_parse(const char *s, int *cuda);
 
 typedef struct td_config {
     struct { char *level, *format; } log;

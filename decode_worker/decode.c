@@ -602,10 +602,18 @@ static td_status_t landing_check(eng_worker_t *w, dreq_t *d, const reservation_t
                  d->rq->n_block_digests, r->n_blocks, (unsigned long long)r->id);
         return d->rc;
     }
-    size_t bb;
-    const uint8_t *base = eng_engine_kv_base(eng_worker_engine(w), &bb);
+    uint64_t dg[64]; /* computed where the pool is (a GPU's pool on the GPU), 64 blocks a call */
     for (uint32_t b = 0; b < r->n_blocks; b++) {
-        uint64_t got = td_kv_block_digest(base + (size_t)r->blocks[b] * bb, bb);
+        if (b % 64 == 0) {
+            uint32_t k = r->n_blocks - b < 64 ? r->n_blocks - b : 64;
+            if (eng_engine_kv_digest(eng_worker_engine(w), r->blocks + b, k, dg)) {
+                d->rc = TD_ERR_INTERNAL;
+                snprintf(d->err, sizeof d->err, "%s: digests of the landing blocks: %s", eng_worker_id(w),
+                         td_last_error());
+                return d->rc;
+            }
+        }
+        uint64_t got = dg[b % 64];
         if (got != d->rq->block_digests[b]) {
             d->rc = TD_ERR_INTERNAL;
             snprintf(d->err, sizeof d->err, "%s: KV block %u of %u (reservation %llu) did not land as the prefill "

@@ -24,6 +24,7 @@
 
 #include "common/blockhash.h"
 #include "common/clock.h"
+#include "common/config.h"
 #include "common/log.h"
 #include "engine/forward.h"
 #include "engine/tokenizer.h"
@@ -93,15 +94,14 @@ td_status_t eng_backend_open(const char *device, int n_threads, kern_numerics_t 
 {
     if (!device || !strcmp(device, "cpu"))
         return kern_cpu_backend_create_numerics(n_threads, numerics, out);
-    char *end = NULL;
-    long gpu = !strcmp(device, "cuda") ? 0 : !strncmp(device, "cuda:", 5) ? strtol(device + 5, &end, 10) : -1;
-    if (gpu < 0 || gpu > 1023 || (end && (end == device + 5 || *end)))
+    int gpu;
+    if (!td_device_parse(device, &gpu))
         return td_error(TD_ERR_INVALID_ARG, "device '%s': it must be cpu, cuda or cuda:N", device);
     if (numerics == KERN_NUMERICS_REFERENCE)
         return td_error(TD_ERR_UNSUPPORTED, "device '%s': reference numerics (llama.cpp's rounding) are the CPU "
                         "backend's only; use fast", device);
 #ifdef TANDEM_HAVE_CUDA
-    return kern_cuda_backend_create((int)gpu, out); /* its errors say "cuda: " and the device */
+    return kern_cuda_backend_create(gpu, out); /* its errors say "cuda: " and the device */
 #else
     return td_error(TD_ERR_UNSUPPORTED, "device '%s': this build has no CUDA backend (configure with "
                     "-DTANDEM_CUDA=ON where the CUDA toolkit is installed)", device);
@@ -356,6 +356,14 @@ void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes)
     *block_bytes = v.block_bytes;
     return v.base;
 }
+
+td_status_t eng_engine_kv_digest(eng_engine_t *e, const int32_t *blocks, uint32_t n, uint64_t *out)
+{
+    kern_kv_view_t v = eng_kv_view(e->pool, 0);
+    return e->be->ops->kv_digest(e->be, v.base, v.block_bytes, blocks, n, out);
+}
+
+void *eng_engine_queue(eng_engine_t *e) { return e->be->ops->queue(e->be); }
 
 static void engine_layer_hook(void *ctx, uint32_t layer)
 {

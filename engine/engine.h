@@ -136,11 +136,18 @@ uint64_t eng_engine_preemptions(const eng_engine_t *e);
  * TD_ERR_EXHAUSTED (nothing taken) when the pool cannot spare them. */
 td_status_t eng_engine_kv_reserve(eng_engine_t *e, uint32_t n_tokens, int32_t *blocks);
 void eng_engine_kv_release(eng_engine_t *e, const int32_t *blocks, uint32_t n);
-/* The pool's memory (block b starts at base + b * block_bytes). */
+/* The pool's memory (block b starts at base + b * block_bytes): the
+ * backend's kind, device memory on a GPU. */
 void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes);
+/* out[i] = the digest of pool block blocks[i] as the backend computes it
+ * (kern_backend_ops_t.kv_digest), after the work queued so far. */
+td_status_t eng_engine_kv_digest(eng_engine_t *e, const int32_t *blocks, uint32_t n, uint64_t *out);
+/* The backend's native queue (kern_backend_ops_t.queue): NULL on the CPU. */
+void *eng_engine_queue(eng_engine_t *e);
 
 /* Called after each layer of each step, once that layer's KV of the step's
- * tokens is in the pool: for every sequence in the step, the blocks the step
+ * tokens is in the pool — on a device backend, once its kernels are queued
+ * (eng_engine_queue orders what reads it): for every sequence in the step, the blocks the step
  * wrote, [first_block, end_block) of its table. */
 typedef struct eng_layer_seq {
     uint64_t id;

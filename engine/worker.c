@@ -297,6 +297,11 @@ static void store_open(eng_worker_t *w)
 {
     if (!w->cfg.kvstore.use)
         return;
+    if (strcmp(w->rc->device, "cpu")) { /* its blocks would be staged through pinned host memory: not built yet */
+        TD_WARN("%s: on %s this worker does not use the KV store (kvstore.use is for CPU workers so far): "
+                "prefixes are cached in this pool only", w->id, w->rc->device);
+        return;
+    }
     kv_client_config_t kc = {.etcd_endpoints = w->cfg.etcd.endpoints, .tls = w->tls, .contract = w->contract,
                              .xfer = {.peer_errors = w->cfg.transport.peer_errors,
                                       .interfaces = w->cfg.transport.interfaces},
@@ -666,7 +671,7 @@ static const char usage_fmt[] =
     "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
     "                 [--numerics fast|reference] [--lease-ttl S] [--peer-idle-s S]\n"
     "                 [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true] [--interfaces lo]\n"
-    "                 [--kvstore-near KVSTORE_ID]\n"
+    "                 [--kvstore-near KVSTORE_ID] [--device cpu|cuda|cuda:N]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
     "  which it overrides; the role's keys are those of its section\n";
 
@@ -679,7 +684,7 @@ static const td_flag_t worker_flags[] = {
     {"--peer-idle-s", "transport.peer_idle_s"}, {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},     {"--cluster-key", "cluster.tls_key"},
     {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
-    {"--kvstore-near", "kvstore.near"},
+    {"--kvstore-near", "kvstore.near"},  {"--device", "%s.device"},
 };
 
 static int parse_args(eng_worker_t *w, int argc, char **argv)
@@ -698,6 +703,7 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
     w->rc = !strcmp(w->role->name, "prefill") ? &w->cfg.prefill : &w->cfg.decode;
     w->xfer_cfg.peer_errors = w->cfg.transport.peer_errors;
     w->xfer_cfg.interfaces = w->cfg.transport.interfaces;
+    td_device_parse(w->rc->device, &w->xfer_cfg.device); /* validated */
     return 0;
 }
 
@@ -767,7 +773,15 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     td_kv_dtype_parse(w->cfg.model.kv_dtype, &ec.kv_dtype);    /* validated */
     kern_numerics_parse(w->cfg.model.numerics, &ec.numerics); /* validated */
     ec.token_budget = w->rc->token_budget;
-    w->xo = &kv_transport_ucx;
+    ec.device = w->rc->device;
+    /* the pool's memory is the transport's: host memory UCX maps, or device
+     * memory CUDA IPC exports */
+    w->xo = w->xfer_cfg.device < 0 ? &kv_transport_ucx : kv_transport_find("cuda_ipc");
+    if (!w->xo) {
+        td_error(TD_ERR_UNSUPPORTED, "device '%s': this build has no CUDA (configure with -DTANDEM_CUDA=ON where "
+                 "the CUDA toolkit is installed)", w->rc->device);
+        goto out;
+    }
     if (w->xo->create(&w->xfer_cfg, &w->xfer))
         goto out;
     ec.kv_bytes = w->rc->kv_mib << 20;

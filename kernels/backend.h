@@ -112,6 +112,17 @@ typedef struct kern_backend_ops {
     /* within backend memory */
     td_status_t (*copy)(kern_backend_t *b, void *dst, const void *src, size_t bytes);
     td_status_t (*sync)(kern_backend_t *b);
+    /* The native queue the ops run on (a cudaStream_t), or NULL for a backend
+     * whose ops have finished when they return (CPU): a device KV transport
+     * orders its copies of pool memory after the work queued on it. */
+    void *(*queue)(kern_backend_t *b);
+    /* out[i] = the digest of block blocks[i] of the pool at base (block_bytes
+     * each), computed where the blocks live, after the work queued so far:
+     * td_kv_block_digest on the host; a device backend's own 64-bit digest
+     * over the same bytes (peers that compare digests share one transport,
+     * so one kind of memory). blocks and out are host memory. */
+    td_status_t (*kv_digest)(kern_backend_t *b, const void *base, size_t block_bytes, const int32_t *blocks,
+                             uint32_t n, uint64_t *out);
     /* weights: prepare once after load (upload, repack); release frees priv */
     td_status_t (*weight_prepare)(kern_backend_t *b, kern_weight_t *w);
     void (*weight_release)(kern_backend_t *b, kern_weight_t *w);

@@ -1,9 +1,9 @@
 /* transfer.h — moving KV bytes between processes: the KV transport.
  *
- * A transport is a table of operations (kv_transport_ops_t) over a context.
- * The one here is UCX (shared memory, TCP, RDMA: whatever UCX finds); CUDA IPC
- * between GPUs of one host is the other one DESIGN.md §2 plans, behind the
- * same table.
+ * A transport is a table of operations (kv_transport_ops_t) over a context:
+ * UCX over host memory (shared memory, TCP, RDMA: whatever UCX finds), and
+ * CUDA IPC over device memory between processes of one host
+ * (transfer_cuda.c, in builds with CUDA).
  *
  * The target of a transfer exposes memory that peers may write into: it is
  * allocated by the transport itself (for UCX, ucp_mem_map with ALLOCATE, the
@@ -41,6 +41,8 @@ typedef struct kv_xfer_config {
      * UCX_NET_DEVICES); NULL or "" leaves UCX's own choice (every interface).
      * UCX listens on each, unauthenticated, so tandem names them. */
     const char *interfaces;
+    /* CUDA IPC: the device whose memory this process allocates and copies from. */
+    int device;
 } kv_xfer_config_t;
 
 #define KV_XFER_MAX_REGIONS 8
@@ -73,11 +75,22 @@ typedef struct kv_transport_ops {
      * arrived (or timeout_s passes: TD_ERR_TIMEOUT). */
     td_status_t (*flush)(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s);
     void (*disconnect)(kv_xfer_t *x, kv_xfer_peer_t *p);
+    /* Device transports only (NULL for UCX): sources written by queued device
+     * work. fence records the point reached so far on `stream` (the
+     * backend's queue, kern_backend_ops_t.queue) and may be called from the
+     * thread that queues that work while another thread puts; after
+     * wait_fence(f), every later put starts once that point is done. */
+    td_status_t (*fence)(kv_xfer_t *x, void *stream, uint64_t *fence);
+    td_status_t (*wait_fence)(kv_xfer_t *x, uint64_t fence);
 } kv_transport_ops_t;
 
 extern const kv_transport_ops_t kv_transport_ucx;
+#ifdef TANDEM_HAVE_CUDA
+extern const kv_transport_ops_t kv_transport_cuda_ipc;
+#endif
 
-/* The transport a landing descriptor names ("ucx"; "" means ucx), or NULL. */
+/* The transport a landing descriptor names ("ucx", "cuda_ipc" in builds with
+ * CUDA; "" means ucx), or NULL. */
 const kv_transport_ops_t *kv_transport_find(const char *name);
 
 #endif

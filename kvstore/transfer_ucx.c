@@ -405,5 +405,9 @@ const kv_transport_ops_t *kv_transport_find(const char *name)
 {
     if (!name || !name[0] || !strcmp(name, kv_transport_ucx.name))
         return &kv_transport_ucx;
+#ifdef TANDEM_HAVE_CUDA
+    if (!strcmp(name, kv_transport_cuda_ipc.name))
+        return &kv_transport_cuda_ipc;
+#endif
     return NULL;
 }

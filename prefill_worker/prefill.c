@@ -60,6 +60,7 @@ typedef struct job {
     size_t len;
     uint64_t dst;
     double land_by; /* td_now_s() past which the put must not be made */
+    uint64_t fence; /* a device transport's point after which src is written (0: none) */
 } job_t;
 
 typedef struct pusher {
@@ -76,6 +77,7 @@ typedef struct pusher {
     double busy_s;             /* time spent putting and flushing, all time */
     uint64_t bytes;
     uint64_t dropped;          /* puts not made: past their land-by */
+    uint64_t fence;            /* the last fence waited for (pusher thread) */
 } pusher_t;
 
 static void touch(pusher_t *p, peer_entry_t *pe)
@@ -112,6 +114,13 @@ static void *pusher_thread(void *arg)
             double t0 = td_now_s();
             /* past land-by the block may be another request's: dropped (its request sees the time and fails) */
             bool late = t0 > j.land_by;
+            if (j.fence > p->fence && p->xo->wait_fence) { /* the layer that wrote src comes first */
+                if (p->xo->wait_fence(p->x, j.fence)) {
+                    j.pe->failed = true;
+                    TD_WARN("prefill: %s", td_last_error());
+                }
+                p->fence = j.fence;
+            }
             if (!j.pe->failed && !late && p->xo->put(p->x, j.pe->peer, j.pe->region, j.src, j.len, j.dst)) {
                 j.pe->failed = true;
                 TD_WARN("prefill: a KV put failed: %s", td_last_error());
@@ -144,7 +153,8 @@ static void *pusher_thread(void *arg)
     return NULL;
 }
 
-static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t len, uint64_t dst, double land_by)
+static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t len, uint64_t dst, double land_by,
+                        uint64_t fence)
 {
     pthread_mutex_lock(&p->mu);
     if (p->n_jobs == p->cap_jobs) {
@@ -158,7 +168,7 @@ static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t l
         p->jobs = j;
         p->cap_jobs = nc;
     }
-    p->jobs[p->n_jobs++] = (job_t){pe, src, len, dst, land_by};
+    p->jobs[p->n_jobs++] = (job_t){pe, src, len, dst, land_by, fence};
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
@@ -469,6 +479,11 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
     uint8_t *base = eng_engine_kv_base(e, &bb);
     uint32_t n_layers = eng_worker_contract(R->w).n_layers;
     size_t lb = bb / n_layers;
+    uint64_t fence = 0; /* a GPU pool: the layer's kernels are queued, not done; its puts wait for them */
+    if (R->pusher.xo->fence && R->pusher.xo->fence(R->pusher.x, eng_engine_queue(e), &fence)) {
+        peers_fail_all(R, td_last_error()); /* unordered puts could copy KV not yet written */
+        return;
+    }
     for (uint32_t i = 0; i < n; i++)
         for (size_t k = 0; k < R->n_active; k++) {
             preq_t *r = R->active[k];
@@ -479,10 +494,11 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
             uint32_t end = seqs[i].end_block < ld->n_block_offsets ? seqs[i].end_block : (uint32_t)ld->n_block_offsets;
             for (uint32_t b = from; b < end; b++)
                 pusher_push(&R->pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
-                            ld->block_offsets[b] + layer * lb, r->land_by);
+                            ld->block_offsets[b] + layer * lb, r->land_by, fence);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
-                for (uint32_t b = from; b < end; b++)
-                    r->digests[b] = td_kv_block_digest(base + (size_t)seqs[i].blocks[b] * bb, bb);
+                if (end > from && eng_engine_kv_digest(e, seqs[i].blocks + from, end - from, r->digests + from))
+                    TD_WARN("prefill: digests of request %llu's blocks: %s (its step fails)",
+                            (unsigned long long)r->eng_id, td_last_error());
                 if (end > r->pushed)
                     r->pushed = end;
             }

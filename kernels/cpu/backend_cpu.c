@@ -106,6 +106,21 @@ static void cpu_weight_release(kern_backend_t *b, kern_weight_t *w)
     w->priv = NULL;
 }
 
+static void *cpu_queue(kern_backend_t *b)
+{
+    (void)b;
+    return NULL;
+}
+
+static td_status_t cpu_kv_digest(kern_backend_t *b, const void *base, size_t block_bytes, const int32_t *blocks,
+                                 uint32_t n, uint64_t *out)
+{
+    (void)b;
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = td_kv_block_digest((const uint8_t *)base + (size_t)blocks[i] * block_bytes, block_bytes);
+    return TD_OK;
+}
+
 static const kern_backend_ops_t kern_cpu_ops = {
     .name = "cpu",
     .supported = KERN_OPS_ALL,
@@ -116,6 +131,8 @@ static const kern_backend_ops_t kern_cpu_ops = {
     .download = cpu_copy,
     .copy = cpu_copy,
     .sync = cpu_sync,
+    .queue = cpu_queue,
+    .kv_digest = cpu_kv_digest,
     .weight_prepare = cpu_weight_prepare,
     .weight_release = cpu_weight_release,
     .matmul = kern_cpu_matmul,

@@ -10,6 +10,7 @@ __global__ void k_add(float *x, const float *y, size_t n)
 
 td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n)
 {
+    kc_bind(b);
     if (!n)
         return TD_OK;
     k_add<<<kc_blocks(n, 256), 256, 0, ((kern_cuda_t *)b)->stream>>>(x, y, n);

@@ -511,6 +511,7 @@ td_status_t kc_attention_init(void)
 td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
                          const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
 {
+    kc_bind(b);
     const td_kv_layout_t *g = kv->layout;
     if (!g->head_dim || g->head_dim > 32 * ATT_MAXD)
         return td_error(TD_ERR_UNSUPPORTED, "cuda: attention: head_dim %u is past %u", g->head_dim, 32 * ATT_MAXD);

@@ -19,6 +19,7 @@
 
 static td_status_t cu_alloc(kern_backend_t *b, size_t bytes, void **ptr)
 {
+    kc_bind(b);
     (void)b;
     cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 64);
     if (e != cudaSuccess)
@@ -29,18 +30,21 @@ static td_status_t cu_alloc(kern_backend_t *b, size_t bytes, void **ptr)
 
 static void cu_free(kern_backend_t *b, void *ptr)
 {
+    kc_bind(b);
     (void)b;
     cudaFree(ptr);
 }
 
 static td_status_t cu_upload(kern_backend_t *b, void *dst, const void *src, size_t n)
 {
+    kc_bind(b);
     CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, ((kern_cuda_t *)b)->stream));
     return TD_OK;
 }
 
 static td_status_t cu_download(kern_backend_t *b, void *dst, const void *src, size_t n)
 {
+    kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
     CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream));
     CU(cudaStreamSynchronize(c->stream));
@@ -49,12 +53,14 @@ static td_status_t cu_download(kern_backend_t *b, void *dst, const void *src, si
 
 static td_status_t cu_copy(kern_backend_t *b, void *dst, const void *src, size_t n)
 {
+    kc_bind(b);
     CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ((kern_cuda_t *)b)->stream));
     return TD_OK;
 }
 
 static td_status_t cu_sync(kern_backend_t *b)
 {
+    kc_bind(b);
     CU(cudaStreamSynchronize(((kern_cuda_t *)b)->stream));
     return TD_OK;
 }
@@ -131,6 +137,7 @@ static td_status_t prepare_on_gpu(kern_cuda_t *c, kern_weight_t *w, __half *dst)
 
 static td_status_t cu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
 {
+    kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
     void *dst;
     td_status_t rc = cu_alloc(b, (size_t)w->rows * w->cols * sizeof(__half), &dst);
@@ -147,9 +154,12 @@ static td_status_t cu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
 
 static void cu_weight_release(kern_backend_t *b, kern_weight_t *w)
 {
+    kc_bind(b);
     cu_free(b, w->priv);
     w->priv = NULL;
 }
+
+static void *cu_queue(kern_backend_t *b) { return ((kern_cuda_t *)b)->stream; }
 
 static const kern_backend_ops_t kern_cuda_ops = {
     .name = "cuda",
@@ -161,6 +171,8 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .download = cu_download,
     .copy = cu_copy,
     .sync = cu_sync,
+    .queue = cu_queue,
+    .kv_digest = kc_kv_digest,
     .weight_prepare = cu_weight_prepare,
     .weight_release = cu_weight_release,
     .matmul = kc_matmul,
@@ -239,6 +251,7 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     cudaStreamSynchronize(c->stream);
     cudaFree(c->xh.p);
     cudaFree(c->ws.p);
+    cudaFree(c->dg.p);
     if (c->blas)
         c->blas_api->destroy(c->blas);
     cudaStreamDestroy(c->stream);

@@ -503,10 +503,14 @@ static td_status_t t_kv(kern_backend_t *b, const kern_kv_view_t *kv, const float
 static td_status_t t_attn(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *o, uint32_t h,
                           const kern_attn_seq_t *s, uint32_t ns, float sc)
 { (void)b; double t = t_begin(); return t_end(OP_ATTN, t, IN->ops->attention(IN, kv, q, o, h, s, ns, sc)); }
+static void *t_queue(kern_backend_t *b) { (void)b; return IN->ops->queue(IN); }
+static td_status_t t_digest(kern_backend_t *b, const void *base, size_t bb, const int32_t *bl, uint32_t n, uint64_t *o)
+{ (void)b; return IN->ops->kv_digest(IN, base, bb, bl, n, o); }
 #undef IN
 static const kern_backend_ops_t timed_ops = {
     .name = "timed", .supported = KERN_OPS_ALL, .destroy = t_destroy, .alloc = t_alloc, .free = t_free,
-    .upload = t_upload, .download = t_download, .copy = t_copy, .sync = t_sync, .weight_prepare = t_wprep,
+    .upload = t_upload, .download = t_download, .copy = t_copy, .sync = t_sync, .queue = t_queue,
+    .kv_digest = t_digest, .weight_prepare = t_wprep,
     .weight_release = t_wrel, .matmul = t_matmul, .matmul_multi = t_multi, .rmsnorm = t_rmsnorm, .rope = t_rope,
     .swiglu = t_swiglu, .add = t_add, .embed = t_embed, .kv_store = t_kv, .attention = t_attn};
 

@@ -38,6 +38,7 @@ typedef struct kern_cuda {
     int sms;    // streaming multiprocessors (how wide a launch must be)
     kc_scratch_t xh; // fp16 activations for the GEMMs
     kc_scratch_t ws; // attention's slices
+    kc_scratch_t dg; // kv_digest's block list and results
 } kern_cuda_t;
 
 // A CUDA runtime call that must succeed; else its error, naming the call.
@@ -55,6 +56,15 @@ static inline td_status_t kc_launched(const char *kernel)
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? TD_OK
                             : td_error(TD_ERR_INTERNAL, "cuda: kernel %s: %s", kernel, cudaGetErrorString(e));
+}
+
+// Makes the backend's device current on the calling thread (the engine
+// thread is not the one that made the backend); every op begins with it.
+static inline void kc_bind(kern_backend_t *b)
+{
+    int d = -1, want = ((kern_cuda_t *)b)->device;
+    if (cudaGetDevice(&d) != cudaSuccess || d != want)
+        cudaSetDevice(want);
 }
 
 static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -79,6 +89,8 @@ td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float
                         const int32_t *slots, uint32_t n);
 td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
                          const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale);
+td_status_t kc_kv_digest(kern_backend_t *b, const void *base, size_t block_bytes, const int32_t *blocks, uint32_t n,
+                         uint64_t *out);
 // Sets the shared-memory limits the kernels need (once, at creation).
 td_status_t kc_attention_init(void);
 

@@ -15,6 +15,7 @@ __global__ void k_embed(const __half *table, const int32_t *ids, uint32_t rows, 
 
 td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out)
 {
+    kc_bind(b);
     if (!n)
         return TD_OK;
     k_embed<<<n, 256, 0, ((kern_cuda_t *)b)->stream>>>((const __half *)table->priv, ids, table->rows, table->cols, out);

@@ -27,6 +27,7 @@ __global__ void k_kv_store(uint8_t *base, size_t block_bytes, uint32_t layer, ui
 td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                         const int32_t *slots, uint32_t n)
 {
+    kc_bind(b);
     const td_kv_layout_t *g = kv->layout;
     size_t total = (size_t)2 * n * g->n_kv_heads * g->head_dim;
     if (!total)

@@ -50,6 +50,7 @@ static td_status_t gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32
 
 td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
 {
+    kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
     size_t nx = (size_t)n * w->cols;
     td_status_t rc;
@@ -62,6 +63,7 @@ td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x,
 td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
                             const float *x, uint32_t n)
 {
+    kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
     size_t nx = (size_t)n * w[0]->cols;
     td_status_t rc;

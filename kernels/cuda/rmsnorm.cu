@@ -25,6 +25,7 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t dim
 td_status_t kc_rmsnorm(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
                        float eps)
 {
+    kc_bind(b);
     if (!n)
         return TD_OK;
     k_rmsnorm<<<n, 256, 0, ((kern_cuda_t *)b)->stream>>>(x, w, y, dim, eps);

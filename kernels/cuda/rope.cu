@@ -25,6 +25,7 @@ __global__ void k_rope(float *x, uint32_t n, uint32_t heads, uint32_t hd, const 
 td_status_t kc_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t hd, const int32_t *pos,
                     const float *freq, kern_rope_style_t style)
 {
+    kc_bind(b);
     size_t pairs = (size_t)n * heads * (hd / 2);
     if (!pairs)
         return TD_OK;

@@ -10,6 +10,7 @@ __global__ void k_swiglu(const float *g, const float *u, float *y, size_t n)
 
 td_status_t kc_swiglu(kern_backend_t *b, const float *g, const float *u, float *y, size_t n)
 {
+    kc_bind(b);
     if (!n)
         return TD_OK;
     k_swiglu<<<kc_blocks(n, 256), 256, 0, ((kern_cuda_t *)b)->stream>>>(g, u, y, n);

@@ -156,3 +156,25 @@ Test(config, flags_set_keys_over_the_file)
     unlink(path);
     free(path);
 }
+
+/* A worker's device is cpu, cuda or cuda:N, in the file or by --device; any
+ * other name is refused naming the key. */
+Test(config, worker_device_names)
+{
+    int g = 99;
+    cr_assert(td_device_parse("cpu", &g) && g == -1);
+    cr_assert(td_device_parse("cuda", &g) && g == 0);
+    cr_assert(td_device_parse("cuda:3", &g) && g == 3);
+    cr_assert(!td_device_parse("cuda:", &g) && !td_device_parse("cuda:x", &g) && !td_device_parse("cuda:-1", &g));
+    cr_assert(!td_device_parse("cuda:1024", &g) && !td_device_parse("gpu", &g) && !td_device_parse("cuda:1 ", &g));
+    td_config_t c;
+    cr_assert_eq(td_config_defaults(&c), TD_OK);
+    cr_assert_str_eq(c.prefill.device, "cpu");
+    cr_assert_str_eq(c.decode.device, "cpu");
+    cr_assert_eq(td_config_set(&c, "decode.device", "cuda:1"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_OK);
+    cr_assert_eq(td_config_set(&c, "prefill.device", "tpu"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "prefill.device = 'tpu'"), "%s", td_last_error());
+    td_config_free(&c);
+}

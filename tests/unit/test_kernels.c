@@ -339,3 +339,28 @@ Test(kernels, sampler_filters_and_seed)
     cr_assert(fabs(hits / 4000.0 - 0.6225) < 0.03, "P(7) = %.3f", hits / 4000.0);
     eng_sampler_free(&s);
 }
+
+/* The CPU backend's block digests are the KV contract's (td_kv_block_digest,
+ * XXH3 over the block's bytes), for the blocks named, in their order; a
+ * changed byte changes its block's digest only. */
+Test(kernels, kv_digest_is_the_contracts_on_the_cpu)
+{
+    kern_backend_t *be;
+    kern_cpu_backend_create(1, &be);
+    enum { BB = 4096, NB = 5 };
+    uint8_t *pool = malloc(BB * NB);
+    for (size_t i = 0; i < BB * NB; i++)
+        pool[i] = (uint8_t)(i * 131 + i / 7);
+    int32_t blocks[3] = {4, 0, 2};
+    uint64_t d[3], e[3];
+    cr_assert_eq(be->ops->kv_digest(be, pool, BB, blocks, 3, d), TD_OK);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(d[i], td_kv_block_digest(pool + (size_t)blocks[i] * BB, BB));
+    cr_assert_neq(d[0], d[1]);
+    pool[2 * BB + 100] ^= 1;
+    cr_assert_eq(be->ops->kv_digest(be, pool, BB, blocks, 3, e), TD_OK);
+    cr_assert(e[0] == d[0] && e[1] == d[1] && e[2] != d[2]);
+    cr_assert_null(be->ops->queue(be), "the CPU backend's ops are done when they return");
+    free(pool);
+    kern_cpu_backend_destroy(be);
+}

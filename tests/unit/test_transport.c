@@ -230,3 +230,27 @@ Test(transport, frozen_and_dead_peers_meet_the_deadline, .timeout = 90)
     xo->destroy(x);
     target_stop(&t);
 }
+
+/* A landing descriptor names its transport: "ucx" (or nothing) and, in a
+ * build with CUDA, "cuda_ipc", whose puts can be ordered after device work
+ * (fence); any other name is none. Without a GPU, the CUDA IPC transport
+ * refuses to start, naming the device. */
+Test(transport, transports_by_name)
+{
+    cr_assert_eq(kv_transport_find(""), &kv_transport_ucx);
+    cr_assert_eq(kv_transport_find("ucx"), &kv_transport_ucx);
+    cr_assert_null(kv_transport_find("rdma"));
+    cr_assert(!kv_transport_ucx.fence && !kv_transport_ucx.wait_fence, "host memory needs no fences");
+#ifdef TANDEM_HAVE_CUDA
+    const kv_transport_ops_t *ci = kv_transport_find("cuda_ipc");
+    cr_assert_eq(ci, &kv_transport_cuda_ipc);
+    cr_assert(ci->fence && ci->wait_fence && ci->get && ci->flush);
+    kv_xfer_config_t cfg = {.device = 7};
+    kv_xfer_t *x = NULL;
+    td_status_t rc = ci->create(&cfg, &x);
+    if (rc) /* no GPU, or no device 7 */
+        cr_assert(strstr(td_last_error(), "cuda_ipc: device 7:"), "%s", td_last_error());
+    else
+        ci->destroy(x);
+#endif
+}

@@ -1,0 +1,375 @@
+/* transfer_cuda.c — the CUDA IPC KV transport (kvstore/transfer.h): device
+ * memory of one process written and read by another process on the same host,
+ * its own GPU or a peer GPU of that host (DESIGN.md §2).
+ *
+ * The target allocates its region with cudaMalloc and describes it by a CUDA
+ * IPC handle (the "remote key"); its address names the host (the kernel's boot
+ * id: CUDA IPC joins processes of one boot of one machine) and the device
+ * (its UUID, which CUDA_VISIBLE_DEVICES cannot renumber). The initiator opens
+ * the handle once per region and copies with cudaMemcpyAsync on its own copy
+ * stream, so copies overlap the computation that queues them; a flush records
+ * an event after the copies and polls it against its deadline.
+ *
+ * Ordering: the source of a put is pool memory that the initiator's backend
+ * writes with queued kernels. fence() records, on the thread that queues them,
+ * the point the backend's stream has reached; wait_fence() makes every later
+ * put start after it. Fences live in a ring of events: a fence older than the
+ * ring names a later point of the same stream, which only waits longer.
+ *
+ * Threads: the target side and each connection are used by one thread at a
+ * time; fence may be called from another thread than the puts (the engine
+ * thread beside the pusher), so the ring is locked. Every call makes its
+ * context's device current on the calling thread. */
+#define _GNU_SOURCE
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "kvstore/transfer.h"
+
+#define FENCE_RING 1024
+#define ADDR_MAGIC 0x31494354u /* "TCI1" */
+#define RKEY_MAGIC 0x314b4354u /* "TCK1" */
+
+typedef struct ci_addr {
+    uint32_t magic;
+    int32_t pid;
+    char boot_id[40];
+    unsigned char uuid[16];
+} ci_addr_t;
+
+typedef struct ci_rkey {
+    uint32_t magic;
+    uint32_t pad;
+    uint64_t bytes;
+    cudaIpcMemHandle_t handle;
+} ci_rkey_t;
+
+struct kv_xfer {
+    int device;
+    unsigned char uuid[16];
+    char boot_id[40];
+    cudaStream_t copy;
+    cudaEvent_t done; /* a flush's point on the copy stream */
+    pthread_mutex_t mu;
+    cudaEvent_t ring[FENCE_RING];
+    uint64_t next_fence; /* fences are 1, 2, ...; 0 is none */
+};
+
+struct kv_xfer_mem {
+    void *ptr;
+    size_t bytes;
+};
+
+typedef struct ci_region {
+    uint8_t *ptr; /* the peer's region, opened here */
+    uint64_t len;
+} ci_region_t;
+
+struct kv_xfer_peer {
+    int device; /* the peer's device, as numbered here */
+    ci_region_t regions[KV_XFER_MAX_REGIONS];
+    uint32_t n_regions;
+};
+
+#define CK(call, what)                                                                                         \
+    do {                                                                                                       \
+        cudaError_t e_ = (call);                                                                               \
+        if (e_ != cudaSuccess)                                                                                 \
+            return td_error(TD_ERR_INTERNAL, "cuda_ipc: %s: %s", what, cudaGetErrorString(e_));                \
+    } while (0)
+
+static void read_boot_id(char *out, size_t n)
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    out[0] = 0;
+    if (f) {
+        if (fgets(out, (int)n, f))
+            out[strcspn(out, "\n")] = 0;
+        fclose(f);
+    }
+}
+
+static td_status_t ci_create(const kv_xfer_config_t *cfg, kv_xfer_t **out)
+{
+    kv_xfer_t *x = calloc(1, sizeof *x);
+    if (!x)
+        return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
+    x->device = cfg ? cfg->device : 0;
+    read_boot_id(x->boot_id, sizeof x->boot_id);
+    pthread_mutex_init(&x->mu, NULL);
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaSetDevice(x->device);
+    if (e == cudaSuccess)
+        e = cudaGetDeviceProperties(&prop, x->device);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&x->copy, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming);
+    for (int i = 0; i < FENCE_RING && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&x->ring[i], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        td_status_t rc = td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: device %d: %s", x->device, cudaGetErrorString(e));
+        free(x); /* the process is failing its start: the few handles made go with it */
+        return rc;
+    }
+    memcpy(x->uuid, prop.uuid.bytes, 16);
+    *out = x;
+    return TD_OK;
+}
+
+static void ci_destroy(kv_xfer_t *x)
+{
+    if (!x)
+        return;
+    cudaSetDevice(x->device);
+    cudaStreamSynchronize(x->copy);
+    for (int i = 0; i < FENCE_RING; i++)
+        cudaEventDestroy(x->ring[i]);
+    cudaEventDestroy(x->done);
+    cudaStreamDestroy(x->copy);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+}
+
+static td_status_t ci_mem_alloc(kv_xfer_t *x, size_t bytes, void **addr, kv_xfer_mem_t **out)
+{
+    kv_xfer_mem_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
+    cudaSetDevice(x->device);
+    cudaError_t e = cudaMalloc(&m->ptr, bytes);
+    if (e == cudaSuccess)
+        e = cudaMemset(m->ptr, 0, bytes);
+    if (e != cudaSuccess) {
+        cudaFree(m->ptr);
+        free(m);
+        return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: cannot allocate %zu MiB of memory on device %d: %s", bytes >> 20,
+                        x->device, cudaGetErrorString(e));
+    }
+    m->bytes = bytes;
+    *addr = m->ptr;
+    *out = m;
+    return TD_OK;
+}
+
+static void ci_mem_free(kv_xfer_t *x, kv_xfer_mem_t *m)
+{
+    if (!m)
+        return;
+    cudaSetDevice(x->device);
+    cudaFree(m->ptr);
+    free(m);
+}
+
+static td_status_t ci_mem_rkey(kv_xfer_t *x, kv_xfer_mem_t *m, void **rkey, size_t *len)
+{
+    ci_rkey_t *k = calloc(1, sizeof *k);
+    if (!k)
+        return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
+    cudaSetDevice(x->device);
+    cudaError_t e = cudaIpcGetMemHandle(&k->handle, m->ptr);
+    if (e != cudaSuccess) {
+        free(k);
+        return td_error(TD_ERR_INTERNAL, "cuda_ipc: cudaIpcGetMemHandle: %s", cudaGetErrorString(e));
+    }
+    k->magic = RKEY_MAGIC;
+    k->bytes = m->bytes;
+    *rkey = k;
+    *len = sizeof *k;
+    return TD_OK;
+}
+
+static td_status_t ci_address(kv_xfer_t *x, void **addr, size_t *len)
+{
+    ci_addr_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
+    a->magic = ADDR_MAGIC;
+    a->pid = (int32_t)getpid();
+    memcpy(a->boot_id, x->boot_id, sizeof a->boot_id);
+    memcpy(a->uuid, x->uuid, 16);
+    *addr = a;
+    *len = sizeof *a;
+    return TD_OK;
+}
+
+static td_status_t ci_progress_start(kv_xfer_t *x)
+{
+    (void)x; /* copies need nothing of the target's threads */
+    return TD_OK;
+}
+
+static td_status_t ci_connect(kv_xfer_t *x, const void *addr, size_t addr_len, kv_xfer_peer_t **out)
+{
+    ci_addr_t a;
+    if (addr_len != sizeof a)
+        return td_error(TD_ERR_INVALID_ARG, "cuda_ipc: a peer address of %zu bytes is not one (it has %zu)", addr_len,
+                        sizeof a);
+    memcpy(&a, addr, sizeof a);
+    a.boot_id[sizeof a.boot_id - 1] = 0;
+    if (a.magic != ADDR_MAGIC)
+        return td_error(TD_ERR_INVALID_ARG, "cuda_ipc: the peer address is not a CUDA IPC address");
+    if (strcmp(a.boot_id, x->boot_id))
+        return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: the peer (pid %d) runs on another host (boot id %s, here %s): "
+                        "CUDA IPC joins processes of one host", (int)a.pid, a.boot_id, x->boot_id);
+    int n = 0, dev = -1;
+    cudaSetDevice(x->device);
+    CK(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    for (int i = 0; i < n && dev < 0; i++) {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) == cudaSuccess && !memcmp(prop.uuid.bytes, a.uuid, 16))
+            dev = i;
+    }
+    if (dev < 0)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: the peer's GPU (pid %d) is not visible to this process "
+                        "(device %d here; check CUDA_VISIBLE_DEVICES)", (int)a.pid, x->device);
+    if (dev != x->device) {
+        int can = 0;
+        CK(cudaDeviceCanAccessPeer(&can, x->device, dev), "cudaDeviceCanAccessPeer");
+        if (!can)
+            return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: device %d cannot access the peer's device %d (no peer "
+                            "access between them)", x->device, dev);
+    }
+    kv_xfer_peer_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
+    p->device = dev;
+    *out = p;
+    return TD_OK;
+}
+
+static td_status_t ci_region_add(kv_xfer_t *x, kv_xfer_peer_t *p, const void *rkey, size_t rkey_len,
+                                 uint64_t remote_base, uint64_t remote_len, uint32_t *region)
+{
+    (void)remote_base; /* offsets count from the region's start */
+    ci_rkey_t k;
+    if (rkey_len != sizeof k)
+        return td_error(TD_ERR_INVALID_ARG, "cuda_ipc: a remote key of %zu bytes is not one (it has %zu)", rkey_len,
+                        sizeof k);
+    memcpy(&k, rkey, sizeof k);
+    if (k.magic != RKEY_MAGIC)
+        return td_error(TD_ERR_INVALID_ARG, "cuda_ipc: the remote key is not a CUDA IPC handle");
+    if (remote_len > k.bytes)
+        return td_error(TD_ERR_INVALID_ARG, "cuda_ipc: a region of %llu bytes stated over an allocation of %llu",
+                        (unsigned long long)remote_len, (unsigned long long)k.bytes);
+    if (p->n_regions == KV_XFER_MAX_REGIONS)
+        return td_error(TD_ERR_EXHAUSTED, "cuda_ipc: a peer has at most %d regions", KV_XFER_MAX_REGIONS);
+    void *ptr;
+    cudaSetDevice(x->device);
+    CK(cudaIpcOpenMemHandle(&ptr, k.handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    p->regions[p->n_regions] = (ci_region_t){ptr, remote_len};
+    *region = p->n_regions++;
+    return TD_OK;
+}
+
+static td_status_t bounds(kv_xfer_peer_t *p, uint32_t region, size_t len, uint64_t offset)
+{
+    if (region >= p->n_regions)
+        return td_error(TD_ERR_INVALID_ARG, "cuda_ipc: region %u was not added", region);
+    uint64_t rl = p->regions[region].len;
+    if (offset > rl || len > rl - offset)
+        return td_error(TD_ERR_OUT_OF_RANGE, "cuda_ipc: %zu bytes at offset %llu pass the region's end (%llu bytes)",
+                        len, (unsigned long long)offset, (unsigned long long)rl);
+    return TD_OK;
+}
+
+static td_status_t ci_put(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, const void *src, size_t len,
+                          uint64_t offset)
+{
+    td_status_t rc = bounds(p, region, len, offset);
+    if (rc)
+        return rc;
+    cudaSetDevice(x->device);
+    CK(cudaMemcpyAsync(p->regions[region].ptr + offset, src, len, cudaMemcpyDefault, x->copy), "put");
+    return TD_OK;
+}
+
+static td_status_t ci_get(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, void *dst, size_t len, uint64_t offset)
+{
+    td_status_t rc = bounds(p, region, len, offset);
+    if (rc)
+        return rc;
+    cudaSetDevice(x->device);
+    CK(cudaMemcpyAsync(dst, p->regions[region].ptr + offset, len, cudaMemcpyDefault, x->copy), "get");
+    return TD_OK;
+}
+
+static td_status_t ci_flush(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s)
+{
+    (void)p; /* one copy stream: every peer's copies are flushed together */
+    cudaSetDevice(x->device);
+    CK(cudaEventRecord(x->done, x->copy), "cudaEventRecord");
+    double until = td_now_s() + timeout_s;
+    for (;;) {
+        cudaError_t e = cudaEventQuery(x->done);
+        if (e == cudaSuccess)
+            return TD_OK;
+        if (e != cudaErrorNotReady)
+            return td_error(TD_ERR_UNAVAILABLE, "cuda_ipc: a copy failed: %s", cudaGetErrorString(e));
+        if (td_now_s() > until)
+            return td_error(TD_ERR_TIMEOUT, "cuda_ipc: copies did not complete within %.1f s", timeout_s);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void ci_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
+{
+    if (!p)
+        return;
+    cudaSetDevice(x->device);
+    cudaStreamSynchronize(x->copy); /* no copy may still use the mappings */
+    for (uint32_t i = 0; i < p->n_regions; i++)
+        cudaIpcCloseMemHandle(p->regions[i].ptr);
+    free(p);
+}
+
+static td_status_t ci_fence(kv_xfer_t *x, void *stream, uint64_t *fence)
+{
+    pthread_mutex_lock(&x->mu);
+    uint64_t f = ++x->next_fence;
+    cudaSetDevice(x->device);
+    cudaError_t e = cudaEventRecord(x->ring[f % FENCE_RING], (cudaStream_t)stream);
+    pthread_mutex_unlock(&x->mu);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_INTERNAL, "cuda_ipc: recording a fence: %s", cudaGetErrorString(e));
+    *fence = f;
+    return TD_OK;
+}
+
+static td_status_t ci_wait_fence(kv_xfer_t *x, uint64_t fence)
+{
+    pthread_mutex_lock(&x->mu);
+    cudaSetDevice(x->device);
+    cudaError_t e = cudaStreamWaitEvent(x->copy, x->ring[fence % FENCE_RING], 0);
+    pthread_mutex_unlock(&x->mu);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_INTERNAL, "cuda_ipc: waiting for a fence: %s", cudaGetErrorString(e));
+    return TD_OK;
+}
+
+const kv_transport_ops_t kv_transport_cuda_ipc = {
+    .name = "cuda_ipc",
+    .create = ci_create,
+    .destroy = ci_destroy,
+    .mem_alloc = ci_mem_alloc,
+    .mem_free = ci_mem_free,
+    .mem_rkey = ci_mem_rkey,
+    .address = ci_address,
+    .progress_start = ci_progress_start,
+    .connect = ci_connect,
+    .region_add = ci_region_add,
+    .put = ci_put,
+    .get = ci_get,
+    .flush = ci_flush,
+    .disconnect = ci_disconnect,
+    .fence = ci_fence,
+    .wait_fence = ci_wait_fence,
+};
