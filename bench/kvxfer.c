@@ -1,13 +1,17 @@
 /* kvxfer.c — tandem-bench-kvxfer: KV transfer bandwidth between two processes
- * through the KV transport (kvstore/transfer.h, UCX), against a plain memcpy
- * of the same bytes in one process.
+ * through a KV transport (kvstore/transfer.h), against a plain copy of the
+ * same bytes in one process: memcpy for UCX over host memory, a
+ * device-to-device cudaMemcpy for CUDA IPC over GPU memory.
  *
  * The child is the decode side: it allocates a pool with the transport and
  * hands its address and remote key over a pipe. The parent is the prefill
  * side: it puts chunks of the size of one layer of one block (12 KiB for the
  * default model: 2 x 3 kv heads x 16 tokens x 64 x fp16), flushes, and times
- * it; then it checks the bytes landed (the child compares a checksum).
- * Usage: tandem-bench-kvxfer [MiB] [chunk_bytes]. Prints one JSON line. */
+ * it; then it checks the bytes landed (the child compares a checksum). With
+ * CUDA IPC it also checks the ordering a prefill worker relies on: the source
+ * is rewritten by work queued on another stream, the put waits for a fence
+ * recorded after it, and the new bytes are what lands.
+ * Usage: tandem-bench-kvxfer [MiB] [chunk_bytes] [ucx|cuda_ipc]. Prints one JSON line. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -16,8 +20,12 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef TANDEM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "kvstore/transfer.h"
 
 static int xwrite(int fd, const void *p, size_t n) { return write(fd, p, n) == (ssize_t)n ? 0 : -1; }
@@ -44,25 +52,64 @@ static uint64_t sum64(const uint8_t *p, size_t n)
     return s;
 }
 
+/* The region's bytes on the host (a device region is copied out first). */
+static uint8_t *host_view(int dev, const void *p, size_t n, uint8_t **tmp)
+{
+    *tmp = NULL;
+    if (!dev)
+        return (uint8_t *)p;
+#ifdef TANDEM_HAVE_CUDA
+    if ((*tmp = malloc(n)) && cudaMemcpy(*tmp, p, n, cudaMemcpyDeviceToHost) == cudaSuccess)
+        return *tmp;
+#endif
+    fprintf(stderr, "tandem-bench-kvxfer: cannot read the device region\n");
+    exit(1);
+}
+
+static void fill(int dev, void *p, size_t n)
+{
+    uint8_t *h = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (uint8_t)(i * 2654435761u >> 13);
+    if (!dev)
+        memcpy(p, h, n);
+#ifdef TANDEM_HAVE_CUDA
+    else if (cudaMemcpy(p, h, n, cudaMemcpyHostToDevice) != cudaSuccess)
+        exit(1);
+#endif
+    free(h);
+}
+
 int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 256, chunk = argc > 2 ? (size_t)atol(argv[2]) : 12288;
+    const char *tname = argc > 3 ? argv[3] : "ucx";
     size_t bytes = mib << 20;
     bytes -= bytes % chunk;
-    const kv_transport_ops_t *xo = &kv_transport_ucx;
+    const kv_transport_ops_t *xo = kv_transport_find(tname);
+    if (!xo) {
+        fprintf(stderr, "tandem-bench-kvxfer: no transport '%s' in this build\n", tname);
+        return 2;
+    }
+    int dev = xo->fence != NULL; /* a device transport: its regions are GPU memory */
     int to_parent[2], to_child[2];
     if (pipe(to_parent) || pipe(to_child))
         return 1;
-    pid_t pid = fork();
-    if (pid == 0) { /* target */
+    pid_t pid = fork(); /* before either side touches CUDA */
+    if (pid == 0) { /* target: answers each checksum asked for, until the pipe closes */
+        close(to_parent[0]);
+        close(to_child[1]);
         kv_xfer_t *x;
         kv_xfer_mem_t *m;
         void *base, *addr, *rkey;
         size_t al, rl;
         if (xo->create(NULL, &x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
-            xo->address(x, &addr, &al) || xo->progress_start(x))
+            xo->address(x, &addr, &al) || xo->progress_start(x)) {
+            fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
             _exit(1);
-        memset(base, 0, bytes);
+        }
+        if (!dev)
+            memset(base, 0, bytes);
         uint64_t b = (uint64_t)(uintptr_t)base;
         xwrite(to_parent[1], &al, sizeof al);
         xwrite(to_parent[1], addr, al);
@@ -70,33 +117,41 @@ int main(int argc, char **argv)
         xwrite(to_parent[1], rkey, rl);
         xwrite(to_parent[1], &b, sizeof b);
         uint64_t want;
-        if (xread(to_child[0], &want, sizeof want))
-            _exit(1);
-        uint64_t got = sum64(base, bytes);
-        xwrite(to_parent[1], &got, sizeof got);
+        int bad = 0;
+        while (!xread(to_child[0], &want, sizeof want)) {
+            uint8_t *tmp, *h = host_view(dev, base, bytes, &tmp);
+            uint64_t got = sum64(h, bytes);
+            free(tmp);
+            bad |= got != want;
+            xwrite(to_parent[1], &got, sizeof got);
+        }
         xo->mem_free(x, m);
         xo->destroy(x);
-        _exit(got == want ? 0 : 2);
+        _exit(bad ? 2 : 0);
     }
+    close(to_parent[1]); /* the child's end: its exit ends our reads */
+    close(to_child[0]);
     size_t al, rl;
     uint64_t rbase;
-    xread(to_parent[0], &al, sizeof al);
-    void *addr = malloc(al);
-    xread(to_parent[0], addr, al);
-    xread(to_parent[0], &rl, sizeof rl);
-    void *rkey = malloc(rl);
-    xread(to_parent[0], rkey, rl);
-    xread(to_parent[0], &rbase, sizeof rbase);
+    void *addr = NULL, *rkey = NULL;
+    if (xread(to_parent[0], &al, sizeof al) || al > 4096 || !(addr = malloc(al)) || xread(to_parent[0], addr, al) ||
+        xread(to_parent[0], &rl, sizeof rl) || rl > 4096 || !(rkey = malloc(rl)) || xread(to_parent[0], rkey, rl) ||
+        xread(to_parent[0], &rbase, sizeof rbase)) {
+        fprintf(stderr, "tandem-bench-kvxfer: the target did not start\n");
+        waitpid(pid, NULL, 0);
+        return 1;
+    }
     kv_xfer_t *x;
     kv_xfer_mem_t *m;
     void *src;
     kv_xfer_peer_t *peer;
     uint32_t region;
     if (xo->create(NULL, &x) || xo->mem_alloc(x, bytes, &src, &m) || xo->connect(x, addr, al, &peer) ||
-        xo->region_add(x, peer, rkey, rl, rbase, bytes, &region))
+        xo->region_add(x, peer, rkey, rl, rbase, bytes, &region)) {
+        fprintf(stderr, "tandem-bench-kvxfer: %s\n", td_last_error());
         return 1;
-    for (size_t i = 0; i < bytes; i++)
-        ((uint8_t *)src)[i] = (uint8_t)(i * 2654435761u >> 13);
+    }
+    fill(dev, src, bytes);
     /* warm-up (wire-up) */
     xo->put(x, peer, region, src, chunk, 0);
     xo->flush(x, peer, 10);
@@ -111,27 +166,67 @@ int main(int argc, char **argv)
         double t = td_now_s() - t0;
         best = t < best ? t : best;
     }
-    uint64_t want = sum64(src, bytes), got;
+    uint8_t *tmp, *h = host_view(dev, src, bytes, &tmp);
+    uint64_t want = sum64(h, bytes), got;
+    free(tmp);
     xwrite(to_child[1], &want, sizeof want);
-    xread(to_parent[0], &got, sizeof got);
+    int landed = !xread(to_parent[0], &got, sizeof got) && got == want, ordered = -1;
+    /* the plain copy of the same bytes, the same chunks, in one process */
+    double best_cpy = 1e9;
+    uint8_t *dst = NULL;
+    if (!dev) {
+        dst = calloc(1, bytes);
+        for (int rep = 0; rep < 5; rep++) {
+            double t0 = td_now_s();
+            for (size_t off = 0; off < bytes; off += chunk)
+                memcpy(dst + off, (uint8_t *)src + off, chunk);
+            double t = td_now_s() - t0;
+            best_cpy = t < best_cpy ? t : best_cpy;
+        }
+        free(dst);
+    }
+#ifdef TANDEM_HAVE_CUDA
+    else {
+        cudaStream_t s;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (cudaMalloc((void **)&dst, bytes) != cudaSuccess)
+            return 1;
+        for (int rep = 0; rep < 5; rep++) {
+            double t0 = td_now_s();
+            for (size_t off = 0; off < bytes; off += chunk)
+                cudaMemcpyAsync(dst + off, (uint8_t *)src + off, chunk, cudaMemcpyDeviceToDevice, s);
+            cudaStreamSynchronize(s);
+            double t = td_now_s() - t0;
+            best_cpy = t < best_cpy ? t : best_cpy;
+        }
+        cudaFree(dst);
+        /* ordering: the source rewritten on stream s (queued behind a long
+         * wait), a fence after it, the put after the fence */
+        uint64_t f;
+        for (int i = 0; i < 8; i++) /* work ahead of the rewrite, so that an unordered put would see old bytes */
+            cudaMemsetAsync(src, 0x11 + i, bytes, s);
+        cudaMemsetAsync(src, 0x5a, bytes, s);
+        if (xo->fence(x, s, &f) || xo->wait_fence(x, f) || xo->put(x, peer, region, src, bytes, 0) ||
+            xo->flush(x, peer, 30))
+            return 1;
+        uint8_t *expect = malloc(bytes);
+        memset(expect, 0x5a, bytes);
+        want = sum64(expect, bytes);
+        free(expect);
+        xwrite(to_child[1], &want, sizeof want);
+        ordered = !xread(to_parent[0], &got, sizeof got) && got == want;
+        cudaStreamDestroy(s);
+    }
+#endif
+    close(to_child[1]);
     int st;
     waitpid(pid, &st, 0);
-    /* memcpy of the same bytes, the same chunks, in one process */
-    uint8_t *dst = malloc(bytes);
-    memset(dst, 0, bytes);
-    double best_cpy = 1e9;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = td_now_s();
-        for (size_t off = 0; off < bytes; off += chunk)
-            memcpy(dst + off, (uint8_t *)src + off, chunk);
-        double t = td_now_s() - t0;
-        best_cpy = t < best_cpy ? t : best_cpy;
-    }
-    printf("{\"bytes\": %zu, \"chunk\": %zu, \"ucx_put_gbs\": %.2f, \"memcpy_gbs\": %.2f, \"landed_ok\": %s}\n", bytes,
-           chunk, bytes / best / 1e9, bytes / best_cpy / 1e9, got == want && WIFEXITED(st) && !WEXITSTATUS(st) ? "true" : "false");
-    free(dst);
+    printf("{\"transport\": \"%s\", \"bytes\": %zu, \"chunk\": %zu, \"put_gbs\": %.2f, \"%s_gbs\": %.2f, "
+           "\"landed_ok\": %s, \"ordered_after_fence\": %s}\n", xo->name, bytes, chunk, bytes / best / 1e9,
+           dev ? "d2d_copy" : "memcpy", bytes / best_cpy / 1e9, landed ? "true" : "false",
+           ordered < 0 ? "null" : ordered ? "true" : "false");
     xo->disconnect(x, peer);
     xo->mem_free(x, m);
     xo->destroy(x);
-    return got == want ? 0 : 2;
+    return landed && ordered != 0 && WIFEXITED(st) && !WEXITSTATUS(st) ? 0 : 2;
 }

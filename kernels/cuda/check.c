@@ -617,6 +617,35 @@ static void timings(kern_backend_t *gpu)
     time_attention(gpu, 32, 32, 128, 1, 1, 4095);   /* decode: one sequence at 4k context */
 }
 
+/* The device digest of pool blocks: one value per block's bytes wherever the
+ * block lies, the same on every call, and a flipped bit changes its block's
+ * digest and no other's. */
+static void check_kv_digest(kern_backend_t *gpu)
+{
+    enum { BB = 3 * 8192, NB = 6 };
+    uint8_t *h = malloc((size_t)BB * NB);
+    for (size_t i = 0; i < (size_t)BB * NB; i++)
+        h[i] = (uint8_t)(frand() * 127);
+    memcpy(h + 4 * BB, h + 1 * BB, BB); /* blocks 1 and 4 hold the same bytes */
+    uint8_t *d = put(gpu, h, (size_t)BB * NB);
+    int32_t blocks[NB] = {5, 0, 3, 1, 4, 2};
+    uint64_t a[NB], b[NB], c[NB];
+    int ok = !gpu->ops->kv_digest(gpu, d, BB, blocks, NB, a) && !gpu->ops->kv_digest(gpu, d, BB, blocks, NB, b);
+    ok = ok && !memcmp(a, b, sizeof a) && a[3] == a[4];
+    for (int i = 0; i < NB && ok; i++)
+        for (int j = i + 1; j < NB; j++)
+            ok = ok && (a[i] != a[j] || (i == 3 && j == 4));
+    uint8_t flip = h[3 * BB + 777] ^ 4;
+    gpu->ops->upload(gpu, d + 3 * BB + 777, &flip, 1);
+    ok = ok && !gpu->ops->kv_digest(gpu, d, BB, blocks, NB, c);
+    for (int i = 0; i < NB && ok; i++)
+        ok = i == 2 ? c[i] != a[i] : c[i] == a[i];
+    printf("%-44s %s\n", "kv_digest (6 blocks of 24 KiB)", ok ? "ok" : "FAIL");
+    failures += !ok;
+    gpu->ops->free(gpu, d);
+    free(h);
+}
+
 /* The GPU decoders against the CPU's, tensor by tensor, bit for bit. */
 static void check_decode(const char *path)
 {
@@ -693,6 +722,7 @@ int main(int argc, char **argv)
             for (int dt = 0; dt < 2; dt++)
                 check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], dt ? TD_KV_F32 : TD_KV_F16);
         check_decode(crafted);
+        check_kv_digest(gpu);
     }
     for (int i = 0; i < nm; i++)
         check_model(cpu, gpu, models[i]);
