@@ -54,6 +54,19 @@ static void on_stop(int sig)
     g_stop = 1;
 }
 
+/* The etcd binary: the first on PATH, else Debian's, else /usr/local/bin's. */
+static void etcd_path(char *out, size_t n)
+{
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        size_t len = strcspn(path, ":");
+        if (len && (size_t)snprintf(out, n, "%.*s/etcd", (int)len, path) < n && !access(out, X_OK))
+            return;
+        path += len + (path[len] == ':');
+    }
+    snprintf(out, n, "%s", access("/usr/bin/etcd", X_OK) ? "/usr/local/bin/etcd" : "/usr/bin/etcd");
+}
+
 /* Free loopback ports for the cluster's listeners: every probe socket stays
  * bound until the last port is chosen, so the ports are distinct (one bound
  * and closed at a time may come back twice; a listener then cannot bind and
@@ -309,7 +322,8 @@ int cli_up(int argc, char **argv)
     int nk = 0;
     child_t *etcd = &kids[nk++];
     snprintf(etcd->name, sizeof etcd->name, "etcd");
-    const char *etcd_bin = access("/usr/bin/etcd", X_OK) ? "/usr/local/bin/etcd" : "/usr/bin/etcd";
+    char etcd_bin[PATH_MAX];
+    etcd_path(etcd_bin, sizeof etcd_bin);
     const char *eargs[] = {etcd_bin, "--name", "tandem", "--data-dir", datadir, "--listen-client-urls", client,
                            "--advertise-client-urls", client, "--listen-peer-urls", peer,
                            "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,

@@ -14,24 +14,27 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check >/dev/null
+cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check tandem-router tandem-prefill tandem-decode \
+  tandem-bench-kvxfer >/dev/null
 rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
-cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check bundle/bin/
+cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check build-gpu/bin/tandem-router build-gpu/bin/tandem-prefill \
+  build-gpu/bin/tandem-decode build-gpu/bin/tandem-bench-kvxfer bundle/bin/
 strip bundle/bin/*
 for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
   while read -r l; do cp -L "$l" bundle/lib/; done
 strip --strip-unneeded bundle/lib/*.so* 2>/dev/null || true
+xz -9 -T0 -c "$(command -v etcd)" > bundle/bin/etcd.xz # tandem up's etcd (section 6), unpacked there
 ucx=$(dirname "$(ldd build-gpu/bin/tandem | awk '/libucp/ {print $3}')")/ucx
 [ -d "$ucx" ] && mkdir -p bundle/lib/ucx && cp -L "$ucx"/libuct_*.so.0 "$ucx"/libucm_*.so.0 bundle/lib/ucx/ 2>/dev/null || true
 cp tests/fixtures/dequant/crafted.gguf bundle/fixtures/
 cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
 cp tests/fixtures/hf/make_logits_hf.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
-cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bundle/bench/
+cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bundle/bench/
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$model" ]; then
-  a=$((22 * 1000 * 1000)) size=$(stat -c %s "$model") # bundle/ has about 30 MB besides
+  a=$((12 * 1000 * 1000)) size=$(stat -c %s "$model") # bundle/ has about 45 MB besides
   b=$(((size - a) / 2))
   head -c "$a" "$model" > bundle/smollm2.part-a
   dd if="$model" of=bundle-model-b/smollm2.part-b bs=1M iflag=skip_bytes,count_bytes skip="$a" count="$b" status=none

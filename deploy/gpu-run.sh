@@ -2,7 +2,8 @@
 # gpu-run.sh — bundle/run.sh on the GPU machine (deploy/gpu-bundle.sh makes
 # the bundle): every check and benchmark of the CUDA backend in one go; what
 # it prints, then every log it kept, go to $OUT/gpu-run.log. Exit status:
-# non-zero if a check failed.
+# non-zero if a check failed. `bundle/run.sh 1 6` runs sections 1 and 6 only
+# (the device tool's 10 minutes a call); no argument runs them all.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 work=${WORK:-/tmp/tandem-gpu-work}
@@ -19,6 +20,13 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
+sections=" ${*:-1 2 3 4 5 6} "
+want() { [[ $sections == *" $1 "* ]]; }
+m7=$work/llama2-7b
+make7b() {
+  [ -f "$m7/model.safetensors" ] || python3 "$here/bench/make_random_llama.py" "$m7" --shape llama2-7b --dtype fp16 \
+    --tokenizer "$here/fixtures/tiny-llama3" > "$out/make-7b.txt" 2>&1 || { echo "making the model FAILED"; cat "$out/make-7b.txt"; fail=1; }
+}
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "device: $dev ($(nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader | head -1)), $(date -u +%F)"
 
@@ -32,6 +40,7 @@ if [ -f "$here/smollm2.part-a" ] && [ -f "$here/../bundle-model-b/smollm2.part-b
   else echo "the joined default model's sha256 differs: skipped"; fi
 fi
 
+if want 1; then
 echo "== 1. every op vs the CPU backend; the decoders; whole models vs the CPU backend and transformers"
 python3 "$here/fixtures/make_logits_hf.py" "$work/tiny-fp32.json" >/dev/null &&
   python3 "$here/fixtures/make_logits_hf.py" "$work/tiny-bf16.json" bf16 >/dev/null || { echo "transformers reference FAILED"; fail=1; }
@@ -39,8 +48,9 @@ python3 "$here/fixtures/make_logits_hf.py" "$work/tiny-fp32.json" >/dev/null &&
   --hf "$here/fixtures/tiny-llama3" "$work/tiny-fp32.json" --hf "$here/fixtures/tiny-llama3" "$work/tiny-bf16.json" \
   > "$out/check.txt" 2>&1 || fail=1
 cat "$out/check.txt"
+fi
 
-if [ -n "$smol" ]; then
+if want 2 && [ -n "$smol" ]; then
   echo "== 2. the default model: greedy tokens and perplexity, cpu vs cuda"
   same=0; total=0
   for p in "The capital of France is" "Write a haiku about the sea." "def fibonacci(n):" "1, 2, 3, 4,"; do
@@ -56,10 +66,10 @@ if [ -n "$smol" ]; then
   done
 fi
 
+want make7b && make7b
+if want 3; then
 echo "== 3. a Llama-2-7B-shaped model (random fp16 weights): tandem beside transformers"
-m7=$work/llama2-7b
-[ -f "$m7/model.safetensors" ] || python3 "$here/bench/make_random_llama.py" "$m7" --shape llama2-7b --dtype fp16 \
-  --tokenizer "$here/fixtures/tiny-llama3" > "$out/make-7b.txt" 2>&1 || { echo "making the model FAILED"; cat "$out/make-7b.txt"; fail=1; }
+make7b
 python3 "$here/bench/hf_bench.py" "$m7" --logits "$work/7b-hf.json" > "$out/hf-7b.jsonl" 2> "$out/hf-7b.err" ||
   { echo "transformers benchmark FAILED"; tail -5 "$out/hf-7b.err"; fail=1; }
 "$here/bin/tandem-cuda-check" --no-ops --no-timings --hf "$m7" "$work/7b-hf.json" > "$out/check-7b.txt" 2>&1 || fail=1
@@ -83,7 +93,9 @@ print(' '.join(w[:-1]))")
 done
 cat "$out/tandem-7b.txt"
 cat "$out/hf-7b.jsonl"
+fi
 
+if want 4; then
 echo "== 4. a Llama-3-8B-shaped model (GQA 32/8, random bf16 weights; both sides compute in fp16)"
 m8=$work/llama3-8b
 [ -f "$m8/model.safetensors" ] || python3 "$here/bench/make_random_llama.py" "$m8" --shape llama3-8b --dtype bf16 \
@@ -94,9 +106,34 @@ python3 "$here/bench/hf_bench.py" "$m8" --logits "$work/8b-hf.json" --batches 1,
 cat "$out/check-8b.txt" "$out/hf-8b.jsonl"
 "$T" generate --model "$m8" --device cuda --max-tokens 64 --ignore-eos --ids --kv-mib 1024 "hello" 2>&1 >/dev/null |
   grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/8b batch 1: /"
+fi
 
+if want 5; then
 echo "== 5. timings: read bandwidth, GEMM/GEMV, attention; each model's forward pass whole and op by op"
 "$here/bin/tandem-cuda-check" --no-ops --time-model "$m7" --time-model "$m8" > "$out/timings.txt" 2>&1 || fail=1
 grep -A1 timing "$out/timings.txt"
+fi
+
+if want 6; then
+echo "== 6. disaggregated on the GPU: a prefill and a decode worker, KV through CUDA IPC"
+mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"
+export PATH=$work/bin:$PATH
+# CUDA IPC between two processes vs a device-to-device copy: chunks of one layer of one block
+# (SmolLM2: 12 KiB; the 7B shape: 256 KiB), and a put ordered after a fence
+for c in 12288 262144; do "$here/bin/tandem-bench-kvxfer" 1024 $c cuda_ipc 2>&1 || fail=1; done | tee "$out/kvxfer.txt"
+mkdir -p "${OUT:-/tmp}/disagg"
+if [ -n "$smol" ]; then
+  python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$smol" --out "${OUT:-/tmp}/disagg" --kv-mib 1024 \
+    --lengths 128,1024 --identity 6 > "$out/disagg-smol.json" 2> "$out/disagg-smol.err" ||
+    { echo "disaggregated SmolLM2 FAILED"; tail -5 "$out/disagg-smol.err"; fail=1; }
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('SmolLM2 greedy, 48 tokens: %d of %d prompts identical disaggregated and single-process' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer']))" "$out/disagg-smol.json" || fail=1
+fi
+make7b
+python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/disagg" --kv-mib 8192 \
+  --lengths 1024,4096 --identity 2 --bench "--sweep 2,4,8,16 --num-requests 32 --input-len uniform:256:2048 \
+  --output-len fixed:128 --ignore-eos --goodput ttft:1000,tpot:50 --tokenizer $m7" > "$out/disagg-7b.json" \
+  2> "$out/disagg-7b.err" || { echo "disaggregated 7B FAILED"; tail -5 "$out/disagg-7b.err"; fail=1; }
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B greedy, 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print(d.get('bench_tail', ''))" "$out/disagg-7b.json" || fail=1
+fi
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"
 exit $fail

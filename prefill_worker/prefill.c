@@ -992,6 +992,8 @@ static void prefill_detach(eng_worker_t *w, void *ctx)
     pthread_join(p->thread, NULL);
     kv_xfer_t *x;
     const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
+    TD_INFO("%s: KV pushed over %s: %llu bytes, the pusher busy %.1f ms, the engine waited %.1f ms of it",
+            eng_worker_id(w), xo->name, (unsigned long long)p->bytes, R->busy_total * 1e3, R->exposed_total * 1e3);
     pthread_mutex_lock(&R->peers_mu);
     for (size_t i = 0; i < R->n_peers; i++) {
         xo->disconnect(x, R->peers[i]->peer);

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""disagg_gpu.py — tandem disaggregated on one GPU machine: `tandem up` with a
+prefill and a decode worker on the GPU (KV through CUDA IPC) beside
+`tandem generate --device cuda` in one process, on the same model.
+
+ 1. greedy token ids of the cluster and of the single process, per prompt;
+ 2. TTFT and TPOT, disaggregated and single-process, at each prompt length
+    (median of REPS; a distinct first word per repetition keeps the prefix
+    cache out of it; the single process warms up before it times);
+ 3. the prefill worker's KV transfer totals (its exit log: bytes pushed, the
+    time the engine waited for the transfer after its compute);
+ 4. with --bench, `tandem bench` against the cluster (its JSON and plot data
+    go to --out).
+
+Standard library only (the GPU machine has no gRPC tools). Prints one JSON
+document. Usage:
+  disagg_gpu.py --bin DIR --model PATH --out DIR [--device cuda] [--kv-mib N] [--lengths 128,1024]
+                [--gen N] [--reps N] [--identity N] [--threads N] [--bench "ARGS"]
+"""
+import argparse
+import json
+import os
+import re
+import select
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):", "1, 2, 3, 4,",
+           "Explain why the sky is blue in one sentence.", "Once upon a time"]
+WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
+
+
+def prompt_of(n, rep):
+    return WORDS[rep % len(WORDS)] + " a" * (n - 2)
+
+
+def run(cmd, timeout=600):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd[:3]), r.returncode, r.stderr.strip()[-600:]))
+    return r
+
+
+def start_cluster(a, log_path):
+    cfg = os.path.join(a.out, "gpu-cluster.yaml")
+    with open(cfg, "w") as f:
+        f.write("model: {path: %s}\nrouter: {http_listen: \"\"}\n"
+                "prefill: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
+                "decode: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
+                "kvstore: {count: 0, use: false}\n"
+                % (a.model, a.device, a.kv_mib, a.token_budget, a.threads, a.device, a.kv_mib, a.token_budget, a.threads))
+    log = open(log_path, "a+")  # append: the children share the offset
+    up = subprocess.Popen([a.bin + "/tandem", "up", "--config", cfg], stdout=subprocess.PIPE, stderr=log, text=True,
+                          start_new_session=True)
+    ready, _, _ = select.select([up.stdout], [], [], 600)
+    ep = up.stdout.readline().strip() if ready else ""
+    if not ep:
+        os.killpg(up.pid, signal.SIGTERM)
+        up.wait(60)
+        log.seek(0)
+        raise RuntimeError("the GPU cluster did not start: " + log.read()[-1500:])
+    return up, ep
+
+
+def stop_cluster(up, log_path):
+    os.killpg(up.pid, signal.SIGTERM)
+    try:
+        up.wait(90)
+    except subprocess.TimeoutExpired:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait(30)
+    log = open(log_path).read()
+    m = re.search(r"KV pushed over (\S+): (\d+) bytes, the pusher busy ([\d.]+) ms, the engine waited ([\d.]+) ms",
+                  log)
+    if not m:
+        return None
+    return {"transport": m.group(1), "bytes": int(m.group(2)), "pusher_busy_ms": float(m.group(3)),
+            "exposed_ms": float(m.group(4))}
+
+
+def remote(a, ep, prompt, gen):
+    r = run([a.bin + "/tandem", "generate", "--endpoint", ep, "--ids", "--max-tokens", str(gen), "--ignore-eos",
+             prompt])
+    m = re.search(r"\[(\d+) prompt \+ (\d+) generated tokens; TTFT ([\d.]+) ms, TPOT ([\d.]+) ms", r.stderr)
+    return r.stdout.split(), int(m.group(1)), float(m.group(3)), float(m.group(4))
+
+
+def single(a, prompt, gen):
+    r = run([a.bin + "/tandem", "generate", "--model", a.model, "--device", a.device, "--threads", str(a.threads), "--ids", "--max-tokens", str(gen),
+             "--ignore-eos", "--kv-mib", str(a.kv_mib), "--token-budget", str(a.token_budget), prompt])
+    t = re.search(r"TTFT ([\d.]+) ms", r.stderr)
+    d = re.search(r"= ([\d.]+) tok/s", r.stderr)
+    return r.stdout.split(), float(t.group(1)), 1000.0 / float(d.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kv-mib", type=int, default=2048)
+    ap.add_argument("--token-budget", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lengths", default="128,1024")
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--identity", type=int, default=4)
+    ap.add_argument("--bench", default="")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    name = os.path.basename(a.model.rstrip("/"))
+    log_path = os.path.join(a.out, "gpu-cluster-%s.log" % name)
+    res = {"model": a.model, "kv_mib": a.kv_mib, "identity": [], "lengths": {}}
+    # single-process first: the cluster's two processes then have the GPU to themselves
+    single_ids = [single(a, p, 48)[0] for p in PROMPTS[:a.identity]]
+    lengths = [int(x) for x in a.lengths.split(",") if x]
+    single_t = {n: [single(a, prompt_of(n, r), a.gen)[1:] for r in range(a.reps)] for n in lengths}
+    up, ep = start_cluster(a, log_path)
+    try:
+        for p, s in zip(PROMPTS, single_ids):
+            d = remote(a, ep, p, 48)[0]
+            res["identity"].append({"prompt": p, "same": d == s, "agree": sum(x == y for x, y in zip(d, s)),
+                                    "of": len(s), "single": " ".join(s), "disagg": " ".join(d)})
+        for n in lengths:
+            rr = [remote(a, ep, prompt_of(n, r + 4), a.gen) for r in range(a.reps)]
+            res["lengths"][str(n)] = {
+                "prompt_tokens": rr[0][1],
+                "disagg_ttft_ms": statistics.median(x[2] for x in rr),
+                "disagg_tpot_ms": statistics.median(x[3] for x in rr),
+                "single_ttft_ms": statistics.median(x[0] for x in single_t[n]),
+                "single_tpot_ms": statistics.median(x[1] for x in single_t[n]),
+            }
+            print(name, n, res["lengths"][str(n)], file=sys.stderr, flush=True)
+        if a.bench:
+            out = os.path.join(a.out, "bench-%s.json" % name)
+            r = subprocess.run([a.bin + "/tandem", "bench", "--endpoint", ep, "--api", "grpc", "--output", out] + shlex.split(a.bench),
+                               capture_output=True, text=True, timeout=500)
+            res["bench_exit"] = r.returncode
+            res["bench_tail"] = (r.stdout + r.stderr)[-3000:]
+    finally:
+        res["kv_transfer"] = stop_cluster(up, log_path)
+    res["identical"] = sum(x["same"] for x in res["identity"])
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
