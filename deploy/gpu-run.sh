@@ -124,14 +124,15 @@ for c in 12288 262144; do "$here/bin/tandem-bench-kvxfer" 1024 $c cuda_ipc 2>&1 
 mkdir -p "${OUT:-/tmp}/disagg"
 if [ -n "$smol" ]; then
   python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$smol" --out "${OUT:-/tmp}/disagg" --kv-mib 1024 \
-    --lengths 128,1024 --identity 6 > "$out/disagg-smol.json" 2> "$out/disagg-smol.err" ||
+    --lengths 128,1024 --identity 6 --bench "--sweep 4,16,64 --num-requests 64 --input-len uniform:64:1024 \
+    --output-len fixed:64 --ignore-eos --goodput ttft:250,tpot:25" > "$out/disagg-smol.json" 2> "$out/disagg-smol.err" ||
     { echo "disaggregated SmolLM2 FAILED"; tail -5 "$out/disagg-smol.err"; fail=1; }
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('SmolLM2 greedy, 48 tokens: %d of %d prompts identical disaggregated and single-process' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer']))" "$out/disagg-smol.json" || fail=1
 fi
 make7b
 python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/disagg" --kv-mib 8192 \
-  --lengths 1024,4096 --identity 2 --bench "--sweep 2,4,8,16 --num-requests 32 --input-len uniform:256:2048 \
-  --output-len fixed:128 --ignore-eos --goodput ttft:1000,tpot:50 --tokenizer $m7" > "$out/disagg-7b.json" \
+  --lengths 1024,3072 --identity 2 --bench "--sweep 2,4,8,16,32 --num-requests 48 --output-len fixed:128 \
+  --ignore-eos --goodput ttft:250,tpot:50" --bench-prompts 240:256:2048 > "$out/disagg-7b.json" \
   2> "$out/disagg-7b.err" || { echo "disaggregated 7B FAILED"; tail -5 "$out/disagg-7b.err"; fail=1; }
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B greedy, 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print(d.get('bench_tail', ''))" "$out/disagg-7b.json" || fail=1
 fi

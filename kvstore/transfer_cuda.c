@@ -6,9 +6,12 @@
  * IPC handle (the "remote key"); its address names the host (the kernel's boot
  * id: CUDA IPC joins processes of one boot of one machine) and the device
  * (its UUID, which CUDA_VISIBLE_DEVICES cannot renumber). The initiator opens
- * the handle once per region and copies with cudaMemcpyAsync on its own copy
- * stream, so copies overlap the computation that queues them; a flush records
- * an event after the copies and polls it against its deadline.
+ * the handle once per region and copies on its own copy stream, so copies
+ * overlap the computation that queues them: puts up to 1 MiB are gathered and
+ * copied KV_COPY_BATCH at a time by one kernel (transfer_cuda_copy.cu; a
+ * cudaMemcpyAsync each is launch-bound at these sizes), larger ones go by
+ * cudaMemcpyAsync; a flush records an event after the copies and polls it
+ * against its deadline.
  *
  * Ordering: the source of a put is pool memory that the initiator's backend
  * writes with queued kernels. fence() records, on the thread that queues them,
@@ -32,8 +35,10 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "kvstore/transfer.h"
+#include "kvstore/transfer_cuda_copy.h"
 
 #define FENCE_RING 1024
+#define BATCHED_MAX (1u << 20) /* puts up to this many bytes go through the batched copy */
 #define ADDR_MAGIC 0x31494354u /* "TCI1" */
 #define RKEY_MAGIC 0x314b4354u /* "TCK1" */
 
@@ -60,6 +65,7 @@ struct kv_xfer {
     pthread_mutex_t mu;
     cudaEvent_t ring[FENCE_RING];
     uint64_t next_fence; /* fences are 1, 2, ...; 0 is none */
+    kv_copy_batch_t batch; /* puts not yet launched (the putting thread's) */
 };
 
 struct kv_xfer_mem {
@@ -280,6 +286,19 @@ static td_status_t bounds(kv_xfer_peer_t *p, uint32_t region, size_t len, uint64
     return TD_OK;
 }
 
+/* Launches the gathered puts; every operation that orders the copy stream
+ * (a fence wait, a get, a flush) comes after it. */
+static td_status_t launch_batch(kv_xfer_t *x)
+{
+    if (!x->batch.n)
+        return TD_OK;
+    int rc = kv_cuda_copy_batch(&x->batch, x->copy);
+    x->batch.n = 0;
+    return rc ? td_error(TD_ERR_INTERNAL, "cuda_ipc: the batched copy did not launch: %s",
+                         cudaGetErrorString(cudaGetLastError()))
+              : TD_OK;
+}
+
 static td_status_t ci_put(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, const void *src, size_t len,
                           uint64_t offset)
 {
@@ -287,6 +306,10 @@ static td_status_t ci_put(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, cons
     if (rc)
         return rc;
     cudaSetDevice(x->device);
+    if (len <= BATCHED_MAX) {
+        x->batch.d[x->batch.n++] = (kv_copy_desc_t){src, p->regions[region].ptr + offset, len};
+        return x->batch.n == KV_COPY_BATCH ? launch_batch(x) : TD_OK;
+    }
     CK(cudaMemcpyAsync(p->regions[region].ptr + offset, src, len, cudaMemcpyDefault, x->copy), "put");
     return TD_OK;
 }
@@ -297,6 +320,8 @@ static td_status_t ci_get(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, void
     if (rc)
         return rc;
     cudaSetDevice(x->device);
+    if ((rc = launch_batch(x)))
+        return rc;
     CK(cudaMemcpyAsync(dst, p->regions[region].ptr + offset, len, cudaMemcpyDefault, x->copy), "get");
     return TD_OK;
 }
@@ -305,6 +330,9 @@ static td_status_t ci_flush(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s)
 {
     (void)p; /* one copy stream: every peer's copies are flushed together */
     cudaSetDevice(x->device);
+    td_status_t rc = launch_batch(x);
+    if (rc)
+        return rc;
     CK(cudaEventRecord(x->done, x->copy), "cudaEventRecord");
     double until = td_now_s() + timeout_s;
     for (;;) {
@@ -325,6 +353,7 @@ static void ci_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
     if (!p)
         return;
     cudaSetDevice(x->device);
+    launch_batch(x); /* the batch may hold other peers' puts; this one's land or not, unflushed */
     cudaStreamSynchronize(x->copy); /* no copy may still use the mappings */
     for (uint32_t i = 0; i < p->n_regions; i++)
         cudaIpcCloseMemHandle(p->regions[i].ptr);
@@ -346,6 +375,9 @@ static td_status_t ci_fence(kv_xfer_t *x, void *stream, uint64_t *fence)
 
 static td_status_t ci_wait_fence(kv_xfer_t *x, uint64_t fence)
 {
+    td_status_t rc = launch_batch(x); /* puts before the wait need only the earlier fences */
+    if (rc)
+        return rc;
     pthread_mutex_lock(&x->mu);
     cudaSetDevice(x->device);
     cudaError_t e = cudaStreamWaitEvent(x->copy, x->ring[fence % FENCE_RING], 0);

@@ -15,11 +15,12 @@ prefill and a decode worker on the GPU (KV through CUDA IPC) beside
 Standard library only (the GPU machine has no gRPC tools). Prints one JSON
 document. Usage:
   disagg_gpu.py --bin DIR --model PATH --out DIR [--device cuda] [--kv-mib N] [--lengths 128,1024]
-                [--gen N] [--reps N] [--identity N] [--threads N] [--bench "ARGS"]
+                [--gen N] [--reps N] [--identity N] [--threads N] [--bench "ARGS" [--bench-prompts N:MIN:MAX]]
 """
 import argparse
 import json
 import os
+import random
 import re
 import select
 import shlex
@@ -112,6 +113,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--identity", type=int, default=4)
     ap.add_argument("--bench", default="")
+    ap.add_argument("--bench-prompts", default="", help="N:MIN:MAX — bench on a JSONL of N prompts of MIN..MAX "
+                    "tokens (' a' words after a distinct number) instead of synthetic words, for a tokenizer that "
+                    "has too few one-token words")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     name = os.path.basename(a.model.rstrip("/"))
@@ -139,7 +143,16 @@ def main():
             print(name, n, res["lengths"][str(n)], file=sys.stderr, flush=True)
         if a.bench:
             out = os.path.join(a.out, "bench-%s.json" % name)
-            r = subprocess.run([a.bin + "/tandem", "bench", "--endpoint", ep, "--api", "grpc", "--output", out] + shlex.split(a.bench),
+            extra = []
+            if a.bench_prompts:
+                n, lo, hi = (int(x) for x in a.bench_prompts.split(":"))
+                rnd = random.Random(7)
+                path = os.path.join(a.out, "prompts-%s.jsonl" % name)
+                with open(path, "w") as f:
+                    for i in range(n):
+                        f.write(json.dumps({"prompt": "%d" % (1000 + i) + " a" * rnd.randint(lo, hi)}) + "\n")
+                extra = ["--workload", "prompts", path]
+            r = subprocess.run([a.bin + "/tandem", "bench", "--endpoint", ep, "--api", "grpc", "--output", out] + shlex.split(a.bench) + extra,
                                capture_output=True, text=True, timeout=500)
             res["bench_exit"] = r.returncode
             res["bench_tail"] = (r.stdout + r.stderr)[-3000:]
