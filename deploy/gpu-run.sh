@@ -119,8 +119,8 @@ echo "== 6. disaggregated on the GPU: a prefill and a decode worker, KV through 
 mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"
 export PATH=$work/bin:$PATH
 # CUDA IPC between two processes vs a device-to-device copy: chunks of one layer of one block
-# (SmolLM2: 12 KiB; the 7B shape: 256 KiB), and a put ordered after a fence
-for c in 12288 262144; do "$here/bin/tandem-bench-kvxfer" 1024 $c cuda_ipc 2>&1 || fail=1; done | tee "$out/kvxfer.txt"
+# (SmolLM2: 12 KiB; the 7B shape: 256 KiB; 1000 bytes, unaligned), and a put ordered after a fence
+for c in 12288 262144 1000; do "$here/bin/tandem-bench-kvxfer" 1024 $c cuda_ipc 2>&1 || fail=1; done | tee "$out/kvxfer.txt"
 mkdir -p "${OUT:-/tmp}/disagg"
 if [ -n "$smol" ]; then
   python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$smol" --out "${OUT:-/tmp}/disagg" --kv-mib 1024 \
