@@ -168,11 +168,9 @@ int cli_bench(int argc, char **argv)
         snprintf(url, sizeof url, "%s", strstr(endpoint, "://") ? strstr(endpoint, "://") + 3 : endpoint);
     else
         snprintf(url, sizeof url, "%s%s", strstr(endpoint, "://") ? "" : "http://", endpoint);
-    eng_model_t *m;
-    if (eng_model_open(tok_model, &m))
-        return 1;
-    bench_workload_t words;
-    if (bench_words(m->tok, &words)) {
+    eng_model_t *m = NULL; /* the tokenizer that makes prompts of words (a prompts file brings its own text) */
+    bench_workload_t words = {0};
+    if (strcmp(workload, "prompts") && (eng_model_open(tok_model, &m) || bench_words(m->tok, &words))) {
         eng_model_close(m);
         return 1;
     }

@@ -113,6 +113,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--identity", type=int, default=4)
     ap.add_argument("--bench", default="")
+    ap.add_argument("--bench-max-tokens", type=int, default=128)
     ap.add_argument("--bench-prompts", default="", help="N:MIN:MAX — bench on a JSONL of N prompts of MIN..MAX "
                     "tokens (' a' words after a distinct number) instead of synthetic words, for a tokenizer that "
                     "has too few one-token words")
@@ -150,7 +151,8 @@ def main():
                 path = os.path.join(a.out, "prompts-%s.jsonl" % name)
                 with open(path, "w") as f:
                     for i in range(n):
-                        f.write(json.dumps({"prompt": "%d" % (1000 + i) + " a" * rnd.randint(lo, hi)}) + "\n")
+                        f.write(json.dumps({"prompt": "%d" % (1000 + i) + " a" * rnd.randint(lo, hi),
+                                            "max_tokens": a.bench_max_tokens}) + "\n")
                 extra = ["--workload", "prompts", path]
             r = subprocess.run([a.bin + "/tandem", "bench", "--endpoint", ep, "--api", "grpc", "--output", out] + shlex.split(a.bench) + extra,
                                capture_output=True, text=True, timeout=500)
