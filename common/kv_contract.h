@@ -74,7 +74,10 @@ td_status_t td_kv_layout_from_json(const struct json_t *j, td_kv_layout_t *l);
  * canonical layout, every layer, the unused tail of a partial block too).
  * The prefill side states the digest of every block it pushed; the decode
  * side computes it over its landing blocks before decode starts, so a block
- * that is missing, partial or overwritten is an error, never silent garbage. */
+ * that is missing, partial or overwritten is an error, never silent garbage.
+ * Workers compute it through their backend (kern_backend_ops_t.kv_digest):
+ * this function for pools in host memory; GPU pools, which only GPU peers
+ * write (CUDA IPC), use the device's own digest where the blocks lie. */
 uint64_t td_kv_block_digest(const void *block, size_t block_bytes);
 
 #endif
