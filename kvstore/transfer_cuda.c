@@ -122,7 +122,14 @@ static td_status_t ci_create(const kv_xfer_config_t *cfg, kv_xfer_t **out)
         e = cudaEventCreateWithFlags(&x->ring[i], cudaEventDisableTiming);
     if (e != cudaSuccess) {
         td_status_t rc = td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: device %d: %s", x->device, cudaGetErrorString(e));
-        free(x); /* the process is failing its start: the few handles made go with it */
+        for (int i = 0; i < FENCE_RING && x->ring[i]; i++)
+            cudaEventDestroy(x->ring[i]);
+        if (x->done)
+            cudaEventDestroy(x->done);
+        if (x->copy)
+            cudaStreamDestroy(x->copy);
+        pthread_mutex_destroy(&x->mu);
+        free(x);
         return rc;
     }
     memcpy(x->uuid, prop.uuid.bytes, 16);

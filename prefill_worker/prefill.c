@@ -479,8 +479,10 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
     uint8_t *base = eng_engine_kv_base(e, &bb);
     uint32_t n_layers = eng_worker_contract(R->w).n_layers;
     size_t lb = bb / n_layers;
-    uint64_t fence = 0; /* a GPU pool: the layer's kernels are queued, not done; its puts wait for them */
-    if (R->pusher.xo->fence && R->pusher.xo->fence(R->pusher.x, eng_engine_queue(e), &fence)) {
+    /* a GPU pool: the layer's kernels are queued, not done; its puts wait for
+     * them (a fence only in a step that lands KV somewhere) */
+    uint64_t fence = 0;
+    if (R->n_active && R->pusher.xo->fence && R->pusher.xo->fence(R->pusher.x, eng_engine_queue(e), &fence)) {
         peers_fail_all(R, td_last_error()); /* unordered puts could copy KV not yet written */
         return;
     }
