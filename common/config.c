@@ -1,12 +1,9 @@
 /* config.c — see config.h.
  *
- * How it works: libcyaml loads the file into a "raw" struct whose every scalar
- * is a pointer, so that an absent key is NULL and keeps the default. A table of
- * fields (name, type, where in td_config_t, where in the raw struct) merges the
- * raw values and serves td_config_set(). libcyaml's error backtrace gives the
- * line of the enclosing mapping, not of the offending key, so on failure the
- * key it names ("Unexpected key: x", "in mapping field 'x'") is looked up again
- * with libyaml, which gives the key's own line. */
+ * How it works: libcyaml loads the file (common/yaml.h) into a "raw" struct
+ * whose every scalar is a pointer, so that an absent key is NULL and keeps the
+ * default. A table of fields (name, type, where in td_config_t, where in the
+ * raw struct) merges the raw values and serves td_config_set(). */
 #include "common/config.h"
 
 #include <ctype.h>
@@ -18,9 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <yaml.h>
 
 #include "common/log.h"
+#include "common/yaml.h"
 
 typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 
@@ -266,131 +263,12 @@ td_status_t td_config_set(td_config_t *cfg, const char *key, const char *value)
     return td_error(TD_ERR_CONFIG, "config: unknown key '%s'", key);
 }
 
-/* libcyaml's messages, gathered for the error we report. */
-typedef struct cyaml_msgs {
-    char text[2048];
-    size_t len;
-} cyaml_msgs_t;
-
-static void cyaml_collect(cyaml_log_t level, void *ctx, const char *fmt, va_list args)
-{
-    cyaml_msgs_t *m = ctx;
-    if (level < CYAML_LOG_ERROR || m->len >= sizeof m->text - 1)
-        return;
-    int n = vsnprintf(m->text + m->len, sizeof m->text - m->len, fmt, args);
-    if (n > 0)
-        m->len += (size_t)n < sizeof m->text - m->len ? (size_t)n : sizeof m->text - m->len - 1;
-}
-
-/* From libcyaml's messages: the innermost key it complains about and the
- * enclosing mapping field, e.g. "Unexpected key: foo" + "in mapping field 'log'". */
-static void cyaml_blame(const char *msgs, char *key, size_t keycap, char *parent, size_t parcap)
-{
-    key[0] = parent[0] = '\0';
-    const char *p = strstr(msgs, "Unexpected key: ");
-    if (p) {
-        p += strlen("Unexpected key: ");
-        size_t n = strcspn(p, "\n");
-        snprintf(key, keycap, "%.*s", (int)n, p);
-    }
-    const char *q = msgs;
-    char first[64] = "", second[64] = "";
-    while ((q = strstr(q, "in mapping field '"))) {
-        q += strlen("in mapping field '");
-        size_t n = strcspn(q, "'");
-        if (!first[0])
-            snprintf(first, sizeof first, "%.*s", (int)n, q);
-        else if (!second[0])
-            snprintf(second, sizeof second, "%.*s", (int)n, q);
-    }
-    if (key[0]) {
-        snprintf(parent, parcap, "%s", first);
-    } else {
-        snprintf(key, keycap, "%s", first);
-        snprintf(parent, parcap, "%s", second);
-    }
-}
-
-/* The 1-based line of key (inside mapping `parent` if given), 0 if not found. */
-static size_t yaml_key_line(const char *path, const char *parent, const char *key)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return 0;
-    yaml_parser_t parser;
-    yaml_event_t ev;
-    size_t line = 0;
-    int depth = 0, in_parent = !parent[0], expect_key[16] = {0}, parent_depth = -1;
-    yaml_parser_initialize(&parser);
-    yaml_parser_set_input_file(&parser, fp);
-    while (!line && yaml_parser_parse(&parser, &ev)) {
-        yaml_event_type_t type = ev.type;
-        if (type == YAML_MAPPING_START_EVENT) {
-            if (depth > 0 && depth < 16)
-                expect_key[depth] = !expect_key[depth];
-            depth++;
-            if (depth < 16)
-                expect_key[depth] = 0;
-        } else if (type == YAML_MAPPING_END_EVENT || type == YAML_SEQUENCE_END_EVENT) {
-            if (depth == parent_depth)
-                in_parent = 0, parent_depth = -1;
-            depth--;
-        } else if (type == YAML_SEQUENCE_START_EVENT) {
-            if (depth < 16)
-                expect_key[depth] = !expect_key[depth];
-            depth++;
-        } else if (type == YAML_SCALAR_EVENT && depth < 16) {
-            int is_key = !expect_key[depth];
-            expect_key[depth] = !expect_key[depth];
-            const char *v = (const char *)ev.data.scalar.value;
-            if (is_key && parent[0] && depth == 1 && strcmp(v, parent) == 0) {
-                in_parent = 1;
-                parent_depth = 2;
-            } else if (is_key && in_parent && strcmp(v, key) == 0 && (parent[0] ? depth == 2 : depth == 1)) {
-                line = ev.start_mark.line + 1;
-            }
-        }
-        yaml_event_delete(&ev);
-        if (type == YAML_STREAM_END_EVENT)
-            break;
-    }
-    yaml_parser_delete(&parser);
-    fclose(fp);
-    return line;
-}
-
-static void raw_free(raw_config_t *raw, const cyaml_config_t *cc)
-{
-    if (raw)
-        cyaml_free(cc, &top_schema, raw, 0);
-}
-
 td_status_t td_config_load(td_config_t *cfg, const char *path)
 {
-    cyaml_msgs_t msgs = {.len = 0};
-    msgs.text[0] = '\0';
-    cyaml_config_t cc = {
-        .log_fn = cyaml_collect, .log_ctx = &msgs, .mem_fn = cyaml_mem,
-        .log_level = CYAML_LOG_ERROR, .flags = CYAML_CFG_DEFAULT,
-    };
-    FILE *probe = fopen(path, "rb");
-    if (!probe)
-        return td_error(TD_ERR_IO, "config: %s: cannot open: %s", path, strerror(errno));
-    fclose(probe);
     raw_config_t *raw = NULL;
-    cyaml_err_t err = cyaml_load_file(path, &cc, &top_schema, (cyaml_data_t **)&raw, NULL);
-    if (err != CYAML_OK) {
-        char key[128], parent[64];
-        cyaml_blame(msgs.text, key, sizeof key, parent, sizeof parent);
-        size_t line = key[0] ? yaml_key_line(path, parent, key) : 0;
-        char *nl;
-        while ((nl = strchr(msgs.text, '\n')))
-            *nl = ' ';
-        if (line)
-            return td_error(TD_ERR_CONFIG, "config: %s:%zu: key '%s%s%s': %s (%s)", path, line, parent,
-                            parent[0] ? "." : "", key, cyaml_strerror(err), msgs.text);
-        return td_error(TD_ERR_CONFIG, "config: %s: %s (%s)", path, cyaml_strerror(err), msgs.text);
-    }
+    td_status_t st = td_yaml_load_file(&top_schema, path, (void **)&raw);
+    if (st)
+        return st;
     td_status_t rc = TD_OK;
     for (size_t i = 0; i < N_FIELDS && !rc && raw; i++) {
         const cfg_field_t *f = &cfg_fields[i];
@@ -410,7 +288,7 @@ td_status_t td_config_load(td_config_t *cfg, const char *path)
         else
             *(uint64_t *)(void *)slot = *(uint64_t *)v;
     }
-    raw_free(raw, &cc);
+    td_yaml_free(&top_schema, raw);
     return rc ? rc : td_config_validate(cfg);
 }
 
