@@ -61,44 +61,53 @@ static void cyaml_blame(const char *msgs, char *key, size_t keycap, char *parent
     }
 }
 
-/* The 1-based line of key (inside mapping `parent` if given) in text, 0 if not found. */
+/* The 1-based line of key in text, 0 if not found: the first mapping key
+ * named key inside the value of a mapping key named parent (at any depth:
+ * a list's entries too), or anywhere when parent is "". */
 static size_t yaml_key_line(const char *text, size_t len, const char *parent, const char *key)
 {
+    enum { MAX_DEPTH = 32 };
     yaml_parser_t parser;
     yaml_event_t ev;
     size_t line = 0;
-    int depth = 0, in_parent = !parent[0], expect_key[16] = {0}, parent_depth = -1;
+    /* per open collection: a mapping?, and whether its next scalar is a value */
+    bool mapping[MAX_DEPTH] = {false}, value_next[MAX_DEPTH] = {false};
+    int depth = 0, inside = parent[0] ? -1 : 0; /* the depth whose collections are parent's value */
+    bool parent_value_next = false;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     while (!line && yaml_parser_parse(&parser, &ev)) {
         yaml_event_type_t type = ev.type;
-        if (type == YAML_MAPPING_START_EVENT) {
-            if (depth > 0 && depth < 16)
-                expect_key[depth] = !expect_key[depth];
-            depth++;
-            if (depth < 16)
-                expect_key[depth] = 0;
-        } else if (type == YAML_MAPPING_END_EVENT || type == YAML_SEQUENCE_END_EVENT) {
-            if (depth == parent_depth)
-                in_parent = 0, parent_depth = -1;
-            depth--;
-        } else if (type == YAML_SEQUENCE_START_EVENT) {
-            if (depth < 16)
-                expect_key[depth] = !expect_key[depth];
-            depth++;
-        } else if (type == YAML_SCALAR_EVENT && depth < 16) {
-            int is_key = !expect_key[depth];
-            expect_key[depth] = !expect_key[depth];
-            const char *v = (const char *)ev.data.scalar.value;
-            if (is_key && parent[0] && depth == 1 && strcmp(v, parent) == 0) {
-                in_parent = 1;
-                parent_depth = 2;
-            } else if (is_key && in_parent && strcmp(v, key) == 0 && (parent[0] ? depth == 2 : depth == 1)) {
-                line = ev.start_mark.line + 1;
+        bool start = type == YAML_MAPPING_START_EVENT || type == YAML_SEQUENCE_START_EVENT;
+        if (start || type == YAML_SCALAR_EVENT) {
+            bool is_key = depth > 0 && mapping[depth - 1] && !value_next[depth - 1];
+            if (depth > 0 && mapping[depth - 1])
+                value_next[depth - 1] = !value_next[depth - 1];
+            if (type == YAML_SCALAR_EVENT && is_key) {
+                const char *v = (const char *)ev.data.scalar.value;
+                if (inside >= 0 && depth > inside && !strcmp(v, key))
+                    line = ev.start_mark.line + 1;
+                else if (inside < 0 && !strcmp(v, parent))
+                    parent_value_next = true; /* what follows is its value */
+            } else if (start) {
+                if (parent_value_next && inside < 0)
+                    inside = depth; /* this collection and everything in it */
+                parent_value_next = false;
+                if (depth < MAX_DEPTH) {
+                    mapping[depth] = type == YAML_MAPPING_START_EVENT;
+                    value_next[depth] = false;
+                }
+                depth++;
+            } else {
+                parent_value_next = false;
             }
+        } else if (type == YAML_MAPPING_END_EVENT || type == YAML_SEQUENCE_END_EVENT) {
+            depth--;
+            if (parent[0] && inside >= 0 && depth <= inside)
+                inside = -1;
         }
         yaml_event_delete(&ev);
-        if (type == YAML_STREAM_END_EVENT)
+        if (type == YAML_STREAM_END_EVENT || depth >= MAX_DEPTH)
             break;
     }
     yaml_parser_delete(&parser);
