@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "cli/cli.h"
 #include "common/log.h"
+#include "common/ops.h"
 #include "common/rpc.h"
 #include "tandem/v1/tandem.pb-c.h"
 
@@ -135,6 +136,117 @@ int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const cha
                 td_now_s() - t0);
     td_rpc_stream_destroy(st);
     td_rpc_channel_destroy(ch);
+    td_rpc_shutdown();
+    return code;
+}
+
+const char cli_scale_usage[] =
+    "usage: tandem scale --endpoint HOST:PORT (--apply OPS.yaml | --prefill N --decode M)\n"
+    "                    [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n"
+    "  the ops config (deploy/ops.yaml) for the cluster behind the router at HOST:PORT: a whole file,\n"
+    "  or fixed worker counts for its model. The router keeps it in etcd; the planner and the nodes'\n"
+    "  agents do the rest (tandem health shows the planner's decision). An administrator's call:\n"
+    "  from the router's host, or with a client certificate named \"admin\".\n";
+
+static bool count_arg(const char *flag, const char *v, uint32_t *out)
+{
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || !*v || n < 1 || n > TD_OPS_MAX_WORKERS) {
+        fprintf(stderr, "tandem scale: %s needs a count from 1 to %d, not '%s'\n", flag, TD_OPS_MAX_WORKERS, v);
+        return false;
+    }
+    *out = (uint32_t)n;
+    return true;
+}
+
+int cli_scale(int argc, char **argv)
+{
+    const char *ep = NULL, *file = NULL;
+    td_rpc_tls_t tls = {0};
+    Tandem__V1__ScaleRequest rq = TANDEM__V1__SCALE_REQUEST__INIT;
+    for (int i = 0; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--endpoint") && v)
+            ep = argv[++i];
+        else if (!strcmp(argv[i], "--apply") && v)
+            file = argv[++i];
+        else if (!strcmp(argv[i], "--prefill") && v) {
+            if (!count_arg(argv[i], argv[i + 1], &rq.prefill))
+                return 2;
+            rq.has_prefill = 1;
+            i++;
+        } else if (!strcmp(argv[i], "--decode") && v) {
+            if (!count_arg(argv[i], argv[i + 1], &rq.decode))
+                return 2;
+            rq.has_decode = 1;
+            i++;
+        } else if (!cli_tls_flag(argc, argv, &i, &tls)) {
+            fprintf(stderr, "tandem scale: unknown argument '%s'\n%s", argv[i], cli_scale_usage);
+            return 2;
+        }
+    }
+    if (!ep || !file == !(rq.has_prefill && rq.has_decode) || rq.has_prefill != rq.has_decode) {
+        fputs(cli_scale_usage, stderr);
+        return 2;
+    }
+    td_log_set_level(TD_LOG_OFF);
+    char *text = NULL;
+    if (file) { /* read and checked here first: the errors name the file's lines */
+        td_ops_t *ops = NULL;
+        if (td_ops_load_file(file, &ops)) {
+            fprintf(stderr, "tandem scale: %s\n", td_last_error());
+            return 2;
+        }
+        td_ops_free(ops);
+        FILE *fp = fopen(file, "rb");
+        text = fp ? calloc(1, (1u << 20) + 1) : NULL;
+        if (text && fread(text, 1, 1u << 20, fp) == 0 && ferror(fp)) {
+            free(text);
+            text = NULL;
+        }
+        if (fp)
+            fclose(fp);
+        if (!text) {
+            fprintf(stderr, "tandem scale: cannot read %s\n", file);
+            return 1;
+        }
+        rq.ops_yaml = text;
+    }
+    size_t n = tandem__v1__scale_request__get_packed_size(&rq);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        free(text);
+        return 1;
+    }
+    tandem__v1__scale_request__pack(&rq, buf);
+    free(text);
+    td_rpc_init();
+    td_rpc_channel_t *ch;
+    int code = 1;
+    if (td_rpc_channel_create(ep, tls.ca_file || tls.cert_file ? &tls : NULL, &ch) == TD_OK) {
+        uint8_t *out;
+        size_t on;
+        td_rpc_result_t res;
+        if (td_rpc_unary(ch, "/tandem.v1.Tandem/Scale", buf, n, 10.0, NULL, &out, &on, &res) == TD_OK) {
+            Tandem__V1__ScaleResponse *sr = tandem__v1__scale_response__unpack(NULL, on, out);
+            if (sr) {
+                printf("# the ops config in force\n%s", sr->ops_yaml ? sr->ops_yaml : "");
+                if (sr->desired && sr->desired[0])
+                    printf("# the planner's last decision (it acts on this config within a few seconds)\n%s\n",
+                           sr->desired);
+                code = 0;
+                tandem__v1__scale_response__free_unpacked(sr, NULL);
+            }
+            free(out);
+        } else {
+            fprintf(stderr, "tandem scale: %s: %s\n", td_rpc_code_name(res.code), res.message);
+        }
+        td_rpc_channel_destroy(ch);
+    } else {
+        fprintf(stderr, "tandem scale: %s\n", td_last_error());
+    }
+    free(buf);
     td_rpc_shutdown();
     return code;
 }

@@ -12,6 +12,8 @@ static const char usage[] =
     "  health --endpoint HOST:PORT           is the cluster serving (exit 0) or not\n"
     "  certs --dir DIR [--hosts H1,H2]       a cluster CA and certificates for its processes\n"
     "  apikey NAME [--rpm N] [--tpm N]       an API key for the HTTP API, and its line for router.api_keys\n"
+    "  scale --endpoint HOST:PORT (--apply OPS.yaml | --prefill N --decode M)\n"
+    "                                        the ops config: worker counts or the planner's policy (deploy/ops.yaml)\n"
     "  kvstore-status --etcd HOST:PORT       the KV store's nodes: per tier bytes, blocks, hits, evictions; replicas\n"
     "  --version                             the version and the commit it was built from\n"
     "\n"
@@ -41,6 +43,7 @@ static const struct {
     {"bench", cli_bench, cli_bench_usage},                {"up", cli_up, cli_up_usage},
     {"health", cli_health, cli_health_usage},             {"certs", cli_certs, cli_certs_usage},
     {"apikey", cli_apikey, cli_apikey_usage},             {"kvstore-status", cli_kvstatus, cli_kvstatus_usage},
+    {"scale", cli_scale, cli_scale_usage},
 };
 
 int main(int argc, char **argv)

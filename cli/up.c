@@ -11,10 +11,22 @@
  * reports SERVING it prints the router's endpoint as HOST:PORT on stdout.
  * Ctrl-C / SIGTERM stops the children (workers drain), then etcd, and
  * removes the data dir. Extra worker flags: --worker-arg ARG (repeatable),
- * e.g. --worker-arg --threads --worker-arg 1. */
+ * e.g. --worker-arg --threads --worker-arg 1.
+ *
+ * It is also the node agent (DESIGN.md §7): it registers this node in etcd
+ * (TD_OPS_NODES_PREFIX), seeds the ops config with its counts when there is
+ * none (common/ops.h), and from then on runs this node's share of the
+ * planner's desired counts: it starts workers, stops them (each drains), or
+ * flips one from a role to the other (drained, then started in the other
+ * role in its slot). `tandem up --join ETCD` is the agent alone, for the
+ * other hosts of a cluster: no etcd and no router, the kvstore nodes of its
+ * config, and its share of the workers; --address names the address its
+ * processes bind and advertise, --certs the folder of the role
+ * certificates (`tandem certs`: ca.pem, prefill, decode, kvstore, client). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -32,6 +44,8 @@
 #include "common/certs.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/ops.h"
+#include "common/process.h"
 #include "common/rpc.h"
 #include "tandem/v1/tandem.pb-c.h"
 
@@ -45,14 +59,12 @@ typedef struct child {
     pid_t pid;
     double started, restart_at;
     int restarts;
+    bool used;     /* the slot holds a process (running, or to be started again) */
+    char role;     /* a worker's: 'p' or 'd'; 0 for the others */
+    bool retiring; /* the agent stopped it (it drains): not started again */
+    char flip_to;  /* once it has drained, the role its slot starts in (0: none) */
+    double retired_at;
 } child_t;
-
-static volatile sig_atomic_t g_stop;
-static void on_stop(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
 
 /* The etcd binary: the first on PATH, else Debian's, else /usr/local/bin's. */
 static void etcd_path(char *out, size_t n)
@@ -67,16 +79,17 @@ static void etcd_path(char *out, size_t n)
     snprintf(out, n, "%s", access("/usr/bin/etcd", X_OK) ? "/usr/local/bin/etcd" : "/usr/bin/etcd");
 }
 
-/* Free loopback ports for the cluster's listeners: every probe socket stays
+/* Free ports of address for the cluster's listeners: every probe socket stays
  * bound until the last port is chosen, so the ports are distinct (one bound
  * and closed at a time may come back twice; a listener then cannot bind and
  * restarts on the same port forever). 0 or -1 with errno. */
-static int free_ports(int *ports, int n)
+static int free_ports(const char *address, int *ports, int n)
 {
     int fds[8];
     int got = 0, rc = 0;
     for (; got < n && got < 8; got++) {
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        inet_pton(AF_INET, address, &a.sin_addr);
         socklen_t l = sizeof a;
         fds[got] = socket(AF_INET, SOCK_STREAM, 0);
         if (fds[got] < 0 || bind(fds[got], (struct sockaddr *)&a, sizeof a) ||
@@ -121,10 +134,19 @@ static void add_arg(child_t *c, const char *a)
     c->argv[c->argc] = NULL;
 }
 
+static void child_clear(child_t *c)
+{
+    for (int a = 0; a < c->argc; a++)
+        free(c->argv[a]);
+    memset(c, 0, sizeof *c);
+}
+
 /* A child running binary `prog` of dir, with --config FILE when there is one. */
 static void child_begin(child_t *c, const char *prog, const char *dir, const char *config)
 {
     char bin[PATH_MAX + 32];
+    child_clear(c);
+    c->used = true;
     snprintf(c->name, sizeof c->name, "%s", prog);
     snprintf(bin, sizeof bin, "%s/%s", dir, prog);
     add_arg(c, bin);
@@ -135,7 +157,8 @@ static void child_begin(child_t *c, const char *prog, const char *dir, const cha
 }
 
 /* The certificate and key of process NAME: certdir's NAME.pem and NAME.key
- * (the ones tandem up made), or the config's cluster pair when certdir is NULL. */
+ * (the ones tandem up made, or --certs), or the config's cluster pair when
+ * certdir is NULL. */
 static void pair_of(const td_config_t *cfg, const char *certdir, const char *name, char cert[PATH_MAX],
                     char key[PATH_MAX])
 {
@@ -174,13 +197,257 @@ static bool router_serving(td_rpc_channel_t *ch)
     return ok;
 }
 
+/* ---------------------------------------------------------------- the node agent */
+
+typedef struct agent {
+    pthread_mutex_t mu;
+    uint32_t want_p, want_d; /* this node's share (under mu) */
+    bool known;              /* want_* hold a share (the start-up counts, then the planner's) */
+    char why[320];           /* the planner's reason behind it */
+    /* fixed before the thread starts */
+    char etcd_ep[160], node[64], address[64];
+    td_rpc_tls_t tls;
+    bool plaintext, run_workers, seed;
+    uint32_t seed_p, seed_d;
+    pthread_t thread;
+} agent_t;
+
+/* The ops config when etcd has none: fixed counts (this node's start-up). */
+static void seed_ops(agent_t *a, td_etcd_t *e)
+{
+    td_etcd_kvs_t kvs = {0};
+    if (td_etcd_get(e, TD_OPS_KEY, false, &kvs))
+        return;
+    bool absent = !kvs.n;
+    td_etcd_kvs_free(&kvs);
+    a->seed = false;
+    if (!absent)
+        return;
+    char text[256];
+    snprintf(text, sizeof text, "models: [{name: \"*\", prefill: %u, decode: %u}]\n", a->seed_p, a->seed_d);
+    td_ops_t *ops = NULL;
+    char *canon = NULL;
+    if (td_ops_parse(text, strlen(text), "tandem up", &ops) || td_ops_format(ops, &canon) ||
+        td_etcd_put(e, TD_OPS_KEY, canon, strlen(canon), 0)) {
+        fprintf(stderr, "tandem up: cannot seed the ops config: %s\n", td_last_error());
+        a->seed = true; /* again on the next look */
+    }
+    td_ops_free(ops);
+    free(canon);
+}
+
+/* One look: the planner's counts and the nodes that share them. */
+static void agent_look(agent_t *a, td_etcd_t *e)
+{
+    td_etcd_kvs_t d = {0}, nodes = {0};
+    if (td_etcd_get(e, TD_OPS_DESIRED_KEY, false, &d) || !d.n ||
+        td_etcd_get(e, TD_OPS_NODES_PREFIX, true, &nodes)) {
+        td_etcd_kvs_free(&d);
+        return;
+    }
+    td_ops_desired_t want;
+    if (td_ops_desired_parse((const char *)d.kv[0].value, d.kv[0].value_len, &want)) {
+        td_etcd_kvs_free(&d);
+        td_etcd_kvs_free(&nodes);
+        return;
+    }
+    td_etcd_kvs_free(&d);
+    const char *names[256];
+    size_t n = 0;
+    for (size_t i = 0; i < nodes.n && n < 256; i++)
+        names[n++] = nodes.kv[i].key + strlen(TD_OPS_NODES_PREFIX);
+    uint32_t p = 0, dd = 0;
+    td_ops_share(&want, names, n, a->node, &p, &dd);
+    td_etcd_kvs_free(&nodes);
+    if (!a->run_workers)
+        p = dd = 0;
+    pthread_mutex_lock(&a->mu);
+    if (!a->known || a->want_p != p || a->want_d != dd)
+        fprintf(stderr, "tandem up: node %s runs %u prefill + %u decode of the cluster's %u + %u (%s)\n", a->node, p,
+                dd, want.prefill, want.decode, want.reason);
+    a->want_p = p;
+    a->want_d = dd;
+    a->known = true;
+    snprintf(a->why, sizeof a->why, "%s", want.reason);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Every 0.5 s until a stop signal: this node's record (under a lease; only
+ * a node that runs workers has one), the seed, the share. etcd being away
+ * leaves the share as it was. */
+static void *agent_thread(void *arg)
+{
+    agent_t *a = arg;
+    const td_rpc_tls_t *tls = a->plaintext ? NULL : &a->tls;
+    td_etcd_t *e = NULL;
+    td_member_t *member = NULL;
+    char key[160], value[256];
+    snprintf(key, sizeof key, "%s%s", TD_OPS_NODES_PREFIX, a->node);
+    snprintf(value, sizeof value, "{\"name\": \"%s\", \"address\": \"%s\", \"pid\": %d}", a->node, a->address,
+             (int)getpid());
+    while (!td_process_stop_signal()) {
+        if (!e && td_etcd_connect(a->etcd_ep, tls, &e))
+            e = NULL;
+        if (e && a->run_workers && !member && td_member_join(a->etcd_ep, tls, key, value, 3, &member, NULL))
+            member = NULL;
+        td_member_tick(member);
+        if (e && a->seed)
+            seed_ops(a, e);
+        if (e)
+            agent_look(a, e);
+        usleep(500 * 1000);
+    }
+    td_member_leave(member); /* the other nodes take this one's share at once */
+    td_etcd_destroy(e);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- tandem up */
+
+typedef struct up {
+    char dir[PATH_MAX];          /* the binaries */
+    const char *config, *model, *etcd_ep, *address;
+    const char *certdir, *ca_file; /* certdir NULL: the config's cluster pair */
+    const td_config_t *cfg;
+    bool plaintext;
+    long nkv;
+    const char **extra;
+    int n_extra;
+    int serial[2]; /* workers started so far, per role: their names */
+} up_t;
+
+/* Slot c becomes a worker of role ('p' or 'd'). */
+static void worker_child(up_t *u, child_t *c, char role)
+{
+    bool pre = role == 'p';
+    int k = u->serial[!pre]++;
+    child_begin(c, pre ? "tandem-prefill" : "tandem-decode", u->dir, u->config);
+    c->role = role;
+    snprintf(c->name, sizeof c->name, "%s-%d", pre ? "prefill" : "decode", k);
+    add_arg(c, "--model");
+    add_arg(c, u->model);
+    add_arg(c, "--etcd");
+    add_arg(c, u->etcd_ep);
+    char listen[96], cert[PATH_MAX], key[PATH_MAX];
+    snprintf(listen, sizeof listen, "%s:0", u->address);
+    add_arg(c, "--listen");
+    add_arg(c, listen);
+    pair_of(u->cfg, u->certdir, pre ? "prefill" : "decode", cert, key);
+    add_cluster_tls(c, u->plaintext, u->ca_file, cert, key);
+    if (pre && u->nkv) { /* each prefill worker's near node, round robin: where its hot blocks get copies */
+        char near[32];
+        snprintf(near, sizeof near, "kvstore-%ld", k % u->nkv);
+        add_arg(c, "--kvstore-near");
+        add_arg(c, near);
+    }
+    for (int e = 0; e < u->n_extra; e++)
+        add_arg(c, u->extra[e]);
+}
+
+/* The youngest running worker of role that is not retiring, or NULL. */
+static child_t *youngest(child_t *kids, int nk, char role)
+{
+    child_t *best = NULL;
+    for (int i = 0; i < nk; i++)
+        if (kids[i].used && kids[i].role == role && !kids[i].retiring && (!best || kids[i].started > best->started))
+            best = &kids[i];
+    return best;
+}
+
+/* Brings the workers to the agent's share: at most one change per role a call. */
+static void reconcile(up_t *u, agent_t *a, child_t *kids, int *nk)
+{
+    pthread_mutex_lock(&a->mu);
+    bool known = a->known;
+    uint32_t want[2] = {a->want_p, a->want_d};
+    pthread_mutex_unlock(&a->mu);
+    if (!known)
+        return;
+    uint32_t have[2] = {0, 0}; /* counting the flips under way as their new role */
+    for (int i = 0; i < *nk; i++)
+        if (kids[i].used && kids[i].role && (!kids[i].retiring || kids[i].flip_to))
+            have[(kids[i].flip_to ? kids[i].flip_to : kids[i].role) == 'd']++;
+    static const char roles[2] = {'p', 'd'};
+    for (int r = 0; r < 2; r++) {
+        if (have[r] <= want[r])
+            continue;
+        child_t *c = youngest(kids, *nk, roles[r]);
+        if (!c)
+            continue;
+        c->retiring = true;
+        c->retired_at = td_now_s();
+        if (have[!r] < want[!r]) { /* a flip: this one drains, then starts in the other role */
+            c->flip_to = roles[!r];
+            have[!r]++;
+        }
+        have[r]--;
+        fprintf(stderr, "tandem up: %s (pid %d) drains%s\n", c->name, (int)c->pid,
+                c->flip_to ? c->flip_to == 'p' ? ", then becomes a prefill worker" : ", then becomes a decode worker"
+                           : " and stops");
+        if (c->pid)
+            kill(c->pid, SIGTERM);
+    }
+    for (int r = 0; r < 2; r++)
+        while (have[r] < want[r]) {
+            child_t *c = NULL;
+            for (int i = 0; i < *nk && !c; i++)
+                if (!kids[i].used)
+                    c = &kids[i];
+            if (!c && *nk < MAX_CHILDREN)
+                c = &kids[(*nk)++];
+            if (!c)
+                break;
+            worker_child(u, c, roles[r]);
+            spawn(c);
+            fprintf(stderr, "tandem up: %s (pid %d) starts\n", c->name, (int)c->pid);
+            have[r]++;
+        }
+}
+
+/* A child ended: restarted after a back-off, or (retiring) its slot freed or flipped. */
+static void child_ended(up_t *u, child_t *c, int st)
+{
+    pid_t pid = c->pid;
+    c->pid = 0;
+    if (c->retiring) {
+        double took = td_now_s() - c->retired_at;
+        char was[sizeof c->name];
+        memcpy(was, c->name, sizeof was);
+        if (c->flip_to) {
+            worker_child(u, c, c->flip_to);
+            spawn(c);
+            fprintf(stderr, "tandem up: %s drained in %.1f s; now %s (pid %d)\n", was, took, c->name, (int)c->pid);
+        } else {
+            fprintf(stderr, "tandem up: %s drained and stopped in %.1f s\n", was, took);
+            child_clear(c);
+        }
+        return;
+    }
+    double lived = td_now_s() - c->started;
+    c->restarts = lived > 30 ? 0 : c->restarts + 1;
+    double backoff = 0.2 * (1 << (c->restarts < 6 ? c->restarts : 6));
+    c->restart_at = td_now_s() + backoff;
+    if (WIFSIGNALED(st))
+        fprintf(stderr, "tandem up: %s (pid %d) was killed by signal %d; restarting in %.1f s\n", c->name, (int)pid,
+                WTERMSIG(st), backoff);
+    else
+        fprintf(stderr, "tandem up: %s (pid %d) exited with %d; restarting in %.1f s\n", c->name, (int)pid,
+                WEXITSTATUS(st), backoff);
+}
+
 const char cli_up_usage[] =
     "usage: tandem up [--config FILE] [--model PATH] [--prefill N] [--decode N] [--kvstores N] [--listen HOST:PORT]\n"
-    "                 [--worker-arg ARG]... [--kvstore-arg ARG]...\n";
+    "                 [--address IP] [--node NAME] [--certs DIR] [--worker-arg ARG]... [--kvstore-arg ARG]...\n"
+    "       tandem up --join ETCD_HOST:PORT [--config FILE] [--model PATH] [--kvstores N] [--address IP]\n"
+    "                 [--node NAME] [--certs DIR] [--run-workers yes|no] [--worker-arg ARG]...\n"
+    "  --address: the address this node's processes bind and advertise (default 127.0.0.1);\n"
+    "  --certs: ca.pem and the role pairs (tandem certs: router, etcd, client, prefill, decode, kvstore)\n";
 
 int cli_up(int argc, char **argv)
 {
-    const char *config = NULL, *model = NULL, *listen_at = NULL;
+    const char *config = NULL, *model = NULL, *listen_at = NULL, *join = NULL, *address = "127.0.0.1";
+    const char *node = NULL, *certs_dir = NULL;
+    bool run_workers = true;
     const char *extra[MAX_EXTRA], *kv_extra[MAX_EXTRA];
     int n_extra = 0, n_kv_extra = 0;
     long np = -1, nd = -1, nkv = -1;
@@ -196,7 +463,26 @@ int cli_up(int argc, char **argv)
             model = v;
         else if (!strcmp(argv[i], "--listen"))
             listen_at = v;
-        else if (!strcmp(argv[i], "--prefill") || !strcmp(argv[i], "--decode")) {
+        else if (!strcmp(argv[i], "--join"))
+            join = v;
+        else if (!strcmp(argv[i], "--node"))
+            node = v;
+        else if (!strcmp(argv[i], "--certs"))
+            certs_dir = v;
+        else if (!strcmp(argv[i], "--address")) {
+            struct in_addr ia;
+            if (inet_pton(AF_INET, v, &ia) != 1) {
+                fprintf(stderr, "tandem up: --address needs an IPv4 address, not '%s'\n", v);
+                return 2;
+            }
+            address = v;
+        } else if (!strcmp(argv[i], "--run-workers")) {
+            if (strcmp(v, "yes") && strcmp(v, "no")) {
+                fprintf(stderr, "tandem up: --run-workers needs yes or no, not '%s'\n", v);
+                return 2;
+            }
+            run_workers = !strcmp(v, "yes");
+        } else if (!strcmp(argv[i], "--prefill") || !strcmp(argv[i], "--decode")) {
             char *end;
             long n = strtol(v, &end, 10);
             if (*end || n < 1 || n > 16) {
@@ -222,6 +508,11 @@ int cli_up(int argc, char **argv)
         }
         i++;
     }
+    if (join && (np > 0 || nd > 0 || listen_at)) {
+        fprintf(stderr, "tandem up: --join takes its workers from the planner (tandem scale), not --prefill, "
+                        "--decode or --listen\n");
+        return 2;
+    }
     td_config_t cfg;
     td_config_defaults(&cfg);
     if (config && td_config_load(&cfg, config)) {
@@ -243,154 +534,185 @@ int cli_up(int argc, char **argv)
         td_config_free(&cfg);
         return 2;
     }
+    static char node_buf[64];
+    if (!node) {
+        char host[48] = "node";
+        gethostname(host, sizeof host - 1);
+        snprintf(node_buf, sizeof node_buf, "%s-%s", host, address);
+        node = node_buf;
+    }
+    static up_t u;
+    u.cfg = &cfg;
+    u.config = config;
+    u.model = model;
+    u.address = address;
+    u.nkv = nkv;
+    u.extra = extra;
+    u.n_extra = n_extra;
     /* the binaries beside this one */
-    char self[PATH_MAX], dir[PATH_MAX];
+    char self[PATH_MAX];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) {
         fprintf(stderr, "tandem up: cannot find my own binary\n");
         return 1;
     }
     self[sl] = 0;
-    snprintf(dir, sizeof dir, "%s", self);
-    *strrchr(dir, '/') = 0;
+    snprintf(u.dir, sizeof u.dir, "%s", self);
+    *strrchr(u.dir, '/') = 0;
 
     char base[] = "/tmp/tandem-up-XXXXXX";
     if (!mkdtemp(base)) {
         fprintf(stderr, "tandem up: cannot make a data dir: %s\n", strerror(errno));
         return 1;
     }
-    static char datadir[64], certdir[64];
+    static char datadir[64], certdir[PATH_MAX];
     snprintf(datadir, sizeof datadir, "%s/etcd", base);
-    snprintf(certdir, sizeof certdir, "%s/tls", base);
-    /* the internal planes: mutual TLS with the config's cluster CA and pair, or
-     * (by default) a throwaway CA and a certificate per process made here */
-    bool plaintext = cfg.cluster.plaintext, own_certs = !plaintext && !(cfg.cluster.tls_ca && cfg.cluster.tls_ca[0]);
+    /* the internal planes: mutual TLS with the role pairs of --certs, the
+     * config's cluster CA and pair, or (by default) a throwaway CA and a
+     * certificate per role made here */
+    bool plaintext = cfg.cluster.plaintext;
+    bool own_certs = !plaintext && !certs_dir && !(cfg.cluster.tls_ca && cfg.cluster.tls_ca[0]);
+    if (own_certs && join) {
+        fprintf(stderr, "tandem up: --join needs the cluster's certificates: --certs DIR (tandem certs), or "
+                        "cluster.tls_ca/tls_cert/tls_key in the config\n");
+        return 2;
+    }
     if (own_certs) {
-        const char *names[3 * 16 + 3];
-        char name_buf[3 * 16][32];
-        size_t nn = 0;
-        names[nn++] = "router";
-        names[nn++] = "etcd";
-        names[nn++] = "client";
-        for (long k = 0; k < np + nd; k++) {
-            snprintf(name_buf[k], sizeof name_buf[k], "%s-%ld", k < np ? "prefill" : "decode", k < np ? k : k - np);
-            names[nn++] = name_buf[k];
-        }
-        for (long k = 0; k < nkv; k++) {
-            snprintf(name_buf[np + nd + k], sizeof name_buf[0], "kvstore-%ld", k);
-            names[nn++] = name_buf[np + nd + k];
-        }
-        if (td_certs_make(certdir, names, nn, NULL, 0, 30)) {
+        snprintf(certdir, sizeof certdir, "%s/tls", base);
+        const char *names[] = {"router", "etcd", "client", "prefill", "decode", "kvstore"};
+        const char *hosts[] = {address};
+        if (td_certs_make(certdir, names, 6, hosts, strcmp(address, "127.0.0.1") ? 1 : 0, 30)) {
             fprintf(stderr, "tandem up: %s\n", td_last_error());
             return 1;
         }
+    } else if (certs_dir) {
+        snprintf(certdir, sizeof certdir, "%s", certs_dir);
     }
-    static char ca_file[PATH_MAX];
-    if (own_certs)
+    u.certdir = own_certs || certs_dir ? certdir : NULL;
+    static char ca_file[PATH_MAX + 16];
+    if (u.certdir)
         snprintf(ca_file, sizeof ca_file, "%s/ca.pem", certdir);
     else if (!plaintext)
         snprintf(ca_file, sizeof ca_file, "%s", cfg.cluster.tls_ca);
+    u.ca_file = ca_file;
+    u.plaintext = plaintext;
     int ports[4]; /* etcd's client and peer ports, the router's, the HTTP API's */
-    if (free_ports(ports, 4)) {
-        fprintf(stderr, "tandem up: cannot find free loopback ports: %s\n", strerror(errno));
+    if (free_ports(address, ports, 4)) {
+        fprintf(stderr, "tandem up: cannot find free ports on %s: %s\n", address, strerror(errno));
         return 1;
     }
     int cport = ports[0], pport = ports[1];
     const char *scheme = plaintext ? "http" : "https";
-    char client[64], peer[64], cluster[96], etcd_ep[64], router_listen[128];
-    snprintf(client, sizeof client, "%s://127.0.0.1:%d", scheme, cport);
-    snprintf(peer, sizeof peer, "%s://127.0.0.1:%d", scheme, pport);
+    char client[96], peer[96], cluster[128], router_listen[128];
+    static char etcd_ep[160];
+    snprintf(client, sizeof client, "%s://%s:%d", scheme, address, cport);
+    snprintf(peer, sizeof peer, "%s://%s:%d", scheme, address, pport);
     snprintf(cluster, sizeof cluster, "tandem=%s", peer);
-    snprintf(etcd_ep, sizeof etcd_ep, "127.0.0.1:%d", cport);
+    if (join)
+        snprintf(etcd_ep, sizeof etcd_ep, "%s", join);
+    else
+        snprintf(etcd_ep, sizeof etcd_ep, "%s:%d", address, cport);
+    u.etcd_ep = etcd_ep;
     if (listen_at)
         snprintf(router_listen, sizeof router_listen, "%s", listen_at);
     else if (cfg.router.listen && cfg.router.listen[0] && strcmp(cfg.router.listen, "127.0.0.1:50051"))
         snprintf(router_listen, sizeof router_listen, "%s", cfg.router.listen);
     else
-        snprintf(router_listen, sizeof router_listen, "127.0.0.1:%d", ports[2]);
-    /* the OpenAI HTTP API: the config's address, or a free loopback port for the default; "" turns it off */
+        snprintf(router_listen, sizeof router_listen, "%s:%d", address, ports[2]);
+    /* the OpenAI HTTP API: the config's address, or a free port for the default; "" turns it off */
     char http_listen[128];
     const char *hl = cfg.router.http_listen ? cfg.router.http_listen : "";
     if (hl[0] && strcmp(hl, "127.0.0.1:8000"))
         snprintf(http_listen, sizeof http_listen, "%s", hl);
     else if (hl[0])
-        snprintf(http_listen, sizeof http_listen, "127.0.0.1:%d", ports[3]);
+        snprintf(http_listen, sizeof http_listen, "%s:%d", address, ports[3]);
     else
         http_listen[0] = 0;
 
     static child_t kids[MAX_CHILDREN];
     int nk = 0;
-    child_t *etcd = &kids[nk++];
-    snprintf(etcd->name, sizeof etcd->name, "etcd");
-    char etcd_bin[PATH_MAX];
-    etcd_path(etcd_bin, sizeof etcd_bin);
-    const char *eargs[] = {etcd_bin, "--name", "tandem", "--data-dir", datadir, "--listen-client-urls", client,
-                           "--advertise-client-urls", client, "--listen-peer-urls", peer,
-                           "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
-                           "--initial-cluster-state", "new", "--log-level", "error", "--logger", "zap"};
-    for (size_t i = 0; i < sizeof eargs / sizeof *eargs; i++)
-        add_arg(etcd, eargs[i]);
-    if (!plaintext) { /* clients and the peer port: a certificate the cluster CA signed, or no connection */
-        char cert[PATH_MAX], key[PATH_MAX];
-        pair_of(&cfg, own_certs ? certdir : NULL, "etcd", cert, key);
-        const char *targs[] = {"--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca_file,
-                               "--client-cert-auth", "--peer-cert-file", cert, "--peer-key-file", key,
-                               "--peer-trusted-ca-file", ca_file, "--peer-client-cert-auth"};
-        for (size_t i = 0; i < sizeof targs / sizeof *targs; i++)
-            add_arg(etcd, targs[i]);
+    char cert[PATH_MAX], key[PATH_MAX];
+    child_t *etcd = NULL;
+    if (!join) {
+        etcd = &kids[nk++];
+        etcd->used = true;
+        snprintf(etcd->name, sizeof etcd->name, "etcd");
+        char etcd_bin[PATH_MAX];
+        etcd_path(etcd_bin, sizeof etcd_bin);
+        const char *eargs[] = {etcd_bin, "--name", "tandem", "--data-dir", datadir, "--listen-client-urls", client,
+                               "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                               "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
+                               "--initial-cluster-state", "new", "--log-level", "error", "--logger", "zap"};
+        for (size_t i = 0; i < sizeof eargs / sizeof *eargs; i++)
+            add_arg(etcd, eargs[i]);
+        if (!plaintext) { /* clients and the peer port: a certificate the cluster CA signed, or no connection */
+            pair_of(&cfg, u.certdir, "etcd", cert, key);
+            const char *targs[] = {"--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca_file,
+                                   "--client-cert-auth", "--peer-cert-file", cert, "--peer-key-file", key,
+                                   "--peer-trusted-ca-file", ca_file, "--peer-client-cert-auth"};
+            for (size_t i = 0; i < sizeof targs / sizeof *targs; i++)
+                add_arg(etcd, targs[i]);
+        }
     }
     for (long k = 0; k < nkv && nk < MAX_CHILDREN; k++) {
         child_t *c = &kids[nk++];
-        child_begin(c, "tandem-kvstore", dir, config);
-        char name[32], kdir[PATH_MAX + 64];
-        snprintf(name, sizeof name, "kvstore-%ld", k);
+        child_begin(c, "tandem-kvstore", u.dir, config);
+        char name[96], kdir[PATH_MAX + 64], listen[96];
+        if (join)
+            snprintf(name, sizeof name, "kvstore-%s-%ld", node, k);
+        else
+            snprintf(name, sizeof name, "kvstore-%ld", k);
         add_arg(c, "--id");
         add_arg(c, name);
         add_arg(c, "--etcd");
         add_arg(c, etcd_ep);
+        snprintf(listen, sizeof listen, "%s:0", address);
+        add_arg(c, "--listen");
+        add_arg(c, listen);
         snprintf(kdir, sizeof kdir, "%s/%s", cfg.kvstore.data_dir && cfg.kvstore.data_dir[0] ? cfg.kvstore.data_dir : base,
                  name);
         add_arg(c, "--data-dir");
         add_arg(c, kdir);
-        char cert[PATH_MAX], key[PATH_MAX];
-        pair_of(&cfg, own_certs ? certdir : NULL, name, cert, key);
+        pair_of(&cfg, u.certdir, "kvstore", cert, key);
         add_cluster_tls(c, plaintext, ca_file, cert, key);
         for (int e = 0; e < n_kv_extra; e++)
             add_arg(c, kv_extra[e]);
     }
-    child_t *router = &kids[nk++];
-    child_begin(router, "tandem-router", dir, config);
-    add_arg(router, "--model");
-    add_arg(router, model);
-    add_arg(router, "--listen");
-    add_arg(router, router_listen);
-    add_arg(router, "--http-listen");
-    add_arg(router, http_listen);
-    add_arg(router, "--etcd");
-    add_arg(router, etcd_ep);
-    char cert[PATH_MAX], key[PATH_MAX];
-    pair_of(&cfg, own_certs ? certdir : NULL, "router", cert, key);
-    add_cluster_tls(router, plaintext, ca_file, cert, key);
-    for (long k = 0; k < np + nd && nk < MAX_CHILDREN; k++) {
-        child_t *c = &kids[nk++];
-        bool pre = k < np;
-        child_begin(c, pre ? "tandem-prefill" : "tandem-decode", dir, config);
-        add_arg(c, "--model");
-        add_arg(c, model);
-        add_arg(c, "--etcd");
-        add_arg(c, etcd_ep);
-        char name[32];
-        snprintf(name, sizeof name, "%s-%ld", pre ? "prefill" : "decode", pre ? k : k - np);
-        pair_of(&cfg, own_certs ? certdir : NULL, name, cert, key);
-        add_cluster_tls(c, plaintext, ca_file, cert, key);
-        if (pre && nkv) { /* each prefill worker's near node, round robin: where its hot blocks get copies */
-            char near[32];
-            snprintf(near, sizeof near, "kvstore-%ld", k % nkv);
-            add_arg(c, "--kvstore-near");
-            add_arg(c, near);
-        }
-        for (int e = 0; e < n_extra; e++)
-            add_arg(c, extra[e]);
+    if (!join) {
+        child_t *router = &kids[nk++];
+        child_begin(router, "tandem-router", u.dir, config);
+        add_arg(router, "--model");
+        add_arg(router, model);
+        add_arg(router, "--listen");
+        add_arg(router, router_listen);
+        add_arg(router, "--http-listen");
+        add_arg(router, http_listen);
+        add_arg(router, "--etcd");
+        add_arg(router, etcd_ep);
+        pair_of(&cfg, u.certdir, "router", cert, key);
+        add_cluster_tls(router, plaintext, ca_file, cert, key);
+    }
+    /* the agent: this node's record, the seed (the cluster's founder only), its share */
+    static agent_t agent;
+    pthread_mutex_init(&agent.mu, NULL);
+    snprintf(agent.etcd_ep, sizeof agent.etcd_ep, "%s", etcd_ep);
+    snprintf(agent.node, sizeof agent.node, "%s", node);
+    snprintf(agent.address, sizeof agent.address, "%s", address);
+    agent.plaintext = plaintext;
+    agent.run_workers = run_workers;
+    agent.seed = !join;
+    agent.seed_p = (uint32_t)np;
+    agent.seed_d = (uint32_t)nd;
+    static char agent_tls[3][PATH_MAX + 16];
+    if (!plaintext) {
+        pair_of(&cfg, u.certdir, "client", agent_tls[1], agent_tls[2]);
+        snprintf(agent_tls[0], sizeof agent_tls[0], "%s", ca_file);
+        agent.tls = (td_rpc_tls_t){.ca_file = agent_tls[0], .cert_file = agent_tls[1], .key_file = agent_tls[2]};
+    }
+    if (!join && run_workers) { /* the founder starts its counts at once; the planner's record takes over */
+        agent.want_p = (uint32_t)np;
+        agent.want_d = (uint32_t)nd;
+        agent.known = true;
     }
     /* the readiness probe speaks the router's TLS when it has one: it trusts
      * tls_ca, else tls_client_ca, else the router's certificate itself
@@ -411,24 +733,27 @@ int cli_up(int argc, char **argv)
             probe_tls.key_file = tls_files[2];
         }
     }
-    td_config_free(&cfg);
+    td_process_init("tandem up"); /* SIGINT/SIGTERM: the stop below; gRPC up */
     td_log_set_level(TD_LOG_OFF);
-    td_rpc_init();
     td_rpc_channel_t *probe = NULL;
-    if (td_rpc_channel_create(router_listen, tls ? &probe_tls : NULL, &probe)) {
+    if (!join && td_rpc_channel_create(router_listen, tls ? &probe_tls : NULL, &probe)) {
         fprintf(stderr, "tandem up: cannot probe the router at %s: %s\n", router_listen, td_last_error());
         td_rpc_shutdown();
+        td_config_free(&cfg);
         return 1;
     }
-
-    struct sigaction sa = {.sa_handler = on_stop};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     for (int i = 0; i < nk; i++)
         spawn(&kids[i]);
-    fprintf(stderr, "tandem up: etcd on %s, %ld kvstore nodes, %ld prefill + %ld decode workers, model %s\n", etcd_ep,
-            nkv, np, nd, model);
+    if (pthread_create(&agent.thread, NULL, agent_thread, &agent)) {
+        fprintf(stderr, "tandem up: cannot start the node agent\n");
+        kill(0, SIGTERM);
+    }
+    if (join)
+        fprintf(stderr, "tandem up: node %s joins the cluster of etcd %s: %ld kvstore nodes, its share of the workers\n",
+                node, etcd_ep, nkv);
+    else
+        fprintf(stderr, "tandem up: etcd on %s, %ld kvstore nodes, %ld prefill + %ld decode workers, model %s\n", etcd_ep,
+                nkv, np, nd, model);
     if (plaintext)
         fprintf(stderr, "tandem up: WARNING: cluster.plaintext is set: etcd and the workers' RPCs take anyone\n");
     else if (own_certs)
@@ -437,31 +762,21 @@ int cli_up(int argc, char **argv)
     else
         fprintf(stderr, "tandem up: mutual TLS on every internal plane (cluster CA %s)\n", ca_file);
 
-    /* wait for the router to say SERVING, then print its endpoint */
-    bool announced = false;
+    /* supervise, obey the agent, and (the founder) wait for the router to say SERVING, then print its endpoint */
+    bool announced = !!join;
     double t_start = td_now_s();
     double next_probe = 0;
-    while (!g_stop) {
+    while (!td_process_stop_signal()) {
         int st;
         pid_t pid;
         while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
             for (int i = 0; i < nk; i++)
-                if (kids[i].pid == pid) {
-                    double lived = td_now_s() - kids[i].started;
-                    kids[i].pid = 0;
-                    kids[i].restarts = lived > 30 ? 0 : kids[i].restarts + 1;
-                    double backoff = 0.2 * (1 << (kids[i].restarts < 6 ? kids[i].restarts : 6));
-                    kids[i].restart_at = td_now_s() + backoff;
-                    if (WIFSIGNALED(st))
-                        fprintf(stderr, "tandem up: %s (pid %d) was killed by signal %d; restarting in %.1f s\n",
-                                kids[i].name, (int)pid, WTERMSIG(st), backoff);
-                    else
-                        fprintf(stderr, "tandem up: %s (pid %d) exited with %d; restarting in %.1f s\n", kids[i].name,
-                                (int)pid, WEXITSTATUS(st), backoff);
-                }
+                if (kids[i].used && kids[i].pid == pid)
+                    child_ended(&u, &kids[i], st);
         for (int i = 0; i < nk; i++)
-            if (!kids[i].pid && kids[i].restart_at <= td_now_s())
+            if (kids[i].used && !kids[i].pid && !kids[i].retiring && kids[i].restart_at <= td_now_s())
                 spawn(&kids[i]);
+        reconcile(&u, &agent, kids, &nk);
         if (!announced && td_now_s() >= next_probe) {
             next_probe = td_now_s() + 0.2;
             if (router_serving(probe)) {
@@ -477,6 +792,7 @@ int cli_up(int argc, char **argv)
         usleep(50 * 1000);
     }
     fprintf(stderr, "tandem up: stopping\n");
+    pthread_join(agent.thread, NULL);
     td_rpc_channel_destroy(probe);
     td_rpc_shutdown();
     /* router and workers first (they drain), etcd last; exit 1 if one of
@@ -484,17 +800,18 @@ int cli_up(int argc, char **argv)
     bool unclean = false;
     for (int phase = 0; phase < 2; phase++) {
         for (int i = 0; i < nk; i++)
-            if (kids[i].pid && (phase == 1) == (i == 0))
+            if (kids[i].pid && (phase == 1) == (&kids[i] == etcd))
                 kill(kids[i].pid, SIGTERM);
         double until = td_now_s() + (phase ? 5 : 35);
         for (;;) {
             bool any = false;
             for (int i = 0; i < nk; i++)
-                if (kids[i].pid && (phase == 1) == (i == 0)) {
+                if (kids[i].pid && (phase == 1) == (&kids[i] == etcd)) {
                     int st;
                     if (waitpid(kids[i].pid, &st, WNOHANG) == kids[i].pid) {
                         /* a clean stop is exit 0 (etcd: death by the SIGTERM we sent) */
-                        bool clean = WIFSIGNALED(st) ? i == 0 && WTERMSIG(st) == SIGTERM : WEXITSTATUS(st) == 0;
+                        bool clean = WIFSIGNALED(st) ? &kids[i] == etcd && WTERMSIG(st) == SIGTERM
+                                                     : WEXITSTATUS(st) == 0;
                         if (!clean) {
                             fprintf(stderr, "tandem up: %s (pid %d) %s %d while stopping\n", kids[i].name,
                                     (int)kids[i].pid, WIFSIGNALED(st) ? "was killed by signal" : "exited with",
@@ -510,7 +827,7 @@ int cli_up(int argc, char **argv)
                 break;
             if (td_now_s() > until) {
                 for (int i = 0; i < nk; i++)
-                    if (kids[i].pid && (phase == 1) == (i == 0)) {
+                    if (kids[i].pid && (phase == 1) == (&kids[i] == etcd)) {
                         fprintf(stderr, "tandem up: %s did not stop in time; killing it\n", kids[i].name);
                         unclean = true;
                         kill(kids[i].pid, SIGKILL);
@@ -527,7 +844,7 @@ int cli_up(int argc, char **argv)
     if (system(rm)) {
     }
     for (int i = 0; i < nk; i++)
-        for (int a = 0; a < kids[i].argc; a++)
-            free(kids[i].argv[a]);
+        child_clear(&kids[i]);
+    td_config_free(&cfg);
     return unclean ? 1 : 0;
 }

@@ -70,7 +70,7 @@ void td_ops_free(td_ops_t *ops);
 typedef struct td_ops_desired {
     uint32_t prefill, decode;
     double at;          /* unix seconds */
-    char by[128];       /* the planner's id */
+    char by[192];       /* the planner's id */
     char reason[256];
 } td_ops_desired_t;
 

@@ -448,6 +448,8 @@ static int after_stream(rt_request_t *q)
                  q->pred.store_tokens, q->pred.alone ? ", alone" : "",
                  tm.ttft_ms, tm.prefill_ms, tm.cached_tokens);
     rt_table_observe(&r->table, r->place, p, d, &tm);
+    if (!gone)
+        rt_record_done(r, tm.ttft_ms, tm.tpot_ms, tm.ok);
     rt_table_unhold(&r->table, p);
     rt_table_done(&r->table, d, !q->finished && !gone && !fatal_code(sres.code) ? &sres : NULL, 2);
     q->p = q->d = NULL;

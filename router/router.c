@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/etcd.h"
+#include "common/ops.h"
 #include "kvstore/status.h"
 #include "router/follow.h"
 #include "common/grow.h"
@@ -39,6 +40,7 @@
 #include "router/placement.h"
 #include "router/request.h"
 #include "router/router.h"
+#include "router/planner.h"
 #include "tandem/internal/v1/worker.pb-c.h"
 #include "tandem/v1/tandem.pb-c.h"
 
@@ -168,6 +170,57 @@ void rt_count(router_t *r, bool ok, double overhead, double cpu, double handoff)
         r->overhead[r->n_overhead++ % RT_OVERHEAD_RING] = overhead;
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void rt_record_done(router_t *r, double ttft_ms, double tpot_ms, bool ok)
+{
+    pthread_mutex_lock(&r->mu);
+    r->done[r->n_done++ % RT_DONE_RING] = (rt_done_t){td_now_s(), ttft_ms, tpot_ms, ok};
+    pthread_mutex_unlock(&r->mu);
+}
+
+static double p90(double *v, uint32_t n)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    return v[(size_t)(0.9 * (double)(n - 1))];
+}
+
+void rt_slo_window(router_t *r, double since, double ttft_slo_ms, double tpot_slo_ms, rt_slo_window_t *out)
+{
+    memset(out, 0, sizeof *out);
+    double *ttft = malloc(RT_DONE_RING * sizeof *ttft), *tpot = malloc(RT_DONE_RING * sizeof *tpot);
+    if (!ttft || !tpot) {
+        free(ttft);
+        free(tpot);
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
+    uint64_t n = r->n_done < RT_DONE_RING ? r->n_done : RT_DONE_RING;
+    for (uint64_t k = 0; k < n; k++) {
+        const rt_done_t *d = &r->done[(r->n_done - 1 - k) % RT_DONE_RING];
+        if (d->t < since)
+            break;
+        bool ttft_miss = !d->ok || (ttft_slo_ms > 0 && d->ttft_ms > ttft_slo_ms);
+        bool tpot_miss = !d->ok || (tpot_slo_ms > 0 && d->tpot_ms > tpot_slo_ms);
+        out->ttft_missed += ttft_miss;
+        out->tpot_missed += tpot_miss;
+        out->met += !ttft_miss && !tpot_miss;
+        ttft[out->n] = d->ttft_ms;
+        tpot[out->n++] = d->tpot_ms;
+    }
+    pthread_mutex_unlock(&r->mu);
+    out->ttft_p90_ms = p90(ttft, out->n);
+    out->tpot_p90_ms = p90(tpot, out->n);
+    free(ttft);
+    free(tpot);
 }
 
 /* ---------------------------------------------------------------- reservations */
@@ -387,12 +440,6 @@ static void h_list_models(void *ctx, td_rpc_call_t *call)
     td_rpc_reply_pb(call, &lr.base);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void h_health(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
@@ -434,6 +481,7 @@ static void h_health(void *ctx, td_rpc_call_t *call)
         free(q[k]);
     }
     json_object_set_new(j, "refused", refused);
+    json_object_set_new(j, "planner", rt_planner_json(r->planner));
     json_object_set_new(j, "placement", rt_table_metrics(&r->table, r->place));
     if (r->follow)
         json_object_set_new(j, "index", rt_follow_json(r->follow));
@@ -452,6 +500,91 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     hr.detail = detail ? detail : "";
     td_rpc_reply_pb(call, &hr.base);
     free(detail);
+}
+
+/* Scale is an administrator's call: a peer on this host (the one that
+ * started the cluster), or one that shows a client certificate named
+ * "admin" (a router with tls_client_ca). */
+static bool admin_peer(td_rpc_call_t *call)
+{
+    const char *peer = td_rpc_call_peer(call), *who = td_rpc_call_identity(call);
+    return !strcmp(who, "admin") || !strncmp(peer, "ipv4:127.", 9) || !strncmp(peer, "ipv6:[::1]", 10) ||
+           !strncmp(peer, "unix:", 5);
+}
+
+static void h_scale(void *ctx, td_rpc_call_t *call)
+{
+    router_t *r = ctx;
+    if (!admin_peer(call)) {
+        td_rpc_call_finish(call, TD_RPC_PERMISSION_DENIED, "Scale: %s is not an administrator (call from the "
+                           "router's host, or with a client certificate named \"admin\")", td_rpc_call_peer(call));
+        return;
+    }
+    size_t n;
+    const uint8_t *p = td_rpc_call_payload(call, &n);
+    Tandem__V1__ScaleRequest *rq = tandem__v1__scale_request__unpack(NULL, n, p);
+    if (!rq) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "Scale: not a ScaleRequest");
+        return;
+    }
+    td_ops_t *ops = NULL;
+    char *text = NULL;
+    int code = TD_RPC_OK;
+    char msg[640] = "";
+    td_etcd_kvs_t kvs = {0};
+    if (rq->ops_yaml && (rq->has_prefill || rq->has_decode)) {
+        code = TD_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "Scale: ops_yaml or prefill + decode, not both");
+    } else if (rq->ops_yaml) {
+        if (td_ops_parse(rq->ops_yaml, strlen(rq->ops_yaml), "ops_yaml", &ops)) {
+            code = TD_RPC_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "Scale: %s", td_last_error());
+        }
+    } else if (rq->has_prefill && rq->has_decode) {
+        /* the ops config in force (or the defaults) with fixed counts for this model */
+        static const char defaults[] = "models: [{name: \"*\"}]";
+        if (td_etcd_get(r->etcd, TD_OPS_KEY, false, &kvs)) {
+            code = TD_RPC_UNAVAILABLE;
+            snprintf(msg, sizeof msg, "Scale: etcd: %s", td_last_error());
+        } else if (kvs.n ? td_ops_parse((const char *)kvs.kv[0].value, kvs.kv[0].value_len, "etcd " TD_OPS_KEY, &ops)
+                         : td_ops_parse(defaults, strlen(defaults), "defaults", &ops)) {
+            code = TD_RPC_FAILED_PRECONDITION;
+            snprintf(msg, sizeof msg, "Scale: the ops config in etcd: %s", td_last_error());
+        } else if (td_ops_set_counts(ops, r->model->desc.name, rq->prefill, rq->decode)) {
+            code = TD_RPC_INVALID_ARGUMENT;
+            snprintf(msg, sizeof msg, "Scale: %s", td_last_error());
+        }
+    } else {
+        code = TD_RPC_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "Scale: give ops_yaml, or prefill and decode");
+    }
+    if (!code && td_ops_format(ops, &text)) {
+        code = TD_RPC_INTERNAL;
+        snprintf(msg, sizeof msg, "Scale: %s", td_last_error());
+    }
+    if (!code && td_etcd_put(r->etcd, TD_OPS_KEY, text, strlen(text), 0)) {
+        code = TD_RPC_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "Scale: cannot keep the ops config in etcd: %s", td_last_error());
+    }
+    tandem__v1__scale_request__free_unpacked(rq, NULL);
+    td_etcd_kvs_free(&kvs);
+    td_ops_free(ops);
+    if (code) {
+        free(text);
+        td_rpc_call_finish(call, code, "%s", msg);
+        return;
+    }
+    TD_INFO("router: ops config applied by %s", td_rpc_call_peer(call));
+    rt_planner_poke(r->planner);
+    json_t *pj = rt_planner_json(r->planner);
+    char *desired = json_object_get(pj, "desired") ? json_dumps(json_object_get(pj, "desired"), JSON_COMPACT) : NULL;
+    json_decref(pj);
+    Tandem__V1__ScaleResponse sr = TANDEM__V1__SCALE_RESPONSE__INIT;
+    sr.ops_yaml = text;
+    sr.desired = desired ? desired : "";
+    td_rpc_reply_pb(call, &sr.base);
+    free(desired);
+    free(text);
 }
 
 /* Each flag sets one config key: the YAML is the source of truth. */
@@ -534,7 +667,8 @@ int main(int argc, char **argv)
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Generate", h_generate, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/Tokenize", h_tokenize, &r) ||
         td_rpc_server_add(srv, "/tandem.v1.Tandem/ListModels", h_list_models, &r) ||
-        td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r))
+        td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r) ||
+        td_rpc_server_add(srv, "/tandem.v1.Tandem/Scale", h_scale, &r))
         goto out;
     td_rpc_server_set_max_calls(srv, (int)r.cfg.router.max_streams);
     td_rpc_server_set_max_message(srv, RT_MAX_REQUEST_BYTES);
@@ -543,6 +677,11 @@ int main(int argc, char **argv)
         goto out;
     int http_port = 0;
     if (r.cfg.router.http_listen[0] && rt_http_start(&r, r.cfg.router.http_listen, &http, &http_port))
+        goto out;
+    char self_addr[160], planner_id[200];
+    td_rpc_advertise_addr(r.cfg.router.listen, port, self_addr, sizeof self_addr);
+    snprintf(planner_id, sizeof planner_id, "router@%s", self_addr);
+    if (rt_planner_start(&r, planner_id, &r.planner))
         goto out;
     char http_at[32] = "none";
     if (http)
@@ -556,6 +695,8 @@ int main(int argc, char **argv)
 out:
     if (code)
         fprintf(stderr, "tandem-router: %s\n", td_last_error());
+    rt_planner_stop(r.planner); /* resigns: another router plans */
+    r.planner = NULL;
     rt_follow_stop(r.follow); /* first: it may wait on etcd or a source until its deadline */
     r.follow = NULL;
     rt_http_stop(http); /* its requests cancelled and ended (they need the pool) */

@@ -38,6 +38,18 @@
 #define RT_MAX_LOGIT_BIAS 1024
 #define RT_MAX_CHAT_MESSAGES 4096
 
+/* Requests that ended, for the planner's SLO attainment (router/planner.h). */
+#define RT_DONE_RING 4096
+typedef struct rt_done {
+    double t, ttft_ms, tpot_ms;
+    bool ok;
+} rt_done_t;
+
+typedef struct rt_slo_window {
+    uint32_t n, met, ttft_missed, tpot_missed; /* failed requests count as missing both */
+    double ttft_p90_ms, tpot_p90_ms;
+} rt_slo_window_t;
+
 typedef struct rt_held {
     rt_worker_t *d;
     uint64_t id;
@@ -68,6 +80,9 @@ typedef struct router {
     double overhead_cpu[RT_OVERHEAD_RING]; /* the same sections in thread CPU time */
     double handoff[RT_OVERHEAD_RING];      /* seconds its steps waited in the pool's queue */
     size_t n_overhead;
+    rt_done_t done[RT_DONE_RING]; /* the last requests that ended (under mu) */
+    uint64_t n_done;
+    struct rt_planner *planner;
     /* reservation renewal (held_*: under held_mu) */
     pthread_mutex_t held_mu;
     pthread_cond_t held_cv;
@@ -84,6 +99,11 @@ td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1_
 /* Starts renewing reservation id on d; false when the table is full. */
 bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id);
 void rt_held_remove(router_t *r, rt_worker_t *d, uint64_t id);
+/* A request ended (ok: it finished), for rt_slo_window. */
+void rt_record_done(router_t *r, double ttft_ms, double tpot_ms, bool ok);
+/* The requests that ended since `since` (td_now_s() time) held to SLOs of
+ * ttft_slo_ms and tpot_slo_ms (0: none). */
+void rt_slo_window(router_t *r, double since, double ttft_slo_ms, double tpot_slo_ms, rt_slo_window_t *out);
 /* Counts a request (overhead < 0: none measured). */
 void rt_count(router_t *r, bool ok, double overhead, double cpu, double handoff);
 

@@ -1,0 +1,321 @@
+/* planner.c — see planner.h. */
+#define _GNU_SOURCE
+#include "router/planner.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/etcd.h"
+#include "common/log.h"
+#include "common/ops.h"
+#include "router/router.h"
+
+struct rt_planner {
+    router_t *r;
+    char id[192];
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop, poked, running, lease_lost;
+    /* the thread's, read by rt_planner_json under mu */
+    bool leader;
+    bool has_desired;
+    td_ops_desired_t desired;
+    char verdict[256], error[384];
+    /* auto's hysteresis: the move wanted (-1 decode to prefill, +1 the other way, 0 none) and since when */
+    int want;
+    double want_since, changed_at;
+};
+
+static void set_error(rt_planner_t *p, const char *what)
+{
+    pthread_mutex_lock(&p->mu);
+    bool news = strcmp(p->error, what) != 0;
+    snprintf(p->error, sizeof p->error, "%s", what);
+    pthread_mutex_unlock(&p->mu);
+    if (news && what[0])
+        TD_WARN("planner: %s", what);
+}
+
+/* auto: the move the window asks for (-1: a decode worker becomes a prefill
+ * worker; +1: the reverse; 0: none), in words in why. */
+static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model_t *m, const td_ops_desired_t *now,
+                        double since, char *why, size_t cap)
+{
+    rt_slo_window_t w;
+    rt_slo_window(p->r, since, ops->slo.ttft_ms, ops->slo.tpot_ms, &w);
+    if (w.n < 8) {
+        snprintf(why, cap, "auto: %u requests finished since %.0f s ago; waiting for 8", w.n, td_now_s() - since);
+        return 0;
+    }
+    double att = (double)w.met / w.n;
+    snprintf(why, cap, "auto: %u requests, %.0f%% met the SLOs (target %.0f%%); %u missed TTFT %u ms (p90 %.0f ms), "
+             "%u missed TPOT %u ms (p90 %.1f ms)", w.n, 100 * att, 100 * ops->slo.attainment, w.ttft_missed,
+             ops->slo.ttft_ms, w.ttft_p90_ms, w.tpot_missed, ops->slo.tpot_ms, w.tpot_p90_ms);
+    if (att >= ops->slo.attainment)
+        return 0;
+    if (w.ttft_missed > w.tpot_missed && now->decode > m->min_decode && now->prefill < m->max_prefill)
+        return -1;
+    if (w.tpot_missed > w.ttft_missed && now->prefill > m->min_prefill && now->decode < m->max_decode)
+        return +1;
+    return 0;
+}
+
+/* One look, as the leader: the ops config, the counts it asks for, and the
+ * record written when they differ from what is there. */
+static void plan(rt_planner_t *p, td_etcd_t *e)
+{
+    td_etcd_kvs_t kvs = {0};
+    if (td_etcd_get(e, TD_OPS_KEY, false, &kvs)) {
+        set_error(p, td_last_error());
+        return;
+    }
+    if (!kvs.n) {
+        td_etcd_kvs_free(&kvs);
+        set_error(p, "");
+        pthread_mutex_lock(&p->mu);
+        snprintf(p->verdict, sizeof p->verdict, "no ops config in etcd (%s): nothing to plan", TD_OPS_KEY);
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+    td_ops_t *ops = NULL;
+    td_status_t rc = td_ops_parse((const char *)kvs.kv[0].value, kvs.kv[0].value_len, "etcd " TD_OPS_KEY, &ops);
+    td_etcd_kvs_free(&kvs);
+    if (rc) {
+        set_error(p, td_last_error());
+        return;
+    }
+    const char *model = p->r->model->desc.name;
+    const td_ops_model_t *m = td_ops_model(ops, model);
+    if (!m) {
+        char why[256];
+        snprintf(why, sizeof why, "the ops config has no entry for %s (nor \"*\")", model);
+        set_error(p, why);
+        td_ops_free(ops);
+        return;
+    }
+    td_ops_desired_t cur = {0};
+    bool has_cur = false;
+    if (td_etcd_get(e, TD_OPS_DESIRED_KEY, false, &kvs) == TD_OK) {
+        has_cur = kvs.n && td_ops_desired_parse((const char *)kvs.kv[0].value, kvs.kv[0].value_len, &cur) == TD_OK;
+        td_etcd_kvs_free(&kvs);
+    } else {
+        set_error(p, td_last_error());
+        td_ops_free(ops);
+        return;
+    }
+    set_error(p, "");
+    td_ops_desired_t next = {.prefill = m->prefill, .decode = m->decode};
+    char why[256];
+    double now = td_now_s();
+    if (!td_ops_is_auto(m)) {
+        snprintf(why, sizeof why, "fixed: %u prefill + %u decode workers", m->prefill, m->decode);
+        p->want = 0;
+    } else {
+        if (has_cur) { /* auto starts from what runs, clamped into the bounds */
+            uint32_t total = cur.prefill + cur.decode;
+            next.prefill = cur.prefill < m->min_prefill ? m->min_prefill
+                         : cur.prefill > m->max_prefill ? m->max_prefill : cur.prefill;
+            next.decode = total > next.prefill ? total - next.prefill : 0;
+            next.decode = next.decode < m->min_decode ? m->min_decode
+                        : next.decode > m->max_decode ? m->max_decode : next.decode;
+        }
+        /* the requests that finished in the last 3 x hold_s, and since the last change */
+        double since = now - 3.0 * ops->planner.hold_s;
+        if (p->changed_at > since)
+            since = p->changed_at;
+        int v = auto_verdict(p, ops, m, &next, since, why, sizeof why);
+        if (v != p->want) {
+            p->want = v;
+            p->want_since = now;
+        }
+        bool held = v && now - p->want_since >= ops->planner.hold_s;
+        bool cooled = now - p->changed_at >= ops->planner.cooldown_s;
+        if (v && held && cooled) {
+            next.prefill = v < 0 ? next.prefill + 1 : next.prefill - 1;
+            next.decode = v < 0 ? next.decode - 1 : next.decode + 1;
+            size_t n = strlen(why);
+            snprintf(why + n, sizeof why - n, "; one %s worker becomes a %s worker", v < 0 ? "decode" : "prefill",
+                     v < 0 ? "prefill" : "decode");
+            p->want = 0;
+        } else if (v) {
+            size_t n = strlen(why);
+            snprintf(why + n, sizeof why - n, "; %s wanted for %.0f s (hold %u s, cooldown %u s)",
+                     v < 0 ? "decode -> prefill" : "prefill -> decode", now - p->want_since, ops->planner.hold_s,
+                     ops->planner.cooldown_s);
+        }
+    }
+    td_ops_free(ops);
+    pthread_mutex_lock(&p->mu);
+    snprintf(p->verdict, sizeof p->verdict, "%s", why);
+    pthread_mutex_unlock(&p->mu);
+    if (has_cur && cur.prefill == next.prefill && cur.decode == next.decode) {
+        pthread_mutex_lock(&p->mu);
+        p->desired = cur;
+        p->has_desired = true;
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+    next.at = (double)time(NULL);
+    snprintf(next.by, sizeof next.by, "%s", p->id);
+    snprintf(next.reason, sizeof next.reason, "%s", why);
+    char *j = td_ops_desired_json(&next);
+    if (!j || td_etcd_put(e, TD_OPS_DESIRED_KEY, j, strlen(j), 0)) {
+        set_error(p, j ? td_last_error() : "no memory for the planner's record");
+        free(j);
+        return;
+    }
+    free(j);
+    p->changed_at = now;
+    TD_INFO("planner: %u prefill + %u decode workers (%s)", next.prefill, next.decode, why);
+    pthread_mutex_lock(&p->mu);
+    p->desired = next;
+    p->has_desired = true;
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void lease_lost(void *ctx)
+{
+    rt_planner_t *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    p->lease_lost = p->poked = true; /* campaign again under a new lease */
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Waits s seconds, a poke or the stop; true to go on. */
+static bool nap(rt_planner_t *p, double s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)s;
+    until.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && !p->poked && pthread_cond_timedwait(&p->cv, &p->mu, &until) == 0) {
+    }
+    p->poked = false;
+    bool go = !p->stop;
+    pthread_mutex_unlock(&p->mu);
+    return go;
+}
+
+static void *planner_thread(void *arg)
+{
+    rt_planner_t *p = arg;
+    td_etcd_t *e = NULL;
+    int64_t lease = 0;
+    double ttl = p->r->cfg.etcd.lease_ttl_s;
+    do {
+        if (!e && td_etcd_connect(p->r->cfg.etcd.endpoints, p->r->tls, &e)) {
+            set_error(p, td_last_error());
+            e = NULL;
+            continue;
+        }
+        pthread_mutex_lock(&p->mu);
+        bool lost = p->lease_lost;
+        p->lease_lost = false;
+        pthread_mutex_unlock(&p->mu);
+        if (lease && lost) { /* a new lease, a new campaign */
+            td_etcd_keepalive_stop(e);
+            lease = 0;
+        }
+        if (!lease && (td_etcd_lease_grant(e, (int64_t)ttl, &lease) ||
+                       td_etcd_keepalive_start(e, lease, (int64_t)ttl, lease_lost, p))) {
+            set_error(p, td_last_error());
+            lease = 0;
+            continue;
+        }
+        bool won = false;
+        if (td_etcd_campaign(e, TD_OPS_PLANNER_KEY, p->id, strlen(p->id), lease, &won)) {
+            set_error(p, td_last_error());
+            continue;
+        }
+        pthread_mutex_lock(&p->mu);
+        bool was = p->leader;
+        p->leader = won;
+        pthread_mutex_unlock(&p->mu);
+        if (won != was)
+            TD_INFO("planner: %s", won ? "this router plans (elected)" : "another router plans");
+        if (won)
+            plan(p, e);
+    } while (nap(p, 1.0));
+    if (e) {
+        td_etcd_keepalive_stop(e);
+        if (lease) /* resign: the next router's campaign wins at once */
+            td_etcd_lease_revoke(e, lease);
+        td_etcd_destroy(e);
+    }
+    return NULL;
+}
+
+td_status_t rt_planner_start(router_t *r, const char *id, rt_planner_t **out)
+{
+    rt_planner_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return td_error(TD_ERR_NO_MEMORY, "planner: no memory");
+    p->r = r;
+    snprintf(p->id, sizeof p->id, "%s", id);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&p->thread, NULL, planner_thread, p)) {
+        free(p);
+        return td_error(TD_ERR_INTERNAL, "planner: cannot start its thread");
+    }
+    p->running = true;
+    *out = p;
+    return TD_OK;
+}
+
+void rt_planner_poke(rt_planner_t *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->poked = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void rt_planner_stop(rt_planner_t *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    if (p->running)
+        pthread_join(p->thread, NULL);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+json_t *rt_planner_json(rt_planner_t *p)
+{
+    if (!p)
+        return json_null();
+    pthread_mutex_lock(&p->mu);
+    json_t *j = json_pack("{s:b, s:s, s:s}", "leader", p->leader, "verdict", p->verdict, "error", p->error);
+    if (p->has_desired) {
+        char *d = td_ops_desired_json(&p->desired);
+        json_t *dj = d ? json_loads(d, 0, NULL) : NULL;
+        free(d);
+        if (dj)
+            json_object_set_new(j, "desired", dj);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return j;
+}

@@ -1,0 +1,34 @@
+/* planner.h — the planner (DESIGN.md §7): one router at a time, elected
+ * through etcd (TD_OPS_PLANNER_KEY under its lease; when it dies or stops,
+ * the lease goes and another router's next campaign wins), turns the ops
+ * config (common/ops.h, TD_OPS_KEY) into the desired worker counts
+ * (TD_OPS_DESIRED_KEY) that the node agents obey.
+ *
+ * fixed: the model's counts. auto: the total stays; one worker moves from
+ * decode to prefill when, over the requests that finished in the last
+ * 3 x hold_s seconds and since the last change (8 of them at least), SLO
+ * attainment is under the target and more of them missed the TTFT SLO than
+ * the TPOT SLO — or the other way — within the bounds. A move needs the
+ * same verdict for hold_s seconds running and cooldown_s since the last
+ * change (hysteresis: it does not flap). The planner's own router's finished
+ * requests are what it measures. */
+#ifndef RT_PLANNER_H
+#define RT_PLANNER_H
+
+#include <jansson.h>
+
+#include "common/status.h"
+
+struct router;
+typedef struct rt_planner rt_planner_t;
+
+/* id: this router's name in the election (its address). */
+td_status_t rt_planner_start(struct router *r, const char *id, rt_planner_t **out);
+/* Resigns (the lease revoked, so another router takes over at once). */
+void rt_planner_stop(rt_planner_t *p);
+/* Looks again now (after an ops change). */
+void rt_planner_poke(rt_planner_t *p);
+/* {"leader": bool, "by": ..., "desired": {...}, "verdict": ..., "error": ...} */
+json_t *rt_planner_json(rt_planner_t *p);
+
+#endif
