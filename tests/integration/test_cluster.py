@@ -489,7 +489,7 @@ def main():
 
         # 5. a worker with another KV contract is refused, naming both values
         odd = subprocess.Popen([BIN + "/tandem-decode", "--model", MODEL, "--etcd", c.etcd, "--threads", "1",
-                                "--block-tokens", "32", "--id", "decode-bt32"] + c.tls_args("decode-0"), stdout=subprocess.DEVNULL,
+                                "--block-tokens", "32", "--id", "decode-bt32"] + c.tls_args("decode"), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
         seen = wait_for(lambda: any(r["id"] == "decode-bt32" for r in c.health()[1]["refused"]), 15)
         why = [r["why"] for r in c.health()[1]["refused"] if r["id"] == "decode-bt32"]

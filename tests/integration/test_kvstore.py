@@ -75,7 +75,7 @@ def kvstores(c):
 
 
 def kv_stats(c, node):
-    ch = c.channel(node["addr"], cert="prefill-0")
+    ch = c.channel(node["addr"], cert="prefill")
     r = kpbg.KvStoreStub(ch).Stats(kpb.KvStatsRequest(), timeout=5)
     ch.close()
     return r
@@ -410,7 +410,7 @@ def main():
 
         # a Get naming a reader node longer than any node id is refused, naming the length
         node = kvstores(c)[0]
-        ch = c.channel(node["addr"], cert="prefill-0")
+        ch = c.channel(node["addr"], cert="prefill")
         try:
             kpbg.KvStoreStub(ch).Get(kpb.KvGetRequest(names=[kpb.BlockName(lo=1, hi=2)], reader_node="n" * 64),
                                      timeout=5)
