@@ -105,11 +105,9 @@ static td_status_t complete(td_ops_t *o, const char *origin)
     return TD_OK;
 }
 
-td_status_t td_ops_parse(const char *text, size_t len, const char *origin, td_ops_t **out)
+/* After a load: the defaults filled and every value checked, or o freed. */
+static td_status_t finish(td_status_t rc, td_ops_t *o, const char *origin, td_ops_t **out)
 {
-    td_ops_t *o = NULL;
-    *out = NULL;
-    td_status_t rc = td_yaml_load(&top_schema, text, len, origin, (void **)&o);
     if (!rc && !o)
         rc = td_error(TD_ERR_CONFIG, "%s: empty; an ops config needs models:", origin);
     if (!rc)
@@ -122,21 +120,20 @@ td_status_t td_ops_parse(const char *text, size_t len, const char *origin, td_op
     return TD_OK;
 }
 
+td_status_t td_ops_parse(const char *text, size_t len, const char *origin, td_ops_t **out)
+{
+    td_ops_t *o = NULL;
+    *out = NULL;
+    td_status_t rc = td_yaml_load(&top_schema, text, len, origin, (void **)&o);
+    return finish(rc, o, origin, out);
+}
+
 td_status_t td_ops_load_file(const char *path, td_ops_t **out)
 {
     td_ops_t *o = NULL;
     *out = NULL;
     td_status_t rc = td_yaml_load_file(&top_schema, path, (void **)&o);
-    if (!rc && !o)
-        rc = td_error(TD_ERR_CONFIG, "%s: empty; an ops config needs models:", path);
-    if (!rc)
-        rc = complete(o, path);
-    if (rc) {
-        td_ops_free(o);
-        return rc;
-    }
-    *out = o;
-    return TD_OK;
+    return finish(rc, o, path, out);
 }
 
 td_status_t td_ops_format(const td_ops_t *ops, char **text) { return td_yaml_save(&top_schema, ops, text, NULL); }
