@@ -27,7 +27,7 @@ pkgs=(build-essential cmake pkg-config git python3 python3-venv unzip ca-certifi
       libxxhash-dev libpcre2-dev libutf8proc-dev libcyaml-dev libyaml-dev libjansson-dev
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libucx-dev ucx-utils etcd-server etcd-client
       libcurl4-openssl-dev libssl-dev libmicrohttpd-dev liburing-dev gnuplot-nox)
-[ "$want_test" -eq 1 ] && pkgs+=(libcriterion-dev clang libclang-rt-14-dev openssl)
+[ "$want_test" -eq 1 ] && pkgs+=(libcriterion-dev clang libclang-rt-14-dev openssl systemd)
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -68,14 +68,15 @@ fi
 # ---- test tools: a venv with the reference packages the checks call ----
 if [ "$want_test" -eq 1 ]; then
   venv="$root/.venv"
-  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import gguf, numpy, jinja2, grpc, grpc_tools, openai" 2>/dev/null; then
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import gguf, numpy, jinja2, grpc, grpc_tools, openai, kubernetes_validate" 2>/dev/null; then
     say "test venv: present ($venv)"
   else
-    say "test venv: creating $venv with gguf, numpy, jinja2, grpcio, grpcio-tools, openai"
+    say "test venv: creating $venv with gguf, numpy, jinja2, grpcio, grpcio-tools, openai, kubernetes-validate"
     py=python3
     command -v /usr/bin/python3 >/dev/null && py=/usr/bin/python3
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-    "$venv/bin/pip" install -q gguf==0.19.0 numpy jinja2 grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0
+    "$venv/bin/pip" install -q gguf==0.19.0 numpy jinja2 grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 \
+      kubernetes-validate==1.37.0
   fi
 fi
 say "done"

@@ -110,6 +110,9 @@ run_py tests/integration/test_router.py router 300
 echo "== scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors)"
 run_py tests/cluster/test_scale.py scale 400
 
+echo "== deploy files (systemd-analyze verify on the units, kubernetes-validate on the manifests, their configs)"
+run_py tests/cluster/test_deploy.py deploy 300
+
 echo "== cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 

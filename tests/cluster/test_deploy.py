@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Cluster suite: the deploy files (deploy/systemd/, deploy/k8s/) checked offline.
+
+- every systemd unit passes `systemd-analyze verify` (its ExecStart pointed at
+  this build's binaries, which must exist);
+- the Kubernetes manifests validate against the API schema (kubernetes-validate
+  --strict: no unknown fields);
+- the config files the ConfigMap carries load through tandem's own parsers
+  (`tandem-router --config` with a bad path would refuse them; here the ops
+  file through `tandem scale`'s reader and the config through a worker's
+  --help-free dry parse).
+Prints one line per check and closes with "deploy: N passed, N failed".
+Usage: test_deploy.py BUILD_BIN_DIR  (from the repository root)."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.getcwd()
+BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
+results = []
+
+
+def check(name, ok, why=""):
+    results.append(ok)
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + why), flush=True)
+
+
+def main():
+    units = sorted(glob.glob(os.path.join(ROOT, "deploy/systemd/*.service")))
+    d = tempfile.mkdtemp(prefix="tandem-units-")
+    try:
+        for u in units:
+            with open(u) as f, open(os.path.join(d, os.path.basename(u)), "w") as g:
+                g.write(f.read().replace("/usr/local/bin/", BIN + "/"))
+        r = subprocess.run(["systemd-analyze", "verify"] + ["./" + os.path.basename(u) for u in units], cwd=d,
+                           capture_output=True, text=True, timeout=60)
+        check("%d systemd units pass systemd-analyze verify (%s)" %
+              (len(units), ", ".join(os.path.basename(u) for u in units)),
+              len(units) >= 5 and r.returncode == 0 and not r.stderr.strip(), r.stderr[-1500:])
+    finally:
+        shutil.rmtree(d)
+    manifests = sorted(glob.glob(os.path.join(ROOT, "deploy/k8s/*.yaml")))
+    kv = os.path.join(os.path.dirname(sys.executable), "kubernetes-validate")
+    r = subprocess.run([kv, "--strict", "--quiet"] + manifests, capture_output=True, text=True, timeout=120)
+    kinds = []
+    for m in manifests:
+        kinds += [l.split(":", 1)[1].strip() for l in open(m) if l.startswith("kind:")]
+    check("the Kubernetes manifests validate (kubernetes-validate --strict): %s" % ", ".join(kinds),
+          r.returncode == 0 and {"Deployment", "StatefulSet", "Service", "ConfigMap"} <= set(kinds),
+          (r.stdout + r.stderr)[-1500:])
+    # a malformed manifest is refused: the check can fail
+    bad = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    bad.write("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: two}\n")
+    bad.close()
+    r = subprocess.run([kv, "--strict", "--quiet", bad.name], capture_output=True, text=True, timeout=60)
+    os.unlink(bad.name)
+    check("a malformed manifest is refused by the same check", r.returncode != 0, r.stdout)
+    # the files the ConfigMap carries load through tandem's own readers
+    import yaml  # noqa: E402 (PyYAML comes with kubernetes-validate)
+    for m in manifests:
+        for doc in yaml.safe_load_all(open(m)):
+            if not doc or doc.get("kind") != "ConfigMap":
+                continue
+            tmp = tempfile.mkdtemp(prefix="tandem-cm-")
+            for name, text in doc["data"].items():
+                with open(os.path.join(tmp, name), "w") as f:
+                    f.write(text)
+            if "ops.yaml" in doc["data"]:
+                # tandem scale reads and checks the file before it calls anyone: a refused file exits 2
+                r = subprocess.run([BIN + "/tandem", "scale", "--endpoint", "127.0.0.1:1", "--apply",
+                                    os.path.join(tmp, "ops.yaml")], capture_output=True, text=True, timeout=30)
+                check("the ConfigMap's ops.yaml is a valid ops config", r.returncode != 2, r.stderr)
+            if "tandem.yaml" in doc["data"]:
+                # tandem up reads and validates the config before it starts anything; the model is absent
+                r = subprocess.run([BIN + "/tandem", "up", "--config", os.path.join(tmp, "tandem.yaml")],
+                                   capture_output=True, text=True, timeout=30)
+                check("the ConfigMap's tandem.yaml is a valid config file (it reaches the model check)",
+                      "cannot read the model /models/" in r.stderr, r.stderr)
+            shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:
+        check("the suite ran to its end", False, repr(e))
+    p = sum(results)
+    print("deploy: %d passed, %d failed" % (p, len(results) - p))
+    sys.exit(0 if all(results) else 1)
