@@ -354,6 +354,8 @@ static child_t *youngest(child_t *kids, int nk, char role)
     return best;
 }
 
+static void child_ended(up_t *u, child_t *c, int st);
+
 /* Brings the workers to the agent's share: at most one change per role a call. */
 static void reconcile(up_t *u, agent_t *a, child_t *kids, int *nk)
 {
@@ -386,6 +388,8 @@ static void reconcile(up_t *u, agent_t *a, child_t *kids, int *nk)
                            : " and stops");
         if (c->pid)
             kill(c->pid, SIGTERM);
+        else /* between restarts: nothing to drain */
+            child_ended(u, c, 0);
     }
     for (int r = 0; r < 2; r++)
         while (have[r] < want[r]) {
