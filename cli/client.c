@@ -192,24 +192,15 @@ int cli_scale(int argc, char **argv)
     }
     td_log_set_level(TD_LOG_OFF);
     char *text = NULL;
-    if (file) { /* read and checked here first: the errors name the file's lines */
+    if (file) { /* read and checked here (the errors name the file's lines), sent in canonical form */
         td_ops_t *ops = NULL;
-        if (td_ops_load_file(file, &ops)) {
+        td_status_t rc = td_ops_load_file(file, &ops);
+        if (!rc)
+            rc = td_ops_format(ops, &text);
+        td_ops_free(ops);
+        if (rc) {
             fprintf(stderr, "tandem scale: %s\n", td_last_error());
             return 2;
-        }
-        td_ops_free(ops);
-        FILE *fp = fopen(file, "rb");
-        text = fp ? calloc(1, (1u << 20) + 1) : NULL;
-        if (text && fread(text, 1, 1u << 20, fp) == 0 && ferror(fp)) {
-            free(text);
-            text = NULL;
-        }
-        if (fp)
-            fclose(fp);
-        if (!text) {
-            fprintf(stderr, "tandem scale: cannot read %s\n", file);
-            return 1;
         }
         rq.ops_yaml = text;
     }
