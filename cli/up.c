@@ -332,6 +332,8 @@ static void worker_child(up_t *u, child_t *c, char role)
     snprintf(listen, sizeof listen, "%s:0", u->address);
     add_arg(c, "--listen");
     add_arg(c, listen);
+    add_arg(c, "--metrics-listen"); /* a free port, in its etcd record */
+    add_arg(c, listen);
     pair_of(u->cfg, u->certdir, pre ? "prefill" : "decode", cert, key);
     add_cluster_tls(c, u->plaintext, u->ca_file, cert, key);
     if (pre && u->nkv) { /* each prefill worker's near node, round robin: where its hot blocks get copies */
@@ -600,8 +602,8 @@ int cli_up(int argc, char **argv)
         snprintf(ca_file, sizeof ca_file, "%s", cfg.cluster.tls_ca);
     u.ca_file = ca_file;
     u.plaintext = plaintext;
-    int ports[4]; /* etcd's client and peer ports, the router's, the HTTP API's */
-    if (free_ports(address, ports, 4)) {
+    int ports[5]; /* etcd's client and peer ports, the router's, the HTTP API's, the router's metrics */
+    if (free_ports(address, ports, 5)) {
         fprintf(stderr, "tandem up: cannot find free ports on %s: %s\n", address, strerror(errno));
         return 1;
     }
@@ -632,6 +634,12 @@ int cli_up(int argc, char **argv)
         snprintf(http_listen, sizeof http_listen, "%s:%d", address, ports[3]);
     else
         http_listen[0] = 0;
+    /* the router's metrics: the config's address, or a free port; its /targets lists every process's */
+    char metrics_listen[128];
+    if (cfg.metrics.listen[0])
+        snprintf(metrics_listen, sizeof metrics_listen, "%s", cfg.metrics.listen);
+    else
+        snprintf(metrics_listen, sizeof metrics_listen, "%s:%d", address, ports[4]);
 
     static child_t kids[MAX_CHILDREN];
     int nk = 0;
@@ -673,6 +681,8 @@ int cli_up(int argc, char **argv)
         snprintf(listen, sizeof listen, "%s:0", address);
         add_arg(c, "--listen");
         add_arg(c, listen);
+        add_arg(c, "--metrics-listen");
+        add_arg(c, listen);
         snprintf(kdir, sizeof kdir, "%s/%s", cfg.kvstore.data_dir && cfg.kvstore.data_dir[0] ? cfg.kvstore.data_dir : base,
                  name);
         add_arg(c, "--data-dir");
@@ -691,6 +701,8 @@ int cli_up(int argc, char **argv)
         add_arg(router, router_listen);
         add_arg(router, "--http-listen");
         add_arg(router, http_listen);
+        add_arg(router, "--metrics-listen");
+        add_arg(router, metrics_listen);
         add_arg(router, "--etcd");
         add_arg(router, etcd_ep);
         pair_of(&cfg, u.certdir, "router", cert, key);
@@ -789,6 +801,8 @@ int cli_up(int argc, char **argv)
                 fflush(stdout);
                 if (http_listen[0])
                     fprintf(stderr, "tandem up: OpenAI-compatible HTTP API at http://%s/v1\n", http_listen);
+                fprintf(stderr, "tandem up: Prometheus metrics at http://%s/metrics, every process's listed at "
+                        "http://%s/targets (http_sd_configs)\n", metrics_listen, metrics_listen);
                 fprintf(stderr, "tandem up: serving at %s after %.1f s (Ctrl-C stops)\n", router_listen,
                         td_now_s() - t_start);
             }

@@ -41,6 +41,7 @@ typedef struct {
 typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
 typedef struct { char *tls_ca, *tls_cert, *tls_key; bool *plaintext; } raw_cluster_t;
 typedef struct { bool *peer_errors; uint32_t *peer_idle_s; char *interfaces; } raw_transport_t;
+typedef struct { char *listen; } raw_metrics_t;
 typedef struct {
     raw_log_t *log;
     raw_model_t *model;
@@ -50,6 +51,7 @@ typedef struct {
     raw_etcd_t *etcd;
     raw_cluster_t *cluster;
     raw_transport_t *transport;
+    raw_metrics_t *metrics;
 } raw_config_t;
 
 #define OPT (CYAML_FLAG_OPTIONAL | CYAML_FLAG_POINTER)
@@ -109,6 +111,7 @@ static const cyaml_schema_field_t transport_fields[] = {
     CYAML_FIELD_BOOL_PTR("peer_errors", OPT, raw_transport_t, peer_errors),
     CYAML_FIELD_UINT_PTR("peer_idle_s", OPT, raw_transport_t, peer_idle_s),
     STR("interfaces", raw_transport_t, interfaces), CYAML_FIELD_END};
+static const cyaml_schema_field_t metrics_fields[] = {STR("listen", raw_metrics_t, listen), CYAML_FIELD_END};
 
 static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("log", OPT, raw_config_t, log, log_fields),
@@ -120,6 +123,7 @@ static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING_PTR("etcd", OPT, raw_config_t, etcd, etcd_fields),
     CYAML_FIELD_MAPPING_PTR("cluster", OPT, raw_config_t, cluster, cluster_fields),
     CYAML_FIELD_MAPPING_PTR("transport", OPT, raw_config_t, transport, transport_fields),
+    CYAML_FIELD_MAPPING_PTR("metrics", OPT, raw_config_t, metrics, metrics_fields),
     CYAML_FIELD_END};
 
 static const cyaml_schema_value_t top_schema = {
@@ -190,6 +194,7 @@ static const cfg_field_t cfg_fields[] = {
     F("transport.peer_errors", CFG_BOOL, transport.peer_errors, transport, raw_transport_t, peer_errors),
     F("transport.peer_idle_s", CFG_U32, transport.peer_idle_s, transport, raw_transport_t, peer_idle_s),
     F("transport.interfaces", CFG_STR, transport.interfaces, transport, raw_transport_t, interfaces),
+    F("metrics.listen", CFG_STR, metrics.listen, metrics, raw_metrics_t, listen),
 };
 #define N_FIELDS (sizeof cfg_fields / sizeof cfg_fields[0])
 
@@ -222,6 +227,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""}, {"etcd.lease_ttl_s", "3"},
         {"cluster.tls_ca", ""}, {"cluster.tls_cert", ""}, {"cluster.tls_key", ""}, {"cluster.plaintext", "false"},
         {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"}, {"transport.interfaces", "lo"},
+        {"metrics.listen", ""},
     };
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
         td_status_t rc = td_config_set(cfg, defaults[i].k, defaults[i].v);

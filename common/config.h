@@ -45,6 +45,9 @@
  *            paths; peer_idle_s: a prefill worker closes a connection to a decode
  *            worker unused this long; interfaces: the network interfaces UCX may listen and
  *            connect on, comma-separated: loopback by default, the cluster's network on many hosts)
+ *   metrics: { listen: "" }  (Prometheus metrics of this process at http://LISTEN/metrics, common/metrics.h;
+ *            "" for none; port 0 takes a free port, which the process logs and puts in its etcd record;
+ *            `tandem up` gives every process one)
  *
  * Every key is optional; what is absent keeps its default. The file is read
  * through a libcyaml schema; an unknown key or a value of the wrong type is an
@@ -96,6 +99,7 @@ typedef struct td_config {
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;
     struct { char *tls_ca, *tls_cert, *tls_key; bool plaintext; } cluster;
     struct { bool peer_errors; uint32_t peer_idle_s; char *interfaces; } transport;
+    struct { char *listen; } metrics;
 } td_config_t;
 
 /* Fills cfg with the defaults. Free with td_config_free(). */

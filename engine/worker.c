@@ -17,6 +17,7 @@
 #include "common/kv_events.h"
 #include "common/rpc_pb.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/process.h"
 #include "engine/model.h"
 #include "engine/profile.h"
@@ -93,6 +94,9 @@ struct eng_worker {
     td_kv_events_t ev;
     eng_profile_t profile; /* measured at start-up (has_profile), published with the record */
     bool has_profile;
+    td_metrics_t *metrics; /* Prometheus (common/metrics.h), filled from Stats at each scrape */
+    td_metrics_server_t *metrics_server;
+    char metrics_at[160];
 };
 
 
@@ -502,6 +506,57 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     free(s);
 }
 
+/* Before each scrape: the Stats answer as Prometheus series. */
+static void metrics_collect(void *ctx, td_metrics_t *m)
+{
+    eng_worker_t *w = ctx;
+    stats_call_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return;
+    tandem__internal__v1__stats_response__init(&s->r);
+    if (eng_worker_call_or_drop(w, stats_on_engine, s, free, 2)) {
+        TD_WARN("%s: metrics: %s", w->id, td_last_error());
+        return; /* s is the queued closure's now */
+    }
+    const Tandem__Internal__V1__StatsResponse *r = &s->r;
+    char l[64];
+    struct {
+        td_metric_kind_t kind;
+        const char *name, *help, *label;
+        double v;
+        bool has;
+    } rows[] = {
+        {TD_GAUGE, "tandem:num_requests_running", "Requests in the engine (prefilling or decoding).", NULL,
+         r->running, r->has_running},
+        {TD_GAUGE, "tandem:num_requests_waiting", "Reservations made for requests not yet started.", NULL,
+         r->reservations, r->has_reservations},
+        {TD_GAUGE, "tandem:kv_cache_usage_perc", "Fraction of the KV pool's blocks in use (0 to 1).", NULL,
+         r->kv_blocks ? (double)r->kv_in_use / r->kv_blocks : 0, r->has_kv_blocks},
+        {TD_GAUGE, "tandem:kv_cache_blocks", "Blocks of the KV pool.", "total", r->kv_blocks, r->has_kv_blocks},
+        {TD_GAUGE, "tandem:kv_cache_blocks", "Blocks of the KV pool.", "in_use", r->kv_in_use, r->has_kv_in_use},
+        {TD_GAUGE, "tandem:kv_cache_blocks", "Blocks of the KV pool.", "cached", r->kv_cached, r->has_kv_cached},
+        {TD_COUNTER, "tandem:num_preemptions_total", "Sequences whose KV was dropped for room and recomputed.", NULL,
+         (double)r->preemptions, r->has_preemptions},
+        {TD_COUNTER, "tandem:kv_transfer_bytes_total", "KV bytes this prefill worker put into decode pools.", NULL,
+         (double)r->transfer_bytes, r->has_transfer_bytes},
+        {TD_COUNTER, "tandem:kv_transfer_seconds_total", "Time the KV puts took.", NULL, r->transfer_ms * 1e-3,
+         r->has_transfer_ms},
+        {TD_COUNTER, "tandem:kv_transfer_exposed_seconds_total", "Time the KV puts added to prefill (not hidden).",
+         NULL, r->exposed_transfer_ms * 1e-3, r->has_exposed_transfer_ms},
+        {TD_COUNTER, "tandem:store_blocks_offered_total", "Full blocks handed to the kvstore's writers.", NULL,
+         (double)r->store_offered, r->has_store_offered},
+        {TD_COUNTER, "tandem:store_blocks_new_total", "Blocks the kvstore took as new.", NULL, (double)r->store_new,
+         r->has_store_new},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (rows[i].has)
+            td_metric_set(td_metrics_series(m, rows[i].kind, rows[i].name, rows[i].help,
+                                            rows[i].label ? td_metrics_label(l, sizeof l, "state", rows[i].label) : NULL,
+                                            NULL, 0),
+                          rows[i].v);
+    free(s);
+}
+
 /* ---------------------------------------------------------- pool events */
 
 static void h_events(void *ctx, td_rpc_call_t *call)
@@ -645,8 +700,9 @@ static void profile(eng_worker_t *w)
 /* Joins the membership: this worker's record under its lease (common/process.h). */
 static td_status_t etcd_register(eng_worker_t *w)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o}", "id", w->id, "role", w->role->name, "addr", w->advertise,
-                          "pid", (int)getpid(), "contract", td_kv_layout_to_json(&w->contract));
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:o}", "id", w->id, "role", w->role->name, "addr", w->advertise,
+                          "metrics", w->metrics_at, "pid", (int)getpid(), "contract",
+                          td_kv_layout_to_json(&w->contract));
     if (j && w->has_profile)
         json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
@@ -671,7 +727,7 @@ static const char usage_fmt[] =
     "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
     "                 [--numerics fast|reference] [--lease-ttl S] [--peer-idle-s S]\n"
     "                 [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true] [--interfaces lo]\n"
-    "                 [--kvstore-near KVSTORE_ID] [--device cpu|cuda|cuda:N]\n"
+    "                 [--kvstore-near KVSTORE_ID] [--device cpu|cuda|cuda:N] [--metrics-listen HOST:PORT]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
     "  which it overrides; the role's keys are those of its section\n";
 
@@ -684,7 +740,7 @@ static const td_flag_t worker_flags[] = {
     {"--peer-idle-s", "transport.peer_idle_s"}, {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},     {"--cluster-key", "cluster.tls_key"},
     {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
-    {"--kvstore-near", "kvstore.near"},  {"--device", "%s.device"},
+    {"--kvstore-near", "kvstore.near"},  {"--device", "%s.device"},   {"--metrics-listen", "metrics.listen"},
 };
 
 static int parse_args(eng_worker_t *w, int argc, char **argv)
@@ -811,15 +867,21 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
         td_error(TD_ERR_INTERNAL, "cannot start the engine thread");
         goto out;
     }
+    if (td_metrics_create(w->model->desc.name, role->name, &w->metrics))
+        goto stop_thread;
+    td_metrics_on_collect(w->metrics, metrics_collect, w);
+    if (td_metrics_serve(w->metrics, w->cfg.metrics.listen, NULL, NULL, NULL, &w->metrics_server, w->metrics_at,
+                         sizeof w->metrics_at))
+        goto stop_thread;
     int port;
     if (td_rpc_server_start(w->server, &port))
         goto stop_thread;
     td_rpc_advertise_addr(w->listen, port, w->advertise, sizeof w->advertise);
     if (etcd_register(w))
         goto stop_server;
-    TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s)", w->id, w->advertise,
-            w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
-            td_kv_dtype_name(w->contract.dtype), w->cfg.etcd.endpoints);
+    TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s; metrics %s)", w->id,
+            w->advertise, w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
+            td_kv_dtype_name(w->contract.dtype), w->cfg.etcd.endpoints, w->metrics_at[0] ? w->metrics_at : "none");
     /* a lost lease takes this worker out of the membership, not out of
      * service: td_member_tick registers it again (common/process.h) */
     td_process_run(main_tick, w);
@@ -831,6 +893,8 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
 stop_server:
     td_rpc_server_stop(w->server, 30);
 stop_thread:
+    td_metrics_server_stop(w->metrics_server); /* its scrapes ask the engine thread */
+    w->metrics_server = NULL;
     pthread_mutex_lock(&w->mu);
     w->stop = true;
     pthread_cond_broadcast(&w->cv);
@@ -854,6 +918,7 @@ out:
     free(w->held);
     free(w->held_text);
     td_kv_events_free(&w->ev);
+    td_metrics_destroy(w->metrics);
     td_config_free(&w->cfg);
     free(w);
     td_rpc_shutdown();

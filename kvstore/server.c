@@ -47,6 +47,7 @@
 #include "common/kv_contract_pb.h"
 #include "common/kv_events.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/process.h"
 #include "common/rpc_pb.h"
 #include "kvstore/client.h"
@@ -82,7 +83,7 @@ typedef struct lease {
 
 typedef struct node {
     td_config_t cfg;
-    char id[64], listen[128], advertise[160];
+    char id[64], listen[128], advertise[160], metrics_at[160];
     td_rpc_tls_t tls_files;
     const td_rpc_tls_t *tls;
     td_member_t *member;
@@ -747,6 +748,49 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     pthread_mutex_unlock(&N->mu);
 }
 
+/* Before each scrape: the node's counters and tiers as Prometheus series. */
+static void metrics_collect(void *ctx, td_metrics_t *m)
+{
+    node_t *N = ctx;
+    char l[96], t[48];
+    pthread_mutex_lock(&N->mu);
+    size_t nt = N->ssd ? 2 : 1;
+    for (size_t k = 0; k < nt; k++) {
+        const char *tier = k ? "ssd" : "cpu";
+        uint32_t blocks = N->ix ? kv_index_tier_count(N->ix, (kv_tier_t)k) : 0;
+        td_metrics_label(t, sizeof t, "tier", tier);
+        snprintf(l, sizeof l, "%s,state=\"capacity\"", t);
+        td_metric_set(td_metrics_series(m, TD_GAUGE, "tandem:kvstore_tier_bytes", "Bytes of a tier: capacity, used.",
+                                        l, NULL, 0), (double)(k ? kv_ssd_capacity(N->ssd) : N->bytes));
+        snprintf(l, sizeof l, "%s,state=\"used\"", t);
+        td_metric_set(td_metrics_series(m, TD_GAUGE, "tandem:kvstore_tier_bytes", "Bytes of a tier: capacity, used.",
+                                        l, NULL, 0), (double)blocks * (double)N->block_bytes);
+        td_metric_set(td_metrics_series(m, TD_GAUGE, "tandem:kvstore_tier_blocks", "Blocks held in a tier.", t, NULL,
+                                        0), blocks);
+        td_metric_set(td_metrics_series(m, TD_COUNTER, "tandem:kvstore_tier_hits_total", "Blocks read from a tier.",
+                                        t, NULL, 0), (double)N->tier_hits[k]);
+        td_metric_set(td_metrics_series(m, TD_COUNTER, "tandem:kvstore_evictions_total", "Blocks evicted from a tier.",
+                                        t, NULL, 0), (double)N->evictions[k]);
+    }
+    const struct { const char *name, *help; double v; } rows[] = {
+        {"tandem:kvstore_lookups_total", "Blocks asked for (Get).", (double)N->gets},
+        {"tandem:kvstore_hits_total", "Blocks asked for and found.", (double)N->hits},
+        {"tandem:kvstore_puts_total", "Blocks offered (Put).", (double)N->puts},
+        {"tandem:kvstore_stored_total", "Blocks stored as new.", (double)N->stored},
+        {"tandem:kvstore_dropped_full_total", "Blocks not stored: every tier full of blocks in use.",
+         (double)N->dropped_full},
+        {"tandem:kvstore_replicas_pushed_total", "Copies of hot blocks pushed to other nodes.",
+         (double)N->replicas_pushed},
+        {"tandem:kvstore_checksum_errors_total", "SSD blocks whose checksum did not match (read as misses).",
+         N->ssd ? (double)kv_ssd_checksum_errors(N->ssd) : 0},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        td_metric_set(td_metrics_series(m, TD_COUNTER, rows[i].name, rows[i].help, NULL, NULL, 0), rows[i].v);
+    td_metric_set(td_metrics_series(m, TD_GAUGE, "tandem:kvstore_replicas", "Replica blocks this node holds.", NULL,
+                                    NULL, 0), N->n_replicas);
+    pthread_mutex_unlock(&N->mu);
+}
+
 static void h_events(void *ctx, td_rpc_call_t *call)
 {
     node_t *N = ctx;
@@ -833,6 +877,7 @@ static const td_flag_t kvstore_flags[] = {
     {"--cluster-cert", "cluster.tls_cert"}, {"--cluster-key", "cluster.tls_key"}, {"--plaintext", "cluster.plaintext"},
     {"--interfaces", "transport.interfaces"}, {"--replicas-max", "kvstore.replicas_max"},
     {"--hot-hits", "kvstore.hot_hits"},  {"--hit-half-life-s", "kvstore.hit_half_life_s"},
+    {"--metrics-listen", "metrics.listen"},
 };
 
 static const char kvstore_usage[] =
@@ -840,6 +885,7 @@ static const char kvstore_usage[] =
     "                      [--ssd-mb M --data-dir DIR] [--lease-ttl S] [--interfaces lo]\n"
     "                      [--replicas-max N] [--hot-hits H] [--hit-half-life-s S]\n"
     "                      [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
+    "                      [--metrics-listen HOST:PORT]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml)\n";
 
 static td_status_t region_setup(node_t *N)
@@ -866,7 +912,8 @@ static td_status_t region_setup(node_t *N)
 
 static td_status_t etcd_register(node_t *N)
 {
-    json_t *j = json_pack("{s:s, s:s, s:i, s:I, s:I}", "id", N->id, "addr", N->advertise, "pid", (int)getpid(),
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:I, s:I}", "id", N->id, "addr", N->advertise, "metrics",
+                          N->metrics_at, "pid", (int)getpid(),
                           "dram_bytes", (json_int_t)N->bytes, "ssd_bytes",
                           (json_int_t)(N->ssd ? kv_ssd_capacity(N->ssd) : 0));
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
@@ -897,6 +944,8 @@ int main(int argc, char **argv)
 {
     td_process_init("tandem-kvstore");
     static node_t N;
+    td_metrics_t *metrics = NULL;
+    td_metrics_server_t *msrv = NULL;
     pthread_mutex_init(&N.mu, NULL);
     snprintf(N.listen, sizeof N.listen, "127.0.0.1:0");
     snprintf(N.id, sizeof N.id, "kvstore-%d", (int)getpid());
@@ -964,15 +1013,22 @@ int main(int argc, char **argv)
             goto out;
     }
     td_rpc_server_set_max_message(srv, 16u << 20);
+    /* the store serves every model: no model_name */
+    if (td_metrics_create(NULL, "kvstore", &metrics))
+        goto out;
+    td_metrics_on_collect(metrics, metrics_collect, &N);
+    if (td_metrics_serve(metrics, N.cfg.metrics.listen, NULL, NULL, NULL, &msrv, N.metrics_at, sizeof N.metrics_at))
+        goto out;
     int port;
     if (td_rpc_server_start(srv, &port))
         goto out;
     td_rpc_advertise_addr(N.listen, port, N.advertise, sizeof N.advertise);
     if (etcd_register(&N))
         goto out;
-    TD_INFO("kvstore %s serving on %s: %llu MiB DRAM, %llu MiB SSD%s%s (etcd %s)", N.id, N.advertise,
+    TD_INFO("kvstore %s serving on %s: %llu MiB DRAM, %llu MiB SSD%s%s (etcd %s; metrics %s)", N.id, N.advertise,
             (unsigned long long)N.cfg.kvstore.dram_mb, (unsigned long long)N.cfg.kvstore.ssd_mb,
-            N.ssd ? " in " : "", N.ssd ? N.cfg.kvstore.data_dir : "", N.cfg.etcd.endpoints);
+            N.ssd ? " in " : "", N.ssd ? N.cfg.kvstore.data_dir : "", N.cfg.etcd.endpoints,
+            N.metrics_at[0] ? N.metrics_at : "none");
     td_process_run(tick, &N);
     TD_INFO("kvstore %s: stopping (signal %d)", N.id, td_process_stop_signal());
     code = 0;
@@ -980,6 +1036,7 @@ out:
     if (code)
         fprintf(stderr, "tandem-kvstore: %s\n", td_last_error());
     td_member_leave(N.member);
+    td_metrics_server_stop(msrv);
     if (srv)
         td_rpc_server_stop(srv, 5);
     td_rpc_server_destroy(srv);
@@ -1027,6 +1084,7 @@ out:
     }
     free(N.rkey);
     free(N.addr);
+    td_metrics_destroy(metrics);
     td_config_free(&N.cfg);
     td_rpc_shutdown();
     return code;

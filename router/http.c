@@ -39,6 +39,7 @@
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/rpc.h"
 #include "engine/tokenizer.h"
 #include "router/openai_req.h"
@@ -969,18 +970,12 @@ static td_status_t keys_load(rt_http_t *h, const char *path)
 
 td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int *port)
 {
-    char host[256];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || (size_t)(colon - listen) >= sizeof host)
-        return td_error(TD_ERR_CONFIG, "router.http_listen '%s': not HOST:PORT", listen);
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = 0;
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
-    if (getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai) || !ai)
-        return td_error(TD_ERR_CONFIG, "router.http_listen '%s': not an IPv4 address and port of this host", listen);
+    struct sockaddr_in sa;
+    td_status_t lrc = td_listen_addr(listen, "router.http_listen", &sa);
+    if (lrc)
+        return lrc;
     rt_http_t *h = calloc(1, sizeof *h);
     if (!h) {
-        freeaddrinfo(ai);
         return td_error(TD_ERR_NO_MEMORY, "http: no memory");
     }
     h->r = r;
@@ -989,7 +984,6 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     if (r->cfg.router.api_keys[0]) {
         td_status_t rc = keys_load(h, r->cfg.router.api_keys);
         if (rc) {
-            freeaddrinfo(ai);
             free(h->keys);
             free(h);
             return rc;
@@ -997,9 +991,6 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     } else {
         TD_WARN("router.api_keys is not set: the HTTP API on %s takes requests without an API key", listen);
     }
-    struct sockaddr_in sa;
-    memcpy(&sa, ai->ai_addr, sizeof sa);
-    freeaddrinfo(ai);
     h->max_open = (int)(2 * r->cfg.router.max_streams + 1024);
     h->ep = epoll_create1(EPOLL_CLOEXEC);
     h->watching = h->ep >= 0 && !pthread_create(&h->watcher, NULL, watcher_thread, h);

@@ -29,6 +29,7 @@ struct rt_planner {
     /* auto's hysteresis: the move wanted (-1 decode to prefill, +1 the other way, 0 none) and since when */
     int want;
     double want_since, changed_at;
+    uint64_t decisions; /* desired counts this planner wrote (under mu) */
 };
 
 static void set_error(rt_planner_t *p, const char *what)
@@ -175,6 +176,7 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
     pthread_mutex_lock(&p->mu);
     p->desired = next;
     p->has_desired = true;
+    p->decisions++;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -308,7 +310,8 @@ json_t *rt_planner_json(rt_planner_t *p)
     if (!p)
         return json_null();
     pthread_mutex_lock(&p->mu);
-    json_t *j = json_pack("{s:b, s:s, s:s}", "leader", p->leader, "verdict", p->verdict, "error", p->error);
+    json_t *j = json_pack("{s:b, s:s, s:s, s:I}", "leader", p->leader, "verdict", p->verdict, "error", p->error,
+                          "decisions", (json_int_t)p->decisions);
     if (p->has_desired) {
         char *d = td_ops_desired_json(&p->desired);
         json_t *dj = d ? json_loads(d, 0, NULL) : NULL;

@@ -107,6 +107,7 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
         rt_count(r, true, q->overhead, q->cpu, q->handoff);
     else
         rt_count(r, false, -1, -1, -1);
+    rt_metrics_request_end(&r->metrics, code);
     q->sink.end(q->sink_ctx, code, msg, q->retry_after_ms);
     tandem__v1__generate_request__free_unpacked(q->rq, NULL);
     td_rpc_scope_destroy(q->scope);
@@ -354,9 +355,15 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
     Tandem__V1__Timing timing = TANDEM__V1__TIMING__INIT;
     double t = td_now_s();
     if (dr->n_token_ids) {
-        if (!q->t_first)
+        if (!q->t_first) {
             q->t_first = t;
+            td_metric_observe(q->r->metrics.ttft, t - q->t0);
+        } else {
+            for (size_t i = 0; i < dr->n_token_ids; i++) /* a chunk's tokens share its gap */
+                td_metric_observe(q->r->metrics.itl, (t - q->t_last) / (double)dr->n_token_ids);
+        }
         q->t_last = t;
+        td_metric_add(q->r->metrics.generation_tokens, (double)dr->n_token_ids);
     }
     bool fin = dr->has_finish_reason;
     if (fin) {
@@ -450,6 +457,15 @@ static int after_stream(rt_request_t *q)
     rt_table_observe(&r->table, r->place, p, d, &tm);
     if (!gone)
         rt_record_done(r, tm.ttft_ms, tm.tpot_ms, tm.ok);
+    if (tm.ok) {
+        td_metric_observe(r->metrics.e2e, tm.e2e_ms * 1e-3);
+        td_metric_add(r->metrics.prompt_tokens, tm.prompt_tokens);
+        td_metric_add(r->metrics.prefix_queries, tm.prompt_tokens);
+        td_metric_add(r->metrics.prefix_hits, q->cached);
+        td_metric_add(r->metrics.store_hits, q->store_cached);
+        if (q->pred.valid && tm.ttft_ms > 0)
+            td_metric_observe(r->metrics.pred_err, fabs(q->pred.ttft_ms - tm.ttft_ms) / tm.ttft_ms);
+    }
     rt_table_unhold(&r->table, p);
     rt_table_done(&r->table, d, !q->finished && !gone && !fatal_code(sres.code) ? &sres : NULL, 2);
     q->p = q->d = NULL;

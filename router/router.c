@@ -587,6 +587,27 @@ static void h_scale(void *ctx, td_rpc_call_t *call)
     free(text);
 }
 
+/* The router's own record (/tandem/routers/ID, leased): where its API and
+ * its metrics are, for `tandem status` and Prometheus's targets. */
+static td_status_t router_register(router_t *r, const char *id, const char *addr, td_member_t **out)
+{
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i}", "id", id, "addr", addr, "metrics", r->metrics.bound, "pid",
+                          (int)getpid());
+    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
+    json_decref(j);
+    snprintf(key, sizeof key, "/tandem/routers/%s", id);
+    td_status_t rc = v ? td_member_join(r->cfg.etcd.endpoints, r->tls, key, v, r->cfg.etcd.lease_ttl_s, out, NULL)
+                       : td_error(TD_ERR_NO_MEMORY, "router: no memory for its etcd record");
+    free(v);
+    return rc;
+}
+
+static void member_tick(void *ctx)
+{
+    if (ctx)
+        td_member_tick(ctx);
+}
+
 /* Each flag sets one config key: the YAML is the source of truth. */
 static const td_flag_t router_flags[] = {
     {"--model", "model.path"},           {"--listen", "router.listen"},     {"--etcd", "etcd.endpoints"},
@@ -596,13 +617,14 @@ static const td_flag_t router_flags[] = {
     {"--api-keys", "router.api_keys"},
     {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},  {"--cluster-key", "cluster.tls_key"},
-    {"--plaintext", "cluster.plaintext"},
+    {"--plaintext", "cluster.plaintext"},    {"--metrics-listen", "metrics.listen"},
 };
 
 static const char router_usage[] =
     "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT]\n"
     "                     [--block-tokens N] [--kv-dtype fp16|fp32] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
     "                     [--http-listen HOST:PORT|\"\"] [--max-streams N] [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
+    "                     [--metrics-listen HOST:PORT]\n"
     "  every flag but --config sets a key of the config file (deploy/tandem.yaml), which it overrides\n";
 
 static int parse_args(router_t *r, int argc, char **argv)
@@ -626,6 +648,7 @@ int main(int argc, char **argv)
     code = 1;
     td_rpc_server_t *srv = NULL;
     rt_http_t *http = NULL;
+    td_member_t *member = NULL;
     if (td_cluster_tls(&r.cfg, &r.tls_files, &r.tls)) {
         code = 2;
         goto out;
@@ -656,6 +679,8 @@ int main(int argc, char **argv)
     if (membership_start(&r) ||
         rt_follow_start(&r.table, r.index, r.etcd, r.tls, r.cfg.router.index_drop_events, &r.follow))
         goto out;
+    if (rt_metrics_start(&r, &r.metrics))
+        goto out;
     int port;
     const char *cert = r.cfg.router.tls_cert, *key = r.cfg.router.tls_key, *cca = r.cfg.router.tls_client_ca;
     if ((cert[0] || key[0] || cca[0]) && !(cert[0] && key[0])) {
@@ -681,20 +706,21 @@ int main(int argc, char **argv)
     char self_addr[160], planner_id[200];
     td_rpc_advertise_addr(r.cfg.router.listen, port, self_addr, sizeof self_addr);
     snprintf(planner_id, sizeof planner_id, "router@%s", self_addr);
-    if (rt_planner_start(&r, planner_id, &r.planner))
+    if (rt_planner_start(&r, planner_id, &r.planner) || router_register(&r, planner_id, self_addr, &member))
         goto out;
     char http_at[32] = "none";
     if (http)
         snprintf(http_at, sizeof http_at, "port %d", http_port);
-    TD_INFO("router serving %s on port %d%s, OpenAI HTTP on %s (etcd %s, placement %s)", r.model->desc.name, port,
-            !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at, r.cfg.etcd.endpoints,
-            r.place->name);
-    td_process_run(NULL, NULL);
+    TD_INFO("router serving %s on port %d%s, OpenAI HTTP on %s, metrics on %s (etcd %s, placement %s)",
+            r.model->desc.name, port, !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at,
+            r.metrics.bound[0] ? r.metrics.bound : "none", r.cfg.etcd.endpoints, r.place->name);
+    td_process_run(member_tick, member);
     TD_INFO("router: stopping (signal %d)", td_process_stop_signal());
     code = 0;
 out:
     if (code)
         fprintf(stderr, "tandem-router: %s\n", td_last_error());
+    td_member_leave(member);
     rt_planner_stop(r.planner); /* resigns: another router plans */
     r.planner = NULL;
     rt_follow_stop(r.follow); /* first: it may wait on etcd or a source until its deadline */
@@ -704,6 +730,7 @@ out:
         td_rpc_server_stop(srv, 10); /* every request ends with its call */
     td_pool_destroy(r.pool);
     td_rpc_server_destroy(srv);
+    rt_metrics_stop(&r.metrics);
     rt_request_pool_free(&r);
     if (r.renewer_running) {
         pthread_mutex_lock(&r.held_mu);

@@ -12,6 +12,7 @@
 #include "common/pool.h"
 #include "engine/chat.h"
 #include "engine/model.h"
+#include "router/metrics.h"
 #include "router/placement.h"
 #include "tandem/v1/tandem.pb-c.h"
 
@@ -83,6 +84,7 @@ typedef struct router {
     rt_done_t done[RT_DONE_RING]; /* the last requests that ended (under mu) */
     uint64_t n_done;
     struct rt_planner *planner;
+    rt_metrics_t metrics; /* Prometheus (router/metrics.h) */
     /* reservation renewal (held_*: under held_mu) */
     pthread_mutex_t held_mu;
     pthread_cond_t held_cv;

@@ -113,6 +113,9 @@ run_py tests/cluster/test_scale.py scale 400
 echo "== deploy files (systemd-analyze verify on the units, kubernetes-validate on the manifests, their configs)"
 run_py tests/cluster/test_deploy.py deploy 300
 
+echo "== Prometheus (a real prometheus scrapes every process through the router's /targets; the TTFT histogram, the store's hit rate, the dashboard's queries)"
+run_py tests/cluster/test_prometheus.py prometheus 300
+
 echo "== cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 

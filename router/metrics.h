@@ -1,0 +1,36 @@
+/* metrics.h — the router's Prometheus metrics (common/metrics.h): request
+ * latencies observed as they happen (TTFT, inter-token, end to end, the TTFT
+ * prediction's relative error), token and prefix-cache counters, and at each
+ * scrape the router's own state copied in (requests under way, workers by
+ * role, placements and rejections by reason, the cache index, the planner).
+ * Its port also answers /targets: every tandem process's metrics address,
+ * from etcd, in the shape of Prometheus's http_sd_configs. */
+#ifndef RT_METRICS_H
+#define RT_METRICS_H
+
+#include <stdint.h>
+
+#include "common/metrics.h"
+#include "common/status.h"
+
+struct router;
+
+#define RT_METRICS_CODES 17 /* gRPC status codes 0..16 */
+
+typedef struct rt_metrics {
+    td_metrics_t *reg;
+    td_metrics_server_t *server;
+    char bound[160]; /* HOST:PORT, "" when not served */
+    td_metric_t *ttft, *itl, *e2e, *pred_err;
+    td_metric_t *prompt_tokens, *generation_tokens, *prefix_queries, *prefix_hits, *store_hits;
+    td_metric_t *by_code[RT_METRICS_CODES]; /* tandem:requests_total{code} */
+} rt_metrics_t;
+
+/* Serves r->cfg.metrics.listen (nothing when ""); the series exist either way. */
+td_status_t rt_metrics_start(struct router *r, rt_metrics_t *m);
+void rt_metrics_stop(rt_metrics_t *m);
+
+/* A request's end, for the counters (any thread). */
+void rt_metrics_request_end(rt_metrics_t *m, int code);
+
+#endif

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Cluster suite: a real Prometheus scrapes every tandem process.
+
+`tandem up` (2 prefill + 1 decode workers, 1 kvstore node, round-robin
+placement so that a shared prefix prefilled on one worker is fetched from the
+store by the other) serves requests that share a long system prompt. A real
+Prometheus (the Debian package) finds every process through the router's
+/targets (http_sd_configs) and scrapes them each second. Then, through
+Prometheus's HTTP API: every target is up, the router's TTFT histogram holds
+the requests sent, the store's hit rate (hits / lookups) is a number above 0,
+and every role's series carry model_name and role. The deploy dashboard's
+queries must name only metrics the processes export.
+Prints one line per check, then "prometheus: N passed, N failed".
+Usage: test_prometheus.py BUILD_BIN_DIR  (from the repository root)."""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import test_cluster as tc  # noqa: E402
+
+check = tc.check
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def get(url, timeout=10):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def query(prom, q):
+    """The result vector of an instant query through Prometheus's HTTP API."""
+    body = json.loads(get("http://%s/api/v1/query?%s" % (prom, urllib.parse.urlencode({"query": q}))))
+    if body.get("status") != "success":
+        raise AssertionError("query %s: %s" % (q, body))
+    return body["data"]["result"]
+
+
+def main():
+    prom_bin = shutil.which("prometheus")
+    if not prom_bin:
+        check("the prometheus binary is installed (deploy/install-deps.sh --test)", False, "not on PATH")
+        return
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    cfg.write("router:\n  placement: round_robin\nkvstore:\n  count: 1\n")
+    cfg.close()
+    c = tc.Cluster(config=cfg.name, extra=["--prefill", "2", "--decode", "1"])
+    prom = None
+    data = tempfile.mkdtemp(prefix="tandem-prom-")
+    try:
+        c.err.seek(0)
+        m = re.search(r"listed at http://(\S+)/targets", c.err.read())
+        check("tandem up names the router's Prometheus targets page", m is not None)
+        if not m:
+            return
+        targets_url = "http://%s/targets" % m.group(1)
+        targets = json.loads(get(targets_url))
+        ids = sorted(t["labels"]["tandem_id"].split("-")[0].split("@")[0] for t in targets)
+        check("/targets lists the router, both prefill workers, the decode worker and the kvstore node",
+              ids == ["decode", "kvstore", "prefill", "prefill", "router"], str(targets))
+
+        # requests sharing a 300-token system prompt; round robin puts every other one on the worker that
+        # did not prefill the prefix, which fetches it from the store
+        system = " ".join("Rule %d: answer briefly and politely, in plain words." % i for i in range(30))
+        for i in range(8):
+            tc.generate(c.stub, "%s\nQuestion %d: what is %d plus %d?" % (system, i, i, i + 1), max_tokens=8)
+
+        port = free_port()
+        prom = "127.0.0.1:%d" % port
+        pcfg = os.path.join(data, "prometheus.yml")
+        with open(pcfg, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+                    "scrape_configs:\n  - job_name: tandem\n    http_sd_configs:\n"
+                    "      - url: %s\n        refresh_interval: 2s\n" % targets_url)
+        plog = open(os.path.join(data, "prometheus.log"), "w")
+        prom_p = subprocess.Popen([prom_bin, "--config.file", pcfg, "--storage.tsdb.path", os.path.join(data, "tsdb"),
+                                   "--web.listen-address", prom, "--log.level", "warn"], stdout=plog,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        up = []
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                up = query(prom, "up{job=\"tandem\"}")
+                if len(up) == 5 and all(r["value"][1] == "1" for r in up):
+                    break
+            except Exception:  # not listening yet
+                pass
+            time.sleep(1)
+        check("Prometheus found the 5 processes through http_sd and scrapes each (up == 1)",
+              len(up) == 5 and all(r["value"][1] == "1" for r in up), str(up))
+
+        ttft = query(prom, "sum(tandem:time_to_first_token_seconds_count)")
+        n = float(ttft[0]["value"][1]) if ttft else -1
+        check("the TTFT histogram through Prometheus counts the 8 requests", n == 8, str(ttft))
+        buckets = query(prom, "tandem:time_to_first_token_seconds_bucket{role=\"router\"}")
+        check("the TTFT histogram has its buckets, labelled model_name and role",
+              len(buckets) >= 10 and all(b["metric"].get("model_name") for b in buckets), str(buckets[:2]))
+        p90 = query(prom, "histogram_quantile(0.9, sum by (le) (tandem:time_to_first_token_seconds_bucket))")
+        check("histogram_quantile gives a TTFT p90 in seconds", p90 and 0 < float(p90[0]["value"][1]) < 60, str(p90))
+        print("  TTFT p90 from Prometheus: %.3f s" % float(p90[0]["value"][1]) if p90 else "")
+
+        rate = query(prom, "sum(tandem:kvstore_hits_total) / sum(tandem:kvstore_lookups_total)")
+        lookups = query(prom, "sum(tandem:kvstore_lookups_total)")
+        hr = float(rate[0]["value"][1]) if rate else float("nan")
+        check("the store's hit rate through Prometheus is a number above 0 (the second worker found the prefix)",
+              rate and 0 < hr <= 1, "rate %s, lookups %s" % (rate, lookups))
+        print("  store hit rate: %.3f of %s blocks looked up" % (hr, lookups[0]["value"][1] if lookups else "?"))
+        store_tokens = query(prom, "sum(tandem:store_cache_hits_total)")
+        check("the router counts prompt tokens served from the store",
+              store_tokens and float(store_tokens[0]["value"][1]) > 0, str(store_tokens))
+
+        roles = {r["metric"].get("role") for r in query(prom, "tandem:num_requests_running or tandem:kvstore_hits_total")}
+        check("every role exports its series (router, prefill, decode, kvstore)",
+              roles == {"router", "prefill", "decode", "kvstore"}, str(roles))
+        usage = query(prom, "tandem:kv_cache_usage_perc")
+        check("the workers export KV cache usage as a fraction", len(usage) == 3 and
+              all(0 <= float(u["value"][1]) <= 1 for u in usage), str(usage))
+
+        # the dashboard: every metric its queries name is one some process exports
+        dash = json.load(open(os.path.join(ROOT, "deploy", "grafana", "tandem.json")))
+        exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+        names = {n for e in exprs for n in re.findall(r"tandem:[a-z0-9_:]+", e)}
+        exported = set(json.loads(get("http://%s/api/v1/label/__name__/values" % prom))["data"])
+        base = {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported}
+        missing = sorted(n for n in names if n not in exported and n not in base)
+        check("the Grafana dashboard's %d queries name only exported metrics" % len(exprs),
+              exprs and not missing, "missing: %s" % missing)
+        bad = []
+        for e in exprs:
+            try:
+                query(prom, e.replace("$__rate_interval", "1m").replace("$model", ".*"))
+            except Exception as ex:  # a query Prometheus refuses
+                bad.append("%s: %s" % (e, ex))
+        check("Prometheus accepts every query of the dashboard", not bad, "; ".join(bad))
+    finally:
+        if prom:
+            try:
+                os.killpg(prom_p.pid, 15)
+                prom_p.wait(20)
+            except Exception:
+                pass
+        c.stop()
+        shutil.rmtree(data, ignore_errors=True)
+        os.unlink(cfg.name)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # a crash of the suite is a failure, not a hang
+        check("the suite ran to its end", False, repr(e))
+    p = sum(tc.results)
+    print("prometheus: %d passed, %d failed" % (p, len(tc.results) - p))
+    sys.exit(0 if all(tc.results) else 1)
