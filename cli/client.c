@@ -1,7 +1,10 @@
 /* client.c — the client forms of the command line: `tandem generate
  * --endpoint HOST:PORT ...` (a streaming Generate against a router) and
- * `tandem health --endpoint HOST:PORT` (exit 0 when the cluster serves). */
+ * `tandem health --endpoint HOST:PORT` (exit 0 when the cluster serves) and
+ * `tandem status --endpoint HOST:PORT` (the same answer, for a person). */
 #define _GNU_SOURCE
+#include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,47 +31,178 @@ bool cli_tls_flag(int argc, char **argv, int *i, td_rpc_tls_t *tls)
 }
 
 const char cli_health_usage[] = "usage: tandem health --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n";
+const char cli_status_usage[] =
+    "usage: tandem status --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]] [--json]\n"
+    "  the cluster at a glance: nodes, routers, workers (role, load, KV pool), the KV store's tiers,\n"
+    "  SLO attainment over the last minute, the planner's last decision and why\n";
 
-int cli_health(int argc, char **argv)
+/* The router's Health answer: 0 and *out (free with
+ * tandem__v1__health_response__free_unpacked), 2 for bad flags (usage
+ * printed), 1 when the router does not answer (said on stderr). */
+static int health_call(const char *prog, const char *usage, int argc, char **argv, bool *json,
+                       Tandem__V1__HealthResponse **out)
 {
     const char *ep = NULL;
     td_rpc_tls_t tls = {0};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--endpoint") && i + 1 < argc)
             ep = argv[++i];
+        else if (json && !strcmp(argv[i], "--json"))
+            *json = true;
         else if (!cli_tls_flag(argc, argv, &i, &tls)) {
             ep = NULL;
             break;
         }
     }
     if (!ep) {
-        fputs(cli_health_usage, stderr);
+        fputs(usage, stderr);
         return 2;
     }
     td_log_set_level(TD_LOG_OFF);
     td_rpc_init();
     td_rpc_channel_t *ch;
     int code = 1;
+    *out = NULL;
     if (td_rpc_channel_create(ep, tls.ca_file || tls.cert_file ? &tls : NULL, &ch) == TD_OK) {
-        uint8_t *out;
+        uint8_t *resp;
         size_t n;
         td_rpc_result_t res;
-        if (td_rpc_unary(ch, "/tandem.v1.Tandem/Health", "", 0, 2.0, NULL, &out, &n, &res) == TD_OK) {
-            Tandem__V1__HealthResponse *h = tandem__v1__health_response__unpack(NULL, n, out);
-            if (h) {
-                printf("%s %s\n", h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING ? "SERVING" : "NOT_SERVING",
-                       h->detail ? h->detail : "");
-                code = h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING ? 0 : 1;
-                tandem__v1__health_response__free_unpacked(h, NULL);
-            }
-            free(out);
+        if (td_rpc_unary(ch, "/tandem.v1.Tandem/Health", "", 0, 5.0, NULL, &resp, &n, &res) == TD_OK) {
+            *out = tandem__v1__health_response__unpack(NULL, n, resp);
+            if (*out)
+                code = 0;
+            else
+                fprintf(stderr, "%s: %s: the Health answer does not parse\n", prog, ep);
+            free(resp);
         } else {
-            fprintf(stderr, "tandem health: %s: %s\n", td_rpc_code_name(res.code), res.message);
+            fprintf(stderr, "%s: %s: %s: %s\n", prog, ep, td_rpc_code_name(res.code), res.message);
         }
         td_rpc_channel_destroy(ch);
+    } else {
+        fprintf(stderr, "%s: %s\n", prog, td_last_error());
     }
     td_rpc_shutdown();
     return code;
+}
+
+int cli_health(int argc, char **argv)
+{
+    Tandem__V1__HealthResponse *h;
+    int code = health_call("tandem health", cli_health_usage, argc, argv, NULL, &h);
+    if (code)
+        return code;
+    bool serving = h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING;
+    printf("%s %s\n", serving ? "SERVING" : "NOT_SERVING", h->detail ? h->detail : "");
+    tandem__v1__health_response__free_unpacked(h, NULL);
+    return serving ? 0 : 1;
+}
+
+static const char *str(json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "-";
+}
+
+static double num(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+/* The placement table's line of worker id (queued work, calls in flight). */
+static json_t *placed_worker(json_t *d, const char *id)
+{
+    json_t *ws = json_object_get(json_object_get(d, "placement"), "workers"), *w;
+    size_t i;
+    json_array_foreach(ws, i, w) if (!strcmp(str(w, "id"), id)) return w;
+    return NULL;
+}
+
+int cli_status(int argc, char **argv)
+{
+    Tandem__V1__HealthResponse *h;
+    bool as_json = false;
+    int code = health_call("tandem status", cli_status_usage, argc, argv, &as_json, &h);
+    if (code)
+        return code;
+    bool serving = h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING;
+    json_t *d = json_loads(h->detail ? h->detail : "", 0, NULL);
+    if (as_json || !d) {
+        printf("%s\n", h->detail ? h->detail : "{}");
+        json_decref(d);
+        tandem__v1__health_response__free_unpacked(h, NULL);
+        return serving ? 0 : 1;
+    }
+    size_t i;
+    json_t *o;
+    printf("cluster: %s, %d prefill + %d decode workers, %.0f requests served (%.0f ok, %.0f failed)\n",
+           serving ? "SERVING" : "NOT SERVING", (int)num(d, "prefill_workers"), (int)num(d, "decode_workers"),
+           num(d, "requests"), num(d, "ok"), num(d, "errors"));
+    printf("\nnodes:\n");
+    json_array_foreach(json_object_get(d, "nodes"), i, o) printf("  %-20s %s\n", str(o, "key"), str(o, "address"));
+    if (!json_array_size(json_object_get(d, "nodes")))
+        printf("  (no node agent registered)\n");
+    printf("\nrouters:\n");
+    json_array_foreach(json_object_get(d, "routers"), i, o)
+        printf("  %-36s metrics %s\n", str(o, "key"), str(o, "metrics"));
+    printf("\nworkers:                               queued   calls   KV pool blocks (in use / cached / all)  running\n");
+    json_array_foreach(json_object_get(d, "pools"), i, o) {
+        json_t *pw = placed_worker(d, str(o, "id"));
+        if (json_object_get(o, "error")) {
+            printf("  %-8s %-26s does not answer: %s\n", str(o, "role"), str(o, "id"), str(o, "error"));
+            continue;
+        }
+        printf("  %-8s %-26s %6.0f ms %5d   %6d / %6d / %6d (%3.0f%%)          %5d\n", str(o, "role"), str(o, "id"),
+               pw ? num(pw, "queued_ms") : 0, pw ? (int)num(pw, "inflight") : 0, (int)num(o, "kv_in_use"),
+               (int)num(o, "kv_cached"), (int)num(o, "kv_blocks"),
+               num(o, "kv_blocks") ? 100 * num(o, "kv_in_use") / num(o, "kv_blocks") : 0, (int)num(o, "running"));
+    }
+    json_array_foreach(json_object_get(d, "refused"), i, o)
+        printf("  refused  %-26s %s\n", str(o, "id"), str(o, "why"));
+    printf("\nKV store:\n");
+    json_array_foreach(json_object_get(d, "kvstore"), i, o) {
+        if (json_object_get(o, "error")) {
+            printf("  %-20s does not answer: %s\n", str(o, "id"), str(o, "error"));
+            continue;
+        }
+        printf("  %-20s hit rate %5.1f%% (%.0f of %.0f blocks asked), %d replicas\n", str(o, "id"),
+               100 * num(o, "hit_rate"), num(o, "hits"), num(o, "gets"), (int)num(o, "replicas"));
+        size_t k;
+        json_t *t;
+        json_array_foreach(json_object_get(o, "tiers"), k, t)
+            printf("    %-4s %8.1f / %8.1f MiB, %6d blocks, %.0f hits, %.0f evictions\n", str(t, "tier"),
+                   num(t, "used_bytes") / 1048576.0, num(t, "capacity_bytes") / 1048576.0, (int)num(t, "blocks"),
+                   num(t, "hits"), num(t, "evictions"));
+    }
+    if (json_object_get(d, "kvstore_error"))
+        printf("  %s\n", str(d, "kvstore_error"));
+    json_t *slo = json_object_get(d, "slo");
+    char ttft[32] = "none", tpot[32] = "none"; /* 0: no SLO */
+    if (num(slo, "ttft_ms") > 0)
+        snprintf(ttft, sizeof ttft, "%.0f ms", num(slo, "ttft_ms"));
+    if (num(slo, "tpot_ms") > 0)
+        snprintf(tpot, sizeof tpot, "%.0f ms", num(slo, "tpot_ms"));
+    printf("\nSLO (TTFT %s, TPOT %s, target %.0f%%) over the last %d s: ", ttft, tpot, 100 * num(slo, "target"),
+           (int)num(slo, "window_s"));
+    if (json_object_get(slo, "attainment"))
+        printf("%.1f%% of %d requests met it (TTFT p90 %.0f ms, TPOT p90 %.1f ms)\n", 100 * num(slo, "attainment"),
+               (int)num(slo, "requests"), num(slo, "ttft_p90_ms"), num(slo, "tpot_p90_ms"));
+    else
+        printf("no request ended\n");
+    json_t *pl = json_object_get(d, "planner"), *want = json_object_get(pl, "desired");
+    printf("\nplanner: this router %s the planner", json_is_true(json_object_get(pl, "leader")) ? "is" : "is not");
+    if (want)
+        printf("; desired %d prefill + %d decode workers, set by %s: %s\n", (int)num(want, "prefill"),
+               (int)num(want, "decode"), str(want, "by"), str(want, "reason"));
+    else
+        printf("; no desired counts yet\n");
+    if (json_is_true(json_object_get(pl, "leader")) && json_string_length(json_object_get(pl, "verdict")))
+        printf("  last look: %s\n", str(pl, "verdict"));
+    if (json_string_length(json_object_get(pl, "error")))
+        printf("  error: %s\n", str(pl, "error"));
+    json_decref(d);
+    tandem__v1__health_response__free_unpacked(h, NULL);
+    return serving ? 0 : 1;
 }
 
 int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const char *prompt, bool chat, bool ids,

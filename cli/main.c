@@ -10,6 +10,7 @@ static const char usage[] =
     "usage: tandem COMMAND [ARGS]\n"
     "  up [--config FILE] [--prefill N] [--decode N]  a whole cluster on this machine; prints the router's HOST:PORT\n"
     "  health --endpoint HOST:PORT           is the cluster serving (exit 0) or not\n"
+    "  status --endpoint HOST:PORT           the cluster at a glance: nodes, workers, KV pools and store, SLOs, planner\n"
     "  certs --dir DIR [--hosts H1,H2]       a cluster CA and certificates for its processes\n"
     "  apikey NAME [--rpm N] [--tpm N]       an API key for the HTTP API, and its line for router.api_keys\n"
     "  scale --endpoint HOST:PORT (--apply OPS.yaml | --prefill N --decode M)\n"
@@ -43,7 +44,7 @@ static const struct {
     {"bench", cli_bench, cli_bench_usage},                {"up", cli_up, cli_up_usage},
     {"health", cli_health, cli_health_usage},             {"certs", cli_certs, cli_certs_usage},
     {"apikey", cli_apikey, cli_apikey_usage},             {"kvstore-status", cli_kvstatus, cli_kvstatus_usage},
-    {"scale", cli_scale, cli_scale_usage},
+    {"scale", cli_scale, cli_scale_usage},             {"status", cli_status, cli_status_usage},
 };
 
 int main(int argc, char **argv)

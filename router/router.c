@@ -440,6 +440,89 @@ static void h_list_models(void *ctx, td_rpc_call_t *call)
     td_rpc_reply_pb(call, &lr.base);
 }
 
+/* For `tandem status`: the nodes and routers registered in etcd, and SLO
+ * attainment over the last minute against the ops config's SLOs (the config
+ * file's when etcd holds none). */
+static void cluster_json(router_t *r, json_t *j)
+{
+    static const struct { const char *key, *prefix; } lists[] = {{"nodes", TD_OPS_NODES_PREFIX},
+                                                                 {"routers", "/tandem/routers/"}};
+    for (size_t i = 0; i < 2; i++) {
+        td_etcd_kvs_t kvs = {0};
+        json_t *a = json_array();
+        if (td_etcd_get(r->etcd, lists[i].prefix, true, &kvs) == TD_OK) {
+            for (size_t k = 0; k < kvs.n; k++) {
+                json_t *v = json_loadb((const char *)kvs.kv[k].value, kvs.kv[k].value_len, 0, NULL);
+                if (!json_is_object(v)) {
+                    json_decref(v);
+                    v = json_object();
+                }
+                json_object_set_new(v, "key", json_string(kvs.kv[k].key + strlen(lists[i].prefix)));
+                json_array_append_new(a, v);
+            }
+        }
+        td_etcd_kvs_free(&kvs);
+        json_object_set_new(j, lists[i].key, a);
+    }
+    double ttft = r->cfg.router.ttft_slo_ms, tpot = r->cfg.router.tpot_slo_ms, target = 0.9;
+    td_etcd_kvs_t kvs = {0};
+    td_ops_t *ops = NULL;
+    if (td_etcd_get(r->etcd, TD_OPS_KEY, false, &kvs) == TD_OK && kvs.n &&
+        td_ops_parse((const char *)kvs.kv[0].value, kvs.kv[0].value_len, "etcd " TD_OPS_KEY, &ops) == TD_OK) {
+        ttft = ops->slo.ttft_ms;
+        tpot = ops->slo.tpot_ms;
+        target = ops->slo.attainment;
+    }
+    td_ops_free(ops);
+    td_etcd_kvs_free(&kvs);
+    rt_slo_window_t w;
+    rt_slo_window(r, td_now_s() - 60, ttft, tpot, &w);
+    json_t *slo = json_pack("{s:i, s:f, s:f, s:f, s:i, s:i, s:f, s:f}", "window_s", 60, "ttft_ms", ttft, "tpot_ms", tpot,
+                            "target", target, "requests", (int)w.n, "met", (int)w.met, "ttft_p90_ms", w.ttft_p90_ms,
+                            "tpot_p90_ms", w.tpot_p90_ms);
+    if (w.n)
+        json_object_set_new(slo, "attainment", json_real((double)w.met / w.n));
+    json_object_set_new(j, "slo", slo);
+}
+
+/* For `tandem status`: each worker's KV pool and load as its Stats says
+ * (0.5 s each at most; a worker that does not answer says so). */
+static json_t *pools_json(router_t *r)
+{
+    rt_worker_t *w[64];
+    size_t n = 0;
+    pthread_mutex_lock(&r->table.mu);
+    for (size_t i = 0; i < r->table.n && n < 64; i++)
+        if (!r->table.w[i]->refused && !r->table.w[i]->gone && r->table.w[i]->ch) {
+            w[n] = r->table.w[i];
+            w[n++]->refs++; /* kept until rt_table_unhold */
+        }
+    pthread_mutex_unlock(&r->table.mu);
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char method[64];
+        snprintf(method, sizeof method, "/tandem.internal.v1.%s/Stats", w[i]->role == RT_PREFILL ? "Prefill" : "Decode");
+        uint8_t *out = NULL;
+        size_t len = 0;
+        td_rpc_result_t res = {0};
+        Tandem__Internal__V1__StatsResponse *st = NULL;
+        if (td_rpc_unary(w[i]->ch, method, "", 0, 0.5, NULL, &out, &len, &res) == TD_OK)
+            st = tandem__internal__v1__stats_response__unpack(NULL, len, out);
+        json_t *o = json_pack("{s:s, s:s}", "id", w[i]->id, "role", w[i]->role == RT_PREFILL ? "prefill" : "decode");
+        if (st)
+            json_object_update_new(o, json_pack("{s:i, s:i, s:i, s:i, s:i}", "kv_blocks", (int)st->kv_blocks,
+                                                "kv_in_use", (int)st->kv_in_use, "kv_cached", (int)st->kv_cached,
+                                                "running", (int)st->running, "reservations", (int)st->reservations));
+        else
+            json_object_set_new(o, "error", json_string(res.code ? res.message : "Stats did not parse"));
+        json_array_append_new(a, o);
+        tandem__internal__v1__stats_response__free_unpacked(st, NULL);
+        free(out);
+        rt_table_unhold(&r->table, w[i]);
+    }
+    return a;
+}
+
 static void h_health(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
@@ -481,6 +564,8 @@ static void h_health(void *ctx, td_rpc_call_t *call)
         free(q[k]);
     }
     json_object_set_new(j, "refused", refused);
+    cluster_json(r, j);
+    json_object_set_new(j, "pools", pools_json(r));
     json_object_set_new(j, "planner", rt_planner_json(r->planner));
     json_object_set_new(j, "placement", rt_table_metrics(&r->table, r->place));
     if (r->follow)

@@ -132,6 +132,23 @@ def main():
         check("the workers export KV cache usage as a fraction", len(usage) == 3 and
               all(0 <= float(u["value"][1]) <= 1 for u in usage), str(usage))
 
+        # tandem status: the same cluster for a person
+        st = subprocess.run([tc.BIN + "/tandem", "status", "--endpoint", c.endpoint], capture_output=True, text=True,
+                            timeout=30)
+        out = st.stdout
+        check("tandem status shows the node, the router, 3 workers with their KV pools, the store's tier, the SLO "
+              "window and the planner's decision",
+              st.returncode == 0 and "cluster: SERVING, 2 prefill + 1 decode workers" in out and
+              len(re.findall(r"^  (prefill|decode) +\S+ +\d+ ms", out, re.M)) == 3 and
+              re.search(r"kvstore-0 +hit rate", out) and re.search(r"^    cpu ", out, re.M) and
+              re.search(r"met it", out) and "planner: this router is the planner; desired 2 prefill + 1 decode" in out,
+              out + st.stderr)
+        print("\n".join("  | " + ln for ln in out.splitlines()))
+        js = subprocess.run([tc.BIN + "/tandem", "status", "--endpoint", c.endpoint, "--json"], capture_output=True,
+                            text=True, timeout=30)
+        check("tandem status --json is the router's Health detail",
+              js.returncode == 0 and len(json.loads(js.stdout)["pools"]) == 3, js.stdout[:300] + js.stderr)
+
         # the dashboard: every metric its queries name is one some process exports
         dash = json.load(open(os.path.join(ROOT, "deploy", "grafana", "tandem.json")))
         exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
