@@ -150,10 +150,11 @@ class Load:
             rec = {"t0": t0, "status": "ok"}
             try:
                 rq = pb.GenerateRequest(prompt="Host test %d.%d: the capital of France is" % (k, i),
+                                        return_token_ids=True,
                                         sampling=pb.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
                 n = 0
                 for m in self.stub.Generate(rq, timeout=60):
-                    n += len(m.token_ids) or (1 if m.text else 0)
+                    n += len(m.token_ids)
                 rec["tokens"] = n
             except tc.grpc.RpcError as e:
                 code = e.code()
@@ -290,8 +291,150 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def pid_of(binary, addr):
+    r = subprocess.run(["pgrep", "-f", "%s .*%s:" % (binary, re.escape(addr))], capture_output=True, text=True)
+    pids = [int(x) for x in r.stdout.split()]
+    return pids[0] if pids else None
+
+
+def health(stub):
+    r = stub.Health(pb.HealthRequest(), timeout=5)
+    return json.loads(r.detail)
+
+
+def full(stub):
+    try:
+        h = health(stub)
+        return h["prefill_workers"] == 1 and h["decode_workers"] == 1
+    except tc.grpc.RpcError:
+        return False
+
+
 def faults(hosts, endpoint, etcd, certs, stub, work, results):
-    pass
+    cfg = os.path.join(work, "tandem.yaml")
+    # a second router on A: it plans when the first dies
+    r2log = open(os.path.join(work, "router2.log"), "a+")
+    r2 = subprocess.Popen(["ip", "netns", "exec", ns("A"), BIN + "/tandem-router", "--config", cfg, "--model",
+                           os.path.abspath(tc.MODEL), "--listen", HOSTS["A"] + ":0", "--http-listen", "",
+                           "--etcd", etcd, "--cluster-ca", certs + "/ca.pem", "--cluster-cert", certs + "/router.pem",
+                           "--cluster-key", certs + "/router.key", "--metrics-listen", HOSTS["A"] + ":0"],
+                          stdout=r2log, stderr=r2log, start_new_session=True)
+    rd = lambda n: open(os.path.join(certs, n), "rb").read()  # noqa: E731
+    creds = tc.grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
+    m = None
+    for _ in range(100):
+        r2log.seek(0)
+        m = re.search(r"on port (\d+)", r2log.read())
+        if m:
+            break
+        time.sleep(0.2)
+    stub2 = pbg.TandemStub(tc.grpc.secure_channel("%s:%s" % (HOSTS["A"], m.group(1)), creds)) if m else None
+    check("a second router starts on A", stub2 is not None and tc.wait_for(lambda: full(stub2), 30))
+
+    load = Load(stub)
+    time.sleep(5)
+    rows = []
+
+    def row(name, do, undo=None, hold=0.0, expect_serving=False):
+        k = load.mark()
+        t = time.time()
+        note = do() or ""
+        if hold:
+            time.sleep(hold)
+        t_undo = time.time()
+        if undo:
+            undo()
+        # recovered: the membership whole again and a request started after the fault's end served
+        rec = None
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if full(stub) and any(r["t0"] >= t_undo and r["status"] == "ok" for r in load.since(k)):
+                rec = time.time() - t_undo
+                break
+            time.sleep(0.2)
+        time.sleep(2)
+        recs = [r for r in load.since(k)]
+        done = [r for r in recs if r["status"] == "ok" and r.get("tokens") == 16]
+        lost = [r for r in recs if r["status"] == "ok" and r.get("tokens") != 16]
+        failed = [r for r in recs if r["status"] == "failed"]
+        hung = [r for r in recs if r["status"] == "hung"]
+        during = [r for r in recs if r["t0"] < t_undo]
+        served_during = sum(1 for r in during if r["status"] == "ok")
+        whys = sorted({re.sub(r"\d+", "N", r["why"])[:110] for r in failed})
+        rows.append({"fault": name, "requests": len(recs), "completed": len(done), "failed": len(failed),
+                     "hung": len(hung), "lost": len(lost), "served_during": served_during,
+                     "recovery_s": round(rec, 1) if rec is not None else None, "errors": whys, "note": note})
+        check("%s: %d requests, %d completed, %d failed with a clear error, 0 hung, 0 lost, recovered in %s s" %
+              (name, len(recs), len(done), len(failed), "%.1f" % rec if rec is not None else "never"),
+              not hung and not lost and rec is not None and all(r.get("why") for r in failed) and
+              (not expect_serving or served_during > 0),
+              "hung %s lost %s served during %d errors %s" % (hung[:2], lost[:2], served_during, whys))
+
+    def kill(binary, h):
+        pid = pid_of(binary, HOSTS[h])
+        os.kill(pid, signal.SIGKILL)
+        return "pid %d" % pid
+
+    row("kill -9 prefill worker (host B)", lambda: kill("tandem-prefill", "B"))
+    row("kill -9 decode worker (host C)", lambda: kill("tandem-decode", "C"))
+    row("kill -9 kvstore node (host B)", lambda: kill("tandem-kvstore", "B"), expect_serving=True)
+    row("kill -9 kvstore node (host C)", lambda: kill("tandem-kvstore", "C"), expect_serving=True)
+    row("host B's link cut for 10 s, restored", lambda: sh("ip", "link", "set", "tdvB", "down") and None,
+        lambda: sh("ip", "link", "set", "tdvB", "up"), hold=10)
+    etcd_pid = pid_of("etcd", HOSTS["A"])
+    row("etcd stopped (SIGSTOP) for 30 s", lambda: os.kill(etcd_pid, signal.SIGSTOP),
+        lambda: os.kill(etcd_pid, signal.SIGCONT), hold=30, expect_serving=True)
+    # the planner's router: whichever leads now (an etcd pause may have moved the lead)
+    first_leads = health(stub)["planner"].get("leader")
+    second_leads = health(stub2)["planner"].get("leader")
+    t_kill = [0.0]
+
+    def kill_router():
+        t_kill[0] = time.time()
+        if first_leads:
+            return kill("tandem-router", "A") + " (the first router; tandem up on A restarts it)"
+        os.killpg(r2.pid, signal.SIGKILL)
+        return "pid %d (the second router)" % r2.pid
+    row("kill -9 the planner's router (host A)", kill_router)
+    def leads(st):
+        try:
+            return bool(health(st)["planner"].get("leader"))
+        except tc.grpc.RpcError:
+            return False
+    check("after the kill a router plans (the survivor, or the killed one restarted by its agent)",
+          (first_leads or second_leads) and tc.wait_for(lambda: leads(stub) or leads(stub2), 30),
+          "first leads %s, second leads %s" % (first_leads, second_leads))
+    # the leader frozen (SIGSTOP: dead to etcd, and no agent restarts it): the other must take over
+    took = None
+    if r2.poll() is None and tc.wait_for(lambda: full(stub) and full(stub2), 30):
+        frozen = pid_of("tandem-router", HOSTS["A"]) if leads(stub) else r2.pid
+        other = stub2 if leads(stub) else stub
+        t0 = time.time()
+        os.kill(frozen, signal.SIGSTOP)
+        if tc.wait_for(lambda: leads(other), 30):
+            took = time.time() - t0
+        os.kill(frozen, signal.SIGCONT)
+    check("the other router takes over planning %s after the leader froze (etcd lease TTL 3 s)" %
+          ("%.1f s" % took if took is not None else "never"), took is not None)
+    load.finish()
+    if r2.poll() is None:
+        os.killpg(r2.pid, signal.SIGTERM)
+    r2.wait(30)
+
+    lines = ["| fault | requests | completed | failed (clear error) | hung | silently lost | served during the fault "
+             "| recovery (s) | errors seen |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append("| %s | %d | %d | %d | %d | %d | %d | %s | %s |" % (
+            r["fault"], r["requests"], r["completed"], r["failed"], r["hung"], r["lost"], r["served_during"],
+            r["recovery_s"], "; ".join(r["errors"]) or "-"))
+    lines.append("")
+    lines.append("planner failover: with the leading router frozen (SIGSTOP), the other led after %s" %
+                 ("%.1f s" % took if took is not None else "never"))
+    table = "\n".join(lines)
+    print(table)
+    if results:
+        with open(results, "w") as f:
+            f.write(table + "\n")
 
 
 if __name__ == "__main__":
