@@ -24,11 +24,6 @@
 typedef enum rt_role { RT_PREFILL, RT_DECODE } rt_role_t;
 
 #define RT_OBS 32 /* the prefill calls a worker's model is refitted from */
-/* A request that finds no worker of a role registered waits this long after
- * the last one left for one to register (again) before it is refused: a
- * worker whose lease lapsed while etcd was away, or one its agent restarts,
- * is back within it. */
-#define RT_REJOIN_S 5.0
 #define RT_PRIOS 8 /* distinct priorities a worker's queue tells apart (more share the lowest's slot) */
 
 typedef struct rt_worker {
@@ -114,7 +109,6 @@ typedef struct rt_table {
     unsigned rr[2];             /* round_robin's next, per role */
     uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */
     uint64_t rejected_ttft, rejected_tpot;
-    double left_at[2];          /* when a worker of the role last left the membership */
     float err[RT_ERR_RING];     /* |predicted - measured| / measured TTFT of the last requests */
     uint64_t n_err;
 } rt_table_t;

@@ -113,9 +113,6 @@ run_py tests/cluster/test_scale.py scale 400
 echo "== deploy files (systemd-analyze verify on the units, kubernetes-validate on the manifests, their configs)"
 run_py tests/cluster/test_deploy.py deploy 300
 
-echo "== hosts (three network-namespace hosts: greedy output, KV over TCP across hosts, certless clients refused; kill -9 of each type, a link cut, etcd paused 30 s, the planner's router killed and frozen)"
-run_py tests/cluster/test_hosts.py hosts 600
-
 echo "== Prometheus (a real prometheus scrapes every process through the router's /targets; the TTFT histogram, the store's hit rate, the dashboard's queries)"
 run_py tests/cluster/test_prometheus.py prometheus 300
 

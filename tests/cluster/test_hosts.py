@@ -313,22 +313,26 @@ def full(stub):
 def faults(hosts, endpoint, etcd, certs, stub, work, results):
     cfg = os.path.join(work, "tandem.yaml")
     # a second router on A: it plans when the first dies
-    r2log = open(os.path.join(work, "router2.log"), "a+")
-    r2 = subprocess.Popen(["ip", "netns", "exec", ns("A"), BIN + "/tandem-router", "--config", cfg, "--model",
-                           os.path.abspath(tc.MODEL), "--listen", HOSTS["A"] + ":0", "--http-listen", "",
-                           "--etcd", etcd, "--cluster-ca", certs + "/ca.pem", "--cluster-cert", certs + "/router.pem",
-                           "--cluster-key", certs + "/router.key", "--metrics-listen", HOSTS["A"] + ":0"],
-                          stdout=r2log, stderr=r2log, start_new_session=True)
     rd = lambda n: open(os.path.join(certs, n), "rb").read()  # noqa: E731
     creds = tc.grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
-    m = None
-    for _ in range(100):
-        r2log.seek(0)
-        m = re.search(r"on port (\d+)", r2log.read())
-        if m:
-            break
-        time.sleep(0.2)
-    stub2 = pbg.TandemStub(tc.grpc.secure_channel("%s:%s" % (HOSTS["A"], m.group(1)), creds)) if m else None
+
+    def second_router():
+        log = open(os.path.join(work, "router2.log"), "w+")
+        p = subprocess.Popen(["ip", "netns", "exec", ns("A"), BIN + "/tandem-router", "--config", cfg, "--model",
+                              os.path.abspath(tc.MODEL), "--listen", HOSTS["A"] + ":0", "--http-listen", "",
+                              "--etcd", etcd, "--cluster-ca", certs + "/ca.pem", "--cluster-cert",
+                              certs + "/router.pem", "--cluster-key", certs + "/router.key", "--metrics-listen",
+                              HOSTS["A"] + ":0"], stdout=log, stderr=log, start_new_session=True)
+        m = None
+        for _ in range(150):
+            log.seek(0)
+            m = re.search(r"on port (\d+)", log.read())
+            if m:
+                break
+            time.sleep(0.2)
+        st = pbg.TandemStub(tc.grpc.secure_channel("%s:%s" % (HOSTS["A"], m.group(1)), creds)) if m else None
+        return p, st
+    r2, stub2 = second_router()
     check("a second router starts on A", stub2 is not None and tc.wait_for(lambda: full(stub2), 30))
 
     load = Load(stub)
@@ -406,7 +410,9 @@ def faults(hosts, endpoint, etcd, certs, stub, work, results):
           "first leads %s, second leads %s" % (first_leads, second_leads))
     # the leader frozen (SIGSTOP: dead to etcd, and no agent restarts it): the other must take over
     took = None
-    if r2.poll() is None and tc.wait_for(lambda: full(stub) and full(stub2), 30):
+    if r2.poll() is not None:  # the second router was the one killed: another, for the next check
+        r2, stub2 = second_router()
+    if stub2 and tc.wait_for(lambda: full(stub) and full(stub2), 30):
         frozen = pid_of("tandem-router", HOSTS["A"]) if leads(stub) else r2.pid
         other = stub2 if leads(stub) else stub
         t0 = time.time()
