@@ -136,7 +136,7 @@ class Load:
     recorded: ok, failed (code, message), hung (passed its deadline with nothing), with its end time."""
 
     def __init__(self, stub, n_threads=2):
-        self.stub, self.stop_at, self.recs, self.mu = stub, None, [], threading.Lock()
+        self.stub, self.recs, self.mu = stub, [], threading.Lock()
         self.threads = [threading.Thread(target=self.run, args=(k,), daemon=True) for k in range(n_threads)]
         self.done = False
         for t in self.threads:
