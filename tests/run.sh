@@ -18,6 +18,7 @@ jobs=$(nproc)
 deploy/install-deps.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
 
 passed=0 failed=0
+section() { printf '== %s  [%dm%02ds]\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
 failures=() # one line per failure, repeated at the end (CI keeps only the tail of the output)
 run_one() { # $1: test binary, $2: label
   local t=$1 label=$2 out p f c line
@@ -43,14 +44,14 @@ run_suites() { # $1: build dir, $2: label
   done
 }
 
-echo "== build (release)"
+section "build (release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON >/dev/null && cmake --build build -j"$jobs" >/dev/null \
   || { echo "build failed"; cmake --build build 2>&1 | tail -30; echo "tests: $passed passed, $((failed + 1)) failed"; exit 1; }
 run_suites build release
 # the kernels again on the AVX2 path without VNNI (the suite checks the portable path itself)
 TANDEM_CPU=avx2 run_one build/bin/tests/test_kernels "release/avx2"
 
-echo "== a user's build: Release, no test package (Criterion hidden from pkg-config), warnings not errors; make demo's job on it"
+section "a user's build: Release, no test package (Criterion hidden from pkg-config), warnings not errors; make demo's job on it"
 hide=$(mktemp -d) ulog=$(mktemp) dlog=$(mktemp)
 for d in $(pkg-config --variable pc_path pkg-config | tr : ' '); do
   [ -d "$d" ] || continue
@@ -67,10 +68,11 @@ fi
 rm -rf "$hide" "$ulog" "$dlog"
 
 run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"), $3: time limit (s)
-  local out line p f rc=0
+  local out line p f rc=0 t0=$SECONDS
   # past the limit SIGABRT makes Python's faulthandler print every thread's stack: where it hung
   out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler "$1" build/bin 2>&1) || rc=$?
   printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^$2:|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
+  echo "  ($(basename "$1") took $((SECONDS - t0)) s of its $3)"
   while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL')
   line=$(printf '%s\n' "$out" | grep "^$2:" | tail -1)
   if [ -n "$line" ]; then
@@ -89,37 +91,37 @@ run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"),
   fi
 }
 
-echo "== integration (a real local cluster: tandem up, a Python grpcio client)"
+section "integration (a real local cluster: tandem up, a Python grpcio client)"
 run_py tests/integration/test_cluster.py integration 900
 
-echo "== OpenAI HTTP API (the openai client against a real cluster)"
+section "OpenAI HTTP API (the openai client against a real cluster)"
 run_py tests/integration/test_http.py http 300
 
-echo "== security (the adversarial run's attacks against a real cluster, a victim request beside each)"
+section "security (the adversarial run's attacks against a real cluster, a victim request beside each)"
 run_py tests/integration/test_security.py security 300
 
-echo "== KV store (3 kvstore nodes, 2 prefill workers: prefixes from the store, restarts, bad block files, kill -9)"
+section "KV store (3 kvstore nodes, 2 prefill workers: prefixes from the store, restarts, bad block files, kill -9)"
 run_py tests/integration/test_kvstore.py kvstore 900
 
-echo "== KV store hot blocks (3 nodes, one reader near each: copies up to replicas_max, spread, cool, kill -9 of a home)"
+section "KV store hot blocks (3 nodes, one reader near each: copies up to replicas_max, spread, cool, kill -9 of a home)"
 run_py tests/integration/test_kvstore_hot.py kvstore-hot 240
 
-echo "== router (the cache index heals from dropped events and a router restart; placement on cached prefixes; predictions; early rejection)"
+section "router (the cache index heals from dropped events and a router restart; placement on cached prefixes; predictions; early rejection)"
 run_py tests/integration/test_router.py router 300
 
-echo "== scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors)"
+section "scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors)"
 run_py tests/cluster/test_scale.py scale 400
 
-echo "== deploy files (systemd-analyze verify on the units, kubernetes-validate on the manifests, their configs)"
+section "deploy files (systemd-analyze verify on the units, kubernetes-validate on the manifests, their configs)"
 run_py tests/cluster/test_deploy.py deploy 300
 
-echo "== Prometheus (a real prometheus scrapes every process through the router's /targets; the TTFT histogram, the store's hit rate, the dashboard's queries)"
+section "Prometheus (a real prometheus scrapes every process through the router's /targets; the TTFT histogram, the store's hit rate, the dashboard's queries)"
 run_py tests/cluster/test_prometheus.py prometheus 300
 
-echo "== cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
+section "cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 
-echo "== build (address + undefined sanitizers)"
+section "build (address + undefined sanitizers)"
 if cmake -S . -B build-asan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
      -DCMAKE_C_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&
    cmake --build build-asan -j"$jobs" >/dev/null; then
@@ -128,7 +130,7 @@ else
   echo "sanitizer build failed"; failed=$((failed + 1))
 fi
 
-echo "== thread sanitizer (tests/tsan/tsan_stress.c: the objects threads share, driven concurrently)"
+section "thread sanitizer (tests/tsan/tsan_stress.c: the objects threads share, driven concurrently)"
 if cmake -S . -B build-tsan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=thread -DTANDEM_CUDA=OFF \
      -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build-tsan -j"$jobs" --target tsan_stress >/dev/null; then
   # UCX's memory hooks and TSan's interceptors do not mix: the hooks are off for this run
@@ -144,11 +146,11 @@ else
   echo "thread sanitizer build failed"; failed=$((failed + 1))
 fi
 
-echo "== fuzz (${fuzz_secs}s per target)"
+section "fuzz (${fuzz_secs}s per target)"
 if [ "$fuzz_secs" -gt 0 ]; then
   if tests/fuzz/run.sh "$fuzz_secs"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 fi
 
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
-echo "tests: $passed passed, $failed failed"
+echo "tests: $passed passed, $failed failed (in $((SECONDS / 60))m$((SECONDS % 60))s)"
 [ "$failed" -eq 0 ]
