@@ -22,7 +22,8 @@ section() { printf '== %s  [%dm%02ds]\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)
 failures=() # one line per failure, repeated at the end (CI keeps only the tail of the output)
 run_one() { # $1: test binary, $2: label
   local t=$1 label=$2 out p f c line
-  out=$("$t" --jobs "$jobs" 2>&1)
+  # a bound on the whole binary too (its tests have their own): a hung suite is a failure, not a hung CI
+  out=$(timeout -k 10 900 "$t" --jobs "$jobs" 2>&1)
   line=$(printf '%s\n' "$out" | grep 'Synthesis: Tested' | tail -1)
   p=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$line")
   f=$(sed -n 's/.*Failing: \([0-9]*\).*/\1/p' <<<"$line")

@@ -8,6 +8,7 @@
 #include "tests/unit/helpers.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include "common/clock.h"
@@ -44,9 +45,15 @@ static void target_start(target_t *t)
     int up[2], down[2];
     cr_assert_eq(pipe(up), 0);
     cr_assert_eq(pipe(down), 0);
+    pid_t parent = getpid();
     t->pid = fork();
     cr_assert_geq(t->pid, 0);
     if (t->pid == 0) {
+        /* dies with the test, even frozen (SIGSTOP) by a test whose assertion ended it: a frozen target
+         * left behind would hold the runner's output open for ever */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
         close(up[0]);
         close(down[1]);
         const kv_transport_ops_t *xo = &kv_transport_ucx;
