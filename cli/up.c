@@ -800,9 +800,13 @@ int cli_up(int argc, char **argv)
                 printf("%s\n", router_listen);
                 fflush(stdout);
                 if (http_listen[0])
-                    fprintf(stderr, "tandem up: OpenAI-compatible HTTP API at http://%s/v1\n", http_listen);
-                fprintf(stderr, "tandem up: Prometheus metrics at http://%s/metrics, every process's listed at "
-                        "http://%s/targets (http_sd_configs)\n", metrics_listen, metrics_listen);
+                    fprintf(stderr, "tandem up: OpenAI-compatible HTTP API at %s://%s/v1\n",
+                            cfg.router.tls_cert[0] ? "https" : "http", http_listen);
+                /* the metrics ports are internal planes: mutual TLS with the cluster's CA unless plaintext */
+                const char *ms = plaintext ? "http" : "https";
+                fprintf(stderr, "tandem up: Prometheus metrics at %s://%s/metrics, every process's listed at "
+                        "%s://%s/targets (http_sd_configs)%s\n", ms, metrics_listen, ms, metrics_listen,
+                        plaintext ? "" : "; scrape with a certificate of the cluster's CA");
                 fprintf(stderr, "tandem up: serving at %s after %.1f s (Ctrl-C stops)\n", router_listen,
                         td_now_s() - t_start);
             }

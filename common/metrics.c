@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/https.h"
 #include "common/log.h"
 #include "common/rpc.h"
 
@@ -365,10 +366,13 @@ struct td_metrics_server {
     char *path;
     td_metrics_page_fn page;
     void *ctx;
+    td_https_t *https; /* NULL: plain HTTP */
 };
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *body, const char *ctype)
 {
+    if (!body) /* no memory */
+        return MHD_NO;
     struct MHD_Response *rs = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!rs) {
         free(body);
@@ -385,6 +389,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 {
     td_metrics_server_t *s = cls;
     (void)version, (void)upload, (void)con_cls;
+    char why[400];
+    if (!td_https_client_ok(s->https, c, why, sizeof why)) {
+        char msg[420];
+        snprintf(msg, sizeof msg, "forbidden: %s\n", why);
+        return reply(c, MHD_HTTP_FORBIDDEN, strdup(msg), "text/plain");
+    }
     if (*upload_size) {
         *upload_size = 0; /* a body to a GET is read and ignored */
         return MHD_YES;
@@ -411,38 +421,47 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return reply(c, MHD_HTTP_NOT_FOUND, strdup(msg), "text/plain");
 }
 
-td_status_t td_metrics_serve(td_metrics_t *m, const char *listen, const char *path, td_metrics_page_fn page,
-                             void *ctx, td_metrics_server_t **out, char *bound, size_t bound_cap)
+td_status_t td_metrics_serve(td_metrics_t *m, const td_metrics_endpoint_t *ep, td_metrics_server_t **out,
+                             char *bound, size_t bound_cap)
 {
     *out = NULL;
     if (bound_cap)
         bound[0] = 0;
-    if (!listen || !listen[0])
+    if (!ep->listen || !ep->listen[0])
         return TD_OK;
     struct sockaddr_in sa;
-    td_status_t rc = td_listen_addr(listen, "metrics.listen", &sa);
+    td_status_t rc = td_listen_addr(ep->listen, "metrics.listen", &sa);
     if (rc)
         return rc;
     td_metrics_server_t *s = calloc(1, sizeof *s);
-    if (!s || (path && !(s->path = strdup(path)))) {
+    if (!s || (ep->path && !(s->path = strdup(ep->path)))) {
         free(s);
         return td_error(TD_ERR_NO_MEMORY, "metrics: no memory");
     }
     s->m = m;
-    s->page = page;
-    s->ctx = ctx;
-    /* one thread answers: a scrape is short, and a slow scraper waits its turn (30 s at most) */
-    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, ntohs(sa.sin_port), NULL, NULL,
-                            on_request, s, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, 64u,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_END);
-    if (!s->d) {
+    s->page = ep->page;
+    s->ctx = ep->ctx;
+    if ((rc = td_https_load(ep->tls, "metrics.listen", &s->https))) {
         free(s->path);
         free(s);
-        return td_error(TD_ERR_UNAVAILABLE, "metrics: cannot listen on %s (in use, or not an address of this host)",
-                        listen);
+        return rc;
+    }
+    struct MHD_OptionItem tls_opts[TD_HTTPS_OPTIONS];
+    td_https_options(s->https, tls_opts);
+    /* one thread answers: a scrape is short, and a slow scraper waits its turn (30 s at most) */
+    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | td_https_flag(s->https),
+                            ntohs(sa.sin_port), NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
+                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_ARRAY,
+                            tls_opts, MHD_OPTION_END);
+    if (!s->d) {
+        td_https_free(s->https);
+        free(s->path);
+        free(s);
+        return td_error(TD_ERR_UNAVAILABLE, "metrics: cannot listen on %s (in use, not an address of this host, or "
+                        "its TLS pair refused)", ep->listen);
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    td_rpc_advertise_addr(listen, di ? (int)di->port : (int)ntohs(sa.sin_port), bound, bound_cap);
+    td_rpc_advertise_addr(ep->listen, di ? (int)di->port : (int)ntohs(sa.sin_port), bound, bound_cap);
     *out = s;
     return TD_OK;
 }
@@ -452,6 +471,7 @@ void td_metrics_server_stop(td_metrics_server_t *s)
     if (!s)
         return;
     MHD_stop_daemon(s->d);
+    td_https_free(s->https);
     free(s->path);
     free(s);
 }

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <stddef.h>
 
+#include "common/rpc.h"
 #include "common/status.h"
 
 typedef enum td_metric_kind { TD_COUNTER, TD_GAUGE, TD_HISTOGRAM } td_metric_kind_t;
@@ -60,12 +61,21 @@ typedef struct td_metrics_server td_metrics_server_t;
  * content type, or NULL for 503 naming td_last_error(). */
 typedef char *(*td_metrics_page_fn)(void *ctx, const char **content_type);
 
-/* Serves GET /metrics on listen (metrics.listen; "" serves nothing: *out
- * NULL) and, when path is set, GET path from page(ctx). *bound receives
- * HOST:PORT as peers reach it (td_rpc_advertise_addr: the port chosen when 0
- * was asked, a wildcard host replaced by this machine's address). */
-td_status_t td_metrics_serve(td_metrics_t *m, const char *listen, const char *path, td_metrics_page_fn page,
-                             void *ctx, td_metrics_server_t **out, char *bound, size_t bound_cap);
+typedef struct td_metrics_endpoint {
+    const char *listen;       /* metrics.listen; "" or NULL serves nothing */
+    const td_rpc_tls_t *tls;  /* the process's cluster pair and CA (https.h: HTTPS, client
+                               * certificates the CA signed); NULL: plain HTTP */
+    const char *path;         /* a further page (NULL: none), answered by page(ctx) */
+    td_metrics_page_fn page;
+    void *ctx;
+} td_metrics_endpoint_t;
+
+/* Serves GET /metrics (and the further page) as ep says; *out NULL when
+ * ep->listen is empty. *bound receives HOST:PORT as peers reach it
+ * (td_rpc_advertise_addr: the port chosen when 0 was asked, a wildcard host
+ * replaced by this machine's address). */
+td_status_t td_metrics_serve(td_metrics_t *m, const td_metrics_endpoint_t *ep, td_metrics_server_t **out,
+                             char *bound, size_t bound_cap);
 void td_metrics_server_stop(td_metrics_server_t *s);
 
 #endif

@@ -303,29 +303,26 @@ static char *read_pem(const char *path)
     return s;
 }
 
-typedef struct pems {
-    char *ca, *cert, *key;
-} pems_t;
-
-static void pems_free(pems_t *p)
+void td_tls_pems_free(td_tls_pems_t *p)
 {
     free(p->ca);
     free(p->cert);
     free(p->key);
+    memset(p, 0, sizeof *p);
 }
 
-static td_status_t pems_load(const td_rpc_tls_t *tls, pems_t *p)
+td_status_t td_tls_pems_load(const td_rpc_tls_t *tls, td_tls_pems_t *p)
 {
     memset(p, 0, sizeof *p);
     const char *paths[3] = {tls->ca_file, tls->cert_file, tls->key_file};
     char **dst[3] = {&p->ca, &p->cert, &p->key};
     for (int i = 0; i < 3; i++)
         if (paths[i] && paths[i][0] && !(*dst[i] = read_pem(paths[i]))) {
-            pems_free(p);
+            td_tls_pems_free(p);
             return td_error(TD_ERR_IO, "tls: cannot read %s", paths[i]);
         }
     if (!p->cert != !p->key) {
-        pems_free(p);
+        td_tls_pems_free(p);
         return td_error(TD_ERR_CONFIG, "tls: cert_file and key_file go together (one of them is missing)");
     }
     return TD_OK;
@@ -452,7 +449,7 @@ struct td_rpc_server {
     grpc_server *srv;
     char addr[256];
     bool tls;
-    pems_t pems;
+    td_tls_pems_t pems;
     method_t methods[MAX_METHODS];
     int n_methods;
     td_pool_t *pool;
@@ -901,13 +898,13 @@ td_status_t td_rpc_server_create(const char *addr, const td_rpc_tls_t *tls, td_r
         return td_error(TD_ERR_NO_MEMORY, "rpc: no memory");
     snprintf(s->addr, sizeof s->addr, "%s", addr);
     if (tls_on(tls)) {
-        td_status_t rc = pems_load(tls, &s->pems);
+        td_status_t rc = td_tls_pems_load(tls, &s->pems);
         if (rc) {
             free(s);
             return rc;
         }
         if (!s->pems.cert) {
-            pems_free(&s->pems);
+            td_tls_pems_free(&s->pems);
             free(s);
             return td_error(TD_ERR_CONFIG, "tls: a server needs cert_file and key_file");
         }
@@ -1092,7 +1089,7 @@ void td_rpc_server_destroy(td_rpc_server_t *s)
     }
     grpc_server_destroy(s->srv);
     td_pool_destroy(s->pool);
-    pems_free(&s->pems);
+    td_tls_pems_free(&s->pems);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -1391,15 +1388,15 @@ td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, t
     snprintf(c->target, sizeof c->target, "%s", target);
     grpc_channel_credentials *cr;
     if (tls_on(tls)) {
-        pems_t p;
-        td_status_t rc = pems_load(tls, &p);
+        td_tls_pems_t p;
+        td_status_t rc = td_tls_pems_load(tls, &p);
         if (rc) {
             free(c);
             return rc;
         }
         grpc_ssl_pem_key_cert_pair pair = {.private_key = p.key, .cert_chain = p.cert};
         cr = grpc_ssl_credentials_create(p.ca, p.cert ? &pair : NULL, NULL, NULL);
-        pems_free(&p);
+        td_tls_pems_free(&p);
     } else {
         cr = grpc_insecure_credentials_create();
     }

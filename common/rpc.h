@@ -60,6 +60,14 @@ typedef struct td_rpc_tls {
     const char *ca_file, *cert_file, *key_file;
 } td_rpc_tls_t;
 
+/* The text of a td_rpc_tls_t's PEM files, each NULL where its path is unset;
+ * an error naming the file that cannot be read, or a cert without its key. */
+typedef struct td_tls_pems {
+    char *ca, *cert, *key;
+} td_tls_pems_t;
+td_status_t td_tls_pems_load(const td_rpc_tls_t *tls, td_tls_pems_t *p);
+void td_tls_pems_free(td_tls_pems_t *p);
+
 /* Starts and stops the gRPC library and the completion-queue threads
  * (reference counted, process-wide like gRPC itself: every process calls init
  * once before anything here and shutdown after destroying everything). */

@@ -26,7 +26,7 @@ sudo=""
 pkgs=(build-essential cmake pkg-config git python3 python3-venv unzip ca-certificates
       libxxhash-dev libpcre2-dev libutf8proc-dev libcyaml-dev libyaml-dev libjansson-dev
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libucx-dev ucx-utils etcd-server etcd-client
-      libcurl4-openssl-dev libssl-dev libmicrohttpd-dev liburing-dev gnuplot-nox)
+      libcurl4-openssl-dev libssl-dev libmicrohttpd-dev libgnutls28-dev liburing-dev gnuplot-nox)
 [ "$want_test" -eq 1 ] && pkgs+=(libcriterion-dev clang libclang-rt-14-dev openssl systemd prometheus iproute2)
 
 missing=()

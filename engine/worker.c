@@ -870,8 +870,8 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     if (td_metrics_create(w->model->desc.name, role->name, &w->metrics))
         goto stop_thread;
     td_metrics_on_collect(w->metrics, metrics_collect, w);
-    if (td_metrics_serve(w->metrics, w->cfg.metrics.listen, NULL, NULL, NULL, &w->metrics_server, w->metrics_at,
-                         sizeof w->metrics_at))
+    if (td_metrics_serve(w->metrics, &(td_metrics_endpoint_t){.listen = w->cfg.metrics.listen, .tls = w->tls},
+                         &w->metrics_server, w->metrics_at, sizeof w->metrics_at))
         goto stop_thread;
     int port;
     if (td_rpc_server_start(w->server, &port))

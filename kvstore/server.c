@@ -1017,7 +1017,8 @@ int main(int argc, char **argv)
     if (td_metrics_create(NULL, "kvstore", &metrics))
         goto out;
     td_metrics_on_collect(metrics, metrics_collect, &N);
-    if (td_metrics_serve(metrics, N.cfg.metrics.listen, NULL, NULL, NULL, &msrv, N.metrics_at, sizeof N.metrics_at))
+    if (td_metrics_serve(metrics, &(td_metrics_endpoint_t){.listen = N.cfg.metrics.listen, .tls = N.tls}, &msrv,
+                         N.metrics_at, sizeof N.metrics_at))
         goto out;
     int port;
     if (td_rpc_server_start(srv, &port))

@@ -38,6 +38,7 @@
 
 #include "common/clock.h"
 #include "common/grow.h"
+#include "common/https.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
@@ -59,6 +60,7 @@ struct rt_http {
     router_t *r;
     struct MHD_Daemon *d;
     long created; /* for /v1/models */
+    td_https_t *https; /* the public API's TLS (router.tls_*), NULL: plain HTTP */
     api_key_t *keys; /* NULL: the API is open (router.api_keys unset) */
     size_t n_keys;
     pthread_mutex_t mu; /* active and the keys' buckets */
@@ -754,6 +756,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->refs = 1;
         pthread_mutex_init(&x->mu, NULL);
         *con_cls = x;
+        char why[400];
+        if (!td_https_client_ok(h->https, c, why, sizeof why))
+            return respond_error(c, 403, NULL, "%s", why);
         if (h->open > h->max_open)
             return respond_crowded(h, c);
         /* a body announced over the limit is refused before a byte of it is read (MHD then closes) */
@@ -968,7 +973,7 @@ static td_status_t keys_load(rt_http_t *h, const char *path)
 
 /* ---------------------------------------------------------------- start, stop */
 
-td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int *port)
+td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *tls, rt_http_t **out, int *port)
 {
     struct sockaddr_in sa;
     td_status_t lrc = td_listen_addr(listen, "router.http_listen", &sa);
@@ -980,15 +985,17 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     }
     h->r = r;
     h->created = (long)time(NULL);
+    td_status_t rc = td_https_load(tls, "router.http_listen", &h->https);
+    if (!rc && r->cfg.router.api_keys[0])
+        rc = keys_load(h, r->cfg.router.api_keys);
+    if (rc) {
+        td_https_free(h->https);
+        free(h->keys);
+        free(h);
+        return rc;
+    }
     pthread_mutex_init(&h->mu, NULL);
-    if (r->cfg.router.api_keys[0]) {
-        td_status_t rc = keys_load(h, r->cfg.router.api_keys);
-        if (rc) {
-            free(h->keys);
-            free(h);
-            return rc;
-        }
-    } else {
+    if (!r->cfg.router.api_keys[0]) {
         TD_WARN("router.api_keys is not set: the HTTP API on %s takes requests without an API key", listen);
     }
     h->max_open = (int)(2 * r->cfg.router.max_streams + 1024);
@@ -997,15 +1004,17 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
     if (!h->watching)
         TD_WARN("http: no hang-up watcher (%s): a client that leaves before its answer is noticed at its first "
                 "write", strerror(errno));
+    struct MHD_OptionItem tls_opts[TD_HTTPS_OPTIONS];
+    td_https_options(h->https, tls_opts);
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                                MHD_USE_ERROR_LOG,
+                                MHD_USE_ERROR_LOG | td_https_flag(h->https),
                             ntohs(sa.sin_port), NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
                             /* open connections, idle keep-alive ones included: more than the requests the
                              * router admits (router.max_streams), which past that answers 429; past
                              * max_open a request is answered 503, past 64 more MHD drops connections */
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->max_open + 64u,
                             MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_ARRAY, tls_opts,
                             MHD_OPTION_END);
     if (!h->d) {
         if (h->watching) {
@@ -1014,10 +1023,12 @@ td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int 
         }
         if (h->ep >= 0)
             close(h->ep);
+        pthread_mutex_destroy(&h->mu);
+        td_https_free(h->https);
         free(h->keys);
         free(h);
-        return td_error(TD_ERR_UNAVAILABLE, "http: cannot listen on %s (in use, or not an address of this host)",
-                        listen);
+        return td_error(TD_ERR_UNAVAILABLE, "http: cannot listen on %s (in use, not an address of this host, or "
+                        "its TLS pair refused)", listen);
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     *port = di ? di->port : ntohs(sa.sin_port);
@@ -1057,6 +1068,7 @@ void rt_http_stop(rt_http_t *h)
     if (h->ep >= 0)
         close(h->ep);
     pthread_mutex_destroy(&h->mu);
+    td_https_free(h->https);
     free(h->keys);
     free(h);
 }

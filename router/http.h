@@ -15,8 +15,11 @@
 
 typedef struct rt_http rt_http_t;
 
-/* Serves on listen ("HOST:PORT"; port 0 picks one, *port says which). */
-td_status_t rt_http_start(router_t *r, const char *listen, rt_http_t **out, int *port);
+/* Serves on listen ("HOST:PORT"; port 0 picks one, *port says which): HTTPS
+ * with tls's pair when it has one (the public API's router.tls_*; with its
+ * CA, client certificates it signed only, 403 otherwise), plain HTTP when
+ * tls is NULL. */
+td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *tls, rt_http_t **out, int *port);
 /* Stops accepting, ends what is open (its requests cancelled) and frees. */
 void rt_http_stop(rt_http_t *h);
 

@@ -146,8 +146,10 @@ td_status_t rt_metrics_start(router_t *r, rt_metrics_t *m)
                                        td_metrics_label(l, sizeof l, "code", td_rpc_code_name(c)), NULL, 0);
     }
     td_metrics_on_collect(m->reg, collect, r);
-    return td_metrics_serve(m->reg, r->cfg.metrics.listen, "/targets", targets, r, &m->server, m->bound,
-                            sizeof m->bound);
+    return td_metrics_serve(m->reg,
+                            &(td_metrics_endpoint_t){.listen = r->cfg.metrics.listen, .tls = r->tls, .path = "/targets",
+                                                     .page = targets, .ctx = r},
+                            &m->server, m->bound, sizeof m->bound);
 }
 
 void rt_metrics_stop(rt_metrics_t *m)

@@ -786,7 +786,7 @@ int main(int argc, char **argv)
     if (td_rpc_server_start(srv, &port))
         goto out;
     int http_port = 0;
-    if (r.cfg.router.http_listen[0] && rt_http_start(&r, r.cfg.router.http_listen, &http, &http_port))
+    if (r.cfg.router.http_listen[0] && rt_http_start(&r, r.cfg.router.http_listen, cert[0] ? &tls : NULL, &http, &http_port))
         goto out;
     char self_addr[160], planner_id[200];
     td_rpc_advertise_addr(r.cfg.router.listen, port, self_addr, sizeof self_addr);

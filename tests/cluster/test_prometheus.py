@@ -5,7 +5,9 @@
 placement so that a shared prefix prefilled on one worker is fetched from the
 store by the other) serves requests that share a long system prompt. A real
 Prometheus (the Debian package) finds every process through the router's
-/targets (http_sd_configs) and scrapes them each second. Then, through
+/targets (http_sd_configs) and scrapes them each second over HTTPS with a
+client certificate of the cluster's CA; each metrics port answers a certless
+client 403 and refuses plain HTTP and another CA's certificate. Then, through
 Prometheus's HTTP API: every target is up, the router's TTFT histogram holds
 the requests sent, the store's hit rate (hits / lookups) is a number above 0,
 and every role's series carry model_name and role. The deploy dashboard's
@@ -17,10 +19,12 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -39,9 +43,28 @@ def free_port():
     return p
 
 
-def get(url, timeout=10):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def get(url, timeout=10, ctx=None):
+    with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
         return r.read().decode()
+
+
+def tls_context(certs, cert="client"):
+    """Checks the server against the cluster's CA and shows certificate `cert` (None: none)."""
+    ctx = ssl.create_default_context(cafile=certs + "/ca.pem")
+    if cert:
+        ctx.load_cert_chain("%s/%s.pem" % (certs, cert), "%s/%s.key" % (certs, cert))
+    return ctx
+
+
+def refusal(url, ctx):
+    """How a metrics port answers a client: "403: its reason", "refused: the error", or "200"."""
+    try:
+        get(url, timeout=5, ctx=ctx)
+        return "200"
+    except urllib.error.HTTPError as e:
+        return "%d: %s" % (e.code, e.read().decode(errors="replace").strip())
+    except (urllib.error.URLError, OSError) as e:
+        return "refused: %s" % e
 
 
 def query(prom, q):
@@ -65,15 +88,33 @@ def main():
     data = tempfile.mkdtemp(prefix="tandem-prom-")
     try:
         c.err.seek(0)
-        m = re.search(r"listed at http://(\S+)/targets", c.err.read())
-        check("tandem up names the router's Prometheus targets page", m is not None)
-        if not m:
+        m = re.search(r"listed at https://(\S+)/targets", c.err.read())
+        check("tandem up names the router's Prometheus targets page, on HTTPS", m is not None and bool(c.certs))
+        if not m or not c.certs:
             return
-        targets_url = "http://%s/targets" % m.group(1)
-        targets = json.loads(get(targets_url))
+        # every metrics port is an internal plane: HTTPS, and only a client certificate of the cluster's CA
+        client = tls_context(c.certs)
+        targets_url = "https://%s/targets" % m.group(1)
+        targets = json.loads(get(targets_url, ctx=client))
         ids = sorted(t["labels"]["tandem_id"].split("-")[0].split("@")[0] for t in targets)
         check("/targets lists the router, both prefill workers, the decode worker and the kvstore node",
               ids == ["decode", "kvstore", "prefill", "prefill", "router"], str(targets))
+        addrs = [t["targets"][0] for t in targets]
+        certless = {a: refusal("https://%s/metrics" % a, tls_context(c.certs, None)) for a in addrs}
+        plain = {a: refusal("http://%s/metrics" % a, None) for a in addrs}
+        check("every metrics port answers a client without a certificate 403, naming the missing certificate",
+              all(v.startswith("403: forbidden: no client certificate") for v in certless.values()), str(certless))
+        check("every metrics port refuses plain HTTP", all(not v.startswith(("200", "403")) for v in plain.values()),
+              str(plain))
+        foreign = tempfile.mkdtemp(prefix="tandem-foreign-ca-")
+        subprocess.run([tc.BIN + "/tandem", "certs", "--dir", foreign, "--names", "client"], check=True,
+                       capture_output=True, timeout=30)
+        fctx = ssl.create_default_context(cafile=c.certs + "/ca.pem")
+        fctx.load_cert_chain(foreign + "/client.pem", foreign + "/client.key")
+        shutil.rmtree(foreign, ignore_errors=True)
+        outsider = refusal("https://%s/metrics" % addrs[0], fctx)
+        check("a metrics port refuses a certificate another CA signed", not outsider.startswith("200"), outsider)
+        print("  a certless client: %s; another CA's certificate: %s" % (next(iter(certless.values())), outsider))
 
         # requests sharing a 300-token system prompt; round robin puts every other one on the worker that
         # did not prefill the prefix, which fetches it from the store
@@ -86,8 +127,11 @@ def main():
         pcfg = os.path.join(data, "prometheus.yml")
         with open(pcfg, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-                    "scrape_configs:\n  - job_name: tandem\n    http_sd_configs:\n"
-                    "      - url: %s\n        refresh_interval: 2s\n" % targets_url)
+                    "scrape_configs:\n  - job_name: tandem\n    scheme: https\n    tls_config: &tls\n"
+                    "      ca_file: {ca}\n      cert_file: {cert}\n      key_file: {key}\n"
+                    "    http_sd_configs:\n      - url: {url}\n        refresh_interval: 2s\n"
+                    "        tls_config: *tls\n".format(ca=c.certs + "/ca.pem", cert=c.certs + "/client.pem",
+                                                      key=c.certs + "/client.key", url=targets_url))
         plog = open(os.path.join(data, "prometheus.log"), "w")
         prom_p = subprocess.Popen([prom_bin, "--config.file", pcfg, "--storage.tsdb.path", os.path.join(data, "tsdb"),
                                    "--web.listen-address", prom, "--log.level", "warn"], stdout=plog,

@@ -224,6 +224,31 @@ def tls_cluster(refs):
                              capture_output=True, text=True, timeout=60)
         check("TLS: tandem generate --endpoint --tls-ca streams the same tokens",
               [int(x) for x in cli.stdout.split()] == refs[PROMPTS[0]], cli.stderr[-300:])
+        # the OpenAI HTTP API takes the same pair: HTTPS, and plain HTTP is refused
+        c.err.seek(0)
+        m = re.search(r"HTTP API at (\S+)/v1", c.err.read())
+        check("TLS: tandem up names the HTTP API as https://", m is not None and m.group(1).startswith("https://"),
+              m.group(0) if m else "no HTTP API line")
+        if m:
+            import ssl
+            import openai
+            cl = openai.OpenAI(base_url=m.group(1) + "/v1", api_key="unused", max_retries=0, timeout=60,
+                               http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(
+                                   cafile=d + "/cert.pem")))
+            text = cl.completions.create(model=cl.models.list().data[0].id, prompt=PROMPTS[0], max_tokens=8,
+                                         temperature=0).choices[0].text
+            check("TLS: the openai client over HTTPS, trusting the router's certificate, gets a completion (%r)" % text,
+                  len(text) > 0)
+            try:
+                plain = openai.OpenAI(base_url=m.group(1).replace("https://", "http://") + "/v1", api_key="unused",
+                                      max_retries=0, timeout=10)
+                plain.models.list()
+                refused = "answered"
+            except openai.APIConnectionError as e:
+                refused = "refused: %s" % e
+            except openai.APIStatusError as e:
+                refused = "answered %d" % e.status_code
+            check("TLS: plain HTTP to the HTTPS API is refused", refused.startswith("refused"), refused)
     finally:
         check("TLS cluster stops cleanly (exit %s)" % c.stop(), c.p.returncode == 0)
 

@@ -71,9 +71,9 @@ Test(metrics, no_model_name_and_bad_listen)
     free(t);
     td_metrics_server_t *s = NULL;
     char at[64];
-    cr_assert_eq(td_metrics_serve(m, "", NULL, NULL, NULL, &s, at, sizeof at), TD_OK);
+    cr_assert_eq(td_metrics_serve(m, &(td_metrics_endpoint_t){.listen = ""}, &s, at, sizeof at), TD_OK);
     cr_assert_null(s, "\"\" serves nothing");
-    cr_assert_neq(td_metrics_serve(m, "nohostport", NULL, NULL, NULL, &s, at, sizeof at), TD_OK);
+    cr_assert_neq(td_metrics_serve(m, &(td_metrics_endpoint_t){.listen = "nohostport"}, &s, at, sizeof at), TD_OK);
     cr_assert_not_null(strstr(td_last_error(), "metrics.listen 'nohostport'"), "%s", td_last_error());
     td_metrics_destroy(m);
 }
