@@ -1856,6 +1856,107 @@ td_status_t td_rpc_stream_result(td_rpc_stream_t *st, double wait_s, td_rpc_resu
 
 void td_rpc_stream_cancel(td_rpc_stream_t *st) { grpc_call_cancel(st->call, NULL); }
 
+/* td_rpc_unary_all: each call as a server-streaming one (the wire of a unary
+ * call), all sent first with their reads posted, then one wait for them all. */
+typedef struct unary_all {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t left; /* reads not yet answered */
+} unary_all_t;
+
+typedef struct unary_slot {
+    unary_all_t *all;
+    td_rpc_unary_call_t *c;
+    bool answered, got; /* the read came back; with a message */
+} unary_slot_t;
+
+static void unary_all_read(void *ctx, td_status_t rc, const uint8_t *msg, size_t len)
+{
+    unary_slot_t *sl = ctx;
+    pthread_mutex_lock(&sl->all->mu);
+    if (rc == TD_OK && (sl->c->resp = malloc(len ? len : 1))) {
+        memcpy(sl->c->resp, msg, len);
+        sl->c->resp_len = len;
+        sl->got = true;
+    }
+    sl->answered = true;
+    sl->all->left--;
+    pthread_cond_broadcast(&sl->all->cv);
+    pthread_mutex_unlock(&sl->all->mu);
+}
+
+void td_rpc_unary_all(td_rpc_unary_call_t *calls, size_t n, double timeout_s)
+{
+    td_rpc_stream_t **st = calloc(n ? n : 1, sizeof *st);
+    unary_slot_t *slot = calloc(n ? n : 1, sizeof *slot);
+    unary_all_t all = {.left = 0};
+    pthread_mutex_init(&all.mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&all.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    for (size_t i = 0; i < n; i++) {
+        td_rpc_unary_call_t *c = &calls[i];
+        c->resp = NULL;
+        c->resp_len = 0;
+        if (!c->ch)
+            continue;
+        memset(&c->res, 0, sizeof c->res);
+        if (!st || !slot) { /* no memory for the lists: one after the other */
+            c->rc = td_rpc_unary(c->ch, c->method, c->req ? c->req : "", c->req_len, timeout_s, NULL, &c->resp,
+                                 &c->resp_len, &c->res);
+            continue;
+        }
+        slot[i] = (unary_slot_t){.all = &all, .c = c};
+        /* req NULL: an empty message */
+        if ((c->rc = td_rpc_stream_open(c->ch, c->method, c->req ? c->req : "", c->req_len, timeout_s, NULL, &st[i]))) {
+            snprintf(c->res.message, sizeof c->res.message, "%s", td_last_error());
+            continue;
+        }
+        pthread_mutex_lock(&all.mu);
+        all.left++;
+        pthread_mutex_unlock(&all.mu);
+        if (td_rpc_stream_read_async(st[i], unary_all_read, &slot[i])) { /* over already: its status says why */
+            pthread_mutex_lock(&all.mu);
+            all.left--;
+            slot[i].answered = true;
+            pthread_mutex_unlock(&all.mu);
+        }
+    }
+    struct timespec until = mono_in(timeout_s);
+    pthread_mutex_lock(&all.mu);
+    while (all.left && pthread_cond_timedwait(&all.cv, &all.mu, &until) != ETIMEDOUT)
+        ;
+    pthread_mutex_unlock(&all.mu);
+    for (size_t i = 0; st && slot && i < n; i++) {
+        td_rpc_unary_call_t *c = &calls[i];
+        if (!st[i])
+            continue;
+        pthread_mutex_lock(&all.mu);
+        bool answered = slot[i].answered, got = slot[i].got;
+        pthread_mutex_unlock(&all.mu);
+        if (got) {
+            c->rc = TD_OK;
+        } else if (!answered) {
+            td_rpc_stream_cancel(st[i]);
+            c->rc = TD_ERR_TIMEOUT;
+            c->res.code = TD_RPC_DEADLINE_EXCEEDED;
+            snprintf(c->res.message, sizeof c->res.message, "%s did not answer within %.1f s", c->method, timeout_s);
+        } else if ((c->rc = td_rpc_stream_result(st[i], 1.0, &c->res)) == TD_OK) { /* OK without a message */
+            c->rc = TD_ERR_FORMAT;
+            snprintf(c->res.message, sizeof c->res.message, "the reply had no message");
+        } else if (c->rc == TD_ERR_TIMEOUT && !c->res.message[0]) {
+            snprintf(c->res.message, sizeof c->res.message, "%s ended without its status", c->method);
+        }
+        td_rpc_stream_destroy(st[i]); /* waits for its read's callback */
+    }
+    pthread_cond_destroy(&all.cv);
+    pthread_mutex_destroy(&all.mu);
+    free(slot);
+    free(st);
+}
+
 void td_rpc_stream_destroy(td_rpc_stream_t *st)
 {
     if (!st)

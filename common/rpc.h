@@ -224,6 +224,23 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
                          double timeout_s, td_rpc_scope_t *scope, uint8_t **resp, size_t *resp_len,
                          td_rpc_result_t *res);
 
+/* Many unary calls at once, all within one timeout (a status page asking
+ * every peer: the slowest bounds it, not the sum). Each call's fields in,
+ * its outcome out: rc TD_OK with resp (malloc'd, the caller frees), or the
+ * error with res saying what the server or the transport answered. A call
+ * with ch NULL is skipped (its rc and res stay as the caller set them). */
+typedef struct td_rpc_unary_call {
+    td_rpc_channel_t *ch;
+    const char *method;
+    const void *req;
+    size_t req_len;
+    td_status_t rc;
+    uint8_t *resp;
+    size_t resp_len;
+    td_rpc_result_t res;
+} td_rpc_unary_call_t;
+void td_rpc_unary_all(td_rpc_unary_call_t *calls, size_t n, double timeout_s);
+
 /* A streaming call. With req, the request is sent and the client half-closes
  * (server streaming); with req NULL, messages are sent with td_rpc_stream_write
  * (bidirectional). */

@@ -288,7 +288,10 @@ def main():
             if h in hosts:
                 hosts[h].stop()
         net_down()
-        shutil.rmtree(work, ignore_errors=True)
+        if all(tc.results):
+            shutil.rmtree(work, ignore_errors=True)
+        else:  # the hosts' logs (every process's stderr) stay for whoever reads the failure
+            print("  the hosts' logs are kept in %s" % work)
 
 
 def pid_of(binary, addr):

@@ -95,6 +95,8 @@ def main():
         # every metrics port is an internal plane: HTTPS, and only a client certificate of the cluster's CA
         client = tls_context(c.certs)
         targets_url = "https://%s/targets" % m.group(1)
+        # the router serves once one worker of each role is in; the second prefill worker may come a moment later
+        tc.wait_for(lambda: len(json.loads(get(targets_url, ctx=client))) == 5, 30)
         targets = json.loads(get(targets_url, ctx=client))
         ids = sorted(t["labels"]["tandem_id"].split("-")[0].split("@")[0] for t in targets)
         check("/targets lists the router, both prefill workers, the decode worker and the kvstore node",

@@ -137,11 +137,142 @@ def main():
     check("the cluster stops cleanly after the changes", code == 0, "exit %s" % code)
 
 
+# The workload shift: a prefill-heavy phase (long prompts, short outputs), then a decode-heavy one (short prompts,
+# long outputs), on 3 workers starting at 1P+2D; once under policy auto (the planner moves workers between roles),
+# once fixed at 1P+2D (no planner decisions), the same requests in both.
+SHIFT_SLO = {"ttft_ms": 2500, "tpot_ms": 60}
+SHIFT_PHASES = [  # name, input lengths, output length, requests, rate (per second)
+    ("long prompts, short outputs", "uniform:500:800", 4, 70, 1.6),
+    ("short prompts, long outputs", "uniform:16:48", 64, 90, 2.0),
+]
+
+
+def run_phase(c, phase, seed, t_origin):
+    """One phase through tandem bench: its requests, times relative to t_origin."""
+    name, inp, outl, n, rate = phase
+    out = tempfile.mktemp(suffix=".json")
+    t0 = time.time()
+    r = subprocess.run([BIN + "/tandem", "bench", "--endpoint", c.endpoint, "--api", "grpc", "--rate", str(rate),
+                        "--num-requests", str(n), "--workload", "synthetic", "--input-len", inp,
+                        "--output-len", "fixed:%d" % outl, "--ignore-eos", "--tokenizer", tc.MODEL,
+                        "--goodput", "ttft:%d,tpot:%d" % (SHIFT_SLO["ttft_ms"], SHIFT_SLO["tpot_ms"]),
+                        "--timeout", "120", "--seed", str(seed), "--output", out],
+                       capture_output=True, text=True, timeout=600)
+    res = json.load(open(out)) if os.path.exists(out) else None
+    for f in glob.glob(out[:-5] + "*"):
+        os.unlink(f)
+    if not res:
+        raise AssertionError("tandem bench (%s) wrote no result: %s" % (name, r.stdout[-500:] + r.stderr[-500:]))
+    reqs = res["runs"][0]["requests"]
+    for q in reqs:
+        q["t_abs"] = t0 - t_origin + q["t_sent"]
+    return reqs, n
+
+
+def met(q):
+    return (q["status"] == 0 and q["ttft"] is not None and q["ttft"] * 1e3 <= SHIFT_SLO["ttft_ms"] and
+            (q["tpot"] or 0) * 1e3 <= SHIFT_SLO["tpot_ms"])
+
+
+def shift_run(policy):
+    """One cluster through both phases under policy ("auto" or "fixed"): the requests, the role changes seen
+    (time, prefill, decode, the planner's reason) and the lost count."""
+    c = tc.Cluster(extra=["--prefill", "1", "--decode", "2"])
+    changes, stop = [], threading.Event()
+    try:
+        ops = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+        ops.write("slo: {ttft_ms: %d, tpot_ms: %d, attainment: 0.9}\nplanner: {hold_s: 3, cooldown_s: 8}\n"
+                  "models:\n  - {name: \"*\", policy: %s, prefill: 1, decode: 2, min_prefill: 1, min_decode: 1, "
+                  "max_prefill: 2, max_decode: 2}\n" % (SHIFT_SLO["ttft_ms"], SHIFT_SLO["tpot_ms"], policy))
+        ops.close()
+        r = scale(c, "--apply", ops.name)
+        os.unlink(ops.name)
+        if r.returncode:
+            raise AssertionError("tandem scale --apply (%s): %s" % (policy, r.stderr))
+        tc.wait_for(lambda: counts(c)[:2] == (1, 2), 30)
+        t_origin = time.time()
+
+        def watch():
+            last = None
+            while not stop.is_set():
+                try:
+                    p, d, pl = counts(c)
+                    if (p, d) != last:
+                        dz = pl.get("desired", {})
+                        changes.append((time.time() - t_origin, p, d,
+                                        "%s (decided at %.1f s)" % (dz.get("reason", ""), dz.get("at", 0) - t_origin)))
+                        last = (p, d)
+                except Exception:  # a Health that timed out: the next look
+                    pass
+                stop.wait(0.5)
+        w = threading.Thread(target=watch)
+        w.start()
+        reqs, sent, bounds = [], 0, []
+        for k, ph in enumerate(SHIFT_PHASES):
+            t_start = time.time() - t_origin
+            got, n = run_phase(c, ph, 11 + k, t_origin)
+            reqs += got
+            sent += n
+            bounds.append((t_start, time.time() - t_origin))
+        stop.set()
+        w.join()
+        return reqs, sent, changes, bounds
+    finally:
+        stop.set()
+        code = c.stop()
+        check("the %s cluster stops cleanly (exit %s)" % (policy, code), code == 0)
+
+
+def workload_shift():
+    runs = {}
+    for policy in ("auto", "fixed"):
+        reqs, sent, changes, bounds = shift_run(policy)
+        ok = sum(q["status"] == 0 for q in reqs)
+        failed = len(reqs) - ok
+        lost = sent - len(reqs)
+        runs[policy] = (reqs, changes, bounds)
+        check("%s: every request of the shifting workload completed: %d sent, %d ok, %d failed, %d lost" %
+              (policy, sent, ok, failed, lost), ok == sent and lost == 0)
+    # the planner moved a decode worker to prefill in the first phase and back in the second
+    reqs, changes, bounds = runs["auto"]
+    moves = [(t, p, d) for t, p, d, _ in changes[1:]]
+    first = [m for m in moves if bounds[0][0] <= m[0] < bounds[0][1] and (m[1], m[2]) == (2, 1)]
+    second = [m for m in moves if bounds[1][0] <= m[0] < bounds[1][1] + 10 and (m[1], m[2]) == (1, 2)]
+    check("auto: the prefill-heavy phase turned a decode worker into a prefill worker (2P+1D at %s s)" %
+          ("%.0f" % first[0][0] if first else "never"), bool(first), str(changes))
+    check("auto: the decode-heavy phase turned it back (1P+2D at %s s)" % ("%.0f" % second[0][0] if second else "never"),
+          bool(second), str(changes))
+    check("fixed: no role changed", [(p, d) for _, p, d, _ in runs["fixed"][1]] == [(1, 2)], str(runs["fixed"][1]))
+    for _, p, d, why in changes[1:]:
+        print("  auto: %dP+%dD because %s" % (p, d, why))
+    # attainment per window: each phase before, during (the decision until the router saw the new counts) and after
+    for policy in ("auto", "fixed"):
+        reqs, _, bounds = runs[policy]
+        parts = []
+        edges = sorted({0.0} | {t for t, *_ in runs["auto"][1][1:]} | {b[0] for b in bounds} | {bounds[-1][1] + 1e6})
+        for a, b in zip(edges, edges[1:]):
+            sel = [q for q in reqs if a <= q["t_abs"] < b]
+            if sel:
+                parts.append("[%.0f s, %s): %.0f%% of %d" % (a, "end" if b > 1e5 else "%.0f s" % b,
+                                                             100.0 * sum(map(met, sel)) / len(sel), len(sel)))
+        per_phase = []
+        for k, (a, b) in enumerate(bounds):
+            sel = [q for q in reqs if a <= q["t_abs"] < b]
+            per_phase.append("phase %d %.0f%%" % (k + 1, 100.0 * sum(map(met, sel)) / max(1, len(sel))))
+        print("  %s: SLO attainment (TTFT %d ms, TPOT %d ms) %s; by window (auto's change times) %s" %
+              (policy, SHIFT_SLO["ttft_ms"], SHIFT_SLO["tpot_ms"], ", ".join(per_phase), "; ".join(parts)),
+              flush=True)
+
+
 if __name__ == "__main__":
     try:
         main()
     except Exception as e:  # a crash of the suite is a failure, not a hang
         check("the suite ran to its end", False, repr(e))
+    try:
+        workload_shift()
+    except Exception as e:
+        check("the workload-shift part ran to its end", False, repr(e))
     p = sum(tc.results)
     print("scale: %d passed, %d failed" % (p, len(tc.results) - p))
     sys.exit(0 if all(tc.results) else 1)

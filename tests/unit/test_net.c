@@ -92,6 +92,14 @@ static void h_wake(void *ctx, td_rpc_call_t *c)
     td_rpc_call_reply(c, rc == TD_OK ? "woken" : "timeout", rc == TD_OK ? 5 : 7);
 }
 
+/* answers after 3 s (or when the client gives up) */
+static void h_slow(void *ctx, td_rpc_call_t *c)
+{
+    (void)ctx;
+    td_rpc_call_wait(c, 3);
+    td_rpc_call_reply(c, "late", 4);
+}
+
 /* relays h_count of a second server, as the router does (parent propagation) */
 static td_rpc_channel_t *g_upstream;
 static void h_relay(void *ctx, td_rpc_call_t *c)
@@ -122,6 +130,7 @@ static td_rpc_server_t *start_server(int *port)
     td_rpc_server_add(s, "/t.T/Count", h_count, NULL);
     td_rpc_server_add(s, "/t.T/Wake", h_wake, NULL);
     td_rpc_server_add(s, "/t.T/Relay", h_relay, NULL);
+    td_rpc_server_add(s, "/t.T/Slow", h_slow, NULL);
     cr_assert_eq(td_rpc_server_start(s, port), TD_OK);
     return s;
 }
@@ -190,6 +199,30 @@ Test(rpc, unary_stream_errors, .init = init, .fini = fini, .timeout = 60)
     for (int i = 0; i < 200 && !g_stream_saw_cancel; i++)
         sleep_s(0.01);
     cr_assert(g_stream_saw_cancel, "the server never saw the cancellation");
+
+    /* many calls at once under one deadline: two slow peers cost it once, not twice; an error and an empty
+     * reply say what they were; a call without a channel is left as it was */
+    td_rpc_unary_call_t all[6] = {
+        {.ch = ch, .method = "/t.T/Echo", .req = "hi", .req_len = 2},
+        {.ch = ch, .method = "/t.T/Slow"},
+        {.ch = ch, .method = "/t.T/Slow"},
+        {.ch = ch, .method = "/t.T/Echo", .req = "fail", .req_len = 4},
+        {.ch = ch, .method = "/t.T/Count", .req = "0", .req_len = 1},
+        {.ch = NULL, .rc = TD_ERR_UNAVAILABLE},
+    };
+    t0 = now_s();
+    td_rpc_unary_all(all, 6, 0.5);
+    double took = now_s() - t0;
+    cr_assert(all[0].rc == TD_OK && all[0].resp_len == 2 && !memcmp(all[0].resp, "hi", 2));
+    cr_assert(all[1].rc == TD_ERR_TIMEOUT && all[2].rc == TD_ERR_TIMEOUT, "slow calls: %d %d", all[1].rc, all[2].rc);
+    cr_assert(strstr(all[1].res.message, "/t.T/Slow did not answer within 0.5 s"), "%s", all[1].res.message);
+    cr_assert_eq(all[3].rc, TD_ERR_INVALID_ARG, "an error reply: %d (%s)", all[3].rc, all[3].res.message);
+    cr_assert_str_eq(all[3].res.message, "field x: bad");
+    cr_assert_eq(all[4].rc, TD_ERR_FORMAT, "a reply with no message: %d (%s)", all[4].rc, all[4].res.message);
+    cr_assert(all[5].rc == TD_ERR_UNAVAILABLE && !all[5].resp);
+    cr_assert(took >= 0.45 && took < 0.9, "two slow calls under one 0.5 s deadline took %.2f s", took);
+    for (int i = 0; i < 6; i++)
+        free(all[i].resp);
 
     td_rpc_channel_destroy(ch);
     td_rpc_server_stop(s, 1);
