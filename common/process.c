@@ -44,6 +44,7 @@ struct td_member {
     int64_t ttl_s, lease;
     atomic_bool lost;    /* set by the keep-alive thread */
     atomic_bool changed; /* set by the watch thread: the record was deleted or overwritten */
+    _Atomic double away_at; /* when etcd was last found away (td_member_away_at) */
     td_etcd_watch_t *watch;
 };
 
@@ -74,6 +75,7 @@ static void on_record_resync(void *ctx, const td_etcd_kvs_t *now)
 static void on_lease_lost(void *ctx)
 {
     td_member_t *m = ctx;
+    atomic_store(&m->away_at, td_now_s());
     atomic_store(&m->lost, true);
 }
 
@@ -157,10 +159,18 @@ void td_member_tick(td_member_t *m)
     td_etcd_keepalive_stop(m->etcd);
     atomic_store(&m->lost, false);
     double t0 = td_now_s();
-    while (!g_stop_signal && member_register(m))
+    while (!g_stop_signal && member_register(m)) {
+        atomic_store(&m->away_at, td_now_s());
         usleep(500 * 1000);
+    }
+    atomic_store(&m->away_at, td_now_s()); /* back: the others' leases lapsed too, and they are re-registering */
     if (!g_stop_signal)
         TD_INFO("%s: registered again after %.1f s", m->key, td_now_s() - t0);
+}
+
+double td_member_away_at(const td_member_t *m)
+{
+    return m ? atomic_load(&((td_member_t *)m)->away_at) : 0;
 }
 
 void td_member_leave(td_member_t *m)

@@ -40,6 +40,11 @@ td_status_t td_member_join(const char *endpoints, const td_rpc_tls_t *tls, const
 /* From the main loop: registers again under a new lease if the lease was
  * lost (retrying every 0.5 s while etcd does not answer, until a stop signal). */
 void td_member_tick(td_member_t *m);
+/* When this member last found etcd away: its lease lost, a registration
+ * that failed, or the registration that ended such a spell (0: never).
+ * Any thread. The others' leases lapse in the same spell, so a peer that
+ * leaves just after it is likely to register again at once. */
+double td_member_away_at(const td_member_t *m);
 /* Leaves the membership (the lease revoked) and closes the client. */
 void td_member_leave(td_member_t *m);
 

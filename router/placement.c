@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/process.h"
 
 static bool usable(const rt_worker_t *w, rt_role_t role, double now)
 {
@@ -433,6 +434,7 @@ void rt_table_remove(rt_table_t *t, const char *key)
     for (size_t i = 0; i < t->n; i++)
         if (!strcmp(t->w[i]->key, key)) {
             TD_INFO("router: worker %s left; its calls in flight end now", t->w[i]->id);
+            t->left_at[t->w[i]->role] = td_now_s();
             t->w[i]->gone = true;
             td_rpc_channel_shutdown(t->w[i]->ch); /* requests on it fail over instead of waiting */
             worker_put(t->w[i]);
@@ -511,6 +513,10 @@ static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *ou
     if (!registered) {
         out->code = TD_RPC_UNAVAILABLE;
         snprintf(out->why, sizeof out->why, "no %s worker is registered with this router", rn);
+        /* etcd was away just now: the last one left as every lease lapsed, and is registering again */
+        double away = td_member_away_at(t->member), left = t->left_at[role];
+        if (away && left && now - away < RT_REJOIN_S && now < left + RT_REJOIN_S)
+            out->retry_at = left + RT_REJOIN_S;
     } else if (refused == registered) {
         out->code = TD_RPC_FAILED_PRECONDITION;
         snprintf(out->why, sizeof out->why, "every %s worker was refused (%.64s: %.200s)", rn, first_refused->id,

@@ -24,6 +24,12 @@
 typedef enum rt_role { RT_PREFILL, RT_DECODE } rt_role_t;
 
 #define RT_OBS 32 /* the prefill calls a worker's model is refitted from */
+/* After etcd was away (the router's own lease lapsed: td_member_away_at),
+ * every worker's lease lapsed too and they register again within moments:
+ * a request that then finds no worker of a role registered waits this long
+ * after the last one left instead of being refused at once. Outside such a
+ * spell, no worker is 503 at once. */
+#define RT_REJOIN_S 5.0
 #define RT_PRIOS 8 /* distinct priorities a worker's queue tells apart (more share the lowest's slot) */
 
 typedef struct rt_worker {
@@ -111,6 +117,8 @@ typedef struct rt_table {
     uint64_t rejected_ttft, rejected_tpot;
     float err[RT_ERR_RING];     /* |predicted - measured| / measured TTFT of the last requests */
     uint64_t n_err;
+    double left_at[2];          /* when a worker of the role last left the membership */
+    const struct td_member *member; /* the router's own membership (td_member_away_at), NULL before it joins */
 } rt_table_t;
 
 /* What a placed request measured, told to the policy afterwards (the

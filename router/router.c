@@ -794,6 +794,9 @@ int main(int argc, char **argv)
     snprintf(planner_id, sizeof planner_id, "router@%s", self_addr);
     if (rt_planner_start(&r, planner_id, &r.planner) || router_register(&r, planner_id, self_addr, &member))
         goto out;
+    pthread_mutex_lock(&r.table.mu);
+    r.table.member = member; /* placement asks it whether etcd was just away */
+    pthread_mutex_unlock(&r.table.mu);
     char http_at[32] = "none";
     if (http)
         snprintf(http_at, sizeof http_at, "port %d", http_port);
@@ -806,6 +809,9 @@ int main(int argc, char **argv)
 out:
     if (code)
         fprintf(stderr, "tandem-router: %s\n", td_last_error());
+    pthread_mutex_lock(&r.table.mu);
+    r.table.member = NULL;
+    pthread_mutex_unlock(&r.table.mu);
     td_member_leave(member);
     rt_planner_stop(r.planner); /* resigns: another router plans */
     r.planner = NULL;

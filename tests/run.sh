@@ -113,6 +113,9 @@ run_py tests/integration/test_router.py router 300
 section "scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors)"
 run_py tests/cluster/test_scale.py scale 400
 
+section "hosts (three network-namespace hosts: greedy output, KV over TCP across hosts, certless clients refused by every port; kill -9 of each type, a link cut, etcd paused 30 s, the planner's router killed and frozen)"
+run_py tests/cluster/test_hosts.py hosts 600
+
 section "deploy files (systemd-analyze verify on the units, kubernetes-validate on the manifests, their configs)"
 run_py tests/cluster/test_deploy.py deploy 300
 

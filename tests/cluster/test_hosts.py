@@ -14,7 +14,8 @@ namespaces share one kernel, and shared memory would not cross real hosts).
 Checks: greedy output identical to single-process `tandem generate`, with the
 KV crossing hosts (the prefill worker's Stats count the bytes it put); every
 process advertises its host's address; a client without a certificate is
-refused by every gRPC and etcd port of every host; then the faults, each
+refused by every gRPC and etcd port of every host, and answered 403 by
+every HTTPS listener (metrics, the OpenAI API); then the faults, each
 under load (a stream of requests from the test's namespace), each counted as
 completed / failed with a clear error / hung / lost with the time to
 recover: kill -9 of each process type, B's link cut and restored, etcd
@@ -33,6 +34,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import test_cluster as tc  # noqa: E402
@@ -129,6 +132,20 @@ def refuses_certless(addr, ca):
                 return not data, "answered %r" % data[:40]
     except (ssl.SSLError, ConnectionError, OSError) as e:
         return True, str(e)
+
+
+def https_answer(url, ca, cert=None):
+    """An HTTPS GET trusting the CA, showing cert (a (pem, key) pair) or none: "200", "403: why" or "refused: ..."."""
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert:
+        ctx.load_cert_chain(*cert)
+    try:
+        with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
+            return str(r.status)
+    except urllib.error.HTTPError as e:
+        return "%d: %s" % (e.code, e.read().decode(errors="replace").strip()[:160])
+    except (urllib.error.URLError, OSError) as e:
+        return "refused: %s" % e
 
 
 class Load:
@@ -270,6 +287,19 @@ def main():
                 bad.append("%s %s" % (a, why))
         check("a client without a certificate is refused by each of the %d gRPC and etcd ports on the 3 hosts" %
               len(ports), not bad, "; ".join(bad))
+        # the HTTP listeners: every process's metrics, and the router's OpenAI API
+        routers = etcd_json(certs, etcd, "/tandem/routers/")
+        m = re.search(r"HTTP API at (https://\S+)/v1", hosts["A"].text())
+        urls = ["https://%s/metrics" % r["metrics"] for r in routers + workers + stores] + \
+               ([m.group(1) + "/v1/models"] if m else [])
+        ca = os.path.join(certs, "ca.pem")
+        pair = (os.path.join(certs, "client.pem"), os.path.join(certs, "client.key"))
+        certless = {u: https_answer(u, ca) for u in urls}
+        with_cert = {u: https_answer(u, ca, pair) for u in urls}
+        check("the %d HTTPS listeners (every process's metrics, the router's OpenAI API) answer a certless client "
+              "403 and a client of the cluster CA 200" % len(urls),
+              m is not None and len(urls) == 6 and all(v.startswith("403: ") for v in certless.values()) and
+              all(v == "200" for v in with_cert.values()), "%s | %s" % (certless, with_cert))
         # the same client with a certificate of its own CA
         other = os.path.join(work, "other")
         sh(BIN + "/tandem", "certs", "--dir", other, "--names", "client", "--hosts", NET + ".254")
@@ -294,9 +324,12 @@ def main():
             print("  the hosts' logs are kept in %s" % work)
 
 
-def pid_of(binary, addr):
-    r = subprocess.run(["pgrep", "-f", "%s .*%s:" % (binary, re.escape(addr))], capture_output=True, text=True)
-    pids = [int(x) for x in r.stdout.split()]
+def pid_of(binary, addr, exclude=()):
+    """The process running binary with addr in its arguments (but not one of exclude: host A runs two routers)."""
+    # the binary first on the command line: a router's "--etcd 10.77.0.1:..." must not match etcd
+    r = subprocess.run(["pgrep", "-f", "^([^ ]*/)?%s .*%s:" % (binary, re.escape(addr))], capture_output=True,
+                       text=True)
+    pids = [int(x) for x in r.stdout.split() if int(x) not in exclude]
     return pids[0] if pids else None
 
 
@@ -399,7 +432,9 @@ def faults(hosts, endpoint, etcd, certs, stub, work, results):
     def kill_router():
         t_kill[0] = time.time()
         if first_leads:
-            return kill("tandem-router", "A") + " (the first router; tandem up on A restarts it)"
+            pid = pid_of("tandem-router", HOSTS["A"], exclude=(r2.pid,))
+            os.kill(pid, signal.SIGKILL)
+            return "pid %d (the first router; tandem up on A restarts it)" % pid
         os.killpg(r2.pid, signal.SIGKILL)
         return "pid %d (the second router)" % r2.pid
     row("kill -9 the planner's router (host A)", kill_router)
@@ -416,7 +451,7 @@ def faults(hosts, endpoint, etcd, certs, stub, work, results):
     if r2.poll() is not None:  # the second router was the one killed: another, for the next check
         r2, stub2 = second_router()
     if stub2 and tc.wait_for(lambda: full(stub) and full(stub2), 30):
-        frozen = pid_of("tandem-router", HOSTS["A"]) if leads(stub) else r2.pid
+        frozen = pid_of("tandem-router", HOSTS["A"], exclude=(r2.pid,)) if leads(stub) else r2.pid
         other = stub2 if leads(stub) else stub
         t0 = time.time()
         os.kill(frozen, signal.SIGSTOP)
