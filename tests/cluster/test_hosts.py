@@ -34,8 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import test_cluster as tc  # noqa: E402
@@ -132,20 +130,6 @@ def refuses_certless(addr, ca):
                 return not data, "answered %r" % data[:40]
     except (ssl.SSLError, ConnectionError, OSError) as e:
         return True, str(e)
-
-
-def https_answer(url, ca, cert=None):
-    """An HTTPS GET trusting the CA, showing cert (a (pem, key) pair) or none: "200", "403: why" or "refused: ..."."""
-    ctx = ssl.create_default_context(cafile=ca)
-    if cert:
-        ctx.load_cert_chain(*cert)
-    try:
-        with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
-            return str(r.status)
-    except urllib.error.HTTPError as e:
-        return "%d: %s" % (e.code, e.read().decode(errors="replace").strip()[:160])
-    except (urllib.error.URLError, OSError) as e:
-        return "refused: %s" % e
 
 
 class Load:
@@ -292,10 +276,8 @@ def main():
         m = re.search(r"HTTP API at (https://\S+)/v1", hosts["A"].text())
         urls = ["https://%s/metrics" % r["metrics"] for r in routers + workers + stores] + \
                ([m.group(1) + "/v1/models"] if m else [])
-        ca = os.path.join(certs, "ca.pem")
-        pair = (os.path.join(certs, "client.pem"), os.path.join(certs, "client.key"))
-        certless = {u: https_answer(u, ca) for u in urls}
-        with_cert = {u: https_answer(u, ca, pair) for u in urls}
+        certless = {u: tc.http_answer(u, tc.tls_context(certs, None)) for u in urls}
+        with_cert = {u: tc.http_answer(u, tc.tls_context(certs)) for u in urls}
         check("the %d HTTPS listeners (every process's metrics, the router's OpenAI API) answer a certless client "
               "403 and a client of the cluster CA 200" % len(urls),
               m is not None and len(urls) == 6 and all(v.startswith("403: ") for v in certless.values()) and

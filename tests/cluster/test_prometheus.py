@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -46,25 +45,6 @@ def free_port():
 def get(url, timeout=10, ctx=None):
     with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
         return r.read().decode()
-
-
-def tls_context(certs, cert="client"):
-    """Checks the server against the cluster's CA and shows certificate `cert` (None: none)."""
-    ctx = ssl.create_default_context(cafile=certs + "/ca.pem")
-    if cert:
-        ctx.load_cert_chain("%s/%s.pem" % (certs, cert), "%s/%s.key" % (certs, cert))
-    return ctx
-
-
-def refusal(url, ctx):
-    """How a metrics port answers a client: "403: its reason", "refused: the error", or "200"."""
-    try:
-        get(url, timeout=5, ctx=ctx)
-        return "200"
-    except urllib.error.HTTPError as e:
-        return "%d: %s" % (e.code, e.read().decode(errors="replace").strip())
-    except (urllib.error.URLError, OSError) as e:
-        return "refused: %s" % e
 
 
 def query(prom, q):
@@ -93,7 +73,7 @@ def main():
         if not m or not c.certs:
             return
         # every metrics port is an internal plane: HTTPS, and only a client certificate of the cluster's CA
-        client = tls_context(c.certs)
+        client = tc.tls_context(c.certs)
         targets_url = "https://%s/targets" % m.group(1)
         # the router serves once one worker of each role is in; the second prefill worker may come a moment later
         tc.wait_for(lambda: len(json.loads(get(targets_url, ctx=client))) == 5, 30)
@@ -102,8 +82,8 @@ def main():
         check("/targets lists the router, both prefill workers, the decode worker and the kvstore node",
               ids == ["decode", "kvstore", "prefill", "prefill", "router"], str(targets))
         addrs = [t["targets"][0] for t in targets]
-        certless = {a: refusal("https://%s/metrics" % a, tls_context(c.certs, None)) for a in addrs}
-        plain = {a: refusal("http://%s/metrics" % a, None) for a in addrs}
+        certless = {a: tc.http_answer("https://%s/metrics" % a, tc.tls_context(c.certs, None)) for a in addrs}
+        plain = {a: tc.http_answer("http://%s/metrics" % a, None) for a in addrs}
         check("every metrics port answers a client without a certificate 403, naming the missing certificate",
               all(v.startswith("403: forbidden: no client certificate") for v in certless.values()), str(certless))
         check("every metrics port refuses plain HTTP", all(not v.startswith(("200", "403")) for v in plain.values()),
@@ -114,7 +94,7 @@ def main():
         fctx = ssl.create_default_context(cafile=c.certs + "/ca.pem")
         fctx.load_cert_chain(foreign + "/client.pem", foreign + "/client.key")
         shutil.rmtree(foreign, ignore_errors=True)
-        outsider = refusal("https://%s/metrics" % addrs[0], fctx)
+        outsider = tc.http_answer("https://%s/metrics" % addrs[0], fctx)
         check("a metrics port refuses a certificate another CA signed", not outsider.startswith("200"), outsider)
         print("  a certless client: %s; another CA's certificate: %s" % (next(iter(certless.values())), outsider))
 

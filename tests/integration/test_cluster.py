@@ -11,11 +11,14 @@ import os
 import re
 import select
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 from grpc_tools import protoc
@@ -185,6 +188,25 @@ def generate(stub, prompt, max_tokens=MAX_TOKENS, timeout=120, ignore_eos=True):
     return ids, last
 
 
+def tls_context(certs, cert="client"):
+    """Checks the server against certs/ca.pem and shows certificate `cert` of that folder (None: none)."""
+    ctx = ssl.create_default_context(cafile=certs + "/ca.pem")
+    if cert:
+        ctx.load_cert_chain("%s/%s.pem" % (certs, cert), "%s/%s.key" % (certs, cert))
+    return ctx
+
+
+def http_answer(url, ctx=None):
+    """How an HTTP(S) listener answers a GET: "200", "403: its reason", or "refused: the error"."""
+    try:
+        with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
+            return str(r.status)
+    except urllib.error.HTTPError as e:
+        return "%d: %s" % (e.code, e.read().decode(errors="replace").strip()[:200])
+    except (urllib.error.URLError, OSError) as e:
+        return "refused: %s" % e
+
+
 def wait_for(pred, secs):
     t0 = time.time()
     while time.time() - t0 < secs:
@@ -230,7 +252,6 @@ def tls_cluster(refs):
         check("TLS: tandem up names the HTTP API as https://", m is not None and m.group(1).startswith("https://"),
               m.group(0) if m else "no HTTP API line")
         if m:
-            import ssl
             import openai
             cl = openai.OpenAI(base_url=m.group(1) + "/v1", api_key="unused", max_retries=0, timeout=60,
                                http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(
