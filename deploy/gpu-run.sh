@@ -70,14 +70,10 @@ want make7b && make7b
 if want 3; then
 echo "== 3. a Llama-2-7B-shaped model (random fp16 weights): tandem beside transformers"
 make7b
-python3 "$here/bench/hf_bench.py" "$m7" --logits "$work/7b-hf.json" > "$out/hf-7b.jsonl" 2> "$out/hf-7b.err" ||
-  { echo "transformers benchmark FAILED"; tail -5 "$out/hf-7b.err"; fail=1; }
-"$here/bin/tandem-cuda-check" --no-ops --no-timings --hf "$m7" "$work/7b-hf.json" > "$out/check-7b.txt" 2>&1 || fail=1
-cat "$out/check-7b.txt"
 : > "$out/tandem-7b.txt"
 for b in 1 8 32 128 256; do
-  kv=$(( b * 80 / 2 + 512 ))
-  "$T" generate --model "$m7" --device cuda --n $b --max-tokens 64 --ignore-eos --ids --kv-mib $kv "hello" \
+  kv=$(( b * 80 + 512 ))
+  "$T" generate --model "$m7" --device cuda --n $b --max-tokens 128 --ignore-eos --ids --kv-mib $kv "hello" \
     2>&1 >/dev/null | grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/batch $b: /" >> "$out/tandem-7b.txt"
 done
 for n in 1024 4096; do # a prompt of n tokens less one (BOS comes first) under the model's tokenizer
@@ -92,6 +88,10 @@ print(' '.join(w[:-1]))")
     2>&1 >/dev/null | grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/prefill $n: /" >> "$out/tandem-7b.txt"
 done
 cat "$out/tandem-7b.txt"
+python3 "$here/bench/hf_bench.py" "$m7" --logits "$work/7b-hf.json" > "$out/hf-7b.jsonl" 2> "$out/hf-7b.err" ||
+  { echo "transformers benchmark FAILED"; tail -5 "$out/hf-7b.err"; fail=1; }
+"$here/bin/tandem-cuda-check" --no-ops --no-timings --hf "$m7" "$work/7b-hf.json" > "$out/check-7b.txt" 2>&1 || fail=1
+cat "$out/check-7b.txt"
 cat "$out/hf-7b.jsonl"
 fi
 
@@ -110,7 +110,8 @@ fi
 
 if want 5; then
 echo "== 5. timings: read bandwidth, GEMM/GEMV, attention; each model's forward pass whole and op by op"
-"$here/bin/tandem-cuda-check" --no-ops --time-model "$m7" --time-model "$m8" > "$out/timings.txt" 2>&1 || fail=1
+tm=""; for m in "$m7" "${m8:-$work/llama3-8b}"; do [ -f "$m/model.safetensors" ] && tm="$tm --time-model $m"; done
+"$here/bin/tandem-cuda-check" --no-ops $tm > "$out/timings.txt" 2>&1 || fail=1
 grep -A1 timing "$out/timings.txt"
 fi
 

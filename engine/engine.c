@@ -71,6 +71,8 @@ struct eng_engine {
     eng_layer_fn layer_fn;
     void *layer_ctx;
     eng_layer_seq_t *layer_seqs;
+    kern_sample_t *sample; /* a step's picks made by the backend: their parameters, */
+    int32_t *picked;       /* and the tokens */
     uint32_t n_batch;
     uint64_t preemptions;
     char err[512]; /* the message of the failure being reported */
@@ -143,7 +145,9 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     e->batch = calloc(cfg->max_seqs, sizeof *e->batch);
     e->batch_seq = calloc(cfg->max_seqs, sizeof *e->batch_seq);
     e->layer_seqs = calloc(cfg->max_seqs, sizeof *e->layer_seqs);
-    if (!rc && (!e->batch || !e->batch_seq || !e->layer_seqs))
+    e->sample = calloc(cfg->max_seqs, sizeof *e->sample);
+    e->picked = calloc(cfg->max_seqs, sizeof *e->picked);
+    if (!rc && (!e->batch || !e->batch_seq || !e->layer_seqs || !e->sample || !e->picked))
         rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory");
     if (rc) {
         eng_engine_destroy(e);
@@ -195,6 +199,8 @@ void eng_engine_destroy(eng_engine_t *e)
     free(e->batch);
     free(e->batch_seq);
     free(e->layer_seqs);
+    free(e->sample);
+    free(e->picked);
     free(e);
 }
 
@@ -666,9 +672,19 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         }
         e->n_batch = nb;
     }
-    const float *logits;
-    uint32_t nl;
-    td_status_t rc = eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
+    /* the backend picks the tokens when it can pick every one of them: only
+     * the ids cross back */
+    bool on_device = eng_forward_can_sample(e->fwd);
+    for (uint32_t i = 0; i < nb && on_device; i++)
+        on_device = !e->batch[i].want_logits || eng_sampler_on_device(&e->batch_seq[i]->sampler);
+    const float *logits = NULL;
+    uint32_t nl = 0;
+    if (on_device)
+        for (uint32_t i = 0; i < nb; i++)
+            if (e->batch[i].want_logits)
+                e->sample[nl++] = eng_sampler_device(&e->batch_seq[i]->sampler);
+    td_status_t rc = on_device ? eng_forward_run_sampled(e->fwd, e->batch, nb, e->sample, e->picked, &nl)
+                               : eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
     if (rc) { /* the batch's requests end with the error; the others go on */
         snprintf(e->err, sizeof e->err, "engine step of %u requests failed: %s", nb, td_last_error());
         for (uint32_t i = 0; i < nb; i++)
@@ -683,8 +699,9 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         seq_publish(e, s);
         if (!e->batch[i].want_logits)
             continue;
-        const float *row = logits + (size_t)li++ * e->m->desc.vocab;
-        int32_t tok = eng_sampler_sample(&s->sampler, row, s->tokens, s->n_tokens);
+        int32_t tok = on_device ? e->picked[li++]
+                                : eng_sampler_sample(&s->sampler, logits + (size_t)li++ * e->m->desc.vocab, s->tokens,
+                                                     s->n_tokens);
         seq_accept(e, s, tok, fn, ctx);
     }
     reap_done(e);

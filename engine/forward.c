@@ -16,6 +16,8 @@
 #include "engine/weights.h"
 
 #define PI_F 3.14159265358979323846
+/* decode batches up to this many sequences are captured and replayed */
+#define FWD_GRAPH_MAX 256
 
 struct eng_forward {
     void (*layer_fn)(void *ctx, uint32_t layer);
@@ -29,7 +31,12 @@ struct eng_forward {
     uint32_t max_tokens, max_logits;
     /* backend buffers */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *xl, *logits, *freq;
-    int32_t *ids, *pos, *slots, *tables;
+    int32_t *ids, *pos, *slots, *tables, *picked;
+    kern_attn_seq_t *dseqs; /* aseqs in backend memory (attention reads positions there) */
+    kern_sample_t *dsample; /* each logit row's sampling (sample) */
+    /* captured decode steps (KERN_OP_GRAPH), by graph_key: 0 not run yet, 1
+     * run once uncaptured (scratch sized), 2 captured, 3 capture failed */
+    uint8_t graph_state[2 * FWD_GRAPH_MAX + 2];
     /* host staging */
     int32_t *h_ids, *h_pos, *h_slots, *h_tables;
     kern_attn_seq_t *aseqs;
@@ -103,7 +110,8 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
         {&f->v, T * kvd * 4}, {&f->att, T * qd * 4}, {&f->tmp, T * (d->hidden > qd ? d->hidden : qd) * 4},
         {&f->gate, T * d->ffn * 4}, {&f->up, T * d->ffn * 4}, {&f->xl, (size_t)max_logits * d->hidden * 4},
         {&f->logits, (size_t)max_logits * d->vocab * 4}, {&f->freq, (d->head_dim / 2 + 1) * 4}, {&f->ids, T * 4},
-        {&f->pos, T * 4}, {&f->slots, T * 4}, {&f->tables, max_blocks * 4},
+        {&f->pos, T * 4}, {&f->slots, T * 4}, {&f->tables, max_blocks * 4}, {&f->picked, (size_t)max_logits * 4},
+        {&f->dseqs, T * sizeof(kern_attn_seq_t)}, {&f->dsample, (size_t)max_logits * sizeof(kern_sample_t)},
     };
     for (size_t i = 0; !rc && i < sizeof bufs / sizeof bufs[0]; i++)
         rc = balloc(f, bufs[i].bytes, bufs[i].slot);
@@ -132,8 +140,9 @@ void eng_forward_destroy(eng_forward_t *f)
     if (!f)
         return;
     kern_backend_t *be = f->be;
-    void *bufs[] = {f->x, f->xn, f->q, f->k, f->v, f->att, f->tmp, f->gate, f->up, f->xl, f->logits, f->freq,
-                    f->ids, f->pos, f->slots, f->tables};
+    void *bufs[] = {f->x,      f->xn,     f->q,      f->k,     f->v,      f->att,    f->tmp,
+                    f->gate,   f->up,     f->xl,     f->logits, f->freq,   f->ids,    f->pos,
+                    f->slots,  f->tables, f->picked, f->dseqs,  f->dsample};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -192,14 +201,199 @@ static td_status_t matmuls(eng_forward_t *f, const kern_weight_t *const *w, floa
     return rc;
 }
 
-td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
-                            uint32_t *n_logits)
+/* One layer, op by op (every backend; the tap sees each intermediate). */
+static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
+{
+    const eng_model_desc_t *d = &f->m->desc;
+    kern_backend_t *be = f->be;
+    const kern_backend_ops_t *o = be->ops;
+    const eng_layer_weights_t *L = &f->w.layers[l];
+    kern_kv_view_t kv = eng_kv_view(f->pool, l);
+    uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim, hid = d->hidden;
+    td_status_t rc;
+    TRY(o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps));
+    tap(f, "attn_norm", (int)l, f->xn, n, hid);
+    const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *qkv_out[3] = {f->q, f->k, f->v};
+    TRY(matmuls(f, qkv, qkv_out, 3, f->xn, n));
+    if (L->bq) {
+        TRY(add_bias(be, f->q, L->bq, n, H * hd));
+        TRY(add_bias(be, f->k, L->bk, n, KV * hd));
+        TRY(add_bias(be, f->v, L->bv, n, KV * hd));
+    }
+    tap(f, "Qcur", (int)l, f->q, n, H * hd);
+    tap(f, "Kcur", (int)l, f->k, n, KV * hd);
+    tap(f, "Vcur", (int)l, f->v, n, KV * hd);
+    TRY(o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style));
+    TRY(o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style));
+    tap(f, "Qrope", (int)l, f->q, n, H * hd);
+    tap(f, "Krope", (int)l, f->k, n, KV * hd);
+    TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
+    if (f->layer_fn) {
+        TRY(o->sync(be)); /* the layer's KV is in the pool now */
+        f->layer_fn(f->layer_ctx, l);
+    }
+    TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, f->dseqs, n_seqs, 1.0f / sqrtf((float)hd)));
+    tap(f, "kqv_out", (int)l, f->att, n, H * hd);
+    TRY(o->matmul(be, &L->wo, f->att, f->tmp, n));
+    tap(f, "attn_out", (int)l, f->tmp, n, hid);
+    TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
+    tap(f, "ffn_inp", (int)l, f->x, n, hid);
+    TRY(o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps));
+    tap(f, "ffn_norm", (int)l, f->xn, n, hid);
+    const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
+    float *gu_out[2] = {f->gate, f->up};
+    TRY(matmuls(f, gu, gu_out, 2, f->xn, n));
+    tap(f, "ffn_gate", (int)l, f->gate, n, d->ffn);
+    tap(f, "ffn_up", (int)l, f->up, n, d->ffn);
+    TRY(o->swiglu(be, f->gate, f->up, f->gate, (size_t)n * d->ffn));
+    tap(f, "ffn_swiglu", (int)l, f->gate, n, d->ffn);
+    TRY(o->matmul(be, &L->w_down, f->gate, f->tmp, n));
+    tap(f, "ffn_out", (int)l, f->tmp, n, hid);
+    TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
+    tap(f, "l_out", (int)l, f->x, n, hid);
+    return TD_OK;
+}
+
+/* One layer through the fused matmul: the norms ride in the Q/K/V and
+ * gate/up matmuls, SwiGLU in gate/up's, the residual adds in the output and
+ * down projections' (6 passes over the activations fewer). */
+static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
+{
+    const eng_model_desc_t *d = &f->m->desc;
+    kern_backend_t *be = f->be;
+    const kern_backend_ops_t *o = be->ops;
+    const eng_layer_weights_t *L = &f->w.layers[l];
+    kern_kv_view_t kv = eng_kv_view(f->pool, l);
+    uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim;
+    td_status_t rc;
+    const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *qkv_out[3] = {f->q, f->k, f->v};
+    TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = qkv, .y = qkv_out, .k = 3, .x = f->x, .n = n,
+                                                  .norm = L->attn_norm, .eps = d->norm_eps}));
+    if (L->bq) {
+        TRY(add_bias(be, f->q, L->bq, n, H * hd));
+        TRY(add_bias(be, f->k, L->bk, n, KV * hd));
+        TRY(add_bias(be, f->v, L->bv, n, KV * hd));
+    }
+    TRY(o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style));
+    TRY(o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style));
+    TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
+    if (f->layer_fn) {
+        TRY(o->sync(be));
+        f->layer_fn(f->layer_ctx, l);
+    }
+    TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, f->dseqs, n_seqs, 1.0f / sqrtf((float)hd)));
+    const kern_weight_t *wo = &L->wo, *wd = &L->w_down;
+    TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wo, .y = &f->x, .k = 1, .x = f->att, .n = n,
+                                                  .accumulate = true}));
+    const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
+    float *gu_out[2] = {f->gate, f->up};
+    TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = gu, .y = gu_out, .k = 2, .x = f->x, .n = n,
+                                                  .norm = L->ffn_norm, .eps = d->norm_eps, .glu = true}));
+    TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wd, .y = &f->x, .k = 1, .x = f->gate, .n = n,
+                                                  .accumulate = true}));
+    return TD_OK;
+}
+
+/* Everything a step queues after its uploads: embedding, layers, the
+ * logit rows (and, with sampling, the picks). rows_direct: every sequence
+ * is one token wanting logits, so x's rows are the logit rows as they are. */
+static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, uint32_t n, uint32_t nl,
+                        bool rows_direct, bool sampled)
+{
+    const eng_model_desc_t *d = &f->m->desc;
+    kern_backend_t *be = f->be;
+    const kern_backend_ops_t *o = be->ops;
+    uint32_t hid = d->hidden;
+    bool fused = (o->supported & KERN_OP_MATMUL_FUSED) && !f->tap_fn;
+    td_status_t rc;
+    TRY(o->embed(be, &f->w.tok_embd, f->ids, n, f->x));
+    tap(f, "embd", -1, f->x, n, hid);
+    for (uint32_t l = 0; l < d->n_layers; l++)
+        TRY(fused ? layer_fused(f, l, n, n_seqs) : layer_ops(f, l, n, n_seqs));
+    if (!nl)
+        return TD_OK;
+    /* the last row of each sequence that wants logits */
+    const float *rows = f->x;
+    if (!rows_direct) {
+        uint32_t k = 0;
+        for (uint32_t s = 0; s < n_seqs; s++) {
+            if (seqs[s].all_logits) {
+                TRY(o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)f->aseqs[s].row0 * hid,
+                            (size_t)seqs[s].n * hid * 4));
+                k += seqs[s].n;
+            } else if (seqs[s].want_logits) {
+                uint32_t row = f->aseqs[s].row0 + seqs[s].n - 1;
+                TRY(o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)row * hid, hid * 4));
+                k++;
+            }
+        }
+        rows = f->xl;
+    }
+    if (fused) {
+        const kern_weight_t *w = &f->w.output;
+        TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &w, .y = &f->logits, .k = 1, .x = rows, .n = nl,
+                                                      .norm = f->w.out_norm, .eps = d->norm_eps}));
+    } else {
+        TRY(o->rmsnorm(be, rows, f->w.out_norm, f->xl, nl, hid, d->norm_eps));
+        tap(f, "result_norm", -1, f->xl, nl, hid);
+        TRY(o->matmul(be, &f->w.output, f->xl, f->logits, nl));
+    }
+    if (sampled)
+        TRY(o->sample(be, f->logits, nl, d->vocab, f->dsample, f->picked));
+    return TD_OK;
+}
+
+/* The step through a captured graph when it can be: decode steps (one token
+ * a sequence) of up to FWD_GRAPH_MAX sequences, with no hook or tap. A key's
+ * first step runs as is (sizing every scratch buffer), its second is
+ * captured, later ones replay; a capture that fails leaves that key uncaptured. */
+static td_status_t pass_graph(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, uint32_t n,
+                              uint32_t nl, bool rows_direct, bool sampled)
+{
+    const kern_backend_ops_t *o = f->be->ops;
+    if (!(o->supported & KERN_OP_GRAPH) || !rows_direct || n > FWD_GRAPH_MAX || f->layer_fn || f->tap_fn)
+        return pass(f, seqs, n_seqs, n, nl, rows_direct, sampled);
+    /* the backend holds one graph per key: this forward's address names its
+     * own (a later forward at the same address starts uncaptured and
+     * replaces the key before it replays it) */
+    uint8_t *st = &f->graph_state[2 * n + sampled];
+    uint64_t key = (uint64_t)(uintptr_t)f * 1024 + 2 * n + sampled;
+    if (*st == 2) {
+        td_status_t rc = o->replay(f->be, key);
+        if (rc != TD_ERR_NOT_FOUND)
+            return rc;
+        *st = 1; /* dropped (scratch moved): capture again */
+    }
+    if (*st != 1) {
+        if (*st == 0)
+            *st = 1;
+        return pass(f, seqs, n_seqs, n, nl, rows_direct, sampled);
+    }
+    td_status_t rc = o->capture_begin(f->be);
+    if (rc)
+        return rc;
+    td_status_t prc = pass(f, seqs, n_seqs, n, nl, rows_direct, sampled);
+    rc = o->capture_end(f->be, key, !prc);
+    if (prc || rc) {
+        td_log(TD_LOG_WARN, "forward: decode steps of %u sequences run uncaptured: %s", n, td_last_error());
+        *st = 3;
+        return pass(f, seqs, n_seqs, n, nl, rows_direct, sampled);
+    }
+    *st = 2;
+    return o->replay(f->be, key);
+}
+
+static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *sample,
+                       const float **logits, int32_t *picked, uint32_t *n_logits)
 {
     const eng_model_desc_t *d = &f->m->desc;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     uint32_t n = 0, nl = 0, bt = eng_kv_layout(f->pool)->block_tokens;
     size_t nt = 0;
+    bool rows_direct = true;
     /* lay the batch out: token rows, positions, KV slots, block tables */
     for (uint32_t s = 0; s < n_seqs; s++) {
         const eng_batch_seq_t *q = &seqs[s];
@@ -225,6 +419,7 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
             f->h_pos[n + i] = (int32_t)p;
             f->h_slots[n + i] = q->block_table[p / bt] * (int32_t)bt + (int32_t)(p % bt);
         }
+        rows_direct = rows_direct && q->n == 1 && q->want_logits && !q->all_logits;
         n += q->n;
         nt += q->n_blocks;
         nl += q->all_logits ? q->n : q->want_logits;
@@ -240,78 +435,35 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     TRY(o->upload(be, f->pos, f->h_pos, n * 4));
     TRY(o->upload(be, f->slots, f->h_slots, n * 4));
     TRY(o->upload(be, f->tables, f->h_tables, nt * 4));
-    uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim, hid = d->hidden;
-    TRY(o->embed(be, &f->w.tok_embd, f->ids, n, f->x));
-    tap(f, "embd", -1, f->x, n, hid);
-    float scale = 1.0f / sqrtf((float)hd);
-    for (uint32_t l = 0; l < d->n_layers; l++) {
-        const eng_layer_weights_t *L = &f->w.layers[l];
-        kern_kv_view_t kv = eng_kv_view(f->pool, l);
-        TRY(o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps));
-        tap(f, "attn_norm", (int)l, f->xn, n, hid);
-        const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
-        float *qkv_out[3] = {f->q, f->k, f->v};
-        TRY(matmuls(f, qkv, qkv_out, 3, f->xn, n));
-        if (L->bq) {
-            TRY(add_bias(be, f->q, L->bq, n, H * hd));
-            TRY(add_bias(be, f->k, L->bk, n, KV * hd));
-            TRY(add_bias(be, f->v, L->bv, n, KV * hd));
-        }
-        tap(f, "Qcur", (int)l, f->q, n, H * hd);
-        tap(f, "Kcur", (int)l, f->k, n, KV * hd);
-        tap(f, "Vcur", (int)l, f->v, n, KV * hd);
-        TRY(o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style));
-        TRY(o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style));
-        tap(f, "Qrope", (int)l, f->q, n, H * hd);
-        tap(f, "Krope", (int)l, f->k, n, KV * hd);
-        TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
-        if (f->layer_fn) {
-            TRY(o->sync(be)); /* the layer's KV is in the pool now */
-            f->layer_fn(f->layer_ctx, l);
-        }
-        TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, n_seqs, scale));
-        tap(f, "kqv_out", (int)l, f->att, n, H * hd);
-        TRY(o->matmul(be, &L->wo, f->att, f->tmp, n));
-        tap(f, "attn_out", (int)l, f->tmp, n, hid);
-        TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
-        tap(f, "ffn_inp", (int)l, f->x, n, hid);
-        TRY(o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps));
-        tap(f, "ffn_norm", (int)l, f->xn, n, hid);
-        const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
-        float *gu_out[2] = {f->gate, f->up};
-        TRY(matmuls(f, gu, gu_out, 2, f->xn, n));
-        tap(f, "ffn_gate", (int)l, f->gate, n, d->ffn);
-        tap(f, "ffn_up", (int)l, f->up, n, d->ffn);
-        TRY(o->swiglu(be, f->gate, f->up, f->gate, (size_t)n * d->ffn));
-        tap(f, "ffn_swiglu", (int)l, f->gate, n, d->ffn);
-        TRY(o->matmul(be, &L->w_down, f->gate, f->tmp, n));
-        tap(f, "ffn_out", (int)l, f->tmp, n, hid);
-        TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
-        tap(f, "l_out", (int)l, f->x, n, hid);
-    }
-    /* the last row of each sequence that wants logits */
-    uint32_t k = 0;
-    for (uint32_t s = 0; s < n_seqs; s++) {
-        if (seqs[s].all_logits) {
-            TRY(o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)f->aseqs[s].row0 * hid,
-                        (size_t)seqs[s].n * hid * 4));
-            k += seqs[s].n;
-        } else if (seqs[s].want_logits) {
-            uint32_t row = f->aseqs[s].row0 + seqs[s].n - 1;
-            TRY(o->copy(be, f->xl + (size_t)k * hid, f->x + (size_t)row * hid, hid * 4));
-            k++;
-        }
-    }
-    if (nl) {
-        TRY(o->rmsnorm(be, f->xl, f->w.out_norm, f->xl, nl, hid, d->norm_eps));
-        tap(f, "result_norm", -1, f->xl, nl, hid);
-        TRY(o->matmul(be, &f->w.output, f->xl, f->logits, nl));
+    TRY(o->upload(be, f->dseqs, f->aseqs, n_seqs * sizeof *f->aseqs));
+    if (sample && nl)
+        TRY(o->upload(be, f->dsample, sample, nl * sizeof *sample));
+    TRY(pass_graph(f, seqs, n_seqs, n, nl, rows_direct, sample != NULL));
+    if (nl && sample)
+        TRY(o->download(be, picked, f->picked, (size_t)nl * 4));
+    else if (nl)
         TRY(o->download(be, f->h_logits, f->logits, (size_t)nl * d->vocab * 4));
-    }
     TRY(o->sync(be));
-    *logits = f->h_logits;
+    if (logits)
+        *logits = f->h_logits;
     *n_logits = nl;
     return TD_OK;
+}
+
+td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                            uint32_t *n_logits)
+{
+    return run(f, seqs, n_seqs, NULL, logits, NULL, n_logits);
+}
+
+bool eng_forward_can_sample(const eng_forward_t *f) { return f->be->ops->supported & KERN_OP_SAMPLE; }
+
+td_status_t eng_forward_run_sampled(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs,
+                                    const kern_sample_t *p, int32_t *ids, uint32_t *n_ids)
+{
+    if (!eng_forward_can_sample(f))
+        return td_error(TD_ERR_UNSUPPORTED, "forward: backend %s does not sample", f->be->ops->name);
+    return run(f, seqs, n_seqs, p, NULL, ids, n_ids);
 }
 
 void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t layer), void *ctx)

@@ -45,6 +45,14 @@ void eng_forward_destroy(eng_forward_t *f);
 td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                             uint32_t *n_logits);
 
+/* Whether the backend picks tokens itself (KERN_OP_SAMPLE). */
+bool eng_forward_can_sample(const eng_forward_t *f);
+/* Runs the batch and picks each logit row's token on the backend with p[i]
+ * (host memory, one per row, in eng_forward_run's order): ids[i], n_ids of
+ * them. Only the ids cross back. */
+td_status_t eng_forward_run_sampled(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs,
+                                    const kern_sample_t *p, int32_t *ids, uint32_t *n_ids);
+
 /* fn(ctx, layer) runs after each layer's new KV is stored in the pool, while
  * the rest of the pass is still to come (the prefill worker streams it). */
 void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t layer), void *ctx);

@@ -198,3 +198,16 @@ int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t 
     }
     return s->idx[keep - 1];
 }
+
+bool eng_sampler_on_device(const eng_sampler_t *s)
+{
+    const eng_sampling_t *p = &s->p;
+    return !p->n_logit_bias && p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0;
+}
+
+kern_sample_t eng_sampler_device(eng_sampler_t *s)
+{
+    const eng_sampling_t *p = &s->p;
+    return (kern_sample_t){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
+                           .u = p->temperature == 0 ? 0.0f : (float)td_rng_unit(&s->rng)};
+}

@@ -14,6 +14,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 
 typedef struct eng_logit_bias {
     int32_t token;
@@ -53,5 +54,12 @@ void eng_sampler_skip(eng_sampler_t *s, uint32_t n);
 /* Picks a token from logits (not modified); history is the sequence so far
  * (prompt and generated) for the penalties. */
 int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t *history, size_t n_history);
+
+/* Whether a backend can pick this sampler's tokens (kernels/backend.h's
+ * sample): no logit bias and no penalties. */
+bool eng_sampler_on_device(const eng_sampler_t *s);
+/* The backend's parameters for the next token, its draw made here (one
+ * unless greedy, as eng_sampler_sample draws). */
+kern_sample_t eng_sampler_device(eng_sampler_t *s);
 
 #endif

@@ -7,8 +7,8 @@
 
 td_status_t kern_backend_check(const kern_backend_t *b, uint32_t need)
 {
-    static const char *const names[] = {"matmul", "matmul_multi", "rmsnorm", "rope", "swiglu",
-                                        "add",    "embed",        "kv_store", "attention"};
+    static const char *const names[] = {"matmul", "matmul_multi", "rmsnorm",   "rope",         "swiglu", "add",
+                                        "embed",  "kv_store",     "attention", "matmul_fused", "sample", "graph"};
     uint32_t missing = need & ~b->ops->supported;
     if (!missing)
         return TD_OK;

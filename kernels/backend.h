@@ -14,10 +14,12 @@
  * the caller fails the batch it was running and may start the next. The
  * caller checks every op's status and sync's.
  *
- * Capabilities: every entry of the table is set; an op a backend does not
- * have returns TD_ERR_UNSUPPORTED, and `supported` has a bit (KERN_OP_*) for
- * each op it does have, so that a caller refuses a backend up front
- * (kern_backend_check) instead of at its first step.
+ * Capabilities: every entry of the table up to attention is set; an op a
+ * backend does not have returns TD_ERR_UNSUPPORTED, and `supported` has a bit
+ * (KERN_OP_*) for each op it does have, so that a caller refuses a backend up
+ * front (kern_backend_check) instead of at its first step. The optional ops
+ * after attention (KERN_OPS_OPTIONAL: the fused matmul, sampling, captured
+ * steps) are set only where their bit is; a caller checks the bit first.
  *
  * Shapes (row-major, the last dimension contiguous):
  *   activations  x[n][dim] fp32
@@ -93,11 +95,41 @@ typedef enum kern_op {
     KERN_OP_EMBED = 1u << 6,
     KERN_OP_KV_STORE = 1u << 7,
     KERN_OP_ATTENTION = 1u << 8,
+    KERN_OP_MATMUL_FUSED = 1u << 9,
+    KERN_OP_SAMPLE = 1u << 10,
+    KERN_OP_GRAPH = 1u << 11,
 } kern_op_t;
 #define KERN_OPS_ALL 0x1ffu
+#define KERN_OPS_OPTIONAL (KERN_OP_MATMUL_FUSED | KERN_OP_SAMPLE | KERN_OP_GRAPH)
 /* What the engine's forward pass calls (matmul_multi is optional: the forward
  * pass falls back to one matmul per weight). */
 #define KERN_OPS_FORWARD (KERN_OPS_ALL & ~(uint32_t)KERN_OP_MATMUL_MULTI)
+
+/* One matmul with what surrounds it in a layer fused in (matmul_fused):
+ * y_i = norm(x) · W_iᵀ for k (<= 4) weights of one type and width, where
+ * norm(x) is x's RMSNorm with weight `norm` (eps) when norm is set, else x;
+ * with glu (k == 2, equal rows) y[0] = silu(x·W0ᵀ) * (x·W1ᵀ) and y[1] is
+ * scratch; with accumulate each y_i += instead of =. */
+typedef struct kern_matmul_spec {
+    const kern_weight_t *const *w;
+    float *const *y;
+    uint32_t k;
+    const float *x;
+    uint32_t n;
+    const float *norm;
+    float eps;
+    bool glu, accumulate;
+} kern_matmul_spec_t;
+
+/* How to pick one row's token (sample): greedy when temperature is 0, else
+ * a draw over softmax(logits / temperature) kept to the top_k largest (0:
+ * all), the smallest set of those whose mass reaches top_p (1: off) and those
+ * at least min_p times the largest's probability (0: off) — eng_sampler's
+ * order — at the point u in [0, 1) of the kept mass (the caller's draw). */
+typedef struct kern_sample {
+    float temperature, top_p, min_p, u;
+    int32_t top_k;
+} kern_sample_t;
 
 typedef struct kern_backend_ops {
     const char *name;
@@ -152,9 +184,31 @@ typedef struct kern_backend_ops {
      * (slot = block * block_tokens + offset) */
     td_status_t (*kv_store)(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                             const int32_t *slots, uint32_t n);
-    /* out[rows][n_heads][head_dim] = softmax(q kᵀ · scale, causal) v, per sequence */
+    /* out[rows][n_heads][head_dim] = softmax(q kᵀ · scale, causal) v, per
+     * sequence. seqs is host memory (the plan); dev_seqs, when not NULL, is
+     * the same array in backend memory, from which a device backend reads
+     * each sequence's position, rows and table while the kernels run, so that
+     * a captured step replays with the current ones. */
     td_status_t (*attention)(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
-                             uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale);
+                             uint32_t n_heads, const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs,
+                             uint32_t n_seqs, float scale);
+
+    /* ---- optional (KERN_OPS_OPTIONAL): set only where the bit is ---- */
+    /* the matmul of kern_matmul_spec_t */
+    td_status_t (*matmul_fused)(kern_backend_t *b, const kern_matmul_spec_t *s);
+    /* ids[i] = the token kern_sample_t p[i] picks from logits row i of
+     * [n][vocab]; p and ids in backend memory */
+    td_status_t (*sample)(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
+                          int32_t *ids);
+    /* Captured steps: capture_begin records the ops queued after it instead
+     * of running them; capture_end(key, keep) ends the recording and, with
+     * keep, holds it under key (replacing one there); replay(key) queues it,
+     * reading every buffer's contents as they are then. replay answers
+     * TD_ERR_NOT_FOUND when nothing is held under key (never made, or dropped
+     * because memory it used moved). */
+    td_status_t (*capture_begin)(kern_backend_t *b);
+    td_status_t (*capture_end)(kern_backend_t *b, uint64_t key, bool keep);
+    td_status_t (*replay)(kern_backend_t *b, uint64_t key);
 } kern_backend_ops_t;
 
 /* Every backend struct begins with its ops table. */

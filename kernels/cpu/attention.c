@@ -124,8 +124,10 @@ static void attn_ref_task(void *ctx, int task, int n_tasks)
 #endif
 
 td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
-                               uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
+                               uint32_t n_heads, const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs,
+                               uint32_t n_seqs, float scale)
 {
+    (void)dev_seqs; /* host memory: seqs is the one copy */
     kern_cpu_t *c = (kern_cpu_t *)b;
     uint32_t rows = 0;
     for (uint32_t i = 0; i < n_seqs; i++)

@@ -46,6 +46,7 @@ td_status_t kern_cpu_embed(kern_backend_t *b, const kern_weight_t *table, const 
 td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                               const int32_t *slots, uint32_t n);
 td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
-                               uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale);
+                               uint32_t n_heads, const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs,
+                               uint32_t n_seqs, float scale);
 
 #endif

@@ -38,6 +38,7 @@
 typedef struct att_seq {
     const int32_t *table;
     uint32_t row0, n, pos0, tile0; // tile0: the first of its tiles in this launch
+    uint32_t idx;                  // its index in the caller's array
 } att_seq_t;
 
 typedef struct att_args {
@@ -51,7 +52,20 @@ typedef struct att_args {
     float *out;
     float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)
     uint32_t splits; // decode: slices per sequence
+    const kern_attn_seq_t *dseq; // decode: the sequences in device memory (read there), or NULL
 } att_args_t;
+
+// Decode: the launch's i-th sequence, from device memory when the caller gave
+// it there (a captured step replays with the positions of the moment).
+__device__ __forceinline__ att_seq_t dec_seq(const att_args_t &a, uint32_t i)
+{
+    att_seq_t S = a.seq[i];
+    if (a.dseq) {
+        const kern_attn_seq_t d = a.dseq[S.idx];
+        S.table = d.block_table, S.row0 = d.row0, S.n = d.n, S.pos0 = d.pos0;
+    }
+    return S;
+}
 
 static size_t att_smem(uint32_t hd) { return ((size_t)16 * hd + ATT_KT * (hd + 1) + ATT_KT * hd) * sizeof(float); }
 
@@ -195,7 +209,7 @@ template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(
 {
     extern __shared__ float dsm[];
     const uint32_t hd = a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
-    const att_seq_t S = a.seq[blockIdx.x];
+    const att_seq_t S = dec_seq(a, blockIdx.x);
     const uint32_t kvh = blockIdx.y, split = blockIdx.z, h0 = kvh * G;
     float *sq = dsm;                    // [G][hd] queries
     float *part = sq + DEC_MAXG * hd;   // [4 warps][G][hd + 2]: each warp's state
@@ -318,7 +332,7 @@ template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(
 __global__ void k_attention_merge(const att_args_t a)
 {
     const uint32_t hd = a.hd, stride = hd + 2, head = blockIdx.y;
-    const att_seq_t S = a.seq[blockIdx.x];
+    const att_seq_t S = dec_seq(a, blockIdx.x);
     const float *w = a.ws + ((size_t)blockIdx.x * a.n_heads + head) * a.splits * stride;
     float M = -INFINITY;
     for (uint32_t s = 0; s < a.splits; s++)
@@ -509,7 +523,8 @@ td_status_t kc_attention_init(void)
 }
 
 td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
-                         const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
+                         const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
+                         float scale)
 {
     kc_bind(b);
     const td_kv_layout_t *g = kv->layout;
@@ -531,6 +546,7 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
     a.scale = scale;
     a.q = q;
     a.out = out;
+    a.dseq = dev_seqs;
     cudaStream_t st = ((kern_cuda_t *)b)->stream;
     size_t smem = att_smem(g->head_dim);
     // prompt rows (16 or more) over fp16 KV with a head_dim the tensor-core
@@ -552,7 +568,7 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                 int cls = q->n == 1 && dec_ok ? 2 : q->n >= 16 && mma_ok ? 1 : 0;
                 if (!q->n || cls != pass)
                     continue;
-                a.seq[a.n_seqs++] = (att_seq_t){q->block_table, q->row0, q->n, q->pos0, tiles};
+                a.seq[a.n_seqs++] = (att_seq_t){q->block_table, q->row0, q->n, q->pos0, tiles, s};
                 tiles += (q->n + per_tile - 1) / per_tile;
                 max_ctx = max_ctx > q->pos0 + 1 ? max_ctx : q->pos0 + 1;
             }
@@ -567,9 +583,12 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                     k_attention_mma<128><<<grid, 128, 0, st>>>(a);
                 rc = kc_launched("attention_mma");
             } else if (pass == 2) {
-                // enough slices for two blocks per SM, none shorter than 256 positions
+                // enough slices for two blocks per SM, none shorter than 256
+                // positions; read from device memory, the positions may move
+                // on, so the slices do not depend on them (empty ones cost a
+                // block that does nothing)
                 uint32_t blocks = a.n_seqs * a.n_kv, want = (2 * (uint32_t)c->sms + blocks - 1) / blocks;
-                uint32_t most = (max_ctx + 255) / 256;
+                uint32_t most = dev_seqs ? want : (max_ctx + 255) / 256;
                 a.splits = want < 1 ? 1 : want > most ? (most ? most : 1) : want;
                 a.ws = NULL;
                 if (a.splits > 1) {

@@ -161,9 +161,72 @@ static void cu_weight_release(kern_backend_t *b, kern_weight_t *w)
 
 static void *cu_queue(kern_backend_t *b) { return ((kern_cuda_t *)b)->stream; }
 
+// ---- captured steps: a CUDA graph per key, replayed with one launch ----
+
+void kc_graphs_drop(kern_cuda_t *c)
+{
+    for (uint32_t i = 0; i < c->n_graphs; i++)
+        cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = c->next_graph = 0;
+}
+
+static td_status_t cu_capture_begin(kern_backend_t *b)
+{
+    kc_bind(b);
+    CU(cudaStreamBeginCapture(((kern_cuda_t *)b)->stream, cudaStreamCaptureModeThreadLocal));
+    return TD_OK;
+}
+
+static td_status_t cu_capture_end(kern_backend_t *b, uint64_t key, bool keep)
+{
+    kc_bind(b);
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    cudaGetLastError(); // a capture that failed leaves its error; it is reported here, not at the next op
+    if (e != cudaSuccess || !keep) {
+        if (g)
+            cudaGraphDestroy(g);
+        return e == cudaSuccess ? TD_OK
+                                : td_error(TD_ERR_INTERNAL, "cuda: capturing a step failed: %s", cudaGetErrorString(e));
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_INTERNAL, "cuda: instantiating a captured step failed: %s", cudaGetErrorString(e));
+    uint32_t i = 0;
+    while (i < c->n_graphs && c->graphs[i].key != key)
+        i++;
+    if (i == c->n_graphs && c->n_graphs < KC_GRAPHS) {
+        c->n_graphs++;
+    } else {
+        if (i == c->n_graphs) { // full: the oldest goes
+            i = c->next_graph;
+            c->next_graph = (c->next_graph + 1) % KC_GRAPHS;
+        }
+        cudaGraphExecDestroy(c->graphs[i].exec);
+    }
+    c->graphs[i].key = key;
+    c->graphs[i].exec = x;
+    return TD_OK;
+}
+
+static td_status_t cu_replay(kern_backend_t *b, uint64_t key)
+{
+    kc_bind(b);
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    for (uint32_t i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key) {
+            CU(cudaGraphLaunch(c->graphs[i].exec, c->stream));
+            return TD_OK;
+        }
+    return td_error(TD_ERR_NOT_FOUND, "cuda: no captured step under key %llu", (unsigned long long)key);
+}
+
 static const kern_backend_ops_t kern_cuda_ops = {
     .name = "cuda",
-    .supported = KERN_OPS_ALL,
+    .supported = KERN_OPS_ALL | KERN_OPS_OPTIONAL,
     .destroy = kern_cuda_backend_destroy,
     .alloc = cu_alloc,
     .free = cu_free,
@@ -184,6 +247,11 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .embed = kc_embed,
     .kv_store = kc_kv_store,
     .attention = kc_attention,
+    .matmul_fused = kc_matmul_fused,
+    .sample = kc_sample,
+    .capture_begin = cu_capture_begin,
+    .capture_end = cu_capture_end,
+    .replay = cu_replay,
 };
 
 // cuBLAS, once per process: the library CUDA 13 installs, by soname.
@@ -199,9 +267,10 @@ static void load_blas(void)
     g_blas.create = (cublasStatus_t(*)(cublasHandle_t *))dlsym(h, "cublasCreate_v2");
     g_blas.destroy = (cublasStatus_t(*)(cublasHandle_t))dlsym(h, "cublasDestroy_v2");
     g_blas.set_stream = (cublasStatus_t(*)(cublasHandle_t, cudaStream_t))dlsym(h, "cublasSetStream_v2");
+    g_blas.set_workspace = (cublasStatus_t(*)(cublasHandle_t, void *, size_t))dlsym(h, "cublasSetWorkspace_v2");
     *(void **)&g_blas.gemm_ex = dlsym(h, "cublasGemmEx");
-    if (!g_blas.create || !g_blas.destroy || !g_blas.set_stream || !g_blas.gemm_ex)
-        g_blas_error = "libcublas.so.13 lacks cublasCreate_v2, cublasSetStream_v2 or cublasGemmEx";
+    if (!g_blas.create || !g_blas.destroy || !g_blas.set_stream || !g_blas.set_workspace || !g_blas.gemm_ex)
+        g_blas_error = "libcublas.so.13 lacks cublasCreate_v2, cublasSetStream_v2, cublasSetWorkspace_v2 or cublasGemmEx";
 }
 
 extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out)
@@ -231,10 +300,16 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     }
     cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device);
     td_status_t rc = kc_attention_init();
+    if (!rc && (e = cudaMalloc(&c->blas_ws, KC_BLAS_WS)) != cudaSuccess)
+        rc = td_error(TD_ERR_NO_MEMORY, "cuda: no device memory for cuBLAS's workspace: %s", cudaGetErrorString(e));
     if (!rc && (g_blas.create(&c->blas) != CUBLAS_STATUS_SUCCESS ||
-                g_blas.set_stream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS))
+                g_blas.set_stream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+                g_blas.set_workspace(c->blas, c->blas_ws, KC_BLAS_WS) != CUBLAS_STATUS_SUCCESS))
         rc = td_error(TD_ERR_INTERNAL, "cuda: cublasCreate failed on device %d", device);
     if (rc) {
+        if (c->blas)
+            g_blas.destroy(c->blas);
+        cudaFree(c->blas_ws);
         cudaStreamDestroy(c->stream);
         free(c);
         return rc;
@@ -249,6 +324,8 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     if (!c)
         return;
     cudaStreamSynchronize(c->stream);
+    kc_graphs_drop(c);
+    cudaFree(c->blas_ws);
     cudaFree(c->xh.p);
     cudaFree(c->ws.p);
     cudaFree(c->dg.p);

@@ -131,6 +131,182 @@ static void check_matmul(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type
     free(wdata), free(x), free(yc), free(yg);
 }
 
+/* The fused matmul against the CPU backend's separate ops: Q/K/V-like
+ * (3 weights, norm), gate/up (norm, glu) and a projection with the residual
+ * add (accumulate), at n rows (the GEMV for 8 or fewer, cuBLAS above). */
+static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t cols, uint32_t n)
+{
+    const uint32_t rows[3] = {2 * cols, cols / 2 + 8, cols / 2 + 8};
+    uint8_t *wd[3];
+    kern_weight_t wc[3], wg[3];
+    for (int i = 0; i < 3; i++) {
+        wd[i] = random_weight(KERN_TYPE_F16, rows[i], cols);
+        wc[i] = wg[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL};
+        if (cpu->ops->weight_prepare(cpu, &wc[i]) || gpu->ops->weight_prepare(gpu, &wg[i]))
+            exit(1);
+    }
+    size_t nx = (size_t)n * cols, ny = (size_t)n * rows[0];
+    float *x = malloc(nx * 4), *g = malloc(cols * 4), *xn = malloc(nx * 4), *yc[3], *yh = malloc(ny * 4), *dy[3];
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frand() * 2;
+    for (uint32_t i = 0; i < cols; i++)
+        g[i] = frand();
+    float *dx = put(gpu, x, nx * 4), *dg = put(gpu, g, cols * 4);
+    for (int i = 0; i < 3; i++) {
+        yc[i] = malloc(ny * 4);
+        gpu->ops->alloc(gpu, ny * 4, (void **)&dy[i]);
+    }
+    char what[96];
+    /* 1. three weights over norm(x) */
+    cpu->ops->rmsnorm(cpu, x, g, xn, n, cols, 1e-5f);
+    for (int i = 0; i < 3; i++)
+        cpu->ops->matmul(cpu, &wc[i], xn, yc[i], n);
+    const kern_weight_t *w3[3] = {&wg[0], &wg[1], &wg[2]};
+    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w3, .y = dy, .k = 3, .x = dx, .n = n, .norm = dg,
+                                                          .eps = 1e-5f}))
+        exit(1);
+    double e = 0;
+    for (int i = 0; i < 3; i++) {
+        get(gpu, yh, dy[i], (size_t)n * rows[i] * 4);
+        double ei = rel_err(yh, yc[i], (size_t)n * rows[i]);
+        e = ei > e ? ei : e;
+    }
+    snprintf(what, sizeof what, "matmul_fused norm, 3 weights, %u x %u, %u rows", rows[0], cols, n);
+    report(what, e, 2e-3);
+    /* 2. gate/up with glu over norm(x) */
+    cpu->ops->swiglu(cpu, yc[1], yc[2], yc[1], (size_t)n * rows[1]);
+    const kern_weight_t *w2[2] = {&wg[1], &wg[2]};
+    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w2, .y = dy + 1, .k = 2, .x = dx, .n = n, .norm = dg,
+                                                          .eps = 1e-5f, .glu = true}))
+        exit(1);
+    get(gpu, yh, dy[1], (size_t)n * rows[1] * 4);
+    snprintf(what, sizeof what, "matmul_fused norm + glu, %u x %u, %u rows", rows[1], cols, n);
+    report(what, rel_err(yh, yc[1], (size_t)n * rows[1]), 2e-3);
+    /* 3. a square projection added onto a residual: y = r + x·W0[:cols]ᵀ */
+    kern_weight_t sq_c = {KERN_TYPE_F16, cols, cols, wd[0], NULL}, sq_g = sq_c;
+    if (cpu->ops->weight_prepare(cpu, &sq_c) || gpu->ops->weight_prepare(gpu, &sq_g))
+        exit(1);
+    float *r = malloc(nx * 4);
+    for (size_t i = 0; i < nx; i++)
+        r[i] = frand();
+    cpu->ops->matmul(cpu, &sq_c, x, yc[0], n);
+    cpu->ops->add(cpu, yc[0], r, nx);
+    gpu->ops->upload(gpu, dy[0], r, nx * 4);
+    const kern_weight_t *w1 = &sq_g;
+    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = &w1, .y = dy, .k = 1, .x = dx, .n = n,
+                                                          .accumulate = true}))
+        exit(1);
+    get(gpu, yh, dy[0], nx * 4);
+    snprintf(what, sizeof what, "matmul_fused accumulate, %u x %u, %u rows", cols, cols, n);
+    report(what, rel_err(yh, yc[0], nx), 2e-3);
+    gpu->ops->weight_release(gpu, &sq_g), cpu->ops->weight_release(cpu, &sq_c);
+    for (int i = 0; i < 3; i++) {
+        gpu->ops->weight_release(gpu, &wg[i]), cpu->ops->weight_release(cpu, &wc[i]);
+        gpu->ops->free(gpu, dy[i]);
+        free(wd[i]), free(yc[i]);
+    }
+    gpu->ops->free(gpu, dx), gpu->ops->free(gpu, dg);
+    free(x), free(g), free(xn), free(yh), free(r);
+}
+
+/* Sampling on the GPU against the host's reckoning of the same rule: greedy
+ * is the first largest logit (a planted tie); for each setting, the kept set
+ * (top-k, top-p, min-p over softmax(logits / T), found on the host by
+ * sorting) walked in vocabulary order, each kept token asked for at the
+ * middle of its share of u: the GPU must answer exactly that token. */
+static int cmp_desc_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void check_sample(kern_backend_t *gpu)
+{
+    enum { V = 49152, MAXR = 64 };
+    float *lg = malloc((size_t)V * 4), *rows = malloc((size_t)MAXR * V * 4), *sorted = malloc((size_t)V * 4);
+    for (uint32_t i = 0; i < V; i++)
+        lg[i] = frand() * 4 + (i % 97 == 0 ? 6 : 0); /* a head of likely tokens */
+    float *dl, mx = -INFINITY;
+    kern_sample_t *dp, p[MAXR];
+    int32_t *dids, ids[MAXR], want[MAXR];
+    gpu->ops->alloc(gpu, (size_t)MAXR * V * 4, (void **)&dl);
+    gpu->ops->alloc(gpu, sizeof p, (void **)&dp);
+    gpu->ops->alloc(gpu, sizeof ids, (void **)&dids);
+    uint32_t best = 0;
+    for (uint32_t i = 0; i < V; i++)
+        if (lg[i] > lg[best])
+            best = i;
+    mx = lg[best];
+    lg[V - 5] = mx; /* a tie after the first largest: greedy keeps the first */
+    const kern_sample_t set[] = {{0.7f, 1, 0, 0, 40}, {1.0f, 0.9f, 0, 0, 0},   {0.8f, 1, 0.2f, 0, 0},
+                                 {1.2f, 0.95f, 0.05f, 0, 200}, {1.0f, 1, 0, 0, 1}};
+    int bad = 0, asked = 0;
+    /* greedy: one row */
+    gpu->ops->upload(gpu, dl, lg, (size_t)V * 4);
+    p[0] = (kern_sample_t){0};
+    gpu->ops->upload(gpu, dp, p, sizeof p[0]);
+    if (gpu->ops->sample(gpu, dl, 1, V, dp, dids))
+        exit(1);
+    get(gpu, ids, dids, 4);
+    bad += ids[0] != (int32_t)best, asked++;
+    for (size_t k = 0; k < sizeof set / sizeof *set; k++) {
+        const kern_sample_t *q = &set[k];
+        /* the threshold from the sorted logits, as eng_sampler cuts them */
+        memcpy(sorted, lg, (size_t)V * 4);
+        qsort(sorted, V, 4, cmp_desc_f);
+        uint32_t limit = q->top_k > 0 && q->top_k < V ? (uint32_t)q->top_k : V, keep = limit;
+        double z = 0, acc = 0;
+        for (uint32_t i = 0; i < limit; i++)
+            z += exp((sorted[i] - mx) / q->temperature);
+        for (uint32_t i = 0; i < limit; i++) {
+            double e = exp((sorted[i] - mx) / q->temperature);
+            if (q->min_p > 0 && e < q->min_p) {
+                keep = i;
+                break;
+            }
+            acc += e;
+            if (q->top_p < 1 && acc >= q->top_p * z) {
+                keep = i + 1;
+                break;
+            }
+        }
+        float t = sorted[keep - 1];
+        double total = 0;
+        for (uint32_t i = 0; i < V; i++)
+            if (lg[i] >= t)
+                total += exp((lg[i] - mx) / q->temperature);
+        /* up to MAXR kept tokens, each at the middle of its share */
+        uint32_t nr = 0, seen = 0, stride = keep / MAXR + 1;
+        double before = 0;
+        for (uint32_t i = 0; i < V && nr < MAXR; i++) {
+            if (lg[i] < t)
+                continue;
+            double e = exp((lg[i] - mx) / q->temperature);
+            if (seen++ % stride == 0) {
+                p[nr] = *q;
+                p[nr].u = (float)((before + e / 2) / total);
+                want[nr] = (int32_t)i;
+                memcpy(rows + (size_t)nr * V, lg, (size_t)V * 4);
+                nr++;
+            }
+            before += e;
+        }
+        gpu->ops->upload(gpu, dl, rows, (size_t)nr * V * 4);
+        gpu->ops->upload(gpu, dp, p, nr * sizeof *p);
+        if (gpu->ops->sample(gpu, dl, nr, V, dp, dids))
+            exit(1);
+        get(gpu, ids, dids, nr * 4);
+        for (uint32_t i = 0; i < nr; i++)
+            bad += ids[i] != want[i];
+        asked += (int)nr;
+    }
+    printf("%-44s %d of %d picks differ from the host's %s\n", "sample (greedy, top-k/top-p/min-p, 49152)", bad, asked,
+           bad ? "FAIL" : "ok");
+    failures += bad != 0;
+    gpu->ops->free(gpu, dl), gpu->ops->free(gpu, dp), gpu->ops->free(gpu, dids);
+    free(lg), free(rows), free(sorted);
+}
+
 static void check_elementwise(kern_backend_t *cpu, kern_backend_t *gpu)
 {
     enum { N = 7, DIM = 576, H = 9, HD = 64 };
@@ -268,8 +444,8 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
     float *dq = put(gpu, q, nq * 4), *dout;
     gpu->ops->alloc(gpu, nq * 4, (void **)&dout);
     float scale = 1.0f / sqrtf((float)hd);
-    if (cpu->ops->attention(cpu, &vc, q, oc, nh, sc, NS, scale) ||
-        gpu->ops->attention(gpu, &vg, dq, dout, nh, sg, NS, scale))
+    if (cpu->ops->attention(cpu, &vc, q, oc, nh, sc, NULL, NS, scale) ||
+        gpu->ops->attention(gpu, &vg, dq, dout, nh, sg, NULL, NS, scale))
         exit(1);
     get(gpu, og, dout, nq * 4);
     char what[128];
@@ -355,6 +531,84 @@ static void check_model(kern_backend_t *cpu, kern_backend_t *gpu, const char *pa
     eng_model_close(m);
 }
 
+/* Decode steps through captured graphs: three sequences, a prompt step,
+ * then 8 decode steps (the first of a batch size runs as is, the second is
+ * captured, the rest replay): their logits must equal, bit for bit, the same
+ * steps run without graphs, and match the CPU backend's; the GPU's greedy
+ * picks (sample, inside the graph) must be the argmax of those logits. */
+static void graph_steps(const eng_model_t *m, kern_backend_t *be, const int32_t *ids, bool sampled, float *logits,
+                        int32_t *picks)
+{
+    enum { S = 3, P = 9, STEPS = 8 };
+    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16,
+                                         TD_KV_F16);
+    eng_kv_pool_t *pool;
+    eng_forward_t *f;
+    if (eng_kv_pool_create(be, &g, 3 * S, NULL, &pool) || eng_forward_create(m, be, pool, 64, S, &f)) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    int32_t table[S][2] = {{4, 1}, {0, 7}, {5, 2}};
+    eng_batch_seq_t b[S];
+    kern_sample_t greedy[S] = {{0}};
+    for (uint32_t step = 0; step <= STEPS; step++) {
+        for (int q = 0; q < S; q++) {
+            uint32_t at = step ? P + step - 1 : 0;
+            b[q] = (eng_batch_seq_t){.tokens = ids + q * 32 + at, .n = step ? 1 : P, .pos0 = at,
+                                     .block_table = table[q], .n_blocks = 2, .want_logits = true};
+        }
+        const float *lg;
+        uint32_t nl;
+        td_status_t rc = sampled && step ? eng_forward_run_sampled(f, b, S, greedy, picks + (step - 1) * S, &nl)
+                                         : eng_forward_run(f, b, S, &lg, &nl);
+        if (rc) {
+            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+            exit(1);
+        }
+        if (step && !sampled)
+            memcpy(logits + (size_t)(step - 1) * S * m->desc.vocab, lg, (size_t)S * m->desc.vocab * 4);
+    }
+    eng_forward_destroy(f);
+    eng_kv_pool_destroy(pool);
+}
+
+static void check_graph(kern_backend_t *cpu, kern_backend_t *gpu, const char *path)
+{
+    enum { S = 3, STEPS = 8 };
+    eng_model_t *m;
+    if (eng_model_open(path, &m)) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    size_t V = m->desc.vocab, nlog = (size_t)STEPS * S * V;
+    int32_t ids[S * 32], picks[STEPS * S];
+    for (int i = 0; i < S * 32; i++)
+        ids[i] = (int32_t)(((frand() + 1) / 2) * (V - 1));
+    float *lg = malloc(nlog * 4), *le = malloc(nlog * 4), *lc = malloc(nlog * 4);
+    graph_steps(m, gpu, ids, false, lg, NULL);
+    const kern_backend_ops_t *ops = gpu->ops; /* the same backend with its graphs turned off */
+    kern_backend_ops_t eager = *ops;
+    eager.supported &= ~(uint32_t)KERN_OP_GRAPH;
+    gpu->ops = &eager;
+    graph_steps(m, gpu, ids, false, le, NULL);
+    gpu->ops = ops;
+    graph_steps(m, gpu, ids, true, NULL, picks);
+    graph_steps(m, cpu, ids, false, lc, NULL);
+    int same = !memcmp(lg, le, nlog * 4), argmax_ok = 0;
+    for (int r = 0; r < STEPS * S; r++)
+        argmax_ok += picks[r] == (int32_t)argmax(le + (size_t)r * V, (uint32_t)V);
+    printf("graphs %s: 8 decode steps of 3 sequences replayed %s the uncaptured steps; greedy on the GPU = argmax at "
+           "%d of %d %s\n",
+           m->desc.name, same ? "bit-identical to" : "DIFFERENT from", argmax_ok, STEPS * S,
+           same && argmax_ok == STEPS * S ? "ok" : "FAIL");
+    failures += !same || argmax_ok != STEPS * S;
+    char what[160];
+    snprintf(what, sizeof what, "graphs %s: decode logits vs cpu", m->desc.name);
+    report(what, rel_err(lg, lc, nlog), 3e-2);
+    free(lg), free(le), free(lc);
+    eng_model_close(m);
+}
+
 /* A Hugging Face directory against the logits transformers computed for it
  * (tests/fixtures/hf/make_logits_hf.py: ids, first_row, logits[rows][vocab]). */
 static void check_hf(kern_backend_t *gpu, const char *dir, const char *json_path)
@@ -428,12 +682,12 @@ static void time_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint3
     gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4, (void **)&out);
     cudaMemset(q, 0, (size_t)rows * nh * hd * 4);
     cudaMemset(kv.base, 0, (size_t)nb * td_kv_block_bytes(&g));
-    gpu->ops->attention(gpu, &kv, q, out, nh, seqs, ns, 0.1f);
+    gpu->ops->attention(gpu, &kv, q, out, nh, seqs, NULL, ns, 0.1f);
     gpu->ops->sync(gpu);
     int reps = 10;
     double t0 = now_s();
     for (int i = 0; i < reps; i++)
-        gpu->ops->attention(gpu, &kv, q, out, nh, seqs, ns, 0.1f);
+        gpu->ops->attention(gpu, &kv, q, out, nh, seqs, NULL, ns, 0.1f);
     gpu->ops->sync(gpu);
     double dt = (now_s() - t0) / reps;
     /* causal: row i of a sequence sees pos0 + i + 1 positions; 4 FLOPs per (row, head, position, dim) */
@@ -501,8 +755,8 @@ static td_status_t t_kv(kern_backend_t *b, const kern_kv_view_t *kv, const float
                         uint32_t n)
 { (void)b; double t = t_begin(); return t_end(OP_KV, t, IN->ops->kv_store(IN, kv, k, v, sl, n)); }
 static td_status_t t_attn(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *o, uint32_t h,
-                          const kern_attn_seq_t *s, uint32_t ns, float sc)
-{ (void)b; double t = t_begin(); return t_end(OP_ATTN, t, IN->ops->attention(IN, kv, q, o, h, s, ns, sc)); }
+                          const kern_attn_seq_t *s, const kern_attn_seq_t *ds, uint32_t ns, float sc)
+{ (void)b; double t = t_begin(); return t_end(OP_ATTN, t, IN->ops->attention(IN, kv, q, o, h, s, ds, ns, sc)); }
 static void *t_queue(kern_backend_t *b) { (void)b; return IN->ops->queue(IN); }
 static td_status_t t_digest(kern_backend_t *b, const void *base, size_t bb, const int32_t *bl, uint32_t n, uint64_t *o)
 { (void)b; return IN->ops->kv_digest(IN, base, bb, bl, n, o); }
@@ -611,6 +865,39 @@ static void timings(kern_backend_t *gpu)
     }
     gpu->ops->weight_release(gpu, &wg);
     free(w);
+    /* the decode matmul: cuBLAS (matmul) against the fused op's GEMV at a few
+     * rows, on square and Llama-2-7B shapes (Q/K/V together, down) */
+    const uint32_t gv[][2] = {{8192, 8192}, {12288, 4096}, {4096, 11008}};
+    for (size_t s = 0; s < sizeof gv / sizeof *gv; s++) {
+        uint8_t *wd = random_weight(KERN_TYPE_F16, gv[s][0], gv[s][1]);
+        kern_weight_t wt = {KERN_TYPE_F16, gv[s][0], gv[s][1], wd, NULL};
+        gpu->ops->weight_prepare(gpu, &wt);
+        for (uint32_t n = 1; n <= 8; n *= 2) {
+            float *dx, *dy;
+            gpu->ops->alloc(gpu, (size_t)n * wt.cols * 4, (void **)&dx);
+            gpu->ops->alloc(gpu, (size_t)n * wt.rows * 4, (void **)&dy);
+            cudaMemset(dx, 0, (size_t)n * wt.cols * 4);
+            const kern_weight_t *wp = &wt;
+            kern_matmul_spec_t spec = {.w = &wp, .y = &dy, .k = 1, .x = dx, .n = n};
+            double ms[2];
+            for (int v = 0; v < 2; v++) {
+                for (int i = 0; i < 3; i++)
+                    v ? gpu->ops->matmul_fused(gpu, &spec) : gpu->ops->matmul(gpu, &wt, dx, dy, n);
+                gpu->ops->sync(gpu);
+                double t0 = now_s();
+                for (int i = 0; i < 100; i++)
+                    v ? gpu->ops->matmul_fused(gpu, &spec) : gpu->ops->matmul(gpu, &wt, dx, dy, n);
+                gpu->ops->sync(gpu);
+                ms[v] = (now_s() - t0) / 100 * 1e3;
+            }
+            double bytes = 2.0 * wt.rows * wt.cols;
+            printf("timing decode matmul %ux%u, %u rows: cuBLAS %.3f ms = %.0f GB/s, fused GEMV %.3f ms = %.0f GB/s\n",
+                   wt.rows, wt.cols, n, ms[0], bytes / ms[0] / 1e6, ms[1], bytes / ms[1] / 1e6);
+            gpu->ops->free(gpu, dx), gpu->ops->free(gpu, dy);
+        }
+        gpu->ops->weight_release(gpu, &wt);
+        free(wd);
+    }
     time_attention(gpu, 32, 32, 128, 1, 4096, 0);    /* a 4k prompt, Llama-2-7B's heads */
     time_attention(gpu, 32, 32, 128, 1, 1024, 0);
     time_attention(gpu, 32, 32, 128, 256, 1, 1023); /* decode: 256 sequences at 1k context */
@@ -723,11 +1010,21 @@ int main(int argc, char **argv)
                 check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], dt ? TD_KV_F32 : TD_KV_F16);
         check_decode(crafted);
         check_kv_digest(gpu);
+        const uint32_t fused_rows[] = {1, 5, 8, 64}; /* the GEMV (8 or fewer) and cuBLAS */
+        for (size_t i = 0; i < sizeof fused_rows / sizeof *fused_rows; i++)
+            check_matmul_fused(cpu, gpu, 576, fused_rows[i]);
+        check_matmul_fused(cpu, gpu, 4096, 1);
+        check_sample(gpu);
     }
-    for (int i = 0; i < nm; i++)
+    for (int i = 0; i < nm; i++) {
         check_model(cpu, gpu, models[i]);
-    for (int i = 0; i < nh; i++)
+        check_graph(cpu, gpu, models[i]);
+    }
+    for (int i = 0; i < nh; i++) {
         check_hf(gpu, hf[i][0], hf[i][1]);
+        if (ops)
+            check_graph(cpu, gpu, hf[i][0]);
+    }
     if (timed)
         timings(gpu);
     for (int i = 0; i < nt; i++)

@@ -18,6 +18,7 @@ typedef struct kc_blas_api {
     cublasStatus_t (*create)(cublasHandle_t *);
     cublasStatus_t (*destroy)(cublasHandle_t);
     cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*set_workspace)(cublasHandle_t, void *, size_t);
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                               const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
                               cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
@@ -29,6 +30,9 @@ typedef struct kc_scratch {
     size_t cap; // bytes
 } kc_scratch_t;
 
+#define KC_GRAPHS 64
+#define KC_BLAS_WS ((size_t)32 << 20)
+
 typedef struct kern_cuda {
     kern_backend_t base;
     int device;
@@ -39,6 +43,13 @@ typedef struct kern_cuda {
     kc_scratch_t xh; // fp16 activations for the GEMMs
     kc_scratch_t ws; // attention's slices
     kc_scratch_t dg; // kv_digest's block list and results
+    // captured steps (backend_cuda.cu), newest replacing the oldest when full
+    struct {
+        uint64_t key;
+        cudaGraphExec_t exec;
+    } graphs[KC_GRAPHS];
+    uint32_t n_graphs, next_graph;
+    void *blas_ws; // cuBLAS's workspace, set once (a captured GEMM may not allocate)
 } kern_cuda_t;
 
 // A CUDA runtime call that must succeed; else its error, naming the call.
@@ -75,6 +86,8 @@ td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes);
 // y[i] = (half)x[i] on the backend's stream
 td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n);
 
+// y[n][rows] (+)= xh · Wᵀ: x already fp16 in c->xh; accumulate: beta 1
+td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n, bool accumulate);
 td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);
 td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
                             const float *x, uint32_t n);
@@ -88,7 +101,12 @@ td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_
 td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                         const int32_t *slots, uint32_t n);
 td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
-                         const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale);
+                         const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs, float scale);
+td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s);
+td_status_t kc_sample(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
+                      int32_t *ids);
+// Drops every captured step (memory one of them uses is about to move).
+void kc_graphs_drop(kern_cuda_t *c);
 td_status_t kc_kv_digest(kern_backend_t *b, const void *base, size_t block_bytes, const int32_t *blocks, uint32_t n,
                          uint64_t *out);
 // Sets the shared-memory limits the kernels need (once, at creation).

@@ -22,7 +22,13 @@ td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes)
 {
     if (bytes <= sc->cap)
         return TD_OK;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(c->stream, &cs);
+    if (cs != cudaStreamCaptureStatusNone) // a recording cannot wait; the step runs uncaptured first
+        return td_error(TD_ERR_UNSUPPORTED, "cuda: scratch must grow to %zu bytes while a step is captured", bytes);
     CU(cudaStreamSynchronize(c->stream)); // the old scratch may still be read
+    if (sc != &c->dg)
+        kc_graphs_drop(c); // and captured steps hold its address
     cudaFree(sc->p);
     sc->p = NULL;
     sc->cap = 0;
@@ -31,16 +37,15 @@ td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes)
     return TD_OK;
 }
 
-// x (already fp16 in c->xh) times one weight
-static td_status_t gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n)
+td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n, bool accumulate)
 {
     // cuBLAS is column-major: row-major y[n][rows] is Y (rows x n, ld rows);
     // row-major W[rows][cols] is A (cols x rows, ld cols) and x[n][cols] is
     // B (cols x n, ld cols); so Y = Aᵀ · B.
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasStatus_t s = c->blas_api->gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n, (int)w->cols,
                                             &one, w->priv, CUDA_R_16F, (int)w->cols, c->xh.p, CUDA_R_16F, (int)w->cols,
-                                            &zero, y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
+                                            &beta, y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         return td_error(TD_ERR_INTERNAL, "cuda: cublasGemmEx (%u x %u x %u) failed: status %d", w->rows, n, w->cols,
@@ -56,7 +61,7 @@ td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x,
     td_status_t rc;
     if ((rc = kc_scratch(c, &c->xh, nx * sizeof(__half))) || (rc = kc_to_half(c, x, (__half *)c->xh.p, nx)))
         return rc;
-    return gemm(c, w, y, n);
+    return kc_gemm(c, w, y, n, false);
 }
 
 // Several weights of one width over the same x: x is converted once.
@@ -72,6 +77,6 @@ td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, fl
     for (uint32_t i = 0; i < k && !rc; i++)
         rc = w[i]->cols != w[0]->cols
                  ? td_error(TD_ERR_INVALID_ARG, "cuda: matmul_multi: widths %u and %u differ", w[0]->cols, w[i]->cols)
-                 : gemm(c, w[i], y[i], n);
+                 : kc_gemm(c, w[i], y[i], n, false);
     return rc;
 }

@@ -771,11 +771,12 @@ static const kern_backend_ops_t *real_ops;
 static bool flaky_armed;
 
 static td_status_t flaky_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out,
-                                   uint32_t n_heads, const kern_attn_seq_t *seqs, uint32_t n_seqs, float scale)
+                                   uint32_t n_heads, const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs,
+                                   uint32_t n_seqs, float scale)
 {
     if (flaky_armed)
         return td_error(TD_ERR_INTERNAL, "attention failed on purpose");
-    return real_ops->attention(b, kv, q, out, n_heads, seqs, n_seqs, scale);
+    return real_ops->attention(b, kv, q, out, n_heads, seqs, dev_seqs, n_seqs, scale);
 }
 
 typedef struct failures {

@@ -192,7 +192,7 @@ Test(kernels, paged_attention_against_naive)
         /* two sequences in one call: rows 0..4 are a prefill of positions 6..10
          * of the same history (as after a cached prefix), rows 5..10 a fresh one */
         kern_attn_seq_t seqs[2] = {{0, 5, 6, table, 3, UINT32_MAX}, {5, 6, 0, table, 2, UINT32_MAX}};
-        be->ops->attention(be, &view, q, out, H, seqs, 2, 0.25f);
+        be->ops->attention(be, &view, q, out, H, seqs, NULL, 2, 0.25f);
         double worst = 0;
         for (int row = 0; row < N; row++) {
             int pos = row < 5 ? 6 + row : row - 5;

@@ -1,0 +1,251 @@
+// matmul_fused.cu — the fused matmul (kernels/backend.h's kern_matmul_spec_t):
+// the RMSNorm before a layer's matmuls, the SwiGLU after gate/up and the
+// residual add after the output and down projections, folded into the
+// matmul so that none of them is a pass of its own.
+//
+// One row (a batch-1 decode step) takes k_gemv, which is bound by
+// reading the weights once: a warp takes GV_R weight rows, each lane streams
+// 16 bytes of each (8 halves) GV_U times before it uses them, so that enough
+// bytes are in flight to keep HBM busy; x (fp32, a few KB a row) is read
+// through L1 where every warp of the SM finds it. The norm's scale of each x
+// row is computed by every block (the row is in L2), multiplied in after the
+// dot product, and the norm's weight is multiplied into x as it is read. With
+// glu a warp takes the same row of W0 and W1 and writes silu(a) * b.
+//
+// More rows take cuBLAS (matmul.cu's gemm): the norm is fused into the
+// conversion of x to fp16, the add into the GEMM (beta = 1), SwiGLU runs after.
+#include "kernels/cuda/cuda_int.h"
+
+// Rows of x k_gemv takes. Measured on an H100 (bench/results/gpu-2026-11-25b):
+// at one row it reads the weights as fast as cuBLAS (2.2-2.5 TB/s); at 2-8 rows
+// it falls behind (x's reads through L1 grow with the rows), so cuBLAS takes them.
+#define GV_MAXN 1
+#define GV_R 2     // weight rows per warp
+#define GV_U 4     // 16-byte loads in flight per lane per weight row
+#define GV_WARPS 8 // warps per block
+#define GV_MAXK 4
+
+typedef struct gv_args {
+    const __half *w[GV_MAXK];
+    float *y[GV_MAXK];
+    uint32_t end[GV_MAXK]; // the rows of weights 0 .. i together
+    uint32_t k, cols, n, units;
+    const float *x, *norm;
+    float eps;
+    int glu, acc;
+} gv_args_t;
+
+__device__ __forceinline__ float gv_dot8(uint4 w, const float4 a, const float4 b)
+{
+    const __half2 *h = (const __half2 *)&w;
+    float2 f0 = __half22float2(h[0]), f1 = __half22float2(h[1]), f2 = __half22float2(h[2]), f3 = __half22float2(h[3]);
+    return f0.x * a.x + f0.y * a.y + f1.x * a.z + f1.y * a.w + f2.x * b.x + f2.y * b.y + f3.x * b.z + f3.y * b.w;
+}
+
+__device__ __forceinline__ uint4 gv_load(const __half *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const gv_args_t a)
+{
+    __shared__ float scale[N];
+    __shared__ float part[GV_WARPS][N];
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols;
+    if (a.norm) { // each x row's 1 / rms
+        float ss[N];
+#pragma unroll
+        for (int r = 0; r < N; r++) {
+            ss[r] = 0;
+            for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) {
+                float v = a.x[(size_t)r * cols + c];
+                ss[r] += v * v;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+            if (lane == 0)
+                part[warp][r] = ss[r];
+        }
+        __syncthreads();
+        if (threadIdx.x < N) {
+            float t = 0;
+            for (int w = 0; w < GV_WARPS; w++)
+                t += part[w][threadIdx.x];
+            scale[threadIdx.x] = rsqrtf(t / cols + a.eps);
+        }
+        __syncthreads();
+    }
+    const uint32_t unit = blockIdx.x * GV_WARPS + warp; // GV_R rows of the weights' row space (glu: one row of each)
+    if (unit >= a.units)
+        return;
+    const __half *wr[GV_R];
+    float *yr[GV_R];
+    uint32_t yrows[GV_R];
+    bool live[GV_R];
+#pragma unroll
+    for (int r = 0; r < GV_R; r++) {
+        uint32_t g = a.glu ? unit : unit * GV_R + r, i = a.glu ? (uint32_t)r : 0, lo = 0;
+        if (!a.glu)
+            while (i + 1 < a.k && g >= a.end[i])
+                lo = a.end[i++];
+        live[r] = a.glu || g < a.end[a.k - 1];
+        uint32_t row = live[r] ? g - lo : 0;
+        uint32_t rows = a.end[i] - lo;
+        wr[r] = a.w[i] + (size_t)row * cols;
+        yr[r] = a.y[a.glu ? 0 : i] + row;
+        yrows[r] = rows;
+    }
+    float acc[GV_R][N];
+#pragma unroll
+    for (int r = 0; r < GV_R; r++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            acc[r][j] = 0;
+    const uint32_t step = 32 * 8 * GV_U;
+    for (uint32_t c0 = lane * 8; c0 < cols; c0 += step) {
+        uint4 wv[GV_R][GV_U];
+#pragma unroll
+        for (int u = 0; u < GV_U; u++) {
+            const uint32_t c = c0 + u * 256;
+#pragma unroll
+            for (int r = 0; r < GV_R; r++)
+                wv[r][u] = c < cols && live[r] ? gv_load(wr[r] + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GV_U; u++) {
+            const uint32_t c = c0 + u * 256;
+            if (c >= cols)
+                break;
+            float4 g0 = make_float4(1, 1, 1, 1), g1 = g0;
+            if (a.norm) {
+                g0 = __ldg((const float4 *)(a.norm + c));
+                g1 = __ldg((const float4 *)(a.norm + c + 4));
+            }
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                const float *xp = a.x + (size_t)j * cols + c;
+                float4 x0 = __ldg((const float4 *)xp), x1 = __ldg((const float4 *)(xp + 4));
+                x0.x *= g0.x, x0.y *= g0.y, x0.z *= g0.z, x0.w *= g0.w;
+                x1.x *= g1.x, x1.y *= g1.y, x1.z *= g1.z, x1.w *= g1.w;
+#pragma unroll
+                for (int r = 0; r < GV_R; r++)
+                    acc[r][j] += gv_dot8(wv[r][u], x0, x1);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GV_R; r++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+    if (lane >= N)
+        return;
+    // lane j writes row j of x's results (a register array indexed by a
+    // compile-time j only: the select below keeps it in registers)
+    float v[GV_R];
+#pragma unroll
+    for (int r = 0; r < GV_R; r++) {
+        v[r] = acc[r][0];
+#pragma unroll
+        for (int j = 1; j < N; j++)
+            if ((int)lane == j)
+                v[r] = acc[r][j];
+        if (a.norm)
+            v[r] *= scale[lane];
+    }
+    if (a.glu) {
+        float *o = yr[0] + (size_t)lane * yrows[0];
+        *o = v[0] / (1.0f + expf(-v[0])) * v[1];
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < GV_R; r++) {
+        if (!live[r])
+            continue;
+        float *o = yr[r] + (size_t)lane * yrows[r];
+        *o = a.acc ? *o + v[r] : v[r];
+    }
+}
+
+// x's rows RMS-normed (weight g) and rounded to fp16: one block per row.
+__global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t dim, float eps)
+{
+    __shared__ float part[256];
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float s = 0;
+    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
+        s += xr[i] * xr[i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned k = blockDim.x / 2; k > 0; k /= 2) {
+        if (threadIdx.x < k)
+            part[threadIdx.x] += part[threadIdx.x + k];
+        __syncthreads();
+    }
+    const float scale = rsqrtf(part[0] / dim + eps);
+    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
+        y[(size_t)blockIdx.x * dim + i] = __float2half_rn(xr[i] * scale * g[i]);
+}
+
+static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
+{
+    gv_args_t a = {};
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < s->k; i++) {
+        a.w[i] = (const __half *)s->w[i]->priv;
+        a.y[i] = s->y[i];
+        a.end[i] = total += s->w[i]->rows;
+    }
+    a.k = s->k;
+    a.cols = s->w[0]->cols;
+    a.n = s->n;
+    a.x = s->x;
+    a.norm = s->norm;
+    a.eps = s->eps;
+    a.glu = s->glu;
+    a.acc = s->accumulate;
+    a.units = s->glu ? s->w[0]->rows : (total + GV_R - 1) / GV_R;
+    const unsigned blocks = kc_blocks(a.units, GV_WARPS);
+    k_gemv<GV_MAXN><<<blocks, GV_WARPS * 32, 0, c->stream>>>(a);
+    return kc_launched("gemv");
+}
+
+td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
+{
+    kc_bind(b);
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    if (!s->k || s->k > GV_MAXK || (s->glu && (s->k != 2 || s->w[0]->rows != s->w[1]->rows || s->accumulate)))
+        return td_error(TD_ERR_INVALID_ARG, "cuda: matmul_fused: %u weights%s%s", s->k, s->glu ? " with glu" : "",
+                        s->glu && s->accumulate ? " and accumulate" : "");
+    for (uint32_t i = 1; i < s->k; i++)
+        if (s->w[i]->cols != s->w[0]->cols)
+            return td_error(TD_ERR_INVALID_ARG, "cuda: matmul_fused: widths %u and %u differ", s->w[0]->cols,
+                            s->w[i]->cols);
+    if (!s->n)
+        return TD_OK;
+    if (s->n <= GV_MAXN && s->w[0]->cols % 8 == 0)
+        return gemv(c, s);
+    const uint32_t cols = s->w[0]->cols;
+    const size_t nx = (size_t)s->n * cols;
+    td_status_t rc = kc_scratch(c, &c->xh, nx * sizeof(__half));
+    if (rc)
+        return rc;
+    if (s->norm) {
+        k_norm_half<<<s->n, 256, 0, c->stream>>>(s->x, s->norm, (__half *)c->xh.p, cols, s->eps);
+        rc = kc_launched("norm_half");
+    } else {
+        rc = kc_to_half(c, s->x, (__half *)c->xh.p, nx);
+    }
+    for (uint32_t i = 0; i < s->k && !rc; i++)
+        rc = kc_gemm(c, s->w[i], s->y[i], s->n, s->accumulate);
+    if (!rc && s->glu)
+        rc = kc_swiglu(b, s->y[0], s->y[1], s->y[0], (size_t)s->n * s->w[0]->rows);
+    return rc;
+}
