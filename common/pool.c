@@ -70,8 +70,9 @@ td_status_t td_pool_create(const char *name, int threads, size_t queue, td_pool_
     p->threads = th;
     for (; p->n_threads < threads; p->n_threads++)
         if (pthread_create(&th[p->n_threads], NULL, pool_thread, p) != 0) {
+            int started = p->n_threads;
             td_pool_destroy(p);
-            return td_error(TD_ERR_INTERNAL, "pool %s: cannot start thread %d", name, p->n_threads);
+            return td_error(TD_ERR_INTERNAL, "pool %s: cannot start thread %d", name, started);
         }
     *out = p;
     return TD_OK;
