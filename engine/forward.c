@@ -201,21 +201,17 @@ static td_status_t matmuls(eng_forward_t *f, const kern_weight_t *const *w, floa
     return rc;
 }
 
-/* One layer, op by op (every backend; the tap sees each intermediate). */
-static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
+/* A layer's attention from its Q, K and V: biases, RoPE, the new KV into
+ * the pool (then the layer hook), attention into att. */
+static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
 {
     const eng_model_desc_t *d = &f->m->desc;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     const eng_layer_weights_t *L = &f->w.layers[l];
     kern_kv_view_t kv = eng_kv_view(f->pool, l);
-    uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim, hid = d->hidden;
+    uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim;
     td_status_t rc;
-    TRY(o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps));
-    tap(f, "attn_norm", (int)l, f->xn, n, hid);
-    const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
-    float *qkv_out[3] = {f->q, f->k, f->v};
-    TRY(matmuls(f, qkv, qkv_out, 3, f->xn, n));
     if (L->bq) {
         TRY(add_bias(be, f->q, L->bq, n, H * hd));
         TRY(add_bias(be, f->k, L->bk, n, KV * hd));
@@ -235,6 +231,24 @@ static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t 
     }
     TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, f->dseqs, n_seqs, 1.0f / sqrtf((float)hd)));
     tap(f, "kqv_out", (int)l, f->att, n, H * hd);
+    return TD_OK;
+}
+
+/* One layer, op by op (every backend; the tap sees each intermediate). */
+static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
+{
+    const eng_model_desc_t *d = &f->m->desc;
+    kern_backend_t *be = f->be;
+    const kern_backend_ops_t *o = be->ops;
+    const eng_layer_weights_t *L = &f->w.layers[l];
+    uint32_t hid = d->hidden;
+    td_status_t rc;
+    TRY(o->rmsnorm(be, f->x, L->attn_norm, f->xn, n, hid, d->norm_eps));
+    tap(f, "attn_norm", (int)l, f->xn, n, hid);
+    const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *qkv_out[3] = {f->q, f->k, f->v};
+    TRY(matmuls(f, qkv, qkv_out, 3, f->xn, n));
+    TRY(attend(f, l, n, n_seqs));
     TRY(o->matmul(be, &L->wo, f->att, f->tmp, n));
     tap(f, "attn_out", (int)l, f->tmp, n, hid);
     TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
@@ -257,33 +271,19 @@ static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t 
 
 /* One layer through the fused matmul: the norms ride in the Q/K/V and
  * gate/up matmuls, SwiGLU in gate/up's, the residual adds in the output and
- * down projections' (6 passes over the activations fewer). */
+ * down projections' (kernels/backend.h's kern_matmul_spec_t). */
 static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
 {
     const eng_model_desc_t *d = &f->m->desc;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     const eng_layer_weights_t *L = &f->w.layers[l];
-    kern_kv_view_t kv = eng_kv_view(f->pool, l);
-    uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim;
     td_status_t rc;
     const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
     float *qkv_out[3] = {f->q, f->k, f->v};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = qkv, .y = qkv_out, .k = 3, .x = f->x, .n = n,
                                                   .norm = L->attn_norm, .eps = d->norm_eps}));
-    if (L->bq) {
-        TRY(add_bias(be, f->q, L->bq, n, H * hd));
-        TRY(add_bias(be, f->k, L->bk, n, KV * hd));
-        TRY(add_bias(be, f->v, L->bv, n, KV * hd));
-    }
-    TRY(o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style));
-    TRY(o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style));
-    TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
-    if (f->layer_fn) {
-        TRY(o->sync(be));
-        f->layer_fn(f->layer_ctx, l);
-    }
-    TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, f->dseqs, n_seqs, 1.0f / sqrtf((float)hd)));
+    TRY(attend(f, l, n, n_seqs));
     const kern_weight_t *wo = &L->wo, *wd = &L->w_down;
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wo, .y = &f->x, .k = 1, .x = f->att, .n = n,
                                                   .accumulate = true}));

@@ -78,6 +78,26 @@ static inline void kc_bind(kern_backend_t *b)
         cudaSetDevice(want);
 }
 
+#ifdef __CUDACC__
+// 1 / rms(xr[0..dim)) + eps's, by the whole block (up to 256 threads):
+// every thread gets it. For the kernels that normalize a row per block.
+__device__ __forceinline__ float kc_row_rms_scale(const float *xr, uint32_t dim, float eps)
+{
+    __shared__ float part[256];
+    float s = 0;
+    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
+        s += xr[i] * xr[i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned k = blockDim.x / 2; k > 0; k /= 2) {
+        if (threadIdx.x < k)
+            part[threadIdx.x] += part[threadIdx.x + k];
+        __syncthreads();
+    }
+    return rsqrtf(part[0] / dim + eps);
+}
+#endif
+
 static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // Grows sc to at least `bytes` (waiting for the stream first: the old

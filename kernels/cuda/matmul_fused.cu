@@ -177,19 +177,8 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
 // x's rows RMS-normed (weight g) and rounded to fp16: one block per row.
 __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t dim, float eps)
 {
-    __shared__ float part[256];
     const float *xr = x + (size_t)blockIdx.x * dim;
-    float s = 0;
-    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-        s += xr[i] * xr[i];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned k = blockDim.x / 2; k > 0; k /= 2) {
-        if (threadIdx.x < k)
-            part[threadIdx.x] += part[threadIdx.x + k];
-        __syncthreads();
-    }
-    const float scale = rsqrtf(part[0] / dim + eps);
+    const float scale = kc_row_rms_scale(xr, dim, eps);
     for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
         y[(size_t)blockIdx.x * dim + i] = __float2half_rn(xr[i] * scale * g[i]);
 }

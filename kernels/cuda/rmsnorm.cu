@@ -4,26 +4,14 @@
 
 __global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t dim, float eps)
 {
-    __shared__ float part[256];
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
-    float s = 0;
-    for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-        s += xr[i] * xr[i];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned k = blockDim.x / 2; k > 0; k /= 2) {
-        if (threadIdx.x < k)
-            part[threadIdx.x] += part[threadIdx.x + k];
-        __syncthreads();
-    }
-    float scale = rsqrtf(part[0] / dim + eps);
+    const float scale = kc_row_rms_scale(xr, dim, eps);
     for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
         yr[i] = xr[i] * scale * w[i];
 }
 
-td_status_t kc_rmsnorm(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim,
-                       float eps)
+td_status_t kc_rmsnorm(kern_backend_t *b, const float *x, const float *w, float *y, uint32_t n, uint32_t dim, float eps)
 {
     kc_bind(b);
     if (!n)
