@@ -32,7 +32,9 @@ struct eng_forward {
     /* backend buffers */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *xl, *logits, *freq;
     int32_t *ids, *pos, *slots, *tables, *picked;
-    kern_attn_seq_t *dseqs; /* aseqs in backend memory (attention reads positions there) */
+    /* aseqs in backend memory, where a device backend reads the positions
+     * (so that a captured step replays with new ones); NULL on the host */
+    kern_attn_seq_t *dseqs;
     kern_sample_t *dsample; /* each logit row's sampling (sample) */
     /* captured decode steps (KERN_OP_GRAPH), by graph_key: 0 not run yet, 1
      * run once uncaptured (scratch sized), 2 captured, 3 capture failed */
@@ -111,7 +113,7 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
         {&f->gate, T * d->ffn * 4}, {&f->up, T * d->ffn * 4}, {&f->xl, (size_t)max_logits * d->hidden * 4},
         {&f->logits, (size_t)max_logits * d->vocab * 4}, {&f->freq, (d->head_dim / 2 + 1) * 4}, {&f->ids, T * 4},
         {&f->pos, T * 4}, {&f->slots, T * 4}, {&f->tables, max_blocks * 4}, {&f->picked, (size_t)max_logits * 4},
-        {&f->dseqs, T * sizeof(kern_attn_seq_t)}, {&f->dsample, (size_t)max_logits * sizeof(kern_sample_t)},
+        {&f->dsample, (size_t)max_logits * sizeof(kern_sample_t)},
     };
     for (size_t i = 0; !rc && i < sizeof bufs / sizeof bufs[0]; i++)
         rc = balloc(f, bufs[i].bytes, bufs[i].slot);
@@ -125,6 +127,8 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
         if (!f->h_ids || !f->h_pos || !f->h_slots || !f->h_tables || !f->aseqs || !f->h_logits)
             rc = td_error(TD_ERR_NO_MEMORY, "forward: no memory for batches of %u tokens", max_tokens);
     }
+    if (!rc && be->ops->queue(be))
+        rc = balloc(f, T * sizeof(kern_attn_seq_t), &f->dseqs);
     if (!rc)
         rc = be->ops->upload(be, f->freq, hfreq, (d->head_dim / 2 + 1) * 4);
     if (rc) {
@@ -435,7 +439,8 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
     TRY(o->upload(be, f->pos, f->h_pos, n * 4));
     TRY(o->upload(be, f->slots, f->h_slots, n * 4));
     TRY(o->upload(be, f->tables, f->h_tables, nt * 4));
-    TRY(o->upload(be, f->dseqs, f->aseqs, n_seqs * sizeof *f->aseqs));
+    if (f->dseqs)
+        TRY(o->upload(be, f->dseqs, f->aseqs, n_seqs * sizeof *f->aseqs));
     if (sample && nl)
         TRY(o->upload(be, f->dsample, sample, nl * sizeof *sample));
     TRY(pass_graph(f, seqs, n_seqs, n, nl, rows_direct, sample != NULL));

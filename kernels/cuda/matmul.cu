@@ -64,19 +64,11 @@ td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x,
     return kc_gemm(c, w, y, n, false);
 }
 
-// Several weights of one width over the same x: x is converted once.
+// Several weights of one width over the same x: the fused matmul with
+// nothing fused in (matmul_fused.cu).
 td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
                             const float *x, uint32_t n)
 {
-    kc_bind(b);
-    kern_cuda_t *c = (kern_cuda_t *)b;
-    size_t nx = (size_t)n * w[0]->cols;
-    td_status_t rc;
-    if ((rc = kc_scratch(c, &c->xh, nx * sizeof(__half))) || (rc = kc_to_half(c, x, (__half *)c->xh.p, nx)))
-        return rc;
-    for (uint32_t i = 0; i < k && !rc; i++)
-        rc = w[i]->cols != w[0]->cols
-                 ? td_error(TD_ERR_INVALID_ARG, "cuda: matmul_multi: widths %u and %u differ", w[0]->cols, w[i]->cols)
-                 : kc_gemm(c, w[i], y[i], n, false);
-    return rc;
+    const kern_matmul_spec_t s = {.w = w, .y = y, .k = k, .x = x, .n = n};
+    return kc_matmul_fused(b, &s);
 }
