@@ -1946,6 +1946,8 @@ void td_rpc_unary_all(td_rpc_unary_call_t *calls, size_t n, double timeout_s)
         } else if ((c->rc = td_rpc_stream_result(st[i], 1.0, &c->res)) == TD_OK) { /* OK without a message */
             c->rc = TD_ERR_FORMAT;
             snprintf(c->res.message, sizeof c->res.message, "the reply had no message");
+        } else if (c->res.code == TD_RPC_DEADLINE_EXCEEDED) { /* the call's own deadline came before the wait's */
+            snprintf(c->res.message, sizeof c->res.message, "%s did not answer within %.1f s", c->method, timeout_s);
         } else if (c->rc == TD_ERR_TIMEOUT && !c->res.message[0]) {
             snprintf(c->res.message, sizeof c->res.message, "%s ended without its status", c->method);
         }
