@@ -865,12 +865,19 @@ static void server_post(td_rpc_server_t *s, int method)
     s->n_posted++;
     pthread_mutex_unlock(&s->mu);
     grpc_call_error e;
+    /* every read of p comes before the arming (its release is what the
+     * thread that completes and frees p acquires): arguments are evaluated
+     * in no set order, so none of them may read p */
+    grpc_completion_queue *cq = p->cq;
     if (method >= 0) {
-        e = grpc_server_request_registered_call(s->srv, s->methods[method].handle, &p->call, &p->deadline, &p->md,
-                                                &p->payload, p->cq, p->cq, op_arm(&p->op));
+        void *handle = s->methods[method].handle;
+        op_t *tag = op_arm(&p->op);
+        e = grpc_server_request_registered_call(s->srv, handle, &p->call, &p->deadline, &p->md, &p->payload, cq, cq,
+                                                tag);
     } else {
         grpc_call_details_init(&p->details);
-        e = grpc_server_request_call(s->srv, &p->call, &p->details, &p->md, p->cq, p->cq, op_arm(&p->op));
+        op_t *tag = op_arm(&p->op);
+        e = grpc_server_request_call(s->srv, &p->call, &p->details, &p->md, cq, cq, tag);
     }
     if (e != GRPC_CALL_OK) {
         TD_WARN("rpc: cannot post a request for %s: error %d", method >= 0 ? s->methods[method].name : "*", e);
