@@ -10,9 +10,13 @@
  * it; then it checks the bytes landed (the child compares a checksum). With
  * CUDA IPC it also checks the ordering a prefill worker relies on: the source
  * is rewritten by work queued on another stream, the put waits for a fence
- * recorded after it, and the new bytes are what lands.
- * Usage: tandem-bench-kvxfer [MiB] [chunk_bytes] [ucx|cuda_ipc]. Prints one JSON line. */
+ * recorded after it, and the new bytes are what lands. With UCX staged through
+ * host memory (ucx_staged: GPU memory on both sides) the target copies what
+ * landed into its device before each check, and the plain copy is a
+ * device-to-host copy into page-locked memory (the link each byte crosses twice).
+ * Usage: tandem-bench-kvxfer [MiB] [chunk_bytes] [ucx|cuda_ipc|ucx_staged]. Prints one JSON line. */
 #define _GNU_SOURCE
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,14 +108,15 @@ int main(int argc, char **argv)
         kv_xfer_mem_t *m;
         void *base, *addr, *rkey;
         size_t al, rl;
-        if (xo->create(NULL, &x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
+        kv_xfer_config_t tc = {.target = true};
+        if (xo->create(&tc, &x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
             xo->address(x, &addr, &al) || xo->progress_start(x)) {
             fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
             _exit(1);
         }
         if (!dev)
             memset(base, 0, bytes);
-        uint64_t b = (uint64_t)(uintptr_t)base;
+        uint64_t b = xo->remote_base ? xo->remote_base(x, m) : (uint64_t)(uintptr_t)base;
         xwrite(to_parent[1], &al, sizeof al);
         xwrite(to_parent[1], addr, al);
         xwrite(to_parent[1], &rl, sizeof rl);
@@ -120,6 +125,11 @@ int main(int argc, char **argv)
         uint64_t want;
         int bad = 0;
         while (!xread(to_child[0], &want, sizeof want)) {
+            uint64_t zero = 0;
+            if (xo->landed && xo->landed(x, m, &zero, 1, bytes)) {
+                fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
+                _exit(1);
+            }
             uint8_t *tmp, *h = host_view(dev, base, bytes, &tmp);
             uint64_t got = sum64(h, bytes);
             free(tmp);
@@ -190,17 +200,19 @@ int main(int argc, char **argv)
     else {
         cudaStream_t s;
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-        if (cudaMalloc((void **)&dst, bytes) != cudaSuccess)
+        bool host = xo->landed != NULL; /* staged: the bytes cross to host memory */
+        if ((host ? cudaHostAlloc((void **)&dst, bytes, 0) : cudaMalloc((void **)&dst, bytes)) != cudaSuccess)
             return 1;
         for (int rep = 0; rep < 5; rep++) {
             double t0 = td_now_s();
             for (size_t off = 0; off < bytes; off += chunk)
-                cudaMemcpyAsync(dst + off, (uint8_t *)src + off, chunk, cudaMemcpyDeviceToDevice, s);
+                cudaMemcpyAsync(dst + off, (uint8_t *)src + off, chunk,
+                                host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, s);
             cudaStreamSynchronize(s);
             double t = td_now_s() - t0;
             best_cpy = t < best_cpy ? t : best_cpy;
         }
-        cudaFree(dst);
+        host ? cudaFreeHost(dst) : cudaFree(dst);
         /* ordering: the source rewritten on stream s (queued behind a long
          * wait), a fence after it, the put after the fence */
         uint64_t f;
@@ -224,7 +236,7 @@ int main(int argc, char **argv)
     waitpid(pid, &st, 0);
     printf("{\"transport\": \"%s\", \"bytes\": %zu, \"chunk\": %zu, \"put_gbs\": %.2f, \"%s_gbs\": %.2f, "
            "\"landed_ok\": %s, \"ordered_after_fence\": %s}\n", xo->name, bytes, chunk, bytes / best / 1e9,
-           dev ? "d2d_copy" : "memcpy", bytes / best_cpy / 1e9, landed ? "true" : "false",
+           !dev ? "memcpy" : xo->landed ? "d2h_copy" : "d2d_copy", bytes / best_cpy / 1e9, landed ? "true" : "false",
            ordered < 0 ? "null" : ordered ? "true" : "false");
     xo->disconnect(x, peer);
     xo->mem_free(x, m);

@@ -255,9 +255,10 @@ int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const cha
         fflush(stdout);
         if (r->has_finish_reason && r->timing && r->usage)
             fprintf(stderr, "\n[%u prompt + %u generated tokens; TTFT %.1f ms, TPOT %.2f ms, e2e %.1f ms; prefill %s, "
-                            "decode %s]\n",
+                            "decode %s; %u prompt tokens cached, %u of them from the KV store]\n",
                     r->usage->prompt_tokens, r->usage->completion_tokens, r->timing->ttft_ms, r->timing->tpot_ms,
-                    r->timing->e2e_ms, r->timing->prefill_worker, r->timing->decode_worker);
+                    r->timing->e2e_ms, r->timing->prefill_worker, r->timing->decode_worker,
+                    r->usage->cached_prompt_tokens, r->usage->store_cached_tokens);
         tandem__v1__generate_response__free_unpacked(r, NULL);
     }
     if (ids)

@@ -40,7 +40,7 @@ typedef struct {
 } raw_kvstore_t;
 typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
 typedef struct { char *tls_ca, *tls_cert, *tls_key; bool *plaintext; } raw_cluster_t;
-typedef struct { bool *peer_errors; uint32_t *peer_idle_s; char *interfaces; } raw_transport_t;
+typedef struct { char *kind; bool *peer_errors; uint32_t *peer_idle_s; char *interfaces; } raw_transport_t;
 typedef struct { char *listen; } raw_metrics_t;
 typedef struct {
     raw_log_t *log;
@@ -108,6 +108,7 @@ static const cyaml_schema_field_t cluster_fields[] = {
     STR("tls_key", raw_cluster_t, tls_key), CYAML_FIELD_BOOL_PTR("plaintext", OPT, raw_cluster_t, plaintext),
     CYAML_FIELD_END};
 static const cyaml_schema_field_t transport_fields[] = {
+    STR("kind", raw_transport_t, kind),
     CYAML_FIELD_BOOL_PTR("peer_errors", OPT, raw_transport_t, peer_errors),
     CYAML_FIELD_UINT_PTR("peer_idle_s", OPT, raw_transport_t, peer_idle_s),
     STR("interfaces", raw_transport_t, interfaces), CYAML_FIELD_END};
@@ -191,6 +192,7 @@ static const cfg_field_t cfg_fields[] = {
     F("cluster.tls_cert", CFG_STR, cluster.tls_cert, cluster, raw_cluster_t, tls_cert),
     F("cluster.tls_key", CFG_STR, cluster.tls_key, cluster, raw_cluster_t, tls_key),
     F("cluster.plaintext", CFG_BOOL, cluster.plaintext, cluster, raw_cluster_t, plaintext),
+    F("transport.kind", CFG_STR, transport.kind, transport, raw_transport_t, kind),
     F("transport.peer_errors", CFG_BOOL, transport.peer_errors, transport, raw_transport_t, peer_errors),
     F("transport.peer_idle_s", CFG_U32, transport.peer_idle_s, transport, raw_transport_t, peer_idle_s),
     F("transport.interfaces", CFG_STR, transport.interfaces, transport, raw_transport_t, interfaces),
@@ -226,6 +228,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"kvstore.hit_half_life_s", "30"}, {"kvstore.near", ""},
         {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""}, {"etcd.lease_ttl_s", "3"},
         {"cluster.tls_ca", ""}, {"cluster.tls_cert", ""}, {"cluster.tls_key", ""}, {"cluster.plaintext", "false"},
+        {"transport.kind", "auto"},
         {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"}, {"transport.interfaces", "lo"},
         {"metrics.listen", ""},
     };
@@ -323,6 +326,10 @@ td_status_t td_config_validate(const td_config_t *cfg)
     uint32_t bt = cfg->model.block_tokens;
     if (bt < 16 || bt > 256 || (bt & (bt - 1)))
         return td_error(TD_ERR_CONFIG, "config: model.block_tokens = %u; it must be a power of two from 16 to 256", bt);
+    if (strcmp(cfg->transport.kind, "auto") && strcmp(cfg->transport.kind, "ucx") &&
+        strcmp(cfg->transport.kind, "cuda_ipc"))
+        return td_error(TD_ERR_CONFIG, "config: transport.kind = '%s'; it must be auto, ucx or cuda_ipc",
+                        cfg->transport.kind);
     if (strcmp(cfg->model.kv_dtype, "fp16") && strcmp(cfg->model.kv_dtype, "fp32"))
         return td_error(TD_ERR_CONFIG, "config: model.kv_dtype = '%s'; it must be fp16 or fp32", cfg->model.kv_dtype);
     if (strcmp(cfg->model.numerics, "fast") && strcmp(cfg->model.numerics, "reference"))

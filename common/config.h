@@ -40,9 +40,11 @@
  *            tls_ca names, this process's own pair; `tandem certs` makes them, `tandem up`
  *            makes throwaway ones. plaintext: true leaves those planes open to anyone who
  *            can reach them, and says so loudly)
- *   transport: { peer_errors: false, peer_idle_s: 60, interfaces: lo }  (the KV transport, kvstore/transfer.h:
- *            peer_errors: UCX peer error handling, which costs UCX's shared-memory
- *            paths; peer_idle_s: a prefill worker closes a connection to a decode
+ *   transport: { kind: auto, peer_errors: false, peer_idle_s: 60, interfaces: lo }  (the KV transport,
+ *            kvstore/transfer.h: kind: auto (UCX for a CPU worker, CUDA IPC for a GPU worker: one
+ *            host), ucx (a GPU worker's KV staged through page-locked host memory, for GPU
+ *            workers on different hosts) or cuda_ipc; peer_errors: UCX peer error handling,
+ *            which costs UCX's shared-memory paths; peer_idle_s: a prefill worker closes a connection to a decode
  *            worker unused this long; interfaces: the network interfaces UCX may listen and
  *            connect on, comma-separated: loopback by default, the cluster's network on many hosts)
  *   metrics: { listen: "" }  (Prometheus metrics of this process at http://LISTEN/metrics, common/metrics.h;
@@ -98,7 +100,7 @@ typedef struct td_config {
     } kvstore;
     struct { char *endpoints, *data_dir; uint32_t lease_ttl_s; } etcd;
     struct { char *tls_ca, *tls_cert, *tls_key; bool plaintext; } cluster;
-    struct { bool peer_errors; uint32_t peer_idle_s; char *interfaces; } transport;
+    struct { char *kind; bool peer_errors; uint32_t peer_idle_s; char *interfaces; } transport;
     struct { char *listen; } metrics;
 } td_config_t;
 

@@ -602,6 +602,12 @@ static td_status_t landing_check(eng_worker_t *w, dreq_t *d, const reservation_t
                  d->rq->n_block_digests, r->n_blocks, (unsigned long long)r->id);
         return d->rc;
     }
+    if (eng_worker_kv_landed(w, r->blocks, r->n_blocks)) {
+        d->rc = TD_ERR_INTERNAL;
+        snprintf(d->err, sizeof d->err, "%s: the landing blocks of reservation %llu: %s", eng_worker_id(w),
+                 (unsigned long long)r->id, td_last_error());
+        return d->rc;
+    }
     uint64_t dg[64]; /* computed where the pool is (a GPU's pool on the GPU), 64 blocks a call */
     for (uint32_t b = 0; b < r->n_blocks; b++) {
         if (b % 64 == 0) {

@@ -15,10 +15,10 @@ cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check tandem-router tandem-prefill tandem-decode \
-  tandem-bench-kvxfer >/dev/null
+  tandem-kvstore tandem-bench-kvxfer >/dev/null
 rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
 cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check build-gpu/bin/tandem-router build-gpu/bin/tandem-prefill \
-  build-gpu/bin/tandem-decode build-gpu/bin/tandem-bench-kvxfer bundle/bin/
+  build-gpu/bin/tandem-decode build-gpu/bin/tandem-kvstore build-gpu/bin/tandem-bench-kvxfer bundle/bin/
 strip bundle/bin/*
 for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |

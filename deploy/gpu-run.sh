@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6} "
+sections=" ${*:-1 2 3 4 5 6 7} "
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -136,6 +136,23 @@ python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT
   --ignore-eos --goodput ttft:250,tpot:50" --bench-prompts 240:256:2048 > "$out/disagg-7b.json" \
   2> "$out/disagg-7b.err" || { echo "disaggregated 7B FAILED"; tail -5 "$out/disagg-7b.err"; fail=1; }
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B greedy, 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print(d.get('bench_tail', ''))" "$out/disagg-7b.json" || fail=1
+fi
+if want 7; then
+echo "== 7. GPU workers over UCX (KV staged through page-locked host memory, as between hosts) and the KV store"
+mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"
+export PATH=$work/bin:$PATH
+# device memory to device memory over UCX through host staging vs a device-to-host copy of the same chunks
+for c in 12288 262144 1000; do "$here/bin/tandem-bench-kvxfer" 1024 $c ucx_staged 2>&1 || fail=1; done |
+  tee "$out/kvxfer-staged.txt"
+grep -q '"landed_ok": true, "ordered_after_fence": true' "$out/kvxfer-staged.txt" || { echo "staged transfer FAILED"; fail=1; }
+if [ -n "$smol" ]; then
+  mkdir -p "${OUT:-/tmp}/disagg-ucx"
+  python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$smol" --out "${OUT:-/tmp}/disagg-ucx" --kv-mib 1024 \
+    --transport ucx --kvstores 1 --prefill-kv-mib 48 --store-len 1000 --lengths 128,1024 --identity 6 \
+    > "$out/disagg-smol-ucx.json" 2> "$out/disagg-smol-ucx.err" ||
+    { echo "disaggregated SmolLM2 over UCX FAILED"; tail -5 "$out/disagg-smol-ucx.err"; fail=1; }
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('SmolLM2 over UCX, greedy 48 tokens: %d of %d prompts identical disaggregated and single-process' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print('store:', json.dumps(d['store'])); sys.exit(0 if d['identical'] == len(d['identity']) and d['store']['same_as_single'] and d['store']['again']['from_store'] > 0 else 1)" "$out/disagg-smol-ucx.json" || fail=1
+fi
 fi
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"
 exit $fail

@@ -371,6 +371,46 @@ td_status_t eng_engine_kv_digest(eng_engine_t *e, const int32_t *blocks, uint32_
 
 void *eng_engine_queue(eng_engine_t *e) { return e->be->ops->queue(e->be); }
 
+bool eng_engine_kv_on_host(const eng_engine_t *e)
+{
+    return e->be->ops->queue(e->be) == NULL;
+}
+
+td_status_t eng_engine_kv_download(eng_engine_t *e, const int32_t *blocks, uint32_t n, void *dst)
+{
+    kern_kv_view_t v = eng_kv_view(e->pool, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        td_status_t rc =
+            e->be->ops->download(e->be, (uint8_t *)dst + (size_t)i * v.block_bytes,
+                                 (const uint8_t *)v.base + (size_t)blocks[i] * v.block_bytes, v.block_bytes);
+        if (rc)
+            return rc;
+    }
+    return TD_OK;
+}
+
+td_status_t eng_engine_kv_upload(eng_engine_t *e, const int32_t *blocks, uint32_t n, const void *src)
+{
+    kern_kv_view_t v = eng_kv_view(e->pool, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        td_status_t rc = e->be->ops->upload(e->be, (uint8_t *)v.base + (size_t)blocks[i] * v.block_bytes,
+                                            (const uint8_t *)src + (size_t)i * v.block_bytes, v.block_bytes);
+        if (rc)
+            return rc;
+    }
+    return e->be->ops->sync(e->be);
+}
+
+td_status_t eng_engine_host_alloc(eng_engine_t *e, size_t bytes, void **ptr)
+{
+    return e->be->ops->host_alloc(e->be, bytes, ptr);
+}
+
+void eng_engine_host_free(eng_engine_t *e, void *ptr)
+{
+    e->be->ops->host_free(e->be, ptr);
+}
+
 static void engine_layer_hook(void *ctx, uint32_t layer)
 {
     eng_engine_t *e = ctx;

@@ -144,6 +144,18 @@ void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes);
 td_status_t eng_engine_kv_digest(eng_engine_t *e, const int32_t *blocks, uint32_t n, uint64_t *out);
 /* The backend's native queue (kern_backend_ops_t.queue): NULL on the CPU. */
 void *eng_engine_queue(eng_engine_t *e);
+/* Whether the pool is host memory that other threads and UCX may read and
+ * write directly (the CPU backend); otherwise its blocks leave and enter the
+ * pool through host staging memory, with these (engine thread): */
+bool eng_engine_kv_on_host(const eng_engine_t *e);
+/* Pool blocks blocks[0..n) to dst / from src, host memory holding them back
+ * to back (block_bytes each), after the work queued so far; both return once
+ * the copies are done. */
+td_status_t eng_engine_kv_download(eng_engine_t *e, const int32_t *blocks, uint32_t n, void *dst);
+td_status_t eng_engine_kv_upload(eng_engine_t *e, const int32_t *blocks, uint32_t n, const void *src);
+/* Host staging memory the backend copies fastest (kern_backend_ops_t.host_alloc); any thread. */
+td_status_t eng_engine_host_alloc(eng_engine_t *e, size_t bytes, void **ptr);
+void eng_engine_host_free(eng_engine_t *e, void *ptr);
 
 /* Called after each layer of each step, once that layer's KV of the step's
  * tokens is in the pool — on a device backend, once its kernels are queued

@@ -87,6 +87,9 @@ struct eng_worker {
     uint32_t pub_n, pub_cap;
     bool pub_quiet;              /* naming a block that came from the store */
     struct pub_batch *pub_free;
+    bool pub_staged;      /* the pool is device memory: batches carry host staging */
+    uint32_t pub_batch_n; /* blocks a batch holds */
+    uint32_t pub_batches; /* batches made (at rest or in flight) */
     uint64_t pub_offered, pub_new, pub_unpublished;
     /* the pool's named blocks as events for followers (the router's cache
      * index): added on the engine thread, answered on RPC threads */
@@ -120,7 +123,7 @@ void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, 
     *addr_len = w->ucx_addr_len;
     *rkey = w->rkey;
     *rkey_len = w->rkey_len;
-    *base = (uint64_t)(uintptr_t)w->pool_base;
+    *base = w->xo->remote_base ? w->xo->remote_base(w->xfer, w->pool_mem) : (uint64_t)(uintptr_t)w->pool_base;
 }
 
 /* ---------------------------------------------------------- engine thread */
@@ -197,8 +200,17 @@ static void deliver_events(eng_worker_t *w)
  * answer blocks (a conversation's next turn finds them) and hence every
  * block the pool evicts later went to the store once; the store drops what
  * it has already (kvstore/client.h). Blocks the pool took from the store
- * are named quietly (eng_worker_kv_adopt). */
+ * are named quietly (eng_worker_kv_adopt).
+ *
+ * A pool in device memory (a GPU worker) is not read by the writers: each
+ * batch's blocks are copied into the batch's own page-locked host staging
+ * (eng_engine_kv_download) before it is queued, and the writers put from
+ * there. Staging is bounded: PUB_STAGED_MAX batches of at most
+ * PUB_STAGE_BYTES each; while all are in flight, further blocks are counted
+ * unpublished like those of a full queue. */
 #define PUB_BATCH 64u
+#define PUB_STAGED_MAX 8u
+#define PUB_STAGE_BYTES (32u << 20)
 
 typedef struct pub_batch {
     eng_worker_t *w;
@@ -206,8 +218,37 @@ typedef struct pub_batch {
     int32_t blocks[PUB_BATCH];
     td_block_name_t names[PUB_BATCH];
     const void *src[PUB_BATCH];
+    uint8_t *stage;         /* a device pool's: the blocks' bytes, back to back (host, page-locked) */
     struct pub_batch *next; /* on w->pub_free */
 } pub_batch_t;
+
+static void pub_batch_free(eng_worker_t *w, pub_batch_t *b)
+{
+    if (b->stage)
+        eng_engine_host_free(w->engine, b->stage);
+    free(b);
+}
+
+/* Engine thread: a batch at rest, or a new one (NULL when none can be had). */
+static pub_batch_t *pub_take(eng_worker_t *w, size_t block_bytes)
+{
+    pub_batch_t *b = w->pub_free;
+    if (b) {
+        w->pub_free = b->next;
+        return b;
+    }
+    if (w->pub_staged && w->pub_batches >= PUB_STAGED_MAX)
+        return NULL; /* every staging batch is in flight */
+    if (!(b = calloc(1, sizeof *b)))
+        return NULL;
+    if (w->pub_staged && eng_engine_host_alloc(w->engine, w->pub_batch_n * block_bytes, (void **)&b->stage)) {
+        TD_WARN("%s: no host staging for publishing blocks to the KV store: %s", w->id, td_last_error());
+        free(b);
+        return NULL;
+    }
+    w->pub_batches++;
+    return b;
+}
 
 static void on_pool_event(void *ctx, const eng_kv_event_t *ev)
 {
@@ -247,7 +288,7 @@ static void pub_done(void *ctx, uint32_t stored)
     b->stored = stored;
     td_status_t rc = eng_worker_call(b->w, pub_release_on_engine, b, 60);
     if (rc == TD_ERR_UNAVAILABLE)
-        free(b);
+        pub_batch_free(b->w, b);
     else if (rc == TD_ERR_NO_MEMORY)
         TD_WARN("%s: %u published blocks stay held (no memory to release them)", b->w->id, b->n);
 }
@@ -258,22 +299,27 @@ static void store_flush(eng_worker_t *w)
     size_t bb;
     uint8_t *base = eng_engine_kv_base(w->engine, &bb);
     for (uint32_t i = 0; i < w->pub_n;) {
-        pub_batch_t *b = w->pub_free;
-        if (b)
-            w->pub_free = b->next;
-        else if (!(b = malloc(sizeof *b))) {
+        pub_batch_t *b = pub_take(w, bb);
+        if (!b) {
             w->pub_unpublished += w->pub_n - i;
             break;
         }
         b->w = w;
         b->n = b->stored = 0;
-        for (; i < w->pub_n && b->n < PUB_BATCH; i++) {
+        for (; i < w->pub_n && b->n < w->pub_batch_n; i++) {
             int32_t blk = eng_kv_lookup(pool, w->pub_names[i]);
             if (blk < 0) /* named and evicted within the step */
                 continue;
             b->blocks[b->n] = blk;
             b->names[b->n] = w->pub_names[i];
-            b->src[b->n++] = base + (size_t)blk * bb;
+            b->src[b->n] = b->stage ? b->stage + (size_t)b->n * bb : base + (size_t)blk * bb;
+            b->n++;
+        }
+        if (b->n && b->stage && eng_engine_kv_download(w->engine, b->blocks, b->n, b->stage)) {
+            TD_WARN("%s: copying %u blocks out of the pool for the KV store: %s", w->id, b->n, td_last_error());
+            w->pub_unpublished += b->n;
+            pub_release(w, b);
+            continue;
         }
         if (b->n && !kv_client_put_async(w->store, b->names, b->src, b->n, pub_done, b)) {
             w->pub_offered += b->n;
@@ -301,17 +347,21 @@ static void store_open(eng_worker_t *w)
 {
     if (!w->cfg.kvstore.use)
         return;
-    if (strcmp(w->rc->device, "cpu")) { /* its blocks would be staged through pinned host memory: not built yet */
-        TD_WARN("%s: on %s this worker does not use the KV store (kvstore.use is for CPU workers so far): "
-                "prefixes are cached in this pool only", w->id, w->rc->device);
-        return;
-    }
     kv_client_config_t kc = {.etcd_endpoints = w->cfg.etcd.endpoints, .tls = w->tls, .contract = w->contract,
                              .xfer = {.peer_errors = w->cfg.transport.peer_errors,
                                       .interfaces = w->cfg.transport.interfaces},
                              .near_node = w->cfg.kvstore.near};
     eng_kv_pool_t *pool = eng_engine_kv_pool(w->engine);
     w->pub_cap = eng_kv_stats(pool).n_blocks;
+    w->pub_staged = !eng_engine_kv_on_host(w->engine);
+    w->pub_batch_n = PUB_BATCH;
+    if (w->pub_staged) {
+        size_t bb;
+        eng_engine_kv_base(w->engine, &bb);
+        w->pub_batch_n = PUB_STAGE_BYTES / bb < 1           ? 1
+                         : PUB_STAGE_BYTES / bb < PUB_BATCH ? PUB_STAGE_BYTES / bb
+                                                            : PUB_BATCH;
+    }
     if (!(w->pub_names = malloc(w->pub_cap * sizeof *w->pub_names)) || kv_client_create(&kc, &w->store)) {
         TD_WARN("%s: no KV store (%s): prefixes are cached in this pool only", w->id,
                 w->pub_names ? td_last_error() : "no memory");
@@ -328,7 +378,7 @@ static void store_close(eng_worker_t *w)
     while (w->pub_free) {
         pub_batch_t *b = w->pub_free;
         w->pub_free = b->next;
-        free(b);
+        pub_batch_free(w, b);
     }
     free(w->pub_names);
     w->pub_names = NULL;
@@ -727,7 +777,8 @@ static const char usage_fmt[] =
     "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
     "                 [--numerics fast|reference] [--lease-ttl S] [--peer-idle-s S]\n"
     "                 [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true] [--interfaces lo]\n"
-    "                 [--kvstore-near KVSTORE_ID] [--device cpu|cuda|cuda:N] [--metrics-listen HOST:PORT]\n"
+    "                 [--transport auto|ucx|cuda_ipc] [--kvstore-near KVSTORE_ID] [--device cpu|cuda|cuda:N] "
+    "[--metrics-listen HOST:PORT]\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
     "  which it overrides; the role's keys are those of its section\n";
 
@@ -740,6 +791,7 @@ static const td_flag_t worker_flags[] = {
     {"--peer-idle-s", "transport.peer_idle_s"}, {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},     {"--cluster-key", "cluster.tls_key"},
     {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
+    {"--transport", "transport.kind"},
     {"--kvstore-near", "kvstore.near"},  {"--device", "%s.device"},   {"--metrics-listen", "metrics.listen"},
 };
 
@@ -759,8 +811,27 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
     w->rc = !strcmp(w->role->name, "prefill") ? &w->cfg.prefill : &w->cfg.decode;
     w->xfer_cfg.peer_errors = w->cfg.transport.peer_errors;
     w->xfer_cfg.interfaces = w->cfg.transport.interfaces;
-    td_device_parse(w->rc->device, &w->xfer_cfg.device); /* validated */
+    td_device_parse(w->rc->device, &w->xfer_cfg.device);   /* validated */
+    w->xfer_cfg.target = !strcmp(w->role->name, "decode"); /* peers put into a decode worker's pool */
     return 0;
+}
+
+td_status_t eng_worker_kv_landed(eng_worker_t *w, const int32_t *blocks, uint32_t n)
+{
+    if (!w->xo->landed)
+        return TD_OK;
+    size_t bb;
+    eng_engine_kv_base(w->engine, &bb);
+    uint64_t offs[64];
+    for (uint32_t i = 0; i < n; i += 64) {
+        uint32_t k = n - i < 64 ? n - i : 64;
+        for (uint32_t j = 0; j < k; j++)
+            offs[j] = (uint64_t)blocks[i + j] * bb;
+        td_status_t rc = w->xo->landed(w->xfer, w->pool_mem, offs, k, bb);
+        if (rc)
+            return rc;
+    }
+    return TD_OK;
 }
 
 const td_config_t *eng_worker_config(const eng_worker_t *w) { return &w->cfg; }
@@ -830,9 +901,16 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     kern_numerics_parse(w->cfg.model.numerics, &ec.numerics); /* validated */
     ec.token_budget = w->rc->token_budget;
     ec.device = w->rc->device;
+    const char *kind = w->cfg.transport.kind;
+    if (w->xfer_cfg.device < 0 && !strcmp(kind, "cuda_ipc")) {
+        td_error(TD_ERR_CONFIG, "transport.kind = cuda_ipc is for GPU workers; this one's device is '%s'",
+                 w->rc->device);
+        goto out;
+    }
     /* the pool's memory is the transport's: host memory UCX maps, or device
-     * memory CUDA IPC exports */
-    w->xo = w->xfer_cfg.device < 0 ? &kv_transport_ucx : kv_transport_find("cuda_ipc");
+     * memory CUDA IPC exports or UCX reaches through host staging */
+    w->xo =
+        w->xfer_cfg.device < 0 ? &kv_transport_ucx : kv_transport_find(strcmp(kind, "ucx") ? "cuda_ipc" : "ucx_staged");
     if (!w->xo) {
         td_error(TD_ERR_UNSUPPORTED, "device '%s': this build has no CUDA (configure with -DTANDEM_CUDA=ON where "
                  "the CUDA toolkit is installed)", w->rc->device);

@@ -54,6 +54,10 @@ td_rpc_server_t *eng_worker_server(eng_worker_t *w);
 const char *eng_worker_id(const eng_worker_t *w);
 td_kv_layout_t eng_worker_contract(const eng_worker_t *w);
 const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x);
+/* Engine thread, on a target: pool blocks blocks[0..n) that peers put
+ * (their initiator flushed) are made visible to the engine
+ * (kv_transport_ops_t.landed; nothing to do for most transports). */
+td_status_t eng_worker_kv_landed(eng_worker_t *w, const int32_t *blocks, uint32_t n);
 /* The transport's description of this worker's pool (address, remote key,
  * base address, length); constant once serving. */
 void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, const void **rkey, size_t *rkey_len,

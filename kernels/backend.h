@@ -141,6 +141,11 @@ typedef struct kern_backend_ops {
     void (*free)(kern_backend_t *b, void *ptr);
     td_status_t (*upload)(kern_backend_t *b, void *dst, const void *src, size_t bytes);
     td_status_t (*download)(kern_backend_t *b, void *dst, const void *src, size_t bytes);
+    /* host memory that upload and download move fastest (page-locked for a
+     * device backend; plain for the CPU): staging for KV that leaves or
+     * enters the pool through host memory. Any thread. */
+    td_status_t (*host_alloc)(kern_backend_t *b, size_t bytes, void **ptr);
+    void (*host_free)(kern_backend_t *b, void *ptr);
     /* within backend memory */
     td_status_t (*copy)(kern_backend_t *b, void *dst, const void *src, size_t bytes);
     td_status_t (*sync)(kern_backend_t *b);

@@ -1,9 +1,10 @@
 /* transfer.h — moving KV bytes between processes: the KV transport.
  *
  * A transport is a table of operations (kv_transport_ops_t) over a context:
- * UCX over host memory (shared memory, TCP, RDMA: whatever UCX finds), and
- * CUDA IPC over device memory between processes of one host
- * (transfer_cuda.c, in builds with CUDA).
+ * UCX over host memory (shared memory, TCP, RDMA: whatever UCX finds); in
+ * builds with CUDA, CUDA IPC over device memory between processes of one host
+ * (transfer_cuda.c), and UCX for device memory on any host, staged through
+ * page-locked, UCX-registered host buffers (transfer_staged.c).
  *
  * The target of a transfer exposes memory that peers may write into: it is
  * allocated by the transport itself (for UCX, ucp_mem_map with ALLOCATE, the
@@ -41,8 +42,11 @@ typedef struct kv_xfer_config {
      * UCX_NET_DEVICES); NULL or "" leaves UCX's own choice (every interface).
      * UCX listens on each, unauthenticated, so tandem names them. */
     const char *interfaces;
-    /* CUDA IPC: the device whose memory this process allocates and copies from. */
+    /* Device transports: the device whose memory this process allocates and copies from. */
     int device;
+    /* Peers put into this process's memory (a decode worker's pool): the
+     * staged transport keeps a host landing copy of it (see landed). */
+    bool target;
 } kv_xfer_config_t;
 
 #define KV_XFER_MAX_REGIONS 8
@@ -82,15 +86,28 @@ typedef struct kv_transport_ops {
      * wait_fence(f), every later put starts once that point is done. */
     td_status_t (*fence)(kv_xfer_t *x, void *stream, uint64_t *fence);
     td_status_t (*wait_fence)(kv_xfer_t *x, uint64_t fence);
+    /* Target side, optional (NULL: peers' puts land in the memory itself):
+     * peers put into a landing copy of m; once their initiator flushed and
+     * said so, the n ranges [offsets[i], offsets[i] + len) are copied from it
+     * into m's memory (returns when done). */
+    td_status_t (*landed)(kv_xfer_t *x, kv_xfer_mem_t *m, const uint64_t *offsets, uint32_t n, size_t len);
+    /* Set with landed: the address peers name m by (its landing copy's base:
+     * a region's remote_base); without it, the address mem_alloc returned. */
+    uint64_t (*remote_base)(kv_xfer_t *x, kv_xfer_mem_t *m);
 } kv_transport_ops_t;
 
 extern const kv_transport_ops_t kv_transport_ucx;
 #ifdef TANDEM_HAVE_CUDA
 extern const kv_transport_ops_t kv_transport_cuda_ipc;
+extern const kv_transport_ops_t kv_transport_ucx_staged;
 #endif
 
-/* The transport a landing descriptor names ("ucx", "cuda_ipc" in builds with
- * CUDA; "" means ucx), or NULL. */
+/* UCX's context only: registers [addr, addr + len) of this process's memory
+ * (host buffers a transport puts from and gets into); mem_free unregisters. */
+td_status_t kv_ucx_mem_register(kv_xfer_t *x, void *addr, size_t len, kv_xfer_mem_t **out);
+
+/* The transport a landing descriptor names ("ucx"; in builds with CUDA
+ * "cuda_ipc" and "ucx_staged"; "" means ucx), or NULL. */
 const kv_transport_ops_t *kv_transport_find(const char *name);
 
 #endif

@@ -16,16 +16,15 @@
  * Ordering: the source of a put is pool memory that the initiator's backend
  * writes with queued kernels. fence() records, on the thread that queues them,
  * the point the backend's stream has reached; wait_fence() makes every later
- * put start after it. Fences live in a ring of events: a fence older than the
- * ring names a later point of the same stream, which only waits longer.
+ * put start after it (transfer_cuda_copy.h's ring).
  *
  * Threads: the target side and each connection are used by one thread at a
- * time; fence may be called from another thread than the puts (the engine
- * thread beside the pusher), so the ring is locked. Every call makes its
- * context's device current on the calling thread. */
+ * time; fence may be called from another thread than the puts. Every call
+ * makes its context's device current on the calling thread. */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +36,6 @@
 #include "kvstore/transfer.h"
 #include "kvstore/transfer_cuda_copy.h"
 
-#define FENCE_RING 1024
 #define BATCHED_MAX (1u << 20) /* puts up to this many bytes go through the batched copy */
 #define ADDR_MAGIC 0x31494354u /* "TCI1" */
 #define RKEY_MAGIC 0x314b4354u /* "TCK1" */
@@ -62,9 +60,7 @@ struct kv_xfer {
     char boot_id[40];
     cudaStream_t copy;
     cudaEvent_t done; /* a flush's point on the copy stream */
-    pthread_mutex_t mu;
-    cudaEvent_t ring[FENCE_RING];
-    uint64_t next_fence; /* fences are 1, 2, ...; 0 is none */
+    kv_fences_t fences;
     kv_copy_batch_t batch; /* puts not yet launched (the putting thread's) */
 };
 
@@ -102,6 +98,50 @@ static void read_boot_id(char *out, size_t n)
     }
 }
 
+cudaError_t kv_fences_init(kv_fences_t *f)
+{
+    memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < KV_FENCE_RING && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&f->ring[i], cudaEventDisableTiming);
+    if (e != cudaSuccess)
+        kv_fences_destroy(f);
+    return e;
+}
+
+void kv_fences_destroy(kv_fences_t *f)
+{
+    for (int i = 0; i < KV_FENCE_RING && f->ring[i]; i++)
+        cudaEventDestroy(f->ring[i]);
+    memset(f->ring, 0, sizeof f->ring);
+    pthread_mutex_destroy(&f->mu);
+}
+
+td_status_t kv_fences_record(kv_fences_t *f, int device, void *stream, uint64_t *fence)
+{
+    pthread_mutex_lock(&f->mu);
+    uint64_t n = ++f->next;
+    cudaSetDevice(device);
+    cudaError_t e = cudaEventRecord(f->ring[n % KV_FENCE_RING], (cudaStream_t)stream);
+    pthread_mutex_unlock(&f->mu);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_INTERNAL, "recording a KV fence: %s", cudaGetErrorString(e));
+    *fence = n;
+    return TD_OK;
+}
+
+td_status_t kv_fences_wait(kv_fences_t *f, int device, cudaStream_t copy, uint64_t fence)
+{
+    pthread_mutex_lock(&f->mu);
+    cudaSetDevice(device);
+    cudaError_t e = cudaStreamWaitEvent(copy, f->ring[fence % KV_FENCE_RING], 0);
+    pthread_mutex_unlock(&f->mu);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_INTERNAL, "waiting for a KV fence: %s", cudaGetErrorString(e));
+    return TD_OK;
+}
+
 static td_status_t ci_create(const kv_xfer_config_t *cfg, kv_xfer_t **out)
 {
     kv_xfer_t *x = calloc(1, sizeof *x);
@@ -109,8 +149,8 @@ static td_status_t ci_create(const kv_xfer_config_t *cfg, kv_xfer_t **out)
         return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
     x->device = cfg ? cfg->device : 0;
     read_boot_id(x->boot_id, sizeof x->boot_id);
-    pthread_mutex_init(&x->mu, NULL);
     struct cudaDeviceProp prop;
+    bool fences = false;
     cudaError_t e = cudaSetDevice(x->device);
     if (e == cudaSuccess)
         e = cudaGetDeviceProperties(&prop, x->device);
@@ -118,17 +158,16 @@ static td_status_t ci_create(const kv_xfer_config_t *cfg, kv_xfer_t **out)
         e = cudaStreamCreateWithFlags(&x->copy, cudaStreamNonBlocking);
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming);
-    for (int i = 0; i < FENCE_RING && e == cudaSuccess; i++)
-        e = cudaEventCreateWithFlags(&x->ring[i], cudaEventDisableTiming);
+    if (e == cudaSuccess && (e = kv_fences_init(&x->fences)) == cudaSuccess)
+        fences = true;
     if (e != cudaSuccess) {
         td_status_t rc = td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: device %d: %s", x->device, cudaGetErrorString(e));
-        for (int i = 0; i < FENCE_RING && x->ring[i]; i++)
-            cudaEventDestroy(x->ring[i]);
+        if (fences)
+            kv_fences_destroy(&x->fences);
         if (x->done)
             cudaEventDestroy(x->done);
         if (x->copy)
             cudaStreamDestroy(x->copy);
-        pthread_mutex_destroy(&x->mu);
         free(x);
         return rc;
     }
@@ -143,11 +182,9 @@ static void ci_destroy(kv_xfer_t *x)
         return;
     cudaSetDevice(x->device);
     cudaStreamSynchronize(x->copy);
-    for (int i = 0; i < FENCE_RING; i++)
-        cudaEventDestroy(x->ring[i]);
+    kv_fences_destroy(&x->fences);
     cudaEventDestroy(x->done);
     cudaStreamDestroy(x->copy);
-    pthread_mutex_destroy(&x->mu);
     free(x);
 }
 
@@ -369,29 +406,13 @@ static void ci_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
 
 static td_status_t ci_fence(kv_xfer_t *x, void *stream, uint64_t *fence)
 {
-    pthread_mutex_lock(&x->mu);
-    uint64_t f = ++x->next_fence;
-    cudaSetDevice(x->device);
-    cudaError_t e = cudaEventRecord(x->ring[f % FENCE_RING], (cudaStream_t)stream);
-    pthread_mutex_unlock(&x->mu);
-    if (e != cudaSuccess)
-        return td_error(TD_ERR_INTERNAL, "cuda_ipc: recording a fence: %s", cudaGetErrorString(e));
-    *fence = f;
-    return TD_OK;
+    return kv_fences_record(&x->fences, x->device, stream, fence);
 }
 
 static td_status_t ci_wait_fence(kv_xfer_t *x, uint64_t fence)
 {
     td_status_t rc = launch_batch(x); /* puts before the wait need only the earlier fences */
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&x->mu);
-    cudaSetDevice(x->device);
-    cudaError_t e = cudaStreamWaitEvent(x->copy, x->ring[fence % FENCE_RING], 0);
-    pthread_mutex_unlock(&x->mu);
-    if (e != cudaSuccess)
-        return td_error(TD_ERR_INTERNAL, "cuda_ipc: waiting for a fence: %s", cudaGetErrorString(e));
-    return TD_OK;
+    return rc ? rc : kv_fences_wait(&x->fences, x->device, x->copy, fence);
 }
 
 const kv_transport_ops_t kv_transport_cuda_ipc = {

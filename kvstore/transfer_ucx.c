@@ -142,6 +142,24 @@ static td_status_t ucx_mem_alloc(kv_xfer_t *x, size_t bytes, void **addr, kv_xfe
     return TD_OK;
 }
 
+td_status_t kv_ucx_mem_register(kv_xfer_t *x, void *addr, size_t len, kv_xfer_mem_t **out)
+{
+    kv_xfer_mem_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return td_error(TD_ERR_NO_MEMORY, "ucx: no memory");
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH, .address = addr, .length = len};
+    ucs_status_t st = ucp_mem_map(x->ctx, &mp, &m->memh);
+    if (st != UCS_OK) {
+        free(m);
+        return td_error(TD_ERR_INTERNAL, "ucx: cannot register %zu bytes: %s", len, ucs_status_string(st));
+    }
+    m->addr = addr;
+    m->len = len;
+    *out = m;
+    return TD_OK;
+}
+
 static void ucx_mem_free(kv_xfer_t *x, kv_xfer_mem_t *m)
 {
     if (!m)
@@ -408,6 +426,8 @@ const kv_transport_ops_t *kv_transport_find(const char *name)
 #ifdef TANDEM_HAVE_CUDA
     if (!strcmp(name, kv_transport_cuda_ipc.name))
         return &kv_transport_cuda_ipc;
+    if (!strcmp(name, kv_transport_ucx_staged.name))
+        return &kv_transport_ucx_staged;
 #endif
     return NULL;
 }

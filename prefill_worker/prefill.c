@@ -233,6 +233,7 @@ typedef struct preq {
     td_block_name_t *names;
     uint32_t n_names, pool_have, n_fetched, store_found, store_got;
     int32_t *fetched;
+    void *stage;          /* a device pool's: host staging the fetched blocks arrive in, back to back */
     bool store_abandoned; /* the handler gave up waiting for the alloc closure (under mu) */
 } preq_t;
 
@@ -303,6 +304,8 @@ static void preq_put(preq_t *r)
     free(r->digests);
     free(r->names);
     free(r->fetched);
+    if (r->stage)
+        eng_engine_host_free(eng_worker_engine(r->role->w), r->stage);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
@@ -387,7 +390,17 @@ static void store_alloc_on_engine(eng_worker_t *w, void *arg)
  * names (or the block already named so, if one appeared meanwhile). */
 static void store_name_fetched(eng_worker_t *w, preq_t *r)
 {
-    eng_kv_pool_t *pool = eng_engine_kv_pool(eng_worker_engine(w));
+    eng_engine_t *e = eng_worker_engine(w);
+    eng_kv_pool_t *pool = eng_engine_kv_pool(e);
+    if (r->stage && r->store_got && eng_engine_kv_upload(e, r->fetched, r->store_got, r->stage)) {
+        TD_WARN("prefill: copying %u blocks read from the KV store into the pool: %s; they are computed instead",
+                r->store_got, td_last_error());
+        r->store_got = 0;
+    }
+    if (r->stage) {
+        eng_engine_host_free(e, r->stage);
+        r->stage = NULL;
+    }
     for (uint32_t i = r->store_got; i < r->n_fetched; i++)
         eng_kv_unref(pool, r->fetched[i]); /* taken, but nothing valid arrived */
     if (r->n_fetched > r->store_got)
@@ -434,12 +447,20 @@ static void store_fetch(eng_worker_t *w, preq_t *r)
             return; /* on a timeout the closure, run later, takes nothing */
         }
         if (r->n_fetched) {
+            eng_engine_t *e = eng_worker_engine(w);
             size_t bb;
-            uint8_t *base = eng_engine_kv_base(eng_worker_engine(w), &bb); /* constant: no engine state */
+            uint8_t *base = eng_engine_kv_base(e, &bb); /* constant: no engine state */
             void **dst = malloc(r->n_fetched * sizeof *dst);
+            /* a device pool: the blocks arrive in host staging, copied in on the engine thread (store_name_fetched) */
+            if (dst && !eng_engine_kv_on_host(e) && eng_engine_host_alloc(e, r->n_fetched * bb, &r->stage)) {
+                TD_WARN("prefill: no host staging for %u blocks from the KV store: %s; they are computed instead",
+                        r->n_fetched, td_last_error());
+                free(dst);
+                dst = NULL;
+            }
             if (dst) {
                 for (uint32_t i = 0; i < r->n_fetched; i++)
-                    dst[i] = base + (size_t)r->fetched[i] * bb;
+                    dst[i] = r->stage ? (uint8_t *)r->stage + (size_t)i * bb : base + (size_t)r->fetched[i] * bb;
                 kv_client_fetch(R->store, rd, r->pool_have, r->n_fetched, dst, STORE_FETCH_S, &r->store_got);
                 free(dst);
             }

@@ -9,12 +9,22 @@ prefill and a decode worker on the GPU (KV through CUDA IPC) beside
     cache out of it; the single process warms up before it times);
  3. the prefill worker's KV transfer totals (its exit log: bytes pushed, the
     time the engine waited for the transfer after its compute);
- 4. with --bench, `tandem bench` against the cluster (its JSON and plot data
+ 4. with --kvstores N (N kvstore nodes, the workers using them), the KV
+    store's path on the GPU: a prompt, then others that push its blocks out
+    of the prefill worker's pool (--prefill-kv-mib), then the prompt again,
+    whose prefix the prefill worker now reads from the store into the GPU
+    (through host staging): its tokens from the store and its greedy ids
+    beside the single process's;
+ 5. with --bench, `tandem bench` against the cluster (its JSON and plot data
     go to --out).
+
+--transport ucx runs the workers' KV over UCX staged through page-locked host
+memory (what GPU workers on different hosts use) instead of CUDA IPC.
 
 Standard library only (the GPU machine has no gRPC tools). Prints one JSON
 document. Usage:
   disagg_gpu.py --bin DIR --model PATH --out DIR [--device cuda] [--kv-mib N] [--lengths 128,1024]
+                [--transport auto|ucx] [--kvstores N --prefill-kv-mib N --store-len N]
                 [--gen N] [--reps N] [--identity N] [--threads N] [--bench "ARGS" [--bench-prompts N:MIN:MAX]]
 """
 import argparse
@@ -53,8 +63,10 @@ def start_cluster(a, log_path):
         f.write("model: {path: %s}\nrouter: {http_listen: \"\"}\n"
                 "prefill: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
                 "decode: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
-                "kvstore: {count: 0, use: false}\n"
-                % (a.model, a.device, a.kv_mib, a.token_budget, a.threads, a.device, a.kv_mib, a.token_budget, a.threads))
+                "kvstore: {count: %d, use: %s}\n"
+                "transport: {kind: %s}\n"
+                % (a.model, a.device, a.prefill_kv_mib or a.kv_mib, a.token_budget, a.threads, a.device, a.kv_mib,
+                   a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.transport))
     log = open(log_path, "a+")  # append: the children share the offset
     up = subprocess.Popen([a.bin + "/tandem", "up", "--config", cfg], stdout=subprocess.PIPE, stderr=log, text=True,
                           start_new_session=True)
@@ -87,8 +99,9 @@ def stop_cluster(up, log_path):
 def remote(a, ep, prompt, gen):
     r = run([a.bin + "/tandem", "generate", "--endpoint", ep, "--ids", "--max-tokens", str(gen), "--ignore-eos",
              prompt])
-    m = re.search(r"\[(\d+) prompt \+ (\d+) generated tokens; TTFT ([\d.]+) ms, TPOT ([\d.]+) ms", r.stderr)
-    return r.stdout.split(), int(m.group(1)), float(m.group(3)), float(m.group(4))
+    m = re.search(r"\[(\d+) prompt \+ (\d+) generated tokens; TTFT ([\d.]+) ms, TPOT ([\d.]+) ms.*; (\d+) prompt "
+                  r"tokens cached, (\d+) of them from the KV store", r.stderr)
+    return r.stdout.split(), int(m.group(1)), float(m.group(3)), float(m.group(4)), int(m.group(5)), int(m.group(6))
 
 
 def single(a, prompt, gen):
@@ -112,6 +125,10 @@ def main():
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--identity", type=int, default=4)
+    ap.add_argument("--transport", default="auto", choices=["auto", "ucx"])
+    ap.add_argument("--kvstores", type=int, default=0)
+    ap.add_argument("--prefill-kv-mib", type=int, default=0)
+    ap.add_argument("--store-len", type=int, default=1000)
     ap.add_argument("--bench", default="")
     ap.add_argument("--bench-max-tokens", type=int, default=128)
     ap.add_argument("--bench-prompts", default="", help="N:MIN:MAX — bench on a JSONL of N prompts of MIN..MAX "
@@ -121,11 +138,14 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     name = os.path.basename(a.model.rstrip("/"))
     log_path = os.path.join(a.out, "gpu-cluster-%s.log" % name)
-    res = {"model": a.model, "kv_mib": a.kv_mib, "identity": [], "lengths": {}}
+    res = {"model": a.model, "kv_mib": a.kv_mib, "transport": a.transport, "kvstores": a.kvstores, "identity": [],
+           "lengths": {}}
     # single-process first: the cluster's two processes then have the GPU to themselves
     single_ids = [single(a, p, 48)[0] for p in PROMPTS[:a.identity]]
     lengths = [int(x) for x in a.lengths.split(",") if x]
     single_t = {n: [single(a, prompt_of(n, r), a.gen)[1:] for r in range(a.reps)] for n in lengths}
+    store_p = ["%d%s" % (900 + i, " a" * (a.store_len - 2)) for i in range(4)]
+    single_store = single(a, store_p[0], 48)[0] if a.kvstores else None
     up, ep = start_cluster(a, log_path)
     try:
         for p, s in zip(PROMPTS, single_ids):
@@ -142,6 +162,16 @@ def main():
                 "single_tpot_ms": statistics.median(x[1] for x in single_t[n]),
             }
             print(name, n, res["lengths"][str(n)], file=sys.stderr, flush=True)
+        if a.kvstores:
+            first = remote(a, ep, store_p[0], 48)
+            for p in store_p[1:]:  # each as long: the first one's blocks leave the prefill worker's pool
+                remote(a, ep, p, 4)
+            again = remote(a, ep, store_p[0], 48)
+            res["store"] = {"prompt_tokens": first[1], "first": {"ttft_ms": first[2], "cached": first[4],
+                                                                  "from_store": first[5]},
+                            "again": {"ttft_ms": again[2], "cached": again[4], "from_store": again[5]},
+                            "same_as_single": again[0] == single_store and first[0] == single_store}
+            print(name, "store", res["store"], file=sys.stderr, flush=True)
         if a.bench:
             out = os.path.join(a.out, "bench-%s.json" % name)
             extra = []

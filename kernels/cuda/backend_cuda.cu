@@ -35,6 +35,22 @@ static void cu_free(kern_backend_t *b, void *ptr)
     cudaFree(ptr);
 }
 
+static td_status_t cu_host_alloc(kern_backend_t *b, size_t bytes, void **ptr)
+{
+    kc_bind(b);
+    cudaError_t e = cudaHostAlloc(ptr, bytes ? bytes : 64, cudaHostAllocPortable);
+    if (e != cudaSuccess)
+        return td_error(e == cudaErrorMemoryAllocation ? TD_ERR_NO_MEMORY : TD_ERR_INTERNAL,
+                        "cuda: cannot allocate %zu bytes of page-locked host memory: %s", bytes, cudaGetErrorString(e));
+    return TD_OK;
+}
+
+static void cu_host_free(kern_backend_t *b, void *ptr)
+{
+    kc_bind(b);
+    cudaFreeHost(ptr);
+}
+
 static td_status_t cu_upload(kern_backend_t *b, void *dst, const void *src, size_t n)
 {
     kc_bind(b);
@@ -232,6 +248,8 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .free = cu_free,
     .upload = cu_upload,
     .download = cu_download,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
     .copy = cu_copy,
     .sync = cu_sync,
     .queue = cu_queue,

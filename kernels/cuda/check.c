@@ -726,6 +726,8 @@ static td_status_t t_end(int op, double t0, td_status_t rc)
 static void t_destroy(kern_backend_t *b) { (void)b; }
 static td_status_t t_alloc(kern_backend_t *b, size_t n, void **p) { (void)b; return IN->ops->alloc(IN, n, p); }
 static void t_free(kern_backend_t *b, void *p) { (void)b; IN->ops->free(IN, p); }
+static td_status_t t_halloc(kern_backend_t *b, size_t n, void **p) { (void)b; return IN->ops->host_alloc(IN, n, p); }
+static void t_hfree(kern_backend_t *b, void *p) { (void)b; IN->ops->host_free(IN, p); }
 static td_status_t t_upload(kern_backend_t *b, void *d, const void *s, size_t n)
 { (void)b; double t = t_begin(); return t_end(OP_XFER, t, IN->ops->upload(IN, d, s, n)); }
 static td_status_t t_download(kern_backend_t *b, void *d, const void *s, size_t n)
@@ -763,6 +765,7 @@ static td_status_t t_digest(kern_backend_t *b, const void *base, size_t bb, cons
 #undef IN
 static const kern_backend_ops_t timed_ops = {
     .name = "timed", .supported = KERN_OPS_ALL, .destroy = t_destroy, .alloc = t_alloc, .free = t_free,
+    .host_alloc = t_halloc, .host_free = t_hfree,
     .upload = t_upload, .download = t_download, .copy = t_copy, .sync = t_sync, .queue = t_queue,
     .kv_digest = t_digest, .weight_prepare = t_wprep,
     .weight_release = t_wrel, .matmul = t_matmul, .matmul_multi = t_multi, .rmsnorm = t_rmsnorm, .rope = t_rope,

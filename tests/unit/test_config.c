@@ -44,7 +44,8 @@ Test(config, the_shipped_example_is_the_defaults)
                              {c.router.tls_key, d.router.tls_key}, {c.router.tls_client_ca, d.router.tls_client_ca},
                              {c.router.tls_ca, d.router.tls_ca},
                              {c.kvstore.data_dir, d.kvstore.data_dir}, {c.etcd.endpoints, d.etcd.endpoints},
-                             {c.etcd.data_dir, d.etcd.data_dir}};
+                             {c.etcd.data_dir, d.etcd.data_dir}, {c.transport.kind, d.transport.kind},
+                             {c.transport.interfaces, d.transport.interfaces}};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         cr_assert_str_eq(keys[i][0], keys[i][1]);
     cr_assert(c.model.block_tokens == d.model.block_tokens && c.model.context == d.model.context);
@@ -104,6 +105,11 @@ Test(config, unknown_section_and_bad_values)
     cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "numerics = 'exact'"), "%s", td_last_error());
     td_config_set(&c, "model.numerics", "reference");
+    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
+    td_config_set(&c, "transport.kind", "nvlink");
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "transport.kind = 'nvlink'"), "%s", td_last_error());
+    td_config_set(&c, "transport.kind", "ucx");
     cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
     cr_assert_eq(td_config_load(&c, "/nonexistent.yaml"), TD_ERR_IO);
     td_config_free(&c);
