@@ -146,12 +146,14 @@ for c in 12288 262144 1000; do "$here/bin/tandem-bench-kvxfer" 1024 $c ucx_stage
   tee "$out/kvxfer-staged.txt"
 grep -q '"landed_ok": true, "ordered_after_fence": true' "$out/kvxfer-staged.txt" || { echo "staged transfer FAILED"; fail=1; }
 if [ -n "$smol" ]; then
-  mkdir -p "${OUT:-/tmp}/disagg-ucx"
-  python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$smol" --out "${OUT:-/tmp}/disagg-ucx" --kv-mib 1024 \
-    --transport ucx --kvstores 1 --prefill-kv-mib 48 --store-len 1000 --lengths 128,1024 --identity 6 \
-    > "$out/disagg-smol-ucx.json" 2> "$out/disagg-smol-ucx.err" ||
-    { echo "disaggregated SmolLM2 over UCX FAILED"; tail -5 "$out/disagg-smol-ucx.err"; fail=1; }
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('SmolLM2 over UCX, greedy 48 tokens: %d of %d prompts identical disaggregated and single-process' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print('store:', json.dumps(d['store'])); sys.exit(0 if d['identical'] == len(d['identity']) and d['store']['same_as_single'] and d['store']['again']['from_store'] > 0 else 1)" "$out/disagg-smol-ucx.json" || fail=1
+  for t in ucx auto; do # over UCX staged through host memory, then over CUDA IPC: each with a KV store node
+    mkdir -p "${OUT:-/tmp}/disagg-$t"
+    python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$smol" --out "${OUT:-/tmp}/disagg-$t" --kv-mib 1024 \
+      --transport $t --kvstores 1 --prefill-kv-mib 48 --store-len 1000 --lengths 128,1024 --identity 6 \
+      > "$out/disagg-smol-$t.json" 2> "$out/disagg-smol-$t.err" ||
+      { echo "disaggregated SmolLM2 (transport $t) FAILED"; tail -5 "$out/disagg-smol-$t.err"; fail=1; }
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('SmolLM2, transport %s: greedy 48 tokens, %d of %d prompts identical disaggregated and single-process' % (sys.argv[2], d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print('store:', json.dumps(d['store'])); sys.exit(0 if d['identical'] == len(d['identity']) and d['store']['same_as_single'] and d['store']['again']['from_store'] > 0 else 1)" "$out/disagg-smol-$t.json" $t || fail=1
+  done
 fi
 fi
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

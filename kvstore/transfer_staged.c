@@ -36,7 +36,7 @@
 #include "kvstore/transfer.h"
 #include "kvstore/transfer_cuda_copy.h"
 
-#define STAGE_BYTES (8u << 20)
+#define STAGE_BYTES (2u << 20) /* the tail a flush still has to send: small, so that little of a push is exposed */
 #define STAGE_ENTRIES 4096     /* puts gathered into one staging buffer at most */
 #define BATCHED_MAX (1u << 20) /* puts up to this size are copied by the batched kernel */
 #define STAGE_WAIT_S 10.0      /* a staging buffer's copy, send and flush */

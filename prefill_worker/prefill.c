@@ -234,6 +234,7 @@ typedef struct preq {
     uint32_t n_names, pool_have, n_fetched, store_found, store_got;
     int32_t *fetched;
     void *stage;          /* a device pool's: host staging the fetched blocks arrive in, back to back */
+    size_t stage_bytes;
     bool store_abandoned; /* the handler gave up waiting for the alloc closure (under mu) */
 } preq_t;
 
@@ -256,7 +257,56 @@ struct prefill_role {
     uint64_t bytes_total;
     double busy_at_step;
     kv_client_t *store; /* NULL: no KV store (kvstore.use false, or none could be set up) */
+    /* a device pool's host staging for blocks read from the store, kept for
+     * reuse (page-locking memory costs milliseconds): STAGE_KEEP at most */
+    pthread_mutex_t stage_mu;
+    struct kept_stage { void *p; size_t bytes; } kept[4];
+    uint32_t n_kept;
 };
+#define STAGE_KEEP 4u
+
+/* Host staging of at least `bytes` (*got: its size), a kept one if one fits. */
+static td_status_t stage_take(prefill_role_t *R, size_t bytes, void **p, size_t *got)
+{
+    pthread_mutex_lock(&R->stage_mu);
+    int best = -1;
+    for (uint32_t i = 0; i < R->n_kept; i++)
+        if (R->kept[i].bytes >= bytes && (best < 0 || R->kept[i].bytes < R->kept[best].bytes))
+            best = (int)i;
+    if (best >= 0) {
+        *p = R->kept[best].p;
+        *got = R->kept[best].bytes;
+        R->kept[best] = R->kept[--R->n_kept];
+    }
+    pthread_mutex_unlock(&R->stage_mu);
+    if (best >= 0)
+        return TD_OK;
+    *got = bytes;
+    return eng_engine_host_alloc(eng_worker_engine(R->w), bytes, p);
+}
+
+/* Staging back: kept (the smallest kept one goes when all are taken), or freed. */
+static void stage_give(prefill_role_t *R, void *p, size_t bytes)
+{
+    pthread_mutex_lock(&R->stage_mu);
+    if (R->n_kept < STAGE_KEEP) {
+        R->kept[R->n_kept++] = (struct kept_stage){p, bytes};
+        p = NULL;
+    } else {
+        uint32_t s = 0;
+        for (uint32_t i = 1; i < R->n_kept; i++)
+            if (R->kept[i].bytes < R->kept[s].bytes)
+                s = i;
+        if (R->kept[s].bytes < bytes) {
+            void *smaller = R->kept[s].p;
+            R->kept[s] = (struct kept_stage){p, bytes};
+            p = smaller;
+        }
+    }
+    pthread_mutex_unlock(&R->stage_mu);
+    if (p)
+        eng_engine_host_free(eng_worker_engine(R->w), p);
+}
 
 static void peer_release(prefill_role_t *R, peer_entry_t *pe)
 {
@@ -305,7 +355,7 @@ static void preq_put(preq_t *r)
     free(r->names);
     free(r->fetched);
     if (r->stage)
-        eng_engine_host_free(eng_worker_engine(r->role->w), r->stage);
+        stage_give(r->role, r->stage, r->stage_bytes);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
@@ -398,7 +448,7 @@ static void store_name_fetched(eng_worker_t *w, preq_t *r)
         r->store_got = 0;
     }
     if (r->stage) {
-        eng_engine_host_free(e, r->stage);
+        stage_give(r->role, r->stage, r->stage_bytes);
         r->stage = NULL;
     }
     for (uint32_t i = r->store_got; i < r->n_fetched; i++)
@@ -452,7 +502,7 @@ static void store_fetch(eng_worker_t *w, preq_t *r)
             uint8_t *base = eng_engine_kv_base(e, &bb); /* constant: no engine state */
             void **dst = malloc(r->n_fetched * sizeof *dst);
             /* a device pool: the blocks arrive in host staging, copied in on the engine thread (store_name_fetched) */
-            if (dst && !eng_engine_kv_on_host(e) && eng_engine_host_alloc(e, r->n_fetched * bb, &r->stage)) {
+            if (dst && !eng_engine_kv_on_host(e) && stage_take(R, r->n_fetched * bb, &r->stage, &r->stage_bytes)) {
                 TD_WARN("prefill: no host staging for %u blocks from the KV store: %s; they are computed instead",
                         r->n_fetched, td_last_error());
                 free(dst);
@@ -983,6 +1033,7 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     prefill_role_t *R = ctx;
     R->w = w;
     pthread_mutex_init(&R->peers_mu, NULL);
+    pthread_mutex_init(&R->stage_mu, NULL);
     R->peer_idle_s = eng_worker_config(w)->transport.peer_idle_s;
     pusher_t *p = &R->pusher;
     p->xo = eng_worker_transport(w, &p->x);
@@ -1034,6 +1085,9 @@ static void prefill_detach(eng_worker_t *w, void *ctx)
     R->verifier = NULL;
     free(R->tombs);
     R->tombs = NULL;
+    for (uint32_t i = 0; i < R->n_kept; i++)
+        eng_engine_host_free(eng_worker_engine(w), R->kept[i].p);
+    R->n_kept = 0;
 }
 
 int main(int argc, char **argv)
