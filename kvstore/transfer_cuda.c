@@ -330,18 +330,35 @@ static td_status_t bounds(kv_xfer_peer_t *p, uint32_t region, size_t len, uint64
     return TD_OK;
 }
 
-/* Launches the gathered puts; every operation that orders the copy stream
- * (a fence wait, a get, a flush) comes after it. */
-static td_status_t launch_batch(kv_xfer_t *x)
+td_status_t kv_copy_batch_launch(kv_copy_batch_t *b, cudaStream_t copy, const char *who)
 {
-    if (!x->batch.n)
+    if (!b->n)
         return TD_OK;
-    int rc = kv_cuda_copy_batch(&x->batch, x->copy);
-    x->batch.n = 0;
-    return rc ? td_error(TD_ERR_INTERNAL, "cuda_ipc: the batched copy did not launch: %s",
+    int rc = kv_cuda_copy_batch(b, copy);
+    b->n = 0;
+    return rc ? td_error(TD_ERR_INTERNAL, "%s: the batched copy did not launch: %s", who,
                          cudaGetErrorString(cudaGetLastError()))
               : TD_OK;
 }
+
+td_status_t kv_event_wait(cudaEvent_t ev, double deadline, const char *who, const char *what)
+{
+    for (;;) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess)
+            return TD_OK;
+        if (e != cudaErrorNotReady)
+            return td_error(TD_ERR_UNAVAILABLE, "%s: %s failed: %s", who, what, cudaGetErrorString(e));
+        if (td_now_s() > deadline)
+            return td_error(TD_ERR_TIMEOUT, "%s: %s did not complete in time", who, what);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Launches the gathered puts; every operation that orders the copy stream
+ * (a fence wait, a get, a flush) comes after it. */
+static td_status_t launch_batch(kv_xfer_t *x) { return kv_copy_batch_launch(&x->batch, x->copy, "cuda_ipc"); }
 
 static td_status_t ci_put(kv_xfer_t *x, kv_xfer_peer_t *p, uint32_t region, const void *src, size_t len,
                           uint64_t offset)
@@ -378,18 +395,7 @@ static td_status_t ci_flush(kv_xfer_t *x, kv_xfer_peer_t *p, double timeout_s)
     if (rc)
         return rc;
     CK(cudaEventRecord(x->done, x->copy), "cudaEventRecord");
-    double until = td_now_s() + timeout_s;
-    for (;;) {
-        cudaError_t e = cudaEventQuery(x->done);
-        if (e == cudaSuccess)
-            return TD_OK;
-        if (e != cudaErrorNotReady)
-            return td_error(TD_ERR_UNAVAILABLE, "cuda_ipc: a copy failed: %s", cudaGetErrorString(e));
-        if (td_now_s() > until)
-            return td_error(TD_ERR_TIMEOUT, "cuda_ipc: copies did not complete within %.1f s", timeout_s);
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
+    return kv_event_wait(x->done, td_now_s() + timeout_s, "cuda_ipc", "the copies");
 }
 
 static void ci_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)

@@ -45,6 +45,12 @@ void kv_fences_destroy(kv_fences_t *f);
 td_status_t kv_fences_record(kv_fences_t *f, int device, void *stream, uint64_t *fence);
 /* Makes every later copy on `copy` start after the point `fence` names. */
 td_status_t kv_fences_wait(kv_fences_t *f, int device, cudaStream_t copy, uint64_t fence);
+/* Queues the gathered copies of *b on `copy` and empties it (TD_OK when it
+ * was empty); `who` names the transport in the error. */
+td_status_t kv_copy_batch_launch(kv_copy_batch_t *b, cudaStream_t copy, const char *who);
+/* Polls ev until it completes or `deadline` (td_now_s()) passes; `what`
+ * names the work in the error (who: the transport). */
+td_status_t kv_event_wait(cudaEvent_t ev, double deadline, const char *who, const char *what);
 /* Queues the batch's copies on stream (a cudaStream_t) as one launch; 0, or
  * -1 when the launch failed (cudaGetLastError says why). */
 int kv_cuda_copy_batch(const kv_copy_batch_t *b, void *stream);

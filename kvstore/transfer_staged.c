@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -97,17 +96,7 @@ struct kv_xfer_peer {
 
 static td_status_t wait_event(cudaEvent_t ev, double deadline, const char *what)
 {
-    for (;;) {
-        cudaError_t e = cudaEventQuery(ev);
-        if (e == cudaSuccess)
-            return TD_OK;
-        if (e != cudaErrorNotReady)
-            return td_error(TD_ERR_UNAVAILABLE, "ucx_staged: %s failed: %s", what, cudaGetErrorString(e));
-        if (td_now_s() > deadline)
-            return td_error(TD_ERR_TIMEOUT, "ucx_staged: %s did not complete in time", what);
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
+    return kv_event_wait(ev, deadline, "ucx_staged", what);
 }
 
 static void st_destroy(kv_xfer_t *x)
@@ -303,16 +292,7 @@ static void peer_fail(kv_xfer_peer_t *p)
     }
 }
 
-static td_status_t launch_batch(kv_xfer_t *x)
-{
-    if (!x->batch.n)
-        return TD_OK;
-    int rc = kv_cuda_copy_batch(&x->batch, x->copy);
-    x->batch.n = 0;
-    return rc ? td_error(TD_ERR_INTERNAL, "ucx_staged: the batched copy did not launch: %s",
-                         cudaGetErrorString(cudaGetLastError()))
-              : TD_OK;
-}
+static td_status_t launch_batch(kv_xfer_t *x) { return kv_copy_batch_launch(&x->batch, x->copy, "ucx_staged"); }
 
 /* The filling buffer's copies are closed by its event. */
 static td_status_t close_slot(kv_xfer_t *x, slot_t *s)
