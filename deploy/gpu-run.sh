@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7} "
+sections=" ${*:-1 2 3 4 5 6 7 8} "
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -155,6 +155,18 @@ if [ -n "$smol" ]; then
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('SmolLM2, transport %s: greedy 48 tokens, %d of %d prompts identical disaggregated and single-process' % (sys.argv[2], d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print('store:', json.dumps(d['store'])); sys.exit(0 if d['identical'] == len(d['identity']) and d['store']['same_as_single'] and d['store']['again']['from_store'] > 0 else 1)" "$out/disagg-smol-$t.json" $t || fail=1
   done
 fi
+fi
+if want 8; then
+echo "== 8. the Llama-2-7B shape over UCX staged, with a KV store node: 8 MiB blocks through host memory"
+mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"
+export PATH=$work/bin:$PATH
+make7b
+mkdir -p "${OUT:-/tmp}/disagg-7b-ucx"
+python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/disagg-7b-ucx" --kv-mib 8192 \
+  --transport ucx --kvstores 1 --kvstore-mib 4096 --prefill-kv-mib 1024 --store-len 1000 --lengths 1024 --reps 2 \
+  --identity 2 > "$out/disagg-7b-ucx.json" 2> "$out/disagg-7b-ucx.err" ||
+  { echo "disaggregated 7B over UCX FAILED"; tail -5 "$out/disagg-7b-ucx.err"; fail=1; }
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B over UCX, greedy 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print('store:', json.dumps(d['store'])); sys.exit(0 if d['identical'] == len(d['identity']) and d['store']['same_as_single'] and d['store']['again']['from_store'] > 0 else 1)" "$out/disagg-7b-ucx.json" || fail=1
 fi
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"
 exit $fail

@@ -90,6 +90,8 @@ struct eng_worker {
     bool pub_staged;      /* the pool is device memory: batches carry host staging */
     uint32_t pub_batch_n; /* blocks a batch holds */
     uint32_t pub_batches; /* batches made (at rest or in flight) */
+    uint64_t pub_staged_blocks;
+    double pub_staged_s; /* the engine thread's time copying blocks out for the store */
     uint64_t pub_offered, pub_new, pub_unpublished;
     /* the pool's named blocks as events for followers (the router's cache
      * index): added on the engine thread, answered on RPC threads */
@@ -315,11 +317,16 @@ static void store_flush(eng_worker_t *w)
             b->src[b->n] = b->stage ? b->stage + (size_t)b->n * bb : base + (size_t)blk * bb;
             b->n++;
         }
+        double t0 = b->stage ? td_now_s() : 0;
         if (b->n && b->stage && eng_engine_kv_download(w->engine, b->blocks, b->n, b->stage)) {
             TD_WARN("%s: copying %u blocks out of the pool for the KV store: %s", w->id, b->n, td_last_error());
             w->pub_unpublished += b->n;
             pub_release(w, b);
             continue;
+        }
+        if (b->stage) {
+            w->pub_staged_s += td_now_s() - t0;
+            w->pub_staged_blocks += b->n;
         }
         if (b->n && !kv_client_put_async(w->store, b->names, b->src, b->n, pub_done, b)) {
             w->pub_offered += b->n;
@@ -373,6 +380,9 @@ static void store_open(eng_worker_t *w)
  * refused now), then the batches go. */
 static void store_close(eng_worker_t *w)
 {
+    if (w->store && w->pub_staged)
+        TD_INFO("%s: %llu blocks copied out of the pool for the KV store; the engine thread spent %.1f ms on it",
+                w->id, (unsigned long long)w->pub_staged_blocks, w->pub_staged_s * 1e3);
     kv_client_destroy(w->store);
     w->store = NULL;
     while (w->pub_free) {

@@ -24,7 +24,7 @@ memory (what GPU workers on different hosts use) instead of CUDA IPC.
 Standard library only (the GPU machine has no gRPC tools). Prints one JSON
 document. Usage:
   disagg_gpu.py --bin DIR --model PATH --out DIR [--device cuda] [--kv-mib N] [--lengths 128,1024]
-                [--transport auto|ucx] [--kvstores N --prefill-kv-mib N --store-len N]
+                [--transport auto|ucx] [--kvstores N --kvstore-mib N --prefill-kv-mib N --store-len N]
                 [--gen N] [--reps N] [--identity N] [--threads N] [--bench "ARGS" [--bench-prompts N:MIN:MAX]]
 """
 import argparse
@@ -63,10 +63,10 @@ def start_cluster(a, log_path):
         f.write("model: {path: %s}\nrouter: {http_listen: \"\"}\n"
                 "prefill: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
                 "decode: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
-                "kvstore: {count: %d, use: %s}\n"
+                "kvstore: {count: %d, use: %s, dram_mb: %d}\n"
                 "transport: {kind: %s}\n"
                 % (a.model, a.device, a.prefill_kv_mib or a.kv_mib, a.token_budget, a.threads, a.device, a.kv_mib,
-                   a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.transport))
+                   a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
     log = open(log_path, "a+")  # append: the children share the offset
     up = subprocess.Popen([a.bin + "/tandem", "up", "--config", cfg], stdout=subprocess.PIPE, stderr=log, text=True,
                           start_new_session=True)
@@ -92,8 +92,12 @@ def stop_cluster(up, log_path):
                   log)
     if not m:
         return None
-    return {"transport": m.group(1), "bytes": int(m.group(2)), "pusher_busy_ms": float(m.group(3)),
-            "exposed_ms": float(m.group(4))}
+    res = {"transport": m.group(1), "bytes": int(m.group(2)), "pusher_busy_ms": float(m.group(3)),
+           "exposed_ms": float(m.group(4))}
+    for role, p in re.findall(r"tandem-(prefill|decode): (\d+ blocks copied out of the pool for the KV store; "
+                              r"the engine thread spent [\d.]+ ms on it)", log):
+        res["store_copy_out_" + role] = p
+    return res
 
 
 def remote(a, ep, prompt, gen):
@@ -128,6 +132,7 @@ def main():
     ap.add_argument("--transport", default="auto", choices=["auto", "ucx"])
     ap.add_argument("--kvstores", type=int, default=0)
     ap.add_argument("--prefill-kv-mib", type=int, default=0)
+    ap.add_argument("--kvstore-mib", type=int, default=1024)
     ap.add_argument("--store-len", type=int, default=1000)
     ap.add_argument("--bench", default="")
     ap.add_argument("--bench-max-tokens", type=int, default=128)
