@@ -208,10 +208,11 @@ static void deliver_events(eng_worker_t *w)
  * batch's blocks are copied into the batch's own page-locked host staging
  * (eng_engine_kv_download) before it is queued, and the writers put from
  * there. Staging is bounded: PUB_STAGED_MAX batches of at most
- * PUB_STAGE_BYTES each; while all are in flight, further blocks are counted
- * unpublished like those of a full queue. */
+ * PUB_STAGE_BYTES each (1 GiB: two 1k-token prompts of a 7B model); while
+ * all are in flight, further blocks are counted unpublished like those of a
+ * full queue. */
 #define PUB_BATCH 64u
-#define PUB_STAGED_MAX 8u
+#define PUB_STAGED_MAX 32u
 #define PUB_STAGE_BYTES (32u << 20)
 
 typedef struct pub_batch {
