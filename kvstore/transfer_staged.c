@@ -71,6 +71,10 @@ struct kv_xfer {
     kv_copy_batch_t batch; /* copies into the filling buffer not yet launched */
     slot_t slot[2];
     int cur;
+    /* where a sender's time goes, logged at destroy: buffers sent, seconds
+     * waiting for their copies, issuing their puts, flushing them */
+    uint64_t sent;
+    double t_copy, t_put, t_flush;
 };
 
 struct kv_xfer_mem {
@@ -103,6 +107,9 @@ static void st_destroy(kv_xfer_t *x)
 {
     if (!x)
         return;
+    if (x->sent)
+        TD_INFO("ucx_staged: %llu staging buffers sent: %.1f ms waiting for their copies, %.1f ms issuing the puts, "
+                "%.1f ms flushing", (unsigned long long)x->sent, x->t_copy * 1e3, x->t_put * 1e3, x->t_flush * 1e3);
     cudaSetDevice(x->device);
     if (x->copy)
         cudaStreamSynchronize(x->copy);
@@ -309,7 +316,10 @@ static td_status_t close_slot(kv_xfer_t *x, slot_t *s)
  * entry; a peer whose put fails is marked and its further entries skipped. */
 static td_status_t send_slot(kv_xfer_t *x, slot_t *s, double deadline)
 {
+    double t0 = td_now_s();
     td_status_t rc = wait_event(s->copied, deadline, "a copy into host staging");
+    double t1 = td_now_s();
+    x->t_copy += t1 - t0;
     if (rc)
         return rc;
     for (uint32_t i = 0; i < s->n; i++) {
@@ -318,6 +328,8 @@ static td_status_t send_slot(kv_xfer_t *x, slot_t *s, double deadline)
             kv_transport_ucx.put(x->ucx, e->peer->ucx, e->region, s->buf + e->off, e->len, e->remote))
             peer_fail(e->peer);
     }
+    x->t_put += td_now_s() - t1;
+    x->sent++;
     s->state = SLOT_SENT;
     return TD_OK;
 }
@@ -325,6 +337,7 @@ static td_status_t send_slot(kv_xfer_t *x, slot_t *s, double deadline)
 /* A sent buffer's puts are flushed, peer by peer; then it is free to fill. */
 static void reclaim_slot(kv_xfer_t *x, slot_t *s, double deadline)
 {
+    double t0 = td_now_s();
     for (uint32_t i = 0; i < s->n; i++) {
         kv_xfer_peer_t *p = s->e[i].peer;
         bool seen = false;
@@ -336,6 +349,7 @@ static void reclaim_slot(kv_xfer_t *x, slot_t *s, double deadline)
         if (kv_transport_ucx.flush(x->ucx, p->ucx, left > 0.01 ? left : 0.01))
             peer_fail(p);
     }
+    x->t_flush += td_now_s() - t0;
     s->state = SLOT_FILLING;
     s->used = 0;
     s->n = 0;
