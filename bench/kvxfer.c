@@ -242,7 +242,8 @@ int main(int argc, char **argv)
     waitpid(pid, &st, 0);
     printf("{\"transport\": \"%s\", \"bytes\": %zu, \"chunk\": %zu, \"put_gbs\": %.2f, \"first_pass_gbs\": %.2f, "
            "\"connect_ms\": %.1f, \"%s_gbs\": %.2f, "
-           "\"landed_ok\": %s, \"ordered_after_fence\": %s}\n", xo->name, bytes, chunk, bytes / best / 1e9, bytes / first / 1e9, connect_s * 1e3,
+           "\"landed_ok\": %s, \"ordered_after_fence\": %s}\n",
+           xo->name, bytes, chunk, bytes / best / 1e9, bytes / first / 1e9, connect_s * 1e3,
            !dev ? "memcpy" : xo->landed ? "d2h_copy" : "d2d_copy", bytes / best_cpy / 1e9, landed ? "true" : "false",
            ordered < 0 ? "null" : ordered ? "true" : "false");
     xo->disconnect(x, peer);
