@@ -41,10 +41,40 @@ struct kv_xfer_mem {
     size_t len;
 };
 
+/* A region UCX reaches through shared memory is mapped into this process
+ * too (local: that mapping). Left to itself, the first put or get touching
+ * each of its 4 KiB pages here faults (~1-3 us a page: it held staged GPU
+ * pushes to a third of the bench's speed, bench/results/gpu-2026-11-25c);
+ * so each MAP_CHUNK of it has its page tables filled in one call
+ * (MADV_POPULATE_WRITE) the first time a transfer touches it (mapped: one
+ * bit a chunk). Filling the whole region at once would put seconds on the
+ * first request to a large pool. */
+#define MAP_CHUNK (2u << 20)
+
 typedef struct region {
     ucp_rkey_h rkey;
     uint64_t base, len;
+    uint8_t *local;
+    uint8_t *mapped; /* NULL: not shared memory (or nothing to fill) */
 } region_t;
+
+static void region_map(region_t *r, uint64_t offset, size_t len)
+{
+    if (!r->mapped || !len)
+        return;
+    for (uint64_t c = offset / MAP_CHUNK, end = (offset + len - 1) / MAP_CHUNK; c <= end; c++) {
+        if (r->mapped[c / 8] & (1u << (c % 8)))
+            continue;
+        r->mapped[c / 8] |= (uint8_t)(1u << (c % 8));
+        uintptr_t a = (uintptr_t)r->local + c * MAP_CHUNK, lo = a & ~(uintptr_t)4095;
+        uint64_t n = c * MAP_CHUNK + MAP_CHUNK < r->len ? MAP_CHUNK : r->len - c * MAP_CHUNK;
+        if (madvise((void *)lo, n + (a - lo), MADV_POPULATE_WRITE) && errno == EINVAL) {
+            free(r->mapped); /* a kernel before 5.14: the pages fault as before */
+            r->mapped = NULL;
+            return;
+        }
+    }
+}
 
 struct kv_xfer_peer {
     ucp_ep_h ep;
@@ -272,22 +302,10 @@ static td_status_t ucx_region_add(kv_xfer_t *x, kv_xfer_peer_t *p, const void *r
     r->base = remote_base;
     r->len = remote_len;
     *region = p->n_regions++;
-    /* A region UCX reaches through shared memory is mapped here too; its
-     * page tables are filled now, once, so that puts do not fault on every
-     * page they touch first (~3 us a 4 KiB page: it held a GPU worker's
-     * staged pushes to a third of the bench's speed, bench/results) */
     void *local;
-    if (ucp_rkey_ptr(r->rkey, remote_base, &local) == UCS_OK) {
-        double t0 = td_now_s();
-        if (madvise((void *)((uintptr_t)local & ~(uintptr_t)4095), remote_len + ((uintptr_t)local & 4095),
-                    MADV_POPULATE_WRITE) &&
-            errno != EINVAL)
-            TD_DEBUG("ucx: a shared-memory region's %llu bytes could not be mapped ahead: %s",
-                     (unsigned long long)remote_len, strerror(errno));
-        else
-            TD_DEBUG("ucx: a shared-memory region's %llu bytes mapped ahead in %.1f ms",
-                     (unsigned long long)remote_len, (td_now_s() - t0) * 1e3);
-    }
+    if (ucp_rkey_ptr(r->rkey, remote_base, &local) == UCS_OK &&
+        (r->mapped = calloc((remote_len + MAP_CHUNK - 1) / MAP_CHUNK / 8 + 1, 1)))
+        r->local = local;
     return TD_OK;
 }
 
@@ -352,6 +370,7 @@ static td_status_t rma(kv_xfer_t *x, kv_xfer_peer_t *p, bool put, uint32_t regio
         return rc;
     if (p->n_pending == MAX_PENDING && (rc = wait_pending(x, p, MAX_PENDING / 2, td_now_s() + 10)))
         return rc;
+    region_map(&p->regions[region], offset, len);
     ucp_request_param_t rp = {.op_attr_mask = 0};
     ucs_status_ptr_t r = put ? ucp_put_nbx(p->ep, local, len, remote, p->regions[region].rkey, &rp)
                              : ucp_get_nbx(p->ep, local, len, remote, p->regions[region].rkey, &rp);
@@ -405,8 +424,10 @@ static void ucx_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
         ucp_request_cancel(x->worker, p->pending[i]);
         ucp_request_free(p->pending[i]);
     }
-    for (uint32_t i = 0; i < p->n_regions; i++)
+    for (uint32_t i = 0; i < p->n_regions; i++) {
         ucp_rkey_destroy(p->regions[i].rkey);
+        free(p->regions[i].mapped);
+    }
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
     if (r && !UCS_PTR_IS_ERR(r)) {
