@@ -238,6 +238,8 @@ typedef struct preq {
     bool store_abandoned; /* the handler gave up waiting for the alloc closure (under mu) */
 } preq_t;
 
+#define STAGE_KEEP 4u
+
 /* The role's state, behind its context (eng_worker_role_t.ctx). */
 struct prefill_role {
     eng_worker_t *w;
@@ -260,10 +262,9 @@ struct prefill_role {
     /* a device pool's host staging for blocks read from the store, kept for
      * reuse (page-locking memory costs milliseconds): STAGE_KEEP at most */
     pthread_mutex_t stage_mu;
-    struct kept_stage { void *p; size_t bytes; } kept[4];
+    struct kept_stage { void *p; size_t bytes; } kept[STAGE_KEEP];
     uint32_t n_kept;
 };
-#define STAGE_KEEP 4u
 
 /* Host staging of at least `bytes` (*got: its size), a kept one if one fits. */
 static td_status_t stage_take(prefill_role_t *R, size_t bytes, void **p, size_t *got)
@@ -1088,6 +1089,7 @@ static void prefill_detach(eng_worker_t *w, void *ctx)
     for (uint32_t i = 0; i < R->n_kept; i++)
         eng_engine_host_free(eng_worker_engine(w), R->kept[i].p);
     R->n_kept = 0;
+    pthread_mutex_destroy(&R->stage_mu);
 }
 
 int main(int argc, char **argv)
