@@ -224,11 +224,17 @@ static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_s
     tap(f, "Qcur", (int)l, f->q, n, H * hd);
     tap(f, "Kcur", (int)l, f->k, n, KV * hd);
     tap(f, "Vcur", (int)l, f->v, n, KV * hd);
-    TRY(o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style));
-    TRY(o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style));
-    tap(f, "Qrope", (int)l, f->q, n, H * hd);
-    tap(f, "Krope", (int)l, f->k, n, KV * hd);
-    TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
+    if (o->supported & KERN_OP_ROPE_KV_STORE) { /* one pass for the three */
+        TRY(o->rope_kv_store(be, &kv, f->q, f->k, f->v, H, f->slots, n, f->pos, f->freq, f->rope_style));
+        tap(f, "Qrope", (int)l, f->q, n, H * hd);
+        tap(f, "Krope", (int)l, f->k, n, KV * hd);
+    } else {
+        TRY(o->rope(be, f->q, n, H, hd, f->pos, f->freq, f->rope_style));
+        TRY(o->rope(be, f->k, n, KV, hd, f->pos, f->freq, f->rope_style));
+        tap(f, "Qrope", (int)l, f->q, n, H * hd);
+        tap(f, "Krope", (int)l, f->k, n, KV * hd);
+        TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
+    }
     if (f->layer_fn) {
         TRY(o->sync(be)); /* the layer's KV is in the pool now */
         f->layer_fn(f->layer_ctx, l);

@@ -19,7 +19,8 @@
  * (KERN_OP_*) for each op it does have, so that a caller refuses a backend up
  * front (kern_backend_check) instead of at its first step. The optional ops
  * after attention (KERN_OPS_OPTIONAL: the fused matmul, sampling, captured
- * steps) are set only where their bit is; a caller checks the bit first.
+ * steps, rope with the KV store) are set only where their bit is; a caller
+ * checks the bit first.
  *
  * Shapes (row-major, the last dimension contiguous):
  *   activations  x[n][dim] fp32
@@ -98,9 +99,10 @@ typedef enum kern_op {
     KERN_OP_MATMUL_FUSED = 1u << 9,
     KERN_OP_SAMPLE = 1u << 10,
     KERN_OP_GRAPH = 1u << 11,
+    KERN_OP_ROPE_KV_STORE = 1u << 12,
 } kern_op_t;
 #define KERN_OPS_ALL 0x1ffu
-#define KERN_OPS_OPTIONAL (KERN_OP_MATMUL_FUSED | KERN_OP_SAMPLE | KERN_OP_GRAPH)
+#define KERN_OPS_OPTIONAL (KERN_OP_MATMUL_FUSED | KERN_OP_SAMPLE | KERN_OP_GRAPH | KERN_OP_ROPE_KV_STORE)
 /* What the engine's forward pass calls (matmul_multi is optional: the forward
  * pass falls back to one matmul per weight). */
 #define KERN_OPS_FORWARD (KERN_OPS_ALL & ~(uint32_t)KERN_OP_MATMUL_MULTI)
@@ -201,6 +203,12 @@ typedef struct kern_backend_ops {
     /* ---- optional (KERN_OPS_OPTIONAL): set only where the bit is ---- */
     /* the matmul of kern_matmul_spec_t */
     td_status_t (*matmul_fused)(kern_backend_t *b, const kern_matmul_spec_t *s);
+    /* rope on q [n][n_heads][head_dim] and on k [n][n_kv_heads][head_dim] in
+     * place, then kv_store of k and v: what rope, rope and kv_store do, in
+     * one pass */
+    td_status_t (*rope_kv_store)(kern_backend_t *b, const kern_kv_view_t *kv, float *q, float *k, const float *v,
+                                 uint32_t n_heads, const int32_t *slots, uint32_t n, const int32_t *pos,
+                                 const float *freq, kern_rope_style_t style);
     /* ids[i] = the token kern_sample_t p[i] picks from logits row i of
      * [n][vocab]; p and ids in backend memory */
     td_status_t (*sample)(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,

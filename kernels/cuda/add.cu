@@ -3,6 +3,8 @@
 
 __global__ void k_add(float *x, const float *y, size_t n)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         x[i] += y[i];
@@ -13,6 +15,5 @@ td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n)
     kc_bind(b);
     if (!n)
         return TD_OK;
-    k_add<<<kc_blocks(n, 256), 256, 0, ((kern_cuda_t *)b)->stream>>>(x, y, n);
-    return kc_launched("add");
+    return kc_launch((kern_cuda_t *)b, "add", k_add, kc_blocks(n, 256), 256, 0, x, y, n);
 }

@@ -17,8 +17,8 @@
 // the context is split into slices so that even one sequence fills the GPU;
 // a block takes one slice of one sequence for one KV head and all the query
 // heads of its group, lane j of a warp scoring position j of a chunk of 32
-// straight from the pages; the slices' partial softmax states are merged by
-// k_attention_merge.
+// straight from the pages; the last slice of a (sequence, KV head) to
+// finish merges the slices' partial softmax states.
 //
 // Prompt rows over fp16 KV with head_dim 64 or 128 take the tensor cores
 // instead (k_attention_mma, flash-attention 2's scheme): a block takes 64
@@ -51,6 +51,7 @@ typedef struct att_args {
     const float *q;
     float *out;
     float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)
+    unsigned *cnt;   // decode: slices finished per (sequence, KV head), back to 0 after the merge
     uint32_t splits; // decode: slices per sequence
     const kern_attn_seq_t *dseq; // decode: the sequences in device memory (read there), or NULL
 } att_args_t;
@@ -88,6 +89,8 @@ __device__ __forceinline__ void softmax_reset(float (&m)[N], float (&l)[N], floa
 
 template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const att_args_t a)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     extern __shared__ float sm[];
     const uint32_t hd = a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *sq = sm;                    // [16][hd]: the pairs' queries, scaled
@@ -205,10 +208,18 @@ __device__ __forceinline__ void load8(const float *p, float *f)
 }
 #define DEC_MAXG 8 // query heads per KV head this kernel takes
 
-template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
+// HD: the head_dim when it is one the kernel is built for (64, 128), so that
+// the loops over it unroll and every load of a K row is in flight at once;
+// 0 for any other (read from a). Each chunk's V rows are read DEC_VB
+// positions at a time, their loads issued before they are used.
+#define DEC_VB 8
+template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     extern __shared__ float dsm[];
-    const uint32_t hd = a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
+    constexpr int E = HD ? HD / 32 : ATT_MAXD; // values of a head a lane holds
+    const uint32_t hd = HD ? HD : a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
     const att_seq_t S = dec_seq(a, blockIdx.x);
     const uint32_t kvh = blockIdx.y, split = blockIdx.z, h0 = kvh * G;
     float *sq = dsm;                    // [G][hd] queries
@@ -233,9 +244,13 @@ template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(
 #pragma unroll
         for (int h = 0; h < DEC_MAXG; h++)
             sc[h] = 0;
+        // this lane's position's row of K and of V (the block looked up once)
+        const uint8_t *row = live ? a.base + (size_t)S.table[pos / a.bt] * a.block_bytes : a.base;
+        const size_t in_blk = (size_t)(pos % a.bt) * hd;
+        const T *vrow = (const T *)row + v_off + in_blk;
         if (live) {
-            const T *kr = (const T *)(a.base + (size_t)S.table[pos / a.bt] * a.block_bytes) + k_off +
-                          (size_t)(pos % a.bt) * hd;
+            const T *kr = (const T *)row + k_off + in_blk;
+#pragma unroll(HD ? HD / 8 : 1)
             for (uint32_t d = 0; d < hd; d += 8) { // a lane reads its position's K row 16 or 32 bytes at a time
                 float k[8];
                 load8(kr + d, k);
@@ -270,23 +285,27 @@ template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(
             sc[h] = e;
         }
         const uint32_t n_live = min(32u, hi - c0);
-        for (uint32_t t = 0; t < n_live; t++) {
-            const uint32_t pt = c0 + t;
-            const T *vr = (const T *)(a.base + (size_t)S.table[pt / a.bt] * a.block_bytes) + v_off +
-                          (size_t)(pt % a.bt) * hd;
-            float v[ATT_MAXD];
+        for (uint32_t t0 = 0; t0 < n_live; t0 += DEC_VB) {
+            float v[DEC_VB][E];
 #pragma unroll
-            for (int i = 0; i < ATT_MAXD; i++)
-                v[i] = lane + 32 * i < hd ? kc_to_float<T>(vr[lane + 32 * i]) : 0.0f;
+            for (int u = 0; u < DEC_VB; u++) {
+                const T *vr = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, (t0 + u) & 31);
+                const bool ok = t0 + u < n_live;
 #pragma unroll
-            for (int h = 0; h < DEC_MAXG; h++) {
-                if (h >= (int)G)
-                    break;
-                const float p = __shfl_sync(0xffffffffu, sc[h], t);
-#pragma unroll
-                for (int i = 0; i < ATT_MAXD; i++)
-                    acc[h][i] += p * v[i];
+                for (int i = 0; i < E; i++)
+                    v[u][i] = ok && lane + 32 * i < hd ? kc_to_float<T>(vr[lane + 32 * i]) : 0.0f;
             }
+#pragma unroll
+            for (int u = 0; u < DEC_VB; u++)
+#pragma unroll
+                for (int h = 0; h < DEC_MAXG; h++) {
+                    if (h >= (int)G)
+                        break;
+                    const float p = __shfl_sync(0xffffffffu, sc[h], (t0 + u) & 31); // 0 past n_live
+#pragma unroll
+                    for (int i = 0; i < E; i++)
+                        acc[h][i] += p * v[u][i];
+                }
         }
     }
     // the four warps' states into one: (max, sum, acc) per head
@@ -326,23 +345,35 @@ template <typename T> __global__ void __launch_bounds__(128) k_attention_decode(
             o[2 + d] = A;
         }
     }
-}
-
-// The slices of each (row, head) into its output.
-__global__ void k_attention_merge(const att_args_t a)
-{
-    const uint32_t hd = a.hd, stride = hd + 2, head = blockIdx.y;
-    const att_seq_t S = dec_seq(a, blockIdx.x);
-    const float *w = a.ws + ((size_t)blockIdx.x * a.n_heads + head) * a.splits * stride;
-    float M = -INFINITY;
-    for (uint32_t s = 0; s < a.splits; s++)
-        M = fmaxf(M, w[s * stride]);
-    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    if (a.splits == 1)
+        return;
+    // The last slice of this (sequence, KV head) to finish merges the
+    // slices into the output (and sets the count back for the next launch),
+    // so that no second kernel is needed.
+    __shared__ bool last;
+    __threadfence(); // the slice's state is visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *cnt = a.cnt + (size_t)blockIdx.x * a.n_kv + kvh;
+        last = atomicAdd(cnt, 1u) == a.splits - 1;
+        if (last)
+            *cnt = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        const uint32_t h = i / hd, d = i % hd, head = h0 + h;
+        const float *w = a.ws + ((size_t)blockIdx.x * a.n_heads + head) * a.splits * stride;
+        float M = -INFINITY;
+        for (uint32_t s = 0; s < a.splits; s++)
+            M = fmaxf(M, __ldcg(w + s * stride));
         float L = 0, A = 0;
         for (uint32_t s = 0; s < a.splits; s++) {
-            const float ms = w[s * stride], f = ms == -INFINITY ? 0.0f : __expf(ms - M);
-            L += w[s * stride + 1] * f;
-            A += w[s * stride + 2 + d] * f;
+            const float ms = __ldcg(w + s * stride), f = ms == -INFINITY ? 0.0f : __expf(ms - M);
+            L += __ldcg(w + s * stride + 1) * f;
+            A += __ldcg(w + s * stride + 2 + d) * f;
         }
         a.out[((size_t)S.row0 * a.n_heads + head) * hd + d] = A / L;
     }
@@ -371,6 +402,8 @@ template <int HD> __global__ void __launch_bounds__(128) k_attention_mma(const a
 {
     __shared__ __align__(16) __half ks[MMA_KT][HD + MMA_PAD];     // K rows: the B operand of S = Q Kᵀ as is
     __shared__ __align__(16) __half vt[HD][MMA_KT + MMA_PAD];     // V transposed: the B operand of O += P V
+    kc_pdl_wait();
+    kc_pdl_release();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     uint32_t s = 0;
     while (s + 1 < a.n_seqs && a.seq[s + 1].tile0 <= blockIdx.x)
@@ -547,7 +580,6 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
     a.q = q;
     a.out = out;
     a.dseq = dev_seqs;
-    cudaStream_t st = ((kern_cuda_t *)b)->stream;
     size_t smem = att_smem(g->head_dim);
     // prompt rows (16 or more) over fp16 KV with a head_dim the tensor-core
     // kernel has go there, decode rows to the split kernel, the rest to the
@@ -577,11 +609,8 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
             td_status_t rc;
             if (pass == 1) {
                 dim3 grid(tiles, n_heads);
-                if (g->head_dim == 64)
-                    k_attention_mma<64><<<grid, 128, 0, st>>>(a);
-                else
-                    k_attention_mma<128><<<grid, 128, 0, st>>>(a);
-                rc = kc_launched("attention_mma");
+                rc = kc_launch(c, "attention_mma", g->head_dim == 64 ? k_attention_mma<64> : k_attention_mma<128>,
+                               grid, 128, 0, a);
             } else if (pass == 2) {
                 // enough slices for two blocks per SM, none shorter than 256
                 // positions; read from device memory, the positions may move
@@ -591,30 +620,34 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                 uint32_t most = dev_seqs ? want : (max_ctx + 255) / 256;
                 a.splits = want < 1 ? 1 : want > most ? (most ? most : 1) : want;
                 a.ws = NULL;
+                a.cnt = NULL;
                 if (a.splits > 1) {
                     size_t need = (size_t)a.n_seqs * n_heads * a.splits * (g->head_dim + 2) * sizeof(float);
                     if ((rc = kc_scratch(c, &c->ws, need)))
                         return rc;
                     a.ws = (float *)c->ws.p;
+                    // the slices' counts start at zero, and each launch leaves them so
+                    need = (size_t)ATT_MAXSEQ * a.n_kv * sizeof(unsigned);
+                    if (c->cnt.cap < need &&
+                        ((rc = kc_scratch(c, &c->cnt, need)) || (rc = kc_zero(c, c->cnt.p, c->cnt.cap))))
+                        return rc;
+                    a.cnt = (unsigned *)c->cnt.p;
                 }
                 size_t dsmem = ((size_t)DEC_MAXG * g->head_dim + (size_t)4 * a.group * (g->head_dim + 2)) * 4;
                 dim3 grid(a.n_seqs, a.n_kv, a.splits);
-                if (g->dtype == TD_KV_F16)
-                    k_attention_decode<__half><<<grid, 128, dsmem, st>>>(a);
-                else
-                    k_attention_decode<float><<<grid, 128, dsmem, st>>>(a);
-                rc = kc_launched("attention_decode");
-                if (!rc && a.splits > 1) {
-                    k_attention_merge<<<dim3(a.n_seqs, n_heads), 128, 0, st>>>(a);
-                    rc = kc_launched("attention_merge");
-                }
+                const uint32_t hd = g->head_dim;
+                const bool h16 = g->dtype == TD_KV_F16;
+                void (*k)(att_args_t) = h16 ? k_attention_decode<__half, 0> : k_attention_decode<float, 0>;
+                if (hd == 64)
+                    k = h16 ? k_attention_decode<__half, 64> : k_attention_decode<float, 64>;
+                else if (hd == 128)
+                    k = h16 ? k_attention_decode<__half, 128> : k_attention_decode<float, 128>;
+                rc = kc_launch(c, "attention_decode", k, grid, 128, dsmem, a);
+
             } else {
                 dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
-                if (g->dtype == TD_KV_F16)
-                    k_attention<__half><<<grid, ATT_WARPS * 32, smem, st>>>(a);
-                else
-                    k_attention<float><<<grid, ATT_WARPS * 32, smem, st>>>(a);
-                rc = kc_launched("attention");
+                rc = kc_launch(c, "attention", g->dtype == TD_KV_F16 ? k_attention<__half> : k_attention<float>,
+                               grid, ATT_WARPS * 32, smem, a);
             }
             if (rc)
                 return rc;

@@ -266,6 +266,7 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .kv_store = kc_kv_store,
     .attention = kc_attention,
     .matmul_fused = kc_matmul_fused,
+    .rope_kv_store = kc_rope_kv_store,
     .sample = kc_sample,
     .capture_begin = cu_capture_begin,
     .capture_end = cu_capture_end,
@@ -317,6 +318,11 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
         return td_error(TD_ERR_UNSUPPORTED, "cuda: device %d: %s", device, cudaGetErrorString(e));
     }
     cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device);
+    int major = 0, l2 = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+    c->pdl = major >= 9;
+    c->l2 = (size_t)l2;
     td_status_t rc = kc_attention_init();
     if (!rc && (e = cudaMalloc(&c->blas_ws, KC_BLAS_WS)) != cudaSuccess)
         rc = td_error(TD_ERR_NO_MEMORY, "cuda: no device memory for cuBLAS's workspace: %s", cudaGetErrorString(e));
@@ -336,6 +342,17 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     return TD_OK;
 }
 
+extern "C" bool kern_cuda_set_pdl(kern_backend_t *b, bool on)
+{
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+    cudaStreamSynchronize(c->stream);
+    kc_graphs_drop(c);
+    c->pdl = on && major >= 9;
+    return c->pdl;
+}
+
 extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
 {
     kern_cuda_t *c = (kern_cuda_t *)b;
@@ -346,6 +363,7 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     cudaFree(c->blas_ws);
     cudaFree(c->xh.p);
     cudaFree(c->ws.p);
+    cudaFree(c->cnt.p);
     cudaFree(c->dg.p);
     if (c->blas)
         c->blas_api->destroy(c->blas);

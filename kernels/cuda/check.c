@@ -341,6 +341,58 @@ static void check_elementwise(kern_backend_t *cpu, kern_backend_t *gpu)
     report("swiglu 4032", rel_err(yg, yc, N * DIM), 1e-6);
 }
 
+/* rope_kv_store against the ops it stands for (rope on q, rope on k,
+ * kv_store), both on the GPU (each checked against the CPU above): q, k and
+ * the pool must come out bit for bit the same. */
+static void check_rope_kv_store(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, td_kv_dtype_t dtype,
+                                kern_rope_style_t style)
+{
+    enum { N = 5, BT = 16, NB = 8, LAYERS = 2 };
+    const int32_t pos[N] = {0, 3, 17, 100, 1000}, slots[N] = {5, 17, 40, 77, 127};
+    td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
+    eng_kv_pool_t *pa, *pb;
+    if (eng_kv_pool_create(gpu, &g, NB, NULL, &pa) || eng_kv_pool_create(gpu, &g, NB, NULL, &pb))
+        exit(1);
+    kern_kv_view_t va = eng_kv_view(pa, 1), vb = eng_kv_view(pb, 1);
+    const size_t pool_bytes = (size_t)NB * td_kv_block_bytes(&g), nq = (size_t)N * nh * hd, nk = (size_t)N * nkv * hd;
+    uint8_t *zero = calloc(1, pool_bytes);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), freq[128];
+    for (size_t i = 0; i < nq; i++)
+        q[i] = frand() * 2;
+    for (size_t i = 0; i < nk; i++)
+        k[i] = frand() * 2, v[i] = frand();
+    for (uint32_t i = 0; i < hd / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    if (gpu->ops->upload(gpu, va.base, zero, pool_bytes) || gpu->ops->upload(gpu, vb.base, zero, pool_bytes))
+        exit(1);
+    float *qa = put(gpu, q, nq * 4), *qb = put(gpu, q, nq * 4), *ka = put(gpu, k, nk * 4), *kb = put(gpu, k, nk * 4);
+    float *dv = put(gpu, v, nk * 4), *dfreq = put(gpu, freq, sizeof freq);
+    int32_t *dpos = put(gpu, pos, sizeof pos), *dslots = put(gpu, slots, sizeof slots);
+    if (gpu->ops->rope(gpu, qa, N, nh, hd, dpos, dfreq, style) ||
+        gpu->ops->rope(gpu, ka, N, nkv, hd, dpos, dfreq, style) ||
+        gpu->ops->kv_store(gpu, &va, ka, dv, dslots, N) ||
+        gpu->ops->rope_kv_store(gpu, &vb, qb, kb, dv, nh, dslots, N, dpos, dfreq, style))
+        exit(1);
+    uint8_t *a = malloc(pool_bytes), *b = malloc(pool_bytes);
+    float *ha = malloc(nq * 4), *hb = malloc(nq * 4);
+    get(gpu, a, va.base, pool_bytes);
+    get(gpu, b, vb.base, pool_bytes);
+    bool same = !memcmp(a, b, pool_bytes);
+    get(gpu, ha, qa, nq * 4);
+    get(gpu, hb, qb, nq * 4);
+    same = same && !memcmp(ha, hb, nq * 4);
+    get(gpu, ha, ka, nk * 4);
+    get(gpu, hb, kb, nk * 4);
+    same = same && !memcmp(ha, hb, nk * 4);
+    failures += !same;
+    printf("rope_kv_store %u/%u heads x %u, %s KV, %s: q, k and pool = rope, rope, kv_store's %s\n", nh, nkv, hd,
+           td_kv_dtype_name(dtype), style == KERN_ROPE_NEOX ? "neox" : "norm", same ? "ok" : "FAIL");
+    gpu->ops->free(gpu, qa), gpu->ops->free(gpu, qb), gpu->ops->free(gpu, ka), gpu->ops->free(gpu, kb);
+    gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dfreq), gpu->ops->free(gpu, dpos), gpu->ops->free(gpu, dslots);
+    free(zero), free(q), free(k), free(v), free(a), free(b), free(ha), free(hb);
+    eng_kv_pool_destroy(pa), eng_kv_pool_destroy(pb);
+}
+
 static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
 {
     enum { ROWS = 1000, COLS = 576, N = 9 };
@@ -771,6 +823,26 @@ static const kern_backend_ops_t timed_ops = {
     .weight_release = t_wrel, .matmul = t_matmul, .matmul_multi = t_multi, .rmsnorm = t_rmsnorm, .rope = t_rope,
     .swiglu = t_swiglu, .add = t_add, .embed = t_embed, .kv_store = t_kv, .attention = t_attn};
 
+/* Seconds per decode step of one sequence over positions from pos_first on:
+ * `warm` steps first (the first runs as is, the second is captured), then
+ * `steps` timed. */
+static double decode_step_s(eng_forward_t *f, int32_t *ids, int32_t *table, uint32_t nb, uint32_t pos_first,
+                            uint32_t warm, uint32_t steps)
+{
+    const float *lg;
+    uint32_t nl;
+    double t = 0;
+    for (uint32_t k = 0; k < warm + steps; k++) {
+        eng_batch_seq_t d = {.tokens = ids + k, .n = 1, .pos0 = pos_first + k, .block_table = table, .n_blocks = nb,
+                             .want_logits = true};
+        double t1 = now_s();
+        eng_forward_run(f, &d, 1, &lg, &nl);
+        if (k >= warm)
+            t += now_s() - t1;
+    }
+    return t / steps;
+}
+
 /* A model's forward pass on the GPU: a prompt of n_prompt tokens, then
  * decode steps of one sequence, each timed whole and then op by op. */
 static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
@@ -812,18 +884,27 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         double layer_params = (double)m->desc.n_params - (double)m->desc.vocab * m->desc.hidden *
                                                                (m->desc.tied_embeddings ? 1 : 2);
         double tp = now_s() - t0, flops = 2.0 * n_prompt * layer_params;
-        double td = 0;
-        enum { STEPS = 32 };
-        for (uint32_t k = 0; k < STEPS; k++) {
-            eng_batch_seq_t d = {.tokens = ids + k, .n = 1, .pos0 = n_prompt - STEPS + k, .block_table = table,
-                                 .n_blocks = nb, .want_logits = true};
-            double t1 = now_s();
-            eng_forward_run(f[timed], &d, 1, &lg, &nl);
-            td += now_s() - t1;
+        /* decode steps over the prompt's last positions and over its first
+         * ones (a short context); untimed ops with programmatic dependent
+         * launch and without */
+        enum { WARM = 4, STEPS = 32 };
+        double td[2] = {0, 0}, ts[2] = {0, 0};
+        for (int pdl = 1; pdl >= 0; pdl--) {
+            if (!timed && kern_cuda_set_pdl(gpu, pdl) != (bool)pdl)
+                continue;
+            td[pdl] = decode_step_s(f[timed], ids, table, nb, n_prompt - WARM - STEPS, WARM, STEPS);
+            ts[pdl] = decode_step_s(f[timed], ids, table, nb, 64, WARM, STEPS);
+            if (timed)
+                break;
         }
-        printf("timing model %s%s: prefill %u tokens %.1f ms (%.1f TFLOP/s in the layers' matmuls), decode step at %u: %.3f ms\n",
+        kern_cuda_set_pdl(gpu, true);
+        printf("timing model %s%s: prefill %u tokens %.1f ms (%.1f TFLOP/s in the layers' matmuls), decode step at %u: "
+               "%.3f ms, at 64..%u: %.3f ms",
                m->desc.name, timed ? " (each op synchronized)" : "", n_prompt, tp * 1e3, flops / tp / 1e12, n_prompt,
-               td / STEPS * 1e3);
+               td[1] * 1e3, 64 + WARM + STEPS, ts[1] * 1e3);
+        if (!timed && td[0] > 0)
+            printf(" (without programmatic dependent launch %.3f and %.3f ms)", td[0] * 1e3, ts[0] * 1e3);
+        printf("\n");
         if (timed) {
             printf("  ops, ms per prefill + %d decode steps:", STEPS);
             for (int o = 0; o < OP_N; o++)
@@ -882,8 +963,9 @@ static void timings(kern_backend_t *gpu)
             cudaMemset(dx, 0, (size_t)n * wt.cols * 4);
             const kern_weight_t *wp = &wt;
             kern_matmul_spec_t spec = {.w = &wp, .y = &dy, .k = 1, .x = dx, .n = n};
-            double ms[2];
-            for (int v = 0; v < 2; v++) {
+            double ms[3]; /* cuBLAS, the fused op, the fused op without programmatic dependent launch */
+            for (int v = 0; v < 3; v++) {
+                kern_cuda_set_pdl(gpu, v != 2);
                 for (int i = 0; i < 3; i++)
                     v ? gpu->ops->matmul_fused(gpu, &spec) : gpu->ops->matmul(gpu, &wt, dx, dy, n);
                 gpu->ops->sync(gpu);
@@ -893,9 +975,12 @@ static void timings(kern_backend_t *gpu)
                 gpu->ops->sync(gpu);
                 ms[v] = (now_s() - t0) / 100 * 1e3;
             }
+            kern_cuda_set_pdl(gpu, true);
             double bytes = 2.0 * wt.rows * wt.cols;
-            printf("timing decode matmul %ux%u, %u rows: cuBLAS %.3f ms = %.0f GB/s, fused GEMV %.3f ms = %.0f GB/s\n",
-                   wt.rows, wt.cols, n, ms[0], bytes / ms[0] / 1e6, ms[1], bytes / ms[1] / 1e6);
+            printf("timing decode matmul %ux%u, %u rows: cuBLAS %.3f ms = %.0f GB/s, fused GEMV %.3f ms = %.0f GB/s "
+                   "(without programmatic dependent launch %.3f ms = %.0f GB/s)\n",
+                   wt.rows, wt.cols, n, ms[0], bytes / ms[0] / 1e6, ms[1], bytes / ms[1] / 1e6, ms[2],
+                   bytes / ms[2] / 1e6);
             gpu->ops->free(gpu, dx), gpu->ops->free(gpu, dy);
         }
         gpu->ops->weight_release(gpu, &wt);
@@ -1011,6 +1096,10 @@ int main(int argc, char **argv)
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
             for (int dt = 0; dt < 2; dt++)
                 check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], dt ? TD_KV_F32 : TD_KV_F16);
+        for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
+            for (int st = 0; st < 2; st++)
+                check_rope_kv_store(gpu, heads[h][0], heads[h][1], heads[h][2], st ? TD_KV_F32 : TD_KV_F16,
+                                    st ? KERN_ROPE_NEOX : KERN_ROPE_NORM);
         check_decode(crafted);
         check_kv_digest(gpu);
         const uint32_t fused_rows[] = {1, 5, 8, 64}; /* the GEMV (8 or fewer) and cuBLAS */

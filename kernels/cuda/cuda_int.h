@@ -42,6 +42,7 @@ typedef struct kern_cuda {
     int sms;    // streaming multiprocessors (how wide a launch must be)
     kc_scratch_t xh; // fp16 activations for the GEMMs
     kc_scratch_t ws; // attention's slices
+    kc_scratch_t cnt; // attention's count of finished slices (zero between launches)
     kc_scratch_t dg; // kv_digest's block list and results
     // captured steps (backend_cuda.cu), newest replacing the oldest when full
     struct {
@@ -50,6 +51,8 @@ typedef struct kern_cuda {
     } graphs[KC_GRAPHS];
     uint32_t n_graphs, next_graph;
     void *blas_ws; // cuBLAS's workspace, set once (a captured GEMM may not allocate)
+    bool pdl;      // kernels launched programmatically dependent (sm_90 and later; kc_launch)
+    size_t l2;     // bytes of L2 (the GEMV's prefetch budget)
 } kern_cuda_t;
 
 // A CUDA runtime call that must succeed; else its error, naming the call.
@@ -98,11 +101,92 @@ __device__ __forceinline__ float kc_row_rms_scale(const float *xr, uint32_t dim,
 }
 #endif
 
+#ifdef __CUDACC__
+// Programmatic dependent launch (sm_90). kc_launch lets a kernel start while
+// the kernel before it in the stream is still running, so that its blocks are
+// resident (and may load what does not depend on that kernel, such as
+// weights) when the earlier one ends. Every kernel it launches calls
+// kc_pdl_wait() before it reads what an earlier kernel wrote and before it
+// writes anything, in every block, even one with nothing to do: the wait
+// returns once the earlier kernel has finished and its writes are visible,
+// and so orders it after every kernel before that one too. kc_pdl_release()
+// lets the next kernel start; a kernel that never calls it releases it as
+// its blocks end.
+__device__ __forceinline__ void kc_pdl_wait(void)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kc_pdl_release(void)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches kernel k on the backend's stream (programmatically dependent where
+// the device has it); a launch error names the kernel.
+template <typename... P, typename... A>
+static inline td_status_t kc_launch(const kern_cuda_t *c, const char *name, void (*k)(P...), dim3 grid, dim3 block,
+                                    size_t smem, A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_INTERNAL, "cuda: kernel %s: %s", name, cudaGetErrorString(e));
+    return kc_launched(name);
+}
+#endif
+
+#ifdef __CUDACC__
+// Rotates pair p of one head's vector v (head_dim hd) for position pos:
+// (p, p + hd/2) for neox, else (2p, 2p + 1). Returns the pair's indices in
+// *ia, *ib (the rotated values are written back to v).
+__device__ __forceinline__ void kc_rope_pair(float *v, uint32_t p, uint32_t hd, int32_t pos, const float *freq,
+                                             int neox, uint32_t *ia, uint32_t *ib)
+{
+    float s, c;
+    sincosf((float)pos * freq[p], &s, &c);
+    const uint32_t a = neox ? p : 2 * p, b = neox ? p + hd / 2 : 2 * p + 1;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * c - x1 * s;
+    v[b] = x0 * s + x1 * c;
+    *ia = a, *ib = b;
+}
+
+// Where value d of KV head h of the token at `slot` goes in layer `layer`'s
+// K (which 0) or V (which 1) of the pool at base (common/kv_contract.h's
+// canonical block layout), T being the pool's element type.
+template <typename T>
+__device__ __forceinline__ T *kc_kv_dst(uint8_t *base, size_t block_bytes, uint32_t layer, uint32_t which,
+                                        uint32_t n_kv, uint32_t bt, uint32_t hd, uint32_t slot, uint32_t h, uint32_t d)
+{
+    const uint32_t blk = slot / bt, off = slot % bt;
+    return (T *)(base + (size_t)blk * block_bytes) + (((size_t)layer * 2 + which) * n_kv + h) * bt * hd +
+           (size_t)off * hd + d;
+}
+template <typename T> __device__ __forceinline__ T kc_from_float(float f);
+template <> __device__ __forceinline__ float kc_from_float<float>(float f) { return f; }
+template <> __device__ __forceinline__ __half kc_from_float<__half>(float f) { return __float2half_rn(f); }
+#endif
+
 static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // Grows sc to at least `bytes` (waiting for the stream first: the old
 // memory may still be read by queued work).
 td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes);
+// Sets `bytes` of device memory at p to zero, on the backend's stream.
+td_status_t kc_zero(kern_cuda_t *c, void *p, size_t bytes);
 // y[i] = (half)x[i] on the backend's stream
 td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n);
 
@@ -120,6 +204,9 @@ td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n);
 td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out);
 td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                         const int32_t *slots, uint32_t n);
+td_status_t kc_rope_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, float *q, float *k, const float *v,
+                             uint32_t n_heads, const int32_t *slots, uint32_t n, const int32_t *pos, const float *freq,
+                             kern_rope_style_t style);
 td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
                          const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs, float scale);
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s);

@@ -5,6 +5,8 @@
 
 __global__ void k_embed(const __half *table, const int32_t *ids, uint32_t rows, uint32_t cols, float *out)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     int32_t id = ids[blockIdx.x];
     float *o = out + (size_t)blockIdx.x * cols;
     bool ok = id >= 0 && (uint32_t)id < rows;
@@ -18,6 +20,6 @@ td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_
     kc_bind(b);
     if (!n)
         return TD_OK;
-    k_embed<<<n, 256, 0, ((kern_cuda_t *)b)->stream>>>((const __half *)table->priv, ids, table->rows, table->cols, out);
-    return kc_launched("embed");
+    return kc_launch((kern_cuda_t *)b, "embed", k_embed, n, 256, 0, (const __half *)table->priv, ids, table->rows,
+                     table->cols, out);
 }

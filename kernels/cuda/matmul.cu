@@ -5,6 +5,8 @@
 
 __global__ void k_to_half(const float *x, __half *y, size_t n)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = __float2half_rn(x[i]);
@@ -14,8 +16,7 @@ td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n)
 {
     if (!n)
         return TD_OK;
-    k_to_half<<<kc_blocks(n, 256), 256, 0, c->stream>>>(x, y, n);
-    return kc_launched("to_half");
+    return kc_launch(c, "to_half", k_to_half, kc_blocks(n, 256), 256, 0, x, y, n);
 }
 
 td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes)
@@ -34,6 +35,12 @@ td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes)
     sc->cap = 0;
     CU(cudaMalloc(&sc->p, bytes));
     sc->cap = bytes;
+    return TD_OK;
+}
+
+td_status_t kc_zero(kern_cuda_t *c, void *p, size_t bytes)
+{
+    CU(cudaMemsetAsync(p, 0, bytes, c->stream));
     return TD_OK;
 }
 

@@ -30,6 +30,7 @@ typedef struct gv_args {
     float *y[GV_MAXK];
     uint32_t end[GV_MAXK]; // the rows of weights 0 .. i together
     uint32_t k, cols, n, units;
+    uint32_t pf; // bytes of each row past the first round asked of L2 before the wait (a multiple of 16)
     const float *x, *norm;
     float eps;
     int glu, acc;
@@ -51,11 +52,64 @@ __device__ __forceinline__ uint4 gv_load(const __half *p)
     return v;
 }
 
+// One round of a warp's weight loads: GV_U 16-byte loads of each of its rows
+// from column c0 on (lane's first column), zeros past the row or for a row
+// the warp does not have.
+__device__ __forceinline__ void gv_round(uint4 (&wv)[GV_R][GV_U], const __half *const (&wr)[GV_R],
+                                         const bool (&live)[GV_R], uint32_t c0, uint32_t cols)
+{
+#pragma unroll
+    for (int u = 0; u < GV_U; u++) {
+        const uint32_t c = c0 + u * 256;
+#pragma unroll
+        for (int r = 0; r < GV_R; r++)
+            wv[r][u] = c < cols && live[r] ? gv_load(wr[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Asks L2 to fetch `bytes` (a multiple of 16) from p on (16-byte aligned).
+__device__ __forceinline__ void gv_prefetch_l2(const void *p, uint32_t bytes)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const gv_args_t a)
 {
     __shared__ float scale[N];
     __shared__ float part[GV_WARPS][N];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols;
+    const uint32_t unit = blockIdx.x * GV_WARPS + warp; // GV_R rows of the weights' row space (glu: one row of each)
+    const __half *wr[GV_R];
+    float *yr[GV_R];
+    uint32_t yrows[GV_R];
+    bool live[GV_R];
+#pragma unroll
+    for (int r = 0; r < GV_R; r++) {
+        uint32_t g = a.glu ? unit : unit * GV_R + r, i = a.glu ? (uint32_t)r : 0, lo = 0;
+        if (!a.glu)
+            while (i + 1 < a.k && g >= a.end[i])
+                lo = a.end[i++];
+        live[r] = unit < a.units && (a.glu || g < a.end[a.k - 1]);
+        uint32_t row = live[r] ? g - lo : 0;
+        uint32_t rows = a.end[i] - lo;
+        wr[r] = a.w[i] + (size_t)row * cols;
+        yr[r] = a.y[a.glu ? 0 : i] + row;
+        yrows[r] = rows;
+    }
+    // Before the wait (cuda_int.h's kc_pdl_wait) only the weights are read,
+    // which no kernel writes: the first round into registers, and the next
+    // a.pf bytes of each row asked of L2, while the kernel before still runs.
+    const uint32_t step = 32 * 8 * GV_U;
+    uint4 wv[GV_R][GV_U];
+    gv_round(wv, wr, live, lane * 8, cols);
+    if (a.pf)
+#pragma unroll
+        for (int r = 0; r < GV_R; r++)
+            if (lane == (uint32_t)r && live[r])
+                gv_prefetch_l2(wr[r] + step, a.pf);
+    kc_pdl_wait();
     if (a.norm) { // each x row's 1 / rms
         float ss[N];
 #pragma unroll
@@ -80,42 +134,18 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
         }
         __syncthreads();
     }
-    const uint32_t unit = blockIdx.x * GV_WARPS + warp; // GV_R rows of the weights' row space (glu: one row of each)
     if (unit >= a.units)
         return;
-    const __half *wr[GV_R];
-    float *yr[GV_R];
-    uint32_t yrows[GV_R];
-    bool live[GV_R];
-#pragma unroll
-    for (int r = 0; r < GV_R; r++) {
-        uint32_t g = a.glu ? unit : unit * GV_R + r, i = a.glu ? (uint32_t)r : 0, lo = 0;
-        if (!a.glu)
-            while (i + 1 < a.k && g >= a.end[i])
-                lo = a.end[i++];
-        live[r] = a.glu || g < a.end[a.k - 1];
-        uint32_t row = live[r] ? g - lo : 0;
-        uint32_t rows = a.end[i] - lo;
-        wr[r] = a.w[i] + (size_t)row * cols;
-        yr[r] = a.y[a.glu ? 0 : i] + row;
-        yrows[r] = rows;
-    }
     float acc[GV_R][N];
 #pragma unroll
     for (int r = 0; r < GV_R; r++)
 #pragma unroll
         for (int j = 0; j < N; j++)
             acc[r][j] = 0;
-    const uint32_t step = 32 * 8 * GV_U;
+    // each round's loads are issued before the one before is used
     for (uint32_t c0 = lane * 8; c0 < cols; c0 += step) {
-        uint4 wv[GV_R][GV_U];
-#pragma unroll
-        for (int u = 0; u < GV_U; u++) {
-            const uint32_t c = c0 + u * 256;
-#pragma unroll
-            for (int r = 0; r < GV_R; r++)
-                wv[r][u] = c < cols && live[r] ? gv_load(wr[r] + c) : make_uint4(0, 0, 0, 0);
-        }
+        uint4 nx[GV_R][GV_U];
+        gv_round(nx, wr, live, c0 + step, cols);
 #pragma unroll
         for (int u = 0; u < GV_U; u++) {
             const uint32_t c = c0 + u * 256;
@@ -137,7 +167,13 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
                     acc[r][j] += gv_dot8(wv[r][u], x0, x1);
             }
         }
+#pragma unroll
+        for (int u = 0; u < GV_U; u++)
+#pragma unroll
+            for (int r = 0; r < GV_R; r++)
+                wv[r][u] = nx[r][u];
     }
+    kc_pdl_release(); // the next kernel's blocks may come in as this one's last ones finish
 #pragma unroll
     for (int r = 0; r < GV_R; r++)
 #pragma unroll
@@ -177,6 +213,8 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
 // x's rows RMS-normed (weight g) and rounded to fp16: one block per row.
 __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t dim, float eps)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     const float *xr = x + (size_t)blockIdx.x * dim;
     const float scale = kc_row_rms_scale(xr, dim, eps);
     for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
@@ -201,9 +239,11 @@ static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
     a.glu = s->glu;
     a.acc = s->accumulate;
     a.units = s->glu ? s->w[0]->rows : (total + GV_R - 1) / GV_R;
-    const unsigned blocks = kc_blocks(a.units, GV_WARPS);
-    k_gemv<GV_MAXN><<<blocks, GV_WARPS * 32, 0, c->stream>>>(a);
-    return kc_launched("gemv");
+    // L2 prefetch: at most half of L2 over all the rows, what the first round leaves of each
+    const size_t row = (size_t)a.cols * sizeof(__half), first = (size_t)32 * 8 * GV_U * sizeof(__half);
+    const size_t rows = s->glu ? 2 * (size_t)s->w[0]->rows : total, share = c->l2 / 2 / (rows ? rows : 1);
+    a.pf = c->pdl && row > first ? (uint32_t)((row - first < share ? row - first : share) & ~(size_t)15) : 0;
+    return kc_launch(c, "gemv", k_gemv<GV_MAXN>, kc_blocks(a.units, GV_WARPS), GV_WARPS * 32, 0, a);
 }
 
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
@@ -227,8 +267,7 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
     if (rc)
         return rc;
     if (s->norm) {
-        k_norm_half<<<s->n, 256, 0, c->stream>>>(s->x, s->norm, (__half *)c->xh.p, cols, s->eps);
-        rc = kc_launched("norm_half");
+        rc = kc_launch(c, "norm_half", k_norm_half, s->n, 256, 0, s->x, s->norm, (__half *)c->xh.p, cols, s->eps);
     } else {
         rc = kc_to_half(c, s->x, (__half *)c->xh.p, nx);
     }

@@ -4,6 +4,8 @@
 
 __global__ void k_rmsnorm(const float *x, const float *w, float *y, uint32_t dim, float eps)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
     const float scale = kc_row_rms_scale(xr, dim, eps);
@@ -16,6 +18,5 @@ td_status_t kc_rmsnorm(kern_backend_t *b, const float *x, const float *w, float 
     kc_bind(b);
     if (!n)
         return TD_OK;
-    k_rmsnorm<<<n, 256, 0, ((kern_cuda_t *)b)->stream>>>(x, w, y, dim, eps);
-    return kc_launched("rmsnorm");
+    return kc_launch((kern_cuda_t *)b, "rmsnorm", k_rmsnorm, n, 256, 0, x, w, y, dim, eps);
 }

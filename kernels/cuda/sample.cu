@@ -47,14 +47,17 @@ __global__ void __launch_bounds__(SM_THREADS)
 {
     __shared__ float sh[32];
     __shared__ uint32_t shk[32], shi[32];
+    kc_pdl_wait();
+    kc_pdl_release();
     const float *x = logits + (size_t)blockIdx.x * vocab;
     const kern_sample_t p = ps[blockIdx.x];
     // this thread's contiguous slice (the draw walks slices in order)
     const uint32_t per = (vocab + blockDim.x - 1) / blockDim.x, lo = min(vocab, threadIdx.x * per),
                    hi = min(vocab, lo + per);
-    // the largest, first on ties
+    // the largest, first on ties (read across the block, coalesced; the
+    // reduction below breaks ties by index)
     uint32_t bk = 0, bi = UINT32_MAX;
-    for (uint32_t i = lo; i < hi; i++) {
+    for (uint32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
         uint32_t k = x[i] == x[i] ? sm_key(x[i]) : 0;
         if (k > bk || bi == UINT32_MAX)
             bk = k, bi = i;
@@ -164,6 +167,5 @@ td_status_t kc_sample(kern_backend_t *b, const float *logits, uint32_t n, uint32
         return TD_OK;
     if (!vocab)
         return td_error(TD_ERR_INVALID_ARG, "cuda: sample: an empty vocabulary");
-    k_sample<<<n, SM_THREADS, 0, ((kern_cuda_t *)b)->stream>>>(logits, vocab, p, ids);
-    return kc_launched("sample");
+    return kc_launch((kern_cuda_t *)b, "sample", k_sample, n, SM_THREADS, 0, logits, vocab, p, ids);
 }

@@ -3,6 +3,8 @@
 
 __global__ void k_swiglu(const float *g, const float *u, float *y, size_t n)
 {
+    kc_pdl_wait();
+    kc_pdl_release();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
@@ -13,6 +15,5 @@ td_status_t kc_swiglu(kern_backend_t *b, const float *g, const float *u, float *
     kc_bind(b);
     if (!n)
         return TD_OK;
-    k_swiglu<<<kc_blocks(n, 256), 256, 0, ((kern_cuda_t *)b)->stream>>>(g, u, y, n);
-    return kc_launched("swiglu");
+    return kc_launch((kern_cuda_t *)b, "swiglu", k_swiglu, kc_blocks(n, 256), 256, 0, g, u, y, n);
 }

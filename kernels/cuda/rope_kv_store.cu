@@ -1,0 +1,49 @@
+// rope_kv_store.cu — a layer's rope on q and k and its KV store in one
+// kernel (kernels/backend.h's rope_kv_store): at a decode step each of the
+// three is a few thousand values, so their launches, not their bytes, are
+// what they cost. One thread per rotated pair of q, per rotated pair of k
+// (which it also stores) and per value of v.
+#include "kernels/cuda/cuda_int.h"
+
+template <typename T>
+__global__ void k_rope_kv_store(uint8_t *base, size_t block_bytes, uint32_t layer, uint32_t n_kv, uint32_t bt,
+                                uint32_t hd, float *q, float *k, const float *v, uint32_t n_heads,
+                                const int32_t *slots, uint32_t n, const int32_t *pos, const float *freq, int neox)
+{
+    kc_pdl_wait();
+    kc_pdl_release();
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, half = hd / 2;
+    const size_t qp = (size_t)n * n_heads * half, kp = (size_t)n * n_kv * half, vn = (size_t)n * n_kv * hd;
+    uint32_t ia, ib;
+    if (i < qp) {
+        const size_t th = i / half;
+        kc_rope_pair(q + th * hd, (uint32_t)(i % half), hd, pos[th / n_heads], freq, neox, &ia, &ib);
+    } else if (i < qp + kp) {
+        const size_t r = i - qp, th = r / half;
+        const uint32_t t = (uint32_t)(th / n_kv), h = (uint32_t)(th % n_kv), slot = (uint32_t)slots[t];
+        float *kv = k + th * hd;
+        kc_rope_pair(kv, (uint32_t)(r % half), hd, pos[t], freq, neox, &ia, &ib);
+        *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ia) = kc_from_float<T>(kv[ia]);
+        *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ib) = kc_from_float<T>(kv[ib]);
+    } else if (i < qp + kp + vn) {
+        const size_t r = i - qp - kp;
+        const uint32_t t = (uint32_t)(r / ((size_t)n_kv * hd)), h = (uint32_t)(r / hd % n_kv), d = (uint32_t)(r % hd);
+        *kc_kv_dst<T>(base, block_bytes, layer, 1, n_kv, bt, hd, (uint32_t)slots[t], h, d) = kc_from_float<T>(v[r]);
+    }
+}
+
+td_status_t kc_rope_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, float *q, float *k, const float *v,
+                             uint32_t n_heads, const int32_t *slots, uint32_t n, const int32_t *pos, const float *freq,
+                             kern_rope_style_t style)
+{
+    kc_bind(b);
+    const td_kv_layout_t *g = kv->layout;
+    const size_t total =
+        (size_t)n * (n_heads + g->n_kv_heads) * (g->head_dim / 2) + (size_t)n * g->n_kv_heads * g->head_dim;
+    if (!total)
+        return TD_OK;
+    return kc_launch((kern_cuda_t *)b, "rope_kv_store",
+                     g->dtype == TD_KV_F16 ? k_rope_kv_store<__half> : k_rope_kv_store<float>, kc_blocks(total, 256),
+                     256, 0, (uint8_t *)kv->base, kv->block_bytes, kv->layer, g->n_kv_heads, g->block_tokens,
+                     g->head_dim, q, k, v, n_heads, slots, n, pos, freq, (int)(style == KERN_ROPE_NEOX));
+}
