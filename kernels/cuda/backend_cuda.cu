@@ -193,6 +193,35 @@ static td_status_t cu_capture_begin(kern_backend_t *b)
     return TD_OK;
 }
 
+// Counts a captured step's edges, and of them the programmatic ones (the
+// kernel after may start while the one before ends: stream capture keeps
+// kc_launch's kind of dependency), into c->edges for tandem-cuda-check.
+static void count_edges(kern_cuda_t *c, cudaGraph_t g)
+{
+    size_t n = 0;
+    c->edges = (kc_edge_count_t){0, 0};
+    if (cudaGraphGetEdges(g, NULL, NULL, NULL, &n) != cudaSuccess || !n) {
+        cudaGetLastError();
+        return;
+    }
+    cudaGraphNode_t *from = (cudaGraphNode_t *)malloc(n * sizeof *from);
+    cudaGraphNode_t *to = (cudaGraphNode_t *)malloc(n * sizeof *to);
+    cudaGraphEdgeData *ed = (cudaGraphEdgeData *)calloc(n, sizeof *ed);
+    if (from && to && ed && cudaGraphGetEdges(g, from, to, ed, &n) == cudaSuccess) {
+        c->edges.all = n;
+        for (size_t i = 0; i < n; i++)
+            c->edges.programmatic += ed[i].type == cudaGraphDependencyTypeProgrammatic;
+    }
+    cudaGetLastError();
+    free(from), free(to), free(ed);
+}
+
+extern "C" void kern_cuda_graph_edges(kern_backend_t *b, size_t *all, size_t *programmatic)
+{
+    const kern_cuda_t *c = (const kern_cuda_t *)b;
+    *all = c->edges.all, *programmatic = c->edges.programmatic;
+}
+
 static td_status_t cu_capture_end(kern_backend_t *b, uint64_t key, bool keep)
 {
     kc_bind(b);
@@ -206,6 +235,7 @@ static td_status_t cu_capture_end(kern_backend_t *b, uint64_t key, bool keep)
         return e == cudaSuccess ? TD_OK
                                 : td_error(TD_ERR_INTERNAL, "cuda: capturing a step failed: %s", cudaGetErrorString(e));
     }
+    count_edges(c, g);
     cudaGraphExec_t x = NULL;
     e = cudaGraphInstantiate(&x, g, 0);
     cudaGraphDestroy(g);

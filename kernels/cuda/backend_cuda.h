@@ -21,6 +21,9 @@ void kern_cuda_backend_destroy(kern_backend_t *b);
  * where the device has it, sm_90 and later); drops the captured steps. For
  * tandem-cuda-check's timings with it and without. Returns the setting in force. */
 bool kern_cuda_set_pdl(kern_backend_t *b, bool on);
+/* The newest captured step's edges: all, and programmatic ones (the kernel
+ * after may start while the one before ends). For tandem-cuda-check. */
+void kern_cuda_graph_edges(kern_backend_t *b, size_t *all, size_t *programmatic);
 
 #ifdef __cplusplus
 }

@@ -905,6 +905,13 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         if (!timed && td[0] > 0)
             printf(" (without programmatic dependent launch %.3f and %.3f ms)", td[0] * 1e3, ts[0] * 1e3);
         printf("\n");
+        if (!timed) {
+            kern_cuda_set_pdl(gpu, true);
+            decode_step_s(f[0], ids, table, nb, 64, 2, 1); /* a fresh capture, to count its edges */
+            size_t all, prog;
+            kern_cuda_graph_edges(gpu, &all, &prog);
+            printf("  the captured decode step: %zu edges, %zu of them programmatic\n", all, prog);
+        }
         if (timed) {
             printf("  ops, ms per prefill + %d decode steps:", STEPS);
             for (int o = 0; o < OP_N; o++)

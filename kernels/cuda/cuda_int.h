@@ -24,6 +24,11 @@ typedef struct kc_blas_api {
                               cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 } kc_blas_api_t;
 
+// The newest captured step's edges (backend_cuda.cu's count_edges).
+typedef struct kc_edge_count {
+    size_t all, programmatic;
+} kc_edge_count_t;
+
 // Device memory that grows on demand (never shrinks).
 typedef struct kc_scratch {
     void *p;
@@ -53,6 +58,7 @@ typedef struct kern_cuda {
     void *blas_ws; // cuBLAS's workspace, set once (a captured GEMM may not allocate)
     bool pdl;      // kernels launched programmatically dependent (sm_90 and later; kc_launch)
     size_t l2;     // bytes of L2 (the GEMV's prefetch budget)
+    kc_edge_count_t edges;
 } kern_cuda_t;
 
 // A CUDA runtime call that must succeed; else its error, naming the call.
