@@ -14,6 +14,7 @@
 
 #include "bench/grpc.h"
 #include "bench/openai.h"
+#include "bench/report.h"
 #include "bench/stats.h"
 #include "bench/workload.h"
 #include "common/blockhash.h"
@@ -74,6 +75,48 @@ Test(bench, summaries_of_empty_failed_and_mixed_runs)
     cr_assert_eq(s.met, 2, "one misses TTFT, one misses TPOT");
     cr_assert_float_eq(s.attainment, 0.5, 1e-12);
     cr_assert_float_eq(s.ttft_p50, 0.25, 1e-12);
+}
+
+/* The report stands without gnuplot: the JSON and the plot script are
+ * written, the missing program is a warning (the script draws the plots
+ * later), not a failed run. gnuplot present: the SVGs are drawn. */
+Test(bench, report_without_gnuplot_still_written)
+{
+    char dir[] = "/tmp/tandem-report-XXXXXX", path[128], gp[160], svg[160];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    snprintf(gp, sizeof gp, "%s/run-plot.gp", dir);
+    snprintf(svg, sizeof svg, "%s/run-ttft.svg", dir);
+    bench_result_t res[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        res[i].ok = true;
+        res[i].t_sent = res[i].t_planned = i;
+        res[i].t_first = i + 0.1;
+        res[i].t_done = i + 0.5;
+        res[i].tpot = 0.01;
+        res[i].n_out = 8;
+    }
+    bench_point_t pt = {.rate = 1, .res = res, .n = 2, .sum = bench_summarize(res, 2, 1, 0.1)};
+    bench_report_t r = {.argv_line = "tandem bench (test)", .endpoint = "none", .api = "grpc", .workload = "test",
+                        .ttft_slo = 1, .tpot_slo = 0.1, .attainment = 0.9, .points = &pt, .n_points = 1,
+                        .workers = 1};
+    const char *old = getenv("PATH");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("PATH", "/nonexistent", 1); /* `timeout` is not found either: the shell answers 127 */
+    td_status_t rc = bench_write_report(&r, path);
+    if (saved)
+        setenv("PATH", saved, 1);
+    free(saved);
+    cr_assert_eq(rc, TD_OK, "no gnuplot: %s", td_last_error());
+    cr_assert_eq(access(path, R_OK), 0, "the JSON report");
+    cr_assert_eq(access(gp, R_OK), 0, "the plot script");
+    if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
+        cr_assert_eq(bench_write_report(&r, path), TD_OK, "%s", td_last_error());
+        cr_assert_eq(access(svg, R_OK), 0, "gnuplot drew %s", svg);
+    }
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }
 
 static bench_workload_t words;
