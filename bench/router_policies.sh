@@ -8,13 +8,14 @@
 # The workload: the synthetic prefix-heavy one (PREFIX_GROUPS groups sharing
 # PREFIX_SHARE of each prompt, INPUT lengths, RATE requests/s, N requests), or
 # with TRACE=FILE a Mooncake-format trace (bench/mooncake_sample.py makes one
-# from whole conversations) with lengths divided by TRACE_DIVIDE.
+# from whole conversations) with lengths divided by TRACE_DIVIDE and its
+# times multiplied by TIME_SCALE (0.5: twice the rate).
 # Each run's `tandem bench` summary and JSON go to OUT/POLICY[-rN].{txt,json}
 # with the router's Health after it; OUT/table.md sums them up.
 #
 # usage: bench/router_policies.sh   Environment: POLICIES, REPS, OUT, RATE, N,
 #        THREADS, PREFIX_GROUPS, PREFIX_SHARE, INPUT, OUTPUT, TRACE,
-#        TRACE_DIVIDE, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS), KVSTORES (3)
+#        TRACE_DIVIDE, TIME_SCALE, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS), KVSTORES (3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -23,7 +24,7 @@ policies=${POLICIES:-least_loaded round_robin kv_cost predictive}
 out=${OUT:-bench/results/router-policies-$(date -u +%Y-%m-%d)}
 mkdir -p "$out"
 if [ -n "${TRACE:-}" ]; then
-  load=(--workload trace "$TRACE" --trace-divide "${TRACE_DIVIDE:-32}")
+  load=(--workload trace "$TRACE" --trace-divide "${TRACE_DIVIDE:-32}" --time-scale "${TIME_SCALE:-1}")
 else
   load=(--rate "${RATE:-1}" --num-requests "${N:-60}" --input-len "${INPUT:-uniform:128:512}"
         --output-len "${OUTPUT:-fixed:16}" --ignore-eos --prefix-groups "${PREFIX_GROUPS:-6}"
