@@ -6,7 +6,10 @@
 // One row (a batch-1 decode step) takes k_gemv, which is bound by
 // reading the weights once: a warp takes GV_R weight rows, each lane streams
 // 16 bytes of each (8 halves) GV_U times before it uses them, so that enough
-// bytes are in flight to keep HBM busy; x (fp32, a few KB a row) is read
+// bytes are in flight to keep HBM busy. The first such round is loaded before
+// anything else (before the wait for the kernel before, and before the norm's
+// pass over x), and each round's loads are issued before the round before is
+// used (bench/results/gpu-2026-11-25d). x (fp32, a few KB a row) is read
 // through L1 where every warp of the SM finds it. The norm's scale of each x
 // row is computed by every block (the row is in L2), multiplied in after the
 // dot product, and the norm's weight is multiplied into x as it is read. With
