@@ -628,9 +628,11 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                     a.ws = (float *)c->ws.p;
                     // the slices' counts start at zero, and each launch leaves them so
                     need = (size_t)ATT_MAXSEQ * a.n_kv * sizeof(unsigned);
-                    if (c->cnt.cap < need &&
-                        ((rc = kc_scratch(c, &c->cnt, need)) || (rc = kc_zero(c, c->cnt.p, c->cnt.cap))))
-                        return rc;
+                    if (c->cnt.cap < need) {
+                        if ((rc = kc_scratch(c, &c->cnt, need)))
+                            return rc;
+                        CU(cudaMemsetAsync(c->cnt.p, 0, c->cnt.cap, c->stream));
+                    }
                     a.cnt = (unsigned *)c->cnt.p;
                 }
                 size_t dsmem = ((size_t)DEC_MAXG * g->head_dim + (size_t)4 * a.group * (g->head_dim + 2)) * 4;
@@ -643,7 +645,6 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                 else if (hd == 128)
                     k = h16 ? k_attention_decode<__half, 128> : k_attention_decode<float, 128>;
                 rc = kc_launch(c, "attention_decode", k, grid, 128, dsmem, a);
-
             } else {
                 dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
                 rc = kc_launch(c, "attention", g->dtype == TD_KV_F16 ? k_attention<__half> : k_attention<float>,

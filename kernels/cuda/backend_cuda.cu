@@ -351,7 +351,7 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     int major = 0, l2 = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
-    c->pdl = major >= 9;
+    c->pdl = c->pdl_able = major >= 9;
     c->l2 = (size_t)l2;
     td_status_t rc = kc_attention_init();
     if (!rc && (e = cudaMalloc(&c->blas_ws, KC_BLAS_WS)) != cudaSuccess)
@@ -375,11 +375,9 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
 extern "C" bool kern_cuda_set_pdl(kern_backend_t *b, bool on)
 {
     kern_cuda_t *c = (kern_cuda_t *)b;
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
     cudaStreamSynchronize(c->stream);
     kc_graphs_drop(c);
-    c->pdl = on && major >= 9;
+    c->pdl = on && c->pdl_able;
     return c->pdl;
 }
 

@@ -56,7 +56,8 @@ typedef struct kern_cuda {
     } graphs[KC_GRAPHS];
     uint32_t n_graphs, next_graph;
     void *blas_ws; // cuBLAS's workspace, set once (a captured GEMM may not allocate)
-    bool pdl;      // kernels launched programmatically dependent (sm_90 and later; kc_launch)
+    bool pdl_able; // the device has programmatic dependent launch (sm_90 and later)
+    bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
     size_t l2;     // bytes of L2 (the GEMV's prefetch budget)
     kc_edge_count_t edges;
 } kern_cuda_t;
@@ -191,8 +192,6 @@ static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)
 // Grows sc to at least `bytes` (waiting for the stream first: the old
 // memory may still be read by queued work).
 td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes);
-// Sets `bytes` of device memory at p to zero, on the backend's stream.
-td_status_t kc_zero(kern_cuda_t *c, void *p, size_t bytes);
 // y[i] = (half)x[i] on the backend's stream
 td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n);
 

@@ -38,12 +38,6 @@ td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes)
     return TD_OK;
 }
 
-td_status_t kc_zero(kern_cuda_t *c, void *p, size_t bytes)
-{
-    CU(cudaMemsetAsync(p, 0, bytes, c->stream));
-    return TD_OK;
-}
-
 td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n, bool accumulate)
 {
     // cuBLAS is column-major: row-major y[n][rows] is Y (rows x n, ld rows);
