@@ -10,12 +10,16 @@
 # with TRACE=FILE a Mooncake-format trace (bench/mooncake_sample.py makes one
 # from whole conversations) with lengths divided by TRACE_DIVIDE and its
 # times multiplied by TIME_SCALE (0.5: twice the rate).
+# With SLOW_THREADS=N the cluster's workers are unequal, as in a fleet of
+# mixed machines: one prefill worker runs on a second node agent (tandem up
+# --join) with N threads, the others with THREADS (bench/cluster.sh); its id
+# goes to OUT/POLICY[-rN].slow and the table gives its share of the requests.
 # Each run's `tandem bench` summary and JSON go to OUT/POLICY[-rN].{txt,json}
 # with the router's Health after it; OUT/table.md sums them up.
 #
 # usage: bench/router_policies.sh   Environment: POLICIES, REPS, OUT, RATE, N,
 #        THREADS, PREFIX_GROUPS, PREFIX_SHARE, INPUT, OUTPUT, TRACE,
-#        TRACE_DIVIDE, TIME_SCALE, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS), KVSTORES (3)
+#        TRACE_DIVIDE, TIME_SCALE, SLOW_THREADS, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS), KVSTORES (3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -38,6 +42,7 @@ one() { # policy, name
     --goodput "${GOODPUT:-ttft:1000,tpot:100}" --timeout 300 --seed 11 --output "$out/$name.json" \
     2>&1 | grep -v '^\[bench\] t=' | tee "$out/$name.txt"
   cluster_health "$out/$name.health.json"
+  [ -z "${SLOW_THREADS:-}" ] || echo "$cluster_slow_id" >"$out/$name.slow"
   cluster_down
 }
 order=($policies)

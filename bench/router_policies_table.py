@@ -3,17 +3,22 @@
 bench/router_policies.sh run: per policy the median over its runs (each
 POLICY[-rN].json with its .health.json) of SLO attainment, TTFT p50/p90/p99,
 requests meeting both SLOs per second, the share of prompt tokens served from
-a KV cache, and the TTFT prediction's error; placements by reason per run."""
+a KV cache, and the TTFT prediction's error; placements by reason per run;
+with a POLICY[-rN].slow file (SLOW_THREADS), the share of the requests the
+slow prefill worker served."""
 import glob, json, os, statistics, sys
 out, pols = sys.argv[1], sys.argv[2:]
-print("| policy | runs | SLO met | TTFT p50 | TTFT p90 | TTFT p99 | goodput (req/s meeting both SLOs) | prefix hit | placed pool / store / cold | prediction error p50 / p90 |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+slow = bool(glob.glob(os.path.join(out, "*.slow")))
+print("| policy | runs | SLO met | TTFT p50 | TTFT p90 | TTFT p99 | goodput (req/s meeting both SLOs) | prefix hit | placed pool / store / cold | prediction error p50 / p90 |"
+      + (" on the slow worker |" if slow else ""))
+print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|" + ("---:|" if slow else ""))
 for p in pols:
     runs = []
     for f in sorted(glob.glob(os.path.join(out, p + ".json")) + [f for f in glob.glob(os.path.join(out, p + "-r*.json")) if not f.endswith(".health.json")]):
         j = json.load(open(f))
         rq = j["runs"][0]["requests"]
         s = j["runs"][0]["summary"]
+        sid = open(f[:-5] + ".slow").read().strip() if os.path.exists(f[:-5] + ".slow") else ""
         h = json.load(open(f[:-5] + ".health.json")) if os.path.exists(f[:-5] + ".health.json") else {}
         pl = h.get("placement", {}).get("placed", {})
         ttft = sorted(r["ttft"] for r in rq if r["ok"])
@@ -23,10 +28,12 @@ for p in pols:
         runs.append(dict(met=100.0 * met / s["n"], p50=1e3 * q(ttft, .5), p90=1e3 * q(ttft, .9), p99=1e3 * q(ttft, .99),
                          good=met / dur, pool=pl.get("pool_hit", 0), store=pl.get("store_hit", 0), cold=pl.get("cold", 0),
                          e50=100 * (s.get("pred_err_p50") or float("nan")), e90=100 * (s.get("pred_err_p90") or float("nan")),
-                         hit=100 * (s.get("cached_share") or 0)))
+                         hit=100 * (s.get("cached_share") or 0),
+                         slow=100 * sum(r.get("prefill_worker") == sid for r in rq) / max(1, len(rq)) if sid else 0))
     if not runs:
         continue
     m = lambda k: statistics.median(r[k] for r in runs)
     print(f"| {p} | {len(runs)} | {m('met'):.1f}% | {m('p50'):.0f} ms | {m('p90'):.0f} ms | {m('p99'):.0f} ms | "
           f"{m('good'):.2f} | {m('hit'):.1f}% of prompt tokens | "
-          f"{' ; '.join('%d/%d/%d' % (r['pool'], r['store'], r['cold']) for r in runs)} | {m('e50'):.1f}% / {m('e90'):.1f}% |")
+          f"{' ; '.join('%d/%d/%d' % (r['pool'], r['store'], r['cold']) for r in runs)} | {m('e50'):.1f}% / {m('e90'):.1f}% |"
+          + (f" {m('slow'):.0f}% |" if slow else ""))
