@@ -23,10 +23,13 @@
 // Prompt rows over fp16 KV with head_dim 64 or 128 take the tensor cores
 // instead (k_attention_mma, flash-attention 2's scheme): a block takes 64
 // rows of one sequence and one query head, a warp 16 of them; each tile of
-// 64 positions is gathered from the pages into shared memory (K as is, V
+// 64 positions is gathered from the pages into shared memory with cp.async
+// (K and V rows as in the pool; the next tile's loads in flight while this
+// one is used), the operands come out of shared memory with ldmatrix (V's
 // transposed), S = Q Kᵀ and O += P V are mma.sync m16n8k16 (fp16 inputs,
 // fp32 sums), the softmax runs on the fp32 scores in registers (base 2, the
-// scale folded into Q). P is rounded to fp16 for the P V product.
+// scale folded into Q). P is rounded to fp16 for the P V product. The blocks
+// of a sequence's last rows, which walk the most positions, go first.
 #include "kernels/cuda/cuda_int.h"
 
 #define ATT_WARPS 4
@@ -382,7 +385,11 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
 // ---- the tensor-core path for prompt rows ----
 #define MMA_ROWS 64 // query rows per block (16 per warp)
 #define MMA_KT 64   // positions per K/V tile
-#define MMA_PAD 8   // halves of padding per shared row (no bank conflicts on the fragment loads)
+#define MMA_PAD 8   // halves of padding per shared row (ldmatrix's 8 row reads fall in distinct banks)
+
+// Shared memory of k_attention_mma: two tiles (the one in use, the next in
+// flight), each K and V rows as in the pool.
+static size_t mma_smem(uint32_t hd) { return (size_t)2 * 2 * MMA_KT * (hd + MMA_PAD) * sizeof(__half); }
 
 __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
 {
@@ -398,25 +405,93 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
     return *(uint32_t *)&h;
 }
 
-template <int HD> __global__ void __launch_bounds__(128) k_attention_mma(const att_args_t a)
+// 16 bytes global -> shared without passing through registers; zeros when !valid
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
 {
-    __shared__ __align__(16) __half ks[MMA_KT][HD + MMA_PAD];     // K rows: the B operand of S = Q Kᵀ as is
-    __shared__ __align__(16) __half vt[HD][MMA_KT + MMA_PAD];     // V transposed: the B operand of O += P V
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 fp16 matrices from shared memory, lanes 8m..8m+7 giving the rows of
+// matrix m; thread i gets (row i/4, columns 2(i%4), 2(i%4)+1) of each, or with
+// trans the same of each matrix transposed.
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, const __half *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const __half *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+
+template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(const att_args_t a)
+{
+    constexpr uint32_t LD = HD + MMA_PAD; // a shared row, in halves
+    extern __shared__ __align__(16) __half mma_sm[]; // [2 tiles][K, V][MMA_KT][LD]
     kc_pdl_wait();
     kc_pdl_release();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // the blocks of the last rows (the longest walks) first, so that the short ones fill in at the end
+    const uint32_t bx = gridDim.x - 1 - blockIdx.x;
     uint32_t s = 0;
-    while (s + 1 < a.n_seqs && a.seq[s + 1].tile0 <= blockIdx.x)
+    while (s + 1 < a.n_seqs && a.seq[s + 1].tile0 <= bx)
         s++;
     const att_seq_t S = a.seq[s];
-    const uint32_t r0 = (blockIdx.x - S.tile0) * MMA_ROWS, rows = min((uint32_t)MMA_ROWS, S.n - r0);
+    const uint32_t r0 = (bx - S.tile0) * MMA_ROWS, rows = min((uint32_t)MMA_ROWS, S.n - r0);
     const uint32_t head = blockIdx.y, kvh = head / a.group;
     const uint32_t last = S.pos0 + r0 + rows - 1;              // the block's last row's position
     const uint32_t wr0 = warp * 16;                            // the warp's first row in the block
     const uint32_t pos_a = S.pos0 + r0 + wr0 + g, pos_b = pos_a + 8; // this thread's two rows' positions
     const uint32_t warp_last = S.pos0 + r0 + wr0 + 15;                // the warp's last row's (uniform)
     const bool warp_live = wr0 < rows;
-    // Q fragments (rows g and g + 8 of the warp's 16), scaled for exp2
+    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * HD;
+    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * HD;
+    // One tile's K and V rows into buffer b: consecutive threads take consecutive 16-byte pieces of a row
+    // (coalesced), a thread PER pieces JSTEP positions apart; positions past the last row read as zeros.
+    // The pages of a tile's pieces are looked up a tile ahead (pages()), so the loads wait on no table read.
+    constexpr uint32_t PER = MMA_KT * (HD / 8) / 128, JSTEP = 128 / (HD / 8);
+    // with JSTEP 8, pieces 2q and 2q + 1 (positions jt + 16q and jt + 16q + 8, jt < 8) share a page:
+    // block_tokens is at least 16
+    constexpr uint32_t PPG = JSTEP >= 16 ? 1 : 16 / JSTEP, NPG = PER / PPG;
+    const uint32_t jt = threadIdx.x / (HD / 8), dt = (threadIdx.x % (HD / 8)) * 8;
+    const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1; // block_tokens is a power of two
+    int32_t pg[NPG];
+    auto pages = [&](uint32_t p0) {
+#pragma unroll
+        for (uint32_t m = 0; m < NPG; m++) {
+            const uint32_t pos = p0 + jt + m * PPG * JSTEP;
+            pg[m] = pos <= last ? S.table[pos >> bt_shift] : 0;
+        }
+    };
+    auto load = [&](uint32_t b, uint32_t p0) {
+        __half *kb = mma_sm + (size_t)b * 2 * MMA_KT * LD, *vb = kb + MMA_KT * LD;
+#pragma unroll
+        for (uint32_t m = 0; m < PER; m++) {
+            const uint32_t j = jt + m * JSTEP, pos = p0 + j;
+            const bool ok = pos <= last;
+            const __half *blk = (const __half *)(a.base + (size_t)pg[m / PPG] * a.block_bytes);
+            const size_t o8 = ok ? (size_t)(pos & bt_mask) * HD + dt : 0;
+            cp_async16(kb + j * LD + dt, ok ? blk + k_off + o8 : blk, ok);
+            cp_async16(vb + j * LD + dt, ok ? blk + v_off + o8 : blk, ok);
+        }
+    };
+    const uint32_t n_tiles = last / MMA_KT + 1;
+    pages(0);
+    load(0, 0);
+    cp_async_commit();
+    if (n_tiles > 1)
+        pages(MMA_KT);
+    // Q fragments (rows g and g + 8 of the warp's 16), scaled for exp2, while the first tile comes
     const float qs = a.scale * 1.4426950408889634f;
     uint32_t qf[HD / 16][4];
     {
@@ -437,94 +512,98 @@ template <int HD> __global__ void __launch_bounds__(128) k_attention_mma(const a
     for (int i = 0; i < HD / 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
-    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * HD;
-    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * HD;
-    for (uint32_t p0 = 0; p0 <= last; p0 += MMA_KT) {
-        __syncthreads(); // every warp is done with the previous tile
-        // consecutive threads take consecutive positions: the transposed V
-        // stores then fall in distinct banks
-        for (uint32_t i = threadIdx.x; i < MMA_KT * (HD / 8); i += blockDim.x) {
-            const uint32_t j = i % MMA_KT, d = (i / MMA_KT) * 8, pos = p0 + j;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (pos <= last) {
-                const __half *blk = (const __half *)(a.base + (size_t)S.table[pos / a.bt] * a.block_bytes);
-                const size_t o8 = (size_t)(pos % a.bt) * HD + d;
-                kv4 = *(const uint4 *)(blk + k_off + o8);
-                vv4 = *(const uint4 *)(blk + v_off + o8);
+    // the lane's row within an 8x8 matrix and which of the x4 load's four matrices it addresses
+    const uint32_t lr = lane & 7, lm = lane >> 3;
+    for (uint32_t it = 0; it < n_tiles; it++) {
+        const uint32_t p0 = it * MMA_KT;
+        if (it + 1 < n_tiles) { // the next tile's loads go out before this one is used
+            load((it + 1) & 1, p0 + MMA_KT);
+            cp_async_commit();
+            if (it + 2 < n_tiles)
+                pages(p0 + 2 * MMA_KT);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); // this tile is in shared memory for every warp
+        if (warp_live && p0 <= warp_last) { // else the warp's rows are all before this tile (or past the sequence)
+            const __half *kb = mma_sm + (size_t)(it & 1) * 2 * MMA_KT * LD, *vb = kb + MMA_KT * LD;
+            float sc[MMA_KT / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < MMA_KT / 8; nt++)
+                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
+            // S = Q Kᵀ: matrices (positions nt*8.., dims k*16 + 0, 8, 16, 24) are B of chunks k and k + 1
+#pragma unroll
+            for (int k = 0; k < HD / 16; k += 2)
+#pragma unroll
+                for (int nt = 0; nt < MMA_KT / 8; nt++) {
+                    uint32_t b[4];
+                    ldsm_x4(b, kb + (nt * 8 + lr) * LD + k * 16 + lm * 8);
+                    mma16816(sc[nt], qf[k], b[0], b[1]);
+                    mma16816(sc[nt], qf[k + 1], b[2], b[3]);
+                }
+            // causal mask (only a tile that reaches past the warp's first row has positions to mask),
+            // then the running max of each of the thread's two rows
+            float mx_a = -INFINITY, mx_b = -INFINITY;
+            const bool diag = p0 + MMA_KT - 1 > warp_last - 15;
+#pragma unroll
+            for (int nt = 0; nt < MMA_KT / 8; nt++) {
+                if (diag) {
+                    const uint32_t c = p0 + nt * 8 + t * 2;
+                    if (c > pos_a) sc[nt][0] = -INFINITY;
+                    if (c + 1 > pos_a) sc[nt][1] = -INFINITY;
+                    if (c > pos_b) sc[nt][2] = -INFINITY;
+                    if (c + 1 > pos_b) sc[nt][3] = -INFINITY;
+                }
+                mx_a = fmaxf(mx_a, fmaxf(sc[nt][0], sc[nt][1]));
+                mx_b = fmaxf(mx_b, fmaxf(sc[nt][2], sc[nt][3]));
             }
-            *(uint4 *)&ks[j][d] = kv4;
-            const __half *vh = (const __half *)&vv4;
 #pragma unroll
-            for (int e = 0; e < 8; e++)
-                vt[d + e][j] = vh[e];
-        }
-        __syncthreads();
-        if (!warp_live || p0 > warp_last) // the warp's rows are all before this tile (or past the sequence)
-            continue;
-        float sc[MMA_KT / 8][4];
+            for (int o2 = 1; o2 < 4; o2 <<= 1) {
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
+            }
+            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+            // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
+            const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+            const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+            m_a = mn_a, m_b = mn_b;
+            float sum_a = 0, sum_b = 0;
 #pragma unroll
-        for (int nt = 0; nt < MMA_KT / 8; nt++) {
-            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
+            for (int nt = 0; nt < MMA_KT / 8; nt++) {
+                sc[nt][0] = exp2f(sc[nt][0] - base_a);
+                sc[nt][1] = exp2f(sc[nt][1] - base_a);
+                sc[nt][2] = exp2f(sc[nt][2] - base_b);
+                sc[nt][3] = exp2f(sc[nt][3] - base_b);
+                sum_a += sc[nt][0] + sc[nt][1];
+                sum_b += sc[nt][2] + sc[nt][3];
+            }
+            l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
+            l_b = l_b * corr_b + sum_b;
 #pragma unroll
-            for (int k = 0; k < HD / 16; k++) {
-                const uint32_t b0 = *(const uint32_t *)&ks[nt * 8 + g][k * 16 + t * 2];
-                const uint32_t b1 = *(const uint32_t *)&ks[nt * 8 + g][k * 16 + 8 + t * 2];
-                mma16816(sc[nt], qf[k], b0, b1);
+            for (int i = 0; i < HD / 8; i++) {
+                o[i][0] *= corr_a, o[i][1] *= corr_a;
+                o[i][2] *= corr_b, o[i][3] *= corr_b;
+            }
+            // O += P V: matrices (positions kt*16 + 0, 8, dims nd*8 and nd*8 + 8), transposed, are B of
+            // dim tiles nd and nd + 1
+#pragma unroll
+            for (int kt = 0; kt < MMA_KT / 16; kt++) {
+                uint32_t pa[4];
+                pa[0] = pack_half2(sc[2 * kt][0], sc[2 * kt][1]);
+                pa[1] = pack_half2(sc[2 * kt][2], sc[2 * kt][3]);
+                pa[2] = pack_half2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
+                pa[3] = pack_half2(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+#pragma unroll
+                for (int nd = 0; nd < HD / 8; nd += 2) {
+                    uint32_t b[4];
+                    ldsm_x4_trans(b, vb + (kt * 16 + (lm & 1) * 8 + lr) * LD + (nd + (lm >> 1)) * 8);
+                    mma16816(o[nd], pa, b[0], b[1]);
+                    mma16816(o[nd + 1], pa, b[2], b[3]);
+                }
             }
         }
-        // causal mask, then the running max of each of the thread's two rows
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < MMA_KT / 8; nt++) {
-            const uint32_t c = p0 + nt * 8 + t * 2;
-            if (c > pos_a) sc[nt][0] = -INFINITY;
-            if (c + 1 > pos_a) sc[nt][1] = -INFINITY;
-            if (c > pos_b) sc[nt][2] = -INFINITY;
-            if (c + 1 > pos_b) sc[nt][3] = -INFINITY;
-            mx_a = fmaxf(mx_a, fmaxf(sc[nt][0], sc[nt][1]));
-            mx_b = fmaxf(mx_b, fmaxf(sc[nt][2], sc[nt][3]));
-        }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-        // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
-        const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-        const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
-        m_a = mn_a, m_b = mn_b;
-        float sum_a = 0, sum_b = 0;
-#pragma unroll
-        for (int nt = 0; nt < MMA_KT / 8; nt++) {
-            sc[nt][0] = exp2f(sc[nt][0] - base_a);
-            sc[nt][1] = exp2f(sc[nt][1] - base_a);
-            sc[nt][2] = exp2f(sc[nt][2] - base_b);
-            sc[nt][3] = exp2f(sc[nt][3] - base_b);
-            sum_a += sc[nt][0] + sc[nt][1];
-            sum_b += sc[nt][2] + sc[nt][3];
-        }
-        l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
-        l_b = l_b * corr_b + sum_b;
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            o[i][0] *= corr_a, o[i][1] *= corr_a;
-            o[i][2] *= corr_b, o[i][3] *= corr_b;
-        }
-#pragma unroll
-        for (int kt = 0; kt < MMA_KT / 16; kt++) {
-            uint32_t pa[4];
-            pa[0] = pack_half2(sc[2 * kt][0], sc[2 * kt][1]);
-            pa[1] = pack_half2(sc[2 * kt][2], sc[2 * kt][3]);
-            pa[2] = pack_half2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
-            pa[3] = pack_half2(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
-#pragma unroll
-            for (int nd = 0; nd < HD / 8; nd++) {
-                const uint32_t b0 = *(const uint32_t *)&vt[nd * 8 + g][kt * 16 + t * 2];
-                const uint32_t b1 = *(const uint32_t *)&vt[nd * 8 + g][kt * 16 + 8 + t * 2];
-                mma16816(o[nd], pa, b0, b1);
-            }
-        }
+        __syncthreads(); // every warp is done with this tile before the next load overwrites it
     }
     if (!warp_live)
         return;
@@ -552,6 +631,8 @@ td_status_t kc_attention_init(void)
     int bytes = (int)att_smem(32 * ATT_MAXD);
     CU(cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CU(cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CU(cudaFuncSetAttribute(k_attention_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem(64)));
+    CU(cudaFuncSetAttribute(k_attention_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem(128)));
     return TD_OK;
 }
 
@@ -610,7 +691,7 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
             if (pass == 1) {
                 dim3 grid(tiles, n_heads);
                 rc = kc_launch(c, "attention_mma", g->head_dim == 64 ? k_attention_mma<64> : k_attention_mma<128>,
-                               grid, 128, 0, a);
+                               grid, 128, mma_smem(g->head_dim), a);
             } else if (pass == 2) {
                 // enough slices for two blocks per SM, none shorter than 256
                 // positions; read from device memory, the positions may move

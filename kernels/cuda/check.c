@@ -417,15 +417,16 @@ static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
     free(wdata);
 }
 
-/* KV store and attention: a batch mixing a prompt that continues a cached
- * prefix, a fresh prompt and decode rows at several context lengths, each
+/* KV store and attention: a batch mixing prompts that continue a cached
+ * prefix (two long enough for the tensor-core kernel, one of them ending in a
+ * block of 8 rows), a fresh prompt and decode rows at several context lengths, each
  * sequence on its own shuffled blocks; the pools are compared byte for byte
  * after the stores, the attention outputs by relative error. */
 static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd,
                             td_kv_dtype_t dtype)
 {
-    enum { NS = 5, BT = 16, NB = 160, LAYERS = 2 };
-    const uint32_t pos0[NS] = {37, 700, 0, 15, 1500}, n[NS] = {100, 1, 5, 1, 1};
+    enum { NS = 6, BT = 16, NB = 192, LAYERS = 2 };
+    const uint32_t pos0[NS] = {37, 700, 0, 15, 1500, 130}, n[NS] = {100, 1, 5, 1, 1, 200};
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
     eng_kv_pool_t *pc, *pg;
     if (eng_kv_pool_create(cpu, &g, NB, NULL, &pc) || eng_kv_pool_create(gpu, &g, NB, NULL, &pg))
@@ -501,8 +502,8 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
         exit(1);
     get(gpu, og, dout, nq * 4);
     char what[128];
-    snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, 5 seqs to 1501", nh, nkv, hd,
-             td_kv_dtype_name(dtype));
+    snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, %d seqs to 1501", nh, nkv, hd,
+             td_kv_dtype_name(dtype), (int)NS);
     /* fp16 KV: prompt rows go through the tensor cores, P rounded to fp16 */
     report(what, rel_err(og, oc, nq), dtype == TD_KV_F16 ? 3e-3 : 1e-4);
     for (int s = 0; s < NS; s++)
@@ -875,6 +876,7 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         eng_batch_seq_t s = {.tokens = ids, .n = n_prompt, .pos0 = 0, .block_table = table, .n_blocks = nb,
                              .want_logits = true};
         eng_forward_run(f[timed], &s, 1, &lg, &nl); /* warm-up: the first of each shape loads kernels */
+        memset(g_timed.t, 0, sizeof g_timed.t);
         double t0 = now_s();
         if (eng_forward_run(f[timed], &s, 1, &lg, &nl)) {
             fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
@@ -884,6 +886,8 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         double layer_params = (double)m->desc.n_params - (double)m->desc.vocab * m->desc.hidden *
                                                                (m->desc.tied_embeddings ? 1 : 2);
         double tp = now_s() - t0, flops = 2.0 * n_prompt * layer_params;
+        double t_prefill[OP_N]; /* each op's time in the prefill alone (synchronized) */
+        memcpy(t_prefill, g_timed.t, sizeof t_prefill);
         /* decode steps over the prompt's last positions and over its first
          * ones (a short context); untimed ops with programmatic dependent
          * launch and without */
@@ -913,7 +917,11 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
             printf("  the captured decode step: %zu edges, %zu of them programmatic\n", all, prog);
         }
         if (timed) {
-            printf("  ops, ms per prefill + %d decode steps:", STEPS);
+            printf("  ops, ms in the prefill:");
+            for (int o = 0; o < OP_N; o++)
+                if (t_prefill[o] > 0)
+                    printf(" %s %.2f", op_names[o], t_prefill[o] * 1e3);
+            printf("\n  ops, ms in the prefill and the %d decode steps after it:", 2 * (WARM + STEPS));
             for (int o = 0; o < OP_N; o++)
                 if (g_timed.t[o] > 0)
                     printf(" %s %.2f", op_names[o], g_timed.t[o] * 1e3);
