@@ -300,7 +300,8 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
     const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
     float *gu_out[2] = {f->gate, f->up};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = gu, .y = gu_out, .k = 2, .x = f->x, .n = n,
-                                                  .norm = L->ffn_norm, .eps = d->norm_eps, .glu = true}));
+                                                  .norm = L->ffn_norm, .eps = d->norm_eps, .glu = true,
+                                                  .to_next = true}));
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wd, .y = &f->x, .k = 1, .x = f->gate, .n = n,
                                                   .accumulate = true}));
     return TD_OK;

@@ -111,7 +111,10 @@ typedef enum kern_op {
  * y_i = norm(x) · W_iᵀ for k (<= 4) weights of one type and width, where
  * norm(x) is x's RMSNorm with weight `norm` (eps) when norm is set, else x;
  * with glu (k == 2, equal rows) y[0] = silu(x·W0ᵀ) * (x·W1ᵀ) and y[1] is
- * scratch; with accumulate each y_i += instead of =. */
+ * scratch; with accumulate each y_i += instead of =. With glu and to_next,
+ * y[0] is read by nothing but the next matmul_fused call, as its x: a
+ * backend may hand it over in a form of its own and leave y[0] without it
+ * (the CUDA backend's GEMMs take it as fp16). */
 typedef struct kern_matmul_spec {
     const kern_weight_t *const *w;
     float *const *y;
@@ -120,7 +123,7 @@ typedef struct kern_matmul_spec {
     uint32_t n;
     const float *norm;
     float eps;
-    bool glu, accumulate;
+    bool glu, accumulate, to_next;
 } kern_matmul_spec_t;
 
 /* How to pick one row's token (sample): greedy when temperature is 0, else

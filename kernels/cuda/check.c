@@ -132,8 +132,9 @@ static void check_matmul(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type
 }
 
 /* The fused matmul against the CPU backend's separate ops: Q/K/V-like
- * (3 weights, norm), gate/up (norm, glu) and a projection with the residual
- * add (accumulate), at n rows (the GEMV for 8 or fewer, cuBLAS above). */
+ * (3 weights, norm), gate/up (norm, glu), a projection with the residual
+ * add (accumulate) and gate/up handed to a down projection (to_next), at n
+ * rows (the GEMV for 8 or fewer, cuBLAS above). */
 static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t cols, uint32_t n)
 {
     const uint32_t rows[3] = {2 * cols, cols / 2 + 8, cols / 2 + 8};
@@ -200,6 +201,40 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     snprintf(what, sizeof what, "matmul_fused accumulate, %u x %u, %u rows", cols, cols, n);
     report(what, rel_err(yh, yc[0], nx), 2e-3);
     gpu->ops->weight_release(gpu, &sq_g), cpu->ops->weight_release(cpu, &sq_c);
+    /* 4. as a layer runs them: gate/up with glu handed to the next call (to_next), the down projection over the
+     * product added onto a residual (widths the CPU backend takes: multiples of 32) */
+    const uint32_t f4 = cols / 2 + 32;
+    uint8_t *wd4[3] = {random_weight(KERN_TYPE_F16, f4, cols), random_weight(KERN_TYPE_F16, f4, cols),
+                       random_weight(KERN_TYPE_F16, cols, f4)};
+    kern_weight_t w4c[3], w4g[3];
+    for (int i = 0; i < 3; i++) {
+        w4c[i] = w4g[i] = (kern_weight_t){KERN_TYPE_F16, i < 2 ? f4 : cols, i < 2 ? cols : f4, wd4[i], NULL};
+        if (cpu->ops->weight_prepare(cpu, &w4c[i]) || gpu->ops->weight_prepare(gpu, &w4g[i]))
+            exit(1);
+    }
+    float *h4[2] = {malloc((size_t)n * f4 * 4), malloc((size_t)n * f4 * 4)}, *d4[2];
+    for (int i = 0; i < 2; i++)
+        gpu->ops->alloc(gpu, (size_t)n * f4 * 4, (void **)&d4[i]);
+    if (cpu->ops->matmul(cpu, &w4c[0], xn, h4[0], n) || cpu->ops->matmul(cpu, &w4c[1], xn, h4[1], n) ||
+        cpu->ops->swiglu(cpu, h4[0], h4[1], h4[0], (size_t)n * f4) || cpu->ops->matmul(cpu, &w4c[2], h4[0], yc[0], n) ||
+        cpu->ops->add(cpu, yc[0], r, nx))
+        exit(1);
+    gpu->ops->upload(gpu, dy[0], r, nx * 4);
+    const kern_weight_t *gu4[2] = {&w4g[0], &w4g[1]}, *dn4 = &w4g[2];
+    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = gu4, .y = d4, .k = 2, .x = dx, .n = n, .norm = dg,
+                                                          .eps = 1e-5f, .glu = true, .to_next = true}) ||
+        gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = &dn4, .y = dy, .k = 1, .x = d4[0], .n = n,
+                                                          .accumulate = true}))
+        exit(1);
+    get(gpu, yh, dy[0], nx * 4);
+    snprintf(what, sizeof what, "matmul_fused glu to the next, %u x %u, %u rows", f4, cols, n);
+    report(what, rel_err(yh, yc[0], nx), 2e-3);
+    for (int i = 0; i < 3; i++) {
+        gpu->ops->weight_release(gpu, &w4g[i]), cpu->ops->weight_release(cpu, &w4c[i]);
+        free(wd4[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        gpu->ops->free(gpu, d4[i]), free(h4[i]);
     for (int i = 0; i < 3; i++) {
         gpu->ops->weight_release(gpu, &wg[i]), cpu->ops->weight_release(cpu, &wc[i]);
         gpu->ops->free(gpu, dy[i]);
@@ -701,6 +736,12 @@ static void check_hf(kern_backend_t *gpu, const char *dir, const char *json_path
     eng_model_close(m);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -844,8 +885,9 @@ static double decode_step_s(eng_forward_t *f, int32_t *ids, int32_t *table, uint
     return t / steps;
 }
 
-/* A model's forward pass on the GPU: a prompt of n_prompt tokens, then
- * decode steps of one sequence, each timed whole and then op by op. */
+/* A model's forward pass on the GPU: a prompt of n_prompt tokens (the median
+ * of five), then decode steps of one sequence, each timed whole and then op
+ * by op. */
 static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
 {
     eng_model_t *m;
@@ -876,16 +918,24 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         eng_batch_seq_t s = {.tokens = ids, .n = n_prompt, .pos0 = 0, .block_table = table, .n_blocks = nb,
                              .want_logits = true};
         eng_forward_run(f[timed], &s, 1, &lg, &nl); /* warm-up: the first of each shape loads kernels */
-        memset(g_timed.t, 0, sizeof g_timed.t);
-        double t0 = now_s();
-        if (eng_forward_run(f[timed], &s, 1, &lg, &nl)) {
-            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
-            exit(1);
+        /* the median of PREFILLS prefills (one, op by op); each op's time over the last */
+        enum { PREFILLS = 5 };
+        double tps[PREFILLS];
+        int np = timed ? 1 : PREFILLS;
+        for (int r = 0; r < np; r++) {
+            memset(g_timed.t, 0, sizeof g_timed.t);
+            double t0 = now_s();
+            if (eng_forward_run(f[timed], &s, 1, &lg, &nl)) {
+                fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+                exit(1);
+            }
+            tps[r] = now_s() - t0;
         }
+        qsort(tps, (size_t)np, sizeof *tps, cmp_double);
         /* the layers' weights (not the embedding table, nor the output matrix a prefill uses for one row) */
         double layer_params = (double)m->desc.n_params - (double)m->desc.vocab * m->desc.hidden *
                                                                (m->desc.tied_embeddings ? 1 : 2);
-        double tp = now_s() - t0, flops = 2.0 * n_prompt * layer_params;
+        double tp = tps[np / 2], flops = 2.0 * n_prompt * layer_params;
         double t_prefill[OP_N]; /* each op's time in the prefill alone (synchronized) */
         memcpy(t_prefill, g_timed.t, sizeof t_prefill);
         /* decode steps over the prompt's last positions and over its first

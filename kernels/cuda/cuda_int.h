@@ -46,6 +46,10 @@ typedef struct kern_cuda {
     cublasHandle_t blas;
     int sms;    // streaming multiprocessors (how wide a launch must be)
     kc_scratch_t xh; // fp16 activations for the GEMMs
+    // xh holds the fp16 form of this fp32 array's first xh_n values (a glu matmul_fused with to_next left it for
+    // the next call, which takes it instead of converting x); NULL when it holds nothing reusable
+    const float *xh_of;
+    size_t xh_n;
     kc_scratch_t ws; // attention's slices
     kc_scratch_t cnt; // attention's count of finished slices (zero between launches)
     kc_scratch_t dg; // kv_digest's block list and results
@@ -205,6 +209,8 @@ td_status_t kc_rmsnorm(kern_backend_t *b, const float *x, const float *w, float 
 td_status_t kc_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uint32_t head_dim, const int32_t *pos,
                     const float *freq, kern_rope_style_t style);
 td_status_t kc_swiglu(kern_backend_t *b, const float *gate, const float *up, float *y, size_t n);
+// y = (half)(silu(gate) * up), the same values kc_swiglu then kc_to_half make
+td_status_t kc_swiglu_half(kern_cuda_t *c, const float *gate, const float *up, __half *y, size_t n);
 td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n);
 td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out);
 td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,

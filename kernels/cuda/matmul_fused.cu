@@ -253,6 +253,9 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
 {
     kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
+    // x handed over in fp16 by the call before (a glu with to_next); whatever this call does, xh is then spent
+    const bool handed = s->k && !s->norm && s->x == c->xh_of && (size_t)s->n * s->w[0]->cols == c->xh_n;
+    c->xh_of = NULL;
     if (!s->k || s->k > GV_MAXK || (s->glu && (s->k != 2 || s->w[0]->rows != s->w[1]->rows || s->accumulate)))
         return td_error(TD_ERR_INVALID_ARG, "cuda: matmul_fused: %u weights%s%s", s->k, s->glu ? " with glu" : "",
                         s->glu && s->accumulate ? " and accumulate" : "");
@@ -260,23 +263,32 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
         if (s->w[i]->cols != s->w[0]->cols)
             return td_error(TD_ERR_INVALID_ARG, "cuda: matmul_fused: widths %u and %u differ", s->w[0]->cols,
                             s->w[i]->cols);
+    const uint32_t cols = s->w[0]->cols;
+    const size_t nx = (size_t)s->n * cols;
     if (!s->n)
         return TD_OK;
     if (s->n <= GV_MAXN && s->w[0]->cols % 8 == 0)
         return gemv(c, s);
-    const uint32_t cols = s->w[0]->cols;
-    const size_t nx = (size_t)s->n * cols;
-    td_status_t rc = kc_scratch(c, &c->xh, nx * sizeof(__half));
-    if (rc)
-        return rc;
-    if (s->norm) {
-        rc = kc_launch(c, "norm_half", k_norm_half, s->n, 256, 0, s->x, s->norm, (__half *)c->xh.p, cols, s->eps);
-    } else {
-        rc = kc_to_half(c, s->x, (__half *)c->xh.p, nx);
+    td_status_t rc = TD_OK;
+    if (!handed && !(rc = kc_scratch(c, &c->xh, nx * sizeof(__half)))) {
+        if (s->norm)
+            rc = kc_launch(c, "norm_half", k_norm_half, s->n, 256, 0, s->x, s->norm, (__half *)c->xh.p, cols, s->eps);
+        else
+            rc = kc_to_half(c, s->x, (__half *)c->xh.p, nx);
     }
     for (uint32_t i = 0; i < s->k && !rc; i++)
         rc = kc_gemm(c, s->w[i], s->y[i], s->n, s->accumulate);
-    if (!rc && s->glu)
-        rc = kc_swiglu(b, s->y[0], s->y[1], s->y[0], (size_t)s->n * s->w[0]->rows);
-    return rc;
+    if (rc || !s->glu)
+        return rc;
+    const size_t ny = (size_t)s->n * s->w[0]->rows;
+    if (!s->to_next)
+        return kc_swiglu(b, s->y[0], s->y[1], s->y[0], ny);
+    // the product goes to the next call's GEMMs in fp16, in xh (the GEMMs above are done with it: the same
+    // stream, and a scratch that grows waits for them first); y[0] keeps x·W0ᵀ, not the product
+    if ((rc = kc_scratch(c, &c->xh, ny * sizeof(__half))) ||
+        (rc = kc_swiglu_half(c, s->y[0], s->y[1], (__half *)c->xh.p, ny)))
+        return rc;
+    c->xh_of = s->y[0];
+    c->xh_n = ny;
+    return TD_OK;
 }

@@ -1,4 +1,4 @@
-// swiglu.cu — y = silu(gate) * up, elementwise.
+// swiglu.cu — y = silu(gate) * up, elementwise (fp32, or fp16 for a GEMM's input).
 #include "kernels/cuda/cuda_int.h"
 
 __global__ void k_swiglu(const float *g, const float *u, float *y, size_t n)
@@ -8,6 +8,22 @@ __global__ void k_swiglu(const float *g, const float *u, float *y, size_t n)
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+__global__ void k_swiglu_half(const float *g, const float *u, __half *y, size_t n)
+{
+    kc_pdl_wait();
+    kc_pdl_release();
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = __float2half_rn(g[i] / (1.0f + expf(-g[i])) * u[i]);
+}
+
+td_status_t kc_swiglu_half(kern_cuda_t *c, const float *g, const float *u, __half *y, size_t n)
+{
+    if (!n)
+        return TD_OK;
+    return kc_launch(c, "swiglu_half", k_swiglu_half, kc_blocks(n, 256), 256, 0, g, u, y, n);
 }
 
 td_status_t kc_swiglu(kern_backend_t *b, const float *g, const float *u, float *y, size_t n)
