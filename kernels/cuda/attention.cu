@@ -399,6 +399,15 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x on the special-function unit (-inf gives 0), without exp2f's handling of denormal results: the
+// scores' softmax weights are rounded to fp16 anyway
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
 {
     __half2 h = __floats2half2_rn(lo, hi);
@@ -566,24 +575,26 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
             const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
             // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
             const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+            const float corr_a = ex2(m_a - base_a), corr_b = ex2(m_b - base_b);
             m_a = mn_a, m_b = mn_b;
             float sum_a = 0, sum_b = 0;
 #pragma unroll
             for (int nt = 0; nt < MMA_KT / 8; nt++) {
-                sc[nt][0] = exp2f(sc[nt][0] - base_a);
-                sc[nt][1] = exp2f(sc[nt][1] - base_a);
-                sc[nt][2] = exp2f(sc[nt][2] - base_b);
-                sc[nt][3] = exp2f(sc[nt][3] - base_b);
+                sc[nt][0] = ex2(sc[nt][0] - base_a);
+                sc[nt][1] = ex2(sc[nt][1] - base_a);
+                sc[nt][2] = ex2(sc[nt][2] - base_b);
+                sc[nt][3] = ex2(sc[nt][3] - base_b);
                 sum_a += sc[nt][0] + sc[nt][1];
                 sum_b += sc[nt][2] + sc[nt][3];
             }
             l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
             l_b = l_b * corr_b + sum_b;
+            if (__any_sync(0xffffffffu, corr_a != 1.0f || corr_b != 1.0f)) { // else no row's max grew
 #pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                o[i][0] *= corr_a, o[i][1] *= corr_a;
-                o[i][2] *= corr_b, o[i][3] *= corr_b;
+                for (int i = 0; i < HD / 8; i++) {
+                    o[i][0] *= corr_a, o[i][1] *= corr_a;
+                    o[i][2] *= corr_b, o[i][3] *= corr_b;
+                }
             }
             // O += P V: matrices (positions kt*16 + 0, 8, dims nd*8 and nd*8 + 8), transposed, are B of
             // dim tiles nd and nd + 1
