@@ -936,6 +936,9 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         double layer_params = (double)m->desc.n_params - (double)m->desc.vocab * m->desc.hidden *
                                                                (m->desc.tied_embeddings ? 1 : 2);
         double tp = tps[np / 2], flops = 2.0 * n_prompt * layer_params;
+        /* the causal attention's: q·k and p·v over n(n+1)/2 (row, position) pairs a head and layer */
+        double att_flops = 4.0 * m->desc.head_dim * m->desc.n_heads * m->desc.n_layers *
+                           (0.5 * n_prompt * (n_prompt + 1.0));
         double t_prefill[OP_N]; /* each op's time in the prefill alone (synchronized) */
         memcpy(t_prefill, g_timed.t, sizeof t_prefill);
         /* decode steps over the prompt's last positions and over its first
@@ -952,9 +955,10 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
                 break;
         }
         kern_cuda_set_pdl(gpu, true);
-        printf("timing model %s%s: prefill %u tokens %.1f ms (%.1f TFLOP/s in the layers' matmuls), decode step at %u: "
-               "%.3f ms, at 64..%u: %.3f ms",
-               m->desc.name, timed ? " (each op synchronized)" : "", n_prompt, tp * 1e3, flops / tp / 1e12, n_prompt,
+        printf("timing model %s%s: prefill %u tokens %.1f ms (%.1f TFLOP/s in the layers' matmuls, %.1f with the "
+               "attention's), decode step at %u: %.3f ms, at 64..%u: %.3f ms",
+               m->desc.name, timed ? " (each op synchronized)" : "", n_prompt, tp * 1e3, flops / tp / 1e12,
+               (flops + att_flops) / tp / 1e12, n_prompt,
                td[1] * 1e3, 64 + WARM + STEPS, ts[1] * 1e3);
         if (!timed && td[0] > 0)
             printf(" (without programmatic dependent launch %.3f and %.3f ms)", td[0] * 1e3, ts[0] * 1e3);
