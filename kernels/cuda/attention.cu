@@ -443,6 +443,9 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const __half *p)
                  : "r"((uint32_t)__cvta_generic_to_shared(p)));
 }
 
+// Three blocks an SM (168 registers, a few bytes spilled): faster than two
+// without the cap; two 16-row tiles a warp (255 registers, two blocks) were
+// slower still (bench/results/gpu-2026-11-25e/).
 template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(const att_args_t a)
 {
     constexpr uint32_t LD = HD + MMA_PAD; // a shared row, in halves
