@@ -192,8 +192,9 @@ def main():
              prefill_mib=160, decode_mib=256, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
         dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
              prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True),
+        # 10 streams of 128 tokens at once: with 6 of 96 a run could see 0 or 1 preemptions, by timing alone
         dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
-             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, want_preempt=True),
+             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=10, max_tokens=128, want_preempt=True),
     ]
     for r in rounds:
         run_round(refs=refs, **r)
