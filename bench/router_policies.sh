@@ -50,6 +50,7 @@ for r in $(seq "${REPS:-1}"); do
   for pol in "${order[@]}"; do one "$pol" "$pol$([ "${REPS:-1}" -gt 1 ] && echo "-r$r")"; done
   order=($(printf '%s\n' "${order[@]}" | tac))
 done
-rm -f "$out"/*.png "$out"/*.dat "$out"/*.gp # the SVG plots stay
+# the SVG plots stay; without gnuplot no plot was drawn, and the scripts and data that draw them later stay
+command -v gnuplot >/dev/null && rm -f "$out"/*.png "$out"/*.dat "$out"/*.gp
 python3 bench/router_policies_table.py "$out" $policies >"$out/table.md"
 cat "$out/table.md"
