@@ -46,6 +46,7 @@ d = json.load(sys.stdin)
 print("\n".join(sorted(p["id"] for p in d.get("pools", []) if p.get("role") == "prefill" and "error" not in p)))'
   }
   for _ in $(seq 240); do before=$(prefill_ids); [ "$(wc -l <<<"$before")" = 2 ] && break; sleep 0.5; done
+  [ "$(wc -l <<<"$before")" = 2 ] || { echo "the cluster did not show 2 prefill workers in 120 s"; exit 1; }
   etcd=$(sed -n 's/^tandem up: etcd on \([^,]*\),.*/\1/p' "$cluster_work/up.err" | head -1)
   setsid build/bin/tandem up --join "$etcd" --model "$model" --config "$cluster_work/c.yaml" --kvstores 0 \
     --certs "$cluster_work/tls" --node b-slow --worker-arg --threads --worker-arg "$SLOW_THREADS" \

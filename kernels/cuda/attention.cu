@@ -463,8 +463,8 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
     const uint32_t head = blockIdx.y, kvh = head / a.group;
     const uint32_t last = S.pos0 + r0 + rows - 1;              // the block's last row's position
     const uint32_t wr0 = warp * 16;                            // the warp's first row in the block
-    const uint32_t pos_a = S.pos0 + r0 + wr0 + g, pos_b = pos_a + 8; // this thread's two rows' positions
-    const uint32_t warp_last = S.pos0 + r0 + wr0 + 15;                // the warp's last row's (uniform)
+    const uint32_t warp_first = S.pos0 + r0 + wr0, warp_last = warp_first + 15; // the warp's rows' positions
+    const uint32_t pos_a = warp_first + g, pos_b = pos_a + 8;                     // this thread's two rows' positions
     const bool warp_live = wr0 < rows;
     const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * HD;
     const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * HD;
@@ -557,7 +557,7 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
             // causal mask (only a tile that reaches past the warp's first row has positions to mask),
             // then the running max of each of the thread's two rows
             float mx_a = -INFINITY, mx_b = -INFINITY;
-            const bool diag = p0 + MMA_KT - 1 > warp_last - 15;
+            const bool diag = p0 + MMA_KT - 1 > warp_first;
 #pragma unroll
             for (int nt = 0; nt < MMA_KT / 8; nt++) {
                 if (diag) {

@@ -93,6 +93,9 @@ static inline void kc_bind(kern_backend_t *b)
 }
 
 #ifdef __CUDACC__
+// silu(g) * u: SwiGLU's product, the one formula of every kernel that makes it
+__device__ __forceinline__ float kc_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // 1 / rms(xr[0..dim)) + eps's, by the whole block (up to 256 threads):
 // every thread gets it. For the kernels that normalize a row per block.
 __device__ __forceinline__ float kc_row_rms_scale(const float *xr, uint32_t dim, float eps)

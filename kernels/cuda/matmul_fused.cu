@@ -201,7 +201,7 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
     }
     if (a.glu) {
         float *o = yr[0] + (size_t)lane * yrows[0];
-        *o = v[0] / (1.0f + expf(-v[0])) * v[1];
+        *o = kc_silu_mul(v[0], v[1]);
         return;
     }
 #pragma unroll

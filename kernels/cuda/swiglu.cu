@@ -7,7 +7,7 @@ __global__ void k_swiglu(const float *g, const float *u, float *y, size_t n)
     kc_pdl_release();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
-        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        y[i] = kc_silu_mul(g[i], u[i]);
 }
 
 __global__ void k_swiglu_half(const float *g, const float *u, __half *y, size_t n)
@@ -16,7 +16,7 @@ __global__ void k_swiglu_half(const float *g, const float *u, __half *y, size_t 
     kc_pdl_release();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
-        y[i] = __float2half_rn(g[i] / (1.0f + expf(-g[i])) * u[i]);
+        y[i] = __float2half_rn(kc_silu_mul(g[i], u[i]));
 }
 
 td_status_t kc_swiglu_half(kern_cuda_t *c, const float *g, const float *u, __half *y, size_t n)
