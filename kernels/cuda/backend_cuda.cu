@@ -121,8 +121,11 @@ static td_status_t prepare_on_gpu(kern_cuda_t *c, kern_weight_t *w, __half *dst)
 {
     const kern_type_info_t *info = kern_type_info(w->type);
     size_t rb = kern_type_row_bytes(info, w->cols), raw_bytes = rb * w->rows;
-    if (w->type == KERN_TYPE_F16) { // already the form kept
-        CU(cudaMemcpy(dst, w->data, raw_bytes, cudaMemcpyHostToDevice));
+    if (w->type == KERN_TYPE_F16) { // already the form kept: copied on the backend's stream, which is
+        // non-blocking: a plain cudaMemcpy from pageable memory may return before its copy lands, and is not
+        // ordered before the stream's next kernel
+        CU(cudaMemcpyAsync(dst, w->data, raw_bytes, cudaMemcpyHostToDevice, c->stream));
+        CU(cudaStreamSynchronize(c->stream));
         return TD_OK;
     }
     size_t slice_rows = ((size_t)8 << 20) / w->cols + 1;
