@@ -17,8 +17,10 @@
 // the context is split into slices so that even one sequence fills the GPU;
 // a block takes one slice of one sequence for one KV head and all the query
 // heads of its group, lane j of a warp scoring position j of a chunk of 32
-// straight from the pages; the last slice of a (sequence, KV head) to
-// finish merges the slices' partial softmax states.
+// straight from the pages (fp16 V rows copied to shared memory while the
+// scores are made); the last slice of a (sequence, KV head) to finish merges
+// the slices' partial softmax states. A short context takes one slice, and
+// no merge.
 //
 // Prompt rows over fp16 KV with head_dim 64 or 128 take the tensor cores
 // instead (k_attention_mma, flash-attention 2's scheme): a block takes 64
@@ -192,6 +194,19 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
     }
 }
 
+// 16 bytes global -> shared without passing through registers; zeros when !valid
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // ---- decode rows: the context split in slices ----
 // 8 values from 16-byte aligned pool memory (head_dim a multiple of 8)
 __device__ __forceinline__ void load8(const __half *p, float *f)
@@ -210,14 +225,24 @@ __device__ __forceinline__ void load8(const float *p, float *f)
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 #define DEC_MAXG 8 // query heads per KV head this kernel takes
+#define DEC_SLICE 256 // positions a slice has at least (fewer slices than a.splits where the context is short)
 
 // HD: the head_dim when it is one the kernel is built for (64, 128), so that
 // the loops over it unroll and every load of a K row is in flight at once;
-// 0 for any other (read from a). Each chunk's V rows are read DEC_VB
-// positions at a time, their loads issued before they are used.
+// 0 for any other (read from a). With fp16 KV and such a head_dim (SV), each
+// chunk's V rows go to the warp's shared rows by cp.async, issued with the K
+// loads and read after the scores; otherwise they are read from the pool
+// DEC_VB positions at a time. Each chunk's pages are looked up a chunk ahead.
 #define DEC_VB 8
+// k_attention_decode's shared memory: the queries, the warps' states, with sv the warps' V rows (fp16)
+static size_t dec_smem(uint32_t hd, uint32_t group, bool sv)
+{
+    return ((size_t)DEC_MAXG * hd + (size_t)4 * group * (hd + 2)) * sizeof(float) +
+           (sv ? (size_t)4 * 32 * hd * sizeof(__half) : 0);
+}
 template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
+    constexpr bool SV = HD != 0 && sizeof(T) == 2;
     kc_pdl_wait();
     kc_pdl_release();
     extern __shared__ float dsm[];
@@ -225,8 +250,24 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
     const uint32_t hd = HD ? HD : a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
     const att_seq_t S = dec_seq(a, blockIdx.x);
     const uint32_t kvh = blockIdx.y, split = blockIdx.z, h0 = kvh * G;
-    float *sq = dsm;                    // [G][hd] queries
-    float *part = sq + DEC_MAXG * hd;   // [4 warps][G][hd + 2]: each warp's state
+    // the context in slices of at least DEC_SLICE positions, at most a.splits of them (the rest of the grid
+    // has nothing to do: a captured step's grid is fixed, its context is not)
+    const uint32_t ctx = S.pos0 + 1, splits = min(a.splits, (ctx + DEC_SLICE - 1) / DEC_SLICE);
+    if (split >= splits)
+        return;
+    const uint32_t per = ((ctx + splits - 1) / splits + 31) / 32 * 32;
+    const uint32_t lo = split * per, hi = min(ctx, lo + per);
+    float *sq = dsm;                  // [G][hd] queries
+    float *part = sq + DEC_MAXG * hd; // [4 warps][G][hd + 2]: each warp's state
+    T *sv = (T *)(part + 4 * G * (hd + 2)) + (size_t)warp * 32 * hd; // SV: this warp's [32][hd] V rows
+    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
+    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
+    // lane's position's page (a.base past the slice: read nothing)
+    auto page = [&](uint32_t pos) {
+        return pos < hi ? a.base + (size_t)S.table[pos / a.bt] * a.block_bytes : a.base;
+    };
+    uint32_t c0 = lo + warp * 32;
+    const uint8_t *row = page(c0 + lane); // asked for before the queries are staged
     for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
         float v = a.q[((size_t)S.row0 * a.n_heads + h0 + i / hd) * hd + i % hd];
         if (sizeof(T) == 2)
@@ -234,24 +275,30 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
         sq[i] = v;
     }
     __syncthreads();
-    const uint32_t ctx = S.pos0 + 1, per = ((ctx + a.splits - 1) / a.splits + 31) / 32 * 32;
-    const uint32_t lo = split * per, hi = min(ctx, lo + per);
-    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
-    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
     float m[DEC_MAXG], l[DEC_MAXG], acc[DEC_MAXG][ATT_MAXD];
     softmax_reset(m, l, acc);
-    for (uint32_t c0 = lo + warp * 32; c0 < hi; c0 += 4 * 32) {
+    for (; c0 < hi; c0 += 4 * 32) {
         const uint32_t pos = c0 + lane;
         const bool live = pos < hi;
+        const uint32_t n_live = min(32u, hi - c0);
+        const size_t in_blk = (size_t)(pos % a.bt) * hd;
+        const T *vrow = (const T *)row + v_off + in_blk;
+        if constexpr (SV) { // the chunk's V rows, hd / 8 lanes a row, 16 bytes each
+            constexpr uint32_t LPR = HD / 8, RPI = 32 / LPR;
+#pragma unroll
+            for (uint32_t it = 0; it < LPR; it++) {
+                const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * 8;
+                const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, t);
+                cp_async16(sv + t * HD + seg, src + seg, t < n_live);
+            }
+            cp_async_commit();
+        }
+        const uint8_t *next = page(c0 + 4 * 32 + lane);
         float sc[DEC_MAXG];
 #pragma unroll
         for (int h = 0; h < DEC_MAXG; h++)
             sc[h] = 0;
-        // this lane's position's row of K and of V (the block looked up once)
-        const uint8_t *row = live ? a.base + (size_t)S.table[pos / a.bt] * a.block_bytes : a.base;
-        const size_t in_blk = (size_t)(pos % a.bt) * hd;
-        const T *vrow = (const T *)row + v_off + in_blk;
-        if (live) {
+        if (live) { // this lane's position's row of K
             const T *kr = (const T *)row + k_off + in_blk;
 #pragma unroll(HD ? HD / 8 : 1)
             for (uint32_t d = 0; d < hd; d += 8) { // a lane reads its position's K row 16 or 32 bytes at a time
@@ -287,29 +334,51 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
                 acc[h][i] *= corr;
             sc[h] = e;
         }
-        const uint32_t n_live = min(32u, hi - c0);
-        for (uint32_t t0 = 0; t0 < n_live; t0 += DEC_VB) {
-            float v[DEC_VB][E];
-#pragma unroll
-            for (int u = 0; u < DEC_VB; u++) {
-                const T *vr = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, (t0 + u) & 31);
-                const bool ok = t0 + u < n_live;
+        if constexpr (SV) {
+            cp_async_wait<0>();
+            __syncwarp();
+#pragma unroll 4
+            for (uint32_t t = 0; t < n_live; t++) {
+                float v[E];
 #pragma unroll
                 for (int i = 0; i < E; i++)
-                    v[u][i] = ok && lane + 32 * i < hd ? kc_to_float<T>(vr[lane + 32 * i]) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < DEC_VB; u++)
+                    v[i] = __half2float(sv[t * HD + lane + 32 * i]);
 #pragma unroll
                 for (int h = 0; h < DEC_MAXG; h++) {
                     if (h >= (int)G)
                         break;
-                    const float p = __shfl_sync(0xffffffffu, sc[h], (t0 + u) & 31); // 0 past n_live
+                    const float p = __shfl_sync(0xffffffffu, sc[h], t);
 #pragma unroll
                     for (int i = 0; i < E; i++)
-                        acc[h][i] += p * v[u][i];
+                        acc[h][i] += p * v[i];
                 }
+            }
+            __syncwarp(); // every lane is done with the rows before the next chunk's copies land
+        } else {
+            for (uint32_t t0 = 0; t0 < n_live; t0 += DEC_VB) {
+                float v[DEC_VB][E];
+#pragma unroll
+                for (int u = 0; u < DEC_VB; u++) {
+                    const T *vr = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, (t0 + u) & 31);
+                    const bool ok = t0 + u < n_live;
+#pragma unroll
+                    for (int i = 0; i < E; i++)
+                        v[u][i] = ok && lane + 32 * i < hd ? kc_to_float<T>(vr[lane + 32 * i]) : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < DEC_VB; u++)
+#pragma unroll
+                    for (int h = 0; h < DEC_MAXG; h++) {
+                        if (h >= (int)G)
+                            break;
+                        const float p = __shfl_sync(0xffffffffu, sc[h], (t0 + u) & 31); // 0 past n_live
+#pragma unroll
+                        for (int i = 0; i < E; i++)
+                            acc[h][i] += p * v[u][i];
+                    }
+            }
         }
+        row = next;
     }
     // the four warps' states into one: (max, sum, acc) per head
     const uint32_t stride = hd + 2;
@@ -339,7 +408,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
             A += pw[2 + d] * f;
         }
         const uint32_t head = h0 + h;
-        if (a.splits == 1) {
+        if (splits == 1) {
             a.out[((size_t)S.row0 * a.n_heads + head) * hd + d] = A / L;
         } else {
             float *o = a.ws + (((size_t)blockIdx.x * a.n_heads + head) * a.splits + split) * stride;
@@ -348,7 +417,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
             o[2 + d] = A;
         }
     }
-    if (a.splits == 1)
+    if (splits == 1)
         return;
     // The last slice of this (sequence, KV head) to finish merges the
     // slices into the output (and sets the count back for the next launch),
@@ -358,7 +427,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned *cnt = a.cnt + (size_t)blockIdx.x * a.n_kv + kvh;
-        last = atomicAdd(cnt, 1u) == a.splits - 1;
+        last = atomicAdd(cnt, 1u) == splits - 1;
         if (last)
             *cnt = 0;
     }
@@ -370,10 +439,10 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
         const uint32_t h = i / hd, d = i % hd, head = h0 + h;
         const float *w = a.ws + ((size_t)blockIdx.x * a.n_heads + head) * a.splits * stride;
         float M = -INFINITY;
-        for (uint32_t s = 0; s < a.splits; s++)
+        for (uint32_t s = 0; s < splits; s++)
             M = fmaxf(M, __ldcg(w + s * stride));
         float L = 0, A = 0;
-        for (uint32_t s = 0; s < a.splits; s++) {
+        for (uint32_t s = 0; s < splits; s++) {
             const float ms = __ldcg(w + s * stride), f = ms == -INFINITY ? 0.0f : __expf(ms - M);
             L += __ldcg(w + s * stride + 1) * f;
             A += __ldcg(w + s * stride + 2 + d) * f;
@@ -412,19 +481,6 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
 {
     __half2 h = __floats2half2_rn(lo, hi);
     return *(uint32_t *)&h;
-}
-
-// 16 bytes global -> shared without passing through registers; zeros when !valid
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
-{
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Four 8x8 fp16 matrices from shared memory, lanes 8m..8m+7 giving the rows of
@@ -642,6 +698,10 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
 
 td_status_t kc_attention_init(void)
 {
+    CU(cudaFuncSetAttribute(k_attention_decode<__half, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)dec_smem(64, DEC_MAXG, true)));
+    CU(cudaFuncSetAttribute(k_attention_decode<__half, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)dec_smem(128, DEC_MAXG, true)));
     int bytes = (int)att_smem(32 * ATT_MAXD);
     CU(cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CU(cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -707,12 +767,13 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                 rc = kc_launch(c, "attention_mma", g->head_dim == 64 ? k_attention_mma<64> : k_attention_mma<128>,
                                grid, 128, mma_smem(g->head_dim), a);
             } else if (pass == 2) {
-                // enough slices for two blocks per SM, none shorter than 256
-                // positions; read from device memory, the positions may move
-                // on, so the slices do not depend on them (empty ones cost a
-                // block that does nothing)
+                // enough slices for two blocks per SM, none shorter than
+                // DEC_SLICE positions; read from device memory, the positions
+                // may move on, so the grid does not depend on them (the kernel
+                // takes as many slices as the context needs; a block past
+                // them does nothing)
                 uint32_t blocks = a.n_seqs * a.n_kv, want = (2 * (uint32_t)c->sms + blocks - 1) / blocks;
-                uint32_t most = dev_seqs ? want : (max_ctx + 255) / 256;
+                uint32_t most = dev_seqs ? want : (max_ctx + DEC_SLICE - 1) / DEC_SLICE;
                 a.splits = want < 1 ? 1 : want > most ? (most ? most : 1) : want;
                 a.ws = NULL;
                 a.cnt = NULL;
@@ -730,10 +791,10 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
                     }
                     a.cnt = (unsigned *)c->cnt.p;
                 }
-                size_t dsmem = ((size_t)DEC_MAXG * g->head_dim + (size_t)4 * a.group * (g->head_dim + 2)) * 4;
-                dim3 grid(a.n_seqs, a.n_kv, a.splits);
                 const uint32_t hd = g->head_dim;
                 const bool h16 = g->dtype == TD_KV_F16;
+                const size_t dsmem = dec_smem(hd, a.group, h16 && (hd == 64 || hd == 128));
+                dim3 grid(a.n_seqs, a.n_kv, a.splits);
                 void (*k)(att_args_t) = h16 ? k_attention_decode<__half, 0> : k_attention_decode<float, 0>;
                 if (hd == 64)
                     k = h16 ? k_attention_decode<__half, 64> : k_attention_decode<float, 64>;
