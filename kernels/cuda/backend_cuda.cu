@@ -354,9 +354,11 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     int major = 0, l2 = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
-    c->pdl = c->pdl_able = major >= 9;
+    c->pdl_able = major >= 9; // c->pdl stays off: cuda_int.h says why
     c->l2 = (size_t)l2;
     td_status_t rc = kc_attention_init();
+    if (!rc)
+        rc = kc_matmul_fused_init(c);
     if (!rc && (e = cudaMalloc(&c->blas_ws, KC_BLAS_WS)) != cudaSuccess)
         rc = td_error(TD_ERR_NO_MEMORY, "cuda: no device memory for cuBLAS's workspace: %s", cudaGetErrorString(e));
     if (!rc && (g_blas.create(&c->blas) != CUBLAS_STATUS_SUCCESS ||

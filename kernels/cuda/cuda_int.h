@@ -61,8 +61,11 @@ typedef struct kern_cuda {
     uint32_t n_graphs, next_graph;
     void *blas_ws; // cuBLAS's workspace, set once (a captured GEMM may not allocate)
     bool pdl_able; // the device has programmatic dependent launch (sm_90 and later)
-    bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
+    // kernels launched programmatically dependent (kc_launch): off unless turned on (kern_cuda_set_pdl). A captured
+    // 7B decode step is 3-4% slower with it on an H200 and even on an H100 (bench/results/gpu-2026-11-25f)
+    bool pdl;
     size_t l2;     // bytes of L2 (the GEMV's prefetch budget)
+    unsigned gv_grid; // the GEMV's blocks resident at once (its grid at most)
     kc_edge_count_t edges;
 } kern_cuda_t;
 
@@ -224,6 +227,8 @@ td_status_t kc_rope_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, float 
 td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
                          const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs, float scale);
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s);
+// Sizes the GEMV's grid to what the device holds at once (once, at creation).
+td_status_t kc_matmul_fused_init(kern_cuda_t *c);
 td_status_t kc_sample(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
                       int32_t *ids);
 // Drops every captured step (memory one of them uses is about to move).

@@ -5,11 +5,16 @@
 //
 // One row (a batch-1 decode step) takes k_gemv, which is bound by
 // reading the weights once: a warp takes GV_R weight rows, each lane streams
-// 16 bytes of each (8 halves) GV_U times before it uses them, so that enough
-// bytes are in flight to keep HBM busy. The first such round is loaded before
-// anything else (before the wait for the kernel before, and before the norm's
-// pass over x), and each round's loads are issued before the round before is
-// used (bench/results/gpu-2026-11-25d). x (fp32, a few KB a row) is read
+// 16 bytes of each (8 halves) GV_U times before it uses them, and GV_BLOCKS
+// blocks of GV_WARPS warps an SM (64 registers a thread) keep enough bytes in
+// flight to keep HBM busy. The grid is what the device holds at once; a warp
+// takes unit after unit (GV_R rows each) until the rows run out, so no block
+// starts after the first ones and the tail is at most one unit a warp. The
+// first round is loaded before anything else (before the wait for the kernel
+// before, and before the norm's pass over x), and each round's loads are
+// issued before the round before is used (bench/results/gpu-2026-11-25d; the
+// shape, four blocks an SM of short rounds over two of long ones, and the
+// grid: gpu-2026-11-25f). x (fp32, a few KB a row) is read
 // through L1 where every warp of the SM finds it. The norm's scale of each x
 // row is computed by every block (the row is in L2), multiplied in after the
 // dot product, and the norm's weight is multiplied into x as it is read. With
@@ -24,8 +29,9 @@
 // it falls behind (x's reads through L1 grow with the rows), so cuBLAS takes them.
 #define GV_MAXN 1
 #define GV_R 2     // weight rows per warp
-#define GV_U 4     // 16-byte loads in flight per lane per weight row
+#define GV_U 2     // 16-byte loads in flight per lane per weight row
 #define GV_WARPS 8 // warps per block
+#define GV_BLOCKS 4 // blocks an SM (the register cap that allows it)
 #define GV_MAXK 4
 
 typedef struct gv_args {
@@ -78,16 +84,11 @@ __device__ __forceinline__ void gv_prefetch_l2(const void *p, uint32_t bytes)
 #endif
 }
 
-template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const gv_args_t a)
+// Where unit `unit`'s GV_R weight rows are (glu: the same row of W0 and W1)
+// and where their results go; live[r]: the unit has row r.
+__device__ __forceinline__ void gv_rows(const gv_args_t &a, uint32_t unit, const __half *(&wr)[GV_R],
+                                        float *(&yr)[GV_R], uint32_t (&yrows)[GV_R], bool (&live)[GV_R])
 {
-    __shared__ float scale[N];
-    __shared__ float part[GV_WARPS][N];
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols;
-    const uint32_t unit = blockIdx.x * GV_WARPS + warp; // GV_R rows of the weights' row space (glu: one row of each)
-    const __half *wr[GV_R];
-    float *yr[GV_R];
-    uint32_t yrows[GV_R];
-    bool live[GV_R];
 #pragma unroll
     for (int r = 0; r < GV_R; r++) {
         uint32_t g = a.glu ? unit : unit * GV_R + r, i = a.glu ? (uint32_t)r : 0, lo = 0;
@@ -97,48 +98,20 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
         live[r] = unit < a.units && (a.glu || g < a.end[a.k - 1]);
         uint32_t row = live[r] ? g - lo : 0;
         uint32_t rows = a.end[i] - lo;
-        wr[r] = a.w[i] + (size_t)row * cols;
+        wr[r] = a.w[i] + (size_t)row * a.cols;
         yr[r] = a.y[a.glu ? 0 : i] + row;
         yrows[r] = rows;
     }
-    // Before the wait (cuda_int.h's kc_pdl_wait) only the weights are read,
-    // which no kernel writes: the first round into registers, and the next
-    // a.pf bytes of each row asked of L2, while the kernel before still runs.
-    const uint32_t step = 32 * 8 * GV_U;
-    uint4 wv[GV_R][GV_U];
-    gv_round(wv, wr, live, lane * 8, cols);
-    if (a.pf)
-#pragma unroll
-        for (int r = 0; r < GV_R; r++)
-            if (lane == (uint32_t)r && live[r])
-                gv_prefetch_l2(wr[r] + step, a.pf);
-    kc_pdl_wait();
-    if (a.norm) { // each x row's 1 / rms
-        float ss[N];
-#pragma unroll
-        for (int r = 0; r < N; r++) {
-            ss[r] = 0;
-            for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) {
-                float v = a.x[(size_t)r * cols + c];
-                ss[r] += v * v;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
-            if (lane == 0)
-                part[warp][r] = ss[r];
-        }
-        __syncthreads();
-        if (threadIdx.x < N) {
-            float t = 0;
-            for (int w = 0; w < GV_WARPS; w++)
-                t += part[w][threadIdx.x];
-            scale[threadIdx.x] = rsqrtf(t / cols + a.eps);
-        }
-        __syncthreads();
-    }
-    if (unit >= a.units)
-        return;
+}
+
+// One unit's dot products, its first round already in wv, and its results
+// written (scale: each x row's 1 / rms when the norm is on).
+template <int N>
+__device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV_U], const __half *const (&wr)[GV_R],
+                                        float *const (&yr)[GV_R], const uint32_t (&yrows)[GV_R],
+                                        const bool (&live)[GV_R], const float *scale)
+{
+    const uint32_t lane = threadIdx.x & 31, cols = a.cols, step = 32 * 8 * GV_U;
     float acc[GV_R][N];
 #pragma unroll
     for (int r = 0; r < GV_R; r++)
@@ -176,7 +149,6 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
             for (int r = 0; r < GV_R; r++)
                 wv[r][u] = nx[r][u];
     }
-    kc_pdl_release(); // the next kernel's blocks may come in as this one's last ones finish
 #pragma unroll
     for (int r = 0; r < GV_R; r++)
 #pragma unroll
@@ -213,6 +185,66 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv(const g
     }
 }
 
+template <int N> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLOCKS) k_gemv(const gv_args_t a)
+{
+    __shared__ float scale[N];
+    __shared__ float part[GV_WARPS][N];
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols;
+    // the grid is at most what is resident at once: a warp takes units
+    // unit, unit + stride, ... (GV_R rows of the weights' row space each)
+    uint32_t unit = blockIdx.x * GV_WARPS + warp;
+    const uint32_t stride = gridDim.x * GV_WARPS;
+    const __half *wr[GV_R];
+    float *yr[GV_R];
+    uint32_t yrows[GV_R];
+    bool live[GV_R];
+    gv_rows(a, unit, wr, yr, yrows, live);
+    // Before the wait (cuda_int.h's kc_pdl_wait) only the weights are read,
+    // which no kernel writes: the first round into registers, and the next
+    // a.pf bytes of each row asked of L2, while the kernel before still runs.
+    const uint32_t step = 32 * 8 * GV_U;
+    uint4 wv[GV_R][GV_U];
+    gv_round(wv, wr, live, lane * 8, cols);
+    if (a.pf)
+#pragma unroll
+        for (int r = 0; r < GV_R; r++)
+            if (lane == (uint32_t)r && live[r])
+                gv_prefetch_l2(wr[r] + step, a.pf);
+    kc_pdl_wait();
+    if (a.norm) { // each x row's 1 / rms
+        float ss[N];
+#pragma unroll
+        for (int r = 0; r < N; r++) {
+            ss[r] = 0;
+            for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) {
+                float v = a.x[(size_t)r * cols + c];
+                ss[r] += v * v;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+            if (lane == 0)
+                part[warp][r] = ss[r];
+        }
+        __syncthreads();
+        if (threadIdx.x < N) {
+            float t = 0;
+            for (int w = 0; w < GV_WARPS; w++)
+                t += part[w][threadIdx.x];
+            scale[threadIdx.x] = rsqrtf(t / cols + a.eps);
+        }
+        __syncthreads();
+    }
+    for (bool first = true; unit < a.units; unit += stride, first = false) {
+        if (!first) {
+            gv_rows(a, unit, wr, yr, yrows, live);
+            gv_round(wv, wr, live, lane * 8, cols);
+        }
+        gv_unit<N>(a, wv, wr, yr, yrows, live, scale);
+    }
+    kc_pdl_release(); // the next kernel's blocks may come in as this one's last ones finish
+}
+
 // x's rows RMS-normed (weight g) and rounded to fp16: one block per row.
 __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t dim, float eps)
 {
@@ -246,7 +278,16 @@ static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
     const size_t row = (size_t)a.cols * sizeof(__half), first = (size_t)32 * 8 * GV_U * sizeof(__half);
     const size_t rows = s->glu ? 2 * (size_t)s->w[0]->rows : total, share = c->l2 / 2 / (rows ? rows : 1);
     a.pf = c->pdl && row > first ? (uint32_t)((row - first < share ? row - first : share) & ~(size_t)15) : 0;
-    return kc_launch(c, "gemv", k_gemv<GV_MAXN>, kc_blocks(a.units, GV_WARPS), GV_WARPS * 32, 0, a);
+    const unsigned blocks = kc_blocks(a.units, GV_WARPS);
+    return kc_launch(c, "gemv", k_gemv<GV_MAXN>, blocks < c->gv_grid ? blocks : c->gv_grid, GV_WARPS * 32, 0, a);
+}
+
+td_status_t kc_matmul_fused_init(kern_cuda_t *c)
+{
+    int per_sm = 0;
+    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<GV_MAXN>, GV_WARPS * 32, 0));
+    c->gv_grid = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
+    return TD_OK;
 }
 
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
