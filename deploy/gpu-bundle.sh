@@ -15,10 +15,11 @@ cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check tandem-router tandem-prefill tandem-decode \
-  tandem-kvstore tandem-bench-kvxfer >/dev/null
+  tandem-kvstore tandem-bench-kvxfer tandem-gemv-study >/dev/null
 rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
 cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check build-gpu/bin/tandem-router build-gpu/bin/tandem-prefill \
-  build-gpu/bin/tandem-decode build-gpu/bin/tandem-kvstore build-gpu/bin/tandem-bench-kvxfer bundle/bin/
+  build-gpu/bin/tandem-decode build-gpu/bin/tandem-kvstore build-gpu/bin/tandem-bench-kvxfer \
+  build-gpu/bin/tandem-gemv-study bundle/bin/
 strip bundle/bin/*
 for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
@@ -31,7 +32,7 @@ cp tests/fixtures/dequant/crafted.gguf bundle/fixtures/
 cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
 cp tests/fixtures/hf/make_logits_hf.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
-cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/gemv_study.cu bundle/bench/
+cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bundle/bench/
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$model" ]; then
   a=$((12 * 1000 * 1000)) size=$(stat -c %s "$model") # bundle/ has about 45 MB besides

@@ -113,9 +113,8 @@ echo "== 5. timings: read bandwidth, GEMM/GEMV, attention; each model's forward 
 tm=""; for m in "$m7" "${m8:-$work/llama3-8b}"; do [ -f "$m/model.safetensors" ] && tm="$tm --time-model $m"; done
 "$here/bin/tandem-cuda-check" --no-ops $tm > "$out/timings.txt" 2>&1 || fail=1
 grep -A1 timing "$out/timings.txt"
-# the GEMV's shapes over a 7B step's weights (bench/gpu/gemv_study.cu), built here with the machine's nvcc
-nvcc -O3 -arch=sm_90 -std=c++17 -o "$work/gemv_study" "$here/bench/gemv_study.cu" > "$out/gemv-study.txt" 2>&1 &&
-  "$work/gemv_study" >> "$out/gemv-study.txt" 2>&1 || { echo "gemv_study FAILED"; fail=1; }
+# the GEMV's shapes over a 7B step's weights (bench/gpu/gemv_study.cu)
+"$here/bin/tandem-gemv-study" > "$out/gemv-study.txt" 2>&1 || { echo "tandem-gemv-study FAILED"; fail=1; }
 grep -E "read floor|R2 U2 W8 persistent|before" "$out/gemv-study.txt" | head -4
 fi
 

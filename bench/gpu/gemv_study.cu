@@ -6,8 +6,8 @@
 // in a round (the next round's loads issued before this one is used, as kernels/cuda/matmul_fused.cu does),
 // W warps a block; persistent: the grid is what the device holds at once and a warp takes unit after unit;
 // an L2 hint on the loads; with the norm: each block first reduces x (the RMSNorm the fused kernel folds in
-// on QKV, gate/up and the output). Built and run on the GPU machine:
-//   nvcc -O3 -arch=sm_90 -std=c++17 -o gemv_study gemv_study.cu && ./gemv_study
+// on QKV, gate/up and the output). Built with the CUDA backend (tandem-gemv-study); deploy/gpu-bundle.sh
+// carries it and bundle/run.sh 5 runs it.
 // The check compares the output's first rows with a host dot product (not with the norm on).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
