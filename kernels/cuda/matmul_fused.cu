@@ -11,14 +11,14 @@
 // takes unit after unit (GV_R rows each) until the rows run out, so no block
 // starts after the first ones and the tail is at most one unit a warp. The
 // first round is loaded before anything else (before the wait for the kernel
-// before, and before the norm's pass over x), and each round's loads are
-// issued before the round before is used (bench/results/gpu-2026-11-25d; the
-// shape, four blocks an SM of short rounds over two of long ones, and the
-// grid: gpu-2026-11-25f). x (fp32, a few KB a row) is read
-// through L1 where every warp of the SM finds it. The norm's scale of each x
-// row is computed by every block (the row is in L2), multiplied in after the
-// dot product, and the norm's weight is multiplied into x as it is read. With
-// glu a warp takes the same row of W0 and W1 and writes silu(a) * b.
+// before), and each round's loads are issued before the round before is used
+// (bench/results/gpu-2026-11-25d; the shape, four blocks an SM of short rounds
+// over two of long ones, the grid and the norm: gpu-2026-11-25f). x (fp32, a
+// few KB a row) is read through L1 where every warp of the SM finds it. Every
+// warp reads all of x, so the norm's sum of squares of each x row is made by
+// each warp from the same reads; the scale is multiplied in after the dot
+// product, and the norm's weight into x as it is read. With glu a warp takes
+// the same row of W0 and W1 and writes silu(a) * b.
 //
 // More rows take cuBLAS (matmul.cu's gemm): the norm is fused into the
 // conversion of x to fp16, the add into the GEMM (beta = 1), SwiGLU runs after.
@@ -105,19 +105,22 @@ __device__ __forceinline__ void gv_rows(const gv_args_t &a, uint32_t unit, const
 }
 
 // One unit's dot products, its first round already in wv, and its results
-// written (scale: each x row's 1 / rms when the norm is on).
+// written. With the norm, each x row's sum of squares is made from the same
+// reads of x (every warp reads all of x), so there is no pass of its own.
 template <int N>
 __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV_U], const __half *const (&wr)[GV_R],
                                         float *const (&yr)[GV_R], const uint32_t (&yrows)[GV_R],
-                                        const bool (&live)[GV_R], const float *scale)
+                                        const bool (&live)[GV_R])
 {
     const uint32_t lane = threadIdx.x & 31, cols = a.cols, step = 32 * 8 * GV_U;
-    float acc[GV_R][N];
+    float acc[GV_R][N], ss[N]; // ss: each x row's sum of squares, for the norm
 #pragma unroll
-    for (int r = 0; r < GV_R; r++)
+    for (int j = 0; j < N; j++) {
+        ss[j] = 0;
 #pragma unroll
-        for (int j = 0; j < N; j++)
+        for (int r = 0; r < GV_R; r++)
             acc[r][j] = 0;
+    }
     // each round's loads are issued before the one before is used
     for (uint32_t c0 = lane * 8; c0 < cols; c0 += step) {
         uint4 nx[GV_R][GV_U];
@@ -136,6 +139,9 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
             for (int j = 0; j < N; j++) {
                 const float *xp = a.x + (size_t)j * cols + c;
                 float4 x0 = __ldg((const float4 *)xp), x1 = __ldg((const float4 *)(xp + 4));
+                if (a.norm)
+                    ss[j] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y +
+                             x1.z * x1.z + x1.w * x1.w;
                 x0.x *= g0.x, x0.y *= g0.y, x0.z *= g0.z, x0.w *= g0.w;
                 x1.x *= g1.x, x1.y *= g1.y, x1.z *= g1.z, x1.w *= g1.w;
 #pragma unroll
@@ -150,17 +156,25 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
                 wv[r][u] = nx[r][u];
     }
 #pragma unroll
-    for (int r = 0; r < GV_R; r++)
+    for (int j = 0; j < N; j++)
 #pragma unroll
-        for (int j = 0; j < N; j++)
+        for (int o = 16; o > 0; o >>= 1) {
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
+            for (int r = 0; r < GV_R; r++)
                 acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+            if (a.norm)
+                ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
+        }
     if (lane >= N)
         return;
     // lane j writes row j of x's results (a register array indexed by a
     // compile-time j only: the select below keeps it in registers)
-    float v[GV_R];
+    float v[GV_R], sq = ss[0];
+#pragma unroll
+    for (int j = 1; j < N; j++)
+        if ((int)lane == j)
+            sq = ss[j];
+    const float scale = a.norm ? rsqrtf(sq / cols + a.eps) : 1.0f;
 #pragma unroll
     for (int r = 0; r < GV_R; r++) {
         v[r] = acc[r][0];
@@ -168,8 +182,7 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
         for (int j = 1; j < N; j++)
             if ((int)lane == j)
                 v[r] = acc[r][j];
-        if (a.norm)
-            v[r] *= scale[lane];
+        v[r] *= scale;
     }
     if (a.glu) {
         float *o = yr[0] + (size_t)lane * yrows[0];
@@ -187,8 +200,6 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
 
 template <int N> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLOCKS) k_gemv(const gv_args_t a)
 {
-    __shared__ float scale[N];
-    __shared__ float part[GV_WARPS][N];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols;
     // the grid is at most what is resident at once: a warp takes units
     // unit, unit + stride, ... (GV_R rows of the weights' row space each)
@@ -211,36 +222,12 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLOCKS) k_g
             if (lane == (uint32_t)r && live[r])
                 gv_prefetch_l2(wr[r] + step, a.pf);
     kc_pdl_wait();
-    if (a.norm) { // each x row's 1 / rms
-        float ss[N];
-#pragma unroll
-        for (int r = 0; r < N; r++) {
-            ss[r] = 0;
-            for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) {
-                float v = a.x[(size_t)r * cols + c];
-                ss[r] += v * v;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
-            if (lane == 0)
-                part[warp][r] = ss[r];
-        }
-        __syncthreads();
-        if (threadIdx.x < N) {
-            float t = 0;
-            for (int w = 0; w < GV_WARPS; w++)
-                t += part[w][threadIdx.x];
-            scale[threadIdx.x] = rsqrtf(t / cols + a.eps);
-        }
-        __syncthreads();
-    }
     for (bool first = true; unit < a.units; unit += stride, first = false) {
         if (!first) {
             gv_rows(a, unit, wr, yr, yrows, live);
             gv_round(wv, wr, live, lane * 8, cols);
         }
-        gv_unit<N>(a, wv, wr, yr, yrows, live, scale);
+        gv_unit<N>(a, wv, wr, yr, yrows, live);
     }
     kc_pdl_release(); // the next kernel's blocks may come in as this one's last ones finish
 }
