@@ -224,6 +224,12 @@ static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_s
     tap(f, "Qcur", (int)l, f->q, n, H * hd);
     tap(f, "Kcur", (int)l, f->k, n, KV * hd);
     tap(f, "Vcur", (int)l, f->v, n, KV * hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    if ((o->supported & KERN_OP_ROPE_KV_ATTENTION) && !f->layer_fn && !f->tap_fn) { /* one pass for all four */
+        kern_rope_kv_t r = {.q = f->q, .k = f->k, .v = f->v, .n_heads = H, .n = n, .slots = f->slots,
+                            .pos = f->pos, .freq = f->freq, .style = f->rope_style};
+        return o->rope_kv_attention(be, &kv, &r, f->att, f->aseqs, f->dseqs, n_seqs, scale);
+    }
     if (o->supported & KERN_OP_ROPE_KV_STORE) { /* one pass for the three */
         TRY(o->rope_kv_store(be, &kv, f->q, f->k, f->v, H, f->slots, n, f->pos, f->freq, f->rope_style));
         tap(f, "Qrope", (int)l, f->q, n, H * hd);
@@ -239,7 +245,7 @@ static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_s
         TRY(o->sync(be)); /* the layer's KV is in the pool now */
         f->layer_fn(f->layer_ctx, l);
     }
-    TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, f->dseqs, n_seqs, 1.0f / sqrtf((float)hd)));
+    TRY(o->attention(be, &kv, f->q, f->att, H, f->aseqs, f->dseqs, n_seqs, scale));
     tap(f, "kqv_out", (int)l, f->att, n, H * hd);
     return TD_OK;
 }

@@ -100,9 +100,11 @@ typedef enum kern_op {
     KERN_OP_SAMPLE = 1u << 10,
     KERN_OP_GRAPH = 1u << 11,
     KERN_OP_ROPE_KV_STORE = 1u << 12,
+    KERN_OP_ROPE_KV_ATTENTION = 1u << 13,
 } kern_op_t;
 #define KERN_OPS_ALL 0x1ffu
-#define KERN_OPS_OPTIONAL (KERN_OP_MATMUL_FUSED | KERN_OP_SAMPLE | KERN_OP_GRAPH | KERN_OP_ROPE_KV_STORE)
+#define KERN_OPS_OPTIONAL                                                                                           \
+    (KERN_OP_MATMUL_FUSED | KERN_OP_SAMPLE | KERN_OP_GRAPH | KERN_OP_ROPE_KV_STORE | KERN_OP_ROPE_KV_ATTENTION)
 /* What the engine's forward pass calls (matmul_multi is optional: the forward
  * pass falls back to one matmul per weight). */
 #define KERN_OPS_FORWARD (KERN_OPS_ALL & ~(uint32_t)KERN_OP_MATMUL_MULTI)
@@ -125,6 +127,18 @@ typedef struct kern_matmul_spec {
     float eps;
     bool glu, accumulate, to_next;
 } kern_matmul_spec_t;
+
+/* A layer's rope and KV store (rope_kv_attention): q [n][n_heads][head_dim]
+ * and k, v [n][n_kv_heads][head_dim] of the step's n rows, rotated for pos
+ * (freq and style as rope takes them) and stored to the pool's slots. */
+typedef struct kern_rope_kv {
+    float *q, *k;
+    const float *v;
+    uint32_t n_heads, n;
+    const int32_t *slots, *pos;
+    const float *freq;
+    kern_rope_style_t style;
+} kern_rope_kv_t;
 
 /* How to pick one row's token (sample): greedy when temperature is 0, else
  * a draw over softmax(logits / temperature) kept to the top_k largest (0:
@@ -212,6 +226,13 @@ typedef struct kern_backend_ops {
     td_status_t (*rope_kv_store)(kern_backend_t *b, const kern_kv_view_t *kv, float *q, float *k, const float *v,
                                  uint32_t n_heads, const int32_t *slots, uint32_t n, const int32_t *pos,
                                  const float *freq, kern_rope_style_t style);
+    /* rope_kv_store of r, then attention over the same pool and rows: the
+     * same KV in the pool and the same out, in one pass where the backend
+     * can (the CUDA backend: a step of decode rows only); q and k may be
+     * left rotated or not */
+    td_status_t (*rope_kv_attention)(kern_backend_t *b, const kern_kv_view_t *kv, const kern_rope_kv_t *r,
+                                     float *out, const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs,
+                                     uint32_t n_seqs, float scale);
     /* ids[i] = the token kern_sample_t p[i] picks from logits row i of
      * [n][vocab]; p and ids in backend memory */
     td_status_t (*sample)(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,

@@ -59,6 +59,12 @@ typedef struct att_args {
     unsigned *cnt;   // decode: slices finished per (sequence, KV head), back to 0 after the merge
     uint32_t splits; // decode: slices per sequence
     const kern_attn_seq_t *dseq; // decode: the sequences in device memory (read there), or NULL
+    // decode with the rope and KV store folded in (rope_kv_attention): q is the row's unrotated q, rk and rv
+    // its k and v, stored to its slot by the block whose slice has the row's position
+    const float *rk, *rv;
+    const int32_t *rslots, *rpos;
+    const float *rfreq;
+    int rope, rneox;
 } att_args_t;
 
 // Decode: the launch's i-th sequence, from device memory when the caller gave
@@ -268,11 +274,45 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
     };
     uint32_t c0 = lo + warp * 32;
     const uint8_t *row = page(c0 + lane); // asked for before the queries are staged
-    for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
-        float v = a.q[((size_t)S.row0 * a.n_heads + h0 + i / hd) * hd + i % hd];
-        if (sizeof(T) == 2)
-            v = __half2float(__float2half_rn(v));
-        sq[i] = v;
+    if (!a.rope) {
+        for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
+            float v = a.q[((size_t)S.row0 * a.n_heads + h0 + i / hd) * hd + i % hd];
+            if (sizeof(T) == 2)
+                v = __half2float(__float2half_rn(v));
+            sq[i] = v;
+        }
+    } else {
+        // rope_kv_store's work for this row and KV head: the queries rotated here, and the row's K (rotated)
+        // and V stored by the block whose slice holds its position, before any block reads it
+        const bool owner = S.pos0 / per == split;
+        const size_t kv_row = ((size_t)S.row0 * a.n_kv + kvh) * hd;
+        float *sk = part; // the row's K, before part holds the warps' states
+        for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x)
+            sq[i] = a.q[((size_t)S.row0 * a.n_heads + h0 + i / hd) * hd + i % hd];
+        if (owner)
+            for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
+                sk[i] = a.rk[kv_row + i];
+        __syncthreads();
+        const int32_t pos = a.rpos[S.row0];
+        const uint32_t half = hd / 2, slot = owner ? (uint32_t)a.rslots[S.row0] : 0;
+        uint32_t ia, ib;
+        for (uint32_t i = threadIdx.x; i < G * half; i += blockDim.x) {
+            float *qh = sq + (i / half) * hd;
+            kc_rope_pair(qh, i % half, hd, pos, a.rfreq, a.rneox, &ia, &ib);
+            if (sizeof(T) == 2)
+                qh[ia] = __half2float(__float2half_rn(qh[ia])), qh[ib] = __half2float(__float2half_rn(qh[ib]));
+        }
+        if (owner) {
+            uint8_t *base = (uint8_t *)a.base;
+            for (uint32_t p = threadIdx.x; p < half; p += blockDim.x) {
+                kc_rope_pair(sk, p, hd, pos, a.rfreq, a.rneox, &ia, &ib);
+                *kc_kv_dst<T>(base, a.block_bytes, a.layer, 0, a.n_kv, a.bt, hd, slot, kvh, ia) = kc_from_float<T>(sk[ia]);
+                *kc_kv_dst<T>(base, a.block_bytes, a.layer, 0, a.n_kv, a.bt, hd, slot, kvh, ib) = kc_from_float<T>(sk[ib]);
+            }
+            for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)
+                *kc_kv_dst<T>(base, a.block_bytes, a.layer, 1, a.n_kv, a.bt, hd, slot, kvh, d) =
+                    kc_from_float<T>(a.rv[kv_row + d]);
+        }
     }
     __syncthreads();
     float m[DEC_MAXG], l[DEC_MAXG], acc[DEC_MAXG][ATT_MAXD];
@@ -710,9 +750,10 @@ td_status_t kc_attention_init(void)
     return TD_OK;
 }
 
-td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
-                         const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
-                         float scale)
+// kc_attention, or with r (decode rows only) rope_kv_attention's one pass
+static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
+                             const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
+                             float scale, const kern_rope_kv_t *r)
 {
     kc_bind(b);
     const td_kv_layout_t *g = kv->layout;
@@ -735,6 +776,11 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
     a.q = q;
     a.out = out;
     a.dseq = dev_seqs;
+    a.rope = r != NULL;
+    if (r) {
+        a.rk = r->k, a.rv = r->v, a.rslots = r->slots, a.rpos = r->pos, a.rfreq = r->freq;
+        a.rneox = r->style == KERN_ROPE_NEOX;
+    }
     size_t smem = att_smem(g->head_dim);
     // prompt rows (16 or more) over fp16 KV with a head_dim the tensor-core
     // kernel has go there, decode rows to the split kernel, the rest to the
@@ -811,4 +857,27 @@ td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const floa
         }
     }
     return TD_OK;
+}
+
+td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
+                         const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
+                         float scale)
+{
+    return attention(b, kv, q, out, n_heads, seqs, dev_seqs, n_seqs, scale, NULL);
+}
+
+td_status_t kc_rope_kv_attention(kern_backend_t *b, const kern_kv_view_t *kv, const kern_rope_kv_t *r, float *out,
+                                 const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
+                                 float scale)
+{
+    const td_kv_layout_t *g = kv->layout;
+    // one pass when every row is a sequence's one decode row and the decode kernel takes them all
+    bool one = g->n_kv_heads && r->n_heads % g->n_kv_heads == 0 && r->n_heads / g->n_kv_heads <= DEC_MAXG &&
+               g->head_dim % 8 == 0 && g->head_dim <= 32 * ATT_MAXD && r->n == n_seqs;
+    for (uint32_t s = 0; one && s < n_seqs; s++)
+        one = seqs[s].n == 1;
+    if (one)
+        return attention(b, kv, r->q, out, r->n_heads, seqs, dev_seqs, n_seqs, scale, r);
+    td_status_t rc = kc_rope_kv_store(b, kv, r->q, r->k, r->v, r->n_heads, r->slots, r->n, r->pos, r->freq, r->style);
+    return rc ? rc : kc_attention(b, kv, r->q, out, r->n_heads, seqs, dev_seqs, n_seqs, scale);
 }

@@ -376,6 +376,103 @@ static void check_elementwise(kern_backend_t *cpu, kern_backend_t *gpu)
     report("swiglu 4032", rel_err(yg, yc, N * DIM), 1e-6);
 }
 
+/* rope_kv_attention against the two ops it stands for (rope_kv_store, then
+ * attention), on two pools with the same history: decode rows of sequences
+ * at several contexts (one of them split in slices), the sequences read from
+ * device memory as a captured step reads them. The pools must come out bit
+ * for bit the same, the outputs within rounding. */
+static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, td_kv_dtype_t dtype,
+                                    kern_rope_style_t style)
+{
+    enum { NS = 4, BT = 16, NB = 32, LAYERS = 2 };
+    const uint32_t ctx[NS] = {1, 18, 101, 301};
+    td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
+    eng_kv_pool_t *pa, *pb;
+    if (eng_kv_pool_create(gpu, &g, NB, NULL, &pa) || eng_kv_pool_create(gpu, &g, NB, NULL, &pb))
+        exit(1);
+    kern_kv_view_t va = eng_kv_view(pa, 1), vb = eng_kv_view(pb, 1);
+    const size_t pool_bytes = (size_t)NB * td_kv_block_bytes(&g);
+    uint8_t *zero = calloc(1, pool_bytes);
+    if (gpu->ops->upload(gpu, va.base, zero, pool_bytes) || gpu->ops->upload(gpu, vb.base, zero, pool_bytes))
+        exit(1);
+    int32_t tables[NS][NB], slots[NS], pos[NS];
+    uint32_t used = 0;
+    kern_attn_seq_t seqs[NS];
+    int32_t *dtab[NS];
+    for (int s = 0; s < NS; s++) { /* each sequence on its own blocks, in reverse order */
+        const uint32_t nbk = (ctx[s] + BT - 1) / BT;
+        for (uint32_t i = 0; i < nbk; i++)
+            tables[s][i] = (int32_t)(NB - 1 - used - i);
+        used += nbk;
+        pos[s] = (int32_t)ctx[s] - 1;
+        slots[s] = tables[s][pos[s] / BT] * BT + pos[s] % BT;
+        dtab[s] = put(gpu, tables[s], nbk * 4);
+        seqs[s] = (kern_attn_seq_t){.row0 = (uint32_t)s, .n = 1, .pos0 = (uint32_t)pos[s], .block_table = dtab[s],
+                                    .n_blocks = nbk, .decode_from = UINT32_MAX};
+        /* the history before the row: the same K and V in both pools */
+        const uint32_t hist = ctx[s] - 1;
+        if (!hist)
+            continue;
+        const size_t ne = (size_t)hist * nkv * hd;
+        float *k = malloc(ne * 4), *v = malloc(ne * 4);
+        int32_t *hs = malloc(hist * 4);
+        for (size_t i = 0; i < ne; i++)
+            k[i] = frand(), v[i] = frand();
+        for (uint32_t p = 0; p < hist; p++)
+            hs[p] = tables[s][p / BT] * BT + (int32_t)(p % BT);
+        float *dk = put(gpu, k, ne * 4), *dv = put(gpu, v, ne * 4);
+        int32_t *dhs = put(gpu, hs, hist * 4);
+        if (gpu->ops->kv_store(gpu, &va, dk, dv, dhs, hist) || gpu->ops->kv_store(gpu, &vb, dk, dv, dhs, hist))
+            exit(1);
+        gpu->ops->sync(gpu);
+        gpu->ops->free(gpu, dk), gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dhs);
+        free(k), free(v), free(hs);
+    }
+    if (used > NB)
+        exit(1);
+    const size_t nq = (size_t)NS * nh * hd, nk = (size_t)NS * nkv * hd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), freq[128];
+    for (size_t i = 0; i < nq; i++)
+        q[i] = frand() * 2;
+    for (size_t i = 0; i < nk; i++)
+        k[i] = frand() * 2, v[i] = frand();
+    for (uint32_t i = 0; i < hd / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    float *qa = put(gpu, q, nq * 4), *qb = put(gpu, q, nq * 4), *ka = put(gpu, k, nk * 4), *kb = put(gpu, k, nk * 4);
+    float *dv = put(gpu, v, nk * 4), *dfreq = put(gpu, freq, sizeof freq), *oa, *ob;
+    int32_t *dpos = put(gpu, pos, sizeof pos), *dslots = put(gpu, slots, sizeof slots);
+    kern_attn_seq_t *dseqs = put(gpu, seqs, sizeof seqs);
+    gpu->ops->alloc(gpu, nq * 4, (void **)&oa);
+    gpu->ops->alloc(gpu, nq * 4, (void **)&ob);
+    const float scale = 1.0f / sqrtf((float)hd);
+    kern_rope_kv_t r = {.q = qb, .k = kb, .v = dv, .n_heads = nh, .n = NS, .slots = dslots, .pos = dpos,
+                        .freq = dfreq, .style = style};
+    if (gpu->ops->rope_kv_store(gpu, &va, qa, ka, dv, nh, dslots, NS, dpos, dfreq, style) ||
+        gpu->ops->attention(gpu, &va, qa, oa, nh, seqs, dseqs, NS, scale) ||
+        gpu->ops->rope_kv_attention(gpu, &vb, &r, ob, seqs, dseqs, NS, scale))
+        exit(1);
+    uint8_t *a = malloc(pool_bytes), *b = malloc(pool_bytes);
+    float *ha = malloc(nq * 4), *hb = malloc(nq * 4);
+    get(gpu, a, va.base, pool_bytes);
+    get(gpu, b, vb.base, pool_bytes);
+    const bool same = !memcmp(a, b, pool_bytes);
+    get(gpu, ha, oa, nq * 4);
+    get(gpu, hb, ob, nq * 4);
+    const double e = rel_err(hb, ha, nq);
+    failures += !same;
+    char what[128];
+    snprintf(what, sizeof what, "rope_kv_attention %u/%u heads x %u, %s KV, %s: pool %s; out", nh, nkv, hd,
+             td_kv_dtype_name(dtype), style == KERN_ROPE_NEOX ? "neox" : "norm", same ? "same" : "DIFFERS");
+    report(what, e, 1e-6);
+    for (int s = 0; s < NS; s++)
+        gpu->ops->free(gpu, dtab[s]);
+    gpu->ops->free(gpu, qa), gpu->ops->free(gpu, qb), gpu->ops->free(gpu, ka), gpu->ops->free(gpu, kb);
+    gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dfreq), gpu->ops->free(gpu, dpos), gpu->ops->free(gpu, dslots);
+    gpu->ops->free(gpu, dseqs), gpu->ops->free(gpu, oa), gpu->ops->free(gpu, ob);
+    free(zero), free(q), free(k), free(v), free(a), free(b), free(ha), free(hb);
+    eng_kv_pool_destroy(pa), eng_kv_pool_destroy(pb);
+}
+
 /* rope_kv_store against the ops it stands for (rope on q, rope on k,
  * kv_store), both on the GPU (each checked against the CPU above): q, k and
  * the pool must come out bit for bit the same. */
@@ -1170,6 +1267,10 @@ int main(int argc, char **argv)
             for (int st = 0; st < 2; st++)
                 check_rope_kv_store(gpu, heads[h][0], heads[h][1], heads[h][2], st ? TD_KV_F32 : TD_KV_F16,
                                     st ? KERN_ROPE_NEOX : KERN_ROPE_NORM);
+        for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
+            for (int st = 0; st < 2; st++)
+                check_rope_kv_attention(gpu, heads[h][0], heads[h][1], heads[h][2], st ? TD_KV_F32 : TD_KV_F16,
+                                        st ? KERN_ROPE_NEOX : KERN_ROPE_NORM);
         check_decode(crafted);
         check_kv_digest(gpu);
         const uint32_t fused_rows[] = {1, 5, 8, 64}; /* the GEMV (8 or fewer) and cuBLAS */

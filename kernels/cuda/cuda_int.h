@@ -226,6 +226,9 @@ td_status_t kc_rope_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, float 
                              kern_rope_style_t style);
 td_status_t kc_attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
                          const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs, float scale);
+td_status_t kc_rope_kv_attention(kern_backend_t *b, const kern_kv_view_t *kv, const kern_rope_kv_t *r, float *out,
+                                 const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
+                                 float scale);
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s);
 // Sizes the GEMV's grid to what the device holds at once (once, at creation).
 td_status_t kc_matmul_fused_init(kern_cuda_t *c);
