@@ -352,11 +352,9 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
         return td_error(TD_ERR_UNSUPPORTED, "cuda: device %d: %s", device, cudaGetErrorString(e));
     }
     cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device);
-    int major = 0, l2 = 0;
+    int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
-    c->pdl_able = major >= 9; // c->pdl stays off: cuda_int.h says why
-    c->l2 = (size_t)l2;
+    c->pdl = c->pdl_able = major >= 9;
     td_status_t rc = kc_attention_init();
     if (!rc)
         rc = kc_matmul_fused_init(c);

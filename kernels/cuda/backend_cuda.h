@@ -17,10 +17,9 @@ extern "C" {
  * device, no cuBLAS) or the CUDA call that failed. */
 td_status_t kern_cuda_backend_create(int device, kern_backend_t **out);
 void kern_cuda_backend_destroy(kern_backend_t *b);
-/* Whether kernels are launched programmatically dependent (off by default;
- * possible where the device has it, sm_90 and later); drops the captured
- * steps. For tandem-cuda-check's timings with it and without. Returns the
- * setting in force. */
+/* Whether kernels are launched programmatically dependent (on by default
+ * where the device has it, sm_90 and later); drops the captured steps. For
+ * tandem-cuda-check's timings with it and without. Returns the setting in force. */
 bool kern_cuda_set_pdl(kern_backend_t *b, bool on);
 /* The newest captured step's edges: all, and programmatic ones (the kernel
  * after may start while the one before ends). For tandem-cuda-check. */

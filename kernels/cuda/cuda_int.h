@@ -61,10 +61,7 @@ typedef struct kern_cuda {
     uint32_t n_graphs, next_graph;
     void *blas_ws; // cuBLAS's workspace, set once (a captured GEMM may not allocate)
     bool pdl_able; // the device has programmatic dependent launch (sm_90 and later)
-    // kernels launched programmatically dependent (kc_launch): off unless turned on (kern_cuda_set_pdl). A captured
-    // 7B decode step is 3-4% slower with it on an H200 and even on an H100 (bench/results/gpu-2026-11-25f)
-    bool pdl;
-    size_t l2;     // bytes of L2 (the GEMV's prefetch budget)
+    bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
     unsigned gv_grid; // the GEMV's blocks resident at once (its grid at most)
     kc_edge_count_t edges;
 } kern_cuda_t;

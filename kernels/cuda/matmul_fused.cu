@@ -39,7 +39,6 @@ typedef struct gv_args {
     float *y[GV_MAXK];
     uint32_t end[GV_MAXK]; // the rows of weights 0 .. i together
     uint32_t k, cols, n, units;
-    uint32_t pf; // bytes of each row past the first round asked of L2 before the wait (a multiple of 16)
     const float *x, *norm;
     float eps;
     int glu, acc;
@@ -76,14 +75,6 @@ __device__ __forceinline__ void gv_round(uint4 (&wv)[GV_R][GV_U], const __half *
     }
 }
 
-// Asks L2 to fetch `bytes` (a multiple of 16) from p on (16-byte aligned).
-__device__ __forceinline__ void gv_prefetch_l2(const void *p, uint32_t bytes)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // Where unit `unit`'s GV_R weight rows are (glu: the same row of W0 and W1)
 // and where their results go; live[r]: the unit has row r.
 __device__ __forceinline__ void gv_rows(const gv_args_t &a, uint32_t unit, const __half *(&wr)[GV_R],
@@ -91,16 +82,22 @@ __device__ __forceinline__ void gv_rows(const gv_args_t &a, uint32_t unit, const
 {
 #pragma unroll
     for (int r = 0; r < GV_R; r++) {
-        uint32_t g = a.glu ? unit : unit * GV_R + r, i = a.glu ? (uint32_t)r : 0, lo = 0;
+        const uint32_t g = a.glu ? unit : unit * GV_R + r;
+        // the weight row g falls in (glu: weight r), found with the arrays indexed by constants only (an index
+        // known only at run time would copy them out of the parameters to local memory)
+        const __half *w = a.glu && r ? a.w[r] : a.w[0];
+        float *y = a.y[0];
+        uint32_t lo = 0, hi = a.end[0];
         if (!a.glu)
-            while (i + 1 < a.k && g >= a.end[i])
-                lo = a.end[i++];
-        live[r] = unit < a.units && (a.glu || g < a.end[a.k - 1]);
-        uint32_t row = live[r] ? g - lo : 0;
-        uint32_t rows = a.end[i] - lo;
-        wr[r] = a.w[i] + (size_t)row * a.cols;
-        yr[r] = a.y[a.glu ? 0 : i] + row;
-        yrows[r] = rows;
+#pragma unroll
+            for (int j = 1; j < GV_MAXK; j++)
+                if ((uint32_t)j < a.k && g >= a.end[j - 1])
+                    w = a.w[j], y = a.y[j], lo = a.end[j - 1], hi = a.end[j] - a.end[j - 1];
+        live[r] = unit < a.units && (a.glu || g < lo + hi);
+        const uint32_t row = live[r] ? g - lo : 0;
+        wr[r] = w + (size_t)row * a.cols;
+        yr[r] = y + row;
+        yrows[r] = hi;
     }
 }
 
@@ -211,16 +208,11 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLOCKS) k_g
     bool live[GV_R];
     gv_rows(a, unit, wr, yr, yrows, live);
     // Before the wait (cuda_int.h's kc_pdl_wait) only the weights are read,
-    // which no kernel writes: the first round into registers, and the next
-    // a.pf bytes of each row asked of L2, while the kernel before still runs.
-    const uint32_t step = 32 * 8 * GV_U;
+    // which no kernel writes: the first round into registers, while the
+    // kernel before still runs. (Asking L2 for more of each row there, as
+    // this kernel once did, made a step slower: gpu-2026-11-25f.)
     uint4 wv[GV_R][GV_U];
     gv_round(wv, wr, live, lane * 8, cols);
-    if (a.pf)
-#pragma unroll
-        for (int r = 0; r < GV_R; r++)
-            if (lane == (uint32_t)r && live[r])
-                gv_prefetch_l2(wr[r] + step, a.pf);
     kc_pdl_wait();
     for (bool first = true; unit < a.units; unit += stride, first = false) {
         if (!first) {
@@ -261,10 +253,6 @@ static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
     a.glu = s->glu;
     a.acc = s->accumulate;
     a.units = s->glu ? s->w[0]->rows : (total + GV_R - 1) / GV_R;
-    // L2 prefetch: at most half of L2 over all the rows, what the first round leaves of each
-    const size_t row = (size_t)a.cols * sizeof(__half), first = (size_t)32 * 8 * GV_U * sizeof(__half);
-    const size_t rows = s->glu ? 2 * (size_t)s->w[0]->rows : total, share = c->l2 / 2 / (rows ? rows : 1);
-    a.pf = c->pdl && row > first ? (uint32_t)((row - first < share ? row - first : share) & ~(size_t)15) : 0;
     const unsigned blocks = kc_blocks(a.units, GV_WARPS);
     return kc_launch(c, "gemv", k_gemv<GV_MAXN>, blocks < c->gv_grid ? blocks : c->gv_grid, GV_WARPS * 32, 0, a);
 }
