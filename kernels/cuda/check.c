@@ -376,6 +376,44 @@ static void check_elementwise(kern_backend_t *cpu, kern_backend_t *gpu)
     report("swiglu 4032", rel_err(yg, yc, N * DIM), 1e-6);
 }
 
+/* A step's rows for the rope checks: random q (nq values), k and v (nk
+ * each), and rope's inverse frequencies for head_dim hd (base 10000). */
+static void random_rope_rows(float *q, size_t nq, float *k, float *v, size_t nk, float *freq, uint32_t hd)
+{
+    for (size_t i = 0; i < nq; i++)
+        q[i] = frand() * 2;
+    for (size_t i = 0; i < nk; i++)
+        k[i] = frand() * 2, v[i] = frand();
+    for (uint32_t i = 0; i < hd / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+}
+
+/* n positions of random K and V, through a block table of bt tokens a
+ * block, into the CPU pool vc (when cpu is set) and each of the n_vg GPU
+ * pools vg: the same values in all. */
+static void store_random_kv(kern_backend_t *cpu, const kern_kv_view_t *vc, kern_backend_t *gpu,
+                            const kern_kv_view_t *const *vg, int n_vg, const int32_t *table, uint32_t bt, uint32_t n,
+                            uint32_t nkv, uint32_t hd)
+{
+    const size_t ne = (size_t)n * nkv * hd;
+    float *k = malloc(ne * 4), *v = malloc(ne * 4);
+    int32_t *slots = malloc(n * 4);
+    for (size_t i = 0; i < ne; i++)
+        k[i] = frand(), v[i] = frand();
+    for (uint32_t p = 0; p < n; p++)
+        slots[p] = table[p / bt] * (int32_t)bt + (int32_t)(p % bt);
+    float *dk = put(gpu, k, ne * 4), *dv = put(gpu, v, ne * 4);
+    int32_t *dslots = put(gpu, slots, n * 4);
+    if (cpu && cpu->ops->kv_store(cpu, vc, k, v, slots, n))
+        exit(1);
+    for (int i = 0; i < n_vg; i++)
+        if (gpu->ops->kv_store(gpu, vg[i], dk, dv, dslots, n))
+            exit(1);
+    gpu->ops->sync(gpu);
+    gpu->ops->free(gpu, dk), gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dslots);
+    free(k), free(v), free(slots);
+}
+
 /* rope_kv_attention against the two ops it stands for (rope_kv_store, then
  * attention), on two pools with the same history: decode rows of sequences
  * at several contexts (one of them split in slices), the sequences read from
@@ -410,34 +448,15 @@ static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t n
         seqs[s] = (kern_attn_seq_t){.row0 = (uint32_t)s, .n = 1, .pos0 = (uint32_t)pos[s], .block_table = dtab[s],
                                     .n_blocks = nbk, .decode_from = UINT32_MAX};
         /* the history before the row: the same K and V in both pools */
-        const uint32_t hist = ctx[s] - 1;
-        if (!hist)
-            continue;
-        const size_t ne = (size_t)hist * nkv * hd;
-        float *k = malloc(ne * 4), *v = malloc(ne * 4);
-        int32_t *hs = malloc(hist * 4);
-        for (size_t i = 0; i < ne; i++)
-            k[i] = frand(), v[i] = frand();
-        for (uint32_t p = 0; p < hist; p++)
-            hs[p] = tables[s][p / BT] * BT + (int32_t)(p % BT);
-        float *dk = put(gpu, k, ne * 4), *dv = put(gpu, v, ne * 4);
-        int32_t *dhs = put(gpu, hs, hist * 4);
-        if (gpu->ops->kv_store(gpu, &va, dk, dv, dhs, hist) || gpu->ops->kv_store(gpu, &vb, dk, dv, dhs, hist))
-            exit(1);
-        gpu->ops->sync(gpu);
-        gpu->ops->free(gpu, dk), gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dhs);
-        free(k), free(v), free(hs);
+        const kern_kv_view_t *both[2] = {&va, &vb};
+        if (ctx[s] > 1)
+            store_random_kv(NULL, NULL, gpu, both, 2, tables[s], BT, ctx[s] - 1, nkv, hd);
     }
     if (used > NB)
         exit(1);
     const size_t nq = (size_t)NS * nh * hd, nk = (size_t)NS * nkv * hd;
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), freq[128];
-    for (size_t i = 0; i < nq; i++)
-        q[i] = frand() * 2;
-    for (size_t i = 0; i < nk; i++)
-        k[i] = frand() * 2, v[i] = frand();
-    for (uint32_t i = 0; i < hd / 2; i++)
-        freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    random_rope_rows(q, nq, k, v, nk, freq, hd);
     float *qa = put(gpu, q, nq * 4), *qb = put(gpu, q, nq * 4), *ka = put(gpu, k, nk * 4), *kb = put(gpu, k, nk * 4);
     float *dv = put(gpu, v, nk * 4), *dfreq = put(gpu, freq, sizeof freq), *oa, *ob;
     int32_t *dpos = put(gpu, pos, sizeof pos), *dslots = put(gpu, slots, sizeof slots);
@@ -489,12 +508,7 @@ static void check_rope_kv_store(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, 
     const size_t pool_bytes = (size_t)NB * td_kv_block_bytes(&g), nq = (size_t)N * nh * hd, nk = (size_t)N * nkv * hd;
     uint8_t *zero = calloc(1, pool_bytes);
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), freq[128];
-    for (size_t i = 0; i < nq; i++)
-        q[i] = frand() * 2;
-    for (size_t i = 0; i < nk; i++)
-        k[i] = frand() * 2, v[i] = frand();
-    for (uint32_t i = 0; i < hd / 2; i++)
-        freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    random_rope_rows(q, nq, k, v, nk, freq, hd);
     if (gpu->ops->upload(gpu, va.base, zero, pool_bytes) || gpu->ops->upload(gpu, vb.base, zero, pool_bytes))
         exit(1);
     float *qa = put(gpu, q, nq * 4), *qb = put(gpu, q, nq * 4), *ka = put(gpu, k, nk * 4), *kb = put(gpu, k, nk * 4);
@@ -587,23 +601,9 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
         exit(1);
     free(zero);
     /* every position's K and V, history first, then the rows of this step */
-    for (int s = 0; s < NS; s++) {
-        uint32_t total = pos0[s] + n[s];
-        size_t ne = (size_t)total * nkv * hd;
-        float *k = malloc(ne * 4), *v = malloc(ne * 4);
-        int32_t *slots = malloc(total * 4);
-        for (size_t i = 0; i < ne; i++)
-            k[i] = frand(), v[i] = frand();
-        for (uint32_t p = 0; p < total; p++)
-            slots[p] = tables[s][p / BT] * BT + (int32_t)(p % BT);
-        float *dk = put(gpu, k, ne * 4), *dv = put(gpu, v, ne * 4);
-        int32_t *dslots = put(gpu, slots, total * 4);
-        if (cpu->ops->kv_store(cpu, &vc, k, v, slots, total) || gpu->ops->kv_store(gpu, &vg, dk, dv, dslots, total))
-            exit(1);
-        gpu->ops->sync(gpu);
-        gpu->ops->free(gpu, dk), gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dslots);
-        free(k), free(v), free(slots);
-    }
+    const kern_kv_view_t *gpu_pool[1] = {&vg};
+    for (int s = 0; s < NS; s++)
+        store_random_kv(cpu, &vc, gpu, gpu_pool, 1, tables[s], BT, pos0[s] + n[s], nkv, hd);
     uint8_t *gp = malloc(pool_bytes);
     get(gpu, gp, vg.base, pool_bytes);
     bool same = !memcmp(gp, vc.base, pool_bytes);
