@@ -304,11 +304,9 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
         }
         if (owner) {
             uint8_t *base = (uint8_t *)a.base;
-            for (uint32_t p = threadIdx.x; p < half; p += blockDim.x) {
-                kc_rope_pair(sk, p, hd, pos, a.rfreq, a.rneox, &ia, &ib);
-                *kc_kv_dst<T>(base, a.block_bytes, a.layer, 0, a.n_kv, a.bt, hd, slot, kvh, ia) = kc_from_float<T>(sk[ia]);
-                *kc_kv_dst<T>(base, a.block_bytes, a.layer, 0, a.n_kv, a.bt, hd, slot, kvh, ib) = kc_from_float<T>(sk[ib]);
-            }
+            for (uint32_t p = threadIdx.x; p < half; p += blockDim.x)
+                kc_rope_store_k<T>(sk, p, hd, pos, a.rfreq, a.rneox, base, a.block_bytes, a.layer, a.n_kv, a.bt, slot,
+                                   kvh);
             for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)
                 *kc_kv_dst<T>(base, a.block_bytes, a.layer, 1, a.n_kv, a.bt, hd, slot, kvh, d) =
                     kc_from_float<T>(a.rv[kv_row + d]);
@@ -750,6 +748,13 @@ td_status_t kc_attention_init(void)
     return TD_OK;
 }
 
+// Whether k_attention_decode takes decode rows of n_heads query heads over layout g
+static bool dec_takes(const td_kv_layout_t *g, uint32_t n_heads)
+{
+    return g->n_kv_heads && n_heads % g->n_kv_heads == 0 && n_heads / g->n_kv_heads <= DEC_MAXG &&
+           g->head_dim % 8 == 0 && g->head_dim <= 32 * ATT_MAXD;
+}
+
 // kc_attention, or with r (decode rows only) rope_kv_attention's one pass
 static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *out, uint32_t n_heads,
                              const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
@@ -786,7 +791,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     // kernel has go there, decode rows to the split kernel, the rest to the
     // general kernel
     const bool mma_ok = g->dtype == TD_KV_F16 && (g->head_dim == 64 || g->head_dim == 128);
-    const bool dec_ok = a.group <= DEC_MAXG && g->head_dim % 8 == 0;
+    const bool dec_ok = dec_takes(g, n_heads);
     kern_cuda_t *c = (kern_cuda_t *)b;
     for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
         if ((pass == 1 && !mma_ok) || (pass == 2 && !dec_ok))
@@ -870,10 +875,8 @@ td_status_t kc_rope_kv_attention(kern_backend_t *b, const kern_kv_view_t *kv, co
                                  const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
                                  float scale)
 {
-    const td_kv_layout_t *g = kv->layout;
     // one pass when every row is a sequence's one decode row and the decode kernel takes them all
-    bool one = g->n_kv_heads && r->n_heads % g->n_kv_heads == 0 && r->n_heads / g->n_kv_heads <= DEC_MAXG &&
-               g->head_dim % 8 == 0 && g->head_dim <= 32 * ATT_MAXD && r->n == n_seqs;
+    bool one = dec_takes(kv->layout, r->n_heads) && r->n == n_seqs;
     for (uint32_t s = 0; one && s < n_seqs; s++)
         one = seqs[s].n == 1;
     if (one)

@@ -192,6 +192,19 @@ __device__ __forceinline__ T *kc_kv_dst(uint8_t *base, size_t block_bytes, uint3
 template <typename T> __device__ __forceinline__ T kc_from_float(float f);
 template <> __device__ __forceinline__ float kc_from_float<float>(float f) { return f; }
 template <> __device__ __forceinline__ __half kc_from_float<__half>(float f) { return __float2half_rn(f); }
+
+// Rotates pair p of kr, KV head h's K row of the token at `slot` (kc_rope_pair), and stores the pair to layer
+// `layer`'s K in the pool: rope_kv_store's work on K, which the decode attention also does for its row.
+template <typename T>
+__device__ __forceinline__ void kc_rope_store_k(float *kr, uint32_t p, uint32_t hd, int32_t pos, const float *freq,
+                                                int neox, uint8_t *base, size_t block_bytes, uint32_t layer,
+                                                uint32_t n_kv, uint32_t bt, uint32_t slot, uint32_t h)
+{
+    uint32_t ia, ib;
+    kc_rope_pair(kr, p, hd, pos, freq, neox, &ia, &ib);
+    *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ia) = kc_from_float<T>(kr[ia]);
+    *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ib) = kc_from_float<T>(kr[ib]);
+}
 #endif
 
 static inline unsigned kc_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }

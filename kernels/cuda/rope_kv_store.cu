@@ -20,11 +20,9 @@ __global__ void k_rope_kv_store(uint8_t *base, size_t block_bytes, uint32_t laye
         kc_rope_pair(q + th * hd, (uint32_t)(i % half), hd, pos[th / n_heads], freq, neox, &ia, &ib);
     } else if (i < qp + kp) {
         const size_t r = i - qp, th = r / half;
-        const uint32_t t = (uint32_t)(th / n_kv), h = (uint32_t)(th % n_kv), slot = (uint32_t)slots[t];
-        float *kv = k + th * hd;
-        kc_rope_pair(kv, (uint32_t)(r % half), hd, pos[t], freq, neox, &ia, &ib);
-        *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ia) = kc_from_float<T>(kv[ia]);
-        *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ib) = kc_from_float<T>(kv[ib]);
+        const uint32_t t = (uint32_t)(th / n_kv), h = (uint32_t)(th % n_kv);
+        kc_rope_store_k<T>(k + th * hd, (uint32_t)(r % half), hd, pos[t], freq, neox, base, block_bytes, layer, n_kv,
+                           bt, (uint32_t)slots[t], h);
     } else if (i < qp + kp + vn) {
         const size_t r = i - qp - kp;
         const uint32_t t = (uint32_t)(r / ((size_t)n_kv * hd)), h = (uint32_t)(r / hd % n_kv), d = (uint32_t)(r % hd);
