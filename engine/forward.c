@@ -107,6 +107,8 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
     rc = rope_freqs(d, hfreq);
     if (!rc)
         rc = eng_weights_bind(m, be, &f->w);
+    if (!rc && (be->ops->supported & KERN_OP_MATMUL_FUSED)) /* the norms ride in the fused matmuls' weights */
+        rc = eng_weights_fold_norms(&f->w, be, d->tied_embeddings);
     struct { void *slot; size_t bytes; } bufs[] = {
         {&f->x, T * d->hidden * 4}, {&f->xn, T * d->hidden * 4}, {&f->q, T * qd * 4}, {&f->k, T * kvd * 4},
         {&f->v, T * kvd * 4}, {&f->att, T * qd * 4}, {&f->tmp, T * (d->hidden > qd ? d->hidden : qd) * 4},
@@ -298,7 +300,8 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
     const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
     float *qkv_out[3] = {f->q, f->k, f->v};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = qkv, .y = qkv_out, .k = 3, .x = f->x, .n = n,
-                                                  .norm = L->attn_norm, .eps = d->norm_eps}));
+                                                  .norm = L->attn_norm, .eps = d->norm_eps,
+                                                  .norm_in_w = f->w.norms_folded}));
     TRY(attend(f, l, n, n_seqs));
     const kern_weight_t *wo = &L->wo, *wd = &L->w_down;
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wo, .y = &f->x, .k = 1, .x = f->att, .n = n,
@@ -306,8 +309,8 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
     const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
     float *gu_out[2] = {f->gate, f->up};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = gu, .y = gu_out, .k = 2, .x = f->x, .n = n,
-                                                  .norm = L->ffn_norm, .eps = d->norm_eps, .glu = true,
-                                                  .to_next = true}));
+                                                  .norm = L->ffn_norm, .eps = d->norm_eps,
+                                                  .norm_in_w = f->w.norms_folded, .glu = true, .to_next = true}));
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wd, .y = &f->x, .k = 1, .x = f->gate, .n = n,
                                                   .accumulate = true}));
     return TD_OK;
@@ -323,7 +326,9 @@ static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t 
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     uint32_t hid = d->hidden;
-    bool fused = (o->supported & KERN_OP_MATMUL_FUSED) && !f->tap_fn;
+    /* op by op where a tap wants every intermediate, unless the norms ride in the weights (which only the fused
+     * matmul takes): then the tap sees the names the fused path has */
+    bool fused = (o->supported & KERN_OP_MATMUL_FUSED) && (!f->tap_fn || f->w.norms_folded);
     td_status_t rc;
     TRY(o->embed(be, &f->w.tok_embd, f->ids, n, f->x));
     tap(f, "embd", -1, f->x, n, hid);
@@ -351,7 +356,8 @@ static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t 
     if (fused) {
         const kern_weight_t *w = &f->w.output;
         TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &w, .y = &f->logits, .k = 1, .x = rows, .n = nl,
-                                                      .norm = f->w.out_norm, .eps = d->norm_eps}));
+                                                      .norm = f->w.out_norm, .eps = d->norm_eps,
+                                                      .norm_in_w = f->w.out_folded}));
     } else {
         TRY(o->rmsnorm(be, rows, f->w.out_norm, f->xl, nl, hid, d->norm_eps));
         tap(f, "result_norm", -1, f->xl, nl, hid);

@@ -62,7 +62,10 @@ void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t
  * tensors (attn_norm, Qcur, Kcur, Vcur before RoPE; Qrope, Krope after;
  * kqv_out, attn_out, ffn_inp, ffn_norm, ffn_gate, ffn_up, ffn_swiglu, ffn_out,
  * l_out; embd and result_norm with layer -1). For numerics work: it
- * synchronizes after every step. NULL turns it off. */
+ * synchronizes after every step. NULL turns it off. On a backend whose
+ * weights carry the norms (eng_weights_fold_norms: CUDA) the step stays
+ * fused, and the tap sees only the names that path has (embd, Qcur, Kcur,
+ * Vcur, Qrope, Krope, kqv_out). */
 typedef void (*eng_tap_fn)(void *ctx, const char *name, int layer, const float *x, uint32_t rows, uint32_t cols);
 void eng_forward_set_tap(eng_forward_t *f, eng_tap_fn fn, void *ctx);
 

@@ -125,6 +125,48 @@ td_status_t eng_weights_bind(const eng_model_t *m, kern_backend_t *be, eng_weigh
     return TD_OK;
 }
 
+td_status_t eng_weights_fold_norms(eng_weights_t *w, kern_backend_t *be, bool tied)
+{
+    if (!(be->ops->supported & KERN_OP_WEIGHT_SCALE_COLS) || w->norms_folded)
+        return TD_OK;
+    /* every check first, then every scaling: all of them or none */
+    for (int apply = 0; apply < 2; apply++)
+        for (uint32_t i = 0; i <= w->n_layers; i++) {
+            bool last = i == w->n_layers; /* the output matrix */
+            if (last && tied)
+                break;
+            eng_layer_weights_t *L = last ? NULL : &w->layers[i];
+            kern_weight_t *ws[5] = {&w->output};
+            const float *norms[5] = {w->out_norm};
+            int n = 1;
+            if (!last) {
+                kern_weight_t *lw[5] = {&L->wq, &L->wk, &L->wv, &L->w_gate, &L->w_up};
+                for (n = 0; n < 5; n++)
+                    ws[n] = lw[n], norms[n] = n < 3 ? L->attn_norm : L->ffn_norm;
+            }
+            for (int k = 0; k < n; k++) {
+                bool fits = false;
+                td_status_t rc = be->ops->weight_scale_cols(be, ws[k], norms[k], apply, &fits);
+                if (rc)
+                    return rc;
+                if (!fits && !apply) {
+                    if (last)
+                        TD_INFO("weights: the norms stay apart from the matmuls (the output matrix times the "
+                                "output norm's weight leaves the backend's type)");
+                    else
+                        TD_INFO("weights: the norms stay apart from the matmuls (a matrix of layer %u times its "
+                                "norm's weight leaves the backend's type)", i);
+                    return TD_OK;
+                }
+                if (!fits)
+                    return td_error(TD_ERR_INTERNAL, "weights: a norm's weight fitted its matmul, then did not");
+            }
+        }
+    w->norms_folded = true;
+    w->out_folded = !tied;
+    return TD_OK;
+}
+
 void eng_weights_release(eng_weights_t *w, kern_backend_t *be)
 {
     if (!w->layers)

@@ -22,11 +22,22 @@ typedef struct eng_weights {
     float *out_norm;
     eng_layer_weights_t *layers;
     uint32_t n_layers;
+    /* the norms' weights are in the matrices after them (eng_weights_fold_norms):
+     * attn_norm in wq, wk, wv; ffn_norm in w_gate, w_up; out_norm in output
+     * (out_folded: not when the output is the embedding) */
+    bool norms_folded, out_folded;
 } eng_weights_t;
 
 /* Binds and prepares every tensor; an absent tensor or a wrong shape is
  * TD_ERR_FORMAT naming it. Free with eng_weights_release(). */
 td_status_t eng_weights_bind(const eng_model_t *m, kern_backend_t *be, eng_weights_t *w);
 void eng_weights_release(eng_weights_t *w, kern_backend_t *be);
+
+/* Moves each RMSNorm's weight into the columns of the matrices it feeds
+ * (the backend's weight_scale_cols), where the backend has that op: its
+ * fused matmul then reads x alone. All of them or none: when one product
+ * would not fit a weight's type, nothing changes (logged). Only for a
+ * forward pass that takes the fused matmul with norm_in_w. */
+td_status_t eng_weights_fold_norms(eng_weights_t *w, kern_backend_t *be, bool tied);
 
 #endif

@@ -8,7 +8,8 @@
 td_status_t kern_backend_check(const kern_backend_t *b, uint32_t need)
 {
     static const char *const names[] = {"matmul", "matmul_multi", "rmsnorm",   "rope",         "swiglu", "add",
-                                        "embed",  "kv_store",     "attention", "matmul_fused", "sample", "graph"};
+                                        "embed",  "kv_store",     "attention", "matmul_fused", "sample", "graph",
+                                        "rope_kv_store", "rope_kv_attention", "weight_scale_cols"};
     uint32_t missing = need & ~b->ops->supported;
     if (!missing)
         return TD_OK;

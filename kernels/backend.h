@@ -19,8 +19,8 @@
  * (KERN_OP_*) for each op it does have, so that a caller refuses a backend up
  * front (kern_backend_check) instead of at its first step. The optional ops
  * after attention (KERN_OPS_OPTIONAL: the fused matmul, sampling, captured
- * steps, rope with the KV store) are set only where their bit is; a caller
- * checks the bit first.
+ * steps, rope with the KV store, a weight's columns scaled) are set only where
+ * their bit is; a caller checks the bit first.
  *
  * Shapes (row-major, the last dimension contiguous):
  *   activations  x[n][dim] fp32
@@ -101,10 +101,12 @@ typedef enum kern_op {
     KERN_OP_GRAPH = 1u << 11,
     KERN_OP_ROPE_KV_STORE = 1u << 12,
     KERN_OP_ROPE_KV_ATTENTION = 1u << 13,
+    KERN_OP_WEIGHT_SCALE_COLS = 1u << 14,
 } kern_op_t;
 #define KERN_OPS_ALL 0x1ffu
 #define KERN_OPS_OPTIONAL                                                                                           \
-    (KERN_OP_MATMUL_FUSED | KERN_OP_SAMPLE | KERN_OP_GRAPH | KERN_OP_ROPE_KV_STORE | KERN_OP_ROPE_KV_ATTENTION)
+    (KERN_OP_MATMUL_FUSED | KERN_OP_SAMPLE | KERN_OP_GRAPH | KERN_OP_ROPE_KV_STORE | KERN_OP_ROPE_KV_ATTENTION |   \
+     KERN_OP_WEIGHT_SCALE_COLS)
 /* What the engine's forward pass calls (matmul_multi is optional: the forward
  * pass falls back to one matmul per weight). */
 #define KERN_OPS_FORWARD (KERN_OPS_ALL & ~(uint32_t)KERN_OP_MATMUL_MULTI)
@@ -112,11 +114,13 @@ typedef enum kern_op {
 /* One matmul with what surrounds it in a layer fused in (matmul_fused):
  * y_i = norm(x) · W_iᵀ for k (<= 4) weights of one type and width, where
  * norm(x) is x's RMSNorm with weight `norm` (eps) when norm is set, else x;
- * with glu (k == 2, equal rows) y[0] = silu(x·W0ᵀ) * (x·W1ᵀ) and y[1] is
- * scratch; with accumulate each y_i += instead of =. With glu and to_next,
- * y[0] is read by nothing but the next matmul_fused call, as its x: a
- * backend may hand it over in a form of its own and leave y[0] without it
- * (the CUDA backend's GEMMs take it as fp16). */
+ * with norm_in_w the norm's weight is already in the weights' columns
+ * (weight_scale_cols), so norm(x) is x's RMSNorm without it; with glu
+ * (k == 2, equal rows) y[0] = silu(x·W0ᵀ) * (x·W1ᵀ) and y[1] is scratch;
+ * with accumulate each y_i += instead of =. With glu and to_next, y[0] is
+ * read by nothing but the next matmul_fused call, as its x: a backend may
+ * hand it over in a form of its own and leave y[0] without it (the CUDA
+ * backend's GEMMs take it as fp16). */
 typedef struct kern_matmul_spec {
     const kern_weight_t *const *w;
     float *const *y;
@@ -125,7 +129,7 @@ typedef struct kern_matmul_spec {
     uint32_t n;
     const float *norm;
     float eps;
-    bool glu, accumulate, to_next;
+    bool norm_in_w, glu, accumulate, to_next;
 } kern_matmul_spec_t;
 
 /* A layer's rope and KV store (rope_kv_attention): q [n][n_heads][head_dim]
@@ -233,6 +237,11 @@ typedef struct kern_backend_ops {
     td_status_t (*rope_kv_attention)(kern_backend_t *b, const kern_kv_view_t *kv, const kern_rope_kv_t *r,
                                      float *out, const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs,
                                      uint32_t n_seqs, float scale);
+    /* *fits = every W[r][c] * s[c] fits the type of the backend's copy of w
+     * (s: backend memory, [cols]); with apply and *fits, the copy is so
+     * scaled, so that a norm's weight rides in the matmul after it
+     * (kern_matmul_spec_t's norm_in_w). Otherwise w is unchanged. */
+    td_status_t (*weight_scale_cols)(kern_backend_t *b, kern_weight_t *w, const float *s, bool apply, bool *fits);
     /* ids[i] = the token kern_sample_t p[i] picks from logits row i of
      * [n][vocab]; p and ids in backend memory */
     td_status_t (*sample)(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,

@@ -13,8 +13,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <algorithm>
 #include <vector>
+
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/quant.h"
 
 template <int L2HINT> __device__ __forceinline__ uint4 ld16(const __half *p)
 {
@@ -40,10 +44,11 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b)
     return f0.x * a.x + f0.y * a.y + f1.x * a.z + f1.y * a.w + f2.x * b.x + f2.y * b.y + f3.x * b.z + f3.y * b.w;
 }
 
-template <int R, int U, int W, bool PERSIST, int L2HINT>
+template <int R, int U, int W, bool PERSIST, int L2HINT, bool PDL = false>
 __global__ void __launch_bounds__(W * 32)
     k_gemv(const __half *w, const float *x, float *y, uint32_t rows, uint32_t cols, int norm)
 {
+    bool waited = !PDL;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, units = rows / R, step = 32 * 8 * U;
     __shared__ float part[W], scale;
     if (norm) {
@@ -76,6 +81,10 @@ __global__ void __launch_bounds__(W * 32)
                 const uint32_t c = lane * 8 + u * 256;
                 wv[r][u] = c < cols ? ld16<L2HINT>(wr[r] + c) : make_uint4(0, 0, 0, 0);
             }
+        if (!waited) { // programmatic launch: the first round loaded before the wait for the kernel before
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            waited = true;
+        }
         float acc[R] = {};
         for (uint32_t c0 = lane * 8; c0 < cols; c0 += step) {
             uint4 nx[R][U];
@@ -109,6 +118,146 @@ __global__ void __launch_bounds__(W * 32)
                 acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
             if (lane == 0)
                 y[unit * R + r] = norm ? acc[r] * scale : acc[r];
+        }
+    }
+    if (!waited)
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (PDL)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// The whole chain in one persistent kernel (R2 U2 W8, 4 blocks an SM, all resident: a cooperative launch): the
+// matrices one after another, and between two a barrier of the whole grid (BAR), as a step whose every matmul
+// takes the one before's output would need. Before the barrier each warp already loads its first unit's first
+// rounds of the next matrix (the weights depend on nothing): P = 0, the first round into registers (what the
+// kernel per matmul does before its programmatic wait); P > 0, P rounds into the warp's shared memory by
+// cp.async. XL2: x read through L2 only (ld.cg), as x written inside the same kernel must be; else through L1.
+struct Chain {
+    const __half *const *w;
+    const uint32_t *rows, *cols;
+    int n;
+    const float *x;
+    float *y;
+    unsigned *bar;
+};
+
+__device__ __forceinline__ void cp16(void *smem, const void *g)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(g)
+                 : "memory");
+}
+
+template <int P, bool BAR, bool XL2> __global__ void __launch_bounds__(256, 4) k_chain(const Chain a)
+{
+    constexpr int R = 2, U = 2, W = 8;
+    constexpr uint32_t step = 32 * 8 * U;
+    extern __shared__ uint4 pre[]; // [W][P][R][U][32]
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, stride = gridDim.x * W,
+                   first = blockIdx.x * W + warp;
+    uint4 *mine = pre + (size_t)warp * P * R * U * 32;
+    uint4 wv[R][U];
+    auto prefetch = [&](int m) {
+        const uint32_t cols = a.cols[m];
+        if (first >= a.rows[m] / R)
+            return;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const __half *row = a.w[m] + (size_t)(first * R + r) * cols;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (P == 0) {
+                    const uint32_t c = lane * 8 + u * 256;
+                    wv[r][u] = c < cols ? ld16<0>(row + c) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int i = 0; i < P; i++) {
+                    const uint32_t c = lane * 8 + i * step + u * 256;
+                    if (c < cols)
+                        cp16(mine + ((i * R + r) * U + u) * 32 + lane, row + c);
+                }
+            }
+        }
+        if (P)
+            asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    prefetch(0);
+    for (int m = 0; m < a.n; m++) {
+        const __half *w = a.w[m];
+        const uint32_t cols = a.cols[m], units = a.rows[m] / R;
+        if (P)
+            asm volatile("cp.async.wait_all;" ::: "memory");
+        for (uint32_t unit = first; unit < units; unit += stride) {
+            const bool pf = unit == first;
+            const __half *wr[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                wr[r] = w + (size_t)(unit * R + r) * cols;
+            if (!pf || P > 0)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const uint32_t c = lane * 8 + u * 256;
+                        wv[r][u] = pf ? mine[(r * U + u) * 32 + lane]
+                                      : c < cols ? ld16<0>(wr[r] + c) : make_uint4(0, 0, 0, 0);
+                    }
+            float acc[R] = {};
+            int i = 0;
+            for (uint32_t c0 = lane * 8; c0 < cols; c0 += step, i++) {
+                uint4 nx[R][U];
+                const bool from_smem = pf && i + 1 < P;
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const uint32_t c = c0 + step + u * 256;
+                        nx[r][u] = from_smem ? mine[(((i + 1) * R + r) * U + u) * 32 + lane]
+                                   : c < cols ? ld16<0>(wr[r] + c) : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const uint32_t c = c0 + u * 256;
+                    if (c >= cols)
+                        break;
+                    float4 x0, x1;
+                    if (XL2)
+                        x0 = __ldcg((const float4 *)(a.x + c)), x1 = __ldcg((const float4 *)(a.x + c + 4));
+                    else
+                        x0 = __ldg((const float4 *)(a.x + c)), x1 = __ldg((const float4 *)(a.x + c + 4));
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        acc[r] += dot8(wv[r][u], x0, x1);
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        wv[r][u] = nx[r][u];
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+                if (lane == 0)
+                    a.y[unit * R + r] = acc[r];
+            }
+        }
+        if (m + 1 == a.n)
+            break;
+        prefetch(m + 1);
+        if (BAR) {
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                atomicAdd(a.bar, 1u);
+                const unsigned target = (unsigned)(m + 1) * gridDim.x;
+                unsigned v;
+                do
+                    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(a.bar) : "memory");
+                while (v < target);
+            }
+            __syncthreads();
         }
     }
 }
@@ -173,10 +322,10 @@ static float median_ms(cudaStream_t s, void (*launch)(cudaStream_t, void *), voi
 
 static void graph_launch(cudaStream_t s, void *g) { cudaGraphLaunch((cudaGraphExec_t)g, s); }
 
-template <int R, int U, int W, bool PERSIST, int L2HINT>
+template <int R, int U, int W, bool PERSIST, int L2HINT, bool PDL = false>
 static void run(const char *name, Bench &b, int with_norm = 0) // 1: the norm; 2: no check
 {
-    auto k = k_gemv<R, U, W, PERSIST, L2HINT>;
+    auto k = k_gemv<R, U, W, PERSIST, L2HINT, PDL>;
     int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, W * 32, 0);
     cudaStream_t s;
@@ -188,7 +337,12 @@ static void run(const char *name, Bench &b, int with_norm = 0) // 1: the norm; 2
         uint32_t units = m.rows / R, blocks = (units + W - 1) / W;
         if (PERSIST)
             blocks = std::min<uint32_t>(blocks, per_sm * b.sms);
-        k<<<blocks, W * 32, 0, s>>>(m.w, b.x, b.y, m.rows, m.cols, with_norm == 1 && m.norm);
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = blocks, cfg.blockDim = W * 32, cfg.stream = s, cfg.attrs = &at, cfg.numAttrs = PDL ? 1 : 0;
+        cudaLaunchKernelEx(&cfg, k, m.w, b.x, b.y, m.rows, m.cols, (int)(with_norm == 1 && m.norm));
     }
     cudaStreamEndCapture(s, &g);
     cudaGraphInstantiate(&ge, g, 0);
@@ -218,7 +372,266 @@ static void read_launch(cudaStream_t s, void *v)
     k_read<<<r->sms * 4, 512, 0, s>>>(r->p, r->n, r->sink);
 }
 
-int main()
+// The engine's epilogues on the committed shape (R2 U2 W8, persistent, programmatic launch), to see what each
+// costs in the step. NM, the norm on the matrices that have it: 0 none; 1 as kernels/cuda/matmul_fused.cu folds
+// it (x times the norm's weight as it is read, each x row's sum of squares from the same reads, the scale after
+// the dot product); 2 the sum of squares only (the norm's weight folded into the weights at load); 3 each block
+// first stages x times the weight in shared memory and reduces the sum of squares there. XS: x read from shared
+// memory (staged by each block first) on every matrix. GLU: gate/up as the engine runs it (a warp takes row r of
+// W0 and row r of W1, the two halves of the 22016-row matrix, and writes silu(a) * b).
+template <int NM, bool GLU, bool XS>
+__global__ void __launch_bounds__(256, 4)
+    k_gemv_e(const __half *w, const float *x, const float *g, float *y, uint32_t rows, uint32_t cols, int norm,
+             int glu)
+{
+    constexpr int R = 2, U = 2, W = 8;
+    extern __shared__ float xs[]; // NM 3 or XS: x (times the norm's weight) staged
+    __shared__ float part[W];
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, step = 32 * 8 * U;
+    const bool pair = GLU && glu, stage = XS || (NM == 3 && norm);
+    const uint32_t units = pair ? rows / 2 : rows / R;
+    uint32_t unit = blockIdx.x * W + warp;
+    const __half *wr[R];
+    uint4 wv[R][U];
+    auto first_round = [&]() {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wr[r] = w + (size_t)(pair ? unit + r * (rows / 2) : unit * R + r) * cols;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint32_t c = lane * 8 + u * 256;
+                wv[r][u] = c < cols && unit < units ? ld16<0>(wr[r] + c) : make_uint4(0, 0, 0, 0);
+            }
+    };
+    first_round();
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    float bscale = 1.0f; // NM 3: the block's scale
+    if (stage) {
+        float ss = 0;
+        for (uint32_t c = threadIdx.x * 4; c < cols; c += 256 * 4) {
+            float4 v = __ldg((const float4 *)(x + c));
+            if (NM == 3 && norm) {
+                const float4 gg = __ldg((const float4 *)(g + c));
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                v.x *= gg.x, v.y *= gg.y, v.z *= gg.z, v.w *= gg.w;
+            }
+            *(float4 *)(xs + c) = v;
+        }
+        if (NM == 3 && norm) {
+            for (int o = 16; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0)
+                part[warp] = ss;
+        }
+        __syncthreads();
+        if (NM == 3 && norm) {
+            float t = 0;
+#pragma unroll
+            for (int i = 0; i < W; i++)
+                t += part[i];
+            bscale = rsqrtf(t / cols + 1e-5f);
+        }
+    }
+    for (bool firstu = true; unit < units; unit += gridDim.x * W, firstu = false) {
+        if (!firstu)
+            first_round();
+        float acc[R] = {}, ss = 0;
+        for (uint32_t c0 = lane * 8; c0 < cols; c0 += step) {
+            uint4 nx[R][U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const uint32_t c = c0 + step + u * 256;
+                    nx[r][u] = c < cols ? ld16<0>(wr[r] + c) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const uint32_t c = c0 + u * 256;
+                if (c >= cols)
+                    break;
+                float4 x0, x1;
+                if (stage)
+                    x0 = *(const float4 *)(xs + c), x1 = *(const float4 *)(xs + c + 4);
+                else
+                    x0 = __ldg((const float4 *)(x + c)), x1 = __ldg((const float4 *)(x + c + 4));
+                if ((NM == 1 || NM == 2) && norm)
+                    ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y +
+                          x1.z * x1.z + x1.w * x1.w;
+                if (NM == 1 && norm) {
+                    const float4 g0 = __ldg((const float4 *)(g + c)), g1 = __ldg((const float4 *)(g + c + 4));
+                    x0.x *= g0.x, x0.y *= g0.y, x0.z *= g0.z, x0.w *= g0.w;
+                    x1.x *= g1.x, x1.y *= g1.y, x1.z *= g1.z, x1.w *= g1.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r] += dot8(wv[r][u], x0, x1);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    wv[r][u] = nx[r][u];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            if ((NM == 1 || NM == 2) && norm)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        }
+        const float scale = (NM == 1 || NM == 2) && norm ? rsqrtf(ss / cols + 1e-5f) : bscale;
+        if (lane == 0) {
+            if (pair)
+                y[unit] = acc[0] * scale / (1.0f + __expf(-acc[0] * scale)) * (acc[1] * scale);
+            else
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    y[unit * R + r] = acc[r] * scale;
+        }
+    }
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+template <int NM, bool GLU, bool XS> static void run_e(const char *name, Bench &b, const float *g)
+{
+    auto k = k_gemv_e<NM, GLU, XS>;
+    const size_t smem = NM == 3 || XS ? 11008 * 4 : 0;
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 256, smem);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    for (auto &m : b.mats) {
+        const int glu = m.rows == 22016;
+        uint32_t units = m.rows / 2, blocks = std::min<uint32_t>((units + 7) / 8, per_sm * b.sms);
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = blocks, cfg.blockDim = 256, cfg.stream = s, cfg.attrs = &at, cfg.numAttrs = 1;
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchKernelEx(&cfg, k, m.w, b.x, g, b.y, m.rows, m.cols, m.norm, glu);
+    }
+    cudaStreamEndCapture(s, &gr);
+    cudaGraphInstantiate(&ge, gr, 0);
+    float ms = median_ms(s, graph_launch, ge);
+    float hy[8];
+    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
+    double err = 0;
+    for (int i = 0; i < 8; i++)
+        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
+    printf("%-34s %d blocks/SM  step %.3f ms  %.0f GB/s  %s  %s\n", name, per_sm, ms, b.bytes / (ms * 1e-3) / 1e9,
+           NM ? "(not checked)" : err < 1e-3 ? "check ok" : "CHECK FAILED", cudaGetErrorString(cudaGetLastError()));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    cudaStreamDestroy(s);
+}
+
+// The engine's own GEMV, through the CUDA backend's matmul_fused (kernels/cuda/matmul_fused.cu) on the same
+// weights, captured and replayed by the backend: LAYER 0, every matrix alone (k 1, no norm, no add: the study's
+// plain chain); 1, as a layer calls it (Q, K and V as three weights with the norm, the output projection added
+// onto the residual, gate and up as two weights with glu and the norm, down added, the output with the norm);
+// 2, the same with the norm's weight in the weights (norm_in_w; the weights are not scaled: timing only).
+static void run_engine(const char *name, Bench &b, int layer)
+{
+    kern_backend_t *be;
+    if (kern_cuda_backend_create(0, &be)) {
+        printf("%-34s no backend\n", name);
+        return;
+    }
+    float *buf[8], *g;
+    for (int i = 0; i < 8; i++)
+        cudaMalloc(&buf[i], 32000 * 4), cudaMemset(buf[i], 0, 32000 * 4);
+    cudaMalloc(&g, 11008 * 4);
+    cudaMemset(g, 0, 11008 * 4);
+    std::vector<kern_weight_t> ws;
+    ws.reserve(b.mats.size() * 3);
+    int rc = be->ops->capture_begin(be);
+    for (size_t i = 0; i < b.mats.size() && !rc; i++) {
+        const Mat &m = b.mats[i];
+        kern_matmul_spec_t sp = {};
+        const kern_weight_t *w[3];
+        float *y[3] = {buf[0], buf[1], buf[2]};
+        const int kind = i + 1 == b.mats.size() ? 4 : (int)(i % 4); // 0 QKV, 1 O, 2 gate/up, 3 down, 4 output
+        uint32_t parts = 1;
+        if (layer && kind == 0)
+            parts = 3;
+        if (layer && kind == 2)
+            parts = 2;
+        for (uint32_t k = 0; k < parts; k++) {
+            ws.push_back({KERN_TYPE_F16, m.rows / parts, m.cols, nullptr,
+                          (void *)(m.w + (size_t)k * (m.rows / parts) * m.cols)});
+            w[k] = &ws.back();
+        }
+        sp.w = w, sp.y = y, sp.k = parts, sp.n = 1, sp.eps = 1e-5f;
+        sp.x = b.x;
+        if (layer) {
+            if (kind == 0 || kind == 2 || kind == 4)
+                sp.norm = g, sp.norm_in_w = layer == 2;
+            if (kind == 1 || kind == 3)
+                sp.accumulate = true, sp.y = &buf[3];
+            if (kind == 2)
+                sp.glu = true, sp.to_next = true;
+        }
+        rc = be->ops->matmul_fused(be, &sp);
+    }
+    if (!rc)
+        rc = be->ops->capture_end(be, 7, true);
+    cudaStream_t s = (cudaStream_t)be->ops->queue(be);
+    struct Arg {
+        kern_backend_t *be;
+    } arg = {be};
+    float ms = rc ? 0 : median_ms(s, [](cudaStream_t, void *v) { ((Arg *)v)->be->ops->replay(((Arg *)v)->be, 7); }, &arg);
+    printf("%-34s %s  step %.3f ms  %.0f GB/s  %s\n", name, rc ? "FAILED" : "", ms, b.bytes / (ms * 1e-3) / 1e9,
+           cudaGetErrorString(cudaGetLastError()));
+    kern_cuda_backend_destroy(be);
+    for (int i = 0; i < 8; i++)
+        cudaFree(buf[i]);
+    cudaFree(g);
+}
+
+struct ChainRun {
+    void (*k)(Chain);
+    Chain c;
+    int blocks;
+    size_t smem;
+};
+static void chain_launch(cudaStream_t s, void *v)
+{
+    ChainRun *r = (ChainRun *)v;
+    cudaMemsetAsync(r->c.bar, 0, sizeof(unsigned), s);
+    void *args[] = {&r->c};
+    cudaLaunchCooperativeKernel((void *)r->k, r->blocks, 256, args, r->smem, s);
+}
+
+template <int P, bool BAR, bool XL2> static void run_chain(const char *name, Bench &b, const Chain &c)
+{
+    ChainRun r = {k_chain<P, BAR, XL2>, c, 0, (size_t)8 * P * 2 * 2 * 32 * 16};
+    cudaFuncSetAttribute(r.k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r.smem);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, r.k, 256, r.smem);
+    r.blocks = per_sm * b.sms;
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float ms = median_ms(s, chain_launch, &r);
+    float hy[8];
+    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
+    double err = 0;
+    for (int i = 0; i < 8; i++)
+        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
+    printf("%-34s %d blocks/SM  step %.3f ms  %.0f GB/s  %s  %s\n", name, per_sm, ms, b.bytes / (ms * 1e-3) / 1e9,
+           err < 1e-3 ? "check ok" : "CHECK FAILED", cudaGetErrorString(cudaGetLastError()));
+    cudaStreamDestroy(s);
+}
+
+int main(int argc, char **argv)
 {
     Bench b;
     cudaDeviceGetAttribute(&b.sms, cudaDevAttrMultiProcessorCount, 0);
@@ -259,6 +672,52 @@ int main()
     }
     b.bytes = total * 2.0;
     printf("%d SMs, %.2f GB of weights, %zu kernels a step\n", b.sms, b.bytes / 1e9, b.mats.size());
+    if (argc > 1 && !strcmp(argv[1], "chain")) {
+        // the step's chain as 129 kernels (with and without programmatic launch) against one kernel with a
+        // barrier of the grid between matrices, alternating, three passes
+        std::vector<const __half *> hw_ptr;
+        std::vector<uint32_t> hrc;
+        for (auto &m : b.mats)
+            hw_ptr.push_back(m.w), hrc.push_back(m.rows);
+        for (auto &m : b.mats)
+            hrc.push_back(m.cols);
+        const __half **dw;
+        uint32_t *drc;
+        unsigned *bar;
+        cudaMalloc(&dw, hw_ptr.size() * sizeof *dw);
+        cudaMalloc(&drc, hrc.size() * 4);
+        cudaMalloc(&bar, 4);
+        cudaMemcpy(dw, hw_ptr.data(), hw_ptr.size() * sizeof *dw, cudaMemcpyHostToDevice);
+        cudaMemcpy(drc, hrc.data(), hrc.size() * 4, cudaMemcpyHostToDevice);
+        float *g;
+        cudaMalloc(&g, 11008 * 4);
+        cudaMemcpy(g, hx.data(), 11008 * 4, cudaMemcpyHostToDevice);
+        const Chain c = {dw, drc, drc + b.mats.size(), (int)b.mats.size(), x, y, bar};
+        for (int rep = 0; rep < 3; rep++) {
+            ReadArg ra = {(const uint4 *)w, total * 2 / 16, (unsigned *)y, b.sms};
+            float ms = median_ms(0, read_launch, &ra);
+            printf("%-34s one kernel reading every weight: %.3f ms  %.0f GB/s\n", "read floor", ms,
+                   b.bytes / (ms * 1e-3) / 1e9);
+            run<2, 2, 8, true, 0>("kernels: R2 U2 W8 persistent", b);
+            run<2, 2, 8, true, 0, true>("kernels: the same, programmatic", b);
+            run_e<0, false, false>("engine-like: plain", b, g);
+            run_engine("engine's kernel: plain", b, 0);
+            run_engine("engine's kernel: as a layer", b, 1);
+            run_engine("engine's kernel: layer, norm_in_w", b, 2);
+            run_e<1, false, false>("engine-like: norm x*g (engine's)", b, g);
+            run_e<2, false, false>("engine-like: norm ss only (folded)", b, g);
+            run_e<3, false, false>("engine-like: norm staged in smem", b, g);
+            run_e<0, false, true>("engine-like: x staged in smem", b, g);
+            run_e<0, true, false>("engine-like: glu pairs", b, g);
+            run_e<1, true, false>("engine-like: norm x*g + glu", b, g);
+            run_e<2, true, false>("engine-like: norm ss only + glu", b, g);
+            run_e<3, true, false>("engine-like: norm staged + glu", b, g);
+            run_chain<0, false, false>("one kernel, no barrier (ceiling)", b, c);
+            run_chain<0, true, false>("one kernel, barrier, P0", b, c);
+            run_chain<2, true, false>("one kernel, barrier, P2", b, c);
+        }
+        return 0;
+    }
     for (int rep = 0; rep < 2; rep++) {
         ReadArg ra = {(const uint4 *)w, total * 2 / 16, (unsigned *)y, b.sms};
         float ms = median_ms(0, read_launch, &ra);

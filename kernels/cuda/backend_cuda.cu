@@ -301,6 +301,7 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .matmul_fused = kc_matmul_fused,
     .rope_kv_store = kc_rope_kv_store,
     .rope_kv_attention = kc_rope_kv_attention,
+    .weight_scale_cols = kc_weight_scale_cols,
     .sample = kc_sample,
     .capture_begin = cu_capture_begin,
     .capture_end = cu_capture_end,

@@ -174,6 +174,27 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     }
     snprintf(what, sizeof what, "matmul_fused norm, 3 weights, %u x %u, %u rows", rows[0], cols, n);
     report(what, e, 2e-3);
+    /* 1b. the same with the norm's weight in the weights' columns (weight_scale_cols, norm_in_w), as the forward
+     * pass runs a model on this backend: against the same reference */
+    kern_weight_t wf[3];
+    for (int i = 0; i < 3; i++) {
+        bool fits = false;
+        wf[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL};
+        if (gpu->ops->weight_prepare(gpu, &wf[i]) || gpu->ops->weight_scale_cols(gpu, &wf[i], dg, true, &fits) || !fits)
+            exit(1);
+    }
+    const kern_weight_t *wf3[3] = {&wf[0], &wf[1], &wf[2]};
+    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = wf3, .y = dy, .k = 3, .x = dx, .n = n, .norm = dg,
+                                                          .eps = 1e-5f, .norm_in_w = true}))
+        exit(1);
+    e = 0;
+    for (int i = 0; i < 3; i++) {
+        get(gpu, yh, dy[i], (size_t)n * rows[i] * 4);
+        double ei = rel_err(yh, yc[i], (size_t)n * rows[i]);
+        e = ei > e ? ei : e;
+    }
+    snprintf(what, sizeof what, "matmul_fused norm in the weights, 3 weights, %u x %u, %u rows", rows[0], cols, n);
+    report(what, e, 2e-3);
     /* 2. gate/up with glu over norm(x) */
     cpu->ops->swiglu(cpu, yc[1], yc[2], yc[1], (size_t)n * rows[1]);
     const kern_weight_t *w2[2] = {&wg[1], &wg[2]};
@@ -183,6 +204,15 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     get(gpu, yh, dy[1], (size_t)n * rows[1] * 4);
     snprintf(what, sizeof what, "matmul_fused norm + glu, %u x %u, %u rows", rows[1], cols, n);
     report(what, rel_err(yh, yc[1], (size_t)n * rows[1]), 2e-3);
+    const kern_weight_t *wf2[2] = {&wf[1], &wf[2]};
+    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = wf2, .y = dy + 1, .k = 2, .x = dx, .n = n, .norm = dg,
+                                                          .eps = 1e-5f, .norm_in_w = true, .glu = true}))
+        exit(1);
+    get(gpu, yh, dy[1], (size_t)n * rows[1] * 4);
+    snprintf(what, sizeof what, "matmul_fused norm in the weights + glu, %u x %u, %u rows", rows[1], cols, n);
+    report(what, rel_err(yh, yc[1], (size_t)n * rows[1]), 2e-3);
+    for (int i = 0; i < 3; i++)
+        gpu->ops->weight_release(gpu, &wf[i]);
     /* 3. a square projection added onto a residual: y = r + x·W0[:cols]ᵀ */
     kern_weight_t sq_c = {KERN_TYPE_F16, cols, cols, wd[0], NULL}, sq_g = sq_c;
     if (cpu->ops->weight_prepare(cpu, &sq_c) || gpu->ops->weight_prepare(gpu, &sq_g))
@@ -242,6 +272,47 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     }
     gpu->ops->free(gpu, dx), gpu->ops->free(gpu, dg);
     free(x), free(g), free(xn), free(yh), free(r);
+}
+
+/* weight_scale_cols itself: scaled, each value is the fp16 of the value times
+ * its column's scale, bit for bit as the host rounds it; checked only, or
+ * with a product past fp16's range, the weight is unchanged byte for byte. */
+static void check_weight_scale(kern_backend_t *gpu)
+{
+    const uint32_t rows = 37, cols = 200;
+    uint8_t *wd = random_weight(KERN_TYPE_F16, rows, cols);
+    float *sc = malloc(cols * 4);
+    for (uint32_t c = 0; c < cols; c++)
+        sc[c] = 0.25f + frand() * 8;
+    uint16_t *out = malloc((size_t)rows * cols * 2);
+    kern_weight_t w = {KERN_TYPE_F16, rows, cols, wd, NULL};
+    float *ds = put(gpu, sc, cols * 4);
+    bool fits = false;
+    size_t diff = 0;
+    if (gpu->ops->weight_prepare(gpu, &w) || gpu->ops->weight_scale_cols(gpu, &w, ds, false, &fits) || !fits)
+        exit(1);
+    get(gpu, out, w.priv, (size_t)rows * cols * 2);
+    diff += memcmp(out, wd, (size_t)rows * cols * 2) != 0;
+    if (gpu->ops->weight_scale_cols(gpu, &w, ds, true, &fits) || !fits)
+        exit(1);
+    get(gpu, out, w.priv, (size_t)rows * cols * 2);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) {
+        uint16_t h;
+        memcpy(&h, wd + 2 * i, 2);
+        diff += out[i] != kern_fp32_to_fp16(kern_fp16_to_fp32(h) * sc[i % cols]);
+    }
+    /* past the range: one column scaled by 1e7 (the weights are up to 0.1) */
+    memcpy(wd, out, (size_t)rows * cols * 2);
+    sc[cols / 2] = 1e7f;
+    gpu->ops->upload(gpu, ds, sc, cols * 4);
+    if (gpu->ops->weight_scale_cols(gpu, &w, ds, true, &fits))
+        exit(1);
+    get(gpu, out, w.priv, (size_t)rows * cols * 2);
+    diff += fits + (memcmp(out, wd, (size_t)rows * cols * 2) != 0);
+    report("weight_scale_cols: scaled values exact, unchanged when checked only or past fp16", (double)diff, 0.5);
+    gpu->ops->weight_release(gpu, &w);
+    gpu->ops->free(gpu, ds);
+    free(wd), free(sc), free(out);
 }
 
 /* Sampling on the GPU against the host's reckoning of the same rule: greedy
@@ -1275,6 +1346,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof fused_rows / sizeof *fused_rows; i++)
             check_matmul_fused(cpu, gpu, 576, fused_rows[i]);
         check_matmul_fused(cpu, gpu, 4096, 1);
+        check_weight_scale(gpu);
         check_sample(gpu);
     }
     for (int i = 0; i < nm; i++) {

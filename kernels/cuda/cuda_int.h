@@ -242,6 +242,7 @@ td_status_t kc_rope_kv_attention(kern_backend_t *b, const kern_kv_view_t *kv, co
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s);
 // Sizes the GEMV's grid to what the device holds at once (once, at creation).
 td_status_t kc_matmul_fused_init(kern_cuda_t *c);
+td_status_t kc_weight_scale_cols(kern_backend_t *b, kern_weight_t *w, const float *s, bool apply, bool *fits);
 td_status_t kc_sample(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
                       int32_t *ids);
 // Drops every captured step (memory one of them uses is about to move).

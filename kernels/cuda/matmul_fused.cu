@@ -17,8 +17,10 @@
 // few KB a row) is read through L1 where every warp of the SM finds it. Every
 // warp reads all of x, so the norm's sum of squares of each x row is made by
 // each warp from the same reads; the scale is multiplied in after the dot
-// product, and the norm's weight into x as it is read. With glu a warp takes
-// the same row of W0 and W1 and writes silu(a) * b.
+// product, and the norm's weight into x as it is read — unless the weights
+// carry it in their columns (weight_scale_cols, kern_matmul_spec_t's
+// norm_in_w), which spares every warp those reads (gpu-2026-11-26). With glu
+// a warp takes the same row of W0 and W1 and writes silu(a) * b.
 //
 // More rows take cuBLAS (matmul.cu's gemm): the norm is fused into the
 // conversion of x to fp16, the add into the GEMM (beta = 1), SwiGLU runs after.
@@ -39,7 +41,7 @@ typedef struct gv_args {
     float *y[GV_MAXK];
     uint32_t end[GV_MAXK]; // the rows of weights 0 .. i together
     uint32_t k, cols, n, units;
-    const float *x, *norm;
+    const float *x, *norm; // norm: the norm's weight (the kernel's NM says whether there is a norm and it is read)
     float eps;
     int glu, acc;
 } gv_args_t;
@@ -61,17 +63,17 @@ __device__ __forceinline__ uint4 gv_load(const __half *p)
 }
 
 // One round of a warp's weight loads: GV_U 16-byte loads of each of its rows
-// from column c0 on (lane's first column), zeros past the row or for a row
-// the warp does not have.
-__device__ __forceinline__ void gv_round(uint4 (&wv)[GV_R][GV_U], const __half *const (&wr)[GV_R],
-                                         const bool (&live)[GV_R], uint32_t c0, uint32_t cols)
+// from column c0 on (lane's first column), zeros past the row. A row the warp
+// does not have is its weight's first (gv_rows), read and not written.
+__device__ __forceinline__ void gv_round(uint4 (&wv)[GV_R][GV_U], const __half *const (&wr)[GV_R], uint32_t c0,
+                                         uint32_t cols)
 {
 #pragma unroll
     for (int u = 0; u < GV_U; u++) {
         const uint32_t c = c0 + u * 256;
 #pragma unroll
         for (int r = 0; r < GV_R; r++)
-            wv[r][u] = c < cols && live[r] ? gv_load(wr[r] + c) : make_uint4(0, 0, 0, 0);
+            wv[r][u] = c < cols ? gv_load(wr[r] + c) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -102,9 +104,13 @@ __device__ __forceinline__ void gv_rows(const gv_args_t &a, uint32_t unit, const
 }
 
 // One unit's dot products, its first round already in wv, and its results
-// written. With the norm, each x row's sum of squares is made from the same
-// reads of x (every warp reads all of x), so there is no pass of its own.
-template <int N>
+// written. NM, the norm: 0 none; 1 x's RMS only (its weight is in the
+// weights); 2 with its weight multiplied into x as it is read. Each x row's
+// sum of squares is made from the same reads of x (every warp reads all of
+// x), so there is no pass of its own. (The norm is a template argument, not a
+// flag read in the loop: the flags cost the engine's step 0.4 ms against the
+// study's kernel, gpu-2026-11-26 run 6.)
+template <int N, int NM>
 __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV_U], const __half *const (&wr)[GV_R],
                                         float *const (&yr)[GV_R], const uint32_t (&yrows)[GV_R],
                                         const bool (&live)[GV_R])
@@ -121,14 +127,14 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
     // each round's loads are issued before the one before is used
     for (uint32_t c0 = lane * 8; c0 < cols; c0 += step) {
         uint4 nx[GV_R][GV_U];
-        gv_round(nx, wr, live, c0 + step, cols);
+        gv_round(nx, wr, c0 + step, cols);
 #pragma unroll
         for (int u = 0; u < GV_U; u++) {
             const uint32_t c = c0 + u * 256;
             if (c >= cols)
                 break;
-            float4 g0 = make_float4(1, 1, 1, 1), g1 = g0;
-            if (a.norm) {
+            float4 g0, g1;
+            if (NM == 2) {
                 g0 = __ldg((const float4 *)(a.norm + c));
                 g1 = __ldg((const float4 *)(a.norm + c + 4));
             }
@@ -136,11 +142,13 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
             for (int j = 0; j < N; j++) {
                 const float *xp = a.x + (size_t)j * cols + c;
                 float4 x0 = __ldg((const float4 *)xp), x1 = __ldg((const float4 *)(xp + 4));
-                if (a.norm)
+                if (NM)
                     ss[j] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y +
                              x1.z * x1.z + x1.w * x1.w;
-                x0.x *= g0.x, x0.y *= g0.y, x0.z *= g0.z, x0.w *= g0.w;
-                x1.x *= g1.x, x1.y *= g1.y, x1.z *= g1.z, x1.w *= g1.w;
+                if (NM == 2) {
+                    x0.x *= g0.x, x0.y *= g0.y, x0.z *= g0.z, x0.w *= g0.w;
+                    x1.x *= g1.x, x1.y *= g1.y, x1.z *= g1.z, x1.w *= g1.w;
+                }
 #pragma unroll
                 for (int r = 0; r < GV_R; r++)
                     acc[r][j] += gv_dot8(wv[r][u], x0, x1);
@@ -159,7 +167,7 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
 #pragma unroll
             for (int r = 0; r < GV_R; r++)
                 acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
-            if (a.norm)
+            if (NM)
                 ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
         }
     if (lane >= N)
@@ -171,7 +179,7 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
     for (int j = 1; j < N; j++)
         if ((int)lane == j)
             sq = ss[j];
-    const float scale = a.norm ? rsqrtf(sq / cols + a.eps) : 1.0f;
+    const float scale = NM ? rsqrtf(sq / cols + a.eps) : 1.0f;
 #pragma unroll
     for (int r = 0; r < GV_R; r++) {
         v[r] = acc[r][0];
@@ -195,7 +203,7 @@ __device__ __forceinline__ void gv_unit(const gv_args_t &a, uint4 (&wv)[GV_R][GV
     }
 }
 
-template <int N> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLOCKS) k_gemv(const gv_args_t a)
+template <int N, int NM> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLOCKS) k_gemv(const gv_args_t a)
 {
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols;
     // the grid is at most what is resident at once: a warp takes units
@@ -212,19 +220,19 @@ template <int N> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLOCKS) k_g
     // kernel before still runs. (Asking L2 for more of each row there, as
     // this kernel once did, made a step slower: gpu-2026-11-25f.)
     uint4 wv[GV_R][GV_U];
-    gv_round(wv, wr, live, lane * 8, cols);
+    gv_round(wv, wr, lane * 8, cols);
     kc_pdl_wait();
     for (bool first = true; unit < a.units; unit += stride, first = false) {
         if (!first) {
             gv_rows(a, unit, wr, yr, yrows, live);
-            gv_round(wv, wr, live, lane * 8, cols);
+            gv_round(wv, wr, lane * 8, cols);
         }
-        gv_unit<N>(a, wv, wr, yr, yrows, live);
+        gv_unit<N, NM>(a, wv, wr, yr, yrows, live);
     }
     kc_pdl_release(); // the next kernel's blocks may come in as this one's last ones finish
 }
 
-// x's rows RMS-normed (weight g) and rounded to fp16: one block per row.
+// x's rows RMS-normed (weight g; none when g is NULL) and rounded to fp16: one block per row.
 __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t dim, float eps)
 {
     kc_pdl_wait();
@@ -232,7 +240,7 @@ __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t 
     const float *xr = x + (size_t)blockIdx.x * dim;
     const float scale = kc_row_rms_scale(xr, dim, eps);
     for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-        y[(size_t)blockIdx.x * dim + i] = __float2half_rn(xr[i] * scale * g[i]);
+        y[(size_t)blockIdx.x * dim + i] = __float2half_rn(g ? xr[i] * scale * g[i] : xr[i] * scale);
 }
 
 static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
@@ -253,14 +261,15 @@ static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
     a.glu = s->glu;
     a.acc = s->accumulate;
     a.units = s->glu ? s->w[0]->rows : (total + GV_R - 1) / GV_R;
-    const unsigned blocks = kc_blocks(a.units, GV_WARPS);
-    return kc_launch(c, "gemv", k_gemv<GV_MAXN>, blocks < c->gv_grid ? blocks : c->gv_grid, GV_WARPS * 32, 0, a);
+    const unsigned blocks = kc_blocks(a.units, GV_WARPS), grid = blocks < c->gv_grid ? blocks : c->gv_grid;
+    void (*k)(gv_args_t) = !s->norm ? k_gemv<GV_MAXN, 0> : s->norm_in_w ? k_gemv<GV_MAXN, 1> : k_gemv<GV_MAXN, 2>;
+    return kc_launch(c, "gemv", k, grid, GV_WARPS * 32, 0, a);
 }
 
 td_status_t kc_matmul_fused_init(kern_cuda_t *c)
 {
     int per_sm = 0;
-    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<GV_MAXN>, GV_WARPS * 32, 0));
+    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<GV_MAXN, 2>, GV_WARPS * 32, 0));
     c->gv_grid = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
     return TD_OK;
 }
@@ -288,7 +297,8 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
     td_status_t rc = TD_OK;
     if (!handed && !(rc = kc_scratch(c, &c->xh, nx * sizeof(__half)))) {
         if (s->norm)
-            rc = kc_launch(c, "norm_half", k_norm_half, s->n, 256, 0, s->x, s->norm, (__half *)c->xh.p, cols, s->eps);
+            rc = kc_launch(c, "norm_half", k_norm_half, s->n, 256, 0, s->x, s->norm_in_w ? NULL : s->norm,
+                           (__half *)c->xh.p, cols, s->eps);
         else
             rc = kc_to_half(c, s->x, (__half *)c->xh.p, nx);
     }
