@@ -246,7 +246,7 @@ static size_t dec_smem(uint32_t hd, uint32_t group, bool sv)
     return ((size_t)DEC_MAXG * hd + (size_t)4 * group * (hd + 2)) * sizeof(float) +
            (sv ? (size_t)4 * 32 * hd * sizeof(__half) : 0);
 }
-template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
+template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
     constexpr bool SV = HD != 0 && sizeof(T) == 2;
     kc_pdl_wait();
@@ -313,7 +313,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
         }
     }
     __syncthreads();
-    float m[DEC_MAXG], l[DEC_MAXG], acc[DEC_MAXG][ATT_MAXD];
+    float m[GM], l[GM], acc[GM][ATT_MAXD];
     softmax_reset(m, l, acc);
     for (; c0 < hi; c0 += 4 * 32) {
         const uint32_t pos = c0 + lane;
@@ -332,9 +332,9 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
             cp_async_commit();
         }
         const uint8_t *next = page(c0 + 4 * 32 + lane);
-        float sc[DEC_MAXG];
+        float sc[GM];
 #pragma unroll
-        for (int h = 0; h < DEC_MAXG; h++)
+        for (int h = 0; h < GM; h++)
             sc[h] = 0;
         if (live) { // this lane's position's row of K
             const T *kr = (const T *)row + k_off + in_blk;
@@ -343,7 +343,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
                 float k[8];
                 load8(kr + d, k);
 #pragma unroll
-                for (int h = 0; h < DEC_MAXG; h++)
+                for (int h = 0; h < GM; h++)
                     if (h < (int)G)
 #pragma unroll
                         for (int e = 0; e < 8; e++)
@@ -351,7 +351,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
             }
         }
 #pragma unroll
-        for (int h = 0; h < DEC_MAXG; h++) {
+        for (int h = 0; h < GM; h++) {
             if (h >= (int)G)
                 break;
             const float s = live ? sc[h] * a.scale : -INFINITY;
@@ -382,7 +382,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
                 for (int i = 0; i < E; i++)
                     v[i] = __half2float(sv[t * HD + lane + 32 * i]);
 #pragma unroll
-                for (int h = 0; h < DEC_MAXG; h++) {
+                for (int h = 0; h < GM; h++) {
                     if (h >= (int)G)
                         break;
                     const float p = __shfl_sync(0xffffffffu, sc[h], t);
@@ -406,7 +406,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
 #pragma unroll
                 for (int u = 0; u < DEC_VB; u++)
 #pragma unroll
-                    for (int h = 0; h < DEC_MAXG; h++) {
+                    for (int h = 0; h < GM; h++) {
                         if (h >= (int)G)
                             break;
                         const float p = __shfl_sync(0xffffffffu, sc[h], (t0 + u) & 31); // 0 past n_live
@@ -421,7 +421,7 @@ template <typename T, int HD> __global__ void __launch_bounds__(128) k_attention
     // the four warps' states into one: (max, sum, acc) per head
     const uint32_t stride = hd + 2;
 #pragma unroll
-    for (int h = 0; h < DEC_MAXG; h++) {
+    for (int h = 0; h < GM; h++) {
         if (h >= (int)G)
             break;
         float *w = part + ((size_t)warp * G + h) * stride;
@@ -734,12 +734,33 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
     }
 }
 
+// The decode kernel for the pool's type, the head_dim and the group (query heads per KV head): with fp16 KV and a
+// head_dim of 64 or 128, GM the smallest of 1, 2, 4 and 8 that holds the group. The loops over the group's heads
+// then have no more steps than it: with GM 8 for every group, the 7B shape's (one head a group) took 6,048
+// instructions of code and stalled on instruction fetch (bench/results/gpu-2026-11-26, run 9).
+typedef void (*dec_fn_t)(att_args_t);
+template <typename T, int HD> static dec_fn_t dec_by_group(uint32_t group)
+{
+    return group <= 1 ? k_attention_decode<T, HD, 1>
+           : group <= 2 ? k_attention_decode<T, HD, 2>
+           : group <= 4 ? k_attention_decode<T, HD, 4>
+                        : k_attention_decode<T, HD, DEC_MAXG>;
+}
+static dec_fn_t dec_kernel(bool h16, uint32_t hd, uint32_t group)
+{
+    if (hd == 64)
+        return h16 ? dec_by_group<__half, 64>(group) : k_attention_decode<float, 64, DEC_MAXG>;
+    if (hd == 128)
+        return h16 ? dec_by_group<__half, 128>(group) : k_attention_decode<float, 128, DEC_MAXG>;
+    return h16 ? k_attention_decode<__half, 0, DEC_MAXG> : k_attention_decode<float, 0, DEC_MAXG>;
+}
+
 td_status_t kc_attention_init(void)
 {
-    CU(cudaFuncSetAttribute(k_attention_decode<__half, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)dec_smem(64, DEC_MAXG, true)));
-    CU(cudaFuncSetAttribute(k_attention_decode<__half, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)dec_smem(128, DEC_MAXG, true)));
+    for (uint32_t group = 1; group <= DEC_MAXG; group *= 2)
+        for (uint32_t hd = 64; hd <= 128; hd *= 2)
+            CU(cudaFuncSetAttribute(dec_kernel(true, hd, group), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dec_smem(hd, DEC_MAXG, true)));
     int bytes = (int)att_smem(32 * ATT_MAXD);
     CU(cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CU(cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -846,12 +867,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
                 const bool h16 = g->dtype == TD_KV_F16;
                 const size_t dsmem = dec_smem(hd, a.group, h16 && (hd == 64 || hd == 128));
                 dim3 grid(a.n_seqs, a.n_kv, a.splits);
-                void (*k)(att_args_t) = h16 ? k_attention_decode<__half, 0> : k_attention_decode<float, 0>;
-                if (hd == 64)
-                    k = h16 ? k_attention_decode<__half, 64> : k_attention_decode<float, 64>;
-                else if (hd == 128)
-                    k = h16 ? k_attention_decode<__half, 128> : k_attention_decode<float, 128>;
-                rc = kc_launch(c, "attention_decode", k, grid, 128, dsmem, a);
+                rc = kc_launch(c, "attention_decode", dec_kernel(h16, hd, a.group), grid, 128, dsmem, a);
             } else {
                 dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
                 rc = kc_launch(c, "attention", g->dtype == TD_KV_F16 ? k_attention<__half> : k_attention<float>,
