@@ -135,6 +135,23 @@ static void check_matmul(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type
  * (3 weights, norm), gate/up (norm, glu), a projection with the residual
  * add (accumulate) and gate/up handed to a down projection (to_next), at n
  * rows (the GEMV for 8 or fewer, cuBLAS above). */
+/* matmul_fused of three weights over norm(x) (norm_in_w: the norm's weight is in the weights), its largest
+ * rel err against the CPU backend's yc */
+static double fused3_err(kern_backend_t *gpu, const kern_weight_t *const *w, bool norm_in_w, const float *dx,
+                         const float *dg, uint32_t n, float *const *dy, float *yh, float *const *yc, const uint32_t *rows)
+{
+    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w, .y = dy, .k = 3, .x = dx, .n = n, .norm = dg,
+                                                          .eps = 1e-5f, .norm_in_w = norm_in_w}))
+        exit(1);
+    double e = 0;
+    for (int i = 0; i < 3; i++) {
+        get(gpu, yh, dy[i], (size_t)n * rows[i] * 4);
+        double ei = rel_err(yh, yc[i], (size_t)n * rows[i]);
+        e = ei > e ? ei : e;
+    }
+    return e;
+}
+
 static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t cols, uint32_t n)
 {
     const uint32_t rows[3] = {2 * cols, cols / 2 + 8, cols / 2 + 8};
@@ -163,17 +180,8 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     for (int i = 0; i < 3; i++)
         cpu->ops->matmul(cpu, &wc[i], xn, yc[i], n);
     const kern_weight_t *w3[3] = {&wg[0], &wg[1], &wg[2]};
-    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w3, .y = dy, .k = 3, .x = dx, .n = n, .norm = dg,
-                                                          .eps = 1e-5f}))
-        exit(1);
-    double e = 0;
-    for (int i = 0; i < 3; i++) {
-        get(gpu, yh, dy[i], (size_t)n * rows[i] * 4);
-        double ei = rel_err(yh, yc[i], (size_t)n * rows[i]);
-        e = ei > e ? ei : e;
-    }
     snprintf(what, sizeof what, "matmul_fused norm, 3 weights, %u x %u, %u rows", rows[0], cols, n);
-    report(what, e, 2e-3);
+    report(what, fused3_err(gpu, w3, false, dx, dg, n, dy, yh, yc, rows), 2e-3);
     /* 1b. the same with the norm's weight in the weights' columns (weight_scale_cols, norm_in_w), as the forward
      * pass runs a model on this backend: against the same reference */
     kern_weight_t wf[3];
@@ -184,17 +192,8 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
             exit(1);
     }
     const kern_weight_t *wf3[3] = {&wf[0], &wf[1], &wf[2]};
-    if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = wf3, .y = dy, .k = 3, .x = dx, .n = n, .norm = dg,
-                                                          .eps = 1e-5f, .norm_in_w = true}))
-        exit(1);
-    e = 0;
-    for (int i = 0; i < 3; i++) {
-        get(gpu, yh, dy[i], (size_t)n * rows[i] * 4);
-        double ei = rel_err(yh, yc[i], (size_t)n * rows[i]);
-        e = ei > e ? ei : e;
-    }
     snprintf(what, sizeof what, "matmul_fused norm in the weights, 3 weights, %u x %u, %u rows", rows[0], cols, n);
-    report(what, e, 2e-3);
+    report(what, fused3_err(gpu, wf3, true, dx, dg, n, dy, yh, yc, rows), 2e-3);
     /* 2. gate/up with glu over norm(x) */
     cpu->ops->swiglu(cpu, yc[1], yc[2], yc[1], (size_t)n * rows[1]);
     const kern_weight_t *w2[2] = {&wg[1], &wg[2]};
