@@ -357,7 +357,7 @@ static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t 
         const kern_weight_t *w = &f->w.output;
         TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &w, .y = &f->logits, .k = 1, .x = rows, .n = nl,
                                                       .norm = f->w.out_norm, .eps = d->norm_eps,
-                                                      .norm_in_w = f->w.out_folded}));
+                                                      .norm_in_w = f->w.norms_folded && !d->tied_embeddings}));
     } else {
         TRY(o->rmsnorm(be, rows, f->w.out_norm, f->xl, nl, hid, d->norm_eps));
         tap(f, "result_norm", -1, f->xl, nl, hid);

@@ -125,45 +125,42 @@ td_status_t eng_weights_bind(const eng_model_t *m, kern_backend_t *be, eng_weigh
     return TD_OK;
 }
 
+/* weight_scale_cols over every (matrix, norm) pair eng_weights_fold_norms folds; *fits false from the first that
+ * does not fit on */
+static td_status_t scale_pairs(eng_weights_t *w, kern_backend_t *be, bool tied, bool apply, bool *fits)
+{
+    td_status_t rc = TD_OK;
+    *fits = true;
+    for (uint32_t i = 0; i < w->n_layers && !rc && *fits; i++) {
+        eng_layer_weights_t *L = &w->layers[i];
+        kern_weight_t *ws[5] = {&L->wq, &L->wk, &L->wv, &L->w_gate, &L->w_up};
+        for (int k = 0; k < 5 && !rc && *fits; k++)
+            rc = be->ops->weight_scale_cols(be, ws[k], k < 3 ? L->attn_norm : L->ffn_norm, apply, fits);
+    }
+    if (!rc && *fits && !tied)
+        rc = be->ops->weight_scale_cols(be, &w->output, w->out_norm, apply, fits);
+    return rc;
+}
+
 td_status_t eng_weights_fold_norms(eng_weights_t *w, kern_backend_t *be, bool tied)
 {
     if (!(be->ops->supported & KERN_OP_WEIGHT_SCALE_COLS) || w->norms_folded)
         return TD_OK;
     /* every check first, then every scaling: all of them or none */
-    for (int apply = 0; apply < 2; apply++)
-        for (uint32_t i = 0; i <= w->n_layers; i++) {
-            bool last = i == w->n_layers; /* the output matrix */
-            if (last && tied)
-                break;
-            eng_layer_weights_t *L = last ? NULL : &w->layers[i];
-            kern_weight_t *ws[5] = {&w->output};
-            const float *norms[5] = {w->out_norm};
-            int n = 1;
-            if (!last) {
-                kern_weight_t *lw[5] = {&L->wq, &L->wk, &L->wv, &L->w_gate, &L->w_up};
-                for (n = 0; n < 5; n++)
-                    ws[n] = lw[n], norms[n] = n < 3 ? L->attn_norm : L->ffn_norm;
-            }
-            for (int k = 0; k < n; k++) {
-                bool fits = false;
-                td_status_t rc = be->ops->weight_scale_cols(be, ws[k], norms[k], apply, &fits);
-                if (rc)
-                    return rc;
-                if (!fits && !apply) {
-                    if (last)
-                        TD_INFO("weights: the norms stay apart from the matmuls (the output matrix times the "
-                                "output norm's weight leaves the backend's type)");
-                    else
-                        TD_INFO("weights: the norms stay apart from the matmuls (a matrix of layer %u times its "
-                                "norm's weight leaves the backend's type)", i);
-                    return TD_OK;
-                }
-                if (!fits)
-                    return td_error(TD_ERR_INTERNAL, "weights: a norm's weight fitted its matmul, then did not");
-            }
-        }
+    bool fits;
+    td_status_t rc = scale_pairs(w, be, tied, false, &fits);
+    if (rc)
+        return rc;
+    if (!fits) {
+        TD_INFO("weights: the norms stay apart from the matmuls (a matrix times its norm's weight leaves the "
+                "backend's type)");
+        return TD_OK;
+    }
+    if ((rc = scale_pairs(w, be, tied, true, &fits)))
+        return rc;
+    if (!fits)
+        return td_error(TD_ERR_INTERNAL, "weights: a norm's weight fitted its matmul, then did not");
     w->norms_folded = true;
-    w->out_folded = !tied;
     return TD_OK;
 }
 

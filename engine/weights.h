@@ -24,8 +24,8 @@ typedef struct eng_weights {
     uint32_t n_layers;
     /* the norms' weights are in the matrices after them (eng_weights_fold_norms):
      * attn_norm in wq, wk, wv; ffn_norm in w_gate, w_up; out_norm in output
-     * (out_folded: not when the output is the embedding) */
-    bool norms_folded, out_folded;
+     * unless the output is the embedding (tied) */
+    bool norms_folded;
 } eng_weights_t;
 
 /* Binds and prepares every tensor; an absent tensor or a wrong shape is

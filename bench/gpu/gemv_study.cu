@@ -588,7 +588,8 @@ static void run_engine(const char *name, Bench &b, int layer)
     struct Arg {
         kern_backend_t *be;
     } arg = {be};
-    float ms = rc ? 0 : median_ms(s, [](cudaStream_t, void *v) { ((Arg *)v)->be->ops->replay(((Arg *)v)->be, 7); }, &arg);
+    auto replay = [](cudaStream_t, void *v) { ((Arg *)v)->be->ops->replay(((Arg *)v)->be, 7); };
+    float ms = rc ? 0 : median_ms(s, replay, &arg);
     printf("%-34s %s  step %.3f ms  %.0f GB/s  %s\n", name, rc ? "FAILED" : "", ms, b.bytes / (ms * 1e-3) / 1e9,
            cudaGetErrorString(cudaGetLastError()));
     kern_cuda_backend_destroy(be);
@@ -714,7 +715,11 @@ int main(int argc, char **argv)
             run_e<3, true, false>("engine-like: norm staged + glu", b, g);
             run_chain<0, false, false>("one kernel, no barrier (ceiling)", b, c);
             run_chain<0, true, false>("one kernel, barrier, P0", b, c);
+            run_chain<0, true, true>("one kernel, barrier, P0, x by L2", b, c);
             run_chain<2, true, false>("one kernel, barrier, P2", b, c);
+            run_chain<2, true, true>("one kernel, barrier, P2, x by L2", b, c);
+            run_chain<3, true, true>("one kernel, barrier, P3, x by L2", b, c);
+            run_chain<4, true, true>("one kernel, barrier, P4, x by L2", b, c);
         }
         return 0;
     }

@@ -30,7 +30,8 @@ for i, ks in enumerate(steps):
     for e in ks:
         by[e[2]][0] += 1
         by[e[2]][1] += e[1]
-    print(i, len(ks), 'span %.1f us' % (span / 1e3), ' '.join('%s:%d/%.0f' % (k, v[0], v[1] / 1e3) for k, v in by.items()))
+    kernels = ' '.join('%s:%d/%.0f' % (k, v[0], v[1] / 1e3) for k, v in by.items())
+    print(i, len(ks), 'span %.1f us' % (span / 1e3), kernels)
 if len(sys.argv) > 3:
     first, last = int(sys.argv[2]), int(sys.argv[3])
     own, e2e = collections.defaultdict(list), collections.defaultdict(list)

@@ -131,14 +131,11 @@ static void check_matmul(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type
     free(wdata), free(x), free(yc), free(yg);
 }
 
-/* The fused matmul against the CPU backend's separate ops: Q/K/V-like
- * (3 weights, norm), gate/up (norm, glu), a projection with the residual
- * add (accumulate) and gate/up handed to a down projection (to_next), at n
- * rows (the GEMV for 8 or fewer, cuBLAS above). */
 /* matmul_fused of three weights over norm(x) (norm_in_w: the norm's weight is in the weights), its largest
  * rel err against the CPU backend's yc */
 static double fused3_err(kern_backend_t *gpu, const kern_weight_t *const *w, bool norm_in_w, const float *dx,
-                         const float *dg, uint32_t n, float *const *dy, float *yh, float *const *yc, const uint32_t *rows)
+                         const float *dg, uint32_t n, float *const *dy, float *yh, float *const *yc,
+                         const uint32_t *rows)
 {
     if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w, .y = dy, .k = 3, .x = dx, .n = n, .norm = dg,
                                                           .eps = 1e-5f, .norm_in_w = norm_in_w}))
@@ -152,6 +149,11 @@ static double fused3_err(kern_backend_t *gpu, const kern_weight_t *const *w, boo
     return e;
 }
 
+/* The fused matmul against the CPU backend's separate ops: Q/K/V-like
+ * (3 weights, norm), gate/up (norm, glu), both again with the norm's weight
+ * in the weights (norm_in_w), a projection with the residual add
+ * (accumulate) and gate/up handed to a down projection (to_next), at n rows
+ * (the GEMV for one, cuBLAS above). */
 static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t cols, uint32_t n)
 {
     const uint32_t rows[3] = {2 * cols, cols / 2 + 8, cols / 2 + 8};
@@ -188,7 +190,8 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     for (int i = 0; i < 3; i++) {
         bool fits = false;
         wf[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL};
-        if (gpu->ops->weight_prepare(gpu, &wf[i]) || gpu->ops->weight_scale_cols(gpu, &wf[i], dg, true, &fits) || !fits)
+        if (gpu->ops->weight_prepare(gpu, &wf[i]) || gpu->ops->weight_scale_cols(gpu, &wf[i], dg, true, &fits) ||
+            !fits)
             exit(1);
     }
     const kern_weight_t *wf3[3] = {&wf[0], &wf[1], &wf[2]};
