@@ -235,10 +235,13 @@ __device__ __forceinline__ void load8(const float *p, float *f)
 
 // HD: the head_dim when it is one the kernel is built for (64, 128), so that
 // the loops over it unroll and every load of a K row is in flight at once;
-// 0 for any other (read from a). With fp16 KV and such a head_dim (SV), each
-// chunk's V rows go to the warp's shared rows by cp.async, issued with the K
-// loads and read after the scores; otherwise they are read from the pool
-// DEC_VB positions at a time. Each chunk's pages are looked up a chunk ahead.
+// 0 for any other (read from a). With fp16 KV and such a head_dim (SV), a
+// lane loads its position's whole K row into registers before it uses any of
+// it (loaded and used 32 bytes at a time, a row cost eight trips to memory
+// one after another: gpu-2026-11-26b), and each chunk's V rows go to the
+// warp's shared rows by cp.async, issued with the K loads and read after the
+// scores; otherwise K is read as it is used and V from the pool DEC_VB
+// positions at a time. Each chunk's pages are looked up a chunk ahead.
 #define DEC_VB 8
 // k_attention_decode's shared memory: the queries, the warps' states, with sv the warps' V rows (fp16)
 static size_t dec_smem(uint32_t hd, uint32_t group, bool sv)
@@ -246,11 +249,27 @@ static size_t dec_smem(uint32_t hd, uint32_t group, bool sv)
     return ((size_t)DEC_MAXG * hd + (size_t)4 * group * (hd + 2)) * sizeof(float) +
            (sv ? (size_t)4 * 32 * hd * sizeof(__half) : 0);
 }
+// 8 values of a 16-byte fp16 load
+__device__ __forceinline__ void unpack8(const uint4 u, float *f)
+{
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 x = __half22float2(h[i]);
+        f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+}
+// Before its programmatic wait (cuda_int.h's kc_pdl_wait) the kernel reads
+// only what no kernel of the step writes: what the host wrote (the sequence,
+// its block table, the row's position and slot, the rope's frequencies) and,
+// with SV, the K rows (into registers) and V rows (into shared memory) of the
+// positions before the row's in each warp's first chunk, which earlier steps
+// stored. (Every kernel releases its dependents only after its own wait, so
+// the kernels before the one before have all ended.) The queries and the
+// row's own K and V come after the wait.
 template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
     constexpr bool SV = HD != 0 && sizeof(T) == 2;
-    kc_pdl_wait();
-    kc_pdl_release();
     extern __shared__ float dsm[];
     constexpr int E = HD ? HD / 32 : ATT_MAXD; // values of a head a lane holds
     const uint32_t hd = HD ? HD : a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
@@ -259,10 +278,13 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     // the context in slices of at least DEC_SLICE positions, at most a.splits of them (the rest of the grid
     // has nothing to do: a captured step's grid is fixed, its context is not)
     const uint32_t ctx = S.pos0 + 1, splits = min(a.splits, (ctx + DEC_SLICE - 1) / DEC_SLICE);
-    if (split >= splits)
+    if (split >= splits) {
+        kc_pdl_wait(); // every block waits, so that the kernel still ends after the one before
         return;
+    }
     const uint32_t per = ((ctx + splits - 1) / splits + 31) / 32 * 32;
     const uint32_t lo = split * per, hi = min(ctx, lo + per);
+    const bool owner = S.pos0 / per == split; // the block whose slice holds the row's position
     float *sq = dsm;                  // [G][hd] queries
     float *part = sq + DEC_MAXG * hd; // [4 warps][G][hd + 2]: each warp's state
     T *sv = (T *)(part + 4 * G * (hd + 2)) + (size_t)warp * 32 * hd; // SV: this warp's [32][hd] V rows
@@ -272,8 +294,45 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     auto page = [&](uint32_t pos) {
         return pos < hi ? a.base + (size_t)S.table[pos / a.bt] * a.block_bytes : a.base;
     };
+    // SV: the K row of position p on page rw into kw (zeros unless ok), and the V rows of the chunk from cc
+    // into sv (lane's page rw), all but position `skip`'s
+    uint4 kw[SV ? HD / 8 : 1];
+    auto load_k = [&](const uint8_t *rw, uint32_t p, bool ok) {
+        const uint4 *kp = (const uint4 *)((const T *)rw + k_off + (size_t)(p % a.bt) * hd);
+#pragma unroll
+        for (int i = 0; i < (SV ? HD / 8 : 1); i++)
+            kw[i] = ok ? kp[i] : make_uint4(0, 0, 0, 0);
+    };
+    auto copy_v = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) {
+        constexpr uint32_t LPR = SV ? HD / 8 : 32, RPI = 32 / LPR; // lanes a row, rows an issue
+        const T *vrow = (const T *)rw + v_off + (size_t)((cc + lane) % a.bt) * hd;
+        const uint32_t n_live = min(32u, hi - cc);
+#pragma unroll
+        for (uint32_t it = 0; it < LPR; it++) {
+            const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * 8;
+            const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, t);
+            if (t < n_live && cc + t != skip)
+                cp_async16(sv + t * hd + seg, src + seg, true);
+        }
+        cp_async_commit();
+    };
     uint32_t c0 = lo + warp * 32;
-    const uint8_t *row = page(c0 + lane); // asked for before the queries are staged
+    const uint8_t *row = page(c0 + lane);
+    // the rope's angle for the one pair each thread rotates (with HD, half the head_dim divides the block: a
+    // thread's pairs of every query head and of K are the same pair)
+    const uint32_t half = hd / 2;
+    const int32_t rpos = a.rope ? a.rpos[S.row0] : 0;
+    const uint32_t rslot = a.rope && owner ? (uint32_t)a.rslots[S.row0] : 0;
+    float rs = 0, rc = 1;
+    if (HD && a.rope)
+        sincosf((float)rpos * a.rfreq[threadIdx.x % half], &rs, &rc);
+    if constexpr (SV)
+        if (c0 < hi) {
+            load_k(row, c0 + lane, c0 + lane < hi && c0 + lane != S.pos0);
+            copy_v(row, c0, S.pos0);
+        }
+    kc_pdl_wait();
+    kc_pdl_release();
     if (!a.rope) {
         for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
             float v = a.q[((size_t)S.row0 * a.n_heads + h0 + i / hd) * hd + i % hd];
@@ -284,7 +343,6 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     } else {
         // rope_kv_store's work for this row and KV head: the queries rotated here, and the row's K (rotated)
         // and V stored by the block whose slice holds its position, before any block reads it
-        const bool owner = S.pos0 / per == split;
         const size_t kv_row = ((size_t)S.row0 * a.n_kv + kvh) * hd;
         float *sk = part; // the row's K, before part holds the warps' states
         for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x)
@@ -293,44 +351,55 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
             for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x)
                 sk[i] = a.rk[kv_row + i];
         __syncthreads();
-        const int32_t pos = a.rpos[S.row0];
-        const uint32_t half = hd / 2, slot = owner ? (uint32_t)a.rslots[S.row0] : 0;
         uint32_t ia, ib;
         for (uint32_t i = threadIdx.x; i < G * half; i += blockDim.x) {
             float *qh = sq + (i / half) * hd;
-            kc_rope_pair(qh, i % half, hd, pos, a.rfreq, a.rneox, &ia, &ib);
+            if (HD)
+                kc_rope_rot(qh, i % half, hd, rs, rc, a.rneox, &ia, &ib);
+            else
+                kc_rope_pair(qh, i % half, hd, rpos, a.rfreq, a.rneox, &ia, &ib);
             if (sizeof(T) == 2)
                 qh[ia] = __half2float(__float2half_rn(qh[ia])), qh[ib] = __half2float(__float2half_rn(qh[ib]));
         }
         if (owner) {
             uint8_t *base = (uint8_t *)a.base;
-            for (uint32_t p = threadIdx.x; p < half; p += blockDim.x)
-                kc_rope_store_k<T>(sk, p, hd, pos, a.rfreq, a.rneox, base, a.block_bytes, a.layer, a.n_kv, a.bt, slot,
-                                   kvh);
+            for (uint32_t p = threadIdx.x; p < half; p += blockDim.x) {
+                float s = rs, c = rc;
+                if (!HD)
+                    sincosf((float)rpos * a.rfreq[p], &s, &c);
+                kc_rope_store_k<T>(sk, p, hd, s, c, a.rneox, base, a.block_bytes, a.layer, a.n_kv, a.bt, rslot, kvh);
+            }
             for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)
-                *kc_kv_dst<T>(base, a.block_bytes, a.layer, 1, a.n_kv, a.bt, hd, slot, kvh, d) =
+                *kc_kv_dst<T>(base, a.block_bytes, a.layer, 1, a.n_kv, a.bt, hd, rslot, kvh, d) =
                     kc_from_float<T>(a.rv[kv_row + d]);
         }
     }
     __syncthreads();
+    // SV: the row's own K and V (stored above, or by the kernel before) where the warp's first chunk holds it
+    if constexpr (SV)
+        if (c0 <= S.pos0 && S.pos0 < min(hi, c0 + 32)) {
+            const uint32_t t0 = S.pos0 - c0;
+            if (lane == t0)
+                load_k(row, S.pos0, true);
+            const T *v0 = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)row, t0);
+            v0 += v_off + (size_t)(S.pos0 % a.bt) * hd;
+            if (lane < HD / 8)
+                cp_async16(sv + t0 * hd + lane * 8, v0 + lane * 8, true);
+            cp_async_commit();
+        }
     float m[GM], l[GM], acc[GM][ATT_MAXD];
     softmax_reset(m, l, acc);
-    for (; c0 < hi; c0 += 4 * 32) {
+    for (bool first = true; c0 < hi; c0 += 4 * 32, first = false) {
         const uint32_t pos = c0 + lane;
         const bool live = pos < hi;
         const uint32_t n_live = min(32u, hi - c0);
         const size_t in_blk = (size_t)(pos % a.bt) * hd;
         const T *vrow = (const T *)row + v_off + in_blk;
-        if constexpr (SV) { // the chunk's V rows, hd / 8 lanes a row, 16 bytes each
-            constexpr uint32_t LPR = HD / 8, RPI = 32 / LPR;
-#pragma unroll
-            for (uint32_t it = 0; it < LPR; it++) {
-                const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * 8;
-                const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, t);
-                cp_async16(sv + t * HD + seg, src + seg, t < n_live);
+        if constexpr (SV)
+            if (!first) {
+                load_k(row, pos, live);
+                copy_v(row, c0, UINT32_MAX);
             }
-            cp_async_commit();
-        }
         const uint8_t *next = page(c0 + 4 * 32 + lane);
         float sc[GM];
 #pragma unroll
@@ -339,9 +408,12 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
         if (live) { // this lane's position's row of K
             const T *kr = (const T *)row + k_off + in_blk;
 #pragma unroll(HD ? HD / 8 : 1)
-            for (uint32_t d = 0; d < hd; d += 8) { // a lane reads its position's K row 16 or 32 bytes at a time
+            for (uint32_t d = 0; d < hd; d += 8) { // SV: from kw; else read 16 or 32 bytes at a time
                 float k[8];
-                load8(kr + d, k);
+                if constexpr (SV)
+                    unpack8(kw[d / 8], k);
+                else
+                    load8(kr + d, k);
 #pragma unroll
                 for (int h = 0; h < GM; h++)
                     if (h < (int)G)

@@ -163,19 +163,26 @@ static inline td_status_t kc_launch(const kern_cuda_t *c, const char *name, void
 #endif
 
 #ifdef __CUDACC__
-// Rotates pair p of one head's vector v (head_dim hd) for position pos:
-// (p, p + hd/2) for neox, else (2p, 2p + 1). Returns the pair's indices in
-// *ia, *ib (the rotated values are written back to v).
-__device__ __forceinline__ void kc_rope_pair(float *v, uint32_t p, uint32_t hd, int32_t pos, const float *freq,
-                                             int neox, uint32_t *ia, uint32_t *ib)
+// Rotates pair p of one head's vector v (head_dim hd) by the angle whose
+// sine and cosine are s and c: (p, p + hd/2) for neox, else (2p, 2p + 1).
+// Returns the pair's indices in *ia, *ib (the rotated values are written
+// back to v).
+__device__ __forceinline__ void kc_rope_rot(float *v, uint32_t p, uint32_t hd, float s, float c, int neox,
+                                            uint32_t *ia, uint32_t *ib)
 {
-    float s, c;
-    sincosf((float)pos * freq[p], &s, &c);
     const uint32_t a = neox ? p : 2 * p, b = neox ? p + hd / 2 : 2 * p + 1;
     const float x0 = v[a], x1 = v[b];
     v[a] = x0 * c - x1 * s;
     v[b] = x0 * s + x1 * c;
     *ia = a, *ib = b;
+}
+// The same for position pos, pair p's angle pos * freq[p].
+__device__ __forceinline__ void kc_rope_pair(float *v, uint32_t p, uint32_t hd, int32_t pos, const float *freq,
+                                             int neox, uint32_t *ia, uint32_t *ib)
+{
+    float s, c;
+    sincosf((float)pos * freq[p], &s, &c);
+    kc_rope_rot(v, p, hd, s, c, neox, ia, ib);
 }
 
 // Where value d of KV head h of the token at `slot` goes in layer `layer`'s
@@ -193,15 +200,16 @@ template <typename T> __device__ __forceinline__ T kc_from_float(float f);
 template <> __device__ __forceinline__ float kc_from_float<float>(float f) { return f; }
 template <> __device__ __forceinline__ __half kc_from_float<__half>(float f) { return __float2half_rn(f); }
 
-// Rotates pair p of kr, KV head h's K row of the token at `slot` (kc_rope_pair), and stores the pair to layer
-// `layer`'s K in the pool: rope_kv_store's work on K, which the decode attention also does for its row.
+// Rotates pair p of kr, KV head h's K row of the token at `slot`, by the angle of sine s and cosine c
+// (kc_rope_rot), and stores the pair to layer `layer`'s K in the pool: rope_kv_store's work on K, which the
+// decode attention also does for its row.
 template <typename T>
-__device__ __forceinline__ void kc_rope_store_k(float *kr, uint32_t p, uint32_t hd, int32_t pos, const float *freq,
-                                                int neox, uint8_t *base, size_t block_bytes, uint32_t layer,
-                                                uint32_t n_kv, uint32_t bt, uint32_t slot, uint32_t h)
+__device__ __forceinline__ void kc_rope_store_k(float *kr, uint32_t p, uint32_t hd, float s, float c, int neox,
+                                                uint8_t *base, size_t block_bytes, uint32_t layer, uint32_t n_kv,
+                                                uint32_t bt, uint32_t slot, uint32_t h)
 {
     uint32_t ia, ib;
-    kc_rope_pair(kr, p, hd, pos, freq, neox, &ia, &ib);
+    kc_rope_rot(kr, p, hd, s, c, neox, &ia, &ib);
     *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ia) = kc_from_float<T>(kr[ia]);
     *kc_kv_dst<T>(base, block_bytes, layer, 0, n_kv, bt, hd, slot, h, ib) = kc_from_float<T>(kr[ib]);
 }

@@ -21,8 +21,10 @@ __global__ void k_rope_kv_store(uint8_t *base, size_t block_bytes, uint32_t laye
     } else if (i < qp + kp) {
         const size_t r = i - qp, th = r / half;
         const uint32_t t = (uint32_t)(th / n_kv), h = (uint32_t)(th % n_kv);
-        kc_rope_store_k<T>(k + th * hd, (uint32_t)(r % half), hd, pos[t], freq, neox, base, block_bytes, layer, n_kv,
-                           bt, (uint32_t)slots[t], h);
+        const uint32_t pr = (uint32_t)(r % half);
+        float s, c;
+        sincosf((float)pos[t] * freq[pr], &s, &c);
+        kc_rope_store_k<T>(k + th * hd, pr, hd, s, c, neox, base, block_bytes, layer, n_kv, bt, (uint32_t)slots[t], h);
     } else if (i < qp + kp + vn) {
         const size_t r = i - qp - kp;
         const uint32_t t = (uint32_t)(r / ((size_t)n_kv * hd)), h = (uint32_t)(r / hd % n_kv), d = (uint32_t)(r % hd);
