@@ -243,11 +243,12 @@ __device__ __forceinline__ void load8(const float *p, float *f)
 // scores; otherwise K is read as it is used and V from the pool DEC_VB
 // positions at a time. Each chunk's pages are looked up a chunk ahead.
 #define DEC_VB 8
-// k_attention_decode's shared memory: the queries, the warps' states, with sv the warps' V rows (fp16)
+// k_attention_decode's shared memory: the queries, the warps' states, with sv the warps' V rows (fp16) and
+// each warp's softmax weights
 static size_t dec_smem(uint32_t hd, uint32_t group, bool sv)
 {
     return ((size_t)DEC_MAXG * hd + (size_t)4 * group * (hd + 2)) * sizeof(float) +
-           (sv ? (size_t)4 * 32 * hd * sizeof(__half) : 0);
+           (sv ? (size_t)4 * 32 * hd * sizeof(__half) + (size_t)4 * group * 32 * sizeof(float) : 0);
 }
 // 8 values of a 16-byte fp16 load
 __device__ __forceinline__ void unpack8(const uint4 u, float *f)
@@ -288,24 +289,27 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     float *sq = dsm;                  // [G][hd] queries
     float *part = sq + DEC_MAXG * hd; // [4 warps][G][hd + 2]: each warp's state
     T *sv = (T *)(part + 4 * G * (hd + 2)) + (size_t)warp * 32 * hd; // SV: this warp's [32][hd] V rows
+    float *pw = (float *)((T *)(part + 4 * G * (hd + 2)) + (size_t)4 * 32 * hd) + (size_t)warp * G * 32; // [G][32]
+    // block_tokens is a power of two (the launch checks)
+    const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1;
     const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
     const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
     // lane's position's page (a.base past the slice: read nothing)
     auto page = [&](uint32_t pos) {
-        return pos < hi ? a.base + (size_t)S.table[pos / a.bt] * a.block_bytes : a.base;
+        return pos < hi ? a.base + (size_t)S.table[pos >> bt_shift] * a.block_bytes : a.base;
     };
     // SV: the K row of position p on page rw into kw (zeros unless ok), and the V rows of the chunk from cc
     // into sv (lane's page rw), all but position `skip`'s
     uint4 kw[SV ? HD / 8 : 1];
     auto load_k = [&](const uint8_t *rw, uint32_t p, bool ok) {
-        const uint4 *kp = (const uint4 *)((const T *)rw + k_off + (size_t)(p % a.bt) * hd);
+        const uint4 *kp = (const uint4 *)((const T *)rw + k_off + (size_t)(p & bt_mask) * hd);
 #pragma unroll
         for (int i = 0; i < (SV ? HD / 8 : 1); i++)
             kw[i] = ok ? kp[i] : make_uint4(0, 0, 0, 0);
     };
     auto copy_v = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) {
         constexpr uint32_t LPR = SV ? HD / 8 : 32, RPI = 32 / LPR; // lanes a row, rows an issue
-        const T *vrow = (const T *)rw + v_off + (size_t)((cc + lane) % a.bt) * hd;
+        const T *vrow = (const T *)rw + v_off + (size_t)((cc + lane) & bt_mask) * hd;
         const uint32_t n_live = min(32u, hi - cc);
 #pragma unroll
         for (uint32_t it = 0; it < LPR; it++) {
@@ -382,7 +386,7 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
             if (lane == t0)
                 load_k(row, S.pos0, true);
             const T *v0 = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)row, t0);
-            v0 += v_off + (size_t)(S.pos0 % a.bt) * hd;
+            v0 += v_off + (size_t)(S.pos0 & bt_mask) * hd;
             if (lane < HD / 8)
                 cp_async16(sv + t0 * hd + lane * 8, v0 + lane * 8, true);
             cp_async_commit();
@@ -393,7 +397,7 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
         const uint32_t pos = c0 + lane;
         const bool live = pos < hi;
         const uint32_t n_live = min(32u, hi - c0);
-        const size_t in_blk = (size_t)(pos % a.bt) * hd;
+        const size_t in_blk = (size_t)(pos & bt_mask) * hd;
         const T *vrow = (const T *)row + v_off + in_blk;
         if constexpr (SV)
             if (!first) {
@@ -401,10 +405,15 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
                 copy_v(row, c0, UINT32_MAX);
             }
         const uint8_t *next = page(c0 + 4 * 32 + lane);
-        float sc[GM];
+        // SV with a small group: each head's dot product in DP sums of its own, so that its FMAs are not one
+        // chain of hd
+        constexpr int DP = SV && GM <= 2 ? 4 : 1;
+        float sc[GM], sp[GM][DP];
 #pragma unroll
         for (int h = 0; h < GM; h++)
-            sc[h] = 0;
+#pragma unroll
+            for (int j = 0; j < DP; j++)
+                sp[h][j] = 0;
         if (live) { // this lane's position's row of K
             const T *kr = (const T *)row + k_off + in_blk;
 #pragma unroll(HD ? HD / 8 : 1)
@@ -416,11 +425,18 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
                     load8(kr + d, k);
 #pragma unroll
                 for (int h = 0; h < GM; h++)
-                    if (h < (int)G)
+                    if (GM <= 2 || h < (int)G) // a group of GM <= 2 is GM heads (dec_kernel)
 #pragma unroll
                         for (int e = 0; e < 8; e++)
-                            sc[h] += sq[h * hd + d + e] * k[e];
+                            sp[h][e % DP] += sq[h * hd + d + e] * k[e];
             }
+        }
+#pragma unroll
+        for (int h = 0; h < GM; h++) {
+            sc[h] = sp[h][0];
+#pragma unroll
+            for (int j = 1; j < DP; j++)
+                sc[h] += sp[h][j];
         }
 #pragma unroll
         for (int h = 0; h < GM; h++) {
@@ -445,25 +461,39 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
             sc[h] = e;
         }
         if constexpr (SV) {
+            // P·V with the weights from shared memory (a shuffle a position made each step wait on the one
+            // before) and a lane's E values of a head its E consecutive dims (one load a row); rows past n_live
+            // weigh 0 and are zeros, so that the loop has no exit to check and its loads go out ahead of use
+#pragma unroll
+            for (int h = 0; h < GM; h++)
+                if (GM <= 2 || h < (int)G)
+                    pw[h * 32 + lane] = sc[h];
             cp_async_wait<0>();
+            if (n_live < 32)
+                for (uint32_t i = n_live * (HD / 8) + lane; i < 32 * (HD / 8); i += 32)
+                    ((uint4 *)sv)[i] = make_uint4(0, 0, 0, 0);
             __syncwarp();
-#pragma unroll 4
-            for (uint32_t t = 0; t < n_live; t++) {
+#pragma unroll 8
+            for (uint32_t t = 0; t < 32; t++) {
                 float v[E];
-#pragma unroll
-                for (int i = 0; i < E; i++)
-                    v[i] = __half2float(sv[t * HD + lane + 32 * i]);
-#pragma unroll
-                for (int h = 0; h < GM; h++) {
-                    if (h >= (int)G)
-                        break;
-                    const float p = __shfl_sync(0xffffffffu, sc[h], t);
-#pragma unroll
-                    for (int i = 0; i < E; i++)
-                        acc[h][i] += p * v[i];
+                if constexpr (E == 4) {
+                    const uint2 r = *(const uint2 *)(sv + t * HD + lane * 4);
+                    const float2 x = __half22float2(*(const __half2 *)&r.x), y = __half22float2(*(const __half2 *)&r.y);
+                    v[0] = x.x, v[1] = x.y, v[2] = y.x, v[3] = y.y;
+                } else {
+                    const float2 x = __half22float2(*(const __half2 *)(sv + t * HD + lane * 2));
+                    v[0] = x.x, v[1] = x.y;
                 }
+#pragma unroll
+                for (int h = 0; h < GM; h++)
+                    if (GM <= 2 || h < (int)G) {
+                        const float p = pw[h * 32 + t];
+#pragma unroll
+                        for (int i = 0; i < E; i++)
+                            acc[h][i] += p * v[i];
+                    }
             }
-            __syncwarp(); // every lane is done with the rows before the next chunk's copies land
+            __syncwarp(); // every lane is done with the rows and weights before the next chunk's land
         } else {
             for (uint32_t t0 = 0; t0 < n_live; t0 += DEC_VB) {
                 float v[DEC_VB][E];
@@ -500,9 +530,11 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
         if (lane == 0)
             w[0] = m[h], w[1] = l[h];
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; i++)
-            if (lane + 32 * i < hd)
-                w[2 + lane + 32 * i] = acc[h][i];
+        for (int i = 0; i < ATT_MAXD; i++) {
+            const uint32_t d = SV ? lane * E + i : lane + 32 * i; // SV: a lane's dims are consecutive
+            if ((!SV || i < E) && d < hd)
+                w[2 + d] = acc[h][i];
+        }
     }
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
@@ -859,6 +891,8 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
         return td_error(TD_ERR_UNSUPPORTED, "cuda: attention: head_dim %u is past %u", g->head_dim, 32 * ATT_MAXD);
     if (!g->n_kv_heads || n_heads % g->n_kv_heads)
         return td_error(TD_ERR_INVALID_ARG, "cuda: attention: %u heads over %u KV heads", n_heads, g->n_kv_heads);
+    if (!g->block_tokens || (g->block_tokens & (g->block_tokens - 1)))
+        return td_error(TD_ERR_UNSUPPORTED, "cuda: attention: block_tokens %u is not a power of two", g->block_tokens);
     att_args_t a;
     a.base = (const uint8_t *)kv->base;
     a.block_bytes = kv->block_bytes;
