@@ -265,9 +265,8 @@ __device__ __forceinline__ void unpack8(const uint4 u, float *f)
 // its block table, the row's position and slot, the rope's frequencies) and,
 // with SV, the K rows (into registers) and V rows (into shared memory) of the
 // positions before the row's in each warp's first chunk, which earlier steps
-// stored. (Every kernel releases its dependents only after its own wait, so
-// the kernels before the one before have all ended.) The queries and the
-// row's own K and V come after the wait.
+// stored (those kernels have ended: cuda_int.h). The queries and the row's
+// own K and V come after the wait.
 template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
     constexpr bool SV = HD != 0 && sizeof(T) == 2;
@@ -329,7 +328,7 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     const uint32_t rslot = a.rope && owner ? (uint32_t)a.rslots[S.row0] : 0;
     float rs = 0, rc = 1;
     if (HD && a.rope)
-        sincosf((float)rpos * a.rfreq[threadIdx.x % half], &rs, &rc);
+        kc_rope_angle(rpos, a.rfreq, threadIdx.x % half, &rs, &rc);
     if constexpr (SV)
         if (c0 < hi) {
             load_k(row, c0 + lane, c0 + lane < hi && c0 + lane != S.pos0);
@@ -357,11 +356,10 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
         __syncthreads();
         uint32_t ia, ib;
         for (uint32_t i = threadIdx.x; i < G * half; i += blockDim.x) {
-            float *qh = sq + (i / half) * hd;
-            if (HD)
-                kc_rope_rot(qh, i % half, hd, rs, rc, a.rneox, &ia, &ib);
-            else
-                kc_rope_pair(qh, i % half, hd, rpos, a.rfreq, a.rneox, &ia, &ib);
+            float *qh = sq + (i / half) * hd, s = rs, c = rc;
+            if (!HD)
+                kc_rope_angle(rpos, a.rfreq, i % half, &s, &c);
+            kc_rope_rot(qh, i % half, hd, s, c, a.rneox, &ia, &ib);
             if (sizeof(T) == 2)
                 qh[ia] = __half2float(__float2half_rn(qh[ia])), qh[ib] = __half2float(__float2half_rn(qh[ib]));
         }
@@ -370,7 +368,7 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
             for (uint32_t p = threadIdx.x; p < half; p += blockDim.x) {
                 float s = rs, c = rc;
                 if (!HD)
-                    sincosf((float)rpos * a.rfreq[p], &s, &c);
+                    kc_rope_angle(rpos, a.rfreq, p, &s, &c);
                 kc_rope_store_k<T>(sk, p, hd, s, c, a.rneox, base, a.block_bytes, a.layer, a.n_kv, a.bt, rslot, kvh);
             }
             for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)

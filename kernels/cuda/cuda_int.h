@@ -120,12 +120,14 @@ __device__ __forceinline__ float kc_row_rms_scale(const float *xr, uint32_t dim,
 // the kernel before it in the stream is still running, so that its blocks are
 // resident (and may load what does not depend on that kernel, such as
 // weights) when the earlier one ends. Every kernel it launches calls
-// kc_pdl_wait() before it reads what an earlier kernel wrote and before it
-// writes anything, in every block, even one with nothing to do: the wait
+// kc_pdl_wait() before it reads what the kernel just before wrote and before
+// it writes anything, in every block, even one with nothing to do: the wait
 // returns once the earlier kernel has finished and its writes are visible,
 // and so orders it after every kernel before that one too. kc_pdl_release()
-// lets the next kernel start; a kernel that never calls it releases it as
-// its blocks end.
+// lets the next kernel start, and every kernel calls it after its wait (one
+// that never calls it releases as its blocks end): so when a kernel starts,
+// every kernel before the one just before it has ended, and what those wrote
+// (a KV row an earlier step stored) may be read before the wait.
 __device__ __forceinline__ void kc_pdl_wait(void)
 {
 #if __CUDA_ARCH__ >= 900
@@ -176,12 +178,17 @@ __device__ __forceinline__ void kc_rope_rot(float *v, uint32_t p, uint32_t hd, f
     v[b] = x0 * s + x1 * c;
     *ia = a, *ib = b;
 }
-// The same for position pos, pair p's angle pos * freq[p].
+// The sine and cosine of pair p's angle at position pos: pos * freq[p].
+__device__ __forceinline__ void kc_rope_angle(int32_t pos, const float *freq, uint32_t p, float *s, float *c)
+{
+    sincosf((float)pos * freq[p], s, c);
+}
+// kc_rope_rot by pair p's angle at position pos.
 __device__ __forceinline__ void kc_rope_pair(float *v, uint32_t p, uint32_t hd, int32_t pos, const float *freq,
                                              int neox, uint32_t *ia, uint32_t *ib)
 {
     float s, c;
-    sincosf((float)pos * freq[p], &s, &c);
+    kc_rope_angle(pos, freq, p, &s, &c);
     kc_rope_rot(v, p, hd, s, c, neox, ia, ib);
 }
 

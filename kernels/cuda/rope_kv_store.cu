@@ -23,7 +23,7 @@ __global__ void k_rope_kv_store(uint8_t *base, size_t block_bytes, uint32_t laye
         const uint32_t t = (uint32_t)(th / n_kv), h = (uint32_t)(th % n_kv);
         const uint32_t pr = (uint32_t)(r % half);
         float s, c;
-        sincosf((float)pos[t] * freq[pr], &s, &c);
+        kc_rope_angle(pos[t], freq, pr, &s, &c);
         kc_rope_store_k<T>(k + th * hd, pr, hd, s, c, neox, base, block_bytes, layer, n_kv, bt, (uint32_t)slots[t], h);
     } else if (i < qp + kp + vn) {
         const size_t r = i - qp - kp;
