@@ -7,12 +7,12 @@
 #   4. builds the suites again with AddressSanitizer + UBSan checks (build-asan/) and runs them
 #   5. builds tests/tsan/tsan_stress.c with ThreadSanitizer (build-tsan/) and runs it (Criterion
 #      itself cannot run under TSan: Snaipe/Criterion#274)
-#   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 60)
+#   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 30)
 # and prints one closing line: "tests: N passed, N failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-fuzz_secs=${FUZZ_SECONDS:-60}
+fuzz_secs=${FUZZ_SECONDS:-30}
 jobs=$(nproc)
 
 deploy/install-deps.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
