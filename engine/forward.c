@@ -29,6 +29,7 @@ struct eng_forward {
     eng_kv_pool_t *pool;
     eng_weights_t w;
     uint32_t max_tokens, max_logits;
+    size_t max_blocks; /* block-table entries a batch may bring */
     /* backend buffers */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *xl, *logits, *freq;
     int32_t *ids, *pos, *slots, *tables, *picked;
@@ -102,7 +103,16 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
     f->max_logits = max_logits;
     f->rope_style = d->rope_style == ENG_ROPE_NEOX ? KERN_ROPE_NEOX : KERN_ROPE_NORM;
     size_t T = max_tokens, qd = (size_t)d->n_heads * d->head_dim, kvd = (size_t)d->n_kv_heads * d->head_dim;
-    size_t max_blocks = T * 4 + 1024; /* block-table entries a batch may bring */
+    /* Block-table entries a batch may bring: up to max_tokens sequences, each
+     * with a table as long as the model's context (a request never passes it)
+     * or the pool (a table names each block once), whichever is shorter. A
+     * fixed guess here once refused decode batches of many long sequences. */
+    const uint32_t bt = eng_kv_layout(pool)->block_tokens, pool_blocks = eng_kv_stats(pool).n_blocks;
+    size_t per_seq = pool_blocks;
+    if (d->context && (d->context + bt - 1) / bt < per_seq)
+        per_seq = (d->context + bt - 1) / bt;
+    const size_t max_blocks = T * (per_seq ? per_seq : 1);
+    f->max_blocks = max_blocks;
     float hfreq[257];
     rc = rope_freqs(d, hfreq);
     if (!rc)
@@ -428,8 +438,9 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
         if (q->pos0 + q->n > d->context && d->context)
             return td_error(TD_ERR_INVALID_ARG, "forward: position %u is past the model's context of %u",
                             q->pos0 + q->n - 1, d->context);
-        if (nt + q->n_blocks > f->max_tokens * 4 + 1024)
-            return td_error(TD_ERR_INVALID_ARG, "forward: batch block tables too large");
+        if (nt + q->n_blocks > f->max_blocks)
+            return td_error(TD_ERR_INVALID_ARG, "forward: the batch's block tables pass the %zu entries it may bring",
+                            f->max_blocks);
         memcpy(f->h_tables + nt, q->block_table, q->n_blocks * 4);
         f->aseqs[s] = (kern_attn_seq_t){.row0 = n, .n = q->n, .pos0 = q->pos0, .block_table = f->tables + nt,
                                         .n_blocks = q->n_blocks,

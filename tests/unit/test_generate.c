@@ -152,7 +152,7 @@ Test(generate, greedy_matches_llama_cpp_alone_and_batched)
                 break;
             }
     /* all prompts at once: each sequence's tokens are those it got alone */
-    size_t idx[MAX_PROMPTS];
+    size_t idx[MAX_PROMPTS] = {0};
     for (size_t i = 0; i < np; i++)
         idx[i] = i;
     run(e, idx, np, &batched);
@@ -708,6 +708,65 @@ static void teacher_forced(kern_numerics_t nm)
         cr_assert_geq(agree * 100, steps * 95, "at least 95%% of steps agree");
     else
         cr_assert_eq(agree, steps, "reference numerics: every step agrees");
+    eng_forward_destroy(f);
+    eng_kv_pool_destroy(pool);
+    kern_cpu_backend_destroy(be);
+}
+
+/* A decode step of 32 sequences that share a 1,024-token prefix (64 blocks)
+ * and each have a block of their own, on a forward of at most 32 tokens:
+ * 2,080 block-table entries, past the 1,152 such a forward once held (it
+ * refused the step). Every row's logits are those the row gets alone. */
+Test(generate, a_decode_batch_of_long_block_tables_equals_each_row_alone)
+{
+    enum { P = 1024, S = 32, BT = 16, SHARED = P / BT };
+    kern_backend_t *be;
+    cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
+    td_kv_layout_t g = td_kv_layout_make(model->desc.name, model->desc.n_layers, model->desc.n_kv_heads,
+                                         model->desc.head_dim, BT, TD_KV_F16);
+    eng_kv_pool_t *pool;
+    cr_assert_eq(eng_kv_pool_create(be, &g, SHARED + S, NULL, &pool), TD_OK, "%s", td_last_error());
+    eng_forward_t *f;
+    cr_assert_eq(eng_forward_create(model, be, pool, S, S, &f), TD_OK, "%s", td_last_error());
+    static int32_t prompt[P], tables[S][SHARED + 1], tok[S];
+    for (int i = 0; i < P; i++)
+        prompt[i] = refs[0].ids[i % refs[0].n_ids];
+    for (int s = 0; s < S; s++) {
+        for (int b = 0; b < SHARED; b++)
+            tables[s][b] = b;
+        tables[s][SHARED] = SHARED + s;
+        tok[s] = refs[s % n_refs].greedy[s % N_GEN];
+    }
+    const float *lg;
+    uint32_t nl;
+    for (int p = 0; p < P; p += S) { /* the prefix in steps of S tokens, the forward's most */
+        eng_batch_seq_t pre = {.tokens = prompt + p, .n = S, .pos0 = (uint32_t)p, .block_table = tables[0],
+                               .n_blocks = SHARED};
+        cr_assert_eq(eng_forward_run(f, &pre, 1, &lg, &nl), TD_OK, "%s", td_last_error());
+    }
+    eng_batch_seq_t b[S];
+    for (int s = 0; s < S; s++)
+        b[s] = (eng_batch_seq_t){.tokens = &tok[s], .n = 1, .pos0 = P, .block_table = tables[s],
+                                 .n_blocks = SHARED + 1, .want_logits = true};
+    cr_assert_eq(eng_forward_run(f, b, S, &lg, &nl), TD_OK, "%s", td_last_error());
+    cr_assert_eq(nl, S);
+    const uint32_t V = model->desc.vocab;
+    float *batched = malloc((size_t)S * V * sizeof *batched);
+    memcpy(batched, lg, (size_t)S * V * sizeof *batched);
+    double worst = 0;
+    for (int s = 0; s < S; s++) {
+        cr_assert_eq(eng_forward_run(f, &b[s], 1, &lg, &nl), TD_OK, "%s", td_last_error());
+        double d = 0, q = 0;
+        for (uint32_t v = 0; v < V; v++) {
+            d = fmax(d, fabs(batched[(size_t)s * V + v] - lg[v]));
+            q = fmax(q, fabs(lg[v]));
+        }
+        worst = fmax(worst, d / q);
+    }
+    fprintf(stderr, "a decode batch of %d sequences at %d tokens (%d block-table entries): worst row's max "
+                    "|batched - alone| %.2e of its largest logit\n", S, P, S * (SHARED + 1), worst);
+    cr_assert_lt(worst, 1e-3, "a row's logits in the batch differ from its logits alone");
+    free(batched);
     eng_forward_destroy(f);
     eng_kv_pool_destroy(pool);
     kern_cpu_backend_destroy(be);
