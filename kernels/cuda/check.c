@@ -491,12 +491,17 @@ static void store_random_kv(kern_backend_t *cpu, const kern_kv_view_t *vc, kern_
  * attention), on two pools with the same history: decode rows of sequences
  * at several contexts (one of them split in slices), the sequences read from
  * device memory as a captured step reads them. The pools must come out bit
- * for bit the same, the outputs within rounding. */
+ * for bit the same, the outputs within rounding. many: 64 sequences at 2..317
+ * positions instead (with many KV heads, a grid that reads K through shared
+ * memory). */
 static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, td_kv_dtype_t dtype,
-                                    kern_rope_style_t style)
+                                    kern_rope_style_t style, bool many)
 {
-    enum { NS = 4, BT = 16, NB = 32, LAYERS = 2 };
-    const uint32_t ctx[NS] = {1, 18, 101, 301};
+    enum { MAXS = 64, BT = 16, NBMAX = 704, LAYERS = 2 };
+    const uint32_t few[] = {1, 18, 101, 301}, NS = many ? MAXS : 4, NB = many ? NBMAX : 32;
+    uint32_t ctx[MAXS];
+    for (uint32_t s = 0; s < NS; s++)
+        ctx[s] = many ? 2 + 5 * s : few[s];
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
     eng_kv_pool_t *pa, *pb;
     if (eng_kv_pool_create(gpu, &g, NB, NULL, &pa) || eng_kv_pool_create(gpu, &g, NB, NULL, &pb))
@@ -506,11 +511,12 @@ static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t n
     uint8_t *zero = calloc(1, pool_bytes);
     if (gpu->ops->upload(gpu, va.base, zero, pool_bytes) || gpu->ops->upload(gpu, vb.base, zero, pool_bytes))
         exit(1);
-    int32_t tables[NS][NB], slots[NS], pos[NS];
+    static int32_t tables[MAXS][NBMAX];
+    int32_t slots[MAXS], pos[MAXS];
     uint32_t used = 0;
-    kern_attn_seq_t seqs[NS];
-    int32_t *dtab[NS];
-    for (int s = 0; s < NS; s++) { /* each sequence on its own blocks, in reverse order */
+    kern_attn_seq_t seqs[MAXS];
+    int32_t *dtab[MAXS];
+    for (uint32_t s = 0; s < NS; s++) { /* each sequence on its own blocks, in reverse order */
         const uint32_t nbk = (ctx[s] + BT - 1) / BT;
         for (uint32_t i = 0; i < nbk; i++)
             tables[s][i] = (int32_t)(NB - 1 - used - i);
@@ -518,7 +524,7 @@ static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t n
         pos[s] = (int32_t)ctx[s] - 1;
         slots[s] = tables[s][pos[s] / BT] * BT + pos[s] % BT;
         dtab[s] = put(gpu, tables[s], nbk * 4);
-        seqs[s] = (kern_attn_seq_t){.row0 = (uint32_t)s, .n = 1, .pos0 = (uint32_t)pos[s], .block_table = dtab[s],
+        seqs[s] = (kern_attn_seq_t){.row0 = s, .n = 1, .pos0 = (uint32_t)pos[s], .block_table = dtab[s],
                                     .n_blocks = nbk, .decode_from = UINT32_MAX};
         /* the history before the row: the same K and V in both pools */
         const kern_kv_view_t *both[2] = {&va, &vb};
@@ -532,8 +538,8 @@ static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t n
     random_rope_rows(q, nq, k, v, nk, freq, hd);
     float *qa = put(gpu, q, nq * 4), *qb = put(gpu, q, nq * 4), *ka = put(gpu, k, nk * 4), *kb = put(gpu, k, nk * 4);
     float *dv = put(gpu, v, nk * 4), *dfreq = put(gpu, freq, sizeof freq), *oa, *ob;
-    int32_t *dpos = put(gpu, pos, sizeof pos), *dslots = put(gpu, slots, sizeof slots);
-    kern_attn_seq_t *dseqs = put(gpu, seqs, sizeof seqs);
+    int32_t *dpos = put(gpu, pos, NS * sizeof *pos), *dslots = put(gpu, slots, NS * sizeof *slots);
+    kern_attn_seq_t *dseqs = put(gpu, seqs, NS * sizeof *seqs);
     gpu->ops->alloc(gpu, nq * 4, (void **)&oa);
     gpu->ops->alloc(gpu, nq * 4, (void **)&ob);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -553,10 +559,10 @@ static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t n
     const double e = rel_err(hb, ha, nq);
     failures += !same;
     char what[128];
-    snprintf(what, sizeof what, "rope_kv_attention %u/%u heads x %u, %s KV, %s: pool %s; out", nh, nkv, hd,
-             td_kv_dtype_name(dtype), style == KERN_ROPE_NEOX ? "neox" : "norm", same ? "same" : "DIFFERS");
+    snprintf(what, sizeof what, "rope_kv_attention %u/%u heads x %u, %s KV, %s, %u seqs: pool %s; out", nh, nkv,
+             hd, td_kv_dtype_name(dtype), style == KERN_ROPE_NEOX ? "neox" : "norm", NS, same ? "same" : "DIFFERS");
     report(what, e, 1e-6);
-    for (int s = 0; s < NS; s++)
+    for (uint32_t s = 0; s < NS; s++)
         gpu->ops->free(gpu, dtab[s]);
     gpu->ops->free(gpu, qa), gpu->ops->free(gpu, qb), gpu->ops->free(gpu, ka), gpu->ops->free(gpu, kb);
     gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dfreq), gpu->ops->free(gpu, dpos), gpu->ops->free(gpu, dslots);
@@ -640,31 +646,40 @@ static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
  * prefix (two long enough for the tensor-core kernel, one of them ending in a
  * block of 8 rows), a fresh prompt and decode rows at several context lengths, each
  * sequence on its own shuffled blocks; the pools are compared byte for byte
- * after the stores, the attention outputs by relative error. */
+ * after the stores, the attention outputs by relative error. many: instead 96
+ * decode rows at 20..1160 positions (the decode kernel's grid then large enough
+ * to read K through shared memory with many KV heads), whose blocks overlap
+ * (later sequences' stores overwrite earlier ones' in both pools alike). */
 static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd,
-                            td_kv_dtype_t dtype)
+                            td_kv_dtype_t dtype, bool many)
 {
-    enum { NS = 6, BT = 16, NB = 192, LAYERS = 2 };
-    const uint32_t pos0[NS] = {37, 700, 0, 15, 1500, 130}, n[NS] = {100, 1, 5, 1, 1, 200};
+    enum { MAXS = 96, BT = 16, NB = 192, LAYERS = 2 };
+    const uint32_t mixed_pos0[] = {37, 700, 0, 15, 1500, 130}, mixed_n[] = {100, 1, 5, 1, 1, 200};
+    const int NS = many ? MAXS : 6;
+    uint32_t pos0[MAXS], n[MAXS];
+    for (int s = 0; s < NS; s++)
+        pos0[s] = many ? 20 + 12 * (uint32_t)s : mixed_pos0[s], n[s] = many ? 1 : mixed_n[s];
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
     eng_kv_pool_t *pc, *pg;
     if (eng_kv_pool_create(cpu, &g, NB, NULL, &pc) || eng_kv_pool_create(gpu, &g, NB, NULL, &pg))
         exit(1);
-    int32_t perm[NB], tables[NS][NB];
+    int32_t perm[NB];
+    static int32_t tables[MAXS][NB];
     for (int i = 0; i < NB; i++)
         perm[i] = i;
     for (int i = NB - 1; i > 0; i--) {
         int j = (int)((frand() + 1) / 2 * i), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    uint32_t used = 0, rows = 0, nbk[NS];
+    uint32_t used = 0, rows = 0, nbk[MAXS];
     for (int s = 0; s < NS; s++) {
         nbk[s] = (pos0[s] + n[s] + BT - 1) / BT;
-        memcpy(tables[s], perm + used, nbk[s] * 4);
+        for (uint32_t i = 0; i < nbk[s]; i++)
+            tables[s][i] = perm[(used + i) % NB];
         used += nbk[s];
         rows += n[s];
     }
-    if (used > NB)
+    if (used > NB && !many)
         exit(1);
     kern_kv_view_t vc = eng_kv_view(pc, 1), vg = eng_kv_view(pg, 1);
     size_t pool_bytes = (size_t)NB * td_kv_block_bytes(&g);
@@ -688,8 +703,8 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
     float *q = malloc(nq * 4), *oc = malloc(nq * 4), *og = malloc(nq * 4);
     for (size_t i = 0; i < nq; i++)
         q[i] = frand();
-    kern_attn_seq_t sc[NS], sg[NS];
-    int32_t *dtab[NS];
+    kern_attn_seq_t sc[MAXS], sg[MAXS];
+    int32_t *dtab[MAXS];
     uint32_t row = 0;
     for (int s = 0; s < NS; s++) {
         dtab[s] = put(gpu, tables[s], nbk[s] * 4);
@@ -707,8 +722,8 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
         exit(1);
     get(gpu, og, dout, nq * 4);
     char what[128];
-    snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, %d seqs to 1501", nh, nkv, hd,
-             td_kv_dtype_name(dtype), (int)NS);
+    snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, %d seqs to %u", nh, nkv, hd,
+             td_kv_dtype_name(dtype), NS, many ? pos0[NS - 1] + 1 : 1501);
     /* fp16 KV: prompt rows go through the tensor cores, P rounded to fp16 */
     report(what, rel_err(og, oc, nq), dtype == TD_KV_F16 ? 3e-3 : 1e-4);
     for (int s = 0; s < NS; s++)
@@ -1333,7 +1348,9 @@ int main(int argc, char **argv)
         check_embed(cpu, gpu, KERN_TYPE_F16);
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
             for (int dt = 0; dt < 2; dt++)
-                check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], dt ? TD_KV_F32 : TD_KV_F16);
+                check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], dt ? TD_KV_F32 : TD_KV_F16, false);
+        check_attention(cpu, gpu, 32, 32, 128, TD_KV_F16, true);
+        check_attention(cpu, gpu, 64, 64, 64, TD_KV_F16, true);
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
             for (int st = 0; st < 2; st++)
                 check_rope_kv_store(gpu, heads[h][0], heads[h][1], heads[h][2], st ? TD_KV_F32 : TD_KV_F16,
@@ -1341,7 +1358,8 @@ int main(int argc, char **argv)
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
             for (int st = 0; st < 2; st++)
                 check_rope_kv_attention(gpu, heads[h][0], heads[h][1], heads[h][2], st ? TD_KV_F32 : TD_KV_F16,
-                                        st ? KERN_ROPE_NEOX : KERN_ROPE_NORM);
+                                        st ? KERN_ROPE_NEOX : KERN_ROPE_NORM, false);
+        check_rope_kv_attention(gpu, 32, 32, 128, TD_KV_F16, KERN_ROPE_NORM, true);
         check_decode(crafted);
         check_kv_digest(gpu);
         const uint32_t fused_rows[] = {1, 5, 8, 64}; /* the GEMV (8 or fewer) and cuBLAS */
