@@ -308,8 +308,7 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
     auto page = [&](uint32_t pos) {
         return pos < hi ? a.base + (size_t)S.table[pos >> bt_shift] * a.block_bytes : a.base;
     };
-    // SV: the K row of position p on page rw into kw (zeros unless ok), and the V rows of the chunk from cc
-    // into sv (lane's page rw), all but position `skip`'s
+    // SV: the K row of position p on page rw into kw (zeros unless ok)
     uint4 kw[SV ? HD / 8 : 1];
     auto load_k = [&](const uint8_t *rw, uint32_t p, bool ok) {
         const uint4 *kp = (const uint4 *)((const T *)rw + k_off + (size_t)(p & bt_mask) * hd);
@@ -317,34 +316,26 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
         for (int i = 0; i < (SV ? HD / 8 : 1); i++)
             kw[i] = ok ? kp[i] : make_uint4(0, 0, 0, 0);
     };
-    auto copy_v = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) {
+    // the rows at offset off of the chunk from cc to dst (rows stride apart), a row HD / 8 lanes (coalesced),
+    // all but position `skip`'s, as one cp.async group: V into sv, and with SK the K rows into skr
+    auto copy_rows = [&](const uint8_t *rw, uint32_t cc, uint32_t skip, size_t off, T *dst, uint32_t stride) {
         constexpr uint32_t LPR = SV ? HD / 8 : 32, RPI = 32 / LPR; // lanes a row, rows an issue
-        const T *vrow = (const T *)rw + v_off + (size_t)((cc + lane) & bt_mask) * hd;
+        const T *mine = (const T *)rw + off + (size_t)((cc + lane) & bt_mask) * hd;
         const uint32_t n_live = min(32u, hi - cc);
 #pragma unroll
         for (uint32_t it = 0; it < LPR; it++) {
             const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * 8;
-            const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, t);
+            const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)mine, t);
             if (t < n_live && cc + t != skip)
-                cp_async16(sv + t * hd + seg, src + seg, true);
+                cp_async16(dst + t * stride + seg, src + seg, true);
         }
         cp_async_commit();
     };
-    // SK: the K rows of the chunk from cc into skr, a row HD / 8 lanes (coalesced), all but `skip`'s; fill_k
-    // then takes a lane's row into kw
+    auto copy_v = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) { copy_rows(rw, cc, skip, v_off, sv, hd); };
     auto copy_k = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) {
-        constexpr uint32_t LPR = SV ? HD / 8 : 32, RPI = 32 / LPR;
-        const T *krow = (const T *)rw + k_off + (size_t)((cc + lane) & bt_mask) * hd;
-        const uint32_t n_live = min(32u, hi - cc);
-#pragma unroll
-        for (uint32_t it = 0; it < LPR; it++) {
-            const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * 8;
-            const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)krow, t);
-            if (t < n_live && cc + t != skip)
-                cp_async16(skr + t * (HD + DEC_KPAD) + seg, src + seg, true);
-        }
-        cp_async_commit();
+        copy_rows(rw, cc, skip, k_off, skr, HD + DEC_KPAD);
     };
+    // SK: a lane's row of the chunk's K (copy_k's) into kw
     auto fill_k = [&]() {
 #pragma unroll
         for (int i = 0; i < (SV ? HD / 8 : 1); i++)
