@@ -356,7 +356,7 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     c->pdl = c->pdl_able = major >= 9;
-    td_status_t rc = kc_attention_init(c);
+    td_status_t rc = kc_attention_init();
     if (!rc)
         rc = kc_matmul_fused_init(c);
     if (!rc && (e = cudaMalloc(&c->blas_ws, KC_BLAS_WS)) != cudaSuccess)

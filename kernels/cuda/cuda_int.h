@@ -63,9 +63,6 @@ typedef struct kern_cuda {
     bool pdl_able; // the device has programmatic dependent launch (sm_90 and later)
     bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
     unsigned gv_grid; // the GEMV's blocks resident at once (its grid at most)
-    // the decode attention's blocks resident at once when it reads K through shared memory, by head_dim (64, 128)
-    // and query heads a KV head (1, 2, 4, 8)
-    unsigned dec_ks_grid[2][4];
     kc_edge_count_t edges;
 } kern_cuda_t;
 
@@ -268,6 +265,6 @@ void kc_graphs_drop(kern_cuda_t *c);
 td_status_t kc_kv_digest(kern_backend_t *b, const void *base, size_t block_bytes, const int32_t *blocks, uint32_t n,
                          uint64_t *out);
 // Sets the shared-memory limits the kernels need (once, at creation).
-td_status_t kc_attention_init(kern_cuda_t *c);
+td_status_t kc_attention_init(void);
 
 #endif
