@@ -937,17 +937,19 @@ static double now_s(void)
 double kern_cuda_probe_read_gbs(size_t bytes); /* probe.cu */
 
 /* One layer's attention: ns sequences of n rows after pos0 cached
- * positions, fp16 KV on contiguous blocks; FLOPs counted causally. */
+ * positions, fp16 KV on contiguous blocks; FLOPs counted causally. The pool
+ * holds `layers` layers (a block holds every layer's rows, the engine's
+ * layout); the middle one is timed. */
 static void time_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t ns, uint32_t n,
-                           uint32_t pos0)
+                           uint32_t pos0, uint32_t layers)
 {
     enum { BT = 16 };
     uint32_t per = (pos0 + n + BT - 1) / BT, nb = per * ns, rows = ns * n;
-    td_kv_layout_t g = td_kv_layout_make("timing", 1, nkv, hd, BT, TD_KV_F16);
+    td_kv_layout_t g = td_kv_layout_make("timing", layers, nkv, hd, BT, TD_KV_F16);
     eng_kv_pool_t *pool;
     if (eng_kv_pool_create(gpu, &g, nb, NULL, &pool))
         exit(1);
-    kern_kv_view_t kv = eng_kv_view(pool, 0);
+    kern_kv_view_t kv = eng_kv_view(pool, layers / 2);
     int32_t *tab = malloc(nb * 4);
     for (uint32_t i = 0; i < nb; i++)
         tab[i] = (int32_t)i;
@@ -972,8 +974,8 @@ static void time_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint3
     /* causal: row i of a sequence sees pos0 + i + 1 positions; 4 FLOPs per (row, head, position, dim) */
     double pairs = (double)ns * ((double)n * pos0 + (double)n * (n + 1) / 2);
     double flops = 4.0 * pairs * nh * hd, bytes = 2.0 * ns * (pos0 + n) * nkv * hd * 2;
-    printf("timing attention %u/%u heads x %u, %u seqs x %u rows after %u: %.3f ms = %.1f TFLOP/s, KV %.0f GB/s\n", nh,
-           nkv, hd, ns, n, pos0, dt * 1e3, flops / dt / 1e12, bytes / dt / 1e9);
+    printf("timing attention %u/%u heads x %u, %u seqs x %u rows after %u, %u-layer pool: %.3f ms = %.1f TFLOP/s, KV "
+           "%.0f GB/s\n", nh, nkv, hd, ns, n, pos0, layers, dt * 1e3, flops / dt / 1e12, bytes / dt / 1e9);
     gpu->ops->free(gpu, q), gpu->ops->free(gpu, out), gpu->ops->free(gpu, dtab);
     free(tab), free(seqs);
     eng_kv_pool_destroy(pool);
@@ -1239,10 +1241,14 @@ static void timings(kern_backend_t *gpu)
         gpu->ops->weight_release(gpu, &wt);
         free(wd);
     }
-    time_attention(gpu, 32, 32, 128, 1, 4096, 0);    /* a 4k prompt, Llama-2-7B's heads */
-    time_attention(gpu, 32, 32, 128, 1, 1024, 0);
-    time_attention(gpu, 32, 32, 128, 256, 1, 1023); /* decode: 256 sequences at 1k context */
-    time_attention(gpu, 32, 32, 128, 1, 1, 4095);   /* decode: one sequence at 4k context */
+    time_attention(gpu, 32, 32, 128, 1, 4096, 0, 1);    /* a 4k prompt, Llama-2-7B's heads */
+    time_attention(gpu, 32, 32, 128, 1, 1024, 0, 1);
+    time_attention(gpu, 32, 32, 128, 256, 1, 1023, 1); /* decode: 256 sequences at 1k context */
+    time_attention(gpu, 32, 32, 128, 1, 1, 4095, 1);   /* decode: one sequence at 4k context */
+    /* the same decode in a pool of the model's 32 layers (64 GB), as the engine reads it, beside one layer */
+    time_attention(gpu, 32, 32, 128, 128, 1, 1023, 1);
+    time_attention(gpu, 32, 32, 128, 128, 1, 1023, 32);
+    time_attention(gpu, 32, 32, 128, 1, 1, 4095, 32);
 }
 
 /* The device digest of pool blocks: one value per block's bytes wherever the
