@@ -79,27 +79,61 @@ static void etcd_path(char *out, size_t n)
     snprintf(out, n, "%s", access("/usr/bin/etcd", X_OK) ? "/usr/local/bin/etcd" : "/usr/bin/etcd");
 }
 
-/* Free ports of address for the cluster's listeners: every probe socket stays
- * bound until the last port is chosen, so the ports are distinct (one bound
- * and closed at a time may come back twice; a listener then cannot bind and
- * restarts on the same port forever). 0 or -1 with errno. */
+/* The kernel's range of local ports for outgoing connections (ip_local_port_range). */
+static void ephemeral_range(int *lo, int *hi)
+{
+    *lo = 32768, *hi = 60999; /* Linux's default */
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (!f)
+        return;
+    int a, b;
+    if (fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && b >= a && b <= 65535)
+        *lo = a, *hi = b;
+    fclose(f);
+}
+
+/* Binds a probe socket to address:port (0: any port); its fd and the port, or -1. */
+static int probe_port(const char *address, int port, int *got)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, address, &a.sin_addr);
+    socklen_t l = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &l)) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    *got = ntohs(a.sin_port);
+    return fd;
+}
+
+/* Free ports of address for the cluster's listeners, drawn at random outside
+ * the kernel's range for outgoing connections (below it from 10000, or above
+ * it where there is more room). A port from that range, which binding to port
+ * 0 gives, can be taken by any process's outgoing connection before the
+ * listener binds it; the listener then restarts on it forever (seen in CI:
+ * the router's HTTP port). Every probe socket stays bound until the last port
+ * is chosen, so the ports are distinct. Where no drawn port binds, port 0's.
+ * 0 or -1 with errno. */
 static int free_ports(const char *address, int *ports, int n)
 {
-    int fds[8];
-    int got = 0, rc = 0;
+    int fds[8], got = 0, rc = 0, lo, hi;
+    ephemeral_range(&lo, &hi);
+    const int below = lo - 10000, above = 65535 - hi, room = below > above ? below : above;
+    const int first = below > above ? 10000 : hi + 1;
+    unsigned seed = (unsigned)time(NULL) ^ ((unsigned)getpid() << 16);
     for (; got < n && got < 8; got++) {
-        struct sockaddr_in a = {.sin_family = AF_INET};
-        inet_pton(AF_INET, address, &a.sin_addr);
-        socklen_t l = sizeof a;
-        fds[got] = socket(AF_INET, SOCK_STREAM, 0);
-        if (fds[got] < 0 || bind(fds[got], (struct sockaddr *)&a, sizeof a) ||
-            getsockname(fds[got], (struct sockaddr *)&a, &l)) {
-            if (fds[got] >= 0)
-                close(fds[got]);
+        fds[got] = -1;
+        for (int t = 0; t < 200 && room >= 1000 && fds[got] < 0; t++)
+            fds[got] = probe_port(address, first + rand_r(&seed) % room, &ports[got]);
+        if (fds[got] < 0 && (fds[got] = probe_port(address, 0, &ports[got])) < 0) {
             rc = -1;
             break;
         }
-        ports[got] = ntohs(a.sin_port);
     }
     int err = errno;
     for (int i = 0; i < got; i++)

@@ -385,6 +385,13 @@ def main():
               last.usage.completion_tokens == MAX_TOKENS and last.timing.ttft_ms > 0 and
               last.finish_reason == pb.FINISH_REASON_LENGTH and last.timing.prefill_worker != "",
               str(last))
+        # the ports tandem up chose lie outside the kernel's range for outgoing connections, where another
+        # process's connection cannot take one before its listener binds it
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = map(int, f.read().split())
+        ports = [int(c.endpoint.rsplit(":", 1)[1]), int(c.etcd.rsplit(":", 1)[1])]
+        check("tandem up's router and etcd ports %s lie outside the outgoing range %d-%d" % (ports, lo, hi),
+              all(p < lo or p > hi for p in ports))
 
         # 1b. reservations: an unclaimed one returns when its lease ends, renewed ones live on, a
         # released one returns at once (the decode worker's Stats counts them)
