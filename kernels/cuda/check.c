@@ -492,8 +492,8 @@ static void store_random_kv(kern_backend_t *cpu, const kern_kv_view_t *vc, kern_
  * at several contexts (one of them split in slices), the sequences read from
  * device memory as a captured step reads them. The pools must come out bit
  * for bit the same, the outputs within rounding. many: 64 sequences at 2..317
- * positions instead (with many KV heads, a grid that reads K through shared
- * memory). */
+ * positions instead (a large decode batch: with many KV heads, thousands of
+ * blocks in the grid). */
 static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, td_kv_dtype_t dtype,
                                     kern_rope_style_t style, bool many)
 {
@@ -647,8 +647,8 @@ static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
  * block of 8 rows), a fresh prompt and decode rows at several context lengths, each
  * sequence on its own shuffled blocks; the pools are compared byte for byte
  * after the stores, the attention outputs by relative error. many: instead 96
- * decode rows at 20..1160 positions (the decode kernel's grid then large enough
- * to read K through shared memory with many KV heads), whose blocks overlap
+ * decode rows at 20..1160 positions (a large decode batch: with many KV heads,
+ * thousands of blocks in the decode kernel's grid), whose blocks overlap
  * (later sequences' stores overwrite earlier ones' in both pools alike). */
 static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd,
                             td_kv_dtype_t dtype, bool many)
