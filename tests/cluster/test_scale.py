@@ -8,15 +8,17 @@ the other role). Every request must complete (0 failed, 0 lost), each change
 must show in the router's membership, and the planner must say why. Also:
 the ops config's errors name the key and its line, a bad count is refused
 naming its bound, and an ops file with policy auto is applied whole.
-Then the workload shift, with and without the planner: two fresh clusters of
-3 workers (1P+2D) serve the same requests, a prefill-heavy phase (long
-prompts, short outputs) then a decode-heavy one (short prompts, long
-outputs); under policy auto the planner must turn a decode worker into a
-prefill worker in the first phase and back in the second, under fixed
-nothing moves, and in both every request completes.
+Then the workload shift under the planner: a fresh cluster of 3 workers
+(1P+2D) serves a prefill-heavy phase (long prompts, short outputs) then a
+decode-heavy one (short prompts, long outputs); under policy auto the planner
+must turn a decode worker into a prefill worker in the first phase and back
+in the second, and every request completes. With --compare a second cluster,
+fixed at 1P+2D, serves the same requests (nothing may move there) and the
+SLO attainment of the two is printed side by side; CI leaves the comparison
+out (it checks nothing the first part does not, and costs 100 s).
 Prints the time each change took and SLO attainment before, during and after
 each, one line per check, and closes with "scale: N passed, N failed".
-Usage: test_scale.py BUILD_BIN_DIR  (from the repository root)."""
+Usage: test_scale.py BUILD_BIN_DIR [--compare]  (from the repository root)."""
 import glob
 import json
 import os
@@ -234,9 +236,10 @@ def shift_run(policy):
         check("the %s cluster stops cleanly (exit %s)" % (policy, code), code == 0)
 
 
-def workload_shift():
+def workload_shift(compare):
     runs = {}
-    for policy in ("auto", "fixed"):
+    policies = ("auto", "fixed") if compare else ("auto",)
+    for policy in policies:
         reqs, sent, changes, bounds = shift_run(policy)
         ok = sum(q["status"] == 0 for q in reqs)
         failed = len(reqs) - ok
@@ -253,13 +256,15 @@ def workload_shift():
           ("%.0f" % first[0][0] if first else "never"), bool(first), str(changes))
     check("auto: the decode-heavy phase turned it back (1P+2D at %s s)" % ("%.0f" % second[0][0] if second else "never"),
           bool(second), str(changes))
-    check("fixed: no role changed", [(p, d) for _, p, d, _, _ in runs["fixed"][1]] == [(1, 2)], str(runs["fixed"][1]))
+    if compare:
+        check("fixed: no role changed", [(p, d) for _, p, d, _, _ in runs["fixed"][1]] == [(1, 2)],
+              str(runs["fixed"][1]))
     for t, p, d, why, decided in changes[1:]:
         if (p, d) in ((2, 1), (1, 2)):  # a move complete (a flip passes through 1P+1D while the worker drains)
             print("  auto: %dP+%dD decided at %.1f s, in effect at %.1f s (took %.1f s): %s" % (p, d, decided, t,
                                                                                         t - decided, why))
     # attainment per window: each phase before, during (the decision until the router saw the new counts) and after
-    for policy in ("auto", "fixed"):
+    for policy in policies:
         reqs, _, bounds = runs[policy]
         parts = []
         edges = sorted({0.0} | {t for t, *_ in runs["auto"][1][1:]} | {b[0] for b in bounds} | {bounds[-1][1] + 1e6})
@@ -283,7 +288,7 @@ if __name__ == "__main__":
     except Exception as e:  # a crash of the suite is a failure, not a hang
         check("the suite ran to its end", False, repr(e))
     try:
-        workload_shift()
+        workload_shift("--compare" in sys.argv[2:])
     except Exception as e:
         check("the workload-shift part ran to its end", False, repr(e))
     p = sum(tc.results)

@@ -31,6 +31,9 @@ static size_t n_refs;
 static eng_model_t *model;
 
 static bool quick(void) { return getenv("TANDEM_TEST_QUICK") != NULL; }
+/* Tokens a run() generates: fewer in the quick (sanitizer) pass, where each
+ * step costs ~20 times more; the code paths are the same. */
+static int n_gen(void) { return quick() ? 24 : N_GEN; }
 
 static void load(void)
 {
@@ -86,7 +89,7 @@ static void run(eng_engine_t *e, const size_t *idx, size_t k, collect_t *c)
     memset(c, 0, sizeof *c);
     for (size_t j = 0; j < k; j++) {
         eng_request_t r = {.prompt = refs[idx[j]].ids, .n_prompt = refs[idx[j]].n_ids,
-                           .sampling = eng_sampling_default(), .max_tokens = N_GEN, .ignore_eos = true};
+                           .sampling = eng_sampling_default(), .max_tokens = (uint32_t)n_gen(), .ignore_eos = true};
         uint64_t id;
         cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK, "%s", td_last_error());
         if (j == 0)
@@ -129,9 +132,9 @@ Test(generate, greedy_matches_llama_cpp_alone_and_batched)
     const size_t np = quick() ? 2 : n_refs; /* the sanitizer pass: 2 prompts alone, then both batched */
     for (size_t i = 0; i < np; i++) {
         run(e, &i, 1, &alone[i]);
-        cr_assert_eq(alone[i].n[0], N_GEN);
+        cr_assert_eq(alone[i].n[0], (uint32_t)n_gen());
         int d = -1;
-        for (int t = 0; t < N_GEN && d < 0; t++)
+        for (int t = 0; t < n_gen() && d < 0; t++)
             if (alone[i].out[0][t] != refs[i].greedy[t])
                 d = t;
         if (d < 0) {
@@ -142,10 +145,10 @@ Test(generate, greedy_matches_llama_cpp_alone_and_batched)
         }
     }
     fprintf(stderr, "greedy, reference numerics: %zu of %zu prompts identical to llama.cpp for %d tokens\n", same,
-            np, N_GEN);
+            np, n_gen());
     cr_assert_geq(same * 10, np * 9, "at least 90%% of prompts identical");
     for (size_t i = 0; i < np; i++)
-        for (int t = 0; t < N_GEN; t++)
+        for (int t = 0; t < n_gen(); t++)
             if (alone[i].out[0][t] != refs[i].greedy[t]) {
                 cr_assert_lt(refs[i].gap[t], 1e-3, "prompt %zu token %d: llama.cpp was sure (gap %.4f)", i, t,
                              refs[i].gap[t]);
@@ -157,7 +160,7 @@ Test(generate, greedy_matches_llama_cpp_alone_and_batched)
         idx[i] = i;
     run(e, idx, np, &batched);
     for (size_t i = 0; i < np; i++)
-        cr_assert(memcmp(batched.out[i], alone[i].out[0], N_GEN * sizeof(int32_t)) == 0,
+        cr_assert(memcmp(batched.out[i], alone[i].out[0], (size_t)n_gen() * sizeof(int32_t)) == 0,
                   "prompt %zu batched with %zu others differs from alone", i, np - 1);
     eng_engine_destroy(e);
 }
@@ -166,10 +169,12 @@ Test(generate, greedy_matches_llama_cpp_alone_and_batched)
  * position is a prompt or a generated one, never by how the step was cut. */
 static void invariance(kern_numerics_t nm)
 {
-    /* quick (the sanitizer pass): 2 prompts still overfill the tight pool's 10 blocks, so preemption runs */
+    /* quick (the sanitizer pass): 2 prompts of ~40 tokens and 24 generated overfill a pool of 6 blocks, so
+     * preemption still runs (4 prompts and 64 tokens overfill 10) */
     size_t k = n_refs < 4 ? n_refs : 4, idx[4] = {0, 1, 2, 3};
     if (quick())
         k = 2;
+    const size_t ng = (size_t)n_gen();
     static collect_t base, chunked, cached, tight;
     eng_engine_t *e = engine_numerics(512, 0, false, nm);
     run(e, idx, k, &base);
@@ -181,17 +186,17 @@ static void invariance(kern_numerics_t nm)
     run(e, idx, k, &cached);  /* fills the cache */
     run(e, idx, k, &cached);  /* the shared system prompt and whole prompts come from it */
     eng_engine_destroy(e);
-    e = engine_numerics(512, 160, true, nm); /* 10 blocks for 4 sequences of ~100 tokens: preemption */
+    e = engine_numerics(512, quick() ? 96 : 160, true, nm); /* 10 blocks for 4 sequences of ~100 tokens */
     run(e, idx, k, &tight);
     eng_engine_destroy(e);
     for (size_t i = 0; i < k; i++) {
-        cr_assert(memcmp(chunked.out[i], base.out[i], N_GEN * 4) == 0, "prompt %zu: chunked prefill differs", i);
-        cr_assert(memcmp(cached.out[i], base.out[i], N_GEN * 4) == 0, "prompt %zu: prefix-cache hit differs", i);
+        cr_assert(memcmp(chunked.out[i], base.out[i], ng * 4) == 0, "prompt %zu: chunked prefill differs", i);
+        cr_assert(memcmp(cached.out[i], base.out[i], ng * 4) == 0, "prompt %zu: prefix-cache hit differs", i);
         cr_assert_gt(cached.cached[i], 0, "prompt %zu: the second run found its prefix cached", i);
-        cr_assert(memcmp(tight.out[i], base.out[i], N_GEN * 4) == 0, "prompt %zu: preemption differs", i);
-        cr_assert_eq(tight.n[i], N_GEN);
+        cr_assert(memcmp(tight.out[i], base.out[i], ng * 4) == 0, "prompt %zu: preemption differs", i);
+        cr_assert_eq(tight.n[i], ng);
         if (nm == KERN_NUMERICS_REFERENCE)
-            cr_assert(memcmp(base.out[i], refs[i].greedy, N_GEN * 4) == 0, "prompt %zu: not llama.cpp's tokens", i);
+            cr_assert(memcmp(base.out[i], refs[i].greedy, ng * 4) == 0, "prompt %zu: not llama.cpp's tokens", i);
     }
 }
 
@@ -351,7 +356,7 @@ Test(generate, bad_requests_are_named_and_the_engine_goes_on)
     static collect_t c;
     size_t i0 = 0;
     run(e, &i0, 1, &c);
-    cr_assert_eq(c.n[0], N_GEN);
+    cr_assert_eq(c.n[0], (uint32_t)n_gen());
     eng_engine_destroy(e);
 }
 
@@ -716,10 +721,12 @@ static void teacher_forced(kern_numerics_t nm)
 /* A decode step of 32 sequences that share a 1,024-token prefix (64 blocks)
  * and each have a block of their own, on a forward of at most 32 tokens:
  * 2,080 block-table entries, past the 1,152 such a forward once held (it
- * refused the step). Every row's logits are those the row gets alone. */
+ * refused the step). Every row's logits are those the row gets alone. The
+ * quick (sanitizer) pass shares 576 tokens: 1,184 entries, still past it. */
 Test(generate, a_decode_batch_of_long_block_tables_equals_each_row_alone)
 {
-    enum { P = 1024, S = 32, BT = 16, SHARED = P / BT };
+    enum { PMAX = 1024, S = 32, BT = 16 };
+    const int P = quick() ? 576 : PMAX, SHARED = P / BT;
     kern_backend_t *be;
     cr_assert_eq(kern_cpu_backend_create(2, &be), TD_OK);
     td_kv_layout_t g = td_kv_layout_make(model->desc.name, model->desc.n_layers, model->desc.n_kv_heads,
@@ -728,7 +735,7 @@ Test(generate, a_decode_batch_of_long_block_tables_equals_each_row_alone)
     cr_assert_eq(eng_kv_pool_create(be, &g, SHARED + S, NULL, &pool), TD_OK, "%s", td_last_error());
     eng_forward_t *f;
     cr_assert_eq(eng_forward_create(model, be, pool, S, S, &f), TD_OK, "%s", td_last_error());
-    static int32_t prompt[P], tables[S][SHARED + 1], tok[S];
+    static int32_t prompt[PMAX], tables[S][PMAX / BT + 1], tok[S];
     for (int i = 0; i < P; i++)
         prompt[i] = refs[0].ids[i % refs[0].n_ids];
     for (int s = 0; s < S; s++) {
@@ -754,7 +761,11 @@ Test(generate, a_decode_batch_of_long_block_tables_equals_each_row_alone)
     float *batched = malloc((size_t)S * V * sizeof *batched);
     memcpy(batched, lg, (size_t)S * V * sizeof *batched);
     double worst = 0;
-    for (int s = 0; s < S; s++) {
+    /* each row alone; the quick (sanitizer) pass takes the first, two inner and the last */
+    static const int some[] = {0, 1, S / 2, S - 1};
+    const int n_alone = quick() ? (int)(sizeof some / sizeof some[0]) : S;
+    for (int k = 0; k < n_alone; k++) {
+        int s = quick() ? some[k] : k;
         cr_assert_eq(eng_forward_run(f, &b[s], 1, &lg, &nl), TD_OK, "%s", td_last_error());
         double d = 0, q = 0;
         for (uint32_t v = 0; v < V; v++) {
@@ -901,8 +912,8 @@ Test(generate, a_failing_backend_op_ends_the_batch_with_an_error)
     run(e, &idx, 1, &after);
     eng_engine_t *clean = engine(512, 0, true);
     run(clean, &idx, 1, &fresh);
-    cr_assert_eq(after.n[0], N_GEN);
-    cr_assert_eq(memcmp(after.out[0], fresh.out[0], N_GEN * sizeof(int32_t)), 0);
+    cr_assert_eq(after.n[0], (uint32_t)n_gen());
+    cr_assert_eq(memcmp(after.out[0], fresh.out[0], (size_t)n_gen() * sizeof(int32_t)), 0);
     eng_engine_destroy(clean);
     eng_engine_destroy(e);
     be->ops = real_ops;
