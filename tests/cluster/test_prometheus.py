@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -32,14 +31,6 @@ import test_cluster as tc  # noqa: E402
 
 check = tc.check
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def get(url, timeout=10, ctx=None):
@@ -104,7 +95,7 @@ def main():
         for i in range(8):
             tc.generate(c.stub, "%s\nQuestion %d: what is %d plus %d?" % (system, i, i, i + 1), max_tokens=8)
 
-        port = free_port()
+        port = tc.free_port()
         prom = "127.0.0.1:%d" % port
         pcfg = os.path.join(data, "prometheus.yml")
         with open(pcfg, "w") as f:

@@ -8,9 +8,11 @@ Prints one line per check and closes with "integration: N passed, N failed".
 Usage: test_cluster.py BUILD_BIN_DIR  (run from the repository root)."""
 import json
 import os
+import random
 import re
 import select
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -205,6 +207,27 @@ def http_answer(url, ctx=None):
         return "%d: %s" % (e.code, e.read().decode(errors="replace").strip()[:200])
     except (urllib.error.URLError, OSError) as e:
         return "refused: %s" % e
+
+
+def free_port():
+    """A loopback port to listen on, drawn outside the kernel's range for outgoing connections (as `tandem up`
+    draws its own): a port the kernel gave out by binding 0 could be taken by another process's outgoing
+    connection before the listener that was told it binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        lo, hi = map(int, f.read().split())
+    spans = [(a, b) for a, b in ((10000, lo - 1), (hi + 1, 65535)) if b > a]
+    for _ in range(200):
+        a, b = random.choice(spans)
+        p = random.randint(a, b)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+            return p
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free loopback port outside %d-%d" % (lo, hi))
 
 
 def wait_for(pred, secs):

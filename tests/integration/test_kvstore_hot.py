@@ -21,11 +21,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cluster as tc  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
 BLOCKS = 24
@@ -35,14 +37,6 @@ results = []
 def check(name, ok, why=""):
     results.append(bool(ok))
     print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + why), flush=True)
-
-
-def port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def wait_for(fn, timeout):
@@ -58,7 +52,7 @@ def wait_for(fn, timeout):
 class Store:
     def __init__(self, replicas_max):
         self.dir = tempfile.mkdtemp(prefix="tandem-kvhot-")
-        cp, pp = port(), port()
+        cp, pp = tc.free_port(), tc.free_port()
         self.ep = "127.0.0.1:%d" % cp
         etcd = shutil.which("etcd") or "/usr/local/bin/etcd"
         self.etcd = subprocess.Popen(
