@@ -63,6 +63,7 @@ typedef struct child {
     char role;     /* a worker's: 'p' or 'd'; 0 for the others */
     bool retiring; /* the agent stopped it (it drains): not started again */
     char flip_to;  /* once it has drained, the role its slot starts in (0: none) */
+    bool colocated; /* a decode worker started with decode.colocated */
     double retired_at;
 } child_t;
 
@@ -236,12 +237,13 @@ static bool router_serving(td_rpc_channel_t *ch)
 typedef struct agent {
     pthread_mutex_t mu;
     uint32_t want_p, want_d; /* this node's share (under mu) */
+    bool colocated;          /* the decode workers serve whole requests (the planner's record) */
     bool known;              /* want_* hold a share (the start-up counts, then the planner's) */
     char why[320];           /* the planner's reason behind it */
     /* fixed before the thread starts */
     char etcd_ep[160], node[64], address[64];
     td_rpc_tls_t tls;
-    bool plaintext, run_workers, seed;
+    bool plaintext, run_workers, seed, seed_colocated;
     uint32_t seed_p, seed_d;
     pthread_t thread;
 } agent_t;
@@ -258,7 +260,10 @@ static void seed_ops(agent_t *a, td_etcd_t *e)
     if (!absent)
         return;
     char text[256];
-    snprintf(text, sizeof text, "models: [{name: \"*\", prefill: %u, decode: %u}]\n", a->seed_p, a->seed_d);
+    if (a->seed_colocated)
+        snprintf(text, sizeof text, "models: [{name: \"*\", colocated: true, decode: %u}]\n", a->seed_d);
+    else
+        snprintf(text, sizeof text, "models: [{name: \"*\", prefill: %u, decode: %u}]\n", a->seed_p, a->seed_d);
     td_ops_t *ops = NULL;
     char *canon = NULL;
     if (td_ops_parse(text, strlen(text), "tandem up", &ops) || td_ops_format(ops, &canon) ||
@@ -296,11 +301,12 @@ static void agent_look(agent_t *a, td_etcd_t *e)
     if (!a->run_workers)
         p = dd = 0;
     pthread_mutex_lock(&a->mu);
-    if (!a->known || a->want_p != p || a->want_d != dd)
-        fprintf(stderr, "tandem up: node %s runs %u prefill + %u decode of the cluster's %u + %u (%s)\n", a->node, p,
-                dd, want.prefill, want.decode, want.reason);
+    if (!a->known || a->want_p != p || a->want_d != dd || a->colocated != want.colocated)
+        fprintf(stderr, "tandem up: node %s runs %u prefill + %u %sdecode of the cluster's %u + %u (%s)\n", a->node,
+                p, dd, want.colocated ? "colocated " : "", want.prefill, want.decode, want.reason);
     a->want_p = p;
     a->want_d = dd;
+    a->colocated = want.colocated;
     a->known = true;
     snprintf(a->why, sizeof a->why, "%s", want.reason);
     pthread_mutex_unlock(&a->mu);
@@ -348,6 +354,7 @@ typedef struct up {
     const char **extra;
     int n_extra;
     int serial[2]; /* workers started so far, per role: their names */
+    bool colocated; /* decode workers start with decode.colocated (the agent's last look) */
 } up_t;
 
 /* Slot c becomes a worker of role ('p' or 'd'). */
@@ -370,6 +377,11 @@ static void worker_child(up_t *u, child_t *c, char role)
     add_arg(c, listen);
     pair_of(u->cfg, u->certdir, pre ? "prefill" : "decode", cert, key);
     add_cluster_tls(c, u->plaintext, u->ca_file, cert, key);
+    c->colocated = !pre && u->colocated;
+    if (c->colocated) {
+        add_arg(c, "--colocated");
+        add_arg(c, "true");
+    }
     if (pre && u->nkv) { /* each prefill worker's near node, round robin: where its hot blocks get copies */
         char near[32];
         snprintf(near, sizeof near, "kvstore-%ld", k % u->nkv);
@@ -398,9 +410,22 @@ static void reconcile(up_t *u, agent_t *a, child_t *kids, int *nk)
     pthread_mutex_lock(&a->mu);
     bool known = a->known;
     uint32_t want[2] = {a->want_p, a->want_d};
+    u->colocated = a->colocated;
     pthread_mutex_unlock(&a->mu);
     if (!known)
         return;
+    /* decode workers of the other mode (the ops config's colocated changed) drain and stop; new ones replace them */
+    for (int i = 0; i < *nk; i++)
+        if (kids[i].used && kids[i].role == 'd' && !kids[i].retiring && kids[i].colocated != u->colocated) {
+            kids[i].retiring = true;
+            kids[i].retired_at = td_now_s();
+            fprintf(stderr, "tandem up: %s (pid %d) drains and stops: decode workers are now %scolocated\n",
+                    kids[i].name, (int)kids[i].pid, u->colocated ? "" : "not ");
+            if (kids[i].pid)
+                kill(kids[i].pid, SIGTERM);
+            else
+                child_ended(u, &kids[i], 0);
+        }
     uint32_t have[2] = {0, 0}; /* counting the flips under way as their new role */
     for (int i = 0; i < *nk; i++)
         if (kids[i].used && kids[i].role && (!kids[i].retiring || kids[i].flip_to))
@@ -476,10 +501,12 @@ static void child_ended(up_t *u, child_t *c, int st)
 }
 
 const char cli_up_usage[] =
-    "usage: tandem up [--config FILE] [--model PATH] [--prefill N] [--decode N] [--kvstores N] [--listen HOST:PORT]\n"
+    "usage: tandem up [--config FILE] [--model PATH] [--prefill N] [--decode N | --colocated N] [--kvstores N]\n"
+    "                 [--listen HOST:PORT]\n"
     "                 [--address IP] [--node NAME] [--certs DIR] [--worker-arg ARG]... [--kvstore-arg ARG]...\n"
     "       tandem up --join ETCD_HOST:PORT [--config FILE] [--model PATH] [--kvstores N] [--address IP]\n"
     "                 [--node NAME] [--certs DIR] [--run-workers yes|no] [--worker-arg ARG]...\n"
+    "  --colocated N: no prefill workers; N decode workers that each serve whole requests (decode.colocated);\n"
     "  --address: the address this node's processes bind and advertise (default 127.0.0.1);\n"
     "  --certs: ca.pem and the role pairs (tandem certs: router, etcd, client, prefill, decode, kvstore)\n";
 
@@ -491,6 +518,7 @@ int cli_up(int argc, char **argv)
     const char *extra[MAX_EXTRA], *kv_extra[MAX_EXTRA];
     int n_extra = 0, n_kv_extra = 0;
     long np = -1, nd = -1, nkv = -1;
+    bool colocated = false;
     for (int i = 0; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -530,6 +558,15 @@ int cli_up(int argc, char **argv)
                 return 2;
             }
             *(argv[i][2] == 'p' ? &np : &nd) = n;
+        } else if (!strcmp(argv[i], "--colocated")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 16) {
+                fprintf(stderr, "tandem up: --colocated needs a count in [1, 16], not '%s'\n", v);
+                return 2;
+            }
+            nd = n;
+            colocated = true;
         } else if (!strcmp(argv[i], "--kvstores")) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -548,6 +585,10 @@ int cli_up(int argc, char **argv)
         }
         i++;
     }
+    if (colocated && np >= 0) {
+        fprintf(stderr, "tandem up: --colocated runs no prefill workers; it takes no --prefill\n");
+        return 2;
+    }
     if (join && (np > 0 || nd > 0 || listen_at)) {
         fprintf(stderr, "tandem up: --join takes its workers from the planner (tandem scale), not --prefill, "
                         "--decode or --listen\n");
@@ -559,6 +600,8 @@ int cli_up(int argc, char **argv)
         fprintf(stderr, "tandem up: %s\n", td_last_error());
         return 2;
     }
+    if (colocated)
+        np = 0;
     if (np < 0)
         np = cfg.prefill.count ? cfg.prefill.count : 1;
     if (nd < 0)
@@ -753,6 +796,7 @@ int cli_up(int argc, char **argv)
     agent.seed = !join;
     agent.seed_p = (uint32_t)np;
     agent.seed_d = (uint32_t)nd;
+    agent.seed_colocated = colocated;
     static char agent_tls[3][PATH_MAX + 16];
     if (!plaintext) {
         pair_of(&cfg, u.certdir, "client", agent_tls[1], agent_tls[2]);
@@ -762,6 +806,7 @@ int cli_up(int argc, char **argv)
     if (!join && run_workers) { /* the founder starts its counts at once; the planner's record takes over */
         agent.want_p = (uint32_t)np;
         agent.want_d = (uint32_t)nd;
+        agent.colocated = colocated;
         agent.known = true;
     }
     /* the readiness probe speaks the router's TLS when it has one: it trusts

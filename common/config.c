@@ -29,7 +29,12 @@ typedef struct {
     uint32_t *max_streams, *ttft_slo_ms, *tpot_slo_ms, *index_max_blocks, *index_drop_events;
     bool *early_reject;
 } raw_router_t;
-typedef struct { uint32_t *count, *threads, *token_budget; uint64_t *kv_mib; bool *profile; char *device; } raw_workers_t;
+typedef struct {
+    uint32_t *count, *threads, *token_budget;
+    uint64_t *kv_mib;
+    bool *profile, *colocated;
+    char *device;
+} raw_workers_t;
 typedef struct {
     uint32_t *count;
     uint64_t *dram_mb, *ssd_mb;
@@ -90,7 +95,7 @@ static const cyaml_schema_field_t workers_fields[] = {
     CYAML_FIELD_UINT_PTR("token_budget", OPT, raw_workers_t, token_budget),
     CYAML_FIELD_UINT_PTR("kv_mib", OPT, raw_workers_t, kv_mib),
     CYAML_FIELD_BOOL_PTR("profile", OPT, raw_workers_t, profile), STR("device", raw_workers_t, device),
-    CYAML_FIELD_END};
+    CYAML_FIELD_BOOL_PTR("colocated", OPT, raw_workers_t, colocated), CYAML_FIELD_END};
 static const cyaml_schema_field_t kvstore_fields[] = {
     CYAML_FIELD_UINT_PTR("count", OPT, raw_kvstore_t, count),
     CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), CYAML_FIELD_UINT_PTR("ssd_mb", OPT, raw_kvstore_t, ssd_mb),
@@ -170,12 +175,14 @@ static const cfg_field_t cfg_fields[] = {
     F("prefill.kv_mib", CFG_U64, prefill.kv_mib, prefill, raw_workers_t, kv_mib),
     F("prefill.profile", CFG_BOOL, prefill.profile, prefill, raw_workers_t, profile),
     F("prefill.device", CFG_STR, prefill.device, prefill, raw_workers_t, device),
+    F("prefill.colocated", CFG_BOOL, prefill.colocated, prefill, raw_workers_t, colocated),
     F("decode.count", CFG_U32, decode.count, decode, raw_workers_t, count),
     F("decode.threads", CFG_U32, decode.threads, decode, raw_workers_t, threads),
     F("decode.token_budget", CFG_U32, decode.token_budget, decode, raw_workers_t, token_budget),
     F("decode.kv_mib", CFG_U64, decode.kv_mib, decode, raw_workers_t, kv_mib),
     F("decode.profile", CFG_BOOL, decode.profile, decode, raw_workers_t, profile),
     F("decode.device", CFG_STR, decode.device, decode, raw_workers_t, device),
+    F("decode.colocated", CFG_BOOL, decode.colocated, decode, raw_workers_t, colocated),
     F("kvstore.count", CFG_U32, kvstore.count, kvstore, raw_kvstore_t, count),
     F("kvstore.dram_mb", CFG_U64, kvstore.dram_mb, kvstore, raw_kvstore_t, dram_mb),
     F("kvstore.ssd_mb", CFG_U64, kvstore.ssd_mb, kvstore, raw_kvstore_t, ssd_mb),
@@ -222,7 +229,9 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"router.placement", "predictive"}, {"router.ttft_slo_ms", "0"}, {"router.tpot_slo_ms", "0"},
         {"router.early_reject", "true"}, {"router.index_max_blocks", "262144"}, {"router.index_drop_events", "0"},
         {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"}, {"prefill.profile", "true"}, {"prefill.device", "cpu"},
+        {"prefill.colocated", "false"},
         {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"}, {"decode.profile", "true"}, {"decode.device", "cpu"},
+        {"decode.colocated", "false"},
         {"kvstore.count", "1"}, {"kvstore.dram_mb", "1024"}, {"kvstore.ssd_mb", "0"}, {"kvstore.data_dir", ""},
         {"kvstore.use", "true"}, {"kvstore.replicas_max", "2"}, {"kvstore.hot_hits", "8"},
         {"kvstore.hit_half_life_s", "30"}, {"kvstore.near", ""},
@@ -353,6 +362,9 @@ td_status_t td_config_validate(const td_config_t *cfg)
             return td_error(TD_ERR_CONFIG, "config: %s.kv_mib = %llu; it must be from 1 to 1048576", w[i].role,
                             (unsigned long long)w[i].mib);
     }
+    if (cfg->prefill.colocated)
+        return td_error(TD_ERR_CONFIG, "config: prefill.colocated = true; only decode workers serve whole requests "
+                        "(decode.colocated)");
     static const char *const policies[] = {"least_loaded", "round_robin", "kv_cost", "predictive"};
     bool known = false;
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++)

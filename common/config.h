@@ -69,11 +69,13 @@
 /* The default model (deploy/install-deps.sh puts it there), relative to the working directory. */
 #define TD_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-/* A worker role's section (prefill, decode). */
+/* A worker role's section (prefill, decode). colocated (decode only): the
+ * worker also serves whole requests, prefill included, in its own engine
+ * (a cluster without prefill workers: the ops config's colocated models). */
 typedef struct td_worker_config {
     uint32_t count, threads, token_budget;
     uint64_t kv_mib;
-    bool profile;
+    bool profile, colocated;
     char *device;
 } td_worker_config_t;
 

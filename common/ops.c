@@ -26,7 +26,8 @@ static const cyaml_schema_field_t model_fields[] = {
     CYAML_FIELD_STRING_PTR("policy", CYAML_FLAG_POINTER | OPT, td_ops_model_t, policy, 0, 16),
     U32("prefill", td_ops_model_t, prefill), U32("decode", td_ops_model_t, decode),
     U32("min_prefill", td_ops_model_t, min_prefill), U32("max_prefill", td_ops_model_t, max_prefill),
-    U32("min_decode", td_ops_model_t, min_decode), U32("max_decode", td_ops_model_t, max_decode), CYAML_FIELD_END};
+    U32("min_decode", td_ops_model_t, min_decode), U32("max_decode", td_ops_model_t, max_decode),
+    CYAML_FIELD_BOOL("colocated", OPT, td_ops_model_t, colocated), CYAML_FIELD_END};
 static const cyaml_schema_value_t model_schema = {CYAML_VALUE_MAPPING(CYAML_FLAG_DEFAULT, td_ops_model_t, model_fields)};
 static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING("slo", OPT, td_ops_t, slo, slo_fields),
@@ -84,7 +85,17 @@ static td_status_t complete(td_ops_t *o, const char *origin)
         struct { const char *role; uint32_t *count, *min, *max; } r[2] = {
             {"prefill", &m->prefill, &m->min_prefill, &m->max_prefill},
             {"decode", &m->decode, &m->min_decode, &m->max_decode}};
-        for (int k = 0; k < 2; k++) {
+        if (m->colocated) { /* no prefill workers: their counts are 0, and nothing moves between roles */
+            if (td_ops_is_auto(m))
+                return td_error(TD_ERR_CONFIG, "%s: models[%u] is colocated with policy auto; the planner moves "
+                                "workers between prefill and decode, and colocated workers do both: use fixed",
+                                origin, i);
+            if (m->prefill || m->min_prefill || m->max_prefill)
+                return td_error(TD_ERR_CONFIG, "%s: models[%u] is colocated with prefill %u (min %u, max %u); a "
+                                "colocated model has no prefill workers", origin, i, m->prefill, m->min_prefill,
+                                m->max_prefill);
+        }
+        for (int k = m->colocated; k < 2; k++) {
             if (!*r[k].min)
                 *r[k].min = 1;
             if (!*r[k].max)
@@ -172,12 +183,15 @@ td_status_t td_ops_set_counts(td_ops_t *ops, const char *model, uint32_t prefill
             return rc;
     }
     unsigned i = (unsigned)(m - ops->models);
-    if (prefill < m->min_prefill || prefill > m->max_prefill)
+    if (!m->colocated && (prefill < m->min_prefill || prefill > m->max_prefill))
         return td_error(TD_ERR_CONFIG, "--prefill %u is outside models[%u] (\"%s\") min_prefill..max_prefill (%u..%u)",
                         prefill, i, m->name, m->min_prefill, m->max_prefill);
     if (decode < m->min_decode || decode > m->max_decode)
         return td_error(TD_ERR_CONFIG, "--decode %u is outside models[%u] (\"%s\") min_decode..max_decode (%u..%u)",
                         decode, i, m->name, m->min_decode, m->max_decode);
+    if (m->colocated && prefill)
+        return td_error(TD_ERR_CONFIG, "--prefill %u: models[%u] (\"%s\") is colocated; it has no prefill workers",
+                        prefill, i, m->name);
     m->prefill = prefill;
     m->decode = decode;
     return set_policy(m, "fixed");
@@ -187,8 +201,8 @@ void td_ops_free(td_ops_t *ops) { td_yaml_free(&top_schema, ops); }
 
 char *td_ops_desired_json(const td_ops_desired_t *d)
 {
-    json_t *j = json_pack("{s:i, s:i, s:f, s:s, s:s}", "prefill", (int)d->prefill, "decode", (int)d->decode, "at",
-                          d->at, "by", d->by, "reason", d->reason);
+    json_t *j = json_pack("{s:i, s:i, s:b, s:f, s:s, s:s}", "prefill", (int)d->prefill, "decode", (int)d->decode,
+                          "colocated", d->colocated, "at", d->at, "by", d->by, "reason", d->reason);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;
@@ -199,11 +213,11 @@ td_status_t td_ops_desired_parse(const char *text, size_t len, td_ops_desired_t 
     memset(out, 0, sizeof *out);
     json_error_t e;
     json_t *j = json_loadb(text, len, 0, &e);
-    int p = -1, d = -1;
+    int p = -1, d = -1, colocated = 0;
     const char *by = "", *why = "";
     double at = 0;
-    if (!j || json_unpack_ex(j, &e, 0, "{s:i, s:i, s?F, s?s, s?s}", "prefill", &p, "decode", &d, "at", &at, "by", &by,
-                             "reason", &why)) {
+    if (!j || json_unpack_ex(j, &e, 0, "{s:i, s:i, s?b, s?F, s?s, s?s}", "prefill", &p, "decode", &d, "colocated",
+                             &colocated, "at", &at, "by", &by, "reason", &why)) {
         json_decref(j);
         return td_error(TD_ERR_FORMAT, "%s: not the planner's record: %s", TD_OPS_DESIRED_KEY, e.text);
     }
@@ -214,6 +228,7 @@ td_status_t td_ops_desired_parse(const char *text, size_t len, td_ops_desired_t 
     }
     out->prefill = (uint32_t)p;
     out->decode = (uint32_t)d;
+    out->colocated = colocated;
     out->at = at;
     snprintf(out->by, sizeof out->by, "%s", by);
     snprintf(out->reason, sizeof out->reason, "%s", why);

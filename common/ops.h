@@ -12,6 +12,8 @@
  *       max_prefill: 16
  *       min_decode: 1
  *       max_decode: 16
+ *       colocated: false     # true: no prefill workers; decode workers serve
+ *                            #   whole requests (decode.colocated), policy fixed
  *
  * deploy/ops.yaml is the file; `tandem scale --apply FILE` sends it to a
  * router, which validates it and puts it in etcd at TD_OPS_KEY. The elected
@@ -39,6 +41,7 @@ typedef struct td_ops_model {
     char *name, *policy;
     uint32_t prefill, decode;
     uint32_t min_prefill, max_prefill, min_decode, max_decode;
+    bool colocated;
 } td_ops_model_t;
 
 typedef struct td_ops {
@@ -69,6 +72,7 @@ void td_ops_free(td_ops_t *ops);
  * counts, who decided and why. */
 typedef struct td_ops_desired {
     uint32_t prefill, decode;
+    bool colocated;     /* the decode workers serve whole requests (started with decode.colocated) */
     double at;          /* unix seconds */
     char by[192];       /* the planner's id */
     char reason[256];

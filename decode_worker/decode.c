@@ -21,7 +21,12 @@
  * router says the prefill worker answered its call (Release landing_closed),
  * so a late put from a stalled prefill worker cannot reach their next owner.
  * Only the router's certificate may call Reserve, Decode, Release and Renew,
- * and one peer holds at most MAX_RESERVATIONS_PER_PEER reservations. */
+ * and one peer holds at most MAX_RESERVATIONS_PER_PEER reservations.
+ *
+ * A colocated decode worker (decode.colocated) also takes a Decode with no
+ * reservation: the whole request, its prompt prefilled by this worker's own
+ * engine in the steps it shares with the running decodes (as vLLM or SGLang
+ * serve without disaggregation), its first token streamed like the rest. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -465,7 +470,7 @@ typedef struct dec_event {
     int32_t token;
     eng_finish_t finish;
     size_t text_off;
-    uint32_t n_generated;
+    uint32_t n_generated, n_cached;
     char *error; /* ENG_FINISH_ERROR's message */
 } dec_event_t;
 
@@ -528,6 +533,7 @@ static void on_decode_event(void *ctx, const eng_event_t *ev)
         d->text[d->text_len + ev->text_len] = 0;
         d->text_len += ev->text_len + 1;
         x->n_generated = ev->n_generated;
+        x->n_cached = ev->n_cached;
         x->error = ev->error ? strdup(ev->error) : NULL;
     } else {
         d->lost = true;
@@ -571,6 +577,8 @@ static size_t next_message(dreq_t *d, size_t *sent, uint8_t *buf, size_t cap, ui
         if (x->finish != ENG_FINISH_NONE) {
             r.has_finish_reason = 1;
             r.finish_reason = finish_pb[x->finish];
+            r.has_cached_tokens = !d->rq->has_reservation_id;
+            r.cached_tokens = x->n_cached;
         }
         if (x->finish == ENG_FINISH_ERROR)
             r.error = x->error ? x->error : "an engine step failed";
@@ -633,9 +641,43 @@ static td_status_t landing_check(eng_worker_t *w, dreq_t *d, const reservation_t
     return TD_OK;
 }
 
+/* Engine thread: the whole request on a colocated worker (its prompt, and
+ * on a resume the tokens streamed before, computed here). */
+static void start_whole_on_engine(eng_worker_t *w, dreq_t *d)
+{
+    const Tandem__V1__SamplingParams *sp = d->rq->sampling;
+    d->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *d->bias);
+    if (!d->bias) {
+        d->rc = TD_ERR_NO_MEMORY;
+        snprintf(d->err, sizeof d->err, "no memory");
+        return;
+    }
+    eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .sampled_before = d->rq->sampled_before,
+                        .resume_generated = d->rq->resume_generated, .resume_text_sent = d->rq->resume_text_sent};
+    eng_sampling_from_pb(sp, &er.sampling, d->bias);
+    er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
+    er.ignore_eos = sp && sp->ignore_eos;
+    er.stop = sp ? (const char *const *)sp->stop : NULL;
+    er.n_stop = sp ? sp->n_stop : 0;
+    er.priority = d->rq->has_priority ? d->rq->priority : 0;
+    d->rc = eng_engine_add(eng_worker_engine(w), &er, &d->eng_id);
+    if (d->rc) {
+        snprintf(d->err, sizeof d->err, "%s", td_last_error());
+    } else if ((d->rc = eng_worker_listen(w, d->eng_id, on_decode_event, d))) {
+        snprintf(d->err, sizeof d->err, "%s", td_last_error());
+        eng_engine_cancel(eng_worker_engine(w), d->eng_id);
+    } else {
+        d->refs++; /* the listener's */
+    }
+}
+
 static void start_on_engine(eng_worker_t *w, void *arg)
 {
     dreq_t *d = arg;
+    if (!d->rq->has_reservation_id) {
+        start_whole_on_engine(w, d);
+        return;
+    }
     reservation_t r;
     if (!reservation_take(eng_worker_role_ctx(w), d->rq->reservation_id, &r)) {
         d->rc = TD_ERR_NOT_FOUND;
@@ -817,10 +859,19 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
     d->call = call;
     d->w = w;
     d->rq = tandem__internal__v1__decode_request__unpack(NULL, n, p);
-    if (!d->rq || !d->rq->n_tokens || !d->rq->has_first_token) {
+    bool colocated = eng_worker_config(w)->decode.colocated;
+    if (!d->rq || !d->rq->n_tokens || (d->rq->has_reservation_id && !d->rq->has_first_token)) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
                            !d->rq ? "DecodeRequest does not parse" : !d->rq->n_tokens ? "tokens: empty"
                                                                                      : "first_token: missing");
+        goto done;
+    }
+    if (!d->rq->has_reservation_id && (!colocated || d->rq->has_first_token)) {
+        td_rpc_call_finish(call, colocated ? TD_RPC_INVALID_ARGUMENT : TD_RPC_FAILED_PRECONDITION, "%s: %s",
+                           eng_worker_id(w), colocated ? "a whole request (no reservation_id) has no first_token"
+                                                       : "reservation_id: missing, and this decode worker is not "
+                                                         "colocated (decode.colocated), so it serves only prompts "
+                                                         "a prefill worker computed");
         goto done;
     }
     d->refs++; /* the start closure may outlive a timed-out wait */

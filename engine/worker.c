@@ -766,6 +766,8 @@ static td_status_t etcd_register(eng_worker_t *w)
                           td_kv_layout_to_json(&w->contract));
     if (j && w->has_profile)
         json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
+    if (j && w->rc->colocated)
+        json_object_set_new(j, "colocated", json_true());
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
     json_decref(j);
     snprintf(key, sizeof key, "/tandem/workers/%s/%s", w->role->name, w->id);
@@ -790,6 +792,7 @@ static const char usage_fmt[] =
     "                 [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true] [--interfaces lo]\n"
     "                 [--transport auto|ucx|cuda_ipc] [--kvstore-near KVSTORE_ID] [--device cpu|cuda|cuda:N] "
     "[--metrics-listen HOST:PORT]\n"
+    "                 [--colocated true]  (decode: serve whole requests too)\n"
     "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
     "  which it overrides; the role's keys are those of its section\n";
 
@@ -804,6 +807,7 @@ static const td_flag_t worker_flags[] = {
     {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
     {"--transport", "transport.kind"},
     {"--kvstore-near", "kvstore.near"},  {"--device", "%s.device"},   {"--metrics-listen", "metrics.listen"},
+    {"--colocated", "%s.colocated"},
 };
 
 static int parse_args(eng_worker_t *w, int argc, char **argv)

@@ -655,7 +655,7 @@ static enum MHD_Result health(rt_http_t *h, struct MHD_Connection *c)
 {
     uint32_t np, nd;
     rt_table_counts(&h->r->table, &np, &nd);
-    bool ok = np && nd;
+    bool ok = rt_table_serving(&h->r->table);
     return respond_json(c, ok ? 200 : 503,
                         json_pack("{s:s, s:i, s:i}", "status", ok ? "serving" : "not serving (no prefill or decode "
                                   "worker)", "prefill_workers", (int)np, "decode_workers", (int)nd));

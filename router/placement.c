@@ -368,6 +368,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     char role[16];
     take_str(j, "role", role, sizeof role);
     w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
+    w->colocated = w->role == RT_DECODE && json_is_true(json_object_get(j, "colocated"));
     td_status_t crc = td_kv_layout_from_json(json_object_get(j, "contract"), &w->contract);
     const json_t *prof = json_object_get(j, "profile");
     if (prof && eng_profile_from_json(prof, &w->profile))
@@ -488,6 +489,15 @@ void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed,
     pthread_mutex_unlock(&t->mu);
 }
 
+/* Whether a worker of role is registered (usable or not), under t->mu. */
+static bool has_role(const rt_table_t *t, rt_role_t role)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->w[i]->role == role && !t->w[i]->gone)
+            return true;
+    return false;
+}
+
 /* Why no worker of role is usable: the code, the reason, and retry_at. */
 static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *out)
 {
@@ -541,6 +551,17 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     double now = td_now_s();
     pthread_mutex_lock(&t->mu);
     rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
+    if (d && d->colocated && !has_role(t, RT_PREFILL)) {
+        /* no prefill worker in the cluster: the whole request on a colocated
+         * decode worker (its step time predicted; no TTFT prediction) */
+        out->pred.tbt_ms = predict_tbt(t, d, rq, &out->pred.step_raw_ms);
+        d->refs++;
+        d->inflight++;
+        t->placed_colocated++;
+        out->decode = d;
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
     rt_worker_t *pf = d ? p->pick(t, RT_PREFILL, &c, now) : NULL;
     if (!d || !pf) {
         refuse(t, d ? RT_PREFILL : RT_DECODE, now, out);
@@ -624,6 +645,7 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
                           t->ov_fit[0], "fetch_ms_per_block", t->fetch_ms_per_block);
     json_object_set_new(j, "overhead_ms_per_token", json_real(t->ov_fit[1]));
     json_object_set_new(j, "ssd_ms_per_block", json_real(t->ssd_ms_per_block));
+    json_object_set_new(json_object_get(j, "placed"), "colocated", json_integer((json_int_t)t->placed_colocated));
     double now = td_now_s();
     for (size_t i = 0; i < t->n; i++) {
         const rt_worker_t *w = t->w[i];
@@ -678,6 +700,21 @@ void rt_table_unhold(rt_table_t *t, rt_worker_t *w)
     pthread_mutex_lock(&t->mu);
     worker_put(w);
     pthread_mutex_unlock(&t->mu);
+}
+
+bool rt_table_serving(rt_table_t *t)
+{
+    double now = td_now_s();
+    bool p = false, d = false, whole = false;
+    pthread_mutex_lock(&t->mu);
+    bool pd = has_role(t, RT_PREFILL);
+    for (size_t i = 0; i < t->n; i++) {
+        p = p || usable(t->w[i], RT_PREFILL, now);
+        d = d || usable(t->w[i], RT_DECODE, now);
+        whole = whole || (!pd && t->w[i]->colocated && usable(t->w[i], RT_DECODE, now));
+    }
+    pthread_mutex_unlock(&t->mu);
+    return (p && d) || whole;
 }
 
 uint32_t rt_table_registered(rt_table_t *t, rt_role_t role)

@@ -63,6 +63,7 @@ typedef struct rt_worker {
     uint32_t active_blocks;
     int ix_src;
     bool refused, gone;
+    bool colocated; /* a decode worker that also serves whole requests (decode.colocated) */
     char refused_why[384];
     int refs;
 } rt_worker_t;
@@ -114,6 +115,7 @@ typedef struct rt_table {
     uint32_t n_ov;
     unsigned rr[2];             /* round_robin's next, per role */
     uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */
+    uint64_t placed_colocated;  /* whole requests on colocated decode workers */
     uint64_t rejected_ttft, rejected_tpot;
     float err[RT_ERR_RING];     /* |predicted - measured| / measured TTFT of the last requests */
     uint64_t n_err;
@@ -179,7 +181,8 @@ rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_rol
 /* A pair for a request (rq NULL: any), with its prediction, or why not
  * (rt_placement_t): no usable worker, or, under a policy that rejects, a
  * pair predicted to miss the request's SLOs (RESOURCE_EXHAUSTED with
- * retry_after_ms). */
+ * retry_after_ms). In a cluster with no prefill worker, a colocated decode
+ * worker alone (prefill NULL: it serves the whole request). */
 void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_req_t *rq, rt_placement_t *out);
 /* The prefill placed with prediction pred on w ended (answered or failed):
  * its work leaves w's queue. */
@@ -205,5 +208,8 @@ void rt_table_unhold(rt_table_t *t, rt_worker_t *w);
 uint32_t rt_table_registered(rt_table_t *t, rt_role_t role);
 /* Counts of usable workers per role. */
 void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode);
+/* Whether a request can be placed now: a usable prefill and decode worker,
+ * or, in a cluster with no prefill worker, a usable colocated one. */
+bool rt_table_serving(rt_table_t *t);
 
 #endif

@@ -110,10 +110,13 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
         return;
     }
     set_error(p, "");
-    td_ops_desired_t next = {.prefill = m->prefill, .decode = m->decode};
+    td_ops_desired_t next = {.prefill = m->prefill, .decode = m->decode, .colocated = m->colocated};
     char why[256];
     double now = td_now_s();
-    if (!td_ops_is_auto(m)) {
+    if (m->colocated) {
+        snprintf(why, sizeof why, "fixed: %u colocated workers", m->decode);
+        p->want = 0;
+    } else if (!td_ops_is_auto(m)) {
         snprintf(why, sizeof why, "fixed: %u prefill + %u decode workers", m->prefill, m->decode);
         p->want = 0;
     } else {
@@ -154,7 +157,7 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
     pthread_mutex_lock(&p->mu);
     snprintf(p->verdict, sizeof p->verdict, "%s", why);
     pthread_mutex_unlock(&p->mu);
-    if (has_cur && cur.prefill == next.prefill && cur.decode == next.decode) {
+    if (has_cur && cur.prefill == next.prefill && cur.decode == next.decode && cur.colocated == next.colocated) {
         pthread_mutex_lock(&p->mu);
         p->desired = cur;
         p->has_desired = true;
@@ -172,7 +175,8 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
     }
     free(j);
     p->changed_at = now;
-    TD_INFO("planner: %u prefill + %u decode workers (%s)", next.prefill, next.decode, why);
+    TD_INFO("planner: %u prefill + %u %sdecode workers (%s)", next.prefill, next.decode,
+            next.colocated ? "colocated " : "", why);
     pthread_mutex_lock(&p->mu);
     p->desired = next;
     p->has_desired = true;

@@ -7,7 +7,8 @@
  * elsewhere: a failed prefill is redone, a decode stream that breaks is
  * resumed by re-prefilling the prompt plus the tokens already streamed —
  * within the request's deadline, after which it ends DEADLINE_EXCEEDED, never
- * a hang. Every upstream call is made under the request's scope, so the
+ * a hang. In a cluster with no prefill worker the attempt is one Decode
+ * stream to a colocated decode worker, which computes the prompt itself. Every upstream call is made under the request's scope, so the
  * deadline bounds it and a cancel ends it, whatever transport the client
  * came by.
  *
@@ -366,6 +367,8 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         td_metric_add(q->r->metrics.generation_tokens, (double)dr->n_token_ids);
     }
     bool fin = dr->has_finish_reason;
+    if (fin && dr->has_cached_tokens) /* a colocated worker's prefix cache (a resume's prompt counts the answer) */
+        q->cached = dr->cached_tokens < q->n_prompt ? dr->cached_tokens : (uint32_t)q->n_prompt;
     if (fin) {
         gr.has_finish_reason = 1;
         gr.finish_reason = dr->finish_reason;
@@ -466,7 +469,8 @@ static int after_stream(rt_request_t *q)
         if (q->pred.valid && tm.ttft_ms > 0)
             td_metric_observe(r->metrics.pred_err, fabs(q->pred.ttft_ms - tm.ttft_ms) / tm.ttft_ms);
     }
-    rt_table_unhold(&r->table, p);
+    if (p)
+        rt_table_unhold(&r->table, p);
     rt_table_done(&r->table, d, !q->finished && !gone && !fatal_code(sres.code) ? &sres : NULL, 2);
     q->p = q->d = NULL;
     if (q->finished) {
@@ -524,6 +528,54 @@ static void place_req(rt_request_t *q, rt_place_req_t *pr)
                            .priority = q->rq->has_priority ? q->rq->priority : 0};
 }
 
+/* The whole request on colocated decode worker d (a cluster with no prefill
+ * worker): one Decode stream, the prompt (and on a resume the tokens
+ * streamed before) computed there. 2 the relay runs, 1 the request ended. */
+static int attempt_whole(rt_request_t *q, rt_worker_t *d)
+{
+    router_t *r = q->r;
+    double t_c = td_now_s(), c_c = cpu_s();
+    memcpy(q->did, d->id, sizeof q->did);
+    snprintf(q->prefill_id, sizeof q->prefill_id, "%s", d->id);
+    snprintf(q->decode_id, sizeof q->decode_id, "%s", d->id);
+    Tandem__V1__SamplingParams sp;
+    Tandem__Internal__V1__DecodeRequest drq = TANDEM__INTERNAL__V1__DECODE_REQUEST__INIT;
+    drq.request_id = q->rq->request_id;
+    drq.n_tokens = q->n_tokens;
+    drq.tokens = q->tokens;
+    drq.has_sampled_before = drq.has_resume_generated = drq.has_resume_text_sent = 1;
+    drq.sampled_before = drq.resume_generated = (uint32_t)(q->n_tokens - q->n_prompt);
+    drq.resume_text_sent = q->text_sent;
+    drq.sampling = sampling_for(q, &sp);
+    drq.has_priority = q->rq->has_priority;
+    drq.priority = q->rq->priority;
+    size_t pn = tandem__internal__v1__decode_request__get_packed_size(&drq);
+    uint8_t *pbuf = malloc(pn);
+    if (pbuf)
+        tandem__internal__v1__decode_request__pack(&drq, pbuf);
+    q->st = NULL;
+    td_status_t rc = pbuf ? td_rpc_stream_open(d->ch, "/tandem.internal.v1.Decode/Decode", pbuf, pn, left(q), q->scope,
+                                               &q->st)
+                          : TD_ERR_NO_MEMORY;
+    free(pbuf);
+    q->p = NULL;
+    q->d = d;
+    q->prefill_ms = 0;
+    q->finished = q->sink_failed = false;
+    q->overhead += td_now_s() - t_c;
+    q->cpu += cpu_s() - c_c;
+    if (rc) {
+        q->st = NULL;
+        rt_table_done(&r->table, d, NULL, 0);
+        q->d = NULL;
+        finish(q, TD_RPC_RESOURCE_EXHAUSTED, "no memory for the decode request");
+        return 1;
+    }
+    if (td_rpc_stream_read_async(q->st, on_upstream, q) != TD_OK)
+        return after_stream(q);
+    return 2;
+}
+
 /* One attempt up to the decode stream: 2 the relay runs (this thread is
  * free), 1 the request ended, 0 try again. */
 static int attempt(rt_request_t *q)
@@ -561,6 +613,8 @@ static int attempt(rt_request_t *q)
         q->first_pred = pl.pred;
     q->overhead += td_now_s() - t_a;
     q->cpu += cpu_s() - c_a;
+    if (!p)
+        return attempt_whole(q, d);
     /* the records may be freed once released (rt_table_done): messages use copies */
     char pid[sizeof p->id];
     memcpy(pid, p->id, sizeof pid);

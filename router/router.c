@@ -581,7 +581,7 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     json_decref(j);
     Tandem__V1__HealthResponse hr = TANDEM__V1__HEALTH_RESPONSE__INIT;
     hr.has_status = 1;
-    hr.status = np && nd ? TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING
+    hr.status = rt_table_serving(&r->table) ? TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING
                          : TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_NOT_SERVING;
     hr.detail = detail ? detail : "";
     td_rpc_reply_pb(call, &hr.base);

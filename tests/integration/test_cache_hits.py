@@ -7,7 +7,8 @@ preempted, or whether its stream resumed on another worker.
 Each round starts a cluster with `tandem up` (etcd, router, prefill and decode
 workers) in one setting — numerics fast or reference, 1 or 2 prefill workers,
 chunked-prefill budgets of 7, 64 and 512 tokens, a decode pool small enough to
-force preemption, a kill -9 of the decode worker mid-stream — and sends a
+force preemption, a kill -9 of the decode worker mid-stream, colocated workers
+that prefill their own requests (no prefill worker; one killed mid-stream) — and sends a
 randomized workload (seeded, so a failure can be replayed): prompts of 16 to
 4,000 tokens made from a few random documents, sharing whole blocks and partial
 blocks of them, repeated, continued as multi-turn conversations (the previous
@@ -99,7 +100,7 @@ def workload(rng, max_words, n_docs, n_seq, n_conc):
 
 
 def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_words, n_seq, n_conc, max_tokens,
-              refs, kill_decode=False, want_preempt=False, decode=1):
+              refs, kill_decode=False, want_preempt=False, decode=1, colocated=0):
     rng = random.Random("%d %s" % (SEED, name))
     seq, conc = workload(rng, max_words, 3, n_seq, n_conc)
     d = tempfile.mkdtemp(prefix="tandem-hits-")
@@ -107,6 +108,8 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
     with open(cfg, "w") as f:
         f.write("model:\n  numerics: %s\nprefill:\n  count: %d\n  token_budget: %d\n  kv_mib: %d\n"
                 "decode:\n  count: %d\n  kv_mib: %d\n" % (numerics, prefill, budget, prefill_mib, decode, decode_mib))
+        if colocated:  # the decode workers take whole requests: the prompt's budget is theirs
+            f.write("  token_budget: %d\n" % budget)
     turn_text = {}
 
     def resolve(kind, p):
@@ -119,7 +122,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
     seq = [resolve(k, p) for k, p in seq]
     conc = [resolve(k, p) for k, p in conc]
     want = {p: cold(p, numerics, max_tokens, refs) for p in seq + conc}
-    c = tc.Cluster(cfg)
+    c = tc.Cluster(cfg, extra=["--colocated", str(colocated)] if colocated else ())
     stats = {"n": 0, "hits": 0, "reused": 0, "bad": [], "errors": []}
     lock = threading.Lock()
 
@@ -171,6 +174,11 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
             check("%s: the small decode pool forced preemption (%d)" % (name, pre), pre > 0)
         if kill_decode:
             check("%s: the decode worker was killed mid-stream" % name, killed is not None)
+        if colocated:
+            roles = sorted(w["role"] for w in c.workers())
+            check("%s: no prefill worker; every request served whole by a colocated decode worker (%s)" %
+                  (name, roles), "prefill" not in roles and
+                  c.health()[1].get("placement", {}).get("placed", {}).get("colocated", 0) >= total, str(roles))
     finally:
         rc = c.stop()
         check("%s: tandem up stops cleanly (exit %s)" % (name, rc), rc == 0)
@@ -192,6 +200,10 @@ def main():
              prefill_mib=160, decode_mib=256, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
         dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
              prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True),
+        # colocated (vLLM's way, no disaggregation): 2 decode workers prefill their own requests in chunks of 64
+        # between decode steps; one is killed mid-stream and its streams resume on the other
+        dict(name="fast, 2 colocated, budget 64, kill -9 of one", numerics="fast", prefill=0, colocated=2, budget=64,
+             prefill_mib=16, decode_mib=96, max_words=300, n_seq=5, n_conc=6, max_tokens=64, kill_decode=True),
         # 10 streams of 128 tokens at once: with 6 of 96 a run could see 0 or 1 preemptions, by timing alone
         dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
              prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=10, max_tokens=128, want_preempt=True),

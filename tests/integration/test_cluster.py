@@ -436,7 +436,15 @@ def main():
         after_release = c.stats(dw).reservations
         gone = dstub.Renew(wpb.RenewRequest(reservation_ids=[r1.landing.reservation_id], lease_ms=600),
                            timeout=5).unknown_ids
+        # a whole request (no reservation) is for colocated decode workers only: this one refuses it, saying why
+        try:
+            list(dstub.Decode(wpb.DecodeRequest(tokens=[1, 2, 3]), timeout=5))
+            whole = "served"
+        except grpc.RpcError as e:
+            whole = "%s: %s" % (e.code().name, e.details())
         dch.close()
+        check("a decode worker not colocated refuses a whole request naming decode.colocated (%s)" % whole,
+              whole.startswith("FAILED_PRECONDITION") and "decode.colocated" in whole)
         check("reservations: 2 held, the unrenewed one expired with its 0.6 s lease (%d left), the renewed one "
               "lived, and Release returned it (%d left)" % (after_lease, after_release),
               held == 2 and after_lease == 1 and not unknown and after_release == 0 and

@@ -67,6 +67,8 @@ Test(ops, errors_name_the_key)
         {"slo:\n  attainment: 1.5\nmodels:\n  - name: a\n", "slo.attainment = 1.5"},
         {"models:\n  - name: a\n    max_decode: 65\n", "models[0].max_decode = 65"},
         {"slo:\n  ttft_ms: 1\n", "models"},
+        {"models:\n  - {name: a, colocated: true, policy: auto}\n", "colocated with policy auto"},
+        {"models:\n  - {name: a, colocated: true, prefill: 1}\n", "has no prefill workers"},
         {"", "empty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -92,6 +94,31 @@ Test(ops, fixed_counts_within_bounds)
     td_ops_free(o);
 }
 
+/* a colocated model: no prefill workers, its decode count as any other's,
+ * and fixed counts that would add prefill workers refused */
+Test(ops, a_colocated_model_has_no_prefill_workers)
+{
+    td_ops_t *o = parse("models:\n  - {name: \"*\", colocated: true, decode: 2}\n");
+    cr_assert_not_null(o, "%s", td_last_error());
+    const td_ops_model_t *m = td_ops_model(o, "x");
+    cr_assert(m->colocated);
+    cr_assert_eq(m->prefill + m->min_prefill + m->max_prefill, 0);
+    cr_assert_eq(m->decode, 2);
+    cr_assert_eq(m->min_decode, 1);
+    cr_assert_eq(td_ops_set_counts(o, "x", 0, 3), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_ops_model(o, "x")->decode, 3);
+    cr_assert_neq(td_ops_set_counts(o, "x", 1, 3), TD_OK);
+    cr_assert(strstr(td_last_error(), "colocated"), "%s", td_last_error());
+    char *t = NULL;
+    cr_assert_eq(td_ops_format(o, &t), TD_OK);
+    td_ops_t *back = parse(t);
+    cr_assert_not_null(back, "%s\n%s", td_last_error(), t);
+    cr_assert(back->models[0].colocated, "the canonical text keeps it");
+    free(t);
+    td_ops_free(back);
+    td_ops_free(o);
+}
+
 Test(ops, the_planners_record)
 {
     td_ops_desired_t d = {.prefill = 2, .decode = 5, .at = 1700000000.5}, back;
@@ -103,6 +130,13 @@ Test(ops, the_planners_record)
     cr_assert_eq(back.prefill, 2);
     cr_assert_eq(back.decode, 5);
     cr_assert_str_eq(back.reason, "fixed policy");
+    cr_assert_not(back.colocated);
+    free(j);
+    d.prefill = 0;
+    d.colocated = true;
+    j = td_ops_desired_json(&d);
+    cr_assert_eq(td_ops_desired_parse(j, strlen(j), &back), TD_OK, "%s", td_last_error());
+    cr_assert(back.colocated && back.prefill == 0 && back.decode == 5);
     free(j);
     static const char *const bad[] = {"", "{}", "{\"prefill\": -1, \"decode\": 1}", "{\"prefill\": 1}",
                                       "{\"prefill\": 1000, \"decode\": 1}", "[1, 2]"};
