@@ -32,7 +32,8 @@ cp tests/fixtures/dequant/crafted.gguf bundle/fixtures/
 cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
 cp tests/fixtures/hf/make_logits_hf.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
-cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/ab.sh bundle/bench/
+cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/distserve.py bench/gpu/ab.sh \
+  bundle/bench/
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$model" ]; then
   a=$((12 * 1000 * 1000)) size=$(stat -c %s "$model") # bundle/ has about 45 MB besides

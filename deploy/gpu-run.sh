@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7 8} "
+sections=" ${*:-1 2 3 4 5 6 7 8 9} "
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -171,5 +171,26 @@ python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT
   { echo "disaggregated 7B over UCX FAILED"; tail -5 "$out/disagg-7b-ucx.err"; fail=1; }
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B over UCX, greedy 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print('store:', json.dumps(d['store'])); sys.exit(0 if d['identical'] == len(d['identity']) and d['store']['same_as_single'] and d['store']['again']['from_store'] > 0 else 1)" "$out/disagg-7b-ucx.json" || fail=1
 fi
+if want 9; then
+echo "== 9. DistServe's comparison on this GPU: disaggregated (1 prefill + 1 decode worker) vs colocated, SLO goodput"
+make7b
+# one workload a call fits the device tool's 10 minutes: DS_WORKLOADS=chat, then summary
+mkdir -p "${OUT:-/tmp}/distserve"
+python3 "$here/bench/distserve.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/distserve" \
+  --workloads "${DS_WORKLOADS:-chat,summary}" > "$out/distserve.json" 2> "$out/distserve.err" ||
+  { echo "the DistServe comparison FAILED"; tail -5 "$out/distserve.err"; fail=1; }
+python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+for n, w in d['workloads'].items():
+    print('%s: alone TTFT %.1f ms, TPOT %.2f ms; SLOs TTFT %.1f ms, TPOT %.2f ms' % (n, w['alone']['ttft_ms'],
+          w['alone']['tpot_ms'], w['slo']['ttft_ms'], w['slo']['tpot_ms']))
+    for m, g in w['modes'].items():
+        print('  %-9s goodput %s req/s (bench exit %s); attainment by rate %s' % (m, g.get('goodput'),
+              g.get('bench_exit'), g.get('curve')))
+" "$out/distserve.json" || fail=1
+fi
+
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"
+
 exit $fail

@@ -57,7 +57,9 @@ def run(cmd, timeout=600):
     return r
 
 
-def start_cluster(a, log_path):
+def start_cluster(a, log_path, extra=(), decode_budget=0):
+    """`tandem up` on a's model and devices (extra: more tandem up arguments; decode_budget: the decode
+    workers' token budget, a's by default); its process and the router's HOST:PORT."""
     cfg = os.path.join(a.out, "gpu-cluster.yaml")
     with open(cfg, "w") as f:
         f.write("model: {path: %s}\nrouter: {http_listen: \"\"}\n"
@@ -66,10 +68,10 @@ def start_cluster(a, log_path):
                 "kvstore: {count: %d, use: %s, dram_mb: %d}\n"
                 "transport: {kind: %s}\n"
                 % (a.model, a.device, a.prefill_kv_mib or a.kv_mib, a.token_budget, a.threads, a.device, a.kv_mib,
-                   a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
+                   decode_budget or a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
     log = open(log_path, "a+")  # append: the children share the offset
-    up = subprocess.Popen([a.bin + "/tandem", "up", "--config", cfg], stdout=subprocess.PIPE, stderr=log, text=True,
-                          start_new_session=True)
+    up = subprocess.Popen([a.bin + "/tandem", "up", "--config", cfg] + list(extra), stdout=subprocess.PIPE,
+                          stderr=log, text=True, start_new_session=True)
     ready, _, _ = select.select([up.stdout], [], [], 600)
     ep = up.stdout.readline().strip() if ready else ""
     if not ep:

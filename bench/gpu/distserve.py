@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""distserve.py — DistServe's experiment on tandem: SLO goodput of
+disaggregated serving (a prefill and a decode worker, KV through CUDA IPC)
+against colocated serving (workers that prefill and decode in one engine,
+`tandem up --colocated N`), on the same GPUs, model and workloads.
+
+Workloads (prompts of ' a' words after a distinct number, so nothing is
+cached; EOS ignored):
+  chat     prompts of 64-512 tokens, 200-token answers, a tight TPOT SLO;
+  summary  prompts of 1536-3072 tokens, 32-token answers, a loose TPOT SLO.
+SLOs relative to one request's latency, as DistServe chose them: a single
+process (`tandem generate --device`) serves one request of each workload's
+median prompt alone, and the SLOs are TTFT <= 5x its TTFT for both, TPOT <=
+2x its TPOT for chat and 5x for summary. `tandem bench --sweep` then finds
+each mode's goodput (the highest rate with 90% of requests within both SLOs;
+--slo-scale shows attainment at tighter and looser SLOs too).
+
+Modes:
+  disagg     tandem up --prefill 1 --decode 1 (both on --device; with one GPU
+             the two processes share it);
+  colocated  tandem up --colocated N (N workers on --device).
+On one GPU this is the experiment's one-GPU form; with two, the issue's form
+needs a worker per GPU (not done here: --device names one).
+
+Standard library only. Prints one JSON document; each sweep's JSON (every
+request) and plot data go to --out. Usage:
+  distserve.py --bin DIR --model PATH --out DIR [--device cuda] [--workloads chat,summary]
+               [--modes disagg,colocated] [--colocated 1] [--smoke]
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import disagg_gpu as dg  # noqa: E402
+
+WORKLOADS = {  # prompt tokens (uniform), answer tokens, requests, rates, SLO multiples (TTFT, TPOT)
+    "chat": dict(lo=64, hi=512, out=200, n=64, rates="2,4,8,16,32", ttft_x=5, tpot_x=2),
+    "summary": dict(lo=1536, hi=3072, out=32, n=32, rates="0.5,1,2,4,8", ttft_x=5, tpot_x=5),
+}
+
+
+def prompts_file(out, name, w):
+    rnd = random.Random(name)
+    path = os.path.join(out, "prompts-%s.jsonl" % name)
+    with open(path, "w") as f:
+        for i in range(w["n"]):
+            f.write(json.dumps({"prompt": "%d" % (10000 + i) + " a" * rnd.randint(w["lo"], w["hi"]),
+                                "max_tokens": w["out"]}) + "\n")
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--workloads", default="chat,summary")
+    ap.add_argument("--modes", default="disagg,colocated")
+    ap.add_argument("--colocated", type=int, default=1)
+    ap.add_argument("--kv-mib", type=int, default=16384)
+    ap.add_argument("--prefill-kv-mib", type=int, default=8192)
+    ap.add_argument("--prefill-budget", type=int, default=4096, help="the prefill worker's token budget")
+    ap.add_argument("--decode-budget", type=int, default=2048,
+                    help="the decode workers' token budget: a colocated worker's prompt chunks")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="a run of minutes on a CPU: prompts and answers / 8, "
+                    "8 requests, rates 1 and 2 (to try the script, not to measure)")
+    a = ap.parse_args()
+    if a.smoke:
+        for w in WORKLOADS.values():
+            w.update(lo=w["lo"] // 8, hi=w["hi"] // 8, out=w["out"] // 8, n=8, rates="1,2")
+    os.makedirs(a.out, exist_ok=True)
+    # what disagg_gpu's helpers read
+    a.token_budget, a.kvstores, a.kvstore_mib, a.transport = a.prefill_budget, 0, 1024, "auto"
+    workloads = [w for w in a.workloads.split(",") if w]
+    res = {"model": a.model, "device": a.device, "budgets": {"prefill": a.prefill_budget, "decode": a.decode_budget},
+           "workloads": {}}
+    files = {}
+    for name in workloads:
+        w = WORKLOADS[name]
+        files[name] = prompts_file(a.out, name, w)
+        # one request alone, in one process: the base of the SLOs (the first run warms the GPU up)
+        p = "7" + " a" * ((w["lo"] + w["hi"]) // 2)
+        dg.single(a, p, 8)
+        _, ttft, tpot = dg.single(a, p, 64)
+        slo = {"ttft_ms": round(w["ttft_x"] * ttft, 1), "tpot_ms": round(w["tpot_x"] * tpot, 2)}
+        res["workloads"][name] = {"alone": {"prompt_tokens": (w["lo"] + w["hi"]) // 2, "ttft_ms": ttft,
+                                            "tpot_ms": tpot}, "slo": slo, "modes": {}}
+        print(name, "alone", res["workloads"][name], file=sys.stderr, flush=True)
+    for mode in [m for m in a.modes.split(",") if m]:
+        log_path = os.path.join(a.out, "cluster-%s.log" % mode)
+        extra = ["--colocated", str(a.colocated)] if mode == "colocated" else ["--prefill", "1", "--decode", "1"]
+        up, ep = dg.start_cluster(a, log_path, extra=extra, decode_budget=a.decode_budget)
+        try:
+            for name in workloads:
+                w, slo = WORKLOADS[name], res["workloads"][name]["slo"]
+                for k in range(3):  # warm-up (captured decode steps, the allocator) before anything is timed
+                    dg.remote(a, ep, "%d" % (900 + k) + " a" * w["hi"], 16)
+                out = os.path.join(a.out, "bench-%s-%s.json" % (name, mode))
+                r = subprocess.run([a.bin + "/tandem", "bench", "--endpoint", ep, "--api", "grpc", "--output", out,
+                                    "--sweep", w["rates"], "--num-requests", str(w["n"]), "--ignore-eos",
+                                    "--timeout", "120", "--goodput", "ttft:%g,tpot:%g" % (slo["ttft_ms"],
+                                                                                          slo["tpot_ms"]),
+                                    "--slo-scale", "0.5,1,2,4", "--workload", "prompts", files[name]],
+                                   capture_output=True, text=True, timeout=560)
+                got = {"bench_exit": r.returncode, "tail": (r.stdout + r.stderr)[-1500:]}
+                if os.path.exists(out):
+                    b = json.load(open(out))
+                    got.update(goodput=b.get("goodput"), bounded=b.get("goodput_bounded"),
+                               curve=b.get("attainment_curve"))
+                res["workloads"][name]["modes"][mode] = got
+                print(name, mode, "goodput", got.get("goodput"), file=sys.stderr, flush=True)
+        finally:
+            dg.stop_cluster(up, log_path)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
