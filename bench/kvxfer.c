@@ -17,7 +17,12 @@
  * host memory (ucx_staged: GPU memory on both sides) the target copies what
  * landed into its device before each check, and the plain copy is a
  * device-to-host copy into page-locked memory (the link each byte crosses twice).
- * Usage: tandem-bench-kvxfer [MiB] [chunk_bytes] [ucx|cuda_ipc|ucx_staged]. Prints one JSON line. */
+ * The two sides may be on different GPUs (SRC_GPU for the prefill side, DST_GPU
+ * for the decode side; 0 and 0 by default): CUDA IPC then copies peer to peer
+ * (NVLink where there is one), and the plain copy is cudaMemcpyPeerAsync of
+ * the same chunks between the same two devices, with peer access enabled.
+ * Usage: tandem-bench-kvxfer [MiB] [chunk_bytes] [ucx|cuda_ipc|ucx_staged] [SRC_GPU DST_GPU].
+ * Prints one JSON line. */
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdint.h>
@@ -92,6 +97,7 @@ int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 256, chunk = argc > 2 ? (size_t)atol(argv[2]) : 12288;
     const char *tname = argc > 3 ? argv[3] : "ucx";
+    int src_gpu = argc > 5 ? atoi(argv[4]) : 0, dst_gpu = argc > 5 ? atoi(argv[5]) : 0;
     size_t bytes = mib << 20;
     bytes -= bytes % chunk;
     const kv_transport_ops_t *xo = kv_transport_find(tname);
@@ -111,7 +117,7 @@ int main(int argc, char **argv)
         kv_xfer_mem_t *m;
         void *base, *addr, *rkey;
         size_t al, rl;
-        kv_xfer_config_t tc = {.target = true};
+        kv_xfer_config_t tc = {.target = true, .device = dst_gpu};
         if (xo->create(&tc, &x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
             xo->address(x, &addr, &al) || xo->progress_start(x)) {
             fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
@@ -161,7 +167,8 @@ int main(int argc, char **argv)
     kv_xfer_peer_t *peer;
     uint32_t region;
     double c0 = td_now_s();
-    if (xo->create(NULL, &x) || xo->mem_alloc(x, bytes, &src, &m) || xo->connect(x, addr, al, &peer) ||
+    kv_xfer_config_t ic = {.device = src_gpu};
+    if (xo->create(&ic, &x) || xo->mem_alloc(x, bytes, &src, &m) || xo->connect(x, addr, al, &peer) ||
         xo->region_add(x, peer, rkey, rl, rbase, bytes, &region)) {
         fprintf(stderr, "tandem-bench-kvxfer: %s\n", td_last_error());
         return 1;
@@ -207,13 +214,29 @@ int main(int argc, char **argv)
         cudaStream_t s;
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
         bool host = xo->landed != NULL; /* staged: the bytes cross to host memory */
+        if (!host && dst_gpu != src_gpu) { /* the peer's memory, as the decode side's GPU holds it */
+            cudaSetDevice(dst_gpu);
+            cudaError_t pe = cudaDeviceEnablePeerAccess(src_gpu, 0);
+            cudaSetDevice(src_gpu);
+            if (pe == cudaSuccess || pe == cudaErrorPeerAccessAlreadyEnabled)
+                pe = cudaDeviceEnablePeerAccess(dst_gpu, 0);
+            if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled)
+                fprintf(stderr, "tandem-bench-kvxfer: peer access %d -> %d: %s (the plain copy is staged by the "
+                        "driver)\n", src_gpu, dst_gpu, cudaGetErrorString(pe));
+            cudaGetLastError();
+            cudaSetDevice(dst_gpu);
+        }
         if ((host ? cudaHostAlloc((void **)&dst, bytes, 0) : cudaMalloc((void **)&dst, bytes)) != cudaSuccess)
             return 1;
+        cudaSetDevice(src_gpu);
         for (int rep = 0; rep < 5; rep++) {
             double t0 = td_now_s();
             for (size_t off = 0; off < bytes; off += chunk)
-                cudaMemcpyAsync(dst + off, (uint8_t *)src + off, chunk,
-                                host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, s);
+                if (!host && dst_gpu != src_gpu)
+                    cudaMemcpyPeerAsync(dst + off, dst_gpu, (uint8_t *)src + off, src_gpu, chunk, s);
+                else
+                    cudaMemcpyAsync(dst + off, (uint8_t *)src + off, chunk,
+                                    host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, s);
             cudaStreamSynchronize(s);
             double t = td_now_s() - t0;
             best_cpy = t < best_cpy ? t : best_cpy;
@@ -240,12 +263,12 @@ int main(int argc, char **argv)
     close(to_child[1]);
     int st;
     waitpid(pid, &st, 0);
-    printf("{\"transport\": \"%s\", \"bytes\": %zu, \"chunk\": %zu, \"put_gbs\": %.2f, \"first_pass_gbs\": %.2f, "
-           "\"connect_ms\": %.1f, \"%s_gbs\": %.2f, "
+    printf("{\"transport\": \"%s\", \"gpus\": [%d, %d], \"bytes\": %zu, \"chunk\": %zu, \"put_gbs\": %.2f, "
+           "\"first_pass_gbs\": %.2f, \"connect_ms\": %.1f, \"%s_gbs\": %.2f, "
            "\"landed_ok\": %s, \"ordered_after_fence\": %s}\n",
-           xo->name, bytes, chunk, bytes / best / 1e9, bytes / first / 1e9, connect_s * 1e3,
-           !dev ? "memcpy" : xo->landed ? "d2h_copy" : "d2d_copy", bytes / best_cpy / 1e9, landed ? "true" : "false",
-           ordered < 0 ? "null" : ordered ? "true" : "false");
+           xo->name, src_gpu, dst_gpu, bytes, chunk, bytes / best / 1e9, bytes / first / 1e9, connect_s * 1e3,
+           !dev ? "memcpy" : xo->landed ? "d2h_copy" : src_gpu != dst_gpu ? "peer_copy" : "d2d_copy",
+           bytes / best_cpy / 1e9, landed ? "true" : "false", ordered < 0 ? "null" : ordered ? "true" : "false");
     xo->disconnect(x, peer);
     xo->mem_free(x, m);
     xo->destroy(x);

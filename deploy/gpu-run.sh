@@ -27,6 +27,11 @@ make7b() {
   [ -f "$m7/model.safetensors" ] || python3 "$here/bench/make_random_llama.py" "$m7" --shape llama2-7b --dtype fp16 \
     --tokenizer "$here/fixtures/tiny-llama3" > "$out/make-7b.txt" 2>&1 || { echo "making the model FAILED"; cat "$out/make-7b.txt"; fail=1; }
 }
+# tandem up's etcd, carried compressed; tandem up finds it on PATH
+unpack_etcd() {
+  [ -x "$work/bin/etcd" ] || { mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"; }
+  export PATH=$work/bin:$PATH
+}
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "device: $dev ($(nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader | head -1)), $(date -u +%F)"
 
@@ -120,8 +125,7 @@ fi
 
 if want 6; then
 echo "== 6. disaggregated on the GPU: a prefill and a decode worker, KV through CUDA IPC"
-mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"
-export PATH=$work/bin:$PATH
+unpack_etcd
 # CUDA IPC between two processes vs a device-to-device copy: chunks of one layer of one block
 # (SmolLM2: 12 KiB; the 7B shape: 256 KiB; 1000 bytes, unaligned), and a put ordered after a fence
 for c in 12288 262144 1000; do "$here/bin/tandem-bench-kvxfer" 1024 $c cuda_ipc 2>&1 || fail=1; done | tee "$out/kvxfer.txt"
@@ -142,8 +146,7 @@ python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B greedy, 4
 fi
 if want 7; then
 echo "== 7. GPU workers over UCX (KV staged through page-locked host memory, as between hosts) and the KV store"
-mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"
-export PATH=$work/bin:$PATH
+unpack_etcd
 # device memory to device memory over UCX through host staging vs a device-to-host copy of the same chunks
 for c in 12288 262144 1000; do "$here/bin/tandem-bench-kvxfer" 1024 $c ucx_staged 2>&1 || fail=1; done |
   tee "$out/kvxfer-staged.txt"
@@ -161,8 +164,7 @@ fi
 fi
 if want 8; then
 echo "== 8. the Llama-2-7B shape over UCX staged, with a KV store node: 8 MiB blocks through host memory"
-mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"
-export PATH=$work/bin:$PATH
+unpack_etcd
 make7b
 mkdir -p "${OUT:-/tmp}/disagg-7b-ucx"
 python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/disagg-7b-ucx" --kv-mib 8192 \
@@ -174,6 +176,7 @@ fi
 if want 9; then
 echo "== 9. DistServe's comparison on this GPU: disaggregated (1 prefill + 1 decode worker) vs colocated, SLO goodput"
 make7b
+unpack_etcd
 # one workload a call fits the device tool's 10 minutes: DS_WORKLOADS=chat, then summary
 mkdir -p "${OUT:-/tmp}/distserve"
 python3 "$here/bench/distserve.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/distserve" \
