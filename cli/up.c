@@ -377,6 +377,12 @@ static void worker_child(up_t *u, child_t *c, char role)
     add_arg(c, listen);
     pair_of(u->cfg, u->certdir, pre ? "prefill" : "decode", cert, key);
     add_cluster_tls(c, u->plaintext, u->ca_file, cert, key);
+    const char *devs = pre ? u->cfg->prefill.device : u->cfg->decode.device;
+    char dev[32];
+    if (strchr(devs, ',') && td_device_pick(devs, (unsigned)k, dev, sizeof dev)) { /* validated with the config */
+        add_arg(c, "--device");
+        add_arg(c, dev);
+    }
     c->colocated = !pre && u->colocated;
     if (c->colocated) {
         add_arg(c, "--colocated");

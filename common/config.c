@@ -330,6 +330,35 @@ bool td_device_parse(const char *s, int *cuda)
     return true;
 }
 
+unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n)
+{
+    unsigned count = 0;
+    for (const char *p = list;; p++) { /* count them, each checked */
+        size_t len = strcspn(p, ",");
+        char one[32];
+        int gpu;
+        if (len >= sizeof one)
+            return 0;
+        memcpy(one, p, len);
+        one[len] = 0;
+        if (!td_device_parse(one, &gpu))
+            return 0;
+        count++;
+        p += len;
+        if (!*p)
+            break;
+    }
+    const char *p = list;
+    for (unsigned i = 0; i < k % count; i++)
+        p += strcspn(p, ",") + 1;
+    size_t len = strcspn(p, ",");
+    if (len >= n)
+        return 0;
+    memcpy(out, p, len);
+    out[len] = 0;
+    return count;
+}
+
 td_status_t td_config_validate(const td_config_t *cfg)
 {
     uint32_t bt = cfg->model.block_tokens;
@@ -348,10 +377,10 @@ td_status_t td_config_validate(const td_config_t *cfg)
         {"prefill", cfg->prefill.token_budget, cfg->prefill.kv_mib, cfg->prefill.threads, cfg->prefill.device},
         {"decode", cfg->decode.token_budget, cfg->decode.kv_mib, cfg->decode.threads, cfg->decode.device}};
     for (size_t i = 0; i < 2; i++) {
-        int gpu;
-        if (!td_device_parse(w[i].device, &gpu))
-            return td_error(TD_ERR_CONFIG, "config: %s.device = '%s'; it must be cpu, cuda or cuda:N", w[i].role,
-                            w[i].device);
+        char one[32];
+        if (!td_device_pick(w[i].device, 0, one, sizeof one))
+            return td_error(TD_ERR_CONFIG, "config: %s.device = '%s'; it must be cpu, cuda or cuda:N (or a "
+                            "comma-separated list of them, one for each worker in turn)", w[i].role, w[i].device);
         if (w[i].threads > 256)
             return td_error(TD_ERR_CONFIG, "config: %s.threads = %u; it must be from 0 (one per core) to 256",
                             w[i].role, w[i].threads);

@@ -82,6 +82,11 @@ typedef struct td_worker_config {
 /* A device name: "cpu" (*cuda -1), "cuda" (*cuda 0) or "cuda:N" (*cuda N,
  * 0..1023); false for anything else. */
 bool td_device_parse(const char *s, int *cuda);
+/* A role's device setting may list several, comma-separated ("cuda:0,cuda:1"):
+ * tandem up gives its k-th worker of the role the (k mod count)-th. Puts that
+ * one in out (n bytes) and returns the count, or 0 when an entry is no
+ * device name (or too long for out). */
+unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n);
 
 typedef struct td_config {
     struct { char *level, *format; } log;

@@ -29,7 +29,8 @@ make7b() {
 }
 # tandem up's etcd, carried compressed; tandem up finds it on PATH
 unpack_etcd() {
-  [ -x "$work/bin/etcd" ] || { mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"; }
+  [ -x "$work/bin/etcd" ] ||
+    { mkdir -p "$work/bin" && xz -dc "$here/bin/etcd.xz" > "$work/bin/etcd" && chmod +x "$work/bin/etcd"; }
   export PATH=$work/bin:$PATH
 }
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -177,10 +178,12 @@ if want 9; then
 echo "== 9. DistServe's comparison on this GPU: disaggregated (1 prefill + 1 decode worker) vs colocated, SLO goodput"
 make7b
 unpack_etcd
-# one workload a call fits the device tool's 10 minutes: DS_WORKLOADS=chat, then summary
+# one workload a call fits the device tool's 10 minutes: DS_WORKLOADS=chat, then summary; on two GPUs
+# DS_ARGS="--prefill-device cuda:0 --decode-device cuda:1 --colocated 2 --colocated-device cuda:0,cuda:1"
 mkdir -p "${OUT:-/tmp}/distserve"
+# shellcheck disable=SC2086
 python3 "$here/bench/distserve.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/distserve" \
-  --workloads "${DS_WORKLOADS:-chat,summary}" > "$out/distserve.json" 2> "$out/distserve.err" ||
+  --workloads "${DS_WORKLOADS:-chat,summary}" ${DS_ARGS:-} > "$out/distserve.json" 2> "$out/distserve.err" ||
   { echo "the DistServe comparison FAILED"; tail -5 "$out/distserve.err"; fail=1; }
 python3 -c "
 import json, sys

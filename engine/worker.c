@@ -826,7 +826,14 @@ static int parse_args(eng_worker_t *w, int argc, char **argv)
     w->rc = !strcmp(w->role->name, "prefill") ? &w->cfg.prefill : &w->cfg.decode;
     w->xfer_cfg.peer_errors = w->cfg.transport.peer_errors;
     w->xfer_cfg.interfaces = w->cfg.transport.interfaces;
-    td_device_parse(w->rc->device, &w->xfer_cfg.device);   /* validated */
+    char one[32];
+    unsigned nd = td_device_pick(w->rc->device, 0, one, sizeof one); /* validated */
+    if (nd > 1) {
+        fprintf(stderr, "tandem-%s: %s.device = '%s' lists %u devices; a worker runs on one (tandem up hands them "
+                "out, one per worker in turn; --device picks one)\n", w->role->name, w->role->name, w->rc->device, nd);
+        return 2;
+    }
+    td_device_parse(w->rc->device, &w->xfer_cfg.device);
     w->xfer_cfg.target = !strcmp(w->role->name, "decode"); /* peers put into a decode worker's pool */
     return 0;
 }

@@ -8,9 +8,9 @@
  * resumed by re-prefilling the prompt plus the tokens already streamed —
  * within the request's deadline, after which it ends DEADLINE_EXCEEDED, never
  * a hang. In a cluster with no prefill worker the attempt is one Decode
- * stream to a colocated decode worker, which computes the prompt itself. Every upstream call is made under the request's scope, so the
- * deadline bounds it and a cancel ends it, whatever transport the client
- * came by.
+ * stream to a colocated decode worker, which computes the prompt itself.
+ * Every upstream call is made under the request's scope, so the deadline
+ * bounds it and a cancel ends it, whatever transport the client came by.
  *
  * Threads: the steps (step, after_stream) run on the router's pool, one at a
  * time per request; the relay (on_upstream, rt_request_sent) runs on RPC

@@ -67,7 +67,8 @@ def start_cluster(a, log_path, extra=(), decode_budget=0):
                 "decode: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
                 "kvstore: {count: %d, use: %s, dram_mb: %d}\n"
                 "transport: {kind: %s}\n"
-                % (a.model, a.device, a.prefill_kv_mib or a.kv_mib, a.token_budget, a.threads, a.device, a.kv_mib,
+                % (a.model, getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
+                   a.token_budget, a.threads, getattr(a, "decode_device", None) or a.device, a.kv_mib,
                    decode_budget or a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
     log = open(log_path, "a+")  # append: the children share the offset
     up = subprocess.Popen([a.bin + "/tandem", "up", "--config", cfg] + list(extra), stdout=subprocess.PIPE,

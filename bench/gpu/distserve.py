@@ -19,13 +19,15 @@ Modes:
   disagg     tandem up --prefill 1 --decode 1 (both on --device; with one GPU
              the two processes share it);
   colocated  tandem up --colocated N (N workers on --device).
-On one GPU this is the experiment's one-GPU form; with two, the issue's form
-needs a worker per GPU (not done here: --device names one).
+On one GPU this is the experiment's one-GPU form. On two, DistServe's own:
+  --prefill-device cuda:0 --decode-device cuda:1 for disagg (KV GPU to GPU),
+  and --colocated 2 --colocated-device cuda:0,cuda:1 (a worker on each GPU).
 
 Standard library only. Prints one JSON document; each sweep's JSON (every
 request) and plot data go to --out. Usage:
   distserve.py --bin DIR --model PATH --out DIR [--device cuda] [--workloads chat,summary]
-               [--modes disagg,colocated] [--colocated 1] [--smoke]
+               [--modes disagg,colocated] [--colocated 1] [--prefill-device D] [--decode-device D]
+               [--colocated-device D[,D]] [--smoke]
 """
 import argparse
 import json
@@ -62,6 +64,10 @@ def main():
     ap.add_argument("--workloads", default="chat,summary")
     ap.add_argument("--modes", default="disagg,colocated")
     ap.add_argument("--colocated", type=int, default=1)
+    ap.add_argument("--prefill-device", default="", help="disagg: the prefill worker's (default --device)")
+    ap.add_argument("--decode-device", default="", help="disagg: the decode worker's (default --device)")
+    ap.add_argument("--colocated-device", default="",
+                    help="colocated: the workers' device or list, one each in turn (default --device)")
     ap.add_argument("--kv-mib", type=int, default=16384)
     ap.add_argument("--prefill-kv-mib", type=int, default=8192)
     ap.add_argument("--prefill-budget", type=int, default=4096, help="the prefill worker's token budget")
@@ -78,7 +84,9 @@ def main():
     # what disagg_gpu's helpers read
     a.token_budget, a.kvstores, a.kvstore_mib, a.transport = a.prefill_budget, 0, 1024, "auto"
     workloads = [w for w in a.workloads.split(",") if w]
-    res = {"model": a.model, "device": a.device, "budgets": {"prefill": a.prefill_budget, "decode": a.decode_budget},
+    devices = {"prefill": a.prefill_device or a.device, "decode": a.decode_device or a.device,
+               "colocated": a.colocated_device or a.device}
+    res = {"model": a.model, "devices": devices, "budgets": {"prefill": a.prefill_budget, "decode": a.decode_budget},
            "workloads": {}}
     files = {}
     for name in workloads:
@@ -95,6 +103,8 @@ def main():
     for mode in [m for m in a.modes.split(",") if m]:
         log_path = os.path.join(a.out, "cluster-%s.log" % mode)
         extra = ["--colocated", str(a.colocated)] if mode == "colocated" else ["--prefill", "1", "--decode", "1"]
+        a.prefill_device = devices["prefill"]
+        a.decode_device = devices["colocated" if mode == "colocated" else "decode"]
         up, ep = dg.start_cluster(a, log_path, extra=extra, decode_budget=a.decode_budget)
         try:
             for name in workloads:

@@ -182,6 +182,21 @@ Test(config, worker_device_names)
     cr_assert_eq(td_config_set(&c, "prefill.device", "tpu"), TD_OK);
     cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "prefill.device = 'tpu'"), "%s", td_last_error());
+    /* a list: tandem up's k-th worker of the role takes the (k mod count)-th */
+    char one[32];
+    cr_assert_eq(td_device_pick("cuda:0,cuda:1", 0, one, sizeof one), 2);
+    cr_assert_str_eq(one, "cuda:0");
+    cr_assert_eq(td_device_pick("cuda:0,cuda:1", 3, one, sizeof one), 2);
+    cr_assert_str_eq(one, "cuda:1");
+    cr_assert_eq(td_device_pick("cpu", 5, one, sizeof one), 1);
+    cr_assert_str_eq(one, "cpu");
+    cr_assert_eq(td_device_pick("cuda:0,gpu", 0, one, sizeof one), 0, "every entry is checked");
+    cr_assert_eq(td_device_pick("cuda:0,", 0, one, sizeof one), 0);
+    cr_assert_eq(td_config_set(&c, "prefill.device", "cuda:0,cuda:1"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_config_set(&c, "prefill.device", "cuda:0,tpu"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "comma-separated"), "%s", td_last_error());
     td_config_free(&c);
 }
 
