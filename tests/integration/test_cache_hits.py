@@ -108,8 +108,9 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
     with open(cfg, "w") as f:
         f.write("model:\n  numerics: %s\nprefill:\n  count: %d\n  token_budget: %d\n  kv_mib: %d\n"
                 "decode:\n  count: %d\n  kv_mib: %d\n" % (numerics, prefill, budget, prefill_mib, decode, decode_mib))
-        if colocated:  # the decode workers take whole requests: the prompt's budget is theirs
-            f.write("  token_budget: %d\n" % budget)
+        if colocated:  # the decode workers take whole requests: the prompt's budget is theirs; a device list
+            # (tandem up hands its entries out, one a worker: a worker given the list itself would refuse to start)
+            f.write("  token_budget: %d\n  device: \"%s\"\n" % (budget, ",".join(["cpu"] * colocated)))
     turn_text = {}
 
     def resolve(kind, p):
