@@ -516,6 +516,19 @@ const char cli_up_usage[] =
     "  --address: the address this node's processes bind and advertise (default 127.0.0.1);\n"
     "  --certs: ca.pem and the role pairs (tandem certs: router, etcd, client, prefill, decode, kvstore)\n";
 
+/* A count flag's value, from lo to 16; false (said on stderr) otherwise. */
+static bool count_arg(const char *flag, const char *v, long lo, long *out)
+{
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || !*v || n < lo || n > 16) {
+        fprintf(stderr, "tandem up: %s needs a count in [%ld, 16], not '%s'\n", flag, lo, v);
+        return false;
+    }
+    *out = n;
+    return true;
+}
+
 int cli_up(int argc, char **argv)
 {
     const char *config = NULL, *model = NULL, *listen_at = NULL, *join = NULL, *address = "127.0.0.1";
@@ -557,30 +570,15 @@ int cli_up(int argc, char **argv)
             }
             run_workers = !strcmp(v, "yes");
         } else if (!strcmp(argv[i], "--prefill") || !strcmp(argv[i], "--decode")) {
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*end || n < 1 || n > 16) {
-                fprintf(stderr, "tandem up: %s needs a count in [1, 16], not '%s'\n", argv[i], v);
+            if (!count_arg(argv[i], v, 1, argv[i][2] == 'p' ? &np : &nd))
                 return 2;
-            }
-            *(argv[i][2] == 'p' ? &np : &nd) = n;
         } else if (!strcmp(argv[i], "--colocated")) {
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*end || n < 1 || n > 16) {
-                fprintf(stderr, "tandem up: --colocated needs a count in [1, 16], not '%s'\n", v);
+            if (!count_arg(argv[i], v, 1, &nd))
                 return 2;
-            }
-            nd = n;
             colocated = true;
         } else if (!strcmp(argv[i], "--kvstores")) {
-            char *end;
-            long n = strtol(v, &end, 10);
-            if (*end || n < 0 || n > 16) {
-                fprintf(stderr, "tandem up: --kvstores needs a count in [0, 16], not '%s'\n", v);
+            if (!count_arg(argv[i], v, 0, &nkv))
                 return 2;
-            }
-            nkv = n;
         } else if (!strcmp(argv[i], "--worker-arg") && n_extra < MAX_EXTRA)
             extra[n_extra++] = v;
         else if (!strcmp(argv[i], "--kvstore-arg") && n_kv_extra < MAX_EXTRA)

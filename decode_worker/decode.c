@@ -641,31 +641,40 @@ static td_status_t landing_check(eng_worker_t *w, dreq_t *d, const reservation_t
     return TD_OK;
 }
 
-/* Engine thread: the whole request on a colocated worker (its prompt, and
- * on a resume the tokens streamed before, computed here). */
-static void start_whole_on_engine(eng_worker_t *w, dreq_t *d)
+/* Engine thread: d's request into the engine, its events to d: imported
+ * (kv: the landing blocks holding its tokens' KV, which the engine owns once
+ * it is added, and the first token the prefill side sampled), or, kv NULL,
+ * whole (a colocated worker computes its tokens: the prompt, and on a resume
+ * those streamed before). */
+static void add_request(eng_worker_t *w, dreq_t *d, const int32_t *kv, uint32_t n_kv)
 {
     const Tandem__V1__SamplingParams *sp = d->rq->sampling;
+    eng_engine_t *e = eng_worker_engine(w);
     d->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *d->bias);
     if (!d->bias) {
         d->rc = TD_ERR_NO_MEMORY;
         snprintf(d->err, sizeof d->err, "no memory");
+        if (kv)
+            eng_engine_kv_release(e, kv, n_kv);
         return;
     }
-    eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .sampled_before = d->rq->sampled_before,
-                        .resume_generated = d->rq->resume_generated, .resume_text_sent = d->rq->resume_text_sent};
+    eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .kv_blocks = kv,
+                        .first_token = kv ? d->rq->first_token : 0, .sampled_before = d->rq->sampled_before,
+                        .resume_generated = d->rq->resume_generated, .resume_text_sent = d->rq->resume_text_sent,
+                        .priority = d->rq->has_priority ? d->rq->priority : 0};
     eng_sampling_from_pb(sp, &er.sampling, d->bias);
     er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
     er.ignore_eos = sp && sp->ignore_eos;
     er.stop = sp ? (const char *const *)sp->stop : NULL;
     er.n_stop = sp ? sp->n_stop : 0;
-    er.priority = d->rq->has_priority ? d->rq->priority : 0;
-    d->rc = eng_engine_add(eng_worker_engine(w), &er, &d->eng_id);
+    d->rc = eng_engine_add(e, &er, &d->eng_id);
     if (d->rc) {
         snprintf(d->err, sizeof d->err, "%s", td_last_error());
+        if (kv)
+            eng_engine_kv_release(e, kv, n_kv);
     } else if ((d->rc = eng_worker_listen(w, d->eng_id, on_decode_event, d))) {
         snprintf(d->err, sizeof d->err, "%s", td_last_error());
-        eng_engine_cancel(eng_worker_engine(w), d->eng_id);
+        eng_engine_cancel(e, d->eng_id); /* the engine owned the blocks: it frees them */
     } else {
         d->refs++; /* the listener's */
     }
@@ -675,7 +684,7 @@ static void start_on_engine(eng_worker_t *w, void *arg)
 {
     dreq_t *d = arg;
     if (!d->rq->has_reservation_id) {
-        start_whole_on_engine(w, d);
+        add_request(w, d, NULL, 0);
         return;
     }
     reservation_t r;
@@ -699,26 +708,7 @@ static void start_on_engine(eng_worker_t *w, void *arg)
         free(r.blocks);
         return;
     }
-    const Tandem__V1__SamplingParams *sp = d->rq->sampling;
-    d->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *d->bias);
-    eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .kv_blocks = r.blocks,
-                        .first_token = d->rq->first_token, .sampled_before = d->rq->sampled_before,
-                        .resume_generated = d->rq->resume_generated, .resume_text_sent = d->rq->resume_text_sent};
-    eng_sampling_from_pb(sp, &er.sampling, d->bias);
-    er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
-    er.ignore_eos = sp && sp->ignore_eos;
-    er.stop = sp ? (const char *const *)sp->stop : NULL;
-    er.n_stop = sp ? sp->n_stop : 0;
-    d->rc = eng_engine_add(eng_worker_engine(w), &er, &d->eng_id);
-    if (d->rc) {
-        snprintf(d->err, sizeof d->err, "%s", td_last_error());
-        eng_engine_kv_release(eng_worker_engine(w), r.blocks, r.n_blocks);
-    } else if ((d->rc = eng_worker_listen(w, d->eng_id, on_decode_event, d))) {
-        snprintf(d->err, sizeof d->err, "%s", td_last_error());
-        eng_engine_cancel(eng_worker_engine(w), d->eng_id); /* the engine owned the blocks: it frees them */
-    } else {
-        d->refs++; /* the listener's */
-    }
+    add_request(w, d, r.blocks, r.n_blocks);
     free(r.blocks);
 }
 

@@ -119,12 +119,17 @@ def single(a, prompt, gen):
     return r.stdout.split(), float(t.group(1)), 1000.0 / float(d.group(1))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def base_args(ap):
+    """What every GPU cluster script takes: the binaries, the model, where results go, the device."""
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    base_args(ap)
     ap.add_argument("--kv-mib", type=int, default=2048)
     ap.add_argument("--token-budget", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)

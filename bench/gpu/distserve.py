@@ -57,10 +57,7 @@ def prompts_file(out, name, w):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cuda")
+    dg.base_args(ap)
     ap.add_argument("--workloads", default="chat,summary")
     ap.add_argument("--modes", default="disagg,colocated")
     ap.add_argument("--colocated", type=int, default=1)
