@@ -37,9 +37,11 @@ struct eng_forward {
      * (so that a captured step replays with new ones); NULL on the host */
     kern_attn_seq_t *dseqs;
     kern_sample_t *dsample; /* each logit row's sampling (sample) */
-    /* captured decode steps (KERN_OP_GRAPH), by graph_key: 0 not run yet, 1
-     * run once uncaptured (scratch sized), 2 captured, 3 capture failed */
-    uint8_t graph_state[2 * FWD_GRAPH_MAX + 2];
+    /* captured decode steps (KERN_OP_GRAPH), by context class (the longest
+     * context under the backend's capture_ctx_split, or not) and batch: 0
+     * not run yet, 1 run once uncaptured (scratch sized), 2 captured, 3
+     * capture failed */
+    uint8_t graph_state[2][2 * FWD_GRAPH_MAX + 2];
     /* host staging */
     int32_t *h_ids, *h_pos, *h_slots, *h_tables;
     kern_attn_seq_t *aseqs;
@@ -383,7 +385,7 @@ static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t 
  * first step runs as is (sizing every scratch buffer), its second is
  * captured, later ones replay; a capture that fails leaves that key uncaptured. */
 static td_status_t pass_graph(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, uint32_t n,
-                              uint32_t nl, bool rows_direct, bool sampled)
+                              uint32_t nl, bool rows_direct, bool sampled, uint32_t max_ctx)
 {
     const kern_backend_ops_t *o = f->be->ops;
     if (!(o->supported & KERN_OP_GRAPH) || !rows_direct || n > FWD_GRAPH_MAX || f->layer_fn || f->tap_fn)
@@ -391,8 +393,9 @@ static td_status_t pass_graph(eng_forward_t *f, const eng_batch_seq_t *seqs, uin
     /* the backend holds one graph per key: this forward's address names its
      * own (a later forward at the same address starts uncaptured and
      * replaces the key before it replays it) */
-    uint8_t *st = &f->graph_state[2 * n + sampled];
-    uint64_t key = (uint64_t)(uintptr_t)f * 1024 + 2 * n + sampled;
+    const uint32_t split = o->capture_ctx_split, cls = split && max_ctx >= split;
+    uint8_t *st = &f->graph_state[cls][2 * n + sampled];
+    uint64_t key = ((uint64_t)(uintptr_t)f * 2 + cls) * 1024 + 2 * n + sampled;
     if (*st == 2) {
         td_status_t rc = o->replay(f->be, key);
         if (rc != TD_ERR_NOT_FOUND)
@@ -424,7 +427,7 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
     const eng_model_desc_t *d = &f->m->desc;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
-    uint32_t n = 0, nl = 0, bt = eng_kv_layout(f->pool)->block_tokens;
+    uint32_t n = 0, nl = 0, bt = eng_kv_layout(f->pool)->block_tokens, max_ctx = 0;
     size_t nt = 0;
     bool rows_direct = true;
     /* lay the batch out: token rows, positions, KV slots, block tables */
@@ -454,6 +457,7 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
             f->h_slots[n + i] = q->block_table[p / bt] * (int32_t)bt + (int32_t)(p % bt);
         }
         rows_direct = rows_direct && q->n == 1 && q->want_logits && !q->all_logits;
+        max_ctx = max_ctx > q->pos0 + q->n ? max_ctx : q->pos0 + q->n;
         n += q->n;
         nt += q->n_blocks;
         nl += q->all_logits ? q->n : q->want_logits;
@@ -473,7 +477,7 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
         TRY(o->upload(be, f->dseqs, f->aseqs, n_seqs * sizeof *f->aseqs));
     if (sample && nl)
         TRY(o->upload(be, f->dsample, sample, nl * sizeof *sample));
-    TRY(pass_graph(f, seqs, n_seqs, n, nl, rows_direct, sample != NULL));
+    TRY(pass_graph(f, seqs, n_seqs, n, nl, rows_direct, sample != NULL, max_ctx));
     if (nl && sample)
         TRY(o->download(be, picked, f->picked, (size_t)nl * 4));
     else if (nl)

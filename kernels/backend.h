@@ -255,6 +255,10 @@ typedef struct kern_backend_ops {
     td_status_t (*capture_begin)(kern_backend_t *b);
     td_status_t (*capture_end)(kern_backend_t *b, uint64_t key, bool keep);
     td_status_t (*replay)(kern_backend_t *b, uint64_t key);
+    /* Decode steps whose longest context reaches this many positions run
+     * other kernels than shorter ones: a caller capturing steps keeps the
+     * two apart, since a replay keeps the kernels of its capture (0: none). */
+    uint32_t capture_ctx_split;
 } kern_backend_ops_t;
 
 /* Every backend struct begins with its ops table. */

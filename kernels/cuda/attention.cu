@@ -242,13 +242,20 @@ __device__ __forceinline__ void load8(const float *p, float *f)
 // warp's shared rows by cp.async, issued with the K loads and read after the
 // scores; otherwise K is read as it is used and V from the pool DEC_VB
 // positions at a time. Each chunk's pages are looked up a chunk ahead.
+// KS (with SV): the chunk's K rows go to the warp's shared rows by cp.async
+// too, a row to HD / 8 lanes, and each lane takes its row from there. A lane
+// loading a row of its own makes every load instruction touch 32 lines; these
+// touch 2-4 (the attention alone 13-15% faster, gpu-2026-11-26c run 3).
 #define DEC_VB 8
+#define DEC_KS_WAVES 4 // K through shared memory only for grids of at least this many waves of its blocks
+#define DEC_KPAD 8 // halves past each shared K row: the rows of 8 lanes' 16-byte reads fall in different banks
 // k_attention_decode's shared memory: the queries, the warps' states, with sv the warps' V rows (fp16) and
-// each warp's softmax weights
-static size_t dec_smem(uint32_t hd, uint32_t group, bool sv)
+// each warp's softmax weights, with sk the warps' K rows
+static size_t dec_smem(uint32_t hd, uint32_t group, bool sv, bool sk)
 {
     return ((size_t)DEC_MAXG * hd + (size_t)4 * group * (hd + 2)) * sizeof(float) +
-           (sv ? (size_t)4 * 32 * hd * sizeof(__half) + (size_t)4 * group * 32 * sizeof(float) : 0);
+           (sv ? (size_t)4 * 32 * hd * sizeof(__half) + (size_t)4 * group * 32 * sizeof(float) : 0) +
+           (sv && sk ? (size_t)4 * 32 * (hd + DEC_KPAD) * sizeof(__half) : 0);
 }
 // 8 values of a 16-byte fp16 load
 __device__ __forceinline__ void unpack8(const uint4 u, float *f)
@@ -267,9 +274,10 @@ __device__ __forceinline__ void unpack8(const uint4 u, float *f)
 // positions before the row's in each warp's first chunk, which earlier steps
 // stored (those kernels have ended: cuda_int.h). The queries and the row's
 // own K and V come after the wait.
-template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
+template <typename T, int HD, int GM, bool KS>
+__global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
-    constexpr bool SV = HD != 0 && sizeof(T) == 2;
+    constexpr bool SV = HD != 0 && sizeof(T) == 2, SK = SV && KS;
     extern __shared__ float dsm[];
     constexpr int E = HD ? HD / 32 : ATT_MAXD; // values of a head a lane holds
     const uint32_t hd = HD ? HD : a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
@@ -289,6 +297,9 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     float *part = sq + DEC_MAXG * hd; // [4 warps][G][hd + 2]: each warp's state
     T *sv = (T *)(part + 4 * G * (hd + 2)) + (size_t)warp * 32 * hd; // SV: this warp's [32][hd] V rows
     float *pw = (float *)((T *)(part + 4 * G * (hd + 2)) + (size_t)4 * 32 * hd) + (size_t)warp * G * 32; // [G][32]
+    // SK: this warp's [32][hd + DEC_KPAD] K rows
+    T *skr = (T *)((float *)((T *)(part + 4 * G * (hd + 2)) + (size_t)4 * 32 * hd) + (size_t)4 * G * 32) +
+             (size_t)warp * 32 * (HD + DEC_KPAD);
     // block_tokens is a power of two (the launch checks)
     const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1;
     const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
@@ -297,8 +308,7 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     auto page = [&](uint32_t pos) {
         return pos < hi ? a.base + (size_t)S.table[pos >> bt_shift] * a.block_bytes : a.base;
     };
-    // SV: the K row of position p on page rw into kw (zeros unless ok), and the V rows of the chunk from cc
-    // into sv (lane's page rw), all but position `skip`'s
+    // SV: the K row of position p on page rw into kw (zeros unless ok)
     uint4 kw[SV ? HD / 8 : 1];
     auto load_k = [&](const uint8_t *rw, uint32_t p, bool ok) {
         const uint4 *kp = (const uint4 *)((const T *)rw + k_off + (size_t)(p & bt_mask) * hd);
@@ -306,18 +316,30 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
         for (int i = 0; i < (SV ? HD / 8 : 1); i++)
             kw[i] = ok ? kp[i] : make_uint4(0, 0, 0, 0);
     };
-    auto copy_v = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) {
+    // the rows at offset off of the chunk from cc to dst (rows stride apart), a row HD / 8 lanes (coalesced),
+    // all but position `skip`'s, as one cp.async group: V into sv, and with SK the K rows into skr
+    auto copy_rows = [&](const uint8_t *rw, uint32_t cc, uint32_t skip, size_t off, T *dst, uint32_t stride) {
         constexpr uint32_t LPR = SV ? HD / 8 : 32, RPI = 32 / LPR; // lanes a row, rows an issue
-        const T *vrow = (const T *)rw + v_off + (size_t)((cc + lane) & bt_mask) * hd;
+        const T *mine = (const T *)rw + off + (size_t)((cc + lane) & bt_mask) * hd;
         const uint32_t n_live = min(32u, hi - cc);
 #pragma unroll
         for (uint32_t it = 0; it < LPR; it++) {
             const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * 8;
-            const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)vrow, t);
+            const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)mine, t);
             if (t < n_live && cc + t != skip)
-                cp_async16(sv + t * hd + seg, src + seg, true);
+                cp_async16(dst + t * stride + seg, src + seg, true);
         }
         cp_async_commit();
+    };
+    auto copy_v = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) { copy_rows(rw, cc, skip, v_off, sv, hd); };
+    auto copy_k = [&](const uint8_t *rw, uint32_t cc, uint32_t skip) {
+        copy_rows(rw, cc, skip, k_off, skr, HD + DEC_KPAD);
+    };
+    // SK: a lane's row of the chunk's K (copy_k's) into kw
+    auto fill_k = [&]() {
+#pragma unroll
+        for (int i = 0; i < (SV ? HD / 8 : 1); i++)
+            kw[i] = *(const uint4 *)(skr + lane * (HD + DEC_KPAD) + i * 8);
     };
     uint32_t c0 = lo + warp * 32;
     const uint8_t *row = page(c0 + lane);
@@ -331,7 +353,10 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
         kc_rope_angle(rpos, a.rfreq, threadIdx.x % half, &rs, &rc);
     if constexpr (SV)
         if (c0 < hi) {
-            load_k(row, c0 + lane, c0 + lane < hi && c0 + lane != S.pos0);
+            if constexpr (SK)
+                copy_k(row, c0, S.pos0);
+            else
+                load_k(row, c0 + lane, c0 + lane < hi && c0 + lane != S.pos0);
             copy_v(row, c0, S.pos0);
         }
     kc_pdl_wait();
@@ -378,10 +403,11 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
     }
     __syncthreads();
     // SV: the row's own K and V (stored above, or by the kernel before) where the warp's first chunk holds it
+    const bool fix = SV && c0 <= S.pos0 && S.pos0 < min(hi, c0 + 32);
     if constexpr (SV)
-        if (c0 <= S.pos0 && S.pos0 < min(hi, c0 + 32)) {
+        if (fix) {
             const uint32_t t0 = S.pos0 - c0;
-            if (lane == t0)
+            if (!SK && lane == t0)
                 load_k(row, S.pos0, true);
             const T *v0 = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)row, t0);
             v0 += v_off + (size_t)(S.pos0 & bt_mask) * hd;
@@ -397,11 +423,26 @@ template <typename T, int HD, int GM> __global__ void __launch_bounds__(128) k_a
         const uint32_t n_live = min(32u, hi - c0);
         const size_t in_blk = (size_t)(pos & bt_mask) * hd;
         const T *vrow = (const T *)row + v_off + in_blk;
-        if constexpr (SV)
+        if constexpr (SV) {
             if (!first) {
-                load_k(row, pos, live);
+                if constexpr (SK)
+                    copy_k(row, c0, UINT32_MAX);
+                else
+                    load_k(row, pos, live);
                 copy_v(row, c0, UINT32_MAX);
             }
+            if constexpr (SK) {
+                // the chunk's K rows have landed (its V, and the row's own V, may not have)
+                if (first && fix)
+                    cp_async_wait<2>();
+                else
+                    cp_async_wait<1>();
+                __syncwarp();
+                fill_k();
+                if (first && fix && pos == S.pos0)
+                    load_k(row, S.pos0, true); // the row's own K, stored after the wait
+            }
+        }
         const uint8_t *next = page(c0 + 4 * 32 + lane);
         // SV with a small group: each head's dot product in DP sums of its own, so that its FMAs are not one
         // chain of hd
@@ -841,28 +882,42 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
 // then have no more steps than it: with GM 8 for every group, the 7B shape's (one head a group) took 6,048
 // instructions of code and stalled on instruction fetch (bench/results/gpu-2026-11-26, run 9).
 typedef void (*dec_fn_t)(att_args_t);
-template <typename T, int HD> static dec_fn_t dec_by_group(uint32_t group)
+template <typename T, int HD, bool KS> static dec_fn_t dec_by_group(uint32_t group)
 {
-    return group <= 1 ? k_attention_decode<T, HD, 1>
-           : group <= 2 ? k_attention_decode<T, HD, 2>
-           : group <= 4 ? k_attention_decode<T, HD, 4>
-                        : k_attention_decode<T, HD, DEC_MAXG>;
+    return group <= 1 ? k_attention_decode<T, HD, 1, KS>
+           : group <= 2 ? k_attention_decode<T, HD, 2, KS>
+           : group <= 4 ? k_attention_decode<T, HD, 4, KS>
+                        : k_attention_decode<T, HD, DEC_MAXG, KS>;
 }
-static dec_fn_t dec_kernel(bool h16, uint32_t hd, uint32_t group)
+// sk: K through shared memory (fp16 KV, head_dim 64 or 128 only; the others ignore it)
+static dec_fn_t dec_kernel(bool h16, uint32_t hd, uint32_t group, bool sk)
 {
+    if (hd == 64 && h16)
+        return sk ? dec_by_group<__half, 64, true>(group) : dec_by_group<__half, 64, false>(group);
+    if (hd == 128 && h16)
+        return sk ? dec_by_group<__half, 128, true>(group) : dec_by_group<__half, 128, false>(group);
     if (hd == 64)
-        return h16 ? dec_by_group<__half, 64>(group) : k_attention_decode<float, 64, DEC_MAXG>;
+        return k_attention_decode<float, 64, DEC_MAXG, false>;
     if (hd == 128)
-        return h16 ? dec_by_group<__half, 128>(group) : k_attention_decode<float, 128, DEC_MAXG>;
-    return h16 ? k_attention_decode<__half, 0, DEC_MAXG> : k_attention_decode<float, 0, DEC_MAXG>;
+        return k_attention_decode<float, 128, DEC_MAXG, false>;
+    return h16 ? k_attention_decode<__half, 0, DEC_MAXG, false> : k_attention_decode<float, 0, DEC_MAXG, false>;
 }
 
-td_status_t kc_attention_init(void)
+// dec_ks_grid's second index: dec_by_group's kernel for a group
+static int dec_group_ix(uint32_t group) { return group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3; }
+
+td_status_t kc_attention_init(kern_cuda_t *c)
 {
     for (uint32_t group = 1; group <= DEC_MAXG; group *= 2)
-        for (uint32_t hd = 64; hd <= 128; hd *= 2)
-            CU(cudaFuncSetAttribute(dec_kernel(true, hd, group), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dec_smem(hd, DEC_MAXG, true)));
+        for (uint32_t hd = 64; hd <= 128; hd *= 2) {
+            for (int sk = 0; sk < 2; sk++)
+                CU(cudaFuncSetAttribute(dec_kernel(true, hd, group, sk), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)dec_smem(hd, DEC_MAXG, true, sk)));
+            int per_sm = 0;
+            CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dec_kernel(true, hd, group, true), 128,
+                                                             dec_smem(hd, group, true, true)));
+            c->dec_ks_grid[hd == 128][dec_group_ix(group)] = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
+        }
     int bytes = (int)att_smem(32 * ATT_MAXD);
     CU(cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CU(cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -918,6 +973,15 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     const bool mma_ok = g->dtype == TD_KV_F16 && (g->head_dim == 64 || g->head_dim == 128);
     const bool dec_ok = dec_takes(g, n_heads);
     kern_cuda_t *c = (kern_cuda_t *)b;
+    // Decode rows may read K through shared memory (coalesced; the attention alone 13% faster at 256 sequences),
+    // which holds fewer blocks an SM. Not when the step has one row: the matmuls around the attention are then
+    // the GEMV under programmatic launch, whose x must keep the SM's L1, and the larger shared memory made that
+    // step 12% slower; nor when the grid is under DEC_KS_WAVES of those blocks: a last, part-filled wave made
+    // 16 sequences at 1k 4.5% slower (gpu-2026-11-26c run 3); nor at a context under KC_DEC_KS_CTX, where it
+    // was slower (run 6: a captured step keeps its kernels, so the forward captures the two apart)
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < n_seqs; i++)
+        rows += seqs[i].n;
     for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
         if ((pass == 1 && !mma_ok) || (pass == 2 && !dec_ok))
             continue;
@@ -969,9 +1033,13 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
                 }
                 const uint32_t hd = g->head_dim;
                 const bool h16 = g->dtype == TD_KV_F16;
-                const size_t dsmem = dec_smem(hd, a.group, h16 && (hd == 64 || hd == 128));
+                const bool sv = h16 && (hd == 64 || hd == 128);
+                const bool sk = sv && rows > 1 && max_ctx >= KC_DEC_KS_CTX &&
+                                (size_t)a.n_seqs * a.n_kv * a.splits >=
+                                    (size_t)DEC_KS_WAVES * c->dec_ks_grid[hd == 128][dec_group_ix(a.group)];
+                const size_t dsmem = dec_smem(hd, a.group, sv, sk);
                 dim3 grid(a.n_seqs, a.n_kv, a.splits);
-                rc = kc_launch(c, "attention_decode", dec_kernel(h16, hd, a.group), grid, 128, dsmem, a);
+                rc = kc_launch(c, "attention_decode", dec_kernel(h16, hd, a.group, sk), grid, 128, dsmem, a);
             } else {
                 dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
                 rc = kc_launch(c, "attention", g->dtype == TD_KV_F16 ? k_attention<__half> : k_attention<float>,

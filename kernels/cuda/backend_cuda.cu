@@ -306,6 +306,7 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .capture_begin = cu_capture_begin,
     .capture_end = cu_capture_end,
     .replay = cu_replay,
+    .capture_ctx_split = KC_DEC_KS_CTX,
 };
 
 // cuBLAS, once per process: the library CUDA 13 installs, by soname.
@@ -356,7 +357,7 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     c->pdl = c->pdl_able = major >= 9;
-    td_status_t rc = kc_attention_init();
+    td_status_t rc = kc_attention_init(c);
     if (!rc)
         rc = kc_matmul_fused_init(c);
     if (!rc && (e = cudaMalloc(&c->blas_ws, KC_BLAS_WS)) != cudaSuccess)

@@ -491,9 +491,10 @@ static void store_random_kv(kern_backend_t *cpu, const kern_kv_view_t *vc, kern_
  * attention), on two pools with the same history: decode rows of sequences
  * at several contexts (one of them split in slices), the sequences read from
  * device memory as a captured step reads them. The pools must come out bit
- * for bit the same, the outputs within rounding. many: 64 sequences at 2..317
- * positions instead (a large decode batch: with many KV heads, thousands of
- * blocks in the grid). */
+ * for bit the same, the outputs within rounding. many: 64 sequences at 2..312
+ * positions and one at 700 instead (a large decode batch: with many KV heads,
+ * thousands of blocks in the grid; a context past KC_DEC_KS_CTX, so the
+ * decode kernel reads K through shared memory). */
 static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, td_kv_dtype_t dtype,
                                     kern_rope_style_t style, bool many)
 {
@@ -501,7 +502,7 @@ static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t n
     const uint32_t few[] = {1, 18, 101, 301}, NS = many ? MAXS : 4, NB = many ? NBMAX : 32;
     uint32_t ctx[MAXS];
     for (uint32_t s = 0; s < NS; s++)
-        ctx[s] = many ? 2 + 5 * s : few[s];
+        ctx[s] = many ? (s == MAXS - 1 ? 700 : 2 + 5 * s) : few[s];
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
     eng_kv_pool_t *pa, *pb;
     if (eng_kv_pool_create(gpu, &g, NB, NULL, &pa) || eng_kv_pool_create(gpu, &g, NB, NULL, &pb))

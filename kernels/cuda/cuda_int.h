@@ -38,6 +38,11 @@ typedef struct kc_scratch {
 #define KC_GRAPHS 64
 #define KC_BLAS_WS ((size_t)32 << 20)
 
+// The decode attention reads K through shared memory only where the step's longest context has at least this
+// many positions (kern_backend_ops_t.capture_ctx_split): at short contexts the smaller blocks of the register
+// path were faster (gpu-2026-11-26c run 6)
+#define KC_DEC_KS_CTX 512
+
 typedef struct kern_cuda {
     kern_backend_t base;
     int device;
@@ -63,6 +68,9 @@ typedef struct kern_cuda {
     bool pdl_able; // the device has programmatic dependent launch (sm_90 and later)
     bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
     unsigned gv_grid; // the GEMV's blocks resident at once (its grid at most)
+    // the decode attention's blocks resident at once when it reads K through shared memory, by head_dim (64, 128)
+    // and query heads a KV head (1, 2, 4, 8)
+    unsigned dec_ks_grid[2][4];
     kc_edge_count_t edges;
 } kern_cuda_t;
 
@@ -265,6 +273,6 @@ void kc_graphs_drop(kern_cuda_t *c);
 td_status_t kc_kv_digest(kern_backend_t *b, const void *base, size_t block_bytes, const int32_t *blocks, uint32_t n,
                          uint64_t *out);
 // Sets the shared-memory limits the kernels need (once, at creation).
-td_status_t kc_attention_init(void);
+td_status_t kc_attention_init(kern_cuda_t *c);
 
 #endif
