@@ -110,7 +110,7 @@ run_py tests/integration/test_kvstore_hot.py kvstore-hot 240
 section "router (the cache index heals from dropped events and a router restart; placement on cached prefixes; predictions; early rejection)"
 run_py tests/integration/test_router.py router 300
 
-section "scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors; a workload shift under policy auto and fixed)"
+section "scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors; a workload shift under policy auto)"
 run_py tests/cluster/test_scale.py scale 900
 
 section "hosts (three network-namespace hosts: greedy output, KV over TCP across hosts, certless clients refused by every port; kill -9 of each type, a link cut, etcd paused 30 s, the planner's router killed and frozen)"
