@@ -18,17 +18,28 @@ printf '0{"model":"m","prompt":["Hello"],"max_tokens":16,"seed":7,"top_k":40,"mi
 cp tests/fixtures/dequant/crafted.gguf "$work/gguf/"
 head -c 65536 models/SmolLM2-135M-Instruct.Q4_1.gguf > "$work/gguf/model-head.gguf" 2>/dev/null || true
 cp tests/fixtures/hf/tiny-llama3/model.safetensors tests/fixtures/hf/tiny-spm/model-00001-of-00002.safetensors "$work/st/"
-status=0
-for t in gguf:gguf safetensors:st openai:openai; do
-  name=${t%%:*} dir=${t##*:}
-  echo "fuzz: $name for ${secs}s"
-  if ! ./build-fuzz/bin/fuzz_$name "$work/$dir" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 \
-       -timeout=10 -artifact_prefix="$work/" -print_final_stats=1 2>"$work/$name.log"; then
-    status=1
-    echo "fuzz: $name FOUND A PROBLEM:"; tail -40 "$work/$name.log"
-    cp "$work"/crash-* "$work"/leak-* "$work"/timeout-* . 2>/dev/null || true
-  else
-    grep -E "stat::number_of_executed_units|Done" "$work/$name.log" | tr '\n' ' '; echo
+# the targets two at a time (each is one process on one core): each still runs SECONDS
+run_target() { # $1: name, $2: its corpus folder
+  ./build-fuzz/bin/fuzz_"$1" "$work/$2" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 \
+    -timeout=10 -artifact_prefix="$work/$1-" -print_final_stats=1 2>"$work/$1.log"
+}
+report() { # $1: name, $2: its exit status
+  if [ "$2" -ne 0 ]; then
+    echo "fuzz: $1 FOUND A PROBLEM:"; tail -40 "$work/$1.log"
+    cp "$work/$1"-crash-* "$work/$1"-leak-* "$work/$1"-timeout-* . 2>/dev/null || true
+    return 1
   fi
-done
+  echo "fuzz: $1 for ${secs}s: $(grep -E "stat::number_of_executed_units|Done" "$work/$1.log" | tr '\n' ' ')"
+}
+status=0
+run_target gguf gguf & p1=$!
+run_target safetensors st & p2=$!
+r1=0 r2=0 r3=0 # (set -e: a target's failure is its status, not the script's end)
+wait $p1 || r1=$?
+run_target openai openai & p3=$!
+wait $p2 || r2=$?
+wait $p3 || r3=$?
+report gguf $r1 || status=1
+report safetensors $r2 || status=1
+report openai $r3 || status=1
 exit $status
