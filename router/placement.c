@@ -551,25 +551,19 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     double now = td_now_s();
     pthread_mutex_lock(&t->mu);
     rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
-    if (d && d->colocated && !has_role(t, RT_PREFILL)) {
-        /* no prefill worker in the cluster: the whole request on a colocated
-         * decode worker (its step time predicted; no TTFT prediction) */
-        out->pred.tbt_ms = predict_tbt(t, d, rq, &out->pred.step_raw_ms);
-        d->refs++;
-        d->inflight++;
-        t->placed_colocated++;
-        out->decode = d;
-        pthread_mutex_unlock(&t->mu);
-        return;
-    }
-    rt_worker_t *pf = d ? p->pick(t, RT_PREFILL, &c, now) : NULL;
-    if (!d || !pf) {
+    /* no prefill worker in the cluster: the whole request on a colocated
+     * decode worker (its step time predicted, and judged by the TPOT SLO;
+     * no TTFT prediction) */
+    const bool whole = d && d->colocated && !has_role(t, RT_PREFILL);
+    rt_worker_t *pf = d && !whole ? p->pick(t, RT_PREFILL, &c, now) : NULL;
+    if (!d || (!pf && !whole)) {
         refuse(t, d ? RT_PREFILL : RT_DECODE, now, out);
         pthread_mutex_unlock(&t->mu);
         return;
     }
     rt_prediction_t *pr = &out->pred;
-    predict_prefill(t, pf, &c, now, pr);
+    if (pf)
+        predict_prefill(t, pf, &c, now, pr);
     pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
     if (p->rejects && rq && rq->early_reject &&
         ((rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms) || (rq->tpot_slo_ms && pr->tbt_ms > rq->tpot_slo_ms))) {
@@ -594,6 +588,12 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     }
     d->refs++;
     d->inflight++;
+    out->decode = d;
+    if (whole) {
+        t->placed_colocated++;
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
     pf->refs++;
     pf->inflight++;
     /* the prefill's predicted service joins pf's queue until rt_table_prefill_done */
@@ -605,7 +605,6 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     prio_work(pf, pr->priority, pr->fetch_ms + pr->prefill_ms, 1);
     pf->active_blocks += pr->blocks;
     t->placed[pr->pool_tokens ? 0 : pr->store_tokens ? 1 : 2]++;
-    out->decode = d;
     out->prefill = pf;
     pthread_mutex_unlock(&t->mu);
 }

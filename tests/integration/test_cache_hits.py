@@ -176,6 +176,15 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
         if kill_decode:
             check("%s: the decode worker was killed mid-stream" % name, killed is not None)
         if colocated:
+            # early rejection judges a colocated worker by its predicted time between tokens
+            try:
+                list(c.stub.Generate(tc.pb.GenerateRequest(prompt=seq[0], tpot_slo_ms=1, sampling=tc.pb.SamplingParams(
+                    max_tokens=4)), timeout=30))
+                rej = "served"
+            except grpc.RpcError as e:
+                rej = "%s, retry-after-ms %s" % (e.code().name, dict(e.trailing_metadata() or ()).get("retry-after-ms"))
+            check("%s: a 1 ms TPOT SLO is refused early (%s)" % (name, rej),
+                  rej.startswith("RESOURCE_EXHAUSTED") and "retry-after-ms None" not in rej)
             roles = sorted(w["role"] for w in c.workers())
             check("%s: no prefill worker; every request served whole by a colocated decode worker (%s)" %
                   (name, roles), "prefill" not in roles and
