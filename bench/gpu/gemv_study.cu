@@ -126,6 +126,90 @@ __global__ void __launch_bounds__(W * 32)
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// Split columns: a block of W warps takes R adjacent rows at a time (a unit: R rows, contiguous in memory), and
+// warp w takes the 256-column chunks w, w + W, ... (at most CMAX) of each of them, all of its loads of a unit in
+// one round; the next unit's loads are issued before this one is used; the warps' sums meet in shared memory
+// (double-buffered, one barrier a unit). So a unit is one round trip to memory for the block, not one a round
+// for a warp: a matrix's tail is a unit's round trip, and at any time the grid reads a window of consecutive
+// units. XR: each lane keeps x's values of its chunks in registers (read once); else x through L1 each unit.
+template <int R, int W, int CMAX, bool XR, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
+    k_split(const __half *w, const float *x, float *y, uint32_t rows, uint32_t cols, int)
+{
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, units = rows / R;
+    const uint32_t nch = (cols + 255) / 256;
+    __shared__ float part[2][R][W];
+    uint32_t unit = blockIdx.x;
+    uint4 wv[R][CMAX];
+#pragma unroll
+    for (int c = 0; c < CMAX; c++) {
+        const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wv[r][c] = ch < nch && col < cols && unit < units ? ld16<0>(w + (size_t)(unit * R + r) * cols + col)
+                                                             : make_uint4(0, 0, 0, 0);
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    float4 xs[CMAX][2];
+    if (XR)
+#pragma unroll
+        for (int c = 0; c < CMAX; c++) {
+            const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
+            const bool in = ch < nch && col < cols;
+            xs[c][0] = in ? __ldg((const float4 *)(x + col)) : make_float4(0, 0, 0, 0);
+            xs[c][1] = in ? __ldg((const float4 *)(x + col + 4)) : make_float4(0, 0, 0, 0);
+        }
+    for (int buf = 0; unit < units; unit += gridDim.x, buf ^= 1) {
+        const uint32_t nu = unit + gridDim.x;
+        uint4 nx[R][CMAX];
+#pragma unroll
+        for (int c = 0; c < CMAX; c++) {
+            const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                nx[r][c] = ch < nch && col < cols && nu < units ? ld16<0>(w + (size_t)(nu * R + r) * cols + col)
+                                                               : make_uint4(0, 0, 0, 0);
+        }
+        float acc[R] = {};
+#pragma unroll
+        for (int c = 0; c < CMAX; c++) {
+            const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
+            float4 x0, x1;
+            if (XR)
+                x0 = xs[c][0], x1 = xs[c][1];
+            else if (ch < nch && col < cols)
+                x0 = __ldg((const float4 *)(x + col)), x1 = __ldg((const float4 *)(x + col + 4));
+            else
+                x0 = x1 = make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] += dot8(wv[r][c], x0, x1);
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            if (lane == 0)
+                part[buf][r][warp] = acc[r];
+        }
+        __syncthreads();
+        if (warp == 0 && lane < R) {
+            float s = 0;
+#pragma unroll
+            for (int i = 0; i < W; i++)
+                s += part[buf][lane][i];
+            y[unit * R + lane] = s;
+        }
+#pragma unroll
+        for (int c = 0; c < CMAX; c++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                wv[r][c] = nx[r][c];
+    }
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // The whole chain in one persistent kernel (R2 U2 W8, 4 blocks an SM, all resident: a cooperative launch): the
 // matrices one after another, and between two a barrier of the whole grid (BAR), as a step whose every matmul
 // takes the one before's output would need. Before the barrier each warp already loads its first unit's first
@@ -632,6 +716,47 @@ template <int P, bool BAR, bool XL2> static void run_chain(const char *name, Ben
     cudaStreamDestroy(s);
 }
 
+typedef void (*SplitK)(const __half *, const float *, float *, uint32_t, uint32_t, int);
+
+// The step with k_split: K4 for the matrices 4096 wide (W4 warps a block), K11 for the down projections (11008),
+// each with its own R, all launched programmatically dependent; the grid what the device holds at once.
+static void run_split(const char *name, Bench &b, SplitK k4, int w4, int r4, SplitK k11, int w11, int r11)
+{
+    int ps4 = 0, ps11 = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps4, k4, w4 * 32, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps11, k11, w11 * 32, 0);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    for (auto &m : b.mats) {
+        const bool wide = m.cols > 4096;
+        const int r = wide ? r11 : r4, per_sm = wide ? ps11 : ps4;
+        const uint32_t units = m.rows / r, blocks = std::min<uint32_t>(units, per_sm * b.sms);
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = blocks, cfg.blockDim = (wide ? w11 : w4) * 32, cfg.stream = s, cfg.attrs = &at, cfg.numAttrs = 1;
+        cudaLaunchKernelEx(&cfg, wide ? k11 : k4, m.w, b.x, b.y, m.rows, m.cols, 0);
+    }
+    cudaStreamEndCapture(s, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    float ms = median_ms(s, graph_launch, ge);
+    float hy[8];
+    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
+    double err = 0;
+    for (int i = 0; i < 8; i++)
+        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
+    printf("%-34s %d/%d blocks/SM  step %.3f ms  %.0f GB/s  %s  %s\n", name, ps4, ps11, ms,
+           b.bytes / (ms * 1e-3) / 1e9, err < 1e-3 ? "check ok" : "CHECK FAILED",
+           cudaGetErrorString(cudaGetLastError()));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+}
+
 int main(int argc, char **argv)
 {
     Bench b;
@@ -673,6 +798,31 @@ int main(int argc, char **argv)
     }
     b.bytes = total * 2.0;
     printf("%d SMs, %.2f GB of weights, %zu kernels a step\n", b.sms, b.bytes / 1e9, b.mats.size());
+    if (argc > 1 && !strcmp(argv[1], "split")) {
+        // the committed shape against split columns, alternating, three passes
+        for (int rep = 0; rep < 3; rep++) {
+            ReadArg ra = {(const uint4 *)w, total * 2 / 16, (unsigned *)y, b.sms};
+            float ms = median_ms(0, read_launch, &ra);
+            printf("%-34s one kernel reading every weight: %.3f ms  %.0f GB/s\n", "read floor", ms,
+                   b.bytes / (ms * 1e-3) / 1e9);
+            run<2, 2, 8, true, 0, true>("R2 U2 W8 persistent, programmatic", b);
+            run_split("split R1 W8, x regs | R1 W16", b, k_split<1, 8, 2, true, 4>, 8, 1, k_split<1, 16, 3, true, 2>,
+                      16, 1);
+            run_split("split R2 W8, x regs | R1 W16", b, k_split<2, 8, 2, true, 4>, 8, 2, k_split<1, 16, 3, true, 2>,
+                      16, 1);
+            run_split("split R2 W8, x L1 | R1 W8 x L1", b, k_split<2, 8, 2, false, 4>, 8, 2,
+                      k_split<1, 8, 6, false, 4>, 8, 1);
+            run_split("split R4 W8, x regs | R2 W16", b, k_split<4, 8, 2, true, 3>, 8, 4, k_split<2, 16, 3, true, 2>,
+                      16, 2);
+            run_split("split R2 W4, x L1 | R1 W4 x L1", b, k_split<2, 4, 4, false, 6>, 4, 2,
+                      k_split<1, 4, 11, false, 5>, 4, 1);
+            run_split("split R1 W16, x regs | R1 W16", b, k_split<1, 16, 1, true, 2>, 16, 1,
+                      k_split<1, 16, 3, true, 2>, 16, 1);
+            run_engine("engine's kernel: plain", b, 0);
+            run_engine("engine's kernel: layer, norm_in_w", b, 2);
+        }
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "chain")) {
         // the step's chain as 129 kernels (with and without programmatic launch) against one kernel with a
         // barrier of the grid between matrices, alternating, three passes

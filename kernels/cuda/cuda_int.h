@@ -68,6 +68,7 @@ typedef struct kern_cuda {
     bool pdl_able; // the device has programmatic dependent launch (sm_90 and later)
     bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
     unsigned gv_grid; // the GEMV's blocks resident at once (its grid at most)
+    unsigned gc_grid[2]; // the same for the column-split GEMV's two shapes (matmul_fused.cu's k_gemv_cols)
     // the decode attention's blocks resident at once when it reads K through shared memory, by head_dim (64, 128)
     // and query heads a KV head (1, 2, 4, 8)
     unsigned dec_ks_grid[2][4];

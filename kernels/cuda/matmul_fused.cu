@@ -77,14 +77,15 @@ __device__ __forceinline__ void gv_round(uint4 (&wv)[GV_R][GV_U], const __half *
     }
 }
 
-// Where unit `unit`'s GV_R weight rows are (glu: the same row of W0 and W1)
+// Where unit `unit`'s R weight rows are (glu, R 2: the same row of W0 and W1)
 // and where their results go; live[r]: the unit has row r.
-__device__ __forceinline__ void gv_rows(const gv_args_t &a, uint32_t unit, const __half *(&wr)[GV_R],
-                                        float *(&yr)[GV_R], uint32_t (&yrows)[GV_R], bool (&live)[GV_R])
+template <int R>
+__device__ __forceinline__ void gv_rows(const gv_args_t &a, uint32_t unit, const __half *(&wr)[R], float *(&yr)[R],
+                                        uint32_t (&yrows)[R], bool (&live)[R])
 {
 #pragma unroll
-    for (int r = 0; r < GV_R; r++) {
-        const uint32_t g = a.glu ? unit : unit * GV_R + r;
+    for (int r = 0; r < R; r++) {
+        const uint32_t g = a.glu ? unit : unit * R + r;
         // the weight row g falls in (glu: weight r), found with the arrays indexed by constants only (an index
         // known only at run time would copy them out of the parameters to local memory)
         const __half *w = a.glu && r ? a.w[r] : a.w[0];
@@ -232,6 +233,136 @@ template <int N, int NM> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLO
     kc_pdl_release(); // the next kernel's blocks may come in as this one's last ones finish
 }
 
+// The GEMV with the columns split among a block's warps (k_gemv_cols), which the step's matrices up to GC_B_COLS
+// wide take: a block of W warps takes R adjacent weight rows at a time (a unit: contiguous in memory), warp w the
+// 256-column chunks w, w + W, ... of them (at most CMAX), all of its loads of a unit in one round, the next unit's
+// issued before this one is used. Each lane keeps x's values of its chunks in registers, read once after the wait
+// (and the norm's weight multiplied in, and the sum of squares made, once); the warps' sums meet in shared memory
+// (double-buffered: one barrier a unit), and the block's first lane writes the unit's results. A unit is then one
+// round trip to memory for the block, not one a round for a warp as in k_gemv: a matrix's tail is one unit's round
+// trip, and the grid reads a window of consecutive units at a time. Over a 7B step's matrices on an H200 this read
+// 4,188 GB/s against k_gemv's 3,984 and a plain read's 4,472 (bench/results/gpu-2026-11-26e, runs 1 and 2).
+#define GC_A_COLS 4096 // widest matrix of shape A: R 2, W 8, CMAX 2 (glu too)
+#define GC_B_COLS 12288 // of shape B: R 1, W 16, CMAX 3 (no glu: a unit has one row)
+
+template <int R, int W, int CMAX>
+__device__ __forceinline__ void gc_load(uint4 (&wv)[R][CMAX], const gv_args_t &a, uint32_t unit, uint32_t warp,
+                                        uint32_t lane, uint32_t nch)
+{
+    const __half *wr[R];
+    float *yr[R];
+    uint32_t yrows[R];
+    bool live[R];
+    gv_rows(a, unit, wr, yr, yrows, live);
+#pragma unroll
+    for (int c = 0; c < CMAX; c++) {
+        const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wv[r][c] = live[r] && ch < nch && col < a.cols ? gv_load(wr[r] + col) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int R, int W, int CMAX, int NM>
+__global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_args_t a)
+{
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols, nch = (cols + 255) / 256;
+    __shared__ float part[2][R][W], ssw[W];
+    uint32_t unit = blockIdx.x;
+    uint4 wv[R][CMAX];
+    gc_load<R, W, CMAX>(wv, a, unit, warp, lane, nch); // weights only before the wait (cuda_int.h's kc_pdl_wait)
+    kc_pdl_wait();
+    float4 xs[CMAX][2];
+    float ss = 0;
+#pragma unroll
+    for (int c = 0; c < CMAX; c++) {
+        const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
+        float4 x0 = make_float4(0, 0, 0, 0), x1 = x0;
+        if (ch < nch && col < cols) {
+            x0 = __ldg((const float4 *)(a.x + col)), x1 = __ldg((const float4 *)(a.x + col + 4));
+            if (NM)
+                ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y +
+                      x1.z * x1.z + x1.w * x1.w;
+            if (NM == 2) {
+                const float4 g0 = __ldg((const float4 *)(a.norm + col)), g1 = __ldg((const float4 *)(a.norm + col + 4));
+                x0.x *= g0.x, x0.y *= g0.y, x0.z *= g0.z, x0.w *= g0.w;
+                x1.x *= g1.x, x1.y *= g1.y, x1.z *= g1.z, x1.w *= g1.w;
+            }
+        }
+        xs[c][0] = x0, xs[c][1] = x1;
+    }
+    float scale = 1.0f;
+    if (NM) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            ssw[warp] = ss;
+        __syncthreads();
+        float t = 0;
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            t += ssw[i];
+        scale = rsqrtf(t / cols + a.eps);
+    }
+    for (int buf = 0; unit < a.units; unit += gridDim.x, buf ^= 1) {
+        uint4 nx[R][CMAX];
+        gc_load<R, W, CMAX>(nx, a, unit + gridDim.x, warp, lane, nch);
+        // where the block's first lane writes this unit's results, and what they add to, asked for now so that
+        // the read is not one more round trip after the barrier (writing them in the next turn instead, after
+        // its loads are issued, held more registers than the kernel has: gpu-2026-11-26e run 4)
+        const __half *wr[R];
+        float *yr[R], res[R];
+        uint32_t yrows[R];
+        bool live[R];
+        if (threadIdx.x == 0) {
+            gv_rows(a, unit, wr, yr, yrows, live);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                res[r] = a.acc && live[r] ? *yr[r] : 0.0f;
+        }
+        float acc[R] = {};
+#pragma unroll
+        for (int c = 0; c < CMAX; c++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] += gv_dot8(wv[r][c], xs[c][0], xs[c][1]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            if (lane == 0)
+                part[buf][r][warp] = acc[r];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float v[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                v[r] = 0;
+#pragma unroll
+                for (int i = 0; i < W; i++)
+                    v[r] += part[buf][r][i];
+                v[r] *= scale;
+            }
+            if (R == 2 && a.glu)
+                *yr[0] = kc_silu_mul(v[0], v[R - 1]);
+            else
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (live[r])
+                        *yr[r] = res[r] + v[r];
+        }
+#pragma unroll
+        for (int c = 0; c < CMAX; c++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                wv[r][c] = nx[r][c];
+    }
+    kc_pdl_release();
+}
+
 // x's rows RMS-normed (weight g; none when g is NULL) and rounded to fp16: one block per row.
 __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t dim, float eps)
 {
@@ -260,10 +391,21 @@ static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
     a.eps = s->eps;
     a.glu = s->glu;
     a.acc = s->accumulate;
+    const int nm = !s->norm ? 0 : s->norm_in_w ? 1 : 2;
+    if (a.cols <= GC_A_COLS || (a.cols <= GC_B_COLS && !a.glu)) {
+        // k_gemv_cols: a block a unit at a time, the grid at most what the device holds at once
+        const bool A = a.cols <= GC_A_COLS;
+        const unsigned r = A ? 2 : 1, w = A ? 8 : 16, held = c->gc_grid[A ? 0 : 1];
+        a.units = a.glu ? s->w[0]->rows : (total + r - 1) / r;
+        void (*const ka[3])(gv_args_t) = {k_gemv_cols<2, 8, 2, 0>, k_gemv_cols<2, 8, 2, 1>, k_gemv_cols<2, 8, 2, 2>};
+        void (*const kb[3])(gv_args_t) = {k_gemv_cols<1, 16, 3, 0>, k_gemv_cols<1, 16, 3, 1>,
+                                          k_gemv_cols<1, 16, 3, 2>};
+        return kc_launch(c, "gemv_cols", A ? ka[nm] : kb[nm], a.units < held ? a.units : held, w * 32, 0, a);
+    }
     a.units = s->glu ? s->w[0]->rows : (total + GV_R - 1) / GV_R;
     const unsigned blocks = kc_blocks(a.units, GV_WARPS), grid = blocks < c->gv_grid ? blocks : c->gv_grid;
-    void (*k)(gv_args_t) = !s->norm ? k_gemv<GV_MAXN, 0> : s->norm_in_w ? k_gemv<GV_MAXN, 1> : k_gemv<GV_MAXN, 2>;
-    return kc_launch(c, "gemv", k, grid, GV_WARPS * 32, 0, a);
+    void (*const k[3])(gv_args_t) = {k_gemv<GV_MAXN, 0>, k_gemv<GV_MAXN, 1>, k_gemv<GV_MAXN, 2>};
+    return kc_launch(c, "gemv", k[nm], grid, GV_WARPS * 32, 0, a);
 }
 
 td_status_t kc_matmul_fused_init(kern_cuda_t *c)
@@ -271,6 +413,10 @@ td_status_t kc_matmul_fused_init(kern_cuda_t *c)
     int per_sm = 0;
     CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<GV_MAXN, 2>, GV_WARPS * 32, 0));
     c->gv_grid = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
+    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_cols<2, 8, 2, 2>, 8 * 32, 0));
+    c->gc_grid[0] = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
+    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_cols<1, 16, 3, 2>, 16 * 32, 0));
+    c->gc_grid[1] = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
     return TD_OK;
 }
 
