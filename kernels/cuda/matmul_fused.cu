@@ -3,8 +3,10 @@
 // residual add after the output and down projections, folded into the
 // matmul so that none of them is a pass of its own.
 //
-// One row (a batch-1 decode step) takes k_gemv, which is bound by
-// reading the weights once: a warp takes GV_R weight rows, each lane streams
+// One row (a batch-1 decode step) takes a GEMV, bound by reading the weights
+// once. Matrices up to GC_B_COLS wide (every matrix of the 7B shape) take
+// k_gemv_cols, which splits each row's columns among a block's warps (below,
+// where it is defined); wider ones take k_gemv: a warp takes GV_R weight rows, each lane streams
 // 16 bytes of each (8 halves) GV_U times before it uses them, and GV_BLOCKS
 // blocks of GV_WARPS warps an SM (64 registers a thread) keep enough bytes in
 // flight to keep HBM busy. The grid is what the device holds at once; a warp
