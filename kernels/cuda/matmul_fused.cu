@@ -247,15 +247,43 @@ template <int N, int NM> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLO
 #define GC_A_COLS 4096 // widest matrix of shape A: R 2, W 8, CMAX 2 (glu too)
 #define GC_B_COLS 12288 // of shape B: R 1, W 16, CMAX 3 (no glu: a unit has one row)
 
+// gv_rows for k_gemv_cols, with the two common cases computed directly: one weight (the output and down
+// projections, the output matrix) and glu (gate/up); more weights (Q/K/V) look the row up.
+template <int R>
+__device__ __forceinline__ void gc_rows(const gv_args_t &a, uint32_t unit, const __half *(&wr)[R], float *(&yr)[R],
+                                        bool (&live)[R])
+{
+    if (a.k == 1 && !a.glu) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint32_t g = unit * R + r;
+            live[r] = g < a.end[0];
+            wr[r] = a.w[0] + (size_t)(live[r] ? g : 0) * a.cols;
+            yr[r] = a.y[0] + g;
+        }
+        return;
+    }
+    if (a.glu) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            live[r] = unit < a.units;
+            wr[r] = a.w[r] + (size_t)(live[r] ? unit : 0) * a.cols;
+            yr[r] = a.y[0] + unit;
+        }
+        return;
+    }
+    uint32_t yrows[R];
+    gv_rows(a, unit, wr, yr, yrows, live);
+}
+
 template <int R, int W, int CMAX>
 __device__ __forceinline__ void gc_load(uint4 (&wv)[R][CMAX], const gv_args_t &a, uint32_t unit, uint32_t warp,
                                         uint32_t lane, uint32_t nch)
 {
     const __half *wr[R];
     float *yr[R];
-    uint32_t yrows[R];
     bool live[R];
-    gv_rows(a, unit, wr, yr, yrows, live);
+    gc_rows(a, unit, wr, yr, live);
 #pragma unroll
     for (int c = 0; c < CMAX; c++) {
         const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
@@ -315,10 +343,9 @@ __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_
         // its loads are issued, held more registers than the kernel has: gpu-2026-11-26e run 4)
         const __half *wr[R];
         float *yr[R], res[R];
-        uint32_t yrows[R];
         bool live[R];
         if (threadIdx.x == 0) {
-            gv_rows(a, unit, wr, yr, yrows, live);
+            gc_rows(a, unit, wr, yr, live);
 #pragma unroll
             for (int r = 0; r < R; r++)
                 res[r] = a.acc && live[r] ? *yr[r] : 0.0f;
