@@ -623,6 +623,8 @@ template <int NM, bool GLU, bool XS> static void run_e(const char *name, Bench &
 // plain chain); 1, as a layer calls it (Q, K and V as three weights with the norm, the output projection added
 // onto the residual, gate and up as two weights with glu and the norm, down added, the output with the norm);
 // 2, the same with the norm's weight in the weights (norm_in_w; the weights are not scaled: timing only).
+// layer: 0 every matrix alone; 1 as a layer (Q/K/V three weights, the norm, glu, the adds); 2 the same with the
+// norm in the weights; 3 the same with Q/K/V one weight
 static void run_engine(const char *name, Bench &b, int layer)
 {
     kern_backend_t *be;
@@ -645,7 +647,7 @@ static void run_engine(const char *name, Bench &b, int layer)
         float *y[3] = {buf[0], buf[1], buf[2]};
         const int kind = i + 1 == b.mats.size() ? 4 : (int)(i % 4); // 0 QKV, 1 O, 2 gate/up, 3 down, 4 output
         uint32_t parts = 1;
-        if (layer && kind == 0)
+        if (layer && layer != 3 && kind == 0)
             parts = 3;
         if (layer && kind == 2)
             parts = 2;
@@ -658,7 +660,7 @@ static void run_engine(const char *name, Bench &b, int layer)
         sp.x = b.x;
         if (layer) {
             if (kind == 0 || kind == 2 || kind == 4)
-                sp.norm = g, sp.norm_in_w = layer == 2;
+                sp.norm = g, sp.norm_in_w = layer >= 2;
             if (kind == 1 || kind == 3)
                 sp.accumulate = true, sp.y = &buf[3];
             if (kind == 2)
@@ -818,8 +820,13 @@ int main(int argc, char **argv)
                       k_split<1, 4, 11, false, 5>, 4, 1);
             run_split("split R1 W16, x regs | R1 W16", b, k_split<1, 16, 1, true, 2>, 16, 1,
                       k_split<1, 16, 3, true, 2>, 16, 1);
+            run_split("split R2 W8, x regs | R1 W8 x L1", b, k_split<2, 8, 2, true, 4>, 8, 2,
+                      k_split<1, 8, 6, false, 4>, 8, 1);
+            run_split("split R2 W8, x regs | R1 W12 x L1", b, k_split<2, 8, 2, true, 4>, 8, 2,
+                      k_split<1, 12, 4, false, 2>, 12, 1);
             run_engine("engine's kernel: plain", b, 0);
             run_engine("engine's kernel: layer, norm_in_w", b, 2);
+            run_engine("engine's kernel: the same, QKV one", b, 3);
         }
         return 0;
     }
