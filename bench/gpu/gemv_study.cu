@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda_int.h"
 #include "kernels/quant.h"
 
 template <int L2HINT> __device__ __forceinline__ uint4 ld16(const __half *p)
@@ -113,9 +114,7 @@ __global__ void __launch_bounds__(W * 32)
         }
 #pragma unroll
         for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            acc[r] = kc_warp_sum(acc[r]);
             if (lane == 0)
                 y[unit * R + r] = norm ? acc[r] * scale : acc[r];
         }
@@ -132,6 +131,21 @@ __global__ void __launch_bounds__(W * 32)
 // (double-buffered, one barrier a unit). So a unit is one round trip to memory for the block, not one a round
 // for a warp: a matrix's tail is a unit's round trip, and at any time the grid reads a window of consecutive
 // units. XR: each lane keeps x's values of its chunks in registers (read once); else x through L1 each unit.
+// k_split's loads of unit `unit`: warp w's chunks of its R rows (zeros past the row or the units)
+template <int R, int W, int CMAX>
+__device__ __forceinline__ void split_load(uint4 (&wv)[R][CMAX], const __half *w, uint32_t unit, uint32_t units,
+                                           uint32_t cols, uint32_t nch, uint32_t warp, uint32_t lane)
+{
+#pragma unroll
+    for (int c = 0; c < CMAX; c++) {
+        const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wv[r][c] = ch < nch && col < cols && unit < units ? ld16<0>(w + (size_t)(unit * R + r) * cols + col)
+                                                             : make_uint4(0, 0, 0, 0);
+    }
+}
+
 template <int R, int W, int CMAX, bool XR, int MINB>
 __global__ void __launch_bounds__(W * 32, MINB)
     k_split(const __half *w, const float *x, float *y, uint32_t rows, uint32_t cols, int)
@@ -141,14 +155,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
     __shared__ float part[2][R][W];
     uint32_t unit = blockIdx.x;
     uint4 wv[R][CMAX];
-#pragma unroll
-    for (int c = 0; c < CMAX; c++) {
-        const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            wv[r][c] = ch < nch && col < cols && unit < units ? ld16<0>(w + (size_t)(unit * R + r) * cols + col)
-                                                             : make_uint4(0, 0, 0, 0);
-    }
+    split_load<R, W, CMAX>(wv, w, unit, units, cols, nch, warp, lane);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     float4 xs[CMAX][2];
     if (XR)
@@ -160,16 +167,8 @@ __global__ void __launch_bounds__(W * 32, MINB)
             xs[c][1] = in ? __ldg((const float4 *)(x + col + 4)) : make_float4(0, 0, 0, 0);
         }
     for (int buf = 0; unit < units; unit += gridDim.x, buf ^= 1) {
-        const uint32_t nu = unit + gridDim.x;
         uint4 nx[R][CMAX];
-#pragma unroll
-        for (int c = 0; c < CMAX; c++) {
-            const uint32_t ch = warp + c * W, col = ch * 256 + lane * 8;
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                nx[r][c] = ch < nch && col < cols && nu < units ? ld16<0>(w + (size_t)(nu * R + r) * cols + col)
-                                                               : make_uint4(0, 0, 0, 0);
-        }
+        split_load<R, W, CMAX>(nx, w, unit + gridDim.x, units, cols, nch, warp, lane);
         float acc[R] = {};
 #pragma unroll
         for (int c = 0; c < CMAX; c++) {
@@ -187,9 +186,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
         }
 #pragma unroll
         for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            acc[r] = kc_warp_sum(acc[r]);
             if (lane == 0)
                 part[buf][r][warp] = acc[r];
         }
@@ -406,6 +403,26 @@ static float median_ms(cudaStream_t s, void (*launch)(cudaStream_t, void *), voi
 
 static void graph_launch(cudaStream_t s, void *g) { cudaGraphLaunch((cudaGraphExec_t)g, s); }
 
+// Times the captured step g on s (median of 9), checks the output's first rows when `checked`, prints the line
+// and frees g and s.
+static void time_graph(const char *name, Bench &b, cudaStream_t s, cudaGraph_t g, const char *label, bool checked)
+{
+    cudaGraphExec_t ge;
+    cudaGraphInstantiate(&ge, g, 0);
+    float ms = median_ms(s, graph_launch, ge);
+    float hy[8];
+    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
+    double err = 0;
+    for (int i = 0; i < 8; i++)
+        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
+    printf("%-34s %s  step %.3f ms  %.0f GB/s  %s  %s\n", name, label, ms, b.bytes / (ms * 1e-3) / 1e9,
+           !checked ? "(not checked)" : err < 1e-3 ? "check ok" : "CHECK FAILED",
+           cudaGetErrorString(cudaGetLastError()));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+}
+
 template <int R, int U, int W, bool PERSIST, int L2HINT, bool PDL = false>
 static void run(const char *name, Bench &b, int with_norm = 0) // 1: the norm; 2: no check
 {
@@ -415,7 +432,6 @@ static void run(const char *name, Bench &b, int with_norm = 0) // 1: the norm; 2
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     for (auto &m : b.mats) {
         uint32_t units = m.rows / R, blocks = (units + W - 1) / W;
@@ -429,19 +445,9 @@ static void run(const char *name, Bench &b, int with_norm = 0) // 1: the norm; 2
         cudaLaunchKernelEx(&cfg, k, m.w, b.x, b.y, m.rows, m.cols, (int)(with_norm == 1 && m.norm));
     }
     cudaStreamEndCapture(s, &g);
-    cudaGraphInstantiate(&ge, g, 0);
-    float ms = median_ms(s, graph_launch, ge);
-    float hy[8];
-    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
-    double err = 0;
-    for (int i = 0; i < 8; i++)
-        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
-    printf("%-34s %d blocks/SM  step %.3f ms  %.0f GB/s  %s  %s\n", name, per_sm, ms, b.bytes / (ms * 1e-3) / 1e9,
-           with_norm ? "(not checked)" : err < 1e-3 ? "check ok" : "CHECK FAILED",
-           cudaGetErrorString(cudaGetLastError()));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    cudaStreamDestroy(s);
+    char label[32];
+    snprintf(label, sizeof label, "%d blocks/SM", per_sm);
+    time_graph(name, b, s, g, label, !with_norm);
 }
 
 struct ReadArg {
@@ -590,7 +596,6 @@ template <int NM, bool GLU, bool XS> static void run_e(const char *name, Bench &
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     cudaGraph_t gr;
-    cudaGraphExec_t ge;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     for (auto &m : b.mats) {
         const int glu = m.rows == 22016;
@@ -604,18 +609,9 @@ template <int NM, bool GLU, bool XS> static void run_e(const char *name, Bench &
         cudaLaunchKernelEx(&cfg, k, m.w, b.x, g, b.y, m.rows, m.cols, m.norm, glu);
     }
     cudaStreamEndCapture(s, &gr);
-    cudaGraphInstantiate(&ge, gr, 0);
-    float ms = median_ms(s, graph_launch, ge);
-    float hy[8];
-    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
-    double err = 0;
-    for (int i = 0; i < 8; i++)
-        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
-    printf("%-34s %d blocks/SM  step %.3f ms  %.0f GB/s  %s  %s\n", name, per_sm, ms, b.bytes / (ms * 1e-3) / 1e9,
-           NM ? "(not checked)" : err < 1e-3 ? "check ok" : "CHECK FAILED", cudaGetErrorString(cudaGetLastError()));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(gr);
-    cudaStreamDestroy(s);
+    char label[32];
+    snprintf(label, sizeof label, "%d blocks/SM", per_sm);
+    time_graph(name, b, s, gr, label, !NM);
 }
 
 // The engine's own GEMV, through the CUDA backend's matmul_fused (kernels/cuda/matmul_fused.cu) on the same
@@ -730,7 +726,6 @@ static void run_split(const char *name, Bench &b, SplitK k4, int w4, int r4, Spl
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     for (auto &m : b.mats) {
         const bool wide = m.cols > 4096;
@@ -744,19 +739,9 @@ static void run_split(const char *name, Bench &b, SplitK k4, int w4, int r4, Spl
         cudaLaunchKernelEx(&cfg, wide ? k11 : k4, m.w, b.x, b.y, m.rows, m.cols, 0);
     }
     cudaStreamEndCapture(s, &g);
-    cudaGraphInstantiate(&ge, g, 0);
-    float ms = median_ms(s, graph_launch, ge);
-    float hy[8];
-    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
-    double err = 0;
-    for (int i = 0; i < 8; i++)
-        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
-    printf("%-34s %d/%d blocks/SM  step %.3f ms  %.0f GB/s  %s  %s\n", name, ps4, ps11, ms,
-           b.bytes / (ms * 1e-3) / 1e9, err < 1e-3 ? "check ok" : "CHECK FAILED",
-           cudaGetErrorString(cudaGetLastError()));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    cudaStreamDestroy(s);
+    char label[32];
+    snprintf(label, sizeof label, "%d/%d blocks/SM", ps4, ps11);
+    time_graph(name, b, s, g, label, true);
 }
 
 int main(int argc, char **argv)

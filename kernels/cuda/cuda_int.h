@@ -105,6 +105,15 @@ static inline void kc_bind(kern_backend_t *b)
 // silu(g) * u: SwiGLU's product, the one formula of every kernel that makes it
 __device__ __forceinline__ float kc_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// The sum of v over the warp's 32 lanes (every lane gets it).
+__device__ __forceinline__ float kc_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // 1 / rms(xr[0..dim)) + eps's, by the whole block (up to 256 threads):
 // every thread gets it. For the kernels that normalize a row per block.
 __device__ __forceinline__ float kc_row_rms_scale(const float *xr, uint32_t dim, float eps)

@@ -323,9 +323,7 @@ __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_
     }
     float scale = 1.0f;
     if (NM) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        ss = kc_warp_sum(ss);
         if (lane == 0)
             ssw[warp] = ss;
         __syncthreads();
@@ -358,9 +356,7 @@ __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_
                 acc[r] += gv_dot8(wv[r][c], xs[c][0], xs[c][1]);
 #pragma unroll
         for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            acc[r] = kc_warp_sum(acc[r]);
             if (lane == 0)
                 part[buf][r][warp] = acc[r];
         }

@@ -29,9 +29,7 @@ __device__ __forceinline__ float sm_val(uint32_t k)
 // The block's sum of v (every thread gets it).
 __device__ float sm_sum(float v, float *sh)
 {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = kc_warp_sum(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
         sh[threadIdx.x >> 5] = v;
