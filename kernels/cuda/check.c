@@ -235,7 +235,7 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     gpu->ops->weight_release(gpu, &sq_g), cpu->ops->weight_release(cpu, &sq_c);
     /* 4. as a layer runs them: gate/up with glu handed to the next call (to_next), the down projection over the
      * product added onto a residual (widths the CPU backend takes: multiples of 32) */
-    const uint32_t f4 = cols / 2 + 32;
+    const uint32_t f4 = cols / 64 * 32 + 32;
     uint8_t *wd4[3] = {random_weight(KERN_TYPE_F16, f4, cols), random_weight(KERN_TYPE_F16, f4, cols),
                        random_weight(KERN_TYPE_F16, cols, f4)};
     kern_weight_t w4c[3], w4g[3];
@@ -1372,7 +1372,11 @@ int main(int argc, char **argv)
         const uint32_t fused_rows[] = {1, 5, 8, 64}; /* the GEMV (8 or fewer) and cuBLAS */
         for (size_t i = 0; i < sizeof fused_rows / sizeof *fused_rows; i++)
             check_matmul_fused(cpu, gpu, 576, fused_rows[i]);
-        check_matmul_fused(cpu, gpu, 4096, 1);
+        /* one row: 576 and 4096 wide take matmul_fused.cu's k_gemv_cols shape A; 4128 (a last chunk of 32 columns)
+         * and 11008 its shape B, whose glu cases take k_gemv */
+        const uint32_t fused_cols[] = {4096, 4128, 11008};
+        for (size_t i = 0; i < sizeof fused_cols / sizeof *fused_cols; i++)
+            check_matmul_fused(cpu, gpu, fused_cols[i], 1);
         check_weight_scale(gpu);
         check_sample(gpu);
     }
