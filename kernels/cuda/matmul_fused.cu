@@ -245,6 +245,7 @@ template <int N, int NM> __global__ void __launch_bounds__(GV_WARPS * 32, GV_BLO
 // trip, and the grid reads a window of consecutive units at a time. Over a 7B step's matrices on an H200 this read
 // 4,188 GB/s against k_gemv's 3,984 and a plain read's 4,472 (bench/results/gpu-2026-11-26e, runs 1 and 2).
 #define GC_A_COLS 4096 // widest matrix of shape A: R 2, W 8, CMAX 2 (glu too)
+#define GC_RES 64 // residual values a block reads ahead (k_gemv_cols with acc; R is 1 or 2)
 #define GC_B_COLS 12288 // of shape B: R 1, W 16, CMAX 3 (no glu: a unit has one row)
 
 // gv_rows for k_gemv_cols, with the two common cases computed directly: one weight (the output and down
@@ -297,7 +298,7 @@ template <int R, int W, int CMAX, int NM>
 __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_args_t a)
 {
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cols = a.cols, nch = (cols + 255) / 256;
-    __shared__ float part[2][R][W], ssw[W];
+    __shared__ float part[2][R][W], ssw[W], res[GC_RES];
     uint32_t unit = blockIdx.x;
     uint4 wv[R][CMAX];
     gc_load<R, W, CMAX>(wv, a, unit, warp, lane, nch); // weights only before the wait (cuda_int.h's kc_pdl_wait)
@@ -321,6 +322,18 @@ __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_
         }
         xs[c][0] = x0, xs[c][1] = x1;
     }
+    // with acc, what the block's first GC_RES rows add to (the residual), read now, all at once: read by the
+    // writer after each unit's barrier it was a round trip on the way of the first warp's next loads, 0.085 ms
+    // a 7B step (gpu-2026-11-26e run 17)
+    if (a.acc)
+        for (uint32_t t = threadIdx.x; t < GC_RES; t += W * 32) {
+            const __half *wr[R];
+            float *yr[R];
+            bool live[R];
+            gc_rows(a, blockIdx.x + t / R * gridDim.x, wr, yr, live);
+            const bool last = t % R == R - 1; // R is 1 or 2: row 0 or row R - 1
+            res[t] = (last ? live[R - 1] : live[0]) ? *(last ? yr[R - 1] : yr[0]) : 0.0f;
+        }
     float scale = 1.0f;
     if (NM) {
         ss = kc_warp_sum(ss);
@@ -333,21 +346,10 @@ __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_
             t += ssw[i];
         scale = rsqrtf(t / cols + a.eps);
     }
-    for (int buf = 0; unit < a.units; unit += gridDim.x, buf ^= 1) {
+    uint32_t turn = 0; // the block's units so far
+    for (int buf = 0; unit < a.units; unit += gridDim.x, buf ^= 1, turn++) {
         uint4 nx[R][CMAX];
         gc_load<R, W, CMAX>(nx, a, unit + gridDim.x, warp, lane, nch);
-        // where the block's first lane writes this unit's results, and what they add to, asked for now so that
-        // the read is not one more round trip after the barrier (writing them in the next turn instead, after
-        // its loads are issued, held more registers than the kernel has: gpu-2026-11-26e run 4)
-        const __half *wr[R];
-        float *yr[R], res[R];
-        bool live[R];
-        if (threadIdx.x == 0) {
-            gc_rows(a, unit, wr, yr, live);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                res[r] = a.acc && live[r] ? *yr[r] : 0.0f;
-        }
         float acc[R] = {};
 #pragma unroll
         for (int c = 0; c < CMAX; c++)
@@ -362,6 +364,10 @@ __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_
         }
         __syncthreads();
         if (threadIdx.x == 0) {
+            const __half *wr[R];
+            float *yr[R];
+            bool live[R];
+            gc_rows(a, unit, wr, yr, live);
             float v[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -376,8 +382,10 @@ __global__ void __launch_bounds__(W * 32, 1024 / (W * 32)) k_gemv_cols(const gv_
             else
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    if (live[r])
-                        *yr[r] = res[r] + v[r];
+                    if (live[r]) {
+                        const uint32_t i = turn * R + r;
+                        *yr[r] = v[r] + (!a.acc ? 0.0f : i < GC_RES ? res[i] : *yr[r]);
+                    }
         }
 #pragma unroll
         for (int c = 0; c < CMAX; c++)
