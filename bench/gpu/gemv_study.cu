@@ -403,13 +403,23 @@ static float median_ms(cudaStream_t s, void (*launch)(cudaStream_t, void *), voi
 
 static void graph_launch(cudaStream_t s, void *g) { cudaGraphLaunch((cudaGraphExec_t)g, s); }
 
-// Times the captured step g on s (median of 9), checks the output's first rows when `checked`, prints the line
-// and frees g and s.
-static void time_graph(const char *name, Bench &b, cudaStream_t s, cudaGraph_t g, const char *label, bool checked)
+// Launches k into s (being captured), programmatically dependent on the kernel before when pdl.
+template <typename... P, typename... A>
+static void launch(cudaStream_t s, void (*k)(P...), uint32_t grid, uint32_t block, size_t smem, bool pdl, A... args)
 {
-    cudaGraphExec_t ge;
-    cudaGraphInstantiate(&ge, g, 0);
-    float ms = median_ms(s, graph_launch, ge);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s, cfg.attrs = &at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+// Prints a step's line: its time against the weights' bytes, and (when `checked`) the output's first rows against
+// the host's dot products.
+static void report_step(const char *name, const Bench &b, const char *label, float ms, bool checked)
+{
     float hy[8];
     cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
     double err = 0;
@@ -418,6 +428,15 @@ static void time_graph(const char *name, Bench &b, cudaStream_t s, cudaGraph_t g
     printf("%-34s %s  step %.3f ms  %.0f GB/s  %s  %s\n", name, label, ms, b.bytes / (ms * 1e-3) / 1e9,
            !checked ? "(not checked)" : err < 1e-3 ? "check ok" : "CHECK FAILED",
            cudaGetErrorString(cudaGetLastError()));
+}
+
+// Times the captured step g on s (median of 9), checks the output's first rows when `checked`, prints the line
+// and frees g and s.
+static void time_graph(const char *name, Bench &b, cudaStream_t s, cudaGraph_t g, const char *label, bool checked)
+{
+    cudaGraphExec_t ge;
+    cudaGraphInstantiate(&ge, g, 0);
+    report_step(name, b, label, median_ms(s, graph_launch, ge), checked);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
     cudaStreamDestroy(s);
@@ -437,12 +456,7 @@ static void run(const char *name, Bench &b, int with_norm = 0) // 1: the norm; 2
         uint32_t units = m.rows / R, blocks = (units + W - 1) / W;
         if (PERSIST)
             blocks = std::min<uint32_t>(blocks, per_sm * b.sms);
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at.val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = blocks, cfg.blockDim = W * 32, cfg.stream = s, cfg.attrs = &at, cfg.numAttrs = PDL ? 1 : 0;
-        cudaLaunchKernelEx(&cfg, k, m.w, b.x, b.y, m.rows, m.cols, (int)(with_norm == 1 && m.norm));
+        launch(s, k, blocks, W * 32, 0, PDL, m.w, b.x, b.y, m.rows, m.cols, (int)(with_norm == 1 && m.norm));
     }
     cudaStreamEndCapture(s, &g);
     char label[32];
@@ -600,13 +614,7 @@ template <int NM, bool GLU, bool XS> static void run_e(const char *name, Bench &
     for (auto &m : b.mats) {
         const int glu = m.rows == 22016;
         uint32_t units = m.rows / 2, blocks = std::min<uint32_t>((units + 7) / 8, per_sm * b.sms);
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at.val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = blocks, cfg.blockDim = 256, cfg.stream = s, cfg.attrs = &at, cfg.numAttrs = 1;
-        cfg.dynamicSmemBytes = smem;
-        cudaLaunchKernelEx(&cfg, k, m.w, b.x, g, b.y, m.rows, m.cols, m.norm, glu);
+        launch(s, k, blocks, 256, smem, true, m.w, b.x, g, b.y, m.rows, m.cols, m.norm, glu);
     }
     cudaStreamEndCapture(s, &gr);
     char label[32];
@@ -703,14 +711,9 @@ template <int P, bool BAR, bool XL2> static void run_chain(const char *name, Ben
     r.blocks = per_sm * b.sms;
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    float ms = median_ms(s, chain_launch, &r);
-    float hy[8];
-    cudaMemcpy(hy, b.y, sizeof hy, cudaMemcpyDeviceToHost);
-    double err = 0;
-    for (int i = 0; i < 8; i++)
-        err = std::max(err, (double)fabsf(hy[i] - b.check[i]) / (fabsf(b.check[i]) + 1e-3));
-    printf("%-34s %d blocks/SM  step %.3f ms  %.0f GB/s  %s  %s\n", name, per_sm, ms, b.bytes / (ms * 1e-3) / 1e9,
-           err < 1e-3 ? "check ok" : "CHECK FAILED", cudaGetErrorString(cudaGetLastError()));
+    char label[32];
+    snprintf(label, sizeof label, "%d blocks/SM", per_sm);
+    report_step(name, b, label, median_ms(s, chain_launch, &r), true);
     cudaStreamDestroy(s);
 }
 
@@ -731,12 +734,7 @@ static void run_split(const char *name, Bench &b, SplitK k4, int w4, int r4, Spl
         const bool wide = m.cols > 4096;
         const int r = wide ? r11 : r4, per_sm = wide ? ps11 : ps4;
         const uint32_t units = m.rows / r, blocks = std::min<uint32_t>(units, per_sm * b.sms);
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at.val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = blocks, cfg.blockDim = (wide ? w11 : w4) * 32, cfg.stream = s, cfg.attrs = &at, cfg.numAttrs = 1;
-        cudaLaunchKernelEx(&cfg, wide ? k11 : k4, m.w, b.x, b.y, m.rows, m.cols, 0);
+        launch(s, wide ? k11 : k4, blocks, (wide ? w11 : w4) * 32, 0, true, m.w, b.x, b.y, m.rows, m.cols, 0);
     }
     cudaStreamEndCapture(s, &g);
     char label[32];

@@ -6,10 +6,10 @@
 // One row (a batch-1 decode step) takes a GEMV, bound by reading the weights
 // once. Matrices up to GC_B_COLS wide (every matrix of the 7B shape) take
 // k_gemv_cols, which splits each row's columns among a block's warps (below,
-// where it is defined); wider ones take k_gemv: a warp takes GV_R weight rows, each lane streams
-// 16 bytes of each (8 halves) GV_U times before it uses them, and GV_BLOCKS
-// blocks of GV_WARPS warps an SM (64 registers a thread) keep enough bytes in
-// flight to keep HBM busy. The grid is what the device holds at once; a warp
+// where it is defined); wider ones take k_gemv: a warp takes GV_R weight
+// rows, each lane streams 16 bytes of each (8 halves) GV_U times before it
+// uses them, and GV_BLOCKS blocks of GV_WARPS warps an SM (64 registers a
+// thread) keep enough bytes in flight to keep HBM busy. The grid is what the device holds at once; a warp
 // takes unit after unit (GV_R rows each) until the rows run out, so no block
 // starts after the first ones and the tail is at most one unit a warp. The
 // first round is loaded before anything else (before the wait for the kernel
@@ -441,16 +441,21 @@ static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
     return kc_launch(c, "gemv", k[nm], grid, GV_WARPS * 32, 0, a);
 }
 
-td_status_t kc_matmul_fused_init(kern_cuda_t *c)
+// *grid: the blocks of kernel k (threads a block) the device holds at once, at least one an SM
+static td_status_t resident(const kern_cuda_t *c, void (*k)(gv_args_t), int threads, unsigned *grid)
 {
     int per_sm = 0;
-    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<GV_MAXN, 2>, GV_WARPS * 32, 0));
-    c->gv_grid = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
-    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_cols<2, 8, 2, 2>, 8 * 32, 0));
-    c->gc_grid[0] = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
-    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_cols<1, 16, 3, 2>, 16 * 32, 0));
-    c->gc_grid[1] = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
+    CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0));
+    *grid = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
     return TD_OK;
+}
+
+td_status_t kc_matmul_fused_init(kern_cuda_t *c)
+{
+    td_status_t rc = resident(c, k_gemv<GV_MAXN, 2>, GV_WARPS * 32, &c->gv_grid);
+    if (!rc)
+        rc = resident(c, k_gemv_cols<2, 8, 2, 2>, 8 * 32, &c->gc_grid[0]);
+    return rc ? rc : resident(c, k_gemv_cols<1, 16, 3, 2>, 16 * 32, &c->gc_grid[1]);
 }
 
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
