@@ -91,8 +91,9 @@ class Host:
                                   start_new_session=True)
 
     def text(self):
-        self.log.seek(0)
-        return self.log.read()
+        # through a file description of its own: self.log's offset is shared with the host's processes
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
 
     def stop(self, sig=signal.SIGTERM, wait=40):
         if self.p.poll() is None:

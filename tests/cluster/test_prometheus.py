@@ -58,8 +58,7 @@ def main():
     prom = None
     data = tempfile.mkdtemp(prefix="tandem-prom-")
     try:
-        c.err.seek(0)
-        m = re.search(r"listed at https://(\S+)/targets", c.err.read())
+        m = re.search(r"listed at https://(\S+)/targets", c.log())
         check("tandem up names the router's Prometheus targets page, on HTTPS", m is not None and bool(c.certs))
         if not m or not c.certs:
             return

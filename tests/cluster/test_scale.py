@@ -122,8 +122,7 @@ def main():
             parts.append("%s %.0f%% of %d" % (name, a, n))
         print("  SLO attainment (TTFT %d ms, TPOT %d ms): %s" % (TTFT_SLO_MS, TPOT_SLO_MS, "; ".join(parts)),
               flush=True)
-        c.err.seek(0)
-        flips = [l for l in c.err.read().splitlines() if "drained in" in l]
+        flips = [l for l in c.log().splitlines() if "drained in" in l]
         check("the flip drained the prefill worker and started it as a decode worker: %s" %
               (flips[-1] if flips else "none"), any("now decode-" in l for l in flips), "")
         # an ops file applied whole: auto within bounds, the planner says what it waits for

@@ -97,8 +97,7 @@ class Cluster:
         while not line and time.time() < deadline and self.p.poll() is None:  # a start that hangs fails, not hangs
             if select.select([self.p.stdout], [], [], max(0.0, deadline - time.time()))[0]:
                 line = self.p.stdout.readline().strip()
-        self.err.seek(0)
-        log = self.err.read()
+        log = self.log()
         m = re.search(r"etcd on (\S+),", log)
         if not re.fullmatch(r"[\d.]+:\d+", line) or not m:
             # a failed start stops what it started (its processes would outlive the suite otherwise)
@@ -115,6 +114,12 @@ class Cluster:
         self.certs = m.group(1) if m else None
         self.ch = grpc.secure_channel(self.endpoint, creds) if creds else grpc.insecure_channel(self.endpoint)
         self.stub = pbg.TandemStub(self.ch)
+
+    def log(self):
+        """What the cluster's processes have written to stderr so far. Read through a file description of its own:
+        self.err's offset is shared with the children, whose appends move it to the end between a seek and a read."""
+        with open(self.err.name, errors="replace") as f:
+            return f.read()
 
     def etcdctl(self, *args, cert="client"):
         """etcdctl against the cluster's etcd, showing certificate `cert` of tandem up's folder (None: none)."""
@@ -270,8 +275,7 @@ def tls_cluster(refs):
         check("TLS: tandem generate --endpoint --tls-ca streams the same tokens",
               [int(x) for x in cli.stdout.split()] == refs[PROMPTS[0]], cli.stderr[-300:])
         # the OpenAI HTTP API takes the same pair: HTTPS, and plain HTTP is refused
-        c.err.seek(0)
-        m = re.search(r"HTTP API at (\S+)/v1", c.err.read())
+        m = re.search(r"HTTP API at (\S+)/v1", c.log())
         check("TLS: tandem up names the HTTP API as https://", m is not None and m.group(1).startswith("https://"),
               m.group(0) if m else "no HTTP API line")
         if m:

@@ -122,8 +122,7 @@ def api_keys():
     c = tc.Cluster(config=d + "/tandem.yaml")
     try:
         tc.wait_for(lambda: c.health()[0], 60)
-        c.err.seek(0)
-        url = "http://%s/v1" % re.search(r"HTTP API at http://(\S+)/v1", c.err.read()).group(1)
+        url = "http://%s/v1" % re.search(r"HTTP API at http://(\S+)/v1", c.log()).group(1)
         host, port = url[7:-3].rsplit(":", 1)
 
         def call(key, max_tokens=4):
@@ -198,8 +197,7 @@ def main():
     c = tc.Cluster()
     try:
         tc.wait_for(lambda: c.health()[0], 60)
-        c.err.seek(0)
-        m = re.search(r"HTTP API at http://(\S+)/v1", c.err.read())
+        m = re.search(r"HTTP API at http://(\S+)/v1", c.log())
         host, port = m.group(1).rsplit(":", 1)
         port = int(port)
         cl = openai.OpenAI(base_url="http://%s:%d/v1" % (host, port), api_key="unused", max_retries=0, timeout=120)

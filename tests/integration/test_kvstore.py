@@ -201,7 +201,7 @@ def full_disk():
         docs = [text(rng.randint(200, 400), rng) for _ in range(8)]  # ~150 blocks: far past 11 + ~15 slots
         outs = [gen(c, d) for d in docs]
         time.sleep(1)
-        log = open(c.err.name).read()  # the tier is cut when the first writer's block size is known
+        log = c.log()  # the tier is cut when the first writer's block size is known
         check("full disk: the node takes the slots that fit and says so", "has room for" in log and
               "not the 64 MiB asked for" in log, log[-2000:])
         st = kv_stats(c, kvstores(c)[0])
@@ -220,7 +220,7 @@ def full_disk():
         node = kvstores(c)[0]
         os.kill(node["pid"], signal.SIGTERM)
         tc.wait_for(lambda: [n for n in kvstores(c) if n["pid"] != node["pid"]], 60)
-        log = open(c.err.name).read()
+        log = c.log()
         check("full disk: the manifest that does not fit is logged at the stop, the restart rebuilds from the slots",
               "the next start reads every slot's header instead" in log and "rebuilding the block list" in log,
               log[-3000:])
@@ -360,7 +360,7 @@ def main():
               (warm[1].store_cached_tokens, ssd, warm[2].ttft_ms),
               warm[1].store_cached_tokens >= 1984 and ssd > 0 and warm[2].ttft_ms <= 0.1 * cold[2].ttft_ms)
         check("... output equals the reference", warm[0] == q2_ref)
-        log = open(c.err.name).read()
+        log = c.log()
         check("the nodes read their manifests back (no header scan)", log.count("blocks back from the SSD tier") >= 3 and
               "rebuilding the block list" not in log)
         ag = fol.agrees()
@@ -386,7 +386,7 @@ def main():
               tc.wait_for(lambda: len(kvstores(c)) == 3 and all(a[1] for a in fol.agrees()), 30))
         q3 = long_doc + " so what came after the first"
         bad = gen(c, q3)
-        log = open(c.err.name).read()
+        log = c.log()
         errs = sum(kv_stats(c, n).checksum_errors for n in kvstores(c))
         check("a flipped byte in every block of the block files: %d checksum errors, logged naming the block, %d tokens "
               "from the store" % (errs, bad[1].store_cached_tokens),
