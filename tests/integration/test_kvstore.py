@@ -39,6 +39,7 @@ import glob
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,6 +234,8 @@ def full_disk():
         rc = c.stop()
         check("full disk cluster stops cleanly (exit %s)" % rc, rc == 0)
         subprocess.run(["umount", "-l", mnt])
+        shutil.rmtree(mnt, ignore_errors=True)
+        os.unlink(cfg)
 
 
 def pool_eviction():
@@ -260,6 +263,7 @@ def pool_eviction():
     finally:
         rc = c.stop()
         check("pool eviction cluster stops cleanly (exit %s)" % rc, rc == 0)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main():
@@ -486,6 +490,7 @@ def main():
             fol.stop_.set()
         rc = c.stop()
         check("tandem up stops cleanly (exit %s)" % rc, rc == 0)
+        shutil.rmtree(work, ignore_errors=True)  # the three nodes' SSD tiers: 576 MiB
     full_disk()
     pool_eviction()
     p, f = sum(tc.results), len(tc.results) - sum(tc.results)
