@@ -1373,8 +1373,8 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof fused_rows / sizeof *fused_rows; i++)
             check_matmul_fused(cpu, gpu, 576, fused_rows[i]);
         /* one row: 576 and 4096 wide take matmul_fused.cu's k_gemv_cols shape A; 4128 (a last chunk of 32 columns)
-         * and 11008 its shape B, whose glu cases take k_gemv */
-        const uint32_t fused_cols[] = {4096, 4128, 11008};
+         * and 11008 its shape B, whose glu cases take k_gemv; 14336 (the 8B shape's down projection) k_gemv */
+        const uint32_t fused_cols[] = {4096, 4128, 11008, 14336};
         for (size_t i = 0; i < sizeof fused_cols / sizeof *fused_cols; i++)
             check_matmul_fused(cpu, gpu, fused_cols[i], 1);
         check_weight_scale(gpu);
