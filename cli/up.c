@@ -537,7 +537,7 @@ int cli_up(int argc, char **argv)
     const char *extra[MAX_EXTRA], *kv_extra[MAX_EXTRA];
     int n_extra = 0, n_kv_extra = 0;
     long np = -1, nd = -1, nkv = -1;
-    bool colocated = false;
+    bool colocated = false, decode_given = false;
     for (int i = 0; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -572,6 +572,7 @@ int cli_up(int argc, char **argv)
         } else if (!strcmp(argv[i], "--prefill") || !strcmp(argv[i], "--decode")) {
             if (!count_arg(argv[i], v, 1, argv[i][2] == 'p' ? &np : &nd))
                 return 2;
+            decode_given |= argv[i][2] == 'd';
         } else if (!strcmp(argv[i], "--colocated")) {
             if (!count_arg(argv[i], v, 1, &nd))
                 return 2;
@@ -591,6 +592,10 @@ int cli_up(int argc, char **argv)
     }
     if (colocated && np >= 0) {
         fprintf(stderr, "tandem up: --colocated runs no prefill workers; it takes no --prefill\n");
+        return 2;
+    }
+    if (colocated && decode_given) { /* both name the decode workers' count: which one was meant is not known */
+        fprintf(stderr, "tandem up: --colocated N is the count of decode workers; it takes no --decode\n");
         return 2;
     }
     if (join && (np > 0 || nd > 0 || listen_at)) {

@@ -1407,7 +1407,7 @@ td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, t
     } else {
         cr = grpc_insecure_credentials_create();
     }
-    grpc_arg args[4] = {
+    grpc_arg args[5] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = MAX_MESSAGE},
         /* reconnect fast after a peer restarts (the defaults back off to minutes);
          * calls wait for the connection (WAIT_FOR_READY) up to their deadline:
@@ -1415,8 +1415,12 @@ td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, t
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 1000},
+        /* no retry filter: gRPC 1.51's aborts the process (an absl assertion) on trailing metadata
+         * without grpc-status, which a peer closing its transport mid-call can send (etcd stopping
+         * while our calls to it are in flight). Every caller handles a failed call itself. */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
     };
-    grpc_channel_args ca = {4, args};
+    grpc_channel_args ca = {5, args};
     pthread_mutex_init(&c->mu, NULL);
     c->ch = grpc_channel_create(target, cr, &ca);
     grpc_channel_credentials_release(cr);
