@@ -13,27 +13,28 @@
 #include "common/log.h"
 #include "common/process.h"
 
-static bool usable(const rt_worker_t *w, rt_role_t role, double now)
+/* Whether w can take role's part now; c (NULL: any request) narrows it: a
+ * request served whole takes a colocated decode worker only. */
+static bool usable(const rt_worker_t *w, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
-    return w->role == role && !w->refused && !w->gone && w->suspect_until <= now;
+    return w->role == role && !w->refused && !w->gone && w->suspect_until <= now &&
+           !(c && c->whole && role == RT_DECODE && !w->colocated);
 }
 
 static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
-    (void)c;
     rt_worker_t *best = NULL;
     for (size_t i = 0; i < t->n; i++)
-        if (usable(t->w[i], role, now) && (!best || t->w[i]->inflight < best->inflight))
+        if (usable(t->w[i], role, c, now) && (!best || t->w[i]->inflight < best->inflight))
             best = t->w[i];
     return best;
 }
 
 static rt_worker_t *round_robin(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
-    (void)c;
     for (size_t k = 0; k < t->n; k++) {
         rt_worker_t *w = t->w[(t->rr[role] + k) % t->n];
-        if (usable(w, role, now)) {
+        if (usable(w, role, c, now)) {
             t->rr[role] = (unsigned)((t->rr[role] + k + 1) % t->n);
             return w;
         }
@@ -196,7 +197,7 @@ static rt_worker_t *kv_cost(rt_table_t *t, rt_role_t role, const rt_place_ctx_t 
     double best_cost = 0;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
-        if (!usable(w, role, now))
+        if (!usable(w, role, c, now))
             continue;
         uint32_t overlap = c->hits && w->ix_src >= 0 ? c->hits->held[w->ix_src] : 0;
         double cost = 1.0 * (double)(c->rq->n_blocks - overlap) + w->active_blocks;
@@ -220,7 +221,7 @@ static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx
     bool best_ok = false;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
-        if (!usable(w, role, now))
+        if (!usable(w, role, c, now))
             continue;
         if (role == RT_PREFILL) {
             rt_prediction_t pr = {0};
@@ -498,6 +499,24 @@ static bool has_role(const rt_table_t *t, rt_role_t role)
     return false;
 }
 
+/* Whether a worker of role is usable now (for any request), under t->mu. */
+static bool any_usable(const rt_table_t *t, rt_role_t role, double now)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (usable(t->w[i], role, NULL, now))
+            return true;
+    return false;
+}
+
+/* Whether a colocated decode worker is registered (usable or not), under t->mu. */
+static bool has_colocated(const rt_table_t *t)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->w[i]->role == RT_DECODE && t->w[i]->colocated && !t->w[i]->gone)
+            return true;
+    return false;
+}
+
 /* Why no worker of role is usable: the code, the reason, and retry_at. */
 static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *out)
 {
@@ -550,14 +569,17 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     }
     double now = td_now_s();
     pthread_mutex_lock(&t->mu);
-    rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
     /* no prefill worker in the cluster: the whole request on a colocated
      * decode worker (its step time predicted, and judged by the TPOT SLO;
-     * no TTFT prediction) */
-    const bool whole = d && d->colocated && !has_role(t, RT_PREFILL);
+     * no TTFT prediction); a plain decode worker there could not take it */
+    c.whole = !has_role(t, RT_PREFILL);
+    rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
+    const bool whole = d && c.whole;
     rt_worker_t *pf = d && !whole ? p->pick(t, RT_PREFILL, &c, now) : NULL;
     if (!d || (!pf && !whole)) {
-        refuse(t, d ? RT_PREFILL : RT_DECODE, now, out);
+        /* usable decode workers but none colocated, and no prefill worker: the prefill side is what is missing */
+        bool no_prefill = d || (c.whole && !has_colocated(t) && any_usable(t, RT_DECODE, now));
+        refuse(t, no_prefill ? RT_PREFILL : RT_DECODE, now, out);
         pthread_mutex_unlock(&t->mu);
         return;
     }
@@ -708,9 +730,9 @@ bool rt_table_serving(rt_table_t *t)
     pthread_mutex_lock(&t->mu);
     bool pd = has_role(t, RT_PREFILL);
     for (size_t i = 0; i < t->n; i++) {
-        p = p || usable(t->w[i], RT_PREFILL, now);
-        d = d || usable(t->w[i], RT_DECODE, now);
-        whole = whole || (!pd && t->w[i]->colocated && usable(t->w[i], RT_DECODE, now));
+        p = p || usable(t->w[i], RT_PREFILL, NULL, now);
+        d = d || usable(t->w[i], RT_DECODE, NULL, now);
+        whole = whole || (!pd && t->w[i]->colocated && usable(t->w[i], RT_DECODE, NULL, now));
     }
     pthread_mutex_unlock(&t->mu);
     return (p && d) || whole;
@@ -732,9 +754,9 @@ void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode)
     *prefill = *decode = 0;
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++) {
-        if (usable(t->w[i], RT_PREFILL, now))
+        if (usable(t->w[i], RT_PREFILL, NULL, now))
             (*prefill)++;
-        if (usable(t->w[i], RT_DECODE, now))
+        if (usable(t->w[i], RT_DECODE, NULL, now))
             (*decode)++;
     }
     pthread_mutex_unlock(&t->mu);

@@ -132,11 +132,14 @@ typedef struct rt_timings {
     rt_prediction_t pred; /* what placement predicted for it */
 } rt_timings_t;
 
-/* What a policy sees of a request: the request (NULL: none, pick any) and
- * what the cache index says its chain can be served from (NULL: no index). */
+/* What a policy sees of a request: the request (NULL: none, pick any),
+ * what the cache index says its chain can be served from (NULL: no index),
+ * and whether it is served whole (the cluster has no prefill worker: only a
+ * colocated decode worker can take it). */
 typedef struct rt_place_ctx {
     const rt_place_req_t *rq;
     const rt_chain_hits_t *hits;
+    bool whole;
 } rt_place_ctx_t;
 
 /* Placement policy: picks a worker of a role among the usable ones (not

@@ -14,17 +14,22 @@
 
 static td_kv_layout_t expect;
 
-static void put_worker(rt_table_t *t, const char *id, const char *role, uint32_t block_tokens)
+static void put_worker_as(rt_table_t *t, const char *id, const char *role, uint32_t block_tokens, bool colocated)
 {
     td_kv_layout_t l = expect;
     l.block_tokens = block_tokens;
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
-                          "contract", td_kv_layout_to_json(&l));
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o, s:b}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
+                          "contract", td_kv_layout_to_json(&l), "colocated", colocated);
     char *v = json_dumps(j, JSON_COMPACT), key[128];
     snprintf(key, sizeof key, "/tandem/workers/%s/%s", role, id);
     rt_table_put(t, key, v);
     free(v);
     json_decref(j);
+}
+
+static void put_worker(rt_table_t *t, const char *id, const char *role, uint32_t block_tokens)
+{
+    put_worker_as(t, id, role, block_tokens, false);
 }
 
 /* Acquires n times (keeping every reference) and counts picks per id. */
@@ -337,6 +342,40 @@ Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeo
             rt_table_prefill_done(&t, all[i]->prefill, &all[i]->pred);
         rt_table_done(&t, all[i]->prefill, NULL, 0);
         rt_table_done(&t, all[i]->decode, NULL, 0);
+    }
+    td_rpc_shutdown();
+}
+
+/* A cluster with no prefill worker serves a request whole on a colocated
+ * decode worker: a plain decode worker beside it is never picked, however
+ * idle, and with the plain one alone the answer names the missing prefill. */
+Test(placement, a_request_served_whole_takes_a_colocated_worker_only, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    const rt_placement_ops_t *policies[] = {&rt_placement_least_loaded, &rt_placement_round_robin,
+                                            &rt_placement_kv_cost, &rt_placement_predictive};
+    for (size_t k = 0; k < sizeof policies / sizeof *policies; k++) {
+        rt_table_t t;
+        rt_table_init(&t, &expect, NULL);
+        put_worker(&t, "d1", "decode", 16);
+        put_worker_as(&t, "c1", "decode", 16, true);
+        int32_t tok[40] = {0};
+        const rt_place_req_t rq = {.tokens = tok, .n_tokens = 40, .max_tokens = 8, .tpot_slo_ms = 1e6};
+        rt_placement_t held[6];
+        for (int i = 0; i < 6; i++) { /* each kept: c1's load grows while d1 stays idle */
+            rt_table_place(&t, policies[k], &rq, &held[i]);
+            cr_assert_eq(held[i].code, TD_RPC_OK, "%s: %s", policies[k]->name, held[i].why);
+            cr_assert(!held[i].prefill && !strcmp(held[i].decode->id, "c1"), "%s: placement %d took %s",
+                      policies[k]->name, i, held[i].decode->id);
+        }
+        for (int i = 0; i < 6; i++)
+            rt_table_done(&t, held[i].decode, NULL, 0);
+        rt_table_remove(&t, "/tandem/workers/decode/c1");
+        rt_placement_t pl;
+        rt_table_place(&t, policies[k], &rq, &pl);
+        cr_assert(pl.code == TD_RPC_UNAVAILABLE && strstr(pl.why, "no prefill worker"), "%s: %s", policies[k]->name,
+                  pl.why);
     }
     td_rpc_shutdown();
 }
