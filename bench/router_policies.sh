@@ -14,12 +14,16 @@
 # mixed machines: one prefill worker runs on a second node agent (tandem up
 # --join) with N threads, the others with THREADS (bench/cluster.sh); its id
 # goes to OUT/POLICY[-rN].slow and the table gives its share of the requests.
+# With ROUTER_SLO=1 the router's config carries GOODPUT's SLOs (router.ttft_slo_ms,
+# tpot_slo_ms), as a user who states them sets them: every policy gets them, and
+# the one that predicts (predictive) rejects early what it predicts will miss them.
 # Each run's `tandem bench` summary and JSON go to OUT/POLICY[-rN].{txt,json}
 # with the router's Health after it; OUT/table.md sums them up.
 #
 # usage: bench/router_policies.sh   Environment: POLICIES, REPS, OUT, RATE, N,
 #        THREADS, PREFIX_GROUPS, PREFIX_SHARE, INPUT, OUTPUT, TRACE,
-#        TRACE_DIVIDE, TIME_SCALE, SLOW_THREADS, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS), KVSTORES (3)
+#        TRACE_DIVIDE, TIME_SCALE, SLOW_THREADS, PREFILL_MIB, DECODE_MIB, GOODPUT (ttft:MS,tpot:MS), KVSTORES (3),
+#        ROUTER_SLO
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -34,12 +38,18 @@ else
         --output-len "${OUTPUT:-fixed:16}" --ignore-eos --prefix-groups "${PREFIX_GROUPS:-6}"
         --prefix-share "${PREFIX_SHARE:-0.8}")
 fi
+goodput=${GOODPUT:-ttft:1000,tpot:100}
+slo=""
+if [ -n "${ROUTER_SLO:-}" ]; then
+  slo=$(echo "$goodput" | sed -E 's/ttft:([0-9]+),tpot:([0-9]+)/, ttft_slo_ms: \1, tpot_slo_ms: \2/')
+  [[ $slo == ", ttft_slo_ms: "* ]] || { echo "ROUTER_SLO needs GOODPUT as ttft:MS,tpot:MS, not '$goodput'" >&2; exit 2; }
+fi
 one() { # policy, name
   local pol=$1 name=$2
-  cluster_up "$(printf 'router: { placement: %s }\nprefill: { count: 2, kv_mib: %s }\ndecode: { kv_mib: %s }\nkvstore: { dram_mb: 256 }' \
-    "$pol" "${PREFILL_MIB:-48}" "${DECODE_MIB:-96}")"
+  cluster_up "$(printf 'router: { placement: %s%s }\nprefill: { count: 2, kv_mib: %s }\ndecode: { kv_mib: %s }\nkvstore: { dram_mb: 256 }' \
+    "$pol" "$slo" "${PREFILL_MIB:-48}" "${DECODE_MIB:-96}")"
   build/bin/tandem bench --endpoint "$ep" --api grpc "${load[@]}" \
-    --goodput "${GOODPUT:-ttft:1000,tpot:100}" --timeout 300 --seed 11 --output "$out/$name.json" \
+    --goodput "$goodput" --timeout 300 --seed 11 --output "$out/$name.json" \
     2>&1 | grep -v '^\[bench\] t=' | tee "$out/$name.txt"
   cluster_health "$out/$name.health.json"
   [ -z "${SLOW_THREADS:-}" ] || echo "$cluster_slow_id" >"$out/$name.slow"

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """router_policies_table.py OUT POLICY... — the markdown table of a
 bench/router_policies.sh run: per policy the median over its runs (each
-POLICY[-rN].json with its .health.json) of SLO attainment, TTFT p50/p90/p99,
+POLICY[-rN].json with its .health.json) of SLO attainment (over every request
+sent: one rejected early counts as missed), the requests rejected early, TTFT
+p50/p90/p99 (of the requests served),
 requests meeting both SLOs per second, the share of prompt tokens served from
 a KV cache, and the TTFT prediction's error; placements by reason per run;
 with a POLICY[-rN].slow file (SLOW_THREADS), the share of the requests the
@@ -9,9 +11,9 @@ slow prefill worker served."""
 import glob, json, os, statistics, sys
 out, pols = sys.argv[1], sys.argv[2:]
 slow = bool(glob.glob(os.path.join(out, "*.slow")))
-print("| policy | runs | SLO met | TTFT p50 | TTFT p90 | TTFT p99 | goodput (req/s meeting both SLOs) | prefix hit | placed pool / store / cold | prediction error p50 / p90 |"
+print("| policy | runs | SLO met | rejected early | TTFT p50 | TTFT p90 | TTFT p99 | goodput (req/s meeting both SLOs) | prefix hit | placed pool / store / cold | prediction error p50 / p90 |"
       + (" on the slow worker |" if slow else ""))
-print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|" + ("---:|" if slow else ""))
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|" + ("---:|" if slow else ""))
 for p in pols:
     runs = []
     for f in sorted(glob.glob(os.path.join(out, p + ".json")) + [f for f in glob.glob(os.path.join(out, p + "-r*.json")) if not f.endswith(".health.json")]):
@@ -25,7 +27,7 @@ for p in pols:
         q = lambda v, x: v[min(len(v) - 1, int(round(x * (len(v) - 1))))] if v else float("nan")
         met = s["slo_met"]
         dur = s["duration"] or 1
-        runs.append(dict(met=100.0 * met / s["n"], p50=1e3 * q(ttft, .5), p90=1e3 * q(ttft, .9), p99=1e3 * q(ttft, .99),
+        runs.append(dict(met=100.0 * met / s["n"], rej=s.get("rejected", 0), p50=1e3 * q(ttft, .5), p90=1e3 * q(ttft, .9), p99=1e3 * q(ttft, .99),
                          good=met / dur, pool=pl.get("pool_hit", 0), store=pl.get("store_hit", 0), cold=pl.get("cold", 0),
                          e50=100 * (s.get("pred_err_p50") or float("nan")), e90=100 * (s.get("pred_err_p90") or float("nan")),
                          hit=100 * (s.get("cached_share") or 0),
@@ -33,7 +35,7 @@ for p in pols:
     if not runs:
         continue
     m = lambda k: statistics.median(r[k] for r in runs)
-    print(f"| {p} | {len(runs)} | {m('met'):.1f}% | {m('p50'):.0f} ms | {m('p90'):.0f} ms | {m('p99'):.0f} ms | "
+    print(f"| {p} | {len(runs)} | {m('met'):.1f}% | {m('rej'):g} | {m('p50'):.0f} ms | {m('p90'):.0f} ms | {m('p99'):.0f} ms | "
           f"{m('good'):.2f} | {m('hit'):.1f}% of prompt tokens | "
           f"{' ; '.join('%d/%d/%d' % (r['pool'], r['store'], r['cold']) for r in runs)} | {m('e50'):.1f}% / {m('e90'):.1f}% |"
           + (f" {m('slow'):.0f}% |" if slow else ""))

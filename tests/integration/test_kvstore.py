@@ -234,8 +234,8 @@ def full_disk():
         rc = c.stop()
         check("full disk cluster stops cleanly (exit %s)" % rc, rc == 0)
         subprocess.run(["umount", "-l", mnt])
+        os.unlink(cfg)  # before the mount point: its path goes through it
         shutil.rmtree(mnt, ignore_errors=True)
-        os.unlink(cfg)
 
 
 def pool_eviction():
