@@ -490,29 +490,21 @@ void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed,
     pthread_mutex_unlock(&t->mu);
 }
 
-/* Whether a worker of role is registered (usable or not), under t->mu. */
-static bool has_role(const rt_table_t *t, rt_role_t role)
+/* Whether a worker of role is registered (usable or not; colocated: a
+ * colocated one), under t->mu. */
+static bool has_role(const rt_table_t *t, rt_role_t role, bool colocated)
 {
     for (size_t i = 0; i < t->n; i++)
-        if (t->w[i]->role == role && !t->w[i]->gone)
+        if (t->w[i]->role == role && !t->w[i]->gone && (!colocated || t->w[i]->colocated))
             return true;
     return false;
 }
 
-/* Whether a worker of role is usable now (for any request), under t->mu. */
-static bool any_usable(const rt_table_t *t, rt_role_t role, double now)
+/* Whether a worker of role is usable now for c (NULL: any request), under t->mu. */
+static bool any_usable(const rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
     for (size_t i = 0; i < t->n; i++)
-        if (usable(t->w[i], role, NULL, now))
-            return true;
-    return false;
-}
-
-/* Whether a colocated decode worker is registered (usable or not), under t->mu. */
-static bool has_colocated(const rt_table_t *t)
-{
-    for (size_t i = 0; i < t->n; i++)
-        if (t->w[i]->role == RT_DECODE && t->w[i]->colocated && !t->w[i]->gone)
+        if (usable(t->w[i], role, c, now))
             return true;
     return false;
 }
@@ -572,13 +564,13 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     /* no prefill worker in the cluster: the whole request on a colocated
      * decode worker (its step time predicted, and judged by the TPOT SLO;
      * no TTFT prediction); a plain decode worker there could not take it */
-    c.whole = !has_role(t, RT_PREFILL);
+    c.whole = !has_role(t, RT_PREFILL, false);
     rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
     const bool whole = d && c.whole;
     rt_worker_t *pf = d && !whole ? p->pick(t, RT_PREFILL, &c, now) : NULL;
     if (!d || (!pf && !whole)) {
         /* usable decode workers but none colocated, and no prefill worker: the prefill side is what is missing */
-        bool no_prefill = d || (c.whole && !has_colocated(t) && any_usable(t, RT_DECODE, now));
+        bool no_prefill = d || (c.whole && !has_role(t, RT_DECODE, true) && any_usable(t, RT_DECODE, NULL, now));
         refuse(t, no_prefill ? RT_PREFILL : RT_DECODE, now, out);
         pthread_mutex_unlock(&t->mu);
         return;
@@ -726,16 +718,13 @@ void rt_table_unhold(rt_table_t *t, rt_worker_t *w)
 bool rt_table_serving(rt_table_t *t)
 {
     double now = td_now_s();
-    bool p = false, d = false, whole = false;
     pthread_mutex_lock(&t->mu);
-    bool pd = has_role(t, RT_PREFILL);
-    for (size_t i = 0; i < t->n; i++) {
-        p = p || usable(t->w[i], RT_PREFILL, NULL, now);
-        d = d || usable(t->w[i], RT_DECODE, NULL, now);
-        whole = whole || (!pd && t->w[i]->colocated && usable(t->w[i], RT_DECODE, NULL, now));
-    }
+    /* a pair, or (no prefill worker) a colocated decode worker for a request served whole */
+    const rt_place_ctx_t c = {.whole = !has_role(t, RT_PREFILL, false)};
+    bool serving = c.whole ? any_usable(t, RT_DECODE, &c, now)
+                           : any_usable(t, RT_PREFILL, NULL, now) && any_usable(t, RT_DECODE, NULL, now);
     pthread_mutex_unlock(&t->mu);
-    return (p && d) || whole;
+    return serving;
 }
 
 uint32_t rt_table_registered(rt_table_t *t, rt_role_t role)
