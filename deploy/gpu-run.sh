@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7 8 9} "
+sections=" ${*:-1 2 3 4 5 6 7 8 9} " # 10 (two GPUs) only when named
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -165,12 +165,13 @@ fi
 fi
 if want 8; then
 echo "== 8. the Llama-2-7B shape over UCX staged, with a KV store node: 8 MiB blocks through host memory"
+# on two GPUs: S8_ARGS="--prefill-device cuda:0 --decode-device cuda:1"
 unpack_etcd
 make7b
 mkdir -p "${OUT:-/tmp}/disagg-7b-ucx"
 python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/disagg-7b-ucx" --kv-mib 8192 \
   --transport ucx --kvstores 1 --kvstore-mib 4096 --prefill-kv-mib 1024 --store-len 1000 --lengths 1024 --reps 2 \
-  --identity 2 > "$out/disagg-7b-ucx.json" 2> "$out/disagg-7b-ucx.err" ||
+  --identity 2 ${S8_ARGS:-} > "$out/disagg-7b-ucx.json" 2> "$out/disagg-7b-ucx.err" ||
   { echo "disaggregated 7B over UCX FAILED"; tail -5 "$out/disagg-7b-ucx.err"; fail=1; }
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B over UCX, greedy 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); print('store:', json.dumps(d['store'])); sys.exit(0 if d['identical'] == len(d['identity']) and d['store']['same_as_single'] and d['store']['again']['from_store'] > 0 else 1)" "$out/disagg-7b-ucx.json" || fail=1
 fi
@@ -195,6 +196,27 @@ for n, w in d['workloads'].items():
         print('  %-9s goodput %s req/s (bench exit %s); attainment by rate %s' % (m, g.get('goodput'),
               g.get('bench_exit'), g.get('curve')))
 " "$out/distserve.json" || fail=1
+fi
+if want 10; then
+echo "== 10. two GPUs of one host: prefill on cuda:0, decode on cuda:1, the KV GPU to GPU"
+ngpu=$(nvidia-smi -L | wc -l)
+if [ "$ngpu" -lt 2 ]; then echo "two GPUs needed, $ngpu here: skipped"; fail=1; else
+unpack_etcd
+make7b
+nvidia-smi topo -m > "$out/topo.txt" 2>&1; cat "$out/topo.txt"
+# CUDA IPC peer to peer (one layer of one block: SmolLM2 12 KiB, the 7B shape 256 KiB; 1000 bytes, unaligned;
+# 8 MiB, a 7B block's every layer) against cudaMemcpyPeerAsync of the same chunks and of all the bytes at once;
+# then UCX staged through host memory between the two GPUs (the path between hosts)
+{ for c in 12288 262144 1000 8388608; do "$here/bin/tandem-bench-kvxfer" 1024 $c cuda_ipc 0 1 2>&1 || fail=1; done
+  "$here/bin/tandem-bench-kvxfer" 1024 262144 ucx_staged 0 1 2>&1 || fail=1; } | tee "$out/kvxfer-two-gpus.txt"
+grep -q '"gpus": \[0, 1\].*"landed_ok": true, "ordered_after_fence": true' "$out/kvxfer-two-gpus.txt" ||
+  { echo "peer-to-peer transfer FAILED"; fail=1; }
+mkdir -p "${OUT:-/tmp}/disagg-2gpu"
+python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/disagg-2gpu" --kv-mib 8192 \
+  --prefill-device cuda:0 --decode-device cuda:1 --lengths 1024,3072 --identity 2 > "$out/disagg-7b-2gpu.json" \
+  2> "$out/disagg-7b-2gpu.err" || { echo "disaggregated 7B on two GPUs FAILED"; tail -5 "$out/disagg-7b-2gpu.err"; fail=1; }
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B on two GPUs, greedy 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); sys.exit(0 if d['identical'] == len(d['identity']) else 1)" "$out/disagg-7b-2gpu.json" || fail=1
+fi
 fi
 
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

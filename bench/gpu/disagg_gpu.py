@@ -24,7 +24,7 @@ memory (what GPU workers on different hosts use) instead of CUDA IPC.
 Standard library only (the GPU machine has no gRPC tools). Prints one JSON
 document. Usage:
   disagg_gpu.py --bin DIR --model PATH --out DIR [--device cuda] [--kv-mib N] [--lengths 128,1024]
-                [--transport auto|ucx] [--kvstores N --kvstore-mib N --prefill-kv-mib N --store-len N]
+                [--transport auto|ucx] [--prefill-device D] [--decode-device D] [--kvstores N --kvstore-mib N --prefill-kv-mib N --store-len N]
                 [--gen N] [--reps N] [--identity N] [--threads N] [--bench "ARGS" [--bench-prompts N:MIN:MAX]]
 """
 import argparse
@@ -63,8 +63,8 @@ def start_cluster(a, log_path, extra=(), decode_budget=0):
     cfg = os.path.join(a.out, "gpu-cluster.yaml")
     with open(cfg, "w") as f:
         f.write("model: {path: %s}\nrouter: {http_listen: \"\"}\n"
-                "prefill: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
-                "decode: {device: %s, kv_mib: %d, token_budget: %d, threads: %d}\n"
+                "prefill: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d}\n"
+                "decode: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d}\n"
                 "kvstore: {count: %d, use: %s, dram_mb: %d}\n"
                 "transport: {kind: %s}\n"
                 % (a.model, getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
@@ -138,6 +138,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--identity", type=int, default=4)
     ap.add_argument("--transport", default="auto", choices=["auto", "ucx"])
+    ap.add_argument("--prefill-device", default="", help="the prefill worker's device (default --device)")
+    ap.add_argument("--decode-device", default="", help="the decode worker's device (default --device): another "
+                    "GPU of the host puts the KV GPU to GPU")
     ap.add_argument("--kvstores", type=int, default=0)
     ap.add_argument("--prefill-kv-mib", type=int, default=0)
     ap.add_argument("--kvstore-mib", type=int, default=1024)
@@ -152,7 +155,8 @@ def main():
     name = os.path.basename(a.model.rstrip("/"))
     log_path = os.path.join(a.out, "gpu-cluster-%s.log" % name)
     res = {"model": a.model, "kv_mib": a.kv_mib, "transport": a.transport, "kvstores": a.kvstores, "identity": [],
-           "lengths": {}}
+           "lengths": {}, "devices": {"single": a.device, "prefill": a.prefill_device or a.device,
+                                      "decode": a.decode_device or a.device}}
     # single-process first: the cluster's two processes then have the GPU to themselves
     single_ids = [single(a, p, 48)[0] for p in PROMPTS[:a.identity]]
     lengths = [int(x) for x in a.lengths.split(",") if x]

@@ -27,7 +27,7 @@ Standard library only. Prints one JSON document; each sweep's JSON (every
 request) and plot data go to --out. Usage:
   distserve.py --bin DIR --model PATH --out DIR [--device cuda] [--workloads chat,summary]
                [--modes disagg,colocated] [--colocated 1] [--prefill-device D] [--decode-device D]
-               [--colocated-device D[,D]] [--smoke]
+               [--colocated-device D[,D]] [--rates WORKLOAD=R1,R2,...]... [--requests WORKLOAD=N]... [--smoke]
 """
 import argparse
 import json
@@ -71,12 +71,23 @@ def main():
     ap.add_argument("--decode-budget", type=int, default=2048,
                     help="the decode workers' token budget: a colocated worker's prompt chunks")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rates", action="append", default=[], metavar="WORKLOAD=R1,R2,...",
+                    help="the sweep's rates for one workload (repeatable; default: the table above)")
+    ap.add_argument("--requests", action="append", default=[], metavar="WORKLOAD=N",
+                    help="requests a rate for one workload (repeatable)")
     ap.add_argument("--smoke", action="store_true", help="a run of minutes on a CPU: prompts and answers / 8, "
                     "8 requests, rates 1 and 2 (to try the script, not to measure)")
     a = ap.parse_args()
     if a.smoke:
         for w in WORKLOADS.values():
             w.update(lo=w["lo"] // 8, hi=w["hi"] // 8, out=w["out"] // 8, n=8, rates="1,2")
+    for key, opt in (("rates", a.rates), ("n", a.requests)):
+        for o in opt:
+            name, _, v = o.partition("=")
+            if name not in WORKLOADS or not v:
+                ap.error("--%s %s: want WORKLOAD=VALUE, WORKLOAD one of %s" % (
+                    "rates" if key == "rates" else "requests", o, ",".join(WORKLOADS)))
+            WORKLOADS[name][key] = v if key == "rates" else int(v)
     os.makedirs(a.out, exist_ok=True)
     # what disagg_gpu's helpers read
     a.token_budget, a.kvstores, a.kvstore_mib, a.transport = a.prefill_budget, 0, 1024, "auto"
