@@ -550,6 +550,72 @@ static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *ou
     }
 }
 
+/* The lowest TTFT (ttft) or time between tokens an idle worker of the role
+ * is predicted to give the request: its own prefill or step, nothing queued
+ * ahead and no other sequence in the batch. */
+static double idle_best_ms(const rt_table_t *t, const rt_place_ctx_t *c, bool ttft, double now)
+{
+    double best = -1;
+    for (size_t i = 0; i < t->n; i++) {
+        const rt_worker_t *w = t->w[i];
+        if (!usable(w, ttft ? RT_PREFILL : RT_DECODE, c, now))
+            continue;
+        double ms;
+        if (ttft) {
+            rt_prediction_t pr = {0};
+            predict_prefill(t, w, c, now, &pr);
+            ms = pr.ttft_ms - pr.queue_ms;
+        } else {
+            const eng_profile_t *pf = profile_of(t, w);
+            double ctx = (double)c->rq->n_tokens + c->rq->max_tokens / 2.0;
+            ms = (w->k_step > 0 ? w->k_step : 1) * (pf ? eng_profile_step_ms(pf, 1, ctx) : 0);
+        }
+        best = best < 0 || ms < best ? ms : best;
+    }
+    return best;
+}
+
+/* An early rejection of the pair (pf, d) predicted in out->pred: when the
+ * work ahead is what makes the request late, RESOURCE_EXHAUSTED with a hint
+ * (when the queue will have drained by the excess, or a decode step's worth
+ * of time); when even an idle worker is predicted to miss the SLO (the
+ * request's own prefill or step is over it), FAILED_PRECONDITION and no
+ * hint: retrying the same request cannot help, a looser SLO or a shorter
+ * prompt can. Both are answered at once (out->rejected). */
+static void reject_early(rt_table_t *t, const rt_place_ctx_t *c, const rt_worker_t *pf, const rt_worker_t *d,
+                         double now, rt_placement_t *out)
+{
+    const rt_place_req_t *rq = c->rq;
+    const rt_prediction_t *pr = &out->pred;
+    const bool ttft = rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms;
+    const double slo = ttft ? rq->ttft_slo_ms : rq->tpot_slo_ms;
+    const double idle = idle_best_ms(t, c, ttft, now);
+    out->rejected = true;
+    *(ttft ? &t->rejected_ttft : &t->rejected_tpot) += 1;
+    if (idle > slo) {
+        out->code = TD_RPC_FAILED_PRECONDITION;
+        if (ttft)
+            snprintf(out->why, sizeof out->why, "rejected early: even on an idle prefill worker the predicted time "
+                     "to first token of its %u uncached tokens is %.0f ms, over the TTFT SLO of %.0f ms; retrying "
+                     "will not help (a looser ttft_slo_ms or a shorter prompt will)", pr->new_tokens, idle, slo);
+        else
+            snprintf(out->why, sizeof out->why, "rejected early: even alone on an idle decode worker the predicted "
+                     "time between tokens is %.1f ms, over the TPOT SLO of %.0f ms; retrying will not help (a looser "
+                     "tpot_slo_ms will)", idle, slo);
+        return;
+    }
+    out->code = TD_RPC_RESOURCE_EXHAUSTED;
+    out->retry_after_ms = (uint32_t)clampd(ttft ? pr->ttft_ms - slo : 50 * pr->tbt_ms, 10, 60000);
+    if (ttft)
+        snprintf(out->why, sizeof out->why, "rejected early: the predicted time to first token on the best prefill "
+                 "worker (%.64s) is %.0f ms, over the TTFT SLO of %.0f ms; retry after %u ms", pf->id, pr->ttft_ms,
+                 slo, out->retry_after_ms);
+    else
+        snprintf(out->why, sizeof out->why, "rejected early: the predicted time between tokens on the best decode "
+                 "worker (%.64s) is %.1f ms, over the TPOT SLO of %.0f ms; retry after %u ms", d->id, pr->tbt_ms,
+                 slo, out->retry_after_ms);
+}
+
 void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_req_t *rq, rt_placement_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -581,22 +647,7 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
     if (p->rejects && rq && rq->early_reject &&
         ((rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms) || (rq->tpot_slo_ms && pr->tbt_ms > rq->tpot_slo_ms))) {
-        bool ttft = rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms;
-        out->code = TD_RPC_RESOURCE_EXHAUSTED;
-        /* the hint: when the queue ahead will have drained by the excess, or a decode step's worth of time */
-        double wait = ttft ? pr->ttft_ms - rq->ttft_slo_ms : 50 * pr->tbt_ms;
-        out->retry_after_ms = (uint32_t)clampd(wait, 10, 60000);
-        if (ttft) {
-            t->rejected_ttft++;
-            snprintf(out->why, sizeof out->why, "rejected early: the predicted time to first token on the best "
-                     "prefill worker (%.64s) is %.0f ms, over the TTFT SLO of %.0f ms; retry after %u ms",
-                     pf->id, pr->ttft_ms, rq->ttft_slo_ms, out->retry_after_ms);
-        } else {
-            t->rejected_tpot++;
-            snprintf(out->why, sizeof out->why, "rejected early: the predicted time between tokens on the best "
-                     "decode worker (%.64s) is %.1f ms, over the TPOT SLO of %.0f ms; retry after %u ms",
-                     d->id, pr->tbt_ms, rq->tpot_slo_ms, out->retry_after_ms);
-        }
+        reject_early(t, &c, pf, d, now, out);
         pthread_mutex_unlock(&t->mu);
         return;
     }

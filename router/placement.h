@@ -163,6 +163,8 @@ typedef struct rt_placement {
     int code; /* TD_RPC_OK when placed */
     double retry_at;
     uint32_t retry_after_ms; /* an early rejection's hint (0: none) */
+    bool rejected;           /* rejected early (answer at once, never queue): RESOURCE_EXHAUSTED with the hint, or
+                              * FAILED_PRECONDITION when even an idle worker would miss the SLO */
     char why[320];
     rt_prediction_t pred;
 } rt_placement_t;
@@ -183,8 +185,9 @@ void rt_table_retain(rt_table_t *t, const char *const *keys, size_t n);
 rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_role_t role, const rt_place_req_t *rq);
 /* A pair for a request (rq NULL: any), with its prediction, or why not
  * (rt_placement_t): no usable worker, or, under a policy that rejects, a
- * pair predicted to miss the request's SLOs (RESOURCE_EXHAUSTED with
- * retry_after_ms). In a cluster with no prefill worker, a colocated decode
+ * pair predicted to miss the request's SLOs (rejected: RESOURCE_EXHAUSTED
+ * with retry_after_ms, or FAILED_PRECONDITION when the request alone on an
+ * idle worker would miss them). In a cluster with no prefill worker, a colocated decode
  * worker alone (prefill NULL: it serves the whole request). */
 void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_req_t *rq, rt_placement_t *out);
 /* The prefill placed with prediction pred on w ended (answered or failed):

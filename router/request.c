@@ -586,7 +586,7 @@ static int attempt(rt_request_t *q)
     rt_place_req_t prq_place;
     place_req(q, &prq_place);
     rt_table_place(&r->table, r->place, &prq_place, &pl);
-    if (pl.code == TD_RPC_RESOURCE_EXHAUSTED && pl.retry_after_ms && !q->sent_any) {
+    if (pl.rejected && !q->sent_any) {
         q->retry_after_ms = pl.retry_after_ms; /* rejected early: at once, never queued */
         finish(q, pl.code, "%s", pl.why);
         return 1;

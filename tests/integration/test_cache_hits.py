@@ -182,9 +182,12 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
                     max_tokens=4)), timeout=30))
                 rej = "served"
             except grpc.RpcError as e:
-                rej = "%s, retry-after-ms %s" % (e.code().name, dict(e.trailing_metadata() or ()).get("retry-after-ms"))
+                rej = "%s, retry-after-ms %s: %s" % (e.code().name, dict(e.trailing_metadata() or ()).get(
+                    "retry-after-ms"), e.details())
+            # no worker steps in 1 ms even alone: refused with no hint, as retrying cannot help
             check("%s: a 1 ms TPOT SLO is refused early (%s)" % (name, rej),
-                  rej.startswith("RESOURCE_EXHAUSTED") and "retry-after-ms None" not in rej)
+                  rej.startswith("FAILED_PRECONDITION, retry-after-ms None") and "TPOT SLO" in rej and
+                  "will not help" in rej)
             roles = sorted(w["role"] for w in c.workers())
             check("%s: no prefill worker; every request served whole by a colocated decode worker (%s)" %
                   (name, roles), "prefill" not in roles and

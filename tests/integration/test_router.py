@@ -14,9 +14,11 @@ one event in every 7 it receives (router.index_drop_events, a test hook).
   worker whose pool holds it (cached tokens > 0), the output unchanged.
 - Predictions: each answer carries the placement's predicted TTFT; Health
   reports the error's p50/p90 and the workers' profiles.
-- Early rejection: a request asking for a 1 ms TTFT is refused at once with
-  RESOURCE_EXHAUSTED and trailing metadata retry-after-ms; the same prompt
-  with loose SLOs is served.
+- Early rejection: a request asking for a 1 ms TTFT, which no idle worker
+  meets, is refused at once with FAILED_PRECONDITION and no retry hint; the
+  same prompt with loose SLOs is served; with both prefill workers busy, an
+  SLO a few times its idle prediction is refused at once with
+  RESOURCE_EXHAUSTED and trailing metadata retry-after-ms.
 - Priority: a short high-priority prompt sent after long low-priority ones
   overtakes those still waiting on its prefill worker.
 Prints one line per check and closes with "router: N passed, N failed".
@@ -150,24 +152,24 @@ def main():
                pl.get("placed")), pl.get("predictions", 0) >= 18 and "ttft_error_p90" in pl and
               pl["placed"]["pool_hit"] + pl["placed"]["store_hit"] >= 4)
 
-        # early rejection
-        times, md, codes = [], [], []
-        for _ in range(5):
+        # early rejection: an SLO no idle worker can meet is refused at once with no hint (retrying cannot help)
+        def refused(**slo):
             t0 = time.time()
             try:
-                gen(c, docs[0] + " and then", ttft_slo_ms=1)
-                codes.append("OK")
+                gen(c, docs[0] + " and then", **slo)
+                return "OK", None, "", 0
             except grpc.RpcError as e:
-                times.append((time.time() - t0) * 1e3)
-                codes.append(e.code().name)
-                md.append(dict(e.trailing_metadata() or ()).get("retry-after-ms"))
-        times.sort()
-        check("a 1 ms TTFT SLO is refused early: %s, retry-after-ms %s, answered in %s ms (median)" %
-              (codes, md, "%.1f" % times[len(times) // 2] if times else "-"),
-              codes == ["RESOURCE_EXHAUSTED"] * 5 and all(m and int(m) > 0 for m in md) and
-              times[len(times) // 2] < 100)
+                return (e.code().name, dict(e.trailing_metadata() or ()).get("retry-after-ms"), e.details(),
+                        (time.time() - t0) * 1e3)
+        rs = [refused(ttft_slo_ms=1) for _ in range(5)]
+        times = sorted(r[3] for r in rs)
+        check("a 1 ms TTFT SLO is refused early as one no idle worker meets: %s, retry-after-ms %s, answered in "
+              "%.1f ms (median): %s" % ([r[0] for r in rs], [r[1] for r in rs], times[2], rs[0][2][:160]),
+              all(r[0] == "FAILED_PRECONDITION" and r[1] is None and "will not help" in r[2] for r in rs) and
+              times[2] < 100)
         ok = gen(c, docs[0] + " and then", ttft_slo_ms=60000, tpot_slo_ms=60000)
         check("... the same prompt with loose SLOs is served (%d tokens)" % len(ok[0]), len(ok[0]) == MAX)
+        idle_pred = ok[1].timing.predicted_ttft_ms
         _, h = c.health()
         check("Health counts the rejections (%s)" % h["placement"]["rejected"], h["placement"]["rejected"]["ttft"] >= 5)
 
@@ -189,6 +191,14 @@ def main():
             t.start()
             time.sleep(0.02)
         time.sleep(0.3)
+        # ... and one that only the work queued ahead makes late, with a hint: the prompt served above, its SLO
+        # well over its idle prediction, while both prefill workers hold long prompts of its priority
+        slo = max(3 * idle_pred, idle_pred + 30)
+        late = refused(ttft_slo_ms=int(slo))
+        check("with both prefill workers busy, a %d ms TTFT SLO (idle prediction %.1f ms) is refused early with a "
+              "hint: %s, retry-after-ms %s, in %.1f ms: %s" % (slo, idle_pred, late[0], late[1], late[3], late[2][:160]),
+              late[0] == "RESOURCE_EXHAUSTED" and late[1] and int(late[1]) >= 10 and "retry after" in late[2] and
+              late[3] < 100)
         timed(text(40, rng), 10, res, "high")
         for t in ths:
             t.join()

@@ -223,8 +223,9 @@ static void put_profiled(rt_table_t *t, const char *id, const char *role)
 
 /* Predictive and kv_cost placement go where the index says the prompt's
  * prefix is (p2's pool), predictive's TTFT counts only the new tokens
- * (profile: 1 + 1 ms per new token), a TTFT SLO below it is refused early
- * with a retry hint, round_robin alternates. */
+ * (profile: 1 + 1 ms per new token); an SLO missed for the work queued ahead
+ * is refused early with a retry hint, one that the request alone on an idle
+ * worker would miss is refused with none; round_robin alternates. */
 Test(placement, predictive_places_on_the_cached_prefix_and_rejects_early, .timeout = 30)
 {
     td_rpc_init();
@@ -263,16 +264,44 @@ Test(placement, predictive_places_on_the_cached_prefix_and_rejects_early, .timeo
         rt_table_done(&t, pl.prefill, NULL, 0);
         rt_table_done(&t, pl.decode, NULL, 0);
     }
+    /* below what p2 alone takes (33 ms): no worker meets it however idle, so no hint */
     rq.ttft_slo_ms = 10;
     rt_placement_t pl;
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert_eq(pl.code, TD_RPC_RESOURCE_EXHAUSTED);
-    cr_assert(pl.retry_after_ms >= 10 && strstr(pl.why, "TTFT SLO"), "%u %s", pl.retry_after_ms, pl.why);
+    cr_assert_eq(pl.code, TD_RPC_FAILED_PRECONDITION, "%s", pl.why);
+    cr_assert(pl.rejected && pl.retry_after_ms == 0 && strstr(pl.why, "TTFT SLO of 10 ms; retrying will not help"),
+              "%u %s", pl.retry_after_ms, pl.why);
     cr_assert_null(pl.prefill);
+    /* late only for the work queued ahead (one placed on p2, not yet answered): a hint of the excess */
+    rt_placement_t ahead;
     rq.ttft_slo_ms = 0;
-    rq.tpot_slo_ms = 1; /* the decode profile's step is 2 + 1*batch ms */
+    rt_table_place(&t, &rt_placement_predictive, &rq, &ahead);
+    cr_assert(ahead.code == TD_RPC_OK && !strcmp(ahead.prefill->id, "p2"), "%s", ahead.why);
+    rq.ttft_slo_ms = 50;
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert(pl.code == TD_RPC_RESOURCE_EXHAUSTED && strstr(pl.why, "TPOT SLO"), "%s", pl.why);
+    cr_assert(pl.code == TD_RPC_RESOURCE_EXHAUSTED && pl.rejected && strstr(pl.why, "TTFT SLO of 50 ms; retry after"),
+              "%s", pl.why);
+    cr_assert(pl.retry_after_ms >= 10 && pl.retry_after_ms <= 17, "hint %u ms for 66 ms predicted", pl.retry_after_ms);
+    /* the decode profile's step is 2 + 1*batch ms: with one request in d1's batch a second is predicted at 4 ms,
+     * alone at 3 */
+    rq.ttft_slo_ms = 0;
+    rq.tpot_slo_ms = 3.5;
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code == TD_RPC_RESOURCE_EXHAUSTED && pl.retry_after_ms && strstr(pl.why, "TPOT SLO"), "%s", pl.why);
+    rq.tpot_slo_ms = 1;
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code == TD_RPC_FAILED_PRECONDITION && !pl.retry_after_ms && strstr(pl.why, "will not help"), "%s",
+              pl.why);
+    rt_table_prefill_done(&t, ahead.prefill, &ahead.pred);
+    rt_table_done(&t, ahead.prefill, NULL, 0);
+    rt_table_done(&t, ahead.decode, NULL, 0);
+    rq.tpot_slo_ms = 3.5; /* d1 idle again: placed */
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert_eq(pl.code, TD_RPC_OK, "%s", pl.why);
+    rt_table_prefill_done(&t, pl.prefill, &pl.pred);
+    rt_table_done(&t, pl.prefill, NULL, 0);
+    rt_table_done(&t, pl.decode, NULL, 0);
+    rq.tpot_slo_ms = 0;
     const char *seen[2];
     for (int k = 0; k < 2; k++) {
         rt_table_place(&t, &rt_placement_round_robin, NULL, &pl);
