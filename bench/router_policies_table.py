@@ -12,6 +12,14 @@ table compares like with like: TTFT over the requests that every run of
 every policy served (the workload is the same in each run: requests are
 matched by their planned send time's order)."""
 import glob, json, os, statistics, sys
+
+
+def early(r):
+    """Refused at once by the router's early rejection: RESOURCE_EXHAUSTED with a hint (tandem bench's
+    "rejected"), or FAILED_PRECONDITION when even an idle worker would miss the SLO."""
+    return r.get("rejected") or "rejected early" in r.get("error", "")
+
+
 out, pols = sys.argv[1], sys.argv[2:]
 slow = bool(glob.glob(os.path.join(out, "*.slow")))
 print("| policy | runs | SLO met | rejected early | TTFT p50 | TTFT p90 | TTFT p99 | goodput (req/s meeting both SLOs) | prefix hit | placed pool / store / cold | prediction error p50 / p90 |"
@@ -34,7 +42,7 @@ for p in pols:
         ttft = sorted(r["ttft"] for r in rq if r["ok"])
         met = s["slo_met"]
         dur = s["duration"] or 1
-        runs.append(dict(met=100.0 * met / s["n"], rej=s.get("rejected", 0), p50=1e3 * q(ttft, .5), p90=1e3 * q(ttft, .9), p99=1e3 * q(ttft, .99),
+        runs.append(dict(met=100.0 * met / s["n"], rej=sum(1 for r in rq if early(r)), p50=1e3 * q(ttft, .5), p90=1e3 * q(ttft, .9), p99=1e3 * q(ttft, .99),
                          good=met / dur, pool=pl.get("pool_hit", 0), store=pl.get("store_hit", 0), cold=pl.get("cold", 0),
                          e50=100 * (s.get("pred_err_p50") or float("nan")), e90=100 * (s.get("pred_err_p90") or float("nan")),
                          hit=100 * (s.get("cached_share") or 0),
@@ -47,7 +55,7 @@ for p in pols:
           f"{' ; '.join('%d/%d/%d' % (r['pool'], r['store'], r['cold']) for r in runs)} | {m('e50'):.1f}% / {m('e90'):.1f}% |"
           + (f" {m('slow'):.0f}% |" if slow else ""))
 
-if any(r.get("rejected") for v in ordered.values() for r in v) and len({len(v) for v in ordered.values()}) == 1:
+if any(early(r) for v in ordered.values() for r in v) and len({len(v) for v in ordered.values()}) == 1:
     n = len(next(iter(ordered.values())))
     both = [i for i in range(n) if all(v[i]["ok"] for v in ordered.values())]
     print("\nTTFT over the %d of %d requests that every run of every policy served:\n" % (len(both), n))
