@@ -178,13 +178,21 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     pr->valid = true;
 }
 
-/* The decode worker's time between tokens with the request in its batch. */
-static double predict_tbt(const rt_table_t *t, const rt_worker_t *d, const rt_place_req_t *rq, double *raw)
+/* The decode worker's time between tokens in a batch of the given size
+ * with the request in it. */
+static double predict_tbt_at(const rt_table_t *t, const rt_worker_t *d, const rt_place_req_t *rq, double batch,
+                             double *raw)
 {
     const eng_profile_t *pf = profile_of(t, d);
     double ctx = rq ? (double)rq->n_tokens + rq->max_tokens / 2.0 : 0;
-    *raw = pf ? eng_profile_step_ms(pf, d->inflight + 1, ctx) : 0;
+    *raw = pf ? eng_profile_step_ms(pf, batch, ctx) : 0;
     return (d->k_step > 0 ? d->k_step : 1) * *raw;
+}
+
+/* The decode worker's time between tokens with the request joining its batch. */
+static double predict_tbt(const rt_table_t *t, const rt_worker_t *d, const rt_place_req_t *rq, double *raw)
+{
+    return predict_tbt_at(t, d, rq, d->inflight + 1, raw);
 }
 
 /* kv_cost (Dynamo's KV router): w * prefill blocks left after the worker's
@@ -560,15 +568,13 @@ static double idle_best_ms(const rt_table_t *t, const rt_place_ctx_t *c, bool tt
         const rt_worker_t *w = t->w[i];
         if (!usable(w, ttft ? RT_PREFILL : RT_DECODE, c, now))
             continue;
-        double ms;
+        double ms, raw;
         if (ttft) {
             rt_prediction_t pr = {0};
             predict_prefill(t, w, c, now, &pr);
             ms = pr.ttft_ms - pr.queue_ms;
         } else {
-            const eng_profile_t *pf = profile_of(t, w);
-            double ctx = (double)c->rq->n_tokens + c->rq->max_tokens / 2.0;
-            ms = (w->k_step > 0 ? w->k_step : 1) * (pf ? eng_profile_step_ms(pf, 1, ctx) : 0);
+            ms = predict_tbt_at(t, w, c->rq, 1, &raw);
         }
         best = best < 0 || ms < best ? ms : best;
     }
