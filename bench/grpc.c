@@ -160,7 +160,8 @@ static void flight_end(gflight_t *f, double t)
     else if (st.code == TD_RPC_OK && !f->n_times && !r->error[0])
         snprintf(r->error, sizeof r->error, "no tokens in the response");
     r->ok = !r->error[0];
-    r->rejected = !r->ok && !f->n_times && st.code == TD_RPC_RESOURCE_EXHAUSTED;
+    /* refused at admission: busy, or the router's early rejection for an SLO (which says so: rejected-early) */
+    r->rejected = !r->ok && !f->n_times && (st.code == TD_RPC_RESOURCE_EXHAUSTED || st.rejected_early[0]);
     run_t *run = f->run;
     pthread_mutex_lock(&run->mu);
     f->next_done = run->ended;

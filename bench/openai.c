@@ -154,7 +154,16 @@ static void finish(flight_t *f, CURLcode code)
     else if (!f->n_times && !r->error[0])
         snprintf(r->error, sizeof r->error, "no tokens in the response");
     r->ok = !r->error[0];
-    r->rejected = !r->ok && !f->n_times && (status == 429 || status == 503);
+    /* refused at admission: busy (429, 503), or an early rejection for an SLO (its rejected-early header; a
+     * 400 when retrying cannot help), with the server's hint when it gives one */
+    struct curl_header *h = NULL;
+    bool early = curl_easy_header(f->h, "rejected-early", 0, CURLH_HEADER, -1, &h) == CURLHE_OK;
+    r->rejected = !r->ok && !f->n_times && (status == 429 || status == 503 || early);
+    if (curl_easy_header(f->h, "retry-after-ms", 0, CURLH_HEADER, -1, &h) == CURLHE_OK) {
+        char *end;
+        unsigned long ms = strtoul(h->value, &end, 10);
+        r->retry_after_ms = !*end && ms <= UINT32_MAX ? (uint32_t)ms : 0;
+    }
 }
 
 static void flight_free(flight_t *f)

@@ -28,7 +28,8 @@ typedef struct bench_result {
     double gap_p90, gap_max;    /* inter-token gaps */
     int status;                 /* HTTP status (openai) or gRPC status code (grpc) */
     bool ok;                    /* finished with success and at least one token */
-    bool rejected;              /* refused before any token: HTTP 429/503, gRPC RESOURCE_EXHAUSTED */
+    bool rejected;              /* refused before any token: HTTP 429/503, gRPC RESOURCE_EXHAUSTED, or an early
+                                 * rejection for an SLO (rejected-early header or trailing metadata) */
     char finish[24];            /* finish_reason the server gave */
     double predicted_ttft;      /* the server's placement prediction, seconds (tandem's gRPC Timing; 0: none) */
     double server_ttft;         /* the server's own TTFT, seconds (0: none) */

@@ -493,8 +493,8 @@ struct td_rpc_call {
     grpc_byte_buffer *fin_bb;  /* the reply sent with the status */
     grpc_slice fin_details;
     bool fin_set;
-    grpc_metadata trailer; /* one trailing metadata pair sent with the status (has_trailer) */
-    bool has_trailer;
+    grpc_metadata trailer[TD_RPC_MAX_TRAILERS]; /* trailing metadata sent with the status */
+    size_t n_trailers;
     unsigned wakes, wakes_seen;
     td_rpc_event_fn send_cb, wake_cb, cancel_cb;
     void *send_ctx, *wake_ctx, *cancel_ctx;
@@ -513,9 +513,9 @@ static void call_free(td_rpc_call_t *c)
         grpc_byte_buffer_destroy(c->fin_bb);
     if (c->fin_set)
         grpc_slice_unref(c->fin_details);
-    if (c->has_trailer) {
-        grpc_slice_unref(c->trailer.key);
-        grpc_slice_unref(c->trailer.value);
+    for (size_t i = 0; i < c->n_trailers; i++) {
+        grpc_slice_unref(c->trailer[i].key);
+        grpc_slice_unref(c->trailer[i].value);
     }
     free(c->payload);
     if (c->peer)
@@ -667,9 +667,9 @@ static void call_status(td_rpc_call_t *c, int code, const char *msg, const void 
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = (grpc_status_code)code;
     ops[n].data.send_status_from_server.status_details = &c->fin_details;
-    if (c->has_trailer) {
-        ops[n].data.send_status_from_server.trailing_metadata_count = 1;
-        ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+    if (c->n_trailers) {
+        ops[n].data.send_status_from_server.trailing_metadata_count = c->n_trailers;
+        ops[n].data.send_status_from_server.trailing_metadata = c->trailer;
     }
     n++;
     c->s.posted |= 1u << TAG_FINISH;
@@ -1319,16 +1319,25 @@ void td_rpc_call_finish(td_rpc_call_t *c, int code, const char *fmt, ...)
 void td_rpc_call_set_trailer(td_rpc_call_t *c, const char *key, const char *value)
 {
     pthread_mutex_lock(&c->s.mu);
-    if (!c->finished) {
-        if (c->has_trailer) {
-            grpc_slice_unref(c->trailer.key);
-            grpc_slice_unref(c->trailer.value);
-        }
-        memset(&c->trailer, 0, sizeof c->trailer);
-        c->trailer.key = grpc_slice_from_copied_string(key);
-        c->trailer.value = grpc_slice_from_copied_string(value);
-        c->has_trailer = true;
+    size_t i = 0;
+    while (i < c->n_trailers && grpc_slice_str_cmp(c->trailer[i].key, key))
+        i++;
+    if (c->finished || i == TD_RPC_MAX_TRAILERS) {
+        bool full = !c->finished;
+        pthread_mutex_unlock(&c->s.mu);
+        if (full)
+            TD_WARN("rpc: trailer %s dropped: a call sends at most %d", key, TD_RPC_MAX_TRAILERS);
+        return;
     }
+    if (i < c->n_trailers) {
+        grpc_slice_unref(c->trailer[i].key);
+        grpc_slice_unref(c->trailer[i].value);
+    } else {
+        c->n_trailers++;
+    }
+    memset(&c->trailer[i], 0, sizeof c->trailer[i]);
+    c->trailer[i].key = grpc_slice_from_copied_string(key);
+    c->trailer[i].value = grpc_slice_from_copied_string(value);
     pthread_mutex_unlock(&c->s.mu);
 }
 
@@ -1474,10 +1483,16 @@ static void result_set(td_rpc_result_t *res, grpc_status_code code, grpc_slice d
         return;
     res->code = (int)code;
     res->retry_after_ms = 0;
+    res->rejected_early[0] = '\0';
     for (size_t i = 0; trailing && i < trailing->count; i++) {
         const grpc_metadata *m = &trailing->metadata[i];
         char v[16];
         size_t vn = GRPC_SLICE_LENGTH(m->value);
+        if (!grpc_slice_str_cmp(m->key, "rejected-early") && vn && vn < sizeof res->rejected_early) {
+            memcpy(res->rejected_early, GRPC_SLICE_START_PTR(m->value), vn);
+            res->rejected_early[vn] = '\0';
+            continue;
+        }
         if (grpc_slice_str_cmp(m->key, "retry-after-ms") || !vn || vn >= sizeof v)
             continue;
         memcpy(v, GRPC_SLICE_START_PTR(m->value), vn);

@@ -163,8 +163,10 @@ td_status_t td_rpc_call_wait(td_rpc_call_t *c, double timeout_s);
 void td_rpc_call_wake(td_rpc_call_t *c);
 /* Ends the call with a status and message (printf style). */
 void td_rpc_call_finish(td_rpc_call_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* One trailing metadata pair (a lower-case key) to send with the status
- * (the last one set wins), e.g. retry-after-ms on an early rejection. */
+/* A trailing metadata pair (a lower-case key) to send with the status, e.g.
+ * retry-after-ms on an early rejection; a key set again takes the new value.
+ * At most TD_RPC_MAX_TRAILERS keys (one more is dropped, with a warning). */
+#define TD_RPC_MAX_TRAILERS 4
 void td_rpc_call_set_trailer(td_rpc_call_t *c, const char *key, const char *value);
 /* Unary success: the reply message and status OK. */
 void td_rpc_call_reply(td_rpc_call_t *c, const void *msg, size_t len);
@@ -204,6 +206,7 @@ typedef struct td_rpc_result {
     int code;
     char message[512];
     uint32_t retry_after_ms; /* the server's retry-after-ms trailing metadata (0: none) */
+    char rejected_early[8];  /* its rejected-early trailing metadata: the SLO a request was refused for ("": none) */
 } td_rpc_result_t;
 
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out);

@@ -99,6 +99,7 @@ typedef struct hreq {
     int end_code;
     char end_msg[512];
     uint32_t end_retry_ms; /* an early rejection's hint: Retry-After and retry-after-ms */
+    const char *end_rejected; /* an early rejection's SLO ("ttft", "tpot"): the rejected-early header */
     char *out; /* bytes for the client: SSE chunks, or the whole JSON body */
     size_t n_out, off_out, cap_out;
     char *text; /* a non-streaming request's text so far */
@@ -226,9 +227,10 @@ static char *error_json(int status, const char *message, const char *param)
     return s;
 }
 
-/* retry_ms: a 429's hint, as Retry-After (seconds, rounded up) and retry-after-ms (OpenAI's clients read it) */
+/* retry_ms: a 429's hint, as Retry-After (seconds, rounded up) and retry-after-ms (OpenAI's clients read it);
+ * rejected: the SLO an early rejection was for, as rejected-early (NULL: not one) */
 static enum MHD_Result respond_retry(struct MHD_Connection *c, int status, char *body_owned, const char *ctype,
-                                     uint32_t retry_ms)
+                                     uint32_t retry_ms, const char *rejected)
 {
     const char *fallback = "{\"error\":{\"message\":\"no memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}";
     struct MHD_Response *rs =
@@ -246,6 +248,8 @@ static enum MHD_Result respond_retry(struct MHD_Connection *c, int status, char 
         MHD_add_response_header(rs, "Retry-After", sec);
         MHD_add_response_header(rs, "retry-after-ms", ms);
     }
+    if (rejected && body_owned)
+        MHD_add_response_header(rs, "rejected-early", rejected);
     enum MHD_Result ret = MHD_queue_response(c, body_owned ? (unsigned)status : 500u, rs);
     MHD_destroy_response(rs);
     return ret;
@@ -253,7 +257,7 @@ static enum MHD_Result respond_retry(struct MHD_Connection *c, int status, char 
 
 static enum MHD_Result respond(struct MHD_Connection *c, int status, char *body_owned, const char *ctype)
 {
-    return respond_retry(c, status, body_owned, ctype, 0);
+    return respond_retry(c, status, body_owned, ctype, 0, NULL);
 }
 
 /* Too many connections: 503, and this one closed (MHD's own limit, a little
@@ -478,10 +482,11 @@ static void *watcher_thread(void *arg)
     return NULL;
 }
 
-static void h_end(void *ctx, int code, const char *message, uint32_t retry_after_ms)
+static void h_end(void *ctx, int code, const char *message, uint32_t retry_after_ms, const char *rejected)
 {
     hreq_t *x = ctx;
     x->end_retry_ms = retry_after_ms;
+    x->end_rejected = rejected;
     active_remove(x);
     unwatch(x);
     charge(x);
@@ -630,6 +635,7 @@ static enum MHD_Result answer(hreq_t *x)
     }
     int code = x->end_code;
     uint32_t retry_ms = x->end_retry_ms;
+    const char *rejected = x->end_rejected;
     char *body = NULL;
     if (code == TD_RPC_OK) {
         body = x->out;
@@ -639,7 +645,7 @@ static enum MHD_Result answer(hreq_t *x)
         body = error_json(http_status_of(code), x->end_msg, NULL);
     }
     pthread_mutex_unlock(&x->mu);
-    return respond_retry(x->conn, code == TD_RPC_OK ? 200 : http_status_of(code), body, NULL, retry_ms);
+    return respond_retry(x->conn, code == TD_RPC_OK ? 200 : http_status_of(code), body, NULL, retry_ms, rejected);
 }
 
 static enum MHD_Result models(rt_http_t *h, struct MHD_Connection *c)

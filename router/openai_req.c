@@ -215,6 +215,23 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
         rq->has_priority = 1;
         rq->priority = (int32_t)-n;
     }
+    /* tandem's extension, as in GenerateRequest: SLOs tighter than the router's for this request */
+    static const struct { const char *k; size_t off, has_off; } slos[] = {
+        {"ttft_slo_ms", offsetof(Tandem__V1__GenerateRequest, ttft_slo_ms),
+         offsetof(Tandem__V1__GenerateRequest, has_ttft_slo_ms)},
+        {"tpot_slo_ms", offsetof(Tandem__V1__GenerateRequest, tpot_slo_ms),
+         offsetof(Tandem__V1__GenerateRequest, has_tpot_slo_ms)},
+    };
+    for (size_t i = 0; i < sizeof slos / sizeof slos[0]; i++) {
+        if (!get_int(b, slos[i].k, &has, &n, e))
+            return false;
+        if (has) {
+            if (n < 1 || n > UINT32_MAX)
+                return bad(e, slos[i].k, "%s: must be a positive number of milliseconds%s", "");
+            *(uint32_t *)(void *)((char *)rq + slos[i].off) = (uint32_t)n;
+            *(protobuf_c_boolean *)(void *)((char *)rq + slos[i].has_off) = 1;
+        }
+    }
     const char *mt = json_object_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (!get_int(b, mt, &has, &n, e))
         return false;

@@ -596,7 +596,7 @@ static void reject_early(rt_table_t *t, const rt_place_ctx_t *c, const rt_worker
     const bool ttft = rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms;
     const double slo = ttft ? rq->ttft_slo_ms : rq->tpot_slo_ms;
     const double idle = idle_best_ms(t, c, ttft, now);
-    out->rejected = true;
+    out->rejected = ttft ? "ttft" : "tpot";
     *(ttft ? &t->rejected_ttft : &t->rejected_tpot) += 1;
     if (idle > slo) {
         out->code = TD_RPC_FAILED_PRECONDITION;

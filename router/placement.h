@@ -163,8 +163,9 @@ typedef struct rt_placement {
     int code; /* TD_RPC_OK when placed */
     double retry_at;
     uint32_t retry_after_ms; /* an early rejection's hint (0: none) */
-    bool rejected;           /* rejected early (answer at once, never queue): RESOURCE_EXHAUSTED with the hint, or
-                              * FAILED_PRECONDITION when even an idle worker would miss the SLO */
+    const char *rejected;    /* rejected early (answer at once, never queue), the SLO it is for ("ttft", "tpot"):
+                              * RESOURCE_EXHAUSTED with the hint, or FAILED_PRECONDITION when even an idle worker
+                              * would miss the SLO; NULL when not rejected early */
     char why[320];
     rt_prediction_t pred;
 } rt_placement_t;

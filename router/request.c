@@ -49,6 +49,7 @@ struct rt_request {
     size_t cap_chain;
     rt_prediction_t pred, first_pred; /* the attempt's placement's prediction; the first attempt's */
     uint32_t retry_after_ms;          /* an early rejection's hint */
+    const char *rejected;             /* rejected early: the SLO it was for ("ttft", "tpot") */
     uint32_t max_tokens, cached, store_cached;
     double t0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
     double t_queued, handoff; /* when the next step was queued; the time steps waited for a pool thread */
@@ -109,7 +110,7 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
     else
         rt_count(r, false, -1, -1, -1);
     rt_metrics_request_end(&r->metrics, code);
-    q->sink.end(q->sink_ctx, code, msg, q->retry_after_ms);
+    q->sink.end(q->sink_ctx, code, msg, q->retry_after_ms, q->rejected);
     tandem__v1__generate_request__free_unpacked(q->rq, NULL);
     td_rpc_scope_destroy(q->scope);
     pthread_mutex_destroy(&q->mu);
@@ -524,7 +525,9 @@ static void place_req(rt_request_t *q, rt_place_req_t *pr)
         tpot = q->rq->tpot_slo_ms;
     *pr = (rt_place_req_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .chain = q->chain, .n_blocks = nb,
                            .max_tokens = q->max_tokens, .ttft_slo_ms = ttft, .tpot_slo_ms = tpot,
-                           .early_reject = r->cfg.router.early_reject,
+                           /* a stream under way is finished, not judged again: its resume re-prefills
+                            * what was streamed, which the TTFT SLO never covered */
+                           .early_reject = r->cfg.router.early_reject && !q->sent_any,
                            .priority = q->rq->has_priority ? q->rq->priority : 0};
 }
 
@@ -586,8 +589,9 @@ static int attempt(rt_request_t *q)
     rt_place_req_t prq_place;
     place_req(q, &prq_place);
     rt_table_place(&r->table, r->place, &prq_place, &pl);
-    if (pl.rejected && !q->sent_any) {
+    if (pl.rejected) {
         q->retry_after_ms = pl.retry_after_ms; /* rejected early: at once, never queued */
+        q->rejected = pl.rejected;
         finish(q, pl.code, "%s", pl.why);
         return 1;
     }

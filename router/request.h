@@ -26,8 +26,10 @@ typedef struct rt_request rt_request_t;
 
 typedef struct rt_sink {
     td_status_t (*emit)(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m);
-    /* retry_after_ms: an early rejection's hint (0: none), for the transport's retry header */
-    void (*end)(void *ctx, int code, const char *message, uint32_t retry_after_ms);
+    /* retry_after_ms: an early rejection's hint (0: none), for the transport's retry header; rejected: the
+     * SLO ("ttft", "tpot") an early rejection was for, NULL for any other end: the transport says it in a
+     * rejected-early header, so a client tells a request refused for its SLO from a bad one */
+    void (*end)(void *ctx, int code, const char *message, uint32_t retry_after_ms, const char *rejected);
 } rt_sink_t;
 
 /* A request for rq (taken: freed with the request) that may take timeout_s

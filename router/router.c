@@ -326,7 +326,7 @@ static td_status_t g_emit(void *ctx, rt_request_t *q, const Tandem__V1__Generate
     return td_rpc_call_send_async(g->call, g->buf, n, g_sent, q);
 }
 
-static void g_end(void *ctx, int code, const char *message, uint32_t retry_after_ms)
+static void g_end(void *ctx, int code, const char *message, uint32_t retry_after_ms, const char *rejected)
 {
     grpc_sink_t *g = ctx;
     if (retry_after_ms) { /* an early rejection: when to try again, as trailing metadata */
@@ -334,6 +334,8 @@ static void g_end(void *ctx, int code, const char *message, uint32_t retry_after
         snprintf(v, sizeof v, "%u", retry_after_ms);
         td_rpc_call_set_trailer(g->call, "retry-after-ms", v);
     }
+    if (rejected)
+        td_rpc_call_set_trailer(g->call, "rejected-early", rejected);
     td_rpc_call_finish(g->call, code, "%s", message);
     td_rpc_call_done(g->call); /* waits for a cancel callback under way */
     free(g->buf);

@@ -222,6 +222,23 @@ def main():
         check("completions: %d/%d identical to single-process greedy; streamed %d/%d (with a last usage chunk)" %
               (same, len(prompts), same_stream, len(prompts)), same == same_stream == len(prompts))
 
+        # tandem's SLO fields: one no idle worker can meet is refused at once, 400 (the client does not retry),
+        # saying which SLO in rejected-early and giving no retry hint; a malformed one names its field
+        def refused(**extra):
+            t0 = time.time()
+            try:
+                cl.completions.create(model=model, prompt=prompts[0], max_tokens=4, temperature=0, extra_body=extra)
+                return 200, None, None, "", 0
+            except openai.APIStatusError as e:
+                return (e.status_code, e.response.headers.get("rejected-early"),
+                        e.response.headers.get("retry-after-ms"), str(e.body), (time.time() - t0) * 1e3)
+        late, bad = refused(ttft_slo_ms=1), refused(ttft_slo_ms=0)
+        check("ttft_slo_ms 1: %d, rejected-early %s, retry-after-ms %s, in %.0f ms: %s" %
+              (late[0], late[1], late[2], late[4], late[3][:140]),
+              late[0] == 400 and late[1] == "ttft" and late[2] is None and "will not help" in late[3] and late[4] < 1000)
+        check("ttft_slo_ms 0: %d, rejected-early %s: %s" % (bad[0], bad[1], bad[3][:120]),
+              bad[0] == 400 and bad[1] is None and "ttft_slo_ms" in bad[3])
+
         # every prompt of the integration suite: the HTTP text equals the gRPC API's
         same_grpc = 0
         for p in tc.PROMPTS:

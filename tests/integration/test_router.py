@@ -21,6 +21,10 @@ one event in every 7 it receives (router.index_drop_events, a test hook).
   RESOURCE_EXHAUSTED and trailing metadata retry-after-ms.
 - Priority: a short high-priority prompt sent after long low-priority ones
   overtakes those still waiting on its prefill worker.
+- A stream under way is not judged again: its decode worker killed after 300
+  tokens while both prefill workers hold long prompts, the resume (predicted
+  far over the TTFT SLO that admitted the prompt) is placed, not refused, and
+  the stream completes identically.
 Prints one line per check and closes with "router: N passed, N failed".
 Usage: test_router.py BUILD_BIN_DIR  (from the repository root)."""
 import os
@@ -157,15 +161,18 @@ def main():
             t0 = time.time()
             try:
                 gen(c, docs[0] + " and then", **slo)
-                return "OK", None, "", 0
+                return "OK", None, "", 0, None
             except grpc.RpcError as e:
-                return (e.code().name, dict(e.trailing_metadata() or ()).get("retry-after-ms"), e.details(),
-                        (time.time() - t0) * 1e3)
+                md = dict(e.trailing_metadata() or ())
+                return (e.code().name, md.get("retry-after-ms"), e.details(), (time.time() - t0) * 1e3,
+                        md.get("rejected-early"))
         rs = [refused(ttft_slo_ms=1) for _ in range(5)]
         times = sorted(r[3] for r in rs)
-        check("a 1 ms TTFT SLO is refused early as one no idle worker meets: %s, retry-after-ms %s, answered in "
-              "%.1f ms (median): %s" % ([r[0] for r in rs], [r[1] for r in rs], times[2], rs[0][2][:160]),
-              all(r[0] == "FAILED_PRECONDITION" and r[1] is None and "will not help" in r[2] for r in rs) and
+        check("a 1 ms TTFT SLO is refused early as one no idle worker meets: %s, retry-after-ms %s, rejected-early "
+              "%s, answered in %.1f ms (median): %s" % ([r[0] for r in rs], [r[1] for r in rs], rs[0][4], times[2],
+                                                         rs[0][2][:160]),
+              all(r[0] == "FAILED_PRECONDITION" and r[1] is None and r[4] == "ttft" and "will not help" in r[2]
+                  for r in rs) and
               times[2] < 100)
         ok = gen(c, docs[0] + " and then", ttft_slo_ms=60000, tpot_slo_ms=60000)
         check("... the same prompt with loose SLOs is served (%d tokens)" % len(ok[0]), len(ok[0]) == MAX)
@@ -196,8 +203,10 @@ def main():
         slo = max(3 * idle_pred, idle_pred + 30)
         late = refused(ttft_slo_ms=int(slo))
         check("with both prefill workers busy, a %d ms TTFT SLO (idle prediction %.1f ms) is refused early with a "
-              "hint: %s, retry-after-ms %s, in %.1f ms: %s" % (slo, idle_pred, late[0], late[1], late[3], late[2][:160]),
-              late[0] == "RESOURCE_EXHAUSTED" and late[1] and int(late[1]) >= 10 and "retry after" in late[2] and
+              "hint: %s, retry-after-ms %s, rejected-early %s, in %.1f ms: %s" %
+              (slo, idle_pred, late[0], late[1], late[4], late[3], late[2][:160]),
+              late[0] == "RESOURCE_EXHAUSTED" and late[1] and int(late[1]) >= 10 and late[4] == "ttft" and
+              "retry after" in late[2] and
               late[3] < 100)
         timed(text(40, rng), 10, res, "high")
         for t in ths:
@@ -224,6 +233,48 @@ def main():
         after = gen(c, docs[-1])
         check("... and places on the cached prefix again (cached %d)" % after[1].usage.cached_prompt_tokens,
               after[1].usage.cached_prompt_tokens > 0 and after[0] == first[-1][0])
+
+        # a stream under way is finished, not judged again: its decode worker is killed mid-stream while both
+        # prefill workers hold long prompts, so its resume (a prefill of the prompt and the tokens already sent)
+        # is predicted far over the TTFT SLO that admitted the prompt; it must be placed, not refused and retried
+        # until the queues drain or its deadline passes
+        def stream(prompt, n, kill_after=0, **slo):
+            rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True,
+                                    sampling=pb.SamplingParams(max_tokens=n, ignore_eos=True), **slo)
+            ids, last, dw, busy = [], None, c.worker("decode") if kill_after else None, []
+            for r in c.stub.Generate(rq, timeout=90):
+                ids.extend(r.token_ids)
+                last = r
+                if dw and not busy and len(ids) >= kill_after - 50:
+                    busy = [threading.Thread(target=timed, args=(text(600, rng), 0, {}, i)) for i in range(4)]
+                    for t in busy:
+                        t.start()
+                        time.sleep(0.02)
+                if dw and len(ids) >= kill_after:
+                    os.kill(dw["pid"], signal.SIGKILL)
+                    dw = None
+            for t in busy:
+                t.join()
+            return ids, last
+        short = text(20, rng)
+        ref, first_run = stream(short, 400)
+        pred = first_run.timing.predicted_ttft_ms
+        slo = int(max(3 * pred, pred + 30))
+        rejected = c.health()[1]["placement"]["rejected"]
+        t0 = time.time()
+        try:
+            got = stream(short, 400, kill_after=300, ttft_slo_ms=slo)[0]
+            err = None
+        except grpc.RpcError as e:
+            got, err = [], "%s: %s" % (e.code().name, e.details()[:160])
+        secs = time.time() - t0
+        tc.wait_for(lambda: c.worker("decode") and c.health()[0], 30)
+        after_rej = c.health()[1]["placement"]["rejected"]
+        check("decode worker killed after 300 of 400 tokens, both prefill workers busy, TTFT SLO %d ms (the prompt's "
+              "prediction %.1f ms): the resume %s in %.1f s; rejections %s -> %s" %
+              (slo, pred, "completed identically" if got == ref else "ended with %s after %d tokens" % (err, len(got)),
+               secs, rejected, after_rej),
+              got == ref and secs < 60 and after_rej == rejected)
     finally:
         rc = c.stop()
         check("tandem up stops cleanly (exit %s)" % rc, rc == 0)

@@ -2,7 +2,9 @@
  * workloads (trace replay shares exactly the stated prefixes, checked with the
  * engine's block names), its errors for bad input, and its sender against a
  * dead endpoint and a server that dies mid-stream (a partial report, no hang),
- * over HTTP (openai) and over gRPC (a real gRPC server made with common/rpc). */
+ * over HTTP (openai) and over gRPC (a real gRPC server made with common/rpc),
+ * and how it counts refusals (an early rejection is rejected, a bad request
+ * failed). */
 #include "tests/unit/helpers.h"
 
 #include <arpa/inet.h>
@@ -367,9 +369,73 @@ Test(bench, dead_endpoint_and_dying_server_give_partial_reports, .init = setup, 
     bench_workload_free(&w);
 }
 
+/* A server that refuses the requests of refusal_counts, one connection each,
+ * as the prompt says: "slo" 400 with rejected-early (the router's early
+ * rejection when retrying cannot help), "bad" a plain 400, "busy" 429 with
+ * retry-after-ms. */
+static void *refusing_server(void *arg)
+{
+    int ls = *(int *)arg;
+    for (int k = 0; k < 3; k++) {
+        int c = accept(ls, NULL, NULL);
+        char buf[8192];
+        size_t n = 0;
+        const char *resp = NULL;
+        while (!resp && n < sizeof buf - 1) {
+            ssize_t got = read(c, buf + n, sizeof buf - 1 - n);
+            if (got <= 0)
+                break;
+            n += (size_t)got;
+            buf[n] = '\0';
+            resp = strstr(buf, "slo-") ? "HTTP/1.1 400 Bad Request\r\nrejected-early: ttft\r\n"
+                   : strstr(buf, "bad-") ? "HTTP/1.1 400 Bad Request\r\n"
+                   : strstr(buf, "busy-") ? "HTTP/1.1 429 Too Many Requests\r\nretry-after-ms: 250\r\n"
+                                          : NULL;
+        }
+        char out[256];
+        int len = snprintf(out, sizeof out, "%sContent-Type: application/json\r\nContent-Length: 2\r\n"
+                           "Connection: close\r\n\r\n{}", resp ? resp : "HTTP/1.1 500 Internal Server Error\r\n");
+        ssize_t wr = write(c, out, (size_t)len);
+        (void)wr;
+        close(c);
+    }
+    return NULL;
+}
+
+Test(bench, openai_sender_tells_early_rejections_from_bad_requests)
+{
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    getsockname(ls, (struct sockaddr *)&a, &al);
+    listen(ls, 4);
+    pthread_t th;
+    pthread_create(&th, NULL, refusing_server, &ls);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
+    bench_request_t req[3] = {{.t_send = 0, .prompt = "slo-one", .input_len = 1, .output_len = 3},
+                              {.t_send = 0.1, .prompt = "bad-two", .input_len = 1, .output_len = 3},
+                              {.t_send = 0.2, .prompt = "busy-three", .input_len = 1, .output_len = 3}};
+    bench_workload_t w = {.req = req, .n = 3};
+    bench_result_t res[3];
+    bench_openai_t o = {.endpoint = url, .timeout_s = 10};
+    cr_assert_eq(bench_run_openai(&o, &w, res), TD_OK);
+    pthread_join(th, NULL);
+    close(ls);
+    cr_assert(!res[0].ok && res[0].status == 400 && res[0].rejected, "400 with rejected-early: rejected (%s)",
+              res[0].error);
+    cr_assert(!res[1].ok && res[1].status == 400 && !res[1].rejected, "a plain 400 is a failure");
+    cr_assert(!res[2].ok && res[2].status == 429 && res[2].rejected && res[2].retry_after_ms == 250,
+              "429: rejected with its hint (%u ms)", res[2].retry_after_ms);
+}
+
 /* A gRPC Generate that streams the prompt's length back as token ids 1..3,
  * one message each, then ends well ("ok" prompts) or with UNAVAILABLE after
- * two ("die" prompts): what the gRPC sender must count. */
+ * two ("die" prompts); or refuses at once with FAILED_PRECONDITION, as the
+ * router's early rejection ("slo" prompts: with rejected-early and
+ * retry-after-ms trailers) or as any other error ("bad"): what the gRPC
+ * sender must count. */
 static void h_generate(void *ctx, td_rpc_call_t *c)
 {
     (void)ctx;
@@ -382,8 +448,18 @@ static void h_generate(void *ctx, td_rpc_call_t *c)
             tandem__v1__generate_request__free_unpacked(rq, NULL);
         return;
     }
-    bool die = !strncmp(rq->prompt, "die", 3);
+    bool die = !strncmp(rq->prompt, "die", 3), slo = !strncmp(rq->prompt, "slo", 3),
+         bad = !strncmp(rq->prompt, "bad", 3);
     tandem__v1__generate_request__free_unpacked(rq, NULL);
+    if (slo || bad) {
+        if (slo) {
+            td_rpc_call_set_trailer(c, "retry-after-ms", "7");
+            td_rpc_call_set_trailer(c, "rejected-early", "tpot");
+            td_rpc_call_set_trailer(c, "retry-after-ms", "70"); /* set again: the new value */
+        }
+        td_rpc_call_finish(c, TD_RPC_FAILED_PRECONDITION, "refused");
+        return;
+    }
     for (int32_t i = 1; i <= 3; i++) {
         if (die && i == 3) {
             td_rpc_call_finish(c, TD_RPC_UNAVAILABLE, "the worker went away");
@@ -419,14 +495,21 @@ Test(bench, grpc_sender_counts_tokens_errors_and_dead_endpoints, .init = setup, 
     cr_assert_eq(td_rpc_server_start(srv, &port), TD_OK);
     char ep[64];
     snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
-    bench_request_t req[4] = {{.t_send = 0, .prompt = "ok one", .input_len = 2, .output_len = 3},
+    bench_request_t req[6] = {{.t_send = 0, .prompt = "ok one", .input_len = 2, .output_len = 3},
                               {.t_send = 0.05, .prompt = "die two", .input_len = 2, .output_len = 3},
                               {.t_send = 0.1, .prompt = "ok three", .input_len = 2, .output_len = 3},
-                              {.t_send = 0.3, .prompt = "ok four", .input_len = 2, .output_len = 3}};
-    bench_workload_t w = {.req = req, .n = 4};
-    bench_result_t res[4];
+                              {.t_send = 0.3, .prompt = "ok four", .input_len = 2, .output_len = 3},
+                              {.t_send = 0.3, .prompt = "slo five", .input_len = 2, .output_len = 3},
+                              {.t_send = 0.3, .prompt = "bad six", .input_len = 2, .output_len = 3}};
+    bench_workload_t w = {.req = req, .n = 6};
+    bench_result_t res[6];
     bench_grpc_t o = {.endpoint = ep, .timeout_s = 10};
     cr_assert_eq(bench_run_grpc(&o, &w, res), TD_OK);
+    cr_assert(!res[4].ok && res[4].rejected && res[4].retry_after_ms == 70,
+              "an early rejection (rejected-early) counts as rejected, with its last hint: %s, %u ms", res[4].error,
+              res[4].retry_after_ms);
+    cr_assert(!res[5].ok && !res[5].rejected && res[5].status == TD_RPC_FAILED_PRECONDITION,
+              "the same code without rejected-early is a failure");
     for (int i = 0; i < 4; i++) {
         if (i == 1)
             continue;

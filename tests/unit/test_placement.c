@@ -269,7 +269,8 @@ Test(placement, predictive_places_on_the_cached_prefix_and_rejects_early, .timeo
     rt_placement_t pl;
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
     cr_assert_eq(pl.code, TD_RPC_FAILED_PRECONDITION, "%s", pl.why);
-    cr_assert(pl.rejected && pl.retry_after_ms == 0 && strstr(pl.why, "TTFT SLO of 10 ms; retrying will not help"),
+    cr_assert(pl.rejected && !strcmp(pl.rejected, "ttft") && pl.retry_after_ms == 0 &&
+              strstr(pl.why, "TTFT SLO of 10 ms; retrying will not help"),
               "%u %s", pl.retry_after_ms, pl.why);
     cr_assert_null(pl.prefill);
     /* late only for the work queued ahead (one placed on p2, not yet answered): a hint of the excess */
@@ -287,17 +288,18 @@ Test(placement, predictive_places_on_the_cached_prefix_and_rejects_early, .timeo
     rq.ttft_slo_ms = 0;
     rq.tpot_slo_ms = 3.5;
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert(pl.code == TD_RPC_RESOURCE_EXHAUSTED && pl.retry_after_ms && strstr(pl.why, "TPOT SLO"), "%s", pl.why);
+    cr_assert(pl.code == TD_RPC_RESOURCE_EXHAUSTED && pl.retry_after_ms && strstr(pl.why, "TPOT SLO") &&
+              pl.rejected && !strcmp(pl.rejected, "tpot"), "%s", pl.why);
     rq.tpot_slo_ms = 1;
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert(pl.code == TD_RPC_FAILED_PRECONDITION && !pl.retry_after_ms && strstr(pl.why, "will not help"), "%s",
-              pl.why);
+    cr_assert(pl.code == TD_RPC_FAILED_PRECONDITION && !pl.retry_after_ms && strstr(pl.why, "will not help") &&
+              pl.rejected && !strcmp(pl.rejected, "tpot"), "%s", pl.why);
     rt_table_prefill_done(&t, ahead.prefill, &ahead.pred);
     rt_table_done(&t, ahead.prefill, NULL, 0);
     rt_table_done(&t, ahead.decode, NULL, 0);
     rq.tpot_slo_ms = 3.5; /* d1 idle again: placed */
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert_eq(pl.code, TD_RPC_OK, "%s", pl.why);
+    cr_assert(pl.code == TD_RPC_OK && !pl.rejected, "%s", pl.why);
     rt_table_prefill_done(&t, pl.prefill, &pl.pred);
     rt_table_done(&t, pl.prefill, NULL, 0);
     rt_table_done(&t, pl.decode, NULL, 0);
