@@ -15,8 +15,9 @@ import glob, json, os, statistics, sys
 
 
 def early(r):
-    """Refused at once by the router's early rejection: RESOURCE_EXHAUSTED with a hint (tandem bench's
-    "rejected"), or FAILED_PRECONDITION when even an idle worker would miss the SLO."""
+    """Refused at once by the router's early rejection: RESOURCE_EXHAUSTED with a hint, or FAILED_PRECONDITION
+    when even an idle worker would miss the SLO. tandem bench marks both "rejected" since they carry
+    rejected-early; runs made before that marked only the first, so the message is read too."""
     return r.get("rejected") or "rejected early" in r.get("error", "")
 
 
