@@ -485,8 +485,6 @@ static void *watcher_thread(void *arg)
 static void h_end(void *ctx, int code, const char *message, uint32_t retry_after_ms, const char *rejected)
 {
     hreq_t *x = ctx;
-    x->end_retry_ms = retry_after_ms;
-    x->end_rejected = rejected;
     active_remove(x);
     unwatch(x);
     charge(x);
@@ -494,6 +492,8 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
     x->ended = true;
     x->q = NULL;
     x->end_code = code;
+    x->end_retry_ms = retry_after_ms;
+    x->end_rejected = rejected;
     snprintf(x->end_msg, sizeof x->end_msg, "%s", message ? message : "");
     if (!x->mhd_done) {
         if (x->stream && (x->streamed || code == TD_RPC_OK)) { /* the stream has begun: it ends in the stream */

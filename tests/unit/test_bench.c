@@ -311,6 +311,19 @@ Test(bench, loguniform_lengths, .init = setup, .fini = teardown)
     bench_workload_free(&w);
 }
 
+/* A listening loopback socket (*ls) served by fn(ls) on thread *th; its URL. */
+static void serve_loopback(void *(*fn)(void *), int *ls, pthread_t *th, char *url, size_t cap)
+{
+    *ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(*ls, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    cr_assert_eq(getsockname(*ls, (struct sockaddr *)&a, &al), 0);
+    cr_assert_eq(listen(*ls, 4), 0);
+    cr_assert_eq(pthread_create(th, NULL, fn, ls), 0);
+    snprintf(url, cap, "http://127.0.0.1:%d", ntohs(a.sin_port));
+}
+
 /* A server that answers one request with two SSE tokens, then drops the connection. */
 static void *dying_server(void *arg)
 {
@@ -346,16 +359,10 @@ Test(bench, dead_endpoint_and_dying_server_give_partial_reports, .init = setup, 
     bench_summary_t sum = bench_summarize(res, 3, 1, 1);
     cr_assert_eq(sum.failed, 3);
     /* a server that stops mid-stream */
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t al = sizeof a;
-    getsockname(ls, (struct sockaddr *)&a, &al);
-    listen(ls, 4);
+    int ls;
     pthread_t th;
-    pthread_create(&th, NULL, dying_server, &ls);
     char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
+    serve_loopback(dying_server, &ls, &th, url, sizeof url);
     o.endpoint = url;
     w.n = 1;
     cr_assert_eq(bench_run_openai(&o, &w, res), TD_OK);
@@ -404,16 +411,10 @@ static void *refusing_server(void *arg)
 
 Test(bench, openai_sender_tells_early_rejections_from_bad_requests)
 {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t al = sizeof a;
-    getsockname(ls, (struct sockaddr *)&a, &al);
-    listen(ls, 4);
+    int ls;
     pthread_t th;
-    pthread_create(&th, NULL, refusing_server, &ls);
     char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
+    serve_loopback(refusing_server, &ls, &th, url, sizeof url);
     bench_request_t req[3] = {{.t_send = 0, .prompt = "slo-one", .input_len = 1, .output_len = 3},
                               {.t_send = 0.1, .prompt = "bad-two", .input_len = 1, .output_len = 3},
                               {.t_send = 0.2, .prompt = "busy-three", .input_len = 1, .output_len = 3}};
