@@ -15,7 +15,7 @@ const char cli_certs_usage[] =
     "usage: tandem certs --dir DIR [--names N1,N2,...] [--hosts H1,H2,...] [--days D]\n"
     "  makes DIR/ca.pem + ca.key (kept if there: certificates can be added later) and, for every name,\n"
     "  DIR/NAME.pem + NAME.key signed by that CA, valid for localhost, 127.0.0.1 and every host given\n"
-    "  (names default: router,prefill,decode,kvstore,etcd,client; days default: 365).\n"
+    "  (names default: router,prefill,decode,kvstore,etcd,client,node; days default: 365).\n"
     "  Point each process at its pair with cluster.tls_cert / cluster.tls_key and at DIR/ca.pem with\n"
     "  cluster.tls_ca; give etcd its pair with --cert-file/--key-file/--trusted-ca-file --client-cert-auth.\n";
 
@@ -34,7 +34,7 @@ static int split(char *s, const char **out)
 int cli_certs(int argc, char **argv)
 {
     const char *dir = NULL;
-    char names_buf[1024] = "router,prefill,decode,kvstore,etcd,client", hosts_buf[4096] = "";
+    char names_buf[1024] = "router,prefill,decode,kvstore,etcd,client,node", hosts_buf[4096] = "";
     int days = 365;
     for (int i = 0; i < argc; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

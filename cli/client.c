@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <stdbool.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,8 +235,17 @@ int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const cha
     td_rpc_stream_t *st;
     int code = 1;
     double t0 = td_now_s();
-    if (td_rpc_channel_create(endpoint, tls, &ch) || td_rpc_stream_open(ch, "/tandem.v1.Tandem/Generate", buf, n,
-                                                                          timeout_s, NULL, &st)) {
+    /* an API key (router.api_keys) from the environment, as gRPC's authorization metadata */
+    char auth[300] = "";
+    if (getenv("TANDEM_API_KEY") && getenv("TANDEM_API_KEY")[0])
+        snprintf(auth, sizeof auth, "Bearer %s", getenv("TANDEM_API_KEY"));
+    if (td_rpc_channel_create(endpoint, tls, &ch)) {
+        free(buf);
+        return 1;
+    }
+    td_rpc_channel_set_authorization(ch, auth);
+    if (td_rpc_stream_open(ch, "/tandem.v1.Tandem/Generate", buf, n, timeout_s, NULL, &st)) {
+        td_rpc_channel_destroy(ch);
         free(buf);
         return 1;
     }
@@ -277,11 +287,28 @@ int cli_generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const cha
 
 const char cli_scale_usage[] =
     "usage: tandem scale --endpoint HOST:PORT (--apply OPS.yaml | --prefill N --decode M)\n"
-    "                    [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n"
+    "                    [--admin-key FILE] [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n"
     "  the ops config (deploy/ops.yaml) for the cluster behind the router at HOST:PORT: a whole file,\n"
     "  or fixed worker counts for its model. The router keeps it in etcd; the planner and the nodes'\n"
-    "  agents do the rest (tandem health shows the planner's decision). An administrator's call:\n"
-    "  from the router's host, or with a client certificate named \"admin\".\n";
+    "  agents do the rest (tandem health shows the planner's decision). An administrator's call: with\n"
+    "  a key of router.admin_keys (--admin-key FILE holds it; tandem up prints where its own is; or\n"
+    "  the environment's TANDEM_ADMIN_KEY), or a client certificate named \"admin\".\n";
+
+/* The first line of file, trimmed, into out; false (said) when unreadable or empty. */
+static bool read_key(const char *prog, const char *file, char *out, size_t n)
+{
+    FILE *f = fopen(file, "r");
+    bool ok = f && fgets(out, (int)n, f);
+    if (f)
+        fclose(f);
+    if (ok)
+        out[strcspn(out, " \t\r\n")] = 0;
+    if (!ok || !out[0]) {
+        fprintf(stderr, "%s: cannot read a key from %s%s%s\n", prog, file, errno ? ": " : "", errno ? strerror(errno) : "");
+        return false;
+    }
+    return true;
+}
 
 static bool count_arg(const char *flag, const char *v, uint32_t *out)
 {
@@ -297,7 +324,7 @@ static bool count_arg(const char *flag, const char *v, uint32_t *out)
 
 int cli_scale(int argc, char **argv)
 {
-    const char *ep = NULL, *file = NULL;
+    const char *ep = NULL, *file = NULL, *key_file = NULL;
     td_rpc_tls_t tls = {0};
     Tandem__V1__ScaleRequest rq = TANDEM__V1__SCALE_REQUEST__INIT;
     for (int i = 0; i < argc; i++) {
@@ -306,6 +333,8 @@ int cli_scale(int argc, char **argv)
             ep = argv[++i];
         else if (!strcmp(argv[i], "--apply") && v)
             file = argv[++i];
+        else if (!strcmp(argv[i], "--admin-key") && v)
+            key_file = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && v) {
             if (!count_arg(argv[i], argv[i + 1], &rq.prefill))
                 return 2;
@@ -325,6 +354,14 @@ int cli_scale(int argc, char **argv)
         fputs(cli_scale_usage, stderr);
         return 2;
     }
+    char key[256] = "", auth[300] = "";
+    errno = 0;
+    if (key_file && !read_key("tandem scale", key_file, key, sizeof key))
+        return 2;
+    if (!key[0] && getenv("TANDEM_ADMIN_KEY"))
+        snprintf(key, sizeof key, "%s", getenv("TANDEM_ADMIN_KEY"));
+    if (key[0])
+        snprintf(auth, sizeof auth, "Bearer %s", key);
     td_log_set_level(TD_LOG_OFF);
     char *text = NULL;
     if (file) { /* read and checked here (the errors name the file's lines), sent in canonical form */
@@ -351,6 +388,7 @@ int cli_scale(int argc, char **argv)
     td_rpc_channel_t *ch;
     int code = 1;
     if (td_rpc_channel_create(ep, tls.ca_file || tls.cert_file ? &tls : NULL, &ch) == TD_OK) {
+        td_rpc_channel_set_authorization(ch, auth);
         uint8_t *out;
         size_t on;
         td_rpc_result_t res;

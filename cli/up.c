@@ -47,6 +47,7 @@
 #include "common/ops.h"
 #include "common/process.h"
 #include "common/rpc.h"
+#include "cli/up_state.h"
 #include "tandem/v1/tandem.pb-c.h"
 
 #define MAX_CHILDREN 64
@@ -652,12 +653,18 @@ int cli_up(int argc, char **argv)
     snprintf(u.dir, sizeof u.dir, "%s", self);
     *strrchr(u.dir, '/') = 0;
 
-    char base[] = "/tmp/tandem-up-XXXXXX";
-    if (!mkdtemp(base)) {
-        fprintf(stderr, "tandem up: cannot make a data dir: %s\n", strerror(errno));
+    /* the run folder: etcd's data, the keys; locked while this run (or a child) lives, so the next
+     * start removes it when this one was killed before it could */
+    char base[64];
+    int stale = 0;
+    if (up_run_dir(base, sizeof base, &stale)) {
+        fprintf(stderr, "%s\n", td_last_error());
         return 1;
     }
-    static char datadir[64], certdir[PATH_MAX];
+    if (stale)
+        fprintf(stderr, "tandem up: removed %d run folder%s of earlier runs that ended without cleaning up\n", stale,
+                stale > 1 ? "s" : "");
+    static char datadir[96], certdir[PATH_MAX];
     snprintf(datadir, sizeof datadir, "%s/etcd", base);
     /* the internal planes: mutual TLS with the role pairs of --certs, the
      * config's cluster CA and pair, or (by default) a throwaway CA and a
@@ -671,9 +678,9 @@ int cli_up(int argc, char **argv)
     }
     if (own_certs) {
         snprintf(certdir, sizeof certdir, "%s/tls", base);
-        const char *names[] = {"router", "etcd", "client", "prefill", "decode", "kvstore"};
+        const char *names[] = {"router", "etcd", "client", "prefill", "decode", "kvstore", "node"};
         const char *hosts[] = {address};
-        if (td_certs_make(certdir, names, 6, hosts, strcmp(address, "127.0.0.1") ? 1 : 0, 30)) {
+        if (td_certs_make(certdir, names, 7, hosts, strcmp(address, "127.0.0.1") ? 1 : 0, 30)) {
             fprintf(stderr, "tandem up: %s\n", td_last_error());
             return 1;
         }
@@ -681,6 +688,17 @@ int cli_up(int argc, char **argv)
         snprintf(certdir, sizeof certdir, "%s", certs_dir);
     }
     u.certdir = own_certs || certs_dir ? certdir : NULL;
+    /* what tools get: the CA and the client pair, in a folder of their own (not the CA's key, not another
+     * role's); and the router's administrator key (tandem scale --admin-key) */
+    static char client_dir[PATH_MAX], admin_key[PATH_MAX], admin_keys[PATH_MAX];
+    if (own_certs && up_client_dir(base, certdir, client_dir, sizeof client_dir)) {
+        fprintf(stderr, "%s\n", td_last_error());
+        return 1;
+    }
+    if (!join && !cfg.router.admin_keys[0] && up_admin_key(base, admin_key, admin_keys, sizeof admin_key)) {
+        fprintf(stderr, "%s\n", td_last_error());
+        return 1;
+    }
     static char ca_file[PATH_MAX + 16];
     if (u.certdir)
         snprintf(ca_file, sizeof ca_file, "%s/ca.pem", certdir);
@@ -791,6 +809,10 @@ int cli_up(int argc, char **argv)
         add_arg(router, metrics_listen);
         add_arg(router, "--etcd");
         add_arg(router, etcd_ep);
+        if (admin_keys[0]) {
+            add_arg(router, "--admin-keys");
+            add_arg(router, admin_keys);
+        }
         pair_of(&cfg, u.certdir, "router", cert, key);
         add_cluster_tls(router, plaintext, ca_file, cert, key);
     }
@@ -807,8 +829,14 @@ int cli_up(int argc, char **argv)
     agent.seed_d = (uint32_t)nd;
     agent.seed_colocated = colocated;
     static char agent_tls[3][PATH_MAX + 16];
-    if (!plaintext) {
-        pair_of(&cfg, u.certdir, "client", agent_tls[1], agent_tls[2]);
+    if (!plaintext) { /* the node agent's own certificate ("node": etcd lets it write its node's record) */
+        pair_of(&cfg, u.certdir, "node", agent_tls[1], agent_tls[2]);
+        if (u.certdir && access(agent_tls[1], R_OK)) {
+            fprintf(stderr, "tandem up: %s has no node.pem, the node agent's certificate (tandem certs --dir %s "
+                            "--names node)\n", u.certdir, u.certdir);
+            td_config_free(&cfg);
+            return 2;
+        }
         snprintf(agent_tls[0], sizeof agent_tls[0], "%s", ca_file);
         agent.tls = (td_rpc_tls_t){.ca_file = agent_tls[0], .cert_file = agent_tls[1], .key_file = agent_tls[2]};
     }
@@ -846,7 +874,31 @@ int cli_up(int argc, char **argv)
         td_config_free(&cfg);
         return 1;
     }
-    for (int i = 0; i < nk; i++)
+    /* etcd first, and its access control set up (a user per certificate, a role per role) before
+     * anything else talks to it */
+    int first = 0;
+    if (etcd && !plaintext && u.certdir) {
+        spawn(etcd);
+        first = 1;
+        static char rt_cert[PATH_MAX], rt_key[PATH_MAX];
+        pair_of(&cfg, u.certdir, "router", rt_cert, rt_key);
+        td_rpc_tls_t etls = {.ca_file = ca_file, .cert_file = rt_cert, .key_file = rt_key};
+        if (up_etcd_auth(etcd_ep, &etls, u.certdir, 20)) {
+            fprintf(stderr, "%s\n", td_last_error());
+            kill(etcd->pid, SIGTERM);
+            waitpid(etcd->pid, NULL, 0);
+            etcd->pid = 0;
+            td_rpc_channel_destroy(probe);
+            td_rpc_shutdown();
+            td_config_free(&cfg);
+            char rm[PATH_MAX + 16];
+            snprintf(rm, sizeof rm, "rm -rf '%s'", base);
+            if (system(rm)) {
+            }
+            return 1;
+        }
+    }
+    for (int i = first; i < nk; i++)
         spawn(&kids[i]);
     if (pthread_create(&agent.thread, NULL, agent_thread, &agent)) {
         fprintf(stderr, "tandem up: cannot start the node agent\n");
@@ -861,8 +913,11 @@ int cli_up(int argc, char **argv)
     if (plaintext)
         fprintf(stderr, "tandem up: WARNING: cluster.plaintext is set: etcd and the workers' RPCs take anyone\n");
     else if (own_certs)
-        fprintf(stderr, "tandem up: mutual TLS on every internal plane; certificates in %s (ca.pem, and "
-                        "client.pem + client.key for tools such as etcdctl)\n", certdir);
+        fprintf(stderr, "tandem up: mutual TLS on every internal plane; certificates in %s (the cluster's keys: yours only); "
+                        "for tools such as etcdctl: %s (ca.pem, client.pem, client.key: reads etcd, calls Stats)\n",
+                certdir, client_dir);
+    if (admin_key[0])
+        fprintf(stderr, "tandem up: administrator key (tandem scale --admin-key) in %s\n", admin_key);
     else
         fprintf(stderr, "tandem up: mutual TLS on every internal plane (cluster CA %s)\n", ca_file);
 

@@ -187,6 +187,21 @@ bool td_cert_role_in(const char *roles, const char *cn)
     return false;
 }
 
+bool td_cert_pem_cn(const char *pem, char *cn, size_t n)
+{
+    BIO *b = BIO_new_mem_buf(pem, -1);
+    X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    BIO_free(b);
+    int len = x ? X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, (int)n) : -1;
+    X509_free(x);
+    if (len <= 0 || (size_t)len >= n) {
+        if (n)
+            cn[0] = 0;
+        return false;
+    }
+    return true;
+}
+
 struct td_signer {
     EVP_PKEY *key;
     uint8_t *der;

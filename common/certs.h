@@ -29,6 +29,10 @@ td_status_t td_certs_make(const char *dir, const char *const *names, size_t n_na
  * is one of the comma list roles ("router" or "router,prefill"). */
 bool td_cert_role_in(const char *roles, const char *cn);
 
+/* The common name of the first certificate in pem into cn (n bytes); false
+ * (cn "") when there is none or it does not fit. */
+bool td_cert_pem_cn(const char *pem, char *cn, size_t n);
+
 /* Signing with this process's cluster key: a grant (a landing descriptor) a
  * peer can check came from a process of a given role, without asking it.
  * Thread-safe after open. */

@@ -25,7 +25,7 @@ typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 typedef struct { char *level, *format; } raw_log_t;
 typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *context; } raw_model_t;
 typedef struct {
-    char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
+    char *listen, *http_listen, *api_keys, *admin_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
     uint32_t *max_streams, *ttft_slo_ms, *tpot_slo_ms, *index_max_blocks, *index_drop_events;
     bool *early_reject;
 } raw_router_t;
@@ -71,6 +71,7 @@ static const cyaml_schema_field_t model_fields[] = {
 static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t, listen),
                                                        STR("http_listen", raw_router_t, http_listen),
                                                        STR("api_keys", raw_router_t, api_keys),
+                                                       STR("admin_keys", raw_router_t, admin_keys),
                                                        STR("tls_cert", raw_router_t, tls_cert),
                                                        STR("tls_key", raw_router_t, tls_key),
                                                        STR("tls_client_ca", raw_router_t, tls_client_ca),
@@ -158,6 +159,7 @@ static const cfg_field_t cfg_fields[] = {
     F("router.listen", CFG_STR, router.listen, router, raw_router_t, listen),
     F("router.http_listen", CFG_STR, router.http_listen, router, raw_router_t, http_listen),
     F("router.api_keys", CFG_STR, router.api_keys, router, raw_router_t, api_keys),
+    F("router.admin_keys", CFG_STR, router.admin_keys, router, raw_router_t, admin_keys),
     F("router.tls_cert", CFG_STR, router.tls_cert, router, raw_router_t, tls_cert),
     F("router.tls_key", CFG_STR, router.tls_key, router, raw_router_t, tls_key),
     F("router.tls_client_ca", CFG_STR, router.tls_client_ca, router, raw_router_t, tls_client_ca),
@@ -224,7 +226,7 @@ td_status_t td_config_defaults(td_config_t *cfg)
         {"log.level", "info"}, {"log.format", "text"},
         {"model.path", TD_DEFAULT_MODEL}, {"model.kv_dtype", "fp16"}, {"model.numerics", "fast"},
         {"model.block_tokens", "16"}, {"model.context", "0"},
-        {"router.listen", "127.0.0.1:50051"}, {"router.http_listen", "127.0.0.1:8000"}, {"router.api_keys", ""}, {"router.tls_cert", ""}, {"router.tls_key", ""},
+        {"router.listen", "127.0.0.1:50051"}, {"router.http_listen", "127.0.0.1:8000"}, {"router.api_keys", ""}, {"router.admin_keys", ""}, {"router.tls_cert", ""}, {"router.tls_key", ""},
         {"router.tls_client_ca", ""}, {"router.tls_ca", ""}, {"router.max_streams", "4096"},
         {"router.placement", "predictive"}, {"router.ttft_slo_ms", "0"}, {"router.tpot_slo_ms", "0"},
         {"router.early_reject", "true"}, {"router.index_max_blocks", "262144"}, {"router.index_drop_events", "0"},

@@ -10,7 +10,9 @@
  *              what clients trust, for tandem up's readiness probe; max_streams: calls the
  *              router handles at once, past which it answers RESOURCE_EXHAUSTED; http_listen:
  *              the OpenAI-compatible HTTP API, "" for none; api_keys: its keys file, one
- *              "SHA256-HEX NAME RPM TPM" a line (`tandem apikey` makes them), "" for an open API;
+ *              "SHA256-HEX NAME RPM TPM" a line (`tandem apikey` makes them), "" for an open API (the
+ *              HTTP API's Authorization header and gRPC's authorization metadata);
+ *              admin_keys: the same form, the keys of administrators (Scale), "" for none;
  *              placement: predictive | kv_cost | least_loaded | round_robin (DESIGN.md §5);
  *              ttft_slo_ms: 0, tpot_slo_ms: 0 — the SLOs a request is held to unless it
  *              tightens them (0: none); early_reject: true — answer RESOURCE_EXHAUSTED with a
@@ -92,7 +94,7 @@ typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
     struct {
-        char *listen, *http_listen, *api_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
+        char *listen, *http_listen, *api_keys, *admin_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
         uint32_t max_streams, ttft_slo_ms, tpot_slo_ms, index_max_blocks, index_drop_events;
         bool early_reject;
     } router;

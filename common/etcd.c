@@ -524,3 +524,81 @@ void td_etcd_watch_stop(td_etcd_watch_t *w)
     free(w->prefix);
     free(w);
 }
+
+/* ---------------------------------------------------------------- auth */
+
+static td_status_t auth_call(td_etcd_t *e, const char *method, const ProtobufCMessage *msg,
+                             const ProtobufCMessageDescriptor *desc)
+{
+    ProtobufCMessage *rp;
+    td_status_t rc = call(e, method, msg, desc, &rp);
+    if (!rc)
+        protobuf_c_message_free_unpacked(rp, NULL);
+    return rc;
+}
+
+static bool role_granted(const td_etcd_grant_t *g, size_t n, const char *role, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strlen(g[i].role) == len && !strncmp(g[i].role, role, len))
+            return true;
+    return false;
+}
+
+static td_status_t user_add(td_etcd_t *e, const char *name, const char *role)
+{
+    Etcdserverpb__UserAddOptions o = ETCDSERVERPB__USER_ADD_OPTIONS__INIT;
+    o.no_password = 1;
+    Etcdserverpb__AuthUserAddRequest ua = ETCDSERVERPB__AUTH_USER_ADD_REQUEST__INIT;
+    ua.name = (char *)name;
+    ua.options = &o;
+    Etcdserverpb__AuthUserGrantRoleRequest ug = ETCDSERVERPB__AUTH_USER_GRANT_ROLE_REQUEST__INIT;
+    ug.user = (char *)name;
+    ug.role = (char *)role;
+    td_status_t rc = auth_call(e, "/etcdserverpb.Auth/UserAdd", &ua.base, &etcdserverpb__auth_user_add_response__descriptor);
+    if (!rc)
+        rc = auth_call(e, "/etcdserverpb.Auth/UserGrantRole", &ug.base,
+                       &etcdserverpb__auth_user_grant_role_response__descriptor);
+    return rc ? td_error(rc, "etcd auth: user %s (role %s): %s", name, role, td_last_error()) : TD_OK;
+}
+
+td_status_t td_etcd_auth_enable(td_etcd_t *e, const td_etcd_grant_t *g, size_t n_grants, const char *const *users,
+                                size_t n_users)
+{
+    td_status_t rc = TD_OK;
+    for (size_t i = 0; !rc && i < n_grants; i++) {
+        if (!role_granted(g, i, g[i].role, strlen(g[i].role))) { /* the role's first grant: the role */
+            Etcdserverpb__AuthRoleAddRequest ra = ETCDSERVERPB__AUTH_ROLE_ADD_REQUEST__INIT;
+            ra.name = (char *)g[i].role;
+            rc = auth_call(e, "/etcdserverpb.Auth/RoleAdd", &ra.base, &etcdserverpb__auth_role_add_response__descriptor);
+        }
+        char end[512];
+        Etcdserverpb__Permission p = ETCDSERVERPB__PERMISSION__INIT;
+        p.permtype = g[i].write ? ETCDSERVERPB__PERMISSION__TYPE__READWRITE : ETCDSERVERPB__PERMISSION__TYPE__READ;
+        p.key = bin_of(g[i].key);
+        if (g[i].prefix)
+            p.range_end = range_end_of(g[i].key, end, sizeof end);
+        Etcdserverpb__AuthRoleGrantPermissionRequest rg = ETCDSERVERPB__AUTH_ROLE_GRANT_PERMISSION_REQUEST__INIT;
+        rg.name = (char *)g[i].role;
+        rg.perm = &p;
+        if (!rc)
+            rc = auth_call(e, "/etcdserverpb.Auth/RoleGrantPermission", &rg.base,
+                           &etcdserverpb__auth_role_grant_permission_response__descriptor);
+        if (rc)
+            return td_error(rc, "etcd auth: role %s on %s: %s", g[i].role, g[i].key, td_last_error());
+    }
+    for (size_t i = 0; i < n_users; i++) {
+        size_t len = strcspn(users[i], "-");
+        char role[64];
+        if (!len || len >= sizeof role || !role_granted(g, n_grants, users[i], len))
+            continue;
+        snprintf(role, sizeof role, "%.*s", (int)len, users[i]);
+        if ((rc = user_add(e, users[i], role)))
+            return rc;
+    }
+    if ((rc = user_add(e, "root", "root")))
+        return rc;
+    Etcdserverpb__AuthEnableRequest en = ETCDSERVERPB__AUTH_ENABLE_REQUEST__INIT;
+    rc = auth_call(e, "/etcdserverpb.Auth/AuthEnable", &en.base, &etcdserverpb__auth_enable_response__descriptor);
+    return rc ? td_error(rc, "etcd auth: enabling it: %s", td_last_error()) : TD_OK;
+}

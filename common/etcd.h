@@ -35,6 +35,20 @@ typedef struct td_etcd_kvs {
     int64_t revision; /* the store's revision when read */
 } td_etcd_kvs_t;
 
+/* etcd's own access control (auth), set up once on a fresh etcd: a role may
+ * read, or read and write, a key or a prefix; a user is a client
+ * certificate's common name (etcd with --client-cert-auth takes the CN as the
+ * user name), and its role is the CN up to the first '-' ("decode-2" has
+ * role "decode"). Users whose role has no grant are not made: etcd refuses
+ * them everything. Then auth is enabled (a "root" user with no password, so
+ * only a certificate named "root" could change this). */
+typedef struct td_etcd_grant {
+    const char *role, *key;
+    bool prefix, write;
+} td_etcd_grant_t;
+td_status_t td_etcd_auth_enable(td_etcd_t *e, const td_etcd_grant_t *g, size_t n_grants, const char *const *users,
+                                size_t n_users);
+
 /* endpoint "127.0.0.1:2379" (an "http://" prefix is accepted). */
 td_status_t td_etcd_connect(const char *endpoint, const td_rpc_tls_t *tls, td_etcd_t **out);
 /* Stops the keep-alive (the lease is left to expire or be revoked first). */

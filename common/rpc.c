@@ -1111,6 +1111,23 @@ const uint8_t *td_rpc_call_payload(td_rpc_call_t *c, size_t *len)
 const char *td_rpc_call_method(td_rpc_call_t *c) { return c->m ? c->m->name : "?"; }
 const char *td_rpc_call_peer(td_rpc_call_t *c) { return c->peer ? c->peer : "?"; }
 const char *td_rpc_call_identity(td_rpc_call_t *c) { return c->identity; }
+
+bool td_rpc_call_metadata(td_rpc_call_t *c, const char *key, char *out, size_t n)
+{
+    size_t kl = strlen(key);
+    for (size_t i = 0; i < c->md.count; i++) {
+        const grpc_slice *k = &c->md.metadata[i].key, *v = &c->md.metadata[i].value;
+        if (GRPC_SLICE_LENGTH(*k) == kl && !memcmp(GRPC_SLICE_START_PTR(*k), key, kl)) {
+            size_t vl = GRPC_SLICE_LENGTH(*v);
+            if (vl >= n || memchr(GRPC_SLICE_START_PTR(*v), 0, vl))
+                return false;
+            memcpy(out, GRPC_SLICE_START_PTR(*v), vl);
+            out[vl] = 0;
+            return true;
+        }
+    }
+    return false;
+}
 td_rpc_scope_t *td_rpc_call_scope(td_rpc_call_t *c) { return &c->scope; }
 
 double td_rpc_call_time_left(td_rpc_call_t *c)
@@ -1357,7 +1374,74 @@ struct td_rpc_channel {
     grpc_call **calls;
     size_t n_calls, cap_calls;
     bool closed, fail_fast;
+    grpc_metadata auth; /* "authorization" sent with every call (value empty: none) */
+    size_t n_md;
+    struct peer_check *pc; /* the server's role check (NULL: none) */
 };
+
+/* A channel's check of the server's certificate role, shared with gRPC's
+ * copy of the verify options (which may outlive the channel: counted). A
+ * server that fails it is refused for good: calls waiting for it (they wait
+ * for the connection) are ended at once, and later calls end at start. */
+typedef struct peer_check {
+    pthread_mutex_t mu;
+    int refs;
+    char roles[128];
+    char why[320];         /* the refusal, once refused */
+    td_rpc_channel_t *ch;  /* NULL once the channel is destroyed */
+    int refused;           /* atomic */
+} peer_check_t;
+
+static void peer_check_put(void *arg)
+{
+    peer_check_t *pc = arg;
+    pthread_mutex_lock(&pc->mu);
+    bool last = --pc->refs == 0;
+    pthread_mutex_unlock(&pc->mu);
+    if (last) {
+        pthread_mutex_destroy(&pc->mu);
+        free(pc);
+    }
+}
+
+/* Ends the calls a refused server's channel holds (a thread of its own: not
+ * from inside gRPC's handshake). */
+static void *peer_refused_thread(void *arg)
+{
+    peer_check_t *pc = arg;
+    pthread_mutex_lock(&pc->mu);
+    td_rpc_channel_t *ch = pc->ch;
+    if (ch) {
+        pthread_mutex_lock(&ch->mu);
+        for (size_t i = 0; i < ch->n_calls; i++)
+            grpc_call_cancel_with_status(ch->calls[i], GRPC_STATUS_PERMISSION_DENIED, pc->why, NULL);
+        pthread_mutex_unlock(&ch->mu);
+    }
+    pthread_mutex_unlock(&pc->mu);
+    peer_check_put(pc);
+    return NULL;
+}
+
+/* The initial metadata of a call on ch into op. */
+static void channel_md(td_rpc_channel_t *ch, grpc_op *op)
+{
+    op->data.send_initial_metadata.count = ch->n_md;
+    op->data.send_initial_metadata.metadata = ch->n_md ? &ch->auth : NULL;
+}
+
+void td_rpc_channel_set_authorization(td_rpc_channel_t *ch, const char *value)
+{
+    if (ch->n_md) {
+        grpc_slice_unref(ch->auth.key);
+        grpc_slice_unref(ch->auth.value);
+        ch->n_md = 0;
+    }
+    if (value && value[0]) {
+        ch->auth.key = grpc_slice_from_static_string("authorization");
+        ch->auth.value = grpc_slice_from_copied_string(value);
+        ch->n_md = 1;
+    }
+}
 
 #define SHUTDOWN_MSG "the peer left the cluster; the call was ended by the caller"
 
@@ -1396,6 +1480,44 @@ void td_rpc_channel_shutdown(td_rpc_channel_t *ch)
     pthread_mutex_unlock(&ch->mu);
 }
 
+/* The server's certificate must name one of the channel's peer roles; a
+ * non-zero answer makes gRPC refuse the connection. */
+static int verify_peer_role(const char *target, const char *peer_pem, void *arg)
+{
+    peer_check_t *pc = arg;
+    char cn[128];
+    if (td_cert_pem_cn(peer_pem, cn, sizeof cn) && td_cert_role_in(pc->roles, cn))
+        return 0;
+    pthread_mutex_lock(&pc->mu);
+    bool first = !pc->refused;
+    if (first) {
+        snprintf(pc->why, sizeof pc->why, "%s shows a certificate of this cluster named \"%.100s\", not one of role "
+                 "%.100s: not connecting", target ? target : "?", cn, pc->roles);
+        __atomic_store_n(&pc->refused, 1, __ATOMIC_RELEASE);
+    }
+    pthread_t t;
+    pthread_attr_t a;
+    bool cancel = pc->ch != NULL;
+    if (cancel)
+        pc->refs++;
+    pthread_mutex_unlock(&pc->mu);
+    if (first)
+        TD_WARN("rpc: %s", pc->why);
+    if (cancel) {
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &a, peer_refused_thread, pc))
+            peer_check_put(pc);
+        pthread_attr_destroy(&a);
+    }
+    return 1;
+}
+
+bool td_rpc_channel_peer_refused(const td_rpc_channel_t *ch)
+{
+    return ch && ch->pc && __atomic_load_n(&ch->pc->refused, __ATOMIC_ACQUIRE);
+}
+
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out)
 {
     td_rpc_channel_t *c = calloc(1, sizeof *c);
@@ -1411,7 +1533,21 @@ td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, t
             return rc;
         }
         grpc_ssl_pem_key_cert_pair pair = {.private_key = p.key, .cert_chain = p.cert};
-        cr = grpc_ssl_credentials_create(p.ca, p.cert ? &pair : NULL, NULL, NULL);
+        if (tls->peer_roles && !(c->pc = calloc(1, sizeof *c->pc))) {
+            td_tls_pems_free(&p);
+            free(c);
+            return td_error(TD_ERR_NO_MEMORY, "rpc: no memory");
+        }
+        if (c->pc) {
+            pthread_mutex_init(&c->pc->mu, NULL);
+            c->pc->refs = 2; /* the channel's, the credentials' (their destruct) */
+            c->pc->ch = c;
+            snprintf(c->pc->roles, sizeof c->pc->roles, "%s", tls->peer_roles);
+        }
+        grpc_ssl_verify_peer_options vo = {.verify_peer_callback = verify_peer_role,
+                                           .verify_peer_callback_userdata = c->pc,
+                                           .verify_peer_destruct = peer_check_put};
+        cr = grpc_ssl_credentials_create_ex(p.ca, p.cert ? &pair : NULL, c->pc ? &vo : NULL, NULL);
         td_tls_pems_free(&p);
     } else {
         cr = grpc_insecure_credentials_create();
@@ -1434,6 +1570,8 @@ td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, t
     c->ch = grpc_channel_create(target, cr, &ca);
     grpc_channel_credentials_release(cr);
     if (!c->ch) {
+        if (c->pc)
+            peer_check_put(c->pc);
         free(c);
         return td_error(TD_ERR_INVALID_ARG, "rpc: cannot make a channel to '%s'", target);
     }
@@ -1447,7 +1585,14 @@ void td_rpc_channel_destroy(td_rpc_channel_t *ch)
 {
     if (!ch)
         return;
+    if (ch->pc) {
+        pthread_mutex_lock(&ch->pc->mu);
+        ch->pc->ch = NULL;
+        pthread_mutex_unlock(&ch->pc->mu);
+        peer_check_put(ch->pc);
+    }
     grpc_channel_destroy(ch->ch);
+    td_rpc_channel_set_authorization(ch, NULL);
     pthread_mutex_destroy(&ch->mu);
     free(ch->calls);
     free(ch);
@@ -1466,6 +1611,8 @@ static grpc_call *client_call(td_rpc_channel_t *ch, const char *method, double t
     grpc_slice_unref(m);
     channel_track(ch, call);
     scope_track(scope, call);
+    if (td_rpc_channel_peer_refused(ch))
+        grpc_call_cancel_with_status(call, GRPC_STATUS_PERMISSION_DENIED, ch->pc->why, NULL);
     return call;
 }
 
@@ -1570,6 +1717,7 @@ td_status_t td_rpc_unary(td_rpc_channel_t *ch, const char *method, const void *r
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[0].flags = ch->fail_fast ? 0 : GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+    channel_md(ch, &ops[0]);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = out;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -1734,6 +1882,7 @@ td_status_t td_rpc_stream_open(td_rpc_channel_t *ch, const char *method, const v
         memset(ops, 0, sizeof ops);
         ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
         ops[0].flags = ch->fail_fast ? 0 : GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+        channel_md(ch, &ops[0]);
         ops[1].op = GRPC_OP_SEND_MESSAGE;
         ops[1].data.send_message.send_message = st->send_bb;
         ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -1769,6 +1918,7 @@ td_status_t td_rpc_stream_write(td_rpc_stream_t *st, const void *msg, size_t len
     int n = 0;
     if (!st->md_sent) {
         ops[n].flags = st->ch->fail_fast ? 0 : GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+        channel_md(st->ch, &ops[n]);
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         st->md_sent = true;
     }

@@ -51,6 +51,7 @@ enum {
     TD_RPC_UNIMPLEMENTED = 12,
     TD_RPC_INTERNAL = 13,
     TD_RPC_UNAVAILABLE = 14,
+    TD_RPC_UNAUTHENTICATED = 16,
 };
 
 /* PEM files; all NULL: no TLS. With ca_file alone a client checks the server;
@@ -58,6 +59,10 @@ enum {
  * for and checks the client's certificate). */
 typedef struct td_rpc_tls {
     const char *ca_file, *cert_file, *key_file;
+    /* a client's channel only: the roles (td_cert_role_in's comma list) the
+     * server's certificate must name, or the connection is refused (a
+     * certificate of this cluster is not enough: a worker must be a worker) */
+    const char *peer_roles;
 } td_rpc_tls_t;
 
 /* The text of a td_rpc_tls_t's PEM files, each NULL where its path is unset;
@@ -144,6 +149,9 @@ const char *td_rpc_call_peer(td_rpc_call_t *c);
 /* The common name of the peer's certificate ("router", "decode-0"), or ""
  * when the peer showed none (a server without mutual TLS). */
 const char *td_rpc_call_identity(td_rpc_call_t *c);
+/* The client's initial metadata value of key (lower case) into out (n
+ * bytes): false when absent, too long or holding a NUL. */
+bool td_rpc_call_metadata(td_rpc_call_t *c, const char *key, char *out, size_t n);
 /* Seconds left before the client's deadline (a large number when none). */
 double td_rpc_call_time_left(td_rpc_call_t *c);
 /* True once the client cancelled, went away or its deadline passed. */
@@ -210,10 +218,25 @@ typedef struct td_rpc_result {
 } td_rpc_result_t;
 
 td_status_t td_rpc_channel_create(const char *target, const td_rpc_tls_t *tls, td_rpc_channel_t **out);
+/* tls with peer_roles set to roles, in copy (NULL when tls is: no TLS). */
+static inline const td_rpc_tls_t *td_rpc_tls_peer(const td_rpc_tls_t *tls, const char *roles, td_rpc_tls_t *copy)
+{
+    if (!tls)
+        return NULL;
+    *copy = *tls;
+    copy->peer_roles = roles;
+    return copy;
+}
 void td_rpc_channel_destroy(td_rpc_channel_t *ch);
 /* Calls on ch fail at once when there is no connection (UNAVAILABLE)
  * instead of waiting for one until their deadlines (before any call). */
 void td_rpc_channel_set_fail_fast(td_rpc_channel_t *ch, bool on);
+/* True once the server showed a certificate outside the channel's
+ * peer_roles: its calls end PERMISSION_DENIED, naming what it showed. */
+bool td_rpc_channel_peer_refused(const td_rpc_channel_t *ch);
+/* Every call on ch from now on sends "authorization: value" (NULL or "":
+ * none); set before the channel's first call. */
+void td_rpc_channel_set_authorization(td_rpc_channel_t *ch, const char *value);
 /* Any thread: ends every call in flight on ch with UNAVAILABLE and makes new
  * ones fail the same way at once — for a peer that left (its lease expired),
  * whose calls would otherwise wait for a connection until their deadlines. */

@@ -134,7 +134,8 @@ static void node_set(kv_client_t *c, const char *key, const char *value, bool pu
             }
         }
         knode_t *k = c->n_nodes < c->cap_nodes ? calloc(1, sizeof *k) : NULL;
-        if (k && td_rpc_channel_create(addr, c->cfg.tls, &k->ch) == TD_OK) {
+        td_rpc_tls_t tc;
+        if (k && td_rpc_channel_create(addr, td_rpc_tls_peer(c->cfg.tls, "kvstore", &tc), &k->ch) == TD_OK) {
             snprintf(k->id, sizeof k->id, "%s", id);
             snprintf(k->addr, sizeof k->addr, "%s", addr);
             k->seed = kv_client_node_seed(k->id);

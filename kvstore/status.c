@@ -44,6 +44,7 @@ td_status_t kv_status_collect(td_etcd_t *etcd, const td_rpc_tls_t *tls, double t
     Tandem__Internal__V1__KvStatsRequest rq = TANDEM__INTERNAL__V1__KV_STATS_REQUEST__INIT;
     uint8_t req[16];
     size_t req_len = out ? protobuf_c_message_pack(&rq.base, req) : 0;
+    td_rpc_tls_t tc;
     for (size_t i = 0; out && i < n; i++) {
         recs[i] = json_loads((const char *)kvs.kv[i].value, 0, NULL);
         const char *id = recs[i] ? json_string_value(json_object_get(recs[i], "id")) : NULL;
@@ -53,7 +54,7 @@ td_status_t kv_status_collect(td_etcd_t *etcd, const td_rpc_tls_t *tls, double t
         calls[i].rc = TD_ERR_UNAVAILABLE;
         if (!addr)
             snprintf(why[i], sizeof why[i], "its etcd record has no addr");
-        else if (td_rpc_channel_create(addr, tls, &calls[i].ch))
+        else if (td_rpc_channel_create(addr, td_rpc_tls_peer(tls, "kvstore", &tc), &calls[i].ch))
             snprintf(why[i], sizeof why[i], "%s", td_last_error());
     }
     if (out) /* the nodes without a channel are skipped */

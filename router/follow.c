@@ -125,7 +125,8 @@ static void refresh(rt_follow_t *f, double now)
                     s = NULL;
                 }
                 td_rpc_channel_t *ch = NULL;
-                if (addr && !s && td_rpc_channel_create(addr, f->tls, &ch) == TD_OK) {
+                td_rpc_tls_t tc;
+                if (addr && !s && td_rpc_channel_create(addr, td_rpc_tls_peer(f->tls, "kvstore", &tc), &ch) == TD_OK) {
                     if ((s = add(f, kvs.kv[i].key, true))) {
                         pthread_mutex_lock(&f->mu);
                         snprintf(s->id, sizeof s->id, "%s", id ? id : kvs.kv[i].key);

@@ -43,27 +43,18 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "engine/tokenizer.h"
+#include "router/keys.h"
 #include "router/openai_req.h"
 #include "router/request.h"
 
 #define HTTP_TIMEOUT_S 600.0 /* a request's deadline (HTTP has none of its own) */
-
-/* An API key of router.api_keys' file: its SHA-256, name and limits, and its
- * two token buckets (requests and tokens per minute; 0: no limit). */
-typedef struct api_key {
-    unsigned char hash[32];
-    char name[64];
-    double rpm, tpm, req_bucket, tok_bucket, refilled;
-} api_key_t;
 
 struct rt_http {
     router_t *r;
     struct MHD_Daemon *d;
     long created; /* for /v1/models */
     td_https_t *https; /* the public API's TLS (router.tls_*), NULL: plain HTTP */
-    api_key_t *keys; /* NULL: the API is open (router.api_keys unset) */
-    size_t n_keys;
-    pthread_mutex_t mu; /* active and the keys' buckets */
+    pthread_mutex_t mu; /* active */
     struct hreq *active; /* generations started and not ended (to cancel them at stop) */
     int open;            /* connections open now (MHD's thread; read by it only) */
     /* The hang-up watcher: a suspended connection is not polled by MHD, so a
@@ -107,7 +98,7 @@ typedef struct hreq {
     const char *finish;
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     bool has_usage;
-    api_key_t *key; /* the caller's, when keys are on */
+    const rt_key_t *key; /* the caller's, when keys are on (router/keys.h) */
 } hreq_t;
 
 /* ---------------------------------------------------------------- helpers */
@@ -175,6 +166,7 @@ static int http_status_of(int code)
     case TD_RPC_FAILED_PRECONDITION:
         return 400;
     case TD_RPC_NOT_FOUND: return 404;
+    case TD_RPC_UNAUTHENTICATED: return 401;
     case TD_RPC_RESOURCE_EXHAUSTED: return 429;
     case TD_RPC_UNAVAILABLE: return 503;
     case TD_RPC_DEADLINE_EXCEEDED: return 504;
@@ -370,7 +362,6 @@ static void wake_and_unlock(hreq_t *x)
         MHD_resume_connection(x->conn);
 }
 
-static void charge(struct hreq *x);
 
 static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m)
 {
@@ -487,7 +478,6 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
     hreq_t *x = ctx;
     active_remove(x);
     unwatch(x);
-    charge(x);
     pthread_mutex_lock(&x->mu);
     x->ended = true;
     x->q = NULL;
@@ -561,7 +551,6 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
 }
 
 static enum MHD_Result authorize(struct hreq *x, bool *refused);
-static void charge(struct hreq *x);
 
 /* ---------------------------------------------------------------- endpoints */
 
@@ -605,6 +594,7 @@ static enum MHD_Result start_generation(hreq_t *x)
     x->suspended = true;
     MHD_suspend_connection(x->conn);
     pthread_mutex_unlock(&x->mu);
+    rt_request_set_key(q, x->key);
     rt_request_start(q);
     return MHD_YES;
 }
@@ -842,139 +832,24 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---------------------------------------------------------------- API keys */
 
-static void refill(api_key_t *k, double now)
-{
-    double dt = now - k->refilled;
-    k->refilled = now;
-    if (k->rpm) {
-        k->req_bucket += dt * k->rpm / 60.0;
-        if (k->req_bucket > k->rpm)
-            k->req_bucket = k->rpm;
-    }
-    if (k->tpm) {
-        k->tok_bucket += dt * k->tpm / 60.0;
-        if (k->tok_bucket > k->tpm)
-            k->tok_bucket = k->tpm;
-    }
-}
-
-/* The caller's key from "Authorization: Bearer KEY"; 0 when it may go on,
- * else the HTTP status it was refused with (the answer queued). */
+/* The caller's key from "Authorization: Bearer KEY", charged one request (its
+ * tokens are charged by the request once tokenized); refused: the answer
+ * (401, 429) is queued. */
 static enum MHD_Result authorize(hreq_t *x, bool *refused)
 {
-    rt_http_t *h = x->h;
+    rt_keys_t *ks = x->h->r->api_keys;
     *refused = false;
-    if (!h->keys)
+    if (!ks)
         return MHD_YES;
-    const char *auth = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization");
-    unsigned char hash[32];
-    api_key_t *k = NULL;
-    if (auth && !strncasecmp(auth, "Bearer ", 7)) {
-        SHA256((const unsigned char *)auth + 7, strlen(auth + 7), hash);
-        for (size_t i = 0; i < h->n_keys; i++)
-            if (!CRYPTO_memcmp(hash, h->keys[i].hash, 32))
-                k = &h->keys[i];
-    }
+    char msg[256];
+    double retry_s;
+    int code = rt_keys_admit(ks, MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization"), &x->key,
+                             msg, sizeof msg, &retry_s);
+    if (!code)
+        return MHD_YES;
     *refused = true;
-    if (!k)
-        return respond_error(x->conn, 401, NULL, "%s", auth ? "the API key is not one of this server's"
-                                                           : "an API key is needed: Authorization: Bearer KEY");
-    pthread_mutex_lock(&h->mu);
-    refill(k, td_now_s());
-    double wait = 0;
-    const char *what = NULL;
-    if (k->rpm && k->req_bucket < 1) {
-        wait = (1 - k->req_bucket) * 60.0 / k->rpm;
-        what = "requests";
-    } else if (k->tpm && k->tok_bucket <= 0) {
-        wait = (1 - k->tok_bucket) * 60.0 / k->tpm;
-        what = "tokens";
-    } else if (k->rpm) {
-        k->req_bucket -= 1;
-    }
-    pthread_mutex_unlock(&h->mu);
-    if (what) {
-        char msg[200], retry[24];
-        snprintf(msg, sizeof msg, "rate limit of key '%s': %.0f %s per minute; try again in %.1f s", k->name,
-                 what[0] == 'r' ? k->rpm : k->tpm, what, wait);
-        snprintf(retry, sizeof retry, "%.0f", wait < 1 ? 1 : wait + 0.5);
-        struct MHD_Response *rs;
-        char *body = error_json(429, msg, NULL);
-        rs = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
-        if (!rs) {
-            free(body);
-            return MHD_NO;
-        }
-        MHD_add_response_header(rs, "Content-Type", "application/json");
-        MHD_add_response_header(rs, "Retry-After", retry);
-        enum MHD_Result ret = MHD_queue_response(x->conn, 429, rs);
-        MHD_destroy_response(rs);
-        return ret;
-    }
-    x->key = k;
-    *refused = false;
-    return MHD_YES;
-}
-
-/* Tokens a request used, debited from its key's bucket at its end. */
-static void charge(hreq_t *x)
-{
-    if (!x->key || !x->key->tpm)
-        return;
-    pthread_mutex_lock(&x->h->mu);
-    refill(x->key, td_now_s());
-    x->key->tok_bucket -= (double)x->prompt_tokens + x->completion_tokens;
-    pthread_mutex_unlock(&x->h->mu);
-}
-
-/* router.api_keys: one key a line, "SHA256-HEX NAME RPM TPM" (0: no limit; `tandem apikey` makes them); '#'
- * starts a comment. */
-static td_status_t keys_load(rt_http_t *h, const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return td_error(TD_ERR_CONFIG, "router.api_keys: cannot read %s: %s", path, strerror(errno));
-    char line[512];
-    int no = 0;
-    td_status_t rc = TD_OK;
-    while (!rc && fgets(line, sizeof line, f)) {
-        no++;
-        char *hash = strtok(line, " \t\r\n");
-        if (!hash || hash[0] == '#')
-            continue;
-        char *name = strtok(NULL, " \t\r\n"), *rpm = strtok(NULL, " \t\r\n"), *tpm = strtok(NULL, " \t\r\n");
-        char *e1 = NULL, *e2 = NULL;
-        double r = rpm ? strtod(rpm, &e1) : -1, t = tpm ? strtod(tpm, &e2) : -1;
-        api_key_t k = {0};
-        bool hex = strlen(hash) == 64;
-        for (int i = 0; hex && i < 32; i++) {
-            unsigned v;
-            hex = sscanf(hash + 2 * i, "%2x", &v) == 1;
-            k.hash[i] = (unsigned char)v;
-        }
-        if (!hex || !name || r < 0 || t < 0 || *e1 || *e2 || strlen(name) >= sizeof k.name) {
-            rc = td_error(TD_ERR_CONFIG, "router.api_keys: %s line %d: expected \"SHA256-HEX NAME RPM TPM\" "
-                          "(tandem apikey NAME makes one)", path, no);
-            break;
-        }
-        snprintf(k.name, sizeof k.name, "%s", name);
-        k.rpm = r;
-        k.tpm = t;
-        k.req_bucket = r;
-        k.tok_bucket = t;
-        k.refilled = td_now_s();
-        api_key_t *nk = realloc(h->keys, (h->n_keys + 1) * sizeof *nk);
-        if (!nk) {
-            rc = td_error(TD_ERR_NO_MEMORY, "router.api_keys: no memory");
-            break;
-        }
-        h->keys = nk;
-        h->keys[h->n_keys++] = k;
-    }
-    fclose(f);
-    if (!rc && !h->n_keys)
-        rc = td_error(TD_ERR_CONFIG, "router.api_keys: %s has no key (every request would be refused)", path);
-    return rc;
+    return respond_retry(x->conn, http_status_of(code), error_json(http_status_of(code), msg, NULL), NULL,
+                         (uint32_t)(retry_s * 1e3 + 0.5), NULL);
 }
 
 /* ---------------------------------------------------------------- start, stop */
@@ -992,18 +867,11 @@ td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *t
     h->r = r;
     h->created = (long)time(NULL);
     td_status_t rc = td_https_load(tls, "router.http_listen", &h->https);
-    if (!rc && r->cfg.router.api_keys[0])
-        rc = keys_load(h, r->cfg.router.api_keys);
     if (rc) {
-        td_https_free(h->https);
-        free(h->keys);
         free(h);
         return rc;
     }
     pthread_mutex_init(&h->mu, NULL);
-    if (!r->cfg.router.api_keys[0]) {
-        TD_WARN("router.api_keys is not set: the HTTP API on %s takes requests without an API key", listen);
-    }
     h->max_open = (int)(2 * r->cfg.router.max_streams + 1024);
     h->ep = epoll_create1(EPOLL_CLOEXEC);
     h->watching = h->ep >= 0 && !pthread_create(&h->watcher, NULL, watcher_thread, h);
@@ -1031,7 +899,6 @@ td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *t
             close(h->ep);
         pthread_mutex_destroy(&h->mu);
         td_https_free(h->https);
-        free(h->keys);
         free(h);
         return td_error(TD_ERR_UNAVAILABLE, "http: cannot listen on %s (in use, not an address of this host, or "
                         "its TLS pair refused)", listen);
@@ -1075,6 +942,5 @@ void rt_http_stop(rt_http_t *h)
         close(h->ep);
     pthread_mutex_destroy(&h->mu);
     td_https_free(h->https);
-    free(h->keys);
     free(h);
 }

@@ -17,7 +17,7 @@
  * request served whole takes a colocated decode worker only. */
 static bool usable(const rt_worker_t *w, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
-    return w->role == role && !w->refused && !w->gone && w->suspect_until <= now &&
+    return w->role == role && !w->refused && !w->gone && w->suspect_until <= now && !td_rpc_channel_peer_refused(w->ch) &&
            !(c && c->whole && role == RT_DECODE && !w->colocated);
 }
 
@@ -393,12 +393,15 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     }
     char who[160];
     snprintf(who, sizeof who, "worker %s", w->id);
+    td_rpc_tls_t tc; /* the channel talks only to a worker of the record's role (a cluster certificate of
+                      * another role, a client's, may have written the record) */
     if (crc || td_kv_contract_check(&t->expect, &w->contract, who)) {
         w->refused = true;
         snprintf(w->refused_why, sizeof w->refused_why, "%s", td_last_error());
         td_log(TD_LOG_ERROR, "router: %s (%s) refused: its KV contract differs from the cluster's: %s", w->id,
                w->addr, w->refused_why);
-    } else if (td_rpc_channel_create(w->addr, t->tls, &w->ch)) {
+    } else if (td_rpc_channel_create(w->addr, td_rpc_tls_peer(t->tls, w->role == RT_PREFILL ? "prefill" : "decode", &tc),
+                                     &w->ch)) {
         free(w);
         return;
     } else {
@@ -485,11 +488,28 @@ rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_rol
     return w;
 }
 
+double rt_suspect_for(int code)
+{
+    switch (code) {
+    case TD_RPC_OK:
+    case TD_RPC_CANCELLED:
+    case TD_RPC_INVALID_ARGUMENT:
+    case TD_RPC_NOT_FOUND:
+    case TD_RPC_PERMISSION_DENIED:
+    case TD_RPC_UNAUTHENTICATED:
+    case 11: /* OUT_OF_RANGE */
+        return 0;
+    case TD_RPC_RESOURCE_EXHAUSTED: return 0.1;
+    case TD_RPC_FAILED_PRECONDITION: return 60;
+    default: return 2;
+    }
+}
+
 void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed, double suspect_s)
 {
     pthread_mutex_lock(&t->mu);
     w->inflight--;
-    if (failed) {
+    if (failed && suspect_s > 0) {
         w->suspect_until = td_now_s() + suspect_s;
         w->suspect_code = failed->code ? failed->code : TD_RPC_UNAVAILABLE;
         snprintf(w->suspect_why, sizeof w->suspect_why, "%.*s", (int)sizeof w->suspect_why - 1, failed->message);

@@ -198,8 +198,16 @@ void rt_table_prefill_done(rt_table_t *t, rt_worker_t *w, const rt_prediction_t 
  * rejections by reason, the prediction error's p50/p90 and its count, and
  * per worker its corrections and queued work. */
 json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p);
-/* Releases w; failed (its call's result), when not NULL, makes it suspect
- * (skipped) for suspect_s seconds with that result as the reason. */
+/* How long a worker is skipped after a call to it failed with a gRPC code,
+ * the caller's own deadline and cancel aside: an answer about the request (a
+ * malformed or oversized request, a refused landing, a permission) says
+ * nothing of the worker: 0; a full pool is load: 0.1 s; a contract or
+ * transport it refuses is its configuration: 60 s; anything else (it is
+ * unavailable, failed inside, did not answer in time) is a fault: 2 s. */
+double rt_suspect_for(int code);
+/* Releases w; failed (its call's result), when not NULL and suspect_s > 0,
+ * makes it suspect (skipped) for suspect_s seconds with that result as the
+ * reason. */
 void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed, double suspect_s);
 /* Tells the policy what a placed request measured. */
 void rt_table_observe(rt_table_t *t, const rt_placement_ops_t *p, rt_worker_t *prefill, rt_worker_t *decode,

@@ -30,6 +30,8 @@ struct rt_planner {
     int want;
     double want_since, changed_at;
     uint64_t decisions; /* desired counts this planner wrote (under mu) */
+    char *last_ops;     /* the text of the last ops config it planned by (the thread's): put back after a wipe */
+    uint64_t restored;  /* times it put that back (under mu) */
 };
 
 static void set_error(rt_planner_t *p, const char *what)
@@ -75,6 +77,20 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
         set_error(p, td_last_error());
         return;
     }
+    if (!kvs.n && p->last_ops) {
+        /* someone wiped it (etcd's keys deleted, a restore from an old snapshot): the last one planned by
+         * comes back, or the cluster would forget its shape until the next tandem scale */
+        td_etcd_kvs_free(&kvs);
+        if (td_etcd_put(e, TD_OPS_KEY, p->last_ops, strlen(p->last_ops), 0) ||
+            td_etcd_get(e, TD_OPS_KEY, false, &kvs)) {
+            set_error(p, td_last_error());
+            return;
+        }
+        TD_WARN("planner: the ops config was gone from etcd (%s); the last one applied is put back", TD_OPS_KEY);
+        pthread_mutex_lock(&p->mu);
+        p->restored++;
+        pthread_mutex_unlock(&p->mu);
+    }
     if (!kvs.n) {
         td_etcd_kvs_free(&kvs);
         set_error(p, "");
@@ -85,6 +101,13 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
     }
     td_ops_t *ops = NULL;
     td_status_t rc = td_ops_parse((const char *)kvs.kv[0].value, kvs.kv[0].value_len, "etcd " TD_OPS_KEY, &ops);
+    if (!rc && (!p->last_ops || strcmp(p->last_ops, (const char *)kvs.kv[0].value))) {
+        char *t = strdup((const char *)kvs.kv[0].value);
+        if (t) {
+            free(p->last_ops);
+            p->last_ops = t;
+        }
+    }
     td_etcd_kvs_free(&kvs);
     if (rc) {
         set_error(p, td_last_error());
@@ -306,6 +329,7 @@ void rt_planner_stop(rt_planner_t *p)
         pthread_join(p->thread, NULL);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
+    free(p->last_ops);
     free(p);
 }
 
@@ -314,8 +338,8 @@ json_t *rt_planner_json(rt_planner_t *p)
     if (!p)
         return json_null();
     pthread_mutex_lock(&p->mu);
-    json_t *j = json_pack("{s:b, s:s, s:s, s:I}", "leader", p->leader, "verdict", p->verdict, "error", p->error,
-                          "decisions", (json_int_t)p->decisions);
+    json_t *j = json_pack("{s:b, s:s, s:s, s:I, s:I}", "leader", p->leader, "verdict", p->verdict, "error", p->error,
+                          "decisions", (json_int_t)p->decisions, "ops_restored", (json_int_t)p->restored);
     if (p->has_desired) {
         char *d = td_ops_desired_json(&p->desired);
         json_t *dj = d ? json_loads(d, 0, NULL) : NULL;

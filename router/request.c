@@ -18,6 +18,7 @@
  * one write to the sink, and each write done posts the next read. mu guards
  * only `cancelled`. */
 #define _GNU_SOURCE
+#include "router/keys.h"
 #include "router/request.h"
 
 #include <math.h>
@@ -57,6 +58,9 @@ struct rt_request {
     uint64_t text_sent; /* bytes of text relayed to the client, all attempts */
     int internal_errors; /* attempts a worker ended with INTERNAL */
     bool validated, sent_any;
+    bool answered;         /* the sink has its end already (the rest is clean-up) */
+    const rt_key_t *key;   /* the caller's API key (NULL: keys are off) */
+    uint32_t key_charged;  /* tokens charged to it at admission, settled at the end */
     /* the attempt under way */
     rt_worker_t *p, *d;
     char did[96];
@@ -93,24 +97,45 @@ static bool fatal_code(int code)
     return code == TD_RPC_INVALID_ARGUMENT || code == TD_RPC_CANCELLED || code == TD_RPC_DEADLINE_EXCEEDED;
 }
 
-/* The end: the sink's last call, then the request is freed. */
+/* The client's answer: the sink's last call (once). */
+static void answer_v(rt_request_t *q, int code, const char *fmt, va_list ap)
+{
+    if (q->answered)
+        return;
+    char msg[1024] = "";
+    if (fmt)
+        vsnprintf(msg, sizeof msg, fmt, ap);
+    q->answered = true;
+    rt_metrics_request_end(&q->r->metrics, code);
+    q->sink.end(q->sink_ctx, code, msg, q->retry_after_ms, q->rejected);
+}
+
+/* The answer now, the clean-up after (releasing what the request held may
+ * wait on a worker; the client's deadline does not). */
+static void answer(rt_request_t *q, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void answer(rt_request_t *q, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    answer_v(q, code, fmt, ap);
+    va_end(ap);
+}
+
+/* The end: the answer (unless given already), then the request is freed. */
 static void finish(rt_request_t *q, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void finish(rt_request_t *q, int code, const char *fmt, ...)
 {
     router_t *r = q->r;
-    char msg[1024] = "";
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
-    }
+    if (q->key_charged || q->key)
+        rt_keys_settle(r->api_keys, q->key, q->key_charged, (uint32_t)q->n_tokens);
     if (q->validated)
         rt_count(r, true, q->overhead, q->cpu, q->handoff);
     else
         rt_count(r, false, -1, -1, -1);
-    rt_metrics_request_end(&r->metrics, code);
-    q->sink.end(q->sink_ctx, code, msg, q->retry_after_ms, q->rejected);
+    va_list ap;
+    va_start(ap, fmt);
+    answer_v(q, code, fmt, ap);
+    va_end(ap);
     tandem__v1__generate_request__free_unpacked(q->rq, NULL);
     td_rpc_scope_destroy(q->scope);
     pthread_mutex_destroy(&q->mu);
@@ -175,6 +200,17 @@ static bool validate(rt_request_t *q)
         snprintf(err, sizeof err, "%s: %zu prompt tokens + max_tokens %u exceed the context of %u tokens",
                  n_ids >= ctxlen ? "prompt" : "sampling.max_tokens", n_ids, q->max_tokens, ctxlen);
         goto fail;
+    }
+    if (q->key) { /* the most it may use, charged now; what it used is settled at the end */
+        double retry_s;
+        uint64_t most = (uint64_t)n_ids + q->max_tokens;
+        code = rt_keys_charge(r->api_keys, q->key, most > UINT32_MAX ? UINT32_MAX : (uint32_t)most, &q->key_charged,
+                              err, sizeof err, &retry_s);
+        if (code) {
+            q->retry_after_ms = (uint32_t)(retry_s * 1e3 + 0.5);
+            goto fail;
+        }
+        code = TD_RPC_INVALID_ARGUMENT;
     }
     eng_sampling_t es;
     eng_logit_bias_t *bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *bias);
@@ -251,6 +287,7 @@ static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__Landin
         if (rp)
             tandem__internal__v1__reserve_response__free_unpacked(rp, NULL);
         snprintf(res->message, sizeof res->message, "decode worker %s: bad ReserveResponse", d->id);
+        res->code = TD_RPC_INTERNAL;
         return 0;
     }
     *land = rp->landing;
@@ -472,7 +509,7 @@ static int after_stream(rt_request_t *q)
     }
     if (p)
         rt_table_unhold(&r->table, p);
-    rt_table_done(&r->table, d, !q->finished && !gone && !fatal_code(sres.code) ? &sres : NULL, 2);
+    rt_table_done(&r->table, d, !q->finished && !gone && left(q) > 0.001 ? &sres : NULL, rt_suspect_for(sres.code));
     q->p = q->d = NULL;
     if (q->finished) {
         finish(q, TD_RPC_OK, NULL);
@@ -612,6 +649,20 @@ static int attempt(rt_request_t *q)
         return 0;
     }
     rt_worker_t *d = pl.decode, *p = pl.prefill;
+    /* the deadline judged by the same prediction as early rejection: a first token predicted past it is
+     * answered now, not computed (a stream under way is finished however late, as early rejection does) */
+    double left_ms = left(q) * 1e3;
+    if (!q->sent_any && pl.pred.valid && pl.pred.ttft_ms > left_ms) {
+        rt_table_done(&r->table, d, NULL, 0);
+        if (p) {
+            rt_table_prefill_done(&r->table, p, &pl.pred);
+            rt_table_done(&r->table, p, NULL, 0);
+        }
+        finish(q, TD_RPC_DEADLINE_EXCEEDED, "deadline: the first token is predicted in %.0f ms (queue %.0f, "
+               "prefill %.0f, for %u new tokens), past the %.0f ms the deadline leaves; not started",
+               pl.pred.ttft_ms, pl.pred.queue_ms, pl.pred.prefill_ms, pl.pred.new_tokens, left_ms);
+        return 1;
+    }
     q->pred = pl.pred;
     if (!q->first_pred.valid)
         q->first_pred = pl.pred;
@@ -630,8 +681,7 @@ static int attempt(rt_request_t *q)
         /* the client's own deadline or cancel says nothing about the worker's health; a full pool
          * is load, not a fault: the worker is skipped only briefly */
         bool own = left(q) <= 0.001 || cancelled(q);
-        double skip = res.code == TD_RPC_FAILED_PRECONDITION ? 60 : res.code == TD_RPC_RESOURCE_EXHAUSTED ? 0.1 : 2;
-        rt_table_done(&r->table, d, !own ? &res : NULL, skip);
+        rt_table_done(&r->table, d, !own ? &res : NULL, rt_suspect_for(res.code));
         rt_table_prefill_done(&r->table, p, &q->pred);
         rt_table_done(&r->table, p, NULL, 0);
         if (rv < 0) {
@@ -690,14 +740,18 @@ static int attempt(rt_request_t *q)
          * stopped putting; so does a call never sent; else it is asked to stop, and says when it has */
         bool answered = !sent || res.code == TD_RPC_INVALID_ARGUMENT || res.code == TD_RPC_FAILED_PRECONDITION ||
                         res.code == TD_RPC_NOT_FOUND || res.code == TD_RPC_PERMISSION_DENIED;
+        /* the client gone or its deadline passed: it hears so now, not after the worker's next chunk */
+        if (cancelled(q))
+            answer(q, TD_RPC_CANCELLED, "the client cancelled");
+        else if (left(q) <= 0)
+            answer(q, TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", pid, res.message);
         if (!answered)
             answered = cancel_prefill(p, res_id, land_by);
         rt_held_remove(r, d, res_id);
         release(d, res_id, answered);
         rt_table_done(&r->table, d, NULL, 0);
         bool gone = cancelled(q);
-        rt_table_done(&r->table, p, !gone && !fatal_code(res.code) ? &res : NULL,
-                      res.code == TD_RPC_FAILED_PRECONDITION ? 60 : 2);
+        rt_table_done(&r->table, p, !gone && left(q) > 0.001 ? &res : NULL, rt_suspect_for(res.code));
         if (gone) {
             finish(q, TD_RPC_CANCELLED, "the client cancelled");
             return 1;
@@ -887,6 +941,8 @@ void rt_request_pool_free(router_t *r)
     }
     pthread_mutex_unlock(&r->mu);
 }
+
+void rt_request_set_key(rt_request_t *q, const rt_key_t *key) { q->key = key; }
 
 void rt_request_start(rt_request_t *q)
 {

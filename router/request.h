@@ -45,6 +45,10 @@ void rt_request_pool_free(router_t *r);
 /* Runs it; it ends through sink->end — on this thread when the router holds
  * router.max_streams requests already (RESOURCE_EXHAUSTED). */
 void rt_request_start(rt_request_t *q);
+/* Before start: the caller's API key (router/keys.h), charged the most the
+ * request may use once it is tokenized, settled at its end. */
+struct rt_key;
+void rt_request_set_key(rt_request_t *q, const struct rt_key *key);
 /* Any thread, until end: the client went away. */
 void rt_request_cancel(rt_request_t *q);
 /* The sink's write of the last emitted message is done (ok false: failed). */

@@ -22,6 +22,7 @@
 #include "common/etcd.h"
 #include "common/ops.h"
 #include "kvstore/status.h"
+#include "router/keys.h"
 #include "router/follow.h"
 #include "common/grow.h"
 #include "common/kv_contract_pb.h"
@@ -376,6 +377,25 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
         rt_count(r, false, -1, -1, -1);
         return;
     }
+    const rt_key_t *key = NULL;
+    if (r->api_keys) { /* as the HTTP API: "authorization: Bearer KEY" */
+        char auth[256], msg[256];
+        double retry_s;
+        bool has = td_rpc_call_metadata(call, "authorization", auth, sizeof auth);
+        int kc = rt_keys_admit(r->api_keys, has ? auth : NULL, &key, msg, sizeof msg, &retry_s);
+        if (kc) {
+            tandem__v1__generate_request__free_unpacked(rq, NULL);
+            if (retry_s > 0) {
+                char ms[24];
+                snprintf(ms, sizeof ms, "%.0f", retry_s * 1e3 + 0.5);
+                td_rpc_call_set_trailer(call, "retry-after-ms", ms);
+            }
+            TD_WARN("router: Generate from %s refused: %s", td_rpc_call_peer(call), msg);
+            td_rpc_call_finish(call, kc, "%s", msg);
+            rt_count(r, false, -1, -1, -1);
+            return;
+        }
+    }
     grpc_sink_t *g = calloc(1, sizeof *g);
     rt_request_t *q = g ? rt_request_create(r, rq, td_rpc_call_time_left(call), &grpc_sink, g) : NULL;
     if (!q) {
@@ -388,6 +408,7 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
         return;
     }
     g->call = call;
+    rt_request_set_key(q, key);
     td_rpc_call_detach(call); /* the request ends it (g_end) */
     td_rpc_call_on_cancel(call, g_cancel, q);
     rt_request_start(q);
@@ -590,22 +611,29 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     free(detail);
 }
 
-/* Scale is an administrator's call: a peer on this host (the one that
- * started the cluster), or one that shows a client certificate named
- * "admin" (a router with tls_client_ca). */
-static bool admin_peer(td_rpc_call_t *call)
+/* Scale is an administrator's call: one that shows a client certificate
+ * named "admin" (a router with tls_client_ca), or sends one of
+ * router.admin_keys as "authorization: Bearer KEY" — never one let in by the
+ * address it comes from (any local user shares the loopback). */
+static bool admin_peer(router_t *r, td_rpc_call_t *call)
 {
-    const char *peer = td_rpc_call_peer(call), *who = td_rpc_call_identity(call);
-    return !strcmp(who, "admin") || !strncmp(peer, "ipv4:127.", 9) || !strncmp(peer, "ipv6:[::1]", 10) ||
-           !strncmp(peer, "unix:", 5);
+    if (!strcmp(td_rpc_call_identity(call), "admin"))
+        return true;
+    char auth[256], msg[256];
+    const rt_key_t *k;
+    double retry_s;
+    return r->admin_keys && td_rpc_call_metadata(call, "authorization", auth, sizeof auth) &&
+           rt_keys_admit(r->admin_keys, auth, &k, msg, sizeof msg, &retry_s) == 0;
 }
 
 static void h_scale(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
-    if (!admin_peer(call)) {
-        td_rpc_call_finish(call, TD_RPC_PERMISSION_DENIED, "Scale: %s is not an administrator (call from the "
-                           "router's host, or with a client certificate named \"admin\")", td_rpc_call_peer(call));
+    if (!admin_peer(r, call)) {
+        TD_WARN("router: Scale from %s refused: not an administrator", td_rpc_call_peer(call));
+        td_rpc_call_finish(call, TD_RPC_PERMISSION_DENIED, "Scale: %s is not an administrator (send a key of "
+                           "router.admin_keys, tandem scale --admin-key FILE, or show a client certificate named "
+                           "\"admin\")", td_rpc_call_peer(call));
         return;
     }
     size_t n;
@@ -702,7 +730,7 @@ static const td_flag_t router_flags[] = {
     {"--block-tokens", "model.block_tokens"}, {"--kv-dtype", "model.kv_dtype"}, {"--tls-cert", "router.tls_cert"},
     {"--tls-key", "router.tls_key"},     {"--tls-client-ca", "router.tls_client_ca"},
     {"--max-streams", "router.max_streams"}, {"--http-listen", "router.http_listen"},
-    {"--api-keys", "router.api_keys"},
+    {"--api-keys", "router.api_keys"}, {"--admin-keys", "router.admin_keys"},
     {"--cluster-ca", "cluster.tls_ca"},
     {"--cluster-cert", "cluster.tls_cert"},  {"--cluster-key", "cluster.tls_key"},
     {"--plaintext", "cluster.plaintext"},    {"--metrics-listen", "metrics.listen"},
@@ -741,6 +769,13 @@ int main(int argc, char **argv)
         code = 2;
         goto out;
     }
+    if ((r.cfg.router.api_keys[0] && rt_keys_load(r.cfg.router.api_keys, "router.api_keys", &r.api_keys)) ||
+        (r.cfg.router.admin_keys[0] && rt_keys_load(r.cfg.router.admin_keys, "router.admin_keys", &r.admin_keys))) {
+        code = 2;
+        goto out;
+    }
+    if (!r.api_keys)
+        TD_WARN("router.api_keys is not set: the public API (gRPC and HTTP) takes requests without an API key");
     if (eng_model_open(r.cfg.model.path, &r.model))
         goto out;
     r.has_chat = eng_chat_init(&r.chat, r.model->tok) == TD_OK;
@@ -839,6 +874,8 @@ out:
     if (r.has_chat)
         eng_chat_free(&r.chat);
     eng_model_close(r.model);
+    rt_keys_free(r.api_keys);
+    rt_keys_free(r.admin_keys);
     td_config_free(&r.cfg);
     td_rpc_shutdown();
     return code;

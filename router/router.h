@@ -71,6 +71,7 @@ typedef struct router {
     td_rpc_tls_t tls_files;  /* the internal planes' mutual TLS (cluster section) */
     const td_rpc_tls_t *tls; /* &tls_files, or NULL under cluster.plaintext */
     uint32_t default_max_tokens;
+    struct rt_keys *api_keys, *admin_keys; /* router.api_keys, router.admin_keys (NULL: none) */
     td_pool_t *pool; /* runs the requests' steps that wait (placement, reserve, prefill) */
     pthread_mutex_t mu;
     uint32_t n_active; /* requests started and not ended (at most router.max_streams) */

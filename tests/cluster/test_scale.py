@@ -38,8 +38,9 @@ TTFT_SLO_MS, TPOT_SLO_MS = 3000, 300
 
 
 def scale(c, *args):
-    return subprocess.run([BIN + "/tandem", "scale", "--endpoint", c.endpoint] + list(args), capture_output=True,
-                          text=True, timeout=30)
+    """tandem scale as the administrator: with the key tandem up made for its router."""
+    return subprocess.run([BIN + "/tandem", "scale", "--endpoint", c.endpoint, "--admin-key", c.admin_key] +
+                          list(args), capture_output=True, text=True, timeout=30)
 
 
 def counts(c):
@@ -139,6 +140,19 @@ def main():
               str(counts(c)))
         os.unlink(good.name)
         os.unlink(bad.name)
+        # a wipe of everything under /tandem/ in etcd: the members re-register, and the elected planner puts back
+        # the ops config it last applied (not the seed of tandem up's start-up counts), so the shape stays
+        before = c.etcdctl("get", "/tandem/ops", "--print-value-only").stdout
+        wiped = c.etcdctl("del", "--prefix", "/tandem/", cert="router")
+        t0 = time.time()
+        back = tc.wait_for(lambda: c.etcdctl("get", "/tandem/ops", "--print-value-only").stdout == before and
+                           len(c.workers()) == 3, 15)
+        t1 = time.time()
+        check("after a wipe of /tandem/ (%s keys): the ops config is back as it was and the 3 workers re-registered "
+              "in %.1f s; the workers stay 1P+2D (%s)" % (wiped.stdout.strip(), t1 - t0, counts(c)[:2]),
+              back and before and "policy: auto" in before and
+              tc.wait_for(lambda: counts(c)[:2] == (1, 2), 10) and counts(c)[2].get("ops_restored", 0) >= 1,
+              wiped.stderr)
     finally:
         code = c.stop()
     check("the cluster stops cleanly after the changes", code == 0, "exit %s" % code)

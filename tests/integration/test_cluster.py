@@ -112,6 +112,11 @@ class Cluster:
         # the internal planes are mutual TLS: tandem up's throwaway CA and its client pair
         m = re.search(r"certificates in (\S+) ", log)
         self.certs = m.group(1) if m else None
+        # what tandem up hands to tools: the CA and the client pair alone; and its router's administrator key
+        m = re.search(r"for tools such as etcdctl: (\S+) ", log)
+        self.client_certs = m.group(1) if m else None
+        m = re.search(r"administrator key \(tandem scale --admin-key\) in (\S+)", log)
+        self.admin_key = m.group(1) if m else None
         self.ch = grpc.secure_channel(self.endpoint, creds) if creds else grpc.insecure_channel(self.endpoint)
         self.stub = pbg.TandemStub(self.ch)
 

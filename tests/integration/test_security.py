@@ -33,10 +33,24 @@ Covered here:
   field (never cut short); a request_id of 1 MiB, 17 stop strings, 2,000
   logit-bias entries: each refused naming the field; a 5 MiB message:
   RESOURCE_EXHAUSTED before it is parsed;
-- a worker's etcd record deleted by someone else: put back under its lease.
+- a worker's etcd record deleted by someone else: put back under its lease;
+- the client pair tandem up hands out sits in a folder of its own (no CA key,
+  no other role's key); etcd (its own access control, a role per certificate
+  role) refuses it any write — a fake worker's record, a delete, the ops
+  config — and a worker's pair any record of another role;
+- a prefill record (written with a prefill worker's pair) pointing at a
+  server that shows the client certificate: the router never connects, so
+  no prompt reaches it, and says why;
+- prompts past the decode pool (within the context) between ordinary
+  requests: refused clearly, the decode worker not taken out for them;
+- Scale without the administrator key, from the router's own host and as
+  the local user nobody: refused; with the key tandem up printed: taken;
+- router.api_keys on the gRPC API (authorization metadata), and a key's
+  token limit under ten concurrent requests (charged at admission).
 
 Usage: test_security.py BUILD_BIN_DIR  (run from the repository root)."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -178,6 +192,139 @@ def peer_quota(ref):
         c.stop()
 
 
+class FakePrefill(wpbg.PrefillServicer):
+    """A gRPC server that answers as a prefill worker would, counting what reaches it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def Prefill(self, request, context):
+        self.calls += 1
+        context.abort(grpc.StatusCode.UNAVAILABLE, "a fake worker")
+
+    def Cancel(self, request, context):
+        self.calls += 1
+        context.abort(grpc.StatusCode.UNAVAILABLE, "a fake worker")
+
+
+def fake_worker(c, pw, ref):
+    """A prefill-worker record (written with a prefill worker's own pair, as one stolen would be) pointing at a
+    server that shows the client pair: the router never sends it a prompt, and requests are served."""
+    from concurrent import futures
+    rd = lambda n: open(os.path.join(c.certs, n), "rb").read()  # noqa: E731
+    srv = grpc.server(futures.ThreadPoolExecutor(4))
+    fake = FakePrefill()
+    wpbg.add_PrefillServicer_to_server(fake, srv)
+    port = srv.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+        [(rd("client.key"), rd("client.pem"))], root_certificates=rd("ca.pem"), require_client_auth=True))
+    srv.start()
+    rec = dict(pw, id="prefill-fake", addr="127.0.0.1:%d" % port, pid=1)
+    key = "/tandem/workers/prefill/prefill-fake"
+    put = c.etcdctl("put", key, tc.json.dumps(rec), cert="prefill")
+    try:
+        tc.wait_for(lambda: "prefill-fake" in c.log(), 5)
+        outs = [tc.generate(c.stub, VICTIM, max_tokens=VICTIM_TOKENS)[0] for _ in range(4)]
+        warned = "not one of role prefill" in c.log()
+        tc.check("a prefill record pointing at a server with the client certificate (put rc %d): %d of its calls "
+                 "reached it; 4 requests identical (%s); the router says why it would not connect (%s)" %
+                 (put.returncode, fake.calls, [o == ref for o in outs], warned),
+                 put.returncode == 0 and fake.calls == 0 and all(o == ref for o in outs) and warned)
+    finally:
+        c.etcdctl("del", key, cert="router")
+        srv.stop(0)
+
+
+def oversized(c, ref):
+    """A prompt that fits the model's context but not the decode worker's pool is refused with a clear error, and
+    the decode worker is not taken out for it: ordinary requests between such prompts keep their latency."""
+    def ordinary():
+        t0 = time.time()
+        ids, _ = tc.generate(c.stub, VICTIM, max_tokens=8)
+        return time.time() - t0, ids == ref[:8]
+    base = sorted(ordinary()[0] for _ in range(6))
+    big = " ".join(["word"] * 4000)
+    errs, lat, same = [], [], True
+
+    def attack():
+        try:
+            tc.generate(c.stub, big, max_tokens=4)
+            errs.append("served")
+        except grpc.RpcError as e:
+            errs.append("%s: %s" % (e.code().name, e.details()))
+    for _ in range(8):
+        t = threading.Thread(target=attack)
+        t.start()
+        t.join()
+        try:
+            secs, ok = ordinary()
+            lat.append(secs)
+            same = same and ok
+        except grpc.RpcError as e:
+            lat.append(99)
+            same = False
+            errs.append("ordinary: %s: %s" % (e.code().name, e.details()))
+    lat.sort()
+    clear = all(e.startswith("INVALID_ARGUMENT") and "pool" in e for e in errs)
+    tc.check("8 prompts of ~4,000 tokens (past the decode pool, within the context) between ordinary requests: each "
+             "refused clearly (%s); the ordinary ones identical, p50 %.2f s against %.2f s alone" %
+             (errs[0][:140] if errs else "none", lat[len(lat) // 2], base[len(base) // 2]),
+             clear and len(errs) == 8 and same and lat[len(lat) // 2] < 2 * base[len(base) // 2] + 0.1)
+
+
+def api_keys_grpc(ref):
+    """router.api_keys binds the gRPC API too (authorization metadata, as the HTTP API's header), and a key's
+    token limit is charged at admission: ten concurrent requests on a 100-tokens-a-minute key use at most 100."""
+    d = tempfile.mkdtemp(prefix="tandem-keys-")
+    keys = {}
+    for name, tpm in (("alice", 0), ("tok", 100)):
+        out = subprocess.run([tc.BIN + "/tandem", "apikey", name, "--tpm", str(tpm)], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        keys[name] = (out[0].split()[1], out[1].split(None, 1)[1])
+    with open(d + "/keys", "w") as f:
+        f.write("".join(line + "\n" for _, line in keys.values()))
+    with open(d + "/tandem.yaml", "w") as f:
+        f.write("router:\n  api_keys: %s\n" % (d + "/keys"))
+    c = tc.Cluster(config=d + "/tandem.yaml")
+    try:
+        tc.wait_for(lambda: c.health()[0], 60)
+
+        def gen(key, max_tokens=VICTIM_TOKENS):
+            rq = pb.GenerateRequest(prompt=VICTIM, return_token_ids=True,
+                                    sampling=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            md = [("authorization", "Bearer " + key)] if key else None
+            ids, last = [], None
+            for r in c.stub.Generate(rq, timeout=120, metadata=md):
+                ids.extend(r.token_ids)
+                last = r
+            return ids, last
+        no, why_no = refused(lambda: gen(None), grpc.StatusCode.UNAUTHENTICATED, "API key")
+        bad, why_bad = refused(lambda: gen("tdk-" + "0" * 48), grpc.StatusCode.UNAUTHENTICATED, "not one of")
+        ids, _ = gen(keys["alice"][0])
+        tc.check("gRPC with router.api_keys: no key refused (%s), an unknown key refused (%s), alice's served "
+                 "identical" % (why_no, why_bad), no and bad and ids == ref)
+        res = [None] * 10
+
+        def one(i):
+            try:
+                last = gen(keys["tok"][0], 16)[1]
+                res[i] = ("ok", last.usage.prompt_tokens + last.usage.completion_tokens)
+            except grpc.RpcError as e:
+                res[i] = (e.code().name, e.details())
+        ths = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        used = sum(r[1] for r in res if r[0] == "ok")
+        n_ok = sum(r[0] == "ok" for r in res)
+        limited = [r for r in res if r[0] == "RESOURCE_EXHAUSTED" and "tokens per minute" in r[1]]
+        tc.check("ten concurrent requests on a 100-tokens-a-minute key: %d served using %d tokens, %d refused for "
+                 "tokens (%s)" % (n_ok, used, len(limited), limited[0][1][:120] if limited else res),
+                 0 < used <= 100 and n_ok + len(limited) == 10 and bool(limited))
+    finally:
+        c.stop()
+
+
 def main():
     ref = tc.reference(VICTIM, VICTIM_TOKENS)
     c = tc.Cluster()
@@ -250,6 +397,62 @@ def main():
             tc.check("etcd with %s: put refused (rc %d), delete refused (rc %d); the members are still %s" %
                      (how, put.returncode, dele.returncode, ids),
                      put.returncode != 0 and dele.returncode != 0 and "evil" not in ids and dw["id"] in ids)
+
+        # the client pair tandem up hands out: a folder of its own (no CA key, no other role's key); etcd takes
+        # reads from it and refuses a fake worker's record and a delete
+        files = sorted(os.listdir(c.client_certs)) if c.client_certs else []
+        tc.check("tandem up's folder for tools holds the CA and the client pair alone: %s" % files,
+                 files == ["ca.pem", "client.key", "client.pem"] and c.client_certs != c.certs)
+        cl_args = ["--cacert", c.client_certs + "/ca.pem", "--cert", c.client_certs + "/client.pem",
+                   "--key", c.client_certs + "/client.key"]
+        ep = ["etcdctl", "--endpoints", "https://" + c.etcd, "--command-timeout", "3s", "--dial-timeout", "3s"]
+        env = dict(os.environ, ETCDCTL_API="3")
+        put = subprocess.run(ep + cl_args + ["put", "/tandem/workers/prefill/evil", fake], capture_output=True,
+                             text=True, env=env, timeout=30)
+        dele = subprocess.run(ep + cl_args + ["del", key], capture_output=True, text=True, env=env, timeout=30)
+        ops = subprocess.run(ep + cl_args + ["put", "/tandem/ops", "models: []"], capture_output=True, text=True,
+                             env=env, timeout=30)
+        got = subprocess.run(ep + cl_args + ["get", "--prefix", "/tandem/workers/", "--keys-only"],
+                             capture_output=True, text=True, env=env, timeout=30)
+        ids = [w["id"] for w in c.workers()]
+        tc.check("etcd with the client pair: a fake prefill record, a delete of the decode worker's and a put of the "
+                 "ops config refused (%s; %s; %s), a read answered; the members are still %s" %
+                 ((put.stderr.strip().splitlines() or ["rc 0"])[-1], (dele.stderr.strip().splitlines() or ["rc 0"])[-1],
+                  (ops.stderr.strip().splitlines() or ["rc 0"])[-1], ids),
+                 put.returncode and "permission denied" in put.stderr and dele.returncode and ops.returncode and
+                 not got.returncode and key in got.stdout and "evil" not in ids and dw["id"] in ids)
+        # a worker's own pair writes only its role's records
+        wrong = c.etcdctl("put", "/tandem/workers/decode/evil", fake, cert="prefill")
+        tc.check("etcd with a prefill worker's pair: a decode record refused (%s)" %
+                 (wrong.stderr.strip().splitlines() or ["rc 0"])[-1],
+                 wrong.returncode and "permission denied" in wrong.stderr)
+        fake_worker(c, pw, ref)
+        oversized(c, ref)
+
+        # Scale: an administrator's call, never the address's: no key from the router's own host is refused,
+        # another local user (nobody) too; the key tandem up printed is taken
+        no_key = subprocess.run([tc.BIN + "/tandem", "scale", "--endpoint", c.endpoint, "--prefill", "3", "--decode",
+                                 "3"], capture_output=True, text=True, timeout=30)
+        tc.check("tandem scale from the router's host without the administrator key: refused (%s)" %
+                 no_key.stderr.strip()[-160:], no_key.returncode == 1 and "PERMISSION_DENIED" in no_key.stderr)
+        if os.geteuid() == 0 and shutil.which("runuser"):
+            nob = subprocess.run(["runuser", "-u", "nobody", "--", tc.BIN + "/tandem", "scale", "--endpoint",
+                                  c.endpoint, "--prefill", "3", "--decode", "3"], capture_output=True, text=True,
+                                 timeout=30)
+            tc.check("tandem scale as the local user nobody: refused (%s)" % (nob.stderr.strip()[-160:] or nob.returncode),
+                     nob.returncode != 0 and "is not an administrator" in nob.stderr)
+            key_read = subprocess.run(["runuser", "-u", "nobody", "--", "cat", c.admin_key], capture_output=True,
+                                      text=True, timeout=30)
+            tc.check("the administrator key is not readable by nobody (%s)" % key_read.stderr.strip()[-120:],
+                     key_read.returncode != 0)
+        adm = subprocess.run([tc.BIN + "/tandem", "scale", "--endpoint", c.endpoint, "--prefill", "1", "--decode",
+                              "1", "--admin-key", c.admin_key], capture_output=True, text=True, timeout=30)
+        tc.check("tandem scale with the administrator key: taken (%s)" % (adm.stderr.strip()[-160:] or "ok"),
+                 adm.returncode == 0 and "the ops config in force" in adm.stdout)
+        pn = c.health()[1]
+        tc.check("the cluster still runs 1 prefill + 1 decode worker (%s + %s)" %
+                 (pn.get("prefill_workers"), pn.get("decode_workers")),
+                 pn.get("prefill_workers") == 1 and pn.get("decode_workers") == 1)
 
         # every listening socket on loopback
         socks = listening(c.pids())
@@ -404,7 +607,7 @@ def main():
         tc.check("the victim beside the malformed requests: %s" % vwhy, same)
         # etcd: a worker whose record someone deletes while its lease lives puts it back
         key = "/tandem/workers/decode/" + dw["id"]
-        deleted = c.etcdctl("del", key).stdout.strip()
+        deleted = c.etcdctl("del", key, cert="router").stdout.strip()
         t0 = time.time()
         back = tc.wait_for(lambda: c.worker("decode") == dw, 10)
         tc.check("a decode worker's record deleted from etcd (%s deleted) is put back as it was, after %.1f s" %
@@ -416,6 +619,7 @@ def main():
     finally:
         c.stop()
     peer_quota(ref)
+    api_keys_grpc(ref)
     print("security: %d passed, %d failed" % (sum(tc.results), len(tc.results) - sum(tc.results)))
     return 0 if all(tc.results) else 1
 
