@@ -28,13 +28,39 @@ void bench_print_table(const bench_report_t *r)
                s->ok, s->failed, 100 * s->attainment, ms[0], ms[1], ms[2], ms[3], 1e3 * s->gap_max, s->out_tok_per_s,
                1e3 * s->send_err_max);
     }
+    if (r->salt_base)
+        printf("prompts: each rate's are its own (rate k salted %llu + k; the workload's own sharing kept): no rate "
+               "is served from another rate's prompts\n", (unsigned long long)r->salt_base);
+    else if (r->n_points > 1)
+        printf("prompts: the same at every rate (--salt none): a server's cache filled by one rate serves the "
+               "next\n");
+    for (size_t i = 0; i < r->n_points; i++) { /* the first errors of a rate with failures, each once */
+        const bench_point_t *p = &r->points[i];
+        if (!p->sum.failed)
+            continue;
+        const char *seen[3] = {0};
+        int n = 0;
+        for (size_t j = 0; j < p->n && n < 3; j++) {
+            const bench_result_t *q = &p->res[j];
+            if (q->ok || q->rejected)
+                continue;
+            const char *e = q->error[0] ? q->error : "no error text";
+            bool dup = false;
+            for (int k = 0; k < n; k++)
+                dup |= !strcmp(seen[k], e);
+            if (!dup) {
+                seen[n++] = e;
+                printf("rate %.2f: failed (status %d): %s\n", p->rate, q->status, e);
+            }
+        }
+    }
     for (size_t i = 0; i < r->n_points; i++) { /* what only some servers or runs have */
         const bench_summary_t *s = &r->points[i].sum;
         if (s->rejected)
             printf("rate %.2f: %zu rejected, answered in p50 %.1f ms / max %.1f ms; admitted requests' SLO "
                    "attainment %.1f%%\n", r->points[i].rate, s->rejected, 1e3 * s->reject_p50, 1e3 * s->reject_max,
                    100 * s->admitted_attainment);
-        if (s->cached_share > 0)
+        if (s->cached_share > 0 || r->n_points > 1)
             printf("rate %.2f: %.1f%% of prompt tokens were served from the KV cache\n", r->points[i].rate,
                    100 * s->cached_share);
         if (s->predicted)
@@ -231,6 +257,7 @@ td_status_t bench_write_report(const bench_report_t *r, const char *path)
     json_object_set_new(root, "config", json_pack("{s:s,s:s,s:s,s:f,s:f,s:f}", "endpoint", r->endpoint, "api", r->api,
                                                   "workload", r->workload, "ttft_slo_ms", 1e3 * r->ttft_slo,
                                                   "tpot_slo_ms", 1e3 * r->tpot_slo, "attainment", r->attainment));
+    json_object_set_new(json_object_get(root, "config"), "salt_base", json_integer((json_int_t)r->salt_base));
     for (size_t i = 0; i < r->n_points; i++) {
         const bench_point_t *p = &r->points[i];
         json_t *reqs = json_array();

@@ -29,6 +29,7 @@ typedef struct bench_report {
     unsigned workers;         /* goodput per worker = goodput / workers */
     const double *slo_scales; /* optional: attainment with both SLOs times each scale */
     size_t n_slo_scales;
+    uint64_t salt_base;       /* rate k's prompts were salted with salt_base + k (0: the same prompts at every rate) */
 } bench_report_t;
 
 void bench_print_table(const bench_report_t *r);

@@ -1,5 +1,6 @@
 /* workload.c — see workload.h. Randomness comes from the seeded common/rng.h
  * generator, so a workload is the same every run. */
+#define _GNU_SOURCE
 #include "bench/workload.h"
 
 #include <errno.h>
@@ -87,10 +88,19 @@ td_status_t bench_words(const eng_tokenizer_t *tok, bench_workload_t *w)
 }
 
 /* Appends n words drawn from r to a growing string. */
+/* The salt's bijection of word indices: i -> (i * p + salt) mod n, p a prime above any word count (4,096). */
+static size_t salted(const bench_workload_t *w, size_t i)
+{
+    static const uint64_t primes[] = {4099, 4111, 4127, 4129, 4133, 4139, 4153, 4157};
+    if (!w->salt)
+        return i;
+    return (size_t)((i * primes[(w->salt >> 3) & 7] + w->salt) % w->n_words);
+}
+
 static td_status_t append_words(const bench_workload_t *w, rng_t *r, size_t n, char **s, size_t *len, size_t *cap)
 {
     for (size_t i = 0; i < n; i++) {
-        const char *word = w->words[td_rng_u64(r) % w->n_words];
+        const char *word = w->words[salted(w, td_rng_u64(r) % w->n_words)];
         size_t wl = strlen(word);
         if (*len + wl + 1 > *cap) {
             size_t nc = *cap ? *cap * 2 : 4096;
@@ -272,7 +282,22 @@ td_status_t bench_prompts(bench_workload_t *w, const char *path, double rate, ui
             q->t_send = t;
             t += -log(rng_unit(&r)) / rate;
             q->chat = !json_is_string(p);
-            q->prompt = q->chat ? json_dumps(m, JSON_COMPACT) : strdup(json_string_value(p));
+            char salt[32] = "";
+            if (w->salt) /* a few tokens ahead of the text: no block shared with another salt's prompts */
+                snprintf(salt, sizeof salt, "[%llu] ", (unsigned long long)w->salt);
+            json_t *first = q->chat ? json_array_get(m, 0) : NULL;
+            json_t *fc = first ? json_object_get(first, "content") : NULL;
+            if (salt[0] && q->chat && json_is_string(fc)) {
+                char *c = NULL;
+                if (asprintf(&c, "%s%s", salt, json_string_value(fc)) > 0) {
+                    json_object_set_new(first, "content", json_string(c));
+                    free(c);
+                }
+            }
+            if (q->chat)
+                q->prompt = json_dumps(m, JSON_COMPACT);
+            else if (asprintf(&q->prompt, "%s%s", salt, json_string_value(p)) < 0)
+                q->prompt = NULL;
             q->output_len = mt ? (uint32_t)json_integer_value(mt) : max_tokens;
             q->group = -1;
         }

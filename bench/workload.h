@@ -57,6 +57,11 @@ typedef struct bench_workload {
     size_t n;
     char **words;         /* the one-token words prompts are made of */
     size_t n_words;
+    /* 0: none; else every prompt's words go through a bijection of the word list drawn from it (prompts
+     * files: a salt line leads each prompt), so two salts give prompts that share no block while each
+     * workload's own sharing (its groups, a trace's hash ids) stays exact: a sweep's rates do not serve
+     * each other's prompts from a cache */
+    uint64_t salt;
 } bench_workload_t;
 
 /* Chooses up to 4,096 one-token words of the tokenizer (a leading space and

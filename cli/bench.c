@@ -25,7 +25,11 @@ const char cli_bench_usage[] =
     "                    [--input-len fixed:N|uniform:A:B|loguniform:A:B|lognormal:MEAN:SIGMA] [--output-len ...]\n"
     "                    [--cv C] [--prefix-groups G] [--prefix-share S] [--seed S]\n"
     "                    [--goodput ttft:MS,tpot:MS] [--attainment 90] [--timeout S] [--ignore-eos]\n"
-    "                    [--workers N] [--slo-scale S1,S2,...] [--tokenizer MODEL] [--output FILE.json]\n";
+    "                    [--workers N] [--slo-scale S1,S2,...] [--tokenizer MODEL] [--output FILE.json]\n"
+    "                    [--salt N|none]\n"
+    "  a sweep salts each rate's prompts (N + the rate's index, N 1 by default): no rate is served from another\n"
+    "  rate's prompts by a cache, while the workload's own sharing stays; --salt none sends the same prompts at\n"
+    "  every rate; --salt N with one rate salts it too (a run that must not meet an earlier run's prompts)\n";
 
 static bool parse_len(const char *s, bench_len_t *l)
 {
@@ -65,6 +69,9 @@ int cli_bench(int argc, char **argv)
     size_t n_rates = 0, n_req = 100, n_scales = 0;
     unsigned workers = 1;
     bool ignore_eos = false;
+    /* a sweep's rates each get prompts of their own (salt base + rate index), unless --salt none */
+    double salt_base = 1;
+    bool salt_given = false, salt_none = false;
     bench_synthetic_t syn = {.rate = 1, .cv = 1, .input = {BENCH_DIST_FIXED, 128, 0},
                              .output = {BENCH_DIST_FIXED, 64, 0}, .seed = 1};
     char line[4096] = "tandem bench";
@@ -82,6 +89,12 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(a, "--output") && nx) out_path = argv[++i];
         else if (!strcmp(a, "--tls-ca") && nx) tls_ca = argv[++i];
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
+        else if (!strcmp(a, "--salt") && nx) {
+            salt_none = !strcmp(nx, "none");
+            salt_given = true;
+            ok = salt_none || parse_num(nx, 1, 1e15, &salt_base);
+            i++;
+        }
         else if (!strcmp(a, "--workload") && nx) {
             workload = argv[++i];
             if (strcmp(workload, "synthetic")) {
@@ -176,8 +189,12 @@ int cli_bench(int argc, char **argv)
     }
     bench_point_t *pts = calloc(n_rates, sizeof *pts);
     int ret = 1;
+    /* a sweep sends each rate prompts no other rate sent (the workload's own sharing kept), so a server's cache
+     * filled by one rate does not serve the next; one rate is salted only when asked */
+    bool salted = !salt_none && (n_rates > 1 || salt_given);
     for (size_t k = 0; k < n_rates; k++) {
-        bench_workload_t w = {.words = words.words, .n_words = words.n_words};
+        bench_workload_t w = {.words = words.words, .n_words = words.n_words,
+                              .salt = salted ? (uint64_t)salt_base + k : 0};
         td_status_t rc;
         if (!strcmp(workload, "synthetic")) {
             syn.rate = rates[k];
@@ -226,7 +243,7 @@ int cli_bench(int argc, char **argv)
     bench_report_t rep = {.argv_line = line, .endpoint = url, .api = api, .workload = workload,
                           .ttft_slo = ttft_ms / 1e3, .tpot_slo = tpot_ms / 1e3, .attainment = attain / 100,
                           .points = pts, .n_points = n_rates, .workers = workers, .slo_scales = scales,
-                          .n_slo_scales = n_scales};
+                          .n_slo_scales = n_scales, .salt_base = salted ? (uint64_t)salt_base : 0};
     rep.goodput = bench_goodput(curve_r, curve_a, n_rates, attain / 100, &rep.bounded);
     bench_print_table(&rep);
     ret = 0;

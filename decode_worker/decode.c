@@ -499,6 +499,7 @@ typedef struct dreq {
     uint64_t eng_id;
     td_status_t rc;
     char err[512];
+    double deadline; /* td_now_s() at its call's deadline (a colocated prompt's chunks fit it) */
 } dreq_t;
 
 static void dreq_put(dreq_t *d)
@@ -661,7 +662,7 @@ static void add_request(eng_worker_t *w, dreq_t *d, const int32_t *kv, uint32_t 
     eng_request_t er = {.prompt = d->rq->tokens, .n_prompt = d->rq->n_tokens, .kv_blocks = kv,
                         .first_token = kv ? d->rq->first_token : 0, .sampled_before = d->rq->sampled_before,
                         .resume_generated = d->rq->resume_generated, .resume_text_sent = d->rq->resume_text_sent,
-                        .priority = d->rq->has_priority ? d->rq->priority : 0};
+                        .priority = d->rq->has_priority ? d->rq->priority : 0, .deadline = d->deadline};
     eng_sampling_from_pb(sp, &er.sampling, d->bias);
     er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
     er.ignore_eos = sp && sp->ignore_eos;
@@ -847,6 +848,7 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
     pthread_mutex_init(&d->mu, NULL);
     d->refs = 1;
     d->call = call;
+    d->deadline = td_now_s() + td_rpc_call_time_left(call);
     d->w = w;
     d->rq = tandem__internal__v1__decode_request__unpack(NULL, n, p);
     bool colocated = eng_worker_config(w)->decode.colocated;

@@ -44,6 +44,7 @@ typedef struct eng_seq {
     eng_sampler_t sampler;
     uint32_t max_tokens;
     int32_t priority;
+    double deadline; /* td_now_s() by which its prompt must be computed (0: none) */
     bool ignore_eos;
     char **stop;
     size_t n_stop, max_stop;
@@ -77,6 +78,7 @@ struct eng_engine {
     uint64_t preemptions;
     char err[512]; /* the message of the failure being reported */
     bool stalled;  /* the last step ran nothing: every request waits for blocks */
+    double tok_s;  /* seconds a step takes per token it computes (a moving average; 0: none yet) */
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -295,6 +297,7 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
         s->state = SEQ_RUNNING;
     }
     s->priority = r->priority;
+    s->deadline = r->deadline;
     /* at the end, or before the first waiting prompt of lower priority not yet begun */
     eng_seq_t **at = &e->seqs;
     while (*at && !(s->state == SEQ_WAITING && (*at)->state == SEQ_WAITING && !(*at)->n_computed &&
@@ -674,6 +677,15 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
             seq_use_prefix_cache(e, s);
         uint32_t left = s->n_tokens - s->n_computed;
         uint32_t chunk = left < budget ? left : budget;
+        if (s->deadline > 0 && e->tok_s > 0) {
+            /* a chunk that would overrun its request's deadline is cut to what fits (the engine thread is free
+             * at the deadline, when the request's cancel comes); past it, nothing more is computed for it */
+            double fit = (s->deadline - td_now_s()) / e->tok_s;
+            if (fit < 1)
+                continue;
+            if (fit < chunk)
+                chunk = (uint32_t)fit;
+        }
         bool fits = seq_reserve(e, s, s->n_computed + chunk);
         while (!fits && nb == 0 && preempt_one(e, s)) /* nothing else can progress: make room */
             fits = seq_reserve(e, s, s->n_computed + chunk);
@@ -718,7 +730,10 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
     for (uint32_t i = 0; i < nb && on_device; i++)
         on_device = !e->batch[i].want_logits || eng_sampler_on_device(&e->batch_seq[i]->sampler);
     const float *logits = NULL;
-    uint32_t nl = 0;
+    uint32_t nl = 0, n_tok = 0;
+    for (uint32_t i = 0; i < nb; i++)
+        n_tok += e->batch[i].n;
+    double t_step = td_now_s();
     if (on_device)
         for (uint32_t i = 0; i < nb; i++)
             if (e->batch[i].want_logits)
@@ -731,6 +746,10 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
             seq_fail(e, e->batch_seq[i], fn, ctx);
         reap_done(e);
         return rc;
+    }
+    if (n_tok >= 64) { /* prompt-sized steps: what a chunk costs a token (a decode step's token costs more) */
+        double per_tok = (td_now_s() - t_step) / n_tok;
+        e->tok_s = e->tok_s > 0 ? 0.8 * e->tok_s + 0.2 * per_tok : per_tok;
     }
     uint32_t li = 0;
     for (uint32_t i = 0; i < nb; i++) {

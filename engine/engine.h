@@ -66,6 +66,11 @@ typedef struct eng_request {
      * lower priority that have not started (one already under way is not
      * overtaken); equal priorities keep their order. */
     int32_t priority;
+    /* td_now_s() by which its prompt must be computed (0: none): a chunk of
+     * it that would overrun is cut to what the engine's measured speed fits
+     * in the time left, and past it no more of it is computed — the caller
+     * cancels it (its call's deadline passed). */
+    double deadline;
     /* Imported KV (a decode worker's request): the KV of all n_prompt tokens
      * is already in these blocks (ceil(n_prompt / block_tokens) of them, from
      * eng_engine_kv_reserve; the engine owns them once the add succeeds), and

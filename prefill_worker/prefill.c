@@ -218,6 +218,7 @@ typedef struct preq {
     uint32_t n_cached;
     double t0, t_done, busy0, exposed_s;
     double land_by; /* td_now_s() at the landing's land-by time (HUGE_VAL: unsigned, unlimited) */
+    double deadline; /* td_now_s() at its call's deadline: the engine computes nothing of it past that */
     uint64_t bytes0, bytes;
     double busy_s;
     /* Engine thread: the landing blocks [0, pushed) have had every layer put
@@ -647,7 +648,8 @@ static void add_on_engine(eng_worker_t *w, void *arg)
     const Tandem__V1__SamplingParams *sp = r->rq->sampling;
     r->bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *r->bias);
     eng_request_t er = {.prompt = r->rq->tokens, .n_prompt = r->rq->n_tokens, .max_tokens = 1, .ignore_eos = true,
-                        .sampled_before = r->rq->sampled_before, .priority = r->rq->priority};
+                        .sampled_before = r->rq->sampled_before, .priority = r->rq->priority,
+                        .deadline = r->deadline};
     eng_sampling_from_pb(sp, &er.sampling, r->bias);
     r->rc = eng_engine_add(eng_worker_engine(w), &er, &r->eng_id);
     if (r->rc) {
@@ -886,6 +888,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         return;
     }
     r->land_by = HUGE_VAL;
+    r->deadline = td_now_s() + td_rpc_call_time_left(call);
     if (r->role->verifier) {
         const char *why = landing_grant(r->role, ld, &r->land_by);
         if (why) {

@@ -43,6 +43,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "engine/tokenizer.h"
+#include "router/http_heads.h"
 #include "router/keys.h"
 #include "router/openai_req.h"
 #include "router/request.h"
@@ -66,6 +67,7 @@ struct rt_http {
     int stop_watch;      /* atomic */
     uint64_t serial;     /* under mu: names a generation in the watch set */
     int max_open;        /* past which a request is answered 503 and its connection closed */
+    rt_heads_t *heads;   /* the connections waiting for a request head (slowloris's), closed when late */
 };
 
 
@@ -178,7 +180,7 @@ static int http_status_of(int code)
 
 static const char *error_type_of(int status)
 {
-    return status == 400 || status == 404 || status == 413 || status == 401 ? "invalid_request_error"
+    return status == 400 || status == 404 || status == 413 || status == 401 || status == 415 ? "invalid_request_error"
            : status == 429                                  ? "rate_limit_error"
            : status == 503                                  ? "service_unavailable"
                                                             : "server_error";
@@ -276,10 +278,12 @@ static enum MHD_Result respond_crowded(rt_http_t *h, struct MHD_Connection *c)
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code)
 {
-    (void)c;
-    (void)socket_ctx;
     rt_http_t *h = cls;
     h->open += code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+        rt_heads_started(h->heads, c, socket_ctx);
+    else
+        rt_heads_closed(h->heads, socket_ctx);
 }
 
 static enum MHD_Result respond_error(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
@@ -454,6 +458,7 @@ static void *watcher_thread(void *arg)
     struct epoll_event evs[64];
     while (!__atomic_load_n(&h->stop_watch, __ATOMIC_ACQUIRE)) {
         int n = epoll_wait(h->ep, evs, 64, 200);
+        rt_heads_sweep(h->heads);
         for (int i = 0; i < n; i++) {
             pthread_mutex_lock(&h->mu);
             for (hreq_t *x = h->active; x; x = x->next) {
@@ -560,8 +565,10 @@ static enum MHD_Result start_generation(hreq_t *x)
     json_error_t je;
     json_t *b = json_loadb(x->body ? x->body : "", x->n_body, JSON_ALLOW_NUL, &je);
     if (!json_is_object(b)) {
+        char why[300];
+        rt_oai_body_error(b, &je, why, sizeof why);
         json_decref(b);
-        return respond_error(x->conn, 400, NULL, "the body is not a JSON object: %s (line %d)", je.text, je.line);
+        return respond_error(x->conn, 400, NULL, "%s", why);
     }
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
@@ -663,8 +670,10 @@ static enum MHD_Result tokenize(hreq_t *x)
     json_error_t je;
     json_t *b = json_loadb(x->body ? x->body : "", x->n_body, 0, &je);
     if (!json_is_object(b)) {
+        char why[300];
+        rt_oai_body_error(b, &je, why, sizeof why);
         json_decref(b);
-        return respond_error(x->conn, 400, NULL, "the body is not a JSON object: %s", je.text);
+        return respond_error(x->conn, 400, NULL, "%s", why);
     }
     json_t *p = json_object_get(b, "prompt"), *msgs = json_object_get(b, "messages"),
            *spec = json_object_get(b, "add_special_tokens");
@@ -752,6 +761,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->refs = 1;
         pthread_mutex_init(&x->mu, NULL);
         *con_cls = x;
+        rt_heads_done(h->heads, c);
         char why[400];
         if (!td_https_client_ok(h->https, c, why, sizeof why))
             return respond_error(c, 403, NULL, "%s", why);
@@ -781,6 +791,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (x->too_big)
         return respond_error(c, 413, NULL, "the body is over this server's limit of %u bytes", RT_MAX_REQUEST_BYTES);
     bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+    /* a body is JSON: the content types a browser may post cross-site without asking first (text/plain, forms)
+     * are refused, so a web page cannot make its visitor's browser call this API */
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (post && ct && strncasecmp(ct, "application/json", 16))
+        return respond_error(c, 415, NULL, "Content-Type %.80s: this API takes application/json bodies", ct);
     if (strcmp(url, "/health")) {
         bool refused;
         enum MHD_Result ar = authorize(x, &refused);
@@ -808,10 +823,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 /* The request is over for libmicrohttpd: a client that went away cancels it. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
-    (void)c;
     (void)toe;
     hreq_t *x = *con_cls;
+    rt_heads_waiting(((rt_http_t *)cls)->heads, c); /* the next head is awaited from now */
     if (!x)
         return;
     *con_cls = NULL;
@@ -873,6 +887,13 @@ td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *t
     }
     pthread_mutex_init(&h->mu, NULL);
     h->max_open = (int)(2 * r->cfg.router.max_streams + 1024);
+    h->heads = rt_heads_create((unsigned)h->max_open / 2);
+    if (!h->heads) {
+        pthread_mutex_destroy(&h->mu);
+        td_https_free(h->https);
+        free(h);
+        return td_error(TD_ERR_NO_MEMORY, "http: no memory");
+    }
     h->ep = epoll_create1(EPOLL_CLOEXEC);
     h->watching = h->ep >= 0 && !pthread_create(&h->watcher, NULL, watcher_thread, h);
     if (!h->watching)
@@ -897,6 +918,7 @@ td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *t
         }
         if (h->ep >= 0)
             close(h->ep);
+        rt_heads_destroy(h->heads);
         pthread_mutex_destroy(&h->mu);
         td_https_free(h->https);
         free(h);
@@ -940,6 +962,7 @@ void rt_http_stop(rt_http_t *h)
     }
     if (h->ep >= 0)
         close(h->ep);
+    rt_heads_destroy(h->heads);
     pthread_mutex_destroy(&h->mu);
     td_https_free(h->https);
     free(h);

@@ -236,8 +236,10 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
     if (!get_int(b, mt, &has, &n, e))
         return false;
     if (has) {
-        if (n < 1 || n > UINT32_MAX)
+        if (n < 1)
             return bad(e, mt, "%s: must be at least 1%s", "");
+        if (n > UINT32_MAX)
+            return bad(e, mt, "%s: too large (at most the model's context, minus the prompt)%s", "");
         sp->has_max_tokens = 1;
         sp->max_tokens = (uint32_t)n;
     } else if (kind == RT_OAI_COMPLETION) {
@@ -303,6 +305,17 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
     j = json_object_get(b, "top_logprobs");
     if (j && !json_is_null(j) && !(json_is_integer(j) && !json_integer_value(j)))
         return bad(e, "top_logprobs", "%s: not supported by this server%s", "");
+    /* structured output does not exist yet: a client asking for JSON is told so, not given prose */
+    j = json_object_get(b, "response_format");
+    if (j && !json_is_null(j) &&
+        !(json_is_object(j) && json_is_string(json_object_get(j, "type")) &&
+          !strcmp(json_string_value(json_object_get(j, "type")), "text")))
+        return bad(e, "response_format", "%s: only {\"type\": \"text\"} is supported by this server (no structured "
+                   "output yet)%s", "");
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar"};
+    for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
+        if ((j = json_object_get(b, guided[i])) && !json_is_null(j))
+            return bad(e, guided[i], "%s: not supported by this server (no structured output yet)%s", "");
     if ((j = json_object_get(b, "stream")) && !json_is_null(j)) {
         if (!json_is_boolean(j))
             return bad(e, "stream", "%s: must be a boolean%s", "");
@@ -323,6 +336,16 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
 
 
 
+void rt_oai_body_error(const json_t *b, const json_error_t *je, char *msg, size_t n)
+{
+    static const char *const kinds[] = {"an object", "an array", "a string", "an integer", "a number", "true",
+                                        "false", "null"};
+    if (b)
+        snprintf(msg, n, "the body is not a JSON object: it is %s", kinds[json_typeof(b)]);
+    else
+        snprintf(msg, n, "the body is not a JSON object: %s (line %d, column %d)", je->text, je->line, je->column);
+}
+
 bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *request_id,
                   Tandem__V1__GenerateRequest **out, bool *stream, bool *include_usage, rt_oai_error_t *e)
 {
@@ -331,7 +354,7 @@ bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *re
     json_t *b = json_loadb(body, n, JSON_ALLOW_NUL, &je);
     if (!json_is_object(b)) {
         json_decref(b);
-        snprintf(e->msg, sizeof e->msg, "the body is not a JSON object: %s (line %d)", je.text, je.line);
+        rt_oai_body_error(b, &je, e->msg, sizeof e->msg);
         e->param[0] = 0;
         return false;
     }

@@ -28,4 +28,8 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
 bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *request_id,
                   Tandem__V1__GenerateRequest **out, bool *stream, bool *include_usage, rt_oai_error_t *e);
 
+/* Why a body that did not parse to a JSON object (b: what it parsed to, NULL
+ * when nothing did; je: the parser's error) was refused. */
+void rt_oai_body_error(const json_t *b, const json_error_t *je, char *msg, size_t n);
+
 #endif

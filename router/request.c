@@ -57,6 +57,7 @@ struct rt_request {
     char prefill_id[96], decode_id[96];
     uint64_t text_sent; /* bytes of text relayed to the client, all attempts */
     int internal_errors; /* attempts a worker ended with INTERNAL */
+    unsigned landing_expiries; /* attempts whose landing's land-by passed before the KV was put */
     bool validated, sent_any;
     bool answered;         /* the sink has its end already (the rest is clean-up) */
     const rt_key_t *key;   /* the caller's API key (NULL: keys are off) */
@@ -83,6 +84,9 @@ static double cpu_s(void)
 }
 
 static double left(const rt_request_t *q) { return q->deadline - td_now_s(); }
+
+/* A landing's lease beyond four predicted times to first token (request.c's reserve). */
+#define RT_LANDING_MARGIN_MS 5000.0
 
 static bool cancelled(rt_request_t *q)
 {
@@ -269,8 +273,17 @@ static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__Landin
     rq.n_tokens = (uint32_t)q->n_tokens;
     rq.max_tokens = q->max_tokens;
     rq.lease_ms = RT_RES_LEASE_MS; /* renewed while held (the router's renewer) */
-    /* the prefill may put until its call's deadline (the decode side caps it) */
+    /* the prefill may put until land-by: a short lease, not the client's deadline, so that blocks a landing
+     * leaves unclaimed (its request cancelled before the router learned of the reservation, or its prefill
+     * worker not answering the cancel) are fenced for seconds, not minutes — four times the predicted time to
+     * first token and 5 s, doubled at each landing that ran out (the prefill worker then answers
+     * DEADLINE_EXCEEDED and the request is tried again), capped by the deadline */
     double ms = ceil(left(q) * 1e3);
+    if (q->pred.valid) {
+        double lease = (4.0 * q->pred.ttft_ms + RT_LANDING_MARGIN_MS) * (double)(1u << (q->landing_expiries & 7));
+        if (lease < ms)
+            ms = ceil(lease);
+    }
     rq.has_landing_ms = 1;
     rq.landing_ms = ms < 1 ? 1 : ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
     uint8_t buf[512];
@@ -751,15 +764,19 @@ static int attempt(rt_request_t *q)
         release(d, res_id, answered);
         rt_table_done(&r->table, d, NULL, 0);
         bool gone = cancelled(q);
-        rt_table_done(&r->table, p, !gone && left(q) > 0.001 ? &res : NULL, rt_suspect_for(res.code));
+        /* DEADLINE_EXCEEDED with time left is the landing's lease (the call's deadline is the client's) */
+        rt_table_done(&r->table, p, !gone && left(q) > 0.001 && res.code != TD_RPC_DEADLINE_EXCEEDED ? &res : NULL,
+                      rt_suspect_for(res.code));
         if (gone) {
             finish(q, TD_RPC_CANCELLED, "the client cancelled");
             return 1;
         }
-        if (fatal_code(res.code) || left(q) <= 0) {
+        if (left(q) <= 0 || (fatal_code(res.code) && res.code != TD_RPC_DEADLINE_EXCEEDED)) {
             finish(q, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", pid, res.message);
             return 1;
         }
+        if (res.code == TD_RPC_DEADLINE_EXCEEDED) /* the landing's lease ran out, not the client's deadline */
+            q->landing_expiries++;
         TD_WARN("router: prefill on %s failed (%s: %s); trying again", pid, td_rpc_code_name(res.code), res.message);
         return 0;
     }

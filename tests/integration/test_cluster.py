@@ -381,6 +381,18 @@ def sigkill_up_leaves_nothing():
           " | ".join(aborts[:3]))
     for k in left:
         os.kill(k, signal.SIGKILL)
+    # its run folder (etcd's data, the CA's and every role's key) is left; the next tandem up removes it
+    run_dir = os.path.dirname(c.certs) if c.certs else None
+    kept = bool(run_dir) and os.path.isdir(run_dir)
+    c2 = Cluster()
+    try:
+        removed = re.search(r"removed (\d+) run folders? of earlier runs", c2.log())
+        check("the next tandem up removes the run folder a SIGKILLed one left (%s: %s before, %s after; it said: %s)" %
+              (run_dir, "there" if kept else "absent", "there" if run_dir and os.path.isdir(run_dir) else "gone",
+               removed.group(0) if removed else "nothing"),
+              kept and removed is not None and not os.path.isdir(run_dir))
+    finally:
+        c2.stop()
 
 
 def two_by_two(refs):
@@ -592,6 +604,13 @@ def main():
                 q["ok"] and q["output_tokens"] == 8 and q["input_tokens"] == 32 for q in reqs)
         check("tandem bench --api grpc: 8 open-loop requests, all ok with 32 prompt and 8 output tokens each",
               ok, (b.stderr + b.stdout)[-400:])
+        # ... and pointed at the gRPC port with the OpenAI API: every request fails, and the report says why
+        b = subprocess.run([BIN + "/tandem", "bench", "--endpoint", c.endpoint, "--rate", "8", "--num-requests", "4",
+                            "--input-len", "fixed:8", "--output-len", "fixed:2", "--tokenizer", MODEL],
+                           capture_output=True, text=True, timeout=120)
+        why = [l for l in b.stdout.splitlines() if "failed (status" in l]
+        check("tandem bench --api openai against the gRPC port: the failures' first error shown (%s)" %
+              (why[0][:160] if why else "none"), bool(why), b.stdout[-400:])
 
         # 5. a worker with another KV contract is refused, naming both values
         odd = subprocess.Popen([BIN + "/tandem-decode", "--model", MODEL, "--etcd", c.etcd, "--threads", "1",

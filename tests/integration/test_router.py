@@ -115,6 +115,38 @@ def gen(c, prompt, **slo):
     return ids, last
 
 
+def deadlines(c, rng):
+    """A client's deadline is kept: deadline_ms 50 to 2,000 on a ~2,400-token prompt (its first token predicted
+    seconds away) is refused at once, naming the prediction; on a short prompt with a long answer (admitted, its
+    first token in time) the stream ends DEADLINE_EXCEEDED within 100 ms of the deadline."""
+    def timed(prompt, deadline_ms, max_tokens):
+        rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True, deadline_ms=deadline_ms,
+                                sampling=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        n, t0 = 0, time.time()
+        try:
+            for r in c.stub.Generate(rq, timeout=120):
+                n += len(r.token_ids)
+            return time.time() - t0, "OK", "", n
+        except grpc.RpcError as e:
+            return time.time() - t0, e.code().name, e.details() or "", n
+    long_prompt = text(2400, rng)
+    rows, ok = [], True
+    for dl in (50, 150, 400, 1000, 2000):
+        secs, code, why, _ = timed(long_prompt, dl, 16)
+        rows.append("%d ms: %s after %.0f ms" % (dl, code, secs * 1e3))
+        ok = ok and code == "DEADLINE_EXCEEDED" and "predicted" in why and secs < min(dl / 1e3 + 0.1, 0.15)
+    check("a ~2,400-token prompt with deadline_ms 50..2,000 (first token predicted later): each refused at once, "
+          "naming the prediction (%s)" % "; ".join(rows), ok)
+    rows, ok = [], True
+    short = text(30, rng)
+    for dl in (400, 1000, 2000):
+        secs, code, why, n = timed(short, dl, 2000)
+        rows.append("%d ms: %s after %.0f ms, %d tokens" % (dl, code, secs * 1e3, n))
+        ok = ok and code == "DEADLINE_EXCEEDED" and n > 0 and secs <= dl / 1e3 + 0.1
+    check("a short prompt asking 2,000 tokens with deadline_ms 400/1,000/2,000: streamed, then ended within the "
+          "deadline + 100 ms (%s)" % "; ".join(rows), ok)
+
+
 def main():
     rng = random.Random(20261125)
     work = tempfile.mkdtemp(prefix="tandem-router-test-")
@@ -275,6 +307,7 @@ def main():
               (slo, pred, "completed identically" if got == ref else "ended with %s after %d tokens" % (err, len(got)),
                secs, rejected, after_rej),
               got == ref and secs < 60 and after_rej == rejected)
+        deadlines(c, rng)
     finally:
         rc = c.stop()
         check("tandem up stops cleanly (exit %s)" % rc, rc == 0)

@@ -45,11 +45,14 @@ Covered here:
   requests: refused clearly, the decode worker not taken out for them;
 - Scale without the administrator key, from the router's own host and as
   the local user nobody: refused; with the key tandem up printed: taken;
+- 300 streams with 600 s deadlines cancelled at once: the decode pool back to
+  idle within seconds, not at their deadline;
 - router.api_keys on the gRPC API (authorization metadata), and a key's
   token limit under ten concurrent requests (charged at admission).
 
 Usage: test_security.py BUILD_BIN_DIR  (run from the repository root)."""
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -271,6 +274,42 @@ def oversized(c, ref):
              clear and len(errs) == 8 and same and lat[len(lat) // 2] < 2 * base[len(base) // 2] + 0.1)
 
 
+def cancel_flood(c, ref):
+    """Streams opened with a 600 s deadline and cancelled at once, in waves: the decode worker's landing blocks
+    come back within seconds (cancels answered at once, fences bounded by a short landing lease), not at the
+    requests' deadline, and an ordinary request afterwards is served identically."""
+    dw = c.worker("decode")
+    idle = c.stats(dw)
+    rq = pb.GenerateRequest(prompt=VICTIM, return_token_ids=True,
+                            sampling=pb.SamplingParams(max_tokens=VICTIM_TOKENS, ignore_eos=True))
+    rng = random.Random(47)
+    peak = [0, 0]
+
+    def one():
+        call = c.stub.Generate(rq, timeout=600)
+        time.sleep(rng.random() * 0.08)
+        call.cancel()
+    for _ in range(6):
+        ths = [threading.Thread(target=one) for _ in range(50)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        st = c.stats(dw)
+        peak = [max(peak[0], st.kv_in_use), max(peak[1], st.fenced_blocks)]
+    t0 = time.time()
+    back = tc.wait_for(lambda: (lambda st: st.kv_in_use == idle.kv_in_use and st.fenced_blocks == 0 and
+                                st.reservations == 0)(c.stats(dw)), 20)
+    secs = time.time() - t0
+    st = c.stats(dw)
+    ids, _ = tc.generate(c.stub, VICTIM, max_tokens=VICTIM_TOKENS)
+    tc.check("300 streams (600 s deadlines) cancelled within 80 ms of opening: the decode pool back to idle %.1f s "
+             "after the last (at most %d blocks in use, %d fenced meanwhile; now %d in use, %d fenced, %d reservations)"
+             "; a request afterwards identical" % (secs, peak[0], peak[1], st.kv_in_use, st.fenced_blocks,
+                                                   st.reservations),
+             back and secs < 10 and ids == ref)
+
+
 def api_keys_grpc(ref):
     """router.api_keys binds the gRPC API too (authorization metadata, as the HTTP API's header), and a key's
     token limit is charged at admission: ten concurrent requests on a 100-tokens-a-minute key use at most 100."""
@@ -428,6 +467,7 @@ def main():
                  wrong.returncode and "permission denied" in wrong.stderr)
         fake_worker(c, pw, ref)
         oversized(c, ref)
+        cancel_flood(c, ref)
 
         # Scale: an administrator's call, never the address's: no key from the router's own host is refused,
         # another local user (nobody) too; the key tandem up printed is taken
@@ -526,7 +566,15 @@ def main():
         # reservation up (its Cancel unanswered), the decode worker keeps the blocks out of the pool until
         # land-by, and the worker, resumed after land-by, drops its late puts instead of writing into blocks
         # that may be someone else's by then
-        long_prompt = " ".join("word%d" % (i % 97) for i in range(700))  # ~2,000 tokens: seconds of prefill here
+        # a prompt whose first token is predicted in ~1 s (admitted with a 2 s deadline, not refused at once), its
+        # length found from the router's prediction for a probe of other words (no cached prefix shared)
+        probe = " ".join("probe%d" % (i % 89) for i in range(700))
+        pred = None
+        for r in c.stub.Generate(pb.GenerateRequest(prompt=probe, sampling=pb.SamplingParams(max_tokens=1)),
+                                 timeout=120):
+            pred = r.timing.predicted_ttft_ms or pred
+        words = max(60, min(700, int(700 * 1000 / max(pred or 1000, 1))))
+        long_prompt = " ".join("word%d" % (i % 97) for i in range(words))  # ~1 s of prefill here
         err = []
         def slow():  # noqa: E306
             try:

@@ -177,6 +177,42 @@ Test(bench, trace_replay_shares_exactly_the_stated_prefixes, .init = setup, .fin
     free(path);
 }
 
+/* A sweep's salts: the same trace under salts 1 and 2 keeps its own sharing exactly (hash ids 1, 2 shared by
+ * both lines, block for block) and lengths, while no block of one salt's prompts is a block of the other's;
+ * salt 0 is the unsalted text. */
+Test(bench, salted_rates_share_nothing_but_keep_their_own_sharing, .init = setup, .fini = teardown)
+{
+    const char *trace = "{\"timestamp\": 0, \"input_length\": 1536, \"output_length\": 10, \"hash_ids\": [1, 2, 3]}\n"
+                        "{\"timestamp\": 500, \"input_length\": 1300, \"output_length\": 5, \"hash_ids\": [1, 2, 4]}\n";
+    char *path = write_temp(trace, strlen(trace), ".jsonl");
+    static td_block_name_t b[3][2][128];
+    size_t nb[3][2], nt[3][2];
+    for (uint64_t salt = 0; salt < 3; salt++) {
+        bench_workload_t w = {.words = words.words, .n_words = words.n_words, .salt = salt};
+        cr_assert_eq(bench_trace(&w, path, &(bench_trace_opts_t){.time_scale = 1}, 0), TD_OK, "%s", td_last_error());
+        for (int i = 0; i < 2; i++)
+            nb[salt][i] = names(w.req[i].prompt, b[salt][i], 128, &nt[salt][i]);
+        w.words = NULL, w.n_words = 0;
+        bench_workload_free(&w);
+    }
+    for (int s = 0; s < 3; s++) {
+        cr_assert_eq(nt[s][0], 1536, "salt %d: input_length tokens", s);
+        cr_assert_eq(nt[s][1], 1300, "salt %d", s);
+        for (size_t i = 0; i < 64; i++)
+            cr_assert(td_block_name_eq(b[s][0][i], b[s][1][i]), "salt %d: block %zu of the shared prefix", s, i);
+        cr_assert(!td_block_name_eq(b[s][0][64], b[s][1][64]), "salt %d: the prefix ends", s);
+    }
+    for (int s = 0; s < 3; s++)
+        for (int t = s + 1; t < 3; t++)
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++)
+                    for (size_t k = 0; k < nb[s][i]; k++)
+                        for (size_t l = 0; l < nb[t][j]; l++)
+                            cr_assert(!td_block_name_eq(b[s][i][k], b[t][j][l]), "salts %d and %d share a block", s, t);
+    unlink(path);
+    free(path);
+}
+
 /* Mooncake's 512-token ids scaled down by 32 (16 tokens per id): the shared
  * prefix is still exactly the shared ids, now one 16-token block each; a trace
  * written with 64-token ids is read with --trace-block 64. */
