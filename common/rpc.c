@@ -1513,6 +1513,11 @@ static int verify_peer_role(const char *target, const char *peer_pem, void *arg)
     return 1;
 }
 
+bool td_rpc_channel_down(const td_rpc_channel_t *ch)
+{
+    return ch && grpc_channel_check_connectivity_state(ch->ch, 0) == GRPC_CHANNEL_TRANSIENT_FAILURE;
+}
+
 bool td_rpc_channel_peer_refused(const td_rpc_channel_t *ch)
 {
     return ch && ch->pc && __atomic_load_n(&ch->pc->refused, __ATOMIC_ACQUIRE);

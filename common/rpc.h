@@ -231,6 +231,9 @@ void td_rpc_channel_destroy(td_rpc_channel_t *ch);
 /* Calls on ch fail at once when there is no connection (UNAVAILABLE)
  * instead of waiting for one until their deadlines (before any call). */
 void td_rpc_channel_set_fail_fast(td_rpc_channel_t *ch, bool on);
+/* True while ch cannot connect (its last attempt failed and it waits to try
+ * again): a call on it would fail or wait. */
+bool td_rpc_channel_down(const td_rpc_channel_t *ch);
 /* True once the server showed a certificate outside the channel's
  * peer_roles: its calls end PERMISSION_DENIED, naming what it showed. */
 bool td_rpc_channel_peer_refused(const td_rpc_channel_t *ch);

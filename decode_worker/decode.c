@@ -85,9 +85,15 @@ typedef struct decode_role {
 } decode_role_t;
 
 /* Engine thread: a reservation that ended unclaimed gives its blocks back,
- * at once when its landing is closed or past land-by, else once it is. */
+ * at once when its landing is closed or past land-by, else once it is — or
+ * once its lease is over, if sooner: a prefill worker puts into a landing only
+ * while the router extends its lease, which it does only for reservations it
+ * has renewed here, to the lease it asked for counted from before it asked
+ * (PrefillRequest.landing_lease_until_unix_ms, Prefill.Extend). */
 static void reservation_end(eng_worker_t *w, decode_role_t *R, reservation_t *r, bool landing_closed)
 {
+    if (r->expires + FENCE_MARGIN_S < r->fence_until)
+        r->fence_until = r->expires + FENCE_MARGIN_S;
     if (!landing_closed && r->fence_until > td_now_s()) {
         if (R->n_fenced == R->cap_fenced) {
             size_t nc = R->cap_fenced ? 2 * R->cap_fenced : 16;

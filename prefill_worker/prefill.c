@@ -32,7 +32,9 @@
 
 #include "common/certs.h"
 #include "common/clock.h"
+#include "common/grow.h"
 #include "common/log.h"
+#include "common/rpc_pb.h"
 #include "engine/worker.h"
 #include "kvstore/client.h"
 
@@ -218,6 +220,9 @@ typedef struct preq {
     uint32_t n_cached;
     double t0, t_done, busy0, exposed_s;
     double land_by; /* td_now_s() at the landing's land-by time (HUGE_VAL: unsigned, unlimited) */
+    /* td_now_s() at the end of the landing's lease (HUGE_VAL: none), which the router extends while it renews
+     * the reservation (Extend); atomic: written by Extend's thread, read by the engine and pusher threads */
+    double lease_until;
     double deadline; /* td_now_s() at its call's deadline: the engine computes nothing of it past that */
     uint64_t bytes0, bytes;
     double busy_s;
@@ -260,6 +265,10 @@ struct prefill_role {
     uint64_t bytes_total;
     double busy_at_step;
     kv_client_t *store; /* NULL: no KV store (kvstore.use false, or none could be set up) */
+    /* the requests whose landing leases Extend may find (their handlers register them while they run) */
+    pthread_mutex_t lease_mu;
+    preq_t **leased;
+    size_t n_leased, cap_leased;
     /* a device pool's host staging for blocks read from the store, kept for
      * reuse (page-locking memory costs milliseconds): STAGE_KEEP at most */
     pthread_mutex_t stage_mu;
@@ -386,6 +395,33 @@ static void active_remove(preq_t *r)
             active_remove_at(R, i);
             return;
         }
+}
+
+/* Until when r may put: its land-by, or its lease's end if sooner. */
+static double put_by(preq_t *r)
+{
+    double lease;
+    __atomic_load(&r->lease_until, &lease, __ATOMIC_ACQUIRE);
+    return lease < r->land_by ? lease : r->land_by;
+}
+
+static void lease_register(prefill_role_t *R, preq_t *r)
+{
+    pthread_mutex_lock(&R->lease_mu);
+    if (td_grow((void **)&R->leased, &R->cap_leased, R->n_leased + 1, sizeof *R->leased, 64))
+        R->leased[R->n_leased++] = r;
+    pthread_mutex_unlock(&R->lease_mu);
+}
+
+static void lease_unregister(prefill_role_t *R, preq_t *r)
+{
+    pthread_mutex_lock(&R->lease_mu);
+    for (size_t i = 0; i < R->n_leased; i++)
+        if (R->leased[i] == r) {
+            R->leased[i] = R->leased[--R->n_leased];
+            break;
+        }
+    pthread_mutex_unlock(&R->lease_mu);
 }
 
 static void preq_finish(preq_t *r, td_status_t rc, const char *err, int32_t tok, uint32_t cached)
@@ -529,8 +565,10 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
         preq_finish(r, TD_ERR_INTERNAL, ev->error, -1, 0);
     else if (r->pe->failed)
         preq_finish(r, TD_ERR_UNAVAILABLE, "the decode worker stopped taking KV (put or flush failed)", -1, 0);
-    else if (td_now_s() > r->land_by) /* a put may have been dropped: the landing is not whole */
-        preq_finish(r, TD_ERR_TIMEOUT, "landing: its land-by time passed before the KV was put", -1, 0);
+    else if (td_now_s() > put_by(r)) /* a put may have been dropped: the landing is not whole */
+        preq_finish(r, TD_ERR_TIMEOUT, td_now_s() > r->land_by ? "landing: its land-by time passed before the KV was put"
+                                                                : "landing: its lease ran out (the router stopped "
+                                                                  "renewing it) before the KV was put", -1, 0);
     else if (r->pushed < r->n_digests) /* a bug: the landing would decode on garbage */
         preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);
     else
@@ -569,7 +607,7 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
             uint32_t end = seqs[i].end_block < ld->n_block_offsets ? seqs[i].end_block : (uint32_t)ld->n_block_offsets;
             for (uint32_t b = from; b < end; b++)
                 pusher_push(&R->pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
-                            ld->block_offsets[b] + layer * lb, r->land_by, fence);
+                            ld->block_offsets[b] + layer * lb, put_by(r), fence);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
                 if (end > from && eng_engine_kv_digest(e, seqs[i].blocks + from, end - from, r->digests + from))
                     TD_WARN("prefill: digests of request %llu's blocks: %s (its step fails)",
@@ -888,6 +926,8 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         return;
     }
     r->land_by = HUGE_VAL;
+    r->lease_until = r->rq->has_landing_lease_until_unix_ms ? td_local_of_unix_ms(r->rq->landing_lease_until_unix_ms)
+                                                            : HUGE_VAL;
     r->deadline = td_now_s() + td_rpc_call_time_left(call);
     if (r->role->verifier) {
         const char *why = landing_grant(r->role, ld, &r->land_by);
@@ -947,6 +987,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     pthread_mutex_lock(&r->mu);
     r->call = call;
     pthread_mutex_unlock(&r->mu);
+    lease_register(r->role, r);
     if (r->role->store)
         store_fetch(w, r);
     pthread_mutex_lock(&r->mu);
@@ -1008,10 +1049,43 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     }
     free(buf);
 done:
+    lease_unregister(r->role, r);
     pthread_mutex_lock(&r->mu);
     r->call = NULL;
     pthread_mutex_unlock(&r->mu);
     preq_put(r);
+}
+
+/* ---- Extend: the router renewed these reservations; their landings' leases run on ---- */
+static void h_extend(void *ctx, td_rpc_call_t *call)
+{
+    eng_worker_t *w = ctx;
+    prefill_role_t *R = eng_worker_role_ctx(w);
+    Tandem__Internal__V1__ExtendLandingRequest *rq = (Tandem__Internal__V1__ExtendLandingRequest *)td_rpc_request_pb(
+        call, &tandem__internal__v1__extend_landing_request__descriptor);
+    if (!rq)
+        return;
+    double until = td_local_of_unix_ms(rq->until_unix_ms);
+    uint32_t n = 0;
+    pthread_mutex_lock(&R->lease_mu);
+    for (size_t i = 0; i < rq->n_reservation_ids; i++)
+        for (size_t k = 0; k < R->n_leased; k++) {
+            preq_t *r = R->leased[k];
+            if (r->rq->landing->reservation_id != rq->reservation_ids[i])
+                continue;
+            double cur;
+            __atomic_load(&r->lease_until, &cur, __ATOMIC_ACQUIRE);
+            if (until > cur)
+                __atomic_store(&r->lease_until, &until, __ATOMIC_RELEASE);
+            n++;
+            break;
+        }
+    pthread_mutex_unlock(&R->lease_mu);
+    tandem__internal__v1__extend_landing_request__free_unpacked(rq, NULL);
+    Tandem__Internal__V1__ExtendLandingResponse rp = TANDEM__INTERNAL__V1__EXTEND_LANDING_RESPONSE__INIT;
+    rp.has_extended = 1;
+    rp.extended = n;
+    td_rpc_reply_pb(call, &rp.base);
 }
 
 static void prefill_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__StatsResponse *r)
@@ -1038,6 +1112,7 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     R->w = w;
     pthread_mutex_init(&R->peers_mu, NULL);
     pthread_mutex_init(&R->stage_mu, NULL);
+    pthread_mutex_init(&R->lease_mu, NULL);
     R->peer_idle_s = eng_worker_config(w)->transport.peer_idle_s;
     pusher_t *p = &R->pusher;
     p->xo = eng_worker_transport(w, &p->x);
@@ -1049,9 +1124,10 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
     const td_rpc_tls_t *tls = eng_worker_tls(w);
     td_status_t rc = tls ? td_verifier_open(tls->ca_file, &R->verifier) : TD_OK;
     R->store = eng_worker_store(w);
-    static const char *const methods[] = {"/tandem.internal.v1.Prefill/Prefill", "/tandem.internal.v1.Prefill/Cancel"};
-    static const td_rpc_handler_fn fns[] = {h_prefill, h_cancel};
-    for (size_t i = 0; !rc && i < 2; i++)
+    static const char *const methods[] = {"/tandem.internal.v1.Prefill/Prefill", "/tandem.internal.v1.Prefill/Cancel",
+                                          "/tandem.internal.v1.Prefill/Extend"};
+    static const td_rpc_handler_fn fns[] = {h_prefill, h_cancel, h_extend};
+    for (size_t i = 0; !rc && i < 3; i++)
         if (!(rc = td_rpc_server_add(eng_worker_server(w), methods[i], fns[i], w)))
             rc = td_rpc_server_allow(eng_worker_server(w), methods[i], "router");
     return rc;
@@ -1093,6 +1169,9 @@ static void prefill_detach(eng_worker_t *w, void *ctx)
         eng_engine_host_free(eng_worker_engine(w), R->kept[i].p);
     R->n_kept = 0;
     pthread_mutex_destroy(&R->stage_mu);
+    free(R->leased);
+    R->leased = NULL;
+    pthread_mutex_destroy(&R->lease_mu);
 }
 
 int main(int argc, char **argv)

@@ -27,6 +27,7 @@ typedef struct fsrc {
     double last_ok;
     uint64_t snapshots, gaps, dropped;
     bool failing;
+    double retry_at; /* while failing: the next poll (once a second, not every period) */
 } fsrc_t;
 
 struct rt_follow {
@@ -259,6 +260,7 @@ static void poll_source(rt_follow_t *f, fsrc_t *s, double now)
                 TD_WARN("router: the cache index cannot follow %s (%s: %s); its blocks are kept until it leaves",
                         s->id, td_rpc_code_name(res.code), res.message);
             s->failing = true;
+            s->retry_at = now + 1.0;
             return;
         }
         s->failing = false;
@@ -320,7 +322,7 @@ static void *follow_thread(void *arg)
         double now = td_now_s();
         refresh(f, now);
         for (int i = 0; i < RT_IX_SOURCES && !stopping(f); i++)
-            if (f->src[i].key[0])
+            if (f->src[i].key[0] && (!f->src[i].failing || now >= f->src[i].retry_at))
                 poll_source(f, &f->src[i], now);
         pthread_mutex_lock(&f->mu);
         struct timespec ts = td_wall_deadline(RT_FOLLOW_PERIOD_S);

@@ -17,7 +17,10 @@
  * request served whole takes a colocated decode worker only. */
 static bool usable(const rt_worker_t *w, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
+    /* a worker whose connection fails (dead, its record not yet expired) is not placed on: a reservation made
+     * for it would only be fenced */
     return w->role == role && !w->refused && !w->gone && w->suspect_until <= now && !td_rpc_channel_peer_refused(w->ch) &&
+           !td_rpc_channel_down(w->ch) &&
            !(c && c->whole && role == RT_DECODE && !w->colocated);
 }
 
@@ -405,6 +408,10 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
         free(w);
         return;
     } else {
+        /* a worker's address is its process's: one that cannot be reached is dead or going (its restart comes
+         * back under another id), so a call fails at once instead of waiting for it until its record's lease
+         * runs out, and the request is placed on another */
+        td_rpc_channel_set_fail_fast(w->ch, true);
         TD_INFO("router: %s worker %s joined at %s", role, w->id, w->addr);
     }
     pthread_mutex_lock(&t->mu);

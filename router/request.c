@@ -57,9 +57,9 @@ struct rt_request {
     char prefill_id[96], decode_id[96];
     uint64_t text_sent; /* bytes of text relayed to the client, all attempts */
     int internal_errors; /* attempts a worker ended with INTERNAL */
-    unsigned landing_expiries; /* attempts whose landing's land-by passed before the KV was put */
     bool validated, sent_any;
     bool answered;         /* the sink has its end already (the rest is clean-up) */
+    uint64_t landing_lease_until; /* unix ms: the first lease of the attempt's landing (then the renewer's) */
     const rt_key_t *key;   /* the caller's API key (NULL: keys are off) */
     uint32_t key_charged;  /* tokens charged to it at admission, settled at the end */
     /* the attempt under way */
@@ -85,8 +85,6 @@ static double cpu_s(void)
 
 static double left(const rt_request_t *q) { return q->deadline - td_now_s(); }
 
-/* A landing's lease beyond four predicted times to first token (request.c's reserve). */
-#define RT_LANDING_MARGIN_MS 5000.0
 
 static bool cancelled(rt_request_t *q)
 {
@@ -273,23 +271,18 @@ static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__Landin
     rq.n_tokens = (uint32_t)q->n_tokens;
     rq.max_tokens = q->max_tokens;
     rq.lease_ms = RT_RES_LEASE_MS; /* renewed while held (the router's renewer) */
-    /* the prefill may put until land-by: a short lease, not the client's deadline, so that blocks a landing
-     * leaves unclaimed (its request cancelled before the router learned of the reservation, or its prefill
-     * worker not answering the cancel) are fenced for seconds, not minutes — four times the predicted time to
-     * first token and 5 s, doubled at each landing that ran out (the prefill worker then answers
-     * DEADLINE_EXCEEDED and the request is tried again), capped by the deadline */
+    /* the prefill may put until its call's deadline (the decode side caps it); a landing's blocks are fenced
+     * only while the router renews the reservation (its lease), which the prefill worker's puts also stop at:
+     * the router forwards each renewal to it (rt_held: the landing lease) */
     double ms = ceil(left(q) * 1e3);
-    if (q->pred.valid) {
-        double lease = (4.0 * q->pred.ttft_ms + RT_LANDING_MARGIN_MS) * (double)(1u << (q->landing_expiries & 7));
-        if (lease < ms)
-            ms = ceil(lease);
-    }
     rq.has_landing_ms = 1;
     rq.landing_ms = ms < 1 ? 1 : ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
     uint8_t buf[512];
     size_t n = tandem__internal__v1__reserve_request__pack(&rq, buf);
     uint8_t *out;
     size_t on;
+    /* the landing's first lease: counted from before the decode worker starts its own */
+    q->landing_lease_until = td_unix_ms() + RT_RES_LEASE_MS;
     td_status_t rc = td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Reserve", buf, n, fmin(left(q), 5.0), q->scope,
                                   &out, &on, res);
     if (rc)
@@ -707,7 +700,7 @@ static int attempt(rt_request_t *q)
         return 0;
     }
     uint64_t res_id = land->reservation_id;
-    if (!rt_held_add(r, d, res_id)) {
+    if (!rt_held_add(r, d, res_id, p)) {
         release(d, res_id, true);
         tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
         rt_table_done(&r->table, d, NULL, 0);
@@ -730,6 +723,8 @@ static int attempt(rt_request_t *q)
     prq.priority = q->rq->priority;
     prq.has_sampled_before = 1;
     prq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt); /* streamed before a resume */
+    prq.has_landing_lease_until_unix_ms = 1;
+    prq.landing_lease_until_unix_ms = q->landing_lease_until;
     size_t pn = tandem__internal__v1__prefill_request__get_packed_size(&prq);
     uint8_t *pbuf = malloc(pn);
     if (pbuf)
@@ -776,7 +771,8 @@ static int attempt(rt_request_t *q)
             return 1;
         }
         if (res.code == TD_RPC_DEADLINE_EXCEEDED) /* the landing's lease ran out, not the client's deadline */
-            q->landing_expiries++;
+            TD_WARN("router: the landing lease of reservation %llu on %s ran out before its KV was put",
+                    (unsigned long long)res_id, q->did);
         TD_WARN("router: prefill on %s failed (%s: %s); trying again", pid, td_rpc_code_name(res.code), res.message);
         return 0;
     }

@@ -227,12 +227,12 @@ void rt_slo_window(router_t *r, double since, double ttft_slo_ms, double tpot_sl
 /* ---------------------------------------------------------------- reservations */
 
 /* Starts renewing reservation id on d; false when the table is full. */
-bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id)
+bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id, rt_worker_t *p)
 {
     pthread_mutex_lock(&r->held_mu);
     bool ok = r->n_held < RT_MAX_HELD;
     if (ok)
-        r->held[r->n_held++] = (rt_held_t){d, id};
+        r->held[r->n_held++] = (rt_held_t){d, id, p};
     pthread_mutex_unlock(&r->held_mu);
     return ok;
 }
@@ -248,15 +248,61 @@ void rt_held_remove(router_t *r, rt_worker_t *d, uint64_t id)
     pthread_mutex_unlock(&r->held_mu);
 }
 
+/* The landing leases of the reservations renewed until `until` (those the
+ * decode worker did not call unknown), one Extend per prefill worker. */
+static void extend_landings(router_t *r, const rt_held_t *snap, const bool *renewed, size_t n, uint64_t until)
+{
+    static rt_worker_t *ps[RT_MAX_HELD];
+    static td_rpc_unary_call_t calls[RT_MAX_HELD];
+    static uint64_t ids[RT_MAX_HELD];
+    size_t np = 0, at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!snap[i].p || !renewed[i])
+            continue;
+        bool seen = false;
+        for (size_t k = 0; k < np && !seen; k++)
+            seen = ps[k] == snap[i].p;
+        if (!seen)
+            ps[np++] = snap[i].p;
+    }
+    for (size_t k = 0; k < np; k++) {
+        Tandem__Internal__V1__ExtendLandingRequest rq = TANDEM__INTERNAL__V1__EXTEND_LANDING_REQUEST__INIT;
+        rq.reservation_ids = ids + at;
+        for (size_t i = 0; i < n; i++)
+            if (snap[i].p == ps[k] && renewed[i])
+                ids[at + rq.n_reservation_ids++] = snap[i].id;
+        at += rq.n_reservation_ids;
+        rq.has_until_unix_ms = 1;
+        rq.until_unix_ms = until;
+        size_t len = tandem__internal__v1__extend_landing_request__get_packed_size(&rq);
+        uint8_t *buf = malloc(len ? len : 1);
+        if (buf)
+            tandem__internal__v1__extend_landing_request__pack(&rq, buf);
+        calls[k] = (td_rpc_unary_call_t){.ch = buf ? ps[k]->ch : NULL, .method = "/tandem.internal.v1.Prefill/Extend",
+                                         .req = buf, .req_len = len};
+    }
+    td_rpc_unary_all(calls, np, 0.5);
+    for (size_t k = 0; k < np; k++) {
+        if (calls[k].ch && calls[k].rc)
+            TD_DEBUG("router: extending landings on %s: %s", ps[k]->id, calls[k].res.message);
+        free((void *)calls[k].req);
+        free(calls[k].resp);
+    }
+    (void)r;
+}
+
 /* Every RT_RES_RENEW_S: one Renew per decode worker for the reservations held
  * on it (each call bounded by 0.5 s, so one slow worker delays the others'
- * renewals by that much at most, well within the lease). */
+ * renewals by that much at most, well within the lease), then the landing
+ * leases of those renewed extended on their prefill workers to the lease the
+ * decode workers were asked for, counted from before the Renew was sent — so
+ * no put can come after the decode worker's fence on those blocks ends. */
 static void *renewer_thread(void *arg)
 {
     router_t *r = arg;
     static rt_held_t snap[RT_MAX_HELD];
     static uint64_t ids[RT_MAX_HELD];
-    static bool sent[RT_MAX_HELD];
+    static bool sent[RT_MAX_HELD], renewed[RT_MAX_HELD];
     pthread_mutex_lock(&r->held_mu);
     while (!r->renewer_stop) {
         struct timespec until = td_wall_deadline(RT_RES_RENEW_S);
@@ -265,11 +311,14 @@ static void *renewer_thread(void *arg)
             break;
         size_t n = r->n_held;
         memcpy(snap, r->held, n * sizeof *snap);
-        for (size_t i = 0; i < n; i++) { /* the holder may finish meanwhile: keep the record alive */
+        for (size_t i = 0; i < n; i++) { /* the holder may finish meanwhile: keep the records alive */
             rt_table_hold(&r->table, snap[i].d);
-            sent[i] = false;
+            if (snap[i].p)
+                rt_table_hold(&r->table, snap[i].p);
+            sent[i] = renewed[i] = false;
         }
         pthread_mutex_unlock(&r->held_mu);
+        uint64_t lease_until = td_unix_ms() + RT_RES_LEASE_MS; /* before any Renew is sent */
         for (size_t i = 0; i < n; i++) {
             if (sent[i])
                 continue;
@@ -291,14 +340,31 @@ static void *renewer_thread(void *arg)
             td_rpc_result_t res;
             if (buf) {
                 tandem__internal__v1__renew_request__pack(&rq, buf);
-                if (td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Renew", buf, pn, 0.5, NULL, &out, &on, &res))
+                if (td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Renew", buf, pn, 0.5, NULL, &out, &on, &res)) {
                     TD_DEBUG("router: renewing %zu reservations on %s: %s", k, d->id, res.message);
+                } else {
+                    Tandem__Internal__V1__RenewResponse *rp = tandem__internal__v1__renew_response__unpack(NULL, on,
+                                                                                                           out);
+                    for (size_t j = i; rp && j < n; j++) {
+                        if (snap[j].d != d)
+                            continue;
+                        renewed[j] = true;
+                        for (size_t u = 0; u < rp->n_unknown_ids; u++)
+                            renewed[j] &= rp->unknown_ids[u] != snap[j].id;
+                    }
+                    if (rp)
+                        tandem__internal__v1__renew_response__free_unpacked(rp, NULL);
+                }
             }
             free(buf);
             free(out);
         }
-        for (size_t i = 0; i < n; i++)
+        extend_landings(r, snap, renewed, n, lease_until);
+        for (size_t i = 0; i < n; i++) {
             rt_table_unhold(&r->table, snap[i].d);
+            if (snap[i].p)
+                rt_table_unhold(&r->table, snap[i].p);
+        }
         pthread_mutex_lock(&r->held_mu);
     }
     pthread_mutex_unlock(&r->held_mu);

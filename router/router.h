@@ -54,6 +54,7 @@ typedef struct rt_slo_window {
 typedef struct rt_held {
     rt_worker_t *d;
     uint64_t id;
+    rt_worker_t *p; /* the prefill worker its landing is lent to (NULL: none yet): each renewal extends its lease */
 } rt_held_t;
 
 typedef struct router {
@@ -100,7 +101,7 @@ typedef struct router {
 td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1__ChatInput *chat, bool parse_special,
                               bool add_bos, int32_t **ids, size_t *n, char *err, size_t errcap);
 /* Starts renewing reservation id on d; false when the table is full. */
-bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id);
+bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id, rt_worker_t *p);
 void rt_held_remove(router_t *r, rt_worker_t *d, uint64_t id);
 /* A request ended (ok: it finished), for rt_slo_window. */
 void rt_record_done(router_t *r, double ttft_ms, double tpot_ms, bool ok);
