@@ -353,8 +353,8 @@ bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *re
     json_error_t je;
     json_t *b = json_loadb(body, n, JSON_ALLOW_NUL, &je);
     if (!json_is_object(b)) {
-        json_decref(b);
         rt_oai_body_error(b, &je, e->msg, sizeof e->msg);
+        json_decref(b);
         e->param[0] = 0;
         return false;
     }

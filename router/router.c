@@ -250,7 +250,7 @@ void rt_held_remove(router_t *r, rt_worker_t *d, uint64_t id)
 
 /* The landing leases of the reservations renewed until `until` (those the
  * decode worker did not call unknown), one Extend per prefill worker. */
-static void extend_landings(router_t *r, const rt_held_t *snap, const bool *renewed, size_t n, uint64_t until)
+static void extend_landings(const rt_held_t *snap, const bool *renewed, size_t n, uint64_t until)
 {
     static rt_worker_t *ps[RT_MAX_HELD];
     static td_rpc_unary_call_t calls[RT_MAX_HELD];
@@ -288,7 +288,6 @@ static void extend_landings(router_t *r, const rt_held_t *snap, const bool *rene
         free((void *)calls[k].req);
         free(calls[k].resp);
     }
-    (void)r;
 }
 
 /* Every RT_RES_RENEW_S: one Renew per decode worker for the reservations held
@@ -359,7 +358,7 @@ static void *renewer_thread(void *arg)
             free(buf);
             free(out);
         }
-        extend_landings(r, snap, renewed, n, lease_until);
+        extend_landings(snap, renewed, n, lease_until);
         for (size_t i = 0; i < n; i++) {
             rt_table_unhold(&r->table, snap[i].d);
             if (snap[i].p)
