@@ -45,7 +45,7 @@ run nosharing-unsalted --salt none "${syn[@]}"
   echo "Command: \`bench/sweep_salt.sh\` (RATES=$rates N=$n). Each run its own \`tandem up\` with a kvstore node."
   echo
   echo "| run | $(echo "$rates" | sed 's/,/ | /g') req/s |"
-  echo "|---$(echo "$rates" | sed 's/[^,]*/|---/g')|"
+  echo "|---$(echo "$rates" | tr ',' '\n' | sed 's/.*/|---/' | tr -d '\n')|"
   for name in trace-salted trace-unsalted nosharing-salted nosharing-unsalted; do
     row=$(sed -n 's/^rate \([0-9.]*\): \([0-9.]*\)% of prompt tokens were served from the KV cache/\2%/p' "$out/$name.txt" |
           paste -sd'|' | sed 's/|/ | /g')
