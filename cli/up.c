@@ -891,10 +891,7 @@ int cli_up(int argc, char **argv)
             td_rpc_channel_destroy(probe);
             td_rpc_shutdown();
             td_config_free(&cfg);
-            char rm[PATH_MAX + 16];
-            snprintf(rm, sizeof rm, "rm -rf '%s'", base);
-            if (system(rm)) {
-            }
+            up_run_dir_remove(base);
             return 1;
         }
     }
@@ -1004,10 +1001,7 @@ int cli_up(int argc, char **argv)
             usleep(20 * 1000);
         }
     }
-    char rm[PATH_MAX];
-    snprintf(rm, sizeof rm, "rm -rf '%s'", base);
-    if (system(rm)) {
-    }
+    up_run_dir_remove(base);
     for (int i = 0; i < nk; i++)
         child_clear(&kids[i]);
     td_config_free(&cfg);

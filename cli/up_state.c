@@ -22,7 +22,7 @@
 #define RUN_PREFIX "tandem-up-"
 #define LOCK_NAME ".lock"
 
-static void rm_tree(const char *dir)
+void up_run_dir_remove(const char *dir)
 {
     char cmd[PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -49,7 +49,7 @@ td_status_t up_run_dir(char *base, size_t n, int *removed)
         if (fd < 0)
             continue; /* not one of ours, or still being made */
         if (!flock(fd, LOCK_EX | LOCK_NB)) { /* its tandem up is gone: nobody holds the lock */
-            rm_tree(dir);
+            up_run_dir_remove(dir);
             ++*removed;
         }
         close(fd);

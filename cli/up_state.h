@@ -17,6 +17,9 @@
  * Returns how many stale folders were removed in *removed. */
 td_status_t up_run_dir(char *base, size_t n, int *removed);
 
+/* Removes a run folder (at the end of a run, or a start that failed). */
+void up_run_dir_remove(const char *base);
+
 /* base/client: ca.pem, client.pem and client.key copied from certdir —
  * what etcdctl or grpcurl need, without the CA's key or another role's. */
 td_status_t up_client_dir(const char *base, const char *certdir, char *out, size_t n);

@@ -761,7 +761,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->refs = 1;
         pthread_mutex_init(&x->mu, NULL);
         *con_cls = x;
-        rt_heads_done(h->heads, c);
+        rt_heads_waiting(h->heads, c, false);
         char why[400];
         if (!td_https_client_ok(h->https, c, why, sizeof why))
             return respond_error(c, 403, NULL, "%s", why);
@@ -825,7 +825,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 {
     (void)toe;
     hreq_t *x = *con_cls;
-    rt_heads_waiting(((rt_http_t *)cls)->heads, c); /* the next head is awaited from now */
+    rt_heads_waiting(((rt_http_t *)cls)->heads, c, true); /* the next head is awaited from now */
     if (!x)
         return;
     *con_cls = NULL;

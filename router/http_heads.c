@@ -139,24 +139,15 @@ static head_t *head_of(struct MHD_Connection *c)
     return i ? i->socket_context : NULL;
 }
 
-void rt_heads_done(rt_heads_t *g, struct MHD_Connection *c)
+void rt_heads_waiting(rt_heads_t *g, struct MHD_Connection *c, bool waiting)
 {
     head_t *h = head_of(c);
     if (!h)
         return;
     pthread_mutex_lock(&g->mu);
-    h->waiting = false;
-    pthread_mutex_unlock(&g->mu);
-}
-
-void rt_heads_waiting(rt_heads_t *g, struct MHD_Connection *c)
-{
-    head_t *h = head_of(c);
-    if (!h)
-        return;
-    pthread_mutex_lock(&g->mu);
-    h->waiting = true;
-    h->since = td_now_s();
+    h->waiting = waiting;
+    if (waiting)
+        h->since = td_now_s();
     pthread_mutex_unlock(&g->mu);
 }
 

@@ -15,6 +15,7 @@
 #define RT_HTTP_HEADS_H
 
 #include <microhttpd.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #define RT_HEAD_TIMEOUT_S 10.0
@@ -29,9 +30,9 @@ void rt_heads_destroy(rt_heads_t *g);
 /* A connection opened (MHD_CONNECTION_NOTIFY_STARTED), and closed. */
 void rt_heads_started(rt_heads_t *g, struct MHD_Connection *c, void **socket_ctx);
 void rt_heads_closed(rt_heads_t *g, void **socket_ctx);
-/* Its request head is complete; its request is over (it waits for the next). */
-void rt_heads_done(rt_heads_t *g, struct MHD_Connection *c);
-void rt_heads_waiting(rt_heads_t *g, struct MHD_Connection *c);
+/* Its request head is complete (waiting false), or its request is over and
+ * it waits for the next head from now (waiting true). */
+void rt_heads_waiting(rt_heads_t *g, struct MHD_Connection *c, bool waiting);
 /* Closes the connections past their head deadline; how many. */
 unsigned rt_heads_sweep(rt_heads_t *g);
 /* Connections closed for a late head, and for their client's limit, so far. */

@@ -504,7 +504,7 @@ double rt_suspect_for(int code)
     case TD_RPC_NOT_FOUND:
     case TD_RPC_PERMISSION_DENIED:
     case TD_RPC_UNAUTHENTICATED:
-    case 11: /* OUT_OF_RANGE */
+    case TD_RPC_OUT_OF_RANGE:
         return 0;
     case TD_RPC_RESOURCE_EXHAUSTED: return 0.1;
     case TD_RPC_FAILED_PRECONDITION: return 60;

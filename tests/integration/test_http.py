@@ -39,6 +39,31 @@ def raw(host, port, method, path, body=None, headers=None):
     return r.status, dict(r.getheaders()), data
 
 
+def slowloris(host, port, n):
+    """n connections that sent half a request head, and a thread dribbling a header line into each every 0.5 s
+    until the returned event is set (join the returned thread after)."""
+    crowd, stop = [], threading.Event()
+    for _ in range(n):
+        try:
+            x = socket.create_connection((host, port), timeout=30)
+            x.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            crowd.append(x)
+        except OSError:
+            pass
+
+    def dribble():
+        while not stop.is_set():
+            for x in crowd:
+                try:
+                    x.sendall(b"X-a: b\r\n")
+                except OSError:
+                    pass
+            stop.wait(0.5)
+    th = threading.Thread(target=dribble)
+    th.start()
+    return crowd, stop, th
+
+
 def abuse(c, cl, model, host, port, prompt):
     """A 100 MB body and a slowloris crowd; the router's RSS and the KV back to idle after."""
     rp = tc.router_pid(c)
@@ -65,23 +90,7 @@ def abuse(c, cl, model, host, port, prompt):
           head.startswith(b"HTTP/1.1 413") and sent < (100 << 20))
 
     # slowloris: 200 connections sending their headers a few bytes at a time, while 8 requests are served
-    stop = threading.Event()
-    socks = []
-    for _ in range(200):
-        x = socket.create_connection((host, port), timeout=30)
-        x.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-        socks.append(x)
-
-    def dribble():
-        while not stop.is_set():
-            for x in socks:
-                try:
-                    x.sendall(b"X-a: b\r\n")
-                except OSError:
-                    pass
-            stop.wait(0.5)
-    th = threading.Thread(target=dribble)
-    th.start()
+    socks, stop, th = slowloris(host, port, 200)
     lat = []
     try:
         for _ in range(8):
@@ -177,25 +186,7 @@ def api_keys():
         # slowloris at the connection limit (router.max_streams 1: at most 1,026 open): 1,030 connections that
         # send half a request head and dribble a header line every 0.5 s; a legitimate request beside them gets
         # its answer or a 503, at once — their heads are late, and one client may hold only so many unfinished
-        crowd, stop = [], threading.Event()
-        for _ in range(1030):
-            try:
-                x = socket.create_connection((host, int(port)), timeout=10)
-                x.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-                crowd.append(x)
-            except OSError:
-                pass
-
-        def dribble():
-            while not stop.is_set():
-                for x in crowd:
-                    try:
-                        x.sendall(b"X-a: b\r\n")
-                    except OSError:
-                        pass
-                stop.wait(0.5)
-        th = threading.Thread(target=dribble)
-        th.start()
+        crowd, stop, th = slowloris(host, int(port), 1030)
         answers = []
         try:
             for _ in range(3):
