@@ -281,7 +281,7 @@ static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > 
 
 /* Learns from what a request measured: the prefill worker's model (from a
  * call that found it idle: its time less the store fetch), the router's
- * overhead (TTFT less the prefill call), the decode worker's
+ * overhead (the attempt's TTFT less its prefill call), the decode worker's
  * correction (measured over predicted time between tokens), and records the
  * TTFT prediction's error. */
 static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm)
@@ -291,14 +291,14 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
         return;
     if (prefill && pr->alone && tm->prefill_ms > pr->fetch_ms + 0.5)
         prefill_refit(t, prefill, pr->new_tokens, pr->pool_tokens + pr->store_tokens, tm->prefill_ms - pr->fetch_ms);
-    if (tm->ttft_ms > tm->prefill_ms)
-        overhead_refit(t, tm->prompt_tokens, tm->ttft_ms - tm->prefill_ms);
+    if (tm->attempt_ttft_ms > tm->prefill_ms)
+        overhead_refit(t, tm->prompt_tokens, tm->attempt_ttft_ms - tm->prefill_ms);
     if (decode && tm->output_tokens > 2 && pr->step_raw_ms > 0 && tm->tpot_ms > 0) {
         double k = clampd(tm->tpot_ms / pr->step_raw_ms, 0.2, 5);
         decode->k_step = decode->k_step > 0 ? exp(0.8 * log(decode->k_step) + 0.2 * log(k)) : k;
     }
-    if (tm->ttft_ms > 0)
-        t->err[t->n_err++ % RT_ERR_RING] = (float)(fabs(pr->ttft_ms - tm->ttft_ms) / tm->ttft_ms);
+    if (tm->attempt_ttft_ms > 0)
+        t->err[t->n_err++ % RT_ERR_RING] = (float)(fabs(pr->ttft_ms - tm->attempt_ttft_ms) / tm->attempt_ttft_ms);
 }
 
 /* An exponentially weighted mean of each worker's measured TTFT and TPOT. */

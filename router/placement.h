@@ -127,6 +127,9 @@ typedef struct rt_table {
  * predictive placement of a later issue learns its TTFT model from these). */
 typedef struct rt_timings {
     double queue_ms, prefill_ms, ttft_ms, tpot_ms, e2e_ms;
+    /* the first token's time from the start of the attempt that sent it, which pred is for (0: none did; an
+     * earlier attempt sent it, or the request ended first): a retried request's TTFT holds its failed attempts */
+    double attempt_ttft_ms;
     uint32_t prompt_tokens, cached_tokens, output_tokens;
     bool ok;
     rt_prediction_t pred; /* what placement predicted for it */

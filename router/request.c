@@ -65,7 +65,7 @@ struct rt_request {
     /* the attempt under way */
     rt_worker_t *p, *d;
     char did[96];
-    double prefill_ms;
+    double t_attempt, prefill_ms; /* when it began; its prefill call */
     td_rpc_stream_t *st;
     bool finished;    /* the message with the finish reason was relayed */
     bool sink_failed; /* the client could not be written to */
@@ -492,7 +492,8 @@ static int after_stream(rt_request_t *q)
     rt_timings_t tm = {.prefill_ms = q->prefill_ms, .ttft_ms = ((q->t_first ? q->t_first : now) - q->t0) * 1e3,
                        .e2e_ms = (now - q->t0) * 1e3, .prompt_tokens = (uint32_t)q->n_prompt,
                        .cached_tokens = q->cached, .output_tokens = (uint32_t)(q->n_tokens - q->n_prompt),
-                       .ok = q->finished, .pred = q->pred};
+                       .ok = q->finished, .pred = q->pred,
+                       .attempt_ttft_ms = q->t_first >= q->t_attempt ? (q->t_first - q->t_attempt) * 1e3 : 0};
     tm.tpot_ms = tm.output_tokens > 1 ? (q->t_last - q->t_first) * 1e3 / (tm.output_tokens - 1) : 0;
     if (tm.ok && q->pred.valid)
         TD_DEBUG("router: %s on %s: predicted TTFT %.1f ms (queue %.1f, fetch %.1f, prefill %.1f, overhead %.1f; "
@@ -628,6 +629,7 @@ static int attempt(rt_request_t *q)
 {
     router_t *r = q->r;
     double t_a = td_now_s(), c_a = cpu_s();
+    q->t_attempt = t_a;
     rt_placement_t pl;
     rt_place_req_t prq_place;
     place_req(q, &prq_place);

@@ -346,6 +346,9 @@ Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeo
         rt_table_prefill_done(&t, pl.prefill, &pl.pred);
         rt_timings_t tm = {.prefill_ms = ms, .ttft_ms = ms + 3 + 0.01 * (double)n, .prompt_tokens = (uint32_t)n,
                            .output_tokens = 1, .ok = true, .pred = pl.pred};
+        tm.attempt_ttft_ms = tm.ttft_ms;
+        if (i % 4 == 3) /* a retried request: its TTFT holds a failed attempt's seconds, its attempt's none */
+            tm.ttft_ms += 5000, tm.attempt_ttft_ms = i % 8 == 3 ? 0 : tm.attempt_ttft_ms;
         rt_table_observe(&t, &rt_placement_predictive, pl.prefill, pl.decode, &tm);
         rt_table_done(&t, pl.prefill, NULL, 0);
         rt_table_done(&t, pl.decode, NULL, 0);
