@@ -120,5 +120,18 @@ td_status_t td_error(td_status_t status, const char *fmt, ...)
     return status;
 }
 
+td_status_t td_error_at(td_log_level_t level, td_status_t status, const char *fmt, ...)
+{
+    char msg[sizeof td_log_last];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    memcpy(td_log_last, msg, sizeof msg);
+    if (level < TD_LOG_OFF && level >= td_log_level)
+        td_log_write(level, td_log_last);
+    return status;
+}
+
 const char *td_last_error(void) { return td_log_last; }
 void td_clear_error(void) { td_log_last[0] = '\0'; }

@@ -40,6 +40,11 @@ void td_log(td_log_level_t level, const char *fmt, ...)
 /* Logs fmt at error level, stores it as the thread's last error, returns status. */
 td_status_t td_error(td_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* As td_error, logged at level instead (TD_LOG_OFF: only kept): for a
+ * layer whose caller decides how loud the failure is (a peer's refusal the
+ * caller retries elsewhere, a user's bad input at WARN). */
+td_status_t td_error_at(td_log_level_t level, td_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* The message of this thread's last td_error(), "" if none. */
 const char *td_last_error(void);
 void td_clear_error(void);

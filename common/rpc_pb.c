@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "common/log.h"
+#include "common/pb_wire.h"
 #include "common/rpc_pb.h"
 
 td_status_t td_rpc_unary_pb(td_rpc_channel_t *ch, const char *method, const ProtobufCMessage *msg,
@@ -14,20 +15,34 @@ td_status_t td_rpc_unary_pb(td_rpc_channel_t *ch, const char *method, const Prot
     size_t n = protobuf_c_message_get_packed_size(msg);
     uint8_t *buf = malloc(n ? n : 1);
     if (!buf)
-        return td_error(TD_ERR_NO_MEMORY, "%s: no memory", method);
+        return td_error_at(TD_LOG_DEBUG, TD_ERR_NO_MEMORY, "%s: no memory", method);
     protobuf_c_message_pack(msg, buf);
     uint8_t *resp = NULL;
     size_t rlen = 0;
     td_status_t rc = td_rpc_unary(ch, method, buf, n, timeout_s, scope, &resp, &rlen, res);
     free(buf);
     if (rc)
-        return td_error(rc, "%s at %s: %s %s", method, td_rpc_channel_target(ch), td_rpc_code_name(res->code),
-                        res->message);
+        return td_error_at(TD_LOG_DEBUG, rc, "%s at %s: %s %s", method, td_rpc_channel_target(ch),
+                           td_rpc_code_name(res->code), res->message);
     *reply = protobuf_c_message_unpack(desc, NULL, rlen, resp);
     free(resp);
     if (!*reply)
-        return td_error(TD_ERR_FORMAT, "%s at %s: the reply does not parse", method, td_rpc_channel_target(ch));
+        return td_error_at(TD_LOG_DEBUG, TD_ERR_FORMAT, "%s at %s: the reply does not parse", method,
+                           td_rpc_channel_target(ch));
     return TD_OK;
+}
+
+td_status_t td_rpc_stream_open_pb(td_rpc_channel_t *ch, const char *method, const ProtobufCMessage *msg,
+                                  double timeout_s, td_rpc_scope_t *scope, td_rpc_stream_t **out)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        return td_error_at(TD_LOG_DEBUG, TD_ERR_NO_MEMORY, "%s: no memory", method);
+    protobuf_c_message_pack(msg, buf);
+    td_status_t rc = td_rpc_stream_open(ch, method, buf, n, timeout_s, scope, out);
+    free(buf);
+    return rc;
 }
 
 ProtobufCMessage *td_rpc_request_pb(td_rpc_call_t *call, const ProtobufCMessageDescriptor *desc)
@@ -35,9 +50,20 @@ ProtobufCMessage *td_rpc_request_pb(td_rpc_call_t *call, const ProtobufCMessageD
     size_t n;
     const uint8_t *p = td_rpc_call_payload(call, &n);
     ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, n, p);
-    if (!m)
+    if (!m) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s: the request does not parse as %s",
                            td_rpc_call_method(call), desc->name);
+        return NULL;
+    }
+    /* a NUL inside a string field would cut it short once unpacked: refused, naming the field */
+    char where[256];
+    size_t at;
+    if (td_pb_find_nul(desc, p, n, where, sizeof where, &at)) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT,
+                           "%s: a NUL character (U+0000) at byte %zu; tandem does not take text with NULs", where, at);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return NULL;
+    }
     return m;
 }
 

@@ -39,7 +39,8 @@
 #include "common/clock.h"
 #include "common/grow.h"
 #include "common/log.h"
-#include "engine/worker.h"
+#include "common/rpc_pb.h"
+#include "worker/worker.h"
 
 /* A reservation's lease is short; its holder renews it while the prompt is
  * prefilled (the router every second for 3 s), so a holder that dies pins
@@ -240,13 +241,10 @@ static void reserve_op_drop(void *arg)
 static void h_reserve(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__ReserveRequest *rq = tandem__internal__v1__reserve_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "ReserveRequest does not parse");
+    Tandem__Internal__V1__ReserveRequest *rq =
+        (Tandem__Internal__V1__ReserveRequest *)td_rpc_request_pb(call, &tandem__internal__v1__reserve_request__descriptor);
+    if (!rq)
         return;
-    }
     td_kv_layout_t ours = eng_worker_contract(w), peer;
     if (!rq->contract) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "contract: missing");
@@ -368,13 +366,10 @@ static void release_on_engine(eng_worker_t *w, void *arg)
 static void h_release(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__ReleaseRequest *rq = tandem__internal__v1__release_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "ReleaseRequest does not parse");
+    Tandem__Internal__V1__ReleaseRequest *rq =
+        (Tandem__Internal__V1__ReleaseRequest *)td_rpc_request_pb(call, &tandem__internal__v1__release_request__descriptor);
+    if (!rq)
         return;
-    }
     release_op_t *op = calloc(1, sizeof *op);
     if (op) {
         op->id = rq->reservation_id;
@@ -431,17 +426,16 @@ static void renew_op_drop(void *arg)
 static void h_renew(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
     renew_op_t *op = calloc(1, sizeof *op);
     if (!op) {
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
         return;
     }
-    op->rq = tandem__internal__v1__renew_request__unpack(NULL, n, p);
-    if (!op->rq || !op->rq->lease_ms) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
-                           op->rq ? "lease_ms: must be at least 1" : "RenewRequest does not parse");
+    op->rq = (Tandem__Internal__V1__RenewRequest *)td_rpc_request_pb(call, &tandem__internal__v1__renew_request__descriptor);
+    if (!op->rq)
+        goto out;
+    if (!op->rq->lease_ms) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "lease_ms: must be at least 1");
         goto out;
     }
     if (!(op->unknown = calloc(op->rq->n_reservation_ids + 1, sizeof *op->unknown))) {
@@ -455,15 +449,7 @@ static void h_renew(void *ctx, td_rpc_call_t *call)
     Tandem__Internal__V1__RenewResponse rp = TANDEM__INTERNAL__V1__RENEW_RESPONSE__INIT;
     rp.n_unknown_ids = op->n_unknown;
     rp.unknown_ids = op->unknown;
-    size_t pn = tandem__internal__v1__renew_response__get_packed_size(&rp);
-    uint8_t *buf = malloc(pn ? pn : 1);
-    if (buf) {
-        tandem__internal__v1__renew_response__pack(&rp, buf);
-        td_rpc_call_reply(call, buf, pn);
-    } else {
-        td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
-    }
-    free(buf);
+    td_rpc_reply_pb(call, &rp.base);
 out:
     renew_op_drop(op);
 }
@@ -844,8 +830,6 @@ static void decode_pump(void *ctx, bool ok)
 static void h_decode(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
     dreq_t *d = calloc(1, sizeof *d);
     if (!d) {
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
@@ -856,12 +840,12 @@ static void h_decode(void *ctx, td_rpc_call_t *call)
     d->call = call;
     d->deadline = td_now_s() + td_rpc_call_time_left(call);
     d->w = w;
-    d->rq = tandem__internal__v1__decode_request__unpack(NULL, n, p);
+    d->rq = (Tandem__Internal__V1__DecodeRequest *)td_rpc_request_pb(call, &tandem__internal__v1__decode_request__descriptor);
     bool colocated = eng_worker_config(w)->decode.colocated;
-    if (!d->rq || !d->rq->n_tokens || (d->rq->has_reservation_id && !d->rq->has_first_token)) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
-                           !d->rq ? "DecodeRequest does not parse" : !d->rq->n_tokens ? "tokens: empty"
-                                                                                     : "first_token: missing");
+    if (!d->rq)
+        goto done;
+    if (!d->rq->n_tokens || (d->rq->has_reservation_id && !d->rq->has_first_token)) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s", !d->rq->n_tokens ? "tokens: empty" : "first_token: missing");
         goto done;
     }
     if (!d->rq->has_reservation_id && (!colocated || d->rq->has_first_token)) {

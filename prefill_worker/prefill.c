@@ -35,7 +35,7 @@
 #include "common/grow.h"
 #include "common/log.h"
 #include "common/rpc_pb.h"
-#include "engine/worker.h"
+#include "worker/worker.h"
 #include "kvstore/client.h"
 
 typedef struct prefill_role prefill_role_t;
@@ -447,7 +447,7 @@ static void preq_finish(preq_t *r, td_status_t rc, const char *err, int32_t tok,
  * then named in the pool where the engine's prefix cache finds them
  * (engine thread, in add_on_engine). Any failure is a shorter prefix, so the
  * rest is computed. The blocks this pool computes go to the store
- * write-behind through the worker (eng_worker_store, engine/worker.h). */
+ * write-behind through the worker (eng_worker_store, worker/worker.h). */
 #define STORE_LOOKUP_S 1.0
 #define STORE_FETCH_S 3.0
 
@@ -775,14 +775,13 @@ static void pcancel_on_engine(eng_worker_t *w, void *arg)
 static void h_cancel(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__Internal__V1__CancelPrefillRequest *rq = tandem__internal__v1__cancel_prefill_request__unpack(NULL, n, p);
-    if (!rq || !rq->reservation_id) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s", rq ? "reservation_id: missing" :
-                           "CancelPrefillRequest does not parse");
-        if (rq)
-            tandem__internal__v1__cancel_prefill_request__free_unpacked(rq, NULL);
+    Tandem__Internal__V1__CancelPrefillRequest *rq = (Tandem__Internal__V1__CancelPrefillRequest *)td_rpc_request_pb(
+        call, &tandem__internal__v1__cancel_prefill_request__descriptor);
+    if (!rq)
+        return;
+    if (!rq->reservation_id) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "reservation_id: missing");
+        tandem__internal__v1__cancel_prefill_request__free_unpacked(rq, NULL);
         return;
     }
     pcancel_op_t *op = calloc(1, sizeof *op);
@@ -906,8 +905,6 @@ static const char *landing_grant(prefill_role_t *R, const Tandem__Internal__V1__
 static void h_prefill(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
     preq_t *r = calloc(1, sizeof *r);
     if (!r) {
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
@@ -917,11 +914,11 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     r->role = eng_worker_role_ctx(w);
     r->refs = 1;
     r->t0 = td_now_s();
-    r->rq = tandem__internal__v1__prefill_request__unpack(NULL, n, p);
+    r->rq = (Tandem__Internal__V1__PrefillRequest *)td_rpc_request_pb(call, &tandem__internal__v1__prefill_request__descriptor);
     const Tandem__Internal__V1__LandingDescriptor *ld = r->rq ? r->rq->landing : NULL;
     if (!r->rq || !r->rq->n_tokens || !ld) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s",
-                           !r->rq ? "PrefillRequest does not parse" : !r->rq->n_tokens ? "tokens: empty" : "landing: missing");
+        if (r->rq)
+            td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s", !r->rq->n_tokens ? "tokens: empty" : "landing: missing");
         preq_put(r);
         return;
     }

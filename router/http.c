@@ -51,7 +51,8 @@
 #define HTTP_TIMEOUT_S 600.0 /* a request's deadline (HTTP has none of its own) */
 
 struct rt_http {
-    router_t *r;
+    rt_requests_t *rs;
+    const rt_env_t *env;
     struct MHD_Daemon *d;
     long created; /* for /v1/models */
     td_https_t *https; /* the public API's TLS (router.tls_*), NULL: plain HTTP */
@@ -318,7 +319,7 @@ static bool chunk_head(hreq_t *x)
     char head[400];
     snprintf(head, sizeof head, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"", x->id,
              x->kind == RT_OAI_CHAT ? "chat.completion.chunk" : "text_completion", (long)time(NULL));
-    return out_str(x, head) && out_json_str(x, x->h->r->model->desc.name) && out_str(x, "\"");
+    return out_str(x, head) && out_json_str(x, x->h->env->input->model->desc.name) && out_str(x, "\"");
 }
 
 /* A chunk that carries text (and the role, first) and/or the finish reason. */
@@ -507,7 +508,7 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
             snprintf(head, sizeof head, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"", x->id,
                      x->kind == RT_OAI_CHAT ? "chat.completion" : "text_completion", (long)time(NULL));
             out_str(x, head);
-            out_json_str(x, x->h->r->model->desc.name);
+            out_json_str(x, x->h->env->input->model->desc.name);
             out_str(x, x->kind == RT_OAI_CHAT ? "\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\""
                                             : "\",\"choices\":[{\"index\":0,\"text\":\"");
             out_json_str(x, x->text ? x->text : "");
@@ -561,7 +562,7 @@ static enum MHD_Result authorize(struct hreq *x, bool *refused);
 
 static enum MHD_Result start_generation(hreq_t *x)
 {
-    router_t *r = x->h->r;
+    const rt_env_t *env = x->h->env;
     json_error_t je;
     json_t *b = json_loadb(x->body ? x->body : "", x->n_body, JSON_ALLOW_NUL, &je);
     if (!json_is_object(b)) {
@@ -582,10 +583,10 @@ static enum MHD_Result start_generation(hreq_t *x)
         tandem__v1__generate_request__free_unpacked(rq, NULL);
         return respond_error(x->conn, 400, e.param[0] ? e.param : NULL, "%s", e.msg);
     }
-    rt_request_t *q = rt_request_create(r, rq, HTTP_TIMEOUT_S, &http_sink, x);
+    rt_request_t *q = rt_request_create(x->h->rs, rq, HTTP_TIMEOUT_S, &http_sink, x);
     if (!q)
         return respond_error(x->conn, 429, NULL, "the router holds %u requests at once, its most; try again later",
-                             r->cfg.router.max_streams);
+                             env->max_streams);
     pthread_mutex_lock(&x->h->mu);
     x->next = x->h->active;
     if (x->next)
@@ -647,7 +648,7 @@ static enum MHD_Result answer(hreq_t *x)
 
 static enum MHD_Result models(rt_http_t *h, struct MHD_Connection *c)
 {
-    const eng_model_desc_t *d = &h->r->model->desc;
+    const eng_model_desc_t *d = &h->env->input->model->desc;
     return respond_json(c, 200,
                         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data", "id", d->name,
                                   "object", "model", "created", (json_int_t)h->created, "owned_by", "tandem",
@@ -657,8 +658,8 @@ static enum MHD_Result models(rt_http_t *h, struct MHD_Connection *c)
 static enum MHD_Result health(rt_http_t *h, struct MHD_Connection *c)
 {
     uint32_t np, nd;
-    rt_table_counts(&h->r->table, &np, &nd);
-    bool ok = rt_table_serving(&h->r->table);
+    rt_table_counts(h->env->table, &np, &nd);
+    bool ok = rt_table_serving(h->env->table);
     return respond_json(c, ok ? 200 : 503,
                         json_pack("{s:s, s:i, s:i}", "status", ok ? "serving" : "not serving (no prefill or decode "
                                   "worker)", "prefill_workers", (int)np, "decode_workers", (int)nd));
@@ -666,7 +667,7 @@ static enum MHD_Result health(rt_http_t *h, struct MHD_Connection *c)
 
 static enum MHD_Result tokenize(hreq_t *x)
 {
-    router_t *r = x->h->r;
+    const rt_env_t *env = x->h->env;
     json_error_t je;
     json_t *b = json_loadb(x->body ? x->body : "", x->n_body, 0, &je);
     if (!json_is_object(b)) {
@@ -682,7 +683,7 @@ static enum MHD_Result tokenize(hreq_t *x)
     size_t n = 0;
     td_status_t rc;
     if (json_is_string(p)) {
-        rc = rt_tokenize_input(r, json_string_value(p), NULL, false, !spec || json_is_true(spec), &ids, &n, err,
+        rc = rt_tokenize_input(env->input, json_string_value(p), NULL, false, !spec || json_is_true(spec), &ids, &n, err,
                                sizeof err);
     } else if (json_is_array(msgs)) {
         Tandem__V1__GenerateRequest *rq = NULL;
@@ -691,7 +692,7 @@ static enum MHD_Result tokenize(hreq_t *x)
         json_t *only = json_pack("{s:O}", "messages", msgs);
         bool ok = rt_oai_parse_json(RT_OAI_CHAT, only, "tokenize", &rq, &stream, &usage, &e);
         json_decref(only);
-        rc = ok ? rt_tokenize_input(r, NULL, rq->chat, false, true, &ids, &n, err, sizeof err) : TD_ERR_INVALID_ARG;
+        rc = ok ? rt_tokenize_input(env->input, NULL, rq->chat, false, true, &ids, &n, err, sizeof err) : TD_ERR_INVALID_ARG;
         if (!ok)
             snprintf(err, sizeof err, "%s", e.msg);
         tandem__v1__generate_request__free_unpacked(rq, NULL);
@@ -709,12 +710,12 @@ static enum MHD_Result tokenize(hreq_t *x)
         json_array_append_new(arr, json_integer(ids[i]));
     free(ids);
     return respond_json(x->conn, 200, json_pack("{s:I, s:i, s:o}", "count", (json_int_t)n, "max_model_len",
-                                                (int)r->model->desc.context, "tokens", arr));
+                                                (int)env->input->model->desc.context, "tokens", arr));
 }
 
 static enum MHD_Result detokenize(hreq_t *x)
 {
-    router_t *r = x->h->r;
+    const rt_env_t *env = x->h->env;
     json_t *b = json_loadb(x->body ? x->body : "", x->n_body, 0, NULL);
     json_t *t = json_object_get(b, "tokens");
     if (!json_is_array(t)) {
@@ -725,18 +726,18 @@ static enum MHD_Result detokenize(hreq_t *x)
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     for (size_t i = 0; ids && i < n; i++) {
         json_t *v = json_array_get(t, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= r->model->desc.vocab) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= env->input->model->desc.vocab) {
             free(ids);
             json_decref(b);
             return respond_error(x->conn, 400, "tokens", "tokens[%zu]: not a token id of this model (0 to %u)", i,
-                                 r->model->desc.vocab - 1);
+                                 env->input->model->desc.vocab - 1);
         }
         ids[i] = (int32_t)json_integer_value(v);
     }
     json_decref(b);
     char *text = NULL;
     size_t len = 0;
-    if (!ids || eng_tokenizer_decode(r->model->tok, ids, n, false, &text, &len)) {
+    if (!ids || eng_tokenizer_decode(env->input->model->tok, ids, n, false, &text, &len)) {
         free(ids);
         return respond_error(x->conn, 500, NULL, "cannot decode the tokens");
     }
@@ -851,7 +852,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
  * (401, 429) is queued. */
 static enum MHD_Result authorize(hreq_t *x, bool *refused)
 {
-    rt_keys_t *ks = x->h->r->api_keys;
+    rt_keys_t *ks = x->h->env->api_keys;
     *refused = false;
     if (!ks)
         return MHD_YES;
@@ -868,7 +869,7 @@ static enum MHD_Result authorize(hreq_t *x, bool *refused)
 
 /* ---------------------------------------------------------------- start, stop */
 
-td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *tls, rt_http_t **out, int *port)
+td_status_t rt_http_start(rt_requests_t *rs, const char *listen, const td_rpc_tls_t *tls, rt_http_t **out, int *port)
 {
     struct sockaddr_in sa;
     td_status_t lrc = td_listen_addr(listen, "router.http_listen", &sa);
@@ -878,7 +879,8 @@ td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *t
     if (!h) {
         return td_error(TD_ERR_NO_MEMORY, "http: no memory");
     }
-    h->r = r;
+    h->rs = rs;
+    h->env = rt_requests_env(rs);
     h->created = (long)time(NULL);
     td_status_t rc = td_https_load(tls, "router.http_listen", &h->https);
     if (rc) {
@@ -886,7 +888,7 @@ td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *t
         return rc;
     }
     pthread_mutex_init(&h->mu, NULL);
-    h->max_open = (int)(2 * r->cfg.router.max_streams + 1024);
+    h->max_open = (int)(2 * h->env->max_streams + 1024);
     h->heads = rt_heads_create((unsigned)h->max_open / 2);
     if (!h->heads) {
         pthread_mutex_destroy(&h->mu);

@@ -11,7 +11,8 @@
 #ifndef RT_HTTP_H
 #define RT_HTTP_H
 
-#include "router/router.h"
+#include "common/rpc.h"
+#include "router/request.h"
 
 typedef struct rt_http rt_http_t;
 
@@ -19,7 +20,7 @@ typedef struct rt_http rt_http_t;
  * with tls's pair when it has one (the public API's router.tls_*; with its
  * CA, client certificates it signed only, 403 otherwise), plain HTTP when
  * tls is NULL. */
-td_status_t rt_http_start(router_t *r, const char *listen, const td_rpc_tls_t *tls, rt_http_t **out, int *port);
+td_status_t rt_http_start(rt_requests_t *rs, const char *listen, const td_rpc_tls_t *tls, rt_http_t **out, int *port);
 /* Stops accepting, ends what is open (its requests cancelled) and frees. */
 void rt_http_stop(rt_http_t *h);
 

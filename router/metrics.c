@@ -11,7 +11,6 @@
 #include "common/rpc.h"
 #include "router/follow.h"
 #include "router/planner.h"
-#include "router/router.h"
 
 static const double error_ratio[] = {0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 10.0};
 
@@ -33,17 +32,12 @@ static void set(td_metrics_t *m, td_metric_kind_t kind, const char *name, const 
 /* Before each scrape: the router's own state into the series. */
 static void collect(void *ctx, td_metrics_t *m)
 {
-    router_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    uint32_t active = r->n_active;
-    pthread_mutex_unlock(&r->mu);
-    set(m, TD_GAUGE, "tandem:num_requests_running", "Requests the router is serving (admitted, not ended).", NULL,
-        NULL, active);
+    const rt_metrics_src_t *r = ctx;
     uint32_t np, nd;
-    rt_table_counts(&r->table, &np, &nd);
+    rt_table_counts(r->table, &np, &nd);
     set(m, TD_GAUGE, "tandem:workers", "Workers in the router's membership, by role.", "worker_role", "prefill", np);
     set(m, TD_GAUGE, "tandem:workers", "Workers in the router's membership, by role.", "worker_role", "decode", nd);
-    json_t *pl = rt_table_metrics(&r->table, r->place);
+    json_t *pl = rt_table_metrics(r->table, r->place);
     json_t *placed = json_object_get(pl, "placed"), *rej = json_object_get(pl, "rejected");
     static const char *const reasons[] = {"pool_hit", "store_hit", "cold", "colocated"};
     for (int i = 0; i < 4; i++)
@@ -85,7 +79,7 @@ static void collect(void *ctx, td_metrics_t *m)
 /* /targets: every process that serves metrics, from its etcd record. */
 static char *targets(void *ctx, const char **ctype)
 {
-    router_t *r = ctx;
+    const rt_metrics_src_t *r = ctx;
     *ctype = "application/json";
     static const char *const prefixes[] = {"/tandem/routers/", "/tandem/workers/", "/tandem/kvstores/"};
     json_t *out = json_array();
@@ -113,9 +107,10 @@ static char *targets(void *ctx, const char **ctype)
     return s;
 }
 
-td_status_t rt_metrics_start(router_t *r, rt_metrics_t *m)
+td_status_t rt_metrics_start(rt_metrics_t *m, const char *model, const char *listen, const td_rpc_tls_t *tls,
+                             const rt_metrics_src_t *src)
 {
-    td_status_t rc = td_metrics_create(r->model->desc.name, "router", &m->reg);
+    td_status_t rc = td_metrics_create(model, "router", &m->reg);
     if (rc)
         return rc;
     const double *lat = td_metrics_latency_s;
@@ -129,6 +124,8 @@ td_status_t rt_metrics_start(router_t *r, rt_metrics_t *m)
     m->pred_err = td_metrics_series(m->reg, TD_HISTOGRAM, "tandem:ttft_prediction_error_ratio",
                                     "|predicted - measured| / measured TTFT of placed requests.", NULL, error_ratio,
                                     sizeof error_ratio / sizeof error_ratio[0]);
+    m->running = td_metrics_series(m->reg, TD_GAUGE, "tandem:num_requests_running",
+                                   "Requests the router is serving (admitted, not ended).", NULL, NULL, 0);
     m->prompt_tokens = td_metrics_series(m->reg, TD_COUNTER, "tandem:prompt_tokens_total",
                                          "Prompt tokens of requests that were placed.", NULL, NULL, 0);
     m->generation_tokens = td_metrics_series(m->reg, TD_COUNTER, "tandem:generation_tokens_total",
@@ -146,10 +143,10 @@ td_status_t rt_metrics_start(router_t *r, rt_metrics_t *m)
         m->by_code[c] = td_metrics_series(m->reg, TD_COUNTER, "tandem:requests_total", "Requests that ended, by gRPC code.",
                                        td_metrics_label(l, sizeof l, "code", td_rpc_code_name(c)), NULL, 0);
     }
-    td_metrics_on_collect(m->reg, collect, r);
+    td_metrics_on_collect(m->reg, collect, (void *)src);
     return td_metrics_serve(m->reg,
-                            &(td_metrics_endpoint_t){.listen = r->cfg.metrics.listen, .tls = r->tls, .path = "/targets",
-                                                     .page = targets, .ctx = r},
+                            &(td_metrics_endpoint_t){.listen = listen, .tls = tls, .path = "/targets",
+                                                     .page = targets, .ctx = (void *)src},
                             &m->server, m->bound, sizeof m->bound);
 }
 

@@ -10,10 +10,14 @@
 
 #include <stdint.h>
 
+#include "common/etcd.h"
 #include "common/metrics.h"
+#include "common/rpc.h"
 #include "common/status.h"
+#include "router/placement.h"
 
-struct router;
+struct rt_follow;
+struct rt_planner;
 
 #define RT_METRICS_CODES 17 /* gRPC status codes 0..16 */
 
@@ -22,12 +26,26 @@ typedef struct rt_metrics {
     td_metrics_server_t *server;
     char bound[160]; /* HOST:PORT, "" when not served */
     td_metric_t *ttft, *itl, *e2e, *pred_err;
+    td_metric_t *running; /* requests admitted and not ended (request.c adds and takes) */
     td_metric_t *prompt_tokens, *generation_tokens, *prefix_queries, *prefix_hits, *store_hits;
     td_metric_t *by_code[RT_METRICS_CODES]; /* tandem:requests_total{code} */
 } rt_metrics_t;
 
-/* Serves r->cfg.metrics.listen (nothing when ""); the series exist either way. */
-td_status_t rt_metrics_start(struct router *r, rt_metrics_t *m);
+/* What a scrape reads of the router's state besides the series: each alive
+ * while the metrics are served (follow and planner may be set after the
+ * start; NULL: none). */
+typedef struct rt_metrics_src {
+    rt_table_t *table;
+    const rt_placement_ops_t *place;
+    struct rt_follow *follow;
+    struct rt_planner *planner;
+    td_etcd_t *etcd; /* for /targets */
+} rt_metrics_src_t;
+
+/* Serves listen (metrics.listen; nothing when "") with tls; the series exist
+ * either way. src is kept. */
+td_status_t rt_metrics_start(rt_metrics_t *m, const char *model, const char *listen, const td_rpc_tls_t *tls,
+                             const rt_metrics_src_t *src);
 void rt_metrics_stop(rt_metrics_t *m);
 
 /* A request's end, for the counters (any thread). */

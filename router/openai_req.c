@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "router/router.h" /* the request limits (RT_MAX_*) */
+#include "router/input.h" /* the request limits (RT_MAX_*) */
 
 
 static bool bad(rt_oai_error_t *e, const char *param, const char *fmt, const char *what)

@@ -12,11 +12,12 @@
 #include "common/etcd.h"
 #include "common/log.h"
 #include "common/ops.h"
-#include "router/router.h"
 
 struct rt_planner {
-    router_t *r;
-    char id[192];
+    char id[192], model[256], *endpoints;
+    uint32_t lease_ttl_s;
+    const td_rpc_tls_t *tls;
+    rt_stats_t *stats;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -50,7 +51,7 @@ static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model
                         double since, char *why, size_t cap)
 {
     rt_slo_window_t w;
-    rt_slo_window(p->r, since, ops->slo.ttft_ms, ops->slo.tpot_ms, &w);
+    rt_stats_window(p->stats, since, ops->slo.ttft_ms, ops->slo.tpot_ms, &w);
     if (w.n < 8) {
         snprintf(why, cap, "auto: %u requests finished since %.0f s ago; waiting for 8", w.n, td_now_s() - since);
         return 0;
@@ -113,10 +114,10 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
         set_error(p, td_last_error());
         return;
     }
-    const char *model = p->r->model->desc.name;
+    const char *model = p->model;
     const td_ops_model_t *m = td_ops_model(ops, model);
     if (!m) {
-        char why[256];
+        char why[320];
         snprintf(why, sizeof why, "the ops config has no entry for %s (nor \"*\")", model);
         set_error(p, why);
         td_ops_free(ops);
@@ -241,9 +242,9 @@ static void *planner_thread(void *arg)
     rt_planner_t *p = arg;
     td_etcd_t *e = NULL;
     int64_t lease = 0;
-    double ttl = p->r->cfg.etcd.lease_ttl_s;
+    double ttl = p->lease_ttl_s;
     do {
-        if (!e && td_etcd_connect(p->r->cfg.etcd.endpoints, p->r->tls, &e)) {
+        if (!e && td_etcd_connect(p->endpoints, p->tls, &e)) {
             set_error(p, td_last_error());
             e = NULL;
             continue;
@@ -285,13 +286,18 @@ static void *planner_thread(void *arg)
     return NULL;
 }
 
-td_status_t rt_planner_start(router_t *r, const char *id, rt_planner_t **out)
+td_status_t rt_planner_start(const rt_planner_cfg_t *cfg, rt_planner_t **out)
 {
     rt_planner_t *p = calloc(1, sizeof *p);
-    if (!p)
+    if (!p || !(p->endpoints = strdup(cfg->etcd_endpoints))) {
+        free(p);
         return td_error(TD_ERR_NO_MEMORY, "planner: no memory");
-    p->r = r;
-    snprintf(p->id, sizeof p->id, "%s", id);
+    }
+    snprintf(p->id, sizeof p->id, "%s", cfg->id);
+    snprintf(p->model, sizeof p->model, "%s", cfg->model);
+    p->lease_ttl_s = cfg->lease_ttl_s;
+    p->tls = cfg->tls;
+    p->stats = cfg->stats;
     pthread_mutex_init(&p->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -299,6 +305,7 @@ td_status_t rt_planner_start(router_t *r, const char *id, rt_planner_t **out)
     pthread_cond_init(&p->cv, &ca);
     pthread_condattr_destroy(&ca);
     if (pthread_create(&p->thread, NULL, planner_thread, p)) {
+        free(p->endpoints);
         free(p);
         return td_error(TD_ERR_INTERNAL, "planner: cannot start its thread");
     }
@@ -330,6 +337,7 @@ void rt_planner_stop(rt_planner_t *p)
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
     free(p->last_ops);
+    free(p->endpoints);
     free(p);
 }
 

@@ -17,13 +17,24 @@
 
 #include <jansson.h>
 
+#include "common/rpc.h"
 #include "common/status.h"
+#include "router/stats.h"
 
-struct router;
 typedef struct rt_planner rt_planner_t;
 
-/* id: this router's name in the election (its address). */
-td_status_t rt_planner_start(struct router *r, const char *id, rt_planner_t **out);
+/* What the planner needs of its router; copied (the strings too) except
+ * stats and tls, which must outlive it. */
+typedef struct rt_planner_cfg {
+    const char *id;              /* this router's name in the election (its address) */
+    const char *model;           /* the model it plans for */
+    const char *etcd_endpoints;  /* etcd.endpoints */
+    uint32_t lease_ttl_s;        /* etcd.lease_ttl_s */
+    const td_rpc_tls_t *tls;     /* the cluster's TLS (NULL: plaintext) */
+    rt_stats_t *stats;           /* the router's finished requests, for auto */
+} rt_planner_cfg_t;
+
+td_status_t rt_planner_start(const rt_planner_cfg_t *cfg, rt_planner_t **out);
 /* Resigns (the lease revoked, so another router takes over at once). */
 void rt_planner_stop(rt_planner_t *p);
 /* Looks again now (after an ops change). */

@@ -1,16 +1,18 @@
 /* request.c — see request.h.
  *
- * A request goes through attempts: place a (prefill, decode) pair, reserve
- * landing blocks on the decode worker, have the prefill worker compute the
- * prompt and push its KV there, open the decode stream and relay it. A
- * worker that fails is skipped for a while and the request goes on
- * elsewhere: a failed prefill is redone, a decode stream that breaks is
- * resumed by re-prefilling the prompt plus the tokens already streamed —
- * within the request's deadline, after which it ends DEADLINE_EXCEEDED, never
- * a hang. In a cluster with no prefill worker the attempt is one Decode
- * stream to a colocated decode worker, which computes the prompt itself.
- * Every upstream call is made under the request's scope, so the deadline
- * bounds it and a cancel ends it, whatever transport the client came by.
+ * A request goes through attempts, each the pipeline place → reserve →
+ * prefill → open_decode → stream (below, "the pipeline"): a (prefill,
+ * decode) pair placed, landing blocks reserved on the decode worker, the
+ * prompt computed by the prefill worker with its KV pushed there, the decode
+ * stream opened and relayed. A worker that fails is skipped for a while
+ * (placement's rt_suspect_for) and the request goes on elsewhere: a failed
+ * prefill is redone, a decode stream that breaks is resumed by
+ * re-prefilling the prompt plus the tokens already streamed — within the
+ * request's deadline, after which it ends DEADLINE_EXCEEDED, never a hang.
+ * In a cluster with no prefill worker the attempt is one Decode stream to a
+ * colocated decode worker, which computes the prompt itself. Every upstream
+ * call is made under the request's scope, so the deadline bounds it and a
+ * cancel ends it, whatever transport the client came by.
  *
  * Threads: the steps (step, after_stream) run on the router's pool, one at a
  * time per request; the relay (on_upstream, rt_request_sent) runs on RPC
@@ -18,7 +20,6 @@
  * one write to the sink, and each write done posts the next read. mu guards
  * only `cancelled`. */
 #define _GNU_SOURCE
-#include "router/keys.h"
 #include "router/request.h"
 
 #include <math.h>
@@ -34,12 +35,22 @@
 #include "common/log.h"
 #include "common/pb_arena.h"
 #include "common/rpc.h"
+#include "common/rpc_pb.h"
 #include "engine/sampler.h"
-#include "engine/sampling_pb.h"
+#include "worker/sampling_pb.h"
 #include "tandem/internal/v1/worker.pb-c.h"
 
+struct rt_requests {
+    rt_env_t env;
+    pthread_mutex_t mu; /* guards what follows */
+    uint32_t n_active;  /* requests started and not ended (at most env.max_streams) */
+    uint32_t n_reqs;    /* request objects that exist, in use or free */
+    rt_request_t *free_reqs; /* ended request objects, kept for reuse */
+};
+
 struct rt_request {
-    router_t *r;
+    rt_requests_t *rs;
+    const rt_env_t *env;
     rt_sink_t sink;
     void *sink_ctx;
     td_rpc_scope_t *scope; /* the deadline and cancel of every upstream call */
@@ -85,6 +96,12 @@ static double cpu_s(void)
 
 static double left(const rt_request_t *q) { return q->deadline - td_now_s(); }
 
+/* The request's id for log lines. */
+static const char *rid(const rt_request_t *q)
+{
+    return q->rq->request_id && q->rq->request_id[0] ? q->rq->request_id : "-";
+}
+
 
 static bool cancelled(rt_request_t *q)
 {
@@ -108,7 +125,7 @@ static void answer_v(rt_request_t *q, int code, const char *fmt, va_list ap)
     if (fmt)
         vsnprintf(msg, sizeof msg, fmt, ap);
     q->answered = true;
-    rt_metrics_request_end(&q->r->metrics, code);
+    rt_metrics_request_end(q->env->metrics, code);
     q->sink.end(q->sink_ctx, code, msg, q->retry_after_ms, q->rejected);
 }
 
@@ -127,13 +144,13 @@ static void answer(rt_request_t *q, int code, const char *fmt, ...)
 static void finish(rt_request_t *q, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void finish(rt_request_t *q, int code, const char *fmt, ...)
 {
-    router_t *r = q->r;
+    rt_requests_t *rs = q->rs;
     if (q->key_charged || q->key)
-        rt_keys_settle(r->api_keys, q->key, q->key_charged, (uint32_t)q->n_tokens);
+        rt_keys_settle(q->env->api_keys, q->key, q->key_charged, (uint32_t)q->n_tokens);
     if (q->validated)
-        rt_count(r, true, q->overhead, q->cpu, q->handoff);
+        rt_stats_count(q->env->stats, true, q->overhead, q->cpu, q->handoff);
     else
-        rt_count(r, false, -1, -1, -1);
+        rt_stats_count(q->env->stats, false, -1, -1, -1);
     va_list ap;
     va_start(ap, fmt);
     answer_v(q, code, fmt, ap);
@@ -141,11 +158,12 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
     tandem__v1__generate_request__free_unpacked(q->rq, NULL);
     td_rpc_scope_destroy(q->scope);
     pthread_mutex_destroy(&q->mu);
-    pthread_mutex_lock(&r->mu);
-    r->n_active--;
-    q->next_free = r->free_reqs; /* kept, with its token buffer, for the next request */
-    r->free_reqs = q;
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&rs->mu);
+    rs->n_active--;
+    q->next_free = rs->free_reqs; /* kept, with its token buffer, for the next request */
+    rs->free_reqs = q;
+    pthread_mutex_unlock(&rs->mu);
+    td_metric_add(rs->env.metrics->running, -1);
 }
 
 /* ---------------------------------------------------------------- validation */
@@ -153,15 +171,16 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
 /* Checks the request and tokenizes it; false when it ended (the error sent). */
 static bool validate(rt_request_t *q)
 {
-    router_t *r = q->r;
+    const rt_env_t *env = q->env;
+    const eng_model_t *model = env->input->model;
     Tandem__V1__GenerateRequest *rq = q->rq;
     char err[600] = "";
     int code = TD_RPC_INVALID_ARGUMENT;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (rq->model && rq->model[0] && strcmp(rq->model, r->model->desc.name)) {
+    if (rq->model && rq->model[0] && strcmp(rq->model, model->desc.name)) {
         snprintf(err, sizeof err, "model: '%s' is not served here (this router serves '%s')", rq->model,
-                 r->model->desc.name);
+                 model->desc.name);
         code = TD_RPC_NOT_FOUND;
         goto fail;
     }
@@ -173,7 +192,8 @@ static bool validate(rt_request_t *q)
         snprintf(err, sizeof err, "input: set prompt or chat");
         goto fail;
     }
-    td_status_t rc = rt_tokenize_input(r, rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT ? rq->prompt : NULL,
+    td_status_t rc = rt_tokenize_input(env->input,
+                                       rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT ? rq->prompt : NULL,
                                        rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT ? rq->chat : NULL,
                                        false, true, &ids, &n_ids, err, sizeof err);
     if (rc) {
@@ -196,8 +216,8 @@ static bool validate(rt_request_t *q)
                  RT_MAX_LOGIT_BIAS);
         goto fail;
     }
-    q->max_tokens = sp && sp->max_tokens ? sp->max_tokens : r->default_max_tokens;
-    uint32_t ctxlen = r->model->desc.context ? r->model->desc.context : 4096;
+    q->max_tokens = sp && sp->max_tokens ? sp->max_tokens : env->default_max_tokens;
+    uint32_t ctxlen = model->desc.context ? model->desc.context : 4096;
     if (n_ids + q->max_tokens > ctxlen) {
         snprintf(err, sizeof err, "%s: %zu prompt tokens + max_tokens %u exceed the context of %u tokens",
                  n_ids >= ctxlen ? "prompt" : "sampling.max_tokens", n_ids, q->max_tokens, ctxlen);
@@ -206,7 +226,7 @@ static bool validate(rt_request_t *q)
     if (q->key) { /* the most it may use, charged now; what it used is settled at the end */
         double retry_s;
         uint64_t most = (uint64_t)n_ids + q->max_tokens;
-        code = rt_keys_charge(r->api_keys, q->key, most > UINT32_MAX ? UINT32_MAX : (uint32_t)most, &q->key_charged,
+        code = rt_keys_charge(env->api_keys, q->key, most > UINT32_MAX ? UINT32_MAX : (uint32_t)most, &q->key_charged,
                               err, sizeof err, &retry_s);
         if (code) {
             q->retry_after_ms = (uint32_t)(retry_s * 1e3 + 0.5);
@@ -222,7 +242,7 @@ static bool validate(rt_request_t *q)
         goto fail;
     }
     eng_sampling_from_pb(sp, &es, bias);
-    rc = eng_sampling_validate(&es, (int32_t)r->model->desc.vocab);
+    rc = eng_sampling_validate(&es, (int32_t)model->desc.vocab);
     free(bias);
     if (rc) {
         snprintf(err, sizeof err, "sampling: %s", td_last_error());
@@ -257,101 +277,6 @@ fail:
     return false;
 }
 
-/* ---------------------------------------------------------------- upstream calls */
-
-/* Reserve on D; 1 done, 0 try again, -1 give up (res says why). */
-static int reserve(rt_request_t *q, rt_worker_t *d, Tandem__Internal__V1__LandingDescriptor **land,
-                   td_rpc_result_t *res)
-{
-    Tandem__Internal__V1__ReserveRequest rq = TANDEM__INTERNAL__V1__RESERVE_REQUEST__INIT;
-    Tandem__Internal__V1__KvContract c;
-    td_kv_layout_to_pb(&q->r->table.expect, &c);
-    rq.contract = &c;
-    rq.has_n_tokens = rq.has_max_tokens = rq.has_lease_ms = 1;
-    rq.n_tokens = (uint32_t)q->n_tokens;
-    rq.max_tokens = q->max_tokens;
-    rq.lease_ms = RT_RES_LEASE_MS; /* renewed while held (the router's renewer) */
-    /* the prefill may put until its call's deadline (the decode side caps it); a landing's blocks are fenced
-     * only while the router renews the reservation (its lease), which the prefill worker's puts also stop at:
-     * the router forwards each renewal to it (rt_held: the landing lease) */
-    double ms = ceil(left(q) * 1e3);
-    rq.has_landing_ms = 1;
-    rq.landing_ms = ms < 1 ? 1 : ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
-    uint8_t buf[512];
-    size_t n = tandem__internal__v1__reserve_request__pack(&rq, buf);
-    uint8_t *out;
-    size_t on;
-    /* the landing's first lease: counted from before the decode worker starts its own */
-    q->landing_lease_until = td_unix_ms() + RT_RES_LEASE_MS;
-    td_status_t rc = td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Reserve", buf, n, fmin(left(q), 5.0), q->scope,
-                                  &out, &on, res);
-    if (rc)
-        return fatal_code(res->code) && res->code != TD_RPC_DEADLINE_EXCEEDED ? -1 : 0;
-    Tandem__Internal__V1__ReserveResponse *rp = tandem__internal__v1__reserve_response__unpack(NULL, on, out);
-    free(out);
-    if (!rp || !rp->landing) {
-        if (rp)
-            tandem__internal__v1__reserve_response__free_unpacked(rp, NULL);
-        snprintf(res->message, sizeof res->message, "decode worker %s: bad ReserveResponse", d->id);
-        res->code = TD_RPC_INTERNAL;
-        return 0;
-    }
-    *land = rp->landing;
-    rp->landing = NULL;
-    tandem__internal__v1__reserve_response__free_unpacked(rp, NULL);
-    return 1;
-}
-
-/* A small unary call whose answer carries nothing the caller reads (wait_s
- * at most, outside any request's scope): true when it succeeded. */
-static bool tell(td_rpc_channel_t *ch, const char *method, const uint8_t *msg, size_t n, double wait_s)
-{
-    uint8_t *out = NULL;
-    size_t on;
-    td_rpc_result_t res;
-    if (td_rpc_unary(ch, method, msg, n, wait_s, NULL, &out, &on, &res) != TD_OK)
-        return false;
-    free(out);
-    return true;
-}
-
-/* Gives reservation id back to D. landing_closed: no prefill worker can put
- * into its blocks any more (none was asked, or the one asked answered), so
- * they are free at once; else D fences them until the landing's land-by. */
-static void release(rt_worker_t *d, uint64_t id, bool landing_closed)
-{
-    Tandem__Internal__V1__ReleaseRequest rq = TANDEM__INTERNAL__V1__RELEASE_REQUEST__INIT;
-    rq.has_reservation_id = rq.has_landing_closed = 1;
-    rq.reservation_id = id;
-    rq.landing_closed = landing_closed;
-    uint8_t buf[32];
-    tell(d->ch, "/tandem.internal.v1.Decode/Release", buf, tandem__internal__v1__release_request__pack(&rq, buf), 2.0);
-}
-
-/* Asks prefill worker P to stop the prefill landing in reservation id and
- * waits for its answer: true once P said nothing more will be put there. P
- * answers between two engine steps, at most 15 s away (prefill.c); past
- * 16 s the blocks stay fenced instead. Only abnormal ends come here. */
-static bool cancel_prefill(rt_worker_t *p, uint64_t id, uint64_t land_by)
-{
-    Tandem__Internal__V1__CancelPrefillRequest rq = TANDEM__INTERNAL__V1__CANCEL_PREFILL_REQUEST__INIT;
-    rq.has_reservation_id = rq.has_land_by_unix_ms = 1;
-    rq.reservation_id = id;
-    rq.land_by_unix_ms = land_by;
-    uint8_t buf[32];
-    return tell(p->ch, "/tandem.internal.v1.Prefill/Cancel", buf,
-                tandem__internal__v1__cancel_prefill_request__pack(&rq, buf), 16.0);
-}
-
-static Tandem__V1__SamplingParams *sampling_for(rt_request_t *q, Tandem__V1__SamplingParams *copy)
-{
-    static const Tandem__V1__SamplingParams none = TANDEM__V1__SAMPLING_PARAMS__INIT;
-    *copy = q->rq->sampling ? *q->rq->sampling : none;
-    copy->has_max_tokens = 1;
-    copy->max_tokens = q->max_tokens - (uint32_t)(q->n_tokens - q->n_prompt);
-    return copy;
-}
-
 /* ---------------------------------------------------------------- the relay */
 
 static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml);
@@ -361,8 +286,8 @@ static void after_stream_task(void *arg);
 static void relay_over(rt_request_t *q)
 {
     q->t_queued = td_now_s();
-    if (td_pool_submit(q->r->pool, after_stream_task, q) != TD_OK) /* sized for every request: cannot be full */
-        TD_WARN("router: request %s cannot be queued to end; it waits for its deadline", q->rq->request_id);
+    if (td_pool_submit(q->env->pool, after_stream_task, q) != TD_OK) /* sized for every request: cannot be full */
+        TD_WARN("router: %s cannot be queued to end; it waits for its deadline", rid(q));
 }
 
 static void read_next(rt_request_t *q)
@@ -402,13 +327,13 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
     if (dr->n_token_ids) {
         if (!q->t_first) {
             q->t_first = t;
-            td_metric_observe(q->r->metrics.ttft, t - q->t0);
+            td_metric_observe(q->env->metrics->ttft, t - q->t0);
         } else {
             for (size_t i = 0; i < dr->n_token_ids; i++) /* a chunk's tokens share its gap */
-                td_metric_observe(q->r->metrics.itl, (t - q->t_last) / (double)dr->n_token_ids);
+                td_metric_observe(q->env->metrics->itl, (t - q->t_last) / (double)dr->n_token_ids);
         }
         q->t_last = t;
-        td_metric_add(q->r->metrics.generation_tokens, (double)dr->n_token_ids);
+        td_metric_add(q->env->metrics->generation_tokens, (double)dr->n_token_ids);
     }
     bool fin = dr->has_finish_reason;
     if (fin && dr->has_cached_tokens) /* a colocated worker's prefix cache (a resume's prompt counts the answer) */
@@ -473,13 +398,416 @@ void rt_request_sent(rt_request_t *q, bool ok)
         read_next(q);
 }
 
-/* ---------------------------------------------------------------- attempts */
+/* ---------------------------------------------------------------- the pipeline
+ *
+ * One attempt is five steps — place, reserve, prefill, open_decode, stream —
+ * each returning TD_OK to go on or the status of what stopped it, with the
+ * attempt's result in the attempt_t: again (another attempt follows; the
+ * worker at fault, if any, is named in fail_p / fail_d), or the request's
+ * answer (code, why). What a step takes stays in the attempt — the workers
+ * placement held, the prefill's place in its worker's queue, the
+ * reservation and its landing, the renewal — and attempt() gives it back on
+ * one unwinding path, whatever step stopped. A colocated decode worker
+ * (a cluster with no prefill worker) skips reserve and prefill. */
+
+typedef struct attempt {
+    rt_placement_t pl;
+    rt_worker_t *p, *d; /* held by placement (rt_table_done); d is the stream's once it opens */
+    char pid[96];       /* p's id (p may be freed once released) */
+    bool queued;        /* p's queue counts the predicted prefill (rt_table_prefill_done) */
+    Tandem__Internal__V1__ReserveResponse *reserved; /* the reservation and its landing */
+    bool renewing;      /* the renewer holds the reservation */
+    bool landing_open;  /* a prefill worker may still put into the landing */
+    bool claimed;       /* the decode stream took the reservation */
+    Tandem__Internal__V1__PrefillResponse *prefilled;
+    bool p_failed, d_failed; /* the worker's own call failed: suspect it (rt_suspect_for) */
+    td_rpc_result_t fail_p, fail_d;
+    bool again;         /* the request goes on with another attempt */
+    int code;           /* else it ends with this answer */
+    char why[1024];
+} attempt_t;
+
+/* The request ends with code and the message; the status says why the step stopped. */
+static td_status_t end(attempt_t *a, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static td_status_t end(attempt_t *a, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->why, sizeof a->why, fmt, ap);
+    va_end(ap);
+    a->again = false;
+    a->code = code;
+    return code ? td_rpc_status_of(code) : TD_ERR_INTERNAL;
+}
+
+/* The attempt is over and the request goes on with another. */
+static td_status_t again(attempt_t *a, td_status_t st)
+{
+    a->again = true;
+    return st;
+}
+
+/* A small call whose answer carries nothing the caller reads (wait_s at
+ * most, outside any request's scope): true when it succeeded. */
+static bool tell(rt_worker_t *w, const char *method, const ProtobufCMessage *m, const ProtobufCMessageDescriptor *reply,
+                 double wait_s)
+{
+    ProtobufCMessage *out = NULL;
+    td_rpc_result_t res;
+    if (td_rpc_unary_pb(w->ch, method, m, reply, wait_s, NULL, &out, &res) != TD_OK) {
+        TD_DEBUG("router: %s", td_last_error());
+        return false;
+    }
+    protobuf_c_message_free_unpacked(out, NULL);
+    return true;
+}
+
+/* Gives reservation id back to D. landing_closed: no prefill worker can put
+ * into its blocks any more (none was asked, or the one asked answered), so
+ * they are free at once; else D fences them until the landing's land-by. */
+static void release(rt_worker_t *d, uint64_t id, bool landing_closed)
+{
+    Tandem__Internal__V1__ReleaseRequest rq = TANDEM__INTERNAL__V1__RELEASE_REQUEST__INIT;
+    rq.has_reservation_id = rq.has_landing_closed = 1;
+    rq.reservation_id = id;
+    rq.landing_closed = landing_closed;
+    tell(d, "/tandem.internal.v1.Decode/Release", &rq.base, &tandem__internal__v1__release_response__descriptor, 2.0);
+}
+
+/* Asks prefill worker P to stop the prefill landing in reservation id and
+ * waits for its answer: true once P said nothing more will be put there. P
+ * answers between two engine steps, at most 15 s away (prefill.c); past
+ * 16 s the blocks stay fenced instead. Only abnormal ends come here. */
+static bool cancel_prefill(rt_worker_t *p, uint64_t id, uint64_t land_by)
+{
+    Tandem__Internal__V1__CancelPrefillRequest rq = TANDEM__INTERNAL__V1__CANCEL_PREFILL_REQUEST__INIT;
+    rq.has_reservation_id = rq.has_land_by_unix_ms = 1;
+    rq.reservation_id = id;
+    rq.land_by_unix_ms = land_by;
+    return tell(p, "/tandem.internal.v1.Prefill/Cancel", &rq.base,
+                &tandem__internal__v1__cancel_prefill_response__descriptor, 16.0);
+}
+
+static Tandem__V1__SamplingParams *sampling_for(rt_request_t *q, Tandem__V1__SamplingParams *copy)
+{
+    static const Tandem__V1__SamplingParams none = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    *copy = q->rq->sampling ? *q->rq->sampling : none;
+    copy->has_max_tokens = 1;
+    copy->max_tokens = q->max_tokens - (uint32_t)(q->n_tokens - q->n_prompt);
+    return copy;
+}
+
+/* What placement is asked: the tokens (a resume's too) and their chain of
+ * block names, the request's SLOs (the router's, tightened by the request's). */
+static void place_req(rt_request_t *q, rt_place_req_t *pr)
+{
+    const rt_env_t *env = q->env;
+    uint32_t bt = env->table->expect.block_tokens;
+    size_t nb = q->n_tokens / bt;
+    if (nb > q->cap_chain) {
+        td_block_name_t *c = realloc(q->chain, nb * sizeof *c);
+        if (c) {
+            q->chain = c;
+            q->cap_chain = nb;
+        }
+    }
+    if (nb > q->cap_chain) /* no memory: priced as if nothing were cached */
+        nb = 0;
+    td_block_name_chain(env->chain_root, q->tokens, nb * bt, bt, q->chain, nb);
+    uint32_t ttft = env->ttft_slo_ms, tpot = env->tpot_slo_ms;
+    if (q->rq->ttft_slo_ms && (!ttft || q->rq->ttft_slo_ms < ttft))
+        ttft = q->rq->ttft_slo_ms;
+    if (q->rq->tpot_slo_ms && (!tpot || q->rq->tpot_slo_ms < tpot))
+        tpot = q->rq->tpot_slo_ms;
+    *pr = (rt_place_req_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .chain = q->chain, .n_blocks = nb,
+                           .max_tokens = q->max_tokens, .ttft_slo_ms = ttft, .tpot_slo_ms = tpot,
+                           /* a stream under way is finished, not judged again: its resume re-prefills
+                            * what was streamed, which the TTFT SLO never covered */
+                           .early_reject = q->env->early_reject && !q->sent_any,
+                           .priority = q->rq->has_priority ? q->rq->priority : 0};
+}
+
+/* place: a (prefill, decode) pair, or a decode worker alone in a cluster with
+ * none for prefill; refused early for its SLOs, or for its deadline by the
+ * same prediction (a stream under way is finished however late, as early
+ * rejection does); with no usable worker, waits for one while the deadline
+ * allows. */
+static td_status_t place(rt_request_t *q, attempt_t *a)
+{
+    const rt_env_t *env = q->env;
+    rt_place_req_t prq;
+    place_req(q, &prq);
+    rt_table_place(env->table, env->place, &prq, &a->pl);
+    const rt_placement_t *pl = &a->pl;
+    if (pl->rejected) {
+        q->retry_after_ms = pl->retry_after_ms; /* rejected early: at once, never queued */
+        q->rejected = pl->rejected;
+        return end(a, pl->code, "%s", pl->why);
+    }
+    if (pl->code) {
+        /* nothing can serve it: say why now, unless a worker becomes usable before the deadline (its
+         * suspect time ends) or, for a stream already under way, a worker may still join to resume it */
+        double until = pl->retry_at ? pl->retry_at : q->sent_any ? q->deadline : 0;
+        if (until <= td_now_s() && !pl->retry_at)
+            return end(a, pl->code, "%s", pl->why);
+        if (until >= q->deadline && !q->sent_any)
+            return end(a, pl->code, "%s (the deadline comes first)", pl->why);
+        /* woken by the table (a worker joined, left or failed), capped at 1 s to see a cancel */
+        rt_table_wait(env->table, fmin(fmin(until, q->deadline), td_now_s() + 1.0));
+        return again(a, TD_ERR_UNAVAILABLE);
+    }
+    a->d = pl->decode;
+    a->p = pl->prefill;
+    a->queued = a->p != NULL;
+    memcpy(q->did, a->d->id, sizeof q->did);
+    if (a->p)
+        memcpy(a->pid, a->p->id, sizeof a->pid);
+    double left_ms = left(q) * 1e3;
+    if (!q->sent_any && pl->pred.valid && pl->pred.ttft_ms > left_ms)
+        return end(a, TD_RPC_DEADLINE_EXCEEDED, "deadline: the first token is predicted in %.0f ms (queue %.0f, "
+                   "prefill %.0f, for %u new tokens), past the %.0f ms the deadline leaves; not started",
+                   pl->pred.ttft_ms, pl->pred.queue_ms, pl->pred.prefill_ms, pl->pred.new_tokens, left_ms);
+    q->pred = pl->pred;
+    if (!q->first_pred.valid)
+        q->first_pred = pl->pred;
+    return TD_OK;
+}
+
+/* reserve: landing blocks on the decode worker, renewed by the renewer
+ * until the decode stream claims them. The prefill may put until its call's
+ * deadline (the decode side caps it); a landing's blocks are fenced only
+ * while the reservation is renewed (its lease), which the prefill worker's
+ * puts also stop at: each renewal is forwarded to it. */
+static td_status_t reserve(rt_request_t *q, attempt_t *a)
+{
+    Tandem__Internal__V1__ReserveRequest rq = TANDEM__INTERNAL__V1__RESERVE_REQUEST__INIT;
+    Tandem__Internal__V1__KvContract c;
+    td_kv_layout_to_pb(&q->env->table->expect, &c);
+    rq.contract = &c;
+    rq.has_n_tokens = rq.has_max_tokens = rq.has_lease_ms = rq.has_landing_ms = 1;
+    rq.n_tokens = (uint32_t)q->n_tokens;
+    rq.max_tokens = q->max_tokens;
+    rq.lease_ms = RT_RES_LEASE_MS;
+    double ms = ceil(left(q) * 1e3);
+    rq.landing_ms = ms < 1 ? 1 : ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+    /* the landing's first lease: counted from before the decode worker starts its own */
+    q->landing_lease_until = td_unix_ms() + RT_RES_LEASE_MS;
+    ProtobufCMessage *m = NULL;
+    td_rpc_result_t res = {0};
+    if (td_rpc_unary_pb(a->d->ch, "/tandem.internal.v1.Decode/Reserve", &rq.base,
+                        &tandem__internal__v1__reserve_response__descriptor, fmin(left(q), 5.0), q->scope, &m, &res) ||
+        !((Tandem__Internal__V1__ReserveResponse *)m)->landing) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        if (!res.code) {
+            res.code = TD_RPC_INTERNAL;
+            snprintf(res.message, sizeof res.message, "decode worker %s: bad ReserveResponse", q->did);
+        }
+        /* the client's own deadline or cancel says nothing about the worker's health; a full pool
+         * is load, not a fault: the worker is skipped only briefly */
+        bool own = left(q) <= 0.001 || cancelled(q);
+        a->d_failed = !own;
+        a->fail_d = res;
+        if (fatal_code(res.code) && res.code != TD_RPC_DEADLINE_EXCEEDED)
+            return end(a, res.code, "decode worker %s: %s", q->did, res.message);
+        if (!own)
+            TD_WARN("router: %s: reserve on %s failed (%s: %s); trying elsewhere", rid(q), q->did,
+                    td_rpc_code_name(res.code), res.message);
+        return again(a, TD_ERR_UNAVAILABLE);
+    }
+    a->reserved = (Tandem__Internal__V1__ReserveResponse *)m;
+    if (!rt_renewer_add(q->env->renewer, a->d, a->reserved->landing->reservation_id, a->p))
+        return end(a, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %d reservations, its most; try again later",
+                   RT_MAX_HELD);
+    a->renewing = true;
+    return TD_OK;
+}
+
+/* prefill: the prompt (plus what was streamed already, on a resume)
+ * computed on the prefill worker, its KV put into the landing. A failure
+ * the client caused (cancel, deadline) is answered at once, before the
+ * landing is closed (the prefill worker asked to stop, which may take it
+ * seconds). */
+static td_status_t prefill(rt_request_t *q, attempt_t *a)
+{
+    const rt_env_t *env = q->env;
+    double t_b = td_now_s();
+    Tandem__V1__SamplingParams sp;
+    Tandem__Internal__V1__PrefillRequest prq = TANDEM__INTERNAL__V1__PREFILL_REQUEST__INIT;
+    prq.request_id = q->rq->request_id;
+    prq.n_tokens = q->n_tokens;
+    prq.tokens = q->tokens;
+    prq.sampling = sampling_for(q, &sp);
+    prq.landing = a->reserved->landing;
+    prq.has_priority = q->rq->has_priority;
+    prq.priority = q->rq->priority;
+    prq.has_sampled_before = 1;
+    prq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt); /* streamed before a resume */
+    prq.has_landing_lease_until_unix_ms = 1;
+    prq.landing_lease_until_unix_ms = q->landing_lease_until;
+    ProtobufCMessage *m = NULL;
+    td_rpc_result_t res = {0};
+    a->landing_open = true;
+    td_status_t rc = td_rpc_unary_pb(a->p->ch, "/tandem.internal.v1.Prefill/Prefill", &prq.base,
+                                     &tandem__internal__v1__prefill_response__descriptor, left(q), q->scope, &m, &res);
+    rt_table_prefill_done(env->table, a->p, &q->pred);
+    a->queued = false;
+    if (!rc) {
+        a->prefilled = (Tandem__Internal__V1__PrefillResponse *)m;
+        a->landing_open = false; /* it answered: everything it puts is in */
+        q->prefill_ms = (td_now_s() - t_b) * 1e3;
+        snprintf(q->prefill_id, sizeof q->prefill_id, "%s", a->pid);
+        snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
+        if (q->n_tokens == q->n_prompt) {
+            q->cached = a->prefilled->cached_tokens;
+            q->store_cached = a->prefilled->store_tokens;
+        }
+        return TD_OK;
+    }
+    /* an answer the prefill worker gave (not a local cancel, deadline or lost connection) means it
+     * stopped putting; so does a call never sent (no memory to pack it); else it is asked to stop, and
+     * says when it has */
+    bool sent = !(rc == TD_ERR_NO_MEMORY && !res.code);
+    if (!res.code && sent) {
+        res.code = TD_RPC_INTERNAL;
+        snprintf(res.message, sizeof res.message, "bad PrefillResponse");
+    }
+    bool answered = !sent || res.code == TD_RPC_INVALID_ARGUMENT || res.code == TD_RPC_FAILED_PRECONDITION ||
+                    res.code == TD_RPC_NOT_FOUND || res.code == TD_RPC_PERMISSION_DENIED;
+    /* the client gone or its deadline passed: it hears so now, not after the worker's next chunk */
+    if (cancelled(q))
+        answer(q, TD_RPC_CANCELLED, "the client cancelled");
+    else if (left(q) <= 0)
+        answer(q, TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", a->pid, res.message);
+    if (!answered)
+        answered = cancel_prefill(a->p, a->reserved->landing->reservation_id, a->reserved->landing->land_by_unix_ms);
+    a->landing_open = !answered;
+    bool gone = cancelled(q);
+    /* DEADLINE_EXCEEDED with time left is the landing's lease (the call's deadline is the client's) */
+    a->p_failed = !gone && left(q) > 0.001 && res.code != TD_RPC_DEADLINE_EXCEEDED;
+    a->fail_p = res;
+    if (gone)
+        return end(a, TD_RPC_CANCELLED, "the client cancelled");
+    if (left(q) <= 0 || (fatal_code(res.code) && res.code != TD_RPC_DEADLINE_EXCEEDED))
+        return end(a, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", a->pid, res.message);
+    if (res.code == TD_RPC_DEADLINE_EXCEEDED) /* the landing's lease ran out, not the client's deadline */
+        TD_WARN("router: %s: the landing lease of reservation %llu on %s ran out before its KV was put", rid(q),
+                (unsigned long long)a->reserved->landing->reservation_id, q->did);
+    TD_WARN("router: %s: prefill on %s failed (%s: %s); trying again", rid(q), a->pid, td_rpc_code_name(res.code),
+            res.message);
+    return again(a, TD_ERR_UNAVAILABLE);
+}
+
+/* open_decode: the decode stream — after a prefill, the completion notice
+ * (the first token, the landing's digests: the decode worker joins its
+ * batch and claims the reservation); on a colocated worker, the whole
+ * request (the prompt, and on a resume the tokens streamed before, computed
+ * there). The stream is the request's from here: q->d, and q->p held for
+ * what the stream measures (rt_table_observe). */
+static td_status_t open_decode(rt_request_t *q, attempt_t *a)
+{
+    Tandem__V1__SamplingParams sp;
+    Tandem__Internal__V1__DecodeRequest drq = TANDEM__INTERNAL__V1__DECODE_REQUEST__INIT;
+    drq.request_id = q->rq->request_id;
+    drq.n_tokens = q->n_tokens;
+    drq.tokens = q->tokens;
+    drq.has_sampled_before = drq.has_resume_generated = drq.has_resume_text_sent = 1;
+    drq.sampled_before = drq.resume_generated = (uint32_t)(q->n_tokens - q->n_prompt);
+    drq.resume_text_sent = q->text_sent;
+    drq.sampling = sampling_for(q, &sp);
+    if (a->prefilled) {
+        drq.has_reservation_id = drq.has_first_token = 1;
+        drq.reservation_id = a->reserved->landing->reservation_id;
+        drq.first_token = a->prefilled->first_token;
+        drq.sampled_before++; /* and the first token */
+        drq.n_block_digests = a->prefilled->n_block_digests;
+        drq.block_digests = a->prefilled->block_digests;
+    } else {
+        drq.has_priority = q->rq->has_priority;
+        drq.priority = q->rq->priority;
+        snprintf(q->prefill_id, sizeof q->prefill_id, "%s", q->did);
+        snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
+        q->prefill_ms = 0;
+    }
+    q->st = NULL;
+    if (td_rpc_stream_open_pb(a->d->ch, "/tandem.internal.v1.Decode/Decode", &drq.base, left(q), q->scope, &q->st))
+        return end(a, TD_RPC_RESOURCE_EXHAUSTED, "no memory for the decode request");
+    if (a->renewing) /* the Decode claims it (or, failing, its lease runs out) */
+        rt_renewer_remove(q->env->renewer, a->d, a->reserved->landing->reservation_id);
+    a->renewing = false;
+    a->claimed = true;
+    q->d = a->d;
+    a->d = NULL;
+    q->p = a->p;
+    if (q->p)
+        rt_table_hold(q->env->table, q->p);
+    q->finished = q->sink_failed = false;
+    return TD_OK;
+}
+
+static int after_stream(rt_request_t *q);
+
+/* stream: the relay runs on the completion-queue threads (2), or, when no
+ * read can be posted, the stream is over at once. */
+static int stream(rt_request_t *q)
+{
+    if (td_rpc_stream_read_async(q->st, on_upstream, q) != TD_OK)
+        return after_stream(q);
+    return 2;
+}
+
+/* The router's own work in a step (not the waits on workers), for Health. */
+static void own_work(rt_request_t *q, double t0, double c0)
+{
+    q->overhead += td_now_s() - t0;
+    q->cpu += cpu_s() - c0;
+}
+
+/* One attempt: 2 the relay runs (this thread is free), 1 the request ended,
+ * 0 try again. */
+static int attempt(rt_request_t *q)
+{
+    const rt_env_t *env = q->env;
+    attempt_t a = {0};
+    double t0 = td_now_s(), c0 = cpu_s();
+    q->t_attempt = t0;
+    td_status_t st = place(q, &a);
+    own_work(q, t0, c0);
+    if (st)
+        goto release_workers;
+    if (a.p && ((st = reserve(q, &a)) || (st = prefill(q, &a))))
+        goto release_reservation;
+    t0 = td_now_s(), c0 = cpu_s();
+    st = open_decode(q, &a);
+    own_work(q, t0, c0);
+release_reservation:
+    if (a.renewing)
+        rt_renewer_remove(env->renewer, a.d, a.reserved->landing->reservation_id);
+    if (a.reserved && !a.claimed)
+        release(a.d, a.reserved->landing->reservation_id, !a.landing_open);
+    if (a.reserved)
+        tandem__internal__v1__reserve_response__free_unpacked(a.reserved, NULL);
+    if (a.prefilled)
+        tandem__internal__v1__prefill_response__free_unpacked(a.prefilled, NULL);
+release_workers:
+    if (a.queued)
+        rt_table_prefill_done(env->table, a.p, &a.pl.pred);
+    if (a.d)
+        rt_table_done(env->table, a.d, a.d_failed ? &a.fail_d : NULL, rt_suspect_for(a.fail_d.code));
+    if (a.p)
+        rt_table_done(env->table, a.p, a.p_failed ? &a.fail_p : NULL, rt_suspect_for(a.fail_p.code));
+    if (!st)
+        return stream(q);
+    if (a.again)
+        return 0;
+    finish(q, a.code, "%s", a.why);
+    return 1;
+}
 
 /* After the relay: how the stream ended decides. 1: the request ended, 0:
  * try again. */
 static int after_stream(rt_request_t *q)
 {
-    router_t *r = q->r;
+    const rt_env_t *env = q->env;
     rt_worker_t *p = q->p, *d = q->d;
     td_rpc_result_t sres = {0};
     if (!q->finished)
@@ -502,21 +830,21 @@ static int after_stream(rt_request_t *q)
                  q->pred.fetch_ms, q->pred.prefill_ms, q->pred.overhead_ms, q->pred.new_tokens, q->pred.pool_tokens,
                  q->pred.store_tokens, q->pred.alone ? ", alone" : "",
                  tm.ttft_ms, tm.prefill_ms, tm.cached_tokens);
-    rt_table_observe(&r->table, r->place, p, d, &tm);
+    rt_table_observe(env->table, env->place, p, d, &tm);
     if (!gone)
-        rt_record_done(r, tm.ttft_ms, tm.tpot_ms, tm.ok);
+        rt_stats_done(env->stats, tm.ttft_ms, tm.tpot_ms, tm.ok);
     if (tm.ok) {
-        td_metric_observe(r->metrics.e2e, tm.e2e_ms * 1e-3);
-        td_metric_add(r->metrics.prompt_tokens, tm.prompt_tokens);
-        td_metric_add(r->metrics.prefix_queries, tm.prompt_tokens);
-        td_metric_add(r->metrics.prefix_hits, q->cached);
-        td_metric_add(r->metrics.store_hits, q->store_cached);
+        td_metric_observe(env->metrics->e2e, tm.e2e_ms * 1e-3);
+        td_metric_add(env->metrics->prompt_tokens, tm.prompt_tokens);
+        td_metric_add(env->metrics->prefix_queries, tm.prompt_tokens);
+        td_metric_add(env->metrics->prefix_hits, q->cached);
+        td_metric_add(env->metrics->store_hits, q->store_cached);
         if (q->pred.valid && tm.ttft_ms > 0)
-            td_metric_observe(r->metrics.pred_err, fabs(q->pred.ttft_ms - tm.ttft_ms) / tm.ttft_ms);
+            td_metric_observe(env->metrics->pred_err, fabs(q->pred.ttft_ms - tm.ttft_ms) / tm.ttft_ms);
     }
     if (p)
-        rt_table_unhold(&r->table, p);
-    rt_table_done(&r->table, d, !q->finished && !gone && left(q) > 0.001 ? &sres : NULL, rt_suspect_for(sres.code));
+        rt_table_unhold(env->table, p);
+    rt_table_done(env->table, d, !q->finished && !gone && left(q) > 0.001 ? &sres : NULL, rt_suspect_for(sres.code));
     q->p = q->d = NULL;
     if (q->finished) {
         finish(q, TD_RPC_OK, NULL);
@@ -540,299 +868,9 @@ static int after_stream(rt_request_t *q)
         finish(q, sres.code, "decode worker %s, 3 attempts: %s", q->did, sres.message);
         return 1;
     }
-    TD_WARN("router: the decode stream on %s broke after %zu tokens (%s: %s); resuming elsewhere", q->did,
-            q->n_tokens - q->n_prompt, td_rpc_code_name(sres.code), sres.message);
+    TD_WARN("router: %s: the decode stream on %s broke after %zu tokens (%s: %s); resuming elsewhere", rid(q),
+            q->did, q->n_tokens - q->n_prompt, td_rpc_code_name(sres.code), sres.message);
     return 0;
-}
-
-/* What placement is asked: the tokens (a resume's too) and their chain of
- * block names, the request's SLOs (the router's, tightened by the request's). */
-static void place_req(rt_request_t *q, rt_place_req_t *pr)
-{
-    router_t *r = q->r;
-    uint32_t bt = r->table.expect.block_tokens;
-    size_t nb = q->n_tokens / bt;
-    if (nb > q->cap_chain) {
-        td_block_name_t *c = realloc(q->chain, nb * sizeof *c);
-        if (c) {
-            q->chain = c;
-            q->cap_chain = nb;
-        }
-    }
-    if (nb > q->cap_chain) /* no memory: priced as if nothing were cached */
-        nb = 0;
-    td_block_name_chain(r->chain_root, q->tokens, nb * bt, bt, q->chain, nb);
-    uint32_t ttft = r->cfg.router.ttft_slo_ms, tpot = r->cfg.router.tpot_slo_ms;
-    if (q->rq->ttft_slo_ms && (!ttft || q->rq->ttft_slo_ms < ttft))
-        ttft = q->rq->ttft_slo_ms;
-    if (q->rq->tpot_slo_ms && (!tpot || q->rq->tpot_slo_ms < tpot))
-        tpot = q->rq->tpot_slo_ms;
-    *pr = (rt_place_req_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .chain = q->chain, .n_blocks = nb,
-                           .max_tokens = q->max_tokens, .ttft_slo_ms = ttft, .tpot_slo_ms = tpot,
-                           /* a stream under way is finished, not judged again: its resume re-prefills
-                            * what was streamed, which the TTFT SLO never covered */
-                           .early_reject = r->cfg.router.early_reject && !q->sent_any,
-                           .priority = q->rq->has_priority ? q->rq->priority : 0};
-}
-
-/* The whole request on colocated decode worker d (a cluster with no prefill
- * worker): one Decode stream, the prompt (and on a resume the tokens
- * streamed before) computed there. 2 the relay runs, 1 the request ended. */
-static int attempt_whole(rt_request_t *q, rt_worker_t *d)
-{
-    router_t *r = q->r;
-    double t_c = td_now_s(), c_c = cpu_s();
-    memcpy(q->did, d->id, sizeof q->did);
-    snprintf(q->prefill_id, sizeof q->prefill_id, "%s", d->id);
-    snprintf(q->decode_id, sizeof q->decode_id, "%s", d->id);
-    Tandem__V1__SamplingParams sp;
-    Tandem__Internal__V1__DecodeRequest drq = TANDEM__INTERNAL__V1__DECODE_REQUEST__INIT;
-    drq.request_id = q->rq->request_id;
-    drq.n_tokens = q->n_tokens;
-    drq.tokens = q->tokens;
-    drq.has_sampled_before = drq.has_resume_generated = drq.has_resume_text_sent = 1;
-    drq.sampled_before = drq.resume_generated = (uint32_t)(q->n_tokens - q->n_prompt);
-    drq.resume_text_sent = q->text_sent;
-    drq.sampling = sampling_for(q, &sp);
-    drq.has_priority = q->rq->has_priority;
-    drq.priority = q->rq->priority;
-    size_t pn = tandem__internal__v1__decode_request__get_packed_size(&drq);
-    uint8_t *pbuf = malloc(pn);
-    if (pbuf)
-        tandem__internal__v1__decode_request__pack(&drq, pbuf);
-    q->st = NULL;
-    td_status_t rc = pbuf ? td_rpc_stream_open(d->ch, "/tandem.internal.v1.Decode/Decode", pbuf, pn, left(q), q->scope,
-                                               &q->st)
-                          : TD_ERR_NO_MEMORY;
-    free(pbuf);
-    q->p = NULL;
-    q->d = d;
-    q->prefill_ms = 0;
-    q->finished = q->sink_failed = false;
-    q->overhead += td_now_s() - t_c;
-    q->cpu += cpu_s() - c_c;
-    if (rc) {
-        q->st = NULL;
-        rt_table_done(&r->table, d, NULL, 0);
-        q->d = NULL;
-        finish(q, TD_RPC_RESOURCE_EXHAUSTED, "no memory for the decode request");
-        return 1;
-    }
-    if (td_rpc_stream_read_async(q->st, on_upstream, q) != TD_OK)
-        return after_stream(q);
-    return 2;
-}
-
-/* One attempt up to the decode stream: 2 the relay runs (this thread is
- * free), 1 the request ended, 0 try again. */
-static int attempt(rt_request_t *q)
-{
-    router_t *r = q->r;
-    double t_a = td_now_s(), c_a = cpu_s();
-    q->t_attempt = t_a;
-    rt_placement_t pl;
-    rt_place_req_t prq_place;
-    place_req(q, &prq_place);
-    rt_table_place(&r->table, r->place, &prq_place, &pl);
-    if (pl.rejected) {
-        q->retry_after_ms = pl.retry_after_ms; /* rejected early: at once, never queued */
-        q->rejected = pl.rejected;
-        finish(q, pl.code, "%s", pl.why);
-        return 1;
-    }
-    if (pl.code) {
-        /* nothing can serve it: say why now, unless a worker becomes usable before the deadline (its
-         * suspect time ends) or, for a stream already under way, a worker may still join to resume it */
-        double until = pl.retry_at ? pl.retry_at : q->sent_any ? q->deadline : 0;
-        if (until <= td_now_s() && !pl.retry_at) {
-            finish(q, pl.code, "%s", pl.why);
-            return 1;
-        }
-        if (until >= q->deadline && !q->sent_any) {
-            finish(q, pl.code, "%s (the deadline comes first)", pl.why);
-            return 1;
-        }
-        /* woken by the table (a worker joined, left or failed), capped at 1 s to see a cancel */
-        rt_table_wait(&r->table, fmin(fmin(until, q->deadline), td_now_s() + 1.0));
-        return 0;
-    }
-    rt_worker_t *d = pl.decode, *p = pl.prefill;
-    /* the deadline judged by the same prediction as early rejection: a first token predicted past it is
-     * answered now, not computed (a stream under way is finished however late, as early rejection does) */
-    double left_ms = left(q) * 1e3;
-    if (!q->sent_any && pl.pred.valid && pl.pred.ttft_ms > left_ms) {
-        rt_table_done(&r->table, d, NULL, 0);
-        if (p) {
-            rt_table_prefill_done(&r->table, p, &pl.pred);
-            rt_table_done(&r->table, p, NULL, 0);
-        }
-        finish(q, TD_RPC_DEADLINE_EXCEEDED, "deadline: the first token is predicted in %.0f ms (queue %.0f, "
-               "prefill %.0f, for %u new tokens), past the %.0f ms the deadline leaves; not started",
-               pl.pred.ttft_ms, pl.pred.queue_ms, pl.pred.prefill_ms, pl.pred.new_tokens, left_ms);
-        return 1;
-    }
-    q->pred = pl.pred;
-    if (!q->first_pred.valid)
-        q->first_pred = pl.pred;
-    q->overhead += td_now_s() - t_a;
-    q->cpu += cpu_s() - c_a;
-    if (!p)
-        return attempt_whole(q, d);
-    /* the records may be freed once released (rt_table_done): messages use copies */
-    char pid[sizeof p->id];
-    memcpy(pid, p->id, sizeof pid);
-    memcpy(q->did, d->id, sizeof q->did);
-    Tandem__Internal__V1__LandingDescriptor *land = NULL;
-    td_rpc_result_t res = {0};
-    int rv = reserve(q, d, &land, &res);
-    if (rv <= 0) {
-        /* the client's own deadline or cancel says nothing about the worker's health; a full pool
-         * is load, not a fault: the worker is skipped only briefly */
-        bool own = left(q) <= 0.001 || cancelled(q);
-        rt_table_done(&r->table, d, !own ? &res : NULL, rt_suspect_for(res.code));
-        rt_table_prefill_done(&r->table, p, &q->pred);
-        rt_table_done(&r->table, p, NULL, 0);
-        if (rv < 0) {
-            finish(q, res.code, "decode worker %s: %s", q->did, res.message);
-            return 1;
-        }
-        if (!own)
-            TD_WARN("router: reserve on %s failed (%s: %s); trying elsewhere", q->did, td_rpc_code_name(res.code),
-                    res.message);
-        return 0;
-    }
-    uint64_t res_id = land->reservation_id;
-    if (!rt_held_add(r, d, res_id, p)) {
-        release(d, res_id, true);
-        tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
-        rt_table_done(&r->table, d, NULL, 0);
-        rt_table_prefill_done(&r->table, p, &q->pred);
-        rt_table_done(&r->table, p, NULL, 0);
-        finish(q, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %d reservations, its most; try again later",
-               RT_MAX_HELD);
-        return 1;
-    }
-    /* prefill the prompt (plus what was streamed already, on a resume) */
-    double t_b = td_now_s(), c_b = cpu_s();
-    Tandem__V1__SamplingParams sp;
-    Tandem__Internal__V1__PrefillRequest prq = TANDEM__INTERNAL__V1__PREFILL_REQUEST__INIT;
-    prq.request_id = q->rq->request_id;
-    prq.n_tokens = q->n_tokens;
-    prq.tokens = q->tokens;
-    prq.sampling = sampling_for(q, &sp);
-    prq.landing = land;
-    prq.has_priority = q->rq->has_priority;
-    prq.priority = q->rq->priority;
-    prq.has_sampled_before = 1;
-    prq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt); /* streamed before a resume */
-    prq.has_landing_lease_until_unix_ms = 1;
-    prq.landing_lease_until_unix_ms = q->landing_lease_until;
-    size_t pn = tandem__internal__v1__prefill_request__get_packed_size(&prq);
-    uint8_t *pbuf = malloc(pn);
-    if (pbuf)
-        tandem__internal__v1__prefill_request__pack(&prq, pbuf);
-    q->overhead += td_now_s() - t_b;
-    q->cpu += cpu_s() - c_b;
-    uint8_t *out = NULL;
-    size_t on = 0;
-    td_status_t rc = pbuf ? td_rpc_unary(p->ch, "/tandem.internal.v1.Prefill/Prefill", pbuf, pn, left(q), q->scope,
-                                         &out, &on, &res)
-                          : TD_ERR_NO_MEMORY;
-    bool sent = pbuf != NULL;
-    free(pbuf);
-    Tandem__Internal__V1__PrefillResponse *prp = rc ? NULL : tandem__internal__v1__prefill_response__unpack(NULL, on, out);
-    free(out);
-    uint64_t land_by = land->land_by_unix_ms;
-    tandem__internal__v1__landing_descriptor__free_unpacked(land, NULL);
-    rt_table_prefill_done(&r->table, p, &q->pred);
-    if (!prp) {
-        /* an answer the prefill worker gave (not a local cancel, deadline or lost connection) means it
-         * stopped putting; so does a call never sent; else it is asked to stop, and says when it has */
-        bool answered = !sent || res.code == TD_RPC_INVALID_ARGUMENT || res.code == TD_RPC_FAILED_PRECONDITION ||
-                        res.code == TD_RPC_NOT_FOUND || res.code == TD_RPC_PERMISSION_DENIED;
-        /* the client gone or its deadline passed: it hears so now, not after the worker's next chunk */
-        if (cancelled(q))
-            answer(q, TD_RPC_CANCELLED, "the client cancelled");
-        else if (left(q) <= 0)
-            answer(q, TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", pid, res.message);
-        if (!answered)
-            answered = cancel_prefill(p, res_id, land_by);
-        rt_held_remove(r, d, res_id);
-        release(d, res_id, answered);
-        rt_table_done(&r->table, d, NULL, 0);
-        bool gone = cancelled(q);
-        /* DEADLINE_EXCEEDED with time left is the landing's lease (the call's deadline is the client's) */
-        rt_table_done(&r->table, p, !gone && left(q) > 0.001 && res.code != TD_RPC_DEADLINE_EXCEEDED ? &res : NULL,
-                      rt_suspect_for(res.code));
-        if (gone) {
-            finish(q, TD_RPC_CANCELLED, "the client cancelled");
-            return 1;
-        }
-        if (left(q) <= 0 || (fatal_code(res.code) && res.code != TD_RPC_DEADLINE_EXCEEDED)) {
-            finish(q, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", pid, res.message);
-            return 1;
-        }
-        if (res.code == TD_RPC_DEADLINE_EXCEEDED) /* the landing's lease ran out, not the client's deadline */
-            TD_WARN("router: the landing lease of reservation %llu on %s ran out before its KV was put",
-                    (unsigned long long)res_id, q->did);
-        TD_WARN("router: prefill on %s failed (%s: %s); trying again", pid, td_rpc_code_name(res.code), res.message);
-        return 0;
-    }
-    snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pid);
-    snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
-    if (q->n_tokens == q->n_prompt) {
-        q->cached = prp->cached_tokens;
-        q->store_cached = prp->store_tokens;
-    }
-    int32_t first = prp->first_token;
-    q->prefill_ms = (td_now_s() - t_b) * 1e3;
-    rt_table_hold(&r->table, p); /* for rt_table_observe once the stream is done */
-    rt_table_done(&r->table, p, NULL, 0);
-
-    /* the completion notice: decode joins its batch and streams */
-    double t_c = td_now_s(), c_c = cpu_s();
-    Tandem__Internal__V1__DecodeRequest drq = TANDEM__INTERNAL__V1__DECODE_REQUEST__INIT;
-    drq.request_id = q->rq->request_id;
-    drq.has_reservation_id = drq.has_first_token = 1;
-    drq.reservation_id = res_id;
-    drq.n_tokens = q->n_tokens;
-    drq.tokens = q->tokens;
-    drq.first_token = first;
-    drq.has_sampled_before = 1;
-    drq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt) + 1; /* and the first token */
-    drq.has_resume_generated = drq.has_resume_text_sent = 1;
-    drq.resume_generated = (uint32_t)(q->n_tokens - q->n_prompt);
-    drq.resume_text_sent = q->text_sent;
-    drq.sampling = sampling_for(q, &sp);
-    drq.n_block_digests = prp->n_block_digests;
-    drq.block_digests = prp->block_digests;
-    pn = tandem__internal__v1__decode_request__get_packed_size(&drq);
-    pbuf = malloc(pn);
-    if (pbuf)
-        tandem__internal__v1__decode_request__pack(&drq, pbuf);
-    tandem__internal__v1__prefill_response__free_unpacked(prp, NULL);
-    q->st = NULL;
-    rc = pbuf ? td_rpc_stream_open(d->ch, "/tandem.internal.v1.Decode/Decode", pbuf, pn, left(q), q->scope, &q->st)
-              : TD_ERR_NO_MEMORY;
-    free(pbuf);
-    rt_held_remove(r, d, res_id); /* the Decode claims it (or, failing, its lease runs out) */
-    q->p = p;
-    q->d = d;
-    q->finished = q->sink_failed = false;
-    q->overhead += td_now_s() - t_c;
-    q->cpu += cpu_s() - c_c;
-    if (rc) { /* no stream: as if it broke at once */
-        q->st = NULL;
-        rt_table_observe(&r->table, r->place, p, d, &(rt_timings_t){.prefill_ms = q->prefill_ms, .pred = q->pred});
-        rt_table_unhold(&r->table, p);
-        rt_table_done(&r->table, d, NULL, 0);
-        q->p = q->d = NULL;
-        finish(q, TD_RPC_RESOURCE_EXHAUSTED, "no memory for the decode request");
-        return 1;
-    }
-    if (td_rpc_stream_read_async(q->st, on_upstream, q) != TD_OK)
-        return after_stream(q);
-    return 2;
 }
 
 /* Attempts until the relay runs or the request ends. */
@@ -848,7 +886,7 @@ static void run(rt_request_t *q)
         }
         if (left(q) <= 0) {
             uint32_t np, nd;
-            rt_table_counts(&q->r->table, &np, &nd);
+            rt_table_counts(q->env->table, &np, &nd);
             finish(q, np && nd ? TD_RPC_DEADLINE_EXCEEDED : TD_RPC_UNAVAILABLE,
                    "no answer within the deadline (%zu tokens made; %u prefill and %u decode workers usable)",
                    q->n_tokens - q->n_prompt, np, nd);
@@ -888,22 +926,58 @@ static void start_task(void *arg)
 
 /* ---------------------------------------------------------------- the API */
 
-rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, double timeout_s, const rt_sink_t *sink,
-                                void *sink_ctx)
+td_status_t rt_requests_create(const rt_env_t *env, rt_requests_t **out)
+{
+    rt_requests_t *rs = calloc(1, sizeof *rs);
+    if (!rs)
+        return td_error(TD_ERR_NO_MEMORY, "router: no memory for its requests");
+    rs->env = *env;
+    pthread_mutex_init(&rs->mu, NULL);
+    *out = rs;
+    return TD_OK;
+}
+
+void rt_requests_destroy(rt_requests_t *rs)
+{
+    if (!rs)
+        return;
+    while (rs->free_reqs) {
+        rt_request_t *q = rs->free_reqs;
+        rs->free_reqs = q->next_free;
+        free(q->tokens);
+        free(q->chain);
+        free(q);
+    }
+    pthread_mutex_destroy(&rs->mu);
+    free(rs);
+}
+
+const rt_env_t *rt_requests_env(const rt_requests_t *rs) { return &rs->env; }
+
+uint32_t rt_requests_active(rt_requests_t *rs)
+{
+    pthread_mutex_lock(&rs->mu);
+    uint32_t n = rs->n_active;
+    pthread_mutex_unlock(&rs->mu);
+    return n;
+}
+
+rt_request_t *rt_request_create(rt_requests_t *rs, Tandem__V1__GenerateRequest *rq, double timeout_s,
+                                const rt_sink_t *sink, void *sink_ctx)
 {
     /* from the free list; a new one while fewer than the most that can be in flight exist */
-    pthread_mutex_lock(&r->mu);
-    rt_request_t *q = r->free_reqs;
-    bool make = !q && r->n_reqs < r->cfg.router.max_streams + RT_REQ_SLACK;
+    pthread_mutex_lock(&rs->mu);
+    rt_request_t *q = rs->free_reqs;
+    bool make = !q && rs->n_reqs < rs->env.max_streams + RT_REQ_SLACK;
     if (q)
-        r->free_reqs = q->next_free;
+        rs->free_reqs = q->next_free;
     else if (make)
-        r->n_reqs++;
-    pthread_mutex_unlock(&r->mu);
+        rs->n_reqs++;
+    pthread_mutex_unlock(&rs->mu);
     if (make && !(q = calloc(1, sizeof *q))) {
-        pthread_mutex_lock(&r->mu);
-        r->n_reqs--;
-        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_lock(&rs->mu);
+        rs->n_reqs--;
+        pthread_mutex_unlock(&rs->mu);
     }
     if (q) {
         int32_t *tokens = q->tokens;
@@ -924,15 +998,16 @@ rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, do
         dl = 3600;
     if (!q || td_rpc_scope_create(dl, &q->scope)) {
         if (q) {
-            pthread_mutex_lock(&r->mu);
-            q->next_free = r->free_reqs;
-            r->free_reqs = q;
-            pthread_mutex_unlock(&r->mu);
+            pthread_mutex_lock(&rs->mu);
+            q->next_free = rs->free_reqs;
+            rs->free_reqs = q;
+            pthread_mutex_unlock(&rs->mu);
         }
         tandem__v1__generate_request__free_unpacked(rq, NULL);
         return NULL;
     }
-    q->r = r;
+    q->rs = rs;
+    q->env = &rs->env;
     q->rq = rq;
     q->sink = *sink;
     q->sink_ctx = sink_ctx;
@@ -943,34 +1018,21 @@ rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, do
     return q;
 }
 
-void rt_request_pool_free(router_t *r)
-{
-    pthread_mutex_lock(&r->mu);
-    while (r->free_reqs) {
-        rt_request_t *q = r->free_reqs;
-        r->free_reqs = q->next_free;
-        free(q->tokens);
-        free(q->chain);
-        free(q);
-        r->n_reqs--;
-    }
-    pthread_mutex_unlock(&r->mu);
-}
-
 void rt_request_set_key(rt_request_t *q, const rt_key_t *key) { q->key = key; }
 
 void rt_request_start(rt_request_t *q)
 {
-    router_t *r = q->r;
-    pthread_mutex_lock(&r->mu);
-    bool room = r->n_active < r->cfg.router.max_streams;
-    r->n_active++; /* finish counts it out */
-    pthread_mutex_unlock(&r->mu);
+    rt_requests_t *rs = q->rs;
+    pthread_mutex_lock(&rs->mu);
+    bool room = rs->n_active < rs->env.max_streams;
+    rs->n_active++; /* finish counts it out */
+    pthread_mutex_unlock(&rs->mu);
+    td_metric_add(rs->env.metrics->running, 1);
     q->t_queued = td_now_s();
     if (!room)
         finish(q, TD_RPC_RESOURCE_EXHAUSTED, "the router serves %u requests at once, its most (router.max_streams); "
-               "try again later", r->cfg.router.max_streams);
-    else if (td_pool_submit(r->pool, start_task, q) != TD_OK)
+               "try again later", rs->env.max_streams);
+    else if (td_pool_submit(rs->env.pool, start_task, q) != TD_OK)
         finish(q, TD_RPC_UNAVAILABLE, "the router is stopping");
 }
 

@@ -3,11 +3,11 @@
  *
  * The transport parses its request into a tandem.v1 GenerateRequest, gives
  * it a deadline and a sink, and starts it; the request validates and
- * tokenizes, places itself on a (prefill, decode) pair, reserves, prefills,
- * and relays the decode stream into the sink, resuming elsewhere when a
- * worker fails, until it ends — exactly once — with sink->end. The steps
- * that wait run on the router's pool; the relay runs on the RPC
- * completion-queue threads, so an open stream holds no thread.
+ * tokenizes, then runs attempts — place, reserve, prefill, open_decode,
+ * stream — resuming elsewhere when a worker fails, until it ends — exactly
+ * once — with sink->end. The steps that wait run on the env's pool; the
+ * relay runs on the RPC completion-queue threads, so an open stream holds
+ * no thread.
  *
  * The sink: emit sends one response without blocking and reports its write
  * with rt_request_sent (one in flight at a time: a slow client holds the
@@ -19,8 +19,44 @@
 #define RT_REQUEST_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
-#include "router/router.h"
+#include "common/blockhash.h"
+#include "common/pool.h"
+#include "router/input.h"
+#include "router/keys.h"
+#include "router/metrics.h"
+#include "router/placement.h"
+#include "router/renewer.h"
+#include "router/stats.h"
+#include "tandem/v1/tandem.pb-c.h"
+
+/* Request objects beyond max_streams: those created and not yet admitted
+ * (a handler thread's worth each). */
+#define RT_REQ_SLACK 64
+
+/* What a request uses of the router, filled by the router (or a test) and
+ * alive while requests run: the pipeline reaches the rest of the process
+ * through nothing else. */
+typedef struct rt_env {
+    const rt_input_t *input;         /* the model's tokenizer and chat template */
+    rt_table_t *table;               /* the workers */
+    const rt_placement_ops_t *place; /* router.placement */
+    td_block_name_t chain_root;      /* of the cluster's block names (common/blockhash.h) */
+    td_pool_t *pool;                 /* runs the steps that wait (placement, reserve, prefill) */
+    rt_renewer_t *renewer;           /* renews the reservations requests hold */
+    rt_stats_t *stats;               /* counts their ends */
+    rt_metrics_t *metrics;           /* Prometheus (NULL: none) */
+    rt_keys_t *api_keys;             /* router.api_keys (NULL: none) */
+    uint32_t max_streams;            /* router.max_streams */
+    uint32_t default_max_tokens;     /* when a request gives none */
+    uint32_t ttft_slo_ms, tpot_slo_ms; /* router.ttft_slo_ms, tpot_slo_ms (0: none) */
+    bool early_reject;               /* router.early_reject */
+} rt_env_t;
+
+/* The request objects (a free list, kept with their buffers) and how many
+ * requests run. */
+typedef struct rt_requests rt_requests_t;
 
 typedef struct rt_request rt_request_t;
 
@@ -32,23 +68,28 @@ typedef struct rt_sink {
     void (*end)(void *ctx, int code, const char *message, uint32_t retry_after_ms, const char *rejected);
 } rt_sink_t;
 
+/* env is copied. */
+td_status_t rt_requests_create(const rt_env_t *env, rt_requests_t **out);
+/* Frees the objects (at exit, once no request is in flight). */
+void rt_requests_destroy(rt_requests_t *rs);
+const rt_env_t *rt_requests_env(const rt_requests_t *rs);
+/* Requests started and not ended. */
+uint32_t rt_requests_active(rt_requests_t *rs);
+
 /* A request for rq (taken: freed with the request) that may take timeout_s
  * seconds (capped by rq->deadline_ms and an hour). Request objects come from
- * the router's free list (at most router.max_streams + RT_REQ_SLACK exist;
- * an ended one is kept with its buffers for the next); NULL when none is
- * left or without memory (rq is then freed): the caller refuses the request
- * at admission. Nothing runs until rt_request_start. */
-rt_request_t *rt_request_create(router_t *r, Tandem__V1__GenerateRequest *rq, double timeout_s, const rt_sink_t *sink,
-                                void *sink_ctx);
-/* Frees the free list (at exit, once no request is in flight). */
-void rt_request_pool_free(router_t *r);
-/* Runs it; it ends through sink->end — on this thread when the router holds
- * router.max_streams requests already (RESOURCE_EXHAUSTED). */
+ * rs's free list (at most max_streams + RT_REQ_SLACK exist; an ended one is
+ * kept with its buffers for the next); NULL when none is left or without
+ * memory (rq is then freed): the caller refuses the request at admission.
+ * Nothing runs until rt_request_start. */
+rt_request_t *rt_request_create(rt_requests_t *rs, Tandem__V1__GenerateRequest *rq, double timeout_s,
+                                const rt_sink_t *sink, void *sink_ctx);
+/* Runs it; it ends through sink->end — on this thread when max_streams
+ * requests run already (RESOURCE_EXHAUSTED). */
 void rt_request_start(rt_request_t *q);
 /* Before start: the caller's API key (router/keys.h), charged the most the
  * request may use once it is tokenized, settled at its end. */
-struct rt_key;
-void rt_request_set_key(rt_request_t *q, const struct rt_key *key);
+void rt_request_set_key(rt_request_t *q, const rt_key_t *key);
 /* Any thread, until end: the client went away. */
 void rt_request_cancel(rt_request_t *q);
 /* The sink's write of the last emitted message is done (ok false: failed). */

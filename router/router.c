@@ -1,11 +1,15 @@
 /* router.c — tandem-router: the public API (tandem.v1) in front of the
  * prefill and decode workers (DESIGN.md §1).
  *
- * This file is the process and its gRPC front: membership from etcd, the
- * reservation renewer, and the handlers. A Generate call becomes a
- * transport-neutral request (request.h) whose sink writes to the call; the
- * handler returns its thread at once and the request runs on the router's
- * pool and the RPC completion-queue threads. */
+ * This file is the process and its gRPC front: it owns the router's state
+ * (router_t, private to it), starts its parts — membership from etcd, the
+ * cache index (follow.c), the reservation renewer (renewer.c), the request
+ * pipeline (request.c), the HTTP front door (http.c), metrics (metrics.c),
+ * the planner (planner.c) — handing each what it uses, and serves the
+ * tandem.v1 handlers. A Generate call becomes a transport-neutral request
+ * (request.h) whose sink writes to the call; the handler returns its thread
+ * at once and the request runs on the router's pool and the RPC
+ * completion-queue threads. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <jansson.h>
@@ -25,28 +29,44 @@
 #include "router/keys.h"
 #include "router/follow.h"
 #include "common/grow.h"
-#include "common/kv_contract_pb.h"
-#include "common/pb_arena.h"
-#include "common/pb_wire.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "common/rpc_pb.h"
 #include "common/rpc.h"
-#include "engine/chat.h"
 #include "engine/model.h"
-#include "engine/sampler.h"
-#include "engine/sampling_pb.h"
-#include "engine/tokenizer.h"
 #include "router/http.h"
+#include "router/input.h"
+#include "router/metrics.h"
 #include "router/placement.h"
-#include "router/request.h"
-#include "router/router.h"
 #include "router/planner.h"
+#include "router/renewer.h"
+#include "router/request.h"
+#include "router/stats.h"
 #include "tandem/internal/v1/worker.pb-c.h"
 #include "tandem/v1/tandem.pb-c.h"
 
-#define MAX_PROMPT_BYTES (1u << 20)
 #define RT_POOL_THREADS 32 /* steps that wait on a worker (reserve, prefill) at once */
+
+typedef struct router {
+    rt_input_t input;                /* the model's tokenizer and chat template */
+    rt_table_t table;                /* the workers, from etcd */
+    const rt_placement_ops_t *place; /* router.placement */
+    rt_kvindex_t *index;             /* the cache index (router/kvindex.h) */
+    struct rt_follow *follow;        /* keeps it (router/follow.h) */
+    td_etcd_t *etcd;
+    td_etcd_watch_t *watch;
+    td_config_t cfg;         /* the file, then the flags over it; validated */
+    td_rpc_tls_t tls_files;  /* the internal planes' mutual TLS (cluster section) */
+    const td_rpc_tls_t *tls; /* &tls_files, or NULL under cluster.plaintext */
+    rt_keys_t *api_keys, *admin_keys; /* router.api_keys, router.admin_keys (NULL: none) */
+    td_pool_t *pool;         /* runs the requests' steps that wait (placement, reserve, prefill) */
+    rt_renewer_t *renewer;
+    rt_stats_t *stats;
+    rt_requests_t *requests;
+    rt_planner_t *planner;
+    rt_metrics_t metrics;         /* Prometheus (router/metrics.h) */
+    rt_metrics_src_t metrics_src; /* what its scrapes read */
+} router_t;
 
 /* ---------------------------------------------------------------- etcd */
 
@@ -87,287 +107,6 @@ static td_status_t membership_start(router_t *r)
     int64_t rev = kvs.revision;
     td_etcd_kvs_free(&kvs);
     return td_etcd_watch_start(r->etcd, "/tandem/workers/", rev + 1, on_watch, on_resync, r, &r->watch);
-}
-
-/* ---------------------------------------------------------------- helpers */
-
-
-/* Renders and tokenizes the input; an error (INVALID_ARGUMENT) names the field. */
-td_status_t rt_tokenize_input(router_t *r, const char *prompt, const Tandem__V1__ChatInput *chat, bool parse_special,
-                              bool add_bos, int32_t **ids, size_t *n, char *err, size_t errcap)
-{
-    char *text = NULL;
-    const char *input = prompt;
-    unsigned flags = add_bos ? ENG_TOK_ADD_BOS : 0;
-    if (chat) {
-        if (!r->has_chat) {
-            snprintf(err, errcap, "chat: the model %s has no chat template; send a prompt", r->model->desc.name);
-            return TD_ERR_INVALID_ARG;
-        }
-        if (!chat->n_messages) {
-            snprintf(err, errcap, "chat.messages: empty");
-            return TD_ERR_INVALID_ARG;
-        }
-        if (chat->n_messages > RT_MAX_CHAT_MESSAGES) {
-            snprintf(err, errcap, "chat.messages: %zu messages, at most %d", chat->n_messages, RT_MAX_CHAT_MESSAGES);
-            return TD_ERR_INVALID_ARG;
-        }
-        eng_chat_msg_t *msgs = calloc(chat->n_messages, sizeof *msgs);
-        if (!msgs)
-            return TD_ERR_NO_MEMORY;
-        size_t bytes = 0;
-        for (size_t i = 0; i < chat->n_messages; i++) {
-            msgs[i].role = chat->messages[i]->role ? chat->messages[i]->role : "";
-            msgs[i].content = chat->messages[i]->content ? chat->messages[i]->content : "";
-            bytes += strlen(msgs[i].content);
-        }
-        bool agp = chat->has_add_generation_prompt ? chat->add_generation_prompt
-                                                   : strcmp(msgs[chat->n_messages - 1].role, "assistant") != 0;
-        td_status_t rc = bytes > MAX_PROMPT_BYTES ? TD_ERR_INVALID_ARG
-                                                  : eng_chat_render(&r->chat, msgs, chat->n_messages, agp, &text);
-        free(msgs);
-        if (rc) {
-            if (bytes > MAX_PROMPT_BYTES)
-                snprintf(err, errcap, "chat.messages: %zu bytes of content, more than the limit of %u", bytes,
-                         MAX_PROMPT_BYTES);
-            else
-                snprintf(err, errcap, "chat.messages: %s", td_last_error());
-            return TD_ERR_INVALID_ARG;
-        }
-        input = text;
-        flags |= ENG_TOK_PARSE_SPECIAL;
-    } else {
-        if (!prompt || !prompt[0]) {
-            snprintf(err, errcap, "prompt: empty (set prompt or chat)");
-            return TD_ERR_INVALID_ARG;
-        }
-        if (strlen(prompt) > MAX_PROMPT_BYTES) {
-            snprintf(err, errcap, "prompt: %zu bytes, more than the limit of %u", strlen(prompt), MAX_PROMPT_BYTES);
-            return TD_ERR_INVALID_ARG;
-        }
-        if (parse_special)
-            flags |= ENG_TOK_PARSE_SPECIAL;
-    }
-    size_t cap = 0;
-    *ids = NULL;
-    td_status_t rc = eng_tokenizer_encode(r->model->tok, input, strlen(input), flags, ids, &cap, n);
-    free(text);
-    if (rc)
-        snprintf(err, errcap, "%s: %s", chat ? "chat" : "prompt", td_last_error());
-    return rc;
-}
-
-void rt_count(router_t *r, bool ok, double overhead, double cpu, double handoff)
-{
-    pthread_mutex_lock(&r->mu);
-    r->n_requests++;
-    if (ok)
-        r->n_ok++;
-    else
-        r->n_errors++;
-    if (overhead >= 0) {
-        r->overhead_cpu[r->n_overhead % RT_OVERHEAD_RING] = cpu;
-        r->handoff[r->n_overhead % RT_OVERHEAD_RING] = handoff;
-        r->overhead[r->n_overhead++ % RT_OVERHEAD_RING] = overhead;
-    }
-    pthread_mutex_unlock(&r->mu);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-void rt_record_done(router_t *r, double ttft_ms, double tpot_ms, bool ok)
-{
-    pthread_mutex_lock(&r->mu);
-    r->done[r->n_done++ % RT_DONE_RING] = (rt_done_t){td_now_s(), ttft_ms, tpot_ms, ok};
-    pthread_mutex_unlock(&r->mu);
-}
-
-static double p90(double *v, uint32_t n)
-{
-    if (!n)
-        return 0;
-    qsort(v, n, sizeof *v, cmp_double);
-    return v[(size_t)(0.9 * (double)(n - 1))];
-}
-
-void rt_slo_window(router_t *r, double since, double ttft_slo_ms, double tpot_slo_ms, rt_slo_window_t *out)
-{
-    memset(out, 0, sizeof *out);
-    double *ttft = malloc(RT_DONE_RING * sizeof *ttft), *tpot = malloc(RT_DONE_RING * sizeof *tpot);
-    if (!ttft || !tpot) {
-        free(ttft);
-        free(tpot);
-        return;
-    }
-    pthread_mutex_lock(&r->mu);
-    uint64_t n = r->n_done < RT_DONE_RING ? r->n_done : RT_DONE_RING;
-    for (uint64_t k = 0; k < n; k++) {
-        const rt_done_t *d = &r->done[(r->n_done - 1 - k) % RT_DONE_RING];
-        if (d->t < since)
-            break;
-        bool ttft_miss = !d->ok || (ttft_slo_ms > 0 && d->ttft_ms > ttft_slo_ms);
-        bool tpot_miss = !d->ok || (tpot_slo_ms > 0 && d->tpot_ms > tpot_slo_ms);
-        out->ttft_missed += ttft_miss;
-        out->tpot_missed += tpot_miss;
-        out->met += !ttft_miss && !tpot_miss;
-        ttft[out->n] = d->ttft_ms;
-        tpot[out->n++] = d->tpot_ms;
-    }
-    pthread_mutex_unlock(&r->mu);
-    out->ttft_p90_ms = p90(ttft, out->n);
-    out->tpot_p90_ms = p90(tpot, out->n);
-    free(ttft);
-    free(tpot);
-}
-
-/* ---------------------------------------------------------------- reservations */
-
-/* Starts renewing reservation id on d; false when the table is full. */
-bool rt_held_add(router_t *r, rt_worker_t *d, uint64_t id, rt_worker_t *p)
-{
-    pthread_mutex_lock(&r->held_mu);
-    bool ok = r->n_held < RT_MAX_HELD;
-    if (ok)
-        r->held[r->n_held++] = (rt_held_t){d, id, p};
-    pthread_mutex_unlock(&r->held_mu);
-    return ok;
-}
-
-void rt_held_remove(router_t *r, rt_worker_t *d, uint64_t id)
-{
-    pthread_mutex_lock(&r->held_mu);
-    for (size_t i = 0; i < r->n_held; i++)
-        if (r->held[i].d == d && r->held[i].id == id) {
-            r->held[i] = r->held[--r->n_held];
-            break;
-        }
-    pthread_mutex_unlock(&r->held_mu);
-}
-
-/* The landing leases of the reservations renewed until `until` (those the
- * decode worker did not call unknown), one Extend per prefill worker. */
-static void extend_landings(const rt_held_t *snap, const bool *renewed, size_t n, uint64_t until)
-{
-    static rt_worker_t *ps[RT_MAX_HELD];
-    static td_rpc_unary_call_t calls[RT_MAX_HELD];
-    static uint64_t ids[RT_MAX_HELD];
-    size_t np = 0, at = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!snap[i].p || !renewed[i])
-            continue;
-        bool seen = false;
-        for (size_t k = 0; k < np && !seen; k++)
-            seen = ps[k] == snap[i].p;
-        if (!seen)
-            ps[np++] = snap[i].p;
-    }
-    for (size_t k = 0; k < np; k++) {
-        Tandem__Internal__V1__ExtendLandingRequest rq = TANDEM__INTERNAL__V1__EXTEND_LANDING_REQUEST__INIT;
-        rq.reservation_ids = ids + at;
-        for (size_t i = 0; i < n; i++)
-            if (snap[i].p == ps[k] && renewed[i])
-                ids[at + rq.n_reservation_ids++] = snap[i].id;
-        at += rq.n_reservation_ids;
-        rq.has_until_unix_ms = 1;
-        rq.until_unix_ms = until;
-        size_t len = tandem__internal__v1__extend_landing_request__get_packed_size(&rq);
-        uint8_t *buf = malloc(len ? len : 1);
-        if (buf)
-            tandem__internal__v1__extend_landing_request__pack(&rq, buf);
-        calls[k] = (td_rpc_unary_call_t){.ch = buf ? ps[k]->ch : NULL, .method = "/tandem.internal.v1.Prefill/Extend",
-                                         .req = buf, .req_len = len};
-    }
-    td_rpc_unary_all(calls, np, 0.5);
-    for (size_t k = 0; k < np; k++) {
-        if (calls[k].ch && calls[k].rc)
-            TD_DEBUG("router: extending landings on %s: %s", ps[k]->id, calls[k].res.message);
-        free((void *)calls[k].req);
-        free(calls[k].resp);
-    }
-}
-
-/* Every RT_RES_RENEW_S: one Renew per decode worker for the reservations held
- * on it (each call bounded by 0.5 s, so one slow worker delays the others'
- * renewals by that much at most, well within the lease), then the landing
- * leases of those renewed extended on their prefill workers to the lease the
- * decode workers were asked for, counted from before the Renew was sent — so
- * no put can come after the decode worker's fence on those blocks ends. */
-static void *renewer_thread(void *arg)
-{
-    router_t *r = arg;
-    static rt_held_t snap[RT_MAX_HELD];
-    static uint64_t ids[RT_MAX_HELD];
-    static bool sent[RT_MAX_HELD], renewed[RT_MAX_HELD];
-    pthread_mutex_lock(&r->held_mu);
-    while (!r->renewer_stop) {
-        struct timespec until = td_wall_deadline(RT_RES_RENEW_S);
-        pthread_cond_timedwait(&r->held_cv, &r->held_mu, &until);
-        if (r->renewer_stop)
-            break;
-        size_t n = r->n_held;
-        memcpy(snap, r->held, n * sizeof *snap);
-        for (size_t i = 0; i < n; i++) { /* the holder may finish meanwhile: keep the records alive */
-            rt_table_hold(&r->table, snap[i].d);
-            if (snap[i].p)
-                rt_table_hold(&r->table, snap[i].p);
-            sent[i] = renewed[i] = false;
-        }
-        pthread_mutex_unlock(&r->held_mu);
-        uint64_t lease_until = td_unix_ms() + RT_RES_LEASE_MS; /* before any Renew is sent */
-        for (size_t i = 0; i < n; i++) {
-            if (sent[i])
-                continue;
-            rt_worker_t *d = snap[i].d;
-            size_t k = 0;
-            for (size_t j = i; j < n; j++)
-                if (snap[j].d == d) {
-                    ids[k++] = snap[j].id;
-                    sent[j] = true;
-                }
-            Tandem__Internal__V1__RenewRequest rq = TANDEM__INTERNAL__V1__RENEW_REQUEST__INIT;
-            rq.n_reservation_ids = k;
-            rq.reservation_ids = ids;
-            rq.has_lease_ms = 1;
-            rq.lease_ms = RT_RES_LEASE_MS;
-            size_t pn = tandem__internal__v1__renew_request__get_packed_size(&rq);
-            uint8_t *buf = malloc(pn ? pn : 1), *out = NULL;
-            size_t on;
-            td_rpc_result_t res;
-            if (buf) {
-                tandem__internal__v1__renew_request__pack(&rq, buf);
-                if (td_rpc_unary(d->ch, "/tandem.internal.v1.Decode/Renew", buf, pn, 0.5, NULL, &out, &on, &res)) {
-                    TD_DEBUG("router: renewing %zu reservations on %s: %s", k, d->id, res.message);
-                } else {
-                    Tandem__Internal__V1__RenewResponse *rp = tandem__internal__v1__renew_response__unpack(NULL, on,
-                                                                                                           out);
-                    for (size_t j = i; rp && j < n; j++) {
-                        if (snap[j].d != d)
-                            continue;
-                        renewed[j] = true;
-                        for (size_t u = 0; u < rp->n_unknown_ids; u++)
-                            renewed[j] &= rp->unknown_ids[u] != snap[j].id;
-                    }
-                    if (rp)
-                        tandem__internal__v1__renew_response__free_unpacked(rp, NULL);
-                }
-            }
-            free(buf);
-            free(out);
-        }
-        extend_landings(snap, renewed, n, lease_until);
-        for (size_t i = 0; i < n; i++) {
-            rt_table_unhold(&r->table, snap[i].d);
-            if (snap[i].p)
-                rt_table_unhold(&r->table, snap[i].p);
-        }
-        pthread_mutex_lock(&r->held_mu);
-    }
-    pthread_mutex_unlock(&r->held_mu);
-    return NULL;
 }
 
 /* ---------------------------------------------------------------- Generate over gRPC */
@@ -416,30 +155,13 @@ static void g_cancel(void *ctx, bool ok)
 
 static const rt_sink_t grpc_sink = {.emit = g_emit, .end = g_end};
 
-/* A NUL inside a string field would cut it short once unpacked: refused,
- * naming the field (true: the call is finished). */
-static bool refuse_nul(td_rpc_call_t *call, const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
-{
-    char where[256];
-    size_t at;
-    if (!td_pb_find_nul(d, p, n, where, sizeof where, &at))
-        return false;
-    td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT,
-                       "%s: a NUL character (U+0000) at byte %zu; tandem does not take text with NULs", where, at);
-    return true;
-}
-
 static void h_generate(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__V1__GenerateRequest *rq = tandem__v1__generate_request__unpack(NULL, n, p);
-    if (!rq || refuse_nul(call, &tandem__v1__generate_request__descriptor, p, n)) {
-        if (!rq)
-            td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "GenerateRequest does not parse");
-        tandem__v1__generate_request__free_unpacked(rq, NULL);
-        rt_count(r, false, -1, -1, -1);
+    Tandem__V1__GenerateRequest *rq =
+        (Tandem__V1__GenerateRequest *)td_rpc_request_pb(call, &tandem__v1__generate_request__descriptor);
+    if (!rq) {
+        rt_stats_count(r->stats, false, -1, -1, -1);
         return;
     }
     const rt_key_t *key = NULL;
@@ -457,19 +179,19 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
             }
             TD_WARN("router: Generate from %s refused: %s", td_rpc_call_peer(call), msg);
             td_rpc_call_finish(call, kc, "%s", msg);
-            rt_count(r, false, -1, -1, -1);
+            rt_stats_count(r->stats, false, -1, -1, -1);
             return;
         }
     }
     grpc_sink_t *g = calloc(1, sizeof *g);
-    rt_request_t *q = g ? rt_request_create(r, rq, td_rpc_call_time_left(call), &grpc_sink, g) : NULL;
+    rt_request_t *q = g ? rt_request_create(r->requests, rq, td_rpc_call_time_left(call), &grpc_sink, g) : NULL;
     if (!q) {
         if (!g)
             tandem__v1__generate_request__free_unpacked(rq, NULL);
         free(g);
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %u requests at once, its most "
                            "(router.max_streams), or has no memory; try again later", r->cfg.router.max_streams);
-        rt_count(r, false, -1, -1, -1);
+        rt_stats_count(r->stats, false, -1, -1, -1);
         return;
     }
     g->call = call;
@@ -484,19 +206,14 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
 static void h_tokenize(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__V1__TokenizeRequest *rq = tandem__v1__tokenize_request__unpack(NULL, n, p);
-    if (!rq || refuse_nul(call, &tandem__v1__tokenize_request__descriptor, p, n)) {
-        if (!rq)
-            td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "TokenizeRequest does not parse");
-        tandem__v1__tokenize_request__free_unpacked(rq, NULL);
+    Tandem__V1__TokenizeRequest *rq =
+        (Tandem__V1__TokenizeRequest *)td_rpc_request_pb(call, &tandem__v1__tokenize_request__descriptor);
+    if (!rq)
         return;
-    }
     char err[600];
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    td_status_t rc = rt_tokenize_input(r, rq->input_case == TANDEM__V1__TOKENIZE_REQUEST__INPUT_TEXT ? rq->text : NULL,
+    td_status_t rc = rt_tokenize_input(&r->input, rq->input_case == TANDEM__V1__TOKENIZE_REQUEST__INPUT_TEXT ? rq->text : NULL,
                                     rq->input_case == TANDEM__V1__TOKENIZE_REQUEST__INPUT_CHAT ? rq->chat : NULL,
                                     rq->parse_special, rq->add_bos, &ids, &n_ids, err, sizeof err);
     if (rc) {
@@ -515,11 +232,11 @@ static void h_list_models(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
     Tandem__V1__ModelInfo mi = TANDEM__V1__MODEL_INFO__INIT;
-    mi.id = r->model->desc.name;
-    mi.family = r->model->desc.family;
+    mi.id = r->input.model->desc.name;
+    mi.family = r->input.model->desc.family;
     mi.has_context_length = mi.has_vocab_size = mi.has_prefill_workers = mi.has_decode_workers = 1;
-    mi.context_length = r->model->desc.context;
-    mi.vocab_size = r->model->desc.vocab;
+    mi.context_length = r->input.model->desc.context;
+    mi.vocab_size = r->input.model->desc.vocab;
     rt_table_counts(&r->table, &mi.prefill_workers, &mi.decode_workers);
     Tandem__V1__ModelInfo *list[1] = {&mi};
     Tandem__V1__ListModelsResponse lr = TANDEM__V1__LIST_MODELS_RESPONSE__INIT;
@@ -564,7 +281,7 @@ static void cluster_json(router_t *r, json_t *j)
     td_ops_free(ops);
     td_etcd_kvs_free(&kvs);
     rt_slo_window_t w;
-    rt_slo_window(r, td_now_s() - 60, ttft, tpot, &w);
+    rt_stats_window(r->stats, td_now_s() - 60, ttft, tpot, &w);
     json_t *slo = json_pack("{s:i, s:f, s:f, s:f, s:i, s:i, s:f, s:f}", "window_s", 60, "ttft_ms", ttft, "tpot_ms", tpot,
                             "target", target, "requests", (int)w.n, "met", (int)w.met, "ttft_p90_ms", w.ttft_p90_ms,
                             "tpot_p90_ms", w.tpot_p90_ms);
@@ -624,34 +341,8 @@ static void h_health(void *ctx, td_rpc_call_t *call)
             json_array_append_new(refused, json_pack("{s:s, s:s}", "id", r->table.w[i]->id, "why",
                                                      r->table.w[i]->refused_why));
     pthread_mutex_unlock(&r->table.mu);
-    pthread_mutex_lock(&r->mu);
-    size_t no = r->n_overhead < RT_OVERHEAD_RING ? r->n_overhead : RT_OVERHEAD_RING;
-    /* each ring sorted for its quantiles: wall and CPU time of the router's work per request, and the
-     * time its steps waited to be picked up by a pool thread */
-    static const char *const names[3] = {"overhead_ms", "overhead_cpu_ms", "handoff_ms"};
-    double *q[3];
-    for (int k = 0; k < 3; k++) {
-        q[k] = malloc((no ? no : 1) * sizeof *q[k]);
-        if (q[k])
-            memcpy(q[k], k == 0 ? r->overhead : k == 1 ? r->overhead_cpu : r->handoff, no * sizeof *q[k]);
-    }
-    json_t *j = json_pack("{s:i, s:i, s:I, s:I, s:I}", "prefill_workers", (int)np, "decode_workers", (int)nd,
-                          "requests", (json_int_t)r->n_requests, "ok", (json_int_t)r->n_ok, "errors",
-                          (json_int_t)r->n_errors);
-    pthread_mutex_unlock(&r->mu);
-    for (int k = 0; k < 3; k++) {
-        if (q[k] && no) {
-            char key[48];
-            qsort(q[k], no, sizeof *q[k], cmp_double);
-            snprintf(key, sizeof key, "%s_p50", names[k]);
-            json_object_set_new(j, key, json_real(q[k][no / 2] * 1e3));
-            snprintf(key, sizeof key, "%s_p99", names[k]);
-            json_object_set_new(j, key, json_real(q[k][(size_t)(0.99 * (double)(no - 1))] * 1e3));
-            snprintf(key, sizeof key, "%s_max", names[k]);
-            json_object_set_new(j, key, json_real(q[k][no - 1] * 1e3));
-        }
-        free(q[k]);
-    }
+    json_t *j = json_pack("{s:i, s:i}", "prefill_workers", (int)np, "decode_workers", (int)nd);
+    rt_stats_json(r->stats, j);
     json_object_set_new(j, "refused", refused);
     cluster_json(r, j);
     json_object_set_new(j, "pools", pools_json(r));
@@ -701,13 +392,9 @@ static void h_scale(void *ctx, td_rpc_call_t *call)
                            "\"admin\")", td_rpc_call_peer(call));
         return;
     }
-    size_t n;
-    const uint8_t *p = td_rpc_call_payload(call, &n);
-    Tandem__V1__ScaleRequest *rq = tandem__v1__scale_request__unpack(NULL, n, p);
-    if (!rq) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "Scale: not a ScaleRequest");
+    Tandem__V1__ScaleRequest *rq = (Tandem__V1__ScaleRequest *)td_rpc_request_pb(call, &tandem__v1__scale_request__descriptor);
+    if (!rq)
         return;
-    }
     td_ops_t *ops = NULL;
     char *text = NULL;
     int code = TD_RPC_OK;
@@ -731,7 +418,7 @@ static void h_scale(void *ctx, td_rpc_call_t *call)
                          : td_ops_parse(defaults, strlen(defaults), "defaults", &ops)) {
             code = TD_RPC_FAILED_PRECONDITION;
             snprintf(msg, sizeof msg, "Scale: the ops config in etcd: %s", td_last_error());
-        } else if (td_ops_set_counts(ops, r->model->desc.name, rq->prefill, rq->decode)) {
+        } else if (td_ops_set_counts(ops, r->input.model->desc.name, rq->prefill, rq->decode)) {
             code = TD_RPC_INVALID_ARGUMENT;
             snprintf(msg, sizeof msg, "Scale: %s", td_last_error());
         }
@@ -810,16 +497,48 @@ static const char router_usage[] =
 
 static int parse_args(router_t *r, int argc, char **argv)
 {
-    r->default_max_tokens = 128;
     return td_config_from_args(&r->cfg, "tandem-router", "router", router_flags,
                                sizeof router_flags / sizeof router_flags[0], NULL, NULL, NULL, router_usage, argc, argv);
+}
+
+/* The parts that serve requests: the worker table and placement, the
+ * cache index and its follower, the pool, the renewer, the statistics, the
+ * request pipeline's objects and metrics. */
+static td_status_t parts_start(router_t *r)
+{
+    const eng_model_desc_t *md = &r->input.model->desc;
+    td_kv_layout_t expect = td_kv_layout_make(md->name, md->n_layers, md->n_kv_heads, md->head_dim,
+                                              r->cfg.model.block_tokens, TD_KV_F16);
+    td_kv_dtype_parse(r->cfg.model.kv_dtype, &expect.dtype); /* validated */
+    rt_table_init(&r->table, &expect, r->tls);
+    r->place = rt_placement_by_name(r->cfg.router.placement); /* validated */
+    td_status_t rc = rt_kvindex_create(r->cfg.router.index_max_blocks, &r->index);
+    if (rc)
+        return rc;
+    r->table.ix = r->index;
+    /* a queued step per request at most: the queue holds every request the router admits */
+    if ((rc = td_pool_create("router", RT_POOL_THREADS, (size_t)r->cfg.router.max_streams + 64, &r->pool)) ||
+        (rc = rt_renewer_start(&r->table, &r->renewer)) || (rc = rt_stats_create(&r->stats)) ||
+        (rc = membership_start(r)) ||
+        (rc = rt_follow_start(&r->table, r->index, r->etcd, r->tls, r->cfg.router.index_drop_events, &r->follow)))
+        return rc;
+    r->metrics_src = (rt_metrics_src_t){.table = &r->table, .place = r->place, .follow = r->follow, .etcd = r->etcd};
+    if ((rc = rt_metrics_start(&r->metrics, md->name, r->cfg.metrics.listen, r->tls, &r->metrics_src)))
+        return rc;
+    rt_env_t env = {.input = &r->input, .table = &r->table, .place = r->place, .pool = r->pool,
+                    .renewer = r->renewer, .stats = r->stats, .metrics = &r->metrics, .api_keys = r->api_keys,
+                    .max_streams = r->cfg.router.max_streams, .default_max_tokens = 128,
+                    .ttft_slo_ms = r->cfg.router.ttft_slo_ms, .tpot_slo_ms = r->cfg.router.tpot_slo_ms,
+                    .early_reject = r->cfg.router.early_reject,
+                    .chain_root = td_block_name_root(expect.model_id, td_kv_dtype_name(expect.dtype),
+                                                     expect.block_tokens)};
+    return rt_requests_create(&env, &r->requests);
 }
 
 int main(int argc, char **argv)
 {
     td_process_init("tandem-router");
     static router_t r;
-    pthread_mutex_init(&r.mu, NULL);
     int code = parse_args(&r, argc, argv);
     if (code) {
         td_config_free(&r.cfg);
@@ -841,33 +560,7 @@ int main(int argc, char **argv)
     }
     if (!r.api_keys)
         TD_WARN("router.api_keys is not set: the public API (gRPC and HTTP) takes requests without an API key");
-    if (eng_model_open(r.cfg.model.path, &r.model))
-        goto out;
-    r.has_chat = eng_chat_init(&r.chat, r.model->tok) == TD_OK;
-    td_clear_error();
-    td_kv_layout_t expect = td_kv_layout_make(r.model->desc.name, r.model->desc.n_layers, r.model->desc.n_kv_heads,
-                                              r.model->desc.head_dim, r.cfg.model.block_tokens, TD_KV_F16);
-    td_kv_dtype_parse(r.cfg.model.kv_dtype, &expect.dtype); /* validated */
-    rt_table_init(&r.table, &expect, r.tls);
-    r.place = rt_placement_by_name(r.cfg.router.placement); /* validated */
-    r.chain_root = td_block_name_root(expect.model_id, td_kv_dtype_name(expect.dtype), expect.block_tokens);
-    if (rt_kvindex_create(r.cfg.router.index_max_blocks, &r.index))
-        goto out;
-    r.table.ix = r.index;
-    /* a queued step per request at most: the queue holds every request the router admits */
-    if (td_pool_create("router", RT_POOL_THREADS, (size_t)r.cfg.router.max_streams + 64, &r.pool))
-        goto out;
-    pthread_mutex_init(&r.held_mu, NULL);
-    pthread_cond_init(&r.held_cv, NULL);
-    if (pthread_create(&r.renewer, NULL, renewer_thread, &r)) {
-        td_error(TD_ERR_INTERNAL, "router: cannot start the reservation renewer");
-        goto out;
-    }
-    r.renewer_running = true;
-    if (membership_start(&r) ||
-        rt_follow_start(&r.table, r.index, r.etcd, r.tls, r.cfg.router.index_drop_events, &r.follow))
-        goto out;
-    if (rt_metrics_start(&r, &r.metrics))
+    if (rt_input_open(r.cfg.model.path, &r.input) || parts_start(&r))
         goto out;
     int port;
     const char *cert = r.cfg.router.tls_cert, *key = r.cfg.router.tls_key, *cca = r.cfg.router.tls_client_ca;
@@ -889,13 +582,17 @@ int main(int argc, char **argv)
     if (td_rpc_server_start(srv, &port))
         goto out;
     int http_port = 0;
-    if (r.cfg.router.http_listen[0] && rt_http_start(&r, r.cfg.router.http_listen, cert[0] ? &tls : NULL, &http, &http_port))
+    if (r.cfg.router.http_listen[0] &&
+        rt_http_start(r.requests, r.cfg.router.http_listen, cert[0] ? &tls : NULL, &http, &http_port))
         goto out;
     char self_addr[160], planner_id[200];
     td_rpc_advertise_addr(r.cfg.router.listen, port, self_addr, sizeof self_addr);
     snprintf(planner_id, sizeof planner_id, "router@%s", self_addr);
-    if (rt_planner_start(&r, planner_id, &r.planner) || router_register(&r, planner_id, self_addr, &member))
+    rt_planner_cfg_t pc = {.id = planner_id, .model = r.input.model->desc.name, .etcd_endpoints = r.cfg.etcd.endpoints,
+                           .lease_ttl_s = r.cfg.etcd.lease_ttl_s, .tls = r.tls, .stats = r.stats};
+    if (rt_planner_start(&pc, &r.planner) || router_register(&r, planner_id, self_addr, &member))
         goto out;
+    r.metrics_src.planner = r.planner;
     pthread_mutex_lock(&r.table.mu);
     r.table.member = member; /* placement asks it whether etcd was just away */
     pthread_mutex_unlock(&r.table.mu);
@@ -903,7 +600,7 @@ int main(int argc, char **argv)
     if (http)
         snprintf(http_at, sizeof http_at, "port %d", http_port);
     TD_INFO("router serving %s on port %d%s, OpenAI HTTP on %s, metrics on %s (etcd %s, placement %s)",
-            r.model->desc.name, port, !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at,
+            r.input.model->desc.name, port, !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at,
             r.metrics.bound[0] ? r.metrics.bound : "none", r.cfg.etcd.endpoints, r.place->name);
     td_process_run(member_tick, member);
     TD_INFO("router: stopping (signal %d)", td_process_stop_signal());
@@ -915,8 +612,10 @@ out:
     r.table.member = NULL;
     pthread_mutex_unlock(&r.table.mu);
     td_member_leave(member);
+    r.metrics_src.planner = NULL;
     rt_planner_stop(r.planner); /* resigns: another router plans */
     r.planner = NULL;
+    r.metrics_src.follow = NULL;
     rt_follow_stop(r.follow); /* first: it may wait on etcd or a source until its deadline */
     r.follow = NULL;
     rt_http_stop(http); /* its requests cancelled and ended (they need the pool) */
@@ -925,20 +624,14 @@ out:
     td_pool_destroy(r.pool);
     td_rpc_server_destroy(srv);
     rt_metrics_stop(&r.metrics);
-    rt_request_pool_free(&r);
-    if (r.renewer_running) {
-        pthread_mutex_lock(&r.held_mu);
-        r.renewer_stop = true;
-        pthread_cond_broadcast(&r.held_cv);
-        pthread_mutex_unlock(&r.held_mu);
-        pthread_join(r.renewer, NULL);
-    }
+    rt_requests_destroy(r.requests);
+    rt_renewer_stop(r.renewer);
+    rt_stats_destroy(r.stats);
     td_etcd_watch_stop(r.watch);
     td_etcd_destroy(r.etcd);
     rt_kvindex_destroy(r.index);
-    if (r.has_chat)
-        eng_chat_free(&r.chat);
-    eng_model_close(r.model);
+    if (r.input.model)
+        rt_input_close(&r.input);
     rt_keys_free(r.api_keys);
     rt_keys_free(r.admin_keys);
     td_config_free(&r.cfg);

@@ -24,7 +24,7 @@
 #include "common/kv_contract_pb.h"
 #include "common/rpc.h"
 #include "engine/engine.h"
-#include "engine/sampling_pb.h"
+#include "worker/sampling_pb.h"
 #include "kvstore/client.h"
 #include "kvstore/transfer.h"
 #include "tandem/internal/v1/worker.pb-c.h"

@@ -1,7 +1,7 @@
 /* worker.c — see worker.h. */
 #define _GNU_SOURCE
 #include "common/clock.h"
-#include "engine/worker.h"
+#include "worker/worker.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -1,0 +1,43 @@
+/* input.h — a request's input as the router reads it: the model's
+ * tokenizer and chat template, a prompt or chat messages rendered and
+ * tokenized, every limit refused naming the field. */
+#ifndef RT_INPUT_H
+#define RT_INPUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/chat.h"
+#include "engine/model.h"
+#include "tandem/v1/tandem.pb-c.h"
+
+/* Limits on a public request, each refused with INVALID_ARGUMENT naming the
+ * field (a larger message: RESOURCE_EXHAUSTED before it is parsed). Prompt
+ * length is bounded by the model's context once tokenized. */
+#define RT_MAX_REQUEST_BYTES (4u << 20)
+#define RT_MAX_PROMPT_BYTES (1u << 20)
+#define RT_MAX_REQUEST_ID 256
+#define RT_MAX_STOP 16
+#define RT_MAX_STOP_BYTES 1024
+#define RT_MAX_LOGIT_BIAS 1024
+#define RT_MAX_CHAT_MESSAGES 4096
+
+typedef struct rt_input {
+    eng_model_t *model; /* its description and tokenizer (its weights are mapped, never read) */
+    eng_chat_t chat;
+    bool has_chat; /* the model has a chat template */
+} rt_input_t;
+
+/* Opens the model at path (its tokenizer and chat template). */
+td_status_t rt_input_open(const char *path, rt_input_t *in);
+void rt_input_close(rt_input_t *in);
+
+/* Renders (chat) and tokenizes the input: prompt, or chat when not NULL;
+ * *ids is the caller's to free. An error (INVALID_ARGUMENT) names the field
+ * in err. */
+td_status_t rt_tokenize_input(const rt_input_t *in, const char *prompt, const Tandem__V1__ChatInput *chat,
+                              bool parse_special, bool add_bos, int32_t **ids, size_t *n, char *err, size_t errcap);
+
+#endif

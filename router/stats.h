@@ -1,0 +1,38 @@
+/* stats.h — what the router counts of the requests that ended: requests,
+ * ok and errors, the router's own time per request (wall and thread CPU
+ * time, and how long its steps waited for a pool thread), and a ring of the
+ * last ends with their TTFT and TPOT, from which SLO attainment over a
+ * window is read (the planner's auto policy, `tandem status`).
+ * Thread-safe. */
+#ifndef RT_STATS_H
+#define RT_STATS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct rt_stats rt_stats_t;
+
+typedef struct rt_slo_window {
+    uint32_t n, met, ttft_missed, tpot_missed; /* failed requests count as missing both */
+    double ttft_p90_ms, tpot_p90_ms;
+} rt_slo_window_t;
+
+td_status_t rt_stats_create(rt_stats_t **out);
+void rt_stats_destroy(rt_stats_t *s);
+
+/* A request ended (ok: it was served; overhead < 0: none measured, it ended
+ * before it was validated). Times in seconds. */
+void rt_stats_count(rt_stats_t *s, bool ok, double overhead, double cpu, double handoff);
+/* A request that a client waited for ended (ok: it finished), for rt_stats_window. */
+void rt_stats_done(rt_stats_t *s, double ttft_ms, double tpot_ms, bool ok);
+/* The requests that ended since `since` (td_now_s() time) held to SLOs of
+ * ttft_slo_ms and tpot_slo_ms (0: none). */
+void rt_stats_window(rt_stats_t *s, double since, double ttft_slo_ms, double tpot_slo_ms, rt_slo_window_t *out);
+/* Into j: requests, ok, errors, and the p50/p99/max of the router's time per
+ * request (overhead_ms, overhead_cpu_ms, handoff_ms). */
+void rt_stats_json(rt_stats_t *s, json_t *j);
+
+#endif
