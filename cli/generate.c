@@ -230,8 +230,10 @@ int cli_generate(int argc, char **argv)
         uint64_t id;
         eng_request_t r = req;
         r.sampling.seed = req.sampling.seed + (uint64_t)i; /* K different draws when sampling */
-        if (eng_engine_add(e, &r, &id))
+        if (eng_engine_add(e, &r, &id)) {
+            fprintf(stderr, "tandem generate: %s\n", td_last_error());
             goto out;
+        }
         if (i == 0)
             g.first_id = id;
     }

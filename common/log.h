@@ -45,6 +45,11 @@ td_status_t td_error(td_status_t status, const char *fmt, ...)
  * caller retries elsewhere, a user's bad input at WARN). */
 td_status_t td_error_at(td_log_level_t level, td_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A user's input is wrong (TD_ERR_INVALID_ARG): the message is kept as the
+ * last error and logged at debug level only; the caller that knows whose
+ * request it is logs it at WARN naming the request (a bad request is the
+ * user's error, not the server's). */
+#define td_user_error(...) td_error_at(TD_LOG_DEBUG, TD_ERR_INVALID_ARG, __VA_ARGS__)
 /* The message of this thread's last td_error(), "" if none. */
 const char *td_last_error(void);
 void td_clear_error(void);

@@ -51,6 +51,8 @@ ProtobufCMessage *td_rpc_request_pb(td_rpc_call_t *call, const ProtobufCMessageD
     const uint8_t *p = td_rpc_call_payload(call, &n);
     ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, n, p);
     if (!m) {
+        TD_WARN("%s from %s: the request does not parse as %s", td_rpc_call_method(call), td_rpc_call_peer(call),
+                desc->name);
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s: the request does not parse as %s",
                            td_rpc_call_method(call), desc->name);
         return NULL;
@@ -59,6 +61,8 @@ ProtobufCMessage *td_rpc_request_pb(td_rpc_call_t *call, const ProtobufCMessageD
     char where[256];
     size_t at;
     if (td_pb_find_nul(desc, p, n, where, sizeof where, &at)) {
+        TD_WARN("%s from %s: %s: a NUL character at byte %zu", td_rpc_call_method(call), td_rpc_call_peer(call), where,
+                at);
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT,
                            "%s: a NUL character (U+0000) at byte %zu; tandem does not take text with NULs", where, at);
         protobuf_c_message_free_unpacked(m, NULL);

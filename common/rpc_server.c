@@ -12,6 +12,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -139,6 +140,7 @@ static void call_unref(td_rpc_call_t *c)
     pthread_mutex_lock(&c->s.mu);
     int r = --c->refs;
     pthread_mutex_unlock(&c->s.mu);
+    assert(r >= 0);
     if (!r)
         call_free(c);
 }

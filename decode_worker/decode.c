@@ -663,6 +663,9 @@ static void add_request(eng_worker_t *w, dreq_t *d, const int32_t *kv, uint32_t 
     d->rc = eng_engine_add(e, &er, &d->eng_id);
     if (d->rc) {
         snprintf(d->err, sizeof d->err, "%s", td_last_error());
+        if (d->rc == TD_ERR_INVALID_ARG) /* the request's own error (td_user_error): said once, here */
+            TD_WARN("decode: %s refused: %s", d->rq->request_id && d->rq->request_id[0] ? d->rq->request_id : "-",
+                    d->err);
         if (kv)
             eng_engine_kv_release(e, kv, n_kv);
     } else if ((d->rc = eng_worker_listen(w, d->eng_id, on_decode_event, d))) {

@@ -213,26 +213,26 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
     const eng_model_desc_t *d = &e->m->desc;
     uint32_t ctx = d->context ? d->context : 4096;
     if (!r->n_prompt)
-        return td_error(TD_ERR_INVALID_ARG, "prompt is empty");
+        return td_user_error("prompt is empty");
     if (!r->max_tokens)
-        return td_error(TD_ERR_INVALID_ARG, "max_tokens is 0; it must be at least 1");
+        return td_user_error("max_tokens is 0; it must be at least 1");
     if (r->n_prompt >= ctx || r->n_prompt + r->max_tokens > ctx)
-        return td_error(TD_ERR_INVALID_ARG, "prompt of %zu tokens + max_tokens %u is longer than the context of %u "
-                        "tokens", r->n_prompt, r->max_tokens, ctx);
+        return td_user_error("prompt of %zu tokens + max_tokens %u is longer than the context of %u "
+                             "tokens", r->n_prompt, r->max_tokens, ctx);
     uint64_t pool_tokens = (uint64_t)eng_kv_stats(e->pool).n_blocks * e->cfg.block_tokens;
     if (r->n_prompt + r->max_tokens > pool_tokens)
-        return td_error(TD_ERR_INVALID_ARG, "prompt of %zu tokens + max_tokens %u does not fit the KV pool of %llu "
-                        "tokens", r->n_prompt, r->max_tokens, (unsigned long long)pool_tokens);
+        return td_user_error("prompt of %zu tokens + max_tokens %u does not fit the KV pool of %llu "
+                             "tokens", r->n_prompt, r->max_tokens, (unsigned long long)pool_tokens);
     for (size_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= d->vocab)
-            return td_error(TD_ERR_INVALID_ARG, "prompt token %zu is %d, outside the vocabulary of %u", i,
-                            r->prompt[i], d->vocab);
+            return td_user_error("prompt token %zu is %d, outside the vocabulary of %u", i,
+                                 r->prompt[i], d->vocab);
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0])
-            return td_error(TD_ERR_INVALID_ARG, "stop string %zu is empty", i);
+            return td_user_error("stop string %zu is empty", i);
     if (r->kv_blocks && (r->first_token < 0 || (uint32_t)r->first_token >= d->vocab))
-        return td_error(TD_ERR_INVALID_ARG, "first_token %d is outside the vocabulary of %u", r->first_token,
-                        d->vocab);
+        return td_user_error("first_token %d is outside the vocabulary of %u", r->first_token,
+                             d->vocab);
     eng_seq_t *s = calloc(1, sizeof *s);
     if (!s)
         return td_error(TD_ERR_NO_MEMORY, "engine: no memory");

@@ -262,7 +262,7 @@ static td_status_t norm_unicode(eng_norm_kind_t kind, char **buf, size_t *len)
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)*buf, (utf8proc_ssize_t)*len, &dst, opt);
     if (n < 0)
-        return td_error(TD_ERR_INVALID_ARG, "normalize: %s", utf8proc_errmsg(n));
+        return td_user_error("normalize: %s", utf8proc_errmsg(n));
     free(*buf);
     *buf = (char *)dst;
     *len = (size_t)n;
@@ -303,7 +303,7 @@ static td_status_t norm_lower(char **buf, size_t *len)
         if (k <= 0) {
             free(cps);
             free(out);
-            return td_error(TD_ERR_INVALID_ARG, "normalize: invalid UTF-8 at byte %zu", i);
+            return td_user_error("normalize: invalid UTF-8 at byte %zu", i);
         }
         i += (size_t)k;
         n++;
@@ -516,7 +516,7 @@ td_status_t eng_pretok_split(const eng_pretok_t *p, const char *text, size_t len
                              size_t *cap, size_t *n)
 {
     if (len > UINT32_MAX)
-        return td_error(TD_ERR_INVALID_ARG, "pretok: text of %zu bytes is too long", len);
+        return td_user_error("pretok: text of %zu bytes is too long", len);
     pcre2_match_data *md = pcre2_match_data_create(4, NULL);
     if (!md)
         return td_error(TD_ERR_NO_MEMORY, "pretok: no memory");

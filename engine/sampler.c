@@ -16,26 +16,26 @@ eng_sampling_t eng_sampling_default(void)
 td_status_t eng_sampling_validate(const eng_sampling_t *s, int32_t n_vocab)
 {
     if (!(s->temperature >= 0) || s->temperature > 100)
-        return td_error(TD_ERR_INVALID_ARG, "temperature %g is outside [0, 100]", s->temperature);
+        return td_user_error("temperature %g is outside [0, 100]", s->temperature);
     if (s->top_k < 0)
-        return td_error(TD_ERR_INVALID_ARG, "top_k %d is negative (0 turns it off)", s->top_k);
+        return td_user_error("top_k %d is negative (0 turns it off)", s->top_k);
     if (!(s->top_p > 0 && s->top_p <= 1))
-        return td_error(TD_ERR_INVALID_ARG, "top_p %g is outside (0, 1]", s->top_p);
+        return td_user_error("top_p %g is outside (0, 1]", s->top_p);
     if (!(s->min_p >= 0 && s->min_p < 1))
-        return td_error(TD_ERR_INVALID_ARG, "min_p %g is outside [0, 1)", s->min_p);
+        return td_user_error("min_p %g is outside [0, 1)", s->min_p);
     if (!(s->repetition_penalty > 0) || s->repetition_penalty > 10)
-        return td_error(TD_ERR_INVALID_ARG, "repetition_penalty %g is outside (0, 10]", s->repetition_penalty);
+        return td_user_error("repetition_penalty %g is outside (0, 10]", s->repetition_penalty);
     if (!(fabsf(s->presence_penalty) <= 2))
-        return td_error(TD_ERR_INVALID_ARG, "presence_penalty %g is outside [-2, 2]", s->presence_penalty);
+        return td_user_error("presence_penalty %g is outside [-2, 2]", s->presence_penalty);
     if (!(fabsf(s->frequency_penalty) <= 2))
-        return td_error(TD_ERR_INVALID_ARG, "frequency_penalty %g is outside [-2, 2]", s->frequency_penalty);
+        return td_user_error("frequency_penalty %g is outside [-2, 2]", s->frequency_penalty);
     for (size_t i = 0; i < s->n_logit_bias; i++) {
         if (s->logit_bias[i].token < 0 || s->logit_bias[i].token >= n_vocab)
-            return td_error(TD_ERR_INVALID_ARG, "logit_bias names token %d, outside the vocabulary of %d",
-                            s->logit_bias[i].token, n_vocab);
+            return td_user_error("logit_bias names token %d, outside the vocabulary of %d", s->logit_bias[i].token,
+                                 n_vocab);
         if (!(fabsf(s->logit_bias[i].bias) <= 100))
-            return td_error(TD_ERR_INVALID_ARG, "logit_bias for token %d is %g, outside [-100, 100]",
-                            s->logit_bias[i].token, s->logit_bias[i].bias);
+            return td_user_error("logit_bias for token %d is %g, outside [-100, 100]", s->logit_bias[i].token,
+                                 s->logit_bias[i].bias);
     }
     return TD_OK;
 }

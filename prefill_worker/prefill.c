@@ -692,6 +692,9 @@ static void add_on_engine(eng_worker_t *w, void *arg)
     r->rc = eng_engine_add(eng_worker_engine(w), &er, &r->eng_id);
     if (r->rc) {
         snprintf(r->err, sizeof r->err, "%s", td_last_error());
+        if (r->rc == TD_ERR_INVALID_ARG) /* the request's own error (td_user_error): said once, here */
+            TD_WARN("prefill: %s refused: %s", r->rq->request_id && r->rq->request_id[0] ? r->rq->request_id : "-",
+                    r->err);
         fetched_release(r);
         return;
     }

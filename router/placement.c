@@ -3,6 +3,7 @@
 #include "common/clock.h"
 #include "router/placement.h"
 
+#include <assert.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -346,6 +347,7 @@ void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls
 
 static void worker_put(rt_worker_t *w)
 {
+    assert(w->refs > 0);
     if (--w->refs == 0) {
         td_rpc_channel_destroy(w->ch);
         free(w);
@@ -448,6 +450,19 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     pthread_mutex_unlock(&t->mu);
 }
 
+void rt_table_fini(rt_table_t *t)
+{
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n; i++)
+        worker_put(t->w[i]);
+    free(t->w);
+    t->w = NULL;
+    t->n = 0;
+    pthread_mutex_unlock(&t->mu);
+    pthread_cond_destroy(&t->changed);
+    pthread_mutex_destroy(&t->mu);
+}
+
 void rt_table_remove(rt_table_t *t, const char *key)
 {
     pthread_mutex_lock(&t->mu);
@@ -515,6 +530,7 @@ double rt_suspect_for(int code)
 void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed, double suspect_s)
 {
     pthread_mutex_lock(&t->mu);
+    assert(w->inflight > 0); /* released once per pick */
     w->inflight--;
     if (failed && suspect_s > 0) {
         w->suspect_until = td_now_s() + suspect_s;
@@ -712,6 +728,7 @@ void rt_table_prefill_done(rt_table_t *t, rt_worker_t *w, const rt_prediction_t 
     double now = td_now_s();
     pthread_mutex_lock(&t->mu);
     /* what is still in flight starts afresh from now: its predicted work, less nothing done yet */
+    assert(w->prefilling > 0); /* once per placed prefill */
     w->prefilling -= w->prefilling > 0;
     double left = w->work_ms - (pred->fetch_ms + pred->prefill_ms);
     w->work_ms = w->prefilling && left > 0 ? left : 0;

@@ -181,6 +181,8 @@ const rt_placement_ops_t *rt_placement_by_name(const char *name);
 void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls_t *tls);
 /* A worker registered or re-registered (value: its JSON record). */
 void rt_table_put(rt_table_t *t, const char *key, const char *value);
+/* Frees the table and its workers (at exit: nothing may use it any more). */
+void rt_table_fini(rt_table_t *t);
 void rt_table_remove(rt_table_t *t, const char *key);
 /* Removes every worker whose key is not among keys[0..n) (after the
  * membership was re-read: those left while nobody watched). */

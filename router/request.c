@@ -22,6 +22,7 @@
 #define _GNU_SOURCE
 #include "router/request.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -145,6 +146,7 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...) __attribute_
 static void finish(rt_request_t *q, int code, const char *fmt, ...)
 {
     rt_requests_t *rs = q->rs;
+    assert(!q->st && !q->p && !q->d); /* nothing upstream is held past the end */
     if (q->key_charged || q->key)
         rt_keys_settle(q->env->api_keys, q->key, q->key_charged, (uint32_t)q->n_tokens);
     if (q->validated)
@@ -273,6 +275,7 @@ static bool validate(rt_request_t *q)
     return true;
 fail:
     free(ids);
+    TD_WARN("router: %s refused (%s): %s", rid(q), td_rpc_code_name(code), err);
     finish(q, code, "%s", err);
     return false;
 }
@@ -767,6 +770,7 @@ static void own_work(rt_request_t *q, double t0, double c0)
 static int attempt(rt_request_t *q)
 {
     const rt_env_t *env = q->env;
+    assert(!q->st && !q->p && !q->d); /* the last attempt's stream was given back (after_stream) */
     attempt_t a = {0};
     double t0 = td_now_s(), c0 = cpu_s();
     q->t_attempt = t0;
@@ -808,6 +812,7 @@ release_workers:
 static int after_stream(rt_request_t *q)
 {
     const rt_env_t *env = q->env;
+    assert(q->st && q->d); /* open_decode gave the stream and its worker to the request */
     rt_worker_t *p = q->p, *d = q->d;
     td_rpc_result_t sres = {0};
     if (!q->finished)

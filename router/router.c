@@ -629,6 +629,8 @@ out:
     rt_stats_destroy(r.stats);
     td_etcd_watch_stop(r.watch);
     td_etcd_destroy(r.etcd);
+    if (r.place) /* the table was made */
+        rt_table_fini(&r.table);
     rt_kvindex_destroy(r.index);
     if (r.input.model)
         rt_input_close(&r.input);

@@ -3,6 +3,7 @@
 #include "common/clock.h"
 #include "worker/worker.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -130,8 +131,12 @@ void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, 
 
 /* ---------------------------------------------------------- engine thread */
 
+/* The engine and its listeners are the engine thread's (debug builds check). */
+static inline bool on_engine_thread(const eng_worker_t *w) { return pthread_equal(pthread_self(), w->thread); }
+
 td_status_t eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, void *ctx)
 {
+    assert(on_engine_thread(w));
     if (w->n_listeners == w->cap_listeners) {
         size_t nc = w->cap_listeners ? 2 * w->cap_listeners : 64;
         listener_t *l = realloc(w->listeners, nc * sizeof *l);
@@ -146,6 +151,7 @@ td_status_t eng_worker_listen(eng_worker_t *w, uint64_t id, eng_event_fn fn, voi
 
 void eng_worker_unlisten(eng_worker_t *w, uint64_t id)
 {
+    assert(on_engine_thread(w));
     for (size_t i = 0; i < w->n_listeners; i++)
         if (w->listeners[i].id == id) {
             w->listeners[i] = w->listeners[--w->n_listeners];

@@ -314,6 +314,7 @@ static inline void rig_down(rig_t *g)
     rt_requests_destroy(g->requests);
     rt_renewer_stop(g->renewer);
     rt_stats_destroy(g->stats);
+    rt_table_fini(&g->table);
     rt_input_close(&g->input);
     td_rpc_shutdown();
 }
