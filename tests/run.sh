@@ -15,10 +15,12 @@ cd "$root"
 fuzz_secs=${FUZZ_SECONDS:-30}
 jobs=$(nproc)
 
-deploy/install-deps.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
-
 passed=0 failed=0
-section() { printf '== %s  [%dm%02ds]\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
+sec_name="" sec_t0=0 sec_times=()
+section_end() { # the section before: how long it took, kept for the closing table
+  [ -n "$sec_name" ] && sec_times+=("$(printf '%4dm%02ds  %s' $(((SECONDS - sec_t0) / 60)) $(((SECONDS - sec_t0) % 60)) "${sec_name%% (*}")")
+}
+section() { section_end; sec_name=$1 sec_t0=$SECONDS; printf '== %s  [%dm%02ds]\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
 failures=() # one line per failure, repeated at the end (CI keeps only the tail of the output)
 run_one() { # $1: test binary, $2: label
   local t=$1 label=$2 out p f c line
@@ -44,6 +46,9 @@ run_suites() { # $1: build dir, $2: label
     run_one "$t" "$2"
   done
 }
+
+section "dependencies (deploy/install-deps.sh --test: packages, the test venv, the model)"
+deploy/install-deps.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
 
 section "build (release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON >/dev/null && cmake --build build -j"$jobs" >/dev/null \
@@ -155,6 +160,9 @@ if [ "$fuzz_secs" -gt 0 ]; then
   if tests/fuzz/run.sh "$fuzz_secs"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 fi
 
+section_end
+echo "== time of each section"
+printf '%s\n' "${sec_times[@]}"
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
 echo "tests: $passed passed, $failed failed (in $((SECONDS / 60))m$((SECONDS % 60))s)"
 [ "$failed" -eq 0 ]
