@@ -48,6 +48,7 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "cli/up_state.h"
+#include "router/placement.h"
 #include "tandem/v1/tandem.pb-c.h"
 
 #define MAX_CHILDREN 64
@@ -606,6 +607,7 @@ int cli_up(int argc, char **argv)
     }
     td_config_t cfg;
     td_config_defaults(&cfg);
+    rt_placement_register_names(); /* router.placement is checked here, not first by the router it starts */
     if (config && td_config_load(&cfg, config)) {
         fprintf(stderr, "tandem up: %s\n", td_last_error());
         return 2;

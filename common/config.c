@@ -361,6 +361,15 @@ unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n)
     return count;
 }
 
+static const char *const *placements;
+static size_t n_placements;
+
+void td_config_placements(const char *const *names, size_t n)
+{
+    placements = names;
+    n_placements = n;
+}
+
 td_status_t td_config_validate(const td_config_t *cfg)
 {
     uint32_t bt = cfg->model.block_tokens;
@@ -396,13 +405,16 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (cfg->prefill.colocated)
         return td_error(TD_ERR_CONFIG, "config: prefill.colocated = true; only decode workers serve whole requests "
                         "(decode.colocated)");
-    static const char *const policies[] = {"least_loaded", "round_robin", "kv_cost", "predictive"};
-    bool known = false;
-    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++)
-        known = known || !strcmp(cfg->router.placement, policies[i]);
+    bool known = !n_placements;
+    char names[256] = "";
+    for (size_t i = 0, at = 0; i < n_placements; i++) {
+        known = known || !strcmp(cfg->router.placement, placements[i]);
+        at += (size_t)snprintf(names + at, at < sizeof names ? sizeof names - at : 0, "%s%s", i ? ", " : "",
+                               placements[i]);
+    }
     if (!known)
-        return td_error(TD_ERR_CONFIG, "config: router.placement = \"%s\"; it must be least_loaded, round_robin, "
-                        "kv_cost or predictive", cfg->router.placement);
+        return td_error(TD_ERR_CONFIG, "config: router.placement = \"%s\"; it must be one of %s",
+                        cfg->router.placement, names);
     if (cfg->router.index_max_blocks < 1024 || cfg->router.index_max_blocks > 1u << 26)
         return td_error(TD_ERR_CONFIG, "config: router.index_max_blocks = %u; it must be from 1024 to 67108864",
                         cfg->router.index_max_blocks);

@@ -121,6 +121,11 @@ td_status_t td_config_load(td_config_t *cfg, const char *path);
 td_status_t td_config_set(td_config_t *cfg, const char *key, const char *value);
 /* Checks ranges across fields (block_tokens a power of two in 16..256, ...). */
 td_status_t td_config_validate(const td_config_t *cfg);
+/* The names router.placement may take, from the one table that defines
+ * them (router/placement.c's policies, which register them here before a
+ * config is read: the router and tandem up). Unregistered (a process that
+ * does not place), any name passes. Process-wide; not thread-safe. */
+void td_config_placements(const char *const *names, size_t n);
 void td_config_free(td_config_t *cfg);
 
 /* A command-line flag that sets a config key ("%s" in key: the process's

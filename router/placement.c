@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/config.h"
 #include "common/log.h"
 #include "common/process.h"
 
@@ -322,14 +323,25 @@ const rt_placement_ops_t rt_placement_kv_cost = {.name = "kv_cost", .pick = kv_c
 const rt_placement_ops_t rt_placement_predictive = {.name = "predictive", .pick = predictive,
                                                     .observe = ewma_observe, .rejects = true};
 
+/* Every policy, once: router.placement's names come from here. */
+static const rt_placement_ops_t *const all_policies[] = {&rt_placement_least_loaded, &rt_placement_round_robin,
+                                                         &rt_placement_kv_cost, &rt_placement_predictive};
+#define N_POLICIES (sizeof all_policies / sizeof all_policies[0])
+
 const rt_placement_ops_t *rt_placement_by_name(const char *name)
 {
-    static const rt_placement_ops_t *const all[] = {&rt_placement_least_loaded, &rt_placement_round_robin,
-                                                    &rt_placement_kv_cost, &rt_placement_predictive};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (!strcmp(all[i]->name, name))
-            return all[i];
+    for (size_t i = 0; i < N_POLICIES; i++)
+        if (!strcmp(all_policies[i]->name, name))
+            return all_policies[i];
     return NULL;
+}
+
+void rt_placement_register_names(void)
+{
+    static const char *names[N_POLICIES];
+    for (size_t i = 0; i < N_POLICIES; i++)
+        names[i] = all_policies[i]->name;
+    td_config_placements(names, N_POLICIES);
 }
 
 void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls_t *tls)

@@ -177,6 +177,9 @@ extern const rt_placement_ops_t rt_placement_least_loaded, rt_placement_round_ro
     rt_placement_predictive;
 /* The policy called name (router.placement), or NULL. */
 const rt_placement_ops_t *rt_placement_by_name(const char *name);
+/* Tells the config reader the names router.placement may take (before a
+ * config is read). */
+void rt_placement_register_names(void);
 
 void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls_t *tls);
 /* A worker registered or re-registered (value: its JSON record). */

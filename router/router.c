@@ -497,6 +497,7 @@ static const char router_usage[] =
 
 static int parse_args(router_t *r, int argc, char **argv)
 {
+    rt_placement_register_names();
     return td_config_from_args(&r->cfg, "tandem-router", "router", router_flags,
                                sizeof router_flags / sizeof router_flags[0], NULL, NULL, NULL, router_usage, argc, argv);
 }

@@ -18,7 +18,7 @@ jobs=$(nproc)
 passed=0 failed=0
 sec_name="" sec_t0=0 sec_times=()
 section_end() { # the section before: how long it took, kept for the closing table
-  [ -n "$sec_name" ] && sec_times+=("$(printf '%4dm%02ds  %s' $(((SECONDS - sec_t0) / 60)) $(((SECONDS - sec_t0) % 60)) "${sec_name%% (*}")")
+  [ -n "$sec_name" ] && sec_times+=("$(printf '%4dm%02ds  %s' $(((SECONDS - sec_t0) / 60)) $(((SECONDS - sec_t0) % 60)) "${sec_name:0:60}")")
 }
 section() { section_end; sec_name=$1 sec_t0=$SECONDS; printf '== %s  [%dm%02ds]\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
 failures=() # one line per failure, repeated at the end (CI keeps only the tail of the output)

@@ -15,6 +15,9 @@
  *                                                            (common/rpc.h)
  *   placement  the router's table: acquire/done from 6 threads, joins, leaves,
  *              holds, while etcd-style puts and removes arrive (router/placement.h)
+ *   renewer,   reservations added and removed from 4 threads while the renewer
+ *   stats      renews them (router/renewer.h), the same threads counting ends
+ *              and reading the SLO window and Health (router/stats.h)
  *   transport  puts and flushes while the target's progress thread runs
  *                                                            (kvstore/transfer.h)
  * Usage: tsan_stress MODEL.gguf; exit 0 when every check held. */
@@ -37,6 +40,8 @@
 #include "kvstore/transfer.h"
 #include "router/kvindex.h"
 #include "router/placement.h"
+#include "router/renewer.h"
+#include "router/stats.h"
 
 static int failures;
 #define CHECK(cond, ...)                                                                                           \
@@ -479,6 +484,77 @@ static void stress_placement(void)
 }
 
 /* ---- transport ---- */
+/* ---- the router's renewer and statistics ---- */
+typedef struct parts_job {
+    rt_renewer_t *rn;
+    rt_stats_t *st;
+    rt_worker_t **w; /* 2 decode, then 2 prefill workers, held */
+    int k;
+    double until; /* past two renewal rounds */
+} parts_job_t;
+
+static void *parts_user(void *arg)
+{
+    parts_job_t *j = arg;
+    for (int it = 0; it < 3000 || td_now_s() < j->until; it++) {
+        rt_worker_t *d = j->w[it % 2], *p = it % 5 ? j->w[2 + it % 2] : NULL;
+        uint64_t id = (uint64_t)j->k << 32 | (uint64_t)it;
+        if (rt_renewer_add(j->rn, d, id, p)) {
+            if (it % 3)
+                td_sleep_s(0.0002); /* held across a renewal now and then */
+            rt_renewer_remove(j->rn, d, id);
+        }
+        rt_stats_count(j->st, it % 7 != 0, 0.001 * it, 0.0005, 0.0001);
+        rt_stats_done(j->st, 10 + it % 50, 1 + it % 5, it % 11 != 0);
+        if (it % 500 == 0) {
+            rt_slo_window_t w;
+            rt_stats_window(j->st, td_now_s() - 60, 30, 3, &w);
+            json_t *o = json_object();
+            rt_stats_json(j->st, o); /* Health, meanwhile */
+            json_decref(o);
+        }
+    }
+    return NULL;
+}
+
+static void stress_router_parts(void)
+{
+    td_kv_layout_t l = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &l, NULL);
+    for (int k = 0; k < 2; k++) { /* at a closed port: every Renew and Extend fails fast */
+        put_worker(&t, &l, "prefill", k);
+        put_worker(&t, &l, "decode", k);
+    }
+    rt_worker_t *w[4];
+    for (size_t i = 0, nd = 0, np = 0; i < t.n; i++) {
+        rt_worker_t **slot = t.w[i]->role == RT_DECODE ? &w[nd++] : &w[2 + np++];
+        *slot = t.w[i];
+        rt_table_hold(&t, *slot);
+    }
+    rt_renewer_t *rn = NULL;
+    rt_stats_t *st = NULL;
+    CHECK(rt_renewer_start(&t, &rn) == TD_OK && rt_stats_create(&st) == TD_OK, "router parts: cannot start");
+    if (!rn || !st)
+        return;
+    parts_job_t jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (parts_job_t){rn, st, w, i, td_now_s() + 2.5};
+        pthread_create(&th[i], NULL, parts_user, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    rt_slo_window_t win;
+    rt_stats_window(st, td_now_s() - 600, 30, 3, &win);
+    CHECK(win.n == 4096, "router parts: the SLO window holds %u ends, not its ring's 4096", win.n);
+    rt_renewer_stop(rn);
+    rt_stats_destroy(st);
+    for (int i = 0; i < 4; i++)
+        rt_table_unhold(&t, w[i]);
+    rt_table_fini(&t);
+}
+
 static void stress_transport(void)
 {
     const kv_transport_ops_t *xo = &kv_transport_ucx;
@@ -562,8 +638,9 @@ int main(int argc, char **argv)
     stress_threadpool();
     stress_rpc();
     stress_placement();
+    stress_router_parts();
     td_rpc_shutdown();
-    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement: %s (%.1f s)\n",
+    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement, renewer, stats: %s (%.1f s)\n",
            failures ? "FAILED" : "ok", td_now_s() - t0);
     return failures ? 1 : 0;
 }

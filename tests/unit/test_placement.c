@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "common/clock.h"
+#include "common/config.h"
 #include "common/kv_contract.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -412,4 +413,19 @@ Test(placement, a_request_served_whole_takes_a_colocated_worker_only, .timeout =
                   pl.why);
     }
     td_rpc_shutdown();
+}
+
+/* router.placement's names come from the policy table alone: once it has
+ * registered them, an unknown name is refused listing every policy. */
+Test(placement, the_config_takes_the_policy_tables_names, .timeout = 30)
+{
+    td_config_t cfg;
+    cr_assert_eq(td_config_defaults(&cfg), TD_OK);
+    rt_placement_register_names();
+    cr_assert_eq(td_config_set(&cfg, "router.placement", "kv_cost"), TD_OK);
+    cr_assert_eq(td_config_validate(&cfg), TD_OK);
+    cr_assert_eq(td_config_set(&cfg, "router.placement", "fastest"), TD_OK);
+    cr_assert_eq(td_config_validate(&cfg), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "least_loaded, round_robin, kv_cost, predictive"), "%s", td_last_error());
+    td_config_free(&cfg);
 }
