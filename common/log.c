@@ -106,30 +106,33 @@ void td_log(td_log_level_t level, const char *fmt, ...)
     td_log_write(level, msg);
 }
 
-td_status_t td_error(td_status_t status, const char *fmt, ...)
+/* Keeps the message as this thread's last error and logs it at level (TD_LOG_OFF: not at all). */
+static void keep_error(td_log_level_t level, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+static void keep_error(td_log_level_t level, const char *fmt, va_list ap)
 {
     /* formatted aside first: the arguments may be td_last_error() itself (a caller adding context) */
     char msg[sizeof td_log_last];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(td_log_last, msg, sizeof msg);
+    if (level < TD_LOG_OFF && level >= td_log_level)
+        td_log_write(level, td_log_last);
+}
+
+td_status_t td_error(td_status_t status, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    keep_error(TD_LOG_ERROR, fmt, ap);
     va_end(ap);
-    memcpy(td_log_last, msg, sizeof msg);
-    if (TD_LOG_ERROR >= td_log_level)
-        td_log_write(TD_LOG_ERROR, td_log_last);
     return status;
 }
 
 td_status_t td_error_at(td_log_level_t level, td_status_t status, const char *fmt, ...)
 {
-    char msg[sizeof td_log_last];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    keep_error(level, fmt, ap);
     va_end(ap);
-    memcpy(td_log_last, msg, sizeof msg);
-    if (level < TD_LOG_OFF && level >= td_log_level)
-        td_log_write(level, td_log_last);
     return status;
 }
 
