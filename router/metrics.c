@@ -51,15 +51,16 @@ static void collect(void *ctx, td_metrics_t *m)
         "Requests rejected early: no pair of workers was predicted to meet the SLO.", "reason", "tpot",
         num(rej, "tpot"));
     json_decref(pl);
-    if (r->follow) {
-        json_t *ix = rt_follow_json(r->follow);
+    struct rt_follow *follow = __atomic_load_n(&r->follow, __ATOMIC_ACQUIRE);
+    if (follow) {
+        json_t *ix = rt_follow_json(follow);
         set(m, TD_GAUGE, "tandem:cache_index_blocks", "Block names in the router's cache index.", NULL, NULL,
             num(ix, "blocks"));
         set(m, TD_GAUGE, "tandem:cache_index_staleness_seconds",
             "Since the cache index last heard from its most silent source.", NULL, NULL, num(ix, "stale_s_max"));
         json_decref(ix);
     }
-    json_t *pj = rt_planner_json(r->planner);
+    json_t *pj = rt_planner_json(__atomic_load_n(&r->planner, __ATOMIC_ACQUIRE));
     if (json_is_object(pj)) {
         set(m, TD_GAUGE, "tandem:planner_leader", "1 when this router is the elected planner.", NULL, NULL,
             json_is_true(json_object_get(pj, "leader")));
@@ -150,10 +151,15 @@ td_status_t rt_metrics_start(rt_metrics_t *m, const char *model, const char *lis
                             &m->server, m->bound, sizeof m->bound);
 }
 
-void rt_metrics_stop(rt_metrics_t *m)
+void rt_metrics_unserve(rt_metrics_t *m)
 {
     td_metrics_server_stop(m->server);
     m->server = NULL;
+}
+
+void rt_metrics_stop(rt_metrics_t *m)
+{
+    rt_metrics_unserve(m);
     td_metrics_destroy(m->reg);
     m->reg = NULL;
 }

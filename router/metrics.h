@@ -32,8 +32,9 @@ typedef struct rt_metrics {
 } rt_metrics_t;
 
 /* What a scrape reads of the router's state besides the series: each alive
- * while the metrics are served (follow and planner may be set after the
- * start; NULL: none). */
+ * while the metrics are served (rt_metrics_unserve ends the scrapes).
+ * follow and planner may be set after the start, with an atomic release
+ * store (a scrape may read them meanwhile); NULL: none. */
 typedef struct rt_metrics_src {
     rt_table_t *table;
     const rt_placement_ops_t *place;
@@ -46,6 +47,9 @@ typedef struct rt_metrics_src {
  * either way. src is kept. */
 td_status_t rt_metrics_start(rt_metrics_t *m, const char *model, const char *listen, const td_rpc_tls_t *tls,
                              const rt_metrics_src_t *src);
+/* Ends the scrapes (the series stay: requests still count); then what src
+ * points to may go. */
+void rt_metrics_unserve(rt_metrics_t *m);
 void rt_metrics_stop(rt_metrics_t *m);
 
 /* A request's end, for the counters (any thread). */

@@ -416,7 +416,6 @@ void rt_request_sent(rt_request_t *q, bool ok)
 typedef struct attempt {
     rt_placement_t pl;
     rt_worker_t *p, *d; /* held by placement (rt_table_done); d is the stream's once it opens */
-    char pid[96];       /* p's id (p may be freed once released) */
     bool queued;        /* p's queue counts the predicted prefill (rt_table_prefill_done) */
     Tandem__Internal__V1__ReserveResponse *reserved; /* the reservation and its landing */
     bool renewing;      /* the renewer holds the reservation */
@@ -563,8 +562,6 @@ static td_status_t place(rt_request_t *q, attempt_t *a)
     a->p = pl->prefill;
     a->queued = a->p != NULL;
     memcpy(q->did, a->d->id, sizeof q->did);
-    if (a->p)
-        memcpy(a->pid, a->p->id, sizeof a->pid);
     double left_ms = left(q) * 1e3;
     if (!q->sent_any && pl->pred.valid && pl->pred.ttft_ms > left_ms)
         return end(a, TD_RPC_DEADLINE_EXCEEDED, "deadline: the first token is predicted in %.0f ms (queue %.0f, "
@@ -658,7 +655,7 @@ static td_status_t prefill(rt_request_t *q, attempt_t *a)
         a->prefilled = (Tandem__Internal__V1__PrefillResponse *)m;
         a->landing_open = false; /* it answered: everything it puts is in */
         q->prefill_ms = (td_now_s() - t_b) * 1e3;
-        snprintf(q->prefill_id, sizeof q->prefill_id, "%s", a->pid);
+        snprintf(q->prefill_id, sizeof q->prefill_id, "%s", a->p->id);
         snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
         if (q->n_tokens == q->n_prompt) {
             q->cached = a->prefilled->cached_tokens;
@@ -680,7 +677,7 @@ static td_status_t prefill(rt_request_t *q, attempt_t *a)
     if (cancelled(q))
         answer(q, TD_RPC_CANCELLED, "the client cancelled");
     else if (left(q) <= 0)
-        answer(q, TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", a->pid, res.message);
+        answer(q, TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", a->p->id, res.message);
     if (!answered)
         answered = cancel_prefill(a->p, a->reserved->landing->reservation_id, a->reserved->landing->land_by_unix_ms);
     a->landing_open = !answered;
@@ -691,11 +688,11 @@ static td_status_t prefill(rt_request_t *q, attempt_t *a)
     if (gone)
         return end(a, TD_RPC_CANCELLED, "the client cancelled");
     if (left(q) <= 0 || (fatal_code(res.code) && res.code != TD_RPC_DEADLINE_EXCEEDED))
-        return end(a, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", a->pid, res.message);
+        return end(a, res.code ? res.code : TD_RPC_DEADLINE_EXCEEDED, "prefill worker %s: %s", a->p->id, res.message);
     if (res.code == TD_RPC_DEADLINE_EXCEEDED) /* the landing's lease ran out, not the client's deadline */
         TD_WARN("router: %s: the landing lease of reservation %llu on %s ran out before its KV was put", rid(q),
                 (unsigned long long)a->reserved->landing->reservation_id, q->did);
-    TD_WARN("router: %s: prefill on %s failed (%s: %s); trying again", rid(q), a->pid, td_rpc_code_name(res.code),
+    TD_WARN("router: %s: prefill on %s failed (%s: %s); trying again", rid(q), a->p->id, td_rpc_code_name(res.code),
             res.message);
     return again(a, TD_ERR_UNAVAILABLE);
 }

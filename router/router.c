@@ -593,7 +593,7 @@ int main(int argc, char **argv)
                            .lease_ttl_s = r.cfg.etcd.lease_ttl_s, .tls = r.tls, .stats = r.stats};
     if (rt_planner_start(&pc, &r.planner) || router_register(&r, planner_id, self_addr, &member))
         goto out;
-    r.metrics_src.planner = r.planner;
+    __atomic_store_n(&r.metrics_src.planner, r.planner, __ATOMIC_RELEASE); /* scrapes may run already */
     pthread_mutex_lock(&r.table.mu);
     r.table.member = member; /* placement asks it whether etcd was just away */
     pthread_mutex_unlock(&r.table.mu);
@@ -613,10 +613,9 @@ out:
     r.table.member = NULL;
     pthread_mutex_unlock(&r.table.mu);
     td_member_leave(member);
-    r.metrics_src.planner = NULL;
+    rt_metrics_unserve(&r.metrics); /* no scrape reads the planner or the follower while they stop */
     rt_planner_stop(r.planner); /* resigns: another router plans */
     r.planner = NULL;
-    r.metrics_src.follow = NULL;
     rt_follow_stop(r.follow); /* first: it may wait on etcd or a source until its deadline */
     r.follow = NULL;
     rt_http_stop(http); /* its requests cancelled and ended (they need the pool) */
