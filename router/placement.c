@@ -112,14 +112,44 @@ static void prio_work(rt_worker_t *w, int32_t p, double ms, int sign)
     }
 }
 
+/* The profile's time for n new tokens after cached ones, less its constant:
+ * how much work the call is, in the profile's measure. */
+static double profile_work(const eng_profile_t *pf, double n, double cached)
+{
+    return pf->prefill[1] * n + pf->prefill[2] * n * (cached + n / 2);
+}
+
+static double fit_ms(const rt_worker_t *w, double n, double cached)
+{
+    return w->pf_fit[0] + w->pf_fit[1] * n + w->pf_fit[2] * n * (cached + n / 2);
+}
+
 /* w's prefill model: refitted from what it measured, else its profile (or
- * its role's first other profile), else none (0). */
+ * its role's first other profile), else none (0). The refit is trusted up to
+ * RT_REACH times the largest call it saw (in the profile's work); past that,
+ * a few calls' fit would extrapolate a shape they never tested (a short
+ * call's time alone once put a 1,800-token prompt at 0.6 s, against 17 s
+ * measured), so the prediction is the fit at that reach grown as the profile
+ * grows. */
+#define RT_REACH 1.5
 static double prefill_model_ms(const rt_table_t *t, const rt_worker_t *w, double n, double cached)
 {
-    if (w->n_obs)
-        return w->pf_fit[0] + w->pf_fit[1] * n + w->pf_fit[2] * n * (cached + n / 2);
     const eng_profile_t *pf = profile_of(t, w);
-    return pf ? eng_profile_prefill_ms(pf, n, cached) : 0;
+    if (!w->n_obs)
+        return pf ? eng_profile_prefill_ms(pf, n, cached) : 0;
+    double reach = RT_REACH * w->pf_reach;
+    if (!pf || profile_work(pf, n, cached) <= reach)
+        return fit_ms(w, n, cached);
+    /* the n' whose work is the reach: a/2 n'^2 + (b + a cached) n' = reach */
+    double a = pf->prefill[2], b = pf->prefill[1] + a * cached, m;
+    if (a > 0)
+        m = 2 * reach / (b + sqrt(b * b + 2 * a * reach));
+    else if (b > 0)
+        m = reach / b;
+    else
+        return fit_ms(w, n, cached);
+    double at = eng_profile_prefill_ms(pf, m, cached);
+    return at > 0 ? fit_ms(w, m, cached) * eng_profile_prefill_ms(pf, n, cached) / at : fit_ms(w, n, cached);
 }
 
 /* Refits w's prefill model after a call that found it idle took ms for n new
@@ -148,6 +178,11 @@ static void prefill_refit(const rt_table_t *t, rt_worker_t *w, double n, double 
         y[k++] = wt;
     }
     eng_profile_fit3((const double (*)[3])x, y, k, w->pf_fit);
+    w->pf_reach = 0;
+    for (uint32_t i = 0; pf && i < have; i++) {
+        double work = pf->prefill[1] * w->obs[i][1] + pf->prefill[2] * w->obs[i][2];
+        w->pf_reach = fmax(w->pf_reach, work);
+    }
 }
 
 /* What prefill on w would take: its pool's run of the chain, the store's
@@ -291,8 +326,15 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
     const rt_prediction_t *pr = &tm->pred;
     if (!pr->valid || !tm->ok || tm->prefill_ms <= 0)
         return;
-    if (prefill && pr->alone && tm->prefill_ms > pr->fetch_ms + 0.5)
-        prefill_refit(t, prefill, pr->new_tokens, pr->pool_tokens + pr->store_tokens, tm->prefill_ms - pr->fetch_ms);
+    if (prefill && pr->alone) {
+        /* refitted from the split the worker found, not the index's guess: an index some events behind once
+         * had a call of 8 new tokens refitted as one of 184 taking 50 ms, and one of 600 as one of 8 */
+        double all = pr->new_tokens + pr->pool_tokens + pr->store_tokens, cached = fmin(tm->call_cached, all - 1);
+        double fetch = tm->call_store == pr->store_tokens ? pr->fetch_ms
+                                                          : tm->call_store * t->fetch_ms_per_block / t->expect.block_tokens;
+        if (all > 0 && tm->prefill_ms > fetch + 0.5)
+            prefill_refit(t, prefill, all - cached, cached, tm->prefill_ms - fetch);
+    }
     if (tm->attempt_ttft_ms > tm->prefill_ms)
         overhead_refit(t, tm->prompt_tokens, tm->attempt_ttft_ms - tm->prefill_ms);
     if (decode && tm->output_tokens > 2 && pr->step_raw_ms > 0 && tm->tpot_ms > 0) {
@@ -434,6 +476,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
             memcpy(w->pf_fit, t->w[i]->pf_fit, sizeof w->pf_fit);
             memcpy(w->obs, t->w[i]->obs, sizeof w->obs);
             w->n_obs = t->w[i]->n_obs;
+            w->pf_reach = t->w[i]->pf_reach;
             w->k_step = t->w[i]->k_step;
             w->ix_src = t->w[i]->ix_src;
             t->w[i]->gone = true;

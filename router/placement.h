@@ -45,7 +45,7 @@ typedef struct rt_worker {
     /* prediction (DESIGN.md §5): the profile it published; the prefill
      * model refitted online (pf_fit, the profile's coefficients until then)
      * from its last RT_OBS calls that found it idle (obs: the model's three
-     * regressors and the measured ms); the decode step's correction
+     * regressors and the measured ms), trusted up to a reach of the largest; the decode step's correction
      * (measured / predicted, smoothed); the prefill calls placed on it and
      * not yet answered (prefilling) and their predicted work (work_ms),
      * counted down from work_since (the last placement on an idle worker or
@@ -53,7 +53,7 @@ typedef struct rt_worker {
      * slot in the cache index (-1: not followed yet) */
     eng_profile_t profile;
     bool has_profile;
-    double pf_fit[3];
+    double pf_fit[3], pf_reach; /* pf_reach: the largest call refitted from, in its profile's work (ms) */
     double obs[RT_OBS][4];
     uint32_t n_obs;
     double k_step;
@@ -133,6 +133,9 @@ typedef struct rt_timings {
     uint32_t prompt_tokens, cached_tokens, output_tokens;
     bool ok;
     rt_prediction_t pred; /* what placement predicted for it */
+    /* what the prefill call pred is for found cached, in all and of it from the store: the worker's count,
+     * where pred holds the index's guess */
+    uint32_t call_cached, call_store;
 } rt_timings_t;
 
 /* What a policy sees of a request: the request (NULL: none, pick any),

@@ -64,6 +64,7 @@ struct rt_request {
     uint32_t retry_after_ms;          /* an early rejection's hint */
     const char *rejected;             /* rejected early: the SLO it was for ("ttft", "tpot") */
     uint32_t max_tokens, cached, store_cached;
+    uint32_t call_cached, call_store; /* the last prefill call's (q->pred is for it) */
     double t0, deadline, t_first, t_last, overhead, cpu; /* cpu: overhead in thread CPU time */
     double t_queued, handoff; /* when the next step was queued; the time steps waited for a pool thread */
     char prefill_id[96], decode_id[96];
@@ -657,6 +658,8 @@ static td_status_t prefill(rt_request_t *q, attempt_t *a)
         q->prefill_ms = (td_now_s() - t_b) * 1e3;
         snprintf(q->prefill_id, sizeof q->prefill_id, "%s", a->p->id);
         snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
+        q->call_cached = a->prefilled->cached_tokens;
+        q->call_store = a->prefilled->store_tokens;
         if (q->n_tokens == q->n_prompt) {
             q->cached = a->prefilled->cached_tokens;
             q->store_cached = a->prefilled->store_tokens;
@@ -822,7 +825,7 @@ static int after_stream(rt_request_t *q)
     rt_timings_t tm = {.prefill_ms = q->prefill_ms, .ttft_ms = ((q->t_first ? q->t_first : now) - q->t0) * 1e3,
                        .e2e_ms = (now - q->t0) * 1e3, .prompt_tokens = (uint32_t)q->n_prompt,
                        .cached_tokens = q->cached, .output_tokens = (uint32_t)(q->n_tokens - q->n_prompt),
-                       .ok = q->finished, .pred = q->pred,
+                       .ok = q->finished, .pred = q->pred, .call_cached = q->call_cached, .call_store = q->call_store,
                        .attempt_ttft_ms = q->t_first >= q->t_attempt ? (q->t_first - q->t_attempt) * 1e3 : 0};
     tm.tpot_ms = tm.output_tokens > 1 ? (q->t_last - q->t_first) * 1e3 / (tm.output_tokens - 1) : 0;
     if (tm.ok && q->pred.valid)

@@ -29,6 +29,7 @@ Prints one line per check and closes with "router: N passed, N failed".
 Usage: test_router.py BUILD_BIN_DIR  (from the repository root)."""
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -116,8 +117,9 @@ def gen(c, prompt, **slo):
 
 
 def deadlines(c, rng):
-    """A client's deadline is kept: deadline_ms 50 to 800 on a ~2,400-token prompt (its first token predicted
-    seconds away) is refused at once, naming the prediction; on a short prompt with a long answer (admitted, its
+    """A client's deadline is kept: deadlines shorter than a ~1,000-token prompt's predicted first token are
+    refused at once, naming the prediction, and the prompt is served under a looser one, its first token later
+    than every deadline refused; on a short prompt with a long answer (admitted, its
     first token in time) the stream ends DEADLINE_EXCEEDED within 100 ms of the deadline."""
     def timed(prompt, deadline_ms, max_tokens):
         rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True, deadline_ms=deadline_ms,
@@ -129,14 +131,35 @@ def deadlines(c, rng):
             return time.time() - t0, "OK", "", n
         except grpc.RpcError as e:
             return time.time() - t0, e.code().name, e.details() or "", n
-    long_prompt = text(2400, rng)
-    rows, ok = [], True
-    for dl in (50, 150, 400, 800):
-        secs, code, why, _ = timed(long_prompt, dl, 16)
+    # ~1,000 tokens fit the prefill pool (2,176 tokens) with room for the answer; the deadlines below are set from
+    # the prediction the first refusal names, so a faster or slower machine does not change what is checked
+    long_prompt = text(1000, rng)
+    rows, ok, refused = [], True, []
+    secs, code, why, _ = timed(long_prompt, 50, 16)
+    m = re.search(r"predicted in (\d+) ms", why)
+    pred = int(m.group(1)) if m else 0
+    for dl in [50] + [d for d in (pred // 4, pred // 2) if d > 50]:
+        if dl != 50:
+            secs, code, why, _ = timed(long_prompt, dl, 16)
         rows.append("%d ms: %s after %.0f ms%s" % (dl, code, secs * 1e3, "" if "predicted" in why else ": " + why))
         ok = ok and code == "DEADLINE_EXCEEDED" and "predicted" in why and secs < min(dl / 1e3 + 0.1, 0.15)
-    check("a ~2,400-token prompt with deadline_ms 50..800 (first token predicted later): each refused at once, "
-          "naming the prediction (%s)" % "; ".join(rows), ok)
+        refused.append(dl)
+    # the refusals were right: with a deadline of twice the prediction the prompt is served, and its first token
+    # comes later than every deadline refused
+    loose = max(2 * pred, pred + 1000)
+    rq = pb.GenerateRequest(prompt=long_prompt, deadline_ms=loose,
+                            sampling=pb.SamplingParams(max_tokens=1, ignore_eos=True))
+    try:
+        last = None
+        for r in c.stub.Generate(rq, timeout=120):
+            last = r
+        ttft, served = last.timing.ttft_ms, "served, first token in %.0f ms" % last.timing.ttft_ms
+    except grpc.RpcError as e:
+        ttft, served = 0, "%s: %s" % (e.code().name, e.details())
+    ok = ok and pred > 0 and ttft > max(refused)
+    check("a ~1,000-token prompt (first token predicted in %d ms) with deadline_ms %s: each refused at once, naming "
+          "the prediction (%s); with deadline_ms %d: %s" %
+          (pred, "/".join(map(str, refused)), "; ".join(rows), loose, served), ok)
     # the short prompt's first token predicted on idle workers (the work of the checks before has drained):
     # the shortest deadline leaves it 4x that, so a slow machine's prediction does not refuse it
     idle = tc.wait_for(lambda: all(w["queued_ms"] == 0 and w["inflight"] == 0

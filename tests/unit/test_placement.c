@@ -354,10 +354,21 @@ Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeo
         rt_table_done(&t, pl.prefill, NULL, 0);
         rt_table_done(&t, pl.decode, NULL, 0);
     }
+    /* within the reach of what it measured (1.5x its largest call's work in the profile: 3,072 tokens) the
+     * refit holds; past it, the refit at the reach grows as the profile does */
+    rt_place_req_t near = {.tokens = tok, .n_tokens = 3000, .max_tokens = 4};
+    double want = truth[0] + truth[1] * 3000 + truth[2] * 3000.0 * 1500;
+    rt_table_place(&t, &rt_placement_predictive, &near, &pl);
+    cr_assert(fabs(pl.pred.prefill_ms - want) / want < 0.02, "predicted %.1f ms for 3000 tokens, truth %.1f ms",
+              pl.pred.prefill_ms, want);
+    rt_table_prefill_done(&t, pl.prefill, &pl.pred);
+    rt_table_done(&t, pl.prefill, NULL, 0);
+    rt_table_done(&t, pl.decode, NULL, 0);
     rt_place_req_t big = {.tokens = tok, .n_tokens = 4096, .max_tokens = 4};
-    double want = truth[0] + truth[1] * 4096 + truth[2] * 4096.0 * 2048;
+    double at = truth[0] + truth[1] * 3072 + truth[2] * 3072.0 * 1536;
+    want = at * (1 + 4096) / (1 + 3072);
     rt_table_place(&t, &rt_placement_predictive, &big, &pl);
-    cr_assert(fabs(pl.pred.prefill_ms - want) / want < 0.02, "predicted %.1f ms for 4096 tokens, truth %.1f ms",
+    cr_assert(fabs(pl.pred.prefill_ms - want) / want < 0.02, "predicted %.1f ms for 4096 tokens, want %.1f ms",
               pl.pred.prefill_ms, want);
     cr_assert_float_eq(pl.pred.overhead_ms, 3 + 0.01 * 4096, 1e-6); /* the router's own time, fitted by prompt size */
     rt_placement_t second;
@@ -378,6 +389,46 @@ Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeo
         rt_table_done(&t, all[i]->prefill, NULL, 0);
         rt_table_done(&t, all[i]->decode, NULL, 0);
     }
+    td_rpc_shutdown();
+}
+
+/* The refit learns from the split of cached and new tokens the worker found,
+ * not the one the index guessed: calls the index priced as 184 new tokens
+ * after 416 cached, which found 592 cached and computed 8, leave a cold
+ * 200-token prompt predicted near its truth (3x the profile), not at the
+ * few milliseconds those 8 tokens took. */
+Test(placement, prefill_refit_takes_the_workers_cached_count, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &expect, NULL);
+    put_profiled(&t, "p1", "prefill");
+    put_profiled(&t, "d1", "decode");
+    static int32_t tok[600];
+    for (int i = 0; i < 600; i++)
+        tok[i] = i;
+    rt_placement_t pl;
+    rt_place_req_t rq = {.tokens = tok, .n_tokens = 600, .max_tokens = 4};
+    for (int i = 0; i < 6; i++) {
+        rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+        cr_assert_eq(pl.code, TD_RPC_OK, "%s", pl.why);
+        rt_table_prefill_done(&t, pl.prefill, &pl.pred);
+        rt_timings_t tm = {.prefill_ms = 3 * (1 + 8), .ttft_ms = 40, .attempt_ttft_ms = 40, .prompt_tokens = 600,
+                           .cached_tokens = 592, .output_tokens = 1, .ok = true, .pred = pl.pred,
+                           .call_cached = 592};
+        tm.pred.new_tokens = 184, tm.pred.pool_tokens = 416, tm.pred.store_tokens = 0, tm.pred.fetch_ms = 0;
+        rt_table_observe(&t, &rt_placement_predictive, pl.prefill, pl.decode, &tm);
+        rt_table_done(&t, pl.prefill, NULL, 0);
+        rt_table_done(&t, pl.decode, NULL, 0);
+    }
+    rt_place_req_t cold = {.tokens = tok + 300, .n_tokens = 200, .max_tokens = 4};
+    rt_table_place(&t, &rt_placement_predictive, &cold, &pl);
+    double truth = 3 * (1 + 200);
+    cr_assert(pl.pred.prefill_ms > truth / 2 && pl.pred.prefill_ms < truth * 2,
+              "a cold 200-token prompt predicted at %.1f ms, truth %.1f ms", pl.pred.prefill_ms, truth);
+    rt_table_done(&t, pl.prefill, NULL, 0);
+    rt_table_done(&t, pl.decode, NULL, 0);
     td_rpc_shutdown();
 }
 
