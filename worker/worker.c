@@ -22,6 +22,7 @@
 #include "common/process.h"
 #include "engine/model.h"
 #include "engine/profile.h"
+#include "worker/profile_store.h"
 #include "kvstore/client.h"
 
 typedef struct closure {
@@ -708,13 +709,10 @@ static void h_snapshot(void *ctx, td_rpc_call_t *call)
     snap_free(s);
 }
 
-/* The start-up sweep (engine/profile.h), before anything else uses the
- * engine. A profile is measured once per host, role, model and engine
- * settings and kept in etcd (/tandem/profiles/..., no lease): a worker that
- * restarts (kill -9, a crash) reuses it and registers again within its old
- * lease instead of sweeping. A pool too small for the sweep, or a failed one,
- * leaves the worker without a profile (the router then learns its speed from
- * what it serves). */
+/* The start-up profile (worker/profile_store.h), before anything else uses
+ * the engine. A pool too small for the sweep, or a failed one, leaves the
+ * worker without a profile (the router then learns its speed from what it
+ * serves). */
 static void profile(eng_worker_t *w)
 {
     eng_kv_stats_t k = eng_engine_kv_stats(w->engine);
@@ -725,39 +723,20 @@ static void profile(eng_worker_t *w)
         TD_INFO("%s: no start-up profile (its KV pool holds %u tokens; the sweep needs 2048)", w->id, pool_tokens);
         return;
     }
-    char host[64] = "", key[512];
+    char host[64] = "", key[512], how[1100];
     gethostname(host, sizeof host - 1);
-    snprintf(key, sizeof key, "/tandem/profiles/%s/%s/%s/%s-%s-t%u-b%u", host, w->role->name, w->contract.model_id,
+    /* the weights' bytes tell one quantization of a model from another; the device, a GPU's speed from a CPU's */
+    snprintf(key, sizeof key, "/tandem/profiles/%s/%s/%s-w%llu/%s-%s-%s-t%u-b%u", host, w->role->name,
+             w->contract.model_id, (unsigned long long)w->model->desc.weight_bytes, w->rc->device ? w->rc->device : "cpu",
              td_kv_dtype_name(w->contract.dtype), w->cfg.model.numerics, w->rc->threads, w->rc->token_budget);
-    td_etcd_t *etcd = NULL;
-    td_etcd_kvs_t kvs = {0};
-    if (td_etcd_connect(w->cfg.etcd.endpoints, w->tls, &etcd) == TD_OK && td_etcd_get(etcd, key, false, &kvs) == TD_OK &&
-        kvs.n) {
-        json_t *j = json_loadb((const char *)kvs.kv[0].value, kvs.kv[0].value_len, 0, NULL);
-        w->has_profile = j && eng_profile_from_json(j, &w->profile) == TD_OK;
-        json_decref(j);
+    int32_t vocab = (int32_t)w->model->desc.vocab;
+    if (wk_profile_get(w->id, key, w->cfg.etcd.endpoints, w->tls, w->engine, vocab > 1000 ? 100 : 0,
+                       vocab > 1000 ? vocab - 100 : vocab, &w->profile, how, sizeof how)) {
+        TD_WARN("%s: the start-up profile failed (%s); the router learns this worker's speed online", w->id,
+                td_last_error());
+        return;
     }
-    td_etcd_kvs_free(&kvs);
-    const char *how = "reused from etcd";
-    if (!w->has_profile) {
-        int32_t vocab = (int32_t)w->model->desc.vocab;
-        if (eng_profile_measure(w->engine, vocab > 1000 ? 100 : 0, vocab > 1000 ? vocab - 100 : vocab, &w->profile)) {
-            TD_WARN("%s: the start-up profile failed (%s); the router learns this worker's speed online", w->id,
-                    td_last_error());
-            td_etcd_destroy(etcd);
-            return;
-        }
-        w->has_profile = true;
-        how = "measured";
-        json_t *pj = eng_profile_to_json(&w->profile);
-        char *v = pj ? json_dumps(pj, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
-        json_decref(pj);
-        if (!etcd || !v || td_etcd_put(etcd, key, v, strlen(v), 0))
-            TD_WARN("%s: the profile is not kept in etcd (%s); a restart measures it again", w->id,
-                    v ? td_last_error() : "no memory");
-        free(v);
-    }
-    td_etcd_destroy(etcd);
+    w->has_profile = true;
     const eng_profile_t *p = &w->profile;
     TD_INFO("%s: profile %s (%.2f s sweep): prefill_ms = %.3g + %.3g*new + %.3g*new*(cached+new/2); step_ms = %.3g "
             "+ %.3g*batch + %.3g*batch*ctx", w->id, how, p->sweep_s, p->prefill[0], p->prefill[1], p->prefill[2],

@@ -6,6 +6,7 @@ Python gRPC client (grpcio from PyPI) whose stubs are generated here from our
 
 Prints one line per check and closes with "integration: N passed, N failed".
 Usage: test_cluster.py BUILD_BIN_DIR  (run from the repository root)."""
+import glob
 import json
 import os
 import random
@@ -384,8 +385,10 @@ def sigkill_up_leaves_nothing():
     # its run folder (etcd's data, the CA's and every role's key) is left; the next tandem up removes it
     run_dir = os.path.dirname(c.certs) if c.certs else None
     kept = bool(run_dir) and os.path.isdir(run_dir)
+    first_log = c.log()
     c2 = Cluster()
     try:
+        profile_cache(first_log, c2.log())
         removed = re.search(r"removed (\d+) run folders? of earlier runs", c2.log())
         check("the next tandem up removes the run folder a SIGKILLed one left (%s: %s before, %s after; it said: %s)" %
               (run_dir, "there" if kept else "absent", "there" if run_dir and os.path.isdir(run_dir) else "gone",
@@ -393,6 +396,39 @@ def sigkill_up_leaves_nothing():
               kept and removed is not None and not os.path.isdir(run_dir))
     finally:
         c2.stop()
+
+
+PROFILE_CACHE = tempfile.mkdtemp(prefix="tandem-cache-")
+
+
+def profile_cache(first, second):
+    """The start-up profile is kept in this host's cache (XDG_CACHE_HOME): the
+    first cluster's workers measure it, the next cluster's reuse it from the
+    file (worker/profile_store.h)."""
+    files = sorted(glob.glob(os.path.join(PROFILE_CACHE, "tandem", "profiles", "*.json")))
+    measured = re.findall(r"(\S+): profile measured", first)
+    reused = re.findall(r"(\S+): profile reused from (\S+) ", second)
+    check("the first cluster's workers measure their profiles, kept in %d cache files (%s)" %
+          (len(files), [os.path.basename(f) for f in files]),
+          len(measured) == 2 and len(files) == 2 and all(json.load(open(f)).get("prefill") for f in files))
+    check("the next cluster's workers reuse them from the files (%s)" % reused,
+          len(reused) == 2 and sorted(r[1] for r in reused) == files)
+
+
+def corrupt_profile():
+    """A cache file that is not a profile is named in a warning and measured over; returns the check for the log
+    of the cluster started after."""
+    files = sorted(glob.glob(os.path.join(PROFILE_CACHE, "tandem", "profiles", "*prefill*.json")))
+    with open(files[0], "w") as f:
+        f.write('{"prefill": [1, 2], "decode": "x"')
+
+    def after(log):
+        warned = re.search(r"the cached profile (\S+) is not a profile \(([^)]*)\); measuring it again", log)
+        fixed = json.load(open(files[0])).get("prefill")
+        check("a corrupt cache file is named in a warning (%s) and measured over (%s)" %
+              (warned.group(0) if warned else "no warning", fixed),
+              warned is not None and warned.group(1) == files[0] and fixed is not None and len(fixed) == 3)
+    return after
 
 
 def two_by_two(refs):
@@ -424,10 +460,13 @@ def two_by_two(refs):
 
 
 def main():
+    os.environ["XDG_CACHE_HOME"] = PROFILE_CACHE  # the workers' profile cache starts empty (profile_cache)
     cli_conventions()
     sigkill_up_leaves_nothing()
     refs = {p: reference(p) for p in PROMPTS}
+    after = corrupt_profile()
     c = Cluster()
+    after(c.log())
     try:
         # 1. greedy output identical to single-process tandem generate
         same = 0

@@ -1,0 +1,137 @@
+/* profile_store.c — see profile_store.h. */
+#define _GNU_SOURCE
+#include "worker/profile_store.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/etcd.h"
+#include "common/log.h"
+
+/* The cache file of key: DIR/tandem/profiles/ and the key past its
+ * "/tandem/profiles/", each character other than [A-Za-z0-9._-] made '_'
+ * (the host, role, model and settings stay readable in one name). */
+static bool cache_path(const char *key, char *out, size_t n)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[512];
+    if (xdg && xdg[0] == '/')
+        snprintf(dir, sizeof dir, "%s", xdg);
+    else if (home && home[0] == '/')
+        snprintf(dir, sizeof dir, "%s/.cache", home);
+    else
+        return false;
+    const char *rel = key;
+    static const char prefix[] = "/tandem/profiles/";
+    if (!strncmp(rel, prefix, sizeof prefix - 1))
+        rel += sizeof prefix - 1;
+    int k = snprintf(out, n, "%s/tandem/profiles/", dir);
+    if (k < 0 || (size_t)k >= n)
+        return false;
+    size_t i = (size_t)k;
+    for (const char *c = rel; *c && i + 6 < n; c++)
+        out[i++] = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+                           *c == '-'
+                       ? *c
+                       : '_';
+    if (i + 6 >= n)
+        return false;
+    memcpy(out + i, ".json", 6);
+    return true;
+}
+
+/* mkdir -p of path's folder. */
+static void make_dirs(const char *path)
+{
+    char d[1024];
+    snprintf(d, sizeof d, "%s", path);
+    for (char *s = d + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            mkdir(d, 0755);
+            *s = '/';
+        }
+}
+
+static bool from_etcd(td_etcd_t *etcd, const char *key, eng_profile_t *out)
+{
+    td_etcd_kvs_t kvs = {0};
+    bool ok = false;
+    if (etcd && td_etcd_get(etcd, key, false, &kvs) == TD_OK && kvs.n) {
+        json_t *j = json_loadb((const char *)kvs.kv[0].value, kvs.kv[0].value_len, 0, NULL);
+        ok = j && eng_profile_from_json(j, out) == TD_OK;
+        json_decref(j);
+    }
+    td_etcd_kvs_free(&kvs);
+    return ok;
+}
+
+static bool from_file(const char *id, const char *path, eng_profile_t *out)
+{
+    if (access(path, F_OK))
+        return false;
+    json_error_t jerr;
+    json_t *j = json_load_file(path, 0, &jerr);
+    bool ok = j && eng_profile_from_json(j, out) == TD_OK;
+    if (!ok)
+        TD_WARN("%s: the cached profile %s is not a profile (%s); measuring it again", id, path,
+                j ? td_last_error() : jerr.text);
+    json_decref(j);
+    return ok;
+}
+
+/* Written whole or not at all: a temporary file renamed over the old. */
+static void to_file(const char *id, const char *path, const char *v)
+{
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    make_dirs(path);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fputs(v, f) >= 0;
+    if (f && fclose(f))
+        ok = false;
+    if (!ok || rename(tmp, path)) {
+        TD_WARN("%s: the profile is not kept in %s (%s); a new cluster on this host measures it again", id, path,
+                strerror(errno));
+        unlink(tmp);
+    }
+}
+
+td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_endpoints, const td_rpc_tls_t *tls,
+                           eng_engine_t *e, int32_t lo, int32_t hi, eng_profile_t *out, char *how, size_t how_len)
+{
+    td_etcd_t *etcd = NULL;
+    if (td_etcd_connect(etcd_endpoints, tls, &etcd))
+        etcd = NULL;
+    char path[1024];
+    bool cached = cache_path(key, path, sizeof path);
+    bool in_etcd = from_etcd(etcd, key, out), in_file = !in_etcd && cached && from_file(id, path, out);
+    td_status_t rc = TD_OK;
+    if (in_etcd) {
+        snprintf(how, how_len, "reused from etcd");
+    } else {
+        if (in_file)
+            snprintf(how, how_len, "reused from %s", path);
+        else if ((rc = eng_profile_measure(e, lo, hi, out)))
+            goto out;
+        else
+            snprintf(how, how_len, "measured");
+        json_t *pj = eng_profile_to_json(out);
+        char *v = pj ? json_dumps(pj, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+        json_decref(pj);
+        if (!etcd || !v || td_etcd_put(etcd, key, v, strlen(v), 0))
+            TD_WARN("%s: the profile is not kept in etcd (%s); a restart measures it again", id,
+                    v ? td_last_error() : "no memory");
+        if (v && cached && !in_file)
+            to_file(id, path, v);
+        free(v);
+    }
+out:
+    td_etcd_destroy(etcd);
+    return rc;
+}
