@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run.sh SECONDS — builds the libFuzzer targets with clang + ASan (build-fuzz/)
-# and runs each for SECONDS from its seed corpus (the committed fixtures).
+# and runs each for SECONDS from its seed corpus (the committed fixtures);
+# run.sh --build-only builds them.
 # Exit status is non-zero if any target finds a crash, a leak or an overread.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -9,6 +10,7 @@ cd "$root"
 CC=clang cmake -S . -B build-fuzz -DTANDEM_FUZZ=ON -DTANDEM_SANITIZE=address -DTANDEM_TESTS=OFF \
   -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_gguf fuzz_safetensors fuzz_openai >/dev/null
+[ "$secs" = --build-only ] && exit 0 # (tests/run.sh builds them early, beside other work)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/gguf" "$work/st" "$work/openai"

@@ -10,7 +10,7 @@ chunked-prefill budgets of 7, 64 and 512 tokens, a decode pool small enough to
 force preemption, a kill -9 of the decode worker mid-stream, colocated workers
 that prefill their own requests (no prefill worker; one killed mid-stream) — and sends a
 randomized workload (seeded, so a failure can be replayed): prompts of 16 to
-4,000 tokens made from a few random documents, sharing whole blocks and partial
+2,000 tokens made from a few random documents, sharing whole blocks and partial
 blocks of them, repeated, continued as multi-turn conversations (the previous
 prompt, its answer, a new question), sequentially and concurrently. Every
 greedy output is compared with a cold single-process `tandem generate` of the
@@ -200,7 +200,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
 def main():
     refs = {}
     quick = os.environ.get("TANDEM_TEST_QUICK")
-    big = 1 if quick else 4  # words ~ tokens: up to ~4,000-token prompts in the full run
+    big = 1 if quick else 2  # words ~ tokens: up to ~2,000-token prompts (4 chunks of 512) in the full run
     rounds = [
         # name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
         dict(name="fast, 1 prefill, budget 512", numerics="fast", prefill=1, budget=512, prefill_mib=192,

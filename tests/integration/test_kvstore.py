@@ -474,7 +474,7 @@ def main():
 
         # a frozen node mid-get: the reader's deadline passes, the prefix is recomputed. A fresh document
         # (the chain above has bad blocks left: a read stops at the first and drops only that one)
-        doc2 = text(1990, rng)
+        doc2 = text(1000, rng)  # shorter than long_doc: its cold run and reference cost CI time, not coverage
         gen(c, doc2)
         time.sleep(2)
         check("prefill workers restarted (kill -9)", restart_prefill(c))
@@ -505,7 +505,7 @@ def main():
         check("prefill workers restarted (kill -9)", restart_prefill(c))
         thawed = gen(c, doc2 + " and which one came third")
         check("after SIGCONT the nodes serve the prefix again (%d tokens from the store)" %
-              thawed[1].store_cached_tokens, thawed[1].store_cached_tokens >= 1984)
+              thawed[1].store_cached_tokens, thawed[1].store_cached_tokens >= 992)
 
         # kill -9 of every node while requests run: they complete (misses), none hangs
         outs, errs2 = [None] * 6, []
