@@ -115,6 +115,94 @@ static td_status_t warm_up(eng_engine_t *e, const eng_model_t *m)
     return rc;
 }
 
+/* The client form: the same request, served by a cluster. */
+static int generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const char *prompt, bool chat, bool ids,
+                           const eng_request_t *req)
+{
+    Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    sp.has_temperature = sp.has_top_k = sp.has_top_p = sp.has_min_p = sp.has_repetition_penalty = 1;
+    sp.has_seed = sp.has_max_tokens = sp.has_ignore_eos = 1;
+    sp.temperature = req->sampling.temperature;
+    sp.top_k = req->sampling.top_k;
+    sp.top_p = req->sampling.top_p;
+    sp.min_p = req->sampling.min_p;
+    sp.repetition_penalty = req->sampling.repetition_penalty;
+    sp.seed = req->sampling.seed;
+    sp.max_tokens = req->max_tokens;
+    sp.ignore_eos = req->ignore_eos;
+    sp.n_stop = req->n_stop;
+    sp.stop = (char **)req->stop;
+    return cli_generate_remote(endpoint, tls, prompt, chat, ids, &sp, 600);
+}
+
+/* The prompt's tokens: its text, or with --chat the model's chat template
+ * around it as one user message. */
+static td_status_t encode_prompt(const eng_model_t *m, const char *prompt, bool chat, int32_t **toks, size_t *cap,
+                                 size_t *nt)
+{
+    char *text = NULL;
+    if (chat) {
+        eng_chat_t ch;
+        eng_chat_msg_t msg = {"user", prompt};
+        td_status_t rc = eng_chat_init(&ch, m->tok);
+        if (!rc)
+            rc = eng_chat_render(&ch, &msg, 1, true, &text);
+        eng_chat_free(&ch);
+        if (rc)
+            return rc;
+    }
+    const char *input = text ? text : prompt;
+    td_status_t rc = eng_tokenizer_encode(m->tok, input, strlen(input),
+                                          (chat ? ENG_TOK_PARSE_SPECIAL : 0) | ENG_TOK_ADD_BOS, toks, cap, nt);
+    free(text);
+    return rc;
+}
+
+static bool gen_state_alloc(gen_state_t *g, uint32_t max_tokens)
+{
+    size_t n = (size_t)g->n;
+    g->texts = calloc(n, sizeof *g->texts);
+    g->lens = calloc(n, sizeof *g->lens);
+    g->toks = calloc(n, sizeof *g->toks);
+    g->ntoks = calloc(n, sizeof *g->ntoks);
+    g->fin = calloc(n, sizeof *g->fin);
+    if (!g->texts || !g->lens || !g->toks || !g->ntoks || !g->fin)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(g->toks[i] = malloc((max_tokens + 1) * sizeof(int32_t))))
+            return false;
+    return true;
+}
+
+static void gen_state_free(gen_state_t *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        free(g->texts ? g->texts[i] : NULL);
+        free(g->toks ? g->toks[i] : NULL);
+    }
+    free(g->texts);
+    free(g->lens);
+    free(g->toks);
+    free(g->ntoks);
+    free(g->fin);
+}
+
+/* With --n above 1, each sequence after the streamed text. */
+static void print_sequences(const gen_state_t *g)
+{
+    if (g->n == 1)
+        putchar('\n');
+    for (int i = 0; g->n > 1 && i < g->n; i++) {
+        printf("--- sequence %d (%s)\n", i, eng_finish_name(g->fin[i]));
+        if (g->ids)
+            for (size_t k = 0; k < g->ntoks[i]; k++)
+                printf(k ? " %d" : "%d", g->toks[i][k]);
+        else if (g->texts[i])
+            fputs(g->texts[i], stdout);
+        putchar('\n');
+    }
+}
+
 int cli_generate(int argc, char **argv)
 {
     const char *model = DEFAULT_MODEL_PATH, *prompt = NULL, *endpoint = NULL;
@@ -170,44 +258,18 @@ int cli_generate(int argc, char **argv)
         return 2;
     }
     req.stop = stops;
-    if (endpoint) { /* the client form: the same request, served by a cluster */
-        Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
-        sp.has_temperature = sp.has_top_k = sp.has_top_p = sp.has_min_p = sp.has_repetition_penalty = 1;
-        sp.has_seed = sp.has_max_tokens = sp.has_ignore_eos = 1;
-        sp.temperature = req.sampling.temperature;
-        sp.top_k = req.sampling.top_k;
-        sp.top_p = req.sampling.top_p;
-        sp.min_p = req.sampling.min_p;
-        sp.repetition_penalty = req.sampling.repetition_penalty;
-        sp.seed = req.sampling.seed;
-        sp.max_tokens = req.max_tokens;
-        sp.ignore_eos = req.ignore_eos;
-        sp.n_stop = req.n_stop;
-        sp.stop = (char **)stops;
-        return cli_generate_remote(endpoint, tls.ca_file || tls.cert_file ? &tls : NULL, prompt, chat, ids, &sp, 600);
-    }
+    if (endpoint)
+        return generate_remote(endpoint, tls.ca_file || tls.cert_file ? &tls : NULL, prompt, chat, ids, &req);
     double t_load = now_s();
     eng_model_t *m;
     if (eng_model_open(model, &m))
         return 1;
     int ret = 1;
-    char *text = NULL;
     int32_t *toks = NULL;
     size_t cap = 0, nt = 0;
     eng_engine_t *e = NULL;
     gen_state_t g = {.n = n, .ids = ids};
-    if (chat) {
-        eng_chat_t ch;
-        eng_chat_msg_t msg = {"user", prompt};
-        if (eng_chat_init(&ch, m->tok) || eng_chat_render(&ch, &msg, 1, true, &text)) {
-            eng_chat_free(&ch);
-            goto out;
-        }
-        eng_chat_free(&ch);
-    }
-    const char *input = text ? text : prompt;
-    if (eng_tokenizer_encode(m->tok, input, strlen(input), (chat ? ENG_TOK_PARSE_SPECIAL : 0) | ENG_TOK_ADD_BOS,
-                             &toks, &cap, &nt))
+    if (encode_prompt(m, prompt, chat, &toks, &cap, &nt))
         goto out;
     req.prompt = toks;
     req.n_prompt = nt;
@@ -217,13 +279,10 @@ int cli_generate(int argc, char **argv)
         cfg.max_seqs = (uint32_t)n;
     if (eng_engine_create(m, &cfg, &e) || (cfg.device && strcmp(cfg.device, "cpu") && warm_up(e, m)))
         goto out;
-    g.texts = calloc((size_t)n, sizeof *g.texts);
-    g.lens = calloc((size_t)n, sizeof *g.lens);
-    g.toks = calloc((size_t)n, sizeof *g.toks);
-    g.ntoks = calloc((size_t)n, sizeof *g.ntoks);
-    g.fin = calloc((size_t)n, sizeof *g.fin);
-    for (int i = 0; i < n; i++)
-        g.toks[i] = malloc((req.max_tokens + 1) * sizeof(int32_t));
+    if (!gen_state_alloc(&g, req.max_tokens)) {
+        fprintf(stderr, "tandem generate: no memory for %d sequences\n", n);
+        goto out;
+    }
     double t_ready = now_s();
     g.t0 = t_ready;
     for (int i = 0; i < n; i++) {
@@ -240,17 +299,7 @@ int cli_generate(int argc, char **argv)
     while (eng_engine_busy(e))
         if (eng_engine_step(e, on_event, &g))
             goto out;
-    if (n == 1)
-        putchar('\n');
-    for (int i = 0; n > 1 && i < n; i++) {
-        printf("--- sequence %d (%s)\n", i, eng_finish_name(g.fin[i]));
-        if (ids)
-            for (size_t k = 0; k < g.ntoks[i]; k++)
-                printf(k ? " %d" : "%d", g.toks[i][k]);
-        else if (g.texts[i])
-            fputs(g.texts[i], stdout);
-        putchar('\n');
-    }
+    print_sequences(&g);
     double ttft = g.t_first - g.t0, dec = g.t_last - g.t_first;
     size_t dec_tokens = g.generated > (size_t)n ? g.generated - (size_t)n : 0;
     eng_kv_stats_t kv = eng_engine_kv_stats(e);
@@ -263,18 +312,9 @@ int cli_generate(int argc, char **argv)
             (double)kv.n_blocks * kv.block_bytes / 1048576.0, ru.ru_maxrss / 1024.0, eng_finish_name(g.fin[0]));
     ret = 0;
 out:
-    for (int i = 0; g.texts && i < n; i++) {
-        free(g.texts[i]);
-        free(g.toks[i]);
-    }
-    free(g.texts);
-    free(g.lens);
-    free(g.toks);
-    free(g.ntoks);
-    free(g.fin);
+    gen_state_free(&g);
     eng_engine_destroy(e);
     free(toks);
-    free(text);
     eng_model_close(m);
     return ret;
 }

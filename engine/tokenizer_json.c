@@ -170,6 +170,118 @@ static td_status_t tj_config(eng_tokenizer_t *t, const char *path)
     return rc;
 }
 
+/* The vocabulary's size: its largest id, or an added token's, + 1; an id
+ * out of range or an added token without content is an error. */
+static td_status_t tj_size(const char *path, json_t *vocab, json_t *added, int64_t *out)
+{
+    int64_t max_id = -1;
+    const char *key;
+    json_t *val;
+    json_object_foreach(vocab, key, val) {
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 24))
+            return td_error(TD_ERR_FORMAT, "%s: model.vocab['%s'] is not a token id in 0..%d", path, key, (1 << 24) - 1);
+        if (json_integer_value(val) > max_id)
+            max_id = json_integer_value(val);
+    }
+    size_t i;
+    json_array_foreach(added, i, val) {
+        json_t *id = json_object_get(val, "id");
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 24) ||
+            !json_is_string(json_object_get(val, "content")))
+            return td_error(TD_ERR_FORMAT, "%s: added_tokens[%zu] needs an id in 0..%d and a content string", path, i,
+                            (1 << 24) - 1);
+        if (json_integer_value(id) > max_id)
+            max_id = json_integer_value(id);
+    }
+    if (max_id < 0)
+        return td_error(TD_ERR_FORMAT, "%s: the vocabulary is empty", path);
+    *out = max_id + 1;
+    return TD_OK;
+}
+
+/* The added tokens: their text, control or user-defined, and the special
+ * ones matched before the BPE split. */
+static td_status_t tj_added(eng_tokenizer_t *t, const char *path, json_t *added)
+{
+    size_t n_added = json_array_size(added), i;
+    json_t *val;
+    t->special = calloc(n_added ? n_added : 1, sizeof *t->special);
+    if (!t->special)
+        return td_error(TD_ERR_NO_MEMORY, "%s: no memory", path);
+    json_array_foreach(added, i, val) {
+        int32_t id = (int32_t)json_integer_value(json_object_get(val, "id"));
+        const char *content = json_string_value(json_object_get(val, "content"));
+        td_status_t rc = tok_set_text(t, id, content, strlen(content));
+        if (rc)
+            return rc;
+        t->type[id] = json_is_true(json_object_get(val, "special")) ? ENG_TOK_TYPE_CONTROL : ENG_TOK_TYPE_USER_DEFINED;
+        if (content[0])
+            t->special[t->n_special++] = (tok_special_t){
+                .id = id, .lstrip = json_is_true(json_object_get(val, "lstrip")),
+                .rstrip = json_is_true(json_object_get(val, "rstrip"))};
+    }
+    return TD_OK;
+}
+
+/* model.merges, each "a b" or ["a", "b"], in rank order. */
+static td_status_t tj_merges(eng_tokenizer_t *t, const char *path, json_t *merges)
+{
+    td_status_t rc = tok_alloc_pairs(t, json_array_size(merges));
+    size_t i;
+    json_t *val;
+    if (rc)
+        return rc;
+    json_array_foreach(merges, i, val) {
+        const char *a, *b;
+        size_t al, bl;
+        char *sp = NULL;
+        if (json_is_string(val)) {
+            a = json_string_value(val);
+            sp = strchr(a + (a[0] ? 1 : 0), ' ');
+            if (!sp)
+                return td_error(TD_ERR_FORMAT, "%s: model.merges[%zu] '%s' is not two tokens separated by a space",
+                                path, i, a);
+            al = (size_t)(sp - a);
+            b = sp + 1;
+            bl = strlen(b);
+        } else if (json_is_array(val) && json_array_size(val) == 2 && json_is_string(json_array_get(val, 0)) &&
+                   json_is_string(json_array_get(val, 1))) {
+            a = json_string_value(json_array_get(val, 0));
+            b = json_string_value(json_array_get(val, 1));
+            al = strlen(a);
+            bl = strlen(b);
+        } else {
+            return td_error(TD_ERR_FORMAT, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+        }
+        int32_t ia = eng_tokenizer_find(t, a, al), ib = eng_tokenizer_find(t, b, bl);
+        if (ia < 0 || ib < 0)
+            return td_error(TD_ERR_FORMAT, "%s: model.merges[%zu] names a token that is not in the vocabulary", path,
+                            i);
+        if ((rc = tok_add_merge(t, ia, ib, path)))
+            return rc;
+    }
+    return TD_OK;
+}
+
+/* BOS from the post-processor template: "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": ...}] */
+static void tj_bos(eng_tokenizer_t *t, json_t *root)
+{
+    json_t *pp = json_object_get(root, "post_processor"), *val;
+    json_t *single = json_object_get(pp, "single");
+    size_t i;
+    if (!single && pp) { /* a Sequence of processors */
+        json_array_foreach(json_object_get(pp, "processors"), i, val)
+            if (json_object_get(val, "single"))
+                single = json_object_get(val, "single");
+    }
+    if (json_is_array(single) && json_array_size(single) > 0) {
+        json_t *first = json_object_get(json_array_get(single, 0), "SpecialToken");
+        const char *bos = json_string_value(json_object_get(first, "id"));
+        if (bos && (t->bos = eng_tokenizer_find(t, bos, strlen(bos))) >= 0)
+            t->add_bos = true;
+    }
+}
+
 td_status_t eng_tokenizer_from_json(const char *path, const char *config_path, eng_tokenizer_t **out)
 {
     json_error_t jerr;
@@ -195,59 +307,21 @@ td_status_t eng_tokenizer_from_json(const char *path, const char *config_path, e
         rc = td_error(TD_ERR_FORMAT, "%s: 'model.merges' is missing or not an array", path);
         goto done;
     }
-    /* size: the largest id anywhere, + 1 */
-    int64_t max_id = -1;
-    const char *key;
-    json_t *val;
-    json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 24)) {
-            rc = td_error(TD_ERR_FORMAT, "%s: model.vocab['%s'] is not a token id in 0..%d", path, key, (1 << 24) - 1);
-            goto done;
-        }
-        if (json_integer_value(val) > max_id)
-            max_id = json_integer_value(val);
-    }
-    size_t i;
-    json_array_foreach(added, i, val) {
-        json_t *id = json_object_get(val, "id");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 24) ||
-            !json_is_string(json_object_get(val, "content"))) {
-            rc = td_error(TD_ERR_FORMAT, "%s: added_tokens[%zu] needs an id in 0..%d and a content string", path, i,
-                          (1 << 24) - 1);
-            goto done;
-        }
-        if (json_integer_value(id) > max_id)
-            max_id = json_integer_value(id);
-    }
-    if (max_id < 0) {
-        rc = td_error(TD_ERR_FORMAT, "%s: the vocabulary is empty", path);
+    int64_t size = 0;
+    if ((rc = tj_size(path, vocab, added, &size)))
         goto done;
-    }
     bool byte_level = false;
     /* the kind is known only after the pre-tokenizer; build into a byte-level
      * shell, then fix the kind */
-    if ((rc = tok_alloc(&t, (int32_t)max_id + 1, ENG_TOK_BPE_BYTE_LEVEL)))
+    if ((rc = tok_alloc(&t, (int32_t)size, ENG_TOK_BPE_BYTE_LEVEL)))
         goto done;
+    const char *key;
+    json_t *val;
     json_object_foreach(vocab, key, val)
         if ((rc = tok_set_text(t, (int32_t)json_integer_value(val), key, strlen(key))))
             goto done;
-    size_t n_added = json_array_size(added);
-    t->special = calloc(n_added ? n_added : 1, sizeof *t->special);
-    if (!t->special) {
-        rc = td_error(TD_ERR_NO_MEMORY, "%s: no memory", path);
+    if ((rc = tj_added(t, path, added)))
         goto done;
-    }
-    json_array_foreach(added, i, val) {
-        int32_t id = (int32_t)json_integer_value(json_object_get(val, "id"));
-        const char *content = json_string_value(json_object_get(val, "content"));
-        if ((rc = tok_set_text(t, id, content, strlen(content))))
-            goto done;
-        t->type[id] = json_is_true(json_object_get(val, "special")) ? ENG_TOK_TYPE_CONTROL : ENG_TOK_TYPE_USER_DEFINED;
-        if (content[0])
-            t->special[t->n_special++] = (tok_special_t){
-                .id = id, .lstrip = json_is_true(json_object_get(val, "lstrip")),
-                .rstrip = json_is_true(json_object_get(val, "rstrip"))};
-    }
     if ((rc = tj_norm(t, path, json_object_get(root, "normalizer"), "normalizer")) ||
         (rc = tj_pre(t, path, json_object_get(root, "pre_tokenizer"), &byte_level)))
         goto done;
@@ -270,55 +344,9 @@ td_status_t eng_tokenizer_from_json(const char *path, const char *config_path, e
     const char *unk = json_string_value(json_object_get(model, "unk_token"));
     if (unk)
         t->unk = eng_tokenizer_find(t, unk, strlen(unk));
-    if ((rc = tok_alloc_pairs(t, json_array_size(merges))))
+    if ((rc = tj_merges(t, path, merges)))
         goto done;
-    json_array_foreach(merges, i, val) {
-        const char *a, *b;
-        size_t al, bl;
-        char *sp = NULL;
-        if (json_is_string(val)) {
-            a = json_string_value(val);
-            sp = strchr(a + (a[0] ? 1 : 0), ' ');
-            if (!sp) {
-                rc = td_error(TD_ERR_FORMAT, "%s: model.merges[%zu] '%s' is not two tokens separated by a space", path,
-                              i, a);
-                goto done;
-            }
-            al = (size_t)(sp - a);
-            b = sp + 1;
-            bl = strlen(b);
-        } else if (json_is_array(val) && json_array_size(val) == 2 && json_is_string(json_array_get(val, 0)) &&
-                   json_is_string(json_array_get(val, 1))) {
-            a = json_string_value(json_array_get(val, 0));
-            b = json_string_value(json_array_get(val, 1));
-            al = strlen(a);
-            bl = strlen(b);
-        } else {
-            rc = td_error(TD_ERR_FORMAT, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
-            goto done;
-        }
-        int32_t ia = eng_tokenizer_find(t, a, al), ib = eng_tokenizer_find(t, b, bl);
-        if (ia < 0 || ib < 0) {
-            rc = td_error(TD_ERR_FORMAT, "%s: model.merges[%zu] names a token that is not in the vocabulary", path, i);
-            goto done;
-        }
-        if ((rc = tok_add_merge(t, ia, ib, path)))
-            goto done;
-    }
-    /* BOS from the post-processor template: "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": ...}] */
-    json_t *pp = json_object_get(root, "post_processor");
-    json_t *single = json_object_get(pp, "single");
-    if (!single && pp) { /* a Sequence of processors */
-        json_array_foreach(json_object_get(pp, "processors"), i, val)
-            if (json_object_get(val, "single"))
-                single = json_object_get(val, "single");
-    }
-    if (json_is_array(single) && json_array_size(single) > 0) {
-        json_t *first = json_object_get(json_array_get(single, 0), "SpecialToken");
-        const char *bos = json_string_value(json_object_get(first, "id"));
-        if (bos && (t->bos = eng_tokenizer_find(t, bos, strlen(bos))) >= 0)
-            t->add_bos = true;
-    }
+    tj_bos(t, root);
     if (config_path && (rc = tj_config(t, config_path)))
         goto done;
     tok_add_eog(t, t->eos);

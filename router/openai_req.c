@@ -92,21 +92,9 @@ static char *content_text(json_t *c, rt_oai_error_t *e, const char *param)
 }
 
 
-bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Tandem__V1__GenerateRequest **out,
-                       bool *stream, bool *include_usage, rt_oai_error_t *e)
+/* The model and the input: a chat's messages or a completion's prompt. */
+static bool parse_input(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRequest *rq, rt_oai_error_t *e)
 {
-    Tandem__V1__GenerateRequest *rq = calloc(1, sizeof *rq);
-    Tandem__V1__SamplingParams *sp = calloc(1, sizeof *sp);
-    if (!rq || !sp) {
-        free(rq);
-        free(sp);
-        snprintf(e->msg, sizeof e->msg, "no memory");
-        return false;
-    }
-    tandem__v1__generate_request__init(rq);
-    tandem__v1__sampling_params__init(sp);
-    rq->sampling = sp;
-    *out = rq;
     json_t *j;
     if ((j = json_object_get(b, "model")) && !json_is_null(j)) {
         const char *s = str_of(j, "model", e);
@@ -164,6 +152,14 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
         rq->input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
         rq->prompt = strdup(ps);
     }
+    return true;
+}
+
+/* The sampling parameters, priority, SLOs, max_tokens and ignore_eos. */
+static bool parse_sampling(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRequest *rq,
+                           Tandem__V1__SamplingParams *sp, rt_oai_error_t *e)
+{
+    json_t *j;
     /* sampling: OpenAI's defaults (temperature 1, top_p 1), tandem's ranges (the request validates them) */
     bool has;
     double v;
@@ -252,6 +248,12 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
         sp->has_ignore_eos = 1;
         sp->ignore_eos = json_is_true(j);
     }
+    return true;
+}
+
+static bool parse_stop(json_t *b, Tandem__V1__SamplingParams *sp, rt_oai_error_t *e)
+{
+    json_t *j;
     if ((j = json_object_get(b, "stop")) && !json_is_null(j)) {
         size_t ns = json_is_string(j) ? 1 : json_is_array(j) ? json_array_size(j) : 0;
         if (!json_is_string(j) && !json_is_array(j))
@@ -269,6 +271,12 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
             sp->stop[sp->n_stop++] = strdup(st);
         }
     }
+    return true;
+}
+
+static bool parse_logit_bias(json_t *b, Tandem__V1__SamplingParams *sp, rt_oai_error_t *e)
+{
+    json_t *j;
     if ((j = json_object_get(b, "logit_bias")) && !json_is_null(j)) {
         if (!json_is_object(j))
             return bad(e, "logit_bias", "%s: must be an object of token id -> bias%s", "");
@@ -295,6 +303,16 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
             sp->logit_bias[sp->n_logit_bias++] = le;
         }
     }
+    return true;
+}
+
+/* What this server does not do yet (n > 1, logprobs, structured output) is
+ * refused naming the field, not ignored. */
+static bool refuse_unsupported(json_t *b, rt_oai_error_t *e)
+{
+    bool has;
+    json_int_t n;
+    json_t *j;
     if (!get_int(b, "n", &has, &n, e))
         return false;
     if (has && n != 1)
@@ -316,6 +334,12 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
     for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
         if ((j = json_object_get(b, guided[i])) && !json_is_null(j))
             return bad(e, guided[i], "%s: not supported by this server (no structured output yet)%s", "");
+    return true;
+}
+
+static bool parse_stream(json_t *b, bool *stream, bool *include_usage, rt_oai_error_t *e)
+{
+    json_t *j;
     if ((j = json_object_get(b, "stream")) && !json_is_null(j)) {
         if (!json_is_boolean(j))
             return bad(e, "stream", "%s: must be a boolean%s", "");
@@ -330,6 +354,27 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
             return bad(e, "stream_options", "%s: only with stream: true%s", "");
         *include_usage = json_is_true(iu);
     }
+    return true;
+}
+
+bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Tandem__V1__GenerateRequest **out,
+                       bool *stream, bool *include_usage, rt_oai_error_t *e)
+{
+    Tandem__V1__GenerateRequest *rq = calloc(1, sizeof *rq);
+    Tandem__V1__SamplingParams *sp = calloc(1, sizeof *sp);
+    if (!rq || !sp) {
+        free(rq);
+        free(sp);
+        snprintf(e->msg, sizeof e->msg, "no memory");
+        return false;
+    }
+    tandem__v1__generate_request__init(rq);
+    tandem__v1__sampling_params__init(sp);
+    rq->sampling = sp;
+    *out = rq;
+    if (!parse_input(kind, b, rq, e) || !parse_sampling(kind, b, rq, sp, e) || !parse_stop(b, sp, e) ||
+        !parse_logit_bias(b, sp, e) || !refuse_unsupported(b, e) || !parse_stream(b, stream, include_usage, e))
+        return false;
     rq->request_id = strdup(request_id);
     return true;
 }
