@@ -95,6 +95,121 @@ static void fill(int dev, void *p, size_t n)
     free(h);
 }
 
+/* The target process: a region of bytes peers put into; answers each
+ * checksum asked for on in, the region's own on out, until in closes. */
+static _Noreturn void target(const kv_transport_ops_t *xo, size_t bytes, int dst_gpu, int dev, int out, int in)
+{
+    kv_xfer_t *x;
+    kv_xfer_mem_t *m;
+    void *base, *addr, *rkey;
+    size_t al, rl;
+    kv_xfer_config_t tc = {.target = true, .device = dst_gpu};
+    if (xo->create(&tc, &x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
+        xo->address(x, &addr, &al) || xo->progress_start(x)) {
+        fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
+        _exit(1);
+    }
+    if (!dev)
+        memset(base, 0, bytes);
+    uint64_t b = xo->remote_base ? xo->remote_base(x, m) : (uint64_t)(uintptr_t)base;
+    xwrite(out, &al, sizeof al);
+    xwrite(out, addr, al);
+    xwrite(out, &rl, sizeof rl);
+    xwrite(out, rkey, rl);
+    xwrite(out, &b, sizeof b);
+    uint64_t want;
+    int bad = 0;
+    while (!xread(in, &want, sizeof want)) {
+        uint64_t zero = 0;
+        if (xo->landed && xo->landed(x, m, &zero, 1, bytes)) {
+            fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
+            _exit(1);
+        }
+        uint8_t *tmp, *h = host_view(dev, base, bytes, &tmp);
+        uint64_t got = sum64(h, bytes);
+        free(tmp);
+        bad |= got != want;
+        xwrite(out, &got, sizeof got);
+    }
+    xo->mem_free(x, m);
+    xo->destroy(x);
+    _exit(bad ? 2 : 0);
+}
+
+#ifdef TANDEM_HAVE_CUDA
+/* A device transport's baselines: the plain copy of the same bytes in the
+ * same chunks (to host memory when the transport stages, else to the peer
+ * GPU), the same bytes as one copy (the link's ceiling), then whether a put
+ * after a fence sees the bytes the stream wrote before it (*ordered).
+ * 0, or 1 when a CUDA call or the put failed. */
+static int device_copies(const kv_transport_ops_t *xo, kv_xfer_t *x, kv_xfer_peer_t *peer, uint32_t region,
+                         void *src, size_t bytes, size_t chunk, int src_gpu, int dst_gpu, int to_child,
+                         int to_parent, double *best_cpy, double *best_bulk, int *ordered)
+{
+    uint8_t *dst = NULL;
+    uint64_t want, got;
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    *best_bulk = 1e9;
+    bool host = xo->landed != NULL; /* staged: the bytes cross to host memory */
+    if (!host && dst_gpu != src_gpu) { /* the peer's memory, as the decode side's GPU holds it */
+        cudaSetDevice(dst_gpu);
+        cudaError_t pe = cudaDeviceEnablePeerAccess(src_gpu, 0);
+        cudaSetDevice(src_gpu);
+        if (pe == cudaSuccess || pe == cudaErrorPeerAccessAlreadyEnabled)
+            pe = cudaDeviceEnablePeerAccess(dst_gpu, 0);
+        if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled)
+            fprintf(stderr, "tandem-bench-kvxfer: peer access %d -> %d: %s (the plain copy is staged by the "
+                    "driver)\n", src_gpu, dst_gpu, cudaGetErrorString(pe));
+        cudaGetLastError();
+        cudaSetDevice(dst_gpu);
+    }
+    if ((host ? cudaHostAlloc((void **)&dst, bytes, 0) : cudaMalloc((void **)&dst, bytes)) != cudaSuccess)
+        return 1;
+    cudaSetDevice(src_gpu);
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = td_now_s();
+        for (size_t off = 0; off < bytes; off += chunk)
+            if (!host && dst_gpu != src_gpu)
+                cudaMemcpyPeerAsync(dst + off, dst_gpu, (uint8_t *)src + off, src_gpu, chunk, s);
+            else
+                cudaMemcpyAsync(dst + off, (uint8_t *)src + off, chunk,
+                                host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, s);
+        cudaStreamSynchronize(s);
+        double t = td_now_s() - t0;
+        *best_cpy = t < *best_cpy ? t : *best_cpy;
+    }
+    for (int rep = 0; rep < 5; rep++) { /* the link's ceiling: the same bytes as one copy */
+        double t0 = td_now_s();
+        if (!host && dst_gpu != src_gpu)
+            cudaMemcpyPeerAsync(dst, dst_gpu, src, src_gpu, bytes, s);
+        else
+            cudaMemcpyAsync(dst, src, bytes, host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, s);
+        cudaStreamSynchronize(s);
+        double t = td_now_s() - t0;
+        *best_bulk = t < *best_bulk ? t : *best_bulk;
+    }
+    host ? cudaFreeHost(dst) : cudaFree(dst);
+    /* ordering: the source rewritten on stream s (queued behind a long
+     * wait), a fence after it, the put after the fence */
+    uint64_t f;
+    for (int i = 0; i < 8; i++) /* work ahead of the rewrite, so that an unordered put would see old bytes */
+        cudaMemsetAsync(src, 0x11 + i, bytes, s);
+    cudaMemsetAsync(src, 0x5a, bytes, s);
+    if (xo->fence(x, s, &f) || xo->wait_fence(x, f) || xo->put(x, peer, region, src, bytes, 0) ||
+        xo->flush(x, peer, 30))
+        return 1;
+    uint8_t *expect = malloc(bytes);
+    memset(expect, 0x5a, bytes);
+    want = sum64(expect, bytes);
+    free(expect);
+    xwrite(to_child, &want, sizeof want);
+    *ordered = !xread(to_parent, &got, sizeof got) && got == want;
+    cudaStreamDestroy(s);
+    return 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 256, chunk = argc > 2 ? (size_t)atol(argv[2]) : 12288;
@@ -115,41 +230,7 @@ int main(int argc, char **argv)
     if (pid == 0) { /* target: answers each checksum asked for, until the pipe closes */
         close(to_parent[0]);
         close(to_child[1]);
-        kv_xfer_t *x;
-        kv_xfer_mem_t *m;
-        void *base, *addr, *rkey;
-        size_t al, rl;
-        kv_xfer_config_t tc = {.target = true, .device = dst_gpu};
-        if (xo->create(&tc, &x) || xo->mem_alloc(x, bytes, &base, &m) || xo->mem_rkey(x, m, &rkey, &rl) ||
-            xo->address(x, &addr, &al) || xo->progress_start(x)) {
-            fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
-            _exit(1);
-        }
-        if (!dev)
-            memset(base, 0, bytes);
-        uint64_t b = xo->remote_base ? xo->remote_base(x, m) : (uint64_t)(uintptr_t)base;
-        xwrite(to_parent[1], &al, sizeof al);
-        xwrite(to_parent[1], addr, al);
-        xwrite(to_parent[1], &rl, sizeof rl);
-        xwrite(to_parent[1], rkey, rl);
-        xwrite(to_parent[1], &b, sizeof b);
-        uint64_t want;
-        int bad = 0;
-        while (!xread(to_child[0], &want, sizeof want)) {
-            uint64_t zero = 0;
-            if (xo->landed && xo->landed(x, m, &zero, 1, bytes)) {
-                fprintf(stderr, "tandem-bench-kvxfer: target: %s\n", td_last_error());
-                _exit(1);
-            }
-            uint8_t *tmp, *h = host_view(dev, base, bytes, &tmp);
-            uint64_t got = sum64(h, bytes);
-            free(tmp);
-            bad |= got != want;
-            xwrite(to_parent[1], &got, sizeof got);
-        }
-        xo->mem_free(x, m);
-        xo->destroy(x);
-        _exit(bad ? 2 : 0);
+        target(xo, bytes, dst_gpu, dev, to_parent[1], to_child[0]);
     }
     close(to_parent[1]); /* the child's end: its exit ends our reads */
     close(to_child[0]);
@@ -212,66 +293,9 @@ int main(int argc, char **argv)
         free(dst);
     }
 #ifdef TANDEM_HAVE_CUDA
-    else {
-        cudaStream_t s;
-        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-        best_bulk = 1e9;
-        bool host = xo->landed != NULL; /* staged: the bytes cross to host memory */
-        if (!host && dst_gpu != src_gpu) { /* the peer's memory, as the decode side's GPU holds it */
-            cudaSetDevice(dst_gpu);
-            cudaError_t pe = cudaDeviceEnablePeerAccess(src_gpu, 0);
-            cudaSetDevice(src_gpu);
-            if (pe == cudaSuccess || pe == cudaErrorPeerAccessAlreadyEnabled)
-                pe = cudaDeviceEnablePeerAccess(dst_gpu, 0);
-            if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled)
-                fprintf(stderr, "tandem-bench-kvxfer: peer access %d -> %d: %s (the plain copy is staged by the "
-                        "driver)\n", src_gpu, dst_gpu, cudaGetErrorString(pe));
-            cudaGetLastError();
-            cudaSetDevice(dst_gpu);
-        }
-        if ((host ? cudaHostAlloc((void **)&dst, bytes, 0) : cudaMalloc((void **)&dst, bytes)) != cudaSuccess)
-            return 1;
-        cudaSetDevice(src_gpu);
-        for (int rep = 0; rep < 5; rep++) {
-            double t0 = td_now_s();
-            for (size_t off = 0; off < bytes; off += chunk)
-                if (!host && dst_gpu != src_gpu)
-                    cudaMemcpyPeerAsync(dst + off, dst_gpu, (uint8_t *)src + off, src_gpu, chunk, s);
-                else
-                    cudaMemcpyAsync(dst + off, (uint8_t *)src + off, chunk,
-                                    host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, s);
-            cudaStreamSynchronize(s);
-            double t = td_now_s() - t0;
-            best_cpy = t < best_cpy ? t : best_cpy;
-        }
-        for (int rep = 0; rep < 5; rep++) { /* the link's ceiling: the same bytes as one copy */
-            double t0 = td_now_s();
-            if (!host && dst_gpu != src_gpu)
-                cudaMemcpyPeerAsync(dst, dst_gpu, src, src_gpu, bytes, s);
-            else
-                cudaMemcpyAsync(dst, src, bytes, host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, s);
-            cudaStreamSynchronize(s);
-            double t = td_now_s() - t0;
-            best_bulk = t < best_bulk ? t : best_bulk;
-        }
-        host ? cudaFreeHost(dst) : cudaFree(dst);
-        /* ordering: the source rewritten on stream s (queued behind a long
-         * wait), a fence after it, the put after the fence */
-        uint64_t f;
-        for (int i = 0; i < 8; i++) /* work ahead of the rewrite, so that an unordered put would see old bytes */
-            cudaMemsetAsync(src, 0x11 + i, bytes, s);
-        cudaMemsetAsync(src, 0x5a, bytes, s);
-        if (xo->fence(x, s, &f) || xo->wait_fence(x, f) || xo->put(x, peer, region, src, bytes, 0) ||
-            xo->flush(x, peer, 30))
-            return 1;
-        uint8_t *expect = malloc(bytes);
-        memset(expect, 0x5a, bytes);
-        want = sum64(expect, bytes);
-        free(expect);
-        xwrite(to_child[1], &want, sizeof want);
-        ordered = !xread(to_parent[0], &got, sizeof got) && got == want;
-        cudaStreamDestroy(s);
-    }
+    else if (device_copies(xo, x, peer, region, src, bytes, chunk, src_gpu, dst_gpu, to_child[1], to_parent[0],
+                           &best_cpy, &best_bulk, &ordered))
+        return 1;
 #endif
     close(to_child[1]);
     int st;
