@@ -531,15 +531,19 @@ static bool count_arg(const char *flag, const char *v, long lo, long *out)
     return true;
 }
 
-int cli_up(int argc, char **argv)
-{
-    const char *config = NULL, *model = NULL, *listen_at = NULL, *join = NULL, *address = "127.0.0.1";
-    const char *node = NULL, *certs_dir = NULL;
-    bool run_workers = true;
+/* What the flags ask for. */
+typedef struct up_flags {
+    const char *config, *model, *listen_at, *join, *address, *node, *certs_dir;
+    bool run_workers, colocated, decode_given;
     const char *extra[MAX_EXTRA], *kv_extra[MAX_EXTRA];
-    int n_extra = 0, n_kv_extra = 0;
-    long np = -1, nd = -1, nkv = -1;
-    bool colocated = false, decode_given = false;
+    int n_extra, n_kv_extra;
+    long np, nd, nkv; /* -1: the config's */
+} up_flags_t;
+
+/* Parses the flags into f; 0, or 2 after naming a usage error on stderr. */
+static int up_parse(int argc, char **argv, up_flags_t *f)
+{
+    *f = (up_flags_t){.address = "127.0.0.1", .run_workers = true, .np = -1, .nd = -1, .nkv = -1};
     for (int i = 0; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -547,420 +551,72 @@ int cli_up(int argc, char **argv)
             return 2;
         }
         if (!strcmp(argv[i], "--config"))
-            config = v;
+            f->config = v;
         else if (!strcmp(argv[i], "--model"))
-            model = v;
+            f->model = v;
         else if (!strcmp(argv[i], "--listen"))
-            listen_at = v;
+            f->listen_at = v;
         else if (!strcmp(argv[i], "--join"))
-            join = v;
+            f->join = v;
         else if (!strcmp(argv[i], "--node"))
-            node = v;
+            f->node = v;
         else if (!strcmp(argv[i], "--certs"))
-            certs_dir = v;
+            f->certs_dir = v;
         else if (!strcmp(argv[i], "--address")) {
             struct in_addr ia;
             if (inet_pton(AF_INET, v, &ia) != 1) {
                 fprintf(stderr, "tandem up: --address needs an IPv4 address, not '%s'\n", v);
                 return 2;
             }
-            address = v;
+            f->address = v;
         } else if (!strcmp(argv[i], "--run-workers")) {
             if (strcmp(v, "yes") && strcmp(v, "no")) {
                 fprintf(stderr, "tandem up: --run-workers needs yes or no, not '%s'\n", v);
                 return 2;
             }
-            run_workers = !strcmp(v, "yes");
+            f->run_workers = !strcmp(v, "yes");
         } else if (!strcmp(argv[i], "--prefill") || !strcmp(argv[i], "--decode")) {
-            if (!count_arg(argv[i], v, 1, argv[i][2] == 'p' ? &np : &nd))
+            if (!count_arg(argv[i], v, 1, argv[i][2] == 'p' ? &f->np : &f->nd))
                 return 2;
-            decode_given |= argv[i][2] == 'd';
+            f->decode_given |= argv[i][2] == 'd';
         } else if (!strcmp(argv[i], "--colocated")) {
-            if (!count_arg(argv[i], v, 1, &nd))
+            if (!count_arg(argv[i], v, 1, &f->nd))
                 return 2;
-            colocated = true;
+            f->colocated = true;
         } else if (!strcmp(argv[i], "--kvstores")) {
-            if (!count_arg(argv[i], v, 0, &nkv))
+            if (!count_arg(argv[i], v, 0, &f->nkv))
                 return 2;
-        } else if (!strcmp(argv[i], "--worker-arg") && n_extra < MAX_EXTRA)
-            extra[n_extra++] = v;
-        else if (!strcmp(argv[i], "--kvstore-arg") && n_kv_extra < MAX_EXTRA)
-            kv_extra[n_kv_extra++] = v;
+        } else if (!strcmp(argv[i], "--worker-arg") && f->n_extra < MAX_EXTRA)
+            f->extra[f->n_extra++] = v;
+        else if (!strcmp(argv[i], "--kvstore-arg") && f->n_kv_extra < MAX_EXTRA)
+            f->kv_extra[f->n_kv_extra++] = v;
         else {
             fprintf(stderr, "tandem up: unknown argument '%s'\n%s", argv[i], cli_up_usage);
             return 2;
         }
         i++;
     }
-    if (colocated && np >= 0) {
+    if (f->colocated && f->np >= 0) {
         fprintf(stderr, "tandem up: --colocated runs no prefill workers; it takes no --prefill\n");
         return 2;
     }
-    if (colocated && decode_given) { /* both name the decode workers' count: which one was meant is not known */
+    if (f->colocated && f->decode_given) { /* both name the decode workers' count: which one was meant is not known */
         fprintf(stderr, "tandem up: --colocated N is the count of decode workers; it takes no --decode\n");
         return 2;
     }
-    if (join && (np > 0 || nd > 0 || listen_at)) {
+    if (f->join && (f->np > 0 || f->nd > 0 || f->listen_at)) {
         fprintf(stderr, "tandem up: --join takes its workers from the planner (tandem scale), not --prefill, "
                         "--decode or --listen\n");
         return 2;
     }
-    td_config_t cfg;
-    td_config_defaults(&cfg);
-    rt_placement_register_names(); /* router.placement is checked here, not first by the router it starts */
-    if (config && td_config_load(&cfg, config)) {
-        fprintf(stderr, "tandem up: %s\n", td_last_error());
-        return 2;
-    }
-    if (colocated)
-        np = 0;
-    if (np < 0)
-        np = cfg.prefill.count ? cfg.prefill.count : 1;
-    if (nd < 0)
-        nd = cfg.decode.count ? cfg.decode.count : 1;
-    if (nkv < 0)
-        nkv = cfg.kvstore.count > 16 ? 16 : cfg.kvstore.count;
-    static char model_buf[PATH_MAX];
-    snprintf(model_buf, sizeof model_buf, "%s",
-             model ? model : cfg.model.path && cfg.model.path[0] ? cfg.model.path : TD_DEFAULT_MODEL);
-    model = model_buf;
-    if (access(model, R_OK)) {
-        fprintf(stderr, "tandem up: cannot read the model %s: %s\n", model, strerror(errno));
-        td_config_free(&cfg);
-        return 2;
-    }
-    static char node_buf[64];
-    if (!node) {
-        char host[48] = "node";
-        gethostname(host, sizeof host - 1);
-        snprintf(node_buf, sizeof node_buf, "%s-%s", host, address);
-        node = node_buf;
-    }
-    static up_t u;
-    u.cfg = &cfg;
-    u.config = config;
-    u.model = model;
-    u.address = address;
-    u.nkv = nkv;
-    u.extra = extra;
-    u.n_extra = n_extra;
-    /* the binaries beside this one */
-    char self[PATH_MAX];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl <= 0) {
-        fprintf(stderr, "tandem up: cannot find my own binary\n");
-        return 1;
-    }
-    self[sl] = 0;
-    snprintf(u.dir, sizeof u.dir, "%s", self);
-    *strrchr(u.dir, '/') = 0;
+    return 0;
+}
 
-    /* the run folder: etcd's data, the keys; locked while this run (or a child) lives, so the next
-     * start removes it when this one was killed before it could */
-    char base[64];
-    int stale = 0;
-    if (up_run_dir(base, sizeof base, &stale)) {
-        fprintf(stderr, "%s\n", td_last_error());
-        return 1;
-    }
-    if (stale)
-        fprintf(stderr, "tandem up: removed %d run folder%s of earlier runs that ended without cleaning up\n", stale,
-                stale > 1 ? "s" : "");
-    static char datadir[96], certdir[PATH_MAX];
-    snprintf(datadir, sizeof datadir, "%s/etcd", base);
-    /* the internal planes: mutual TLS with the role pairs of --certs, the
-     * config's cluster CA and pair, or (by default) a throwaway CA and a
-     * certificate per role made here */
-    bool plaintext = cfg.cluster.plaintext;
-    bool own_certs = !plaintext && !certs_dir && !(cfg.cluster.tls_ca && cfg.cluster.tls_ca[0]);
-    if (own_certs && join) {
-        fprintf(stderr, "tandem up: --join needs the cluster's certificates: --certs DIR (tandem certs), or "
-                        "cluster.tls_ca/tls_cert/tls_key in the config\n");
-        return 2;
-    }
-    if (own_certs) {
-        snprintf(certdir, sizeof certdir, "%s/tls", base);
-        const char *names[] = {"router", "etcd", "client", "prefill", "decode", "kvstore", "node"};
-        const char *hosts[] = {address};
-        if (td_certs_make(certdir, names, 7, hosts, strcmp(address, "127.0.0.1") ? 1 : 0, 30)) {
-            fprintf(stderr, "tandem up: %s\n", td_last_error());
-            return 1;
-        }
-    } else if (certs_dir) {
-        snprintf(certdir, sizeof certdir, "%s", certs_dir);
-    }
-    u.certdir = own_certs || certs_dir ? certdir : NULL;
-    /* what tools get: the CA and the client pair, in a folder of their own (not the CA's key, not another
-     * role's); and the router's administrator key (tandem scale --admin-key) */
-    static char client_dir[PATH_MAX], admin_key[PATH_MAX], admin_keys[PATH_MAX];
-    if (own_certs && up_client_dir(base, certdir, client_dir, sizeof client_dir)) {
-        fprintf(stderr, "%s\n", td_last_error());
-        return 1;
-    }
-    if (!join && !cfg.router.admin_keys[0] && up_admin_key(base, admin_key, admin_keys, sizeof admin_key)) {
-        fprintf(stderr, "%s\n", td_last_error());
-        return 1;
-    }
-    static char ca_file[PATH_MAX + 16];
-    if (u.certdir)
-        snprintf(ca_file, sizeof ca_file, "%s/ca.pem", certdir);
-    else if (!plaintext)
-        snprintf(ca_file, sizeof ca_file, "%s", cfg.cluster.tls_ca);
-    u.ca_file = ca_file;
-    u.plaintext = plaintext;
-    int ports[5]; /* etcd's client and peer ports, the router's, the HTTP API's, the router's metrics */
-    if (free_ports(address, ports, 5)) {
-        fprintf(stderr, "tandem up: cannot find free ports on %s: %s\n", address, strerror(errno));
-        return 1;
-    }
-    int cport = ports[0], pport = ports[1];
-    const char *scheme = plaintext ? "http" : "https";
-    char client[96], peer[96], cluster[128], router_listen[128];
-    static char etcd_ep[160];
-    snprintf(client, sizeof client, "%s://%s:%d", scheme, address, cport);
-    snprintf(peer, sizeof peer, "%s://%s:%d", scheme, address, pport);
-    snprintf(cluster, sizeof cluster, "tandem=%s", peer);
-    if (join)
-        snprintf(etcd_ep, sizeof etcd_ep, "%s", join);
-    else
-        snprintf(etcd_ep, sizeof etcd_ep, "%s:%d", address, cport);
-    u.etcd_ep = etcd_ep;
-    if (listen_at)
-        snprintf(router_listen, sizeof router_listen, "%s", listen_at);
-    else if (cfg.router.listen && cfg.router.listen[0] && strcmp(cfg.router.listen, "127.0.0.1:50051"))
-        snprintf(router_listen, sizeof router_listen, "%s", cfg.router.listen);
-    else
-        snprintf(router_listen, sizeof router_listen, "%s:%d", address, ports[2]);
-    /* the OpenAI HTTP API: the config's address, or a free port for the default; "" turns it off */
-    char http_listen[128];
-    const char *hl = cfg.router.http_listen ? cfg.router.http_listen : "";
-    if (hl[0] && strcmp(hl, "127.0.0.1:8000"))
-        snprintf(http_listen, sizeof http_listen, "%s", hl);
-    else if (hl[0])
-        snprintf(http_listen, sizeof http_listen, "%s:%d", address, ports[3]);
-    else
-        http_listen[0] = 0;
-    /* the router's metrics: the config's address, or a free port; its /targets lists every process's */
-    char metrics_listen[128];
-    if (cfg.metrics.listen[0])
-        snprintf(metrics_listen, sizeof metrics_listen, "%s", cfg.metrics.listen);
-    else
-        snprintf(metrics_listen, sizeof metrics_listen, "%s:%d", address, ports[4]);
-
-    static child_t kids[MAX_CHILDREN];
-    int nk = 0;
-    char cert[PATH_MAX], key[PATH_MAX];
-    child_t *etcd = NULL;
-    if (!join) {
-        etcd = &kids[nk++];
-        etcd->used = true;
-        snprintf(etcd->name, sizeof etcd->name, "etcd");
-        char etcd_bin[PATH_MAX];
-        etcd_path(etcd_bin, sizeof etcd_bin);
-        const char *eargs[] = {etcd_bin, "--name", "tandem", "--data-dir", datadir, "--listen-client-urls", client,
-                               "--advertise-client-urls", client, "--listen-peer-urls", peer,
-                               "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
-                               "--initial-cluster-state", "new", "--log-level", "error", "--logger", "zap"};
-        for (size_t i = 0; i < sizeof eargs / sizeof *eargs; i++)
-            add_arg(etcd, eargs[i]);
-        if (!plaintext) { /* clients and the peer port: a certificate the cluster CA signed, or no connection */
-            pair_of(&cfg, u.certdir, "etcd", cert, key);
-            const char *targs[] = {"--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca_file,
-                                   "--client-cert-auth", "--peer-cert-file", cert, "--peer-key-file", key,
-                                   "--peer-trusted-ca-file", ca_file, "--peer-client-cert-auth"};
-            for (size_t i = 0; i < sizeof targs / sizeof *targs; i++)
-                add_arg(etcd, targs[i]);
-        }
-    }
-    for (long k = 0; k < nkv && nk < MAX_CHILDREN; k++) {
-        child_t *c = &kids[nk++];
-        child_begin(c, "tandem-kvstore", u.dir, config);
-        char name[96], kdir[PATH_MAX + 64], listen[96];
-        if (join)
-            snprintf(name, sizeof name, "kvstore-%s-%ld", node, k);
-        else
-            snprintf(name, sizeof name, "kvstore-%ld", k);
-        add_arg(c, "--id");
-        add_arg(c, name);
-        add_arg(c, "--etcd");
-        add_arg(c, etcd_ep);
-        snprintf(listen, sizeof listen, "%s:0", address);
-        add_arg(c, "--listen");
-        add_arg(c, listen);
-        add_arg(c, "--metrics-listen");
-        add_arg(c, listen);
-        snprintf(kdir, sizeof kdir, "%s/%s", cfg.kvstore.data_dir && cfg.kvstore.data_dir[0] ? cfg.kvstore.data_dir : base,
-                 name);
-        add_arg(c, "--data-dir");
-        add_arg(c, kdir);
-        pair_of(&cfg, u.certdir, "kvstore", cert, key);
-        add_cluster_tls(c, plaintext, ca_file, cert, key);
-        for (int e = 0; e < n_kv_extra; e++)
-            add_arg(c, kv_extra[e]);
-    }
-    if (!join) {
-        child_t *router = &kids[nk++];
-        child_begin(router, "tandem-router", u.dir, config);
-        add_arg(router, "--model");
-        add_arg(router, model);
-        add_arg(router, "--listen");
-        add_arg(router, router_listen);
-        add_arg(router, "--http-listen");
-        add_arg(router, http_listen);
-        add_arg(router, "--metrics-listen");
-        add_arg(router, metrics_listen);
-        add_arg(router, "--etcd");
-        add_arg(router, etcd_ep);
-        if (admin_keys[0]) {
-            add_arg(router, "--admin-keys");
-            add_arg(router, admin_keys);
-        }
-        pair_of(&cfg, u.certdir, "router", cert, key);
-        add_cluster_tls(router, plaintext, ca_file, cert, key);
-    }
-    /* the agent: this node's record, the seed (the cluster's founder only), its share */
-    static agent_t agent;
-    pthread_mutex_init(&agent.mu, NULL);
-    snprintf(agent.etcd_ep, sizeof agent.etcd_ep, "%s", etcd_ep);
-    snprintf(agent.node, sizeof agent.node, "%s", node);
-    snprintf(agent.address, sizeof agent.address, "%s", address);
-    agent.plaintext = plaintext;
-    agent.run_workers = run_workers;
-    agent.seed = !join;
-    agent.seed_p = (uint32_t)np;
-    agent.seed_d = (uint32_t)nd;
-    agent.seed_colocated = colocated;
-    static char agent_tls[3][PATH_MAX + 16];
-    if (!plaintext) { /* the node agent's own certificate ("node": etcd lets it write its node's record) */
-        pair_of(&cfg, u.certdir, "node", agent_tls[1], agent_tls[2]);
-        if (u.certdir && access(agent_tls[1], R_OK)) {
-            fprintf(stderr, "tandem up: %s has no node.pem, the node agent's certificate (tandem certs --dir %s "
-                            "--names node)\n", u.certdir, u.certdir);
-            td_config_free(&cfg);
-            return 2;
-        }
-        snprintf(agent_tls[0], sizeof agent_tls[0], "%s", ca_file);
-        agent.tls = (td_rpc_tls_t){.ca_file = agent_tls[0], .cert_file = agent_tls[1], .key_file = agent_tls[2]};
-    }
-    if (!join && run_workers) { /* the founder starts its counts at once; the planner's record takes over */
-        agent.want_p = (uint32_t)np;
-        agent.want_d = (uint32_t)nd;
-        agent.colocated = colocated;
-        agent.known = true;
-    }
-    /* the readiness probe speaks the router's TLS when it has one: it trusts
-     * tls_ca, else tls_client_ca, else the router's certificate itself
-     * (self-signed); for mutual TLS it shows the router's own certificate */
-    static char tls_files[3][PATH_MAX];
-    td_rpc_tls_t probe_tls = {0};
-    bool tls = cfg.router.tls_cert && cfg.router.tls_cert[0];
-    if (tls) {
-        bool mutual = cfg.router.tls_client_ca && cfg.router.tls_client_ca[0];
-        bool ca = cfg.router.tls_ca && cfg.router.tls_ca[0];
-        snprintf(tls_files[0], PATH_MAX, "%s",
-                 ca ? cfg.router.tls_ca : mutual ? cfg.router.tls_client_ca : cfg.router.tls_cert);
-        snprintf(tls_files[1], PATH_MAX, "%s", cfg.router.tls_cert);
-        snprintf(tls_files[2], PATH_MAX, "%s", cfg.router.tls_key ? cfg.router.tls_key : "");
-        probe_tls.ca_file = tls_files[0];
-        if (mutual) {
-            probe_tls.cert_file = tls_files[1];
-            probe_tls.key_file = tls_files[2];
-        }
-    }
-    td_process_init("tandem up"); /* SIGINT/SIGTERM: the stop below; gRPC up */
-    td_log_set_level(TD_LOG_OFF);
-    td_rpc_channel_t *probe = NULL;
-    if (!join && td_rpc_channel_create(router_listen, tls ? &probe_tls : NULL, &probe)) {
-        fprintf(stderr, "tandem up: cannot probe the router at %s: %s\n", router_listen, td_last_error());
-        td_rpc_shutdown();
-        td_config_free(&cfg);
-        return 1;
-    }
-    /* etcd first, and its access control set up (a user per certificate, a role per role) before
-     * anything else talks to it */
-    int first = 0;
-    if (etcd && !plaintext && u.certdir) {
-        spawn(etcd);
-        first = 1;
-        static char rt_cert[PATH_MAX], rt_key[PATH_MAX];
-        pair_of(&cfg, u.certdir, "router", rt_cert, rt_key);
-        td_rpc_tls_t etls = {.ca_file = ca_file, .cert_file = rt_cert, .key_file = rt_key};
-        if (up_etcd_auth(etcd_ep, &etls, u.certdir, 20)) {
-            fprintf(stderr, "%s\n", td_last_error());
-            kill(etcd->pid, SIGTERM);
-            waitpid(etcd->pid, NULL, 0);
-            etcd->pid = 0;
-            td_rpc_channel_destroy(probe);
-            td_rpc_shutdown();
-            td_config_free(&cfg);
-            up_run_dir_remove(base);
-            return 1;
-        }
-    }
-    for (int i = first; i < nk; i++)
-        spawn(&kids[i]);
-    if (pthread_create(&agent.thread, NULL, agent_thread, &agent)) {
-        fprintf(stderr, "tandem up: cannot start the node agent\n");
-        kill(0, SIGTERM);
-    }
-    if (join)
-        fprintf(stderr, "tandem up: node %s joins the cluster of etcd %s: %ld kvstore nodes, its share of the workers\n",
-                node, etcd_ep, nkv);
-    else
-        fprintf(stderr, "tandem up: etcd on %s, %ld kvstore nodes, %ld prefill + %ld decode workers, model %s\n", etcd_ep,
-                nkv, np, nd, model);
-    if (plaintext)
-        fprintf(stderr, "tandem up: WARNING: cluster.plaintext is set: etcd and the workers' RPCs take anyone\n");
-    else if (own_certs)
-        fprintf(stderr, "tandem up: mutual TLS on every internal plane; certificates in %s (the cluster's keys: yours only); "
-                        "for tools such as etcdctl: %s (ca.pem, client.pem, client.key: reads etcd, calls Stats)\n",
-                certdir, client_dir);
-    if (admin_key[0])
-        fprintf(stderr, "tandem up: administrator key (tandem scale --admin-key) in %s\n", admin_key);
-    else
-        fprintf(stderr, "tandem up: mutual TLS on every internal plane (cluster CA %s)\n", ca_file);
-
-    /* supervise, obey the agent, and (the founder) wait for the router to say SERVING, then print its endpoint */
-    bool announced = !!join;
-    double t_start = td_now_s();
-    double next_probe = 0;
-    while (!td_process_stop_signal()) {
-        int st;
-        pid_t pid;
-        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
-            for (int i = 0; i < nk; i++)
-                if (kids[i].used && kids[i].pid == pid)
-                    child_ended(&u, &kids[i], st);
-        for (int i = 0; i < nk; i++)
-            if (kids[i].used && !kids[i].pid && !kids[i].retiring && kids[i].restart_at <= td_now_s())
-                spawn(&kids[i]);
-        reconcile(&u, &agent, kids, &nk);
-        if (!announced && td_now_s() >= next_probe) {
-            next_probe = td_now_s() + 0.2;
-            if (router_serving(probe)) {
-                announced = true;
-                printf("%s\n", router_listen);
-                fflush(stdout);
-                if (http_listen[0])
-                    fprintf(stderr, "tandem up: OpenAI-compatible HTTP API at %s://%s/v1\n",
-                            cfg.router.tls_cert[0] ? "https" : "http", http_listen);
-                /* the metrics ports are internal planes: mutual TLS with the cluster's CA unless plaintext */
-                const char *ms = plaintext ? "http" : "https";
-                fprintf(stderr, "tandem up: Prometheus metrics at %s://%s/metrics, every process's listed at "
-                        "%s://%s/targets (http_sd_configs)%s\n", ms, metrics_listen, ms, metrics_listen,
-                        plaintext ? "" : "; scrape with a certificate of the cluster's CA");
-                fprintf(stderr, "tandem up: serving at %s after %.1f s (Ctrl-C stops)\n", router_listen,
-                        td_now_s() - t_start);
-            }
-        }
-        usleep(50 * 1000);
-    }
-    fprintf(stderr, "tandem up: stopping\n");
-    pthread_join(agent.thread, NULL);
-    td_rpc_channel_destroy(probe);
-    td_rpc_shutdown();
-    /* router and workers first (they drain), etcd last; exit 1 if one of
-     * them does not stop cleanly */
+/* Stops the children: router and workers first (they drain, 35 s), etcd
+ * last (5 s); one that does not stop in time is killed. True when one of
+ * them did not stop cleanly. */
+static bool stop_children(child_t *kids, int nk, const child_t *etcd)
+{
     bool unclean = false;
     for (int phase = 0; phase < 2; phase++) {
         for (int i = 0; i < nk; i++)
@@ -1003,6 +659,456 @@ int cli_up(int argc, char **argv)
             usleep(20 * 1000);
         }
     }
+    return unclean;
+}
+
+/* The readiness probe's TLS (false: the router has none): it trusts
+ * tls_ca, else tls_client_ca, else the router's certificate itself
+ * (self-signed); for mutual TLS it shows the router's own certificate. */
+static bool probe_tls_of(const td_config_t *cfg, td_rpc_tls_t *out)
+{
+    static char files[3][PATH_MAX];
+    *out = (td_rpc_tls_t){0};
+    if (!cfg->router.tls_cert || !cfg->router.tls_cert[0])
+        return false;
+    bool mutual = cfg->router.tls_client_ca && cfg->router.tls_client_ca[0];
+    bool ca = cfg->router.tls_ca && cfg->router.tls_ca[0];
+    snprintf(files[0], PATH_MAX, "%s", ca ? cfg->router.tls_ca : mutual ? cfg->router.tls_client_ca : cfg->router.tls_cert);
+    snprintf(files[1], PATH_MAX, "%s", cfg->router.tls_cert);
+    snprintf(files[2], PATH_MAX, "%s", cfg->router.tls_key ? cfg->router.tls_key : "");
+    out->ca_file = files[0];
+    if (mutual) {
+        out->cert_file = files[1];
+        out->key_file = files[2];
+    }
+    return true;
+}
+
+/* etcd's command line: a private data dir, the client and peer URLs; with
+ * TLS, a certificate the cluster CA signed on both ports, or no connection. */
+static void etcd_child(child_t *etcd, const td_config_t *cfg, const up_t *u, const char *datadir, const char *client,
+                       const char *peer, const char *cluster)
+{
+    char cert[PATH_MAX], key[PATH_MAX], etcd_bin[PATH_MAX];
+    etcd->used = true;
+    snprintf(etcd->name, sizeof etcd->name, "etcd");
+    etcd_path(etcd_bin, sizeof etcd_bin);
+    const char *eargs[] = {etcd_bin, "--name", "tandem", "--data-dir", datadir, "--listen-client-urls", client,
+                           "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                           "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
+                           "--initial-cluster-state", "new", "--log-level", "error", "--logger", "zap"};
+    for (size_t i = 0; i < sizeof eargs / sizeof *eargs; i++)
+        add_arg(etcd, eargs[i]);
+    if (!u->plaintext) {
+        pair_of(cfg, u->certdir, "etcd", cert, key);
+        const char *targs[] = {"--cert-file", cert, "--key-file", key, "--trusted-ca-file", u->ca_file,
+                               "--client-cert-auth", "--peer-cert-file", cert, "--peer-key-file", key,
+                               "--peer-trusted-ca-file", u->ca_file, "--peer-client-cert-auth"};
+        for (size_t i = 0; i < sizeof targs / sizeof *targs; i++)
+            add_arg(etcd, targs[i]);
+    }
+}
+
+/* The kvstore nodes' command lines: ids kvstore-K (kvstore-NODE-K when
+ * joining), data dirs under kvstore.data_dir or the run folder. */
+static int kvstore_children(child_t *kids, int nk, const up_t *u, const up_flags_t *f, const char *node,
+                            const char *base)
+{
+    char cert[PATH_MAX], key[PATH_MAX];
+    const td_config_t *cfg = u->cfg;
+    for (long k = 0; k < u->nkv && nk < MAX_CHILDREN; k++) {
+        child_t *c = &kids[nk++];
+        child_begin(c, "tandem-kvstore", u->dir, u->config);
+        char name[96], kdir[PATH_MAX + 64], listen[96];
+        if (f->join)
+            snprintf(name, sizeof name, "kvstore-%s-%ld", node, k);
+        else
+            snprintf(name, sizeof name, "kvstore-%ld", k);
+        add_arg(c, "--id");
+        add_arg(c, name);
+        add_arg(c, "--etcd");
+        add_arg(c, u->etcd_ep);
+        snprintf(listen, sizeof listen, "%s:0", u->address);
+        add_arg(c, "--listen");
+        add_arg(c, listen);
+        add_arg(c, "--metrics-listen");
+        add_arg(c, listen);
+        snprintf(kdir, sizeof kdir, "%s/%s", cfg->kvstore.data_dir && cfg->kvstore.data_dir[0] ? cfg->kvstore.data_dir : base,
+                 name);
+        add_arg(c, "--data-dir");
+        add_arg(c, kdir);
+        pair_of(cfg, u->certdir, "kvstore", cert, key);
+        add_cluster_tls(c, u->plaintext, u->ca_file, cert, key);
+        for (int e = 0; e < f->n_kv_extra; e++)
+            add_arg(c, f->kv_extra[e]);
+    }
+    return nk;
+}
+
+/* Where the processes listen: etcd's client and peer URLs, the router's
+ * gRPC, HTTP and metrics addresses (the flags', the config's, or the free
+ * ports found: etcd's client and peer, the router's, the HTTP API's, the
+ * metrics'). */
+typedef struct up_listens {
+    char client[96], peer[96], cluster[128], router[128], http[128], metrics[128];
+} up_listens_t;
+
+static void up_listens(const td_config_t *cfg, const up_flags_t *f, bool plaintext, const int ports[5], up_listens_t *l)
+{
+    const char *scheme = plaintext ? "http" : "https", *address = f->address;
+    snprintf(l->client, sizeof l->client, "%s://%s:%d", scheme, address, ports[0]);
+    snprintf(l->peer, sizeof l->peer, "%s://%s:%d", scheme, address, ports[1]);
+    snprintf(l->cluster, sizeof l->cluster, "tandem=%s", l->peer);
+    if (f->listen_at)
+        snprintf(l->router, sizeof l->router, "%s", f->listen_at);
+    else if (cfg->router.listen && cfg->router.listen[0] && strcmp(cfg->router.listen, "127.0.0.1:50051"))
+        snprintf(l->router, sizeof l->router, "%s", cfg->router.listen);
+    else
+        snprintf(l->router, sizeof l->router, "%s:%d", address, ports[2]);
+    /* the OpenAI HTTP API: the config's address, or a free port for the default; "" turns it off */
+    const char *hl = cfg->router.http_listen ? cfg->router.http_listen : "";
+    if (hl[0] && strcmp(hl, "127.0.0.1:8000"))
+        snprintf(l->http, sizeof l->http, "%s", hl);
+    else if (hl[0])
+        snprintf(l->http, sizeof l->http, "%s:%d", address, ports[3]);
+    else
+        l->http[0] = 0;
+    /* the router's metrics: the config's address, or a free port; its /targets lists every process's */
+    if (cfg->metrics.listen[0])
+        snprintf(l->metrics, sizeof l->metrics, "%s", cfg->metrics.listen);
+    else
+        snprintf(l->metrics, sizeof l->metrics, "%s:%d", address, ports[4]);
+}
+
+static void router_child(child_t *router, const up_t *u, const up_listens_t *l, const char *admin_keys)
+{
+    char cert[PATH_MAX], key[PATH_MAX];
+    child_begin(router, "tandem-router", u->dir, u->config);
+    const char *args[] = {"--model", u->model, "--listen", l->router, "--http-listen", l->http,
+                          "--metrics-listen", l->metrics, "--etcd", u->etcd_ep};
+    for (size_t i = 0; i < sizeof args / sizeof *args; i++)
+        add_arg(router, args[i]);
+    if (admin_keys[0]) {
+        add_arg(router, "--admin-keys");
+        add_arg(router, admin_keys);
+    }
+    pair_of(u->cfg, u->certdir, "router", cert, key);
+    add_cluster_tls(router, u->plaintext, u->ca_file, cert, key);
+}
+
+/* The node agent: this node's record, the seed (the cluster's founder
+ * only), its share; with TLS, its own certificate ("node": etcd lets it
+ * write its node's record). 0, or 2 after naming a missing certificate. */
+static int agent_setup(agent_t *agent, const up_t *u, const up_flags_t *f, const char *node, long np, long nd)
+{
+    static char agent_tls[3][PATH_MAX + 16];
+    pthread_mutex_init(&agent->mu, NULL);
+    snprintf(agent->etcd_ep, sizeof agent->etcd_ep, "%s", u->etcd_ep);
+    snprintf(agent->node, sizeof agent->node, "%s", node);
+    snprintf(agent->address, sizeof agent->address, "%s", u->address);
+    agent->plaintext = u->plaintext;
+    agent->run_workers = f->run_workers;
+    agent->seed = !f->join;
+    agent->seed_p = (uint32_t)np;
+    agent->seed_d = (uint32_t)nd;
+    agent->seed_colocated = f->colocated;
+    if (!u->plaintext) {
+        pair_of(u->cfg, u->certdir, "node", agent_tls[1], agent_tls[2]);
+        if (u->certdir && access(agent_tls[1], R_OK)) {
+            fprintf(stderr, "tandem up: %s has no node.pem, the node agent's certificate (tandem certs --dir %s "
+                            "--names node)\n", u->certdir, u->certdir);
+            return 2;
+        }
+        snprintf(agent_tls[0], sizeof agent_tls[0], "%s", u->ca_file);
+        agent->tls = (td_rpc_tls_t){.ca_file = agent_tls[0], .cert_file = agent_tls[1], .key_file = agent_tls[2]};
+    }
+    if (!f->join && f->run_workers) { /* the founder starts its counts at once; the planner's record takes over */
+        agent->want_p = (uint32_t)np;
+        agent->want_d = (uint32_t)nd;
+        agent->colocated = f->colocated;
+        agent->known = true;
+    }
+    return 0;
+}
+
+/* Until a stop signal: restarts children that ended, obeys the agent, and
+ * (the founder) waits for the router to say SERVING, then prints its
+ * endpoint on stdout and its other addresses on stderr. */
+static void supervise(up_t *u, agent_t *agent, child_t *kids, int *nk, td_rpc_channel_t *probe,
+                      const up_listens_t *l, bool announced)
+{
+    double t_start = td_now_s(), next_probe = 0;
+    while (!td_process_stop_signal()) {
+        int st;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+            for (int i = 0; i < *nk; i++)
+                if (kids[i].used && kids[i].pid == pid)
+                    child_ended(u, &kids[i], st);
+        for (int i = 0; i < *nk; i++)
+            if (kids[i].used && !kids[i].pid && !kids[i].retiring && kids[i].restart_at <= td_now_s())
+                spawn(&kids[i]);
+        reconcile(u, agent, kids, nk);
+        if (!announced && td_now_s() >= next_probe) {
+            next_probe = td_now_s() + 0.2;
+            if (router_serving(probe)) {
+                announced = true;
+                printf("%s\n", l->router);
+                fflush(stdout);
+                if (l->http[0])
+                    fprintf(stderr, "tandem up: OpenAI-compatible HTTP API at %s://%s/v1\n",
+                            u->cfg->router.tls_cert[0] ? "https" : "http", l->http);
+                /* the metrics ports are internal planes: mutual TLS with the cluster's CA unless plaintext */
+                const char *ms = u->plaintext ? "http" : "https";
+                fprintf(stderr, "tandem up: Prometheus metrics at %s://%s/metrics, every process's listed at "
+                        "%s://%s/targets (http_sd_configs)%s\n", ms, l->metrics, ms, l->metrics,
+                        u->plaintext ? "" : "; scrape with a certificate of the cluster's CA");
+                fprintf(stderr, "tandem up: serving at %s after %.1f s (Ctrl-C stops)\n", l->router,
+                        td_now_s() - t_start);
+            }
+        }
+        usleep(50 * 1000);
+    }
+}
+
+/* The internal planes' certificates: mutual TLS with the role pairs of
+ * --certs, the config's cluster CA and pair, or (by default) a throwaway CA
+ * and a certificate per role made in the run folder; then what tools get
+ * (the CA and the client pair, in a folder of their own: not the CA's key,
+ * not another role's) and the router's administrator key (tandem scale
+ * --admin-key). Sets u's certdir, ca_file and plaintext. 0, or the exit code
+ * after naming what failed. */
+typedef struct up_keys {
+    bool own_certs;
+    char certdir[PATH_MAX], ca_file[PATH_MAX + 16], client_dir[PATH_MAX], admin_key[PATH_MAX], admin_keys[PATH_MAX];
+} up_keys_t;
+
+static int up_certs(const td_config_t *cfg, const up_flags_t *f, const char *base, up_t *u, up_keys_t *k)
+{
+    bool plaintext = cfg->cluster.plaintext;
+    k->own_certs = !plaintext && !f->certs_dir && !(cfg->cluster.tls_ca && cfg->cluster.tls_ca[0]);
+    if (k->own_certs && f->join) {
+        fprintf(stderr, "tandem up: --join needs the cluster's certificates: --certs DIR (tandem certs), or "
+                        "cluster.tls_ca/tls_cert/tls_key in the config\n");
+        return 2;
+    }
+    if (k->own_certs) {
+        snprintf(k->certdir, sizeof k->certdir, "%s/tls", base);
+        const char *names[] = {"router", "etcd", "client", "prefill", "decode", "kvstore", "node"};
+        const char *hosts[] = {f->address};
+        if (td_certs_make(k->certdir, names, 7, hosts, strcmp(f->address, "127.0.0.1") ? 1 : 0, 30)) {
+            fprintf(stderr, "tandem up: %s\n", td_last_error());
+            return 1;
+        }
+    } else if (f->certs_dir) {
+        snprintf(k->certdir, sizeof k->certdir, "%s", f->certs_dir);
+    }
+    u->certdir = k->own_certs || f->certs_dir ? k->certdir : NULL;
+    if (k->own_certs && up_client_dir(base, k->certdir, k->client_dir, sizeof k->client_dir)) {
+        fprintf(stderr, "%s\n", td_last_error());
+        return 1;
+    }
+    if (!f->join && !cfg->router.admin_keys[0] && up_admin_key(base, k->admin_key, k->admin_keys, sizeof k->admin_key)) {
+        fprintf(stderr, "%s\n", td_last_error());
+        return 1;
+    }
+    if (u->certdir)
+        snprintf(k->ca_file, sizeof k->ca_file, "%s/ca.pem", k->certdir);
+    else if (!plaintext)
+        snprintf(k->ca_file, sizeof k->ca_file, "%s", cfg->cluster.tls_ca);
+    u->ca_file = k->ca_file;
+    u->plaintext = plaintext;
+    return 0;
+}
+
+/* Starts the children: etcd first, and its access control set up (a user
+ * per certificate, a role per role) before anything else talks to it; then
+ * the rest and the node agent. False when etcd's access control failed
+ * (etcd stopped again, the error named). */
+static bool start_children(const up_t *u, child_t *kids, int nk, child_t *etcd, agent_t *agent)
+{
+    int first = 0;
+    if (etcd && !u->plaintext && u->certdir) {
+        spawn(etcd);
+        first = 1;
+        static char rt_cert[PATH_MAX], rt_key[PATH_MAX];
+        pair_of(u->cfg, u->certdir, "router", rt_cert, rt_key);
+        td_rpc_tls_t etls = {.ca_file = u->ca_file, .cert_file = rt_cert, .key_file = rt_key};
+        if (up_etcd_auth(u->etcd_ep, &etls, u->certdir, 20)) {
+            fprintf(stderr, "%s\n", td_last_error());
+            kill(etcd->pid, SIGTERM);
+            waitpid(etcd->pid, NULL, 0);
+            etcd->pid = 0;
+            return false;
+        }
+    }
+    for (int i = first; i < nk; i++)
+        spawn(&kids[i]);
+    if (pthread_create(&agent->thread, NULL, agent_thread, agent)) {
+        fprintf(stderr, "tandem up: cannot start the node agent\n");
+        kill(0, SIGTERM);
+    }
+    return true;
+}
+
+/* The folder of this binary, where the others are. */
+static bool self_dir(char *out, size_t n)
+{
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0)
+        return false;
+    self[sl] = 0;
+    snprintf(out, n, "%s", self);
+    char *slash = strrchr(out, '/');
+    if (slash)
+        *slash = 0;
+    return slash != NULL;
+}
+
+int cli_up(int argc, char **argv)
+{
+    static up_flags_t f;
+    int bad = up_parse(argc, argv, &f);
+    if (bad)
+        return bad;
+    const char *config = f.config, *model = f.model, *join = f.join, *address = f.address, *node = f.node;
+    const char **extra = f.extra;
+    bool colocated = f.colocated, plaintext;
+    long np = f.np, nd = f.nd, nkv = f.nkv;
+    td_config_t cfg;
+    td_config_defaults(&cfg);
+    rt_placement_register_names(); /* router.placement is checked here, not first by the router it starts */
+    if (config && td_config_load(&cfg, config)) {
+        fprintf(stderr, "tandem up: %s\n", td_last_error());
+        return 2;
+    }
+    if (colocated)
+        np = 0;
+    if (np < 0)
+        np = cfg.prefill.count ? cfg.prefill.count : 1;
+    if (nd < 0)
+        nd = cfg.decode.count ? cfg.decode.count : 1;
+    if (nkv < 0)
+        nkv = cfg.kvstore.count > 16 ? 16 : cfg.kvstore.count;
+    static char model_buf[PATH_MAX];
+    snprintf(model_buf, sizeof model_buf, "%s",
+             model ? model : cfg.model.path && cfg.model.path[0] ? cfg.model.path : TD_DEFAULT_MODEL);
+    model = model_buf;
+    if (access(model, R_OK)) {
+        fprintf(stderr, "tandem up: cannot read the model %s: %s\n", model, strerror(errno));
+        td_config_free(&cfg);
+        return 2;
+    }
+    static char node_buf[64];
+    if (!node) { /* HOST-ADDRESS */
+        char host[48] = "node";
+        gethostname(host, sizeof host - 1);
+        node = node_buf;
+        snprintf(node_buf, sizeof node_buf, "%s-%s", host, address);
+    }
+    static up_t u;
+    u.cfg = &cfg;
+    u.config = config;
+    u.model = model;
+    u.address = address;
+    u.nkv = nkv;
+    u.extra = extra;
+    u.n_extra = f.n_extra;
+    if (!self_dir(u.dir, sizeof u.dir)) {
+        fprintf(stderr, "tandem up: cannot find my own binary\n");
+        return 1;
+    }
+
+    /* the run folder: etcd's data, the keys; locked while this run (or a child) lives, so the next
+     * start removes it when this one was killed before it could */
+    char base[64];
+    int stale = 0;
+    if (up_run_dir(base, sizeof base, &stale)) {
+        fprintf(stderr, "%s\n", td_last_error());
+        return 1;
+    }
+    if (stale)
+        fprintf(stderr, "tandem up: removed %d run folder%s of earlier runs that ended without cleaning up\n", stale,
+                stale > 1 ? "s" : "");
+    static char datadir[96];
+    snprintf(datadir, sizeof datadir, "%s/etcd", base);
+    static up_keys_t keys;
+    int failed = up_certs(&cfg, &f, base, &u, &keys);
+    if (failed)
+        return failed;
+    plaintext = u.plaintext;
+    int ports[5]; /* etcd's client and peer ports, the router's, the HTTP API's, the router's metrics */
+    if (free_ports(address, ports, 5)) {
+        fprintf(stderr, "tandem up: cannot find free ports on %s: %s\n", address, strerror(errno));
+        return 1;
+    }
+    static up_listens_t l;
+    static char etcd_ep[160];
+    up_listens(&cfg, &f, plaintext, ports, &l);
+    if (join)
+        snprintf(etcd_ep, sizeof etcd_ep, "%s", join);
+    else
+        snprintf(etcd_ep, sizeof etcd_ep, "%s:%d", address, ports[0]);
+    u.etcd_ep = etcd_ep;
+
+    static child_t kids[MAX_CHILDREN];
+    int nk = 0;
+    child_t *etcd = NULL;
+    if (!join) {
+        etcd = &kids[nk++];
+        etcd_child(etcd, &cfg, &u, datadir, l.client, l.peer, l.cluster);
+    }
+    nk = kvstore_children(kids, nk, &u, &f, node, base);
+    if (!join)
+        router_child(&kids[nk++], &u, &l, keys.admin_keys);
+    static agent_t agent;
+    if (agent_setup(&agent, &u, &f, node, np, nd)) {
+        td_config_free(&cfg);
+        return 2;
+    }
+    td_rpc_tls_t probe_tls;
+    bool tls = probe_tls_of(&cfg, &probe_tls);
+    td_process_init("tandem up"); /* SIGINT/SIGTERM: the stop below; gRPC up */
+    td_log_set_level(TD_LOG_OFF);
+    td_rpc_channel_t *probe = NULL;
+    if (!join && td_rpc_channel_create(l.router, tls ? &probe_tls : NULL, &probe)) {
+        fprintf(stderr, "tandem up: cannot probe the router at %s: %s\n", l.router, td_last_error());
+        td_rpc_shutdown();
+        td_config_free(&cfg);
+        return 1;
+    }
+    if (!start_children(&u, kids, nk, etcd, &agent)) {
+        td_rpc_channel_destroy(probe);
+        td_rpc_shutdown();
+        td_config_free(&cfg);
+        up_run_dir_remove(base);
+        return 1;
+    }
+    if (join)
+        fprintf(stderr, "tandem up: node %s joins the cluster of etcd %s: %ld kvstore nodes, its share of the workers\n",
+                node, etcd_ep, nkv);
+    else
+        fprintf(stderr, "tandem up: etcd on %s, %ld kvstore nodes, %ld prefill + %ld decode workers, model %s\n", etcd_ep,
+                nkv, np, nd, model);
+    if (plaintext)
+        fprintf(stderr, "tandem up: WARNING: cluster.plaintext is set: etcd and the workers' RPCs take anyone\n");
+    else if (keys.own_certs)
+        fprintf(stderr, "tandem up: mutual TLS on every internal plane; certificates in %s (the cluster's keys: yours only); "
+                        "for tools such as etcdctl: %s (ca.pem, client.pem, client.key: reads etcd, calls Stats)\n",
+                keys.certdir, keys.client_dir);
+    else
+        fprintf(stderr, "tandem up: mutual TLS on every internal plane (cluster CA %s)\n", keys.ca_file);
+    if (keys.admin_key[0])
+        fprintf(stderr, "tandem up: administrator key (tandem scale --admin-key) in %s\n", keys.admin_key);
+
+    supervise(&u, &agent, kids, &nk, probe, &l, join != NULL);
+    fprintf(stderr, "tandem up: stopping\n");
+    pthread_join(agent.thread, NULL);
+    td_rpc_channel_destroy(probe);
+    td_rpc_shutdown();
+    /* router and workers first (they drain), etcd last; exit 1 if one of them does not stop cleanly */
+    bool unclean = stop_children(kids, nk, etcd);
     up_run_dir_remove(base);
     for (int i = 0; i < nk; i++)
         child_clear(&kids[i]);
