@@ -1,4 +1,5 @@
 /* rpc_pb.c — protobuf-c messages over common/rpc.h (rpc_pb.h). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/log.h"
@@ -30,6 +31,43 @@ td_status_t td_rpc_unary_pb(td_rpc_channel_t *ch, const char *method, const Prot
         return td_error_at(TD_LOG_DEBUG, TD_ERR_FORMAT, "%s at %s: the reply does not parse", method,
                            td_rpc_channel_target(ch));
     return TD_OK;
+}
+
+void td_rpc_unary_all_pb(td_rpc_unary_pb_call_t *calls, size_t n, double timeout_s)
+{
+    td_rpc_unary_call_t *raw = calloc(n ? n : 1, sizeof *raw);
+    for (size_t i = 0; i < n; i++) {
+        calls[i].reply = NULL;
+        if (!calls[i].ch)
+            continue;
+        size_t len = protobuf_c_message_get_packed_size(calls[i].msg);
+        uint8_t *buf = raw ? malloc(len ? len : 1) : NULL;
+        if (!buf) {
+            calls[i].rc = TD_ERR_NO_MEMORY;
+            snprintf(calls[i].res.message, sizeof calls[i].res.message, "%s: no memory", calls[i].method);
+            continue;
+        }
+        protobuf_c_message_pack(calls[i].msg, buf);
+        raw[i] = (td_rpc_unary_call_t){.ch = calls[i].ch, .method = calls[i].method, .req = buf, .req_len = len};
+    }
+    if (!raw)
+        return;
+    td_rpc_unary_all(raw, n, timeout_s);
+    for (size_t i = 0; i < n; i++) {
+        if (!raw[i].ch)
+            continue;
+        calls[i].rc = raw[i].rc;
+        calls[i].res = raw[i].res;
+        if (!raw[i].rc && !(calls[i].reply = protobuf_c_message_unpack(calls[i].desc, NULL, raw[i].resp_len,
+                                                                       raw[i].resp))) {
+            calls[i].rc = TD_ERR_FORMAT;
+            snprintf(calls[i].res.message, sizeof calls[i].res.message, "%s at %s: the reply does not parse",
+                     calls[i].method, td_rpc_channel_target(calls[i].ch));
+        }
+        free((void *)raw[i].req);
+        free(raw[i].resp);
+    }
+    free(raw);
 }
 
 td_status_t td_rpc_stream_open_pb(td_rpc_channel_t *ch, const char *method, const ProtobufCMessage *msg,

@@ -16,6 +16,21 @@
 td_status_t td_rpc_unary_pb(td_rpc_channel_t *ch, const char *method, const ProtobufCMessage *msg,
                             const ProtobufCMessageDescriptor *desc, double timeout_s, td_rpc_scope_t *scope,
                             ProtobufCMessage **reply, td_rpc_result_t *res);
+/* The fan-out (rpc.h's td_rpc_unary_all) with protobuf-c messages: each
+ * call's msg packed; on TD_OK its reply unpacked as desc (free with
+ * protobuf_c_message_free_unpacked), a reply that does not parse is
+ * TD_ERR_FORMAT with res saying so. A call with ch NULL is skipped (its rc
+ * and res stay as the caller set them). */
+typedef struct td_rpc_unary_pb_call {
+    td_rpc_channel_t *ch;
+    const char *method;
+    const ProtobufCMessage *msg;
+    const ProtobufCMessageDescriptor *desc;
+    td_status_t rc;
+    ProtobufCMessage *reply;
+    td_rpc_result_t res;
+} td_rpc_unary_pb_call_t;
+void td_rpc_unary_all_pb(td_rpc_unary_pb_call_t *calls, size_t n, double timeout_s);
 /* A server stream opened with request msg (rpc.h's td_rpc_stream_open). */
 td_status_t td_rpc_stream_open_pb(td_rpc_channel_t *ch, const char *method, const ProtobufCMessage *msg,
                                   double timeout_s, td_rpc_scope_t *scope, td_rpc_stream_t **out);

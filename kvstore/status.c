@@ -36,21 +36,20 @@ td_status_t kv_status_collect(td_etcd_t *etcd, const td_rpc_tls_t *tls, double t
         return rc;
     /* every node's Stats at once, within the one timeout */
     size_t n = kvs.n;
-    td_rpc_unary_call_t *calls = calloc(n ? n : 1, sizeof *calls);
+    td_rpc_unary_pb_call_t *calls = calloc(n ? n : 1, sizeof *calls);
     json_t **recs = calloc(n ? n : 1, sizeof *recs);
     const char **ids = calloc(n ? n : 1, sizeof *ids);
     char(*why)[160] = calloc(n ? n : 1, sizeof *why);
     json_t *out = calls && recs && ids && why ? json_array() : NULL;
     Tandem__Internal__V1__KvStatsRequest rq = TANDEM__INTERNAL__V1__KV_STATS_REQUEST__INIT;
-    uint8_t req[16];
-    size_t req_len = out ? protobuf_c_message_pack(&rq.base, req) : 0;
     td_rpc_tls_t tc;
     for (size_t i = 0; out && i < n; i++) {
         recs[i] = json_loads((const char *)kvs.kv[i].value, 0, NULL);
         const char *id = recs[i] ? json_string_value(json_object_get(recs[i], "id")) : NULL;
         const char *addr = recs[i] ? json_string_value(json_object_get(recs[i], "addr")) : NULL;
         ids[i] = id ? id : kvs.kv[i].key;
-        calls[i] = (td_rpc_unary_call_t){.method = "/tandem.internal.v1.KvStore/Stats", .req = req, .req_len = req_len};
+        calls[i] = (td_rpc_unary_pb_call_t){.method = "/tandem.internal.v1.KvStore/Stats", .msg = &rq.base,
+                                            .desc = &tandem__internal__v1__kv_stats_response__descriptor};
         calls[i].rc = TD_ERR_UNAVAILABLE;
         if (!addr)
             snprintf(why[i], sizeof why[i], "its etcd record has no addr");
@@ -58,16 +57,13 @@ td_status_t kv_status_collect(td_etcd_t *etcd, const td_rpc_tls_t *tls, double t
             snprintf(why[i], sizeof why[i], "%s", td_last_error());
     }
     if (out) /* the nodes without a channel are skipped */
-        td_rpc_unary_all(calls, n, timeout_s);
+        td_rpc_unary_all_pb(calls, n, timeout_s);
     for (size_t i = 0; out && i < n; i++) {
-        Tandem__Internal__V1__KvStatsResponse *m =
-            calls[i].rc ? NULL
-                        : tandem__internal__v1__kv_stats_response__unpack(NULL, calls[i].resp_len, calls[i].resp);
-        const char *err = why[i][0] ? why[i] : calls[i].rc ? calls[i].res.message : "Stats did not parse";
+        Tandem__Internal__V1__KvStatsResponse *m = (Tandem__Internal__V1__KvStatsResponse *)calls[i].reply;
+        const char *err = why[i][0] ? why[i] : calls[i].res.message;
         json_array_append_new(out, m ? node_json(ids[i], m) : json_pack("{s:s, s:s}", "id", ids[i], "error", err));
         if (m)
             tandem__internal__v1__kv_stats_response__free_unpacked(m, NULL);
-        free(calls[i].resp);
         td_rpc_channel_destroy(calls[i].ch);
     }
     for (size_t i = 0; recs && i < n; i++)

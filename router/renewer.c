@@ -31,7 +31,8 @@ struct rt_renewer {
     uint64_t ids[RT_MAX_HELD];
     bool sent[RT_MAX_HELD], renewed[RT_MAX_HELD];
     rt_worker_t *ps[RT_MAX_HELD];
-    td_rpc_unary_call_t calls[RT_MAX_HELD];
+    td_rpc_unary_pb_call_t calls[RT_MAX_HELD];
+    Tandem__Internal__V1__ExtendLandingRequest ext[RT_MAX_HELD];
 };
 
 bool rt_renewer_add(rt_renewer_t *rn, rt_worker_t *d, uint64_t id, rt_worker_t *p)
@@ -71,27 +72,25 @@ static void extend_landings(rt_renewer_t *rn, size_t n, uint64_t until)
             rn->ps[np++] = snap[i].p;
     }
     for (size_t k = 0; k < np; k++) {
-        Tandem__Internal__V1__ExtendLandingRequest rq = TANDEM__INTERNAL__V1__EXTEND_LANDING_REQUEST__INIT;
-        rq.reservation_ids = rn->ids + at;
+        Tandem__Internal__V1__ExtendLandingRequest *rq = &rn->ext[k];
+        tandem__internal__v1__extend_landing_request__init(rq);
+        rq->reservation_ids = rn->ids + at;
         for (size_t i = 0; i < n; i++)
             if (snap[i].p == rn->ps[k] && rn->renewed[i])
-                rn->ids[at + rq.n_reservation_ids++] = snap[i].id;
-        at += rq.n_reservation_ids;
-        rq.has_until_unix_ms = 1;
-        rq.until_unix_ms = until;
-        size_t len = tandem__internal__v1__extend_landing_request__get_packed_size(&rq);
-        uint8_t *buf = malloc(len ? len : 1);
-        if (buf)
-            tandem__internal__v1__extend_landing_request__pack(&rq, buf);
-        rn->calls[k] = (td_rpc_unary_call_t){
-            .ch = buf ? rn->ps[k]->ch : NULL, .method = "/tandem.internal.v1.Prefill/Extend", .req = buf, .req_len = len};
+                rn->ids[at + rq->n_reservation_ids++] = snap[i].id;
+        at += rq->n_reservation_ids;
+        rq->has_until_unix_ms = 1;
+        rq->until_unix_ms = until;
+        rn->calls[k] = (td_rpc_unary_pb_call_t){.ch = rn->ps[k]->ch, .method = "/tandem.internal.v1.Prefill/Extend",
+                                                .msg = &rq->base,
+                                                .desc = &tandem__internal__v1__extend_landing_response__descriptor};
     }
-    td_rpc_unary_all(rn->calls, np, 0.5);
+    td_rpc_unary_all_pb(rn->calls, np, 0.5);
     for (size_t k = 0; k < np; k++) {
-        if (rn->calls[k].ch && rn->calls[k].rc)
+        if (rn->calls[k].rc)
             TD_DEBUG("router: extending landings on %s: %s", rn->ps[k]->id, rn->calls[k].res.message);
-        free((void *)rn->calls[k].req);
-        free(rn->calls[k].resp);
+        if (rn->calls[k].reply)
+            protobuf_c_message_free_unpacked(rn->calls[k].reply, NULL);
     }
 }
 

@@ -304,26 +304,27 @@ static json_t *pools_json(router_t *r)
         }
     pthread_mutex_unlock(&r->table.mu);
     /* every worker's Stats at once: a frozen or unreachable one costs its 0.5 s once, not once each */
-    td_rpc_unary_call_t calls[64];
+    td_rpc_unary_pb_call_t calls[64];
+    Tandem__Internal__V1__StatsRequest rq = TANDEM__INTERNAL__V1__STATS_REQUEST__INIT;
     for (size_t i = 0; i < n; i++)
-        calls[i] = (td_rpc_unary_call_t){.ch = w[i]->ch, .method = w[i]->role == RT_PREFILL
-                                                                       ? "/tandem.internal.v1.Prefill/Stats"
-                                                                       : "/tandem.internal.v1.Decode/Stats"};
-    td_rpc_unary_all(calls, n, 0.5);
+        calls[i] = (td_rpc_unary_pb_call_t){.ch = w[i]->ch, .method = w[i]->role == RT_PREFILL
+                                                                          ? "/tandem.internal.v1.Prefill/Stats"
+                                                                          : "/tandem.internal.v1.Decode/Stats",
+                                            .msg = &rq.base, .desc = &tandem__internal__v1__stats_response__descriptor};
+    td_rpc_unary_all_pb(calls, n, 0.5);
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) {
-        Tandem__Internal__V1__StatsResponse *st =
-            calls[i].rc ? NULL : tandem__internal__v1__stats_response__unpack(NULL, calls[i].resp_len, calls[i].resp);
+        Tandem__Internal__V1__StatsResponse *st = (Tandem__Internal__V1__StatsResponse *)calls[i].reply;
         json_t *o = json_pack("{s:s, s:s}", "id", w[i]->id, "role", w[i]->role == RT_PREFILL ? "prefill" : "decode");
         if (st)
             json_object_update_new(o, json_pack("{s:i, s:i, s:i, s:i, s:i}", "kv_blocks", (int)st->kv_blocks,
                                                 "kv_in_use", (int)st->kv_in_use, "kv_cached", (int)st->kv_cached,
                                                 "running", (int)st->running, "reservations", (int)st->reservations));
         else
-            json_object_set_new(o, "error", json_string(calls[i].rc ? calls[i].res.message : "Stats did not parse"));
+            json_object_set_new(o, "error", json_string(calls[i].res.message));
         json_array_append_new(a, o);
-        tandem__internal__v1__stats_response__free_unpacked(st, NULL);
-        free(calls[i].resp);
+        if (st)
+            tandem__internal__v1__stats_response__free_unpacked(st, NULL);
         rt_table_unhold(&r->table, w[i]);
     }
     return a;

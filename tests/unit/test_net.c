@@ -18,7 +18,9 @@
 #include "common/certs.h"
 #include "common/etcd.h"
 #include "common/rpc.h"
+#include "common/rpc_pb.h"
 #include "common/log.h"
+#include "tandem/internal/v1/worker.pb-c.h"
 
 static double now_s(void)
 {
@@ -223,6 +225,30 @@ Test(rpc, unary_stream_errors, .init = init, .fini = fini, .timeout = 60)
     cr_assert(took >= 0.45 && took < 0.9, "two slow calls under one 0.5 s deadline took %.2f s", took);
     for (int i = 0; i < 6; i++)
         free(all[i].resp);
+
+    /* the same with messages: a reply unpacked; one that does not parse as the descriptor says so; a slow one
+     * times out; a call without a channel is left as it was */
+    uint64_t ids[2] = {7, 8};
+    Tandem__Internal__V1__ExtendLandingRequest ext = TANDEM__INTERNAL__V1__EXTEND_LANDING_REQUEST__INIT;
+    ext.n_reservation_ids = 2, ext.reservation_ids = ids, ext.has_until_unix_ms = 1, ext.until_unix_ms = 42;
+    Tandem__Internal__V1__StatsResponse sr = TANDEM__INTERNAL__V1__STATS_RESPONSE__INIT;
+    sr.role = "decode"; /* field 2 a string, where ExtendLandingRequest's field 2 is a number */
+    const ProtobufCMessageDescriptor *ed = &tandem__internal__v1__extend_landing_request__descriptor;
+    td_rpc_unary_pb_call_t pb[4] = {
+        {.ch = ch, .method = "/t.T/Echo", .msg = &ext.base, .desc = ed},
+        {.ch = ch, .method = "/t.T/Echo", .msg = &sr.base, .desc = ed},
+        {.ch = ch, .method = "/t.T/Slow", .msg = &ext.base, .desc = ed},
+        {.ch = NULL, .rc = TD_ERR_UNAVAILABLE, .method = "/t.T/Echo", .msg = &ext.base, .desc = ed},
+    };
+    td_rpc_unary_all_pb(pb, 4, 0.5);
+    Tandem__Internal__V1__ExtendLandingRequest *back = (Tandem__Internal__V1__ExtendLandingRequest *)pb[0].reply;
+    cr_assert(pb[0].rc == TD_OK && back && back->n_reservation_ids == 2 && back->reservation_ids[1] == 8 &&
+                  back->until_unix_ms == 42, "%d %s", pb[0].rc, pb[0].res.message);
+    protobuf_c_message_free_unpacked(pb[0].reply, NULL);
+    cr_assert(pb[1].rc == TD_ERR_FORMAT && !pb[1].reply && strstr(pb[1].res.message, "does not parse"), "%d %s",
+              pb[1].rc, pb[1].res.message);
+    cr_assert(pb[2].rc == TD_ERR_TIMEOUT && !pb[2].reply, "%d %s", pb[2].rc, pb[2].res.message);
+    cr_assert(pb[3].rc == TD_ERR_UNAVAILABLE && !pb[3].reply);
 
     td_rpc_channel_destroy(ch);
     td_rpc_server_stop(s, 1);
