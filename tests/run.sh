@@ -8,8 +8,9 @@
 #   5. builds tests/tsan/tsan_stress.c with ThreadSanitizer (build-tsan/) and runs it (Criterion
 #      itself cannot run under TSan: Snaipe/Criterion#274)
 #   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 30)
-# The integration suites (real clusters) run between 3 and 4; the sanitizer and fuzz builds and the
-# sanitizer pass's test_generate run beside them at the lowest CPU priority, in the time they leave idle.
+# The integration suites (real clusters) run between 3 and 4; a user's build (Release, no test package), the
+# sanitizer and fuzz builds and the sanitizer pass's test_generate run beside them at the lowest CPU priority, in
+# the time they leave idle.
 # and prints one closing line: "tests: N passed, N failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,21 +66,6 @@ run_suites build release
 # the kernels again on the AVX2 path without VNNI (the suite checks the portable path itself)
 TANDEM_CPU=avx2 run_one build/bin/tests/test_kernels "release/avx2"
 
-section "a user's build: Release, no test package (Criterion hidden from pkg-config), warnings not errors; make demo's job on it"
-hide=$(mktemp -d) ulog=$(mktemp) dlog=$(mktemp)
-for d in $(pkg-config --variable pc_path pkg-config | tr : ' '); do
-  [ -d "$d" ] || continue
-  for f in "$d"/*.pc; do [ "$(basename "$f")" = criterion.pc ] || ln -s "$f" "$hide/" 2>/dev/null || true; done
-done
-if PKG_CONFIG_LIBDIR=$hide cmake -S . -B build-user -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF >"$ulog" 2>&1 &&
-   grep -q "Criterion not found" "$ulog" && cmake --build build-user -j"$jobs" >>"$ulog" 2>&1 &&
-   [ ! -e build-user/bin/tests ] && deploy/demo.sh build-user >"$dlog" 2>&1 && [ -s "$dlog" ]; then
-  echo "  user build (no Criterion) and demo: ok"; passed=$((passed + 1))
-else
-  echo "  user build (no Criterion) or its demo FAILED:"; tail -20 "$ulog" "$dlog" 2>/dev/null; failed=$((failed + 1))
-  failures+=("user build (no Criterion) or its demo")
-fi
-rm -rf "$hide" "$ulog" "$dlog"
 
 run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"), $3: time limit (s)
   local out line p f rc=0 t0=$SECONDS
@@ -105,14 +91,26 @@ run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"),
   fi
 }
 
-# The sanitizer builds and the sanitizer pass's longest suite (test_generate, ~6 minutes of 2 cores) run beside
-# the integration suites at the lowest CPU priority: the clusters leave about a quarter of the cores idle while
+# A user's build, the sanitizer builds and the sanitizer pass's longest suite (test_generate, ~6 minutes of 2
+# cores) run beside the integration suites at the lowest CPU priority: the clusters leave about a quarter of the cores idle while
 # they wait on each other, and a nice-19 job takes only that (the scheduler gives every other process the core
 # first). Its output and counts are read back after the integration suites.
-bg_log=$(mktemp) bg_status=$(mktemp)
+bg_log=$(mktemp) bg_status=$(mktemp) ulog=$(mktemp)
 (
   renice -n 19 -p "$BASHPID" >/dev/null
   passed=0 failed=0 failures=() t0=$SECONDS
+  # a user's build: Release, no test package (Criterion hidden from pkg-config), warnings not errors
+  hide=$(mktemp -d)
+  for d in $(pkg-config --variable pc_path pkg-config | tr : ' '); do
+    [ -d "$d" ] || continue
+    for f in "$d"/*.pc; do [ "$(basename "$f")" = criterion.pc ] || ln -s "$f" "$hide/" 2>/dev/null || true; done
+  done
+  if PKG_CONFIG_LIBDIR=$hide cmake -S . -B build-user -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF >"$ulog" 2>&1 &&
+     grep -q "Criterion not found" "$ulog" && cmake --build build-user -j"$jobs" >>"$ulog" 2>&1 &&
+     [ ! -e build-user/bin/tests ]; then
+    echo ok >> "$ulog"
+  fi
+  rm -rf "$hide"
   if cmake -S . -B build-asan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF \
        -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&
      cmake --build build-asan -j"$jobs" >/dev/null; then
@@ -162,8 +160,18 @@ run_py tests/cluster/test_prometheus.py prometheus 300
 section "cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 
-section "address + undefined sanitizers (the build and test_generate ran beside the integration suites)"
+section "a user's build (Release, no test package: Criterion hidden from pkg-config, warnings not errors; built beside the integration suites) and make demo's job on it"
 wait "$bg_pid"
+dlog=$(mktemp)
+if [ "$(tail -1 "$ulog")" = ok ] && deploy/demo.sh build-user >"$dlog" 2>&1 && [ -s "$dlog" ]; then
+  echo "  user build (no Criterion) and demo: ok"; passed=$((passed + 1))
+else
+  echo "  user build (no Criterion) or its demo FAILED:"; tail -20 "$ulog" "$dlog" 2>/dev/null; failed=$((failed + 1))
+  failures+=("user build (no Criterion) or its demo")
+fi
+rm -f "$ulog" "$dlog"
+
+section "address + undefined sanitizers (the build and test_generate ran beside the integration suites)"
 cat "$bg_log"
 if [ -s "$bg_status" ]; then
   { read -r p f; mapfile -t more; } < "$bg_status"
