@@ -3,13 +3,16 @@
 #include "worker/profile_store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/etcd.h"
 #include "common/log.h"
 
@@ -48,7 +51,7 @@ static bool cache_path(const char *key, char *out, size_t n)
 /* mkdir -p of path's folder. */
 static void make_dirs(const char *path)
 {
-    char d[1024];
+    char d[1200];
     snprintf(d, sizeof d, "%s", path);
     for (char *s = d + 1; *s; s++)
         if (*s == '/') {
@@ -71,14 +74,14 @@ static bool from_etcd(td_etcd_t *etcd, const char *key, eng_profile_t *out)
     return ok;
 }
 
-static bool from_file(const char *id, const char *path, eng_profile_t *out)
+static bool from_file(const char *id, const char *path, eng_profile_t *out, bool quiet)
 {
     if (access(path, F_OK))
         return false;
     json_error_t jerr;
     json_t *j = json_load_file(path, 0, &jerr);
     bool ok = j && eng_profile_from_json(j, out) == TD_OK;
-    if (!ok)
+    if (!ok && !quiet)
         TD_WARN("%s: the cached profile %s is not a profile (%s); measuring it again", id, path,
                 j ? td_last_error() : jerr.text);
     json_decref(j);
@@ -102,6 +105,50 @@ static void to_file(const char *id, const char *path, const char *v)
     }
 }
 
+/* The host's sweep lock, DIR/tandem/profiles/.sweep.lock beside path: one
+ * sweep at a time on a host (side by side on shared cores they inflate each
+ * other's times, and a second worker of the same settings then finds the
+ * first's file). Waited for SWEEP_WAIT_S at most; -1 when there is no lock
+ * (the sweep goes ahead beside the other, said in a warning). */
+#define SWEEP_WAIT_S 120.0
+static int sweep_lock(const char *id, const char *path)
+{
+    char lp[1100];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return -1;
+    snprintf(lp, sizeof lp, "%.*s/.sweep.lock", (int)(slash - path), path);
+    make_dirs(lp);
+    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    double until = td_now_s() + SWEEP_WAIT_S;
+    while (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (errno != EWOULDBLOCK || td_now_s() > until) {
+            TD_WARN("%s: %s is still held after %.0f s (%s); sweeping beside the worker that holds it", id, lp,
+                    SWEEP_WAIT_S, errno == EWOULDBLOCK ? "another worker's sweep" : strerror(errno));
+            close(fd);
+            return -1;
+        }
+        usleep(50 * 1000);
+    }
+    return fd;
+}
+
+/* Kept in etcd and (when it was measured here) in the cache file. */
+static void keep(const char *id, td_etcd_t *etcd, const char *key, const eng_profile_t *p, const char *path)
+{
+    json_t *pj = eng_profile_to_json(p);
+    char *v = pj ? json_dumps(pj, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(pj);
+    if (!etcd || !v || td_etcd_put(etcd, key, v, strlen(v), 0))
+        TD_WARN("%s: the profile is not kept in etcd (%s); a restart measures it again", id,
+                v ? td_last_error() : "no memory");
+    if (v && path)
+        to_file(id, path, v);
+    free(v);
+}
+
 td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_endpoints, const td_rpc_tls_t *tls,
                            eng_engine_t *e, int32_t lo, int32_t hi, eng_profile_t *out, char *how, size_t how_len)
 {
@@ -110,28 +157,28 @@ td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_end
         etcd = NULL;
     char path[1024];
     bool cached = cache_path(key, path, sizeof path);
-    bool in_etcd = from_etcd(etcd, key, out), in_file = !in_etcd && cached && from_file(id, path, out);
     td_status_t rc = TD_OK;
-    if (in_etcd) {
-        snprintf(how, how_len, "reused from etcd");
-    } else {
-        if (in_file)
-            snprintf(how, how_len, "reused from %s", path);
-        else if ((rc = eng_profile_measure(e, lo, hi, out)))
+    int lock = -1;
+    for (int pass = 0; pass < 2; pass++) { /* the second after the sweep lock: another may have measured it */
+        if (from_etcd(etcd, key, out)) {
+            snprintf(how, how_len, "reused from etcd");
             goto out;
-        else
-            snprintf(how, how_len, "measured");
-        json_t *pj = eng_profile_to_json(out);
-        char *v = pj ? json_dumps(pj, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
-        json_decref(pj);
-        if (!etcd || !v || td_etcd_put(etcd, key, v, strlen(v), 0))
-            TD_WARN("%s: the profile is not kept in etcd (%s); a restart measures it again", id,
-                    v ? td_last_error() : "no memory");
-        if (v && cached && !in_file)
-            to_file(id, path, v);
-        free(v);
+        }
+        if (cached && from_file(id, path, out, pass > 0)) { /* a bad file is named once */
+            snprintf(how, how_len, "reused from %s", path);
+            keep(id, etcd, key, out, NULL);
+            goto out;
+        }
+        if (pass == 0 && cached && (lock = sweep_lock(id, path)) < 0)
+            break;
     }
+    if ((rc = eng_profile_measure(e, lo, hi, out)))
+        goto out;
+    snprintf(how, how_len, "measured");
+    keep(id, etcd, key, out, cached ? path : NULL);
 out:
+    if (lock >= 0)
+        close(lock); /* the lock goes with it */
     td_etcd_destroy(etcd);
     return rc;
 }

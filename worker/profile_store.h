@@ -10,7 +10,11 @@
  *   2. in this host's cache, DIR/tandem/profiles/KEY.json with DIR
  *      $XDG_CACHE_HOME, else $HOME/.cache: a new cluster on the same host
  *      (its etcd empty) starts without sweeping again;
- *   3. else the sweep measures it, and it is kept in both.
+ *   3. else the sweep measures it, and it is kept in both. Sweeps on one
+ *      host take turns (a lock file in the cache folder, waited for 120 s
+ *      at most): side by side on shared cores they inflate each other's
+ *      times, and a worker that waited finds what the one before it
+ *      measured (two prefill workers of the same settings sweep once).
  * A cache file that does not parse is named in a warning and measured over.
  * Delete the file to have the next start measure again. */
 #ifndef WK_PROFILE_STORE_H

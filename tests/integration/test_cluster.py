@@ -433,11 +433,30 @@ def corrupt_profile():
 
 def two_by_two(refs):
     """A cluster of 2 prefill + 2 decode workers: concurrent requests spread
-    over all four, each output identical to single-process."""
-    c = Cluster(extra=["--prefill", "2", "--decode", "2"])
+    over all four, each output identical to single-process. Started on an
+    empty profile cache: the sweeps take turns, and the second worker of a
+    role reuses the first one's profile."""
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tandem-cache-")
     try:
+        c = Cluster(extra=["--prefill", "2", "--decode", "2"])
+    finally:
+        os.environ["XDG_CACHE_HOME"] = PROFILE_CACHE
+    try:
+        # a worker registers after its profile: every line is in the log once all four have
         ok = wait_for(lambda: len(c.workers()) == 4 and c.health()[0], 60)
         check("2 prefill + 2 decode workers registered (%d)" % len(c.workers()), ok)
+        log = c.log()
+        how = {r: [h for w, h in re.findall(r"(%s-\d+): profile (measured|reused from \S+) " % r, log)]
+               for r in ("prefill", "decode")}
+        # each sweep's interval: its log line's time less the sweep's length
+        sweeps = sorted((int(h) * 3600 + int(m) * 60 + float(sec) - float(d), int(h) * 3600 + int(m) * 60 + float(sec))
+                        for h, m, sec, d in re.findall(r"T(\d\d):(\d\d):(\d\d\.\d+)Z \S+ +\S+ \S+: profile measured "
+                                                       r"\((\d+\.\d+) s sweep\)", log))
+        check("on an empty cache, one worker of each role sweeps and the other reuses its file (%s), the sweeps one "
+              "after the other (%s)" % (how, ["%.1f-%.1f s" % (a - sweeps[0][0], b - sweeps[0][0]) for a, b in sweeps]
+                                        if sweeps else "no sweep logged"),
+              all(len(h) == 2 and sum(x == "measured" for x in h) == 1 for h in how.values()) and len(sweeps) == 2
+              and sweeps[1][0] >= sweeps[0][1] - 0.1)
         out = {}
 
         def run(i):
