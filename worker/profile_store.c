@@ -124,9 +124,12 @@ static int sweep_lock(const char *id, const char *path)
         return -1;
     double until = td_now_s() + SWEEP_WAIT_S;
     while (flock(fd, LOCK_EX | LOCK_NB)) {
-        if (errno != EWOULDBLOCK || td_now_s() > until) {
-            TD_WARN("%s: %s is still held after %.0f s (%s); sweeping beside the worker that holds it", id, lp,
-                    SWEEP_WAIT_S, errno == EWOULDBLOCK ? "another worker's sweep" : strerror(errno));
+        int err = errno;
+        if (err != EWOULDBLOCK)
+            TD_WARN("%s: cannot lock %s (%s); sweeping without it", id, lp, strerror(err));
+        else if (td_now_s() > until)
+            TD_WARN("%s: another worker's sweep has held %s for %.0f s; sweeping beside it", id, lp, SWEEP_WAIT_S);
+        if (err != EWOULDBLOCK || td_now_s() > until) {
             close(fd);
             return -1;
         }
