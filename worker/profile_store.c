@@ -125,11 +125,12 @@ static int sweep_lock(const char *id, const char *path)
     double until = td_now_s() + SWEEP_WAIT_S;
     while (flock(fd, LOCK_EX | LOCK_NB)) {
         int err = errno;
+        bool late = td_now_s() > until;
         if (err != EWOULDBLOCK)
             TD_WARN("%s: cannot lock %s (%s); sweeping without it", id, lp, strerror(err));
-        else if (td_now_s() > until)
+        else if (late)
             TD_WARN("%s: another worker's sweep has held %s for %.0f s; sweeping beside it", id, lp, SWEEP_WAIT_S);
-        if (err != EWOULDBLOCK || td_now_s() > until) {
+        if (err != EWOULDBLOCK || late) {
             close(fd);
             return -1;
         }
