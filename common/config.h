@@ -23,7 +23,8 @@
  *   decode:  { count: 1, threads: 0, token_budget: 512, kv_mib: 64, profile: true, device: cpu }
  *            (token_budget: tokens per engine step, the chunked-prefill size;
  *            kv_mib: the worker's KV pool; profile: measure prefill and decode step
- *            times at start-up and publish the fitted model with the registration;
+ *            times at start-up and publish the fitted model with the registration
+ *            (kept in the host's cache: worker/profile_store.h);
  *            device: cpu, cuda or cuda:N — the backend, and where the KV pool lives: a
  *            GPU worker's pool is device memory, and its KV goes to a decode worker on
  *            the same host through CUDA IPC)

@@ -145,6 +145,11 @@ run_py tests/integration/test_kvstore_hot.py kvstore-hot 240
 section "router (the cache index heals from dropped events and a router restart; placement on cached prefixes; predictions; early rejection)"
 run_py tests/integration/test_router.py router 300
 
+# the scale suite's workload shift is timed (the planner must move a worker within its phase): it runs with the
+# cores to itself, after the background job
+section "waiting for the background job (the user's, sanitizer and fuzz builds; asan+ubsan test_generate)"
+wait "$bg_pid"
+
 section "scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors; a workload shift under policy auto)"
 run_py tests/cluster/test_scale.py scale 900
 
@@ -160,8 +165,7 @@ run_py tests/cluster/test_prometheus.py prometheus 300
 section "cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 
-section "a user's build (Release, no test package: Criterion hidden from pkg-config, warnings not errors; built beside the integration suites) and make demo's job on it"
-wait "$bg_pid"
+section "a user's build (Release, no test package: Criterion hidden from pkg-config, warnings not errors; built beside the integration suites before scale) and make demo's job on it"
 dlog=$(mktemp)
 if [ "$(tail -1 "$ulog")" = ok ] && deploy/demo.sh build-user >"$dlog" 2>&1 && [ -s "$dlog" ]; then
   echo "  user build (no Criterion) and demo: ok"; passed=$((passed + 1))
