@@ -318,20 +318,28 @@ Test(placement, predictive_places_on_the_cached_prefix_and_rejects_early, .timeo
     td_rpc_shutdown();
 }
 
+/* A table of one profiled prefill worker p1 and one decode worker d1. */
+static void profiled_pair(rt_table_t *t)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_init(t, &expect, NULL);
+    put_profiled(t, "p1", "prefill");
+    put_profiled(t, "d1", "decode");
+}
+
 /* A prefill worker whose real speed differs from its profile in scale and in
  * shape (profile 1 + 1 ms a token; truth 5 + 2 ms a token + an attention
- * term): after calls that found it idle, of mixed lengths, its model
- * predicts a 4k-token prompt within 2%; a second call placed while the first
+ * term): after calls that found it idle, of mixed lengths (64..2,048 tokens),
+ * its model predicts a 3,000-token prompt within 2%, and a 4,096-token one,
+ * past its reach, as the refit at the reach grown as the profile grows; a
+ * second call placed while the first
  * is in flight waits for the first's predicted work, and once the first is
  * answered the queue is what is still in flight. */
 Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeout = 30)
 {
-    td_rpc_init();
-    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
     rt_table_t t;
-    rt_table_init(&t, &expect, NULL);
-    put_profiled(&t, "p1", "prefill");
-    put_profiled(&t, "d1", "decode");
+    profiled_pair(&t);
     static int32_t tok[4096];
     for (int i = 0; i < 4096; i++)
         tok[i] = i;
@@ -399,12 +407,8 @@ Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeo
  * few milliseconds those 8 tokens took. */
 Test(placement, prefill_refit_takes_the_workers_cached_count, .timeout = 30)
 {
-    td_rpc_init();
-    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
     rt_table_t t;
-    rt_table_init(&t, &expect, NULL);
-    put_profiled(&t, "p1", "prefill");
-    put_profiled(&t, "d1", "decode");
+    profiled_pair(&t);
     static int32_t tok[600];
     for (int i = 0; i < 600; i++)
         tok[i] = i;
