@@ -437,6 +437,8 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     take_str(j, "role", role, sizeof role);
     w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
     w->colocated = w->role == RT_DECODE && json_is_true(json_object_get(j, "colocated"));
+    json_int_t kvb = json_integer_value(json_object_get(j, "kv_blocks"));
+    w->kv_blocks = kvb > 0 && kvb <= UINT32_MAX ? (uint32_t)kvb : 0;
     td_status_t crc = td_kv_layout_from_json(json_object_get(j, "contract"), &w->contract);
     const json_t *prof = json_object_get(j, "profile");
     if (prof && eng_profile_from_json(prof, &w->profile))
@@ -720,6 +722,31 @@ static void reject_early(rt_table_t *t, const rt_place_ctx_t *c, const rt_worker
                  slo, out->retry_after_ms);
 }
 
+/* A prompt no decode worker's pool can hold (each that says its size):
+ * refused INVALID_ARGUMENT, naming the sizes, before any placement or
+ * deadline is judged; false when some pool may hold it. */
+static bool too_big(const rt_table_t *t, const rt_place_req_t *rq, rt_placement_t *out)
+{
+    uint32_t bt = t->expect.block_tokens, most = 0;
+    if (!rq || !bt)
+        return false;
+    uint64_t need = ((uint64_t)rq->n_tokens + bt - 1) / bt;
+    for (size_t i = 0; i < t->n; i++) {
+        const rt_worker_t *w = t->w[i];
+        if (w->role != RT_DECODE || w->refused || w->gone)
+            continue;
+        if (!w->kv_blocks || w->kv_blocks >= need)
+            return false;
+        most = w->kv_blocks > most ? w->kv_blocks : most;
+    }
+    if (!most)
+        return false;
+    out->code = TD_RPC_INVALID_ARGUMENT;
+    snprintf(out->why, sizeof out->why, "prompt: %zu tokens need %llu KV blocks of %u tokens; the largest decode "
+             "worker's pool has %u", rq->n_tokens, (unsigned long long)need, bt, most);
+    return true;
+}
+
 void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_req_t *rq, rt_placement_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -731,6 +758,10 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     }
     double now = td_now_s();
     pthread_mutex_lock(&t->mu);
+    if (too_big(t, rq, out)) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
     /* no prefill worker in the cluster: the whole request on a colocated
      * decode worker (its step time predicted, and judged by the TPOT SLO;
      * no TTFT prediction); a plain decode worker there could not take it */
@@ -823,9 +854,11 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
         json_t *o = json_pack("{s:s, s:s, s:b, s:f, s:f, s:i}", "id", w->id, "role",
                               w->role == RT_PREFILL ? "prefill" : "decode", "profile", w->has_profile, "k_step",
                               w->k_step ? w->k_step : 1.0, "queued_ms", queued_ms(w, now), "inflight", w->inflight);
-        if (w->n_obs) /* the prefill model refitted online: a, b, c as the profile's, and from how many calls */
-            json_object_set_new(o, "prefill_fit", json_pack("{s:[f,f,f], s:I}", "coef", w->pf_fit[0], w->pf_fit[1],
-                                                            w->pf_fit[2], "calls", (json_int_t)w->n_obs));
+        if (w->n_obs) /* the prefill model refitted online: a, b, c as the profile's, from how many calls, and how
+                       * far it is trusted (RT_REACH times its largest call, in the profile's ms) */
+            json_object_set_new(o, "prefill_fit",
+                                json_pack("{s:[f,f,f], s:I, s:f}", "coef", w->pf_fit[0], w->pf_fit[1], w->pf_fit[2],
+                                          "calls", (json_int_t)w->n_obs, "reach_ms", RT_REACH * w->pf_reach));
         json_array_append_new(workers, o);
     }
     pthread_mutex_unlock(&t->mu);

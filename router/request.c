@@ -547,6 +547,8 @@ static td_status_t place(rt_request_t *q, attempt_t *a)
         q->rejected = pl->rejected;
         return end(a, pl->code, "%s", pl->why);
     }
+    if (pl->code == TD_RPC_INVALID_ARGUMENT) /* the request itself: no wait makes it fit */
+        return end(a, pl->code, "%s", pl->why);
     if (pl->code) {
         /* nothing can serve it: say why now, unless a worker becomes usable before the deadline (its
          * suspect time ends) or, for a stream already under way, a worker may still join to resume it */

@@ -746,9 +746,10 @@ static void profile(eng_worker_t *w)
 /* Joins the membership: this worker's record under its lease (common/process.h). */
 static td_status_t etcd_register(eng_worker_t *w)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:o}", "id", w->id, "role", w->role->name, "addr", w->advertise,
-                          "metrics", w->metrics_at, "pid", (int)getpid(), "contract",
-                          td_kv_layout_to_json(&w->contract));
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:o, s:I}", "id", w->id, "role", w->role->name, "addr",
+                          w->advertise, "metrics", w->metrics_at, "pid", (int)getpid(), "contract",
+                          td_kv_layout_to_json(&w->contract), "kv_blocks",
+                          (json_int_t)eng_engine_kv_stats(w->engine).n_blocks);
     if (j && w->has_profile)
         json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
     if (j && w->rc->colocated)

@@ -144,9 +144,10 @@ def deadlines(c, rng):
         rows.append("%d ms: %s after %.0f ms%s" % (dl, code, secs * 1e3, "" if "predicted" in why else ": " + why))
         ok = ok and code == "DEADLINE_EXCEEDED" and "predicted" in why and secs < min(dl / 1e3 + 0.1, 0.15)
         refused.append(dl)
-    # the refusals were right: with a deadline of twice the prediction the prompt is served, and its first token
-    # comes later than every deadline refused
-    loose = max(2 * pred, pred + 1000)
+    # the refusals were right: with a deadline well past the prediction the prompt is served, and its first token
+    # comes later than every deadline refused. The prediction is a model of a machine that may be loaded (a CI run
+    # once measured 2x its 1.3 s); 8x still fails a model as wrong as the one that put 2,400 tokens at 0.3 s
+    loose = max(8 * pred, pred + 5000)
     rq = pb.GenerateRequest(prompt=long_prompt, deadline_ms=loose,
                             sampling=pb.SamplingParams(max_tokens=1, ignore_eos=True))
     try:
@@ -157,6 +158,9 @@ def deadlines(c, rng):
     except grpc.RpcError as e:
         ttft, served = 0, "%s: %s" % (e.code().name, e.details())
     ok = ok and pred > 0 and ttft > max(refused)
+    if not ok or ttft > 2 * pred:  # what the router's prefill models were, for the reader of a failure or a miss
+        for w in c.health()[1]["placement"]["workers"]:
+            print("  %s: profile %s, refit %s" % (w["id"], w["profile"], w.get("prefill_fit")))
     check("a ~1,000-token prompt (first token predicted in %d ms) with deadline_ms %s: each refused at once, naming "
           "the prediction (%s); with deadline_ms %d: %s" %
           (pred, "/".join(map(str, refused)), "; ".join(rows), loose, served), ok)

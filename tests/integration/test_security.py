@@ -277,7 +277,8 @@ def oversized(c, ref):
 def cancel_flood(c, ref):
     """Streams opened with a 600 s deadline and cancelled at once, in waves: the decode worker's landing blocks
     come back within seconds (cancels answered at once, fences bounded by a short landing lease), not at the
-    requests' deadline, and an ordinary request afterwards is served identically."""
+    requests' deadline, and an ordinary request afterwards is served identically. Idle, they are back in ~4 s;
+    beside a compile of the tree on both cores once in 20 s, which the bound of 30 s (of a 600 s deadline) allows."""
     dw = c.worker("decode")
     idle = c.stats(dw)
     rq = pb.GenerateRequest(prompt=VICTIM, return_token_ids=True,
@@ -299,7 +300,7 @@ def cancel_flood(c, ref):
         peak = [max(peak[0], st.kv_in_use), max(peak[1], st.fenced_blocks)]
     t0 = time.time()
     back = tc.wait_for(lambda: (lambda st: st.kv_in_use == idle.kv_in_use and st.fenced_blocks == 0 and
-                                st.reservations == 0)(c.stats(dw)), 20)
+                                st.reservations == 0)(c.stats(dw)), 40)
     secs = time.time() - t0
     st = c.stats(dw)
     ids, _ = tc.generate(c.stub, VICTIM, max_tokens=VICTIM_TOKENS)
@@ -307,7 +308,7 @@ def cancel_flood(c, ref):
              "after the last (at most %d blocks in use, %d fenced meanwhile; now %d in use, %d fenced, %d reservations)"
              "; a request afterwards identical" % (secs, peak[0], peak[1], st.kv_in_use, st.fenced_blocks,
                                                    st.reservations),
-             back and secs < 10 and ids == ref)
+             back and secs < 30 and ids == ref)
 
 
 def api_keys_grpc(ref):
@@ -566,29 +567,40 @@ def main():
         # reservation up (its Cancel unanswered), the decode worker keeps the blocks out of the pool until
         # land-by, and the worker, resumed after land-by, drops its late puts instead of writing into blocks
         # that may be someone else's by then
-        # a prompt whose first token is predicted in ~1 s (admitted with a 2 s deadline, not refused at once), its
-        # length found from the router's prediction for a probe of other words (no cached prefix shared)
-        probe = " ".join("probe%d" % (i % 89) for i in range(700))
-        pred = None
-        for r in c.stub.Generate(pb.GenerateRequest(prompt=probe, sampling=pb.SamplingParams(max_tokens=1)),
-                                 timeout=120):
-            pred = r.timing.predicted_ttft_ms or pred
-        words = max(60, min(700, int(700 * 1000 / max(pred or 1000, 1))))
-        long_prompt = " ".join("word%d" % (i % 97) for i in range(words))  # ~1 s of prefill here
-        err = []
-        def slow():  # noqa: E306
-            try:
-                list(c.stub.Generate(pb.GenerateRequest(prompt=long_prompt, sampling=pb.SamplingParams(max_tokens=1)),
-                                     timeout=2.0))
-                err.append("completed")
-            except grpc.RpcError as e:
-                err.append(e.code().name if e.code() != grpc.StatusCode.INVALID_ARGUMENT else e.details())
+        # a prompt whose prefill takes ~1 s here (admitted with a 2 s deadline, not refused at once), its length
+        # found from the measured first token of a probe of other words (no cached prefix shared). The router's
+        # prediction is a model and this machine may be loaded: a prompt refused at once (predicted past 2 s) or
+        # served before the freeze is retried shorter or longer, with words of its own
+        def first_token_ms(text):
+            ttft = None
+            for r in c.stub.Generate(pb.GenerateRequest(prompt=text, sampling=pb.SamplingParams(max_tokens=1)),
+                                     timeout=120):
+                ttft = r.timing.ttft_ms or ttft
+            return ttft or 1000.0
+        probe_ms = first_token_ms(" ".join("probe%d" % (i % 89) for i in range(700)))
+        words = max(60, min(700, int(700 * 1000 / probe_ms)))
         idle = c.stats(dw).kv_in_use
         dropped0 = c.stats(pw).late_puts_dropped
-        t = threading.Thread(target=slow)
-        t0 = time.time()
-        t.start()
-        time.sleep(0.4)
+        tries = []
+        for attempt in range(4):
+            long_prompt = " ".join("w%dx%d" % (attempt, i % 97) for i in range(words))
+            err = []
+            def slow():  # noqa: E306
+                try:
+                    list(c.stub.Generate(pb.GenerateRequest(prompt=long_prompt,
+                                                            sampling=pb.SamplingParams(max_tokens=1)), timeout=2.0))
+                    err.append("completed")
+                except grpc.RpcError as e:
+                    err.append(e.code().name if e.code() != grpc.StatusCode.INVALID_ARGUMENT else e.details())
+            t = threading.Thread(target=slow)
+            t0 = time.time()
+            t.start()
+            time.sleep(0.4)
+            if not t.is_alive():  # answered before the freeze: refused at once, or served in under 0.4 s
+                tries.append("%d words: %s" % (words, err))
+                words = max(30, int(words * (0.6 if err != ["completed"] else 1.6)))
+                continue
+            break
         os.kill(pw["pid"], signal.SIGSTOP)
         try:
             t.join(10)
@@ -600,9 +612,10 @@ def main():
         time.sleep(1)
         dropped = c.stats(pw).late_puts_dropped - dropped0
         back = tc.wait_for(lambda: c.stats(dw).fenced_blocks == 0 and c.stats(dw).kv_in_use == idle, 10)
-        tc.check("a prefill worker frozen past its request's deadline (%s): its %d landing blocks kept out of the "
-                 "pool past the deadline, %d late puts dropped after it resumed, the blocks back (%s)" %
-                 (err, held, dropped, back), err == ["DEADLINE_EXCEEDED"] and held > 0 and dropped > 0 and back)
+        tc.check("a prefill worker frozen past its request's deadline (%s; %d words after %s): its %d landing blocks "
+                 "kept out of the pool past the deadline, %d late puts dropped after it resumed, the blocks back (%s)"
+                 % (err, words, tries or "no retry", held, dropped, back),
+                 err == ["DEADLINE_EXCEEDED"] and held > 0 and dropped > 0 and back)
         tc.wait_for(lambda: c.health()[0] and c.worker("prefill") is not None, 30)
         v = Victim(c, ref)
         same, vwhy = v.same()

@@ -470,6 +470,57 @@ Test(placement, a_request_served_whole_takes_a_colocated_worker_only, .timeout =
     td_rpc_shutdown();
 }
 
+static void put_sized(rt_table_t *t, const char *id, const char *role, int kv_blocks)
+{
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o, s:i}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
+                          "contract", td_kv_layout_to_json(&expect), "kv_blocks", kv_blocks);
+    char *v = json_dumps(j, JSON_COMPACT), key[128];
+    snprintf(key, sizeof key, "/tandem/workers/%s/%s", role, id);
+    rt_table_put(t, key, v);
+    free(v);
+    json_decref(j);
+}
+
+/* A prompt no decode worker's pool can hold is refused INVALID_ARGUMENT at
+ * placement, naming the largest pool, by every policy; one a pool holds, or
+ * any prompt while some decode worker has not said its pool's size, is placed. */
+Test(placement, a_prompt_past_every_decode_pool_is_refused_naming_it, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    const rt_placement_ops_t *policies[] = {&rt_placement_least_loaded, &rt_placement_round_robin,
+                                            &rt_placement_kv_cost, &rt_placement_predictive};
+    static int32_t tok[4000];
+    for (size_t k = 0; k < sizeof policies / sizeof *policies; k++) {
+        rt_table_t t;
+        rt_table_init(&t, &expect, NULL);
+        put_sized(&t, "p1", "prefill", 4000);
+        put_sized(&t, "d1", "decode", 100);
+        put_sized(&t, "d2", "decode", 182);
+        rt_placement_t pl;
+        const rt_place_req_t big = {.tokens = tok, .n_tokens = 182 * 16 + 1, .max_tokens = 4};
+        rt_table_place(&t, policies[k], &big, &pl);
+        cr_assert(pl.code == TD_RPC_INVALID_ARGUMENT && !pl.decode && !pl.prefill &&
+                      strstr(pl.why, "2913 tokens need 183 KV blocks") && strstr(pl.why, "pool has 182"),
+                  "%s: %d %s", policies[k]->name, pl.code, pl.why);
+        const rt_place_req_t fits = {.tokens = tok, .n_tokens = 182 * 16, .max_tokens = 4};
+        rt_table_place(&t, policies[k], &fits, &pl);
+        cr_assert(pl.code == TD_RPC_OK && pl.decode, "%s: %s", policies[k]->name, pl.why);
+        rt_table_done(&t, pl.decode, NULL, 0);
+        if (pl.prefill)
+            rt_table_done(&t, pl.prefill, NULL, 0);
+        put_worker(&t, "d3", "decode", 16); /* its record says no size: it may hold the prompt */
+        rt_table_place(&t, policies[k], &big, &pl);
+        cr_assert(pl.code != TD_RPC_INVALID_ARGUMENT, "%s: %s", policies[k]->name, pl.why);
+        if (pl.decode)
+            rt_table_done(&t, pl.decode, NULL, 0);
+        if (pl.prefill)
+            rt_table_done(&t, pl.prefill, NULL, 0);
+        rt_table_fini(&t);
+    }
+    td_rpc_shutdown();
+}
+
 /* router.placement's names come from the policy table alone: once it has
  * registered them, an unknown name is refused listing every policy. */
 Test(placement, the_config_takes_the_policy_tables_names, .timeout = 30)
