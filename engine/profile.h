@@ -27,6 +27,10 @@ struct eng_engine;
  * it meanwhile) with random prompts over token ids [lo, hi). The blocks it
  * names stay cached, evictable like any. */
 td_status_t eng_profile_measure(struct eng_engine *e, int32_t lo, int32_t hi, eng_profile_t *out);
+/* A profile measured before (another start's, kept in a cache) checked on
+ * this engine: a cold 128-token prefill's time (the faster of two) over the
+ * profile's prediction for it, in *ratio. Same conditions as the sweep. */
+td_status_t eng_profile_check(struct eng_engine *e, int32_t lo, int32_t hi, const eng_profile_t *p, double *ratio);
 double eng_profile_prefill_ms(const eng_profile_t *p, double new_tokens, double cached_tokens);
 double eng_profile_step_ms(const eng_profile_t *p, double batch, double ctx);
 /* {"prefill": [a, b, c], "decode": [d0, d1, d2], "sweep_s": s, "samples": n} */

@@ -74,14 +74,14 @@ static bool from_etcd(td_etcd_t *etcd, const char *key, eng_profile_t *out)
     return ok;
 }
 
-static bool from_file(const char *id, const char *path, eng_profile_t *out, bool quiet)
+static bool from_file(const char *id, const char *path, eng_profile_t *out)
 {
     if (access(path, F_OK))
         return false;
     json_error_t jerr;
     json_t *j = json_load_file(path, 0, &jerr);
     bool ok = j && eng_profile_from_json(j, out) == TD_OK;
-    if (!ok && !quiet)
+    if (!ok)
         TD_WARN("%s: the cached profile %s is not a profile (%s); measuring it again", id, path,
                 j ? td_last_error() : jerr.text);
     json_decref(j);
@@ -153,6 +153,11 @@ static void keep(const char *id, td_etcd_t *etcd, const char *key, const eng_pro
     free(v);
 }
 
+/* A kept profile whose check (eng_profile_check) is off by more than this
+ * factor either way was measured on another machine state (a load, a
+ * frequency, another tenant): it is measured again and replaced. */
+#define PROFILE_STALE 1.5
+
 td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_endpoints, const td_rpc_tls_t *tls,
                            eng_engine_t *e, int32_t lo, int32_t hi, eng_profile_t *out, char *how, size_t how_len)
 {
@@ -162,19 +167,22 @@ td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_end
     char path[1024];
     bool cached = cache_path(key, path, sizeof path);
     td_status_t rc = TD_OK;
-    int lock = -1;
-    for (int pass = 0; pass < 2; pass++) { /* the second after the sweep lock: another may have measured it */
-        if (from_etcd(etcd, key, out)) {
-            snprintf(how, how_len, "reused from etcd");
+    /* checks and sweeps both time this host: they take turns, and one that waited finds what the one before it
+     * measured */
+    int lock = cached ? sweep_lock(id, path) : -1;
+    const char *from = from_etcd(etcd, key, out) ? "etcd" : cached && from_file(id, path, out) ? path : NULL;
+    if (from) {
+        double ratio;
+        if ((rc = eng_profile_check(e, lo, hi, out, &ratio)))
+            goto out;
+        if (ratio > 1 / PROFILE_STALE && ratio < PROFILE_STALE) {
+            snprintf(how, how_len, "reused from %s (a 128-token prefill took %.2fx its prediction)", from, ratio);
+            if (from == path)
+                keep(id, etcd, key, out, NULL);
             goto out;
         }
-        if (cached && from_file(id, path, out, pass > 0)) { /* a bad file is named once */
-            snprintf(how, how_len, "reused from %s", path);
-            keep(id, etcd, key, out, NULL);
-            goto out;
-        }
-        if (pass == 0 && cached && (lock = sweep_lock(id, path)) < 0)
-            break;
+        TD_INFO("%s: the profile from %s is stale here (a 128-token prefill took %.2fx its prediction); measuring "
+                "again", id, from, ratio);
     }
     if ((rc = eng_profile_measure(e, lo, hi, out)))
         goto out;

@@ -15,6 +15,10 @@
  *      at most): side by side on shared cores they inflate each other's
  *      times, and a worker that waited finds what the one before it
  *      measured (two prefill workers of the same settings sweep once).
+ * A profile found is checked first (engine/profile.h eng_profile_check: one
+ * 128-token prefill, ~0.5 s on a CPU): one off by more than 1.5x either way
+ * was measured in another state of the host (a load, a clock) and is
+ * measured again and replaced. Checks take turns with sweeps (the lock).
  * A cache file that does not parse is named in a warning and measured over.
  * Delete the file to have the next start measure again. */
 #ifndef WK_PROFILE_STORE_H
@@ -28,7 +32,7 @@
 
 /* The profile for key (see above), sweeping e over token ids [lo, hi) when
  * neither copy has it; id names the worker in messages; how says where it
- * came from ("reused from etcd", "reused from FILE", "measured"). An error
+ * came from ("reused from etcd (...)", "reused from FILE (...)", "measured"). An error
  * only when the sweep failed. */
 td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_endpoints, const td_rpc_tls_t *tls,
                            eng_engine_t *e, int32_t lo, int32_t hi, eng_profile_t *out, char *how, size_t how_len);

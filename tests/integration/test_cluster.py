@@ -415,12 +415,17 @@ def profile_cache(first, second):
           len(reused) == 2 and sorted(r[1] for r in reused) == files)
 
 
-def corrupt_profile():
-    """A cache file that is not a profile is named in a warning and measured over; returns the check for the log
-    of the cluster started after."""
+def bad_profiles():
+    """A cache file that is not a profile is named in a warning and measured over; one that parses but is 5x slower
+    than this host (kept in another state of it) fails its check and is measured again; returns the checks for the
+    log of the cluster started after."""
     files = sorted(glob.glob(os.path.join(PROFILE_CACHE, "tandem", "profiles", "*prefill*.json")))
     with open(files[0], "w") as f:
         f.write('{"prefill": [1, 2], "decode": "x"')
+    slow = sorted(glob.glob(os.path.join(PROFILE_CACHE, "tandem", "profiles", "*decode*.json")))[0]
+    good = json.load(open(slow))
+    json.dump(dict(good, prefill=[5 * x for x in good["prefill"]], decode=[5 * x for x in good["decode"]]),
+              open(slow, "w"))
 
     def after(log):
         warned = re.search(r"the cached profile (\S+) is not a profile \(([^)]*)\); measuring it again", log)
@@ -428,6 +433,14 @@ def corrupt_profile():
         check("a corrupt cache file is named in a warning (%s) and measured over (%s)" %
               (warned.group(0) if warned else "no warning", fixed),
               warned is not None and warned.group(1) == files[0] and fixed is not None and len(fixed) == 3)
+        stale = re.search(r"the profile from (\S+) is stale here \(a 128-token prefill took ([0-9.]+)x", log)
+        now = json.load(open(slow))["prefill"]
+        check("a cache file 5x slower than this host fails its check (%s) and is measured again (prefill "
+              "coefficients %s, were %s before the 5x)" % (stale.group(0) if stale else "no such line",
+                                                            ["%.3g" % x for x in now],
+                                                            ["%.3g" % x for x in good["prefill"]]),
+              stale is not None and stale.group(1) == slow and float(stale.group(2)) < 0.5 and
+              sum(now) < 2.5 * sum(good["prefill"]))
     return after
 
 
@@ -483,7 +496,7 @@ def main():
     cli_conventions()
     sigkill_up_leaves_nothing()
     refs = {p: reference(p) for p in PROMPTS}
-    after = corrupt_profile()
+    after = bad_profiles()
     c = Cluster()
     after(c.log())
     try:
