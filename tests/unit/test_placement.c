@@ -15,17 +15,26 @@
 
 static td_kv_layout_t expect;
 
-static void put_worker_as(rt_table_t *t, const char *id, const char *role, uint32_t block_tokens, bool colocated)
+/* Puts a worker's record: id, role, address, pid, the contract, and extra's
+ * fields (taken). */
+static void put_record(rt_table_t *t, const char *id, const char *role, const td_kv_layout_t *l, json_t *extra)
 {
-    td_kv_layout_t l = expect;
-    l.block_tokens = block_tokens;
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o, s:b}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
-                          "contract", td_kv_layout_to_json(&l), "colocated", colocated);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
+                          "contract", td_kv_layout_to_json(l));
+    json_object_update(j, extra);
+    json_decref(extra);
     char *v = json_dumps(j, JSON_COMPACT), key[128];
     snprintf(key, sizeof key, "/tandem/workers/%s/%s", role, id);
     rt_table_put(t, key, v);
     free(v);
     json_decref(j);
+}
+
+static void put_worker_as(rt_table_t *t, const char *id, const char *role, uint32_t block_tokens, bool colocated)
+{
+    td_kv_layout_t l = expect;
+    l.block_tokens = block_tokens;
+    put_record(t, id, role, &l, json_pack("{s:b}", "colocated", colocated));
 }
 
 static void put_worker(rt_table_t *t, const char *id, const char *role, uint32_t block_tokens)
@@ -213,13 +222,7 @@ Test(kvindex, random_operations_match_a_reference, .timeout = 30)
 static void put_profiled(rt_table_t *t, const char *id, const char *role)
 {
     eng_profile_t p = {.prefill = {1, 1, 0}, .decode = {2, 1, 0}};
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
-                          "contract", td_kv_layout_to_json(&expect), "profile", eng_profile_to_json(&p));
-    char *v = json_dumps(j, JSON_COMPACT), key[128];
-    snprintf(key, sizeof key, "/tandem/workers/%s/%s", role, id);
-    rt_table_put(t, key, v);
-    free(v);
-    json_decref(j);
+    put_record(t, id, role, &expect, json_pack("{s:o}", "profile", eng_profile_to_json(&p)));
 }
 
 /* Predictive and kv_cost placement go where the index says the prompt's
@@ -472,13 +475,7 @@ Test(placement, a_request_served_whole_takes_a_colocated_worker_only, .timeout =
 
 static void put_sized(rt_table_t *t, const char *id, const char *role, int kv_blocks)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:o, s:i}", "id", id, "role", role, "addr", "127.0.0.1:9", "pid", 1,
-                          "contract", td_kv_layout_to_json(&expect), "kv_blocks", kv_blocks);
-    char *v = json_dumps(j, JSON_COMPACT), key[128];
-    snprintf(key, sizeof key, "/tandem/workers/%s/%s", role, id);
-    rt_table_put(t, key, v);
-    free(v);
-    json_decref(j);
+    put_record(t, id, role, &expect, json_pack("{s:i}", "kv_blocks", kv_blocks));
 }
 
 /* A prompt no decode worker's pool can hold is refused INVALID_ARGUMENT at
