@@ -35,16 +35,41 @@ static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const rt_place_c
     return best;
 }
 
+/* round_robin's state: the next turn, per role */
+typedef struct rr_state {
+    unsigned next[2];
+} rr_state_t;
+
+static void *rr_new(void) { return calloc(1, sizeof(rr_state_t)); }
+
 static rt_worker_t *round_robin(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
+    rr_state_t none = {{0, 0}}, *s = c->state ? c->state : &none;
     for (size_t k = 0; k < t->n; k++) {
-        rt_worker_t *w = t->w[(t->rr[role] + k) % t->n];
+        rt_worker_t *w = t->w[(s->next[role] + k) % t->n];
         if (usable(w, role, c, now)) {
-            t->rr[role] = (unsigned)((t->rr[role] + k + 1) % t->n);
+            s->next[role] = (unsigned)((s->next[role] + k + 1) % t->n);
             return w;
         }
     }
     return NULL;
+}
+
+/* p's state in t (made on first use), or NULL when it keeps none or there
+ * is no room or memory for it (then it picks as from a fresh state). */
+static void *policy_state(rt_table_t *t, const rt_placement_ops_t *p)
+{
+    if (!p->state_new)
+        return NULL;
+    for (uint32_t i = 0; i < t->n_policy; i++)
+        if (t->policy[i].ops == p)
+            return t->policy[i].state;
+    void *s = t->n_policy < RT_POLICIES ? p->state_new() : NULL;
+    if (s) {
+        t->policy[t->n_policy].ops = p;
+        t->policy[t->n_policy++].state = s;
+    }
+    return s;
 }
 
 /* ---- prediction (DESIGN.md §5) ---- */
@@ -346,8 +371,10 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
 }
 
 /* An exponentially weighted mean of each worker's measured TTFT and TPOT. */
-static void ewma_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm)
+static void ewma_observe(rt_table_t *t, void *state, rt_worker_t *prefill, rt_worker_t *decode,
+                         const rt_timings_t *tm)
 {
+    (void)state;
     predict_observe(t, prefill, decode, tm);
     if (!tm->ok)
         return;
@@ -360,7 +387,8 @@ static void ewma_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decod
 const rt_placement_ops_t rt_placement_least_loaded = {.name = "least_loaded", .pick = least_loaded,
                                                       .observe = ewma_observe};
 const rt_placement_ops_t rt_placement_round_robin = {.name = "round_robin", .pick = round_robin,
-                                                     .observe = ewma_observe};
+                                                     .observe = ewma_observe, .state_new = rr_new,
+                                                     .state_free = free};
 const rt_placement_ops_t rt_placement_kv_cost = {.name = "kv_cost", .pick = kv_cost, .observe = ewma_observe};
 const rt_placement_ops_t rt_placement_predictive = {.name = "predictive", .pick = predictive,
                                                     .observe = ewma_observe, .rejects = true};
@@ -515,6 +543,10 @@ void rt_table_fini(rt_table_t *t)
     free(t->w);
     t->w = NULL;
     t->n = 0;
+    for (uint32_t i = 0; i < t->n_policy; i++)
+        if (t->policy[i].ops->state_free)
+            t->policy[i].ops->state_free(t->policy[i].state);
+    t->n_policy = 0;
     pthread_mutex_unlock(&t->mu);
     pthread_cond_destroy(&t->changed);
     pthread_mutex_destroy(&t->mu);
@@ -558,6 +590,7 @@ rt_worker_t *rt_table_acquire(rt_table_t *t, const rt_placement_ops_t *p, rt_rol
 {
     rt_place_ctx_t c = {.rq = rq};
     pthread_mutex_lock(&t->mu);
+    c.state = policy_state(t, p);
     rt_worker_t *w = p->pick(t, role, &c, td_now_s());
     if (w) {
         w->refs++;
@@ -766,6 +799,7 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
      * decode worker (its step time predicted, and judged by the TPOT SLO;
      * no TTFT prediction); a plain decode worker there could not take it */
     c.whole = !has_role(t, RT_PREFILL, false);
+    c.state = policy_state(t, p);
     rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
     const bool whole = d && c.whole;
     rt_worker_t *pf = d && !whole ? p->pick(t, RT_PREFILL, &c, now) : NULL;
@@ -878,7 +912,7 @@ void rt_table_observe(rt_table_t *t, const rt_placement_ops_t *p, rt_worker_t *p
     if (!p->observe)
         return;
     pthread_mutex_lock(&t->mu);
-    p->observe(t, prefill, decode, tm);
+    p->observe(t, policy_state(t, p), prefill, decode, tm);
     pthread_mutex_unlock(&t->mu);
 }
 

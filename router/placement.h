@@ -70,6 +70,7 @@ typedef struct rt_worker {
 } rt_worker_t;
 
 #define RT_ERR_RING 4096
+#define RT_POLICIES 8 /* policies with state one table keeps */
 
 /* What a request asks of placement: its tokens, its prompt's chain of block
  * names (full blocks), how many tokens it may generate, its SLOs (0: none)
@@ -114,7 +115,8 @@ typedef struct rt_table {
     double ov_fit[2];
     double ov_obs[RT_OBS][2];
     uint32_t n_ov;
-    unsigned rr[2];             /* round_robin's next, per role */
+    struct { const struct rt_placement_ops *ops; void *state; } policy[RT_POLICIES]; /* policies' own state */
+    uint32_t n_policy;
     uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */
     uint64_t placed_colocated;  /* whole requests on colocated decode workers */
     uint64_t rejected_ttft, rejected_tpot;
@@ -147,17 +149,24 @@ typedef struct rt_place_ctx {
     const rt_place_req_t *rq;
     const rt_chain_hits_t *hits;
     bool whole;
+    void *state; /* the policy's own state in this table (rt_placement_ops_t.state_new); NULL: it keeps none */
 } rt_place_ctx_t;
 
 /* Placement policy: picks a worker of a role among the usable ones (not
  * refused, not gone, not suspect); NULL when there is none. Called with the
  * table locked. observe (also locked) hears each placed request's timings
  * and corrects the predictions. rejects: a pair predicted to miss the
- * request's SLOs is refused (early rejection). */
+ * request's SLOs is refused (early rejection). A policy with state of its
+ * own (round_robin's turn) makes it with state_new on a table's first use
+ * of the policy, and finds it in c->state (observe: state); the table frees
+ * it with state_free. A new policy is a new file's ops and a line in
+ * placement.c's list of them (router.placement's names come from it). */
 typedef struct rt_placement_ops {
     const char *name;
     rt_worker_t *(*pick)(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now);
-    void (*observe)(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm);
+    void (*observe)(rt_table_t *t, void *state, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm);
+    void *(*state_new)(void); /* NULL: no state of its own */
+    void (*state_free)(void *state);
     bool rejects;
 } rt_placement_ops_t;
 
