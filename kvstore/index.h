@@ -20,7 +20,8 @@
 #define KV_NONE UINT32_MAX
 #define KV_ENTRY_REPLICAS 4
 
-typedef enum kv_tier { KV_TIER_CPU = 0, KV_TIER_SSD = 1, KV_TIERS = 2 } kv_tier_t;
+/* tier numbers (kvstore/tier.h): the CPU tier is 0, the SSD tier 1 when a node has one; KV_TIERS, the most */
+typedef enum kv_tier { KV_TIER_CPU = 0, KV_TIER_SSD = 1, KV_TIERS = 4 } kv_tier_t;
 typedef enum kv_state { KV_FREE = 0, KV_PENDING = 1, KV_READY = 2 } kv_state_t;
 
 typedef struct kv_entry {

@@ -53,6 +53,7 @@
 #include "kvstore/client.h"
 #include "kvstore/index.h"
 #include "kvstore/ssd.h"
+#include "kvstore/tier.h"
 #include "kvstore/transfer.h"
 #include "tandem/internal/v1/kvstore.pb-c.h"
 
@@ -102,7 +103,11 @@ typedef struct node {
     td_kv_layout_t contract;
     size_t block_bytes;
     kv_index_t *ix;
-    uint32_t n_slots, *free_slots, n_free;
+    /* the tiers (kvstore/tier.h): the CPU tier first, each further one below the one before */
+    const kv_tier_ops_t *tier_ops[KV_TIERS];
+    void *tier[KV_TIERS];
+    uint32_t n_tiers;
+    uint8_t *bounce; /* one block: a move between tiers neither of which is in memory */
     lease_t *leases;
     uint32_t n_leases;
     size_t cap_leases;
@@ -124,44 +129,39 @@ typedef struct node {
 
 /* ------------------------------------------------------------ tiers */
 
-/* Makes the index and cuts the CPU region once the block size is known. */
+/* Makes the index and cuts the tiers into slots once the block size is
+ * known. */
 static td_status_t adopt_contract(node_t *N, const td_kv_layout_t *l)
 {
     size_t bb = td_kv_block_bytes(l);
-    uint32_t slots = (uint32_t)(N->bytes / bb);
-    if (!slots)
-        return td_error(TD_ERR_INVALID_ARG, "kvstore %s: a block of %zu bytes does not fit its %zu-byte CPU tier",
-                        N->id, bb, N->bytes);
-    uint32_t ssd_slots = 0;
-    if (N->ssd) {
-        td_status_t rc = kv_ssd_set_block_bytes(N->ssd, l, &ssd_slots);
-        if (rc)
-            return rc;
-    }
-    if (!(N->free_slots = malloc(slots * sizeof *N->free_slots)))
-        return td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory", N->id);
-    td_status_t rc = kv_index_create(slots + ssd_slots, &N->ix);
-    if (rc) {
-        free(N->free_slots);
-        N->free_slots = NULL;
+    uint32_t slots[KV_TIERS] = {0}, total = 0;
+    td_status_t rc = kv_cpu_tier_cut(N->tier[KV_TIER_CPU], bb, &slots[KV_TIER_CPU]);
+    if (rc)
         return rc;
-    }
-    kv_index_set_capacity(N->ix, KV_TIER_CPU, slots);
+    if (N->ssd && (rc = kv_ssd_set_block_bytes(N->ssd, l, &slots[KV_TIER_SSD])))
+        return rc;
+    for (uint32_t k = 0; k < N->n_tiers; k++)
+        total += slots[k];
+    if (!(N->bounce = malloc(bb)))
+        return td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory", N->id);
+    if ((rc = kv_index_create(total, &N->ix)))
+        return rc;
     kv_index_set_half_life(N->ix, N->cfg.kvstore.hit_half_life_s);
-    if (ssd_slots)
-        kv_index_set_capacity(N->ix, KV_TIER_SSD, ssd_slots);
-    for (uint32_t i = 0; i < slots; i++)
-        N->free_slots[i] = slots - 1 - i;
-    N->n_slots = N->n_free = slots;
+    for (uint32_t k = 0; k < N->n_tiers; k++)
+        if (slots[k])
+            kv_index_set_capacity(N->ix, (kv_tier_t)k, slots[k]);
     N->block_bytes = bb;
     N->contract = *l;
     N->have_contract = true;
     TD_INFO("kvstore %s: blocks of %zu bytes (%s, %u tokens, %s): %u in DRAM, %u on SSD", N->id, bb, l->model_id,
-            l->block_tokens, td_kv_dtype_name(l->dtype), slots, ssd_slots);
+            l->block_tokens, td_kv_dtype_name(l->dtype), slots[KV_TIER_CPU], slots[KV_TIER_SSD]);
     return TD_OK;
 }
 
-static uint8_t *slot_mem(node_t *N, uint32_t slot) { return N->base + (size_t)slot * N->block_bytes; }
+/* A CPU-tier slot's bytes (the memory peers put into and get from). */
+static uint8_t *slot_mem(node_t *N, uint32_t slot) { return kv_tier_cpu.mem(N->tier[KV_TIER_CPU], slot); }
+
+static void tier_give(node_t *N, uint32_t k, uint32_t slot) { N->tier_ops[k]->give(N->tier[k], slot); }
 
 /* An event about a readable entry: it is now in its tier (STORED) or gone. */
 static void emit(node_t *N, const kv_entry_t *e, Tandem__Internal__V1__KvEvent__Kind kind)
@@ -177,79 +177,70 @@ static void drop_entry(node_t *N, uint32_t id)
     emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_REMOVED);
     if (e->replica && e->state == KV_READY)
         N->n_replicas--;
-    if (e->tier == KV_TIER_CPU)
-        N->free_slots[N->n_free++] = e->slot;
-    else
-        kv_ssd_free(N->ssd, e->slot);
+    tier_give(N, e->tier, e->slot);
     kv_index_remove(N->ix, id);
 }
 
-/* A free SSD slot, dropping the coldest unheld SSD block when none is. */
-static bool ssd_slot(node_t *N, uint32_t *slot)
+static bool demote(node_t *N, uint32_t id);
+
+/* A free slot in tier k, its coldest unheld blocks moved a tier down (or
+ * dropped, from the last tier) until one is; false when every block of
+ * tier k is held. */
+static bool tier_slot(node_t *N, uint32_t k, uint32_t *slot)
 {
-    while (!kv_ssd_take(N->ssd, slot)) {
-        uint32_t v = kv_index_victim(N->ix, KV_TIER_SSD);
+    while (!N->tier_ops[k]->take(N->tier[k], slot)) {
+        uint32_t v = kv_index_victim(N->ix, (kv_tier_t)k);
         if (v == KV_NONE)
             return false;
-        N->evictions[KV_TIER_SSD]++;
-        drop_entry(N, v);
+        N->evictions[k]++;
+        if (!demote(N, v))
+            drop_entry(N, v);
     }
     return true;
 }
 
-/* CPU entry id goes to the SSD tier (its CPU slot freed); false: it could
- * not (no SSD tier, no room, a write error, logged) and stays. */
+/* Entry id goes one tier down, its slot above freed; false: it could not
+ * (no tier below, no room there, an I/O error, logged) and stays. A
+ * replica's home keeps the block: evicting a replica drops it. */
 static bool demote(node_t *N, uint32_t id)
 {
     kv_entry_t *e = kv_index_entry(N->ix, id);
-    uint32_t ss;
-    if (e->replica || !N->ssd || !ssd_slot(N, &ss)) /* a replica's home keeps the block: evicting it drops it */
+    uint32_t from = e->tier, to = from + 1u, slot;
+    if (e->replica || to >= N->n_tiers || !tier_slot(N, to, &slot))
         return false;
-    if (kv_ssd_write(N->ssd, ss, e->name, e->digest, slot_mem(N, e->slot))) {
+    const uint8_t *src = N->tier_ops[from]->mem ? N->tier_ops[from]->mem(N->tier[from], e->slot) : N->bounce;
+    td_status_t rc = src == N->bounce ? N->tier_ops[from]->read(N->tier[from], e->slot, e->name, e->digest, N->bounce)
+                                      : TD_OK;
+    if (rc || (rc = N->tier_ops[to]->write(N->tier[to], slot, e->name, e->digest, src))) {
         TD_WARN("kvstore %s: %s", N->id, td_last_error());
-        kv_ssd_free(N->ssd, ss);
+        tier_give(N, to, slot);
         return false;
     }
-    N->free_slots[N->n_free++] = e->slot;
-    kv_index_move(N->ix, id, KV_TIER_SSD, ss);
+    tier_give(N, from, e->slot);
+    kv_index_move(N->ix, id, (kv_tier_t)to, slot);
     emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
     return true;
 }
 
-/* A free CPU slot, evicting the coldest unheld CPU block to the SSD tier
- * (or dropping it) when none is free; false when every block is held. */
-static bool cpu_slot(node_t *N, uint32_t *slot)
-{
-    while (!N->n_free) {
-        uint32_t v = kv_index_victim(N->ix, KV_TIER_CPU);
-        if (v == KV_NONE)
-            return false;
-        N->evictions[KV_TIER_CPU]++;
-        if (!demote(N, v))
-            drop_entry(N, v);
-    }
-    *slot = N->free_slots[--N->n_free];
-    return true;
-}
-
-/* An SSD block hit: read into a CPU slot (its digest checked) and moved
- * there; false (the block dropped, said in the log) if its bytes are bad. */
+/* A hit below the CPU tier: read into a CPU slot (its digest checked) and
+ * moved there; false (the block dropped, said in the log) if its bytes are
+ * bad. */
 static bool promote(node_t *N, uint32_t id)
 {
     kv_entry_t *e = kv_index_entry(N->ix, id);
-    e->refs++; /* not this slot's victim */
-    uint32_t slot;
-    bool ok = cpu_slot(N, &slot);
+    uint32_t from = e->tier, slot;
+    e->refs++; /* not a victim of the room made for it */
+    bool ok = tier_slot(N, KV_TIER_CPU, &slot);
     e->refs--;
     if (!ok)
         return false;
-    if (kv_ssd_read(N->ssd, e->slot, e->name, e->digest, slot_mem(N, slot)) != TD_OK) {
+    if (N->tier_ops[from]->read(N->tier[from], e->slot, e->name, e->digest, slot_mem(N, slot)) != TD_OK) {
         TD_WARN("kvstore %s: %s; the block is dropped (a miss)", N->id, td_last_error());
-        N->free_slots[N->n_free++] = slot;
+        tier_give(N, KV_TIER_CPU, slot);
         drop_entry(N, id);
         return false;
     }
-    kv_ssd_free(N->ssd, e->slot);
+    tier_give(N, from, e->slot);
     kv_index_move(N->ix, id, KV_TIER_CPU, slot);
     emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
     return true;
@@ -516,14 +507,11 @@ static void h_get(void *ctx, td_rpc_call_t *call)
                 kv_entry_t *e = kv_index_entry(N->ix, id);
                 if (e->state != KV_READY)
                     break;
-                if (e->tier == KV_TIER_SSD) {
-                    if (!promote(N, id))
-                        break;
-                    ssd_hits++;
-                    N->tier_hits[KV_TIER_SSD]++;
-                } else {
-                    N->tier_hits[KV_TIER_CPU]++;
-                }
+                uint32_t tier = e->tier;
+                if (tier != KV_TIER_CPU && !promote(N, id))
+                    break;
+                ssd_hits += tier != KV_TIER_CPU;
+                N->tier_hits[tier]++;
                 kv_index_touch(N->ix, id, now);
                 maybe_replicate(N, id, rq->reader_node, now);
                 e->refs++;
@@ -619,12 +607,12 @@ static void h_put(void *ctx, td_rpc_call_t *call)
                     continue;
                 }
                 uint32_t slot, id;
-                if (!cpu_slot(N, &slot)) {
+                if (!tier_slot(N, KV_TIER_CPU, &slot)) {
                     N->dropped_full++;
                     continue;
                 }
                 if ((id = kv_index_insert(N->ix, nm, KV_TIER_CPU, slot, now)) == KV_NONE) {
-                    N->free_slots[N->n_free++] = slot;
+                    tier_give(N, KV_TIER_CPU, slot);
                     N->dropped_full++;
                     continue;
                 }
@@ -712,13 +700,15 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     pthread_mutex_lock(&N->mu);
     leases_expire(N);
     r.id = N->id;
-    size_t nt = N->ssd ? 2 : 1;
+    size_t nt = N->n_tiers;
+    r.checksum_errors = 0;
     for (size_t k = 0; k < nt; k++) {
         tandem__internal__v1__kv_tier_stats__init(&t[k]);
         tp[k] = &t[k];
-        t[k].tier = k ? "ssd" : "cpu";
+        t[k].tier = (char *)N->tier_ops[k]->name;
         t[k].has_capacity_bytes = t[k].has_used_bytes = t[k].has_blocks = t[k].has_hits = t[k].has_evictions = 1;
-        t[k].capacity_bytes = k ? kv_ssd_capacity(N->ssd) : N->bytes;
+        t[k].capacity_bytes = N->tier_ops[k]->capacity(N->tier[k]);
+        r.checksum_errors += N->tier_ops[k]->bad_reads(N->tier[k]);
         t[k].blocks = N->ix ? kv_index_tier_count(N->ix, (kv_tier_t)k) : 0;
         t[k].used_bytes = (uint64_t)t[k].blocks * N->block_bytes;
         t[k].hits = N->tier_hits[k];
@@ -733,7 +723,6 @@ static void h_stats(void *ctx, td_rpc_call_t *call)
     r.puts = N->puts;
     r.stored = N->stored;
     r.dropped_full = N->dropped_full;
-    r.checksum_errors = N->ssd ? kv_ssd_checksum_errors(N->ssd) : 0;
     r.leases = N->n_leases;
     r.block_bytes = N->block_bytes;
     r.has_replicas = r.has_replicas_pushed = r.has_replicas_dropped = 1;
@@ -754,14 +743,15 @@ static void metrics_collect(void *ctx, td_metrics_t *m)
     node_t *N = ctx;
     char l[96], t[48];
     pthread_mutex_lock(&N->mu);
-    size_t nt = N->ssd ? 2 : 1;
-    for (size_t k = 0; k < nt; k++) {
-        const char *tier = k ? "ssd" : "cpu";
+    double bad = 0;
+    for (size_t k = 0; k < N->n_tiers; k++) {
+        const char *tier = N->tier_ops[k]->name;
+        bad += (double)N->tier_ops[k]->bad_reads(N->tier[k]);
         uint32_t blocks = N->ix ? kv_index_tier_count(N->ix, (kv_tier_t)k) : 0;
         td_metrics_label(t, sizeof t, "tier", tier);
         snprintf(l, sizeof l, "%s,state=\"capacity\"", t);
         td_metric_set(td_metrics_series(m, TD_GAUGE, "tandem:kvstore_tier_bytes", "Bytes of a tier: capacity, used.",
-                                        l, NULL, 0), (double)(k ? kv_ssd_capacity(N->ssd) : N->bytes));
+                                        l, NULL, 0), (double)N->tier_ops[k]->capacity(N->tier[k]));
         snprintf(l, sizeof l, "%s,state=\"used\"", t);
         td_metric_set(td_metrics_series(m, TD_GAUGE, "tandem:kvstore_tier_bytes", "Bytes of a tier: capacity, used.",
                                         l, NULL, 0), (double)blocks * (double)N->block_bytes);
@@ -781,8 +771,7 @@ static void metrics_collect(void *ctx, td_metrics_t *m)
          (double)N->dropped_full},
         {"tandem:kvstore_replicas_pushed_total", "Copies of hot blocks pushed to other nodes.",
          (double)N->replicas_pushed},
-        {"tandem:kvstore_checksum_errors_total", "SSD blocks whose checksum did not match (read as misses).",
-         N->ssd ? (double)kv_ssd_checksum_errors(N->ssd) : 0},
+        {"tandem:kvstore_checksum_errors_total", "SSD blocks whose checksum did not match (read as misses).", bad},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         td_metric_set(td_metrics_series(m, TD_COUNTER, rows[i].name, rows[i].help, NULL, NULL, 0), rows[i].v);
@@ -907,15 +896,26 @@ static td_status_t region_setup(node_t *N)
         rc = N->xo->progress_start(N->xfer);
     if (!rc)
         N->base = base;
+    kv_cpu_tier_t *cpu;
+    if (!rc && !(rc = kv_cpu_tier_create(base, N->bytes, &cpu))) {
+        N->tier_ops[KV_TIER_CPU] = &kv_tier_cpu;
+        N->tier[KV_TIER_CPU] = cpu;
+        N->n_tiers = 1;
+    }
     return rc;
 }
 
 static td_status_t etcd_register(node_t *N)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:I, s:I}", "id", N->id, "addr", N->advertise, "metrics",
+    json_t *tiers = json_array(); /* each tier's name, size and read rate, the first first (kvstore/tier.h) */
+    for (uint32_t k = 0; k < N->n_tiers; k++)
+        json_array_append_new(tiers, json_pack("{s:s, s:I, s:f}", "name", N->tier_ops[k]->name, "bytes",
+                                               (json_int_t)N->tier_ops[k]->capacity(N->tier[k]), "read_gbps",
+                                               N->tier_ops[k]->read_gbps));
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:I, s:I, s:o}", "id", N->id, "addr", N->advertise, "metrics",
                           N->metrics_at, "pid", (int)getpid(),
                           "dram_bytes", (json_int_t)N->bytes, "ssd_bytes",
-                          (json_int_t)(N->ssd ? kv_ssd_capacity(N->ssd) : 0));
+                          (json_int_t)(N->ssd ? kv_ssd_capacity(N->ssd) : 0), "tiers", tiers);
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
     json_decref(j);
     snprintf(key, sizeof key, "/tandem/kvstores/%s", N->id);
@@ -986,6 +986,8 @@ int main(int argc, char **argv)
         bool have = false;
         if (kv_ssd_open(N.cfg.kvstore.data_dir, (uint64_t)N.cfg.kvstore.ssd_mb << 20, &N.ssd, &l, &have))
             goto out;
+        N.tier_ops[KV_TIER_SSD] = &kv_tier_ssd; /* below the CPU tier */
+        N.tier[N.n_tiers++] = N.ssd;
         if (have) { /* warm: the files' contract and blocks */
             if (adopt_contract(&N, &l))
                 goto out;
@@ -1076,7 +1078,9 @@ out:
     pthread_mutex_unlock(&N.mu);
     kv_ssd_close(N.ssd);
     kv_index_destroy(N.ix);
-    free(N.free_slots);
+    if (N.n_tiers)
+        kv_cpu_tier_destroy(N.tier[KV_TIER_CPU]);
+    free(N.bounce);
     free(N.leases);
     td_kv_events_free(&N.ev);
     if (N.xfer) {
