@@ -116,8 +116,17 @@ static void refresh(rt_follow_t *f, double now)
             for (int i = 0; i < RT_IX_SOURCES; i++)
                 if (f->src[i].key[0] && f->src[i].store)
                     f->src[i].seen = false;
+            double gbps[RT_IX_TIERS] = {0}; /* each tier's slowest rate among the nodes */
+            size_t n_tiers = 0;
             for (size_t i = 0; i < kvs.n; i++) {
                 json_t *rec = json_loads((const char *)kvs.kv[i].value, 0, NULL);
+                const json_t *tiers = json_object_get(rec, "tiers");
+                for (size_t k = 0; k < json_array_size(tiers) && k < RT_IX_TIERS; k++) {
+                    double r = json_number_value(json_object_get(json_array_get(tiers, k), "read_gbps"));
+                    if (r > 0 && (!gbps[k] || r < gbps[k]))
+                        gbps[k] = r;
+                    n_tiers = k + 1 > n_tiers ? k + 1 : n_tiers;
+                }
                 const char *id = json_string_value(json_object_get(rec, "id"));
                 const char *addr = json_string_value(json_object_get(rec, "addr"));
                 fsrc_t *s = find(f, kvs.kv[i].key);
@@ -143,6 +152,8 @@ static void refresh(rt_follow_t *f, double now)
                 json_decref(rec);
             }
             td_etcd_kvs_free(&kvs);
+            if (n_tiers)
+                rt_table_set_tier_rates(f->t, gbps, n_tiers);
         } else {
             for (int i = 0; i < RT_IX_SOURCES; i++) /* etcd did not answer: keep the nodes known */
                 if (f->src[i].store)
@@ -155,22 +166,24 @@ static void refresh(rt_follow_t *f, double now)
 }
 
 /* One name of a Snapshot page (src: the response) or of an Events batch. */
-typedef void (*name_at_fn)(const void *src, size_t i, td_block_name_t *name, bool *stored, bool *ssd);
+typedef void (*name_at_fn)(const void *src, size_t i, td_block_name_t *name, bool *stored, uint8_t *tier);
 
-static void snapshot_name(const void *src, size_t i, td_block_name_t *name, bool *stored, bool *ssd)
+static uint8_t tier_of(uint32_t t) { return (uint8_t)(t < RT_IX_TIERS ? t : RT_IX_TIERS - 1); }
+
+static void snapshot_name(const void *src, size_t i, td_block_name_t *name, bool *stored, uint8_t *tier)
 {
     const Tandem__Internal__V1__KvSnapshotResponse *r = src;
     *name = (td_block_name_t){r->names[i]->lo, r->names[i]->hi};
     *stored = true;
-    *ssd = i < r->n_tiers && r->tiers[i] == 1;
+    *tier = i < r->n_tiers ? tier_of(r->tiers[i]) : 0;
 }
 
-static void event_name(const void *src, size_t i, td_block_name_t *name, bool *stored, bool *ssd)
+static void event_name(const void *src, size_t i, td_block_name_t *name, bool *stored, uint8_t *tier)
 {
     const Tandem__Internal__V1__KvEvent *e = ((const Tandem__Internal__V1__KvEventsResponse *)src)->events[i];
     *name = (td_block_name_t){e->name->lo, e->name->hi};
     *stored = e->kind == TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED;
-    *ssd = e->has_tier && e->tier == 1;
+    *tier = e->has_tier ? tier_of(e->tier) : 0;
 }
 
 /* Applies n names to s's slot in the index, in chunks (no allocation). */
@@ -178,12 +191,13 @@ static void apply_names(rt_follow_t *f, const fsrc_t *s, const void *src, size_t
 {
     enum { CHUNK = 1024 };
     td_block_name_t names[CHUNK];
-    bool stored[CHUNK], ssd[CHUNK];
+    bool stored[CHUNK];
+    uint8_t tier[CHUNK];
     for (size_t i = 0; i < n;) {
         size_t k = 0;
         for (; k < CHUNK && i < n; k++, i++)
-            at(src, i, &names[k], &stored[k], &ssd[k]);
-        rt_kvindex_apply(f->ix, s->slot, names, stored, ssd, k);
+            at(src, i, &names[k], &stored[k], &tier[k]);
+        rt_kvindex_apply(f->ix, s->slot, names, stored, tier, k);
     }
 }
 

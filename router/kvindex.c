@@ -13,8 +13,18 @@
 
 typedef struct slot {
     td_block_name_t name;
-    uint64_t holders, ssd; /* mask 0: the slot is empty */
+    uint64_t holders; /* 0: the slot is empty */
+    uint64_t below[RT_IX_TIERS - 1]; /* the holders that hold it in tier k + 1 */
 } slot_t;
+
+/* src's bit out of every tier mask of e, then into tier's (0: none). */
+static void set_tier(slot_t *e, uint64_t bit, unsigned tier)
+{
+    for (unsigned k = 0; k < RT_IX_TIERS - 1; k++)
+        e->below[k] &= ~bit;
+    if (tier)
+        e->below[(tier < RT_IX_TIERS ? tier : RT_IX_TIERS - 1) - 1] |= bit;
+}
 
 typedef struct source {
     char key[256];
@@ -74,7 +84,7 @@ static void del(rt_kvindex_t *ix, uint64_t i)
 {
     uint64_t j = i;
     for (;;) {
-        ix->t[i].holders = ix->t[i].ssd = 0;
+        memset(&ix->t[i], 0, sizeof ix->t[i]);
         for (;;) {
             j = (j + 1) & ix->mask;
             if (!ix->t[j].holders)
@@ -127,7 +137,7 @@ void rt_kvindex_clear(rt_kvindex_t *ix, int src, bool release)
     for (uint64_t i = 0; i <= ix->mask;) {
         if (ix->t[i].holders & bit) {
             ix->t[i].holders &= ~bit;
-            ix->t[i].ssd &= ~bit;
+            set_tier(&ix->t[i], bit, 0);
             if (!ix->t[i].holders) {
                 del(ix, i);
                 ix->n--;
@@ -145,8 +155,8 @@ void rt_kvindex_clear(rt_kvindex_t *ix, int src, bool release)
     pthread_rwlock_unlock(&ix->mu);
 }
 
-void rt_kvindex_apply(rt_kvindex_t *ix, int src, const td_block_name_t *names, const bool *stored, const bool *ssd,
-                      size_t n)
+void rt_kvindex_apply(rt_kvindex_t *ix, int src, const td_block_name_t *names, const bool *stored,
+                      const uint8_t *tier, size_t n)
 {
     uint64_t bit = 1ull << src;
     pthread_rwlock_wrlock(&ix->mu);
@@ -159,8 +169,8 @@ void rt_kvindex_apply(rt_kvindex_t *ix, int src, const td_block_name_t *names, c
                     ix->dropped_full++;
                     continue;
                 }
+                memset(e, 0, sizeof *e);
                 e->name = names[k];
-                e->ssd = 0;
                 ix->n++;
             }
             if (!(e->holders & bit)) {
@@ -168,12 +178,12 @@ void rt_kvindex_apply(rt_kvindex_t *ix, int src, const td_block_name_t *names, c
                 ix->src[src].digest ^= names[k].lo ^ names[k].hi;
             }
             e->holders |= bit;
-            e->ssd = ssd && ssd[k] ? e->ssd | bit : e->ssd & ~bit;
+            set_tier(e, bit, tier ? tier[k] : 0);
         } else if (e->holders & bit) {
             ix->src[src].blocks--;
             ix->src[src].digest ^= names[k].lo ^ names[k].hi;
             e->holders &= ~bit;
-            e->ssd &= ~bit;
+            set_tier(e, bit, 0);
             if (!e->holders) {
                 del(ix, i);
                 ix->n--;
@@ -197,7 +207,13 @@ void rt_kvindex_chain(rt_kvindex_t *ix, const td_block_name_t *chain, size_t n, 
             out->held[__builtin_ctzll(m)]++;
         if (store_on && (h & ix->store_bits)) {
             out->store_run++;
-            out->store_ssd += !(h & ix->store_bits & ~e->ssd);
+            uint64_t deeper = 0; /* the store holders in a tier below the one looked at */
+            for (unsigned t = 0; t < RT_IX_TIERS - 1; t++)
+                deeper |= e->below[t];
+            unsigned best = 0;
+            for (uint64_t have = h & ix->store_bits; best < RT_IX_TIERS - 1 && !(have & ~deeper); best++)
+                deeper &= ~e->below[best]; /* none of them in tier best: those in best + 1 are no longer deeper */
+            out->store_tier[best]++;
         } else {
             store_on = false;
         }

@@ -4,7 +4,8 @@
  * Built from the sources' event logs (common/kv_events.h) by the follower
  * (router/follow.c); read by placement to price a prompt's block chain. A
  * hash table over block names with, per name, a bitmask of the sources
- * holding it (and of the store sources holding it on SSD); at most
+ * holding it and one per tier below the first of the store sources holding
+ * it there (a node's tiers: kvstore/tier.h); at most
  * max_blocks names (a name past it is not indexed and counted), at most
  * RT_IX_SOURCES sources. Internally locked: reads share, writes exclude. */
 #ifndef RT_KVINDEX_H
@@ -18,6 +19,7 @@
 #include "common/status.h"
 
 #define RT_IX_SOURCES 64
+#define RT_IX_TIERS 4 /* a store's tiers told apart (a deeper one counts as the last) */
 
 typedef struct rt_kvindex rt_kvindex_t;
 
@@ -33,17 +35,18 @@ int rt_kvindex_find(rt_kvindex_t *ix, const char *key);
  * with release, the slot itself (the source left). */
 void rt_kvindex_clear(rt_kvindex_t *ix, int src, bool release);
 /* Applies a batch of a source's events (stored[i]: STORED, else REMOVED;
- * ssd[i]: in the SSD tier). */
-void rt_kvindex_apply(rt_kvindex_t *ix, int src, const td_block_name_t *names, const bool *stored, const bool *ssd,
-                      size_t n);
+ * tier[i]: the tier it is in, 0 the first; NULL: all in the first). */
+void rt_kvindex_apply(rt_kvindex_t *ix, int src, const td_block_name_t *names, const bool *stored,
+                      const uint8_t *tier, size_t n);
 
 /* What a chain of names can be served from: for each source, how many
  * leading blocks it holds in a row (held[src], RT_IX_SOURCES entries), and
- * how many leading blocks some store source holds (store_run; of which on
- * SSD only: ssd_blocks). Linear in the chain's length. */
+ * how many leading blocks some store source holds (store_run), of which
+ * store_tier[k] are in tier k at best (the first tier of any store source
+ * holding it). Linear in the chain's length. */
 typedef struct rt_chain_hits {
     uint32_t held[RT_IX_SOURCES];
-    uint32_t store_run, store_ssd;
+    uint32_t store_run, store_tier[RT_IX_TIERS];
 } rt_chain_hits_t;
 void rt_kvindex_chain(rt_kvindex_t *ix, const td_block_name_t *chain, size_t n, rt_chain_hits_t *out);
 /* The source bits holding one name (0: none). */

@@ -232,9 +232,15 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     pr->new_tokens = n - cached;
     pr->blocks = rq ? (uint32_t)rq->n_blocks : 0;
     pr->alone = !w->prefilling;
-    /* the store's blocks priced by tier: the SSD-only share of the store's run applied to those fetched */
-    double ssd_share = c->hits && c->hits->store_run ? (double)c->hits->store_ssd / c->hits->store_run : 0;
-    pr->fetch_ms = store * (t->fetch_ms_per_block + ssd_share * (t->ssd_ms_per_block - t->fetch_ms_per_block));
+    /* the store's blocks priced by tier: the run's mix of tiers applied to those fetched */
+    double per_block = t->tier_ms_per_block[0];
+    if (c->hits && c->hits->store_run) {
+        per_block = 0;
+        for (int k = 0; k < RT_IX_TIERS; k++)
+            per_block += c->hits->store_tier[k] * t->tier_ms_per_block[k];
+        per_block /= c->hits->store_run;
+    }
+    pr->fetch_ms = store * per_block;
     pr->prefill_ms = prefill_model_ms(t, w, pr->new_tokens, cached);
     pr->priority = rq ? rq->priority : 0;
     pr->queue_ms = queued_for_ms(w, pr->priority, now);
@@ -356,7 +362,7 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
          * had a call of 8 new tokens refitted as one of 184 taking 50 ms, and one of 600 as one of 8 */
         double all = pr->new_tokens + pr->pool_tokens + pr->store_tokens, cached = fmin(tm->call_cached, all - 1);
         double fetch = tm->call_store == pr->store_tokens ? pr->fetch_ms
-                                                          : tm->call_store * t->fetch_ms_per_block / t->expect.block_tokens;
+                                                          : tm->call_store * t->tier_ms_per_block[0] / t->expect.block_tokens;
         if (all > 0 && tm->prefill_ms > fetch + 0.5)
             prefill_refit(t, prefill, all - cached, cached, tm->prefill_ms - fetch);
     }
@@ -421,10 +427,28 @@ void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->changed, NULL);
     t->expect = *expect;
-    /* a block from the store's CPU tier at 2 GB/s (a get measured 2.0-3.9 GB/s), from its SSD tier at
-     * 0.65 GB/s (the tier's read, bench/results/kvstore-2026-11-24.md) — not yet learnt online */
-    t->fetch_ms_per_block = (double)td_kv_block_bytes(expect) / 2e6;
-    t->ssd_ms_per_block = (double)td_kv_block_bytes(expect) / 0.65e6;
+    /* until a node's record says its tiers' rates: the CPU tier's and the SSD tier's (kvstore/tier.c) */
+    rt_table_set_tier_rates(t, (const double[]){2.0, 0.65}, 2);
+}
+
+void rt_table_set_tier_rates(rt_table_t *t, const double *gbps, size_t n)
+{
+    double bytes = (double)td_kv_block_bytes(&t->expect);
+    pthread_mutex_lock(&t->mu);
+    for (size_t k = 0; k < RT_IX_TIERS; k++)
+        if (k < n && gbps[k] > 0)
+            t->tier_ms_per_block[k] = bytes / (gbps[k] * 1e6);
+        else if (k >= n && k)
+            t->tier_ms_per_block[k] = t->tier_ms_per_block[k - 1]; /* deeper than any given: as the last */
+    pthread_mutex_unlock(&t->mu);
+}
+
+static json_t *tier_costs(const rt_table_t *t)
+{
+    json_t *a = json_array();
+    for (int k = 0; k < RT_IX_TIERS; k++)
+        json_array_append_new(a, json_real(t->tier_ms_per_block[k]));
+    return a;
 }
 
 static void worker_put(rt_worker_t *w)
@@ -872,13 +896,12 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
     size_t n = t->n_err < RT_ERR_RING ? (size_t)t->n_err : RT_ERR_RING;
     if (e)
         memcpy(e, t->err, n * sizeof *e);
-    json_t *j = json_pack("{s:s, s:{s:I, s:I, s:I}, s:{s:I, s:I}, s:I, s:f, s:f}", "policy", p->name, "placed",
+    json_t *j = json_pack("{s:s, s:{s:I, s:I, s:I}, s:{s:I, s:I}, s:I, s:f, s:o}", "policy", p->name, "placed",
                           "pool_hit", (json_int_t)t->placed[0], "store_hit", (json_int_t)t->placed[1], "cold",
                           (json_int_t)t->placed[2], "rejected", "ttft", (json_int_t)t->rejected_ttft, "tpot",
                           (json_int_t)t->rejected_tpot, "predictions", (json_int_t)t->n_err, "overhead_ms",
-                          t->ov_fit[0], "fetch_ms_per_block", t->fetch_ms_per_block);
+                          t->ov_fit[0], "tier_ms_per_block", tier_costs(t));
     json_object_set_new(j, "overhead_ms_per_token", json_real(t->ov_fit[1]));
-    json_object_set_new(j, "ssd_ms_per_block", json_real(t->ssd_ms_per_block));
     json_object_set_new(json_object_get(j, "placed"), "colocated", json_integer((json_int_t)t->placed_colocated));
     double now = td_now_s();
     for (size_t i = 0; i < t->n; i++) {

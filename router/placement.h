@@ -107,8 +107,7 @@ typedef struct rt_table {
     const td_rpc_tls_t *tls; /* how the router dials workers (mutual TLS; NULL: plaintext) */
     /* prediction and its record (under mu) */
     rt_kvindex_t *ix;           /* the cache index (NULL: none) */
-    double fetch_ms_per_block;  /* a block from the store's CPU tier */
-    double ssd_ms_per_block;    /* a block only its SSD tier holds */
+    double tier_ms_per_block[RT_IX_TIERS]; /* a block fetched from a store's tier k (rt_table_set_tier_rates) */
     /* measured TTFT less the prefill call (the reservation, the decode
      * worker taking the KV and sending the first token), fitted online as
      * ov_fit[0] + ov_fit[1] * prompt tokens over the last RT_OBS requests */
@@ -230,6 +229,10 @@ double rt_suspect_for(int code);
  * makes it suspect (skipped) for suspect_s seconds with that result as the
  * reason. */
 void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed, double suspect_s);
+/* The read rates (GB/s) of a store's tiers, tier 0 first, from the nodes'
+ * records (kvstore/tier.h): what a block fetched from each costs. A rate of
+ * 0 leaves its tier's cost; tiers past n cost as tier n - 1. */
+void rt_table_set_tier_rates(rt_table_t *t, const double *gbps, size_t n);
 /* Tells the policy what a placed request measured. */
 void rt_table_observe(rt_table_t *t, const rt_placement_ops_t *p, rt_worker_t *prefill, rt_worker_t *decode,
                       const rt_timings_t *tm);

@@ -190,8 +190,8 @@ Test(kvindex, random_operations_match_a_reference, .timeout = 30)
     for (int step = 0; step < 60000; step++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int i = (int)((rng >> 33) % N), s = (int)((rng >> 20) % S);
-        bool put = (rng >> 10) % 3 != 0, no = false;
-        rt_kvindex_apply(ix, src[s], &names[i], &put, &no, 1);
+        bool put = (rng >> 10) % 3 != 0;
+        rt_kvindex_apply(ix, src[s], &names[i], &put, NULL, 1);
         ref[i] = put ? ref[i] | (1u << s) : ref[i] & ~(1u << s);
         if (step == 30000) {
             rt_kvindex_clear(ix, src[1], false);
@@ -217,6 +217,51 @@ Test(kvindex, random_operations_match_a_reference, .timeout = 30)
     for (int s = 0; s < S; s++)
         cr_assert_eq(st.source_blocks[src[s]], count[s], "source %d", s);
     rt_kvindex_destroy(ix);
+}
+
+/* A store run's blocks counted by the best tier any store source holds
+ * each in (a node's tiers: 0 the CPU tier, deeper ones after; past the
+ * index's last, as the last), moves between tiers followed; and the tiers'
+ * read rates priced per block, deeper tiers than any rate given as the
+ * last. */
+Test(kvindex, a_store_run_is_counted_by_each_blocks_best_tier, .timeout = 30)
+{
+    rt_kvindex_t *ix;
+    cr_assert_eq(rt_kvindex_create(64, &ix), TD_OK);
+    int a = rt_kvindex_source(ix, "/kvstores/a", true), b = rt_kvindex_source(ix, "/kvstores/b", true);
+    td_block_name_t chain[8];
+    bool yes[8];
+    uint8_t tier_a[8] = {0, 0, 1, 1, 2, 2, 3, 7}, tier_b[2] = {0, 2};
+    for (int i = 0; i < 8; i++) {
+        chain[i] = (td_block_name_t){(uint64_t)i + 1, 0x5151ull * (uint64_t)(i + 1)};
+        yes[i] = true;
+    }
+    rt_kvindex_apply(ix, a, chain, yes, tier_a, 8);
+    rt_kvindex_apply(ix, b, &chain[2], yes, tier_b, 2); /* b: block 2 in its CPU tier, block 3 in its tier 2 */
+    rt_chain_hits_t h;
+    rt_kvindex_chain(ix, chain, 8, &h);
+    cr_assert(h.store_run == 8 && h.store_tier[0] == 3 && h.store_tier[1] == 1 && h.store_tier[2] == 2 &&
+                  h.store_tier[3] == 2,
+              "run %u, tiers %u %u %u %u", h.store_run, h.store_tier[0], h.store_tier[1], h.store_tier[2],
+              h.store_tier[3]);
+    uint8_t down = 2;
+    rt_kvindex_apply(ix, a, chain, yes, &down, 1); /* a moves block 0 to its tier 2 */
+    rt_kvindex_chain(ix, chain, 8, &h);
+    cr_assert(h.store_tier[0] == 2 && h.store_tier[2] == 3, "tiers %u %u %u %u", h.store_tier[0], h.store_tier[1],
+              h.store_tier[2], h.store_tier[3]);
+    rt_kvindex_destroy(ix);
+
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &expect, NULL);
+    double bytes = (double)td_kv_block_bytes(&expect);
+    cr_assert_float_eq(t.tier_ms_per_block[1], bytes / 0.65e6, 1e-9, "the SSD tier's default");
+    rt_table_set_tier_rates(&t, (const double[]){4.0, 0, 0.5}, 3);
+    cr_assert_float_eq(t.tier_ms_per_block[0], bytes / 4e6, 1e-9);
+    cr_assert_float_eq(t.tier_ms_per_block[1], bytes / 0.65e6, 1e-9, "a rate of 0 leaves the tier's cost");
+    cr_assert_float_eq(t.tier_ms_per_block[2], bytes / 0.5e6, 1e-9);
+    cr_assert_float_eq(t.tier_ms_per_block[3], bytes / 0.5e6, 1e-9, "deeper than any rate given: as the last");
+    rt_table_fini(&t);
 }
 
 static void put_profiled(rt_table_t *t, const char *id, const char *role)
