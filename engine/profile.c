@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -206,6 +207,7 @@ td_status_t eng_profile_measure(eng_engine_t *e, int32_t lo, int32_t hi, eng_pro
             dx[nd][0] = 1, dx[nd][1] = dec[i].batch, dx[nd][2] = dec[i].batch * ctx, dy[nd++] = ms;
         }
     if (!rc) {
+        out->measured_at = (double)time(NULL);
         eng_profile_fit3((const double (*)[3])px, py, np, out->prefill);
         eng_profile_fit3((const double (*)[3])dx, dy, nd, out->decode);
         out->samples = np + nd;
@@ -236,9 +238,9 @@ td_status_t eng_profile_check(eng_engine_t *e, int32_t lo, int32_t hi, const eng
 
 json_t *eng_profile_to_json(const eng_profile_t *p)
 {
-    return json_pack("{s:[f,f,f], s:[f,f,f], s:f, s:i}", "prefill", p->prefill[0], p->prefill[1], p->prefill[2],
-                     "decode", p->decode[0], p->decode[1], p->decode[2], "sweep_s", p->sweep_s, "samples",
-                     (int)p->samples);
+    return json_pack("{s:[f,f,f], s:[f,f,f], s:f, s:i, s:f}", "prefill", p->prefill[0], p->prefill[1],
+                     p->prefill[2], "decode", p->decode[0], p->decode[1], p->decode[2], "sweep_s", p->sweep_s,
+                     "samples", (int)p->samples, "measured_at", p->measured_at);
 }
 
 td_status_t eng_profile_from_json(const json_t *j, eng_profile_t *p)
@@ -259,5 +261,6 @@ td_status_t eng_profile_from_json(const json_t *j, eng_profile_t *p)
     }
     p->sweep_s = json_number_value(json_object_get(j, "sweep_s"));
     p->samples = (uint32_t)json_integer_value(json_object_get(j, "samples"));
+    p->measured_at = json_number_value(json_object_get(j, "measured_at"));
     return TD_OK;
 }

@@ -20,6 +20,7 @@ typedef struct eng_profile {
     double decode[3];  /* d0, d1, d2 (ms) */
     double sweep_s;    /* how long the sweep took */
     uint32_t samples;  /* measurements fitted */
+    double measured_at; /* when the sweep ran, seconds since the epoch (0: not said) */
 } eng_profile_t;
 
 struct eng_engine;
@@ -33,7 +34,7 @@ td_status_t eng_profile_measure(struct eng_engine *e, int32_t lo, int32_t hi, en
 td_status_t eng_profile_check(struct eng_engine *e, int32_t lo, int32_t hi, const eng_profile_t *p, double *ratio);
 double eng_profile_prefill_ms(const eng_profile_t *p, double new_tokens, double cached_tokens);
 double eng_profile_step_ms(const eng_profile_t *p, double batch, double ctx);
-/* {"prefill": [a, b, c], "decode": [d0, d1, d2], "sweep_s": s, "samples": n} */
+/* {"prefill": [a, b, c], "decode": [d0, d1, d2], "sweep_s": s, "samples": n, "measured_at": t} */
 json_t *eng_profile_to_json(const eng_profile_t *p);
 /* TD_ERR_FORMAT (naming the field) when j is not such an object. */
 td_status_t eng_profile_from_json(const json_t *j, eng_profile_t *p);

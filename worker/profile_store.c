@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -153,10 +154,14 @@ static void keep(const char *id, td_etcd_t *etcd, const char *key, const eng_pro
     free(v);
 }
 
-/* A kept profile whose check (eng_profile_check) is off by more than this
- * factor either way was measured on another machine state (a load, a
- * frequency, another tenant): it is measured again and replaced. */
-#define PROFILE_STALE 1.5
+/* A kept profile older than PROFILE_FRESH_S is checked (eng_profile_check):
+ * off by more than PROFILE_STALE either way, it was measured in another
+ * state of the host (a load, a clock, another tenant) and is measured again
+ * and replaced. A younger one (another worker's of this start, a cluster
+ * started again) is this state's; checking it would only add the noise of
+ * one measurement to the sweep's. */
+#define PROFILE_STALE 2.0
+#define PROFILE_FRESH_S 600.0
 
 td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_endpoints, const td_rpc_tls_t *tls,
                            eng_engine_t *e, int32_t lo, int32_t hi, eng_profile_t *out, char *how, size_t how_len)
@@ -171,6 +176,13 @@ td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_end
      * measured */
     int lock = cached ? sweep_lock(id, path) : -1;
     const char *from = from_etcd(etcd, key, out) ? "etcd" : cached && from_file(id, path, out) ? path : NULL;
+    double age = from ? (double)time(NULL) - out->measured_at : 0;
+    if (from && age >= 0 && age < PROFILE_FRESH_S) {
+        snprintf(how, how_len, "reused from %s (measured %.0f s ago)", from, age);
+        if (from == path)
+            keep(id, etcd, key, out, NULL);
+        goto out;
+    }
     if (from) {
         double ratio;
         if ((rc = eng_profile_check(e, lo, hi, out, &ratio)))

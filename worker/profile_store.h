@@ -15,10 +15,11 @@
  *      at most): side by side on shared cores they inflate each other's
  *      times, and a worker that waited finds what the one before it
  *      measured (two prefill workers of the same settings sweep once).
- * A profile found is checked first (engine/profile.h eng_profile_check: one
- * 128-token prefill, ~0.5 s on a CPU): one off by more than 1.5x either way
- * was measured in another state of the host (a load, a clock) and is
- * measured again and replaced. Checks take turns with sweeps (the lock).
+ * A profile found that was measured over 10 minutes ago is checked first
+ * (engine/profile.h eng_profile_check: two 128-token prefills, ~0.5 s on a
+ * CPU): one off by more than 2x either way was measured in another state of
+ * the host (a load, a clock) and is measured again and replaced. Checks
+ * take turns with sweeps (the lock).
  * A cache file that does not parse is named in a warning and measured over.
  * Delete the file to have the next start measure again. */
 #ifndef WK_PROFILE_STORE_H

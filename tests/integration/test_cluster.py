@@ -416,16 +416,16 @@ def profile_cache(first, second):
 
 
 def bad_profiles():
-    """A cache file that is not a profile is named in a warning and measured over; one that parses but is 5x slower
-    than this host (kept in another state of it) fails its check and is measured again; returns the checks for the
-    log of the cluster started after."""
+    """A cache file that is not a profile is named in a warning and measured over; one measured an hour ago and 5x
+    slower than this host (kept in another state of it) fails its check and is measured again; returns the checks
+    for the log of the cluster started after."""
     files = sorted(glob.glob(os.path.join(PROFILE_CACHE, "tandem", "profiles", "*prefill*.json")))
     with open(files[0], "w") as f:
         f.write('{"prefill": [1, 2], "decode": "x"')
     slow = sorted(glob.glob(os.path.join(PROFILE_CACHE, "tandem", "profiles", "*decode*.json")))[0]
     good = json.load(open(slow))
-    json.dump(dict(good, prefill=[5 * x for x in good["prefill"]], decode=[5 * x for x in good["decode"]]),
-              open(slow, "w"))
+    json.dump(dict(good, prefill=[5 * x for x in good["prefill"]], decode=[5 * x for x in good["decode"]],
+                   measured_at=time.time() - 3600), open(slow, "w"))  # an hour old: checked before it is reused
 
     def after(log):
         warned = re.search(r"the cached profile (\S+) is not a profile \(([^)]*)\); measuring it again", log)
