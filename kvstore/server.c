@@ -49,6 +49,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/service.h"
 #include "common/rpc_pb.h"
 #include "kvstore/client.h"
 #include "kvstore/index.h"
@@ -87,7 +88,10 @@ typedef struct node {
     char id[64], listen[128], advertise[160], metrics_at[160];
     td_rpc_tls_t tls_files;
     const td_rpc_tls_t *tls;
-    td_member_t *member;
+    td_rpc_server_t *srv;
+    td_metrics_t *metrics;
+    td_metrics_server_t *msrv;
+    bool ev_up; /* ev made */
     /* the CPU tier's region */
     const kv_transport_ops_t *xo;
     kv_xfer_t *xfer;
@@ -849,7 +853,6 @@ static void h_snapshot(void *ctx, td_rpc_call_t *call)
 static void tick(void *ctx)
 {
     node_t *N = ctx;
-    td_member_tick(N->member);
     pthread_mutex_lock(&N->mu);
     leases_expire(N);
     double now = td_now_s();
@@ -905,9 +908,12 @@ static td_status_t region_setup(node_t *N)
     return rc;
 }
 
-static td_status_t etcd_register(node_t *N)
+/* The node's etcd record (/tandem/kvstores/ID): where it serves, its
+ * metrics, and each tier's name, size and read rate, the first first
+ * (kvstore/tier.h). */
+static td_status_t record(node_t *N, char *key, size_t key_len, char **value)
 {
-    json_t *tiers = json_array(); /* each tier's name, size and read rate, the first first (kvstore/tier.h) */
+    json_t *tiers = json_array();
     for (uint32_t k = 0; k < N->n_tiers; k++)
         json_array_append_new(tiers, json_pack("{s:s, s:I, s:f}", "name", N->tier_ops[k]->name, "bytes",
                                                (json_int_t)N->tier_ops[k]->capacity(N->tier[k]), "read_gbps",
@@ -916,13 +922,10 @@ static td_status_t etcd_register(node_t *N)
                           N->metrics_at, "pid", (int)getpid(),
                           "dram_bytes", (json_int_t)N->bytes, "ssd_bytes",
                           (json_int_t)(N->ssd ? kv_ssd_capacity(N->ssd) : 0), "tiers", tiers);
-    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
+    *value = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    snprintf(key, sizeof key, "/tandem/kvstores/%s", N->id);
-    td_status_t rc = v ? td_member_join(N->cfg.etcd.endpoints, N->tls, key, v, N->cfg.etcd.lease_ttl_s, &N->member, NULL)
-                       : td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory for its etcd record", N->id);
-    free(v);
-    return rc;
+    snprintf(key, key_len, "/tandem/kvstores/%s", N->id);
+    return *value ? TD_OK : td_error(TD_ERR_NO_MEMORY, "kvstore %s: no memory for its etcd record", N->id);
 }
 
 /* The SSD tier's blocks, back in the index after a restart. */
@@ -940,59 +943,37 @@ static void ssd_restore(void *ctx, uint32_t slot, td_block_name_t name, uint64_t
     emit(N, e, TANDEM__INTERNAL__V1__KV_EVENT__KIND__KV_EVENT_STORED);
 }
 
-int main(int argc, char **argv)
+/* start (common/service.h): the events' ring, the replicator, the CPU tier's
+ * region, the SSD tier (its blocks back), the RPCs, the metrics. */
+static td_status_t node_start(void *ctx, char *key, size_t key_len, char **value)
 {
-    td_process_init("tandem-kvstore");
-    static node_t N;
-    td_metrics_t *metrics = NULL;
-    td_metrics_server_t *msrv = NULL;
-    pthread_mutex_init(&N.mu, NULL);
-    snprintf(N.listen, sizeof N.listen, "127.0.0.1:0");
-    snprintf(N.id, sizeof N.id, "kvstore-%d", (int)getpid());
-    static const char *const own[] = {"--listen", "--id", NULL};
-    td_listen_id_t li = {N.listen, N.id, sizeof N.listen, sizeof N.id};
-    int code = td_config_from_args(&N.cfg, "tandem-kvstore", "kvstore", kvstore_flags,
-                                   sizeof kvstore_flags / sizeof kvstore_flags[0], own, td_own_listen_id, &li,
-                                   kvstore_usage, argc, argv);
-    if (code) {
-        td_config_free(&N.cfg);
-        td_rpc_shutdown();
-        return code;
-    }
-    code = 1;
-    td_rpc_server_t *srv = NULL;
-    if (td_cluster_tls(&N.cfg, &N.tls_files, &N.tls)) {
-        code = 2;
-        goto out;
-    }
+    node_t *N = ctx;
     char who[80];
-    snprintf(who, sizeof who, "kvstore %s", N.id);
-    if (td_kv_events_init(&N.ev, EVENT_RING, who))
-        goto out;
-    pthread_cond_init(&N.repl_cv, NULL);
-    if (!(N.repl_q = calloc(REPL_QUEUE, sizeof *N.repl_q)) || pthread_create(&N.repl_thread, NULL, replicator, &N)) {
-        td_error(TD_ERR_NO_MEMORY, "kvstore %s: cannot start the replicator", N.id);
-        goto out;
-    }
-    N.repl_up = true;
-    if (region_setup(&N))
-        goto out;
-    if (N.cfg.kvstore.ssd_mb) {
-        if (!N.cfg.kvstore.data_dir[0]) {
-            td_error(TD_ERR_CONFIG, "kvstore: kvstore.ssd_mb is set but kvstore.data_dir is empty");
-            goto out;
-        }
+    snprintf(who, sizeof who, "kvstore %s", N->id);
+    td_status_t rc = td_kv_events_init(&N->ev, EVENT_RING, who);
+    if (rc)
+        return rc;
+    N->ev_up = true;
+    pthread_cond_init(&N->repl_cv, NULL);
+    if (!(N->repl_q = calloc(REPL_QUEUE, sizeof *N->repl_q)) || pthread_create(&N->repl_thread, NULL, replicator, N))
+        return td_error(TD_ERR_NO_MEMORY, "kvstore %s: cannot start the replicator", N->id);
+    N->repl_up = true;
+    if ((rc = region_setup(N)))
+        return rc;
+    if (N->cfg.kvstore.ssd_mb) {
+        if (!N->cfg.kvstore.data_dir[0])
+            return td_error(TD_ERR_CONFIG, "kvstore: kvstore.ssd_mb is set but kvstore.data_dir is empty");
         td_kv_layout_t l;
         bool have = false;
-        if (kv_ssd_open(N.cfg.kvstore.data_dir, (uint64_t)N.cfg.kvstore.ssd_mb << 20, &N.ssd, &l, &have))
-            goto out;
-        N.tier_ops[KV_TIER_SSD] = &kv_tier_ssd; /* below the CPU tier */
-        N.tier[N.n_tiers++] = N.ssd;
+        if ((rc = kv_ssd_open(N->cfg.kvstore.data_dir, (uint64_t)N->cfg.kvstore.ssd_mb << 20, &N->ssd, &l, &have)))
+            return rc;
+        N->tier_ops[KV_TIER_SSD] = &kv_tier_ssd; /* below the CPU tier */
+        N->tier[N->n_tiers++] = N->ssd;
         if (have) { /* warm: the files' contract and blocks */
-            if (adopt_contract(&N, &l))
-                goto out;
-            uint32_t n = kv_ssd_restore(N.ssd, ssd_restore, &N);
-            TD_INFO("kvstore %s: %u blocks back from the SSD tier in %s", N.id, n, N.cfg.kvstore.data_dir);
+            if ((rc = adopt_contract(N, &l)))
+                return rc;
+            uint32_t n = kv_ssd_restore(N->ssd, ssd_restore, N);
+            TD_INFO("kvstore %s: %u blocks back from the SSD tier in %s", N->id, n, N->cfg.kvstore.data_dir);
         }
     }
     /* the data plane's keys only to the roles that move blocks; Stats to any cluster certificate */
@@ -1006,91 +987,106 @@ int main(int argc, char **argv)
                 {"KvStore", "Stats", NULL, h_stats},
                 {"KvEvents", "Events", "router,prefill,decode,kvstore", h_events},
                 {"KvEvents", "Snapshot", "router,prefill,decode,kvstore", h_snapshot}};
-    if (td_rpc_server_create(N.listen, N.tls, &srv))
-        goto out;
+    if ((rc = td_rpc_server_create(N->listen, N->tls, &N->srv)))
+        return rc;
     for (size_t i = 0; i < sizeof rpcs / sizeof rpcs[0]; i++) {
         char m[96];
         snprintf(m, sizeof m, "/tandem.internal.v1.%s/%s", rpcs[i].service, rpcs[i].method);
-        if (td_rpc_server_add(srv, m, rpcs[i].fn, &N) || (rpcs[i].roles && td_rpc_server_allow(srv, m, rpcs[i].roles)))
-            goto out;
+        if ((rc = td_rpc_server_add(N->srv, m, rpcs[i].fn, N)) ||
+            (rpcs[i].roles && (rc = td_rpc_server_allow(N->srv, m, rpcs[i].roles))))
+            return rc;
     }
-    td_rpc_server_set_max_message(srv, 16u << 20);
+    td_rpc_server_set_max_message(N->srv, 16u << 20);
     /* the store serves every model: no model_name */
-    if (td_metrics_create(NULL, "kvstore", &metrics))
-        goto out;
-    td_metrics_on_collect(metrics, metrics_collect, &N);
-    if (td_metrics_serve(metrics, &(td_metrics_endpoint_t){.listen = N.cfg.metrics.listen, .tls = N.tls}, &msrv,
-                         N.metrics_at, sizeof N.metrics_at))
-        goto out;
+    if ((rc = td_metrics_create(NULL, "kvstore", &N->metrics)))
+        return rc;
+    td_metrics_on_collect(N->metrics, metrics_collect, N);
+    if ((rc = td_metrics_serve(N->metrics, &(td_metrics_endpoint_t){.listen = N->cfg.metrics.listen, .tls = N->tls},
+                               &N->msrv, N->metrics_at, sizeof N->metrics_at)))
+        return rc;
     int port;
-    if (td_rpc_server_start(srv, &port))
-        goto out;
-    td_rpc_advertise_addr(N.listen, port, N.advertise, sizeof N.advertise);
-    if (etcd_register(&N))
-        goto out;
-    TD_INFO("kvstore %s serving on %s: %llu MiB DRAM, %llu MiB SSD%s%s (etcd %s; metrics %s)", N.id, N.advertise,
-            (unsigned long long)N.cfg.kvstore.dram_mb, (unsigned long long)N.cfg.kvstore.ssd_mb,
-            N.ssd ? " in " : "", N.ssd ? N.cfg.kvstore.data_dir : "", N.cfg.etcd.endpoints,
-            N.metrics_at[0] ? N.metrics_at : "none");
-    td_process_run(tick, &N);
-    TD_INFO("kvstore %s: stopping (signal %d)", N.id, td_process_stop_signal());
-    code = 0;
-out:
-    if (code)
-        fprintf(stderr, "tandem-kvstore: %s\n", td_last_error());
-    td_member_leave(N.member);
-    td_metrics_server_stop(msrv);
-    if (srv)
-        td_rpc_server_stop(srv, 5);
-    td_rpc_server_destroy(srv);
-    if (N.repl_up) { /* a copy in flight has its own deadlines */
-        pthread_mutex_lock(&N.mu);
-        N.repl_stop = true;
-        pthread_cond_signal(&N.repl_cv);
-        pthread_mutex_unlock(&N.mu);
-        pthread_join(N.repl_thread, NULL);
+    if ((rc = td_rpc_server_start(N->srv, &port)))
+        return rc;
+    td_rpc_advertise_addr(N->listen, port, N->advertise, sizeof N->advertise);
+    TD_INFO("kvstore %s serving on %s: %llu MiB DRAM, %llu MiB SSD%s%s (etcd %s; metrics %s)", N->id, N->advertise,
+            (unsigned long long)N->cfg.kvstore.dram_mb, (unsigned long long)N->cfg.kvstore.ssd_mb,
+            N->ssd ? " in " : "", N->ssd ? N->cfg.kvstore.data_dir : "", N->cfg.etcd.endpoints,
+            N->metrics_at[0] ? N->metrics_at : "none");
+    return record(N, key, key_len, value);
+}
+
+/* stop (common/service.h): the server and the replicator stopped, the CPU
+ * tier's blocks spilled to the SSD tier with its manifest (the next start is
+ * warm), everything freed; any part start() did not make is skipped. */
+static void node_stop(void *ctx)
+{
+    node_t *N = ctx;
+    td_metrics_server_stop(N->msrv);
+    if (N->srv)
+        td_rpc_server_stop(N->srv, 5);
+    td_rpc_server_destroy(N->srv);
+    if (N->repl_up) { /* a copy in flight has its own deadlines */
+        pthread_mutex_lock(&N->mu);
+        N->repl_stop = true;
+        pthread_cond_signal(&N->repl_cv);
+        pthread_mutex_unlock(&N->mu);
+        pthread_join(N->repl_thread, NULL);
     }
-    kv_client_destroy(N.repl);
-    for (uint32_t i = 0; i < N.repl_n; i++) { /* jobs never run let their blocks go */
-        kv_entry_t *e = kv_index_entry(N.ix, N.repl_q[i].id);
+    kv_client_destroy(N->repl);
+    for (uint32_t i = 0; i < N->repl_n; i++) { /* jobs never run let their blocks go */
+        kv_entry_t *e = kv_index_entry(N->ix, N->repl_q[i].id);
         if (e->refs)
             e->refs--;
     }
-    free(N.repl_q);
-    pthread_mutex_lock(&N.mu);
-    while (N.n_leases)
-        lease_end(&N, N.n_leases - 1);
-    if (N.ssd && N.ix) { /* the CPU tier's blocks go to the SSD tier where room is: the next start is warm */
+    free(N->repl_q);
+    pthread_mutex_lock(&N->mu);
+    while (N->n_leases)
+        lease_end(N, N->n_leases - 1);
+    if (N->ssd && N->ix) { /* the CPU tier's blocks go to the SSD tier where room is: the next start is warm */
         uint32_t spilled = 0, v; /* coldest first: the hottest are the last evicted to make room */
-        while ((v = kv_index_victim(N.ix, KV_TIER_CPU)) != KV_NONE) {
-            if (kv_index_entry(N.ix, v)->replica)
-                drop_entry(&N, v); /* a copy: its home has the block */
-            else if (demote(&N, v))
+        while ((v = kv_index_victim(N->ix, KV_TIER_CPU)) != KV_NONE) {
+            if (kv_index_entry(N->ix, v)->replica)
+                drop_entry(N, v); /* a copy: its home has the block */
+            else if (demote(N, v))
                 spilled++;
             else
                 break;
         }
-        if (kv_ssd_save_manifest(N.ssd, N.ix))
-            TD_WARN("kvstore %s: %s (the next start reads every slot's header instead)", N.id, td_last_error());
+        if (kv_ssd_save_manifest(N->ssd, N->ix))
+            TD_WARN("kvstore %s: %s (the next start reads every slot's header instead)", N->id, td_last_error());
         else
-            TD_INFO("kvstore %s: %u blocks of the CPU tier written to the SSD tier, manifest saved", N.id, spilled);
+            TD_INFO("kvstore %s: %u blocks of the CPU tier written to the SSD tier, manifest saved", N->id, spilled);
     }
-    pthread_mutex_unlock(&N.mu);
-    kv_ssd_close(N.ssd);
-    kv_index_destroy(N.ix);
-    if (N.n_tiers)
-        kv_cpu_tier_destroy(N.tier[KV_TIER_CPU]);
-    free(N.bounce);
-    free(N.leases);
-    td_kv_events_free(&N.ev);
-    if (N.xfer) {
-        N.xo->mem_free(N.xfer, N.mem);
-        N.xo->destroy(N.xfer);
+    pthread_mutex_unlock(&N->mu);
+    kv_ssd_close(N->ssd);
+    kv_index_destroy(N->ix);
+    if (N->n_tiers)
+        kv_cpu_tier_destroy(N->tier[KV_TIER_CPU]);
+    free(N->bounce);
+    free(N->leases);
+    if (N->ev_up)
+        td_kv_events_free(&N->ev);
+    if (N->xfer) {
+        N->xo->mem_free(N->xfer, N->mem);
+        N->xo->destroy(N->xfer);
     }
-    free(N.rkey);
-    free(N.addr);
-    td_metrics_destroy(metrics);
-    td_config_free(&N.cfg);
-    td_rpc_shutdown();
-    return code;
+    free(N->rkey);
+    free(N->addr);
+    td_metrics_destroy(N->metrics);
+}
+
+int main(int argc, char **argv)
+{
+    static node_t N;
+    pthread_mutex_init(&N.mu, NULL);
+    snprintf(N.listen, sizeof N.listen, "127.0.0.1:0");
+    snprintf(N.id, sizeof N.id, "kvstore-%d", (int)getpid());
+    static const char *const own[] = {"--listen", "--id", NULL};
+    td_listen_id_t li = {N.listen, N.id, sizeof N.listen, sizeof N.id};
+    const td_service_t service = {.prog = "tandem-kvstore", .section = "kvstore", .flags = kvstore_flags,
+                                  .n_flags = sizeof kvstore_flags / sizeof kvstore_flags[0], .own = own,
+                                  .own_fn = td_own_listen_id, .own_ctx = &li, .usage = kvstore_usage, .cfg = &N.cfg,
+                                  .tls_files = &N.tls_files, .tls = &N.tls, .ctx = &N, .start = node_start,
+                                  .tick = tick, .stop = node_stop};
+    return td_service_main(&service, argc, argv);
 }

@@ -31,6 +31,7 @@
 #include "common/grow.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/service.h"
 #include "common/rpc_pb.h"
 #include "common/rpc.h"
 #include "engine/model.h"
@@ -66,6 +67,9 @@ typedef struct router {
     rt_planner_t *planner;
     rt_metrics_t metrics;         /* Prometheus (router/metrics.h) */
     rt_metrics_src_t metrics_src; /* what its scrapes read */
+    td_rpc_server_t *srv;         /* the public gRPC API */
+    rt_http_t *http;              /* the OpenAI HTTP API (NULL: router.http_listen is empty) */
+    char self_addr[160], self_id[200]; /* where its API is; its id (router@ADDR) in etcd and the planner */
 } router_t;
 
 /* ---------------------------------------------------------------- etcd */
@@ -458,23 +462,14 @@ static void h_scale(void *ctx, td_rpc_call_t *call)
 
 /* The router's own record (/tandem/routers/ID, leased): where its API and
  * its metrics are, for `tandem status` and Prometheus's targets. */
-static td_status_t router_register(router_t *r, const char *id, const char *addr, td_member_t **out)
+static td_status_t record(router_t *r, char *key, size_t key_len, char **value)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:i}", "id", id, "addr", addr, "metrics", r->metrics.bound, "pid",
-                          (int)getpid());
-    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
+    json_t *j = json_pack("{s:s, s:s, s:s, s:i}", "id", r->self_id, "addr", r->self_addr, "metrics",
+                          r->metrics.bound, "pid", (int)getpid());
+    *value = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    snprintf(key, sizeof key, "/tandem/routers/%s", id);
-    td_status_t rc = v ? td_member_join(r->cfg.etcd.endpoints, r->tls, key, v, r->cfg.etcd.lease_ttl_s, out, NULL)
-                       : td_error(TD_ERR_NO_MEMORY, "router: no memory for its etcd record");
-    free(v);
-    return rc;
-}
-
-static void member_tick(void *ctx)
-{
-    if (ctx)
-        td_member_tick(ctx);
+    snprintf(key, key_len, "/tandem/routers/%s", r->self_id);
+    return *value ? TD_OK : td_error(TD_ERR_NO_MEMORY, "router: no memory for its etcd record");
 }
 
 /* Each flag sets one config key: the YAML is the source of truth. */
@@ -496,11 +491,18 @@ static const char router_usage[] =
     "                     [--metrics-listen HOST:PORT]\n"
     "  every flag but --config sets a key of the config file (deploy/tandem.yaml), which it overrides\n";
 
-static int parse_args(router_t *r, int argc, char **argv)
+/* configured (common/service.h): the API keys' files read. */
+static td_status_t configured(void *ctx)
 {
-    rt_placement_register_names();
-    return td_config_from_args(&r->cfg, "tandem-router", "router", router_flags,
-                               sizeof router_flags / sizeof router_flags[0], NULL, NULL, NULL, router_usage, argc, argv);
+    router_t *r = ctx;
+    td_status_t rc;
+    if ((r->cfg.router.api_keys[0] && (rc = rt_keys_load(r->cfg.router.api_keys, "router.api_keys", &r->api_keys))) ||
+        (r->cfg.router.admin_keys[0] &&
+         (rc = rt_keys_load(r->cfg.router.admin_keys, "router.admin_keys", &r->admin_keys))))
+        return rc;
+    if (!r->api_keys)
+        TD_WARN("router.api_keys is not set: the public API (gRPC and HTTP) takes requests without an API key");
+    return TD_OK;
 }
 
 /* The parts that serve requests: the worker table and placement, the
@@ -537,107 +539,102 @@ static td_status_t parts_start(router_t *r)
     return rt_requests_create(&env, &r->requests);
 }
 
-int main(int argc, char **argv)
+/* start (common/service.h): the model's tokenizer, the parts, the public
+ * gRPC API, the OpenAI HTTP API, the planner. */
+static td_status_t router_start(void *ctx, char *key, size_t key_len, char **value)
 {
-    td_process_init("tandem-router");
-    static router_t r;
-    int code = parse_args(&r, argc, argv);
-    if (code) {
-        td_config_free(&r.cfg);
-        td_rpc_shutdown();
-        return code;
-    }
-    code = 1;
-    td_rpc_server_t *srv = NULL;
-    rt_http_t *http = NULL;
-    td_member_t *member = NULL;
-    if (td_cluster_tls(&r.cfg, &r.tls_files, &r.tls)) {
-        code = 2;
-        goto out;
-    }
-    if ((r.cfg.router.api_keys[0] && rt_keys_load(r.cfg.router.api_keys, "router.api_keys", &r.api_keys)) ||
-        (r.cfg.router.admin_keys[0] && rt_keys_load(r.cfg.router.admin_keys, "router.admin_keys", &r.admin_keys))) {
-        code = 2;
-        goto out;
-    }
-    if (!r.api_keys)
-        TD_WARN("router.api_keys is not set: the public API (gRPC and HTTP) takes requests without an API key");
-    if (rt_input_open(r.cfg.model.path, &r.input) || parts_start(&r))
-        goto out;
+    router_t *r = ctx;
+    td_status_t rc;
+    if ((rc = rt_input_open(r->cfg.model.path, &r->input)) || (rc = parts_start(r)))
+        return rc;
     int port;
-    const char *cert = r.cfg.router.tls_cert, *key = r.cfg.router.tls_key, *cca = r.cfg.router.tls_client_ca;
-    if ((cert[0] || key[0] || cca[0]) && !(cert[0] && key[0])) {
-        td_error(TD_ERR_CONFIG, "router: TLS needs both tls_cert and tls_key (tls_client_ca is optional)");
-        goto out;
-    }
-    td_rpc_tls_t tls = {.cert_file = cert, .key_file = key, .ca_file = cca};
-    if (td_rpc_server_create(r.cfg.router.listen, cert[0] ? &tls : NULL, &srv) ||
-        td_rpc_server_add(srv, "/tandem.v1.Tandem/Generate", h_generate, &r) ||
-        td_rpc_server_add(srv, "/tandem.v1.Tandem/Tokenize", h_tokenize, &r) ||
-        td_rpc_server_add(srv, "/tandem.v1.Tandem/ListModels", h_list_models, &r) ||
-        td_rpc_server_add(srv, "/tandem.v1.Tandem/Health", h_health, &r) ||
-        td_rpc_server_add(srv, "/tandem.v1.Tandem/Scale", h_scale, &r))
-        goto out;
-    td_rpc_server_set_max_calls(srv, (int)r.cfg.router.max_streams);
-    td_rpc_server_set_max_message(srv, RT_MAX_REQUEST_BYTES);
-    td_rpc_server_set_threads(srv, 4); /* its handlers return at once: a Generate runs on the router's pool */
-    if (td_rpc_server_start(srv, &port))
-        goto out;
+    const char *cert = r->cfg.router.tls_cert, *tkey = r->cfg.router.tls_key, *cca = r->cfg.router.tls_client_ca;
+    if ((cert[0] || tkey[0] || cca[0]) && !(cert[0] && tkey[0]))
+        return td_error(TD_ERR_CONFIG, "router: TLS needs both tls_cert and tls_key (tls_client_ca is optional)");
+    td_rpc_tls_t tls = {.cert_file = cert, .key_file = tkey, .ca_file = cca};
+    if ((rc = td_rpc_server_create(r->cfg.router.listen, cert[0] ? &tls : NULL, &r->srv)) ||
+        (rc = td_rpc_server_add(r->srv, "/tandem.v1.Tandem/Generate", h_generate, r)) ||
+        (rc = td_rpc_server_add(r->srv, "/tandem.v1.Tandem/Tokenize", h_tokenize, r)) ||
+        (rc = td_rpc_server_add(r->srv, "/tandem.v1.Tandem/ListModels", h_list_models, r)) ||
+        (rc = td_rpc_server_add(r->srv, "/tandem.v1.Tandem/Health", h_health, r)) ||
+        (rc = td_rpc_server_add(r->srv, "/tandem.v1.Tandem/Scale", h_scale, r)))
+        return rc;
+    td_rpc_server_set_max_calls(r->srv, (int)r->cfg.router.max_streams);
+    td_rpc_server_set_max_message(r->srv, RT_MAX_REQUEST_BYTES);
+    td_rpc_server_set_threads(r->srv, 4); /* its handlers return at once: a Generate runs on the router's pool */
+    if ((rc = td_rpc_server_start(r->srv, &port)))
+        return rc;
     int http_port = 0;
-    if (r.cfg.router.http_listen[0] &&
-        rt_http_start(r.requests, r.cfg.router.http_listen, cert[0] ? &tls : NULL, &http, &http_port))
-        goto out;
-    char self_addr[160], planner_id[200];
-    td_rpc_advertise_addr(r.cfg.router.listen, port, self_addr, sizeof self_addr);
-    snprintf(planner_id, sizeof planner_id, "router@%s", self_addr);
-    rt_planner_cfg_t pc = {.id = planner_id, .model = r.input.model->desc.name, .etcd_endpoints = r.cfg.etcd.endpoints,
-                           .lease_ttl_s = r.cfg.etcd.lease_ttl_s, .tls = r.tls, .stats = r.stats};
-    if (rt_planner_start(&pc, &r.planner) || router_register(&r, planner_id, self_addr, &member))
-        goto out;
-    __atomic_store_n(&r.metrics_src.planner, r.planner, __ATOMIC_RELEASE); /* scrapes may run already */
-    pthread_mutex_lock(&r.table.mu);
-    r.table.member = member; /* placement asks it whether etcd was just away */
-    pthread_mutex_unlock(&r.table.mu);
+    if (r->cfg.router.http_listen[0] &&
+        (rc = rt_http_start(r->requests, r->cfg.router.http_listen, cert[0] ? &tls : NULL, &r->http, &http_port)))
+        return rc;
+    td_rpc_advertise_addr(r->cfg.router.listen, port, r->self_addr, sizeof r->self_addr);
+    snprintf(r->self_id, sizeof r->self_id, "router@%s", r->self_addr);
+    rt_planner_cfg_t pc = {.id = r->self_id, .model = r->input.model->desc.name,
+                           .etcd_endpoints = r->cfg.etcd.endpoints, .lease_ttl_s = r->cfg.etcd.lease_ttl_s,
+                           .tls = r->tls, .stats = r->stats};
+    if ((rc = rt_planner_start(&pc, &r->planner)))
+        return rc;
+    __atomic_store_n(&r->metrics_src.planner, r->planner, __ATOMIC_RELEASE); /* scrapes may run already */
     char http_at[32] = "none";
-    if (http)
+    if (r->http)
         snprintf(http_at, sizeof http_at, "port %d", http_port);
     TD_INFO("router serving %s on port %d%s, OpenAI HTTP on %s, metrics on %s (etcd %s, placement %s)",
-            r.input.model->desc.name, port, !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at,
-            r.metrics.bound[0] ? r.metrics.bound : "none", r.cfg.etcd.endpoints, r.place->name);
-    td_process_run(member_tick, member);
-    TD_INFO("router: stopping (signal %d)", td_process_stop_signal());
-    code = 0;
-out:
-    if (code)
-        fprintf(stderr, "tandem-router: %s\n", td_last_error());
-    pthread_mutex_lock(&r.table.mu);
-    r.table.member = NULL;
-    pthread_mutex_unlock(&r.table.mu);
-    td_member_leave(member);
-    rt_metrics_unserve(&r.metrics); /* no scrape reads the planner or the follower while they stop */
-    rt_planner_stop(r.planner); /* resigns: another router plans */
-    r.planner = NULL;
-    rt_follow_stop(r.follow); /* first: it may wait on etcd or a source until its deadline */
-    r.follow = NULL;
-    rt_http_stop(http); /* its requests cancelled and ended (they need the pool) */
-    if (srv)
-        td_rpc_server_stop(srv, 10); /* every request ends with its call */
-    td_pool_destroy(r.pool);
-    td_rpc_server_destroy(srv);
-    rt_metrics_stop(&r.metrics);
-    rt_requests_destroy(r.requests);
-    rt_renewer_stop(r.renewer);
-    rt_stats_destroy(r.stats);
-    td_etcd_watch_stop(r.watch);
-    td_etcd_destroy(r.etcd);
-    if (r.place) /* the table was made */
-        rt_table_fini(&r.table);
-    rt_kvindex_destroy(r.index);
-    if (r.input.model)
-        rt_input_close(&r.input);
-    rt_keys_free(r.api_keys);
-    rt_keys_free(r.admin_keys);
-    td_config_free(&r.cfg);
-    td_rpc_shutdown();
-    return code;
+            r->input.model->desc.name, port, !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at,
+            r->metrics.bound[0] ? r->metrics.bound : "none", r->cfg.etcd.endpoints, r->place->name);
+    return record(r, key, key_len, value);
+}
+
+/* registered (common/service.h): placement asks the membership whether
+ * etcd was just away; NULL before it is left. */
+static void router_registered(void *ctx, td_member_t *member)
+{
+    router_t *r = ctx;
+    pthread_mutex_lock(&r->table.mu);
+    r->table.member = member;
+    pthread_mutex_unlock(&r->table.mu);
+}
+
+/* stop (common/service.h): out of the membership already; the planner
+ * resigns, the follower, the HTTP API and the gRPC API stop (every request
+ * ends with its call), then the parts; any part start() did not make is
+ * skipped. */
+static void router_stop(void *ctx)
+{
+    router_t *r = ctx;
+    rt_metrics_unserve(&r->metrics); /* no scrape reads the planner or the follower while they stop */
+    rt_planner_stop(r->planner); /* resigns: another router plans */
+    r->planner = NULL;
+    rt_follow_stop(r->follow); /* first: it may wait on etcd or a source until its deadline */
+    r->follow = NULL;
+    rt_http_stop(r->http); /* its requests cancelled and ended (they need the pool) */
+    if (r->srv)
+        td_rpc_server_stop(r->srv, 10); /* every request ends with its call */
+    td_pool_destroy(r->pool);
+    td_rpc_server_destroy(r->srv);
+    rt_metrics_stop(&r->metrics);
+    rt_requests_destroy(r->requests);
+    rt_renewer_stop(r->renewer);
+    rt_stats_destroy(r->stats);
+    td_etcd_watch_stop(r->watch);
+    td_etcd_destroy(r->etcd);
+    if (r->place) /* the table was made */
+        rt_table_fini(&r->table);
+    rt_kvindex_destroy(r->index);
+    if (r->input.model)
+        rt_input_close(&r->input);
+    rt_keys_free(r->api_keys);
+    rt_keys_free(r->admin_keys);
+}
+
+int main(int argc, char **argv)
+{
+    static router_t r;
+    rt_placement_register_names(); /* before the config is read: router.placement's names */
+    const td_service_t service = {.prog = "tandem-router", .section = "router", .flags = router_flags,
+                                  .n_flags = sizeof router_flags / sizeof router_flags[0], .usage = router_usage,
+                                  .cfg = &r.cfg, .tls_files = &r.tls_files, .tls = &r.tls, .ctx = &r,
+                                  .configured = configured, .start = router_start, .registered = router_registered,
+                                  .stop = router_stop};
+    return td_service_main(&service, argc, argv);
 }

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/service.h"
 #include "engine/model.h"
 #include "engine/profile.h"
 #include "worker/profile_store.h"
@@ -68,7 +69,8 @@ struct eng_worker {
     void *ucx_addr, *rkey;
     size_t ucx_addr_len, rkey_len;
     td_rpc_server_t *server;
-    td_member_t *member; /* this worker's etcd record under its lease */
+    bool attached, thread_up, serving; /* what worker_start made: the role attached, the engine thread, the server
+                                        * started (and not yet stopped) */
     /* engine thread */
     pthread_t thread;
     pthread_mutex_t mu;
@@ -743,8 +745,9 @@ static void profile(eng_worker_t *w)
             p->decode[0], p->decode[1], p->decode[2]);
 }
 
-/* Joins the membership: this worker's record under its lease (common/process.h). */
-static td_status_t etcd_register(eng_worker_t *w)
+/* This worker's etcd record (/tandem/workers/ROLE/ID): where it serves, its
+ * KV contract and pool, its profile. */
+static td_status_t record(eng_worker_t *w, char *key, size_t key_len, char **value)
 {
     json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:o, s:I}", "id", w->id, "role", w->role->name, "addr",
                           w->advertise, "metrics", w->metrics_at, "pid", (int)getpid(), "contract",
@@ -754,19 +757,10 @@ static td_status_t etcd_register(eng_worker_t *w)
         json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
     if (j && w->rc->colocated)
         json_object_set_new(j, "colocated", json_true());
-    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL, key[256];
+    *value = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    snprintf(key, sizeof key, "/tandem/workers/%s/%s", w->role->name, w->id);
-    td_status_t rc = v ? td_member_join(w->cfg.etcd.endpoints, w->tls, key, v, w->cfg.etcd.lease_ttl_s, &w->member, NULL)
-                       : td_error(TD_ERR_NO_MEMORY, "%s: no memory for its etcd record", w->id);
-    free(v);
-    return rc;
-}
-
-static void main_tick(void *ctx)
-{
-    eng_worker_t *w = ctx;
-    td_member_tick(w->member);
+    snprintf(key, key_len, "/tandem/workers/%s/%s", w->role->name, w->id);
+    return *value ? TD_OK : td_error(TD_ERR_NO_MEMORY, "%s: no memory for its etcd record", w->id);
 }
 
 /* ---------------------------------------------------------- main */
@@ -796,32 +790,21 @@ static const td_flag_t worker_flags[] = {
     {"--colocated", "%s.colocated"},
 };
 
-static int parse_args(eng_worker_t *w, int argc, char **argv)
+/* configured (common/service.h): the role's settings, the transport's. */
+static td_status_t configured(void *ctx)
 {
-    snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
-    snprintf(w->id, sizeof w->id, "%s-%d", w->role->name, (int)getpid());
-    char prog[32], usage[1024];
-    snprintf(prog, sizeof prog, "tandem-%s", w->role->name);
-    snprintf(usage, sizeof usage, usage_fmt, w->role->name);
-    static const char *const own[] = {"--listen", "--id", NULL};
-    td_listen_id_t li = {w->listen, w->id, sizeof w->listen, sizeof w->id};
-    int rc = td_config_from_args(&w->cfg, prog, w->role->name, worker_flags, sizeof worker_flags / sizeof worker_flags[0],
-                                 own, td_own_listen_id, &li, usage, argc, argv);
-    if (rc)
-        return rc;
+    eng_worker_t *w = ctx;
     w->rc = !strcmp(w->role->name, "prefill") ? &w->cfg.prefill : &w->cfg.decode;
     w->xfer_cfg.peer_errors = w->cfg.transport.peer_errors;
     w->xfer_cfg.interfaces = w->cfg.transport.interfaces;
     char one[32];
     unsigned nd = td_device_pick(w->rc->device, 0, one, sizeof one); /* validated */
-    if (nd > 1) {
-        fprintf(stderr, "tandem-%s: %s.device = '%s' lists %u devices; a worker runs on one (tandem up hands them "
-                "out, one per worker in turn; --device picks one)\n", w->role->name, w->role->name, w->rc->device, nd);
-        return 2;
-    }
+    if (nd > 1)
+        return td_error(TD_ERR_CONFIG, "%s.device = '%s' lists %u devices; a worker runs on one (tandem up hands "
+                        "them out, one per worker in turn; --device picks one)", w->role->name, w->rc->device, nd);
     td_device_parse(w->rc->device, &w->xfer_cfg.device);
     w->xfer_cfg.target = !strcmp(w->role->name, "decode"); /* peers put into a decode worker's pool */
-    return 0;
+    return TD_OK;
 }
 
 td_status_t eng_worker_kv_landed(eng_worker_t *w, const int32_t *blocks, uint32_t n)
@@ -871,37 +854,20 @@ static void pool_mem_free(void *ctx, void *mem)
     w->pool_mem = NULL;
 }
 
-int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
+/* start (common/service.h): the model and engine, the transport and pool,
+ * the profile, the KV events, the RPCs and the role's, the engine thread,
+ * the metrics. */
+static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **value)
 {
-    char comp[32];
-    snprintf(comp, sizeof comp, "tandem-%s", role->name);
-    td_process_init(comp);
-    eng_worker_t *w = calloc(1, sizeof *w);
-    if (!w)
-        return 1;
-    w->role = role;
-    bool attached = false;
-    int code = parse_args(w, argc, argv);
-    if (code) {
-        td_config_free(&w->cfg);
-        free(w);
-        td_rpc_shutdown();
-        return code;
-    }
-    code = 1;
-    if (td_cluster_tls(&w->cfg, &w->tls_files, &w->tls)) {
-        td_config_free(&w->cfg);
-        free(w);
-        td_rpc_shutdown();
-        return 2;
-    }
+    eng_worker_t *w = ctx;
+    eng_worker_role_t *role = w->role;
     pthread_mutex_init(&w->mu, NULL);
     pthread_mutex_init(&w->ev_mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->queue_tail = &w->queue;
-
-    if (eng_model_open(w->cfg.model.path, &w->model))
-        goto out;
+    td_status_t rc;
+    if ((rc = eng_model_open(w->cfg.model.path, &w->model)))
+        return rc;
     eng_engine_config_t ec = eng_engine_config_default();
     ec.n_threads = (int)w->rc->threads;
     ec.block_tokens = w->cfg.model.block_tokens;
@@ -910,90 +876,92 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     ec.token_budget = w->rc->token_budget;
     ec.device = w->rc->device;
     const char *kind = w->cfg.transport.kind;
-    if (w->xfer_cfg.device < 0 && !strcmp(kind, "cuda_ipc")) {
-        td_error(TD_ERR_CONFIG, "transport.kind = cuda_ipc is for GPU workers; this one's device is '%s'",
-                 w->rc->device);
-        goto out;
-    }
+    if (w->xfer_cfg.device < 0 && !strcmp(kind, "cuda_ipc"))
+        return td_error(TD_ERR_CONFIG, "transport.kind = cuda_ipc is for GPU workers; this one's device is '%s'",
+                        w->rc->device);
     /* the pool's memory is the transport's: host memory UCX maps, or device
      * memory CUDA IPC exports or UCX reaches through host staging */
     w->xo =
         w->xfer_cfg.device < 0 ? &kv_transport_ucx : kv_transport_find(strcmp(kind, "ucx") ? "cuda_ipc" : "ucx_staged");
-    if (!w->xo) {
-        td_error(TD_ERR_UNSUPPORTED, "device '%s': this build has no CUDA (configure with -DTANDEM_CUDA=ON where "
-                 "the CUDA toolkit is installed)", w->rc->device);
-        goto out;
-    }
-    if (w->xo->create(&w->xfer_cfg, &w->xfer))
-        goto out;
+    if (!w->xo)
+        return td_error(TD_ERR_UNSUPPORTED, "device '%s': this build has no CUDA (configure with -DTANDEM_CUDA=ON "
+                        "where the CUDA toolkit is installed)", w->rc->device);
+    if ((rc = w->xo->create(&w->xfer_cfg, &w->xfer)))
+        return rc;
     ec.kv_bytes = w->rc->kv_mib << 20;
     ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
-    if (eng_engine_create(w->model, &ec, &w->engine) || w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len) ||
-        w->xo->progress_start(w->xfer))
-        goto out;
+    if ((rc = eng_engine_create(w->model, &ec, &w->engine)) ||
+        (rc = w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len)) || (rc = w->xo->progress_start(w->xfer)))
+        return rc;
     w->contract = eng_engine_kv_contract(w->engine);
     profile(w);
-    if (td_kv_events_init(&w->ev, eng_engine_kv_stats(w->engine).n_blocks * 4 + 1024, w->id))
-        goto out;
+    if ((rc = td_kv_events_init(&w->ev, eng_engine_kv_stats(w->engine).n_blocks * 4 + 1024, w->id)))
+        return rc;
     eng_kv_set_listener(eng_engine_kv_pool(w->engine), on_pool_event, w);
     store_open(w);
-    if (td_rpc_server_create(w->listen, w->tls, &w->server))
-        goto out;
+    if ((rc = td_rpc_server_create(w->listen, w->tls, &w->server)))
+        return rc;
     char method[128];
     snprintf(method, sizeof method, "/tandem.internal.v1.%s/Stats", !strcmp(role->name, "prefill") ? "Prefill" : "Decode");
-    if (td_rpc_server_add(w->server, method, h_stats, w) ||
-        td_rpc_server_add(w->server, "/tandem.internal.v1.KvEvents/Events", h_events, w) ||
-        td_rpc_server_allow(w->server, "/tandem.internal.v1.KvEvents/Events", "router") ||
-        td_rpc_server_add(w->server, "/tandem.internal.v1.KvEvents/Snapshot", h_snapshot, w) ||
-        td_rpc_server_allow(w->server, "/tandem.internal.v1.KvEvents/Snapshot", "router") ||
-        (role->attach && role->attach(w, role->ctx)))
-        goto out;
-    attached = true;
-    if (pthread_create(&w->thread, NULL, engine_thread, w)) {
-        td_error(TD_ERR_INTERNAL, "cannot start the engine thread");
-        goto out;
-    }
-    if (td_metrics_create(w->model->desc.name, role->name, &w->metrics))
-        goto stop_thread;
+    if ((rc = td_rpc_server_add(w->server, method, h_stats, w)) ||
+        (rc = td_rpc_server_add(w->server, "/tandem.internal.v1.KvEvents/Events", h_events, w)) ||
+        (rc = td_rpc_server_allow(w->server, "/tandem.internal.v1.KvEvents/Events", "router")) ||
+        (rc = td_rpc_server_add(w->server, "/tandem.internal.v1.KvEvents/Snapshot", h_snapshot, w)) ||
+        (rc = td_rpc_server_allow(w->server, "/tandem.internal.v1.KvEvents/Snapshot", "router")) ||
+        (role->attach && (rc = role->attach(w, role->ctx))))
+        return rc;
+    w->attached = true;
+    if (pthread_create(&w->thread, NULL, engine_thread, w))
+        return td_error(TD_ERR_INTERNAL, "cannot start the engine thread");
+    w->thread_up = true;
+    if ((rc = td_metrics_create(w->model->desc.name, role->name, &w->metrics)))
+        return rc;
     td_metrics_on_collect(w->metrics, metrics_collect, w);
-    if (td_metrics_serve(w->metrics, &(td_metrics_endpoint_t){.listen = w->cfg.metrics.listen, .tls = w->tls},
-                         &w->metrics_server, w->metrics_at, sizeof w->metrics_at))
-        goto stop_thread;
+    if ((rc = td_metrics_serve(w->metrics, &(td_metrics_endpoint_t){.listen = w->cfg.metrics.listen, .tls = w->tls},
+                               &w->metrics_server, w->metrics_at, sizeof w->metrics_at)))
+        return rc;
     int port;
-    if (td_rpc_server_start(w->server, &port))
-        goto stop_thread;
+    if ((rc = td_rpc_server_start(w->server, &port)))
+        return rc;
+    w->serving = true;
     td_rpc_advertise_addr(w->listen, port, w->advertise, sizeof w->advertise);
-    if (etcd_register(w))
-        goto stop_server;
     TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s; metrics %s)", w->id,
             w->advertise, w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
             td_kv_dtype_name(w->contract.dtype), w->cfg.etcd.endpoints, w->metrics_at[0] ? w->metrics_at : "none");
-    /* a lost lease takes this worker out of the membership, not out of
-     * service: td_member_tick registers it again (common/process.h) */
-    td_process_run(main_tick, w);
-    TD_INFO("%s: draining (signal %d)", w->id, td_process_stop_signal());
-    code = 0;
-    /* drain: leave the membership first, so that no new work is placed here */
-    td_member_leave(w->member);
-    w->member = NULL;
-stop_server:
+    return record(w, key, key_len, value);
+}
+
+/* drain (common/service.h): out of the membership already, the calls in
+ * flight get 30 s to end. */
+static void worker_drain(void *ctx)
+{
+    eng_worker_t *w = ctx;
+    TD_INFO("%s: draining", w->id);
     td_rpc_server_stop(w->server, 30);
-stop_thread:
+    w->serving = false;
+}
+
+/* stop (common/service.h): the server, the metrics, the engine thread, the
+ * role, the store, the engine and transport, in that order; any part
+ * start() did not make is skipped. */
+static void worker_stop(void *ctx)
+{
+    eng_worker_t *w = ctx;
+    if (w->serving) /* started, then not registered */
+        td_rpc_server_stop(w->server, 30);
     td_metrics_server_stop(w->metrics_server); /* its scrapes ask the engine thread */
     w->metrics_server = NULL;
-    pthread_mutex_lock(&w->mu);
-    w->stop = true;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL);
-out:
-    if (code && !td_process_stop_signal())
-        fprintf(stderr, "tandem-%s: %s\n", role->name, td_last_error());
+    if (w->thread_up) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = true;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+    }
     td_rpc_server_destroy(w->server);
-    if (attached && role->detach)
-        role->detach(w, role->ctx);
+    if (w->attached && w->role->detach)
+        w->role->detach(w, w->role->ctx);
     store_close(w);
-    td_member_leave(w->member);
     eng_engine_destroy(w->engine);
     if (w->xo && w->xfer)
         w->xo->destroy(w->xfer);
@@ -1005,8 +973,27 @@ out:
     free(w->held_text);
     td_kv_events_free(&w->ev);
     td_metrics_destroy(w->metrics);
-    td_config_free(&w->cfg);
+}
+
+int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
+{
+    eng_worker_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return 1;
+    w->role = role;
+    snprintf(w->listen, sizeof w->listen, "127.0.0.1:0");
+    snprintf(w->id, sizeof w->id, "%s-%d", role->name, (int)getpid());
+    char prog[32], usage[1024];
+    snprintf(prog, sizeof prog, "tandem-%s", role->name);
+    snprintf(usage, sizeof usage, usage_fmt, role->name);
+    static const char *const own[] = {"--listen", "--id", NULL};
+    td_listen_id_t li = {w->listen, w->id, sizeof w->listen, sizeof w->id};
+    const td_service_t service = {.prog = prog, .section = role->name, .flags = worker_flags,
+                                  .n_flags = sizeof worker_flags / sizeof worker_flags[0], .own = own,
+                                  .own_fn = td_own_listen_id, .own_ctx = &li, .usage = usage, .cfg = &w->cfg,
+                                  .tls_files = &w->tls_files, .tls = &w->tls, .ctx = w, .configured = configured,
+                                  .start = worker_start, .drain = worker_drain, .stop = worker_stop};
+    int code = td_service_main(&service, argc, argv);
     free(w);
-    td_rpc_shutdown();
     return code;
 }
