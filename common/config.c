@@ -1,9 +1,12 @@
 /* config.c — see config.h.
  *
- * How it works: libcyaml loads the file (common/yaml.h) into a "raw" struct
- * whose every scalar is a pointer, so that an absent key is NULL and keeps the
- * default. A table of fields (name, type, where in td_config_t, where in the
- * raw struct) merges the raw values and serves td_config_set(). */
+ * How it works: one table (cfg_fields) holds every key once — its dotted
+ * name, type, place in td_config_t, default, bounds or choices, and one line
+ * of what it sets. The defaults, td_config_set (the flags), the YAML
+ * reader's schema (libcyaml, built from the table: common/yaml.h), the
+ * bounds' messages and `td_config_keys` (deploy/tandem.yaml is checked
+ * against it) all come from it. What libcyaml fills is a "raw" tree of
+ * pointers, one per key, so that an absent key is NULL and keeps its value. */
 #include "common/config.h"
 
 #include <ctype.h>
@@ -21,193 +24,136 @@
 
 typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 
-/* raw: what libcyaml fills */
-typedef struct { char *level, *format; } raw_log_t;
-typedef struct { char *path, *kv_dtype, *numerics; uint32_t *block_tokens, *context; } raw_model_t;
-typedef struct {
-    char *listen, *http_listen, *api_keys, *admin_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
-    uint32_t *max_streams, *ttft_slo_ms, *tpot_slo_ms, *index_max_blocks, *index_drop_events;
-    bool *early_reject;
-} raw_router_t;
-typedef struct {
-    uint32_t *count, *threads, *token_budget;
-    uint64_t *kv_mib;
-    bool *profile, *colocated;
-    char *device;
-} raw_workers_t;
-typedef struct {
-    uint32_t *count;
-    uint64_t *dram_mb, *ssd_mb;
-    char *data_dir;
-    bool *use;
-    uint32_t *replicas_max, *hot_hits, *hit_half_life_s;
-    char *near;
-} raw_kvstore_t;
-typedef struct { char *endpoints, *data_dir; uint32_t *lease_ttl_s; } raw_etcd_t;
-typedef struct { char *tls_ca, *tls_cert, *tls_key; bool *plaintext; } raw_cluster_t;
-typedef struct { char *kind; bool *peer_errors; uint32_t *peer_idle_s; char *interfaces; } raw_transport_t;
-typedef struct { char *listen; } raw_metrics_t;
-typedef struct {
-    raw_log_t *log;
-    raw_model_t *model;
-    raw_router_t *router;
-    raw_workers_t *prefill, *decode;
-    raw_kvstore_t *kvstore;
-    raw_etcd_t *etcd;
-    raw_cluster_t *cluster;
-    raw_transport_t *transport;
-    raw_metrics_t *metrics;
-} raw_config_t;
-
-#define OPT (CYAML_FLAG_OPTIONAL | CYAML_FLAG_POINTER)
-#define STR(k, s, m) CYAML_FIELD_STRING_PTR(k, OPT, s, m, 0, CYAML_UNLIMITED)
-
-static const cyaml_schema_field_t log_fields[] = {
-    STR("level", raw_log_t, level), STR("format", raw_log_t, format), CYAML_FIELD_END};
-static const cyaml_schema_field_t model_fields[] = {
-    STR("path", raw_model_t, path), STR("kv_dtype", raw_model_t, kv_dtype), STR("numerics", raw_model_t, numerics),
-    CYAML_FIELD_UINT_PTR("block_tokens", OPT, raw_model_t, block_tokens),
-    CYAML_FIELD_UINT_PTR("context", OPT, raw_model_t, context), CYAML_FIELD_END};
-static const cyaml_schema_field_t router_fields[] = {STR("listen", raw_router_t, listen),
-                                                       STR("http_listen", raw_router_t, http_listen),
-                                                       STR("api_keys", raw_router_t, api_keys),
-                                                       STR("admin_keys", raw_router_t, admin_keys),
-                                                       STR("tls_cert", raw_router_t, tls_cert),
-                                                       STR("tls_key", raw_router_t, tls_key),
-                                                       STR("tls_client_ca", raw_router_t, tls_client_ca),
-                                                       STR("tls_ca", raw_router_t, tls_ca),
-                                                       CYAML_FIELD_UINT_PTR("max_streams", OPT, raw_router_t,
-                                                                            max_streams),
-                                                       STR("placement", raw_router_t, placement),
-                                                       CYAML_FIELD_UINT_PTR("ttft_slo_ms", OPT, raw_router_t,
-                                                                            ttft_slo_ms),
-                                                       CYAML_FIELD_UINT_PTR("tpot_slo_ms", OPT, raw_router_t,
-                                                                            tpot_slo_ms),
-                                                       CYAML_FIELD_BOOL_PTR("early_reject", OPT, raw_router_t,
-                                                                            early_reject),
-                                                       CYAML_FIELD_UINT_PTR("index_max_blocks", OPT, raw_router_t,
-                                                                            index_max_blocks),
-                                                       CYAML_FIELD_UINT_PTR("index_drop_events", OPT, raw_router_t,
-                                                                            index_drop_events),
-                                                       CYAML_FIELD_END};
-static const cyaml_schema_field_t workers_fields[] = {
-    CYAML_FIELD_UINT_PTR("count", OPT, raw_workers_t, count),
-    CYAML_FIELD_UINT_PTR("threads", OPT, raw_workers_t, threads),
-    CYAML_FIELD_UINT_PTR("token_budget", OPT, raw_workers_t, token_budget),
-    CYAML_FIELD_UINT_PTR("kv_mib", OPT, raw_workers_t, kv_mib),
-    CYAML_FIELD_BOOL_PTR("profile", OPT, raw_workers_t, profile), STR("device", raw_workers_t, device),
-    CYAML_FIELD_BOOL_PTR("colocated", OPT, raw_workers_t, colocated), CYAML_FIELD_END};
-static const cyaml_schema_field_t kvstore_fields[] = {
-    CYAML_FIELD_UINT_PTR("count", OPT, raw_kvstore_t, count),
-    CYAML_FIELD_UINT_PTR("dram_mb", OPT, raw_kvstore_t, dram_mb), CYAML_FIELD_UINT_PTR("ssd_mb", OPT, raw_kvstore_t, ssd_mb),
-    STR("data_dir", raw_kvstore_t, data_dir), CYAML_FIELD_BOOL_PTR("use", OPT, raw_kvstore_t, use),
-    CYAML_FIELD_UINT_PTR("replicas_max", OPT, raw_kvstore_t, replicas_max),
-    CYAML_FIELD_UINT_PTR("hot_hits", OPT, raw_kvstore_t, hot_hits),
-    CYAML_FIELD_UINT_PTR("hit_half_life_s", OPT, raw_kvstore_t, hit_half_life_s), STR("near", raw_kvstore_t, near),
-    CYAML_FIELD_END};
-static const cyaml_schema_field_t etcd_fields[] = {
-    STR("endpoints", raw_etcd_t, endpoints), STR("data_dir", raw_etcd_t, data_dir),
-    CYAML_FIELD_UINT_PTR("lease_ttl_s", OPT, raw_etcd_t, lease_ttl_s), CYAML_FIELD_END};
-
-static const cyaml_schema_field_t cluster_fields[] = {
-    STR("tls_ca", raw_cluster_t, tls_ca), STR("tls_cert", raw_cluster_t, tls_cert),
-    STR("tls_key", raw_cluster_t, tls_key), CYAML_FIELD_BOOL_PTR("plaintext", OPT, raw_cluster_t, plaintext),
-    CYAML_FIELD_END};
-static const cyaml_schema_field_t transport_fields[] = {
-    STR("kind", raw_transport_t, kind),
-    CYAML_FIELD_BOOL_PTR("peer_errors", OPT, raw_transport_t, peer_errors),
-    CYAML_FIELD_UINT_PTR("peer_idle_s", OPT, raw_transport_t, peer_idle_s),
-    STR("interfaces", raw_transport_t, interfaces), CYAML_FIELD_END};
-static const cyaml_schema_field_t metrics_fields[] = {STR("listen", raw_metrics_t, listen), CYAML_FIELD_END};
-
-static const cyaml_schema_field_t top_fields[] = {
-    CYAML_FIELD_MAPPING_PTR("log", OPT, raw_config_t, log, log_fields),
-    CYAML_FIELD_MAPPING_PTR("model", OPT, raw_config_t, model, model_fields),
-    CYAML_FIELD_MAPPING_PTR("router", OPT, raw_config_t, router, router_fields),
-    CYAML_FIELD_MAPPING_PTR("prefill", OPT, raw_config_t, prefill, workers_fields),
-    CYAML_FIELD_MAPPING_PTR("decode", OPT, raw_config_t, decode, workers_fields),
-    CYAML_FIELD_MAPPING_PTR("kvstore", OPT, raw_config_t, kvstore, kvstore_fields),
-    CYAML_FIELD_MAPPING_PTR("etcd", OPT, raw_config_t, etcd, etcd_fields),
-    CYAML_FIELD_MAPPING_PTR("cluster", OPT, raw_config_t, cluster, cluster_fields),
-    CYAML_FIELD_MAPPING_PTR("transport", OPT, raw_config_t, transport, transport_fields),
-    CYAML_FIELD_MAPPING_PTR("metrics", OPT, raw_config_t, metrics, metrics_fields),
-    CYAML_FIELD_END};
-
-static const cyaml_schema_value_t top_schema = {
-    CYAML_VALUE_MAPPING(CYAML_FLAG_POINTER, raw_config_t, top_fields)};
-
-/* Every field once: its dotted name, kind, place in td_config_t, and how to
- * reach it in the raw struct (section pointer offset, member offset). */
+/* Every key once. min/max bound a number (max 0: any); choices ("a|b")
+ * limit a string (NULL: any); rules across keys are td_config_validate's. */
 typedef struct cfg_field {
     const char *name;
     cfg_kind_t kind;
     size_t off;
-    size_t raw_section, raw_member;
+    const char *def;
+    uint64_t min, max;
+    const char *choices;
+    const char *doc;
 } cfg_field_t;
 
-#define F(name, kind, member, rsec, rtype, rmember)                                            \
-    {name, kind, offsetof(td_config_t, member), offsetof(raw_config_t, rsec), offsetof(rtype, rmember)}
+#define S(name, member, def, choices, doc) {name, CFG_STR, offsetof(td_config_t, member), def, 0, 0, choices, doc}
+#define U(name, member, def, min, max, doc) {name, CFG_U32, offsetof(td_config_t, member), def, min, max, NULL, doc}
+#define L(name, member, def, min, max, doc) {name, CFG_U64, offsetof(td_config_t, member), def, min, max, NULL, doc}
+#define B(name, member, def, doc) {name, CFG_BOOL, offsetof(td_config_t, member), def, 0, 0, NULL, doc}
+#define WORKER(r)                                                                                                     \
+    U(#r ".count", r.count, "1", 0, 0, "workers of the role tandem up starts"),                                       \
+    U(#r ".threads", r.threads, "0", 0, 256, "engine threads (0: one per core)"),                                     \
+    U(#r ".token_budget", r.token_budget, "512", 1, 1u << 20, "tokens per engine step (the chunked-prefill size)"),  \
+    L(#r ".kv_mib", r.kv_mib, "64", 1, 1u << 20, "the KV pool (MiB)"),                                                \
+    B(#r ".profile", r.profile, "true", "measure the start-up profile (worker/profile_store.h)"),                       \
+    S(#r ".device", r.device, "cpu", NULL, "cpu, cuda or cuda:N (a comma-separated list: one per worker in turn)"),   \
+    B(#r ".colocated", r.colocated, "false", "serve whole requests too (decode only)")
 
 static const cfg_field_t cfg_fields[] = {
-    F("log.level", CFG_STR, log.level, log, raw_log_t, level),
-    F("log.format", CFG_STR, log.format, log, raw_log_t, format),
-    F("model.path", CFG_STR, model.path, model, raw_model_t, path),
-    F("model.kv_dtype", CFG_STR, model.kv_dtype, model, raw_model_t, kv_dtype),
-    F("model.numerics", CFG_STR, model.numerics, model, raw_model_t, numerics),
-    F("model.block_tokens", CFG_U32, model.block_tokens, model, raw_model_t, block_tokens),
-    F("model.context", CFG_U32, model.context, model, raw_model_t, context),
-    F("router.listen", CFG_STR, router.listen, router, raw_router_t, listen),
-    F("router.http_listen", CFG_STR, router.http_listen, router, raw_router_t, http_listen),
-    F("router.api_keys", CFG_STR, router.api_keys, router, raw_router_t, api_keys),
-    F("router.admin_keys", CFG_STR, router.admin_keys, router, raw_router_t, admin_keys),
-    F("router.tls_cert", CFG_STR, router.tls_cert, router, raw_router_t, tls_cert),
-    F("router.tls_key", CFG_STR, router.tls_key, router, raw_router_t, tls_key),
-    F("router.tls_client_ca", CFG_STR, router.tls_client_ca, router, raw_router_t, tls_client_ca),
-    F("router.tls_ca", CFG_STR, router.tls_ca, router, raw_router_t, tls_ca),
-    F("router.max_streams", CFG_U32, router.max_streams, router, raw_router_t, max_streams),
-    F("router.placement", CFG_STR, router.placement, router, raw_router_t, placement),
-    F("router.ttft_slo_ms", CFG_U32, router.ttft_slo_ms, router, raw_router_t, ttft_slo_ms),
-    F("router.tpot_slo_ms", CFG_U32, router.tpot_slo_ms, router, raw_router_t, tpot_slo_ms),
-    F("router.early_reject", CFG_BOOL, router.early_reject, router, raw_router_t, early_reject),
-    F("router.index_max_blocks", CFG_U32, router.index_max_blocks, router, raw_router_t, index_max_blocks),
-    F("router.index_drop_events", CFG_U32, router.index_drop_events, router, raw_router_t, index_drop_events),
-    F("prefill.count", CFG_U32, prefill.count, prefill, raw_workers_t, count),
-    F("prefill.threads", CFG_U32, prefill.threads, prefill, raw_workers_t, threads),
-    F("prefill.token_budget", CFG_U32, prefill.token_budget, prefill, raw_workers_t, token_budget),
-    F("prefill.kv_mib", CFG_U64, prefill.kv_mib, prefill, raw_workers_t, kv_mib),
-    F("prefill.profile", CFG_BOOL, prefill.profile, prefill, raw_workers_t, profile),
-    F("prefill.device", CFG_STR, prefill.device, prefill, raw_workers_t, device),
-    F("prefill.colocated", CFG_BOOL, prefill.colocated, prefill, raw_workers_t, colocated),
-    F("decode.count", CFG_U32, decode.count, decode, raw_workers_t, count),
-    F("decode.threads", CFG_U32, decode.threads, decode, raw_workers_t, threads),
-    F("decode.token_budget", CFG_U32, decode.token_budget, decode, raw_workers_t, token_budget),
-    F("decode.kv_mib", CFG_U64, decode.kv_mib, decode, raw_workers_t, kv_mib),
-    F("decode.profile", CFG_BOOL, decode.profile, decode, raw_workers_t, profile),
-    F("decode.device", CFG_STR, decode.device, decode, raw_workers_t, device),
-    F("decode.colocated", CFG_BOOL, decode.colocated, decode, raw_workers_t, colocated),
-    F("kvstore.count", CFG_U32, kvstore.count, kvstore, raw_kvstore_t, count),
-    F("kvstore.dram_mb", CFG_U64, kvstore.dram_mb, kvstore, raw_kvstore_t, dram_mb),
-    F("kvstore.ssd_mb", CFG_U64, kvstore.ssd_mb, kvstore, raw_kvstore_t, ssd_mb),
-    F("kvstore.data_dir", CFG_STR, kvstore.data_dir, kvstore, raw_kvstore_t, data_dir),
-    F("kvstore.use", CFG_BOOL, kvstore.use, kvstore, raw_kvstore_t, use),
-    F("kvstore.replicas_max", CFG_U32, kvstore.replicas_max, kvstore, raw_kvstore_t, replicas_max),
-    F("kvstore.hot_hits", CFG_U32, kvstore.hot_hits, kvstore, raw_kvstore_t, hot_hits),
-    F("kvstore.hit_half_life_s", CFG_U32, kvstore.hit_half_life_s, kvstore, raw_kvstore_t, hit_half_life_s),
-    F("kvstore.near", CFG_STR, kvstore.near, kvstore, raw_kvstore_t, near),
-    F("etcd.endpoints", CFG_STR, etcd.endpoints, etcd, raw_etcd_t, endpoints),
-    F("etcd.data_dir", CFG_STR, etcd.data_dir, etcd, raw_etcd_t, data_dir),
-    F("etcd.lease_ttl_s", CFG_U32, etcd.lease_ttl_s, etcd, raw_etcd_t, lease_ttl_s),
-    F("cluster.tls_ca", CFG_STR, cluster.tls_ca, cluster, raw_cluster_t, tls_ca),
-    F("cluster.tls_cert", CFG_STR, cluster.tls_cert, cluster, raw_cluster_t, tls_cert),
-    F("cluster.tls_key", CFG_STR, cluster.tls_key, cluster, raw_cluster_t, tls_key),
-    F("cluster.plaintext", CFG_BOOL, cluster.plaintext, cluster, raw_cluster_t, plaintext),
-    F("transport.kind", CFG_STR, transport.kind, transport, raw_transport_t, kind),
-    F("transport.peer_errors", CFG_BOOL, transport.peer_errors, transport, raw_transport_t, peer_errors),
-    F("transport.peer_idle_s", CFG_U32, transport.peer_idle_s, transport, raw_transport_t, peer_idle_s),
-    F("transport.interfaces", CFG_STR, transport.interfaces, transport, raw_transport_t, interfaces),
-    F("metrics.listen", CFG_STR, metrics.listen, metrics, raw_metrics_t, listen),
+    S("log.level", log.level, "info", NULL, "what is logged: debug, info, warn, error or off (any case)"),
+    S("log.format", log.format, "text", "text|json", "log lines as text or JSON"),
+    S("model.path", model.path, TD_DEFAULT_MODEL, NULL, "the GGUF or safetensors model"),
+    S("model.kv_dtype", model.kv_dtype, "fp16", "fp16|fp32", "the KV cache's element type (the KV contract)"),
+    S("model.numerics", model.numerics, "fast", "fast|reference", "tandem's kernels, or llama.cpp's rounding"),
+    U("model.block_tokens", model.block_tokens, "16", 16, 256, "tokens per KV block, a power of two"),
+    U("model.context", model.context, "0", 0, 0, "the context length (0: the model's)"),
+    S("router.listen", router.listen, "127.0.0.1:50051", NULL, "the public gRPC API"),
+    S("router.http_listen", router.http_listen, "127.0.0.1:8000", NULL, "the OpenAI HTTP API (\"\": none)"),
+    S("router.api_keys", router.api_keys, "", NULL, "the API keys' file (\"\": an open API)"),
+    S("router.admin_keys", router.admin_keys, "", NULL, "the administrators' keys' file"),
+    S("router.tls_cert", router.tls_cert, "", NULL, "the public API's TLS certificate"),
+    S("router.tls_key", router.tls_key, "", NULL, "its key"),
+    S("router.tls_client_ca", router.tls_client_ca, "", NULL, "client certificates required, signed by this CA"),
+    S("router.tls_ca", router.tls_ca, "", NULL, "the CA clients trust (tandem up's probe)"),
+    U("router.max_streams", router.max_streams, "4096", 1, 1u << 20, "calls the router handles at once"),
+    S("router.placement", router.placement, "predictive", NULL, "the placement policy (router/placement.h)"),
+    U("router.ttft_slo_ms", router.ttft_slo_ms, "0", 0, 0, "the TTFT SLO (0: none)"),
+    U("router.tpot_slo_ms", router.tpot_slo_ms, "0", 0, 0, "the TPOT SLO (0: none)"),
+    B("router.early_reject", router.early_reject, "true", "refuse at once what no pair is predicted to serve in time"),
+    U("router.index_max_blocks", router.index_max_blocks, "262144", 1024, 1u << 26, "the cache index's bound"),
+    U("router.index_drop_events", router.index_drop_events, "0", 0, 0, "a test hook: drop one event in N"),
+    WORKER(prefill),
+    WORKER(decode),
+    U("kvstore.count", kvstore.count, "1", 0, 0, "kvstore nodes tandem up starts"),
+    L("kvstore.dram_mb", kvstore.dram_mb, "1024", 0, 0, "a node's CPU tier (MiB)"),
+    L("kvstore.ssd_mb", kvstore.ssd_mb, "0", 0, 0, "its SSD tier (MiB; 0: none)"),
+    S("kvstore.data_dir", kvstore.data_dir, "", NULL, "the SSD tier's folder"),
+    B("kvstore.use", kvstore.use, "true", "workers fetch from and publish to the store"),
+    U("kvstore.replicas_max", kvstore.replicas_max, "2", 0, KV_REPLICAS_LIMIT, "copies of a hot block"),
+    U("kvstore.hot_hits", kvstore.hot_hits, "8", 1, 0, "reads per half-life that make a block hot"),
+    U("kvstore.hit_half_life_s", kvstore.hit_half_life_s, "30", 1, 0, "the reads' half-life (s)"),
+    S("kvstore.near", kvstore.near, "", NULL, "the id of the kvstore node on this host"),
+    S("etcd.endpoints", etcd.endpoints, "127.0.0.1:2379", NULL, "etcd's client endpoints"),
+    S("etcd.data_dir", etcd.data_dir, "", NULL, "tandem up's etcd data folder"),
+    U("etcd.lease_ttl_s", etcd.lease_ttl_s, "3", 1, 3600, "a registration's lease (s)"),
+    S("cluster.tls_ca", cluster.tls_ca, "", NULL, "the cluster CA (the internal planes' mutual TLS)"),
+    S("cluster.tls_cert", cluster.tls_cert, "", NULL, "this process's certificate"),
+    S("cluster.tls_key", cluster.tls_key, "", NULL, "its key"),
+    B("cluster.plaintext", cluster.plaintext, "false", "the internal planes open to anyone (said loudly)"),
+    S("transport.kind", transport.kind, "auto", "auto|ucx|cuda_ipc", "the KV transport"),
+    B("transport.peer_errors", transport.peer_errors, "false", "UCX peer error handling"),
+    U("transport.peer_idle_s", transport.peer_idle_s, "60", 1, 86400, "a KV connection unused this long closes (s)"),
+    S("transport.interfaces", transport.interfaces, "lo", NULL, "the network interfaces UCX uses"),
+    S("metrics.listen", metrics.listen, "", NULL, "Prometheus metrics (\"\": none)"),
 };
 #define N_FIELDS (sizeof cfg_fields / sizeof cfg_fields[0])
+
+/* ---- the YAML schema, from the table ----
+ * raw: a section pointer per section, in the order sections first appear;
+ * each section a pointer per key of it, in table order. */
+#define MAX_SECTIONS 16
+
+typedef struct schema {
+    cyaml_schema_field_t top[MAX_SECTIONS + 1], keys[N_FIELDS + MAX_SECTIONS];
+    cyaml_schema_value_t value;
+    char section[MAX_SECTIONS][16];
+    size_t n_sections, first[MAX_SECTIONS + 1]; /* the section's keys: cfg_fields[first[s] .. first[s + 1]) */
+    int sec_of[N_FIELDS], at[N_FIELDS];         /* each key's section and place in it */
+} schema_t;
+
+static void schema_build(schema_t *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    size_t k = 0;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const char *dot = strchr(cfg_fields[i].name, '.');
+        size_t len = (size_t)(dot - cfg_fields[i].name), s = sc->n_sections;
+        const char *last = s ? sc->section[s - 1] : "";
+        if (strlen(last) != len || strncmp(last, cfg_fields[i].name, len)) { /* a new section: its keys follow */
+            s = sc->n_sections++;
+            snprintf(sc->section[s], sizeof sc->section[s], "%.*s", (int)len, cfg_fields[i].name);
+            sc->first[s] = i;
+            if (s)
+                sc->keys[k++] = (cyaml_schema_field_t)CYAML_FIELD_END;
+            sc->top[s] = (cyaml_schema_field_t){.key = sc->section[s], .data_offset = s * sizeof(void *),
+                                                .value = {.type = CYAML_MAPPING,
+                                                          .flags = CYAML_FLAG_OPTIONAL | CYAML_FLAG_POINTER,
+                                                          .mapping = {.fields = &sc->keys[k]}}};
+        } else {
+            s--;
+        }
+        sc->sec_of[i] = (int)s;
+        sc->at[i] = (int)(i - sc->first[s]);
+        cyaml_schema_field_t *f = &sc->keys[k++];
+        f->key = dot + 1;
+        f->data_offset = (size_t)sc->at[i] * sizeof(void *);
+        f->value.flags = CYAML_FLAG_OPTIONAL | CYAML_FLAG_POINTER;
+        static const cyaml_type_e types[] = {CYAML_STRING, CYAML_UINT, CYAML_UINT, CYAML_BOOL};
+        static const uint32_t sizes[] = {sizeof(char *), sizeof(uint32_t), sizeof(uint64_t), sizeof(bool)};
+        f->value.type = types[cfg_fields[i].kind];
+        f->value.data_size = sizes[cfg_fields[i].kind];
+        if (cfg_fields[i].kind == CFG_STR)
+            f->value.string.max = CYAML_UNLIMITED;
+    }
+    sc->first[sc->n_sections] = N_FIELDS;
+    sc->keys[k] = (cyaml_schema_field_t)CYAML_FIELD_END;
+    for (size_t s = 0; s < sc->n_sections; s++)
+        sc->top[s].value.data_size = (uint32_t)((sc->first[s + 1] - sc->first[s]) * sizeof(void *));
+    sc->top[sc->n_sections] = (cyaml_schema_field_t)CYAML_FIELD_END;
+    sc->value = (cyaml_schema_value_t){.type = CYAML_MAPPING, .flags = CYAML_FLAG_POINTER,
+                                       .data_size = (uint32_t)(sc->n_sections * sizeof(void *)),
+                                       .mapping = {.fields = sc->top}};
+}
 
 static td_status_t set_str(char **slot, const char *v)
 {
@@ -222,29 +168,8 @@ static td_status_t set_str(char **slot, const char *v)
 td_status_t td_config_defaults(td_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    static const struct { const char *k, *v; } defaults[] = {
-        {"log.level", "info"}, {"log.format", "text"},
-        {"model.path", TD_DEFAULT_MODEL}, {"model.kv_dtype", "fp16"}, {"model.numerics", "fast"},
-        {"model.block_tokens", "16"}, {"model.context", "0"},
-        {"router.listen", "127.0.0.1:50051"}, {"router.http_listen", "127.0.0.1:8000"}, {"router.api_keys", ""}, {"router.admin_keys", ""}, {"router.tls_cert", ""}, {"router.tls_key", ""},
-        {"router.tls_client_ca", ""}, {"router.tls_ca", ""}, {"router.max_streams", "4096"},
-        {"router.placement", "predictive"}, {"router.ttft_slo_ms", "0"}, {"router.tpot_slo_ms", "0"},
-        {"router.early_reject", "true"}, {"router.index_max_blocks", "262144"}, {"router.index_drop_events", "0"},
-        {"prefill.count", "1"}, {"prefill.threads", "0"}, {"prefill.token_budget", "512"}, {"prefill.kv_mib", "64"}, {"prefill.profile", "true"}, {"prefill.device", "cpu"},
-        {"prefill.colocated", "false"},
-        {"decode.count", "1"}, {"decode.threads", "0"}, {"decode.token_budget", "512"}, {"decode.kv_mib", "64"}, {"decode.profile", "true"}, {"decode.device", "cpu"},
-        {"decode.colocated", "false"},
-        {"kvstore.count", "1"}, {"kvstore.dram_mb", "1024"}, {"kvstore.ssd_mb", "0"}, {"kvstore.data_dir", ""},
-        {"kvstore.use", "true"}, {"kvstore.replicas_max", "2"}, {"kvstore.hot_hits", "8"},
-        {"kvstore.hit_half_life_s", "30"}, {"kvstore.near", ""},
-        {"etcd.endpoints", "127.0.0.1:2379"}, {"etcd.data_dir", ""}, {"etcd.lease_ttl_s", "3"},
-        {"cluster.tls_ca", ""}, {"cluster.tls_cert", ""}, {"cluster.tls_key", ""}, {"cluster.plaintext", "false"},
-        {"transport.kind", "auto"},
-        {"transport.peer_errors", "false"}, {"transport.peer_idle_s", "60"}, {"transport.interfaces", "lo"},
-        {"metrics.listen", ""},
-    };
-    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
-        td_status_t rc = td_config_set(cfg, defaults[i].k, defaults[i].v);
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        td_status_t rc = td_config_set(cfg, cfg_fields[i].name, cfg_fields[i].def);
         if (rc)
             return rc;
     }
@@ -285,17 +210,16 @@ td_status_t td_config_set(td_config_t *cfg, const char *key, const char *value)
 
 td_status_t td_config_load(td_config_t *cfg, const char *path)
 {
-    raw_config_t *raw = NULL;
-    td_status_t st = td_yaml_load_file(&top_schema, path, (void **)&raw);
-    if (st)
-        return st;
-    td_status_t rc = TD_OK;
+    schema_t *sc = malloc(sizeof *sc);
+    if (!sc)
+        return td_error(TD_ERR_NO_MEMORY, "config: no memory");
+    schema_build(sc);
+    void **raw = NULL;
+    td_status_t rc = td_yaml_load_file(&sc->value, path, (void **)&raw);
     for (size_t i = 0; i < N_FIELDS && !rc && raw; i++) {
         const cfg_field_t *f = &cfg_fields[i];
-        char *section = *(char **)(void *)((char *)raw + f->raw_section);
-        if (!section)
-            continue;
-        void *v = *(void **)(void *)(section + f->raw_member);
+        void **section = raw[sc->sec_of[i]];
+        void *v = section ? section[sc->at[i]] : NULL;
         if (!v)
             continue;
         char *slot = (char *)cfg + f->off;
@@ -308,7 +232,9 @@ td_status_t td_config_load(td_config_t *cfg, const char *path)
         else
             *(uint64_t *)(void *)slot = *(uint64_t *)v;
     }
-    td_yaml_free(&top_schema, raw);
+    if (raw)
+        td_yaml_free(&sc->value, raw);
+    free(sc);
     return rc ? rc : td_config_validate(cfg);
 }
 
@@ -370,38 +296,66 @@ void td_config_placements(const char *const *names, size_t n)
     n_placements = n;
 }
 
+/* One key against its bounds or choices in the table. */
+static td_status_t check_field(const td_config_t *cfg, const cfg_field_t *f)
+{
+    const char *slot = (const char *)cfg + f->off;
+    if (f->kind == CFG_STR && f->choices) {
+        const char *v = *(char *const *)(const void *)slot;
+        for (const char *c = f->choices; *c;) {
+            size_t len = strcspn(c, "|");
+            if (strlen(v) == len && !strncmp(v, c, len))
+                return TD_OK;
+            c += len + (c[len] == '|');
+        }
+        char list[160] = "";
+        size_t at = 0, n = 1;
+        for (const char *c = f->choices; *c; c++)
+            n += *c == '|';
+        for (size_t i = 0, k = 0; f->choices[i] && at < sizeof list - 8; i++) {
+            if (f->choices[i] != '|') {
+                list[at++] = f->choices[i];
+                continue;
+            }
+            k++;
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s", k + 1 == n ? " or " : ", ");
+        }
+        list[at] = 0;
+        return td_error(TD_ERR_CONFIG, "config: %s = '%s'; it must be %s", f->name, v, list);
+    }
+    if (f->kind != CFG_U32 && f->kind != CFG_U64)
+        return TD_OK;
+    uint64_t v = f->kind == CFG_U32 ? *(const uint32_t *)(const void *)slot : *(const uint64_t *)(const void *)slot;
+    if (v >= f->min && (!f->max || v <= f->max))
+        return TD_OK;
+    if (f->max)
+        return td_error(TD_ERR_CONFIG, "config: %s = %llu; it must be from %llu to %llu", f->name,
+                        (unsigned long long)v, (unsigned long long)f->min, (unsigned long long)f->max);
+    return td_error(TD_ERR_CONFIG, "config: %s = %llu; it must be at least %llu", f->name, (unsigned long long)v,
+                    (unsigned long long)f->min);
+}
+
 td_status_t td_config_validate(const td_config_t *cfg)
 {
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (check_field(cfg, &cfg_fields[i]))
+            return TD_ERR_CONFIG;
+    /* the rules the table's bounds do not say */
     uint32_t bt = cfg->model.block_tokens;
-    if (bt < 16 || bt > 256 || (bt & (bt - 1)))
+    if (bt & (bt - 1))
         return td_error(TD_ERR_CONFIG, "config: model.block_tokens = %u; it must be a power of two from 16 to 256", bt);
-    if (strcmp(cfg->transport.kind, "auto") && strcmp(cfg->transport.kind, "ucx") &&
-        strcmp(cfg->transport.kind, "cuda_ipc"))
-        return td_error(TD_ERR_CONFIG, "config: transport.kind = '%s'; it must be auto, ucx or cuda_ipc",
-                        cfg->transport.kind);
-    if (strcmp(cfg->model.kv_dtype, "fp16") && strcmp(cfg->model.kv_dtype, "fp32"))
-        return td_error(TD_ERR_CONFIG, "config: model.kv_dtype = '%s'; it must be fp16 or fp32", cfg->model.kv_dtype);
-    if (strcmp(cfg->model.numerics, "fast") && strcmp(cfg->model.numerics, "reference"))
-        return td_error(TD_ERR_CONFIG, "config: model.numerics = '%s'; it must be fast or reference",
-                        cfg->model.numerics);
-    const struct { const char *role; uint32_t budget; uint64_t mib; uint32_t threads; const char *device; } w[] = {
-        {"prefill", cfg->prefill.token_budget, cfg->prefill.kv_mib, cfg->prefill.threads, cfg->prefill.device},
-        {"decode", cfg->decode.token_budget, cfg->decode.kv_mib, cfg->decode.threads, cfg->decode.device}};
+    const struct { const char *role; const char *device; } w[] = {{"prefill", cfg->prefill.device},
+                                                                   {"decode", cfg->decode.device}};
     for (size_t i = 0; i < 2; i++) {
         char one[32];
         if (!td_device_pick(w[i].device, 0, one, sizeof one))
             return td_error(TD_ERR_CONFIG, "config: %s.device = '%s'; it must be cpu, cuda or cuda:N (or a "
                             "comma-separated list of them, one for each worker in turn)", w[i].role, w[i].device);
-        if (w[i].threads > 256)
-            return td_error(TD_ERR_CONFIG, "config: %s.threads = %u; it must be from 0 (one per core) to 256",
-                            w[i].role, w[i].threads);
-        if (w[i].budget < 1 || w[i].budget > 1u << 20)
-            return td_error(TD_ERR_CONFIG, "config: %s.token_budget = %u; it must be from 1 to 1048576", w[i].role,
-                            w[i].budget);
-        if (w[i].mib < 1 || w[i].mib > 1u << 20)
-            return td_error(TD_ERR_CONFIG, "config: %s.kv_mib = %llu; it must be from 1 to 1048576", w[i].role,
-                            (unsigned long long)w[i].mib);
     }
+    td_log_level_t lv;
+    if (td_log_level_parse(cfg->log.level, &lv))
+        return td_error(TD_ERR_CONFIG, "config: log.level = '%s'; it must be debug, info, warn, error or off",
+                        cfg->log.level);
     if (cfg->prefill.colocated)
         return td_error(TD_ERR_CONFIG, "config: prefill.colocated = true; only decode workers serve whole requests "
                         "(decode.colocated)");
@@ -415,31 +369,43 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (!known)
         return td_error(TD_ERR_CONFIG, "config: router.placement = \"%s\"; it must be one of %s",
                         cfg->router.placement, names);
-    if (cfg->router.index_max_blocks < 1024 || cfg->router.index_max_blocks > 1u << 26)
-        return td_error(TD_ERR_CONFIG, "config: router.index_max_blocks = %u; it must be from 1024 to 67108864",
-                        cfg->router.index_max_blocks);
-    if (cfg->router.max_streams < 1 || cfg->router.max_streams > 1u << 20)
-        return td_error(TD_ERR_CONFIG, "config: router.max_streams = %u; it must be from 1 to 1048576",
-                        cfg->router.max_streams);
-    if (cfg->etcd.lease_ttl_s < 1 || cfg->etcd.lease_ttl_s > 3600)
-        return td_error(TD_ERR_CONFIG, "config: etcd.lease_ttl_s = %u; it must be from 1 to 3600",
-                        cfg->etcd.lease_ttl_s);
-    if (cfg->transport.peer_idle_s < 1 || cfg->transport.peer_idle_s > 86400)
-        return td_error(TD_ERR_CONFIG, "config: transport.peer_idle_s = %u; it must be from 1 to 86400",
-                        cfg->transport.peer_idle_s);
-    td_log_level_t lv;
-    if (td_log_level_parse(cfg->log.level, &lv))
-        return td_error(TD_ERR_CONFIG, "config: log.level = '%s'; it must be debug, info, warn, error or off",
-                        cfg->log.level);
-    if (cfg->kvstore.replicas_max > KV_REPLICAS_LIMIT)
-        return td_error(TD_ERR_CONFIG, "config: kvstore.replicas_max = %u; at most %u", cfg->kvstore.replicas_max,
-                        KV_REPLICAS_LIMIT);
-    if (!cfg->kvstore.hot_hits || !cfg->kvstore.hit_half_life_s)
-        return td_error(TD_ERR_CONFIG, "config: kvstore.%s is 0; it must be at least 1",
-                        cfg->kvstore.hot_hits ? "hit_half_life_s" : "hot_hits");
-    if (strcmp(cfg->log.format, "text") && strcmp(cfg->log.format, "json"))
-        return td_error(TD_ERR_CONFIG, "config: log.format = '%s'; it must be text or json", cfg->log.format);
     return TD_OK;
+}
+
+size_t td_config_key_count(void) { return N_FIELDS; }
+
+td_config_key_t td_config_key(size_t i)
+{
+    return i < N_FIELDS ? (td_config_key_t){cfg_fields[i].name, cfg_fields[i].def, cfg_fields[i].doc}
+                        : (td_config_key_t){NULL, NULL, NULL};
+}
+
+td_status_t td_config_get(const td_config_t *cfg, const char *key, char *out, size_t n)
+{
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const cfg_field_t *f = &cfg_fields[i];
+        if (strcmp(f->name, key))
+            continue;
+        const char *slot = (const char *)cfg + f->off;
+        if (f->kind == CFG_STR)
+            snprintf(out, n, "%s", *(char *const *)(const void *)slot);
+        else if (f->kind == CFG_BOOL)
+            snprintf(out, n, "%s", *(const bool *)(const void *)slot ? "true" : "false");
+        else
+            snprintf(out, n, "%llu", f->kind == CFG_U32 ? (unsigned long long)*(const uint32_t *)(const void *)slot
+                                                        : (unsigned long long)*(const uint64_t *)(const void *)slot);
+        return TD_OK;
+    }
+    return td_error(TD_ERR_CONFIG, "config: unknown key '%s'", key);
+}
+
+/* --help: the usage, then every key with its default and what it sets. */
+static void help(const char *usage)
+{
+    printf("%s\nconfig keys (section.key: default — what it sets; deploy/tandem.yaml has more on each):\n", usage);
+    for (size_t i = 0; i < N_FIELDS; i++)
+        printf("  %-26s %-18s %s\n", cfg_fields[i].name, cfg_fields[i].def[0] ? cfg_fields[i].def : "\"\"",
+               cfg_fields[i].doc);
 }
 
 void td_config_free(td_config_t *cfg)
@@ -460,6 +426,12 @@ int td_config_from_args(td_config_t *cfg, const char *prog, const char *section,
 {
     if (td_config_defaults(cfg))
         return 2;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            help(usage);
+            td_config_free(cfg);
+            exit(0);
+        }
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--config") && td_config_load(cfg, argv[i + 1])) {
             fprintf(stderr, "%s: %s\n", prog, td_last_error());

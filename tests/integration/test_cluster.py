@@ -313,6 +313,12 @@ def cli_conventions():
         check("tandem %s --help: usage on stdout, exit 0" % cmd,
               r.returncode == 0 and r.stdout.startswith("usage: tandem " + cmd), "exit %d: %s" % (r.returncode,
                                                                                              (r.stdout + r.stderr)[:200]))
+    for prog in ["tandem-router", "tandem-prefill", "tandem-decode", "tandem-kvstore"]:
+        r = subprocess.run([BIN + "/" + prog, "--help"], capture_output=True, text=True, timeout=10)
+        keys = re.findall(r"^  ([a-z]+\.[a-z_]+) ", r.stdout, re.M)
+        check("%s --help: usage and the config keys (%d, with their defaults) on stdout, exit 0" % (prog, len(keys)),
+              r.returncode == 0 and r.stdout.startswith("usage: " + prog) and "kvstore.hot_hits" in keys and
+              "router.placement" in keys, "exit %d: %s" % (r.returncode, (r.stdout + r.stderr)[:200]))
     r = subprocess.run([BIN + "/tandem", "bench", "--endpoint", "", "--api", "grpc", "--num-requests", "1"],
                        capture_output=True, text=True, timeout=10)
     check("tandem bench --endpoint '' fails at once naming the endpoint (exit %d)" % r.returncode,
