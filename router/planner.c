@@ -50,10 +50,11 @@ static void set_error(rt_planner_t *p, const char *what)
 static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model_t *m, const td_ops_desired_t *now,
                         double since, char *why, size_t cap)
 {
-    rt_slo_window_t w;
-    rt_stats_window(p->stats, since, ops->slo.ttft_ms, ops->slo.tpot_ms, &w);
+    rt_slo_window_t w; /* at least the last 8 since the last change: an overloaded worker finishes few */
+    rt_stats_window_n(p->stats, since, p->changed_at, 8, ops->slo.ttft_ms, ops->slo.tpot_ms, &w);
     if (w.n < 8) {
-        snprintf(why, cap, "auto: %u requests finished since %.0f s ago; waiting for 8", w.n, td_now_s() - since);
+        snprintf(why, cap, "auto: %u requests finished since %.0f s ago; waiting for 8", w.n,
+                 td_now_s() - (p->changed_at ? p->changed_at : since));
         return 0;
     }
     double att = (double)w.met / w.n;
@@ -152,7 +153,7 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
             next.decode = next.decode < m->min_decode ? m->min_decode
                         : next.decode > m->max_decode ? m->max_decode : next.decode;
         }
-        /* the requests that finished in the last 3 x hold_s, and since the last change */
+        /* the requests that finished in the last 3 x hold_s (at least the last 8), and since the last change */
         double since = now - 3.0 * ops->planner.hold_s;
         if (p->changed_at > since)
             since = p->changed_at;

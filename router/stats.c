@@ -85,6 +85,12 @@ static double p90(double *v, uint32_t n)
 
 void rt_stats_window(rt_stats_t *s, double since, double ttft_slo_ms, double tpot_slo_ms, rt_slo_window_t *out)
 {
+    rt_stats_window_n(s, since, since, 0, ttft_slo_ms, tpot_slo_ms, out);
+}
+
+void rt_stats_window_n(rt_stats_t *s, double since, double floor, uint32_t min_n, double ttft_slo_ms,
+                       double tpot_slo_ms, rt_slo_window_t *out)
+{
     memset(out, 0, sizeof *out);
     double *ttft = malloc(RT_DONE_RING * sizeof *ttft), *tpot = malloc(RT_DONE_RING * sizeof *tpot);
     if (!ttft || !tpot) {
@@ -96,7 +102,7 @@ void rt_stats_window(rt_stats_t *s, double since, double ttft_slo_ms, double tpo
     uint64_t n = s->n_done < RT_DONE_RING ? s->n_done : RT_DONE_RING;
     for (uint64_t k = 0; k < n; k++) {
         const rt_done_t *d = &s->done[(s->n_done - 1 - k) % RT_DONE_RING];
-        if (d->t < since)
+        if (d->t < since && (out->n >= min_n || d->t < floor))
             break;
         bool ttft_miss = !d->ok || (ttft_slo_ms > 0 && d->ttft_ms > ttft_slo_ms);
         bool tpot_miss = !d->ok || (tpot_slo_ms > 0 && d->tpot_ms > tpot_slo_ms);

@@ -31,6 +31,11 @@ void rt_stats_done(rt_stats_t *s, double ttft_ms, double tpot_ms, bool ok);
 /* The requests that ended since `since` (td_now_s() time) held to SLOs of
  * ttft_slo_ms and tpot_slo_ms (0: none). */
 void rt_stats_window(rt_stats_t *s, double since, double ttft_slo_ms, double tpot_slo_ms, rt_slo_window_t *out);
+/* The same, reaching back past since (to floor at most) until it holds
+ * min_n requests: when few end (an overloaded worker finishes few), the
+ * last ones still say how the SLOs fare. */
+void rt_stats_window_n(rt_stats_t *s, double since, double floor, uint32_t min_n, double ttft_slo_ms,
+                       double tpot_slo_ms, rt_slo_window_t *out);
 /* Into j: requests, ok, errors, and the p50/p99/max of the router's time per
  * request (overhead_ms, overhead_cpu_ms, handoff_ms). */
 void rt_stats_json(rt_stats_t *s, json_t *j);

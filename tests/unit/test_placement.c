@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "router/placement.h"
+#include "router/stats.h"
 
 static td_kv_layout_t expect;
 
@@ -576,4 +577,31 @@ Test(placement, the_config_takes_the_policy_tables_names, .timeout = 30)
     cr_assert_eq(td_config_validate(&cfg), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "least_loaded, round_robin, kv_cost, predictive"), "%s", td_last_error());
     td_config_free(&cfg);
+}
+
+/* The planner's SLO window (router/stats.h): the requests that ended since
+ * `since`, reaching back to `floor` at most until it holds min_n — an
+ * overloaded prefill worker finishes few requests, and the planner must
+ * still see how they fared. */
+Test(stats, the_window_reaches_back_to_the_last_min_n, .timeout = 30)
+{
+    rt_stats_t *st;
+    cr_assert_eq(rt_stats_create(&st), TD_OK);
+    double t0 = td_now_s();
+    for (int i = 0; i < 8; i++)
+        rt_stats_done(st, i < 2 ? 5000 : 100, 10, true); /* two of them missed a 2,500 ms TTFT SLO */
+    td_sleep_s(0.2);
+    rt_stats_done(st, 100, 10, true);
+    double since = td_now_s() - 0.1;
+    rt_slo_window_t w;
+    rt_stats_window(st, since, 2500, 30, &w);
+    cr_assert_eq(w.n, 1, "the last 0.1 s: %u", w.n);
+    rt_stats_window_n(st, since, t0 - 1, 8, 2500, 30, &w);
+    cr_assert(w.n == 8 && w.ttft_missed == 1 && w.met == 7, "back to 8: %u requests, %u missed TTFT", w.n,
+              w.ttft_missed);
+    rt_stats_window_n(st, since, t0 - 1, 20, 2500, 30, &w);
+    cr_assert(w.n == 9 && w.ttft_missed == 2, "all 9 since the floor: %u, %u missed", w.n, w.ttft_missed);
+    rt_stats_window_n(st, since, since, 8, 2500, 30, &w);
+    cr_assert_eq(w.n, 1, "not past the floor (the last change): %u", w.n);
+    rt_stats_destroy(st);
 }
