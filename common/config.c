@@ -108,7 +108,7 @@ typedef struct schema {
     cyaml_schema_value_t value;
     char section[MAX_SECTIONS][16];
     size_t n_sections, first[MAX_SECTIONS + 1]; /* the section's keys: cfg_fields[first[s] .. first[s + 1]) */
-    int sec_of[N_FIELDS], at[N_FIELDS];         /* each key's section and place in it */
+    int sec_of[N_FIELDS];                       /* each key's section (its place: i - first[sec_of[i]]) */
 } schema_t;
 
 static void schema_build(schema_t *sc)
@@ -133,10 +133,9 @@ static void schema_build(schema_t *sc)
             s--;
         }
         sc->sec_of[i] = (int)s;
-        sc->at[i] = (int)(i - sc->first[s]);
         cyaml_schema_field_t *f = &sc->keys[k++];
         f->key = dot + 1;
-        f->data_offset = (size_t)sc->at[i] * sizeof(void *);
+        f->data_offset = (i - sc->first[s]) * sizeof(void *);
         f->value.flags = CYAML_FLAG_OPTIONAL | CYAML_FLAG_POINTER;
         static const cyaml_type_e types[] = {CYAML_STRING, CYAML_UINT, CYAML_UINT, CYAML_BOOL};
         static const uint32_t sizes[] = {sizeof(char *), sizeof(uint32_t), sizeof(uint64_t), sizeof(bool)};
@@ -219,7 +218,7 @@ td_status_t td_config_load(td_config_t *cfg, const char *path)
     for (size_t i = 0; i < N_FIELDS && !rc && raw; i++) {
         const cfg_field_t *f = &cfg_fields[i];
         void **section = raw[sc->sec_of[i]];
-        void *v = section ? section[sc->at[i]] : NULL;
+        void *v = section ? section[i - sc->first[sc->sec_of[i]]] : NULL;
         if (!v)
             continue;
         char *slot = (char *)cfg + f->off;
@@ -302,25 +301,16 @@ static td_status_t check_field(const td_config_t *cfg, const cfg_field_t *f)
     const char *slot = (const char *)cfg + f->off;
     if (f->kind == CFG_STR && f->choices) {
         const char *v = *(char *const *)(const void *)slot;
+        char list[160] = ""; /* "a, b or c", for the message */
+        size_t at = 0;
         for (const char *c = f->choices; *c;) {
             size_t len = strcspn(c, "|");
             if (strlen(v) == len && !strncmp(v, c, len))
                 return TD_OK;
+            const char *sep = !at ? "" : c[len] ? ", " : " or ";
+            at += (size_t)snprintf(list + at, at < sizeof list ? sizeof list - at : 0, "%s%.*s", sep, (int)len, c);
             c += len + (c[len] == '|');
         }
-        char list[160] = "";
-        size_t at = 0, n = 1;
-        for (const char *c = f->choices; *c; c++)
-            n += *c == '|';
-        for (size_t i = 0, k = 0; f->choices[i] && at < sizeof list - 8; i++) {
-            if (f->choices[i] != '|') {
-                list[at++] = f->choices[i];
-                continue;
-            }
-            k++;
-            at += (size_t)snprintf(list + at, sizeof list - at, "%s", k + 1 == n ? " or " : ", ");
-        }
-        list[at] = 0;
         return td_error(TD_ERR_CONFIG, "config: %s = '%s'; it must be %s", f->name, v, list);
     }
     if (f->kind != CFG_U32 && f->kind != CFG_U64)

@@ -7,10 +7,10 @@
  *   2. the settings: defaults, --config FILE, the service's flags
  *      (td_config_from_args), then configured() for what they imply;
  *   3. the cluster's security (td_cluster_tls);
- *   4. start(): the service builds its parts and starts serving, and says
- *      the record it is known by in etcd;
+ *   4. start(): the service builds its parts, starts serving (and says so
+ *      in the log), and gives the record it is known by in etcd;
  *   5. the record registered under the cluster's lease (td_member_join),
- *      then registered() and a line saying it serves;
+ *      then registered();
  *   6. until a stop signal, tick() every 50 ms beside the membership's own
  *      (a lost lease registers again: out of the membership, not out of
  *      service);

@@ -212,9 +212,9 @@ static bool demote(node_t *N, uint32_t id)
     uint32_t from = e->tier, to = from + 1u, slot;
     if (e->replica || to >= N->n_tiers || !tier_slot(N, to, &slot))
         return false;
-    const uint8_t *src = N->tier_ops[from]->mem ? N->tier_ops[from]->mem(N->tier[from], e->slot) : N->bounce;
-    td_status_t rc = src == N->bounce ? N->tier_ops[from]->read(N->tier[from], e->slot, e->name, e->digest, N->bounce)
-                                      : TD_OK;
+    const kv_tier_ops_t *fo = N->tier_ops[from]; /* a tier not in memory is read into the bounce block first */
+    const uint8_t *src = fo->mem ? fo->mem(N->tier[from], e->slot) : N->bounce;
+    td_status_t rc = fo->mem ? TD_OK : fo->read(N->tier[from], e->slot, e->name, e->digest, N->bounce);
     if (rc || (rc = N->tier_ops[to]->write(N->tier[to], slot, e->name, e->digest, src))) {
         TD_WARN("kvstore %s: %s", N->id, td_last_error());
         tier_give(N, to, slot);
@@ -967,7 +967,7 @@ static td_status_t node_start(void *ctx, char *key, size_t key_len, char **value
         bool have = false;
         if ((rc = kv_ssd_open(N->cfg.kvstore.data_dir, (uint64_t)N->cfg.kvstore.ssd_mb << 20, &N->ssd, &l, &have)))
             return rc;
-        N->tier_ops[KV_TIER_SSD] = &kv_tier_ssd; /* below the CPU tier */
+        N->tier_ops[N->n_tiers] = &kv_tier_ssd; /* below the CPU tier */
         N->tier[N->n_tiers++] = N->ssd;
         if (have) { /* warm: the files' contract and blocks */
             if ((rc = adopt_contract(N, &l)))

@@ -168,7 +168,8 @@ static void refresh(rt_follow_t *f, double now)
 /* One name of a Snapshot page (src: the response) or of an Events batch. */
 typedef void (*name_at_fn)(const void *src, size_t i, td_block_name_t *name, bool *stored, uint8_t *tier);
 
-static uint8_t tier_of(uint32_t t) { return (uint8_t)(t < RT_IX_TIERS ? t : RT_IX_TIERS - 1); }
+/* a node's tier number (the index counts one past its last as its last) */
+static uint8_t tier_of(uint32_t t) { return (uint8_t)(t < UINT8_MAX ? t : UINT8_MAX); }
 
 static void snapshot_name(const void *src, size_t i, td_block_name_t *name, bool *stored, uint8_t *tier)
 {

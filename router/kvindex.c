@@ -207,12 +207,13 @@ void rt_kvindex_chain(rt_kvindex_t *ix, const td_block_name_t *chain, size_t n, 
             out->held[__builtin_ctzll(m)]++;
         if (store_on && (h & ix->store_bits)) {
             out->store_run++;
-            uint64_t deeper = 0; /* the store holders in a tier below the one looked at */
+            uint64_t have = h & ix->store_bits, below = 0; /* the store holders; those holding it below tier 0 */
             for (unsigned t = 0; t < RT_IX_TIERS - 1; t++)
-                deeper |= e->below[t];
-            unsigned best = 0;
-            for (uint64_t have = h & ix->store_bits; best < RT_IX_TIERS - 1 && !(have & ~deeper); best++)
-                deeper &= ~e->below[best]; /* none of them in tier best: those in best + 1 are no longer deeper */
+                below |= e->below[t];
+            unsigned best = 0; /* the first tier any store holder has it in */
+            if (!(have & ~below))
+                for (best = 1; best < RT_IX_TIERS - 1 && !(have & e->below[best - 1]); best++)
+                    ;
             out->store_tier[best]++;
         } else {
             store_on = false;

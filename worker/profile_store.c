@@ -176,20 +176,17 @@ td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_end
      * measured */
     int lock = cached ? sweep_lock(id, path) : -1;
     const char *from = from_etcd(etcd, key, out) ? "etcd" : cached && from_file(id, path, out) ? path : NULL;
-    double age = from ? (double)time(NULL) - out->measured_at : 0;
-    if (from && age >= 0 && age < PROFILE_FRESH_S) {
-        snprintf(how, how_len, "reused from %s (measured %.0f s ago)", from, age);
-        if (from == path)
-            keep(id, etcd, key, out, NULL);
-        goto out;
-    }
     if (from) {
-        double ratio;
-        if ((rc = eng_profile_check(e, lo, hi, out, &ratio)))
+        double age = (double)time(NULL) - out->measured_at, ratio = 1;
+        bool fresh = age >= 0 && age < PROFILE_FRESH_S;
+        if (!fresh && (rc = eng_profile_check(e, lo, hi, out, &ratio)))
             goto out;
-        if (ratio > 1 / PROFILE_STALE && ratio < PROFILE_STALE) {
-            snprintf(how, how_len, "reused from %s (a 128-token prefill took %.2fx its prediction)", from, ratio);
-            if (from == path)
+        if (fresh || (ratio > 1 / PROFILE_STALE && ratio < PROFILE_STALE)) {
+            if (fresh)
+                snprintf(how, how_len, "reused from %s (measured %.0f s ago)", from, age);
+            else
+                snprintf(how, how_len, "reused from %s (a 128-token prefill took %.2fx its prediction)", from, ratio);
+            if (from == path) /* etcd gets it for this cluster's restarts */
                 keep(id, etcd, key, out, NULL);
             goto out;
         }
