@@ -9,7 +9,10 @@
  * blocks up to the row's own position and keeps a running softmax (max, sum
  * and the weighted sum of V, rescaled when the max grows), so no score buffer
  * as long as the context is needed. fp16 KV is widened to fp32; all arithmetic
- * is fp32. Query heads share KV heads in groups (GQA). A backend with
+ * is fp32. Where the CPU has it (vecdot.h's attn_rows_f16) a task takes the
+ * query heads that share a KV head, and walks up to 16 positions at a time:
+ * K and V widened once for them, their scores together, one rescale per
+ * stretch, vector exps. Query heads share KV heads in groups (GQA). A backend with
  * reference numerics takes llama.cpp's two-pass path instead (refnum.h). */
 #include <math.h>
 #include <stdlib.h>
@@ -101,6 +104,48 @@ static void attn_task(void *ctx, int task, int n_tasks)
         o[i] = acc[i] / l;
 }
 
+/* The same walk for fp16 KV where the CPU has attn_rows_f16: one task per (query row, KV head) for the query heads
+ * that share it (up to 8 at a time), in stretches of up to 16 positions inside one block — the same stretches for a
+ * row however its sequence was split into chunks, so a row's output does not depend on what was cached. */
+static void attn_group_task(void *ctx, int task, int n_tasks)
+{
+    (void)n_tasks;
+    const attn_job_t *j = ctx;
+    const kern_kv_view_t *kv = j->kv;
+    uint32_t n_kv = kv->layout->n_kv_heads, group = j->n_heads / n_kv;
+    uint32_t row = (uint32_t)task / n_kv, kvh = (uint32_t)task % n_kv;
+    const kern_attn_seq_t *s = j->seqs;
+    while (row >= s->row0 + s->n)
+        s++;
+    uint32_t pos = s->pos0 + (row - s->row0), hd = kv->layout->head_dim, bt = kv->layout->block_tokens;
+    size_t k_off = kern_kv_offset(kv, 0, kvh) * 2, v_off = kern_kv_offset(kv, 1, kvh) * 2, row_bytes = hd * 2;
+    float qr[8 * 512], acc[8 * 512], m[8], l[8];
+    for (uint32_t h0 = 0; h0 < group; h0 += 8) {
+        uint32_t nq = group - h0 < 8 ? group - h0 : 8, head = kvh * group + h0;
+        for (uint32_t r = 0; r < nq; r++) { /* q·k in fp16 inputs, fp32 sums */
+            uint16_t qh[512];
+            j->vd->to_f16(j->q + ((size_t)row * j->n_heads + head + r) * hd, qh, hd);
+            for (uint32_t i = 0; i < hd; i++)
+                qr[r * hd + i] = kern_fp16_to_fp32(qh[i]);
+            m[r] = -INFINITY, l[r] = 0;
+        }
+        memset(acc, 0, (size_t)nq * hd * sizeof(float));
+        for (uint32_t p = 0, n; p <= pos; p += n) {
+            uint32_t off = p % bt;
+            n = bt - off < 16 ? bt - off : 16;
+            n = pos + 1 - p < n ? pos + 1 - p : n;
+            const uint8_t *base = (const uint8_t *)kv->base + (size_t)s->block_table[p / bt] * kv->block_bytes +
+                                  off * row_bytes;
+            j->vd->attn_rows_f16(base + k_off, base + v_off, n, qr, nq, hd, j->scale, m, l, acc);
+        }
+        for (uint32_t r = 0; r < nq; r++) {
+            float *o = j->out + ((size_t)row * j->n_heads + head + r) * hd;
+            for (uint32_t i = 0; i < hd; i++)
+                o[i] = acc[r * hd + i] / l[r];
+        }
+    }
+}
+
 #if defined(__x86_64__)
 /* Reference numerics (refnum.h): two passes over the positions, as llama.cpp */
 static void attn_ref_task(void *ctx, int task, int n_tasks)
@@ -139,6 +184,9 @@ td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, cons
         return TD_OK;
     }
 #endif
-    kern_pool_run(c->pool, (int)(rows * n_heads), attn_task, &j);
+    if (kv->layout->dtype == TD_KV_F16 && c->vd->attn_rows_f16 && kv->layout->head_dim % 8 == 0)
+        kern_pool_run(c->pool, (int)(rows * kv->layout->n_kv_heads), attn_group_task, &j);
+    else
+        kern_pool_run(c->pool, (int)(rows * n_heads), attn_task, &j);
     return TD_OK;
 }

@@ -26,6 +26,16 @@ typedef void (*kern_vec_dot4_fn)(const void *w, const void *x, size_t x_stride, 
 /* y[i] += a * x[i], x in fp16 or fp32 (attention's weighted sum of V) */
 typedef void (*kern_axpy_fn)(float a, const void *x, float *y, size_t n);
 
+/* One stretch of n <= 16 consecutive positions of a sequence's KV (fp16 rows
+ * k_i, v_i, hd apart) for nq <= 8 query rows that share that KV head
+ * (attention.c's online softmax): for each query r, the scores
+ * s_i = (k_i . q_r) * scale, its running max m[r], sum l[r] and weighted sum
+ * acc[r * hd ...] rescaled if the stretch raises the max, and
+ * acc_r += sum_i e^(s_i - m[r]) v_i. Each query's arithmetic is the same
+ * whatever nq is. hd is a multiple of 8, at most 512. */
+typedef void (*kern_attn_rows_fn)(const void *k, const void *v, size_t n, const float *q, size_t nq, size_t hd,
+                                  float scale, float *m, float *l, float *acc);
+
 /* y[i] = silu(g[i]) * u[i] */
 typedef void (*kern_swiglu_fn)(const float *g, const float *u, float *y, size_t n);
 /* y[i] = fp16(x[i]), round to nearest even */
@@ -37,6 +47,7 @@ typedef struct kern_vecdot_table {
     kern_vec_dot4_fn q4_1_q8_1_x4; /* optional (NULL: four single dots) */
     kern_vec_dot4_fn q4_1_q8_1_r4; /* optional: four weight rows (stride x_stride) against one activation row */
     kern_axpy_fn axpy_f16, axpy_f32;
+    kern_attn_rows_fn attn_rows_f16; /* optional (NULL: a dot, an expf and an axpy per position) */
     kern_swiglu_fn swiglu;
     kern_to_f16_fn to_f16;
 } kern_vecdot_table_t;

@@ -317,6 +317,93 @@ static inline __m256 exp8(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* The sums of eight vectors, as one vector: [sum(a[0]), ..., sum(a[7])] */
+static inline __m256 hsum8x8(const __m256 a[8])
+{
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* kern_attn_rows_fn: the stretch's K and V widened to fp32 once for the nq
+ * queries; per query eight scores at a time (eight independent FMA chains, one
+ * transposing reduction), the exponentials eight lanes at a time, and acc read
+ * and written once per eight columns for the whole stretch. */
+static void attn_rows_f16(const void *k, const void *v, size_t n, const float *q, size_t nq, size_t hd, float scale,
+                          float *m, float *l, float *acc)
+{
+    float kf[16 * 512] __attribute__((aligned(32))), vf[16 * 512] __attribute__((aligned(32)));
+    const uint16_t *kr = k, *vr = v;
+    size_t n8 = (n + 7) / 8 * 8;
+    for (size_t x = 0; x < n * hd; x += 8) {
+        _mm256_store_ps(kf + x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + x))));
+        _mm256_store_ps(vf + x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + x))));
+    }
+    memset(kf + n * hd, 0, (n8 - n) * hd * sizeof(float)); /* rows past the stretch score 0, then weigh nothing */
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (size_t r = 0; r < nq; r++, q += hd, acc += hd) {
+        float sc[16] __attribute__((aligned(32)));
+        for (size_t i0 = 0; i0 < n8; i0 += 8) {
+            const float *k0 = kf + i0 * hd;
+            __m256 a[8] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                           _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (size_t d = 0; d < hd; d += 8) {
+                __m256 qv = _mm256_loadu_ps(q + d);
+                a[0] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 0 * hd + d), qv, a[0]);
+                a[1] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 1 * hd + d), qv, a[1]);
+                a[2] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 2 * hd + d), qv, a[2]);
+                a[3] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 3 * hd + d), qv, a[3]);
+                a[4] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 4 * hd + d), qv, a[4]);
+                a[5] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 5 * hd + d), qv, a[5]);
+                a[6] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 6 * hd + d), qv, a[6]);
+                a[7] = _mm256_fmadd_ps(_mm256_load_ps(k0 + 7 * hd + d), qv, a[7]);
+            }
+            _mm256_store_ps(sc + i0, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
+        }
+        float bm = sc[0];
+        for (size_t i = 1; i < n; i++)
+            bm = sc[i] > bm ? sc[i] : bm;
+        if (bm > m[r]) { /* the stretch raises the max: what came before is rescaled once */
+            float f = expf(m[r] - bm);
+            __m256 vfac = _mm256_set1_ps(f);
+            l[r] *= f;
+            for (size_t d = 0; d < hd; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), vfac));
+            m[r] = bm;
+        }
+        __m256 vm = _mm256_set1_ps(m[r]), sum = _mm256_setzero_ps();
+        for (size_t i0 = 0; i0 < n8; i0 += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(sc + i0), vm));
+            if (n - i0 < 8) /* lanes past the stretch weigh nothing */
+                e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i0)), lane)));
+            sum = _mm256_add_ps(sum, e);
+            _mm256_store_ps(sc + i0, e);
+        }
+        l[r] += hsum8(sum);
+        size_t d = 0;
+        for (; d + 32 <= hd; d += 32) { /* four columns' chains side by side */
+            __m256 o0 = _mm256_loadu_ps(acc + d), o1 = _mm256_loadu_ps(acc + d + 8);
+            __m256 o2 = _mm256_loadu_ps(acc + d + 16), o3 = _mm256_loadu_ps(acc + d + 24);
+            for (size_t i = 0; i < n; i++) {
+                __m256 e = _mm256_set1_ps(sc[i]);
+                const float *vi = vf + i * hd + d;
+                o0 = _mm256_fmadd_ps(e, _mm256_load_ps(vi), o0);
+                o1 = _mm256_fmadd_ps(e, _mm256_load_ps(vi + 8), o1);
+                o2 = _mm256_fmadd_ps(e, _mm256_load_ps(vi + 16), o2);
+                o3 = _mm256_fmadd_ps(e, _mm256_load_ps(vi + 24), o3);
+            }
+            _mm256_storeu_ps(acc + d, o0), _mm256_storeu_ps(acc + d + 8, o1);
+            _mm256_storeu_ps(acc + d + 16, o2), _mm256_storeu_ps(acc + d + 24, o3);
+        }
+        for (; d < hd; d += 8) {
+            __m256 o = _mm256_loadu_ps(acc + d);
+            for (size_t i = 0; i < n; i++)
+                o = _mm256_fmadd_ps(_mm256_set1_ps(sc[i]), _mm256_load_ps(vf + i * hd + d), o);
+            _mm256_storeu_ps(acc + d, o);
+        }
+    }
+}
+
 static void swiglu(const float *g, const float *u, float *y, size_t n)
 {
     size_t i = 0;
@@ -349,6 +436,6 @@ const kern_vecdot_table_t kern_vecdot_avx2_ref = {
 const kern_vecdot_table_t kern_vecdot_avx2 = {
     .quantize_q8_0 = q8_0, .quantize_q8_1 = q8_1, .q4_0_q8_0 = dot_q4_0_q8_0, .q4_1_q8_1 = dot_q4_1_q8_1,
     .q8_0_q8_0 = dot_q8_0_q8_0, .f16_f32 = dot_f16_f32, .bf16_f32 = dot_bf16_f32, .f32_f32 = dot_f32_f32,
-    .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32, .swiglu = swiglu, .to_f16 = to_f16,
+    .axpy_f16 = axpy_f16, .axpy_f32 = axpy_f32, .attn_rows_f16 = attn_rows_f16, .swiglu = swiglu, .to_f16 = to_f16,
 };
 #endif
