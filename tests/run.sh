@@ -8,7 +8,7 @@
 #   5. builds tests/tsan/tsan_stress.c with ThreadSanitizer (build-tsan/) and runs it (Criterion
 #      itself cannot run under TSan: Snaipe/Criterion#274)
 #   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 30)
-# The integration suites (real clusters) run between 3 and 4; a user's build (Release, no test package), the
+# The Python suites (pytest, tests/conftest.py: real clusters) run between 3 and 4; a user's build (Release, no test package), the
 # sanitizer and fuzz builds and the sanitizer pass's test_generate run beside them at the lowest CPU priority, in
 # the time they leave idle.
 # and prints one closing line: "tests: N passed, N failed".
@@ -67,14 +67,15 @@ run_suites build release
 TANDEM_CPU=avx2 run_one build/bin/tests/test_kernels "release/avx2"
 
 
-run_py() { # $1: script, $2: its closing line's tag ("TAG: N passed, N failed"), $3: time limit (s)
+run_py() { # $1: a pytest suite, $2: a short name for the log, $3: time limit (s)
   local out line p f rc=0 t0=$SECONDS
   # past the limit SIGABRT makes Python's faulthandler print every thread's stack: where it hung
-  out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler "$1" build/bin 2>&1) || rc=$?
-  printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^$2:|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
-  echo "  ($(basename "$1") took $((SECONDS - t0)) s of its $3)"
+  out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler -m pytest -s -q -p no:cacheprovider --bin build/bin \
+          --junitxml "build/junit/$(basename "$1" .py).xml" "$1" 2>&1 | sed -E 's/^[.FEsx]+(PASS|FAIL)/\1/') || rc=$?
+  printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^checks:|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
+  echo "  ($2: $(basename "$1") took $((SECONDS - t0)) s of its $3)"
   while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL')
-  line=$(printf '%s\n' "$out" | grep "^$2:" | tail -1)
+  line=$(printf '%s\n' "$out" | grep "^checks:" | tail -1)
   if [ -n "$line" ]; then
     p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
     passed=$((passed + p)); failed=$((failed + f))

@@ -9,8 +9,7 @@
   (`tandem-router --config` with a bad path would refuse them; here the ops
   file through `tandem scale`'s reader and the config through a worker's
   --help-free dry parse).
-Prints one line per check and closes with "deploy: N passed, N failed".
-Usage: test_deploy.py BUILD_BIN_DIR  (from the repository root)."""
+Run with pytest (tests/conftest.py says how)."""
 import glob
 import os
 import shutil
@@ -18,17 +17,10 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.getcwd()
-BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
-results = []
+from harness import BIN, ROOT, check
 
 
-def check(name, ok, why=""):
-    results.append(ok)
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + why), flush=True)
-
-
-def main():
+def test_systemd_units():
     units = sorted(glob.glob(os.path.join(ROOT, "deploy/systemd/*.service")))
     d = tempfile.mkdtemp(prefix="tandem-units-")
     try:
@@ -42,6 +34,9 @@ def main():
               len(units) >= 5 and r.returncode == 0 and not r.stderr.strip(), r.stderr[-1500:])
     finally:
         shutil.rmtree(d)
+
+
+def test_kubernetes_manifests():
     manifests = sorted(glob.glob(os.path.join(ROOT, "deploy/k8s/*.yaml")))
     kv = os.path.join(os.path.dirname(sys.executable), "kubernetes-validate")
     r = subprocess.run([kv, "--strict", "--quiet"] + manifests, capture_output=True, text=True, timeout=120)
@@ -58,6 +53,11 @@ def main():
     r = subprocess.run([kv, "--strict", "--quiet", bad.name], capture_output=True, text=True, timeout=60)
     os.unlink(bad.name)
     check("a malformed manifest is refused by the same check", r.returncode != 0, r.stdout)
+
+
+def test_configmap_files():
+    """The files the ConfigMap carries load through tandem's own readers."""
+    manifests = sorted(glob.glob(os.path.join(ROOT, "deploy/k8s/*.yaml")))
     # the files the ConfigMap carries load through tandem's own readers
     import yaml  # noqa: E402 (PyYAML comes with kubernetes-validate)
     for m in manifests:
@@ -81,12 +81,3 @@ def main():
                       "cannot read the model /models/" in r.stderr, r.stderr)
             shutil.rmtree(tmp)
 
-
-if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:
-        check("the suite ran to its end", False, repr(e))
-    p = sum(results)
-    print("deploy: %d passed, %d failed" % (p, len(results) - p))
-    sys.exit(0 if all(results) else 1)

@@ -20,8 +20,8 @@ under load (a stream of requests from the test's namespace), each counted as
 completed / failed with a clear error / hung / lost with the time to
 recover: kill -9 of each process type, B's link cut and restored, etcd
 stopped 30 s, and the router killed (a second router on A takes over
-planning). The fault table goes to stdout and, with --results FILE, to a file.
-Usage: test_hosts.py BUILD_BIN_DIR [--results FILE]  (root: it makes namespaces)."""
+planning). The fault table goes to stdout and, with --fault-table FILE, to a file.
+Run with pytest (tests/conftest.py says how), as root: it makes namespaces."""
 import json
 import os
 import re
@@ -30,17 +30,18 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 import time
+import types
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-import test_cluster as tc  # noqa: E402
+import pytest
 
-check = tc.check
-pb, pbg = tc.pb, tc.pbg
-BIN = tc.BIN
+import harness as hs
+
+check = hs.check
+pb, pbg = hs.pb, hs.pbg
+BIN = hs.BIN
 NET = "10.77.0"
 HOSTS = {"A": NET + ".1", "B": NET + ".2", "C": NET + ".3"}
 BR = "tdbr0"
@@ -158,9 +159,9 @@ class Load:
                 for m in self.stub.Generate(rq, timeout=60):
                     n += len(m.token_ids)
                 rec["tokens"] = n
-            except tc.grpc.RpcError as e:
+            except hs.grpc.RpcError as e:
                 code = e.code()
-                rec["status"] = "hung" if code == tc.grpc.StatusCode.DEADLINE_EXCEEDED else "failed"
+                rec["status"] = "hung" if code == hs.grpc.StatusCode.DEADLINE_EXCEEDED else "failed"
                 rec["why"] = "%s: %s" % (code.name, e.details())
             rec["t1"] = time.time()
             with self.mu:
@@ -193,15 +194,15 @@ def wait_ok_after(load, t, secs):
     return None
 
 
-def main():
-    results = None
-    if "--results" in sys.argv:
-        results = sys.argv[sys.argv.index("--results") + 1]
+@pytest.fixture(scope="module")
+def h3():
+    """The three hosts serving: A's etcd and router, B's and C's node agents with their workers and kvstore nodes.
+    Their logs stay in h3.work when a check failed."""
     if os.geteuid() != 0:
-        check("the suite runs as root (it makes network namespaces)", False, "euid %d" % os.geteuid())
-        return
+        pytest.fail("the suite runs as root (it makes network namespaces): euid %d" % os.geteuid())
     work = tempfile.mkdtemp(prefix="tandem-hosts-")
     hosts = {}
+    failed0 = len(hs.failed)
     try:
         net_up()
         certs = os.path.join(work, "tls")
@@ -212,7 +213,7 @@ def main():
                     "router:\n  tls_cert: %s/router.pem\n  tls_key: %s/router.key\n  tls_client_ca: %s/ca.pem\n"
                     "  tls_ca: %s/ca.pem\n"
                     "transport:\n  interfaces: eth0\n"
-                    "kvstore:\n  dram_mb: 256\n" % (os.path.abspath(tc.MODEL), certs, certs, certs, certs))
+                    "kvstore:\n  dram_mb: 256\n" % (os.path.abspath(hs.MODEL), certs, certs, certs, certs))
         t_start = time.time()
         hosts["A"] = Host("A", ["--config", cfg, "--address", HOSTS["A"], "--node", "hostA", "--certs", certs,
                                 "--run-workers", "no", "--kvstores", "0", "--prefill", "1", "--decode", "1"], work)
@@ -220,7 +221,8 @@ def main():
         while not m and time.time() < deadline and hosts["A"].p.poll() is None:
             m = re.search(r"etcd on (\S+),", hosts["A"].text())
             time.sleep(0.2)
-        check("host A starts etcd on its address", m and m.group(1).startswith(HOSTS["A"] + ":"), hosts["A"].text()[-800:])
+        if not (m and m.group(1).startswith(HOSTS["A"] + ":")):
+            pytest.fail("host A did not start etcd on its address: " + hosts["A"].text()[-800:])
         etcd = m.group(1)
         for h in "BC":
             hosts[h] = Host(h, ["--join", etcd, "--config", cfg, "--address", HOSTS[h], "--node", "host" + h,
@@ -232,79 +234,96 @@ def main():
         while not line and time.time() < deadline and hosts["A"].p.poll() is None:
             if select.select([hosts["A"].p.stdout], [], [], 1)[0]:
                 line = hosts["A"].p.stdout.readline().strip()
-        check("the three-host cluster serves (router on A, workers on B and C) in %.0f s" % (time.time() - t_start),
-              line.startswith(HOSTS["A"] + ":"), line + " | " + hosts["A"].text()[-1500:])
+        if not line.startswith(HOSTS["A"] + ":"):
+            pytest.fail("the three-host cluster did not serve in 120 s: " + line + " | " + hosts["A"].text()[-1500:])
         endpoint = line
         rd = lambda n: open(os.path.join(certs, n), "rb").read()  # noqa: E731
-        creds = tc.grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
-        stub = pbg.TandemStub(tc.grpc.secure_channel(endpoint, creds))
-
-        workers = etcd_json(certs, etcd, "/tandem/workers/")
-        stores = etcd_json(certs, etcd, "/tandem/kvstores/")
-        where = {w["role"]: w["addr"].rsplit(":", 1)[0] for w in workers}
-        check("the prefill worker runs on B and the decode worker on C (the planner's counts, split by the agents)",
-              where == {"prefill": HOSTS["B"], "decode": HOSTS["C"]}, str(workers))
-        check("every process advertises its host's address (workers, kvstore nodes, metrics)",
-              sorted(s["addr"].rsplit(":", 1)[0] for s in stores) == [HOSTS["B"], HOSTS["C"]] and
-              all(r["metrics"].startswith(r["addr"].rsplit(":", 1)[0] + ":") for r in workers + stores),
-              str(stores))
-
-        # greedy output against single-process generation
-        prompts = tc.PROMPTS[:6]
-        refs = [tc.reference(p) for p in prompts]
-        got = [tc.generate(stub, p)[0] for p in prompts]
-        same = sum(g == r for g, r in zip(got, refs))
-        check("greedy output across hosts is identical to single-process generate (%d/%d prompts)" % (same, len(refs)),
-              same == len(refs), str([(g[:5], r[:5]) for g, r in zip(got, refs) if g != r][:2]))
-        pw = [w for w in workers if w["role"] == "prefill"][0]
-        ch = tc.grpc.secure_channel(pw["addr"], creds)
-        st = tc.wpbg.PrefillStub(ch).Stats(tc.wpb.StatsRequest(), timeout=5)
-        ch.close()
-        check("the KV crossed hosts: B's prefill worker put %.1f MiB into C's decode pool over TCP" %
-              (st.transfer_bytes / 2**20), st.transfer_bytes > 0, str(st))
-
-        # certless clients: every gRPC and etcd port of every host
-        ports = [endpoint, etcd] + [w["addr"] for w in workers] + [s["addr"] for s in stores]
-        bad = []
-        for a in ports:
-            ok, why = refuses_certless(a, os.path.join(certs, "ca.pem"))
-            if not ok:
-                bad.append("%s %s" % (a, why))
-        check("a client without a certificate is refused by each of the %d gRPC and etcd ports on the 3 hosts" %
-              len(ports), not bad, "; ".join(bad))
-        # the HTTP listeners: every process's metrics, and the router's OpenAI API
-        routers = etcd_json(certs, etcd, "/tandem/routers/")
-        m = re.search(r"HTTP API at (https://\S+)/v1", hosts["A"].text())
-        urls = ["https://%s/metrics" % r["metrics"] for r in routers + workers + stores] + \
-               ([m.group(1) + "/v1/models"] if m else [])
-        certless = {u: tc.http_answer(u, tc.tls_context(certs, None)) for u in urls}
-        with_cert = {u: tc.http_answer(u, tc.tls_context(certs)) for u in urls}
-        check("the %d HTTPS listeners (every process's metrics, the router's OpenAI API) answer a certless client "
-              "403 and a client of the cluster CA 200" % len(urls),
-              m is not None and len(urls) == 6 and all(v.startswith("403: ") for v in certless.values()) and
-              all(v == "200" for v in with_cert.values()), "%s | %s" % (certless, with_cert))
-        # the same client with a certificate of its own CA
-        other = os.path.join(work, "other")
-        sh(BIN + "/tandem", "certs", "--dir", other, "--names", "client", "--hosts", NET + ".254")
-        ocreds = tc.grpc.ssl_channel_credentials(rd("ca.pem"), open(other + "/client.key", "rb").read(),
-                                                 open(other + "/client.pem", "rb").read())
-        try:
-            pbg.TandemStub(tc.grpc.secure_channel(endpoint, ocreds)).Health(pb.HealthRequest(), timeout=5)
-            refused = False
-        except tc.grpc.RpcError:
-            refused = True
-        check("a client certificate of another CA is refused by the public API", refused)
-
-        faults(hosts, endpoint, etcd, certs, stub, work, results)
+        creds = hs.grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
+        stub = pbg.TandemStub(hs.grpc.secure_channel(endpoint, creds))
+        print("  the three-host cluster serves (router on A, workers on B and C) in %.0f s" % (time.time() - t_start))
+        yield types.SimpleNamespace(hosts=hosts, work=work, certs=certs, etcd=etcd, endpoint=endpoint, creds=creds,
+                                    stub=stub, rd=rd)
     finally:
         for h in ("B", "C", "A"):
             if h in hosts:
                 hosts[h].stop()
         net_down()
-        if all(tc.results):
+        if len(hs.failed) == failed0:
             shutil.rmtree(work, ignore_errors=True)
         else:  # the hosts' logs (every process's stderr) stay for whoever reads the failure
             print("  the hosts' logs are kept in %s" % work)
+
+
+def test_placement_and_addresses(h3):
+    certs, etcd = h3.certs, h3.etcd
+    workers = etcd_json(certs, etcd, "/tandem/workers/")
+    stores = etcd_json(certs, etcd, "/tandem/kvstores/")
+    where = {w["role"]: w["addr"].rsplit(":", 1)[0] for w in workers}
+    check("the prefill worker runs on B and the decode worker on C (the planner's counts, split by the agents)",
+          where == {"prefill": HOSTS["B"], "decode": HOSTS["C"]}, str(workers))
+    check("every process advertises its host's address (workers, kvstore nodes, metrics)",
+          sorted(s["addr"].rsplit(":", 1)[0] for s in stores) == [HOSTS["B"], HOSTS["C"]] and
+          all(r["metrics"].startswith(r["addr"].rsplit(":", 1)[0] + ":") for r in workers + stores),
+          str(stores))
+
+
+def test_greedy_across_hosts(h3):
+    stub, creds = h3.stub, h3.creds
+    workers = etcd_json(h3.certs, h3.etcd, "/tandem/workers/")
+    # greedy output against single-process generation
+    prompts = hs.PROMPTS[:6]
+    refs = [hs.reference(p) for p in prompts]
+    got = [hs.generate(stub, p)[0] for p in prompts]
+    same = sum(g == r for g, r in zip(got, refs))
+    check("greedy output across hosts is identical to single-process generate (%d/%d prompts)" % (same, len(refs)),
+          same == len(refs), str([(g[:5], r[:5]) for g, r in zip(got, refs) if g != r][:2]))
+    pw = [w for w in workers if w["role"] == "prefill"][0]
+    ch = hs.grpc.secure_channel(pw["addr"], creds)
+    st = hs.wpbg.PrefillStub(ch).Stats(hs.wpb.StatsRequest(), timeout=5)
+    ch.close()
+    check("the KV crossed hosts: B's prefill worker put %.1f MiB into C's decode pool over TCP" %
+          (st.transfer_bytes / 2**20), st.transfer_bytes > 0, str(st))
+
+
+def test_certless_clients_refused(h3):
+    certs, etcd, endpoint, work, rd, hosts = h3.certs, h3.etcd, h3.endpoint, h3.work, h3.rd, h3.hosts
+    workers = etcd_json(certs, etcd, "/tandem/workers/")
+    stores = etcd_json(certs, etcd, "/tandem/kvstores/")
+    # certless clients: every gRPC and etcd port of every host
+    ports = [endpoint, etcd] + [w["addr"] for w in workers] + [s["addr"] for s in stores]
+    bad = []
+    for a in ports:
+        ok, why = refuses_certless(a, os.path.join(certs, "ca.pem"))
+        if not ok:
+            bad.append("%s %s" % (a, why))
+    check("a client without a certificate is refused by each of the %d gRPC and etcd ports on the 3 hosts" %
+          len(ports), not bad, "; ".join(bad))
+    # the HTTP listeners: every process's metrics, and the router's OpenAI API
+    routers = etcd_json(certs, etcd, "/tandem/routers/")
+    m = re.search(r"HTTP API at (https://\S+)/v1", hosts["A"].text())
+    urls = ["https://%s/metrics" % r["metrics"] for r in routers + workers + stores] + \
+           ([m.group(1) + "/v1/models"] if m else [])
+    certless = {u: hs.http_answer(u, hs.tls_context(certs, None)) for u in urls}
+    with_cert = {u: hs.http_answer(u, hs.tls_context(certs)) for u in urls}
+    check("the %d HTTPS listeners (every process's metrics, the router's OpenAI API) answer a certless client "
+          "403 and a client of the cluster CA 200" % len(urls),
+          m is not None and len(urls) == 6 and all(v.startswith("403: ") for v in certless.values()) and
+          all(v == "200" for v in with_cert.values()), "%s | %s" % (certless, with_cert))
+    # the same client with a certificate of its own CA
+    other = os.path.join(work, "other")
+    sh(BIN + "/tandem", "certs", "--dir", other, "--names", "client", "--hosts", NET + ".254")
+    ocreds = hs.grpc.ssl_channel_credentials(rd("ca.pem"), open(other + "/client.key", "rb").read(),
+                                             open(other + "/client.pem", "rb").read())
+    try:
+        pbg.TandemStub(hs.grpc.secure_channel(endpoint, ocreds)).Health(pb.HealthRequest(), timeout=5)
+        refused = False
+    except hs.grpc.RpcError:
+        refused = True
+    check("a client certificate of another CA is refused by the public API", refused)
+
+
+def test_faults(h3, pytestconfig):
+    faults(h3.hosts, h3.endpoint, h3.etcd, h3.certs, h3.stub, h3.work, pytestconfig.getoption("--fault-table"))
 
 
 def pid_of(binary, addr, exclude=()):
@@ -325,7 +344,7 @@ def full(stub):
     try:
         h = health(stub)
         return h["prefill_workers"] == 1 and h["decode_workers"] == 1
-    except tc.grpc.RpcError:
+    except hs.grpc.RpcError:
         return False
 
 
@@ -333,12 +352,12 @@ def faults(hosts, endpoint, etcd, certs, stub, work, results):
     cfg = os.path.join(work, "tandem.yaml")
     # a second router on A: it plans when the first dies
     rd = lambda n: open(os.path.join(certs, n), "rb").read()  # noqa: E731
-    creds = tc.grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
+    creds = hs.grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
 
     def second_router():
         log = open(os.path.join(work, "router2.log"), "w+")
         p = subprocess.Popen(["ip", "netns", "exec", ns("A"), BIN + "/tandem-router", "--config", cfg, "--model",
-                              os.path.abspath(tc.MODEL), "--listen", HOSTS["A"] + ":0", "--http-listen", "",
+                              os.path.abspath(hs.MODEL), "--listen", HOSTS["A"] + ":0", "--http-listen", "",
                               "--etcd", etcd, "--cluster-ca", certs + "/ca.pem", "--cluster-cert",
                               certs + "/router.pem", "--cluster-key", certs + "/router.key", "--metrics-listen",
                               HOSTS["A"] + ":0"], stdout=log, stderr=log, start_new_session=True)
@@ -349,10 +368,10 @@ def faults(hosts, endpoint, etcd, certs, stub, work, results):
             if m:
                 break
             time.sleep(0.2)
-        st = pbg.TandemStub(tc.grpc.secure_channel("%s:%s" % (HOSTS["A"], m.group(1)), creds)) if m else None
+        st = pbg.TandemStub(hs.grpc.secure_channel("%s:%s" % (HOSTS["A"], m.group(1)), creds)) if m else None
         return p, st
     r2, stub2 = second_router()
-    check("a second router starts on A", stub2 is not None and tc.wait_for(lambda: full(stub2), 30))
+    check("a second router starts on A", stub2 is not None and hs.wait_for(lambda: full(stub2), 30))
 
     load = Load(stub)
     time.sleep(5)
@@ -424,21 +443,21 @@ def faults(hosts, endpoint, etcd, certs, stub, work, results):
     def leads(st):
         try:
             return bool(health(st)["planner"].get("leader"))
-        except tc.grpc.RpcError:
+        except hs.grpc.RpcError:
             return False
     check("after the kill a router plans (the survivor, or the killed one restarted by its agent)",
-          (first_leads or second_leads) and tc.wait_for(lambda: leads(stub) or leads(stub2), 30),
+          (first_leads or second_leads) and hs.wait_for(lambda: leads(stub) or leads(stub2), 30),
           "first leads %s, second leads %s" % (first_leads, second_leads))
     # the leader frozen (SIGSTOP: dead to etcd, and no agent restarts it): the other must take over
     took = None
     if r2.poll() is not None:  # the second router was the one killed: another, for the next check
         r2, stub2 = second_router()
-    if stub2 and tc.wait_for(lambda: full(stub) and full(stub2), 30):
+    if stub2 and hs.wait_for(lambda: full(stub) and full(stub2), 30):
         frozen = pid_of("tandem-router", HOSTS["A"], exclude=(r2.pid,)) if leads(stub) else r2.pid
         other = stub2 if leads(stub) else stub
         t0 = time.time()
         os.kill(frozen, signal.SIGSTOP)
-        if tc.wait_for(lambda: leads(other), 30):
+        if hs.wait_for(lambda: leads(other), 30):
             took = time.time() - t0
         os.kill(frozen, signal.SIGCONT)
     check("the other router takes over planning %s after the leader froze (etcd lease TTL 3 s)" %
@@ -463,13 +482,3 @@ def faults(hosts, endpoint, etcd, certs, stub, work, results):
         with open(results, "w") as f:
             f.write(table + "\n")
 
-
-if __name__ == "__main__":
-    BIN = tc.BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
-    try:
-        main()
-    except Exception as e:  # a crash of the suite is a failure, not a hang
-        check("the suite ran to its end", False, repr(e))
-    p = sum(tc.results)
-    print("hosts: %d passed, %d failed" % (p, len(tc.results) - p))
-    sys.exit(0 if all(tc.results) else 1)

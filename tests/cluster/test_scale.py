@@ -17,23 +17,22 @@ fixed at 1P+2D, serves the same requests (nothing may move there) and the
 SLO attainment of the two is printed side by side; CI leaves the comparison
 out (it checks nothing the first part does not, and costs 100 s).
 Prints the time each change took and SLO attainment before, during and after
-each, one line per check, and closes with "scale: N passed, N failed".
-Usage: test_scale.py BUILD_BIN_DIR [--compare]  (from the repository root)."""
+each, one line per check. Run with pytest (tests/conftest.py says how; --compare adds the fixed cluster)."""
 import glob
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-import test_cluster as tc  # noqa: E402
+import pytest
 
-pb = tc.pb
-check = tc.check
-BIN = tc.BIN
+import harness as hs
+
+pb = hs.pb
+check = hs.check
+BIN = hs.BIN
 TTFT_SLO_MS, TPOT_SLO_MS = 3000, 300
 
 
@@ -56,105 +55,125 @@ def attainment(reqs, t0, t1):
     return (100.0 * len(met) / len(sel) if sel else float("nan")), len(sel)
 
 
-def main():
-    c = tc.Cluster()
-    try:
-        ok, h = c.health()
-        check("the cluster starts at 1 prefill + 1 decode", ok and (h["prefill_workers"], h["decode_workers"]) == (1, 1),
-              str(h))
-        # the founder seeded the ops config; the planner (this one router) made it the desired counts
-        check("tandem up seeds the ops config and the elected planner adopts it",
-              tc.wait_for(lambda: counts(c)[2].get("leader") and counts(c)[2].get("desired", {}).get("prefill") == 1,
-                          10), str(counts(c)[2]))
-        # the ops config's errors, before anything moves
-        bad = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-        bad.write("slo:\n  ttft_ms: 2000\nmodels:\n  - name: \"*\"\n    prefil: 2\n")
-        bad.close()
-        r = scale(c, "--apply", bad.name)
-        check("a wrong key in the ops file is refused naming the file, the line and the key",
-              r.returncode == 2 and "%s:5: key 'models.prefil'" % bad.name in r.stderr, r.stderr)
-        r = scale(c, "--prefill", "17", "--decode", "1")
-        check("a count past the bounds is refused naming the bound", r.returncode == 1 and "max_prefill" in r.stderr,
-              r.stderr)
+@pytest.fixture(scope="module")
+def c():
+    """One cluster of 1P+1D, which the tests below change in turn (each starts from where the one before left it)."""
+    cl = hs.Cluster()
+    yield cl
+    if cl.p.returncode is None:
+        cl.stop()
 
-        # the load: tandem bench at a steady rate, every request recorded
-        out = tempfile.mktemp(suffix=".json")
-        n_req, rate = 90, 1.5
-        bench = subprocess.Popen([BIN + "/tandem", "bench", "--endpoint", c.endpoint, "--api", "grpc",
-                                  "--rate", str(rate), "--num-requests", str(n_req), "--workload", "synthetic",
-                                  "--input-len", "uniform:32:200", "--output-len", "fixed:24", "--ignore-eos",
-                                  "--tokenizer", tc.MODEL, "--goodput", "ttft:%d,tpot:%d" % (TTFT_SLO_MS, TPOT_SLO_MS),
-                                  "--timeout", "120", "--seed", "7", "--output", out],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        t_bench = time.time()
-        steps = [("2", "1"), ("1", "2")]
-        marks = []  # (bench-relative start, end) of each change
-        time.sleep(12)
-        for p, d in steps:
-            t0 = time.time()
-            r = scale(c, "--prefill", p, "--decode", d)
-            if r.returncode:
-                check("tandem scale --prefill %s --decode %s" % (p, d), False, r.stderr)
-                continue
-            seen = tc.wait_for(lambda: counts(c)[:2] == (int(p), int(d)), 60)
-            t1 = time.time()
-            marks.append((t0 - t_bench, t1 - t_bench))
-            why = counts(c)[2].get("desired", {}).get("reason", "")
-            check("%sP+%sD under load: the router sees it in %.1f s (planner: %s)" % (p, d, t1 - t0, why),
-                  seen and "fixed: %s prefill + %s decode" % (p, d) in why, str(counts(c)))
-            time.sleep(10)
-        log, _ = bench.communicate(timeout=300)
-        res = json.load(open(out))
-        for f in glob.glob(out[:-5] + "*"):  # the report and its plots
-            os.unlink(f)
-        reqs = res["runs"][0]["requests"]
-        s = res["runs"][0]["summary"]
-        lost = n_req - len(reqs)
-        check("every request completed while the workers changed: %d sent, %d ok, %d failed, %d rejected, %d lost" %
-              (len(reqs), s["ok"], s["failed"], s["rejected"], lost),
-              lost == 0 and s["failed"] == 0 and s["rejected"] == 0 and s["ok"] == n_req,
-              "\n".join(l for l in log.splitlines()[-12:]))
-        edges = [0.0] + [x for m in marks for x in m] + [1e9]
-        names = ["before"] + [n for k in range(len(marks)) for n in ("during change %d" % (k + 1),
-                                                                     "after change %d" % (k + 1))]
-        parts = []
-        for k, name in enumerate(names):
-            a, n = attainment(reqs, edges[k], edges[k + 1])
-            parts.append("%s %.0f%% of %d" % (name, a, n))
-        print("  SLO attainment (TTFT %d ms, TPOT %d ms): %s" % (TTFT_SLO_MS, TPOT_SLO_MS, "; ".join(parts)),
-              flush=True)
-        flips = [l for l in c.log().splitlines() if "drained in" in l]
-        check("the flip drained the prefill worker and started it as a decode worker: %s" %
-              (flips[-1] if flips else "none"), any("now decode-" in l for l in flips), "")
-        # an ops file applied whole: auto within bounds, the planner says what it waits for
-        good = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-        good.write("slo: {ttft_ms: %d, tpot_ms: %d}\nplanner: {hold_s: 2, cooldown_s: 5}\nmodels:\n"
-                   "  - {name: \"*\", policy: auto, prefill: 1, decode: 2, max_prefill: 2, max_decode: 2}\n" %
-                   (TTFT_SLO_MS, TPOT_SLO_MS))
-        good.close()
-        r = scale(c, "--apply", good.name)
-        check("an ops file is applied whole (policy auto)", r.returncode == 0 and "policy: auto" in r.stdout,
-              r.stderr)
-        check("under auto the planner keeps the workers and says why",
-              tc.wait_for(lambda: counts(c)[2].get("verdict", "").startswith("auto:"), 10) and counts(c)[:2] == (1, 2),
-              str(counts(c)))
-        os.unlink(good.name)
-        os.unlink(bad.name)
-        # a wipe of everything under /tandem/ in etcd: the members re-register, and the elected planner puts back
-        # the ops config it last applied (not the seed of tandem up's start-up counts), so the shape stays
-        before = c.etcdctl("get", "/tandem/ops", "--print-value-only").stdout
-        wiped = c.etcdctl("del", "--prefix", "/tandem/", cert="router")
+
+def test_starts_seeded(c):
+    ok, h = c.health()
+    check("the cluster starts at 1 prefill + 1 decode", ok and (h["prefill_workers"], h["decode_workers"]) == (1, 1),
+          str(h))
+    # the founder seeded the ops config; the planner (this one router) made it the desired counts
+    check("tandem up seeds the ops config and the elected planner adopts it",
+          hs.wait_for(lambda: counts(c)[2].get("leader") and counts(c)[2].get("desired", {}).get("prefill") == 1,
+                      10), str(counts(c)[2]))
+
+
+def test_ops_config_errors(c):
+    # the ops config's errors, before anything moves
+    bad = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    bad.write("slo:\n  ttft_ms: 2000\nmodels:\n  - name: \"*\"\n    prefil: 2\n")
+    bad.close()
+    r = scale(c, "--apply", bad.name)
+    check("a wrong key in the ops file is refused naming the file, the line and the key",
+          r.returncode == 2 and "%s:5: key 'models.prefil'" % bad.name in r.stderr, r.stderr)
+    r = scale(c, "--prefill", "17", "--decode", "1")
+    check("a count past the bounds is refused naming the bound", r.returncode == 1 and "max_prefill" in r.stderr,
+          r.stderr)
+    os.unlink(bad.name)
+
+
+def test_scale_under_load(c):
+    # the load: tandem bench at a steady rate, every request recorded
+    out = tempfile.mktemp(suffix=".json")
+    n_req, rate = 90, 1.5
+    bench = subprocess.Popen([BIN + "/tandem", "bench", "--endpoint", c.endpoint, "--api", "grpc",
+                              "--rate", str(rate), "--num-requests", str(n_req), "--workload", "synthetic",
+                              "--input-len", "uniform:32:200", "--output-len", "fixed:24", "--ignore-eos",
+                              "--tokenizer", hs.MODEL, "--goodput", "ttft:%d,tpot:%d" % (TTFT_SLO_MS, TPOT_SLO_MS),
+                              "--timeout", "120", "--seed", "7", "--output", out],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t_bench = time.time()
+    steps = [("2", "1"), ("1", "2")]
+    marks = []  # (bench-relative start, end) of each change
+    time.sleep(12)
+    for p, d in steps:
         t0 = time.time()
-        back = tc.wait_for(lambda: c.etcdctl("get", "/tandem/ops", "--print-value-only").stdout == before and
-                           len(c.workers()) == 3, 15)
+        r = scale(c, "--prefill", p, "--decode", d)
+        if r.returncode:
+            check("tandem scale --prefill %s --decode %s" % (p, d), False, r.stderr)
+            continue
+        seen = hs.wait_for(lambda: counts(c)[:2] == (int(p), int(d)), 60)
         t1 = time.time()
-        check("after a wipe of /tandem/ (%s keys): the ops config is back as it was and the 3 workers re-registered "
-              "in %.1f s; the workers stay 1P+2D (%s)" % (wiped.stdout.strip(), t1 - t0, counts(c)[:2]),
-              back and before and "policy: auto" in before and
-              tc.wait_for(lambda: counts(c)[:2] == (1, 2), 10) and counts(c)[2].get("ops_restored", 0) >= 1,
-              wiped.stderr)
-    finally:
-        code = c.stop()
+        marks.append((t0 - t_bench, t1 - t_bench))
+        why = counts(c)[2].get("desired", {}).get("reason", "")
+        check("%sP+%sD under load: the router sees it in %.1f s (planner: %s)" % (p, d, t1 - t0, why),
+              seen and "fixed: %s prefill + %s decode" % (p, d) in why, str(counts(c)))
+        time.sleep(10)
+    log, _ = bench.communicate(timeout=300)
+    res = json.load(open(out))
+    for f in glob.glob(out[:-5] + "*"):  # the report and its plots
+        os.unlink(f)
+    reqs = res["runs"][0]["requests"]
+    s = res["runs"][0]["summary"]
+    lost = n_req - len(reqs)
+    check("every request completed while the workers changed: %d sent, %d ok, %d failed, %d rejected, %d lost" %
+          (len(reqs), s["ok"], s["failed"], s["rejected"], lost),
+          lost == 0 and s["failed"] == 0 and s["rejected"] == 0 and s["ok"] == n_req,
+          "\n".join(l for l in log.splitlines()[-12:]))
+    edges = [0.0] + [x for m in marks for x in m] + [1e9]
+    names = ["before"] + [n for k in range(len(marks)) for n in ("during change %d" % (k + 1),
+                                                                 "after change %d" % (k + 1))]
+    parts = []
+    for k, name in enumerate(names):
+        a, n = attainment(reqs, edges[k], edges[k + 1])
+        parts.append("%s %.0f%% of %d" % (name, a, n))
+    print("  SLO attainment (TTFT %d ms, TPOT %d ms): %s" % (TTFT_SLO_MS, TPOT_SLO_MS, "; ".join(parts)),
+          flush=True)
+    flips = [l for l in c.log().splitlines() if "drained in" in l]
+    check("the flip drained the prefill worker and started it as a decode worker: %s" %
+          (flips[-1] if flips else "none"), any("now decode-" in l for l in flips), "")
+
+
+def test_ops_file_auto(c):
+    # an ops file applied whole: auto within bounds, the planner says what it waits for
+    good = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    good.write("slo: {ttft_ms: %d, tpot_ms: %d}\nplanner: {hold_s: 2, cooldown_s: 5}\nmodels:\n"
+               "  - {name: \"*\", policy: auto, prefill: 1, decode: 2, max_prefill: 2, max_decode: 2}\n" %
+               (TTFT_SLO_MS, TPOT_SLO_MS))
+    good.close()
+    r = scale(c, "--apply", good.name)
+    check("an ops file is applied whole (policy auto)", r.returncode == 0 and "policy: auto" in r.stdout,
+          r.stderr)
+    check("under auto the planner keeps the workers and says why",
+          hs.wait_for(lambda: counts(c)[2].get("verdict", "").startswith("auto:"), 10) and counts(c)[:2] == (1, 2),
+          str(counts(c)))
+    os.unlink(good.name)
+
+
+def test_etcd_wipe(c):
+    # a wipe of everything under /tandem/ in etcd: the members re-register, and the elected planner puts back
+    # the ops config it last applied (not the seed of tandem up's start-up counts), so the shape stays
+    before = c.etcdctl("get", "/tandem/ops", "--print-value-only").stdout
+    wiped = c.etcdctl("del", "--prefix", "/tandem/", cert="router")
+    t0 = time.time()
+    back = hs.wait_for(lambda: c.etcdctl("get", "/tandem/ops", "--print-value-only").stdout == before and
+                       len(c.workers()) == 3, 15)
+    t1 = time.time()
+    check("after a wipe of /tandem/ (%s keys): the ops config is back as it was and the 3 workers re-registered "
+          "in %.1f s; the workers stay 1P+2D (%s)" % (wiped.stdout.strip(), t1 - t0, counts(c)[:2]),
+          back and before and "policy: auto" in before and
+          hs.wait_for(lambda: counts(c)[:2] == (1, 2), 10) and counts(c)[2].get("ops_restored", 0) >= 1,
+          wiped.stderr)
+
+
+def test_stops_cleanly(c):
+    code = c.stop()
     check("the cluster stops cleanly after the changes", code == 0, "exit %s" % code)
 
 
@@ -181,7 +200,7 @@ def run_phase(c, phase, seed, t_origin):
     t0 = time.time()
     r = subprocess.run([BIN + "/tandem", "bench", "--endpoint", c.endpoint, "--api", "grpc", "--rate", str(rate),
                         "--num-requests", str(n), "--workload", "synthetic", "--input-len", inp,
-                        "--output-len", "fixed:%d" % outl, "--ignore-eos", "--tokenizer", tc.MODEL,
+                        "--output-len", "fixed:%d" % outl, "--ignore-eos", "--tokenizer", hs.MODEL,
                         "--goodput", "ttft:%d,tpot:%d" % (SHIFT_SLO["ttft_ms"], SHIFT_SLO["tpot_ms"]),
                         "--timeout", "120", "--seed", str(seed), "--output", out],
                        capture_output=True, text=True, timeout=600)
@@ -204,7 +223,7 @@ def met(q):
 def shift_run(policy):
     """One cluster through both phases under policy ("auto" or "fixed"): the requests, the role changes seen
     (time, prefill, decode, the planner's reason) and the lost count."""
-    c = tc.Cluster(extra=["--prefill", "1", "--decode", "2"])
+    c = hs.Cluster(extra=["--prefill", "1", "--decode", "2"])
     changes, stop = [], threading.Event()
     try:
         ops = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
@@ -216,7 +235,7 @@ def shift_run(policy):
         os.unlink(ops.name)
         if r.returncode:
             raise AssertionError("tandem scale --apply (%s): %s" % (policy, r.stderr))
-        tc.wait_for(lambda: counts(c)[:2] == (1, 2), 30)
+        hs.wait_for(lambda: counts(c)[:2] == (1, 2), 30)
         t_origin = time.time()
 
         def watch():
@@ -249,7 +268,8 @@ def shift_run(policy):
         check("the %s cluster stops cleanly (exit %s)" % (policy, code), code == 0)
 
 
-def workload_shift(compare):
+def test_workload_shift(pytestconfig):
+    compare = pytestconfig.getoption("--compare")
     runs = {}
     policies = ("auto", "fixed") if compare else ("auto",)
     for policy in policies:
@@ -294,16 +314,3 @@ def workload_shift(compare):
               (policy, SHIFT_SLO["ttft_ms"], SHIFT_SLO["tpot_ms"], ", ".join(per_phase), "; ".join(parts)),
               flush=True)
 
-
-if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # a crash of the suite is a failure, not a hang
-        check("the suite ran to its end", False, repr(e))
-    try:
-        workload_shift("--compare" in sys.argv[2:])
-    except Exception as e:
-        check("the workload-shift part ran to its end", False, repr(e))
-    p = sum(tc.results)
-    print("scale: %d passed, %d failed" % (p, len(tc.results) - p))
-    sys.exit(0 if all(tc.results) else 1)

@@ -18,25 +18,24 @@ same prompt in the same numerics. Each round prints how many requests hit the
 prefix cache and how many prompt tokens were reused, so the hit path is seen
 to be exercised.
 
-Prints one line per check and closes with "cache-hits: N passed, N failed".
-Usage: test_cache_hits.py BUILD_BIN_DIR [SEED]  (from the repository root)."""
+Run with pytest (tests/conftest.py says how); --seed N replays another workload."""
 import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_cluster as tc  # noqa: E402  (stubs, Cluster, the model path)
+import pytest
+
+import harness as hs
 
 import grpc  # noqa: E402
 
-pb = tc.pb
-BIN = tc.BIN
-SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 20261123
+pb = hs.pb
+BIN = hs.BIN
+SEED = int(os.environ.get("TANDEM_SEED", "20261123"))  # conftest.py's --seed
 # common English words, each one token with its leading space for the default model's tokenizer
 WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or has had "
          "not but one all new first after their also two who they more its time when city year would been other into "
@@ -44,8 +43,7 @@ WORDS = ("the of and to in is was for on that with as by at from his her it an w
          "while well both since three early part later known found made world high state house water river music "
          "group school north south family life people work book game film war team line land south west east").split()
 
-results = []
-check = tc.check
+check = hs.check
 
 
 def text_of(n_words, rng):
@@ -56,7 +54,7 @@ def cold(prompt, numerics, max_tokens, cache):
     """The reference: single-process tandem generate, cold, greedy (memoized per run)."""
     key = (prompt, numerics, max_tokens)
     if key not in cache:
-        out = subprocess.run(["timeout", "600", BIN + "/tandem", "generate", "--model", tc.MODEL, "--ids",
+        out = subprocess.run(["timeout", "600", BIN + "/tandem", "generate", "--model", hs.MODEL, "--ids",
                               "--threads", "2", "--kv-tokens", "8192", "--numerics", numerics, "--max-tokens", str(max_tokens),
                               "--ignore-eos", prompt], capture_output=True, text=True, check=True).stdout
         cache[key] = [int(x) for x in out.split()]
@@ -64,7 +62,7 @@ def cold(prompt, numerics, max_tokens, cache):
 
 
 def detok(ids):
-    return subprocess.run([BIN + "/tandem", "tokenize", tc.MODEL, "--decode"] + [str(i) for i in ids],
+    return subprocess.run([BIN + "/tandem", "tokenize", hs.MODEL, "--decode"] + [str(i) for i in ids],
                           capture_output=True, text=True, check=True).stdout.rstrip("\n")
 
 
@@ -123,13 +121,13 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
     seq = [resolve(k, p) for k, p in seq]
     conc = [resolve(k, p) for k, p in conc]
     want = {p: cold(p, numerics, max_tokens, refs) for p in seq + conc}
-    c = tc.Cluster(cfg, extra=["--colocated", str(colocated)] if colocated else ())
+    c = hs.Cluster(cfg, extra=["--colocated", str(colocated)] if colocated else ())
     stats = {"n": 0, "hits": 0, "reused": 0, "bad": [], "errors": []}
     lock = threading.Lock()
 
     def one(p):
         try:
-            ids, last = tc.generate(c.stub, p, max_tokens=max_tokens, timeout=300)
+            ids, last = hs.generate(c.stub, p, max_tokens=max_tokens, timeout=300)
         except grpc.RpcError as e:
             with lock:
                 stats["errors"].append("%s: %s" % (e.code(), e.details()))
@@ -151,7 +149,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
         if kill_decode:
             # kill -9 the decode worker once streams are running on it
             dw = c.worker("decode")
-            if tc.wait_for(lambda: c.stats(dw).running >= 2, 120):
+            if hs.wait_for(lambda: c.stats(dw).running >= 2, 120):
                 time.sleep(0.3)
                 pre_killed = c.stats(dw).preemptions
                 os.kill(dw["pid"], signal.SIGKILL)
@@ -178,7 +176,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
         if colocated:
             # early rejection judges a colocated worker by its predicted time between tokens
             try:
-                list(c.stub.Generate(tc.pb.GenerateRequest(prompt=seq[0], tpot_slo_ms=1, sampling=tc.pb.SamplingParams(
+                list(c.stub.Generate(hs.pb.GenerateRequest(prompt=seq[0], tpot_slo_ms=1, sampling=hs.pb.SamplingParams(
                     max_tokens=4)), timeout=30))
                 rej = "served"
             except grpc.RpcError as e:
@@ -197,35 +195,37 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
         check("%s: tandem up stops cleanly (exit %s)" % (name, rc), rc == 0)
 
 
-def main():
-    refs = {}
-    quick = os.environ.get("TANDEM_TEST_QUICK")
-    big = 1 if quick else 2  # words ~ tokens: up to ~2,000-token prompts (4 chunks of 512) in the full run
-    rounds = [
-        # name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
-        dict(name="fast, 1 prefill, budget 512", numerics="fast", prefill=1, budget=512, prefill_mib=192,
-             decode_mib=512, max_words=1000 * big, n_seq=10 if quick else 6, n_conc=8 if quick else 4,
-             max_tokens=12),
-        # decode pools of 45 blocks (720 tokens): reservations take what is free, so growing sequences preempt
-        dict(name="fast, 2 prefill, budget 7, small decode pool", numerics="fast", prefill=2, budget=7,
-             prefill_mib=96, decode_mib=16, max_words=300, n_seq=8, n_conc=8, max_tokens=96, want_preempt=True),
-        dict(name="reference, 2 prefill + 2 decode, budget 64", numerics="reference", prefill=2, decode=2, budget=64,
-             prefill_mib=160, decode_mib=256, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
-        dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
-             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True),
-        # colocated (vLLM's way, no disaggregation): 2 decode workers prefill their own requests in chunks of 64
-        # between decode steps; one is killed mid-stream and its streams resume on the other
-        dict(name="fast, 2 colocated, budget 64, kill -9 of one", numerics="fast", prefill=0, colocated=2, budget=64,
-             prefill_mib=16, decode_mib=96, max_words=300, n_seq=5, n_conc=6, max_tokens=64, kill_decode=True),
-        # 10 streams of 128 tokens at once: with 6 of 96 a run could see 0 or 1 preemptions, by timing alone
-        dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
-             prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=10, max_tokens=128, want_preempt=True),
-    ]
-    for r in rounds:
-        run_round(refs=refs, **r)
-    print("cache-hits: %d passed, %d failed" % (sum(tc.results), len(tc.results) - sum(tc.results)))
-    return 0 if all(tc.results) else 1
+# the rounds: name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
+quick = os.environ.get("TANDEM_TEST_QUICK")  # the sanitizer pass's shorter run
+big = 1 if quick else 2  # words ~ tokens: up to ~2,000-token prompts (4 chunks of 512) in the full run
+ROUNDS = [
+    # name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
+    dict(name="fast, 1 prefill, budget 512", numerics="fast", prefill=1, budget=512, prefill_mib=192,
+         decode_mib=512, max_words=1000 * big, n_seq=10 if quick else 6, n_conc=8 if quick else 4,
+         max_tokens=12),
+    # decode pools of 45 blocks (720 tokens): reservations take what is free, so growing sequences preempt
+    dict(name="fast, 2 prefill, budget 7, small decode pool", numerics="fast", prefill=2, budget=7,
+         prefill_mib=96, decode_mib=16, max_words=300, n_seq=8, n_conc=8, max_tokens=96, want_preempt=True),
+    dict(name="reference, 2 prefill + 2 decode, budget 64", numerics="reference", prefill=2, decode=2, budget=64,
+         prefill_mib=160, decode_mib=256, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
+    dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
+         prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True),
+    # colocated (vLLM's way, no disaggregation): 2 decode workers prefill their own requests in chunks of 64
+    # between decode steps; one is killed mid-stream and its streams resume on the other
+    dict(name="fast, 2 colocated, budget 64, kill -9 of one", numerics="fast", prefill=0, colocated=2, budget=64,
+         prefill_mib=16, decode_mib=96, max_words=300, n_seq=5, n_conc=6, max_tokens=64, kill_decode=True),
+    # 10 streams of 128 tokens at once: with 6 of 96 a run could see 0 or 1 preemptions, by timing alone
+    dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
+         prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=10, max_tokens=128, want_preempt=True),
+]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.fixture(scope="module")
+def refs():
+    """The cold references, memoized across the rounds (the next turn of one is a prompt of another)."""
+    return {}
+
+
+@pytest.mark.parametrize("r", ROUNDS, ids=[r["name"] for r in ROUNDS])
+def test_round(r, refs):
+    run_round(refs=refs, **r)

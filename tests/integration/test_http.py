@@ -9,24 +9,25 @@ for a whole (non-streamed) answer, frees its KV on the decode worker; a 100 MB b
 clients dribbling their headers do not slow the others down; after all the
 bad input the router's RSS and the decode worker's KV are back to idle.
 
-Usage: test_http.py BUILD_BIN_DIR  (run from the repository root)."""
+Run with pytest (tests/conftest.py says how)."""
 import http.client
 import json
 import os
 import re
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
+import types
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_cluster as tc  # noqa: E402  (stubs, Cluster, the model path)
+import pytest
+
+import harness as hs
 
 import openai  # noqa: E402
 
-check = tc.check
+check = hs.check
 TOKENS = 24
 
 
@@ -66,9 +67,9 @@ def slowloris(host, port, n):
 
 def abuse(c, cl, model, host, port, prompt):
     """A 100 MB body and a slowloris crowd; the router's RSS and the KV back to idle after."""
-    rp = tc.router_pid(c)
+    rp = hs.router_pid(c)
     dw = c.worker("decode")
-    _, rss0 = tc.proc_status(rp)
+    _, rss0 = hs.proc_status(rp)
     # 100 MB announced and sent: refused from the header, the connection closed long before 100 MB went
     s = socket.create_connection((host, port), timeout=30)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -101,12 +102,12 @@ def abuse(c, cl, model, host, port, prompt):
     finally:
         stop.set()
         th.join()
-    threads, rss = tc.proc_status(rp)
+    threads, rss = hs.proc_status(rp)
     for x in socks:
         x.close()
     t0 = time.time()
-    back = tc.wait_for(lambda: tc.proc_status(rp)[1] < rss0 + 16 and c.stats(dw).kv_in_use == 0, 20)
-    _, rss_after = tc.proc_status(rp)
+    back = hs.wait_for(lambda: hs.proc_status(rp)[1] < rss0 + 16 and c.stats(dw).kv_in_use == 0, 20)
+    _, rss_after = hs.proc_status(rp)
     check("200 slowloris connections: 8 requests beside them served in %.2f s at most (%d router threads, %.0f "
           "MiB RSS meanwhile)" % (max(lat), threads, rss), ok and max(lat) < 5)
     check("after the bad input the router's RSS is back to idle (%.0f MiB before, %.0f MiB after %.1f s) and the "
@@ -114,7 +115,7 @@ def abuse(c, cl, model, host, port, prompt):
 
 
 def new_key(name, rpm, tpm):
-    out = tc.subprocess.run([tc.BIN + "/tandem", "apikey", name, "--rpm", str(rpm), "--tpm", str(tpm)],
+    out = hs.subprocess.run([hs.BIN + "/tandem", "apikey", name, "--rpm", str(rpm), "--tpm", str(tpm)],
                             capture_output=True, text=True, check=True).stdout.splitlines()
     return out[0].split()[1], out[1].split(None, 1)[1]
 
@@ -128,9 +129,9 @@ def api_keys():
         f.write("# name rpm tpm\n%s\n%s\n%s\n" % (la, lb, lc))
     with open(d + "/tandem.yaml", "w") as f:
         f.write("router:\n  api_keys: %s\n  max_streams: 1\n" % (d + "/keys"))
-    c = tc.Cluster(config=d + "/tandem.yaml")
+    c = hs.Cluster(config=d + "/tandem.yaml")
     try:
-        tc.wait_for(lambda: c.health()[0], 60)
+        hs.wait_for(lambda: c.health()[0], 60)
         url = "http://%s/v1" % re.search(r"HTTP API at http://(\S+)/v1", c.log()).group(1)
         host, port = url[7:-3].rsplit(":", 1)
 
@@ -172,10 +173,10 @@ def api_keys():
 
         # nothing can serve (the only decode worker frozen past its lease): 503 at once, not a wait
         dw = c.worker("decode")
-        tc.wait_for(lambda: c.stats(dw).running == 0, 10)
+        hs.wait_for(lambda: c.stats(dw).running == 0, 10)
         os.kill(dw["pid"], signal.SIGSTOP)
         try:
-            tc.wait_for(lambda: not c.worker("decode"), 10)
+            hs.wait_for(lambda: not c.worker("decode"), 10)
             t0 = time.time()
             st = call(kc)
             secs = time.time() - t0
@@ -211,7 +212,7 @@ def api_keys():
             th.join()
         for x in crowd:
             x.close()
-        tc.wait_for(lambda: raw(host, port, "GET", "/health")[0] == 200, 10)
+        hs.wait_for(lambda: raw(host, port, "GET", "/health")[0] == 200, 10)
         st2 = raw(host, port, "GET", "/v1/models", headers={"Authorization": "Bearer " + kc})[0]
         check("1,030 half-sent request heads held open (%d connected, %d of them closed by the server): a legitimate "
               "request gets %s; after they close: %d" %
@@ -223,207 +224,241 @@ def api_keys():
         c.stop()
 
 
-def main():
-    prompts = tc.PROMPTS[:4]
-    refs = {p: tc.reference_text(p, TOKENS) for p in prompts}
-    c = tc.Cluster()
-    try:
-        tc.wait_for(lambda: c.health()[0], 60)
-        m = re.search(r"HTTP API at http://(\S+)/v1", c.log())
-        host, port = m.group(1).rsplit(":", 1)
-        port = int(port)
-        cl = openai.OpenAI(base_url="http://%s:%d/v1" % (host, port), api_key="unused", max_retries=0, timeout=120)
-        models = cl.models.list().data
-        check("GET /v1/models lists the one model: %s" % [x.id for x in models], len(models) == 1)
-        model = models[0].id
+@pytest.fixture(scope="module")
+def api():
+    """A `tandem up` cluster and the openai client pointed at its HTTP API; the prompts' single-process texts."""
+    prompts = hs.PROMPTS[:4]
+    refs = {p: hs.reference_text(p, TOKENS) for p in prompts}
+    c = hs.Cluster()
+    hs.wait_for(lambda: c.health()[0], 60)
+    m = re.search(r"HTTP API at http://(\S+)/v1", c.log())
+    host, port = m.group(1).rsplit(":", 1)
+    port = int(port)
+    cl = openai.OpenAI(base_url="http://%s:%d/v1" % (host, port), api_key="unused", max_retries=0, timeout=120)
+    models = cl.models.list().data
+    check("GET /v1/models lists the one model: %s" % [x.id for x in models], len(models) == 1)
+    model = models[0].id
+    yield types.SimpleNamespace(c=c, cl=cl, model=model, host=host, port=port, refs=refs, prompts=prompts)
+    c.stop()
 
-        # completions: identical to single-process greedy, streamed and not
-        same = same_stream = 0
-        for p in prompts:
-            r = cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0,
-                                      extra_body={"ignore_eos": True})
-            same += r.choices[0].text == refs[p] and r.usage.completion_tokens == TOKENS
-            text, last = "", None
-            for ch in cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
-                if ch.choices:
-                    text += ch.choices[0].text
-                last = ch
-            same_stream += text == refs[p] and last.usage is not None and last.usage.completion_tokens == TOKENS \
-                and not last.choices
-        check("completions: %d/%d identical to single-process greedy; streamed %d/%d (with a last usage chunk)" %
-              (same, len(prompts), same_stream, len(prompts)), same == same_stream == len(prompts))
 
-        # tandem's SLO fields: one no idle worker can meet is refused at once, 400 (the client does not retry),
-        # saying which SLO in rejected-early and giving no retry hint; a malformed one names its field
-        def refused(**extra):
-            t0 = time.time()
-            try:
-                cl.completions.create(model=model, prompt=prompts[0], max_tokens=4, temperature=0, extra_body=extra)
-                return 200, None, None, "", 0
-            except openai.APIStatusError as e:
-                return (e.status_code, e.response.headers.get("rejected-early"),
-                        e.response.headers.get("retry-after-ms"), str(e.body), (time.time() - t0) * 1e3)
-        late, bad = refused(ttft_slo_ms=1), refused(ttft_slo_ms=0)
-        check("ttft_slo_ms 1: %d, rejected-early %s, retry-after-ms %s, in %.0f ms: %s" %
-              (late[0], late[1], late[2], late[4], late[3][:140]),
-              late[0] == 400 and late[1] == "ttft" and late[2] is None and "will not help" in late[3] and late[4] < 1000)
-        check("ttft_slo_ms 0: %d, rejected-early %s: %s" % (bad[0], bad[1], bad[3][:120]),
-              bad[0] == 400 and bad[1] is None and "ttft_slo_ms" in bad[3])
+def test_completions_identical_to_single_process(api):
+    cl, model, refs, prompts = api.cl, api.model, api.refs, api.prompts
+    # completions: identical to single-process greedy, streamed and not
+    same = same_stream = 0
+    for p in prompts:
+        r = cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0,
+                                  extra_body={"ignore_eos": True})
+        same += r.choices[0].text == refs[p] and r.usage.completion_tokens == TOKENS
+        text, last = "", None
+        for ch in cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+            if ch.choices:
+                text += ch.choices[0].text
+            last = ch
+        same_stream += text == refs[p] and last.usage is not None and last.usage.completion_tokens == TOKENS \
+            and not last.choices
+    check("completions: %d/%d identical to single-process greedy; streamed %d/%d (with a last usage chunk)" %
+          (same, len(prompts), same_stream, len(prompts)), same == same_stream == len(prompts))
 
-        # every prompt of the integration suite: the HTTP text equals the gRPC API's
-        same_grpc = 0
-        for p in tc.PROMPTS:
-            rq = tc.pb.GenerateRequest(prompt=p, sampling=tc.pb.SamplingParams(max_tokens=TOKENS, ignore_eos=True))
-            g = "".join(r.text for r in c.stub.Generate(rq, timeout=120))
-            h = cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0,
-                                      extra_body={"ignore_eos": True}).choices[0].text
-            same_grpc += g == h
-        check("greedy text over HTTP identical to the gRPC API's for %d/%d prompts" % (same_grpc, len(tc.PROMPTS)),
-              same_grpc == len(tc.PROMPTS) >= 20)
 
-        # chat: streamed and not give the same text; finish reason and usage; a repeat hits the prefix cache
-        msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a color."}]
-        r1 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
-        parts, roles, fin = [], [], None
-        for ch in cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0, stream=True):
-            d = ch.choices[0].delta
-            roles += [d.role] if d.role else []
-            parts += [d.content] if d.content else []
-            fin = ch.choices[0].finish_reason or fin
-        r2 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
-        cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else 0
-        check("chat: %r non-streamed == streamed (%r), role once, finish %s; the repeat's cached_tokens %d" %
-              (r1.choices[0].message.content, "".join(parts), fin, cached),
-              r1.choices[0].message.content == "".join(parts) and roles == ["assistant"] and
-              fin == r1.choices[0].finish_reason and r1.choices[0].finish_reason in ("stop", "length") and
-              r1.choices[0].message.role == "assistant" and cached > 0 and
-              r2.choices[0].message.content == r1.choices[0].message.content)
-
-        # sampling parameters reach the engine: a seeded sample repeats, a stop string stops
-        kw = dict(model=model, prompt=prompts[1], max_tokens=16, temperature=0.9, top_p=0.9, seed=7,
-                  extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True})
-        a, b = cl.completions.create(**kw).choices[0].text, cl.completions.create(**kw).choices[0].text
-        check("a seeded sample (temperature, top_p, top_k, min_p, repetition_penalty) repeats: %r" % a, a == b)
-        full = refs[prompts[0]]
-        word = full.split()[3]
-        s = cl.completions.create(model=model, prompt=prompts[0], max_tokens=TOKENS, temperature=0, stop=[word])
-        check("stop=%r ends the text before it: %r, finish %s" % (word, s.choices[0].text, s.choices[0].finish_reason),
-              word not in s.choices[0].text and full.startswith(s.choices[0].text) and
-              s.choices[0].finish_reason == "stop")
-
-        # errors: OpenAI's shape, naming the field
-        cases = [
-            ("n=2", lambda: cl.completions.create(model=model, prompt="Hi", n=2), openai.BadRequestError, "n"),
-            ("temperature=-1", lambda: cl.completions.create(model=model, prompt="Hi", temperature=-1),
-             openai.BadRequestError, "temperature"),
-            ("an unknown model", lambda: cl.completions.create(model="nope", prompt="Hi"), openai.NotFoundError,
-             "model"),
-            ("logprobs", lambda: cl.completions.create(model=model, prompt="Hi", logprobs=2), openai.BadRequestError,
-             "logprobs"),
-            ("messages missing", lambda: cl.chat.completions.create(model=model, messages=[]),
-             openai.BadRequestError, "messages"),
-            ("a NUL in the prompt", lambda: cl.completions.create(model=model, prompt="a\0b"),
-             openai.BadRequestError, "prompt"),
-            ("max_tokens 2^40", lambda: cl.completions.create(model=model, prompt="Hi", max_tokens=1 << 40),
-             openai.BadRequestError, "max_tokens"),
-            ("response_format json_object (no structured output yet)",
-             lambda: cl.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
-                                                response_format={"type": "json_object"}),
-             openai.BadRequestError, "response_format"),
-        ]
-        for name, fn, exc, param in cases:
-            try:
-                fn()
-                ok, why = False, "accepted"
-            except exc as e:
-                body = e.body if isinstance(e.body, dict) else {}
-                ok = bool(body.get("message")) and body.get("type") and (param is None or body.get("param") == param)
-                why = "%d %s" % (e.status_code, body)
-            except Exception as e:  # noqa: BLE001
-                ok, why = False, repr(e)
-            check("%s is refused in OpenAI's shape: %s" % (name, why[:200]), ok)
-        st, _, body = raw(host, port, "POST", "/v1/completions", body=b"{not json")
-        check("a body that is not JSON: %d %s" % (st, body[:120]), st == 400 and b'"error"' in body)
-        st, _, body = raw(host, port, "POST", "/v1/completions", body=b"[1, 2]")
-        check("a JSON array body: %d %s" % (st, body[:120]), st == 400 and b"it is an array" in body)
-        big = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 1 << 40}).encode()
-        st, _, body = raw(host, port, "POST", "/v1/completions", body=big)
-        check("max_tokens 2^40: %d %s" % (st, body[:140]), st == 400 and b"too large" in body)
-        # a browser posts text/plain and forms cross-site without a preflight: refused, so a page cannot use it
-        ok_body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
-        for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
-            st, _, body = raw(host, port, "POST", "/v1/completions", body=ok_body, headers={"Content-Type": ctype})
-            check("a JSON body sent as %s: %d %s" % (ctype, st, body[:120]), st == 415 and b"application/json" in body)
-        # 5 MiB sent chunked (no Content-Length to refuse it by): read, counted, refused
-        s = socket.create_connection((host, port), timeout=60)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for _ in range(5):
-            s.sendall(b"100000\r\n" + b"a" * (1 << 20) + b"\r\n")
-        s.sendall(b"0\r\n\r\n")
-        resp = b""
-        while b"}}" not in resp:
-            more = s.recv(65536)
-            if not more:
-                break
-            resp += more
-        s.close()
-        check("a 5 MiB chunked body: %r" % resp.split(b"\r\n")[0], resp.startswith(b"HTTP/1.1 413") and
-              b'"error"' in resp)
-        st, _, body = raw(host, port, "GET", "/v1/nothing")
-        check("an unknown route: %d" % st, st == 404 and b'"error"' in body)
-
-        # health, tokenize, detokenize (against the gRPC Tokenize)
-        st, _, body = raw(host, port, "GET", "/health")
-        check("GET /health: %d %s" % (st, body), st == 200)
-        st, _, body = raw(host, port, "POST", "/tokenize", body=json.dumps({"prompt": prompts[0]}))
-        toks = json.loads(body)["tokens"]
-        grpc_toks = list(c.stub.Tokenize(tc.pb.TokenizeRequest(text=prompts[0], add_bos=True), timeout=10).token_ids)
-        st2, _, body2 = raw(host, port, "POST", "/detokenize", body=json.dumps({"tokens": toks}))
-        check("tokenize equals the gRPC Tokenize (%d tokens), detokenize gives the prompt back" % len(toks),
-              st == 200 and toks == grpc_toks and st2 == 200 and json.loads(body2)["prompt"].endswith(prompts[0]))
-
-        # a client that disconnects mid-stream: its request is cancelled and its KV freed on the decode worker
-        dw = c.worker("decode")
-        s = socket.create_connection((host, port), timeout=30)
-        body = json.dumps({"model": model, "prompt": "Tell me a long story.", "max_tokens": 2000,
-                           "temperature": 0, "stream": True, "extra": 1, "ignore_eos": True}).encode()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-        got = b""
-        while got.count(b"data: ") < 5:
-            more = s.recv(65536)
-            if not more:
-                break
-            got += more
-        running = c.stats(dw).running
-        s.close()
+def test_slo_fields(api):
+    cl, model, prompts = api.cl, api.model, api.prompts
+    # tandem's SLO fields: one no idle worker can meet is refused at once, 400 (the client does not retry),
+    # saying which SLO in rejected-early and giving no retry hint; a malformed one names its field
+    def refused(**extra):
         t0 = time.time()
-        freed = tc.wait_for(lambda: c.stats(dw).running == 0 and c.stats(dw).kv_in_use == 0, 10)
-        check("a client that disconnects mid-stream (%d running before): its sequence ends and its KV is freed "
-              "after %.1f s" % (running, time.time() - t0), running == 1 and freed)
-        # the same without streaming: the connection waits for the whole answer (suspended), the hang-up is
-        # still seen and the request cancelled
-        s = socket.create_connection((host, port), timeout=30)
-        body = json.dumps({"model": model, "prompt": "Tell me a long story.", "max_tokens": 2000,
-                           "temperature": 0, "ignore_eos": True}).encode()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-        started = tc.wait_for(lambda: c.stats(dw).running == 1, 10)
-        s.close()
-        t0 = time.time()
-        freed = tc.wait_for(lambda: c.stats(dw).running == 0 and c.stats(dw).kv_in_use == 0, 10)
-        check("a non-streaming client that disconnects while its answer is generated (running: %s): cancelled, its "
-              "KV freed after %.1f s" % (started, time.time() - t0), started and freed and time.time() - t0 < 3)
-        ids, _ = tc.generate(c.stub, prompts[0])
-        check("the cluster serves afterwards", ids == tc.reference(prompts[0]))
-        abuse(c, cl, model, host, int(port), prompts[0])
-    finally:
-        c.stop()
+        try:
+            cl.completions.create(model=model, prompt=prompts[0], max_tokens=4, temperature=0, extra_body=extra)
+            return 200, None, None, "", 0
+        except openai.APIStatusError as e:
+            return (e.status_code, e.response.headers.get("rejected-early"),
+                    e.response.headers.get("retry-after-ms"), str(e.body), (time.time() - t0) * 1e3)
+    late, bad = refused(ttft_slo_ms=1), refused(ttft_slo_ms=0)
+    check("ttft_slo_ms 1: %d, rejected-early %s, retry-after-ms %s, in %.0f ms: %s" %
+          (late[0], late[1], late[2], late[4], late[3][:140]),
+          late[0] == 400 and late[1] == "ttft" and late[2] is None and "will not help" in late[3] and late[4] < 1000)
+    check("ttft_slo_ms 0: %d, rejected-early %s: %s" % (bad[0], bad[1], bad[3][:120]),
+          bad[0] == 400 and bad[1] is None and "ttft_slo_ms" in bad[3])
+
+
+def test_http_text_equals_grpc(api):
+    c, cl, model = api.c, api.cl, api.model
+    # every prompt of the integration suite: the HTTP text equals the gRPC API's
+    same_grpc = 0
+    for p in hs.PROMPTS:
+        rq = hs.pb.GenerateRequest(prompt=p, sampling=hs.pb.SamplingParams(max_tokens=TOKENS, ignore_eos=True))
+        g = "".join(r.text for r in c.stub.Generate(rq, timeout=120))
+        h = cl.completions.create(model=model, prompt=p, max_tokens=TOKENS, temperature=0,
+                                  extra_body={"ignore_eos": True}).choices[0].text
+        same_grpc += g == h
+    check("greedy text over HTTP identical to the gRPC API's for %d/%d prompts" % (same_grpc, len(hs.PROMPTS)),
+          same_grpc == len(hs.PROMPTS) >= 20)
+
+
+def test_chat(api):
+    cl, model = api.cl, api.model
+    # chat: streamed and not give the same text; finish reason and usage; a repeat hits the prefix cache
+    msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a color."}]
+    r1 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
+    parts, roles, fin = [], [], None
+    for ch in cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0, stream=True):
+        d = ch.choices[0].delta
+        roles += [d.role] if d.role else []
+        parts += [d.content] if d.content else []
+        fin = ch.choices[0].finish_reason or fin
+    r2 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=12, temperature=0)
+    cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else 0
+    check("chat: %r non-streamed == streamed (%r), role once, finish %s; the repeat's cached_tokens %d" %
+          (r1.choices[0].message.content, "".join(parts), fin, cached),
+          r1.choices[0].message.content == "".join(parts) and roles == ["assistant"] and
+          fin == r1.choices[0].finish_reason and r1.choices[0].finish_reason in ("stop", "length") and
+          r1.choices[0].message.role == "assistant" and cached > 0 and
+          r2.choices[0].message.content == r1.choices[0].message.content)
+
+
+def test_sampling_parameters(api):
+    cl, model, refs, prompts = api.cl, api.model, api.refs, api.prompts
+    # sampling parameters reach the engine: a seeded sample repeats, a stop string stops
+    kw = dict(model=model, prompt=prompts[1], max_tokens=16, temperature=0.9, top_p=0.9, seed=7,
+              extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True})
+    a, b = cl.completions.create(**kw).choices[0].text, cl.completions.create(**kw).choices[0].text
+    check("a seeded sample (temperature, top_p, top_k, min_p, repetition_penalty) repeats: %r" % a, a == b)
+    full = refs[prompts[0]]
+    word = full.split()[3]
+    s = cl.completions.create(model=model, prompt=prompts[0], max_tokens=TOKENS, temperature=0, stop=[word])
+    check("stop=%r ends the text before it: %r, finish %s" % (word, s.choices[0].text, s.choices[0].finish_reason),
+          word not in s.choices[0].text and full.startswith(s.choices[0].text) and
+          s.choices[0].finish_reason == "stop")
+
+
+def test_errors_in_openai_shape(api):
+    cl, model, host, port = api.cl, api.model, api.host, api.port
+    # errors: OpenAI's shape, naming the field
+    cases = [
+        ("n=2", lambda: cl.completions.create(model=model, prompt="Hi", n=2), openai.BadRequestError, "n"),
+        ("temperature=-1", lambda: cl.completions.create(model=model, prompt="Hi", temperature=-1),
+         openai.BadRequestError, "temperature"),
+        ("an unknown model", lambda: cl.completions.create(model="nope", prompt="Hi"), openai.NotFoundError,
+         "model"),
+        ("logprobs", lambda: cl.completions.create(model=model, prompt="Hi", logprobs=2), openai.BadRequestError,
+         "logprobs"),
+        ("messages missing", lambda: cl.chat.completions.create(model=model, messages=[]),
+         openai.BadRequestError, "messages"),
+        ("a NUL in the prompt", lambda: cl.completions.create(model=model, prompt="a\0b"),
+         openai.BadRequestError, "prompt"),
+        ("max_tokens 2^40", lambda: cl.completions.create(model=model, prompt="Hi", max_tokens=1 << 40),
+         openai.BadRequestError, "max_tokens"),
+        ("response_format json_object (no structured output yet)",
+         lambda: cl.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                            response_format={"type": "json_object"}),
+         openai.BadRequestError, "response_format"),
+    ]
+    for name, fn, exc, param in cases:
+        try:
+            fn()
+            ok, why = False, "accepted"
+        except exc as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            ok = bool(body.get("message")) and body.get("type") and (param is None or body.get("param") == param)
+            why = "%d %s" % (e.status_code, body)
+        except Exception as e:  # noqa: BLE001
+            ok, why = False, repr(e)
+        check("%s is refused in OpenAI's shape: %s" % (name, why[:200]), ok)
+    st, _, body = raw(host, port, "POST", "/v1/completions", body=b"{not json")
+    check("a body that is not JSON: %d %s" % (st, body[:120]), st == 400 and b'"error"' in body)
+    st, _, body = raw(host, port, "POST", "/v1/completions", body=b"[1, 2]")
+    check("a JSON array body: %d %s" % (st, body[:120]), st == 400 and b"it is an array" in body)
+    big = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 1 << 40}).encode()
+    st, _, body = raw(host, port, "POST", "/v1/completions", body=big)
+    check("max_tokens 2^40: %d %s" % (st, body[:140]), st == 400 and b"too large" in body)
+
+
+def test_cross_site_posts_refused(api):
+    model, host, port = api.model, api.host, api.port
+    # a browser posts text/plain and forms cross-site without a preflight: refused, so a page cannot use it
+    ok_body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        st, _, body = raw(host, port, "POST", "/v1/completions", body=ok_body, headers={"Content-Type": ctype})
+        check("a JSON body sent as %s: %d %s" % (ctype, st, body[:120]), st == 415 and b"application/json" in body)
+
+
+def test_chunked_body_refused(api):
+    host, port = api.host, api.port
+    # 5 MiB sent chunked (no Content-Length to refuse it by): read, counted, refused
+    s = socket.create_connection((host, port), timeout=60)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(5):
+        s.sendall(b"100000\r\n" + b"a" * (1 << 20) + b"\r\n")
+    s.sendall(b"0\r\n\r\n")
+    resp = b""
+    while b"}}" not in resp:
+        more = s.recv(65536)
+        if not more:
+            break
+        resp += more
+    s.close()
+    check("a 5 MiB chunked body: %r" % resp.split(b"\r\n")[0], resp.startswith(b"HTTP/1.1 413") and
+          b'"error"' in resp)
+    st, _, body = raw(host, port, "GET", "/v1/nothing")
+    check("an unknown route: %d" % st, st == 404 and b'"error"' in body)
+
+
+def test_health_tokenize(api):
+    c, host, port, prompts = api.c, api.host, api.port, api.prompts
+    # health, tokenize, detokenize (against the gRPC Tokenize)
+    st, _, body = raw(host, port, "GET", "/health")
+    check("GET /health: %d %s" % (st, body), st == 200)
+    st, _, body = raw(host, port, "POST", "/tokenize", body=json.dumps({"prompt": prompts[0]}))
+    toks = json.loads(body)["tokens"]
+    grpc_toks = list(c.stub.Tokenize(hs.pb.TokenizeRequest(text=prompts[0], add_bos=True), timeout=10).token_ids)
+    st2, _, body2 = raw(host, port, "POST", "/detokenize", body=json.dumps({"tokens": toks}))
+    check("tokenize equals the gRPC Tokenize (%d tokens), detokenize gives the prompt back" % len(toks),
+          st == 200 and toks == grpc_toks and st2 == 200 and json.loads(body2)["prompt"].endswith(prompts[0]))
+
+
+def test_disconnect_frees_kv(api):
+    c, model, host, port, prompts = api.c, api.model, api.host, api.port, api.prompts
+    # a client that disconnects mid-stream: its request is cancelled and its KV freed on the decode worker
+    dw = c.worker("decode")
+    s = socket.create_connection((host, port), timeout=30)
+    body = json.dumps({"model": model, "prompt": "Tell me a long story.", "max_tokens": 2000,
+                       "temperature": 0, "stream": True, "extra": 1, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 5:
+        more = s.recv(65536)
+        if not more:
+            break
+        got += more
+    running = c.stats(dw).running
+    s.close()
+    t0 = time.time()
+    freed = hs.wait_for(lambda: c.stats(dw).running == 0 and c.stats(dw).kv_in_use == 0, 10)
+    check("a client that disconnects mid-stream (%d running before): its sequence ends and its KV is freed "
+          "after %.1f s" % (running, time.time() - t0), running == 1 and freed)
+    # the same without streaming: the connection waits for the whole answer (suspended), the hang-up is
+    # still seen and the request cancelled
+    s = socket.create_connection((host, port), timeout=30)
+    body = json.dumps({"model": model, "prompt": "Tell me a long story.", "max_tokens": 2000,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    started = hs.wait_for(lambda: c.stats(dw).running == 1, 10)
+    s.close()
+    t0 = time.time()
+    freed = hs.wait_for(lambda: c.stats(dw).running == 0 and c.stats(dw).kv_in_use == 0, 10)
+    check("a non-streaming client that disconnects while its answer is generated (running: %s): cancelled, its "
+          "KV freed after %.1f s" % (started, time.time() - t0), started and freed and time.time() - t0 < 3)
+    ids, _ = hs.generate(c.stub, prompts[0])
+    check("the cluster serves afterwards", ids == hs.reference(prompts[0]))
+
+
+def test_abuse(api):
+    c, cl, model, host, port, prompts = api.c, api.cl, api.model, api.host, api.port, api.prompts
+    abuse(c, cl, model, host, int(port), prompts[0])
+
+
+def test_api_keys():
     api_keys()
-    print("http: %d passed, %d failed" % (sum(tc.results), len(tc.results) - sum(tc.results)))
-    return 0 if all(tc.results) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

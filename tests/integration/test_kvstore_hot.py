@@ -15,28 +15,17 @@ heat and cool in seconds (the defaults are 8 and 30 s).
   kill -9 of a node while the copies exist: after its etcd record goes, all
   three readers (the one near the dead node too) still read the whole chain.
 The planes run plaintext here: the store's mutual TLS is test_kvstore.py's.
-Prints one line per check and closes with "kvstore-hot: N passed, N failed".
-Usage: test_kvstore_hot.py BUILD_BIN_DIR  (from the repository root)."""
+Run with pytest (tests/conftest.py says how)."""
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_cluster as tc  # noqa: E402
+from harness import BIN, check, free_port
 
-BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
 BLOCKS = 24
-results = []
-
-
-def check(name, ok, why=""):
-    results.append(bool(ok))
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + why), flush=True)
 
 
 def wait_for(fn, timeout):
@@ -52,7 +41,7 @@ def wait_for(fn, timeout):
 class Store:
     def __init__(self, replicas_max):
         self.dir = tempfile.mkdtemp(prefix="tandem-kvhot-")
-        cp, pp = tc.free_port(), tc.free_port()
+        cp, pp = free_port(), free_port()
         self.ep = "127.0.0.1:%d" % cp
         etcd = shutil.which("etcd") or "/usr/local/bin/etcd"
         self.etcd = subprocess.Popen(
@@ -124,7 +113,7 @@ def full_share(phase):
     return min(r["full"] / r["reads"] for r in phase["readers"])
 
 
-def one_replica():
+def test_one_replica():
     s = Store(1)
     try:
         h = s.hot(4)
@@ -156,7 +145,7 @@ def one_replica():
         check("the nodes stop cleanly (%s)" % codes, all(c == 0 for c in codes.values()))
 
 
-def kill_home():
+def test_kill_home():
     s = Store(2)
     try:
         h = s.hot(4)
@@ -187,14 +176,3 @@ def kill_home():
         check("the surviving nodes stop cleanly (%s)" % {k: v for k, v in codes.items() if k != "kv-0"},
               all(c == 0 for k, c in codes.items() if k != "kv-0"))
 
-
-def main():
-    one_replica()
-    kill_home()
-    p, f = sum(results), len(results) - sum(results)
-    print("kvstore-hot: %d passed, %d failed" % (p, f))
-    return 0 if not f else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

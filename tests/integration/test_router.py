@@ -25,28 +25,29 @@ one event in every 7 it receives (router.index_drop_events, a test hook).
   tokens while both prefill workers hold long prompts, the resume (predicted
   far over the TTFT SLO that admitted the prompt) is placed, not refused, and
   the stream completes identically.
-Prints one line per check and closes with "router: N passed, N failed".
-Usage: test_router.py BUILD_BIN_DIR  (from the repository root)."""
+Run with pytest (tests/conftest.py says how); the tests on the cluster run in order, each on what the one before
+left."""
+import functools
 import os
 import random
 import re
 import signal
-import sys
 import tempfile
 import threading
 import time
+import types
 
 import grpc
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_cluster as tc  # noqa: E402
+import harness as hs
 import test_kvstore as tk  # noqa: E402
 
 from tandem.internal.v1 import kvstore_pb2 as kpb  # noqa: E402
 from tandem.internal.v1 import kvstore_pb2_grpc as kpbg  # noqa: E402
 
-pb = tc.pb
-check = tc.check
+pb = hs.pb
+check = hs.check
 MAX = 4
 text = tk.text
 
@@ -74,7 +75,7 @@ def sources(c):
     out = {w["id"]: w["addr"] for w in c.workers() if w["role"] == "prefill"}
     for line in c.etcdctl("get", "--prefix", "/tandem/kvstores/", "--print-value-only").stdout.splitlines():
         if line.startswith("{"):
-            n = tc.json.loads(line)
+            n = hs.json.loads(line)
             out[n["id"]] = n["addr"]
     return out
 
@@ -166,7 +167,7 @@ def deadlines(c, rng):
           (pred, "/".join(map(str, refused)), "; ".join(rows), loose, served), ok)
     # the short prompt's first token predicted on idle workers (the work of the checks before has drained):
     # the shortest deadline leaves it 4x that, so a slow machine's prediction does not refuse it
-    idle = tc.wait_for(lambda: all(w["queued_ms"] == 0 and w["inflight"] == 0
+    idle = hs.wait_for(lambda: all(w["queued_ms"] == 0 and w["inflight"] == 0
                                    for w in c.health()[1]["placement"]["workers"]), 30)
     short = text(30, rng)
     warm = None
@@ -187,174 +188,207 @@ def deadlines(c, rng):
            "; ".join(rows)), ok)
 
 
-def main():
+def first_token(c, prompt, prio, out, k):
+    """Sends prompt at priority prio; out[k] = (when its first token came, the prefill worker that computed it)."""
+    rq = pb.GenerateRequest(prompt=prompt, priority=prio, sampling=pb.SamplingParams(max_tokens=2, ignore_eos=True))
+    first = None
+    for r in c.stub.Generate(rq, timeout=120):
+        if first is None and (r.token_ids or r.text):
+            first = time.time()
+        last = r
+    out[k] = (first, last.timing.prefill_worker)
+
+
+@pytest.fixture(scope="module")
+def rt():
+    """A cluster of 2 prefill workers, a decode worker and a kvstore node, predictive placement, the router dropping every 7th cache event; the tests run in order, each on what the one before left."""
     rng = random.Random(20261125)
     work = tempfile.mkdtemp(prefix="tandem-router-test-")
     cfg = os.path.join(work, "tandem.yaml")
     with open(cfg, "w") as f:
         f.write("router: { placement: predictive, index_drop_events: 7 }\nkvstore: { dram_mb: 64 }\n"
                 "prefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 96 }\n")
-    c = tc.Cluster(config=cfg, extra=["--kvstores", "1"])
-    try:
-        # pools of ~133 blocks: 14 prompts of ~150 tokens evict, the store takes every block
-        docs = [text(rng.randint(100, 200), rng) for _ in range(14)]
-        first = [gen(c, d) for d in docs]
-        took, h, why = converge(c)
-        srcs = h.get("index", {}).get("sources", [])
-        check("index after 14 prompts, one event in 7 dropped on purpose: equals every source's Snapshot "
-              "within 1 s (%s s; %d blocks; gaps healed %s, events dropped %s)" %
-              (None if took is None else "%.2f" % took, h.get("index", {}).get("blocks", 0),
-               [s["gaps"] for s in srcs], [s["dropped_by_hook"] for s in srcs]),
-              took is not None and sum(s["dropped_by_hook"] for s in srcs) > 0 and
-              sum(s["gaps"] for s in srcs) > 0, why)
-        prof = h.get("placement", {}).get("workers", [])
-        check("every worker published a start-up profile (%s)" % [(w["id"], w["profile"]) for w in prof],
-              len(prof) == 3 and all(w["profile"] for w in prof))
+    c = hs.Cluster(config=cfg, extra=["--kvstores", "1"])
 
-        # cache-aware: the same prompts again land where their prefix is
-        again = [gen(c, d) for d in docs[-4:]]
-        hits = [a[1].usage.cached_prompt_tokens for a in again]
-        check("the last 4 prompts again: every one placed on a cached prefix (cached tokens %s)" % hits,
-              all(x > 0 for x in hits))
-        check("... with the same output", all(a[0] == f[0] for a, f in zip(again, first[-4:])))
-        preds = [a[1].timing.predicted_ttft_ms for a in again]
-        check("every answer carries the predicted TTFT (%s ms vs measured %s ms)" %
-              (["%.1f" % p for p in preds], ["%.1f" % a[1].timing.ttft_ms for a in again]),
-              all(a[1].timing.HasField("predicted_ttft_ms") and p > 0 for a, p in zip(again, preds)))
-        _, h = c.health()
-        pl = h.get("placement", {})
-        check("Health: prediction error p50 %.3f, p90 %.3f over %d requests; placed %s" %
-              (pl.get("ttft_error_p50", -1), pl.get("ttft_error_p90", -1), pl.get("predictions", 0),
-               pl.get("placed")), pl.get("predictions", 0) >= 18 and "ttft_error_p90" in pl and
-              pl["placed"]["pool_hit"] + pl["placed"]["store_hit"] >= 4)
+    yield types.SimpleNamespace(c=c, rng=rng, work=work)
+    if c.p.returncode is None:
+        c.stop()
 
-        # early rejection: an SLO no idle worker can meet is refused at once with no hint (retrying cannot help)
-        def refused(**slo):
-            t0 = time.time()
-            try:
-                gen(c, docs[0] + " and then", **slo)
-                return "OK", None, "", 0, None
-            except grpc.RpcError as e:
-                md = dict(e.trailing_metadata() or ())
-                return (e.code().name, md.get("retry-after-ms"), e.details(), (time.time() - t0) * 1e3,
-                        md.get("rejected-early"))
-        rs = [refused(ttft_slo_ms=1) for _ in range(5)]
-        times = sorted(r[3] for r in rs)
-        check("a 1 ms TTFT SLO is refused early as one no idle worker meets: %s, retry-after-ms %s, rejected-early "
-              "%s, answered in %.1f ms (median): %s" % ([r[0] for r in rs], [r[1] for r in rs], rs[0][4], times[2],
-                                                         rs[0][2][:160]),
-              all(r[0] == "FAILED_PRECONDITION" and r[1] is None and r[4] == "ttft" and "will not help" in r[2]
-                  for r in rs) and
-              times[2] < 100)
-        ok = gen(c, docs[0] + " and then", ttft_slo_ms=60000, tpot_slo_ms=60000)
-        check("... the same prompt with loose SLOs is served (%d tokens)" % len(ok[0]), len(ok[0]) == MAX)
-        idle_pred = ok[1].timing.predicted_ttft_ms
-        _, h = c.health()
-        check("Health counts the rejections (%s)" % h["placement"]["rejected"], h["placement"]["rejected"]["ttft"] >= 5)
 
-        # priority: with both prefill workers busy on long low-priority prompts, a short high-priority one
-        # sent after them is computed before the ones still waiting on its worker
-        def timed(prompt, prio, out, k):
-            rq = pb.GenerateRequest(prompt=prompt, priority=prio,
-                                    sampling=pb.SamplingParams(max_tokens=2, ignore_eos=True))
-            first = None
-            for r in c.stub.Generate(rq, timeout=120):
-                if first is None and (r.token_ids or r.text):
-                    first = time.time()
-                last = r
-            out[k] = (first, last.timing.prefill_worker)
-        res = {}
-        longs = [text(600, rng) for _ in range(4)]  # over the 512-token step: the second waits unbegun
-        ths = [threading.Thread(target=timed, args=(p, 0, res, i)) for i, p in enumerate(longs)]
-        for t in ths:
-            t.start()
-            time.sleep(0.02)
-        time.sleep(0.3)
-        # ... and one that only the work queued ahead makes late, with a hint: the prompt served above, its SLO
-        # well over its idle prediction, while both prefill workers hold long prompts of its priority
-        slo = max(3 * idle_pred, idle_pred + 30)
-        late = refused(ttft_slo_ms=int(slo))
-        check("with both prefill workers busy, a %d ms TTFT SLO (idle prediction %.1f ms) is refused early with a "
-              "hint: %s, retry-after-ms %s, rejected-early %s, in %.1f ms: %s" %
-              (slo, idle_pred, late[0], late[1], late[4], late[3], late[2][:160]),
-              late[0] == "RESOURCE_EXHAUSTED" and late[1] and int(late[1]) >= 10 and late[4] == "ttft" and
-              "retry after" in late[2] and
-              late[3] < 100)
-        timed(text(40, rng), 10, res, "high")
-        for t in ths:
-            t.join()
-        hw = res["high"][1]
-        same = sorted(res[i][0] for i in range(4) if res[i][1] == hw)
-        check("priority: a short priority-10 prompt sent after 4 long priority-0 ones gets its first token before "
-              "the last of them on its prefill worker %s (%s s after it)" %
-              (hw, "%.2f" % (same[-1] - res["high"][0]) if same else "-"),
-              len(same) >= 2 and res["high"][0] < same[-1])
+def test_index_agrees_with_the_workers(rt):
+    c, rng = rt.c, rt.rng
+    # pools of ~133 blocks: 14 prompts of ~150 tokens evict, the store takes every block
+    docs = [text(rng.randint(100, 200), rng) for _ in range(14)]
+    first = [gen(c, d) for d in docs]
+    took, h, why = converge(c)
+    srcs = h.get("index", {}).get("sources", [])
+    check("index after 14 prompts, one event in 7 dropped on purpose: equals every source's Snapshot "
+          "within 1 s (%s s; %d blocks; gaps healed %s, events dropped %s)" %
+          (None if took is None else "%.2f" % took, h.get("index", {}).get("blocks", 0),
+           [s["gaps"] for s in srcs], [s["dropped_by_hook"] for s in srcs]),
+          took is not None and sum(s["dropped_by_hook"] for s in srcs) > 0 and
+          sum(s["gaps"] for s in srcs) > 0, why)
+    prof = h.get("placement", {}).get("workers", [])
+    check("every worker published a start-up profile (%s)" % [(w["id"], w["profile"]) for w in prof],
+          len(prof) == 3 and all(w["profile"] for w in prof))
+    rt.docs, rt.first = docs, first  # for the tests after
 
-        # a router restart: the new one's index converges
-        def argv0(pid):
-            return os.path.basename(open("/proc/%d/cmdline" % pid, "rb").read().split(b"\0")[0].decode())
-        router = [p for p in c.pids() if argv0(p) == "tandem-router"]
-        os.kill(router[0], signal.SIGKILL)
-        tc.wait_for(lambda: router[0] not in c.pids(), 10)
-        serving = tc.wait_for(lambda: c.health()[0], 30)
-        took, h, why = converge(c)
-        srcs = h.get("index", {}).get("sources", [])
-        check("router kill -9 and restart: its index equals every source's Snapshot within 1 s of serving "
-              "(%s s; snapshots %s)" % (None if took is None else "%.2f" % took, [s["snapshots"] for s in srcs]),
-              serving and took is not None, why)
-        after = gen(c, docs[-1])
-        check("... and places on the cached prefix again (cached %d)" % after[1].usage.cached_prompt_tokens,
-              after[1].usage.cached_prompt_tokens > 0 and after[0] == first[-1][0])
 
-        # a stream under way is finished, not judged again: its decode worker is killed mid-stream while both
-        # prefill workers hold long prompts, so its resume (a prefill of the prompt and the tokens already sent)
-        # is predicted far over the TTFT SLO that admitted the prompt; it must be placed, not refused and retried
-        # until the queues drain or its deadline passes
-        def stream(prompt, n, kill_after=0, **slo):
-            rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True,
-                                    sampling=pb.SamplingParams(max_tokens=n, ignore_eos=True), **slo)
-            ids, last, dw, busy = [], None, c.worker("decode") if kill_after else None, []
-            for r in c.stub.Generate(rq, timeout=90):
-                ids.extend(r.token_ids)
-                last = r
-                if dw and not busy and len(ids) >= kill_after - 50:
-                    busy = [threading.Thread(target=timed, args=(text(600, rng), 0, {}, i)) for i in range(4)]
-                    for t in busy:
-                        t.start()
-                        time.sleep(0.02)
-                if dw and len(ids) >= kill_after:
-                    os.kill(dw["pid"], signal.SIGKILL)
-                    dw = None
-            for t in busy:
-                t.join()
-            return ids, last
-        short = text(20, rng)
-        ref, first_run = stream(short, 400)
-        pred = first_run.timing.predicted_ttft_ms
-        slo = int(max(3 * pred, pred + 30))
-        rejected = c.health()[1]["placement"]["rejected"]
+def test_cache_aware_placement(rt):
+    c = rt.c
+    docs, first = rt.docs, rt.first  # test_index_agrees_with_the_workers's
+    # cache-aware: the same prompts again land where their prefix is
+    again = [gen(c, d) for d in docs[-4:]]
+    hits = [a[1].usage.cached_prompt_tokens for a in again]
+    check("the last 4 prompts again: every one placed on a cached prefix (cached tokens %s)" % hits,
+          all(x > 0 for x in hits))
+    check("... with the same output", all(a[0] == f[0] for a, f in zip(again, first[-4:])))
+    preds = [a[1].timing.predicted_ttft_ms for a in again]
+    check("every answer carries the predicted TTFT (%s ms vs measured %s ms)" %
+          (["%.1f" % p for p in preds], ["%.1f" % a[1].timing.ttft_ms for a in again]),
+          all(a[1].timing.HasField("predicted_ttft_ms") and p > 0 for a, p in zip(again, preds)))
+    _, h = c.health()
+    pl = h.get("placement", {})
+    check("Health: prediction error p50 %.3f, p90 %.3f over %d requests; placed %s" %
+          (pl.get("ttft_error_p50", -1), pl.get("ttft_error_p90", -1), pl.get("predictions", 0),
+           pl.get("placed")), pl.get("predictions", 0) >= 18 and "ttft_error_p90" in pl and
+          pl["placed"]["pool_hit"] + pl["placed"]["store_hit"] >= 4)
+
+
+def test_early_rejection(rt):
+    c = rt.c
+    docs = rt.docs  # test_index_agrees_with_the_workers's
+    # early rejection: an SLO no idle worker can meet is refused at once with no hint (retrying cannot help)
+    def refused(**slo):
         t0 = time.time()
         try:
-            got = stream(short, 400, kill_after=300, ttft_slo_ms=slo)[0]
-            err = None
+            gen(c, docs[0] + " and then", **slo)
+            return "OK", None, "", 0, None
         except grpc.RpcError as e:
-            got, err = [], "%s: %s" % (e.code().name, e.details()[:160])
-        secs = time.time() - t0
-        tc.wait_for(lambda: c.worker("decode") and c.health()[0], 30)
-        after_rej = c.health()[1]["placement"]["rejected"]
-        check("decode worker killed after 300 of 400 tokens, both prefill workers busy, TTFT SLO %d ms (the prompt's "
-              "prediction %.1f ms): the resume %s in %.1f s; rejections %s -> %s" %
-              (slo, pred, "completed identically" if got == ref else "ended with %s after %d tokens" % (err, len(got)),
-               secs, rejected, after_rej),
-              got == ref and secs < 60 and after_rej == rejected)
-        deadlines(c, rng)
-    finally:
-        rc = c.stop()
-        check("tandem up stops cleanly (exit %s)" % rc, rc == 0)
-    p, f = sum(tc.results), len(tc.results) - sum(tc.results)
-    print("router: %d passed, %d failed" % (p, f))
-    return 0 if not f else 1
+            md = dict(e.trailing_metadata() or ())
+            return (e.code().name, md.get("retry-after-ms"), e.details(), (time.time() - t0) * 1e3,
+                    md.get("rejected-early"))
+    rs = [refused(ttft_slo_ms=1) for _ in range(5)]
+    times = sorted(r[3] for r in rs)
+    check("a 1 ms TTFT SLO is refused early as one no idle worker meets: %s, retry-after-ms %s, rejected-early "
+          "%s, answered in %.1f ms (median): %s" % ([r[0] for r in rs], [r[1] for r in rs], rs[0][4], times[2],
+                                                     rs[0][2][:160]),
+          all(r[0] == "FAILED_PRECONDITION" and r[1] is None and r[4] == "ttft" and "will not help" in r[2]
+              for r in rs) and
+          times[2] < 100)
+    ok = gen(c, docs[0] + " and then", ttft_slo_ms=60000, tpot_slo_ms=60000)
+    check("... the same prompt with loose SLOs is served (%d tokens)" % len(ok[0]), len(ok[0]) == MAX)
+    idle_pred = ok[1].timing.predicted_ttft_ms
+    _, h = c.health()
+    check("Health counts the rejections (%s)" % h["placement"]["rejected"], h["placement"]["rejected"]["ttft"] >= 5)
+    rt.idle_pred, rt.refused = idle_pred, refused  # for test_priority
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def test_priority(rt):
+    c, rng = rt.c, rt.rng
+    idle_pred, refused = rt.idle_pred, rt.refused  # test_early_rejection's
+    # priority: with both prefill workers busy on long low-priority prompts, a short high-priority one
+    # sent after them is computed before the ones still waiting on its worker
+    timed = functools.partial(first_token, c)
+    res = {}
+    longs = [text(600, rng) for _ in range(4)]  # over the 512-token step: the second waits unbegun
+    ths = [threading.Thread(target=timed, args=(p, 0, res, i)) for i, p in enumerate(longs)]
+    for t in ths:
+        t.start()
+        time.sleep(0.02)
+    time.sleep(0.3)
+    # ... and one that only the work queued ahead makes late, with a hint: the prompt served above, its SLO
+    # well over its idle prediction, while both prefill workers hold long prompts of its priority
+    slo = max(3 * idle_pred, idle_pred + 30)
+    late = refused(ttft_slo_ms=int(slo))
+    check("with both prefill workers busy, a %d ms TTFT SLO (idle prediction %.1f ms) is refused early with a "
+          "hint: %s, retry-after-ms %s, rejected-early %s, in %.1f ms: %s" %
+          (slo, idle_pred, late[0], late[1], late[4], late[3], late[2][:160]),
+          late[0] == "RESOURCE_EXHAUSTED" and late[1] and int(late[1]) >= 10 and late[4] == "ttft" and
+          "retry after" in late[2] and
+          late[3] < 100)
+    timed(text(40, rng), 10, res, "high")
+    for t in ths:
+        t.join()
+    hw = res["high"][1]
+    same = sorted(res[i][0] for i in range(4) if res[i][1] == hw)
+    check("priority: a short priority-10 prompt sent after 4 long priority-0 ones gets its first token before "
+          "the last of them on its prefill worker %s (%s s after it)" %
+          (hw, "%.2f" % (same[-1] - res["high"][0]) if same else "-"),
+          len(same) >= 2 and res["high"][0] < same[-1])
+
+
+def test_router_restart_index_converges(rt):
+    c = rt.c
+    docs, first = rt.docs, rt.first  # test_index_agrees_with_the_workers's
+    # a router restart: the new one's index converges
+    def argv0(pid):
+        return os.path.basename(open("/proc/%d/cmdline" % pid, "rb").read().split(b"\0")[0].decode())
+    router = [p for p in c.pids() if argv0(p) == "tandem-router"]
+    os.kill(router[0], signal.SIGKILL)
+    hs.wait_for(lambda: router[0] not in c.pids(), 10)
+    serving = hs.wait_for(lambda: c.health()[0], 30)
+    took, h, why = converge(c)
+    srcs = h.get("index", {}).get("sources", [])
+    check("router kill -9 and restart: its index equals every source's Snapshot within 1 s of serving "
+          "(%s s; snapshots %s)" % (None if took is None else "%.2f" % took, [s["snapshots"] for s in srcs]),
+          serving and took is not None, why)
+    after = gen(c, docs[-1])
+    check("... and places on the cached prefix again (cached %d)" % after[1].usage.cached_prompt_tokens,
+          after[1].usage.cached_prompt_tokens > 0 and after[0] == first[-1][0])
+
+
+def test_stream_under_way_is_not_judged_again(rt):
+    c, rng = rt.c, rt.rng
+    timed = functools.partial(first_token, c)
+    # a stream under way is finished, not judged again: its decode worker is killed mid-stream while both
+    # prefill workers hold long prompts, so its resume (a prefill of the prompt and the tokens already sent)
+    # is predicted far over the TTFT SLO that admitted the prompt; it must be placed, not refused and retried
+    # until the queues drain or its deadline passes
+    def stream(prompt, n, kill_after=0, **slo):
+        rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True,
+                                sampling=pb.SamplingParams(max_tokens=n, ignore_eos=True), **slo)
+        ids, last, dw, busy = [], None, c.worker("decode") if kill_after else None, []
+        for r in c.stub.Generate(rq, timeout=90):
+            ids.extend(r.token_ids)
+            last = r
+            if dw and not busy and len(ids) >= kill_after - 50:
+                busy = [threading.Thread(target=timed, args=(text(600, rng), 0, {}, i)) for i in range(4)]
+                for t in busy:
+                    t.start()
+                    time.sleep(0.02)
+            if dw and len(ids) >= kill_after:
+                os.kill(dw["pid"], signal.SIGKILL)
+                dw = None
+        for t in busy:
+            t.join()
+        return ids, last
+    short = text(20, rng)
+    ref, first_run = stream(short, 400)
+    pred = first_run.timing.predicted_ttft_ms
+    slo = int(max(3 * pred, pred + 30))
+    rejected = c.health()[1]["placement"]["rejected"]
+    t0 = time.time()
+    try:
+        got = stream(short, 400, kill_after=300, ttft_slo_ms=slo)[0]
+        err = None
+    except grpc.RpcError as e:
+        got, err = [], "%s: %s" % (e.code().name, e.details()[:160])
+    secs = time.time() - t0
+    hs.wait_for(lambda: c.worker("decode") and c.health()[0], 30)
+    after_rej = c.health()[1]["placement"]["rejected"]
+    check("decode worker killed after 300 of 400 tokens, both prefill workers busy, TTFT SLO %d ms (the prompt's "
+          "prediction %.1f ms): the resume %s in %.1f s; rejections %s -> %s" %
+          (slo, pred, "completed identically" if got == ref else "ended with %s after %d tokens" % (err, len(got)),
+           secs, rejected, after_rej),
+          got == ref and secs < 60 and after_rej == rejected)
+
+
+def test_deadlines(rt):
+    c, rng = rt.c, rt.rng
+    deadlines(c, rng)
+
+
+def test_stops_cleanly(rt):
+    rc = rt.c.stop()
+    check("tandem up stops cleanly (exit %s)" % rc, rc == 0)
