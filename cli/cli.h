@@ -16,10 +16,11 @@ int cli_certs(int argc, char **argv);
 int cli_apikey(int argc, char **argv);
 int cli_kvstatus(int argc, char **argv);
 int cli_scale(int argc, char **argv);
+int cli_config(int argc, char **argv);
 /* Each subcommand's usage text (what `tandem CMD --help` prints). */
 extern const char cli_inspect_usage[], cli_tokenize_usage[], cli_generate_usage[], cli_perplexity_usage[],
     cli_bench_usage[], cli_up_usage[], cli_health_usage[], cli_status_usage[], cli_certs_usage[],
-    cli_apikey_usage[], cli_kvstatus_usage[], cli_scale_usage[];
+    cli_apikey_usage[], cli_kvstatus_usage[], cli_scale_usage[], cli_config_usage[];
 
 #include <stdbool.h>
 #include "common/rpc.h"

@@ -16,6 +16,7 @@ static const char usage[] =
     "  scale --endpoint HOST:PORT (--apply OPS.yaml | --prefill N --decode M)\n"
     "                                        the ops config: worker counts or the planner's policy (deploy/ops.yaml)\n"
     "  kvstore-status --etcd HOST:PORT       the KV store's nodes: per tier bytes, blocks, hits, evictions; replicas\n"
+    "  config [--reference]                  every config key, its default and what it sets (deploy/tandem.yaml)\n"
     "  --version                             the version and the commit it was built from\n"
     "\n"
     "commands:\n"
@@ -44,7 +45,8 @@ static const struct {
     {"bench", cli_bench, cli_bench_usage},                {"up", cli_up, cli_up_usage},
     {"health", cli_health, cli_health_usage},             {"certs", cli_certs, cli_certs_usage},
     {"apikey", cli_apikey, cli_apikey_usage},             {"kvstore-status", cli_kvstatus, cli_kvstatus_usage},
-    {"scale", cli_scale, cli_scale_usage},             {"status", cli_status, cli_status_usage},
+    {"scale", cli_scale, cli_scale_usage},                {"status", cli_status, cli_status_usage},
+    {"config", cli_config, cli_config_usage},
 };
 
 int main(int argc, char **argv)

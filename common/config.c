@@ -1,11 +1,12 @@
 /* config.c — see config.h.
  *
  * How it works: one table (cfg_fields) holds every key once — its dotted
- * name, type, place in td_config_t, default, bounds or choices, and one line
- * of what it sets. The defaults, td_config_set (the flags), the YAML
- * reader's schema (libcyaml, built from the table: common/yaml.h), the
- * bounds' messages and `td_config_keys` (deploy/tandem.yaml is checked
- * against it) all come from it. What libcyaml fills is a "raw" tree of
+ * name, type, place in td_config_t, default, bounds or choices, the flag that
+ * sets it and which processes take that flag, and what it sets. The
+ * defaults, the flags each process takes, the YAML reader's schema (libcyaml,
+ * built from the table: common/yaml.h), the bounds' messages, --help, and
+ * deploy/tandem.yaml and docs/configuration.md (config_doc.c writes them) all
+ * come from it. What libcyaml fills is a "raw" tree of
  * pointers, one per key, so that an absent key is NULL and keeps its value. */
 #include "common/config.h"
 
@@ -25,7 +26,10 @@
 typedef enum cfg_kind { CFG_STR, CFG_U32, CFG_U64, CFG_BOOL } cfg_kind_t;
 
 /* Every key once. min/max bound a number (max 0: any); choices ("a|b")
- * limit a string (NULL: any); rules across keys are td_config_validate's. */
+ * limit a string (NULL: any); rules across keys are td_config_validate's.
+ * flag sets it from the command line of the processes in procs (TD_PROC_*;
+ * a role section's flag only in that role's worker); doc is one line (the
+ * --help line), more what deploy/tandem.yaml and docs/configuration.md add. */
 typedef struct cfg_field {
     const char *name;
     cfg_kind_t kind;
@@ -33,69 +37,208 @@ typedef struct cfg_field {
     const char *def;
     uint64_t min, max;
     const char *choices;
-    const char *doc;
+    const char *doc, *flag;
+    unsigned procs;
+    const char *more;
 } cfg_field_t;
 
-#define S(name, member, def, choices, doc) {name, CFG_STR, offsetof(td_config_t, member), def, 0, 0, choices, doc}
-#define U(name, member, def, min, max, doc) {name, CFG_U32, offsetof(td_config_t, member), def, min, max, NULL, doc}
-#define L(name, member, def, min, max, doc) {name, CFG_U64, offsetof(td_config_t, member), def, min, max, NULL, doc}
-#define B(name, member, def, doc) {name, CFG_BOOL, offsetof(td_config_t, member), def, 0, 0, NULL, doc}
-#define WORKER(r)                                                                                                     \
-    U(#r ".count", r.count, "1", 0, 0, "workers of the role tandem up starts"),                                       \
-    U(#r ".threads", r.threads, "0", 0, 256, "engine threads (0: one per core)"),                                     \
-    U(#r ".token_budget", r.token_budget, "512", 1, 1u << 20, "tokens per engine step (the chunked-prefill size)"),  \
-    L(#r ".kv_mib", r.kv_mib, "64", 1, 1u << 20, "the KV pool (MiB)"),                                                \
-    B(#r ".profile", r.profile, "true", "measure the start-up profile (worker/profile_store.h)"),                       \
-    S(#r ".device", r.device, "cpu", NULL, "cpu, cuda or cuda:N (a comma-separated list: one per worker in turn)"),   \
-    B(#r ".colocated", r.colocated, "false", "serve whole requests too (decode only)")
+#define R TD_PROC_ROUTER
+#define W TD_PROC_WORKER
+#define K TD_PROC_KVSTORE
+#define S(name_, member, def_, choices_, doc_, ...)                                                                   \
+    {.name = name_, .kind = CFG_STR, .off = offsetof(td_config_t, member), .def = def_, .choices = choices_,          \
+     .doc = doc_, __VA_ARGS__}
+#define U(name_, member, def_, min_, max_, doc_, ...)                                                                 \
+    {.name = name_, .kind = CFG_U32, .off = offsetof(td_config_t, member), .def = def_, .min = min_, .max = max_,     \
+     .doc = doc_, __VA_ARGS__}
+#define L(name_, member, def_, min_, max_, doc_, ...)                                                                 \
+    {.name = name_, .kind = CFG_U64, .off = offsetof(td_config_t, member), .def = def_, .min = min_, .max = max_,     \
+     .doc = doc_, __VA_ARGS__}
+#define B(name_, member, def_, doc_, ...)                                                                             \
+    {.name = name_, .kind = CFG_BOOL, .off = offsetof(td_config_t, member), .def = def_, .doc = doc_, __VA_ARGS__}
+#define WORKER(r, colocated_more)                                                                                     \
+    U(#r ".count", r.count, "1", 0, 0, "workers of the role tandem up starts",                                        \
+      .more = "tandem up seeds the ops config with it; from then on tandem scale and the planner decide"),          \
+    U(#r ".threads", r.threads, "0", 0, 256, "engine threads (0: one per core)", .flag = "--threads", .procs = W),    \
+    U(#r ".token_budget", r.token_budget, "512", 1, 1u << 20, "tokens per engine step (the chunked-prefill size)",    \
+      .flag = "--token-budget", .procs = W, .more = "prompts are prefilled in chunks of at most this many"),         \
+    L(#r ".kv_mib", r.kv_mib, "64", 1, 1u << 20, "the KV pool (MiB)", .flag = "--kv-mib", .procs = W),                \
+    B(#r ".profile", r.profile, "true", "measure the start-up profile (worker/profile_store.h)",                       \
+      .more = "prefill and decode step times measured at start-up (about 2 s alone) and published with the worker's " \
+              "registration for the router's predictions (a pool under 2048 tokens is not profiled); kept in "      \
+              "$XDG_CACHE_HOME/tandem/profiles/ (else ~/.cache), so the next start on the host reuses it (checked "  \
+              "first when older than 10 minutes; delete the file to measure again); a host's sweeps take turns"),    \
+    S(#r ".device", r.device, "cpu", NULL, "cpu, cuda or cuda:N (a comma-separated list: one per worker in turn)",    \
+      .flag = "--device", .procs = W,                                                                                 \
+      .more = "the backend and the KV pool's memory; tandem up gives each worker of the role the next entry of a "    \
+              "list (a worker itself takes one). A prefill and a decode worker on GPUs of one host move KV through "  \
+              "CUDA IPC, and both must be on GPUs (a CPU and a GPU worker are refused as peers, naming both "         \
+              "transports). A GPU worker does not use the KV store yet"),                                           \
+    B(#r ".colocated", r.colocated, "false", "serve whole requests too (decode only)", .flag = "--colocated",         \
+      .procs = W, .more = colocated_more)
 
 static const cfg_field_t cfg_fields[] = {
-    S("log.level", log.level, "info", NULL, "what is logged: debug, info, warn, error or off (any case)"),
+    S("log.level", log.level, "info", NULL, "what is logged: debug, info, warn, error or off (any case)",
+      .more = "TANDEM_LOG in the environment wins over it"),
     S("log.format", log.format, "text", "text|json", "log lines as text or JSON"),
-    S("model.path", model.path, TD_DEFAULT_MODEL, NULL, "the GGUF or safetensors model"),
-    S("model.kv_dtype", model.kv_dtype, "fp16", "fp16|fp32", "the KV cache's element type (the KV contract)"),
-    S("model.numerics", model.numerics, "fast", "fast|reference", "tandem's kernels, or llama.cpp's rounding"),
-    U("model.block_tokens", model.block_tokens, "16", 16, 256, "tokens per KV block, a power of two"),
+    S("model.path", model.path, TD_DEFAULT_MODEL, NULL, "the GGUF or safetensors model", .flag = "--model",
+      .procs = R | W, .more = "a .gguf file or a Hugging Face folder (config.json, model.safetensors, tokenizer.json)"),
+    S("model.kv_dtype", model.kv_dtype, "fp16", "fp16|fp32", "the KV cache's element type (the KV contract)",
+      .flag = "--kv-dtype", .procs = R | W),
+    S("model.numerics", model.numerics, "fast", "fast|reference", "tandem's kernels, or llama.cpp's rounding",
+      .flag = "--numerics", .procs = W,
+      .more = "reference: llama.cpp's rounding bit for bit (the same greedy tokens as llama.cpp on the same GGUF; "
+              "AVX2 CPUs; a slower prefill)"),
+    U("model.block_tokens", model.block_tokens, "16", 16, 256, "tokens per KV block, a power of two",
+      .flag = "--block-tokens", .procs = R | W, .more = "part of the KV contract: every worker of a cluster agrees"),
     U("model.context", model.context, "0", 0, 0, "the context length (0: the model's)"),
-    S("router.listen", router.listen, "127.0.0.1:50051", NULL, "the public gRPC API"),
-    S("router.http_listen", router.http_listen, "127.0.0.1:8000", NULL, "the OpenAI HTTP API (\"\": none)"),
-    S("router.api_keys", router.api_keys, "", NULL, "the API keys' file (\"\": an open API)"),
-    S("router.admin_keys", router.admin_keys, "", NULL, "the administrators' keys' file"),
-    S("router.tls_cert", router.tls_cert, "", NULL, "the public API's TLS certificate"),
-    S("router.tls_key", router.tls_key, "", NULL, "its key"),
-    S("router.tls_client_ca", router.tls_client_ca, "", NULL, "client certificates required, signed by this CA"),
-    S("router.tls_ca", router.tls_ca, "", NULL, "the CA clients trust (tandem up's probe)"),
-    U("router.max_streams", router.max_streams, "4096", 1, 1u << 20, "calls the router handles at once"),
-    S("router.placement", router.placement, "predictive", NULL, "the placement policy (router/placement.h)"),
-    U("router.ttft_slo_ms", router.ttft_slo_ms, "0", 0, 0, "the TTFT SLO (0: none)"),
-    U("router.tpot_slo_ms", router.tpot_slo_ms, "0", 0, 0, "the TPOT SLO (0: none)"),
-    B("router.early_reject", router.early_reject, "true", "refuse at once what no pair is predicted to serve in time"),
-    U("router.index_max_blocks", router.index_max_blocks, "262144", 1024, 1u << 26, "the cache index's bound"),
+    S("router.listen", router.listen, "127.0.0.1:50051", NULL, "the public gRPC API", .flag = "--listen", .procs = R,
+      .more = "tandem up picks a free loopback port when this is left at its default"),
+    S("router.http_listen", router.http_listen, "127.0.0.1:8000", NULL, "the OpenAI HTTP API (\"\": none)",
+      .flag = "--http-listen", .procs = R,
+      .more = "/v1/chat/completions, /v1/completions, /v1/models, /health, /tokenize, /detokenize; tandem up picks "
+              "a free loopback port when this is left at its default. HTTPS with tls_cert and tls_key, as the gRPC "
+              "API; with tls_client_ca a certless client is answered 403"),
+    S("router.api_keys", router.api_keys, "", NULL, "the API keys' file (\"\": an open API)", .flag = "--api-keys",
+      .procs = R,
+      .more = "one key a line, \"SHA256-HEX NAME RPM TPM\" (requests and tokens per minute, 0: no limit; `tandem "
+              "apikey NAME --rpm N --tpm M` makes a key and its line). Clients send \"Authorization: Bearer KEY\" "
+              "(HTTP) or the same as gRPC metadata \"authorization\"; an unknown key is 401 / UNAUTHENTICATED, a key "
+              "past its limit 429 / RESOURCE_EXHAUSTED with a retry hint. Tokens are charged at admission by prompt "
+              "+ max_tokens and settled at the end by what was used. \"\": no keys asked (logged)"),
+    S("router.admin_keys", router.admin_keys, "", NULL, "the administrators' keys' file", .flag = "--admin-keys",
+      .procs = R,
+      .more = "the same form (limits ignored): a call (Scale, the ops config) is an administrator's with one of "
+              "these keys, or with a client certificate named \"admin\" (tls_client_ca set) — never because of the "
+              "address it comes from. tandem up makes one per run and prints where its key is (tandem scale "
+              "--admin-key FILE). \"\" and no admin certificate: nobody may Scale"),
+    S("router.tls_cert", router.tls_cert, "", NULL, "the public API's TLS certificate", .flag = "--tls-cert",
+      .procs = R, .more = "set it and tls_key to serve gRPC and HTTP over TLS; clients then pass --tls-ca (tandem "
+                          "generate / health) or ssl_channel_credentials (grpcio)"),
+    S("router.tls_key", router.tls_key, "", NULL, "its key", .flag = "--tls-key", .procs = R),
+    S("router.tls_client_ca", router.tls_client_ca, "", NULL, "client certificates required, signed by this CA",
+      .flag = "--tls-client-ca", .procs = R,
+      .more = "mutual TLS on the public API; tandem up's readiness probe then shows tls_cert as its client "
+              "certificate"),
+    S("router.tls_ca", router.tls_ca, "", NULL, "the CA clients trust (tandem up's probe)",
+      .more = "empty: tls_client_ca, else tls_cert itself (a self-signed certificate)"),
+    U("router.max_streams", router.max_streams, "4096", 1, 1u << 20, "calls the router handles at once",
+      .flag = "--max-streams", .procs = R,
+      .more = "streams in flight; past it a new call is answered RESOURCE_EXHAUSTED at once"),
+    S("router.placement", router.placement, "predictive", NULL, "the placement policy (router/placement.h)",
+      .more = "predictive: the prefill worker with the lowest predicted time to first token (its queue of equal or "
+              "higher priority, the prompt's blocks its pool holds, the further blocks the KV store can supply from "
+              "which tier, its speed: the start-up profile, refitted online) and the least loaded decode worker "
+              "predicted to stay under the TPOT SLO (docs/DESIGN.md §5); kv_cost (Dynamo's: prefill blocks left "
+              "after the pool's overlap + blocks being prefilled), least_loaded, round_robin"),
+    U("router.ttft_slo_ms", router.ttft_slo_ms, "0", 0, 0, "the TTFT SLO (0: none)",
+      .more = "every request is held to it; a request may tighten it (GenerateRequest ttft_slo_ms, the same field "
+              "in an HTTP request's body)"),
+    U("router.tpot_slo_ms", router.tpot_slo_ms, "0", 0, 0, "the TPOT SLO (0: none)",
+      .more = "as ttft_slo_ms, per output token after the first"),
+    B("router.early_reject", router.early_reject, "true", "refuse at once what no pair is predicted to serve in time",
+      .more = "under predictive placement, a request no pair is predicted to serve within its SLOs is answered "
+              "RESOURCE_EXHAUSTED at once (gRPC trailing metadata retry-after-ms; HTTP 429 with Retry-After) instead "
+              "of being queued late; one that even an idle worker is predicted to miss is answered "
+              "FAILED_PRECONDITION (HTTP 400) with no hint. Both carry rejected-early: ttft or tpot. A stream under "
+              "way is never rejected: its resume after a worker's death is placed whatever it costs. Higher "
+              "GenerateRequest.priority is computed first, and the prediction counts only the work of equal or "
+              "higher priority ahead, so under load the lower priorities are the ones refused"),
+    U("router.index_max_blocks", router.index_max_blocks, "262144", 1024, 1u << 26, "the cache index's bound",
+      .more = "block names; the router follows every prefill pool and kvstore node through their event logs"),
     U("router.index_drop_events", router.index_drop_events, "0", 0, 0, "a test hook: drop one event in N"),
-    WORKER(prefill),
-    WORKER(decode),
-    U("kvstore.count", kvstore.count, "1", 0, 0, "kvstore nodes tandem up starts"),
-    L("kvstore.dram_mb", kvstore.dram_mb, "1024", 0, 0, "a node's CPU tier (MiB)"),
-    L("kvstore.ssd_mb", kvstore.ssd_mb, "0", 0, 0, "its SSD tier (MiB; 0: none)"),
-    S("kvstore.data_dir", kvstore.data_dir, "", NULL, "the SSD tier's folder"),
-    B("kvstore.use", kvstore.use, "true", "workers fetch from and publish to the store"),
-    U("kvstore.replicas_max", kvstore.replicas_max, "2", 0, KV_REPLICAS_LIMIT, "copies of a hot block"),
-    U("kvstore.hot_hits", kvstore.hot_hits, "8", 1, 0, "reads per half-life that make a block hot"),
-    U("kvstore.hit_half_life_s", kvstore.hit_half_life_s, "30", 1, 0, "the reads' half-life (s)"),
-    S("kvstore.near", kvstore.near, "", NULL, "the id of the kvstore node on this host"),
-    S("etcd.endpoints", etcd.endpoints, "127.0.0.1:2379", NULL, "etcd's client endpoints"),
+    WORKER(prefill, "only decode workers serve whole requests: true is refused"),
+    WORKER(decode, "the decode worker also serves whole requests, prefill included, in its own engine, as vLLM "
+                   "or SGLang serve without disaggregation; a cluster with no prefill worker places every request "
+                   "on one (tandem up --colocated N; the ops config's colocated models)"),
+    U("kvstore.count", kvstore.count, "1", 0, 0, "kvstore nodes tandem up starts", .more = "tandem up --kvstores N"),
+    L("kvstore.dram_mb", kvstore.dram_mb, "1024", 0, 0, "a node's CPU tier (MiB)", .flag = "--dram-mb", .procs = K,
+      .more = "DRAM that peers read and write with UCX one-sided operations"),
+    L("kvstore.ssd_mb", kvstore.ssd_mb, "0", 0, 0, "its SSD tier (MiB; 0: none)", .flag = "--ssd-mb", .procs = K,
+      .more = "block files in data_dir, O_DIRECT + io_uring, a checksum per block, a manifest at a clean stop so a "
+              "restart is warm"),
+    S("kvstore.data_dir", kvstore.data_dir, "", NULL, "the SSD tier's folder", .flag = "--data-dir", .procs = K,
+      .more = "tandem up gives node K data_dir/kvstore-K (its own throwaway folder when this is empty)"),
+    B("kvstore.use", kvstore.use, "true", "workers fetch from and publish to the store",
+      .more = "prefill workers look prompts up in it after their own pool and read the prefix found; every worker "
+              "publishes each full block its pool names, write-behind (prefill: the prompt's; decode: the answer's, "
+              "so a conversation's next turn hits). false: each pool caches on its own"),
+    U("kvstore.replicas_max", kvstore.replicas_max, "2", 0, KV_REPLICAS_LIMIT, "copies of a hot block",
+      .flag = "--replicas-max", .procs = K,
+      .more = "a block read hot_hits times within about a half-life (decayed hits) is copied to the nodes its "
+              "readers are near, up to this many copies; a copy whose reads cool (below hot_hits / 4) is dropped"),
+    U("kvstore.hot_hits", kvstore.hot_hits, "8", 1, 0, "reads per half-life that make a block hot",
+      .flag = "--hot-hits", .procs = K),
+    U("kvstore.hit_half_life_s", kvstore.hit_half_life_s, "30", 1, 0, "the reads' half-life (s)",
+      .flag = "--hit-half-life-s", .procs = K),
+    S("kvstore.near", kvstore.near, "", NULL, "the id of the kvstore node on this host", .flag = "--kvstore-near",
+      .procs = W,
+      .more = "asked first, and where hot blocks get copies; tandem up gives prefill worker K kvstore-(K mod count)"),
+    S("etcd.endpoints", etcd.endpoints, "127.0.0.1:2379", NULL, "etcd's client endpoints", .flag = "--etcd",
+      .procs = R | W | K, .more = "tandem up starts its own etcd on free loopback ports"),
     S("etcd.data_dir", etcd.data_dir, "", NULL, "tandem up's etcd data folder"),
-    U("etcd.lease_ttl_s", etcd.lease_ttl_s, "3", 1, 3600, "a registration's lease (s)"),
-    S("cluster.tls_ca", cluster.tls_ca, "", NULL, "the cluster CA (the internal planes' mutual TLS)"),
-    S("cluster.tls_cert", cluster.tls_cert, "", NULL, "this process's certificate"),
-    S("cluster.tls_key", cluster.tls_key, "", NULL, "its key"),
-    B("cluster.plaintext", cluster.plaintext, "false", "the internal planes open to anyone (said loudly)"),
-    S("transport.kind", transport.kind, "auto", "auto|ucx|cuda_ipc", "the KV transport"),
-    B("transport.peer_errors", transport.peer_errors, "false", "UCX peer error handling"),
-    U("transport.peer_idle_s", transport.peer_idle_s, "60", 1, 86400, "a KV connection unused this long closes (s)"),
-    S("transport.interfaces", transport.interfaces, "lo", NULL, "the network interfaces UCX uses"),
-    S("metrics.listen", metrics.listen, "", NULL, "Prometheus metrics (\"\": none)"),
+    U("etcd.lease_ttl_s", etcd.lease_ttl_s, "3", 1, 3600, "a registration's lease (s)", .flag = "--lease-ttl",
+      .procs = W | K, .more = "a process that dies leaves the membership this long after"),
+    S("cluster.tls_ca", cluster.tls_ca, "", NULL, "the cluster CA (the internal planes' mutual TLS)",
+      .flag = "--cluster-ca", .procs = R | W | K,
+      .more = "router <-> workers and every process <-> etcd: a peer without a certificate the cluster CA signed "
+              "is refused. tandem up makes a throwaway CA and one pair per process when this is empty (it prints "
+              "the folder; client.pem/client.key there are for tools such as etcdctl). For many hosts `tandem "
+              "certs --dir DIR --hosts H1,H2` makes the CA and the pairs. A certificate's common name up to its "
+              "first '-' is the process's role: only a \"router\" certificate may call the workers' Prefill, "
+              "Reserve, Decode, Release and Renew, and a prefill worker puts KV only into landings signed by a "
+              "\"decode\" certificate — name them router, prefill-N, decode-N (tandem certs --names)"),
+    S("cluster.tls_cert", cluster.tls_cert, "", NULL, "this process's certificate", .flag = "--cluster-cert",
+      .procs = R | W | K),
+    S("cluster.tls_key", cluster.tls_key, "", NULL, "its key", .flag = "--cluster-key", .procs = R | W | K),
+    B("cluster.plaintext", cluster.plaintext, "false", "the internal planes open to anyone (said loudly)",
+      .flag = "--plaintext", .procs = R | W | K,
+      .more = "true: no TLS and no authentication on the internal planes — anyone who can reach a port reads "
+              "prompts, takes KV memory and rewrites the membership; every process logs it as a warning"),
+    S("transport.kind", transport.kind, "auto", "auto|ucx|cuda_ipc", "the KV transport", .flag = "--transport",
+      .procs = W,
+      .more = "auto: UCX between CPU workers, CUDA IPC between GPU workers (one host); ucx: GPU workers too, their "
+              "KV staged through page-locked host memory (GPU workers on different hosts; a GPU decode worker then "
+              "keeps a host landing copy as large as its pool)"),
+    B("transport.peer_errors", transport.peer_errors, "false", "UCX peer error handling",
+      .more = "a dead decode worker fails its endpoint at once, but UCX 1.13 then cannot use shared memory on one "
+              "host (~17x slower puts); off, a dead peer is learnt from gRPC and etcd instead"),
+    U("transport.peer_idle_s", transport.peer_idle_s, "60", 1, 86400, "a KV connection unused this long closes (s)",
+      .flag = "--peer-idle-s", .procs = W),
+    S("transport.interfaces", transport.interfaces, "lo", NULL, "the network interfaces UCX uses",
+      .flag = "--interfaces", .procs = W | K,
+      .more = "comma-separated (UCX_NET_DEVICES): loopback for a one-machine cluster; the cluster network's "
+              "interface on many hosts"),
+    S("metrics.listen", metrics.listen, "", NULL, "Prometheus metrics (\"\": none)", .flag = "--metrics-listen",
+      .procs = R | W | K,
+      .more = "https://LISTEN/metrics (names as vLLM's under tandem:, labels model_name and role), an internal "
+              "plane like the others: the process's cluster pair, and only clients showing a certificate of "
+              "cluster.tls_ca (plain http under cluster.plaintext). One address per process, so mostly given as a "
+              "flag; port 0 takes a free port, which the process puts in its etcd record. tandem up gives every "
+              "process one, and a router's metrics port also answers /targets: every process's metrics address for "
+              "Prometheus's http_sd_configs"),
 };
+#undef R
+#undef W
+#undef K
+
+/* What each section is, for deploy/tandem.yaml and docs/configuration.md. */
+static const struct {
+    const char *name, *doc;
+} cfg_sections[] = {
+    {"log", "Logging (TANDEM_LOG and TANDEM_LOG_FORMAT in the environment win)."},
+    {"model", "The model, and the KV contract every worker of a cluster must share."},
+    {"router", "The router: the public APIs (gRPC and OpenAI HTTP), their keys and TLS, placement and SLOs."},
+    {"prefill", "Prefill workers: how many tandem up starts and how each one runs."},
+    {"decode", "Decode workers: the same keys."},
+    {"kvstore", "The KV store (docs/DESIGN.md §4): tandem-kvstore nodes, each a CPU tier and an optional SSD tier; "
+                "a block name's node is chosen by rendezvous hashing over the nodes in etcd."},
+    {"etcd", "etcd: the membership, the ops config and the planner's election."},
+    {"cluster", "The internal planes' security: mutual TLS under a cluster CA."},
+    {"transport", "The KV transport between prefill and decode workers."},
+    {"metrics", "Prometheus metrics."},
+};
+
 #define N_FIELDS (sizeof cfg_fields / sizeof cfg_fields[0])
 
 /* ---- the YAML schema, from the table ----
@@ -366,8 +509,20 @@ size_t td_config_key_count(void) { return N_FIELDS; }
 
 td_config_key_t td_config_key(size_t i)
 {
-    return i < N_FIELDS ? (td_config_key_t){cfg_fields[i].name, cfg_fields[i].def, cfg_fields[i].doc}
-                        : (td_config_key_t){NULL, NULL, NULL};
+    if (i >= N_FIELDS)
+        return (td_config_key_t){0};
+    const cfg_field_t *f = &cfg_fields[i];
+    static const char *const types[] = {"string", "integer", "integer", "boolean"};
+    return (td_config_key_t){f->name, f->def, f->doc, f->more, types[f->kind], f->min, f->max, f->choices, f->flag,
+                             f->procs};
+}
+
+const char *td_config_section_doc(const char *name)
+{
+    for (size_t i = 0; i < sizeof cfg_sections / sizeof cfg_sections[0]; i++)
+        if (!strcmp(cfg_sections[i].name, name))
+            return cfg_sections[i].doc;
+    return NULL;
 }
 
 td_status_t td_config_get(const td_config_t *cfg, const char *key, char *out, size_t n)
@@ -389,13 +544,25 @@ td_status_t td_config_get(const td_config_t *cfg, const char *key, char *out, si
     return td_error(TD_ERR_CONFIG, "config: unknown key '%s'", key);
 }
 
-/* --help: the usage, then every key with its default and what it sets. */
-static void help(const char *usage)
+/* Does the process (procs bit, role section) take key f's flag? */
+static bool takes_flag(const cfg_field_t *f, unsigned procs, const char *section)
 {
-    printf("%s\nconfig keys (section.key: default — what it sets; deploy/tandem.yaml has more on each):\n", usage);
-    for (size_t i = 0; i < N_FIELDS; i++)
-        printf("  %-26s %-18s %s\n", cfg_fields[i].name, cfg_fields[i].def[0] ? cfg_fields[i].def : "\"\"",
-               cfg_fields[i].doc);
+    if (!f->flag || !(f->procs & procs))
+        return false;
+    bool role_key = !strncmp(f->name, "prefill.", 8) || !strncmp(f->name, "decode.", 7);
+    return !role_key || (section && !strncmp(f->name, section, strlen(section)) && f->name[strlen(section)] == '.');
+}
+
+/* --help: the usage, then every key with its default, the process's flag for it and what it sets. */
+static void help(const char *usage, unsigned procs, const char *section)
+{
+    printf("%s\nconfig keys (section.key: default, this program's flag for it — what it sets; "
+           "docs/configuration.md has more on each):\n", usage);
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const cfg_field_t *f = &cfg_fields[i];
+        printf("  %-26s %-18s %-18s %s\n", f->name, f->def[0] ? f->def : "\"\"",
+               takes_flag(f, procs, section) ? f->flag : "", f->doc);
+    }
 }
 
 void td_config_free(td_config_t *cfg)
@@ -410,15 +577,15 @@ void td_config_free(td_config_t *cfg)
         }
 }
 
-int td_config_from_args(td_config_t *cfg, const char *prog, const char *section, const td_flag_t *flags,
-                        size_t n_flags, const char *const *own, td_own_flag_fn own_fn, void *ctx, const char *usage,
-                        int argc, char **argv)
+int td_config_from_args(td_config_t *cfg, const char *prog, const char *section, unsigned procs,
+                        const char *const *own, td_own_flag_fn own_fn, void *ctx, const char *usage, int argc,
+                        char **argv)
 {
     if (td_config_defaults(cfg))
         return 2;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help(usage);
+            help(usage, procs, section);
             td_config_free(cfg);
             exit(0);
         }
@@ -429,10 +596,10 @@ int td_config_from_args(td_config_t *cfg, const char *prog, const char *section,
         }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        const td_flag_t *f = NULL;
-        for (size_t k = 0; k < n_flags && !f; k++)
-            if (!strcmp(a, flags[k].flag))
-                f = &flags[k];
+        const cfg_field_t *f = NULL;
+        for (size_t k = 0; k < N_FIELDS && !f; k++)
+            if (takes_flag(&cfg_fields[k], procs, section) && !strcmp(a, cfg_fields[k].flag))
+                f = &cfg_fields[k];
         bool mine = false;
         for (size_t k = 0; own && own[k] && !mine; k++)
             mine = !strcmp(a, own[k]);
@@ -448,13 +615,9 @@ int td_config_from_args(td_config_t *cfg, const char *prog, const char *section,
         if (mine) {
             if (own_fn(ctx, a, v))
                 return 2;
-        } else if (f) {
-            char key[96];
-            snprintf(key, sizeof key, f->key, section ? section : "");
-            if (td_config_set(cfg, key, v)) {
-                fprintf(stderr, "%s: %s: %s\n", prog, a, td_last_error());
-                return 2;
-            }
+        } else if (f && td_config_set(cfg, f->name, v)) {
+            fprintf(stderr, "%s: %s: %s\n", prog, a, td_last_error());
+            return 2;
         }
     }
     if (td_config_validate(cfg)) {

@@ -3,12 +3,12 @@
  * metrics).
  *
  * Every key is written once, in the table of common/config.c: its name,
- * type, place in td_config_t, default, bounds or choices and one line of
- * what it sets. The defaults, the file's reader (a libcyaml schema built
- * from the table), td_config_set (the flags), the bounds' messages and
- * every process's --help come from it; deploy/tandem.yaml documents each
- * key at length, and test_config checks that it names every key of the
- * table with its default.
+ * type, place in td_config_t, default, bounds or choices, the command-line
+ * flag that sets it and the processes that take that flag, and what it sets.
+ * The defaults, the file's reader (a libcyaml schema built from the table),
+ * each process's flags, the bounds' messages, every process's --help, and
+ * deploy/tandem.yaml and docs/configuration.md (`tandem config`; test_config
+ * checks both are what it writes) come from it.
  *
  * Every key is optional; what is absent keeps its default. An unknown key
  * or a value of the wrong type is an error that names the key and its line.
@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/status.h"
 
@@ -85,31 +86,45 @@ td_status_t td_config_validate(const td_config_t *cfg);
 void td_config_placements(const char *const *names, size_t n);
 void td_config_free(td_config_t *cfg);
 
+/* The processes a key's flag is for (td_config_key_t.procs). */
+enum { TD_PROC_ROUTER = 1, TD_PROC_WORKER = 2, TD_PROC_KVSTORE = 4 };
+
 /* The keys, one table (common/config.c) the defaults, the file's reader,
- * the flags, the bounds and --help come from: i in 0 .. count - 1. */
+ * the flags, the bounds, --help and the shipped example come from: i in
+ * 0 .. count - 1. */
 typedef struct td_config_key {
-    const char *name, *def, *doc; /* "section.key", the default as text, what it sets */
+    const char *name, *def, *doc; /* "section.key", the default as text, what it sets (one line) */
+    const char *more;             /* what the example and the reference add (NULL: nothing) */
+    const char *type;             /* "string", "integer" or "boolean" */
+    uint64_t min, max;            /* an integer's bounds (max 0: none) */
+    const char *choices;          /* a string's values ("a|b"; NULL: any) */
+    const char *flag;             /* the flag that sets it (NULL: none) */
+    unsigned procs;               /* the processes that take the flag (TD_PROC_*) */
 } td_config_key_t;
 size_t td_config_key_count(void);
 td_config_key_t td_config_key(size_t i);
+/* What section `name` holds (one line; NULL: no such section). */
+const char *td_config_section_doc(const char *name);
 /* key's value in its text form (as td_config_set takes it), in out (n bytes). */
 td_status_t td_config_get(const td_config_t *cfg, const char *key, char *out, size_t n);
 
-/* A command-line flag that sets a config key ("%s" in key: the process's
- * section, e.g. "%s.threads" for a prefill worker's prefill.threads). */
-typedef struct td_flag {
-    const char *flag, *key;
-} td_flag_t;
+/* The shipped example (deploy/tandem.yaml: every key, its default and what it
+ * sets, as comments) and the reference (docs/configuration.md: a table per
+ * section), written from the table (config_doc.c; `tandem config`). */
+void td_config_write_example(FILE *f);
+void td_config_write_reference(FILE *f);
 
 /* A process's flags the config does not hold (--listen of one worker): the
  * caller takes the value; nonzero refuses it (with a message on stderr). */
 typedef int (*td_own_flag_fn)(void *ctx, const char *flag, const char *value);
 
 /* The one way a process reads its settings: the defaults, the file of
- * --config FILE over them, every flag of `flags` over that, then one
- * validation. Flags named in own[] (NULL-terminated) go to own_fn. Every flag
- * takes a value. Returns 0, or 2 after printing what was wrong and usage;
- * --help (-h) prints the usage and every key, and exits 0. */
+ * --config FILE over them, every flag the table gives the process (procs: its
+ * TD_PROC_* bit; a role section's flags only for section's role) over that,
+ * then one validation. Flags named in own[] (NULL-terminated) go to own_fn.
+ * Every flag takes a value. Returns 0, or 2 after printing what was wrong and
+ * usage; --help (-h) prints the usage and every key (with the process's flag
+ * for it), and exits 0. */
 /* The own flags every long-running role takes: --listen HOST:PORT and --id
  * ID, copied into the caller's buffers (ctx: a td_listen_id_t). */
 typedef struct td_listen_id {
@@ -118,8 +133,8 @@ typedef struct td_listen_id {
 } td_listen_id_t;
 int td_own_listen_id(void *ctx, const char *flag, const char *value);
 
-int td_config_from_args(td_config_t *cfg, const char *prog, const char *section, const td_flag_t *flags,
-                        size_t n_flags, const char *const *own, td_own_flag_fn own_fn, void *ctx, const char *usage,
-                        int argc, char **argv);
+int td_config_from_args(td_config_t *cfg, const char *prog, const char *section, unsigned procs,
+                        const char *const *own, td_own_flag_fn own_fn, void *ctx, const char *usage, int argc,
+                        char **argv);
 
 #endif

@@ -22,8 +22,8 @@ static void tick(void *ctx)
 int td_service_main(const td_service_t *s, int argc, char **argv)
 {
     td_process_init(s->prog);
-    int code = td_config_from_args(s->cfg, s->prog, s->section, s->flags, s->n_flags, s->own, s->own_fn,
-                                   s->own_ctx, s->usage, argc, argv);
+    int code = td_config_from_args(s->cfg, s->prog, s->section, s->procs, s->own, s->own_fn, s->own_ctx,
+                                   s->usage, argc, argv);
     if (!code && ((s->configured && s->configured(s->ctx)) || td_cluster_tls(s->cfg, s->tls_files, s->tls))) {
         fprintf(stderr, "%s: %s\n", s->prog, td_last_error());
         code = 2;

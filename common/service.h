@@ -33,9 +33,8 @@
 
 typedef struct td_service {
     const char *prog;    /* "tandem-kvstore": the log's component and the messages' prefix */
-    const char *section; /* the config section its flags' "%s" stand for ("prefill") */
-    const td_flag_t *flags;
-    size_t n_flags;
+    const char *section; /* its config section ("prefill": a worker takes that role's flags) */
+    unsigned procs;      /* which process it is (TD_PROC_*): the flags the config table gives it */
     const char *const *own; /* flags the service takes itself (NULL-terminated; NULL: none), through own_fn */
     td_own_flag_fn own_fn;
     void *own_ctx;

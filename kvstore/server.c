@@ -863,22 +863,10 @@ static void tick(void *ctx)
     pthread_mutex_unlock(&N->mu);
 }
 
-static const td_flag_t kvstore_flags[] = {
-    {"--etcd", "etcd.endpoints"},        {"--dram-mb", "kvstore.dram_mb"},     {"--ssd-mb", "kvstore.ssd_mb"},
-    {"--data-dir", "kvstore.data_dir"},  {"--lease-ttl", "etcd.lease_ttl_s"},  {"--cluster-ca", "cluster.tls_ca"},
-    {"--cluster-cert", "cluster.tls_cert"}, {"--cluster-key", "cluster.tls_key"}, {"--plaintext", "cluster.plaintext"},
-    {"--interfaces", "transport.interfaces"}, {"--replicas-max", "kvstore.replicas_max"},
-    {"--hot-hits", "kvstore.hot_hits"},  {"--hit-half-life-s", "kvstore.hit_half_life_s"},
-    {"--metrics-listen", "metrics.listen"},
-};
-
 static const char kvstore_usage[] =
-    "usage: tandem-kvstore [--config FILE] [--listen HOST:PORT] [--id ID] [--etcd HOST:PORT] [--dram-mb M]\n"
-    "                      [--ssd-mb M --data-dir DIR] [--lease-ttl S] [--interfaces lo]\n"
-    "                      [--replicas-max N] [--hot-hits H] [--hit-half-life-s S]\n"
-    "                      [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
-    "                      [--metrics-listen HOST:PORT]\n"
-    "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml)\n";
+    "usage: tandem-kvstore [--config FILE] [--listen HOST:PORT] [--id ID] [FLAG VALUE]...\n"
+    "  --listen and --id name this one node; every other flag sets the config key it stands beside below\n"
+    "  (docs/configuration.md), over the file\n";
 
 static td_status_t region_setup(node_t *N)
 {
@@ -1083,8 +1071,7 @@ int main(int argc, char **argv)
     snprintf(N.id, sizeof N.id, "kvstore-%d", (int)getpid());
     static const char *const own[] = {"--listen", "--id", NULL};
     td_listen_id_t li = {N.listen, N.id, sizeof N.listen, sizeof N.id};
-    const td_service_t service = {.prog = "tandem-kvstore", .section = "kvstore", .flags = kvstore_flags,
-                                  .n_flags = sizeof kvstore_flags / sizeof kvstore_flags[0], .own = own,
+    const td_service_t service = {.prog = "tandem-kvstore", .section = "kvstore", .procs = TD_PROC_KVSTORE, .own = own,
                                   .own_fn = td_own_listen_id, .own_ctx = &li, .usage = kvstore_usage, .cfg = &N.cfg,
                                   .tls_files = &N.tls_files, .tls = &N.tls, .ctx = &N, .start = node_start,
                                   .tick = tick, .stop = node_stop};

@@ -472,24 +472,9 @@ static td_status_t record(router_t *r, char *key, size_t key_len, char **value)
     return *value ? TD_OK : td_error(TD_ERR_NO_MEMORY, "router: no memory for its etcd record");
 }
 
-/* Each flag sets one config key: the YAML is the source of truth. */
-static const td_flag_t router_flags[] = {
-    {"--model", "model.path"},           {"--listen", "router.listen"},     {"--etcd", "etcd.endpoints"},
-    {"--block-tokens", "model.block_tokens"}, {"--kv-dtype", "model.kv_dtype"}, {"--tls-cert", "router.tls_cert"},
-    {"--tls-key", "router.tls_key"},     {"--tls-client-ca", "router.tls_client_ca"},
-    {"--max-streams", "router.max_streams"}, {"--http-listen", "router.http_listen"},
-    {"--api-keys", "router.api_keys"}, {"--admin-keys", "router.admin_keys"},
-    {"--cluster-ca", "cluster.tls_ca"},
-    {"--cluster-cert", "cluster.tls_cert"},  {"--cluster-key", "cluster.tls_key"},
-    {"--plaintext", "cluster.plaintext"},    {"--metrics-listen", "metrics.listen"},
-};
-
 static const char router_usage[] =
-    "usage: tandem-router [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT]\n"
-    "                     [--block-tokens N] [--kv-dtype fp16|fp32] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
-    "                     [--http-listen HOST:PORT|\"\"] [--max-streams N] [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true]\n"
-    "                     [--metrics-listen HOST:PORT]\n"
-    "  every flag but --config sets a key of the config file (deploy/tandem.yaml), which it overrides\n";
+    "usage: tandem-router [--config FILE] [FLAG VALUE]...\n"
+    "  each flag sets the config key it stands beside below (docs/configuration.md), over the file\n";
 
 /* configured (common/service.h): the API keys' files read. */
 static td_status_t configured(void *ctx)
@@ -631,8 +616,8 @@ int main(int argc, char **argv)
 {
     static router_t r;
     rt_placement_register_names(); /* before the config is read: router.placement's names */
-    const td_service_t service = {.prog = "tandem-router", .section = "router", .flags = router_flags,
-                                  .n_flags = sizeof router_flags / sizeof router_flags[0], .usage = router_usage,
+    const td_service_t service = {.prog = "tandem-router", .section = "router", .procs = TD_PROC_ROUTER,
+                                  .usage = router_usage,
                                   .cfg = &r.cfg, .tls_files = &r.tls_files, .tls = &r.tls, .ctx = &r,
                                   .configured = configured, .start = router_start, .registered = router_registered,
                                   .stop = router_stop};

@@ -766,29 +766,9 @@ static td_status_t record(eng_worker_t *w, char *key, size_t key_len, char **val
 /* ---------------------------------------------------------- main */
 
 static const char usage_fmt[] =
-    "usage: tandem-%s [--config FILE] [--model PATH] [--listen HOST:PORT] [--etcd HOST:PORT] [--id ID]\n"
-    "                 [--threads N] [--token-budget N] [--block-tokens N] [--kv-mib M] [--kv-dtype fp16|fp32]\n"
-    "                 [--numerics fast|reference] [--lease-ttl S] [--peer-idle-s S]\n"
-    "                 [--cluster-ca PEM --cluster-cert PEM --cluster-key PEM | --plaintext true] [--interfaces lo]\n"
-    "                 [--transport auto|ucx|cuda_ipc] [--kvstore-near KVSTORE_ID] [--device cpu|cuda|cuda:N] "
-    "[--metrics-listen HOST:PORT]\n"
-    "                 [--colocated true]  (decode: serve whole requests too)\n"
-    "  every flag but --config, --listen and --id sets a key of the config file (deploy/tandem.yaml),\n"
-    "  which it overrides; the role's keys are those of its section\n";
-
-/* Each flag sets one config key ("%s": the role's section); --listen and
- * --id name this one process. */
-static const td_flag_t worker_flags[] = {
-    {"--model", "model.path"},           {"--etcd", "etcd.endpoints"},         {"--threads", "%s.threads"},
-    {"--token-budget", "%s.token_budget"}, {"--block-tokens", "model.block_tokens"}, {"--kv-mib", "%s.kv_mib"},
-    {"--kv-dtype", "model.kv_dtype"},    {"--numerics", "model.numerics"},     {"--lease-ttl", "etcd.lease_ttl_s"},
-    {"--peer-idle-s", "transport.peer_idle_s"}, {"--cluster-ca", "cluster.tls_ca"},
-    {"--cluster-cert", "cluster.tls_cert"},     {"--cluster-key", "cluster.tls_key"},
-    {"--plaintext", "cluster.plaintext"},       {"--interfaces", "transport.interfaces"},
-    {"--transport", "transport.kind"},
-    {"--kvstore-near", "kvstore.near"},  {"--device", "%s.device"},   {"--metrics-listen", "metrics.listen"},
-    {"--colocated", "%s.colocated"},
-};
+    "usage: tandem-%s [--config FILE] [--listen HOST:PORT] [--id ID] [FLAG VALUE]...\n"
+    "  --listen and --id name this one process; every other flag sets the config key it stands beside below\n"
+    "  (docs/configuration.md; the role's keys are those of its section), over the file\n";
 
 /* configured (common/service.h): the role's settings, the transport's. */
 static td_status_t configured(void *ctx)
@@ -988,8 +968,7 @@ int eng_worker_main(int argc, char **argv, eng_worker_role_t *role)
     snprintf(usage, sizeof usage, usage_fmt, role->name);
     static const char *const own[] = {"--listen", "--id", NULL};
     td_listen_id_t li = {w->listen, w->id, sizeof w->listen, sizeof w->id};
-    const td_service_t service = {.prog = prog, .section = role->name, .flags = worker_flags,
-                                  .n_flags = sizeof worker_flags / sizeof worker_flags[0], .own = own,
+    const td_service_t service = {.prog = prog, .section = role->name, .procs = TD_PROC_WORKER, .own = own,
                                   .own_fn = td_own_listen_id, .own_ctx = &li, .usage = usage, .cfg = &w->cfg,
                                   .tls_files = &w->tls_files, .tls = &w->tls, .ctx = w, .configured = configured,
                                   .start = worker_start, .drain = worker_drain, .stop = worker_stop};

@@ -29,38 +29,67 @@ Test(config, defaults_file_and_flags)
     td_config_free(&c);
 }
 
-/* deploy/tandem.yaml documents every key of the table (common/config.c),
- * in its section, with its default: it must load, validate, change nothing,
- * and name each key */
-Test(config, the_shipped_example_is_the_defaults)
+static char *written(void (*write)(FILE *))
 {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    write(f);
+    fclose(f);
+    return buf;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    static char text[1 << 17];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    return text;
+}
+
+/* deploy/tandem.yaml and docs/configuration.md are what the table writes
+ * (`tandem config [--reference]`), so neither drifts from it; the example
+ * loads, validates and changes nothing, and names every key in its section */
+Test(config, the_shipped_example_and_reference_are_the_table)
+{
+    char *ex = written(td_config_write_example), *ref = written(td_config_write_reference);
+    cr_assert_str_eq(slurp(TANDEM_SOURCE_DIR "/deploy/tandem.yaml"), ex,
+                     "deploy/tandem.yaml is not what the table writes: tandem config > deploy/tandem.yaml");
+    cr_assert_str_eq(slurp(TANDEM_SOURCE_DIR "/docs/configuration.md"), ref,
+                     "docs/configuration.md is not what the table writes: tandem config --reference > "
+                     "docs/configuration.md");
     td_config_t d, c;
     cr_assert_eq(td_config_defaults(&d), TD_OK);
     cr_assert_eq(td_config_defaults(&c), TD_OK);
     cr_assert_eq(td_config_load(&c, TANDEM_SOURCE_DIR "/deploy/tandem.yaml"), TD_OK, "%s", td_last_error());
     cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
-    FILE *f = fopen(TANDEM_SOURCE_DIR "/deploy/tandem.yaml", "r");
-    cr_assert_not_null(f);
-    static char text[1 << 16];
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[len] = 0;
     cr_assert(td_config_key_count() > 50);
     for (size_t i = 0; i < td_config_key_count(); i++) {
         td_config_key_t k = td_config_key(i);
-        char want[512], got[512], section[32], line[96];
+        char want[512], got[512], section[32], line[96], row[96];
         cr_assert_eq(td_config_get(&d, k.name, want, sizeof want), TD_OK);
         cr_assert_eq(td_config_get(&c, k.name, got, sizeof got), TD_OK);
         cr_assert_str_eq(got, want, "%s: the file says %s, the default is %s", k.name, got, want);
         const char *dot = strchr(k.name, '.');
         snprintf(section, sizeof section, "\n%.*s:", (int)(dot - k.name), k.name);
         snprintf(line, sizeof line, "\n  %s:", dot + 1);
-        const char *sec = strstr(text, section), *next = sec ? strstr(sec + 1, "\n") : NULL;
+        const char *sec = strstr(ex, section), *next = sec ? strstr(sec + 1, "\n") : NULL;
         while (next && next[1] && (next[1] == ' ' || next[1] == '#' || next[1] == '\n'))
             next = strstr(next + 1, "\n"); /* the section ends at the next line that starts a key */
         const char *at = sec ? strstr(sec, line) : NULL;
-        cr_assert(at && (!next || at < next), "deploy/tandem.yaml does not name %s in its section", k.name);
+        cr_assert(at && (!next || at < next), "the example does not name %s in its section", k.name);
+        char sname[32];
+        snprintf(sname, sizeof sname, "%.*s", (int)(dot - k.name), k.name);
+        cr_assert(td_config_section_doc(sname), "section %s says nothing of itself", sname);
+        snprintf(row, sizeof row, "| `%s` |", k.name);
+        cr_assert(strstr(ref, row), "the reference has no row for %s", k.name);
     }
+    free(ex);
+    free(ref);
     td_config_free(&c);
     td_config_free(&d);
 }
@@ -146,13 +175,11 @@ Test(config, flags_set_keys_over_the_file)
 {
     const char *yaml = "prefill:\n  threads: 3\n  kv_mib: 32\ntransport:\n  peer_idle_s: 9\n";
     char *path = write_temp(yaml, strlen(yaml), ".yaml");
-    static const td_flag_t flags[] = {{"--threads", "%s.threads"}, {"--peer-idle-s", "transport.peer_idle_s"},
-                                      {"--kv-dtype", "model.kv_dtype"}};
     static const char *const own[] = {"--id", NULL};
     char seen[64] = "";
     td_config_t cfg;
     char *argv[] = {"p", "--config", path, "--threads", "5", "--id", "w7", NULL};
-    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", flags, 3, own, own_seen, seen, "", 7, argv), 0);
+    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", TD_PROC_WORKER, own, own_seen, seen, "", 7, argv), 0);
     cr_assert_eq(cfg.prefill.threads, 5, "the flag overrides the file");
     cr_assert_eq(cfg.prefill.kv_mib, 32, "the file's key stays");
     cr_assert_eq(cfg.decode.threads, 0, "another role's section is untouched");
@@ -160,11 +187,17 @@ Test(config, flags_set_keys_over_the_file)
     cr_assert_str_eq(seen, "--id=w7");
     td_config_free(&cfg);
     char *bad[] = {"p", "--kv-dtype", "fp8", NULL};
-    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", flags, 3, own, own_seen, seen, "", 3, bad), 2,
+    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", TD_PROC_WORKER, own, own_seen, seen, "", 3, bad), 2,
                  "a flag's value is validated as the file's would be");
     td_config_free(&cfg);
     char *unknown[] = {"p", "--nope", "1", NULL};
-    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", flags, 3, own, own_seen, seen, "", 3, unknown), 2);
+    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", TD_PROC_WORKER, own, own_seen, seen, "", 3, unknown), 2);
+    td_config_free(&cfg);
+    char *routers[] = {"p", "--max-streams", "9", NULL}; /* the table gives that flag to the router only */
+    cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", TD_PROC_WORKER, own, own_seen, seen, "", 3, routers), 2);
+    td_config_free(&cfg);
+    cr_assert_eq(td_config_from_args(&cfg, "r", "router", TD_PROC_ROUTER, NULL, NULL, NULL, "", 3, routers), 0);
+    cr_assert_eq(cfg.router.max_streams, 9);
     td_config_free(&cfg);
     unlink(path);
     free(path);
