@@ -66,6 +66,17 @@ static void scalar(FILE *f, const td_config_key_t *k)
     fprintf(f, plain || strcmp(k->type, "string") ? "%s" : "\"%s\"", k->def);
 }
 
+/* Key i's section into name when it differs from key i - 1's (a heading is due); false when the same. */
+static bool new_section(size_t i, char *name, size_t n)
+{
+    td_config_key_t k = td_config_key(i), prev = i ? td_config_key(i - 1) : (td_config_key_t){.name = ""};
+    size_t len = (size_t)(strchr(k.name, '.') - k.name);
+    if (!strncmp(prev.name, k.name, len + 1))
+        return false;
+    snprintf(name, n, "%.*s", (int)len, k.name);
+    return true;
+}
+
 void td_config_write_example(FILE *f)
 {
     fputs("# tandem.yaml — the config file: how each process is set up, for `tandem up --config\n"
@@ -75,17 +86,13 @@ void td_config_write_example(FILE *f)
           "# Every key is optional; the values below are the defaults. A flag overrides the file's value.\n"
           "# Written by `tandem config` from the key table (common/config.c): change the table, not this file.\n",
           f);
-    const char *section = "";
     for (size_t i = 0; i < td_config_key_count(); i++) {
         td_config_key_t k = td_config_key(i);
-        const char *dot = strchr(k.name, '.');
-        if (strncmp(section, k.name, (size_t)(dot - k.name) + 1)) { /* a new section */
-            char name[32];
-            snprintf(name, sizeof name, "%.*s", (int)(dot - k.name), k.name);
+        char name[32];
+        if (new_section(i, name, sizeof name)) {
             fputc('\n', f);
             wrap(f, "# ", td_config_section_doc(name) ? td_config_section_doc(name) : "");
             fprintf(f, "%s:\n", name);
-            section = k.name;
         }
         char text[2048], vals[128], who[96];
         values(&k, vals, sizeof vals);
@@ -95,7 +102,7 @@ void td_config_write_example(FILE *f)
             snprintf(text + at, sizeof text - at, " (%s%s%s%s%s%s)", vals, vals[0] && k.flag ? "; " : "",
                      k.flag ? "flag " : "", k.flag ? k.flag : "", k.flag ? " of " : "", k.flag ? who : "");
         wrap(f, "  # ", text);
-        fprintf(f, "  %s: ", dot + 1);
+        fprintf(f, "  %s: ", strchr(k.name, '.') + 1);
         scalar(f, &k);
         fputc('\n', f);
     }
@@ -122,17 +129,13 @@ void td_config_write_reference(FILE *f)
           "Written by `tandem config --reference` from the key table in `common/config.c`; a test checks that\n"
           "this file is what the table writes.\n",
           f);
-    const char *section = "";
     for (size_t i = 0; i < td_config_key_count(); i++) {
         td_config_key_t k = td_config_key(i);
-        const char *dot = strchr(k.name, '.');
-        if (strncmp(section, k.name, (size_t)(dot - k.name) + 1)) { /* a new section */
-            char name[32];
-            snprintf(name, sizeof name, "%.*s", (int)(dot - k.name), k.name);
+        char name[32];
+        if (new_section(i, name, sizeof name)) {
             const char *doc = td_config_section_doc(name);
             fprintf(f, "\n## %s\n\n%s%s| key | type | default | values | flag | what it sets |\n"
                        "|---|---|---|---|---|---|\n", name, doc ? doc : "", doc ? "\n\n" : "");
-            section = k.name;
         }
         char vals[128], who[96];
         values(&k, vals, sizeof vals);

@@ -79,7 +79,7 @@ def tls_cluster(refs):
 
 
 def test_cli_conventions():
-    for cmd in ["inspect", "tokenize", "generate", "perplexity", "bench", "up", "health"]:
+    for cmd in ["inspect", "tokenize", "generate", "perplexity", "bench", "up", "health", "config"]:
         r = subprocess.run([BIN + "/tandem", cmd, "--help"], capture_output=True, text=True, timeout=10)
         check("tandem %s --help: usage on stdout, exit 0" % cmd,
               r.returncode == 0 and r.stdout.startswith("usage: tandem " + cmd), "exit %d: %s" % (r.returncode,
