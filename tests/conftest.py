@@ -37,6 +37,7 @@ def pytest_configure(config):
 
 def _checked(item, when):
     """Runs one phase (a fixture's set-up, the test, the tear-downs): any check that failed in it fails the phase."""
+    __tracebackhide__ = True  # the failure is the checks' lines, not this frame
     import harness
     n0 = len(harness.failed)
     res = yield
@@ -49,16 +50,19 @@ def _checked(item, when):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
+    __tracebackhide__ = True
     return (yield from _checked(item, "setup"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
+    __tracebackhide__ = True
     return (yield from _checked(item, "call"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
+    __tracebackhide__ = True
     return (yield from _checked(item, "teardown"))
 
 
