@@ -150,7 +150,10 @@ static const cfg_field_t cfg_fields[] = {
     WORKER(prefill, "only decode workers serve whole requests: true is refused"),
     WORKER(decode, "the decode worker also serves whole requests, prefill included, in its own engine, as vLLM "
                    "or SGLang serve without disaggregation; a cluster with no prefill worker places every request "
-                   "on one (tandem up --colocated N; the ops config's colocated models)"),
+                   "on one (tandem up --colocated N; the ops config's colocated models). Beside prefill workers, "
+                   "predictive placement has it prefill a request itself when that keeps the request's SLOs with a "
+                   "sooner predicted first token (conditional disaggregation; with no TPOT SLO, only while the "
+                   "prompt's chunks at most double its running streams' step)"),
     U("kvstore.count", kvstore.count, "1", 0, 0, "kvstore nodes tandem up starts", .more = "tandem up --kvstores N"),
     L("kvstore.dram_mb", kvstore.dram_mb, "1024", 0, 0, "a node's CPU tier (MiB)", .flag = "--dram-mb", .procs = K,
       .more = "DRAM that peers read and write with UCX one-sided operations"),

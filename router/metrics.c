@@ -39,10 +39,11 @@ static void collect(void *ctx, td_metrics_t *m)
     set(m, TD_GAUGE, "tandem:workers", "Workers in the router's membership, by role.", "worker_role", "decode", nd);
     json_t *pl = rt_table_metrics(r->table, r->place);
     json_t *placed = json_object_get(pl, "placed"), *rej = json_object_get(pl, "rejected");
-    static const char *const reasons[] = {"pool_hit", "store_hit", "cold", "colocated"};
-    for (int i = 0; i < 4; i++)
+    static const char *const reasons[] = {"pool_hit", "store_hit", "cold", "colocated", "local"};
+    for (int i = 0; i < 5; i++)
         set(m, TD_COUNTER, "tandem:placements_total",
-            "Requests placed, by what the prefill worker had cached (colocated: whole on a colocated worker).",
+            "Requests placed, by what the prefill worker had cached (colocated: whole on a colocated worker; local: "
+            "of those, prefilled there by choice though prefill workers were there).",
             "reason", reasons[i], num(placed, reasons[i]));
     set(m, TD_COUNTER, "tandem:request_rejections_total",
         "Requests rejected early: no pair of workers was predicted to meet the SLO.", "reason", "ttft",

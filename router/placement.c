@@ -244,7 +244,7 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     pr->prefill_ms = prefill_model_ms(t, w, pr->new_tokens, cached);
     pr->priority = rq ? rq->priority : 0;
     pr->queue_ms = queued_for_ms(w, pr->priority, now);
-    pr->overhead_ms = t->ov_fit[0] + t->ov_fit[1] * n;
+    pr->overhead_ms = t->ov.fit[0] + t->ov.fit[1] * n;
     pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->fetch_ms + pr->prefill_ms;
     pr->valid = true;
 }
@@ -264,6 +264,74 @@ static double predict_tbt_at(const rt_table_t *t, const rt_worker_t *d, const rt
 static double predict_tbt(const rt_table_t *t, const rt_worker_t *d, const rt_place_req_t *rq, double *raw)
 {
     return predict_tbt_at(t, d, rq, d->inflight + 1, raw);
+}
+
+/* What a local prefill on the colocated decode worker d would take: its
+ * pool's run of the chain, the new tokens' prefill on its own model, the
+ * local prefills queued ahead on it, and the stall each of its running
+ * streams sees meanwhile (a step also takes a chunk of the prompt, at most
+ * its token budget). */
+static void predict_local(const rt_table_t *t, const rt_worker_t *d, const rt_place_ctx_t *c, double now,
+                          rt_prediction_t *pr)
+{
+    const rt_place_req_t *rq = c->rq;
+    uint32_t bt = t->expect.block_tokens, n = (uint32_t)rq->n_tokens;
+    uint32_t pool = c->hits && d->ix_src >= 0 ? c->hits->held[d->ix_src] : 0;
+    uint32_t cached = pool * bt < n ? pool * bt : n - 1;
+    memset(pr, 0, sizeof *pr);
+    pr->local = true;
+    pr->pool_tokens = cached;
+    pr->new_tokens = n - cached;
+    pr->blocks = (uint32_t)rq->n_blocks;
+    pr->alone = !d->prefilling;
+    pr->prefill_ms = prefill_model_ms(t, d, pr->new_tokens, cached);
+    pr->priority = rq->priority;
+    pr->queue_ms = queued_for_ms(d, pr->priority, now);
+    pr->overhead_ms = t->ov_local.fit[0] + t->ov_local.fit[1] * n;
+    pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->prefill_ms;
+    pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
+    uint32_t chunk = d->token_budget && d->token_budget < pr->new_tokens ? d->token_budget : pr->new_tokens;
+    pr->stall_ms = d->inflight ? prefill_model_ms(t, d, chunk, cached) : 0;
+    pr->valid = true;
+}
+
+/* Whether a prediction keeps the request's SLOs; a local prefill's stall
+ * counts against the TPOT of the streams already running on its worker,
+ * and with no TPOT SLO it may at most double their step. */
+static bool keeps_slos(const rt_place_req_t *rq, const rt_prediction_t *pr)
+{
+    if (rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms)
+        return false;
+    if (rq->tpot_slo_ms)
+        return pr->tbt_ms + pr->stall_ms <= rq->tpot_slo_ms;
+    return pr->stall_ms <= pr->tbt_ms;
+}
+
+/* Conditional disaggregation: the colocated decode worker whose local
+ * prefill keeps the request's SLOs with a lower predicted TTFT than the best
+ * pair (or where the pair would miss them), its prediction in local; NULL:
+ * the pair it is. */
+static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_prediction_t *remote, double now,
+                               rt_prediction_t *local)
+{
+    rt_worker_t *best = NULL;
+    bool remote_ok = keeps_slos(c->rq, remote);
+    double best_ttft = remote_ok ? remote->ttft_ms : INFINITY;
+    for (size_t i = 0; i < t->n; i++) {
+        rt_worker_t *w = t->w[i];
+        if (!w->colocated || !usable(w, RT_DECODE, c, now))
+            continue;
+        rt_prediction_t pr;
+        predict_local(t, w, c, now, &pr);
+        if (keeps_slos(c->rq, &pr) && pr.ttft_ms < best_ttft) {
+            best = w;
+            best_ttft = pr.ttft_ms;
+            *local = pr;
+        }
+    }
+    if (best)
+        local->remote_ttft_ms = remote->ttft_ms;
+    return best;
 }
 
 /* kv_cost (Dynamo's KV router): w * prefill blocks left after the worker's
@@ -321,27 +389,24 @@ static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx
     return best;
 }
 
-/* The router's overhead for a prompt of n tokens: a straight line fitted by
- * least squares over the last RT_OBS requests (the mean while they are too
- * few or all of one size; never a negative slope). */
-static void overhead_refit(rt_table_t *t, double n, double ms)
+static void linefit_add(rt_linefit_t *f, double x, double y)
 {
-    double *o = t->ov_obs[t->n_ov++ % RT_OBS];
-    o[0] = n, o[1] = ms;
-    uint32_t have = t->n_ov < RT_OBS ? t->n_ov : RT_OBS;
+    double *o = f->obs[f->n++ % RT_OBS];
+    o[0] = x, o[1] = y;
+    uint32_t have = f->n < RT_OBS ? f->n : RT_OBS;
     double sx = 0, sy = 0, sxx = 0, sxy = 0;
     for (uint32_t i = 0; i < have; i++) {
-        sx += t->ov_obs[i][0], sy += t->ov_obs[i][1];
-        sxx += t->ov_obs[i][0] * t->ov_obs[i][0], sxy += t->ov_obs[i][0] * t->ov_obs[i][1];
+        sx += f->obs[i][0], sy += f->obs[i][1];
+        sxx += f->obs[i][0] * f->obs[i][0], sxy += f->obs[i][0] * f->obs[i][1];
     }
     double var = have * sxx - sx * sx, slope = have >= 4 && var > 1e-9 * have * sxx ? (have * sxy - sx * sy) / var : 0;
     if (slope < 0)
         slope = 0;
-    t->ov_fit[1] = slope;
-    t->ov_fit[0] = (sy - slope * sx) / have;
-    if (t->ov_fit[0] < 0) { /* through the origin instead */
-        t->ov_fit[0] = 0;
-        t->ov_fit[1] = sxx > 0 ? sxy / sxx : 0;
+    f->fit[1] = slope;
+    f->fit[0] = (sy - slope * sx) / have;
+    if (f->fit[0] < 0) { /* through the origin instead */
+        f->fit[0] = 0;
+        f->fit[1] = sxx > 0 ? sxy / sxx : 0;
     }
 }
 
@@ -355,7 +420,11 @@ static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > 
 static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *decode, const rt_timings_t *tm)
 {
     const rt_prediction_t *pr = &tm->pred;
-    if (!pr->valid || !tm->ok || tm->prefill_ms <= 0)
+    if (!pr->valid || !tm->ok)
+        return;
+    if (pr->local && tm->attempt_ttft_ms > 0) /* what the local prediction's queue and prefill do not explain */
+        linefit_add(&t->ov_local, tm->prompt_tokens, fmax(0, tm->attempt_ttft_ms - pr->queue_ms - pr->prefill_ms));
+    if (!pr->local && tm->prefill_ms <= 0)
         return;
     if (prefill && pr->alone) {
         /* refitted from the split the worker found, not the index's guess: an index some events behind once
@@ -366,8 +435,8 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
         if (all > 0 && tm->prefill_ms > fetch + 0.5)
             prefill_refit(t, prefill, all - cached, cached, tm->prefill_ms - fetch);
     }
-    if (tm->attempt_ttft_ms > tm->prefill_ms)
-        overhead_refit(t, tm->prompt_tokens, tm->attempt_ttft_ms - tm->prefill_ms);
+    if (!pr->local && tm->attempt_ttft_ms > tm->prefill_ms)
+        linefit_add(&t->ov, tm->prompt_tokens, tm->attempt_ttft_ms - tm->prefill_ms);
     if (decode && tm->output_tokens > 2 && pr->step_raw_ms > 0 && tm->tpot_ms > 0) {
         double k = clampd(tm->tpot_ms / pr->step_raw_ms, 0.2, 5);
         decode->k_step = decode->k_step > 0 ? exp(0.8 * log(decode->k_step) + 0.2 * log(k)) : k;
@@ -489,6 +558,8 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     take_str(j, "role", role, sizeof role);
     w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
     w->colocated = w->role == RT_DECODE && json_is_true(json_object_get(j, "colocated"));
+    json_int_t tb = json_integer_value(json_object_get(j, "token_budget"));
+    w->token_budget = tb > 0 && tb <= UINT32_MAX ? (uint32_t)tb : 0;
     json_int_t kvb = json_integer_value(json_object_get(j, "kv_blocks"));
     w->kv_blocks = kvb > 0 && kvb <= UINT32_MAX ? (uint32_t)kvb : 0;
     td_status_t crc = td_kv_layout_from_json(json_object_get(j, "contract"), &w->contract);
@@ -838,6 +909,13 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     if (pf)
         predict_prefill(t, pf, &c, now, pr);
     pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
+    rt_prediction_t local;
+    rt_worker_t *dl = pf && p->rejects && rq ? pick_local(t, &c, pr, now, &local) : NULL;
+    if (dl) { /* prefilled where it will decode: no pair, no KV moved */
+        d = dl;
+        pf = NULL;
+        *pr = local;
+    }
     if (p->rejects && rq && rq->early_reject &&
         ((rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms) || (rq->tpot_slo_ms && pr->tbt_ms > rq->tpot_slo_ms))) {
         reject_early(t, &c, pf, d, now, out);
@@ -847,7 +925,16 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     d->refs++;
     d->inflight++;
     out->decode = d;
-    if (whole) {
+    if (dl) { /* its local prefill joins d's queue until rt_table_prefill_done (the first token) */
+        if (!d->prefilling++) {
+            d->work_ms = 0;
+            d->work_since = now;
+        }
+        d->work_ms += pr->prefill_ms;
+        prio_work(d, pr->priority, pr->prefill_ms, 1);
+        t->placed_local++;
+    }
+    if (whole || dl) {
         t->placed_colocated++;
         pthread_mutex_unlock(&t->mu);
         return;
@@ -900,9 +987,11 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
                           "pool_hit", (json_int_t)t->placed[0], "store_hit", (json_int_t)t->placed[1], "cold",
                           (json_int_t)t->placed[2], "rejected", "ttft", (json_int_t)t->rejected_ttft, "tpot",
                           (json_int_t)t->rejected_tpot, "predictions", (json_int_t)t->n_err, "overhead_ms",
-                          t->ov_fit[0], "tier_ms_per_block", tier_costs(t));
-    json_object_set_new(j, "overhead_ms_per_token", json_real(t->ov_fit[1]));
+                          t->ov.fit[0], "tier_ms_per_block", tier_costs(t));
+    json_object_set_new(j, "overhead_ms_per_token", json_real(t->ov.fit[1]));
+    json_object_set_new(j, "local_overhead_ms", json_real(t->ov_local.fit[0]));
     json_object_set_new(json_object_get(j, "placed"), "colocated", json_integer((json_int_t)t->placed_colocated));
+    json_object_set_new(json_object_get(j, "placed"), "local", json_integer((json_int_t)t->placed_local));
     double now = td_now_s();
     for (size_t i = 0; i < t->n; i++) {
         const rt_worker_t *w = t->w[i];

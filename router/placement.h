@@ -65,6 +65,7 @@ typedef struct rt_worker {
     bool refused, gone;
     bool colocated; /* a decode worker that also serves whole requests (decode.colocated) */
     uint32_t kv_blocks; /* its KV pool's blocks, from its record (0: not said) */
+    uint32_t token_budget; /* tokens one engine step takes, from its record (0: not said) */
     char refused_why[384];
     int refs;
 } rt_worker_t;
@@ -96,7 +97,20 @@ typedef struct rt_prediction {
     bool alone; /* the prefill worker had no other call in flight (its time refits its model) */
     int32_t priority;
     bool valid;
+    /* local: prefilled by the (colocated) decode worker itself, in its own steps, though prefill workers are
+     * there (conditional disaggregation); stall_ms: what each of its running streams' steps takes longer
+     * meanwhile (a chunk of the prompt); remote_ttft_ms: the best pair's TTFT it was weighed against */
+    bool local;
+    double stall_ms, remote_ttft_ms;
 } rt_prediction_t;
+
+/* y = fit[0] + fit[1] x by least squares over the last RT_OBS points (the
+ * mean while they are too few or all of one x; never a negative slope). */
+typedef struct rt_linefit {
+    double fit[2];
+    double obs[RT_OBS][2];
+    uint32_t n;
+} rt_linefit_t;
 
 typedef struct rt_table {
     pthread_mutex_t mu;
@@ -108,16 +122,16 @@ typedef struct rt_table {
     /* prediction and its record (under mu) */
     rt_kvindex_t *ix;           /* the cache index (NULL: none) */
     double tier_ms_per_block[RT_IX_TIERS]; /* a block fetched from a store's tier k (rt_table_set_tier_rates) */
-    /* measured TTFT less the prefill call (the reservation, the decode
-     * worker taking the KV and sending the first token), fitted online as
-     * ov_fit[0] + ov_fit[1] * prompt tokens over the last RT_OBS requests */
-    double ov_fit[2];
-    double ov_obs[RT_OBS][2];
-    uint32_t n_ov;
+    /* the router's overhead by prompt tokens: a pair's measured TTFT less the
+     * prefill call (the reservation, the decode worker taking the KV and
+     * sending the first token); a local prefill's measured TTFT less its
+     * predicted queue and prefill */
+    rt_linefit_t ov, ov_local;
     struct { const struct rt_placement_ops *ops; void *state; } policy[RT_POLICIES]; /* policies' own state */
     uint32_t n_policy;
     uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */
-    uint64_t placed_colocated;  /* whole requests on colocated decode workers */
+    uint64_t placed_colocated;  /* whole requests on colocated decode workers (placed_local of them by choice) */
+    uint64_t placed_local;      /* conditional disaggregation: prefilled locally though prefill workers were there */
     uint64_t rejected_ttft, rejected_tpot;
     float err[RT_ERR_RING];     /* |predicted - measured| / measured TTFT of the last requests */
     uint64_t n_err;

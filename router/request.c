@@ -81,6 +81,7 @@ struct rt_request {
     double t_attempt, prefill_ms; /* when it began; its prefill call */
     td_rpc_stream_t *st;
     bool finished;    /* the message with the finish reason was relayed */
+    bool local_pending; /* q->d's queue counts this request's local prefill until its first token */
     bool sink_failed; /* the client could not be written to */
     _Alignas(16) uint8_t pb_mem[8192]; /* each DecodeResponse unpacks here: no allocation per token */
     td_pb_arena_t arena;
@@ -300,6 +301,15 @@ static void read_next(rt_request_t *q)
         relay_over(q);
 }
 
+/* A local prefill (conditional disaggregation) is over: its decode worker's queue no longer counts it. */
+static void local_prefilled(rt_request_t *q)
+{
+    if (q->local_pending) {
+        q->local_pending = false;
+        rt_table_prefill_done(q->env->table, q->d, &q->pred);
+    }
+}
+
 /* A decode worker's message: relayed to the sink as a GenerateResponse. */
 static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
 {
@@ -332,6 +342,7 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         if (!q->t_first) {
             q->t_first = t;
             td_metric_observe(q->env->metrics->ttft, t - q->t0);
+            local_prefilled(q);
         } else {
             for (size_t i = 0; i < dr->n_token_ids; i++) /* a chunk's tokens share its gap */
                 td_metric_observe(q->env->metrics->itl, (t - q->t_last) / (double)dr->n_token_ids);
@@ -418,6 +429,7 @@ typedef struct attempt {
     rt_placement_t pl;
     rt_worker_t *p, *d; /* held by placement (rt_table_done); d is the stream's once it opens */
     bool queued;        /* p's queue counts the predicted prefill (rt_table_prefill_done) */
+    bool local_queued;  /* d's queue counts its local prefill (conditional disaggregation), until the stream is q's */
     Tandem__Internal__V1__ReserveResponse *reserved; /* the reservation and its landing */
     bool renewing;      /* the renewer holds the reservation */
     bool landing_open;  /* a prefill worker may still put into the landing */
@@ -564,6 +576,7 @@ static td_status_t place(rt_request_t *q, attempt_t *a)
     a->d = pl->decode;
     a->p = pl->prefill;
     a->queued = a->p != NULL;
+    a->local_queued = pl->pred.local;
     memcpy(q->did, a->d->id, sizeof q->did);
     double left_ms = left(q) * 1e3;
     if (!q->sent_any && pl->pred.valid && pl->pred.ttft_ms > left_ms)
@@ -742,6 +755,8 @@ static td_status_t open_decode(rt_request_t *q, attempt_t *a)
     a->claimed = true;
     q->d = a->d;
     a->d = NULL;
+    q->local_pending = a->local_queued; /* released at the first token (local_prefilled) */
+    a->local_queued = false;
     q->p = a->p;
     if (q->p)
         rt_table_hold(q->env->table, q->p);
@@ -797,6 +812,8 @@ release_reservation:
 release_workers:
     if (a.queued)
         rt_table_prefill_done(env->table, a.p, &a.pl.pred);
+    if (a.local_queued)
+        rt_table_prefill_done(env->table, a.d, &a.pl.pred);
     if (a.d)
         rt_table_done(env->table, a.d, a.d_failed ? &a.fail_d : NULL, rt_suspect_for(a.fail_d.code));
     if (a.p)
@@ -822,6 +839,7 @@ static int after_stream(rt_request_t *q)
     td_rpc_stream_result(q->st, 2.0, &sres);
     td_rpc_stream_destroy(q->st);
     q->st = NULL;
+    local_prefilled(q); /* a stream that ended before its first token */
     bool gone = cancelled(q) || q->sink_failed;
     double now = td_now_s();
     rt_timings_t tm = {.prefill_ms = q->prefill_ms, .ttft_ms = ((q->t_first ? q->t_first : now) - q->t0) * 1e3,

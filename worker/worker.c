@@ -749,10 +749,11 @@ static void profile(eng_worker_t *w)
  * KV contract and pool, its profile. */
 static td_status_t record(eng_worker_t *w, char *key, size_t key_len, char **value)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:o, s:I}", "id", w->id, "role", w->role->name, "addr",
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:o, s:I, s:I}", "id", w->id, "role", w->role->name, "addr",
                           w->advertise, "metrics", w->metrics_at, "pid", (int)getpid(), "contract",
                           td_kv_layout_to_json(&w->contract), "kv_blocks",
-                          (json_int_t)eng_engine_kv_stats(w->engine).n_blocks);
+                          (json_int_t)eng_engine_kv_stats(w->engine).n_blocks, "token_budget",
+                          (json_int_t)w->rc->token_budget);
     if (j && w->has_profile)
         json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
     if (j && w->rc->colocated)

@@ -66,9 +66,11 @@ SEEDED = dict(temperature=0.9, top_p=0.95, seed=1234)
 
 
 def reference(prompt, max_tokens=MAX_TOKENS, seeded=False):
+    """Cold single-process `tandem generate` (on 2 threads: a row's numbers do not depend on how the rows are split
+    between threads, and the cluster's workers run 1 each)."""
     extra = ["--temperature", str(SEEDED["temperature"]), "--top-p", str(SEEDED["top_p"]), "--seed",
              str(SEEDED["seed"])] if seeded else []
-    out = subprocess.run(["timeout", "120", BIN + "/tandem", "generate", "--model", MODEL, "--ids", "--threads", "1",
+    out = subprocess.run(["timeout", "120", BIN + "/tandem", "generate", "--model", MODEL, "--ids", "--threads", "2",
                           "--max-tokens", str(max_tokens), "--ignore-eos"] + extra + [prompt],
                          capture_output=True, text=True, check=True).stdout
     return [int(x) for x in out.split()]
@@ -77,7 +79,7 @@ def reference(prompt, max_tokens=MAX_TOKENS, seeded=False):
 def reference_text(prompt, max_tokens, seeded=False):
     extra = ["--temperature", str(SEEDED["temperature"]), "--top-p", str(SEEDED["top_p"]), "--seed",
              str(SEEDED["seed"])] if seeded else []
-    return subprocess.run(["timeout", "120", BIN + "/tandem", "generate", "--model", MODEL, "--threads", "1",
+    return subprocess.run(["timeout", "120", BIN + "/tandem", "generate", "--model", MODEL, "--threads", "2",
                            "--max-tokens", str(max_tokens), "--ignore-eos"] + extra + [prompt],
                           capture_output=True, check=True).stdout.decode()[:-1]  # generate ends with a newline
 
