@@ -74,7 +74,7 @@ run_py() { # $1: a pytest suite, $2: a short name for the log, $3: time limit (s
           --junitxml "build/junit/$(basename "$1" .py).xml" "$1" 2>&1 | sed -E 's/^[.FEsx]+(PASS|FAIL)/\1/') || rc=$?
   printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^checks:|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
   echo "  ($2: $(basename "$1") took $((SECONDS - t0)) s of its $3)"
-  while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL')
+  while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL ')
   line=$(printf '%s\n' "$out" | grep "^checks:" | tail -1)
   if [ -n "$line" ]; then
     p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')

@@ -406,13 +406,26 @@ def test_conditional_disaggregation():
     with open(cfg, "w") as f:
         f.write("decode: { colocated: true }\n")
     runs = {}
-    for name, kw in (("1P+1D, decode colocated", dict(config=cfg)), ("--colocated 1", dict(extra=["--colocated", "1"]))):
+    for name, kw, n in (("1P+1D, decode colocated", dict(config=cfg), 2), ("--colocated 1", dict(extra=["--colocated", "1"]), 1)):
         c = hs.Cluster(**kw)
         try:
-            hs.wait_for(lambda: c.health()[0], 60)
-            gen(c, hs.PROMPTS[-1])  # one first request: the router learns its pair's overhead from it
+            # the colocated decode worker serves alone as soon as it is in: wait for the prefill worker too
+            hs.wait_for(lambda: c.health()[0] and len(c.workers()) == n, 60)
+            gen(c, hs.PROMPTS[-1])  # one first request: the router learns from it
             got = [gen(c, p) for p in prompts]
             placed = c.health()[1]["placement"]["placed"]
+            if n == 2:
+                # a stream running on the decode worker: a long prompt's chunks would stall its every step many
+                # times over (no TPOT SLO to spend), so the pair prefills it
+                long_prompt = text(600, random.Random(7))
+                out = {}
+                th = threading.Thread(target=lambda: out.update(bg=hs.generate(c.stub, hs.PROMPTS[0], max_tokens=300)))
+                th.start()
+                hs.wait_for(lambda: c.stats(c.worker("decode")).running >= 1, 10)
+                busy = gen(c, long_prompt)
+                th.join(120)
+                long_ok = (busy[0] == hs.reference(long_prompt, MAX), busy[1].timing.prefill_worker,
+                           busy[1].timing.decode_worker)
         finally:
             c.stop()
         same = sum(ids == refs[p] for (ids, _), p in zip(got, prompts))
@@ -424,3 +437,6 @@ def test_conditional_disaggregation():
           "%d and %d of 12 outputs identical to single-process; median TTFT %.1f ms against %.1f ms on one "
           "colocated worker (%.2fx)" % (l1, p1, s1, s2, m1, m2, m1 / m2 if m2 else 0),
           s1 == 12 and s2 == 12 and l1 >= 9 and p1.get("local", 0) >= 9 and m1 <= 1.2 * m2)
+    check("... a ~600-token prompt while a stream runs on the decode worker: prefilled by %s, decoded by %s, output "
+          "%s single-process's" % (long_ok[1], long_ok[2], "identical to" if long_ok[0] else "NOT"),
+          long_ok[0] and long_ok[1].startswith("prefill") and long_ok[1] != long_ok[2])
