@@ -177,8 +177,9 @@ static int cmp_d(const void *a, const void *b)
 static td_status_t plots(const bench_report_t *r, const char *base)
 {
     char dat[1024], gp[1024];
-    snprintf(dat, sizeof dat, "%s-plot.dat", base);
-    snprintf(gp, sizeof gp, "%s-plot.gp", base);
+    if ((size_t)snprintf(dat, sizeof dat, "%s-plot.dat", base) >= sizeof dat ||
+        (size_t)snprintf(gp, sizeof gp, "%s-plot.gp", base) >= sizeof gp)
+        return td_error(TD_ERR_INVALID_ARG, "bench: the report's path %.64s... is too long for its plot files", base);
     FILE *d = fopen(dat, "w"), *g = fopen(gp, "w");
     if (!d || !g) {
         if (d)

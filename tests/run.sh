@@ -112,8 +112,10 @@ bg_log=$(mktemp) bg_status=$(mktemp) ulog=$(mktemp)
     echo ok >> "$ulog"
   fi
   rm -rf "$hide"
+  # at -O1, as AddressSanitizer's documentation advises for a usable speed: the sanitizer pass's test_generate takes
+  # 1m56s here against 5m15s at -O0 (2 cores), the same checks made
   if cmake -S . -B build-asan -DTANDEM_TESTS=ON -DTANDEM_WERROR=ON -DTANDEM_SANITIZE=address -DTANDEM_CUDA=OFF \
-       -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&
+       -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-O1 -fsanitize=undefined -fno-sanitize-recover=undefined" >/dev/null &&
      cmake --build build-asan -j"$jobs" >/dev/null; then
     TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 run_one build-asan/bin/tests/test_generate asan+ubsan
   else
