@@ -316,7 +316,11 @@ static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_
 {
     rt_worker_t *best = NULL;
     bool remote_ok = keeps_slos(c->rq, remote);
-    double best_ttft = remote_ok ? remote->ttft_ms : INFINITY;
+    /* the pair does all a local prefill does, and reserves and moves the KV besides: its overhead is never the
+     * smaller one (before the pair's is learnt, the local one stands in) */
+    double pair_ttft = remote->ttft_ms + fmax(0, t->ov_local.fit[0] + t->ov_local.fit[1] * (double)c->rq->n_tokens -
+                                                     remote->overhead_ms);
+    double best_ttft = remote_ok ? pair_ttft : INFINITY;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
         if (!w->colocated || !usable(w, RT_DECODE, c, now))
@@ -330,7 +334,7 @@ static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_
         }
     }
     if (best)
-        local->remote_ttft_ms = remote->ttft_ms;
+        local->remote_ttft_ms = pair_ttft;
     return best;
 }
 

@@ -415,6 +415,14 @@ def test_conditional_disaggregation():
             got = [gen(c, p) for p in prompts]
             placed = c.health()[1]["placement"]["placed"]
             if n == 2:
+                # a conversation's next turn: its prefix priced where a pool holds it (the colocated decode
+                # worker's pool is followed like a prefill worker's), so its predicted first token is far sooner
+                doc = text(300, random.Random(11))
+                turn1 = gen(c, doc)
+                time.sleep(1.0)  # a person's reply comes later than the pool's events reach the router (0.1 s polls)
+                turn2 = gen(c, doc + " and what came next")
+                turns = (turn1[1].timing, turn2[1].timing, turn2[1].usage.cached_prompt_tokens,
+                         turn2[0] == hs.reference(doc + " and what came next", MAX))
                 # a stream running on the decode worker: a long prompt's chunks would stall its every step many
                 # times over (no TPOT SLO to spend), so the pair prefills it
                 long_prompt = text(600, random.Random(7))
@@ -437,6 +445,12 @@ def test_conditional_disaggregation():
           "%d and %d of 12 outputs identical to single-process; median TTFT %.1f ms against %.1f ms on one "
           "colocated worker (%.2fx)" % (l1, p1, s1, s2, m1, m2, m1 / m2 if m2 else 0),
           s1 == 12 and s2 == 12 and l1 >= 9 and p1.get("local", 0) >= 9 and m1 <= 1.2 * m2)
+    t1, t2, cached, same = turns
+    check("... a conversation's next turn: %d prompt tokens cached, its first token predicted in %.1f ms against "
+          "%.1f ms for the first turn (first turn on %s, next on %s), output %s single-process's" %
+          (cached, t2.predicted_ttft_ms, t1.predicted_ttft_ms, t1.prefill_worker, t2.prefill_worker,
+           "identical to" if same else "NOT"),
+          same and cached >= 256 and t2.predicted_ttft_ms < 0.5 * t1.predicted_ttft_ms)
     check("... a ~600-token prompt while a stream runs on the decode worker: prefilled by %s, decoded by %s, output "
           "%s single-process's" % (long_ok[1], long_ok[2], "identical to" if long_ok[0] else "NOT"),
           long_ok[0] and long_ok[1].startswith("prefill") and long_ok[1] != long_ok[2])
