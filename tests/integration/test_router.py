@@ -397,60 +397,66 @@ def test_stops_cleanly(rt):
 def test_conditional_disaggregation():
     """A prefill worker beside a colocated decode worker (decode.colocated: true): the router predicts each request
     both ways and has the decode worker prefill a short prompt itself when that is predicted sooner (no reservation,
-    no KV moved). 12 short prompts one after another: most placed locally, every output identical to single-process
-    generate, and the median TTFT within 1.2x of a cluster of one colocated worker (--colocated 1)."""
-    prompts = hs.PROMPTS[:12]
+    no KV moved). Both clusters up at once, 20 short prompts sent to each in turn (so both see the same machine):
+    most placed locally, every output identical to single-process generate, and the median TTFT within 1.2x of the
+    cluster of one colocated worker (--colocated 1). Then, on the first: a conversation's next turn priced where its
+    history is, and a long prompt sent while a stream runs going to the pair."""
+    prompts = hs.PROMPTS[:20]
     refs = {p: hs.reference(p, MAX) for p in prompts}
     work = tempfile.mkdtemp(prefix="tandem-conditional-")
     cfg = os.path.join(work, "tandem.yaml")
     with open(cfg, "w") as f:
         f.write("decode: { colocated: true }\n")
-    runs = {}
-    for name, kw, n in (("1P+1D, decode colocated", dict(config=cfg), 2), ("--colocated 1", dict(extra=["--colocated", "1"]), 1)):
-        c = hs.Cluster(**kw)
-        try:
-            # the colocated decode worker serves alone as soon as it is in: wait for the prefill worker too
+    a = hs.Cluster(config=cfg)
+    try:
+        b = hs.Cluster(extra=["--colocated", "1"])
+    except Exception:
+        a.stop()
+        raise
+    try:
+        # a colocated decode worker serves alone as soon as it is in: wait for the prefill worker too
+        for c, n in ((a, 2), (b, 1)):
             hs.wait_for(lambda: c.health()[0] and len(c.workers()) == n, 60)
             gen(c, hs.PROMPTS[-1])  # one first request: the router learns from it
-            got = [gen(c, p) for p in prompts]
-            placed = c.health()[1]["placement"]["placed"]
-            if n == 2:
-                # a conversation's next turn: its prefix priced where a pool holds it (the colocated decode
-                # worker's pool is followed like a prefill worker's), so its predicted first token is far sooner
-                doc = text(300, random.Random(11))
-                turn1 = gen(c, doc)
-                time.sleep(1.0)  # a person's reply comes later than the pool's events reach the router (0.1 s polls)
-                turn2 = gen(c, doc + " and what came next")
-                turns = (turn1[1].timing, turn2[1].timing, turn2[1].usage.cached_prompt_tokens,
-                         turn2[0] == hs.reference(doc + " and what came next", MAX))
-                # a stream running on the decode worker: a long prompt's chunks would stall its every step many
-                # times over (no TPOT SLO to spend), so the pair prefills it
-                long_prompt = text(600, random.Random(7))
-                out = {}
-                th = threading.Thread(target=lambda: out.update(bg=hs.generate(c.stub, hs.PROMPTS[0], max_tokens=300)))
-                th.start()
-                hs.wait_for(lambda: c.stats(c.worker("decode")).running >= 1, 10)
-                busy = gen(c, long_prompt)
-                th.join(120)
-                long_ok = (busy[0] == hs.reference(long_prompt, MAX), busy[1].timing.prefill_worker,
-                           busy[1].timing.decode_worker)
-        finally:
-            c.stop()
-        same = sum(ids == refs[p] for (ids, _), p in zip(got, prompts))
-        ttft = sorted(last.timing.ttft_ms for _, last in got)
-        local = sum(last.timing.prefill_worker == last.timing.decode_worker for _, last in got)
-        runs[name] = (same, ttft[len(ttft) // 2], local, placed)
-    (s1, m1, l1, p1), (s2, m2, _, _) = runs["1P+1D, decode colocated"], runs["--colocated 1"]
-    check("conditional disaggregation: %d of 12 short prompts prefilled by the decode worker itself (placed %s), "
-          "%d and %d of 12 outputs identical to single-process; median TTFT %.1f ms against %.1f ms on one "
-          "colocated worker (%.2fx)" % (l1, p1, s1, s2, m1, m2, m1 / m2 if m2 else 0),
-          s1 == 12 and s2 == 12 and l1 >= 9 and p1.get("local", 0) >= 9 and m1 <= 1.2 * m2)
-    t1, t2, cached, same = turns
+        got = {a: [], b: []}
+        for p in prompts:
+            for c in (a, b):
+                got[c].append(gen(c, p))
+        placed = a.health()[1]["placement"]["placed"]
+        # a conversation's next turn: its prefix priced where a pool holds it (the colocated decode worker's pool is
+        # followed like a prefill worker's), so its predicted first token is far sooner
+        doc = text(300, random.Random(11))
+        turn1 = gen(a, doc)
+        time.sleep(1.0)  # a person's reply comes later than the pool's events reach the router (0.1 s polls)
+        turn2 = gen(a, doc + " and what came next")
+        # a stream running on the decode worker: a long prompt's chunks would stall its every step many times over
+        # (no TPOT SLO to spend), so the pair prefills it
+        long_prompt = text(600, random.Random(7))
+        th = threading.Thread(target=lambda: hs.generate(a.stub, hs.PROMPTS[0], max_tokens=300))
+        th.start()
+        hs.wait_for(lambda: a.stats(a.worker("decode")).running >= 1, 10)
+        busy = gen(a, long_prompt)
+        th.join(120)
+    finally:
+        a.stop()
+        b.stop()
+    same = {c: sum(ids == refs[p] for (ids, _), p in zip(got[c], prompts)) for c in (a, b)}
+    med = {c: sorted(last.timing.ttft_ms for _, last in got[c])[len(prompts) // 2] for c in (a, b)}
+    local = sum(last.timing.prefill_worker == last.timing.decode_worker for _, last in got[a])
+    check("conditional disaggregation: %d of 20 short prompts prefilled by the decode worker itself (placed %s), "
+          "%d and %d of 20 outputs identical to single-process; median TTFT %.1f ms against %.1f ms on one "
+          "colocated worker, the two sent in turn (%.2fx)" % (local, placed, same[a], same[b], med[a], med[b],
+                                                             med[a] / med[b]),
+          same[a] == 20 and same[b] == 20 and local >= 16 and placed.get("local", 0) >= 16 and med[a] <= 1.2 * med[b])
+    t1, t2 = turn1[1].timing, turn2[1].timing
+    ok2 = turn2[0] == hs.reference(doc + " and what came next", MAX)
     check("... a conversation's next turn: %d prompt tokens cached, its first token predicted in %.1f ms against "
           "%.1f ms for the first turn (first turn on %s, next on %s), output %s single-process's" %
-          (cached, t2.predicted_ttft_ms, t1.predicted_ttft_ms, t1.prefill_worker, t2.prefill_worker,
-           "identical to" if same else "NOT"),
-          same and cached >= 256 and t2.predicted_ttft_ms < 0.5 * t1.predicted_ttft_ms)
+          (turn2[1].usage.cached_prompt_tokens, t2.predicted_ttft_ms, t1.predicted_ttft_ms, t1.prefill_worker,
+           t2.prefill_worker, "identical to" if ok2 else "NOT"),
+          ok2 and turn2[1].usage.cached_prompt_tokens >= 256 and t2.predicted_ttft_ms < 0.5 * t1.predicted_ttft_ms)
+    ok3 = busy[0] == hs.reference(long_prompt, MAX)
+    pw, dw = busy[1].timing.prefill_worker, busy[1].timing.decode_worker
     check("... a ~600-token prompt while a stream runs on the decode worker: prefilled by %s, decoded by %s, output "
-          "%s single-process's" % (long_ok[1], long_ok[2], "identical to" if long_ok[0] else "NOT"),
-          long_ok[0] and long_ok[1].startswith("prefill") and long_ok[1] != long_ok[2])
+          "%s single-process's" % (pw, dw, "identical to" if ok3 else "NOT"),
+          ok3 and pw.startswith("prefill") and pw != dw)
