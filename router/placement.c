@@ -287,8 +287,7 @@ static void predict_local(const rt_table_t *t, const rt_worker_t *d, const rt_pl
     pr->prefill_ms = prefill_model_ms(t, d, pr->new_tokens, cached);
     pr->priority = rq->priority;
     pr->queue_ms = queued_for_ms(d, pr->priority, now);
-    pr->overhead_ms = t->ov_local.fit[0] + t->ov_local.fit[1] * n;
-    pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->prefill_ms;
+    pr->ttft_ms = pr->queue_ms + pr->prefill_ms; /* its model is refitted from local TTFTs: the overhead is in it */
     pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
     uint32_t chunk = d->token_budget && d->token_budget < pr->new_tokens ? d->token_budget : pr->new_tokens;
     pr->stall_ms = d->inflight ? prefill_model_ms(t, d, chunk, cached) : 0;
@@ -316,18 +315,17 @@ static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_
 {
     rt_worker_t *best = NULL;
     bool remote_ok = keeps_slos(c->rq, remote);
-    /* the pair does all a local prefill does, and reserves and moves the KV besides: its overhead is never the
-     * smaller one (before the pair's is learnt, the local one stands in) */
-    double pair_ttft = remote->ttft_ms + fmax(0, t->ov_local.fit[0] + t->ov_local.fit[1] * (double)c->rq->n_tokens -
-                                                     remote->overhead_ms);
-    double best_ttft = remote_ok ? pair_ttft : INFINITY;
+    double pair_ttft = remote->ttft_ms, best_ttft = remote_ok ? pair_ttft : INFINITY;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
         if (!w->colocated || !usable(w, RT_DECODE, c, now))
             continue;
         rt_prediction_t pr;
         predict_local(t, w, c, now, &pr);
-        if (keeps_slos(c->rq, &pr) && pr.ttft_ms < best_ttft) {
+        /* a worker never measured prefilling locally is tried once while it is idle: its profile was measured at
+         * start-up, perhaps under other load, and only local calls correct it */
+        bool untried = !w->n_obs && !w->inflight && !w->prefilling;
+        if (keeps_slos(c->rq, &pr) && (pr.ttft_ms < best_ttft || (untried && !best))) {
             best = w;
             best_ttft = pr.ttft_ms;
             *local = pr;
@@ -426,8 +424,13 @@ static void predict_observe(rt_table_t *t, rt_worker_t *prefill, rt_worker_t *de
     const rt_prediction_t *pr = &tm->pred;
     if (!pr->valid || !tm->ok)
         return;
-    if (pr->local && tm->attempt_ttft_ms > 0) /* what the local prediction's queue and prefill do not explain */
-        linefit_add(&t->ov_local, tm->prompt_tokens, fmax(0, tm->attempt_ttft_ms - pr->queue_ms - pr->prefill_ms));
+    if (pr->local && decode && pr->alone && tm->attempt_ttft_ms > 0) {
+        /* the decode worker's own prefill model, refitted from its local first tokens (the router's part in them
+         * goes into the model's constant), with the cached split its engine reported */
+        double all = tm->prompt_tokens, cached = fmin(tm->cached_tokens, all - 1);
+        if (all > 0)
+            prefill_refit(t, decode, all - cached, cached, tm->attempt_ttft_ms);
+    }
     if (!pr->local && tm->prefill_ms <= 0)
         return;
     if (prefill && pr->alone) {
@@ -993,7 +996,6 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
                           (json_int_t)t->rejected_tpot, "predictions", (json_int_t)t->n_err, "overhead_ms",
                           t->ov.fit[0], "tier_ms_per_block", tier_costs(t));
     json_object_set_new(j, "overhead_ms_per_token", json_real(t->ov.fit[1]));
-    json_object_set_new(j, "local_overhead_ms", json_real(t->ov_local.fit[0]));
     json_object_set_new(json_object_get(j, "placed"), "colocated", json_integer((json_int_t)t->placed_colocated));
     json_object_set_new(json_object_get(j, "placed"), "local", json_integer((json_int_t)t->placed_local));
     double now = td_now_s();

@@ -124,9 +124,8 @@ typedef struct rt_table {
     double tier_ms_per_block[RT_IX_TIERS]; /* a block fetched from a store's tier k (rt_table_set_tier_rates) */
     /* the router's overhead by prompt tokens: a pair's measured TTFT less the
      * prefill call (the reservation, the decode worker taking the KV and
-     * sending the first token); a local prefill's measured TTFT less its
-     * predicted queue and prefill */
-    rt_linefit_t ov, ov_local;
+     * sending the first token) */
+    rt_linefit_t ov;
     struct { const struct rt_placement_ops *ops; void *state; } policy[RT_POLICIES]; /* policies' own state */
     uint32_t n_policy;
     uint64_t placed[3];         /* by reason: a pool hit, a store hit, cold */

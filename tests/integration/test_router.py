@@ -417,7 +417,8 @@ def test_conditional_disaggregation():
         # a colocated decode worker serves alone as soon as it is in: wait for the prefill worker too
         for c, n in ((a, 2), (b, 1)):
             hs.wait_for(lambda: c.health()[0] and len(c.workers()) == n, 60)
-            gen(c, hs.PROMPTS[-1])  # one first request: the router learns from it
+            for p in hs.PROMPTS[-2:] + hs.PROMPTS[-1:]:  # first requests: the router measures both ways
+                gen(c, p)
         got = {a: [], b: []}
         for p in prompts:
             for c in (a, b):

@@ -520,14 +520,15 @@ Test(placement, a_request_served_whole_takes_a_colocated_worker_only, .timeout =
 }
 
 /* Conditional disaggregation (predictive only): a colocated decode worker
- * prefills a request itself when that keeps its SLOs with a lower predicted
- * TTFT than the best pair. Profiles: prefill 1 + 1 ms a token on both, a step of
- * 2 + 1 ms a sequence. The pair's overhead learnt at 30 ms makes an idle
- * worker's local prefill of 100 tokens the faster (TTFT 101 against 131);
- * a second one queues behind the first until its first token; a prompt
- * whose chunk would more than double the running streams' step goes to the
- * pair; with SLOs, the choice keeps the one that fits; least_loaded never
- * prefills locally. */
+ * prefills a request itself when that keeps its SLOs with a sooner predicted
+ * first token than the best pair. Profiles: prefill 1 + 1 ms a token on
+ * both, a step of 2 + 1 ms a sequence. The decode worker, never measured
+ * prefilling, is tried once while idle; its local first token (111 ms for
+ * 100 tokens) refits its model; the pair then wins at 101 ms until its
+ * measured overhead (30 ms) puts it at 131; a second local prefill while one
+ * stream runs would stall it (a 64-token chunk, 65 ms, against a 4 ms step):
+ * the pair, unless a TPOT SLO leaves room (200 ms: local), never when it does
+ * not (50 ms); least_loaded never prefills locally. */
 Test(placement, conditional_disaggregation_prefills_locally_when_predicted_better, .timeout = 30)
 {
     td_rpc_init();
@@ -541,64 +542,52 @@ Test(placement, conditional_disaggregation_prefills_locally_when_predicted_bette
     static int32_t tok[1000];
     rt_placement_t pl;
     rt_place_req_t rq = {.tokens = tok, .n_tokens = 100, .max_tokens = 4};
-    rt_table_place(&t, &rt_placement_predictive, &rq, &pl); /* nothing learnt: a tie, the pair */
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl); /* untried and idle: tried */
+    cr_assert(pl.code == TD_RPC_OK && !pl.prefill && pl.pred.local && !strcmp(pl.decode->id, "c1"), "%s", pl.why);
+    rt_table_prefill_done(&t, pl.decode, &pl.pred);
+    rt_timings_t tm = {.ttft_ms = 111, .attempt_ttft_ms = 111, .prompt_tokens = 100, .output_tokens = 1, .ok = true,
+                       .pred = pl.pred};
+    rt_table_observe(&t, &rt_placement_predictive, NULL, pl.decode, &tm);
+    rt_table_done(&t, pl.decode, NULL, 0);
+
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl); /* local now over 101 (the refit), the pair 101 */
     cr_assert(pl.code == TD_RPC_OK && pl.prefill && !pl.pred.local, "%s", pl.why);
     rt_table_prefill_done(&t, pl.prefill, &pl.pred);
-    rt_timings_t tm = {.prefill_ms = 101, .ttft_ms = 131, .attempt_ttft_ms = 131, .prompt_tokens = 100,
-                       .output_tokens = 1, .ok = true, .pred = pl.pred};
+    tm = (rt_timings_t){.prefill_ms = 101, .ttft_ms = 131, .attempt_ttft_ms = 131, .prompt_tokens = 100,
+                        .output_tokens = 1, .ok = true, .pred = pl.pred};
     rt_table_observe(&t, &rt_placement_predictive, pl.prefill, pl.decode, &tm);
     rt_table_done(&t, pl.prefill, NULL, 0);
     rt_table_done(&t, pl.decode, NULL, 0);
 
     rt_placement_t a, b;
-    rt_table_place(&t, &rt_placement_predictive, &rq, &a);
+    rt_table_place(&t, &rt_placement_predictive, &rq, &a); /* local ~107 against the pair's 131 */
     cr_assert(a.code == TD_RPC_OK && !a.prefill && !strcmp(a.decode->id, "c1") && a.pred.local, "%s", a.why);
-    cr_assert_float_eq(a.pred.ttft_ms, 101, 1e-6);
-    cr_assert(fabs(a.pred.remote_ttft_ms - 131) < 0.5, "the pair at %.3f ms", a.pred.remote_ttft_ms);
-    rt_table_place(&t, &rt_placement_predictive, &rq, &b); /* behind a's local prefill: 101 + 101 + stall */
-    cr_assert(b.code == TD_RPC_OK, "%s", b.why);
-    if (b.pred.local)
-        cr_assert_float_eq(b.pred.queue_ms, 101, 1e-6);
-    else
-        cr_assert(b.prefill && b.pred.ttft_ms <= 202 + 1e-6, "the pair at %.1f ms", b.pred.ttft_ms);
+    cr_assert(a.pred.ttft_ms > 103 && a.pred.ttft_ms < 115, "local at %.1f ms (a refit of one call and the profile)", a.pred.ttft_ms);
+    cr_assert(fabs(a.pred.remote_ttft_ms - 131) < 3, "the pair at %.1f ms", a.pred.remote_ttft_ms);
     json_t *m = rt_table_metrics(&t, &rt_placement_predictive);
-    cr_assert(json_integer_value(json_object_get(json_object_get(m, "placed"), "local")) >= 1);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(m, "placed"), "local")), 2);
     json_decref(m);
-    rt_table_prefill_done(&t, a.decode, &a.pred); /* a's first token */
-    if (b.pred.local)
-        rt_table_prefill_done(&t, b.decode, &b.pred);
-    else
-        rt_table_prefill_done(&t, b.prefill, &b.pred), rt_table_done(&t, b.prefill, NULL, 0);
-    rt_table_done(&t, b.decode, NULL, 0); /* b's stream ends; a's runs on */
-    /* a local TTFT of 111 ms: 10 ms the prediction did not explain, learnt as the local overhead */
-    tm = (rt_timings_t){.ttft_ms = 111, .attempt_ttft_ms = 111, .prompt_tokens = 100, .output_tokens = 1, .ok = true,
-                        .pred = a.pred};
-    rt_table_observe(&t, &rt_placement_predictive, NULL, a.decode, &tm);
-    rq.tpot_slo_ms = 200; /* a's stream may take the stall */
+    rt_table_place(&t, &rt_placement_predictive, &rq, &b); /* a is prefilling on c1: queued behind it, and stalling */
+    cr_assert(b.code == TD_RPC_OK && b.prefill && !b.pred.local, "%s", b.why);
+    rt_table_prefill_done(&t, b.prefill, &b.pred);
+    rt_table_done(&t, b.prefill, NULL, 0);
+    rt_table_done(&t, b.decode, NULL, 0);
+    rt_table_prefill_done(&t, a.decode, &a.pred); /* a's first token; its stream runs on */
+
+    rq.tpot_slo_ms = 200; /* a's stream may take the stall: local */
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    rq.tpot_slo_ms = 0;
-    cr_assert(pl.pred.local && fabs(pl.pred.overhead_ms - 10) < 1e-6, "local %d, overhead %.1f", pl.pred.local,
-              pl.pred.overhead_ms);
+    cr_assert(pl.code == TD_RPC_OK && pl.pred.local && pl.pred.stall_ms > 60, "%s (local %d, stall %.1f)", pl.why,
+              pl.pred.local, pl.pred.stall_ms);
     rt_table_prefill_done(&t, pl.decode, &pl.pred);
     rt_table_done(&t, pl.decode, NULL, 0);
-
-    /* c1 runs a's stream: 1,000 tokens would stall each step by a 64-token chunk (65 ms) against a step of
-     * 2 + 2 ms: the pair, with no SLO to spend */
-    rt_place_req_t big = {.tokens = tok, .n_tokens = 1000, .max_tokens = 4};
-    rt_table_place(&t, &rt_placement_predictive, &big, &pl);
+    rq.tpot_slo_ms = 50; /* it may not */
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
     cr_assert(pl.code == TD_RPC_OK && pl.prefill && !pl.pred.local, "%s", pl.why);
     rt_table_prefill_done(&t, pl.prefill, &pl.pred);
     rt_table_done(&t, pl.prefill, NULL, 0);
     rt_table_done(&t, pl.decode, NULL, 0);
-    /* ... and with a TPOT SLO of 100 ms the stall fits: local, 1,011 ms against the pair's 1,031 */
-    big.tpot_slo_ms = 100;
-    rt_table_place(&t, &rt_placement_predictive, &big, &pl);
-    cr_assert(pl.code == TD_RPC_OK && pl.pred.local, "%s (local %d)", pl.why, pl.pred.local);
-    rt_table_prefill_done(&t, pl.decode, &pl.pred);
-    rt_table_done(&t, pl.decode, NULL, 0);
-    /* ... a TPOT SLO of 50 ms it would break: the pair */
-    big.tpot_slo_ms = 50;
-    rt_table_place(&t, &rt_placement_predictive, &big, &pl);
+    rq.tpot_slo_ms = 0; /* no SLO: the stall may at most double the step */
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
     cr_assert(pl.code == TD_RPC_OK && pl.prefill && !pl.pred.local, "%s", pl.why);
     rt_table_prefill_done(&t, pl.prefill, &pl.pred);
     rt_table_done(&t, pl.prefill, NULL, 0);
