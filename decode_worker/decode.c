@@ -4,7 +4,10 @@
  * memory) and answers with where they are; the reservation is held on a
  * lease (lease_ms), which its holder renews (Renew) while the prompt is
  * prefilled, and reclaimed by the engine thread if no Decode claims it in
- * time. Prefill workers put the prompt's KV straight into those blocks.
+ * time. Prefill workers put the prompt's KV straight into those blocks —
+ * except the leading blocks this worker's prefix cache holds already (a
+ * conversation's earlier turns, when the Reserve names the tokens): the
+ * reservation takes those as they are and the landing starts after them.
  * Decode is the completion notice: the blocks become an imported sequence
  * whose first token the prefill side sampled, it joins the running batch,
  * and its tokens stream back. Release is the abort path. A client that goes
@@ -62,6 +65,8 @@ typedef struct reservation {
     uint64_t id;
     int32_t *blocks;
     uint32_t n_blocks, n_tokens;
+    uint32_t n_held;           /* blocks[0..n_held): the prefix cache's, not landed */
+    td_block_name_t held_name; /* the name of block n_held - 1 (the Decode's tokens must have it) */
     double expires;
     double fence_until; /* td_now_s() past which no put of its landing can come */
     char owner[64];     /* the certificate that reserved it ("" under plaintext) */
@@ -82,6 +87,7 @@ typedef struct decode_role {
     fenced_t *fenced;
     size_t n_fenced, cap_fenced;
     uint32_t fenced_blocks;
+    uint64_t landed_blocks, held_blocks; /* over the claimed reservations (Stats) */
     td_signer_t *signer; /* NULL under cluster.plaintext: landings go unsigned */
 } decode_role_t;
 
@@ -93,6 +99,11 @@ typedef struct decode_role {
  * (PrefillRequest.landing_lease_until_unix_ms, Prefill.Extend). */
 static void reservation_end(eng_worker_t *w, decode_role_t *R, reservation_t *r, bool landing_closed)
 {
+    /* no put reaches the prefix cache's blocks: they go back at once */
+    eng_engine_kv_release(eng_worker_engine(w), r->blocks, r->n_held);
+    memmove(r->blocks, r->blocks + r->n_held, (r->n_blocks - r->n_held) * sizeof *r->blocks);
+    r->n_blocks -= r->n_held;
+    r->n_held = 0;
     if (r->expires + FENCE_MARGIN_S < r->fence_until)
         r->fence_until = r->expires + FENCE_MARGIN_S;
     if (!landing_closed && r->fence_until > td_now_s()) {
@@ -119,6 +130,9 @@ static void reservation_end(eng_worker_t *w, decode_role_t *R, reservation_t *r,
 /* ---- Reserve ---- */
 typedef struct reserve_op {
     uint32_t n_tokens, lease_ms;
+    int32_t *tokens; /* the Reserve's, copied (NULL: every block lands) */
+    uint32_t n_held;
+    td_block_name_t held_name;
     double fence_until;
     char owner[64];
     td_status_t rc;
@@ -177,14 +191,17 @@ static void reserve_on_engine(eng_worker_t *w, void *arg)
             return;
         }
     } while (!op->id);
-    op->rc = eng_engine_kv_reserve(e, op->n_tokens, op->blocks);
+    op->rc = op->tokens ? eng_engine_kv_reserve_prefix(e, op->tokens, op->n_tokens, op->blocks, &op->n_held)
+                        : eng_engine_kv_reserve(e, op->n_tokens, op->blocks);
     if (op->rc) {
         snprintf(op->err, sizeof op->err, "no room for %u tokens of KV (pool full)", op->n_tokens);
         return;
     }
+    if (op->n_held)
+        op->held_name = eng_engine_block_name(e, op->tokens, op->n_held);
     reservation_t *r = &R->res[R->n_res++];
-    *r = (reservation_t){op->id, op->blocks, op->n_blocks, op->n_tokens, td_now_s() + op->lease_ms / 1000.0,
-                         op->fence_until, ""};
+    *r = (reservation_t){op->id,           op->blocks, op->n_blocks, op->n_tokens, op->n_held,
+                         op->held_name,    td_now_s() + op->lease_ms / 1000.0, op->fence_until, ""};
     memcpy(r->owner, op->owner, sizeof r->owner);
 }
 
@@ -235,6 +252,7 @@ static void reserve_op_drop(void *arg)
     reserve_op_t *op = arg;
     if (op->rc)
         free(op->blocks);
+    free(op->tokens);
     free(op);
 }
 
@@ -259,8 +277,16 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "n_tokens: must be at least 1");
         goto out;
     }
+    if (rq->n_prompt_tokens && rq->n_prompt_tokens != rq->n_tokens) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "prompt_tokens: %zu given for n_tokens %u", rq->n_prompt_tokens,
+                           rq->n_tokens);
+        goto out;
+    }
     reserve_op_t *op = calloc(1, sizeof *op);
-    if (!op) {
+    if (op && rq->n_prompt_tokens && (op->tokens = malloc(rq->n_tokens * sizeof *op->tokens)))
+        memcpy(op->tokens, rq->prompt_tokens, rq->n_tokens * sizeof *op->tokens);
+    if (!op || (rq->n_prompt_tokens && !op->tokens)) {
+        free(op);
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory");
         goto out;
     }
@@ -290,9 +316,11 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     eng_worker_pool_desc(w, &addr, &addr_len, &rkey, &rkey_len, &base, &pool_len);
     size_t bb;
     eng_engine_kv_base(eng_worker_engine(w), &bb); /* block size only; constant after start */
-    uint64_t *offs = malloc(op->n_blocks * sizeof *offs);
-    for (uint32_t i = 0; offs && i < op->n_blocks; i++)
-        offs[i] = (uint64_t)op->blocks[i] * bb;
+    /* only the blocks the prefix cache did not supply land */
+    uint32_t n_land = op->n_blocks - op->n_held;
+    uint64_t *offs = malloc(n_land * sizeof *offs);
+    for (uint32_t i = 0; offs && i < n_land; i++)
+        offs[i] = (uint64_t)op->blocks[op->n_held + i] * bb;
     kv_xfer_t *xfer;
     land.has_reservation_id = land.has_address = land.has_region_key = land.has_remote_base = land.has_block_bytes =
         land.has_region_bytes = 1;
@@ -302,8 +330,10 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     land.region_key = (ProtobufCBinaryData){rkey_len, (uint8_t *)rkey};
     land.remote_base = base;
     land.region_bytes = pool_len;
-    land.n_block_offsets = offs ? op->n_blocks : 0;
+    land.n_block_offsets = offs ? n_land : 0;
     land.block_offsets = offs;
+    land.has_first_block = op->n_held > 0;
+    land.first_block = op->n_held;
     land.block_bytes = bb;
     land.contract = &c;
     land.decode_worker = (char *)eng_worker_id(w);
@@ -597,23 +627,32 @@ static size_t next_message(dreq_t *d, size_t *sent, uint8_t *buf, size_t cap, ui
  * overwritten is refused (d->rc, d->err), never decoded on. */
 static td_status_t landing_check(eng_worker_t *w, dreq_t *d, const reservation_t *r)
 {
-    if (d->rq->n_block_digests != r->n_blocks) {
+    uint32_t n = r->n_blocks - r->n_held;
+    const int32_t *blocks = r->blocks + r->n_held;
+    if (r->n_held &&
+        !td_block_name_eq(eng_engine_block_name(eng_worker_engine(w), d->rq->tokens, r->n_held), r->held_name)) {
         d->rc = TD_ERR_INVALID_ARG;
-        snprintf(d->err, sizeof d->err, "block_digests: %zu given for the %u blocks of reservation %llu",
-                 d->rq->n_block_digests, r->n_blocks, (unsigned long long)r->id);
+        snprintf(d->err, sizeof d->err, "tokens: not the prompt reservation %llu was made for (its first %u blocks "
+                 "differ)", (unsigned long long)r->id, r->n_held);
         return d->rc;
     }
-    if (eng_worker_kv_landed(w, r->blocks, r->n_blocks)) {
+    if (d->rq->n_block_digests != n) {
+        d->rc = TD_ERR_INVALID_ARG;
+        snprintf(d->err, sizeof d->err, "block_digests: %zu given for the %u landing blocks of reservation %llu",
+                 d->rq->n_block_digests, n, (unsigned long long)r->id);
+        return d->rc;
+    }
+    if (eng_worker_kv_landed(w, blocks, n)) {
         d->rc = TD_ERR_INTERNAL;
         snprintf(d->err, sizeof d->err, "%s: the landing blocks of reservation %llu: %s", eng_worker_id(w),
                  (unsigned long long)r->id, td_last_error());
         return d->rc;
     }
     uint64_t dg[64]; /* computed where the pool is (a GPU's pool on the GPU), 64 blocks a call */
-    for (uint32_t b = 0; b < r->n_blocks; b++) {
+    for (uint32_t b = 0; b < n; b++) {
         if (b % 64 == 0) {
-            uint32_t k = r->n_blocks - b < 64 ? r->n_blocks - b : 64;
-            if (eng_engine_kv_digest(eng_worker_engine(w), r->blocks + b, k, dg)) {
+            uint32_t k = n - b < 64 ? n - b : 64;
+            if (eng_engine_kv_digest(eng_worker_engine(w), blocks + b, k, dg)) {
                 d->rc = TD_ERR_INTERNAL;
                 snprintf(d->err, sizeof d->err, "%s: digests of the landing blocks: %s", eng_worker_id(w),
                          td_last_error());
@@ -624,8 +663,8 @@ static td_status_t landing_check(eng_worker_t *w, dreq_t *d, const reservation_t
         if (got != d->rq->block_digests[b]) {
             d->rc = TD_ERR_INTERNAL;
             snprintf(d->err, sizeof d->err, "%s: KV block %u of %u (reservation %llu) did not land as the prefill "
-                     "side sent it (digest %016llx, expected %016llx); not decoding on it", eng_worker_id(w), b,
-                     r->n_blocks, (unsigned long long)r->id, (unsigned long long)got,
+                     "side sent it (digest %016llx, expected %016llx); not decoding on it", eng_worker_id(w),
+                     r->n_held + b, r->n_blocks, (unsigned long long)r->id, (unsigned long long)got,
                      (unsigned long long)d->rq->block_digests[b]);
             td_log(TD_LOG_ERROR, "%s", d->err);
             return d->rc;
@@ -704,6 +743,9 @@ static void start_on_engine(eng_worker_t *w, void *arg)
         free(r.blocks);
         return;
     }
+    decode_role_t *R = eng_worker_role_ctx(w);
+    R->landed_blocks += r.n_blocks - r.n_held;
+    R->held_blocks += r.n_held;
     add_request(w, d, r.blocks, r.n_blocks);
     free(r.blocks);
 }
@@ -885,9 +927,11 @@ static void decode_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__Stats
 {
     (void)w;
     decode_role_t *R = ctx;
-    r->has_reservations = r->has_fenced_blocks = 1;
+    r->has_reservations = r->has_fenced_blocks = r->has_landed_blocks = r->has_held_blocks = 1;
     r->reservations = (uint32_t)R->n_res;
     r->fenced_blocks = R->fenced_blocks;
+    r->landed_blocks = R->landed_blocks;
+    r->held_blocks = R->held_blocks;
 }
 
 static td_status_t decode_attach(eng_worker_t *w, void *ctx)

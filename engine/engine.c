@@ -353,6 +353,31 @@ td_status_t eng_engine_kv_reserve(eng_engine_t *e, uint32_t n_tokens, int32_t *b
     return TD_OK;
 }
 
+td_status_t eng_engine_kv_reserve_prefix(eng_engine_t *e, const int32_t *tokens, uint32_t n_tokens, int32_t *blocks,
+                                         uint32_t *n_held)
+{
+    uint32_t bt = e->cfg.block_tokens, full = n_tokens ? (n_tokens - 1) / bt : 0, held = 0;
+    td_block_name_t h = e->root;
+    for (; e->cfg.prefix_cache && held < full; held++) {
+        h = td_block_name_next(h, tokens + (size_t)held * bt, bt);
+        if ((blocks[held] = eng_kv_lookup(e->pool, h)) < 0)
+            break;
+    }
+    td_status_t rc = eng_engine_kv_reserve(e, n_tokens - held * bt, blocks + held);
+    if (rc)
+        eng_engine_kv_release(e, blocks, held);
+    *n_held = rc ? 0 : held;
+    return rc;
+}
+
+td_block_name_t eng_engine_block_name(const eng_engine_t *e, const int32_t *tokens, uint32_t n_blocks)
+{
+    td_block_name_t h = e->root;
+    for (uint32_t b = 0; b < n_blocks; b++)
+        h = td_block_name_next(h, tokens + (size_t)b * e->cfg.block_tokens, e->cfg.block_tokens);
+    return h;
+}
+
 void eng_engine_kv_release(eng_engine_t *e, const int32_t *blocks, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)

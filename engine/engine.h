@@ -140,6 +140,16 @@ uint64_t eng_engine_preemptions(const eng_engine_t *e);
  * puts): ceil(n_tokens / block_tokens) fresh blocks into blocks[], or
  * TD_ERR_EXHAUSTED (nothing taken) when the pool cannot spare them. */
 td_status_t eng_engine_kv_reserve(eng_engine_t *e, uint32_t n_tokens, int32_t *blocks);
+/* The same for the KV of tokens[0..n_tokens), taking first the blocks of
+ * its leading full blocks that the prefix cache holds (as a prompt added
+ * here would: never the block of the last token, computed for its logits):
+ * blocks[0..*n_held) are those, their counts raised, and need no KV from
+ * outside; the rest are fresh. */
+td_status_t eng_engine_kv_reserve_prefix(eng_engine_t *e, const int32_t *tokens, uint32_t n_tokens, int32_t *blocks,
+                                         uint32_t *n_held);
+/* The name of tokens' block n_blocks - 1 (the chain of DESIGN.md §3 under
+ * this engine's model, dtype and block size); n_blocks full blocks. */
+td_block_name_t eng_engine_block_name(const eng_engine_t *e, const int32_t *tokens, uint32_t n_blocks);
 void eng_engine_kv_release(eng_engine_t *e, const int32_t *blocks, uint32_t n);
 /* The pool's memory (block b starts at base + b * block_bytes): the
  * backend's kind, device memory on a GPU. */

@@ -226,10 +226,12 @@ typedef struct preq {
     double deadline; /* td_now_s() at its call's deadline: the engine computes nothing of it past that */
     uint64_t bytes0, bytes;
     double busy_s;
-    /* Engine thread: the landing blocks [0, pushed) have had every layer put
-     * at least once; digests[b] is block b's td_kv_block_digest as of its
-     * last put (the decode side checks its landing against them). */
-    uint32_t pushed;
+    /* Engine thread: the prompt's blocks [first, pushed) have had every layer
+     * put at least once (the decode worker holds those before first: the
+     * landing's first_block); digests[b] is landing block b's (the prompt's
+     * first + b) td_kv_block_digest as of its last put (the decode side
+     * checks its landing against them). */
+    uint32_t first, pushed;
     uint64_t *digests;
     size_t n_digests;
     /* The KV store: the prompt's block names (its full blocks but the last
@@ -569,7 +571,7 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
         preq_finish(r, TD_ERR_TIMEOUT, td_now_s() > r->land_by ? "landing: its land-by time passed before the KV was put"
                                                                 : "landing: its lease ran out (the router stopped "
                                                                   "renewing it) before the KV was put", -1, 0);
-    else if (r->pushed < r->n_digests) /* a bug: the landing would decode on garbage */
+    else if (r->pushed < r->first + r->n_digests) /* a bug: the landing would decode on garbage */
         preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);
     else
         preq_finish(r, TD_OK, NULL, ev->token, ev->n_cached);
@@ -602,14 +604,19 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
             preq_t *r = R->active[k];
             if (r->eng_id != seqs[i].id)
                 continue;
+            /* the prompt's blocks [first, first + n_block_offsets) land; the decode worker holds those before */
             const Tandem__Internal__V1__LandingDescriptor *ld = r->rq->landing;
+            uint32_t last = r->first + (uint32_t)ld->n_block_offsets;
             uint32_t from = seqs[i].first_block < r->pushed ? seqs[i].first_block : r->pushed;
-            uint32_t end = seqs[i].end_block < ld->n_block_offsets ? seqs[i].end_block : (uint32_t)ld->n_block_offsets;
+            uint32_t end = seqs[i].end_block < last ? seqs[i].end_block : last;
+            if (from < r->first)
+                from = r->first;
             for (uint32_t b = from; b < end; b++)
                 pusher_push(&R->pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
-                            ld->block_offsets[b] + layer * lb, put_by(r), fence);
+                            ld->block_offsets[b - r->first] + layer * lb, put_by(r), fence);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
-                if (end > from && eng_engine_kv_digest(e, seqs[i].blocks + from, end - from, r->digests + from))
+                if (end > from &&
+                    eng_engine_kv_digest(e, seqs[i].blocks + from, end - from, r->digests + (from - r->first)))
                     TD_WARN("prefill: digests of request %llu's blocks: %s (its step fails)",
                             (unsigned long long)r->eng_id, td_last_error());
                 if (end > r->pushed)
@@ -949,14 +956,23 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     }
     size_t bb;
     eng_engine_kv_base(eng_worker_engine(w), &bb);
-    uint32_t need = (uint32_t)((r->rq->n_tokens + ours.block_tokens - 1) / ours.block_tokens);
-    if (ld->n_block_offsets != need || ld->block_bytes != bb) {
-        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT,
-                           "landing: %zu blocks of %llu bytes for %zu tokens; %u blocks of %zu bytes are needed",
-                           ld->n_block_offsets, (unsigned long long)ld->block_bytes, r->rq->n_tokens, need, bb);
+    uint32_t all = (uint32_t)((r->rq->n_tokens + ours.block_tokens - 1) / ours.block_tokens);
+    if (ld->first_block >= all) { /* the last token's block is always computed, so always lands */
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "landing: first_block %u, but %zu tokens have %u blocks",
+                           ld->first_block, r->rq->n_tokens, all);
         preq_put(r);
         return;
     }
+    uint32_t need = all - ld->first_block;
+    if (ld->n_block_offsets != need || ld->block_bytes != bb) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT,
+                           "landing: %zu blocks of %llu bytes for %zu tokens from block %u; %u blocks of %zu bytes "
+                           "are needed", ld->n_block_offsets, (unsigned long long)ld->block_bytes, r->rq->n_tokens,
+                           ld->first_block, need, bb);
+        preq_put(r);
+        return;
+    }
+    r->first = r->pushed = ld->first_block;
     for (uint32_t b = 0; b < need; b++)
         if (ld->block_offsets[b] > ld->region_bytes || bb > ld->region_bytes - ld->block_offsets[b]) {
             td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "landing: block %u at offset %llu is past the pool's "

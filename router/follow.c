@@ -78,9 +78,10 @@ static void forget(rt_follow_t *f, fsrc_t *s)
     pthread_mutex_unlock(&f->mu);
 }
 
-/* The sources now: the table's usable prefill workers and colocated decode
- * workers (their pools prefill too: conditional disaggregation prices what
- * they hold), etcd's kvstore nodes. */
+/* The sources now: the table's usable workers — prefill workers, and decode
+ * workers, whose prefix caches keep conversations (a colocated one's local
+ * prefill is priced by what it holds, and any decode worker lands only what
+ * it lacks) — and etcd's kvstore nodes. */
 static void refresh(rt_follow_t *f, double now)
 {
     rt_worker_t *old[RT_IX_SOURCES];
@@ -91,7 +92,7 @@ static void refresh(rt_follow_t *f, double now)
     pthread_mutex_lock(&f->t->mu);
     for (size_t i = 0; i < f->t->n; i++) {
         rt_worker_t *w = f->t->w[i];
-        if ((w->role != RT_PREFILL && !w->colocated) || w->refused || w->gone)
+        if (w->refused || w->gone)
             continue;
         fsrc_t *s = find(f, w->key);
         if (!s && !(s = add(f, w->key, false)))

@@ -360,7 +360,10 @@ static rt_worker_t *kv_cost(rt_table_t *t, rt_role_t role, const rt_place_ctx_t 
 
 /* predictive: the prefill worker with the lowest predicted TTFT; the least
  * loaded decode worker whose predicted time between tokens stays under the
- * request's TPOT SLO (the least loaded of all when none does). */
+ * request's TPOT SLO (the least loaded of all when none does), a worker's
+ * load counting, beside its streams, the share of the prompt's blocks it
+ * would have landed: its prefix cache's blocks are not sent again, so the
+ * worker that holds a conversation wins a tie, and up to one stream more. */
 static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
     if (!c->rq)
@@ -372,6 +375,7 @@ static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx
         rt_worker_t *w = t->w[i];
         if (!usable(w, role, c, now))
             continue;
+        uint32_t held = c->hits && w->ix_src >= 0 ? c->hits->held[w->ix_src] : 0;
         if (role == RT_PREFILL) {
             rt_prediction_t pr = {0};
             predict_prefill(t, w, c, now, &pr);
@@ -382,9 +386,11 @@ static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx
         } else {
             double raw, tbt = predict_tbt(t, w, c->rq, &raw);
             bool ok = !c->rq->tpot_slo_ms || tbt <= c->rq->tpot_slo_ms;
-            if (!best || (ok && !best_ok) || (ok == best_ok && w->inflight < best->inflight)) {
+            double load = w->inflight + (c->rq->n_blocks ? 1 - (double)held / c->rq->n_blocks : 1);
+            if (!best || (ok && !best_ok) || (ok == best_ok && load < best_v)) {
                 best = w;
                 best_ok = ok;
+                best_v = load;
             }
         }
     }

@@ -602,6 +602,8 @@ static td_status_t reserve(rt_request_t *q, attempt_t *a)
     rq.contract = &c;
     rq.has_n_tokens = rq.has_max_tokens = rq.has_lease_ms = rq.has_landing_ms = 1;
     rq.n_tokens = (uint32_t)q->n_tokens;
+    rq.n_prompt_tokens = q->n_tokens; /* its prefix cache's blocks of them are not landed again */
+    rq.prompt_tokens = q->tokens;
     rq.max_tokens = q->max_tokens;
     rq.lease_ms = RT_RES_LEASE_MS;
     double ms = ceil(left(q) * 1e3);

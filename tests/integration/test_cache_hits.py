@@ -155,10 +155,13 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
                 os.kill(dw["pid"], signal.SIGKILL)
                 killed = dw["pid"]
         [t.join(600) for t in ts]
-        pre = pre_killed + sum(c.stats(w).preemptions for w in c.workers() if w.get("pid") != killed)
+        alive = [c.stats(w) for w in c.workers() if w.get("pid") != killed]
+        pre = pre_killed + sum(s.preemptions for s in alive)
+        held = sum(s.held_blocks for s in alive)  # prompt blocks a decode worker's own cache supplied, not landed
         lens = sorted(len(p.split()) for p in seq + conc)
-        print("  %s: %d requests (%d-%d words), %d hit the prefix cache, %d prompt tokens reused, %d preemptions, "
-              "%.0f s" % (name, stats["n"], lens[0], lens[-1], stats["hits"], stats["reused"], pre, time.time() - t0),
+        print("  %s: %d requests (%d-%d words), %d hit the prefix cache, %d prompt tokens reused, %d blocks not "
+              "landed again (held by the decode worker), %d preemptions, %.0f s" %
+              (name, stats["n"], lens[0], lens[-1], stats["hits"], stats["reused"], held, pre, time.time() - t0),
               flush=True)
         for n_prompt, n_cached, got, exp in stats["bad"][:3]:
             print("    differs: %d prompt tokens, %d cached\n      cluster %s\n      cold    %s" %

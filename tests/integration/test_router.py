@@ -389,6 +389,42 @@ def test_deadlines(rt):
     deadlines(c, rng)
 
 
+def test_next_turn_lands_only_the_new_blocks(rt):
+    """A conversation's next turn: the decode worker's prefix cache still holds the first turn (its prompt, landed,
+    and its answer, decoded there), so its Reserve takes those blocks as they are and only the rest land — counted
+    in the decode worker's Stats (blocks landed, blocks held) and in the prefill workers' KV bytes put — and the
+    answer is single-process's."""
+    c = rt.c
+    dw = c.worker("decode")
+    pws = [w for w in c.workers() if w["role"] == "prefill"]
+
+    def counts():
+        s = c.stats(dw)
+        return s.landed_blocks, s.held_blocks, sum(c.stats(w).transfer_bytes for w in pws)
+    doc = text(250, random.Random(23))
+    answer = hs.reference_text(doc, 20)
+    k0 = counts()
+    ids1, last1 = hs.generate(c.stub, doc, max_tokens=20)
+    k1 = counts()
+    turn2 = doc + answer + " and what came next"
+    ids2, last2 = gen(c, turn2)
+    k2 = counts()
+    n1, n2 = last1.usage.prompt_tokens, last2.usage.prompt_tokens
+    land1, held1, bytes1 = (k1[i] - k0[i] for i in range(3))
+    land2, held2, bytes2 = (k2[i] - k1[i] for i in range(3))
+    per_block = bytes1 / land1 if land1 else 0
+    check("a first turn of %d tokens: all %d blocks landed (%d held), %d KV bytes put" % (n1, land1, held1, bytes1),
+          land1 == (n1 + 15) // 16 and held1 == 0 and bytes1 > 0)
+    check("its next turn of %d tokens (the first turn's prompt and 20-token answer, then 5 new words): %d blocks "
+          "held by the decode worker, %d landed, %d KV bytes put (%.0f blocks' worth)" %
+          (n2, held2, land2, bytes2, bytes2 / per_block if per_block else -1),
+          held2 >= (n1 + 16) // 16 and held2 + land2 == (n2 + 15) // 16 and land2 <= 3 and
+          bytes2 == land2 * per_block)
+    ref = hs.reference(turn2, MAX)
+    check("... its output identical to single-process's (%s; cold %s) and the first turn's too" % (ids2, ref),
+          ids2 == ref and ids1 == hs.reference(doc, 20))
+
+
 def test_stops_cleanly(rt):
     rc = rt.c.stop()
     check("tandem up stops cleanly (exit %s)" % rc, rc == 0)

@@ -986,6 +986,50 @@ Test(generate, a_pool_pinned_by_reservations_waits_then_fails_not_hangs)
     eng_engine_destroy(e);
 }
 
+/* Landing blocks for a prompt whose leading blocks the prefix cache holds
+ * (a decode worker's Reserve for a conversation's next turn): those come
+ * from the cache, counted, the rest are fresh; never the last token's block;
+ * none for another prompt; all given back on release. */
+Test(generate, a_reservation_takes_the_cached_prefix_and_lands_the_rest)
+{
+    eng_engine_t *e = engine(512, 16 * 64, true);
+    size_t idx = 0;
+    static collect_t c;
+    run(e, &idx, 1, &c);
+    const ref_t *r = &refs[0];
+    uint32_t k = (uint32_t)(r->n_ids / 16); /* the prompt's full blocks, published once computed */
+    cr_assert_geq(k, 2, "the first prompt has %zu tokens", r->n_ids);
+    int32_t next[256];
+    cr_assert_leq(r->n_ids + 5, 256);
+    memcpy(next, r->ids, r->n_ids * sizeof *next);
+    memcpy(next + r->n_ids, r->ids, 5 * sizeof *next); /* the next turn: the prompt, then more */
+    uint32_t n = (uint32_t)r->n_ids + 5, held = 99, in_use = eng_engine_kv_stats(e).in_use;
+    int32_t blocks[32];
+    cr_assert_eq(eng_engine_kv_reserve_prefix(e, next, n, blocks, &held), TD_OK, "%s", td_last_error());
+    cr_assert_eq(held, k, "the prompt's %u full blocks are held (%u)", k, held);
+    uint32_t all = (n + 15) / 16;
+    cr_assert_eq(eng_engine_kv_stats(e).in_use, in_use + all, "the held blocks counted in use, the rest fresh");
+    td_block_name_t h = eng_engine_block_name(e, next, held);
+    cr_assert(td_block_name_eq(h, eng_engine_block_name(e, r->ids, held)));
+    cr_assert_not(td_block_name_eq(h, eng_engine_block_name(e, next + 1, held)));
+    for (uint32_t b = held; b < all; b++)
+        for (uint32_t j = 0; j < held; j++)
+            cr_assert_neq(blocks[b], blocks[j], "a landing block is not a held one");
+    eng_engine_kv_release(e, blocks, all);
+    cr_assert_eq(eng_engine_kv_stats(e).in_use, in_use);
+    /* exactly k full blocks: the last one holds the token whose logits are needed, so it lands */
+    cr_assert_eq(eng_engine_kv_reserve_prefix(e, r->ids, k * 16, blocks, &held), TD_OK);
+    cr_assert_eq(held, k - 1);
+    eng_engine_kv_release(e, blocks, k);
+    /* another first token: nothing held */
+    next[0] = next[0] == 1 ? 2 : 1;
+    cr_assert_eq(eng_engine_kv_reserve_prefix(e, next, n, blocks, &held), TD_OK);
+    cr_assert_eq(held, 0);
+    eng_engine_kv_release(e, blocks, all);
+    cr_assert_eq(eng_engine_kv_stats(e).in_use, in_use);
+    eng_engine_destroy(e);
+}
+
 /* Device names: what eng_backend_open takes and how it refuses the rest
  * (CI has no GPU, so "cuda" itself is only checked to fail or work cleanly). */
 Test(generate, backend_devices_are_named_or_refused)
