@@ -140,6 +140,7 @@ static void on_message(gflight_t *f, const uint8_t *msg, size_t len, double t)
         f->res->server_ttft = tm->has_ttft_ms ? tm->ttft_ms / 1e3 : 0;
         snprintf(f->res->prefill_worker, sizeof f->res->prefill_worker, "%s",
                  tm->prefill_worker ? tm->prefill_worker : "");
+        snprintf(f->res->decode_worker, sizeof f->res->decode_worker, "%s", tm->decode_worker ? tm->decode_worker : "");
     }
     tandem__v1__generate_response__free_unpacked(m, NULL);
 }

@@ -35,6 +35,7 @@ typedef struct bench_result {
     double server_ttft;         /* the server's own TTFT, seconds (0: none) */
     uint32_t retry_after_ms;    /* a rejection's retry hint (0: none) */
     char prefill_worker[48];    /* which worker prefilled it ("" unknown) */
+    char decode_worker[48];     /* and decoded it: the same one when it prefilled its own request (local) */
     char error[160];
 } bench_result_t;
 

@@ -131,6 +131,8 @@ static json_t *request_json(const bench_result_t *q)
         json_object_set_new(o, "server_ttft", num(q->server_ttft));
     if (q->prefill_worker[0])
         json_object_set_new(o, "prefill_worker", json_string(q->prefill_worker));
+    if (q->decode_worker[0]) /* the way it went: local when it is the prefill worker too */
+        json_object_set_new(o, "decode_worker", json_string(q->decode_worker));
     if (q->error[0])
         json_object_set_new(o, "error", json_string(q->error));
     return o;

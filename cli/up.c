@@ -241,7 +241,7 @@ typedef struct agent {
     uint32_t want_p, want_d; /* this node's share (under mu) */
     bool colocated;          /* the decode workers serve whole requests (the planner's record) */
     bool known;              /* want_* hold a share (the start-up counts, then the planner's) */
-    char why[320];           /* the planner's reason behind it */
+    char why[400];           /* the planner's reason behind it */
     /* fixed before the thread starts */
     char etcd_ep[160], node[64], address[64];
     td_rpc_tls_t tls;
@@ -385,8 +385,9 @@ static void worker_child(up_t *u, child_t *c, char role)
         add_arg(c, "--device");
         add_arg(c, dev);
     }
-    c->colocated = !pre && u->colocated;
-    if (c->colocated) {
+    /* a decode worker prefills whole requests in colocated mode, and always under decode.colocated */
+    c->colocated = !pre && (u->colocated || u->cfg->decode.colocated);
+    if (!pre && u->colocated) {
         add_arg(c, "--colocated");
         add_arg(c, "true");
     }
@@ -422,9 +423,11 @@ static void reconcile(up_t *u, agent_t *a, child_t *kids, int *nk)
     pthread_mutex_unlock(&a->mu);
     if (!known)
         return;
-    /* decode workers of the other mode (the ops config's colocated changed) drain and stop; new ones replace them */
+    /* decode workers of the other mode (the ops config's colocated changed) drain and stop; new ones replace them.
+     * Under decode.colocated every decode worker is of both: the mode is only whether prefill workers run */
+    bool colocated = u->colocated || u->cfg->decode.colocated;
     for (int i = 0; i < *nk; i++)
-        if (kids[i].used && kids[i].role == 'd' && !kids[i].retiring && kids[i].colocated != u->colocated) {
+        if (kids[i].used && kids[i].role == 'd' && !kids[i].retiring && kids[i].colocated != colocated) {
             kids[i].retiring = true;
             kids[i].retired_at = td_now_s();
             fprintf(stderr, "tandem up: %s (pid %d) drains and stops: decode workers are now %scolocated\n",

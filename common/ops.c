@@ -27,7 +27,8 @@ static const cyaml_schema_field_t model_fields[] = {
     U32("prefill", td_ops_model_t, prefill), U32("decode", td_ops_model_t, decode),
     U32("min_prefill", td_ops_model_t, min_prefill), U32("max_prefill", td_ops_model_t, max_prefill),
     U32("min_decode", td_ops_model_t, min_decode), U32("max_decode", td_ops_model_t, max_decode),
-    CYAML_FIELD_BOOL("colocated", OPT, td_ops_model_t, colocated), CYAML_FIELD_END};
+    CYAML_FIELD_BOOL("colocated", OPT, td_ops_model_t, colocated),
+    CYAML_FIELD_BOOL("choose_mode", OPT, td_ops_model_t, choose_mode), CYAML_FIELD_END};
 static const cyaml_schema_value_t model_schema = {CYAML_VALUE_MAPPING(CYAML_FLAG_DEFAULT, td_ops_model_t, model_fields)};
 static const cyaml_schema_field_t top_fields[] = {
     CYAML_FIELD_MAPPING("slo", OPT, td_ops_t, slo, slo_fields),
@@ -82,6 +83,9 @@ static td_status_t complete(td_ops_t *o, const char *origin)
         if (strcmp(m->policy, "fixed") && strcmp(m->policy, "auto"))
             return td_error(TD_ERR_CONFIG, "%s: models[%u].policy = \"%s\"; it must be fixed or auto", origin, i,
                             m->policy);
+        if (m->choose_mode && !td_ops_is_auto(m))
+            return td_error(TD_ERR_CONFIG, "%s: models[%u].choose_mode with policy %s; the planner chooses the mode "
+                            "only under policy auto", origin, i, m->policy);
         struct { const char *role; uint32_t *count, *min, *max; } r[2] = {
             {"prefill", &m->prefill, &m->min_prefill, &m->max_prefill},
             {"decode", &m->decode, &m->min_decode, &m->max_decode}};

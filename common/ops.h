@@ -14,6 +14,8 @@
  *       max_decode: 16
  *       colocated: false     # true: no prefill workers; decode workers serve
  *                            #   whole requests (decode.colocated), policy fixed
+ *       choose_mode: false   # auto: the planner also runs the model colocated
+ *                            #   (no prefill workers) when that serves it better
  *
  * deploy/ops.yaml is the file; `tandem scale --apply FILE` sends it to a
  * router, which validates it and puts it in etcd at TD_OPS_KEY. The elected
@@ -42,6 +44,7 @@ typedef struct td_ops_model {
     uint32_t prefill, decode;
     uint32_t min_prefill, max_prefill, min_decode, max_decode;
     bool colocated;
+    bool choose_mode; /* policy auto: the planner may go colocated (prefill 0) and back */
 } td_ops_model_t;
 
 typedef struct td_ops {
@@ -75,7 +78,7 @@ typedef struct td_ops_desired {
     bool colocated;     /* the decode workers serve whole requests (started with decode.colocated) */
     double at;          /* unix seconds */
     char by[192];       /* the planner's id */
-    char reason[256];
+    char reason[384];
 } td_ops_desired_t;
 
 /* JSON text (free()), or NULL without memory. */

@@ -26,11 +26,14 @@ struct rt_planner {
     bool leader;
     bool has_desired;
     td_ops_desired_t desired;
-    char verdict[256], error[384];
+    char verdict[384], error[384];
     /* auto's hysteresis: the move wanted (-1 decode to prefill, +1 the other way, 0 none) and since when */
     int want;
     double want_since, changed_at;
     uint64_t decisions; /* desired counts this planner wrote (under mu) */
+    /* choose_mode: the attainment measured under each mode (0 disaggregated, 1 colocated) when the planner last
+     * left it, and when (0: never); the last window's */
+    double mode_att[2], mode_left[2], att;
     char *last_ops;     /* the text of the last ops config it planned by (the thread's): put back after a wipe */
     uint64_t restored;  /* times it put that back (under mu) */
 };
@@ -45,8 +48,30 @@ static void set_error(rt_planner_t *p, const char *what)
         TD_WARN("planner: %s", what);
 }
 
-/* auto: the move the window asks for (-1: a decode worker becomes a prefill
- * worker; +1: the reverse; 0: none), in words in why. */
+/* auto's moves: a decode worker becomes a prefill worker (-1) or the
+ * reverse (+1); with choose_mode, the model goes colocated (+COLOCATE:
+ * every prefill worker becomes a decode worker that prefills its own
+ * requests) or comes back (-COLOCATE: min_prefill of them become prefill
+ * workers again). */
+#define COLOCATE 2
+
+static const char *move_name(int v)
+{
+    return v == COLOCATE ? "disaggregated -> colocated" : v == -COLOCATE ? "colocated -> disaggregated"
+         : v < 0         ? "decode -> prefill"
+                         : "prefill -> decode";
+}
+
+/* auto: the move the window asks for (0: none), in words in why. The mode
+ * (choose_mode) goes by what was measured under the one running: colocated
+ * while the SLOs hold and the decode workers prefilled at least 3 in 4 of
+ * the prompt tokens themselves (conditional disaggregation found the trip
+ * to a prefill worker not worth it for them: those workers serve better as
+ * decode workers; weighed by tokens, so the long documents of a mixed
+ * workload, which the prefill workers take, keep them); back to prefill
+ * workers when colocated misses the SLOs with TPOT missed at least as often
+ * as TTFT (prompt chunks stalling the running streams, which separating the
+ * phases takes away). */
 static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model_t *m, const td_ops_desired_t *now,
                         double since, char *why, size_t cap)
 {
@@ -57,11 +82,34 @@ static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model
                  td_now_s() - (p->changed_at ? p->changed_at : since));
         return 0;
     }
-    double att = (double)w.met / w.n;
-    snprintf(why, cap, "auto: %u requests, %.0f%% met the SLOs (target %.0f%%); %u missed TTFT %u ms (p90 %.0f ms), "
-             "%u missed TPOT %u ms (p90 %.1f ms)", w.n, 100 * att, 100 * ops->slo.attainment, w.ttft_missed,
-             ops->slo.ttft_ms, w.ttft_p90_ms, w.tpot_missed, ops->slo.tpot_ms, w.tpot_p90_ms);
-    if (att >= ops->slo.attainment)
+    double att = p->att = (double)w.met / w.n;
+    int n = snprintf(why, cap, "auto: %u requests, %.0f%% met the SLOs (target %.0f%%); %u missed TTFT %u ms (p90 "
+                     "%.0f ms), %u missed TPOT %u ms (p90 %.1f ms)", w.n, 100 * att, 100 * ops->slo.attainment,
+                     w.ttft_missed, ops->slo.ttft_ms, w.ttft_p90_ms, w.tpot_missed, ops->slo.tpot_ms, w.tpot_p90_ms);
+    bool met = att >= ops->slo.attainment;
+    /* the other mode's attainment when it was left, if lately (the workload may have changed since) */
+    int other = !now->colocated;
+    double ago = td_now_s() - p->mode_left[other];
+    bool known = p->mode_left[other] > 0 && ago < 10.0 * ops->planner.cooldown_s;
+    if (m->choose_mode && known && n > 0 && (size_t)n < cap)
+        n += snprintf(why + n, cap - n, "; %s met %.0f%% %.0f s ago", other ? "colocated" : "disaggregated",
+                      100 * p->mode_att[other], ago);
+    if (m->choose_mode && now->colocated) {
+        if (n > 0 && (size_t)n < cap)
+            snprintf(why + n, cap - n, "; colocated");
+        /* not back to what did no better */
+        return !met && w.tpot_missed && w.tpot_missed >= w.ttft_missed && !(known && p->mode_att[0] <= att)
+                   ? -COLOCATE : 0;
+    }
+    if (m->choose_mode && !met && known && p->mode_att[1] > att + 0.1)
+        return COLOCATE; /* disaggregated does worse than colocated did */
+    if (m->choose_mode && n > 0 && (size_t)n < cap)
+        snprintf(why + n, cap - n, "; %.0f%% of %llu prompt tokens prefilled by their decode workers",
+                 w.prompt_tokens ? 100.0 * w.local_tokens / w.prompt_tokens : 0.0,
+                 (unsigned long long)w.prompt_tokens);
+    if (m->choose_mode && met && w.prompt_tokens && 4 * w.local_tokens >= 3 * w.prompt_tokens)
+        return COLOCATE;
+    if (met)
         return 0;
     if (w.ttft_missed > w.tpot_missed && now->decode > m->min_decode && now->prefill < m->max_prefill)
         return -1;
@@ -136,7 +184,7 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
     }
     set_error(p, "");
     td_ops_desired_t next = {.prefill = m->prefill, .decode = m->decode, .colocated = m->colocated};
-    char why[256];
+    char why[384];
     double now = td_now_s();
     if (m->colocated) {
         snprintf(why, sizeof why, "fixed: %u colocated workers", m->decode);
@@ -145,8 +193,12 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
         snprintf(why, sizeof why, "fixed: %u prefill + %u decode workers", m->prefill, m->decode);
         p->want = 0;
     } else {
-        if (has_cur) { /* auto starts from what runs, clamped into the bounds */
-            uint32_t total = cur.prefill + cur.decode;
+        uint32_t total = has_cur ? cur.prefill + cur.decode : next.prefill + next.decode;
+        if (has_cur && cur.colocated && m->choose_mode) { /* the planner's colocated mode: no prefill worker */
+            next.prefill = 0;
+            next.decode = total;
+            next.colocated = true;
+        } else if (has_cur) { /* auto starts from what runs, clamped into the bounds */
             next.prefill = cur.prefill < m->min_prefill ? m->min_prefill
                          : cur.prefill > m->max_prefill ? m->max_prefill : cur.prefill;
             next.decode = total > next.prefill ? total - next.prefill : 0;
@@ -164,18 +216,33 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
         }
         bool held = v && now - p->want_since >= ops->planner.hold_s;
         bool cooled = now - p->changed_at >= ops->planner.cooldown_s;
-        if (v && held && cooled) {
-            next.prefill = v < 0 ? next.prefill + 1 : next.prefill - 1;
-            next.decode = v < 0 ? next.decode - 1 : next.decode + 1;
-            size_t n = strlen(why);
-            snprintf(why + n, sizeof why - n, "; one %s worker becomes a %s worker", v < 0 ? "decode" : "prefill",
-                     v < 0 ? "prefill" : "decode");
+        size_t n = strlen(why);
+        if (v == -COLOCATE && total < m->min_prefill + m->min_decode) {
+            snprintf(why + n, sizeof why - n, "; %u workers cannot be %u prefill + %u decode: colocated stays", total,
+                     m->min_prefill, m->min_decode);
+        } else if (v && held && cooled) {
+            if (v == COLOCATE || v == -COLOCATE) { /* what the mode left behind measured, for the way back */
+                p->mode_att[v < 0] = p->att;
+                p->mode_left[v < 0] = now;
+            }
+            if (v == COLOCATE) {
+                snprintf(why + n, sizeof why - n, "; colocated: the %u prefill worker(s) become decode workers",
+                         next.prefill);
+                next.decode = total, next.prefill = 0, next.colocated = true;
+            } else if (v == -COLOCATE) {
+                snprintf(why + n, sizeof why - n, "; disaggregated: %u decode worker(s) become prefill workers",
+                         m->min_prefill);
+                next.prefill = m->min_prefill, next.decode = total - m->min_prefill, next.colocated = false;
+            } else {
+                next.prefill = v < 0 ? next.prefill + 1 : next.prefill - 1;
+                next.decode = v < 0 ? next.decode - 1 : next.decode + 1;
+                snprintf(why + n, sizeof why - n, "; one %s worker becomes a %s worker", v < 0 ? "decode" : "prefill",
+                         v < 0 ? "prefill" : "decode");
+            }
             p->want = 0;
         } else if (v) {
-            size_t n = strlen(why);
-            snprintf(why + n, sizeof why - n, "; %s wanted for %.0f s (hold %u s, cooldown %u s)",
-                     v < 0 ? "decode -> prefill" : "prefill -> decode", now - p->want_since, ops->planner.hold_s,
-                     ops->planner.cooldown_s);
+            snprintf(why + n, sizeof why - n, "; %s wanted for %.0f s (hold %u s, cooldown %u s)", move_name(v),
+                     now - p->want_since, ops->planner.hold_s, ops->planner.cooldown_s);
         }
     }
     td_ops_free(ops);

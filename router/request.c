@@ -859,7 +859,7 @@ static int after_stream(rt_request_t *q)
                  tm.ttft_ms, tm.prefill_ms, tm.cached_tokens);
     rt_table_observe(env->table, env->place, p, d, &tm);
     if (!gone)
-        rt_stats_done(env->stats, tm.ttft_ms, tm.tpot_ms, tm.ok);
+        rt_stats_done(env->stats, tm.ttft_ms, tm.tpot_ms, tm.ok, tm.prompt_tokens, q->pred.local);
     if (tm.ok) {
         td_metric_observe(env->metrics->e2e, tm.e2e_ms * 1e-3);
         td_metric_add(env->metrics->prompt_tokens, tm.prompt_tokens);

@@ -14,7 +14,8 @@
 
 typedef struct rt_done {
     double t, ttft_ms, tpot_ms;
-    bool ok;
+    uint32_t prompt_tokens;
+    bool ok, local;
 } rt_done_t;
 
 struct rt_stats {
@@ -62,10 +63,10 @@ void rt_stats_count(rt_stats_t *s, bool ok, double overhead, double cpu, double 
     pthread_mutex_unlock(&s->mu);
 }
 
-void rt_stats_done(rt_stats_t *s, double ttft_ms, double tpot_ms, bool ok)
+void rt_stats_done(rt_stats_t *s, double ttft_ms, double tpot_ms, bool ok, uint32_t prompt_tokens, bool local)
 {
     pthread_mutex_lock(&s->mu);
-    s->done[s->n_done++ % RT_DONE_RING] = (rt_done_t){td_now_s(), ttft_ms, tpot_ms, ok};
+    s->done[s->n_done++ % RT_DONE_RING] = (rt_done_t){td_now_s(), ttft_ms, tpot_ms, prompt_tokens, ok, local};
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -109,6 +110,8 @@ void rt_stats_window_n(rt_stats_t *s, double since, double floor, uint32_t min_n
         out->ttft_missed += ttft_miss;
         out->tpot_missed += tpot_miss;
         out->met += !ttft_miss && !tpot_miss;
+        out->prompt_tokens += d->prompt_tokens;
+        out->local_tokens += d->local ? d->prompt_tokens : 0;
         ttft[out->n] = d->ttft_ms;
         tpot[out->n++] = d->tpot_ms;
     }

@@ -17,6 +17,9 @@ typedef struct rt_stats rt_stats_t;
 
 typedef struct rt_slo_window {
     uint32_t n, met, ttft_missed, tpot_missed; /* failed requests count as missing both */
+    /* their prompt tokens, and of them those their decode workers prefilled though prefill workers were there
+     * (conditional disaggregation) */
+    uint64_t prompt_tokens, local_tokens;
     double ttft_p90_ms, tpot_p90_ms;
 } rt_slo_window_t;
 
@@ -26,8 +29,10 @@ void rt_stats_destroy(rt_stats_t *s);
 /* A request ended (ok: it was served; overhead < 0: none measured, it ended
  * before it was validated). Times in seconds. */
 void rt_stats_count(rt_stats_t *s, bool ok, double overhead, double cpu, double handoff);
-/* A request that a client waited for ended (ok: it finished), for rt_stats_window. */
-void rt_stats_done(rt_stats_t *s, double ttft_ms, double tpot_ms, bool ok);
+/* A request that a client waited for ended (ok: it finished; local: its
+ * decode worker prefilled its prompt_tokens though prefill workers were
+ * there), for rt_stats_window. */
+void rt_stats_done(rt_stats_t *s, double ttft_ms, double tpot_ms, bool ok, uint32_t prompt_tokens, bool local);
 /* The requests that ended since `since` (td_now_s() time) held to SLOs of
  * ttft_slo_ms and tpot_slo_ms (0: none). */
 void rt_stats_window(rt_stats_t *s, double since, double ttft_slo_ms, double tpot_slo_ms, rt_slo_window_t *out);

@@ -16,6 +16,10 @@ in the second, and every request completes. With --compare a second cluster,
 fixed at 1P+2D, serves the same requests (nothing may move there) and the
 SLO attainment of the two is printed side by side; CI leaves the comparison
 out (it checks nothing the first part does not, and costs 100 s).
+Last, the mode (ops choose_mode): 2 workers, 1P+1D, whose decode workers prefill
+too; short prompts make the planner go colocated (no prefill worker), chat
+streams beside long documents bring a prefill worker back; every request
+completes, and the attainment before and after each change is printed.
 Prints the time each change took and SLO attainment before, during and after
 each, one line per check. Run with pytest (tests/conftest.py says how; --compare adds the fixed cluster)."""
 import glob
@@ -193,7 +197,7 @@ def registered(c):
     return sum(w["role"] == "prefill" for w in pools), sum(w["role"] == "decode" for w in pools)
 
 
-def run_phase(c, phase, seed, t_origin):
+def run_phase(c, phase, seed, t_origin, slo=SHIFT_SLO):
     """One phase through tandem bench: its requests, times relative to t_origin."""
     name, inp, outl, n, rate = phase
     out = tempfile.mktemp(suffix=".json")
@@ -201,7 +205,7 @@ def run_phase(c, phase, seed, t_origin):
     r = subprocess.run([BIN + "/tandem", "bench", "--endpoint", c.endpoint, "--api", "grpc", "--rate", str(rate),
                         "--num-requests", str(n), "--workload", "synthetic", "--input-len", inp,
                         "--output-len", "fixed:%d" % outl, "--ignore-eos", "--tokenizer", hs.MODEL,
-                        "--goodput", "ttft:%d,tpot:%d" % (SHIFT_SLO["ttft_ms"], SHIFT_SLO["tpot_ms"]),
+                        "--goodput", "ttft:%d,tpot:%d" % (slo["ttft_ms"], slo["tpot_ms"]),
                         "--timeout", "120", "--seed", str(seed), "--output", out],
                        capture_output=True, text=True, timeout=600)
     res = json.load(open(out)) if os.path.exists(out) else None
@@ -314,3 +318,101 @@ def test_workload_shift(pytestconfig):
               (policy, SHIFT_SLO["ttft_ms"], SHIFT_SLO["tpot_ms"], ", ".join(per_phase), "; ".join(parts)),
               flush=True)
 
+
+# The mode shift (ops choose_mode): 2 workers whose decode workers prefill too (decode.colocated), starting 1P+1D
+# under policy auto. Short prompts at a low rate: the decode worker prefills nearly all of them itself, so the
+# planner makes the prefill worker a decode worker (colocated: no prefill worker). Then a mixed workload, chat
+# streams beside long documents: the documents' chunks stall the streams on both colocated workers, TPOT is
+# missed, and the planner makes one a prefill worker again (the documents go there; the streams keep their pace).
+# Every request completes through both changes.
+MODE_SLO = {"ttft_ms": 30000, "tpot_ms": 12}  # TPOT: about 1.5x a decode step alone here; TTFT: only TPOT counts
+MODE_PHASES = [  # name, then each stream of it: input lengths, output length, requests, rate (per second)
+    ("short prompts, short outputs", [("uniform:16:48", 8, 24, 0.6)]),
+    ("chat streams beside documents", [("uniform:16:48", 64, 30, 0.75), ("uniform:400:500", 4, 16, 0.4)]),
+]
+
+
+def test_mode_shift():
+    work = tempfile.mkdtemp(prefix="tandem-mode-")
+    cfg = os.path.join(work, "tandem.yaml")
+    with open(cfg, "w") as f:
+        f.write("decode: { colocated: true }\n")
+    c = hs.Cluster(config=cfg, extra=["--prefill", "1", "--decode", "1"])
+    seen, stop = [], threading.Event()
+    try:
+        ops = os.path.join(work, "ops.yaml")
+        with open(ops, "w") as f:
+            f.write("slo: {ttft_ms: %d, tpot_ms: %d, attainment: 0.9}\nplanner: {interval_s: 1, hold_s: 2, "
+                    "cooldown_s: 4}\nmodels:\n  - {name: \"*\", policy: auto, prefill: 1, decode: 1, min_prefill: 1, "
+                    "max_prefill: 1, min_decode: 1, max_decode: 2, choose_mode: true}\n" %
+                    (MODE_SLO["ttft_ms"], MODE_SLO["tpot_ms"]))
+        r = scale(c, "--apply", ops)
+        check("an ops file with choose_mode is applied", r.returncode == 0 and "choose_mode: true" in r.stdout,
+              r.stderr)
+        hs.wait_for(lambda: registered(c) == (1, 1), 60)
+        t_origin = time.time()
+
+        def watch():
+            last = None
+            while not stop.is_set():
+                try:
+                    dz = counts(c)[2].get("desired", {})
+                    now = (registered(c), dz.get("prefill"), dz.get("colocated", False))
+                    if now != last:
+                        seen.append((time.time() - t_origin,) + now + (dz.get("reason", ""),))
+                        last = now
+                except Exception:  # a Health that timed out: the next look
+                    pass
+                stop.wait(0.25)
+        w = threading.Thread(target=watch)
+        w.start()
+        reqs, sent, bounds = [], 0, []
+        for k, (name, streams) in enumerate(MODE_PHASES):
+            t_start = time.time() - t_origin
+            got = [None] * len(streams)
+
+            def one(j, st):
+                got[j] = run_phase(c, (name,) + st, 21 + 10 * k + j, t_origin, MODE_SLO)
+            ts = [threading.Thread(target=one, args=(j, st)) for j, st in enumerate(streams)]
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+            for j, g in enumerate(got):
+                if g is None:
+                    raise AssertionError("phase %d stream %d: tandem bench failed" % (k + 1, j + 1))
+                for q in g[0]:
+                    q["kind"] = j
+                reqs += g[0]
+                sent += g[1]
+            bounds.append((t_start, time.time() - t_origin))
+            if k == 0:  # the colocated mode in effect before the second phase starts
+                hs.wait_for(lambda: registered(c) == (0, 2), 30)
+        stop.set()
+        w.join()
+    finally:
+        stop.set()
+        code = c.stop()
+        check("the mode-shift cluster stops cleanly (exit %s)" % code, code == 0)
+    for t, reg, p, col, why in seen:
+        print("  %.1f s: registered %dP+%dD; planner: prefill %s%s: %s" % (t, reg[0], reg[1], p,
+                                                                          " colocated" if col else "", why))
+    ok = sum(q["status"] == 0 for q in reqs)
+    check("mode shift: every request completed: %d sent, %d ok, %d lost" % (sent, ok, sent - len(reqs)),
+          ok == sent and len(reqs) == sent)
+    went = [s for s in seen if s[3] and bounds[0][0] <= s[0] < bounds[0][1] + 30]
+    back = [s for s in seen if not s[3] and s[2] == 1 and bounds[1][0] <= s[0] < bounds[1][1] + 30]
+    check("short prompts: the planner went colocated (at %s s)" % ("%.0f" % went[0][0] if went else "never"),
+          bool(went), str(seen))
+    check("chat streams beside documents: back to a prefill worker (at %s s)" %
+          ("%.0f" % back[0][0] if back else "never"), bool(back), str(seen))
+    edges = sorted({b for ab in bounds for b in ab} | ({back[0][0]} if back else set()))
+    for a, b in zip(edges, edges[1:]):
+        sel = [q for q in reqs if a <= q["t_abs"] < b]
+        if not sel:
+            continue
+        good = [q for q in sel if q["status"] == 0 and q["ttft"] is not None and q["ttft"] * 1e3 <= MODE_SLO["ttft_ms"]
+                and (q["tpot"] or 0) * 1e3 <= MODE_SLO["tpot_ms"]]
+        tp = sorted((q["tpot"] or 0) * 1e3 for q in sel if q["kind"] == 0)
+        local = sum(q.get("prefill_worker") == q.get("decode_worker") for q in sel)
+        print("  [%.0f s, %.0f s): %d requests, %.0f%% met the SLOs, chat TPOT p50 %.1f ms p90 %.1f ms, %d prefilled "
+              "where decoded" % (a, b, len(sel), 100.0 * len(good) / len(sel), tp[len(tp) // 2] if tp else 0,
+                                 tp[int(0.9 * (len(tp) - 1))] if tp else 0, local), flush=True)

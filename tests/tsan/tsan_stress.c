@@ -505,7 +505,7 @@ static void *parts_user(void *arg)
             rt_renewer_remove(j->rn, d, id);
         }
         rt_stats_count(j->st, it % 7 != 0, 0.001 * it, 0.0005, 0.0001);
-        rt_stats_done(j->st, 10 + it % 50, 1 + it % 5, it % 11 != 0);
+        rt_stats_done(j->st, 10 + it % 50, 1 + it % 5, it % 11 != 0, 100, it % 3 == 0);
         if (it % 500 == 0) {
             rt_slo_window_t w;
             rt_stats_window(j->st, td_now_s() - 60, 30, 3, &w);

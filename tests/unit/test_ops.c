@@ -69,6 +69,7 @@ Test(ops, errors_name_the_key)
         {"slo:\n  ttft_ms: 1\n", "models"},
         {"models:\n  - {name: a, colocated: true, policy: auto}\n", "colocated with policy auto"},
         {"models:\n  - {name: a, colocated: true, prefill: 1}\n", "has no prefill workers"},
+        {"models:\n  - {name: a, choose_mode: true}\n", "models[0].choose_mode with policy fixed"},
         {"", "empty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -671,9 +671,9 @@ Test(stats, the_window_reaches_back_to_the_last_min_n, .timeout = 30)
     cr_assert_eq(rt_stats_create(&st), TD_OK);
     double t0 = td_now_s();
     for (int i = 0; i < 8; i++)
-        rt_stats_done(st, i < 2 ? 5000 : 100, 10, true); /* two of them missed a 2,500 ms TTFT SLO */
+        rt_stats_done(st, i < 2 ? 5000 : 100, 10, true, 100 + i, i % 2 == 0); /* two missed a 2,500 ms TTFT SLO */
     td_sleep_s(0.2);
-    rt_stats_done(st, 100, 10, true);
+    rt_stats_done(st, 100, 10, true, 50, false);
     double since = td_now_s() - 0.1;
     rt_slo_window_t w;
     rt_stats_window(st, since, 2500, 30, &w);
@@ -681,6 +681,9 @@ Test(stats, the_window_reaches_back_to_the_last_min_n, .timeout = 30)
     rt_stats_window_n(st, since, t0 - 1, 8, 2500, 30, &w);
     cr_assert(w.n == 8 && w.ttft_missed == 1 && w.met == 7, "back to 8: %u requests, %u missed TTFT", w.n,
               w.ttft_missed);
+    cr_assert(w.prompt_tokens == 50 + 101 + 102 + 103 + 104 + 105 + 106 + 107 && w.local_tokens == 102 + 104 + 106,
+              "their prompt tokens, those prefilled by their decode workers: %llu, %llu",
+              (unsigned long long)w.prompt_tokens, (unsigned long long)w.local_tokens);
     rt_stats_window_n(st, since, t0 - 1, 20, 2500, 30, &w);
     cr_assert(w.n == 9 && w.ttft_missed == 2, "all 9 since the floor: %u, %u missed", w.n, w.ttft_missed);
     rt_stats_window_n(st, since, since, 8, 2500, 30, &w);
