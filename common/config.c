@@ -56,7 +56,7 @@ typedef struct cfg_field {
      .doc = doc_, __VA_ARGS__}
 #define B(name_, member, def_, doc_, ...)                                                                             \
     {.name = name_, .kind = CFG_BOOL, .off = offsetof(td_config_t, member), .def = def_, .doc = doc_, __VA_ARGS__}
-#define WORKER(r, colocated_more)                                                                                     \
+#define WORKER(r, colocated_def, colocated_more)                                                                                     \
     U(#r ".count", r.count, "1", 0, 0, "workers of the role tandem up starts",                                        \
       .more = "tandem up seeds the ops config with it; from then on tandem scale and the planner decide"),          \
     U(#r ".threads", r.threads, "0", 0, 256, "engine threads (0: one per core)", .flag = "--threads", .procs = W),    \
@@ -74,7 +74,7 @@ typedef struct cfg_field {
               "list (a worker itself takes one). A prefill and a decode worker on GPUs of one host move KV through "  \
               "CUDA IPC, and both must be on GPUs (a CPU and a GPU worker are refused as peers, naming both "         \
               "transports). A GPU worker does not use the KV store yet"),                                           \
-    B(#r ".colocated", r.colocated, "false", "serve whole requests too (decode only)", .flag = "--colocated",         \
+    B(#r ".colocated", r.colocated, colocated_def, "serve whole requests too (decode only)", .flag = "--colocated",   \
       .procs = W, .more = colocated_more)
 
 static const cfg_field_t cfg_fields[] = {
@@ -147,13 +147,14 @@ static const cfg_field_t cfg_fields[] = {
     U("router.index_max_blocks", router.index_max_blocks, "262144", 1024, 1u << 26, "the cache index's bound",
       .more = "block names; the router follows every prefill pool and kvstore node through their event logs"),
     U("router.index_drop_events", router.index_drop_events, "0", 0, 0, "a test hook: drop one event in N"),
-    WORKER(prefill, "only decode workers serve whole requests: true is refused"),
-    WORKER(decode, "the decode worker also serves whole requests, prefill included, in its own engine, as vLLM "
-                   "or SGLang serve without disaggregation; a cluster with no prefill worker places every request "
-                   "on one (tandem up --colocated N; the ops config's colocated models). Beside prefill workers, "
-                   "predictive placement has it prefill a request itself when that keeps the request's SLOs with a "
-                   "sooner predicted first token (conditional disaggregation; with no TPOT SLO, only while the "
-                   "prompt's chunks at most double its running streams' step)"),
+    WORKER(prefill, "false", "only decode workers serve whole requests: true is refused"),
+    WORKER(decode, "true",
+           "the decode worker also serves whole requests, prefill included, in its own engine, as vLLM or SGLang "
+           "serve without disaggregation; a cluster with no prefill worker places every request on one (tandem up "
+           "--colocated N; the ops config's colocated models). Beside prefill workers, predictive placement has it "
+           "prefill a request itself when that keeps the request's SLOs with a sooner predicted first token "
+           "(conditional disaggregation; with no TPOT SLO, only while the prompt's chunks at most double its running "
+           "streams' step); false: every prompt is prefilled by a prefill worker"),
     U("kvstore.count", kvstore.count, "1", 0, 0, "kvstore nodes tandem up starts", .more = "tandem up --kvstores N"),
     L("kvstore.dram_mb", kvstore.dram_mb, "1024", 0, 0, "a node's CPU tier (MiB)", .flag = "--dram-mb", .procs = K,
       .more = "DRAM that peers read and write with UCX one-sided operations"),

@@ -227,7 +227,7 @@ def met(q):
 def shift_run(policy):
     """One cluster through both phases under policy ("auto" or "fixed"): the requests, the role changes seen
     (time, prefill, decode, the planner's reason) and the lost count."""
-    c = hs.Cluster(extra=["--prefill", "1", "--decode", "2"])
+    c = hs.Cluster(extra=["--prefill", "1", "--decode", "2"] + hs.PAIRS_ONLY)
     changes, stop = [], threading.Event()
     try:
         ops = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)

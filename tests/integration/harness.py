@@ -33,6 +33,10 @@ PROMPTS = [
     "Rust and C are both", "Mount Everest is",
 ]
 MAX_TOKENS = 24
+# Decode workers that prefill nothing themselves (decode.colocated false, over its default of true): the suites about
+# the disaggregated path itself (reservations and leases, KV transfer, the store, a prefill worker's faults) pin
+# every prompt to a prefill worker; the default (conditional disaggregation) is what the other suites run
+PAIRS_ONLY = ["--worker-arg", "--colocated", "--worker-arg", "false"]
 
 results = []  # every check's outcome, in order
 failed = []  # the names of the failed ones

@@ -20,8 +20,8 @@ import time
 import grpc
 import pytest
 
-from harness import (BIN, MAX_TOKENS, MODEL, PROMPTS, SEEDED, Cluster, check, generate, pb, pbg, proc_state,
-                     reference, reference_text, wait_for, wpb, wpbg)
+from harness import (BIN, MAX_TOKENS, MODEL, PAIRS_ONLY, PROMPTS, SEEDED, Cluster, check, generate, pb, pbg,
+                     proc_state, reference, reference_text, wait_for, wpb, wpbg)
 
 
 def tls_cluster(refs):
@@ -199,7 +199,7 @@ def two_by_two(refs):
     role reuses the first one's profile."""
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tandem-cache-")
     try:
-        c = Cluster(extra=["--prefill", "2", "--decode", "2"])
+        c = Cluster(extra=["--prefill", "2", "--decode", "2"] + PAIRS_ONLY)
     finally:
         os.environ["XDG_CACHE_HOME"] = PROFILE_CACHE
     try:
@@ -261,7 +261,7 @@ def c():
     are spoilt first (bad_profiles) and this cluster's log is kept for test_bad_profiles."""
     spoilt = bad_profiles() if len(glob.glob(os.path.join(PROFILE_CACHE, "tandem", "profiles", "*.json"))) == 2 \
         else None
-    cl = Cluster()
+    cl = Cluster(extra=PAIRS_ONLY)
     cl.start_log, cl.spoilt = cl.log(), spoilt
     yield cl
     if cl.p.returncode is None:

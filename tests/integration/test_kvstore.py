@@ -203,7 +203,7 @@ def full_disk():
         f.write("kvstore: { dram_mb: 4, ssd_mb: 64, data_dir: %s }\nprefill: { kv_mib: 64 }\ndecode: { kv_mib: 64 }\n"
                 % mnt)
     rng = random.Random(6)
-    c = hs.Cluster(config=cfg, extra=["--kvstores", "1"])
+    c = hs.Cluster(config=cfg, extra=["--kvstores", "1"] + hs.PAIRS_ONLY)
     try:
         docs = [text(rng.randint(200, 400), rng) for _ in range(8)]  # ~150 blocks: far past 11 + ~15 slots
         outs = [gen(c, d) for d in docs]
@@ -251,7 +251,7 @@ def restarts_hit_the_store():
     prompt), the prompt again: served from the store, identical, in at most 10% of the cold time to first token."""
     rng = random.Random(47)
     prompt = text(1400, rng)
-    c = hs.Cluster()
+    c = hs.Cluster(extra=hs.PAIRS_ONLY)
     try:
         hs.wait_for(lambda: c.health()[0], 60)
 
@@ -292,7 +292,7 @@ def pool_eviction():
     with open(cfg, "w") as f:
         f.write("kvstore: { dram_mb: 64 }\nprefill: { count: 1, kv_mib: 8 }\ndecode: { kv_mib: 32 }\n")
     rng = random.Random(8)
-    c = hs.Cluster(config=cfg, extra=["--kvstores", "1"])
+    c = hs.Cluster(config=cfg, extra=["--kvstores", "1"] + hs.PAIRS_ONLY)
     try:
         docs = [text(190, rng) for _ in range(3)]
         outs = [gen(c, d) for d in docs]
@@ -321,7 +321,7 @@ def ks():
     with open(cfg, "w") as f:
         f.write("kvstore: { dram_mb: 96, ssd_mb: 192, data_dir: %s }\nprefill: { count: 2, kv_mib: 96 }\n"
                 "decode: { kv_mib: 96 }\n" % work)
-    c = hs.Cluster(config=cfg, extra=["--kvstores", "3"])
+    c = hs.Cluster(config=cfg, extra=["--kvstores", "3"] + hs.PAIRS_ONLY)
     nodes = kvstores(c)
     check("tandem up --kvstores 3: three kvstore nodes registered in etcd", len(nodes) == 3, str(nodes))
     fol = Follower(c)

@@ -208,7 +208,7 @@ def rt():
     with open(cfg, "w") as f:
         f.write("router: { placement: predictive, index_drop_events: 7 }\nkvstore: { dram_mb: 64 }\n"
                 "prefill: { count: 2, kv_mib: 48 }\ndecode: { kv_mib: 96 }\n")
-    c = hs.Cluster(config=cfg, extra=["--kvstores", "1"])
+    c = hs.Cluster(config=cfg, extra=["--kvstores", "1"] + hs.PAIRS_ONLY)
 
     yield types.SimpleNamespace(c=c, rng=rng, work=work)
     if c.p.returncode is None:

@@ -240,16 +240,17 @@ Test(config, worker_device_names)
     td_config_free(&c);
 }
 
-/* decode.colocated: a decode worker that serves whole requests; a prefill
- * worker cannot be one */
+/* decode.colocated: a decode worker that serves whole requests (by
+ * default: conditional disaggregation); a prefill worker cannot be one */
 Test(config, only_decode_workers_are_colocated)
 {
     td_config_t c;
     cr_assert_eq(td_config_defaults(&c), TD_OK);
-    cr_assert_not(c.decode.colocated);
-    cr_assert_eq(td_config_set(&c, "decode.colocated", "true"), TD_OK);
-    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
     cr_assert(c.decode.colocated);
+    cr_assert_not(c.prefill.colocated);
+    cr_assert_eq(td_config_set(&c, "decode.colocated", "false"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
+    cr_assert_not(c.decode.colocated);
     cr_assert_eq(td_config_set(&c, "prefill.colocated", "true"), TD_OK);
     cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "prefill.colocated"), "%s", td_last_error());
