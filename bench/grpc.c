@@ -141,6 +141,13 @@ static void on_message(gflight_t *f, const uint8_t *msg, size_t len, double t)
         snprintf(f->res->prefill_worker, sizeof f->res->prefill_worker, "%s",
                  tm->prefill_worker ? tm->prefill_worker : "");
         snprintf(f->res->decode_worker, sizeof f->res->decode_worker, "%s", tm->decode_worker ? tm->decode_worker : "");
+        if (tm->has_handoff_ms) {
+            f->res->reserve_ms = tm->reserve_ms;
+            f->res->prefill_call_ms = tm->prefill_call_ms;
+            f->res->prefill_worker_ms = tm->prefill_worker_ms;
+            f->res->handoff_ms = tm->handoff_ms;
+            f->res->first_token_early = tm->first_token_early;
+        }
     }
     tandem__v1__generate_response__free_unpacked(m, NULL);
 }

@@ -36,6 +36,10 @@ typedef struct bench_result {
     uint32_t retry_after_ms;    /* a rejection's retry hint (0: none) */
     char prefill_worker[48];    /* which worker prefilled it ("" unknown) */
     char decode_worker[48];     /* and decoded it: the same one when it prefilled its own request (local) */
+    /* the first token's way on the disaggregated path, ms (tandem's gRPC Timing; 0: not said): the Reserve, the
+     * Prefill call, the prefill worker's own time in it, the hand-off to the decode worker */
+    double reserve_ms, prefill_call_ms, prefill_worker_ms, handoff_ms;
+    bool first_token_early; /* the router sent the first token when the prefill answered: the hand-off is not in ttft */
     char error[160];
 } bench_result_t;
 

@@ -133,6 +133,11 @@ static json_t *request_json(const bench_result_t *q)
         json_object_set_new(o, "prefill_worker", json_string(q->prefill_worker));
     if (q->decode_worker[0]) /* the way it went: local when it is the prefill worker too */
         json_object_set_new(o, "decode_worker", json_string(q->decode_worker));
+    if (q->handoff_ms > 0) /* the disaggregated path's parts of its TTFT, ms */
+        json_object_set_new(o, "first_token_path",
+                            json_pack("{s:f,s:f,s:f,s:f,s:b}", "reserve_ms", q->reserve_ms, "prefill_call_ms",
+                                      q->prefill_call_ms, "prefill_worker_ms", q->prefill_worker_ms, "handoff_ms",
+                                      q->handoff_ms, "first_token_early", q->first_token_early));
     if (q->error[0])
         json_object_set_new(o, "error", json_string(q->error));
     return o;

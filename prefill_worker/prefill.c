@@ -35,6 +35,7 @@
 #include "common/grow.h"
 #include "common/log.h"
 #include "common/rpc_pb.h"
+#include "engine/tokenizer.h"
 #include "worker/worker.h"
 #include "kvstore/client.h"
 
@@ -1055,6 +1056,18 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         rp.store_tokens = r->store_got * bt;
     rp.n_block_digests = r->n_digests;
     rp.block_digests = r->digests;
+    /* the first token's text as a fresh stream of the engine's gives it (eng_tok_stream: whole characters) */
+    char first_text[256];
+    size_t first_len = 0;
+    eng_tok_stream_t ts;
+    eng_tok_stream_init(&ts, eng_worker_model(w)->tok, true);
+    if ((!r->rq->sampling || !r->rq->sampling->n_stop) && !r->rq->sampled_before &&
+        !eng_tok_stream_push(&ts, r->first_token, first_text, sizeof first_text - 1, &first_len) && first_len &&
+        !ts.n_pending) {
+        first_text[first_len] = '\0';
+        rp.first_text = first_text;
+    }
+    td_clear_error();
     size_t pn = tandem__internal__v1__prefill_response__get_packed_size(&rp);
     uint8_t *buf = malloc(pn);
     if (buf) {

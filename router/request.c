@@ -79,6 +79,13 @@ struct rt_request {
     rt_worker_t *p, *d;
     char did[96];
     double t_attempt, prefill_ms; /* when it began; its prefill call */
+    /* the disaggregated path's parts (Timing): the Reserve, the prefill worker's own time, when the Prefill answered */
+    double reserve_ms, worker_prefill_ms, t_prefilled, t_decode_first; /* t_decode_first: its stream's first token */
+    /* the first token went to the client when the Prefill answered (send_first): the decode worker's stream
+     * brings it again, first (its forced token), and that copy is dropped — the id, and the bytes of text left */
+    bool early_pending;
+    int32_t early_token;
+    size_t early_skip_text;
     td_rpc_stream_t *st;
     bool finished;    /* the message with the finish reason was relayed */
     bool local_pending; /* q->d's queue counts this request's local prefill until its first token */
@@ -326,29 +333,45 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         read_next(q); /* to its end */
         return;
     }
-    for (size_t i = 0; i < dr->n_token_ids && q->n_tokens < q->cap_tokens; i++)
+    /* the first token was sent already (send_first): this stream's copy of it is dropped */
+    size_t skip = 0;
+    if (q->early_pending && dr->n_token_ids) {
+        q->early_pending = false;
+        skip = dr->token_ids[0] == q->early_token;
+        q->t_decode_first = t_m;
+        if (!skip)
+            TD_WARN("router: %s: the decode worker's first token %d is not the prefill worker's %d", rid(q),
+                    dr->token_ids[0], q->early_token);
+    }
+    if (q->early_skip_text) {
+        size_t l = strlen(dr->text), k = l < q->early_skip_text ? l : q->early_skip_text;
+        dr->text += k;
+        q->early_skip_text -= k;
+    }
+    size_t n_ids = dr->n_token_ids - skip;
+    for (size_t i = skip; i < dr->n_token_ids && q->n_tokens < q->cap_tokens; i++)
         q->tokens[q->n_tokens++] = dr->token_ids[i];
     Tandem__V1__GenerateResponse gr = TANDEM__V1__GENERATE_RESPONSE__INIT;
     gr.request_id = q->rq->request_id;
     gr.text = dr->text;
     if (q->rq->return_token_ids) {
-        gr.n_token_ids = dr->n_token_ids;
-        gr.token_ids = dr->token_ids;
+        gr.n_token_ids = n_ids;
+        gr.token_ids = dr->token_ids + skip;
     }
     Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
     Tandem__V1__Timing timing = TANDEM__V1__TIMING__INIT;
     double t = td_now_s();
-    if (dr->n_token_ids) {
+    if (n_ids) {
         if (!q->t_first) {
-            q->t_first = t;
+            q->t_first = q->t_decode_first = t;
             td_metric_observe(q->env->metrics->ttft, t - q->t0);
             local_prefilled(q);
         } else {
-            for (size_t i = 0; i < dr->n_token_ids; i++) /* a chunk's tokens share its gap */
-                td_metric_observe(q->env->metrics->itl, (t - q->t_last) / (double)dr->n_token_ids);
+            for (size_t i = 0; i < n_ids; i++) /* a chunk's tokens share its gap */
+                td_metric_observe(q->env->metrics->itl, (t - q->t_last) / (double)n_ids);
         }
         q->t_last = t;
-        td_metric_add(q->env->metrics->generation_tokens, (double)dr->n_token_ids);
+        td_metric_add(q->env->metrics->generation_tokens, (double)n_ids);
     }
     bool fin = dr->has_finish_reason;
     if (fin && dr->has_cached_tokens) /* a colocated worker's prefix cache (a resume's prompt counts the answer) */
@@ -376,6 +399,15 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
             timing.predicted_ttft_ms = q->first_pred.ttft_ms;
         }
         timing.decode_worker = q->decode_id;
+        if (q->t_prefilled && q->t_first >= q->t_prefilled && q->t_decode_first >= q->t_prefilled) {
+            timing.has_reserve_ms = timing.has_prefill_call_ms = timing.has_prefill_worker_ms = timing.has_handoff_ms = 1;
+            timing.reserve_ms = q->reserve_ms;
+            timing.prefill_call_ms = q->prefill_ms;
+            timing.prefill_worker_ms = q->worker_prefill_ms;
+            timing.handoff_ms = (q->t_decode_first - q->t_prefilled) * 1e3;
+            timing.has_first_token_early = 1;
+            timing.first_token_early = q->t_first < q->t_decode_first;
+        }
         gr.timing = &timing;
     }
     bool emit = gr.text[0] || gr.n_token_ids || fin;
@@ -435,6 +467,8 @@ typedef struct attempt {
     bool landing_open;  /* a prefill worker may still put into the landing */
     bool claimed;       /* the decode stream took the reservation */
     Tandem__Internal__V1__PrefillResponse *prefilled;
+    int32_t first_token; /* the prefill worker's (-1: none) and its text ("": none), for send_first */
+    char first_text[256];
     bool p_failed, d_failed; /* the worker's own call failed: suspect it (rt_suspect_for) */
     td_rpc_result_t fail_p, fail_d;
     bool again;         /* the request goes on with another attempt */
@@ -612,6 +646,8 @@ static td_status_t reserve(rt_request_t *q, attempt_t *a)
     q->landing_lease_until = td_unix_ms() + RT_RES_LEASE_MS;
     ProtobufCMessage *m = NULL;
     td_rpc_result_t res = {0};
+    double t_r = td_now_s();
+    q->t_prefilled = 0;
     if (td_rpc_unary_pb(a->d->ch, "/tandem.internal.v1.Decode/Reserve", &rq.base,
                         &tandem__internal__v1__reserve_response__descriptor, fmin(left(q), 5.0), q->scope, &m, &res) ||
         !((Tandem__Internal__V1__ReserveResponse *)m)->landing) {
@@ -633,6 +669,7 @@ static td_status_t reserve(rt_request_t *q, attempt_t *a)
         return again(a, TD_ERR_UNAVAILABLE);
     }
     a->reserved = (Tandem__Internal__V1__ReserveResponse *)m;
+    q->reserve_ms = (td_now_s() - t_r) * 1e3;
     if (!rt_renewer_add(q->env->renewer, a->d, a->reserved->landing->reservation_id, a->p))
         return end(a, TD_RPC_RESOURCE_EXHAUSTED, "the router holds %d reservations, its most; try again later",
                    RT_MAX_HELD);
@@ -672,7 +709,11 @@ static td_status_t prefill(rt_request_t *q, attempt_t *a)
     if (!rc) {
         a->prefilled = (Tandem__Internal__V1__PrefillResponse *)m;
         a->landing_open = false; /* it answered: everything it puts is in */
-        q->prefill_ms = (td_now_s() - t_b) * 1e3;
+        q->t_prefilled = td_now_s();
+        q->prefill_ms = (q->t_prefilled - t_b) * 1e3;
+        q->worker_prefill_ms = a->prefilled->prefill_ms;
+        a->first_token = a->prefilled->first_token;
+        snprintf(a->first_text, sizeof a->first_text, "%s", a->prefilled->first_text ? a->prefilled->first_text : "");
         snprintf(q->prefill_id, sizeof q->prefill_id, "%s", a->p->id);
         snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
         q->call_cached = a->prefilled->cached_tokens;
@@ -747,6 +788,7 @@ static td_status_t open_decode(rt_request_t *q, attempt_t *a)
         snprintf(q->prefill_id, sizeof q->prefill_id, "%s", q->did);
         snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
         q->prefill_ms = 0;
+        q->t_prefilled = 0;
     }
     q->st = NULL;
     if (td_rpc_stream_open_pb(a->d->ch, "/tandem.internal.v1.Decode/Decode", &drq.base, left(q), q->scope, &q->st))
@@ -763,10 +805,50 @@ static td_status_t open_decode(rt_request_t *q, attempt_t *a)
     if (q->p)
         rt_table_hold(q->env->table, q->p);
     q->finished = q->sink_failed = false;
+    q->early_pending = false;
+    q->early_skip_text = 0;
     return TD_OK;
 }
 
 static int after_stream(rt_request_t *q);
+
+/* The first token to the client as soon as the prefill worker answered,
+ * not after the decode worker's hand-off (its Decode call, the landing's
+ * check, its next step): the relay starts once the sink has written it
+ * (rt_request_sent). Only with its text as the decode worker will stream it
+ * (the prefill worker's first_text: none for a request with stop strings, a
+ * special token or part of a character) and on a fresh request (a resume's
+ * first text depends on what was streamed before). false: not sent; the
+ * relay brings it. */
+static bool send_first(rt_request_t *q, int32_t token, const char *text)
+{
+    size_t len = strlen(text);
+    if (!len || len + 1 >= 256 || q->n_tokens != q->n_prompt || q->n_tokens >= q->cap_tokens)
+        return false;
+    Tandem__V1__GenerateResponse gr = TANDEM__V1__GENERATE_RESPONSE__INIT;
+    gr.request_id = q->rq->request_id;
+    gr.text = (char *)text;
+    if (q->rq->return_token_ids) {
+        gr.n_token_ids = 1;
+        gr.token_ids = &token;
+    }
+    q->tokens[q->n_tokens++] = token;
+    q->t_first = q->t_last = td_now_s();
+    td_metric_observe(q->env->metrics->ttft, q->t_first - q->t0);
+    td_metric_add(q->env->metrics->generation_tokens, 1);
+    q->early_pending = true;
+    q->early_token = token;
+    q->early_skip_text = len;
+    q->sent_any = true; /* before the write: its completion may run on another thread at once */
+    q->text_sent += len;
+    if (q->sink.emit(q->sink_ctx, q, &gr) != TD_OK) { /* the client is gone: end the upstream stream too */
+        q->text_sent -= len;
+        q->sink_failed = true;
+        td_rpc_stream_cancel(q->st);
+        read_next(q);
+    }
+    return true;
+}
 
 /* stream: the relay runs on the completion-queue threads (2), or, when no
  * read can be posted, the stream is over at once. */
@@ -790,7 +872,7 @@ static int attempt(rt_request_t *q)
 {
     const rt_env_t *env = q->env;
     assert(!q->st && !q->p && !q->d); /* the last attempt's stream was given back (after_stream) */
-    attempt_t a = {0};
+    attempt_t a = {.first_token = -1};
     double t0 = td_now_s(), c0 = cpu_s();
     q->t_attempt = t0;
     td_status_t st = place(q, &a);
@@ -820,6 +902,8 @@ release_workers:
         rt_table_done(env->table, a.d, a.d_failed ? &a.fail_d : NULL, rt_suspect_for(a.fail_d.code));
     if (a.p)
         rt_table_done(env->table, a.p, a.p_failed ? &a.fail_p : NULL, rt_suspect_for(a.fail_p.code));
+    if (!st && a.first_token >= 0 && send_first(q, a.first_token, a.first_text))
+        return 2;
     if (!st)
         return stream(q);
     if (a.again)

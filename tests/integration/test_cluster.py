@@ -276,14 +276,30 @@ def test_bad_profiles(c):
 
 def test_greedy_identical_to_single_process(c, refs):
     # 1. greedy output identical to single-process tandem generate
-    same = 0
+    same, paths = 0, []
     for p in PROMPTS:
         ids, last = generate(c.stub, p)
+        paths.append(last.timing)
         if ids == refs[p]:
             same += 1
         else:
             print("  differs: %r\n    cluster %s\n    local   %s" % (p, ids, refs[p]))
     check("greedy identical to single-process for %d/%d prompts" % (same, len(PROMPTS)), same == len(PROMPTS))
+    # the first token's way on the disaggregated path, taken apart (medians over the prompts, one at a time)
+    med = {k: sorted(getattr(t, k) for t in paths)[len(paths) // 2]
+           for k in ("ttft_ms", "reserve_ms", "prefill_call_ms", "prefill_worker_ms", "handoff_ms")}
+    # the first token goes to the client when the prefill worker answers: the decode worker's hand-off (its Decode
+    # call, the landing's check, its next step) is not in the TTFT
+    check("the first token's way, medians of %d: TTFT %.1f ms = Reserve %.1f + Prefill call %.1f (the prefill "
+          "worker's own %.1f of it) + the router's placing and sending %.1f; the decode worker's hand-off (%.1f ms) "
+          "not in it (first token sent early: %d of %d)" %
+          (len(paths), med["ttft_ms"], med["reserve_ms"], med["prefill_call_ms"], med["prefill_worker_ms"],
+           med["ttft_ms"] - med["reserve_ms"] - med["prefill_call_ms"], med["handoff_ms"],
+           sum(t.first_token_early for t in paths), len(paths)),
+          all(t.HasField("handoff_ms") and t.first_token_early and t.reserve_ms > 0 and
+              0 < t.prefill_worker_ms <= t.prefill_call_ms and t.handoff_ms > 0 and
+              t.reserve_ms + t.prefill_call_ms <= t.ttft_ms < t.reserve_ms + t.prefill_call_ms + t.handoff_ms
+              for t in paths))
     check("final message has usage and timing",
           last.usage.completion_tokens == MAX_TOKENS and last.timing.ttft_ms > 0 and
           last.finish_reason == pb.FINISH_REASON_LENGTH and last.timing.prefill_worker != "",

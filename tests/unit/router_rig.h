@@ -159,6 +159,10 @@ static inline void h_prefill(void *ctx, td_rpc_call_t *call)
     rp.has_first_token = 1;
     rp.first_token = (int32_t)(1000 + rq->sampled_before);
     rp.prefill_worker = f->id;
+    char first_text[16]; /* as a prefill worker says it: the decode stream's first text, on a fresh request */
+    snprintf(first_text, sizeof first_text, "t%d ", rp.first_token);
+    if (!rq->sampled_before)
+        rp.first_text = first_text;
     tandem__internal__v1__prefill_request__free_unpacked(rq, NULL);
     int code = script(f, f->prefill_code, &f->prefills);
     if (f->prefill_hangs) {
