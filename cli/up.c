@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -218,15 +219,23 @@ static void add_cluster_tls(child_t *c, bool plaintext, const char *ca, const ch
         add_arg(c, a[i]);
 }
 
-static bool router_serving(td_rpc_channel_t *ch)
+/* Whether the router serves (SERVING), and the workers it has of each role
+ * (from its detail; -1 when it does not say). */
+static bool router_serving(td_rpc_channel_t *ch, int *prefill, int *decode)
 {
     uint8_t *out = NULL;
     size_t n = 0;
     td_rpc_result_t res;
     bool ok = false;
+    *prefill = *decode = -1;
     if (td_rpc_unary(ch, "/tandem.v1.Tandem/Health", "", 0, 1.0, NULL, &out, &n, &res) == TD_OK) {
         Tandem__V1__HealthResponse *h = tandem__v1__health_response__unpack(NULL, n, out);
         ok = h && h->status == TANDEM__V1__HEALTH_RESPONSE__STATUS__STATUS_SERVING;
+        json_t *j = h && h->detail ? json_loads(h->detail, 0, NULL) : NULL;
+        json_t *p = json_object_get(j, "prefill_workers"), *d = json_object_get(j, "decode_workers");
+        if (json_is_integer(p) && json_is_integer(d))
+            *prefill = (int)json_integer_value(p), *decode = (int)json_integer_value(d);
+        json_decref(j);
         if (h)
             tandem__v1__health_response__free_unpacked(h, NULL);
     }
@@ -239,6 +248,7 @@ static bool router_serving(td_rpc_channel_t *ch)
 typedef struct agent {
     pthread_mutex_t mu;
     uint32_t want_p, want_d; /* this node's share (under mu) */
+    uint32_t all_p, all_d;   /* the cluster's counts, every node's shares (under mu) */
     bool colocated;          /* the decode workers serve whole requests (the planner's record) */
     bool known;              /* want_* hold a share (the start-up counts, then the planner's) */
     char why[400];           /* the planner's reason behind it */
@@ -308,6 +318,8 @@ static void agent_look(agent_t *a, td_etcd_t *e)
                 p, dd, want.colocated ? "colocated " : "", want.prefill, want.decode, want.reason);
     a->want_p = p;
     a->want_d = dd;
+    a->all_p = want.prefill;
+    a->all_d = want.decode;
     a->colocated = want.colocated;
     a->known = true;
     snprintf(a->why, sizeof a->why, "%s", want.reason);
@@ -852,9 +864,24 @@ static void supervise(up_t *u, agent_t *agent, child_t *kids, int *nk, td_rpc_ch
             if (kids[i].used && !kids[i].pid && !kids[i].retiring && kids[i].restart_at <= td_now_s())
                 spawn(&kids[i]);
         reconcile(u, agent, kids, nk);
+        int np = 0, nd = 0;
+        bool serving = false;
         if (!announced && td_now_s() >= next_probe) {
             next_probe = td_now_s() + 0.2;
-            if (router_serving(probe)) {
+            serving = router_serving(probe, &np, &nd);
+        }
+        if (serving) {
+            /* serving, and with the cluster's workers (the planner's counts: a colocated decode worker serves
+             * alone, while the prefill workers, here or on other nodes, may still be measuring their profiles);
+             * 60 s on, it is said as it is */
+            pthread_mutex_lock(&agent->mu);
+            int want_p = (int)agent->all_p, want_d = (int)agent->all_d;
+            pthread_mutex_unlock(&agent->mu);
+            bool whole = np < 0 || (np >= want_p && nd >= want_d), late = td_now_s() - t_start > 60;
+            if (!whole && late)
+                fprintf(stderr, "tandem up: serving with %d prefill + %d decode workers of %d + %d after %.0f s\n",
+                        np, nd, want_p, want_d, td_now_s() - t_start);
+            if (whole || late) {
                 announced = true;
                 printf("%s\n", l->router);
                 fflush(stdout);

@@ -61,14 +61,20 @@ static ProtobufCBinaryData range_end_of(const char *key, char *buf, size_t cap)
 static ProtobufCBinaryData bin_of(const char *s) { return (ProtobufCBinaryData){strlen(s), (uint8_t *)s}; }
 
 /* Packs msg, calls method, unpacks the reply with desc. */
-static td_status_t call(td_etcd_t *e, const char *method, const ProtobufCMessage *msg,
-                        const ProtobufCMessageDescriptor *desc, ProtobufCMessage **reply)
+static td_status_t call_within(td_etcd_t *e, const char *method, const ProtobufCMessage *msg,
+                               const ProtobufCMessageDescriptor *desc, double timeout_s, ProtobufCMessage **reply)
 {
     td_rpc_result_t res;
-    td_status_t rc = td_rpc_unary_pb(e->ch, method, msg, desc, TD_ETCD_TIMEOUT_S, NULL, reply, &res);
+    td_status_t rc = td_rpc_unary_pb(e->ch, method, msg, desc, timeout_s, NULL, reply, &res);
     if (rc)
         return td_error(rc, "etcd: %s", td_last_error());
     return TD_OK;
+}
+
+static td_status_t call(td_etcd_t *e, const char *method, const ProtobufCMessage *msg,
+                        const ProtobufCMessageDescriptor *desc, ProtobufCMessage **reply)
+{
+    return call_within(e, method, msg, desc, TD_ETCD_TIMEOUT_S, reply);
 }
 
 td_status_t td_etcd_connect(const char *endpoint, const td_rpc_tls_t *tls, td_etcd_t **out)
@@ -218,8 +224,10 @@ td_status_t td_etcd_lease_revoke(td_etcd_t *e, int64_t id)
     Etcdserverpb__LeaseRevokeRequest rq = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
     rq.id = id;
     ProtobufCMessage *m;
-    td_status_t rc =
-        call(e, "/etcdserverpb.Lease/LeaseRevoke", &rq.base, &etcdserverpb__lease_revoke_response__descriptor, &m);
+    /* a process stopping revokes its leases, etcd perhaps gone with whoever stopped it: a revoke not made at
+     * once is left to the lease's TTL, which ends it anyway */
+    td_status_t rc = call_within(e, "/etcdserverpb.Lease/LeaseRevoke", &rq.base,
+                                 &etcdserverpb__lease_revoke_response__descriptor, TD_ETCD_REVOKE_S, &m);
     if (!rc)
         protobuf_c_message_free_unpacked(m, NULL);
     return rc;

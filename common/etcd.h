@@ -19,6 +19,7 @@
 #include "common/status.h"
 
 #define TD_ETCD_TIMEOUT_S 5.0
+#define TD_ETCD_REVOKE_S 1.0 /* a lease revoke (a process stopping): past it the TTL ends the lease */
 
 typedef struct td_etcd td_etcd_t;
 

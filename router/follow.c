@@ -406,7 +406,7 @@ json_t *rt_follow_json(rt_follow_t *f)
         snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st.source_digest[i]);
         json_array_append_new(
             srcs, json_pack("{s:s, s:s, s:i, s:s, s:I, s:I, s:I, s:f, s:I, s:I, s:I}", "id", s->id, "kind",
-                            s->store ? "kvstore" : "prefill", "blocks", (int)st.source_blocks[i], "digest", digest,
+                            s->store ? "kvstore" : s->w && s->w->role == RT_DECODE ? "decode" : "prefill", "blocks", (int)st.source_blocks[i], "digest", digest,
                             "epoch", (json_int_t)(s->epoch >> 1), "seq", (json_int_t)s->seq, "lag",
                             (json_int_t)(s->last_seq > s->seq ? s->last_seq - s->seq : 0), "stale_s", stale,
                             "snapshots", (json_int_t)s->snapshots, "gaps", (json_int_t)s->gaps, "dropped_by_hook",

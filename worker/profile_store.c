@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/etcd.h"
 #include "common/log.h"
+#include "common/process.h"
 
 /* The cache file of key: DIR/tandem/profiles/ and the key past its
  * "/tandem/profiles/", each character other than [A-Za-z0-9._-] made '_'
@@ -126,6 +127,10 @@ static int sweep_lock(const char *id, const char *path)
     double until = td_now_s() + SWEEP_WAIT_S;
     while (flock(fd, LOCK_EX | LOCK_NB)) {
         int err = errno;
+        if (td_process_stop_signal()) { /* stopped while waiting its turn: no sweep follows (wk_profile_get) */
+            close(fd);
+            return -1;
+        }
         bool late = td_now_s() > until;
         if (err != EWOULDBLOCK)
             TD_WARN("%s: cannot lock %s (%s); sweeping without it", id, lp, strerror(err));
@@ -175,6 +180,10 @@ td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_end
     /* checks and sweeps both time this host: they take turns, and one that waited finds what the one before it
      * measured */
     int lock = cached ? sweep_lock(id, path) : -1;
+    if (td_process_stop_signal()) { /* stopped while starting: nothing measured nor kept */
+        rc = td_error(TD_ERR_CANCELLED, "%s: stopped before its profile", id);
+        goto out;
+    }
     const char *from = from_etcd(etcd, key, out) ? "etcd" : cached && from_file(id, path, out) ? path : NULL;
     if (from) {
         double age = (double)time(NULL) - out->measured_at, ratio = 1;
@@ -196,7 +205,8 @@ td_status_t wk_profile_get(const char *id, const char *key, const char *etcd_end
     if ((rc = eng_profile_measure(e, lo, hi, out)))
         goto out;
     snprintf(how, how_len, "measured");
-    keep(id, etcd, key, out, cached ? path : NULL);
+    if (!td_process_stop_signal()) /* stopped meanwhile: etcd may be gone with whoever stopped it */
+        keep(id, etcd, key, out, cached ? path : NULL);
 out:
     if (lock >= 0)
         close(lock); /* the lock goes with it */

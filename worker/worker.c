@@ -876,6 +876,10 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
         return rc;
     w->contract = eng_engine_kv_contract(w->engine);
     profile(w);
+    /* stopped while starting (the profile's sweep waits its turn on the host): the rest of the start calls etcd,
+     * which may be gone with whoever stopped this one, each call up to its deadline */
+    if (td_process_stop_signal())
+        return td_error(TD_ERR_CANCELLED, "%s: stopped while starting", w->id);
     if ((rc = td_kv_events_init(&w->ev, eng_engine_kv_stats(w->engine).n_blocks * 4 + 1024, w->id)))
         return rc;
     eng_kv_set_listener(eng_engine_kv_pool(w->engine), on_pool_event, w);

@@ -7,7 +7,9 @@ against colocated serving (workers that prefill and decode in one engine,
 Workloads (prompts of ' a' words after a distinct number, so nothing is
 cached; EOS ignored):
   chat     prompts of 64-512 tokens, 200-token answers, a tight TPOT SLO;
-  summary  prompts of 1536-3072 tokens, 32-token answers, a loose TPOT SLO.
+  summary  prompts of 1536-3072 tokens, 32-token answers, a loose TPOT SLO;
+  mixed    a quarter summary's documents, three quarters chat's prompts, in
+           turn; TTFT <= 5x a document alone, TPOT <= 3x a chat alone.
 SLOs relative to one request's latency, as DistServe chose them: a single
 process (`tandem generate --device`) serves one request of each workload's
 median prompt alone, and the SLOs are TTFT <= 5x its TTFT for both, TPOT <=
@@ -16,9 +18,16 @@ each mode's goodput (the highest rate with 90% of requests within both SLOs;
 --slo-scale shows attainment at tighter and looser SLOs too).
 
 Modes:
-  disagg     tandem up --prefill 1 --decode 1 (both on --device; with one GPU
+  disagg     tandem up --prefill 1 --decode 1, every prompt on the prefill
+             worker (decode.colocated false; both on --device; with one GPU
              the two processes share it);
-  colocated  tandem up --colocated N (N workers on --device).
+  colocated  tandem up --colocated N (N workers on --device);
+  auto       tandem up --prefill 1 --decode 1 as it starts by default: the
+             decode worker prefills a request itself when the router predicts
+             that keeps its SLOs sooner (conditional disaggregation); the
+             report counts the requests each way.
+Every rate of a sweep gets prompts of its own (tandem bench salts them), so
+no rate is served from another's prefix cache.
 On one GPU this is the experiment's one-GPU form. On two, DistServe's own:
   --prefill-device cuda:0 --decode-device cuda:1 for disagg (KV GPU to GPU),
   and --colocated 2 --colocated-device cuda:0,cuda:1 (a worker on each GPU).
@@ -42,7 +51,14 @@ import disagg_gpu as dg  # noqa: E402
 WORKLOADS = {  # prompt tokens (uniform), answer tokens, requests, rates, SLO multiples (TTFT, TPOT)
     "chat": dict(lo=64, hi=512, out=200, n=64, rates="2,4,8,16,32", ttft_x=5, tpot_x=2),
     "summary": dict(lo=1536, hi=3072, out=32, n=32, rates="0.5,1,2,4,8", ttft_x=5, tpot_x=5),
+    # every 4th request a summary document, the rest chat: the SLOs from a document alone (TTFT) and a chat alone
+    "mixed": dict(mix=("summary", "chat", "chat", "chat"), n=64, rates="2,4,8,16,32", ttft_x=5, tpot_x=3),
 }
+
+
+def shape(w, i=0):
+    """The prompt lengths and answer of a workload's i-th request (a mixed workload's by its turn)."""
+    return WORKLOADS[w["mix"][i % len(w["mix"])]] if "mix" in w else w
 
 
 def prompts_file(out, name, w):
@@ -50,16 +66,32 @@ def prompts_file(out, name, w):
     path = os.path.join(out, "prompts-%s.jsonl" % name)
     with open(path, "w") as f:
         for i in range(w["n"]):
-            f.write(json.dumps({"prompt": "%d" % (10000 + i) + " a" * rnd.randint(w["lo"], w["hi"]),
-                                "max_tokens": w["out"]}) + "\n")
+            s = shape(w, i)
+            f.write(json.dumps({"prompt": "%d" % (10000 + i) + " a" * rnd.randint(s["lo"], s["hi"]),
+                                "max_tokens": s["out"]}) + "\n")
     return path
+
+
+def ways(path):
+    """A bench JSON's requests by the way their first token went: local (prefilled by their decode worker),
+    pair (by a prefill worker), and how many of the pair's first tokens went to the client early."""
+    b = json.load(open(path))
+    out = {}
+    for run in b.get("runs", []):
+        qs = run.get("requests", [])
+        pair = [q for q in qs if q.get("prefill_worker", "").startswith("prefill")]
+        out[str(run.get("rate"))] = {"local": sum(q.get("prefill_worker") and q.get("prefill_worker") ==
+                                                  q.get("decode_worker") for q in qs), "pair": len(pair),
+                                     "first_token_early": sum(q.get("first_token_path", {}).get("first_token_early",
+                                                                                               False) for q in pair)}
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     dg.base_args(ap)
-    ap.add_argument("--workloads", default="chat,summary")
-    ap.add_argument("--modes", default="disagg,colocated")
+    ap.add_argument("--workloads", default="chat,summary,mixed")
+    ap.add_argument("--modes", default="disagg,colocated,auto")
     ap.add_argument("--colocated", type=int, default=1)
     ap.add_argument("--prefill-device", default="", help="disagg: the prefill worker's (default --device)")
     ap.add_argument("--decode-device", default="", help="disagg: the decode worker's (default --device)")
@@ -80,7 +112,9 @@ def main():
     a = ap.parse_args()
     if a.smoke:
         for w in WORKLOADS.values():
-            w.update(lo=w["lo"] // 8, hi=w["hi"] // 8, out=w["out"] // 8, n=8, rates="1,2")
+            if "mix" not in w:
+                w.update(lo=w["lo"] // 8, hi=w["hi"] // 8, out=w["out"] // 8)
+            w.update(n=8, rates="1,2")
     for key, opt in (("rates", a.rates), ("n", a.requests)):
         for o in opt:
             name, _, v = o.partition("=")
@@ -97,20 +131,31 @@ def main():
     res = {"model": a.model, "devices": devices, "budgets": {"prefill": a.prefill_budget, "decode": a.decode_budget},
            "workloads": {}}
     files = {}
+    alone = {}
+
+    def single(kind):
+        """One request of a (plain) workload's median prompt alone, in one process: TTFT and TPOT."""
+        if kind not in alone:
+            s = WORKLOADS[kind]
+            p = "7" + " a" * ((s["lo"] + s["hi"]) // 2)
+            dg.single(a, p, 8)  # the first run warms the GPU up
+            _, ttft, tpot = dg.single(a, p, 64)
+            alone[kind] = {"prompt_tokens": (s["lo"] + s["hi"]) // 2, "ttft_ms": ttft, "tpot_ms": tpot}
+        return alone[kind]
     for name in workloads:
         w = WORKLOADS[name]
         files[name] = prompts_file(a.out, name, w)
-        # one request alone, in one process: the base of the SLOs (the first run warms the GPU up)
-        p = "7" + " a" * ((w["lo"] + w["hi"]) // 2)
-        dg.single(a, p, 8)
-        _, ttft, tpot = dg.single(a, p, 64)
-        slo = {"ttft_ms": round(w["ttft_x"] * ttft, 1), "tpot_ms": round(w["tpot_x"] * tpot, 2)}
-        res["workloads"][name] = {"alone": {"prompt_tokens": (w["lo"] + w["hi"]) // 2, "ttft_ms": ttft,
-                                            "tpot_ms": tpot}, "slo": slo, "modes": {}}
+        # the SLOs' base: a mixed workload's TTFT from its longest kind's request alone, TPOT from its shortest's
+        kinds = sorted(set(w.get("mix", (name,))), key=lambda k: WORKLOADS[k]["hi"])
+        t_base, p_base = single(kinds[-1]), single(kinds[0])
+        slo = {"ttft_ms": round(w["ttft_x"] * t_base["ttft_ms"], 1), "tpot_ms": round(w["tpot_x"] * p_base["tpot_ms"], 2)}
+        res["workloads"][name] = {"alone": {k: single(k) for k in kinds}, "slo": slo, "modes": {}}
         print(name, "alone", res["workloads"][name], file=sys.stderr, flush=True)
     for mode in [m for m in a.modes.split(",") if m]:
         log_path = os.path.join(a.out, "cluster-%s.log" % mode)
         extra = ["--colocated", str(a.colocated)] if mode == "colocated" else ["--prefill", "1", "--decode", "1"]
+        if mode == "disagg":  # every prompt to the prefill worker (the default lets the decode worker take some)
+            extra += ["--worker-arg", "--colocated", "--worker-arg", "false"]
         a.prefill_device = devices["prefill"]
         a.decode_device = devices["colocated" if mode == "colocated" else "decode"]
         up, ep = dg.start_cluster(a, log_path, extra=extra, decode_budget=a.decode_budget)
@@ -118,7 +163,7 @@ def main():
             for name in workloads:
                 w, slo = WORKLOADS[name], res["workloads"][name]["slo"]
                 for k in range(3):  # warm-up (captured decode steps, the allocator) before anything is timed
-                    dg.remote(a, ep, "%d" % (900 + k) + " a" * w["hi"], 16)
+                    dg.remote(a, ep, "%d" % (900 + k) + " a" * shape(w)["hi"], 16)
                 out = os.path.join(a.out, "bench-%s-%s.json" % (name, mode))
                 r = subprocess.run([a.bin + "/tandem", "bench", "--endpoint", ep, "--api", "grpc", "--output", out,
                                     "--sweep", w["rates"], "--num-requests", str(w["n"]), "--ignore-eos",
@@ -130,7 +175,7 @@ def main():
                 if os.path.exists(out):
                     b = json.load(open(out))
                     got.update(goodput=b.get("goodput"), bounded=b.get("goodput_bounded"),
-                               curve=b.get("attainment_curve"))
+                               curve=b.get("attainment_curve"), ways=ways(out))
                 res["workloads"][name]["modes"][mode] = got
                 print(name, mode, "goodput", got.get("goodput"), file=sys.stderr, flush=True)
         finally:

@@ -327,8 +327,8 @@ def test_workload_shift(pytestconfig):
 # Every request completes through both changes.
 MODE_SLO = {"ttft_ms": 30000, "tpot_ms": 12}  # TPOT: about 1.5x a decode step alone here; TTFT: only TPOT counts
 MODE_PHASES = [  # name, then each stream of it: input lengths, output length, requests, rate (per second)
-    ("short prompts, short outputs", [("uniform:16:48", 8, 24, 0.6)]),
-    ("chat streams beside documents", [("uniform:16:48", 64, 30, 0.75), ("uniform:400:500", 4, 16, 0.4)]),
+    ("short prompts, short outputs", [("uniform:16:48", 8, 16, 0.8)]),
+    ("chat streams beside documents", [("uniform:16:48", 64, 22, 0.75), ("uniform:400:500", 4, 12, 0.4)]),
 ]
 
 
