@@ -909,8 +909,16 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     c.whole = !has_role(t, RT_PREFILL, false);
     c.state = policy_state(t, p);
     rt_worker_t *d = p->pick(t, RT_DECODE, &c, now);
-    const bool whole = d && c.whole;
+    bool whole = d && c.whole;
     rt_worker_t *pf = d && !whole ? p->pick(t, RT_PREFILL, &c, now) : NULL;
+    if (d && !whole && !pf) { /* prefill workers registered, none usable (dead, suspect): a colocated decode worker
+                               * prefills it itself */
+        c.whole = true;
+        rt_worker_t *dw = p->pick(t, RT_DECODE, &c, now);
+        whole = dw != NULL;
+        d = dw ? dw : d;
+        c.whole = whole;
+    }
     if (!d || (!pf && !whole)) {
         /* usable decode workers but none colocated, and no prefill worker: the prefill side is what is missing */
         bool no_prefill = d || (c.whole && !has_role(t, RT_DECODE, true) && any_usable(t, RT_DECODE, NULL, now));

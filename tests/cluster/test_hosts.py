@@ -224,10 +224,10 @@ def h3():
         if not (m and m.group(1).startswith(HOSTS["A"] + ":")):
             pytest.fail("host A did not start etcd on its address: " + hosts["A"].text()[-800:])
         etcd = m.group(1)
-        for h in "BC":
+        for h in "BC":  # every prompt to B's prefill worker, its KV to C's decode worker over TCP (PAIRS_ONLY)
             hosts[h] = Host(h, ["--join", etcd, "--config", cfg, "--address", HOSTS[h], "--node", "host" + h,
-                                "--certs", certs, "--kvstores", "1", "--worker-arg", "--threads", "--worker-arg", "1"],
-                            work)
+                                "--certs", certs, "--kvstores", "1", "--worker-arg", "--threads", "--worker-arg", "1"] +
+                            hs.PAIRS_ONLY, work)
         line = ""
         deadline = time.time() + 120
         import select

@@ -474,6 +474,12 @@ def test_conditional_disaggregation():
         hs.wait_for(lambda: a.stats(a.worker("decode")).running >= 1, 10)
         busy = gen(a, long_prompt)
         th.join(120)
+        # the prefill worker killed (-9): until it is back, the decode worker prefills what would have gone there
+        pw_rec = a.worker("prefill")
+        os.kill(pw_rec["pid"], signal.SIGKILL)
+        t_kill = time.time()
+        orphan = gen(a, long_prompt + " again")
+        t_orphan = time.time() - t_kill
     finally:
         a.stop()
         b.stop()
@@ -492,6 +498,10 @@ def test_conditional_disaggregation():
           (turn2[1].usage.cached_prompt_tokens, t2.predicted_ttft_ms, t1.predicted_ttft_ms, t1.prefill_worker,
            t2.prefill_worker, "identical to" if ok2 else "NOT"),
           ok2 and turn2[1].usage.cached_prompt_tokens >= 256 and t2.predicted_ttft_ms < 0.5 * t1.predicted_ttft_ms)
+    ok4 = orphan[0] == hs.reference(long_prompt + " again", MAX)
+    check("... its prefill worker killed (-9): the next long prompt prefilled by %s in %.1f s, output %s "
+          "single-process's" % (orphan[1].timing.prefill_worker, t_orphan, "identical to" if ok4 else "NOT"),
+          ok4 and orphan[1].timing.prefill_worker == orphan[1].timing.decode_worker and t_orphan < 30)
     ok3 = busy[0] == hs.reference(long_prompt, MAX)
     pw, dw = busy[1].timing.prefill_worker, busy[1].timing.decode_worker
     check("... a ~600-token prompt while a stream runs on the decode worker: prefilled by %s, decoded by %s, output "
