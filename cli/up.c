@@ -838,8 +838,8 @@ static int agent_setup(agent_t *agent, const up_t *u, const up_flags_t *f, const
         agent->tls = (td_rpc_tls_t){.ca_file = agent_tls[0], .cert_file = agent_tls[1], .key_file = agent_tls[2]};
     }
     if (!f->join && f->run_workers) { /* the founder starts its counts at once; the planner's record takes over */
-        agent->want_p = (uint32_t)np;
-        agent->want_d = (uint32_t)nd;
+        agent->want_p = agent->all_p = (uint32_t)np;
+        agent->want_d = agent->all_d = (uint32_t)nd;
         agent->colocated = f->colocated;
         agent->known = true;
     }
@@ -876,8 +876,9 @@ static void supervise(up_t *u, agent_t *agent, child_t *kids, int *nk, td_rpc_ch
              * 60 s on, it is said as it is */
             pthread_mutex_lock(&agent->mu);
             int want_p = (int)agent->all_p, want_d = (int)agent->all_d;
+            bool known = agent->known; /* the planner's counts read (before that, 0 + 0 says nothing) */
             pthread_mutex_unlock(&agent->mu);
-            bool whole = np < 0 || (np >= want_p && nd >= want_d), late = td_now_s() - t_start > 60;
+            bool whole = np < 0 || (known && np >= want_p && nd >= want_d), late = td_now_s() - t_start > 60;
             if (!whole && late)
                 fprintf(stderr, "tandem up: serving with %d prefill + %d decode workers of %d + %d after %.0f s\n",
                         np, nd, want_p, want_d, td_now_s() - t_start);

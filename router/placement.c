@@ -306,6 +306,7 @@ static bool keeps_slos(const rt_place_req_t *rq, const rt_prediction_t *pr)
     return pr->stall_ms <= pr->tbt_ms;
 }
 
+#define RT_LOCAL_RETRY 8
 /* Conditional disaggregation: the colocated decode worker whose local
  * prefill keeps the request's SLOs with a lower predicted TTFT than the best
  * pair (or where the pair would miss them), its prediction in local; NULL:
@@ -322,17 +323,23 @@ static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_
             continue;
         rt_prediction_t pr;
         predict_local(t, w, c, now, &pr);
-        /* a worker never measured prefilling locally is tried once while it is idle: its profile was measured at
-         * start-up, perhaps under other load, and only local calls correct it */
-        bool untried = !w->n_obs && !w->inflight && !w->prefilling;
-        if (keeps_slos(c->rq, &pr) && (pr.ttft_ms < best_ttft || (untried && !best))) {
+        /* a worker never measured prefilling locally is tried while it is idle, and so is one passed over
+         * RT_LOCAL_RETRY times since its last local prefill: its profile was measured at start-up, perhaps under
+         * other load, and only local calls correct its model (one slow first call would keep it out for good) */
+        bool idle = !w->inflight && !w->prefilling, keeps = keeps_slos(c->rq, &pr);
+        bool explore = idle && (!w->n_obs || w->local_passed >= RT_LOCAL_RETRY);
+        if (keeps && (pr.ttft_ms < best_ttft || (explore && !best))) {
             best = w;
             best_ttft = pr.ttft_ms;
             *local = pr;
         }
+        if (keeps && idle)
+            w->local_passed++;
     }
-    if (best)
+    if (best) {
+        best->local_passed = 0;
         local->remote_ttft_ms = pair_ttft;
+    }
     return best;
 }
 

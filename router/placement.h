@@ -64,6 +64,7 @@ typedef struct rt_worker {
     int ix_src;
     bool refused, gone;
     bool colocated; /* a decode worker that also serves whole requests (decode.colocated) */
+    uint32_t local_passed; /* idle, within the SLOs, yet passed over for a pair since its last local prefill */
     uint32_t kv_blocks; /* its KV pool's blocks, from its record (0: not said) */
     uint32_t token_budget; /* tokens one engine step takes, from its record (0: not said) */
     char refused_why[384];
