@@ -179,22 +179,24 @@ if want 9; then
 echo "== 9. DistServe's comparison on this GPU: disaggregated (1 prefill + 1 decode worker) vs colocated, SLO goodput"
 make7b
 unpack_etcd
-# one workload a call fits the device tool's 10 minutes: DS_WORKLOADS=chat, then summary; on two GPUs
+# one workload a call fits the device tool's 10 minutes: DS_WORKLOADS=chat, then summary, then mixed (DS_MODES picks
+# among disagg, colocated, auto); on two GPUs
 # DS_ARGS="--prefill-device cuda:0 --decode-device cuda:1 --colocated 2 --colocated-device cuda:0,cuda:1"
 mkdir -p "${OUT:-/tmp}/distserve"
 # shellcheck disable=SC2086
 python3 "$here/bench/distserve.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/distserve" \
-  --workloads "${DS_WORKLOADS:-chat,summary}" ${DS_ARGS:-} > "$out/distserve.json" 2> "$out/distserve.err" ||
+  --workloads "${DS_WORKLOADS:-chat,summary,mixed}" --modes "${DS_MODES:-disagg,colocated,auto}" ${DS_ARGS:-} \
+  > "$out/distserve.json" 2> "$out/distserve.err" ||
   { echo "the DistServe comparison FAILED"; tail -5 "$out/distserve.err"; fail=1; }
 python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
 for n, w in d['workloads'].items():
-    print('%s: alone TTFT %.1f ms, TPOT %.2f ms; SLOs TTFT %.1f ms, TPOT %.2f ms' % (n, w['alone']['ttft_ms'],
-          w['alone']['tpot_ms'], w['slo']['ttft_ms'], w['slo']['tpot_ms']))
+    print('%s: alone %s; SLOs TTFT %.1f ms, TPOT %.2f ms' % (n, '; '.join('%s TTFT %.1f ms, TPOT %.2f ms' % (
+          k, a['ttft_ms'], a['tpot_ms']) for k, a in w['alone'].items()), w['slo']['ttft_ms'], w['slo']['tpot_ms']))
     for m, g in w['modes'].items():
-        print('  %-9s goodput %s req/s (bench exit %s); attainment by rate %s' % (m, g.get('goodput'),
-              g.get('bench_exit'), g.get('curve')))
+        print('  %-9s goodput %s req/s (bench exit %s); attainment by rate %s; ways by rate %s' % (m, g.get('goodput'),
+              g.get('bench_exit'), g.get('curve'), g.get('ways')))
 " "$out/distserve.json" || fail=1
 fi
 if want 10; then
