@@ -10,7 +10,7 @@
 #   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 30)
 # The Python suites (pytest, tests/conftest.py: real clusters) run between 3 and 4; a user's build (Release, no test package), the
 # sanitizer and fuzz builds and the sanitizer pass's test_generate run beside them at the lowest CPU priority, in
-# the time they leave idle.
+# the time they leave idle, and the rest of 4, 5 and 6 beside the last of them (cache hits), the same way.
 # and prints one closing line: "tests: N passed, N failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -165,7 +165,43 @@ run_py tests/cluster/test_deploy.py deploy 300
 section "Prometheus (a real prometheus scrapes every process through the router's /targets; the TTFT histogram, the store's hit rate, the dashboard's queries)"
 run_py tests/cluster/test_prometheus.py prometheus 300
 
-section "cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output)"
+# The sanitizers' other suites, the thread sanitizer's stress and the fuzzers run beside the cache-hits suite (it
+# checks outputs against cold references, not times) at the lowest CPU priority, as the background job above did;
+# their output and counts are read back after it.
+tail_log=$(mktemp) tail_status=$(mktemp)
+(
+  renice -n 19 -p "$BASHPID" >/dev/null
+  passed=0 failed=0 failures=()
+  echo "== address + undefined sanitizers (their builds and test_generate ran beside the integration suites)"
+  cat "$bg_log"
+  if [ -x build-asan/bin/tests/test_generate ]; then
+    for t in build-asan/bin/tests/test_*; do
+      [ "$(basename "$t")" = test_generate ] || TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 run_one "$t" asan+ubsan
+    done
+  fi
+  echo "== thread sanitizer (tests/tsan/tsan_stress.c: the objects threads share, driven concurrently)"
+  if [ -x build-tsan/bin/tests/tsan_stress ]; then
+    # UCX's memory hooks and TSan's interceptors do not mix: the hooks are off for this run
+    if out=$(UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
+             TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan/suppressions.txt" \
+             timeout 600 build-tsan/bin/tests/tsan_stress models/SmolLM2-135M-Instruct.Q4_1.gguf 2>&1); then
+      printf '%s\n' "$out" | grep '^tsan_stress:' | sed 's/^/  /'; passed=$((passed + 1))
+    else
+      printf '%s\n' "$out" | grep -v ' tandem' | tail -60; echo "FAILED: tsan_stress"; failed=$((failed + 1))
+      failures+=("tsan_stress")
+    fi
+  else
+    echo "thread sanitizer build failed"; failed=$((failed + 1)); failures+=("thread sanitizer build")
+  fi
+  echo "== fuzz (${fuzz_secs}s per target)"
+  if [ "$fuzz_secs" -gt 0 ]; then
+    if tests/fuzz/run.sh "$fuzz_secs"; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("fuzz"); fi
+  fi
+  { echo "$passed $failed"; [ ${#failures[@]} -eq 0 ] || printf '%s\n' "${failures[@]}"; } > "$tail_status"
+) > "$tail_log" 2>&1 &
+tail_pid=$!
+
+section "cache hits (randomized shared-prefix workloads on real clusters vs cold single-process output; the sanitizers' suites, tsan_stress and the fuzzers beside it)"
 run_py tests/integration/test_cache_hits.py cache-hits 1500
 
 section "a user's build (Release, no test package: Criterion hidden from pkg-config, warnings not errors; built beside the integration suites before scale) and make demo's job on it"
@@ -178,39 +214,17 @@ else
 fi
 rm -f "$ulog" "$dlog"
 
-section "address + undefined sanitizers (the build and test_generate ran beside the integration suites)"
-cat "$bg_log"
-if [ -s "$bg_status" ]; then
-  { read -r p f; mapfile -t more; } < "$bg_status"
-  passed=$((passed + p)); failed=$((failed + f)); failures+=("${more[@]}")
-else
-  echo "the background sanitizer job ended without its result"; failed=$((failed + 1)); failures+=("sanitizer job")
-fi
-if [ -x build-asan/bin/tests/test_generate ]; then
-  for t in build-asan/bin/tests/test_*; do
-    [ "$(basename "$t")" = test_generate ] || TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 run_one "$t" asan+ubsan
-  done
-fi
-
-section "thread sanitizer (tests/tsan/tsan_stress.c: the objects threads share, driven concurrently)"
-if [ -x build-tsan/bin/tests/tsan_stress ]; then
-  # UCX's memory hooks and TSan's interceptors do not mix: the hooks are off for this run
-  if out=$(UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
-           TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan/suppressions.txt" \
-           timeout 600 build-tsan/bin/tests/tsan_stress models/SmolLM2-135M-Instruct.Q4_1.gguf 2>&1); then
-    printf '%s\n' "$out" | grep '^tsan_stress:' | sed 's/^/  /'; passed=$((passed + 1))
+section "sanitizers, thread sanitizer, fuzz (run beside the cache-hits suite; their output follows)"
+wait "$tail_pid"
+cat "$tail_log"
+for st in "$bg_status" "$tail_status"; do
+  if [ -s "$st" ]; then
+    { read -r p f; mapfile -t more; } < "$st"
+    passed=$((passed + p)); failed=$((failed + f)); failures+=("${more[@]}")
   else
-    printf '%s\n' "$out" | grep -v ' tandem' | tail -60; echo "FAILED: tsan_stress"; failed=$((failed + 1))
-    failures+=("tsan_stress")
+    echo "a background job ended without its result ($st)"; failed=$((failed + 1)); failures+=("background job")
   fi
-else
-  echo "thread sanitizer build failed"; failed=$((failed + 1)); failures+=("thread sanitizer build")
-fi
-
-section "fuzz (${fuzz_secs}s per target)"
-if [ "$fuzz_secs" -gt 0 ]; then
-  if tests/fuzz/run.sh "$fuzz_secs"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-fi
+done
 
 section_end
 echo "== time of each section"
