@@ -170,7 +170,7 @@ def listening(pids):
 def peer_quota(ref):
     """One peer (certificate) holds at most 1,024 reservations: a second router's certificate takes its
     fill of a decode pool large enough for more, and the router's own requests still get theirs."""
-    c = hs.Cluster(extra=["--worker-arg", "--kv-mib", "--worker-arg", "440"])
+    c = hs.Cluster(extra=["--worker-arg", "--kv-mib", "--worker-arg", "440"] + hs.PAIRS_ONLY)
     try:
         hs.wait_for(lambda: c.health()[0], 60)
         dw = c.worker("decode")
@@ -374,8 +374,10 @@ def ref():
 
 @pytest.fixture(scope="module")
 def sec(ref):
-    """A `tandem up` cluster; its workers' records and stubs to them with the router's certificate (the strongest peer); a client pair of another CA."""
-    c = hs.Cluster()
+    """A `tandem up` cluster, every prompt on its prefill worker (the attacks below are on the disaggregated path's
+    planes: reservations, landings, the prefill worker's puts); its workers' records and stubs to them with the
+    router's certificate (the strongest peer); a client pair of another CA."""
+    c = hs.Cluster(extra=hs.PAIRS_ONLY)
     hs.wait_for(lambda: c.health()[0], 60)
     dw, pw = c.worker("decode"), c.worker("prefill")
     ct = wpb.KvContract(**dw["contract"])
