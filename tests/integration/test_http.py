@@ -158,8 +158,10 @@ def api_keys():
               ([b[0] for b in bob], bob[2][1][:120]),
               [b[0] for b in bob] == [200, 200, 429] and "tokens" in bob[2][1])
 
-        # the router full (router.max_streams: 1): a second request at once is 429 with Retry-After
-        body = json.dumps({"model": "Smollm2 135M 8k Lc100K Mix1 Ep2", "prompt": "Hi", "max_tokens": 300,
+        # the router full (router.max_streams: 1): a second request at once is 429 with Retry-After. The first
+        # asks for 1,500 tokens so that it is still streaming when the second comes (300 could end first when a
+        # colocated decode worker serves it whole); closing its connection cancels it.
+        body = json.dumps({"model": "Smollm2 135M 8k Lc100K Mix1 Ep2", "prompt": "Hi", "max_tokens": 1500,
                            "temperature": 0, "ignore_eos": True, "stream": True}).encode()
         s = socket.create_connection((host, int(port)), timeout=30)
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + kc.encode() +
