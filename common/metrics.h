@@ -1,4 +1,4 @@
-/* metrics.h — Prometheus metrics of a tandem process (DESIGN.md §9): a
+/* metrics.h — Prometheus metrics of a tandem process (docs/operations.md §6): a
  * registry of counters, gauges and histograms, rendered in Prometheus's text
  * exposition format (version 0.0.4), and served over HTTP at /metrics on the
  * address the config's metrics.listen names.

