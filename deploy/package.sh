@@ -11,6 +11,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+for t in file dpkg-shlibdeps; do # CPack's DEB generator finds the dependencies' packages with them
+  command -v "$t" >/dev/null || { echo "package.sh: $t is missing (apt install file dpkg-dev)" >&2; exit 1; }
+done
 b=${BUILD_DIR:-build-deb}
 cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr -DTANDEM_TESTS=OFF \
   -DTANDEM_CUDA="${TANDEM_CUDA:-OFF}" >/dev/null
