@@ -99,6 +99,12 @@ static const cfg_field_t cfg_fields[] = {
       .more = "/v1/chat/completions, /v1/completions, /v1/models, /health, /tokenize, /detokenize; tandem up picks "
               "a free loopback port when this is left at its default. HTTPS with tls_cert and tls_key, as the gRPC "
               "API; with tls_client_ca a certless client is answered 403"),
+    S("router.served_model_names", router.served_model_names, "", NULL,
+      "the model's names for clients, comma-separated (\"\": the model file's name without its extension)",
+      .flag = "--served-model-names", .procs = R,
+      .more = "the first is the one ListModels and /v1/models list and answers carry; a request may name any of them "
+              "or the model's own name (GGUF general.name); another name is 404 / NOT_FOUND. As vLLM's "
+              "--served-model-name"),
     S("router.api_keys", router.api_keys, "", NULL, "the API keys' file (\"\": an open API)", .flag = "--api-keys",
       .procs = R,
       .more = "one key a line, \"SHA256-HEX NAME RPM TPM\" (requests and tokens per minute, 0: no limit; `tandem "

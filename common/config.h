@@ -52,7 +52,7 @@ typedef struct td_config {
     struct { char *level, *format; } log;
     struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
     struct {
-        char *listen, *http_listen, *api_keys, *admin_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
+        char *listen, *http_listen, *served_model_names, *api_keys, *admin_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
         uint32_t max_streams, ttft_slo_ms, tpot_slo_ms, index_max_blocks, index_drop_events;
         bool early_reject;
     } router;

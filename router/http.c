@@ -319,7 +319,7 @@ static bool chunk_head(hreq_t *x)
     char head[400];
     snprintf(head, sizeof head, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"", x->id,
              x->kind == RT_OAI_CHAT ? "chat.completion.chunk" : "text_completion", (long)time(NULL));
-    return out_str(x, head) && out_json_str(x, x->h->env->input->model->desc.name) && out_str(x, "\"");
+    return out_str(x, head) && out_json_str(x, rt_input_name(x->h->env->input)) && out_str(x, "\"");
 }
 
 /* A chunk that carries text (and the role, first) and/or the finish reason. */
@@ -508,7 +508,7 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
             snprintf(head, sizeof head, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"", x->id,
                      x->kind == RT_OAI_CHAT ? "chat.completion" : "text_completion", (long)time(NULL));
             out_str(x, head);
-            out_json_str(x, x->h->env->input->model->desc.name);
+            out_json_str(x, rt_input_name(x->h->env->input));
             out_str(x, x->kind == RT_OAI_CHAT ? "\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\""
                                             : "\",\"choices\":[{\"index\":0,\"text\":\"");
             out_json_str(x, x->text ? x->text : "");
@@ -650,7 +650,8 @@ static enum MHD_Result models(rt_http_t *h, struct MHD_Connection *c)
 {
     const eng_model_desc_t *d = &h->env->input->model->desc;
     return respond_json(c, 200,
-                        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data", "id", d->name,
+                        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data", "id",
+                                  rt_input_name(h->env->input),
                                   "object", "model", "created", (json_int_t)h->created, "owned_by", "tandem",
                                   "max_model_len", (int)d->context));
 }

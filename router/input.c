@@ -1,6 +1,7 @@
 /* input.c — see input.h. */
 #include "router/input.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,22 +9,63 @@
 #include "common/log.h"
 #include "engine/tokenizer.h"
 
-td_status_t rt_input_open(const char *path, rt_input_t *in)
+/* served into in->served: each name of the comma-separated list, or the
+ * file's name without its folder and extension. */
+static td_status_t served_names(const char *path, const char *served, rt_input_t *in)
+{
+    if (!served || !served[0]) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s", path);
+        size_t n = strlen(p);
+        while (n > 1 && p[n - 1] == '/') /* a folder given with its slash */
+            p[--n] = '\0';
+        const char *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p, *dot = strrchr(base, '.');
+        size_t len = dot && (!strcmp(dot, ".gguf") || !strcmp(dot, ".safetensors")) ? (size_t)(dot - base)
+                                                                                   : strlen(base);
+        snprintf(in->served[0], sizeof in->served[0], "%.*s", (int)(len < 127 ? len : 127), base);
+        in->n_served = 1;
+        return TD_OK;
+    }
+    size_t total = strlen(served);
+    for (const char *p = served;;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (!n || n >= sizeof in->served[0] || in->n_served == RT_MAX_SERVED_NAMES)
+            return td_error(TD_ERR_CONFIG, "router.served_model_names: '%s': %s", served,
+                            !n ? "an empty name" : n >= sizeof in->served[0] ? "a name of 128 bytes or more"
+                                                                            : "more than 8 names");
+        snprintf(in->served[in->n_served++], sizeof in->served[0], "%.*s", (int)n, p);
+        if (!e || (size_t)(e + 1 - served) > total)
+            return TD_OK;
+        p = e + 1;
+    }
+}
+
+td_status_t rt_input_open(const char *path, const char *served, rt_input_t *in)
 {
     memset(in, 0, sizeof *in);
-    td_status_t rc = eng_model_open(path, &in->model);
-    if (rc)
+    td_status_t rc = served_names(path, served, in);
+    if (rc || (rc = eng_model_open(path, &in->model)))
         return rc;
     in->has_chat = eng_chat_init(&in->chat, in->model->tok) == TD_OK;
     td_clear_error(); /* no template: chat requests are refused, naming the model */
     return TD_OK;
 }
 
+bool rt_input_serves(const rt_input_t *in, const char *name)
+{
+    for (unsigned i = 0; i < in->n_served; i++)
+        if (!strcmp(in->served[i], name))
+            return true;
+    return !strcmp(in->model->desc.name, name);
+}
+
 void rt_input_close(rt_input_t *in)
 {
     if (in->has_chat)
         eng_chat_free(&in->chat);
-    eng_model_close(in->model);
+    if (in->model)
+        eng_model_close(in->model);
     memset(in, 0, sizeof *in);
 }
 

@@ -24,15 +24,27 @@
 #define RT_MAX_LOGIT_BIAS 1024
 #define RT_MAX_CHAT_MESSAGES 4096
 
+#define RT_MAX_SERVED_NAMES 8
+
 typedef struct rt_input {
     eng_model_t *model; /* its description and tokenizer (its weights are mapped, never read) */
     eng_chat_t chat;
     bool has_chat; /* the model has a chat template */
+    char served[RT_MAX_SERVED_NAMES][128]; /* the names clients use; served[0] is the one listed */
+    unsigned n_served;
 } rt_input_t;
 
-/* Opens the model at path (its tokenizer and chat template). */
-td_status_t rt_input_open(const char *path, rt_input_t *in);
+/* Opens the model at path (its tokenizer and chat template); served: the
+ * names it is served under, comma-separated ("" or NULL: the file's name
+ * without its extension). A bad list is TD_ERR_CONFIG naming it. */
+td_status_t rt_input_open(const char *path, const char *served, rt_input_t *in);
 void rt_input_close(rt_input_t *in);
+
+/* The name the model is listed under. */
+static inline const char *rt_input_name(const rt_input_t *in) { return in->served[0]; }
+
+/* Whether a request's model names this one: a served name or the model's own. */
+bool rt_input_serves(const rt_input_t *in, const char *name);
 
 /* Renders (chat) and tokenizes the input: prompt, or chat when not NULL;
  * *ids is the caller's to free. An error (INVALID_ARGUMENT) names the field

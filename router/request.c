@@ -189,9 +189,9 @@ static bool validate(rt_request_t *q)
     int code = TD_RPC_INVALID_ARGUMENT;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (rq->model && rq->model[0] && strcmp(rq->model, model->desc.name)) {
+    if (rq->model && rq->model[0] && !rt_input_serves(env->input, rq->model)) {
         snprintf(err, sizeof err, "model: '%s' is not served here (this router serves '%s')", rq->model,
-                 model->desc.name);
+                 rt_input_name(env->input));
         code = TD_RPC_NOT_FOUND;
         goto fail;
     }

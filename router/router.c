@@ -236,7 +236,7 @@ static void h_list_models(void *ctx, td_rpc_call_t *call)
 {
     router_t *r = ctx;
     Tandem__V1__ModelInfo mi = TANDEM__V1__MODEL_INFO__INIT;
-    mi.id = r->input.model->desc.name;
+    mi.id = (char *)rt_input_name(&r->input);
     mi.family = r->input.model->desc.family;
     mi.has_context_length = mi.has_vocab_size = mi.has_prefill_workers = mi.has_decode_workers = 1;
     mi.context_length = r->input.model->desc.context;
@@ -423,7 +423,7 @@ static void h_scale(void *ctx, td_rpc_call_t *call)
                          : td_ops_parse(defaults, strlen(defaults), "defaults", &ops)) {
             code = TD_RPC_FAILED_PRECONDITION;
             snprintf(msg, sizeof msg, "Scale: the ops config in etcd: %s", td_last_error());
-        } else if (td_ops_set_counts(ops, r->input.model->desc.name, rq->prefill, rq->decode)) {
+        } else if (td_ops_set_counts(ops, rt_input_name(&r->input), rq->prefill, rq->decode)) {
             code = TD_RPC_INVALID_ARGUMENT;
             snprintf(msg, sizeof msg, "Scale: %s", td_last_error());
         }
@@ -530,7 +530,7 @@ static td_status_t router_start(void *ctx, char *key, size_t key_len, char **val
 {
     router_t *r = ctx;
     td_status_t rc;
-    if ((rc = rt_input_open(r->cfg.model.path, &r->input)) || (rc = parts_start(r)))
+    if ((rc = rt_input_open(r->cfg.model.path, r->cfg.router.served_model_names, &r->input)) || (rc = parts_start(r)))
         return rc;
     int port;
     const char *cert = r->cfg.router.tls_cert, *tkey = r->cfg.router.tls_key, *cca = r->cfg.router.tls_client_ca;
@@ -555,7 +555,7 @@ static td_status_t router_start(void *ctx, char *key, size_t key_len, char **val
         return rc;
     td_rpc_advertise_addr(r->cfg.router.listen, port, r->self_addr, sizeof r->self_addr);
     snprintf(r->self_id, sizeof r->self_id, "router@%s", r->self_addr);
-    rt_planner_cfg_t pc = {.id = r->self_id, .model = r->input.model->desc.name,
+    rt_planner_cfg_t pc = {.id = r->self_id, .model = rt_input_name(&r->input),
                            .etcd_endpoints = r->cfg.etcd.endpoints, .lease_ttl_s = r->cfg.etcd.lease_ttl_s,
                            .tls = r->tls, .stats = r->stats};
     if ((rc = rt_planner_start(&pc, &r->planner)))
@@ -565,7 +565,7 @@ static td_status_t router_start(void *ctx, char *key, size_t key_len, char **val
     if (r->http)
         snprintf(http_at, sizeof http_at, "port %d", http_port);
     TD_INFO("router serving %s on port %d%s, OpenAI HTTP on %s, metrics on %s (etcd %s, placement %s)",
-            r->input.model->desc.name, port, !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at,
+            rt_input_name(&r->input), port, !cert[0] ? "" : cca[0] ? " with mutual TLS" : " with TLS", http_at,
             r->metrics.bound[0] ? r->metrics.bound : "none", r->cfg.etcd.endpoints, r->place->name);
     return record(r, key, key_len, value);
 }

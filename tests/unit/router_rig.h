@@ -294,7 +294,7 @@ static inline void rig_up(rig_t *g, rt_keys_t *api_keys)
     td_rpc_init();
     require_default_model();
     memset(g, 0, sizeof *g);
-    cr_assert_eq(rt_input_open(DEFAULT_MODEL, &g->input), TD_OK);
+    cr_assert_eq(rt_input_open(DEFAULT_MODEL, NULL, &g->input), TD_OK);
     const eng_model_desc_t *md = &g->input.model->desc;
     expect = td_kv_layout_make(md->name, md->n_layers, md->n_kv_heads, md->head_dim, 16, TD_KV_F16);
     rt_table_init(&g->table, &expect, NULL);

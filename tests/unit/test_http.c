@@ -117,9 +117,27 @@ Test(http, routes_models_health_and_completions, .timeout = 60)
     r = http(f.port, "GET", "/v1/models", NULL, NULL, NULL, 10);
     cr_assert_eq(r.status, 200);
     json_t *j = json_loads(r.body, 0, NULL);
+    /* the model file's name without its extension (router.served_model_names unset) */
     cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
-                     f.g.input.model->desc.name);
+                     "SmolLM2-135M-Instruct.Q4_1");
     json_decref(j);
+    free(r.body);
+    /* a request may name it, or the model's own name (GGUF general.name); another name is 404 naming the served one */
+    char body[512];
+    snprintf(body, sizeof body, "{\"model\": \"%s\", \"prompt\": \"hi\", \"max_tokens\": 2}",
+             f.g.input.model->desc.name);
+    r = http(f.port, "POST", "/v1/completions", NULL, body, NULL, 30);
+    cr_assert_eq(r.status, 200, "%ld %s", r.status, r.body);
+    free(r.body);
+    r = http(f.port, "POST", "/v1/completions", NULL,
+             "{\"model\": \"SmolLM2-135M-Instruct.Q4_1\", \"prompt\": \"hi\", \"max_tokens\": 2}", NULL, 30);
+    cr_assert_eq(r.status, 200, "%ld %s", r.status, r.body);
+    free(r.body);
+    r = http(f.port, "POST", "/v1/completions", NULL, "{\"model\": \"gpt-4\", \"prompt\": \"hi\", \"max_tokens\": 2}",
+             NULL, 30);
+    cr_assert_eq(r.status, 404, "%ld %s", r.status, r.body);
+    cr_assert(strstr(r.body, "'gpt-4' is not served here (this router serves 'SmolLM2-135M-Instruct.Q4_1')"), "%s",
+              r.body);
     free(r.body);
     r = http(f.port, "POST", "/v1/completions", NULL, "{\"prompt\": \"hello world\", \"max_tokens\": 7}", NULL, 30);
     cr_assert_eq(r.status, 200, "%ld %s", r.status, r.body);
@@ -295,4 +313,23 @@ Test(http, hang_up_cancels_upstream, .timeout = 60)
     fake_stop(&p);
     fake_stop(&d);
     front_down(&f);
+}
+
+/* router.served_model_names: the list read in order, the model's own name an alias, a bad list refused naming it */
+Test(http, served_model_names, .timeout = 30)
+{
+    require_default_model();
+    rt_input_t in;
+    cr_assert_eq(rt_input_open(DEFAULT_MODEL, "smollm2,tiny-chat", &in), TD_OK);
+    cr_assert_eq(in.n_served, 2);
+    cr_assert_str_eq(rt_input_name(&in), "smollm2");
+    cr_assert(rt_input_serves(&in, "tiny-chat") && rt_input_serves(&in, in.model->desc.name));
+    cr_assert(!rt_input_serves(&in, "SmolLM2-135M-Instruct.Q4_1") && !rt_input_serves(&in, "smollm"));
+    rt_input_close(&in);
+    static const char *bad[] = {",a", "a,,b", "a,", "1,2,3,4,5,6,7,8,9"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(rt_input_open(DEFAULT_MODEL, bad[i], &in), TD_ERR_CONFIG, "%s", bad[i]);
+        cr_assert(strstr(td_last_error(), "router.served_model_names"), "%s", td_last_error());
+        rt_input_close(&in);
+    }
 }
