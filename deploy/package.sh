@@ -15,8 +15,9 @@ for t in file dpkg-shlibdeps; do # CPack's DEB generator finds the dependencies'
   command -v "$t" >/dev/null || { echo "package.sh: $t is missing (apt install file dpkg-dev)" >&2; exit 1; }
 done
 b=${BUILD_DIR:-build-deb}
+case $b in /*) ;; *) b=$root/$b ;; esac
 cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr -DTANDEM_TESTS=OFF \
   -DTANDEM_CUDA="${TANDEM_CUDA:-OFF}" >/dev/null
 cmake --build "$b" -j"$(nproc)" --target tandem tandem-router tandem-prefill tandem-decode tandem-kvstore >/dev/null
 (cd "$b" && cpack -G DEB >/dev/null)
-ls -1 "$root/$b"/tandem_*.deb | tail -1
+ls -1 "$b"/tandem_*.deb | tail -1
