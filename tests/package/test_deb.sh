@@ -48,7 +48,7 @@ install -d -o tandem -g tandem "$work/state" "$work/cache"
 cp models/SmolLM2-135M-Instruct.Q4_1.gguf "$work/model.gguf" && chmod 644 "$work/model.gguf"
 sed "s|^  path: models/SmolLM2-135M-Instruct.Q4_1.gguf|  path: $work/model.gguf|" /etc/tandem/tandem.yaml > "$work/tandem.yaml"
 prompt="Write one sentence about the sea."
-want=$(/usr/bin/tandem generate --model "$work/model.gguf" --max-tokens 24 --threads 1 "$prompt" 2>/dev/null)
+want=$(/usr/bin/tandem generate --model "$work/model.gguf" --max-tokens 24 --threads 1 --chat "$prompt" 2>/dev/null)
 if [ -d /run/systemd/system ]; then
   echo "  systemd is PID 1 here: the cluster through a transient unit of the installed binaries"
   systemd-run --unit tandem-test-up -p User=tandem -p StateDirectory=tandem -p CacheDirectory=tandem \
@@ -61,11 +61,14 @@ else
     /usr/bin/tandem up --config "$work/tandem.yaml" > "$work/ep" 2> "$work/up.log") &
   for _ in $(seq 120); do ep=$(head -1 "$work/ep" 2>/dev/null); [ -n "$ep" ] && break; sleep 1; done
 fi
-got=$(timeout 60 /usr/bin/tandem generate --endpoint "${ep:-none}" --max-tokens 24 "$prompt" 2>/dev/null)
+got=$(timeout 60 /usr/bin/tandem generate --endpoint "${ep:-none}" --max-tokens 24 --chat "$prompt" 2>"$work/generate.err")
+[ -n "$got" ] || { echo "  tandem generate said:"; tail -5 "$work/generate.err"; tail -20 "$work/up.log" 2>/dev/null; }
 echo "  the cluster at ${ep:-nothing}: \"$got\""
 check "tandem up as the tandem user served an answer identical to the single process's" \
   sh -c "[ -n \"\$1\" ] && [ \"\$1\" = \"\$2\" ]" _ "$got" "$want"
-check "no process of the cluster runs as root" sh -c "! ps -o user=,args= -C tandem-router,tandem-prefill,tandem-decode,etcd | grep -q '^root'"
+procs=$(ps -eo user=,args= | grep -v grep | grep -E "tandem-(router|prefill|decode)|etcd" | grep -F "$work/")
+echo "  its processes' users: $(echo "$procs" | awk '{print $1}' | sort | uniq -c | xargs)"
+check "no process of the cluster runs as root" sh -c "[ -n \"\$1\" ] && ! echo \"\$1\" | grep -q '^root'" _ "$procs"
 if [ -d /run/systemd/system ]; then systemctl stop tandem-test-up; else pkill -TERM -u tandem -f "/usr/bin/tandem up"; fi
 for _ in $(seq 60); do pgrep -u tandem >/dev/null || break; sleep 1; done
 check "the cluster stopped (drained) on SIGTERM" sh -c "! pgrep -u tandem"

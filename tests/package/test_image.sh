@@ -28,10 +28,10 @@ check "it holds no compiler, no headers of the build" inside sh -c '! command -v
 prompt="Write one sentence about the sea."
 model=/models/SmolLM2-135M-Instruct.Q4_1.gguf
 out=$(inside sh -c '
-  single=$(tandem generate --model '"$model"' --max-tokens 24 --threads 1 "'"$prompt"'" 2>/dev/null)
+  single=$(tandem generate --model '"$model"' --max-tokens 24 --threads 1 --chat "'"$prompt"'" 2>/dev/null)
   tandem up --model '"$model"' > /tmp/ep 2> /tmp/up.log &
   for i in $(seq 120); do [ -s /tmp/ep ] && break; sleep 1; done
-  cluster=$(timeout 60 tandem generate --endpoint "$(cat /tmp/ep)" --max-tokens 24 "'"$prompt"'" 2>/dev/null)
+  cluster=$(timeout 60 tandem generate --endpoint "$(cat /tmp/ep)" --max-tokens 24 --chat "'"$prompt"'" 2>/dev/null)
   kill %1; wait
   printf "single=%s\ncluster=%s\nstopped=%s\n" "$single" "$cluster" "$(grep -c "tandem up: stopping" /tmp/up.log)"' 2>&1)
 single=$(echo "$out" | sed -n 's/^single=//p')
@@ -41,7 +41,7 @@ check "tandem up inside the image served one generation, identical to the single
   sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$cluster" "$single"
 check "tandem up inside the image stopped on SIGTERM" sh -c 'echo "$1" | grep -qx "stopped=1"' _ "$out"
 if [ -x build/bin/tandem ] && [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-  here=$(build/bin/tandem generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf --max-tokens 24 --threads 1 \
+  here=$(build/bin/tandem generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf --max-tokens 24 --threads 1 --chat \
     "$prompt" 2>/dev/null)
   check "the image's answer is this tree's build's ($here)" test "$here" = "$single"
 fi
