@@ -30,9 +30,10 @@ model=/models/SmolLM2-135M-Instruct.Q4_1.gguf
 out=$(inside sh -c '
   single=$(tandem generate --model '"$model"' --max-tokens 24 --threads 1 --chat "'"$prompt"'" 2>/dev/null)
   tandem up --model '"$model"' > /tmp/ep 2> /tmp/up.log &
+  up=$!
   for i in $(seq 120); do [ -s /tmp/ep ] && break; sleep 1; done
   cluster=$(timeout 60 tandem generate --endpoint "$(cat /tmp/ep)" --max-tokens 24 --chat "'"$prompt"'" 2>/dev/null)
-  kill %1; wait
+  kill $up; wait $up
   printf "single=%s\ncluster=%s\nstopped=%s\n" "$single" "$cluster" "$(grep -c "tandem up: stopping" /tmp/up.log)"' 2>&1)
 single=$(echo "$out" | sed -n 's/^single=//p')
 cluster=$(echo "$out" | sed -n 's/^cluster=//p')
