@@ -294,16 +294,22 @@ static void predict_local(const rt_table_t *t, const rt_worker_t *d, const rt_pl
     pr->valid = true;
 }
 
-/* Whether a prediction keeps the request's SLOs; a local prefill's stall
- * counts against the TPOT of the streams already running on its worker,
- * and with no TPOT SLO it may at most double their step. */
-static bool keeps_slos(const rt_place_req_t *rq, const rt_prediction_t *pr)
+/* Whether a prediction keeps the request's SLOs. A local prefill's stall
+ * counts against the TPOT of the streams running on its worker, and TPOT is
+ * a stream's mean time per output token: a stream sees about as many prompts
+ * arrive in its life as streams run beside it (Little's law), each stalling
+ * one of its steps, so its TPOT is the step plus (inflight + 1) stalls over
+ * its output (the request's max_tokens standing for the streams'). Charging
+ * the whole stall to one token's TPOT, as before, sent nearly every prompt to
+ * the prefill worker, even on the decode worker's own GPU, where that loses
+ * 5x (bench/results/distserve-2026-11-29-one-gpu/). With no TPOT SLO their
+ * TPOT may at most double. */
+static bool keeps_slos(const rt_place_req_t *rq, const rt_prediction_t *pr, double inflight)
 {
     if (rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms)
         return false;
-    if (rq->tpot_slo_ms)
-        return pr->tbt_ms + pr->stall_ms <= rq->tpot_slo_ms;
-    return pr->stall_ms <= pr->tbt_ms;
+    double tpot = pr->tbt_ms + (inflight + 1) * pr->stall_ms / (rq->max_tokens ? rq->max_tokens : 1);
+    return tpot <= (rq->tpot_slo_ms ? rq->tpot_slo_ms : 2 * pr->tbt_ms);
 }
 
 #define RT_LOCAL_RETRY 8
@@ -315,7 +321,7 @@ static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_
                                rt_prediction_t *local)
 {
     rt_worker_t *best = NULL;
-    bool remote_ok = keeps_slos(c->rq, remote);
+    bool remote_ok = keeps_slos(c->rq, remote, 0); /* a pair's prefill stalls no stream */
     double pair_ttft = remote->ttft_ms, best_ttft = remote_ok ? pair_ttft : INFINITY;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
@@ -326,7 +332,7 @@ static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_
         /* a worker never measured prefilling locally is tried while it is idle, and so is one passed over
          * RT_LOCAL_RETRY times since its last local prefill: its profile was measured at start-up, perhaps under
          * other load, and only local calls correct its model (one slow first call would keep it out for good) */
-        bool idle = !w->inflight && !w->prefilling, keeps = keeps_slos(c->rq, &pr);
+        bool idle = !w->inflight && !w->prefilling, keeps = keeps_slos(c->rq, &pr, w->inflight);
         bool explore = idle && (!w->n_obs || w->local_passed >= RT_LOCAL_RETRY);
         if (keeps && (pr.ttft_ms < best_ttft || (explore && !best))) {
             best = w;

@@ -526,9 +526,10 @@ Test(placement, a_request_served_whole_takes_a_colocated_worker_only, .timeout =
  * prefilling, is tried once while idle; its local first token (111 ms for
  * 100 tokens) refits its model; the pair then wins at 101 ms until its
  * measured overhead (30 ms) puts it at 131; a second local prefill while one
- * stream runs would stall it (a 64-token chunk, 65 ms, against a 4 ms step):
- * the pair, unless a TPOT SLO leaves room (200 ms: local), never when it does
- * not (50 ms); least_loaded never prefills locally. */
+ * stream runs would stall it (a 64-token chunk, 65 ms, against a 4 ms step;
+ * with 2 streams' prompts stalling a 4-token answer, a TPOT of 4 + 2 x 65 / 4
+ * = 36.5 ms): the pair, unless a TPOT SLO leaves room (200 ms: local), never
+ * when it does not (30 ms); least_loaded never prefills locally. */
 Test(placement, conditional_disaggregation_prefills_locally_when_predicted_better, .timeout = 30)
 {
     td_rpc_init();
@@ -580,13 +581,13 @@ Test(placement, conditional_disaggregation_prefills_locally_when_predicted_bette
               pl.pred.local, pl.pred.stall_ms);
     rt_table_prefill_done(&t, pl.decode, &pl.pred);
     rt_table_done(&t, pl.decode, NULL, 0);
-    rq.tpot_slo_ms = 50; /* it may not */
+    rq.tpot_slo_ms = 30; /* it may not */
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
     cr_assert(pl.code == TD_RPC_OK && pl.prefill && !pl.pred.local, "%s", pl.why);
     rt_table_prefill_done(&t, pl.prefill, &pl.pred);
     rt_table_done(&t, pl.prefill, NULL, 0);
     rt_table_done(&t, pl.decode, NULL, 0);
-    rq.tpot_slo_ms = 0; /* no SLO: the stall may at most double the step */
+    rq.tpot_slo_ms = 0; /* no SLO: the streams' TPOT may at most double (36.5 ms against 8) */
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
     cr_assert(pl.code == TD_RPC_OK && pl.prefill && !pl.pred.local, "%s", pl.why);
     rt_table_prefill_done(&t, pl.prefill, &pl.pred);
