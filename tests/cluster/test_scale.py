@@ -326,6 +326,10 @@ def test_workload_shift(pytestconfig):
 # missed, and the planner makes one a prefill worker again (the documents go there; the streams keep their pace).
 # Every request completes through both changes.
 MODE_SLO = {"ttft_ms": 30000, "tpot_ms": 12}  # TPOT: about 1.5x a decode step alone here; TTFT: only TPOT counts
+# The target is 75%, not 90%: an 8-token answer's TPOT is 7 intervals, so one prompt's chunk beside it on a 2-core
+# machine is a miss, and at 90% the first phase's window of 8-16 requests kept the planner from going colocated in
+# 1-2 of 3 runs on an idle VM (session 40), with the placement before and after its mean-TPOT rule; the second
+# phase meets 45-60%
 MODE_PHASES = [  # name, then each stream of it: input lengths, output length, requests, rate (per second)
     ("short prompts, short outputs", [("uniform:16:48", 8, 16, 0.8)]),
     ("chat streams beside documents", [("uniform:16:48", 64, 22, 0.75), ("uniform:400:500", 4, 12, 0.4)]),
@@ -342,7 +346,7 @@ def test_mode_shift():
     try:
         ops = os.path.join(work, "ops.yaml")
         with open(ops, "w") as f:
-            f.write("slo: {ttft_ms: %d, tpot_ms: %d, attainment: 0.9}\nplanner: {interval_s: 1, hold_s: 2, "
+            f.write("slo: {ttft_ms: %d, tpot_ms: %d, attainment: 0.75}\nplanner: {interval_s: 1, hold_s: 2, "
                     "cooldown_s: 4}\nmodels:\n  - {name: \"*\", policy: auto, prefill: 1, decode: 1, min_prefill: 1, "
                     "max_prefill: 1, min_decode: 1, max_decode: 2, choose_mode: true}\n" %
                     (MODE_SLO["ttft_ms"], MODE_SLO["tpot_ms"]))
