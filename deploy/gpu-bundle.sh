@@ -9,7 +9,12 @@
 # every op against the CPU backend, whole models against the CPU backend and
 # transformers, then benchmarks a Llama-2-7B-shaped model beside transformers
 # and prints a table; logs go to $OUT.
+#   deploy/gpu-bundle.sh            everything (bundle/ is then over the tool's 64 MiB a call: carry it compressed)
+#   deploy/gpu-bundle.sh 9 10       only what sections 9 and 10 need (the cluster's programs, etcd, the benchmark
+#                                   scripts; no tandem-cuda-check, tandem-gemv-study or default model): ~52 MB
 set -euo pipefail
+cluster_only=1
+for s in "${@:-all}"; do case $s in 9|10) ;; *) cluster_only=0 ;; esac; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
@@ -34,8 +39,12 @@ cp tests/fixtures/hf/make_logits_hf.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
 cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/distserve.py bench/gpu/ab.sh \
   bundle/bench/
+if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made there: no op checks, no default model
+  rm -f bundle/bin/tandem-cuda-check bundle/bin/tandem-gemv-study
+  rmdir bundle-model-b bundle-model-c
+fi
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ -f "$model" ]; then
+if [ "$cluster_only" -eq 0 ] && [ -f "$model" ]; then
   a=$((12 * 1000 * 1000)) size=$(stat -c %s "$model") # bundle/ has about 45 MB besides
   b=$(((size - a) / 2))
   head -c "$a" "$model" > bundle/smollm2.part-a
@@ -45,4 +54,4 @@ if [ -f "$model" ]; then
 fi
 cp deploy/gpu-run.sh bundle/run.sh
 chmod +x bundle/run.sh
-du -sh bundle bundle-model-b bundle-model-c
+du -sh bundle bundle-model-* 2>/dev/null

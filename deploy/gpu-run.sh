@@ -179,7 +179,8 @@ if want 9; then
 echo "== 9. DistServe's comparison on this GPU: disaggregated (1 prefill + 1 decode worker) vs colocated, SLO goodput"
 make7b
 unpack_etcd
-# one workload a call fits the device tool's 10 minutes: DS_WORKLOADS=chat, then summary, then mixed (DS_MODES picks
+# (bundle: deploy/gpu-bundle.sh 9 10, 52 MB.) One workload a call fits the device tool's 10 minutes:
+# DS_WORKLOADS=chat, then summary, then mixed (DS_MODES picks
 # among disagg, colocated, auto); on two GPUs
 # DS_ARGS="--prefill-device cuda:0 --decode-device cuda:1 --colocated 2 --colocated-device cuda:0,cuda:1"
 mkdir -p "${OUT:-/tmp}/distserve"
