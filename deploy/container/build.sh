@@ -12,6 +12,7 @@ cd "$root"
 tag=${1:-tandem:0.1.0}
 base=localhost/debian:12
 say() { echo "container: $*" >&2; }
+command -v podman >/dev/null || { echo "container: podman is missing (apt install podman; runc too where crun refuses the host's cgroups)" >&2; exit 1; }
 . "$root/deploy/container/podman-opts.sh"
 if ! podman image exists "$base"; then
   if podman pull -q docker.io/library/debian:12 >/dev/null 2>&1; then
@@ -19,6 +20,7 @@ if ! podman image exists "$base"; then
     say "base: docker.io/library/debian:12"
   else
     say "base: no registry answered; debootstrap bookworm (minbase) into a temporary folder"
+    command -v debootstrap >/dev/null || { say "debootstrap is missing (apt install debootstrap), and no registry answered"; exit 1; }
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     debootstrap --variant=minbase bookworm "$tmp/rootfs" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$tmp/log" 2>&1 ||
