@@ -82,7 +82,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "numerics-tap: %s\n", td_last_error());
         return 1;
     }
-    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, TD_KV_F16);
+    td_kv_layout_t g = td_kv_layout_make(m->kv_id, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, TD_KV_F16);
     if (kern_cpu_backend_create_numerics(2, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
         eng_forward_create(m, be, pool, (uint32_t)np, 1, &f)) {
         fprintf(stderr, "numerics-tap: %s\n", td_last_error());

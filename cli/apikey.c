@@ -2,6 +2,7 @@
  * the line of router.api_keys' file that admits it (its SHA-256: the file
  * never holds the key itself). */
 #include <openssl/sha.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,9 +11,11 @@
 #include "cli/cli.h"
 
 const char cli_apikey_usage[] =
-    "usage: tandem apikey NAME [--rpm N] [--tpm N]\n"
+    "usage: tandem apikey NAME [--rpm N] [--tpm N] [--weight W] [--priority P]\n"
     "  prints a new API key (give it to the client: Authorization: Bearer KEY) and the line to add to the\n"
-    "  file router.api_keys names: its SHA-256, NAME, requests and tokens per minute (0: no limit)\n";
+    "  file router.api_keys names: its SHA-256, NAME, requests and tokens per minute (0: no limit), and its\n"
+    "  weight (1) and priority class (0) when the cluster is contended (router.admit_max): tenants are served\n"
+    "  tokens in proportion to their weights, a higher class first\n";
 
 int cli_apikey(int argc, char **argv)
 {
@@ -20,15 +23,29 @@ int cli_apikey(int argc, char **argv)
         fprintf(stderr, "tandem apikey: a NAME (no spaces, at most 63 bytes) is needed\n%s", cli_apikey_usage);
         return 2;
     }
-    long rpm = 0, tpm = 0;
+    long rpm = 0, tpm = 0, prio = 0;
+    double weight = 1;
     for (int i = 1; i < argc; i += 2) {
         char *end = NULL;
-        long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
-        if (v < 0 || !end || *end || (strcmp(argv[i], "--rpm") && strcmp(argv[i], "--tpm"))) {
-            fprintf(stderr, "tandem apikey: bad argument '%s'\n%s", argv[i], cli_apikey_usage);
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (ok && !strcmp(f, "--weight")) {
+            weight = strtod(v, &end);
+            ok = *end == '\0' && weight > 0 && weight <= 1e6;
+        } else if (ok && !strcmp(f, "--priority")) {
+            prio = strtol(v, &end, 10);
+            ok = *end == '\0' && prio >= -1000000 && prio <= 1000000;
+        } else if (ok && (!strcmp(f, "--rpm") || !strcmp(f, "--tpm"))) {
+            long n = strtol(v, &end, 10);
+            ok = *end == '\0' && n >= 0;
+            *(f[2] == 'r' ? &rpm : &tpm) = n;
+        } else {
+            ok = false;
+        }
+        if (!ok || !v[0]) {
+            fprintf(stderr, "tandem apikey: bad argument '%s'%s%s\n%s", f, v ? " " : "", v ? v : "", cli_apikey_usage);
             return 2;
         }
-        *(argv[i][2] == 'r' ? &rpm : &tpm) = v;
     }
     unsigned char raw[24], hash[32];
     if (getrandom(raw, sizeof raw, 0) != sizeof raw) {
@@ -42,6 +59,9 @@ int cli_apikey(int argc, char **argv)
     printf("key:  %s\nline: ", key);
     for (int i = 0; i < 32; i++)
         printf("%02x", hash[i]);
-    printf(" %s %ld %ld\n", argv[0], rpm, tpm);
+    printf(" %s %ld %ld", argv[0], rpm, tpm);
+    if (weight != 1 || prio)
+        printf(" %g %ld", weight, prio);
+    printf("\n");
     return 0;
 }

@@ -8,6 +8,7 @@ int cli_inspect(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
+int cli_grammar(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_up(int argc, char **argv);
 int cli_health(int argc, char **argv);
@@ -18,7 +19,7 @@ int cli_kvstatus(int argc, char **argv);
 int cli_scale(int argc, char **argv);
 int cli_config(int argc, char **argv);
 /* Each subcommand's usage text (what `tandem CMD --help` prints). */
-extern const char cli_inspect_usage[], cli_tokenize_usage[], cli_generate_usage[], cli_perplexity_usage[],
+extern const char cli_inspect_usage[], cli_tokenize_usage[], cli_generate_usage[], cli_perplexity_usage[], cli_grammar_usage[],
     cli_bench_usage[], cli_up_usage[], cli_health_usage[], cli_status_usage[], cli_certs_usage[],
     cli_apikey_usage[], cli_kvstatus_usage[], cli_scale_usage[], cli_config_usage[];
 

@@ -15,14 +15,18 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "worker/sampling_pb.h"
 
 #define DEFAULT_MODEL_PATH TD_DEFAULT_MODEL
 
 const char cli_generate_usage[] =
     "usage: tandem generate [--model PATH | --endpoint HOST:PORT [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]] [--chat] [--max-tokens N] [--temperature T] [--top-k K]\n"
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
-    "                       [--stop STR]... [--ignore-eos] [--threads N] [--kv-tokens N | --kv-mib M] [--ids]\n"
-    "                       [--numerics fast|reference] [--device cpu|cuda[:N]] [--token-budget N]\n"
+    "                       [--stop STR]... [--stop-token-id ID]... [--min-tokens N] [--ignore-eos] [--threads N]\n"
+    "                       [--json-schema SCHEMA | --json-object | --regex RE | --choice STR...]\n"
+    "                       [--kv-tokens N | --kv-mib M] [--ids]\n"
+    "                       [--numerics fast|reference] [--device cpu|cuda[:N]] [--token-budget N] [--weights file|fp8]\n"
+    "                       [--load-format auto|dummy]\n"
     "                       PROMPT\n";
 
 static double now_s(void)
@@ -132,6 +136,11 @@ static int generate_remote(const char *endpoint, const td_rpc_tls_t *tls, const 
     sp.ignore_eos = req->ignore_eos;
     sp.n_stop = req->n_stop;
     sp.stop = (char **)req->stop;
+    sp.has_min_tokens = 1;
+    sp.min_tokens = req->sampling.min_tokens;
+    sp.n_stop_token_ids = req->sampling.n_stop_ids;
+    sp.stop_token_ids = (int32_t *)req->sampling.stop_ids;
+    eng_sampling_grammar_to_pb(&req->sampling, &sp);
     return cli_generate_remote(endpoint, tls, prompt, chat, ids, &sp, 600);
 }
 
@@ -211,8 +220,13 @@ int cli_generate(int argc, char **argv)
     eng_request_t req = {.sampling = eng_sampling_default(), .max_tokens = 128};
     eng_engine_config_t cfg = eng_engine_config_default();
     const char *stops[16];
+    const char *choices[64];
+    size_t n_choices = 0;
+    int32_t stop_ids[ENG_MAX_STOP_IDS];
     int n = 1;
     double v;
+    eng_weight_hold_t hold = ENG_WEIGHTS_FILE;
+    bool dummy = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *nx = i + 1 < argc ? argv[i + 1] : NULL;
 #define NUM(flag, lo, hi) (!strcmp(a, flag) && (i++, true) && parse_num(flag, nx, lo, hi, &v))
@@ -228,9 +242,32 @@ int cli_generate(int argc, char **argv)
             }
         }
         else if (!strcmp(a, "--device") && nx) cfg.device = argv[++i];
+        else if (!strcmp(a, "--load-format") && nx) {
+            if (strcmp(nx, "auto") && strcmp(nx, "dummy")) {
+                fprintf(stderr, "tandem generate: --load-format '%s': it must be auto or dummy\n", nx);
+                return 2;
+            }
+            dummy = !strcmp(argv[++i], "dummy");
+        }
+        else if (!strcmp(a, "--weights") && nx) {
+            if (!eng_weight_hold_parse(argv[++i], &hold)) {
+                fprintf(stderr, "tandem generate: --weights '%s': it must be file or fp8\n", nx);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--ignore-eos")) req.ignore_eos = true;
+        else if (!strcmp(a, "--json-schema") && nx) req.sampling.grammar = ENG_GRAMMAR_JSON_SCHEMA,
+                                                   req.sampling.grammar_src = argv[++i];
+        else if (!strcmp(a, "--json-object")) req.sampling.grammar = ENG_GRAMMAR_JSON_OBJECT;
+        else if (!strcmp(a, "--regex") && nx) req.sampling.grammar = ENG_GRAMMAR_REGEX,
+                                             req.sampling.grammar_src = argv[++i];
+        else if (!strcmp(a, "--choice") && nx && n_choices < 64)
+            req.sampling.grammar = ENG_GRAMMAR_CHOICE, choices[n_choices++] = argv[++i];
         else if (!strcmp(a, "--stop") && nx && req.n_stop < 16) stops[req.n_stop++] = argv[++i];
         else if (NUM("--max-tokens", 0, 1e6)) req.max_tokens = (uint32_t)v;
+        else if (NUM("--min-tokens", 0, 1e6)) req.sampling.min_tokens = (uint32_t)v;
+        else if (req.sampling.n_stop_ids < ENG_MAX_STOP_IDS && NUM("--stop-token-id", 0, 2147483647))
+            stop_ids[req.sampling.n_stop_ids++] = (int32_t)v;
         else if (NUM("--temperature", -1e9, 1e9)) req.sampling.temperature = (float)v;
         else if (NUM("--top-k", -1e9, 1e9)) req.sampling.top_k = (int32_t)v;
         else if (NUM("--top-p", -1e9, 1e9)) req.sampling.top_p = (float)v;
@@ -258,12 +295,17 @@ int cli_generate(int argc, char **argv)
         return 2;
     }
     req.stop = stops;
+    req.sampling.stop_ids = stop_ids;
+    req.sampling.grammar_choices = choices;
+    req.sampling.n_grammar_choices = n_choices;
     if (endpoint)
         return generate_remote(endpoint, tls.ca_file || tls.cert_file ? &tls : NULL, prompt, chat, ids, &req);
     double t_load = now_s();
     eng_model_t *m;
     if (eng_model_open(model, &m))
         return 1;
+    eng_model_set_hold(m, hold);
+    eng_model_set_dummy(m, dummy);
     int ret = 1;
     int32_t *toks = NULL;
     size_t cap = 0, nt = 0;

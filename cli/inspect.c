@@ -34,7 +34,7 @@ static bool tensor_get(const eng_model_t *m, size_t i, cli_tensor_t *t, uint64_t
             dims[d] = g->dims[g->n_dims - 1 - d];
         return true;
     }
-    const eng_st_tensor_t *s = eng_st_tensor_at(m->st, i);
+    const eng_st_tensor_t *s = m->st ? eng_st_tensor_at(m->st, i) : NULL; /* a folder without weights has none */
     if (!s)
         return false;
     *t = (cli_tensor_t){s->name, (int)strlen(s->name), kern_type_info(s->type)->name, s->n_dims, s->dims, s->n_bytes};

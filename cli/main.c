@@ -29,6 +29,8 @@ static const char usage[] =
     "                                      (tandem generate --help for every option)\n"
     "  perplexity FILE [--model PATH] [--ctx N] [--threads N]\n"
     "                                      the model's perplexity on a text file\n"
+    "  grammar MODEL (--json-schema S | --regex RE | ...) [--tokens ID,...]\n"
+    "                                      the tokens structured output allows, step by step\n"
     "  bench --endpoint HOST:PORT [--rate R | --sweep R1,R2] [--goodput ttft:MS,tpot:MS] ...\n"
     "                                      SLO goodput of a serving endpoint (tandem bench for all options)\n"
     "\n"
@@ -46,7 +48,7 @@ static const struct {
     {"health", cli_health, cli_health_usage},             {"certs", cli_certs, cli_certs_usage},
     {"apikey", cli_apikey, cli_apikey_usage},             {"kvstore-status", cli_kvstatus, cli_kvstatus_usage},
     {"scale", cli_scale, cli_scale_usage},                {"status", cli_status, cli_status_usage},
-    {"config", cli_config, cli_config_usage},
+    {"config", cli_config, cli_config_usage},             {"grammar", cli_grammar, cli_grammar_usage},
 };
 
 int main(int argc, char **argv)

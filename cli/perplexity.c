@@ -17,6 +17,7 @@
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "engine/sampler.h"
 #include "engine/tokenizer.h"
 
 #define PPL_ROWS 64 /* logit rows per forward call */
@@ -30,18 +31,33 @@ static double now_s(void)
 
 const char cli_perplexity_usage[] =
     "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N] [--numerics fast|reference]\n"
-    "                         [--device cpu|cuda[:N]]\n";
+    "                         [--device cpu|cuda[:N]] [--weights file|fp8] [--load-format auto|dummy]\n";
 
 int cli_perplexity(int argc, char **argv)
 {
     const char *model = TD_DEFAULT_MODEL, *file = NULL, *device = NULL;
     long ctx = 512, threads = 0;
     kern_numerics_t numerics = KERN_NUMERICS_FAST;
+    eng_weight_hold_t hold = ENG_WEIGHTS_FILE;
+    bool dummy = false;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--load-format") && i + 1 < argc) {
+            if (strcmp(argv[i + 1], "auto") && strcmp(argv[i + 1], "dummy")) {
+                fprintf(stderr, "tandem perplexity: --load-format '%s': it must be auto or dummy\n", argv[i + 1]);
+                return 2;
+            }
+            dummy = !strcmp(argv[++i], "dummy");
+        }
+        else if (!strcmp(argv[i], "--weights") && i + 1 < argc) {
+            if (!eng_weight_hold_parse(argv[++i], &hold)) {
+                fprintf(stderr, "tandem perplexity: --weights '%s': it must be file or fp8\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--numerics") && i + 1 < argc) {
             if (!kern_numerics_parse(argv[++i], &numerics)) {
                 fprintf(stderr, "tandem perplexity: --numerics '%s': it must be fast or reference\n", argv[i]);
@@ -78,6 +94,8 @@ int cli_perplexity(int argc, char **argv)
     int ret = 1;
     if (!text || got != (size_t)size || eng_model_open(model, &m))
         goto out;
+    eng_model_set_hold(m, hold);
+    eng_model_set_dummy(m, dummy);
     if (m->desc.context && (uint32_t)ctx > m->desc.context) {
         fprintf(stderr, "tandem perplexity: --ctx %ld is past the model's context of %u\n", ctx, m->desc.context);
         goto out;
@@ -85,7 +103,7 @@ int cli_perplexity(int argc, char **argv)
     if (eng_tokenizer_encode(m->tok, text, got, 0, &toks, &cap, &n))
         goto out;
     uint32_t bt = 16, nblocks = (uint32_t)(ctx + bt - 1) / bt;
-    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, TD_KV_F16);
+    td_kv_layout_t g = td_kv_layout_make(m->kv_id, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, TD_KV_F16);
     table = malloc(nblocks * sizeof *table);
     if (!table || eng_backend_open(device, (int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
         eng_forward_create(m, be, pool, PPL_ROWS, PPL_ROWS, &f))
@@ -116,13 +134,7 @@ int cli_perplexity(int argc, char **argv)
                 if (i < (uint32_t)ctx / 2 || i + 1 >= (uint32_t)ctx)
                     continue;
                 const float *row = lg + (size_t)r * V;
-                float mx = row[0];
-                for (uint32_t v = 1; v < V; v++)
-                    mx = row[v] > mx ? row[v] : mx;
-                double se = 0;
-                for (uint32_t v = 0; v < V; v++)
-                    se += exp((double)row[v] - mx);
-                cn += mx + log(se) - row[ch[i + 1]];
+                cn += eng_logsumexp(row, (int32_t)V) - row[ch[i + 1]]; /* the log-probabilities' one definition */
                 scored++;
             }
         }

@@ -63,6 +63,24 @@ typedef struct cfg_field {
     U(#r ".token_budget", r.token_budget, "512", 1, 1u << 20, "tokens per engine step (the chunked-prefill size)",    \
       .flag = "--token-budget", .procs = W, .more = "prompts are prefilled in chunks of at most this many"),         \
     L(#r ".kv_mib", r.kv_mib, "64", 1, 1u << 20, "the KV pool (MiB)", .flag = "--kv-mib", .procs = W),                \
+    S(#r ".queue", r.queue, "fcfs", "fcfs|cache|mlq", "the order waiting prompts are computed in", .flag = "--queue",  \
+      .procs = W,                                                                                                     \
+      .more = "fcfs: arrival order (priorities first); cache: the prompt under way, then the longest cached prefix "  \
+              "first, and a prompt waits a step for a prefix another prompt is computing rather than computing it " \
+              "too (SGLang's longest-prefix-match); mlq: skip-join multi-level feedback (FastServe): a prompt enters " \
+              "the first level whose quantum holds it and drops a level per quantum used, so short prompts pass "   \
+              "long ones under way. Priorities come first and the age bound holds in every order"),                \
+    L(#r ".swap_mib", r.swap_mib, "512", 0, 1u << 20, "host memory a preempted sequence's KV waits in (MiB)",         \
+      .flag = "--swap-mib", .procs = W,                                                                               \
+      .more = "when the pool runs short the newest sequence is preempted: its KV is copied here and back when the "   \
+              "pool has room, if that is predicted cheaper than computing it again (else it is recomputed); 0: "      \
+              "always recomputed. Taken as needed, up to this"),                                                     \
+    U(#r ".queue_levels", r.queue_levels, "4", 1, 16, "mlq: the queue's levels", .flag = "--queue-levels",           \
+      .procs = W),                                                                                                    \
+    U(#r ".queue_quantum", r.queue_quantum, "256", 1, 1u << 20, "mlq: level 0's quantum in prompt tokens",            \
+      .flag = "--queue-quantum", .procs = W, .more = "level i's is this << i"),                                      \
+    U(#r ".queue_age_ms", r.queue_age_ms, "10000", 0, 0, "a prompt waiting longer goes first, whatever the order",    \
+      .flag = "--queue-age-ms", .procs = W, .more = "0: no bound (a prompt may starve behind others)"),            \
     B(#r ".profile", r.profile, "true", "measure the start-up profile (worker/profile_store.h)",                       \
       .more = "prefill and decode step times measured at start-up (about 2 s alone) and published with the worker's " \
               "registration for the router's predictions (a pool under 2048 tokens is not profiled); kept in "      \
@@ -89,6 +107,17 @@ static const cfg_field_t cfg_fields[] = {
       .flag = "--numerics", .procs = W,
       .more = "reference: llama.cpp's rounding bit for bit (the same greedy tokens as llama.cpp on the same GGUF; "
               "AVX2 CPUs; a slower prefill)"),
+    S("model.weights", model.weights, "file", "file|fp8", "how the layers' matrices are held: as the file has them, or FP8",
+      .flag = "--weights", .procs = R | W,
+      .more = "fp8: E4M3 with a scale per output channel, converted at load (an FP8 safetensors checkpoint is read as "
+              "it is whatever this says); half the bytes a decode step reads on the GPU. The embedding and output "
+              "matrix stay as they are. Part of the KV contract's model id: every worker of a cluster agrees"),
+    S("model.load_format", model.load_format, "auto", "auto|dummy", "where the weights come from: the model's file, or dummy",
+      .flag = "--load-format", .procs = R | W,
+      .more = "dummy (as vLLM's --load-format dummy): the file's weights are not read, and a folder needs none "
+              "(config.json and tokenizer.json are enough); every matrix is filled with seeded values (the same "
+              "bits on every backend), every norm with ones — to serve and measure a model's shape without its "
+              "weights on disk. For benchmarks: the output means nothing. Part of the KV contract's model id"),
     U("model.block_tokens", model.block_tokens, "16", 16, 256, "tokens per KV block, a power of two",
       .flag = "--block-tokens", .procs = R | W, .more = "part of the KV contract: every worker of a cluster agrees"),
     U("model.context", model.context, "0", 0, 0, "the context length (0: the model's)"),
@@ -107,8 +136,9 @@ static const cfg_field_t cfg_fields[] = {
               "--served-model-name"),
     S("router.api_keys", router.api_keys, "", NULL, "the API keys' file (\"\": an open API)", .flag = "--api-keys",
       .procs = R,
-      .more = "one key a line, \"SHA256-HEX NAME RPM TPM\" (requests and tokens per minute, 0: no limit; `tandem "
-              "apikey NAME --rpm N --tpm M` makes a key and its line). Clients send \"Authorization: Bearer KEY\" "
+      .more = "one key a line, \"SHA256-HEX NAME RPM TPM [WEIGHT [PRIORITY]]\" (requests and tokens per minute, 0: "
+              "no limit; the key's share and class in the admission queue, router.admit_max: 1 and 0; `tandem apikey "
+              "NAME --rpm N --tpm M --weight W --priority P` makes a key and its line). Clients send \"Authorization: Bearer KEY\" "
               "(HTTP) or the same as gRPC metadata \"authorization\"; an unknown key is 401 / UNAUTHENTICATED, a key "
               "past its limit 429 / RESOURCE_EXHAUSTED with a retry hint. Tokens are charged at admission by prompt "
               "+ max_tokens and settled at the end by what was used. \"\": no keys asked (logged)"),
@@ -131,6 +161,15 @@ static const cfg_field_t cfg_fields[] = {
     U("router.max_streams", router.max_streams, "4096", 1, 1u << 20, "calls the router handles at once",
       .flag = "--max-streams", .procs = R,
       .more = "streams in flight; past it a new call is answered RESOURCE_EXHAUSTED at once"),
+    U("router.admit_max", router.admit_max, "0", 0, 1u << 20, "requests out on the workers at once (0: no limit)",
+      .flag = "--admit-max", .procs = R,
+      .more = "past it a request waits its turn in the admission queue, per tenant (API key): tenants are served "
+              "tokens in proportion to their keys' weights, a higher priority class first, a tenant back from idle "
+              "with no credit banked (router/fair.h); a queued request's deadline is kept"),
+    U("router.tenant_queue_max", router.tenant_queue_max, "64", 1, 1u << 20,
+      "requests one tenant may have waiting in the admission queue",
+      .more = "past it the tenant's requests are refused at once (RESOURCE_EXHAUSTED) with a retry hint from its "
+              "own share, not queued behind everyone"),
     S("router.placement", router.placement, "predictive", NULL, "the placement policy (router/placement.h)",
       .more = "predictive: the prefill worker with the lowest predicted time to first token (its queue of equal or "
               "higher priority, the prompt's blocks its pool holds, the further blocks the KV store can supply from "

@@ -37,6 +37,9 @@ typedef struct td_worker_config {
     uint64_t kv_mib;
     bool profile, colocated;
     char *device;
+    char *queue; /* the order waiting prompts are computed in (engine/sched.h) */
+    uint32_t queue_levels, queue_quantum, queue_age_ms;
+    uint64_t swap_mib; /* host memory preempted sequences' KV may wait in */
 } td_worker_config_t;
 
 /* A device name: "cpu" (*cuda -1), "cuda" (*cuda 0) or "cuda:N" (*cuda N,
@@ -50,10 +53,11 @@ unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n);
 
 typedef struct td_config {
     struct { char *level, *format; } log;
-    struct { char *path, *kv_dtype, *numerics; uint32_t block_tokens, context; } model;
+    struct { char *path, *kv_dtype, *numerics, *weights, *load_format; uint32_t block_tokens, context; } model;
     struct {
         char *listen, *http_listen, *served_model_names, *api_keys, *admin_keys, *tls_cert, *tls_key, *tls_client_ca, *tls_ca, *placement;
         uint32_t max_streams, ttft_slo_ms, tpot_slo_ms, index_max_blocks, index_drop_events;
+        uint32_t admit_max, tenant_queue_max;
         bool early_reject;
     } router;
     td_worker_config_t prefill, decode;

@@ -153,21 +153,24 @@ td_status_t td_ops_load_file(const char *path, td_ops_t **out)
 
 td_status_t td_ops_format(const td_ops_t *ops, char **text) { return td_yaml_save(&top_schema, ops, text, NULL); }
 
-const td_ops_model_t *td_ops_model(const td_ops_t *ops, const char *model)
+const td_ops_model_t *td_ops_model(const td_ops_t *ops, const char *model, const char *alias)
 {
-    const td_ops_model_t *any = NULL;
+    const td_ops_model_t *any = NULL, *aka = NULL;
     for (unsigned i = 0; ops && i < ops->models_count; i++) {
         if (!strcmp(ops->models[i].name, model))
             return &ops->models[i];
+        if (alias && !strcmp(ops->models[i].name, alias))
+            aka = &ops->models[i];
         if (!strcmp(ops->models[i].name, "*"))
             any = &ops->models[i];
     }
-    return any;
+    return aka ? aka : any;
 }
 
-td_status_t td_ops_set_counts(td_ops_t *ops, const char *model, uint32_t prefill, uint32_t decode)
+td_status_t td_ops_set_counts(td_ops_t *ops, const char *model, const char *alias, uint32_t prefill,
+                              uint32_t decode)
 {
-    td_ops_model_t *m = (td_ops_model_t *)td_ops_model(ops, model);
+    td_ops_model_t *m = (td_ops_model_t *)td_ops_model(ops, model, alias);
     if (!m) {
         if (ops->models_count >= TD_OPS_MAX_MODELS)
             return td_error(TD_ERR_CONFIG, "ops: %d models already; no room for \"*\"", TD_OPS_MAX_MODELS);

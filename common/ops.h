@@ -62,12 +62,15 @@ td_status_t td_ops_load_file(const char *path, td_ops_t **out);
 /* The canonical YAML of ops (every key, defaults written out; free()). */
 td_status_t td_ops_format(const td_ops_t *ops, char **text);
 /* The fixed counts of one model (`tandem scale --prefill N --decode M`):
- * its entry (or "*") becomes policy fixed with these counts; a count outside
- * the entry's bounds is refused naming the bound. An ops with no entry for
- * model gets one named "*". */
-td_status_t td_ops_set_counts(td_ops_t *ops, const char *model, uint32_t prefill, uint32_t decode);
-/* The entry that governs model: its own name, else "*", else NULL. */
-const td_ops_model_t *td_ops_model(const td_ops_t *ops, const char *model);
+ * its entry (td_ops_model's) becomes policy fixed with these counts; a count
+ * outside the entry's bounds is refused naming the bound. An ops with no
+ * entry for the model gets one named "*". */
+td_status_t td_ops_set_counts(td_ops_t *ops, const char *model, const char *alias, uint32_t prefill,
+                              uint32_t decode);
+/* The entry that governs a model: the one of its name, else of its alias
+ * (the model's own name where it is served under another; NULL: none), else
+ * "*", else NULL. */
+const td_ops_model_t *td_ops_model(const td_ops_t *ops, const char *model, const char *alias);
 bool td_ops_is_auto(const td_ops_model_t *m);
 void td_ops_free(td_ops_t *ops);
 

@@ -489,11 +489,16 @@ out:
  * NUL-terminated); both are reused once the handler has sent everything, so
  * a stream allocates nothing per token once they are large enough. */
 typedef struct dec_event {
-    int32_t token;
+    int32_t token;    /* the client's (-1: none; an end token is not one) */
+    int32_t lp_token; /* the token of lp: an end token's too */
     eng_finish_t finish;
     size_t text_off;
     uint32_t n_generated, n_cached;
     char *error; /* ENG_FINISH_ERROR's message */
+    bool has_lp;
+    eng_logprobs_t lp; /* the token's, where the request asked (sampling.logprobs) */
+    eng_logprobs_t *plp; /* the prompt's (sampling.prompt_logprobs), on the first event */
+    uint32_t n_plp;
 } dec_event_t;
 
 typedef struct dreq {
@@ -531,8 +536,10 @@ static void dreq_put(dreq_t *d)
     pthread_mutex_unlock(&d->mu);
     if (r)
         return;
-    for (size_t i = 0; i < d->n_ev; i++)
+    for (size_t i = 0; i < d->n_ev; i++) {
         free(d->ev[i].error);
+        free(d->ev[i].plp);
+    }
     free(d->text);
     free(d->ev);
     free(d->bias);
@@ -550,6 +557,7 @@ static void on_decode_event(void *ctx, const eng_event_t *ev)
         td_grow((void **)&d->text, &d->text_cap, d->text_len + ev->text_len + 1, 1, 256)) {
         dec_event_t *x = &d->ev[d->n_ev++];
         x->token = ev->finish == ENG_FINISH_EOS ? -1 : ev->token;
+        x->lp_token = ev->token;
         x->finish = ev->finish;
         x->text_off = d->text_len;
         memcpy(d->text + d->text_len, ev->text, ev->text_len);
@@ -558,6 +566,14 @@ static void on_decode_event(void *ctx, const eng_event_t *ev)
         x->n_generated = ev->n_generated;
         x->n_cached = ev->n_cached;
         x->error = ev->error ? strdup(ev->error) : NULL;
+        if ((x->has_lp = ev->logprobs != NULL))
+            x->lp = *ev->logprobs;
+        x->plp = NULL;
+        x->n_plp = 0;
+        if (ev->n_prompt_logprobs && (x->plp = malloc(ev->n_prompt_logprobs * sizeof *x->plp))) {
+            memcpy(x->plp, ev->prompt_logprobs, ev->n_prompt_logprobs * sizeof *x->plp);
+            x->n_plp = ev->n_prompt_logprobs;
+        }
     } else {
         d->lost = true;
     }
@@ -591,9 +607,16 @@ static size_t next_message(dreq_t *d, size_t *sent, uint8_t *buf, size_t cap, ui
         Tandem__Internal__V1__DecodeResponse r = TANDEM__INTERNAL__V1__DECODE_RESPONSE__INIT;
         r.text = d->text + x->text_off;
         int32_t tok = x->token;
+        eng_logprob_pb_t lpb;
+        Tandem__V1__TokenLogprob *lp;
         if (tok >= 0) {
             r.n_token_ids = 1;
             r.token_ids = &tok;
+        }
+        if (x->has_lp && x->lp_token >= 0) { /* an end token's log-probability too (OpenAI lists it) */
+            lp = eng_logprob_to_pb(x->lp_token, &x->lp, &lpb);
+            r.n_logprobs = 1;
+            r.logprobs = &lp;
         }
         r.has_completion_tokens = 1;
         r.completion_tokens = x->n_generated;
@@ -605,14 +628,20 @@ static size_t next_message(dreq_t *d, size_t *sent, uint8_t *buf, size_t cap, ui
         }
         if (x->finish == ENG_FINISH_ERROR)
             r.error = x->error ? x->error : "an engine step failed";
+        void *plp_mem = NULL;
+        if (x->n_plp && !eng_prompt_logprobs_to_pb(d->rq->tokens, x->plp, x->n_plp, &plp_mem, &r.prompt_logprobs))
+            r.n_prompt_logprobs = x->n_plp + 1;
         *fin = x->finish;
         pn = tandem__internal__v1__decode_response__get_packed_size(&r);
         *out = pn <= cap ? buf : malloc(pn);
         if (*out)
             tandem__internal__v1__decode_response__pack(&r, *out);
+        free(plp_mem);
         if (++*sent == d->n_ev) { /* all sent: reuse the queue */
-            for (size_t i = 0; i < d->n_ev; i++)
+            for (size_t i = 0; i < d->n_ev; i++) {
                 free(d->ev[i].error);
+                free(d->ev[i].plp);
+            }
             d->n_ev = d->text_len = 0;
             *sent = 0;
         }
@@ -696,6 +725,8 @@ static void add_request(eng_worker_t *w, dreq_t *d, const int32_t *kv, uint32_t 
                         .priority = d->rq->has_priority ? d->rq->priority : 0, .deadline = d->deadline};
     eng_sampling_from_pb(sp, &er.sampling, d->bias);
     er.max_tokens = sp && sp->max_tokens ? sp->max_tokens : 128;
+    if (kv) /* the prefill worker that computed the prompt scored it */
+        er.sampling.prompt_logprobs = false;
     er.ignore_eos = sp && sp->ignore_eos;
     er.stop = sp ? (const char *const *)sp->stop : NULL;
     er.n_stop = sp ? sp->n_stop : 0;

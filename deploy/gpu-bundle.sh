@@ -12,9 +12,11 @@
 #   deploy/gpu-bundle.sh            everything (bundle/ is then over the tool's 64 MiB a call: carry it compressed)
 #   deploy/gpu-bundle.sh 9 10       only what sections 9 and 10 need (the cluster's programs, etcd, the benchmark
 #                                   scripts; no tandem-cuda-check, tandem-gemv-study or default model): ~52 MB
+#   deploy/gpu-bundle.sh 1 11       sections of the backend alone (1-5, 11, 12): no cluster programs, no etcd: ~54 MB
 set -euo pipefail
-cluster_only=1
+cluster_only=1 backend_only=1
 for s in "${@:-all}"; do case $s in 9|10) ;; *) cluster_only=0 ;; esac; done
+for s in "${@:-all}"; do case $s in 1|2|3|4|5|11|12|13) ;; *) backend_only=0 ;; esac; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
@@ -35,13 +37,17 @@ ucx=$(dirname "$(ldd build-gpu/bin/tandem | awk '/libucp/ {print $3}')")/ucx
 [ -d "$ucx" ] && mkdir -p bundle/lib/ucx && cp -L "$ucx"/libuct_*.so.0 "$ucx"/libucm_*.so.0 bundle/lib/ucx/ 2>/dev/null || true
 cp tests/fixtures/dequant/crafted.gguf bundle/fixtures/
 cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
-cp tests/fixtures/hf/make_logits_hf.py bundle/fixtures/
+cp tests/fixtures/hf/make_logits_hf.py tests/fixtures/hf/make_fp8_ref.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
 cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/distserve.py bench/gpu/ab.sh \
   bundle/bench/
 if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made there: no op checks, no default model
   rm -f bundle/bin/tandem-cuda-check bundle/bin/tandem-gemv-study
   rmdir bundle-model-b bundle-model-c
+fi
+if [ "$backend_only" -eq 1 ]; then # the backend's checks and benchmarks: tandem and tandem-cuda-check
+  rm -f bundle/bin/tandem-router bundle/bin/tandem-prefill bundle/bin/tandem-decode bundle/bin/tandem-kvstore \
+    bundle/bin/tandem-bench-kvxfer bundle/bin/etcd.xz
 fi
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ "$cluster_only" -eq 0 ] && [ -f "$model" ]; then

@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7 8 9} " # 10 (two GPUs) only when named
+sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12} " # 10 (two GPUs) only when named
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -220,6 +220,127 @@ python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m7" --out "${OUT
   2> "$out/disagg-7b-2gpu.err" || { echo "disaggregated 7B on two GPUs FAILED"; tail -5 "$out/disagg-7b-2gpu.err"; fail=1; }
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('7B on two GPUs, greedy 48 tokens: %d of %d prompts identical' % (d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); sys.exit(0 if d['identical'] == len(d['identity']) else 1)" "$out/disagg-7b-2gpu.json" || fail=1
 fi
+fi
+
+if want 11; then
+echo "== 11. FP8 weights (E4M3, a scale a row): PyTorch's reference, fp8 against fp16 — quality and speed"
+python3 "$here/fixtures/make_fp8_ref.py" "${OUT:-/tmp}/tiny-llama3-fp8.json" > "$out/fp8-ref.txt" 2>&1 ||
+  { echo "the FP8 reference FAILED"; cat "$out/fp8-ref.txt"; fail=1; }
+make7b
+"$here/bin/tandem-cuda-check" --no-ops --no-timings --model "$here/fixtures/tiny-llama3" --fp8-model "$m7" \
+  > "$out/check-fp8.txt" 2>&1 || fail=1
+cat "$out/check-fp8.txt"
+if [ -n "$smol" ]; then
+  same=0; total=0
+  for p in "The capital of France is" "Write a haiku about the sea." "def fibonacci(n):" "1, 2, 3, 4," \
+      "Explain photosynthesis in one sentence." "The quick brown fox" "List three prime numbers:" \
+      "Translate 'good morning' into French:" "Once upon a time" "What is the boiling point of water?"; do
+    a=$("$T" generate --model "$smol" --ids --max-tokens 48 --ignore-eos --device cuda "$p" 2>/dev/null)
+    b=$("$T" generate --model "$smol" --ids --max-tokens 48 --ignore-eos --device cuda --weights fp8 "$p" 2>>"$out/fp8.err")
+    total=$((total + 1)); [ "$a" = "$b" ] && same=$((same + 1))
+    python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))); print('%s: the first %d of 48 tokens equal' % (sys.argv[3], n))" "$a" "$b" "$p" >> "$out/fp8-greedy.txt"
+  done
+  cat "$out/fp8-greedy.txt"
+  echo "SmolLM2 greedy, 48 tokens: $same of $total prompts identical with fp8 and fp16 weights on the GPU"
+  for w in file fp8; do
+    "$T" perplexity "$here/fixtures/ppl.txt" --model "$smol" --device cuda --weights $w > "$out/ppl-cuda-$w.txt" 2>&1
+    echo "SmolLM2 perplexity, cuda, weights $w: $(tail -1 "$out/ppl-cuda-$w.txt")"
+  done
+fi
+# the Llama-2-7B shape: batch-1 decode alternating fp16 and fp8 (3 rounds), then larger batches, then prefill
+: > "$out/fp8-7b.txt"
+for r in 1 2 3; do for w in file fp8; do
+  "$T" generate --model "$m7" --device cuda --weights $w --max-tokens 256 --ignore-eos --ids --kv-mib 1024 "hello" \
+    2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/round $r, weights $w, batch 1: /" >> "$out/fp8-7b.txt"
+done; done
+for b in 8 32 64 128 256; do for w in file fp8; do
+  "$T" generate --model "$m7" --device cuda --weights $w --n $b --max-tokens 128 --ignore-eos --ids \
+    --kv-mib $(( b * 80 + 512 )) "hello" 2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/weights $w, batch $b: /" \
+    >> "$out/fp8-7b.txt"
+done; done
+p4=$(python3 -c "
+from tokenizers import Tokenizer
+t = Tokenizer.from_file('$m7/tokenizer.json')
+w = []
+while len(t.encode(' '.join(w), add_special_tokens=False).ids) < 4095:
+    w.append(str(len(w) % 97))
+print(' '.join(w[:-1]))")
+for w in file fp8; do
+  "$T" generate --model "$m7" --device cuda --weights $w --max-tokens 1 --ignore-eos --ids --token-budget 4096 \
+    --kv-mib 4096 "$p4" 2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/weights $w, prefill 4096: /" >> "$out/fp8-7b.txt"
+done
+sed -E 's/\| KV .*//' "$out/fp8-7b.txt"
+fi
+
+if want 12; then
+echo "== 12. the dummy load format: shapes without weights (the GPU fills the CPU's bits; the 7B shape as from a file;"
+echo "   the Llama-3-70B shape in FP8 on one GPU)"
+for sh in llama2-7b llama3-70b; do
+  python3 "$here/bench/make_random_llama.py" "$work/$sh-dummy" --shape $sh --tokenizer "$here/fixtures/tiny-llama3" \
+    --config-only >> "$out/make-dummy.txt" 2>&1 || { echo "making $sh's config FAILED"; fail=1; }
+done
+mkdir -p "$work/tiny-dummy" && cp "$here/fixtures/tiny-llama3/"*.json "$work/tiny-dummy/" && rm -f "$work/tiny-dummy/model.safetensors"
+"$here/bin/tandem-cuda-check" --no-ops --no-timings --dummy --model "$work/tiny-dummy" > "$out/check-dummy.txt" 2>&1 || fail=1
+grep -E "rel err|greedy|failed" "$out/check-dummy.txt"
+: > "$out/dummy.txt"
+for w in file fp8; do
+  "$T" generate --model "$work/llama2-7b-dummy" --load-format dummy --device cuda --weights $w --max-tokens 256 --ignore-eos \
+    --ids --kv-mib 1024 "hello" 2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/7B dummy, weights $w, batch 1: /" >> "$out/dummy.txt"
+done
+for b in 1 8 32 64; do
+  "$T" generate --model "$work/llama3-70b-dummy" --load-format dummy --device cuda --weights fp8 --n $b --max-tokens 64 \
+    --ignore-eos --ids --kv-mib 8192 "hello" 2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/70B dummy fp8, batch $b: /" >> "$out/dummy.txt"
+done
+"$T" generate --model "$work/llama3-70b-dummy" --load-format dummy --device cuda --weights fp8 --max-tokens 1 --ignore-eos \
+  --ids --token-budget 1024 --kv-mib 8192 "$(python3 -c "print(' '.join(str(i % 97) for i in range(1020)))")" 2>&1 >/dev/null |
+  grep -E "tok/s|error" | sed "s/^/70B dummy fp8, prefill ~1k: /" >> "$out/dummy.txt"
+sed -E 's/\| KV .*//' "$out/dummy.txt"
+nvidia-smi --query-gpu=memory.used --format=csv,noheader
+fi
+
+if want 13; then
+echo "== 13. structured output on the GPU: the mask applied on the host to the logits row the step brings back; the"
+echo "   same texts as the CPU backend's, each valid; tokens/s with and without a JSON Schema at batch 1 and 32 (7B shape)"
+tiny=$here/fixtures/tiny-llama3
+: > "$out/structured.txt"
+while IFS='|' read -r name args check; do
+  for d in cpu cuda; do
+    eval "\"$T\" generate --model \"$tiny\" --device $d --max-tokens 48 $args \"Hello\"" \
+      > "$out/structured-$name-$d.txt" 2>"$out/structured-$name-$d.err" || { echo "$name on $d FAILED"; fail=1; }
+  done
+  python3 - "$out/structured-$name-cpu.txt" "$out/structured-$name-cuda.txt" "$check" "$name" >> "$out/structured.txt" <<'PY'
+import json, re, sys
+a, b = (open(f).read().rstrip("\n") for f in sys.argv[1:3])
+check, name = sys.argv[3], sys.argv[4]
+def valid(t):
+    try:
+        return bool(eval(check, {"json": json, "re": re, "t": t}))
+    except Exception:
+        return False
+print("%s: cuda %r, valid %s; cpu valid %s; the same text %s" % (name, b[:60], valid(b), valid(a), a == b))
+PY
+done <<'EOF2'
+json-object-bounded|--json-schema '{"type":"object","properties":{"k":{"type":"string","maxLength":4},"v":{"enum":[1,2,null]}}}'|isinstance(json.loads(t), dict)
+json-schema|--json-schema '{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"array","items":{"type":"boolean"},"maxItems":3}}}'|set(json.loads(t)) == {"a", "b"}
+regex|--regex '[a-z]{3,8}( [0-9]{2}){2}'|re.fullmatch(r"[a-z]{3,8}( [0-9]{2}){2}", t)
+choice|--choice alpha --choice beta --choice gamma|t in ("alpha", "beta", "gamma")
+EOF2
+cat "$out/structured.txt"
+grep -q "valid False" "$out/structured.txt" && { echo "structured output: an invalid text"; fail=1; }
+m7d=$work/llama2-7b-dummy
+[ -f "$m7d/config.json" ] || python3 "$here/bench/make_random_llama.py" "$m7d" --shape llama2-7b \
+  --tokenizer "$tiny" --config-only >> "$out/make-dummy.txt" 2>&1
+schema='{"type":"array","items":{"type":"integer"},"minItems":60,"maxItems":80}'
+for b in 1 32; do
+  for rep in 1 2; do
+    for mode in plain schema; do
+      extra="--ignore-eos"; [ $mode = schema ] && extra="--json-schema $schema"
+      "$T" generate --model "$m7d" --load-format dummy --device cuda --n $b --max-tokens 128 --ids --kv-mib 4096 \
+        --temperature 0.8 --seed $rep $extra "hello" 2>&1 >/dev/null | grep -oE "decode [0-9]+ tokens in [0-9.]+ ms = [0-9.]+ tok/s" |
+        sed "s/^/7B dummy, batch $b, $mode, run $rep: /"
+    done
+  done
+done | tee "$out/structured-speed.txt"
 fi
 
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

@@ -74,15 +74,16 @@ fi
 # ---- test tools: a venv with the reference packages the checks call ----
 if [ "$want_test" -eq 1 ]; then
   venv="$root/.venv"
-  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import gguf, numpy, jinja2, grpc, grpc_tools, openai, kubernetes_validate, pytest" 2>/dev/null; then
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import gguf, numpy, jinja2, grpc, grpc_tools, openai, kubernetes_validate, pytest, tokenizers, llguidance" 2>/dev/null; then
     say "test venv: present ($venv)"
   else
-    say "test venv: creating $venv with gguf, numpy, jinja2, grpcio, grpcio-tools, openai, kubernetes-validate, pytest"
+    say "test venv: creating $venv with gguf, numpy, jinja2, grpcio, grpcio-tools, openai, kubernetes-validate, pytest," \
+        "tokenizers, llguidance"
     py=python3
     command -v /usr/bin/python3 >/dev/null && py=/usr/bin/python3
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     "$venv/bin/pip" install -q gguf==0.19.0 numpy jinja2 grpcio==1.85.1 grpcio-tools==1.85.1 openai==3.54.0 \
-      kubernetes-validate==1.37.0 pytest==9.2.0
+      kubernetes-validate==1.37.0 pytest==9.2.0 tokenizers==0.23.3 llguidance==1.9.1
   fi
 fi
 say "done"

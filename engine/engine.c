@@ -27,7 +27,10 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "engine/forward.h"
+#include "engine/grammar.h"
 #include "engine/tokenizer.h"
+
+#define ENG_GRAMMAR_CACHE 32 /* grammars an engine keeps compiled */
 
 typedef enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state_t;
 
@@ -42,14 +45,28 @@ typedef struct eng_seq {
     uint32_t n_blocks, cap_blocks, n_published; /* blocks [0, n_published) are named */
     td_block_name_t last_name;                  /* name of block n_published - 1 */
     eng_sampler_t sampler;
+    eng_logprobs_t lp; /* the token being accepted's, where asked */
+    bool has_lp;
+    eng_logprobs_t *plp; /* sampling.prompt_logprobs: prompt tokens 1 .. n_prompt - 1's (entry i: token i + 1) */
+    bool plp_sent;       /* they went out on the first event */
     uint32_t max_tokens;
     int32_t priority;
     double deadline; /* td_now_s() by which its prompt must be computed (0: none) */
+    double arrived;  /* td_now_s() when added */
+    /* the queue order's (engine/sched.h): the names of its shareable prompt blocks (cache and mlq orders), the
+     * tokens it had to compute when first seen and those computed since (mlq) */
+    td_block_name_t *pnames;
+    uint32_t n_pnames, sched_entry, sched_served;
+    /* preempted and swapped out (cfg.swap_bytes): its first swap_tokens positions' KV, swap_blocks blocks in host
+     * memory, until the pool has room again */
+    uint8_t *swap;
+    uint32_t swap_blocks, swap_tokens;
     bool ignore_eos;
     char **stop;
     size_t n_stop, max_stop;
     eng_tok_stream_t stream;
     int32_t forced;                             /* a first token sampled elsewhere, not yet accepted (-1) */
+    int grammar_slot;                           /* its grammar's in e->grammars (-1: none) */
     char *text;                                 /* generated text not yet emitted (held for stop strings) */
     size_t text_len, text_cap;
     struct eng_seq *next;
@@ -75,10 +92,32 @@ struct eng_engine {
     kern_sample_t *sample; /* a step's picks made by the backend: their parameters, */
     int32_t *picked;       /* and the tokens */
     uint32_t n_batch;
+    /* structured output: the vocabulary's index (made at the first request that asks) and the grammars
+     * compiled, by source (the least recently used replaced; a sequence's matcher holds its grammar) */
+    eng_vocab_index_t *vocab;
+    struct grammar_slot {
+        char *key;
+        eng_grammar_t *g;
+        uint32_t users;
+        uint64_t used;
+    } grammars[ENG_GRAMMAR_CACHE];
+    uint64_t grammar_clock;
     uint64_t preemptions;
+    uint64_t prompt_computed; /* prompt tokens run through the model (not from the prefix cache), recomputed ones too */
     char err[512]; /* the message of the failure being reported */
     bool stalled;  /* the last step ran nothing: every request waits for blocks */
     double tok_s;  /* seconds a step takes per token it computes (a moving average; 0: none yet) */
+    /* the prompt queue a step orders (engine/sched.h), room for every live sequence (grown in eng_engine_add):
+     * the prompts still to compute, their order, and the names of the blocks prompts under way compute next */
+    eng_sched_item_t *q_items;
+    eng_seq_t **q_seqs;
+    uint32_t *q_idx, *q_scratch, q_cap, n_live;
+    td_block_name_t *q_busy;
+    uint32_t n_busy;
+    /* swap (cfg.swap_bytes): host bytes held, sequences swapped out and back, and the seconds a byte's round
+     * trip takes (measured; its first guess 2 GB/s each way) */
+    uint64_t swap_used, swaps_out, swaps_in;
+    double swap_s_per_byte;
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -91,7 +130,7 @@ eng_engine_config_t eng_engine_config_default(void)
 {
     return (eng_engine_config_t){.n_threads = 0, .block_tokens = 16, .kv_dtype = TD_KV_F16, .kv_tokens = 0,
                                  .kv_bytes = 64u << 20, .token_budget = 512, .max_seqs = 64, .prefix_cache = true,
-                                 .block_wait_s = 10};
+                                 .block_wait_s = 10, .sched = eng_sched_config_default()};
 }
 
 td_status_t eng_backend_open(const char *device, int n_threads, kern_numerics_t numerics, kern_backend_t **out)
@@ -117,13 +156,17 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     if (cfg->block_tokens < 1 || cfg->block_tokens > 256 || !cfg->token_budget || !cfg->max_seqs)
         return td_error(TD_ERR_INVALID_ARG, "engine: block_tokens %u, token_budget %u, max_seqs %u: all must be "
                         "positive (block_tokens at most 256)", cfg->block_tokens, cfg->token_budget, cfg->max_seqs);
+    if (cfg->sched.order >= ENG_ORDER_COUNT || cfg->sched.levels < 1 || cfg->sched.levels > 16 || !cfg->sched.quantum)
+        return td_error(TD_ERR_INVALID_ARG, "engine: queue order %d with %u levels and a quantum of %u tokens: the "
+                        "order must be fcfs, cache or mlq, the levels 1..16, the quantum positive",
+                        (int)cfg->sched.order, cfg->sched.levels, cfg->sched.quantum);
     eng_engine_t *e = calloc(1, sizeof *e);
     if (!e)
         return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
     e->m = m;
     e->cfg = *cfg;
     e->next_id = 1;
-    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim,
+    td_kv_layout_t g = td_kv_layout_make(m->kv_id, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim,
                                          cfg->block_tokens, cfg->kv_dtype);
     size_t bb = td_kv_block_bytes(&g);
     uint64_t blocks = cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
@@ -155,7 +198,8 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
         eng_engine_destroy(e);
         return rc;
     }
-    e->root = td_block_name_root(m->desc.name, td_kv_dtype_name(cfg->kv_dtype), cfg->block_tokens);
+    e->root = td_block_name_root(m->kv_id, td_kv_dtype_name(cfg->kv_dtype), cfg->block_tokens);
+    e->swap_s_per_byte = 2 / 2e9;
     e->n_eog = eng_tokenizer_eog(m->tok, e->eog, 8);
     if (e->n_eog > 8)
         e->n_eog = 8;
@@ -174,6 +218,9 @@ static void seq_free_blocks(eng_engine_t *e, eng_seq_t *s)
 
 static void seq_destroy(eng_engine_t *e, eng_seq_t *s)
 {
+    if (s->grammar_slot >= 0)
+        e->grammars[s->grammar_slot].users--;
+    free(s->plp);
     seq_free_blocks(e, s);
     eng_sampler_free(&s->sampler);
     for (size_t i = 0; i < s->n_stop; i++)
@@ -181,6 +228,11 @@ static void seq_destroy(eng_engine_t *e, eng_seq_t *s)
     free(s->stop);
     free(s->tokens);
     free(s->blocks);
+    free(s->pnames);
+    if (s->swap) {
+        e->swap_used -= (uint64_t)s->swap_blocks * eng_kv_stats(e->pool).block_bytes;
+        eng_engine_host_free(e, s->swap);
+    }
     free(s->text);
     free(s);
 }
@@ -203,10 +255,131 @@ void eng_engine_destroy(eng_engine_t *e)
     free(e->layer_seqs);
     free(e->sample);
     free(e->picked);
+    free(e->q_items);
+    free(e->q_seqs);
+    free(e->q_idx);
+    free(e->q_scratch);
+    free(e->q_busy);
+    for (int i = 0; i < ENG_GRAMMAR_CACHE; i++) {
+        free(e->grammars[i].key);
+        eng_grammar_free(e->grammars[i].g);
+    }
+    eng_vocab_index_free(e->vocab);
     free(e);
 }
 
 static void text_append(eng_seq_t *s, const char *p, size_t n);
+
+/* The compiled grammar p asks for, from the cache or compiled into it; its
+ * slot (*slot) counts one more user. A user error says what is wrong with it. */
+static td_status_t grammar_get(eng_engine_t *e, const eng_sampling_t *p, int *slot)
+{
+    size_t n = 32 + (p->grammar_src ? strlen(p->grammar_src) : 0);
+    for (size_t i = 0; i < p->n_grammar_choices; i++)
+        n += strlen(p->grammar_choices[i]) + 24;
+    char *key = malloc(n);
+    if (!key)
+        return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    size_t k = (size_t)snprintf(key, n, "%d:%s", (int)p->grammar, p->grammar_src ? p->grammar_src : "");
+    for (size_t i = 0; i < p->n_grammar_choices; i++) /* length-prefixed: no two lists share a key */
+        k += (size_t)snprintf(key + k, n - k, "|%zu:%s", strlen(p->grammar_choices[i]), p->grammar_choices[i]);
+    int free_at = -1;
+    for (int i = 0; i < ENG_GRAMMAR_CACHE; i++) {
+        struct grammar_slot *g = &e->grammars[i];
+        if (g->key && !strcmp(g->key, key)) {
+            free(key);
+            g->users++;
+            g->used = ++e->grammar_clock;
+            *slot = i;
+            return TD_OK;
+        }
+        if (!g->users && (free_at < 0 || !g->key || (e->grammars[free_at].key && g->used < e->grammars[free_at].used)))
+            free_at = i;
+    }
+    if (free_at < 0) {
+        free(key);
+        return td_user_error("structured output: %d different grammars are in use at once, this engine's most",
+                             ENG_GRAMMAR_CACHE);
+    }
+    eng_grammar_t *g;
+    td_status_t rc = eng_grammar_compile(p->grammar, p->grammar_src, p->grammar_choices, p->n_grammar_choices, &g);
+    if (rc) {
+        free(key);
+        return rc;
+    }
+    struct grammar_slot *sl = &e->grammars[free_at];
+    free(sl->key);
+    eng_grammar_free(sl->g);
+    *sl = (struct grammar_slot){key, g, 1, ++e->grammar_clock};
+    *slot = free_at;
+    return TD_OK;
+}
+
+/* Structured output for s (r->sampling.grammar): its matcher, moved past the
+ * tokens a resumed stream generated before. */
+static td_status_t seq_grammar(eng_engine_t *e, eng_seq_t *s, const eng_request_t *r)
+{
+    td_status_t rc = grammar_get(e, &r->sampling, &s->grammar_slot);
+    if (!rc && !e->vocab)
+        rc = eng_vocab_index_create(e->m->tok, e->eog, e->n_eog, &e->vocab);
+    eng_matcher_t *m = NULL;
+    if (!rc)
+        rc = eng_matcher_create(e->grammars[s->grammar_slot].g, e->vocab, &m);
+    if (rc)
+        return rc;
+    eng_sampler_set_matcher(&s->sampler, m);
+    for (size_t i = r->n_prompt - r->resume_generated; i < r->n_prompt; i++)
+        if (!eng_sampler_accept(&s->sampler, r->prompt[i]))
+            return td_user_error("resume: generated token %zu (%d) does not continue the structured output",
+                                 i - (r->n_prompt - r->resume_generated), r->prompt[i]);
+    return TD_OK;
+}
+
+/* Room in the step's prompt queue for n sequences (a step allocates nothing). */
+static bool queue_room(eng_engine_t *e, uint32_t n)
+{
+    if (n <= e->q_cap)
+        return true;
+    uint32_t cap = e->q_cap ? 2 * e->q_cap : 64;
+    while (cap < n)
+        cap *= 2;
+    void *a = realloc(e->q_items, cap * sizeof *e->q_items);
+    if (a)
+        e->q_items = a;
+    void *b = a ? realloc(e->q_seqs, cap * sizeof *e->q_seqs) : NULL;
+    if (b)
+        e->q_seqs = b;
+    void *c = b ? realloc(e->q_idx, cap * sizeof *e->q_idx) : NULL;
+    if (c)
+        e->q_idx = c;
+    void *d = c ? realloc(e->q_scratch, cap * sizeof *e->q_scratch) : NULL;
+    if (d)
+        e->q_scratch = d;
+    void *f = d ? realloc(e->q_busy, 2 * cap * sizeof *e->q_busy) : NULL; /* a prompt's name twice at most */
+    if (!f)
+        return false;
+    e->q_busy = f;
+    e->q_cap = cap;
+    return true;
+}
+
+static uint32_t seq_shareable(const eng_engine_t *e, const eng_seq_t *s, uint32_t limit);
+
+/* The names of s's shareable full prompt blocks, which the cache and mlq
+ * orders look up each step (computed once here, not per step). */
+static bool seq_name_prompt(eng_engine_t *e, eng_seq_t *s)
+{
+    uint32_t bt = e->cfg.block_tokens, n = seq_shareable(e, s, s->n_prompt - 1) / bt;
+    if (!n)
+        return true;
+    if (!(s->pnames = malloc(n * sizeof *s->pnames)))
+        return false;
+    td_block_name_t h = e->root;
+    for (uint32_t b = 0; b < n; b++)
+        s->pnames[b] = h = td_block_name_next(h, s->tokens + b * bt, bt);
+    s->n_pnames = n;
+    return true;
+}
 
 td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id)
 {
@@ -214,8 +387,8 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
     uint32_t ctx = d->context ? d->context : 4096;
     if (!r->n_prompt)
         return td_user_error("prompt is empty");
-    if (!r->max_tokens)
-        return td_user_error("max_tokens is 0; it must be at least 1");
+    if (!r->max_tokens && !r->sampling.prompt_logprobs)
+        return td_user_error("max_tokens is 0; it must be at least 1 (0 only scores the prompt: prompt_logprobs)");
     if (r->n_prompt >= ctx || r->n_prompt + r->max_tokens > ctx)
         return td_user_error("prompt of %zu tokens + max_tokens %u is longer than the context of %u "
                              "tokens", r->n_prompt, r->max_tokens, ctx);
@@ -230,23 +403,33 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0])
             return td_user_error("stop string %zu is empty", i);
+    if (r->sampling.min_tokens > r->max_tokens)
+        return td_user_error("min_tokens %u is over max_tokens %u", r->sampling.min_tokens, r->max_tokens);
     if (r->kv_blocks && (r->first_token < 0 || (uint32_t)r->first_token >= d->vocab))
         return td_user_error("first_token %d is outside the vocabulary of %u", r->first_token,
                              d->vocab);
     eng_seq_t *s = calloc(1, sizeof *s);
     if (!s)
         return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    s->grammar_slot = -1;
     td_status_t rc = eng_sampler_init(&s->sampler, &r->sampling, (int32_t)d->vocab);
     if (rc) {
         free(s);
         return rc;
     }
+    s->sampler.p.grammar_src = NULL; /* the request's: compiled below, not kept */
+    s->sampler.p.grammar_choices = NULL;
+    eng_sampler_set_eog(&s->sampler, e->eog, (uint32_t)e->n_eog);
     eng_sampler_skip(&s->sampler, r->sampled_before);
     s->cap_tokens = (uint32_t)(r->n_prompt + r->max_tokens);
     s->tokens = malloc(s->cap_tokens * sizeof *s->tokens);
     s->cap_blocks = (s->cap_tokens + e->cfg.block_tokens - 1) / e->cfg.block_tokens;
     s->blocks = malloc(s->cap_blocks * sizeof *s->blocks);
     s->stop = calloc(r->n_stop ? r->n_stop : 1, sizeof *s->stop);
+    if (r->sampling.prompt_logprobs && !(s->plp = calloc(r->n_prompt, sizeof *s->plp))) {
+        seq_destroy(e, s);
+        return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    }
     if (!s->tokens || !s->blocks || !s->stop) {
         seq_destroy(e, s);
         return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
@@ -286,6 +469,16 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
         if (s->text)
             s->text[s->text_len] = '\0';
     }
+    if (r->sampling.grammar && (rc = seq_grammar(e, s, r))) {
+        seq_destroy(e, s);
+        return rc;
+    }
+    if (!queue_room(e, e->n_live + 1) ||
+        (e->cfg.sched.order != ENG_ORDER_FCFS && e->cfg.prefix_cache && !r->kv_blocks && !seq_name_prompt(e, s))) {
+        seq_destroy(e, s);
+        return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
+    }
+    s->arrived = td_now_s();
     s->id = e->next_id++;
     s->state = SEQ_WAITING;
     s->forced = -1;
@@ -305,6 +498,7 @@ td_status_t eng_engine_add(eng_engine_t *e, const eng_request_t *r, uint64_t *id
         at = &(*at)->next;
     s->next = *at;
     *at = s;
+    e->n_live++;
     *id = s->id;
     return TD_OK;
 }
@@ -314,6 +508,7 @@ static void seq_unlink(eng_engine_t *e, eng_seq_t *s)
     for (eng_seq_t **p = &e->seqs; *p; p = &(*p)->next)
         if (*p == s) {
             *p = s->next;
+            e->n_live--;
             return;
         }
 }
@@ -333,6 +528,14 @@ bool eng_engine_busy(const eng_engine_t *e) { return e->seqs != NULL; }
 bool eng_engine_stalled(const eng_engine_t *e) { return e->stalled && e->seqs != NULL; }
 
 uint64_t eng_engine_preemptions(const eng_engine_t *e) { return e->preemptions; }
+
+uint64_t eng_engine_prompt_computed(const eng_engine_t *e) { return e->prompt_computed; }
+
+void eng_engine_swaps(const eng_engine_t *e, uint64_t *out, uint64_t *in)
+{
+    *out = e->swaps_out;
+    *in = e->swaps_in;
+}
 
 uint32_t eng_engine_n_requests(const eng_engine_t *e)
 {
@@ -468,8 +671,46 @@ static bool seq_reserve(eng_engine_t *e, eng_seq_t *s, uint32_t upto)
     return true;
 }
 
+/* A swap copy of bytes took secs each way: the round trip's speed, smoothed. */
+static void swap_timed(eng_engine_t *e, size_t bytes, double secs)
+{
+    if (bytes)
+        e->swap_s_per_byte = 0.8 * e->swap_s_per_byte + 0.2 * 2 * secs / (double)bytes;
+}
+
+/* Copies s's computed KV to host memory before its blocks are freed, when
+ * there is room under cfg.swap_bytes and the copy out and back is predicted
+ * to take less than computing its tokens again (the engine's measured time a
+ * token; a worker that never computed a prompt chunk swaps). */
+static bool seq_swap_out(eng_engine_t *e, eng_seq_t *s)
+{
+    uint32_t bt = e->cfg.block_tokens, nb = (s->n_computed + bt - 1) / bt;
+    size_t bytes = (size_t)nb * eng_kv_stats(e->pool).block_bytes;
+    if (!e->cfg.swap_bytes || !nb || nb > s->n_blocks || e->swap_used + bytes > e->cfg.swap_bytes)
+        return false;
+    double copy_s = (double)bytes * e->swap_s_per_byte, again_s = e->tok_s * s->n_computed;
+    if (e->tok_s > 0 && copy_s >= again_s)
+        return false;
+    void *buf = NULL;
+    double t0 = td_now_s();
+    if (eng_engine_host_alloc(e, bytes, &buf) != TD_OK)
+        return false;
+    if (eng_engine_kv_download(e, s->blocks, nb, buf) != TD_OK) {
+        eng_engine_host_free(e, buf);
+        return false;
+    }
+    swap_timed(e, bytes, td_now_s() - t0);
+    s->swap = buf;
+    s->swap_blocks = nb;
+    s->swap_tokens = s->n_computed;
+    e->swap_used += bytes;
+    e->swaps_out++;
+    return true;
+}
+
 /* Frees the newest running or partly prefilled sequence other than keep;
- * it goes back to waiting and recomputes its tokens later. */
+ * it goes back to waiting, its KV swapped out (seq_swap_out) or computed
+ * again later. */
 static bool preempt_one(eng_engine_t *e, const eng_seq_t *keep)
 {
     eng_seq_t *victim = NULL;
@@ -478,11 +719,53 @@ static bool preempt_one(eng_engine_t *e, const eng_seq_t *keep)
             victim = s;
     if (!victim)
         return false;
-    TD_DEBUG("engine: preempting request %llu (%u tokens)", (unsigned long long)victim->id, victim->n_tokens);
+    bool swapped = seq_swap_out(e, victim);
+    TD_DEBUG("engine: preempting request %llu (%u tokens): %s", (unsigned long long)victim->id, victim->n_tokens,
+             swapped ? "swapped out" : "to be recomputed");
     seq_free_blocks(e, victim);
     victim->state = SEQ_WAITING;
     e->preemptions++;
     return true;
+}
+
+/* Brings swapped-out sequences back, oldest first, while the pool holds
+ * them and a block for each sequence decoding beside them (else the next
+ * step would preempt again). Nothing is computed: their KV is uploaded. */
+static void swap_in(eng_engine_t *e)
+{
+    uint32_t decoding = 0;
+    for (eng_seq_t *s = e->seqs; s; s = s->next)
+        decoding += s->state == SEQ_RUNNING && !s->swap;
+    for (eng_seq_t *s = e->seqs; s; s = s->next) {
+        if (!s->swap)
+            continue;
+        eng_kv_stats_t k = eng_kv_stats(e->pool);
+        if (k.free + k.cached < s->swap_blocks + decoding)
+            return;
+        if (!seq_reserve(e, s, s->swap_tokens)) {
+            seq_free_blocks(e, s);
+            return;
+        }
+        double t0 = td_now_s();
+        td_status_t rc = eng_engine_kv_upload(e, s->blocks, s->swap_blocks, s->swap);
+        if (rc) { /* the copy back failed: it is computed again instead */
+            TD_WARN("engine: request %llu's KV could not come back from host memory (%s); computing it again",
+                    (unsigned long long)s->id, td_last_error());
+            seq_free_blocks(e, s);
+        } else {
+            s->n_computed = s->swap_tokens;
+            s->state = SEQ_RUNNING;
+            e->swaps_in++;
+        }
+        size_t bytes = (size_t)s->swap_blocks * k.block_bytes;
+        if (!rc)
+            swap_timed(e, bytes, td_now_s() - t0);
+        e->swap_used -= bytes;
+        eng_engine_host_free(e, s->swap);
+        s->swap = NULL;
+        s->swap_blocks = s->swap_tokens = 0;
+        decoding++;
+    }
 }
 
 /* The positions [0, limit) of s whose KV may be named and shared. A block's
@@ -562,23 +845,54 @@ static void text_append(eng_seq_t *s, const char *p, size_t n)
     s->text[s->text_len] = '\0';
 }
 
+/* The prompt's log-probabilities on the first event (sampling.prompt_logprobs). */
+static void seq_prompt_logprobs(eng_seq_t *s, eng_event_t *ev)
+{
+    if (!s->plp || s->plp_sent)
+        return;
+    ev->prompt_logprobs = s->plp;
+    ev->n_prompt_logprobs = s->n_prompt - 1;
+    s->plp_sent = true;
+}
+
+/* A request that only scores its prompt (max_tokens 0): its one event, after the prompt. */
+static void seq_scored(eng_seq_t *s, eng_event_fn fn, void *ctx)
+{
+    eng_event_t ev = {.id = s->id, .token = -1, .text = "", .finish = ENG_FINISH_LENGTH, .n_prompt = s->n_prompt,
+                      .n_cached = s->n_cached};
+    seq_prompt_logprobs(s, &ev);
+    fn(ctx, &ev);
+    s->state = SEQ_DONE;
+}
+
 /* Appends a sampled token, decides whether the sequence ends, emits. */
+static void seq_fail(eng_engine_t *e, eng_seq_t *s, eng_event_fn fn, void *ctx);
+
 static void seq_accept(eng_engine_t *e, eng_seq_t *s, int32_t tok, eng_event_fn fn, void *ctx)
 {
+    if (!eng_sampler_accept(&s->sampler, tok)) { /* only a first token sampled without the grammar can */
+        snprintf(e->err, sizeof e->err, "structured output: token %d does not continue the text", tok);
+        seq_fail(e, s, fn, ctx);
+        return;
+    }
     s->tokens[s->n_tokens++] = tok;
     uint32_t gen = s->n_tokens - s->n_prompt;
     eng_finish_t fin = ENG_FINISH_NONE;
     char piece[1024];
     size_t plen = 0;
+    /* no stop condition before min_tokens (the sampler held the end tokens and stop_ids back) */
+    const bool may_stop = gen >= s->sampler.p.min_tokens;
     if (!s->ignore_eos && is_eog(e, tok))
         fin = ENG_FINISH_EOS;
     else
         eng_tok_stream_push(&s->stream, tok, piece, sizeof piece, &plen);
+    if (fin == ENG_FINISH_NONE && may_stop && eng_sampler_is_stop_id(&s->sampler, tok))
+        fin = ENG_FINISH_STOP; /* its text kept (a special token's is empty) */
     text_append(s, piece, plen);
     /* a stop string ends the text where it begins; keep back what could still
      * become one (max_stop - 1 bytes, on a character boundary) */
     size_t emit = s->text_len;
-    for (size_t i = 0; i < s->n_stop && fin == ENG_FINISH_NONE; i++) {
+    for (size_t i = 0; i < s->n_stop && fin == ENG_FINISH_NONE && may_stop; i++) {
         char *hit = strstr(s->text, s->stop[i]);
         if (hit) {
             fin = ENG_FINISH_STOP;
@@ -593,7 +907,9 @@ static void seq_accept(eng_engine_t *e, eng_seq_t *s, int32_t tok, eng_event_fn 
             emit--;
     }
     eng_event_t ev = {.id = s->id, .token = tok, .text = s->text, .text_len = emit, .finish = fin,
-                      .n_prompt = s->n_prompt, .n_generated = gen, .n_cached = s->n_cached};
+                      .n_prompt = s->n_prompt, .n_generated = gen, .n_cached = s->n_cached,
+                      .logprobs = s->has_lp ? &s->lp : NULL};
+    seq_prompt_logprobs(s, &ev);
     fn(ctx, &ev);
     memmove(s->text, s->text + emit, s->text_len - emit);
     s->text_len -= emit;
@@ -653,6 +969,67 @@ static void reap_done(eng_engine_t *e)
     }
 }
 
+/* The run of s's prompt blocks the pool holds now (s not started). */
+static uint32_t seq_cached_run(eng_engine_t *e, const eng_seq_t *s)
+{
+    uint32_t run = 0;
+    while (run < s->n_pnames && eng_kv_holds(e->pool, s->pnames[run]))
+        run++;
+    return run;
+}
+
+/* The name of the prompt block s computes next, when it is a shareable full one. */
+static bool seq_next_name(const eng_engine_t *e, const eng_seq_t *s, td_block_name_t *out)
+{
+    uint32_t bt = e->cfg.block_tokens, b = s->n_published;
+    if ((b + 1) * bt > seq_shareable(e, s, s->n_prompt - 1))
+        return false;
+    *out = b < s->n_pnames ? s->pnames[b] : td_block_name_next(b ? s->last_name : e->root, s->tokens + b * bt, bt);
+    return true;
+}
+
+/* The prompts a step may take chunks of (waiting, or part computed), as
+ * engine/sched.h orders them: e->q_seqs[e->q_idx[i]] is the i-th of the
+ * count returned. For the cache order, e->q_busy gets the blocks the prompts
+ * under way compute next. */
+static uint32_t queue_order(eng_engine_t *e, double now)
+{
+    const eng_sched_config_t *c = &e->cfg.sched;
+    const bool names = c->order != ENG_ORDER_FCFS && e->cfg.prefix_cache;
+    uint32_t n = 0;
+    e->n_busy = 0;
+    for (eng_seq_t *s = e->seqs; s; s = s->next) {
+        if (s->state == SEQ_DONE || (s->state == SEQ_RUNNING && s->n_computed == s->n_tokens - 1) || s->swap)
+            continue; /* decoding, or swapped out (swap_in brings it back) */
+        bool started = s->n_computed > 0 || s->n_blocks > 0;
+        uint32_t run = names && !started ? seq_cached_run(e, s) : 0;
+        if (names && started && seq_next_name(e, s, &e->q_busy[e->n_busy]))
+            e->n_busy++;
+        if (!s->sched_entry) { /* skip-join: what it has to compute when first seen */
+            uint32_t done = started ? s->n_computed : run * e->cfg.block_tokens;
+            s->sched_entry = s->n_tokens > done ? s->n_tokens - done : 1;
+        }
+        e->q_items[n] = (eng_sched_item_t){.priority = s->priority, .arrived = s->arrived, .started = started,
+                                           .cached = run, .entry = s->sched_entry, .served = s->sched_served};
+        e->q_seqs[n++] = s;
+    }
+    eng_sched_order(c, e->q_items, n, now, e->q_idx, e->q_scratch);
+    return n;
+}
+
+/* The cache order's wait: s (not started) would compute a block that a prompt
+ * under way is computing now; it is published soon, and s takes it then. */
+static bool queue_defer(const eng_engine_t *e, const eng_seq_t *s, const eng_sched_item_t *it, double now)
+{
+    if (!eng_sched_waits_for_shared(&e->cfg.sched) || it->started || it->cached >= s->n_pnames ||
+        eng_sched_aged(&e->cfg.sched, it, now))
+        return false;
+    for (uint32_t i = 0; i < e->n_busy; i++)
+        if (td_block_name_eq(e->q_busy[i], s->pnames[it->cached]))
+            return true;
+    return false;
+}
+
 td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
 {
     uint32_t budget = e->cfg.token_budget, nb = 0;
@@ -664,6 +1041,7 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
             seq_accept(e, s, t, fn, ctx);
         }
     reap_done(e);
+    swap_in(e);
     /* 1. decode tokens for running sequences (oldest first) */
     for (eng_seq_t *s = e->seqs; s && nb < e->cfg.max_seqs && budget; s = s->next) {
         if (s->state != SEQ_RUNNING || s->n_computed != s->n_tokens - 1)
@@ -694,14 +1072,30 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
             k++;
         }
     nb = k;
-    /* 2. prompt chunks (and recomputation after preemption), FIFO */
-    for (eng_seq_t *s = e->seqs; s && nb < e->cfg.max_seqs && budget; s = s->next) {
-        if (s->state == SEQ_DONE || (s->state == SEQ_RUNNING && s->n_computed == s->n_tokens - 1))
+    uint32_t rows = nb; /* logit rows the step holds so far: a decode row each */
+    /* 2. prompt chunks (and recomputation after preemption), in the queue's order */
+    const double now = td_now_s();
+    const uint32_t n_queued = budget && nb < e->cfg.max_seqs ? queue_order(e, now) : 0;
+    const eng_sched_item_t *first = NULL; /* the step's first prompt, which the order may keep others from */
+    for (uint32_t qi = 0; qi < n_queued && nb < e->cfg.max_seqs && budget; qi++) {
+        eng_seq_t *s = e->q_seqs[e->q_idx[qi]];
+        const eng_sched_item_t *it = &e->q_items[e->q_idx[qi]];
+        if (queue_defer(e, s, it, now) || (first && !eng_sched_joins(&e->cfg.sched, first, it, now)))
             continue;
-        if (s->n_computed == 0 && s->n_blocks == 0 && e->cfg.prefix_cache)
+        /* a prompt scored token by token is computed whole: the prefix cache holds KV, not logits */
+        if (s->n_computed == 0 && s->n_blocks == 0 && e->cfg.prefix_cache && !s->plp)
             seq_use_prefix_cache(e, s);
         uint32_t left = s->n_tokens - s->n_computed;
         uint32_t chunk = left < budget ? left : budget;
+        const bool scoring = s->plp && !s->plp_sent && s->n_computed < s->n_prompt; /* every row's logits */
+        if (scoring) { /* as many rows as the step's logits have room for */
+            uint32_t room = e->cfg.max_seqs > rows ? e->cfg.max_seqs - rows : 0;
+            if (!room)
+                continue;
+            chunk = chunk < room ? chunk : room;
+        } else if (s->n_computed + chunk == s->n_tokens && rows >= e->cfg.max_seqs) {
+            continue; /* its last chunk's logits would not fit this step */
+        }
         if (s->deadline > 0 && e->tok_s > 0) {
             /* a chunk that would overrun its request's deadline is cut to what fits (the engine thread is free
              * at the deadline, when the request's cancel comes); past it, nothing more is computed for it */
@@ -732,8 +1126,14 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         e->batch[nb++] = (eng_batch_seq_t){.tokens = s->tokens + s->n_computed, .n = chunk, .pos0 = s->n_computed,
                                            .block_table = s->blocks, .n_blocks = s->n_blocks,
                                            .want_logits = s->n_computed + chunk == s->n_tokens,
-                                           .decode_from = s->decode_from};
+                                           .all_logits = scoring, .decode_from = s->decode_from};
+        rows += scoring ? chunk : e->batch[nb - 1].want_logits;
         budget -= chunk;
+        e->prompt_computed += chunk;
+        s->sched_served += chunk;
+        first = first ? first : it;
+        if (eng_sched_waits_for_shared(&e->cfg.sched) && seq_next_name(e, s, &e->q_busy[e->n_busy]))
+            e->n_busy++; /* its siblings wait for the block it computes */
     }
     e->stalled = !nb;
     if (!nb) {
@@ -753,7 +1153,8 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
      * the ids cross back */
     bool on_device = eng_forward_can_sample(e->fwd);
     for (uint32_t i = 0; i < nb && on_device; i++)
-        on_device = !e->batch[i].want_logits || eng_sampler_on_device(&e->batch_seq[i]->sampler);
+        on_device = !e->batch[i].all_logits &&
+                    (!e->batch[i].want_logits || eng_sampler_on_device(&e->batch_seq[i]->sampler));
     const float *logits = NULL;
     uint32_t nl = 0, n_tok = 0;
     for (uint32_t i = 0; i < nb; i++)
@@ -781,12 +1182,32 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         eng_seq_t *s = e->batch_seq[i];
         s->n_computed += e->batch[i].n;
         seq_publish(e, s);
+        if (e->batch[i].all_logits) { /* a scored prompt's rows: row r predicts token pos0 + r + 1 */
+            const uint32_t V = e->m->desc.vocab, p0 = e->batch[i].pos0;
+            for (uint32_t r = 0; r < e->batch[i].n; r++)
+                if (p0 + r + 1 < s->n_prompt)
+                    eng_sampler_logprobs(&s->sampler, logits + (size_t)(li + r) * V, s->tokens[p0 + r + 1],
+                                         &s->plp[p0 + r]);
+            li += e->batch[i].n - 1; /* the last row is the want_logits one */
+            if (!e->batch[i].want_logits) {
+                li++;
+                continue;
+            }
+            if (!s->max_tokens) { /* the prompt scored, nothing to generate */
+                li++;
+                seq_scored(s, fn, ctx);
+                continue;
+            }
+        }
         if (!e->batch[i].want_logits)
             continue;
-        int32_t tok = on_device ? e->picked[li++]
-                                : eng_sampler_sample(&s->sampler, logits + (size_t)li++ * e->m->desc.vocab, s->tokens,
-                                                     s->n_tokens);
+        const float *row = on_device ? NULL : logits + (size_t)li * e->m->desc.vocab;
+        int32_t tok = on_device ? e->picked[li] : eng_sampler_sample(&s->sampler, row, s->tokens, s->n_tokens);
+        li++;
+        if ((s->has_lp = row && s->sampler.p.logprobs))
+            eng_sampler_logprobs(&s->sampler, row, tok, &s->lp);
         seq_accept(e, s, tok, fn, ctx);
+        s->has_lp = false;
     }
     reap_done(e);
     return TD_OK;

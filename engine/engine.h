@@ -3,9 +3,10 @@
  * It owns a model, a backend, the paged KV pool and the forward pass, and
  * schedules requests by continuous batching: every step fills a token budget
  * with one token for each running sequence and chunks of waiting prompts
- * (chunked prefill), reuses cached prefix blocks by name, and, when the pool
- * runs short, preempts the newest sequence (its KV is dropped and recomputed
- * later) rather than failing. One thread owns the engine; nothing here locks. */
+ * (chunked prefill) in the configured order (engine/sched.h), reuses cached
+ * prefix blocks by name, and, when the pool runs short, preempts the newest
+ * sequence (its KV swapped out to host memory and back, or dropped and
+ * recomputed, whichever is predicted cheaper) rather than failing. One thread owns the engine; nothing here locks. */
 #ifndef ENG_ENGINE_H
 #define ENG_ENGINE_H
 
@@ -18,6 +19,7 @@
 #include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/sched.h"
 #include "kernels/backend.h"
 
 typedef struct eng_engine_config {
@@ -39,6 +41,9 @@ typedef struct eng_engine_config {
     eng_kv_memory_t kv_memory; /* where the pool lives (alloc NULL: the backend's memory) */
     double block_wait_s;      /* how long a request may wait for a KV block held by landing
                                * reservations before it fails (10 s: longer than their lease) */
+    eng_sched_config_t sched; /* the order waiting prompts are computed in (engine/sched.h; fcfs) */
+    uint64_t swap_bytes;      /* host memory a preempted sequence's KV may wait in instead of being computed
+                               * again, when the copy is predicted cheaper (0: always recomputed) */
 } eng_engine_config_t;
 
 eng_engine_config_t eng_engine_config_default(void);
@@ -100,6 +105,13 @@ typedef struct eng_event {
     eng_finish_t finish;        /* NONE while running */
     const char *error;          /* with ENG_FINISH_ERROR: what went wrong (valid during the callback) */
     uint32_t n_prompt, n_generated, n_cached; /* n_cached: prompt tokens served from the prefix cache */
+    /* the token's log-probabilities when the request asked (sampling.logprobs); NULL otherwise, and for a first
+     * token sampled elsewhere (valid during the callback) */
+    const eng_logprobs_t *logprobs;
+    /* with sampling.prompt_logprobs, on the request's first event: the prompt's tokens 1 .. n_prompt - 1 (entry i
+     * is token i + 1's) */
+    const eng_logprobs_t *prompt_logprobs;
+    uint32_t n_prompt_logprobs;
 } eng_event_t;
 
 typedef void (*eng_event_fn)(void *ctx, const eng_event_t *ev);
@@ -133,8 +145,13 @@ eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e);
 eng_kv_pool_t *eng_engine_kv_pool(eng_engine_t *e);
 /* Requests in the engine (waiting or running). */
 uint32_t eng_engine_n_requests(const eng_engine_t *e);
-/* Sequences preempted so far (their KV dropped, recomputed later). */
+/* Sequences preempted so far (their KV swapped out, or dropped and recomputed later). */
 uint64_t eng_engine_preemptions(const eng_engine_t *e);
+/* Prompt tokens computed so far (chunks of prompts and of recomputation; not
+ * those the prefix cache or a landing supplied). */
+uint64_t eng_engine_prompt_computed(const eng_engine_t *e);
+/* Preempted sequences whose KV went to host memory, and those that came back. */
+void eng_engine_swaps(const eng_engine_t *e, uint64_t *out, uint64_t *in);
 
 /* Landing blocks for n_tokens tokens of KV written from outside (a peer's
  * puts): ceil(n_tokens / block_tokens) fresh blocks into blocks[], or

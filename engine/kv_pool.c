@@ -262,6 +262,11 @@ int32_t eng_kv_lookup(eng_kv_pool_t *p, td_block_name_t n)
     return *slot;
 }
 
+bool eng_kv_holds(eng_kv_pool_t *p, td_block_name_t n)
+{
+    return index_find(p, n) != NULL;
+}
+
 kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer)
 {
     return (kern_kv_view_t){.base = p->mem, .layout = &p->g, .block_bytes = p->block_bytes, .layer = layer};

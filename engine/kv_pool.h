@@ -8,6 +8,7 @@
 #ifndef ENG_KV_POOL_H
 #define ENG_KV_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,8 @@ void eng_kv_unref(eng_kv_pool_t *p, int32_t block);
 int32_t eng_kv_publish(eng_kv_pool_t *p, int32_t block, td_block_name_t name);
 /* The block cached under name (its count raised by one), or -1. */
 int32_t eng_kv_lookup(eng_kv_pool_t *p, td_block_name_t name);
+/* Whether a block is cached under name; nothing changes (no count, no recency). */
+bool eng_kv_holds(eng_kv_pool_t *p, td_block_name_t name);
 
 /* Named blocks come and go: `stored` when a block is published under a new
  * name, `removed` when a named block's name is dropped (it was evicted for

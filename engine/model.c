@@ -247,6 +247,13 @@ td_status_t eng_model_desc_from_hf(const char *config_json, const eng_safetensor
             d->n_params += eng_st_tensor_at(st, i)->n_elems;
     }
     rc = check_shape(config_json, d);
+    if (!rc && !st) { /* no weights: what the shape has, in fp16 (the dummy load format's) */
+        const uint64_t q = (uint64_t)d->n_heads * d->head_dim, kv = (uint64_t)d->n_kv_heads * d->head_dim;
+        d->n_params = (uint64_t)d->vocab * d->hidden * (d->tied_embeddings ? 1 : 2) + d->hidden +
+                      (uint64_t)d->n_layers * (2 * d->hidden + d->hidden * (q + 2 * kv) + q * d->hidden +
+                                               3 * (uint64_t)d->hidden * d->ffn);
+        d->weight_bytes = d->n_params * 2;
+    }
 done:
     json_decref(root);
     return rc;
@@ -296,7 +303,14 @@ td_status_t eng_model_open(const char *path, eng_model_t **out)
             rc = td_error(TD_ERR_NOT_FOUND, "%s: tokenizer.json is missing (tandem needs the fast tokenizer file)", path);
             goto fail;
         }
-        if ((rc = eng_st_open_dir(path, &m->st)) || (rc = eng_model_desc_from_hf(cfg, m->st, &m->desc)) ||
+        /* a folder without weights opens (its description, its tokenizer): binding its weights then needs the
+         * dummy load format (eng_model_set_dummy) */
+        char st1[PATH_MAX], sti[PATH_MAX];
+        snprintf(st1, sizeof st1, "%s/model.safetensors", path);
+        snprintf(sti, sizeof sti, "%s/model.safetensors.index.json", path);
+        const bool weights = file_exists(st1) || file_exists(sti);
+        if ((weights && (rc = eng_st_open_dir(path, &m->st))) ||
+            (rc = eng_model_desc_from_hf(cfg, m->st, &m->desc)) ||
             (rc = eng_tokenizer_from_json(tj, file_exists(tc) ? tc : NULL, &m->tok)))
             goto fail;
         if (file_exists(gc)) {
@@ -327,9 +341,44 @@ td_status_t eng_model_open(const char *path, eng_model_t **out)
         m->desc.bos = eng_tokenizer_bos(m->tok);
     if (m->desc.eos < 0)
         m->desc.eos = eng_tokenizer_eos(m->tok);
+    eng_model_set_hold(m, ENG_WEIGHTS_FILE);
     *out = m;
     return TD_OK;
 fail:
     eng_model_close(m);
     return rc;
 }
+
+static void set_kv_id(eng_model_t *m)
+{
+    /* the name is cut to leave room for the suffixes */
+    char sfx[48];
+    snprintf(sfx, sizeof sfx, "%s%s", m->hold == ENG_WEIGHTS_FP8 ? " (fp8 weights)" : "",
+             m->dummy ? " (dummy weights)" : "");
+    snprintf(m->kv_id, sizeof m->kv_id, "%.*s%s", (int)(sizeof m->kv_id - 1 - strlen(sfx)), m->desc.name, sfx);
+}
+
+void eng_model_set_hold(eng_model_t *m, eng_weight_hold_t h)
+{
+    m->hold = h;
+    set_kv_id(m);
+}
+
+void eng_model_set_dummy(eng_model_t *m, bool on)
+{
+    m->dummy = on;
+    set_kv_id(m);
+}
+
+bool eng_weight_hold_parse(const char *s, eng_weight_hold_t *out)
+{
+    if (!strcmp(s, "file"))
+        *out = ENG_WEIGHTS_FILE;
+    else if (!strcmp(s, "fp8"))
+        *out = ENG_WEIGHTS_FP8;
+    else
+        return false;
+    return true;
+}
+
+const char *eng_weight_hold_name(eng_weight_hold_t h) { return h == ENG_WEIGHTS_FP8 ? "fp8" : "file"; }

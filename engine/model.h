@@ -43,8 +43,22 @@ typedef struct eng_model_desc {
     uint64_t n_params, weight_bytes;
 } eng_model_desc_t;
 
+/* How the layers' matrices are held: as the file has them (a device backend
+ * decodes them to its own form) or in FP8 E4M3 with a scale per row
+ * (kernels/backend.h's kern_weight_t.hold; the embedding and output matrix
+ * stay as they are, as FP8 checkpoints keep them). */
+typedef enum eng_weight_hold { ENG_WEIGHTS_FILE = 0, ENG_WEIGHTS_FP8 } eng_weight_hold_t;
+
 typedef struct eng_model {
     eng_model_desc_t desc;
+    eng_weight_hold_t hold;
+    /* the dummy load format (eng_model_set_dummy): the file's weights, if any, are not read; every matrix is
+     * filled with seeded values (kernels/quant.h's kern_fill_row_f16), every norm with ones — for benchmarks */
+    bool dummy;
+    /* the KV contract's model id: desc.name, then " (fp8 weights)" when held
+     * in FP8 and " (dummy weights)" with the dummy load format — its KV
+     * differs, so peers and the store keep them apart */
+    char kv_id[128];
     char *path;
     eng_gguf_t *gguf;          /* one of these two */
     eng_safetensors_t *st;
@@ -55,6 +69,13 @@ typedef struct eng_model {
  * description and tokenizer built. Free with eng_model_close(). */
 td_status_t eng_model_open(const char *path, eng_model_t **out);
 void eng_model_close(eng_model_t *m);
+/* Sets how the layers' matrices are held (before an engine binds them) and the kv_id that goes with it. */
+void eng_model_set_hold(eng_model_t *m, eng_weight_hold_t h);
+/* The dummy load format on or off (before an engine binds the weights); the kv_id follows. */
+void eng_model_set_dummy(eng_model_t *m, bool on);
+/* "file" | "fp8" */
+bool eng_weight_hold_parse(const char *s, eng_weight_hold_t *out);
+const char *eng_weight_hold_name(eng_weight_hold_t h);
 
 const char *eng_rope_style_name(eng_rope_style_t s);
 const char *eng_rope_scaling_name(eng_rope_scaling_t s);

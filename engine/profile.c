@@ -238,9 +238,11 @@ td_status_t eng_profile_check(eng_engine_t *e, int32_t lo, int32_t hi, const eng
 
 json_t *eng_profile_to_json(const eng_profile_t *p)
 {
-    return json_pack("{s:[f,f,f], s:[f,f,f], s:f, s:i, s:f}", "prefill", p->prefill[0], p->prefill[1],
+    /* measured_at in whole seconds, an integer: written as a real, a writer's precision (9 digits) rounded the
+     * epoch by up to 5 s, into the future, and a worker reading it at once found it not fresh */
+    return json_pack("{s:[f,f,f], s:[f,f,f], s:f, s:i, s:I}", "prefill", p->prefill[0], p->prefill[1],
                      p->prefill[2], "decode", p->decode[0], p->decode[1], p->decode[2], "sweep_s", p->sweep_s,
-                     "samples", (int)p->samples, "measured_at", p->measured_at);
+                     "samples", (int)p->samples, "measured_at", (json_int_t)p->measured_at);
 }
 
 td_status_t eng_profile_from_json(const json_t *j, eng_profile_t *p)

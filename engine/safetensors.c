@@ -61,6 +61,7 @@ static td_status_t st_dtype(const char *s, uint32_t *type)
     if (!strcmp(s, "F32")) *type = KERN_TYPE_F32;
     else if (!strcmp(s, "F16")) *type = KERN_TYPE_F16;
     else if (!strcmp(s, "BF16")) *type = KERN_TYPE_BF16;
+    else if (!strcmp(s, "F8_E4M3")) *type = KERN_TYPE_F8_E4M3;
     else return TD_ERR_UNSUPPORTED;
     return TD_OK;
 }
@@ -123,7 +124,7 @@ static td_status_t st_parse(eng_safetensors_t *st, uint32_t fi)
         }
         eng_st_tensor_t t = {.shard = fi};
         if (st_dtype(json_string_value(dt), &t.type)) {
-            rc = td_error(TD_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, F16 and BF16 are read)", path, key,
+            rc = td_error(TD_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, F16, BF16 and F8_E4M3 are read)", path, key,
                           json_string_value(dt));
             goto done;
         }

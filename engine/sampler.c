@@ -29,6 +29,14 @@ td_status_t eng_sampling_validate(const eng_sampling_t *s, int32_t n_vocab)
         return td_user_error("presence_penalty %g is outside [-2, 2]", s->presence_penalty);
     if (!(fabsf(s->frequency_penalty) <= 2))
         return td_user_error("frequency_penalty %g is outside [-2, 2]", s->frequency_penalty);
+    if (s->top_logprobs > ENG_MAX_LOGPROBS)
+        return td_user_error("top_logprobs %u is over %d", s->top_logprobs, ENG_MAX_LOGPROBS);
+    if (s->n_stop_ids > ENG_MAX_STOP_IDS)
+        return td_user_error("%zu stop_token_ids, at most %d", s->n_stop_ids, ENG_MAX_STOP_IDS);
+    for (size_t i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] < 0 || s->stop_ids[i] >= n_vocab)
+            return td_user_error("stop_token_ids names token %d, outside the vocabulary of %d", s->stop_ids[i],
+                                 n_vocab);
     for (size_t i = 0; i < s->n_logit_bias; i++) {
         if (s->logit_bias[i].token < 0 || s->logit_bias[i].token >= n_vocab)
             return td_user_error("logit_bias names token %d, outside the vocabulary of %d", s->logit_bias[i].token,
@@ -47,6 +55,9 @@ td_status_t eng_sampler_init(eng_sampler_t *s, const eng_sampling_t *p, int32_t 
     if (rc)
         return rc;
     s->p = *p;
+    if (p->n_stop_ids) /* memcpy's source may not be NULL, even for nothing */
+        memcpy(s->stop_ids, p->stop_ids, p->n_stop_ids * sizeof *s->stop_ids);
+    s->p.stop_ids = s->stop_ids;
     s->n_vocab = n_vocab;
     s->work = malloc((size_t)n_vocab * sizeof *s->work);
     s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
@@ -62,8 +73,10 @@ void eng_sampler_free(eng_sampler_t *s)
 {
     free(s->work);
     free(s->idx);
+    eng_matcher_free(s->matcher);
     s->work = NULL;
     s->idx = NULL;
+    s->matcher = NULL;
 }
 
 static const float *cmp_vals;
@@ -108,8 +121,23 @@ static void top_sorted(int32_t *idx, int32_t n, int32_t k, const float *vals)
     qsort(idx, (size_t)(k < n ? k : n), sizeof *idx, cmp_desc);
 }
 
+void eng_sampler_set_eog(eng_sampler_t *s, const int32_t *eog, uint32_t n)
+{
+    s->n_eog = n < 8 ? n : 8;
+    memcpy(s->eog, eog, s->n_eog * sizeof *eog);
+}
+
+bool eng_sampler_is_stop_id(const eng_sampler_t *s, int32_t tok)
+{
+    for (size_t i = 0; i < s->p.n_stop_ids; i++)
+        if (s->stop_ids[i] == tok)
+            return true;
+    return false;
+}
+
 void eng_sampler_skip(eng_sampler_t *s, uint32_t n)
 {
+    s->n_sampled += n;
     if (s->p.temperature == 0) /* greedy draws nothing */
         return;
     for (uint32_t i = 0; i < n; i++)
@@ -124,6 +152,14 @@ int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t 
     memcpy(w, logits, (size_t)V * sizeof *w);
     for (size_t i = 0; i < p->n_logit_bias; i++)
         w[p->logit_bias[i].token] += p->logit_bias[i].bias;
+    if (s->n_sampled++ < p->min_tokens) { /* the end tokens and stop_ids are held back */
+        for (uint32_t i = 0; i < s->n_eog; i++)
+            w[s->eog[i]] = -INFINITY;
+        for (size_t i = 0; i < p->n_stop_ids; i++)
+            w[s->stop_ids[i]] = -INFINITY;
+    }
+    if (s->matcher && !eng_matcher_mask(s->matcher, w)) /* nothing continues the text: it ends */
+        return s->n_eog ? s->eog[0] : 0;
     if (p->repetition_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0) {
         memset(s->idx, 0, (size_t)V * sizeof *s->idx); /* idx as occurrence counts */
         for (size_t i = 0; i < n_hist; i++)
@@ -202,12 +238,50 @@ int32_t eng_sampler_sample(eng_sampler_t *s, const float *logits, const int32_t 
 bool eng_sampler_on_device(const eng_sampler_t *s)
 {
     const eng_sampling_t *p = &s->p;
-    return !p->n_logit_bias && p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0;
+    return !p->n_logit_bias && p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           s->n_sampled >= p->min_tokens && !p->logprobs && !s->matcher;
 }
+
+void eng_sampler_set_matcher(eng_sampler_t *s, eng_matcher_t *m)
+{
+    eng_matcher_free(s->matcher);
+    s->matcher = m;
+}
+
+bool eng_sampler_accept(eng_sampler_t *s, int32_t tok) { return !s->matcher || eng_matcher_accept(s->matcher, tok); }
 
 kern_sample_t eng_sampler_device(eng_sampler_t *s)
 {
     const eng_sampling_t *p = &s->p;
+    s->n_sampled++;
     return (kern_sample_t){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
                            .u = p->temperature == 0 ? 0.0f : (float)td_rng_unit(&s->rng)};
+}
+
+double eng_logsumexp(const float *logits, int32_t n)
+{
+    float mx = logits[0];
+    for (int32_t t = 1; t < n; t++)
+        mx = logits[t] > mx ? logits[t] : mx;
+    double z = 0;
+    for (int32_t t = 0; t < n; t++)
+        z += exp((double)logits[t] - mx);
+    return mx + log(z);
+}
+
+void eng_sampler_logprobs(eng_sampler_t *s, const float *logits, int32_t tok, eng_logprobs_t *out)
+{
+    const int32_t V = s->n_vocab, k = (int32_t)s->p.top_logprobs;
+    const double lse = eng_logsumexp(logits, V);
+    out->logprob = (float)(logits[tok] - lse);
+    out->n_top = (uint32_t)k;
+    if (!k)
+        return;
+    for (int32_t t = 0; t < V; t++)
+        s->idx[t] = t;
+    top_sorted(s->idx, V, k, logits);
+    for (int32_t i = 0; i < k; i++) {
+        out->top_ids[i] = s->idx[i];
+        out->top[i] = (float)(logits[s->idx[i]] - lse);
+    }
 }

@@ -20,6 +20,8 @@ typedef struct found {
 
 static bool find(const eng_model_t *m, const char *gguf_name, const char *hf_name, found_t *f)
 {
+    if (!m->gguf && !m->st)
+        return false;
     if (m->gguf) {
         const eng_gguf_tensor_t *t = eng_gguf_tensor_find(m->gguf, gguf_name);
         if (!t)
@@ -34,18 +36,81 @@ static bool find(const eng_model_t *m, const char *gguf_name, const char *hf_nam
     return true;
 }
 
+/* An F8_E4M3 matrix's scales as FP8 checkpoints publish them: the tensor
+ * "<name>_scale" (HF "...weight_scale"), one value a row or one for the
+ * matrix; *out: rows floats (malloc'd). */
+static td_status_t fp8_scales(const eng_model_t *m, const char *name, uint32_t rows, float **out)
+{
+    char sname[128];
+    snprintf(sname, sizeof sname, "%s_scale", name);
+    const eng_st_tensor_t *t = m->st ? eng_st_find(m->st, sname) : NULL;
+    if (!t)
+        return td_error(TD_ERR_FORMAT, "%s: FP8 tensor %s has no scale (%s)", m->path, name, sname);
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++)
+        n *= t->dims[i];
+    if (n != 1 && n != rows)
+        return td_error(TD_ERR_FORMAT, "%s: %s has %llu values: one, or one a row (%u), is read", m->path, sname,
+                        (unsigned long long)n, rows);
+    float *s = malloc((size_t)rows * sizeof *s);
+    if (!s)
+        return td_error(TD_ERR_NO_MEMORY, "%s: no memory", m->path);
+    td_status_t rc = kern_dequant_row(t->type, t->data, s, n);
+    for (uint32_t r = 1; !rc && n == 1 && r < rows; r++)
+        s[r] = s[0];
+    if (rc)
+        free(s);
+    else
+        *out = s;
+    return rc;
+}
+
+/* A matrix bound and prepared; a layer's matrix (layer true) held as the
+ * model says (eng_model_t.hold; an FP8 file's always in FP8). */
+/* The dummy load format's seed of a matrix: its (Hugging Face) name's FNV-1a hash. */
+static uint64_t fill_seed(const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return h;
+}
+
 static td_status_t matrix(const eng_model_t *m, kern_backend_t *be, const char *gname, const char *hname,
-                          uint32_t rows, uint32_t cols, kern_weight_t *w)
+                          uint32_t rows, uint32_t cols, bool layer, kern_weight_t *w)
 {
     found_t f;
     const char *name = m->gguf ? gname : hname;
+    if (m->dummy) { /* no file read: seeded values, filled by the backend */
+        *w = (kern_weight_t){.type = KERN_TYPE_F16, .rows = rows, .cols = cols, .fill = fill_seed(hname),
+                             .hold = layer && m->hold == ENG_WEIGHTS_FP8 ? KERN_TYPE_F8_E4M3 : 0};
+        return be->ops->weight_prepare(be, w);
+    }
+    if (!m->gguf && !m->st)
+        return td_error(TD_ERR_NOT_FOUND, "%s: the folder has no weights (model.safetensors); the dummy load "
+                        "format (model.load_format: dummy) fills seeded values instead, for benchmarks", m->path);
     if (!find(m, gname, hname, &f))
         return td_error(TD_ERR_FORMAT, "%s: tensor %s is missing", m->path, name);
     if (f.n_dims != 2 || f.rows != rows || f.cols != cols)
         return td_error(TD_ERR_FORMAT, "%s: tensor %s is %llu x %llu, the model description needs %u x %u", m->path,
                         name, (unsigned long long)f.rows, (unsigned long long)f.cols, rows, cols);
     *w = (kern_weight_t){.type = f.type, .rows = rows, .cols = cols, .data = f.data};
-    return be->ops->weight_prepare(be, w);
+    float *scale = NULL;
+    if (f.type == KERN_TYPE_F8_E4M3) {
+        if (!layer || m->gguf)
+            return td_error(TD_ERR_UNSUPPORTED, "%s: tensor %s is FP8: only a layer's matrices of a safetensors "
+                            "model are read in FP8", m->path, name);
+        td_status_t rc = fp8_scales(m, name, rows, &scale);
+        if (rc)
+            return rc;
+        w->scale = scale;
+    }
+    if (layer && (m->hold == ENG_WEIGHTS_FP8 || f.type == KERN_TYPE_F8_E4M3))
+        w->hold = KERN_TYPE_F8_E4M3;
+    td_status_t rc = be->ops->weight_prepare(be, w);
+    free(scale);
+    w->scale = NULL;
+    return rc;
 }
 
 /* A vector as fp32 in backend memory; optional vectors may be absent (NULL). */
@@ -55,11 +120,30 @@ static td_status_t vector(const eng_model_t *m, kern_backend_t *be, const char *
     found_t f;
     const char *name = m->gguf ? gname : hname;
     *out = NULL;
+    if (m->dummy) { /* the dummy load format: norms of ones, no biases */
+        if (optional)
+            return TD_OK;
+        float *ones = malloc(n * sizeof *ones);
+        if (!ones)
+            return td_error(TD_ERR_NO_MEMORY, "%s: no memory", m->path);
+        for (uint32_t i = 0; i < n; i++)
+            ones[i] = 1.0f;
+        td_status_t rc = be->ops->alloc(be, n * sizeof(float), (void **)out);
+        if (!rc)
+            rc = be->ops->upload(be, *out, ones, n * sizeof(float));
+        if (!rc)
+            rc = be->ops->sync(be); /* the upload reads ones before they are freed */
+        free(ones);
+        return rc;
+    }
     if (!find(m, gname, hname, &f))
         return optional ? TD_OK : td_error(TD_ERR_FORMAT, "%s: tensor %s is missing", m->path, name);
     if (f.rows * f.cols != n)
         return td_error(TD_ERR_FORMAT, "%s: tensor %s has %llu values, the model description needs %u", m->path, name,
                         (unsigned long long)(f.rows * f.cols), n);
+    if (f.type == KERN_TYPE_F8_E4M3)
+        return td_error(TD_ERR_UNSUPPORTED, "%s: tensor %s is FP8: only a layer's matrices are read in FP8", m->path,
+                        name);
     float *host = malloc(n * sizeof *host);
     if (!host)
         return td_error(TD_ERR_NO_MEMORY, "%s: no memory", m->path);
@@ -82,12 +166,12 @@ td_status_t eng_weights_bind(const eng_model_t *m, kern_backend_t *be, eng_weigh
     w->n_layers = d->n_layers;
     uint32_t hd = d->head_dim, q_dim = d->n_heads * hd, kv_dim = d->n_kv_heads * hd;
     td_status_t rc;
-    if ((rc = matrix(m, be, "token_embd.weight", "model.embed_tokens.weight", d->vocab, d->hidden, &w->tok_embd)) ||
+    if ((rc = matrix(m, be, "token_embd.weight", "model.embed_tokens.weight", d->vocab, d->hidden, false, &w->tok_embd)) ||
         (rc = vector(m, be, "output_norm.weight", "model.norm.weight", d->hidden, false, &w->out_norm)))
         return rc;
     if (d->tied_embeddings)
         w->output = w->tok_embd;
-    else if ((rc = matrix(m, be, "output.weight", "lm_head.weight", d->vocab, d->hidden, &w->output)))
+    else if ((rc = matrix(m, be, "output.weight", "lm_head.weight", d->vocab, d->hidden, false, &w->output)))
         return rc;
     for (uint32_t i = 0; i < d->n_layers; i++) {
         eng_layer_weights_t *L = &w->layers[i];
@@ -110,13 +194,13 @@ td_status_t eng_weights_bind(const eng_model_t *m, kern_backend_t *be, eng_weigh
         }
         if ((rc = vector(m, be, g[0], h[0], d->hidden, false, &L->attn_norm)) ||
             (rc = vector(m, be, g[1], h[1], d->hidden, false, &L->ffn_norm)) ||
-            (rc = matrix(m, be, g[2], h[2], q_dim, d->hidden, &L->wq)) ||
-            (rc = matrix(m, be, g[3], h[3], kv_dim, d->hidden, &L->wk)) ||
-            (rc = matrix(m, be, g[4], h[4], kv_dim, d->hidden, &L->wv)) ||
-            (rc = matrix(m, be, g[5], h[5], d->hidden, q_dim, &L->wo)) ||
-            (rc = matrix(m, be, g[6], h[6], d->ffn, d->hidden, &L->w_gate)) ||
-            (rc = matrix(m, be, g[7], h[7], d->ffn, d->hidden, &L->w_up)) ||
-            (rc = matrix(m, be, gd, hd_, d->hidden, d->ffn, &L->w_down)) ||
+            (rc = matrix(m, be, g[2], h[2], q_dim, d->hidden, true, &L->wq)) ||
+            (rc = matrix(m, be, g[3], h[3], kv_dim, d->hidden, true, &L->wk)) ||
+            (rc = matrix(m, be, g[4], h[4], kv_dim, d->hidden, true, &L->wv)) ||
+            (rc = matrix(m, be, g[5], h[5], d->hidden, q_dim, true, &L->wo)) ||
+            (rc = matrix(m, be, g[6], h[6], d->ffn, d->hidden, true, &L->w_gate)) ||
+            (rc = matrix(m, be, g[7], h[7], d->ffn, d->hidden, true, &L->w_up)) ||
+            (rc = matrix(m, be, gd, hd_, d->hidden, d->ffn, true, &L->w_down)) ||
             (rc = vector(m, be, gb[0], hb[0], q_dim, true, &L->bq)) ||
             (rc = vector(m, be, gb[1], hb[1], kv_dim, true, &L->bk)) ||
             (rc = vector(m, be, gb[2], hb[2], kv_dim, true, &L->bv)))

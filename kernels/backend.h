@@ -41,14 +41,39 @@
 typedef struct kern_backend kern_backend_t;
 
 /* A weight matrix as a backend holds it. `data` is the file's bytes (mapped);
- * the backend may keep its own copy or repacked layout in `priv`. */
+ * the backend may keep its own copy or repacked layout in `priv`.
+ *
+ * FP8: with hold KERN_TYPE_F8_E4M3 the backend holds the matrix in FP8 E4M3
+ * with a scale per row — the file's, when type is F8_E4M3 (scale: its rows
+ * scales, host memory, read by weight_prepare only), or made at prepare from
+ * any other type as kern_fp8_quantize_row makes them. The CUDA backend's
+ * matmuls read the FP8 bytes; the CPU backend keeps the decoded values (the
+ * FP8 value times its row's scale) and computes with them as F32 (its
+ * prepare sets type F32 and data to that copy). */
 typedef struct kern_weight {
     uint32_t type;  /* kern_type_t */
     uint32_t rows;  /* output features */
     uint32_t cols;  /* input features (contiguous) */
     const void *data;
     void *priv;
+    uint32_t hold;      /* 0: the backend's own form; KERN_TYPE_F8_E4M3 (above) */
+    const float *scale; /* type F8_E4M3: the rows' scales (above) */
+    /* data NULL, type F16: the matrix has no file; weight_prepare fills it with kern_fill_row_f16(fill, row) (a
+     * dummy load format, for benchmarks) */
+    uint64_t fill;
 } kern_weight_t;
+
+/* The FP8 codes and scale of row r of w as a backend holding it in FP8 has
+ * them: the file's (type F8_E4M3), else kern_fp8_quantize_row of the row
+ * decoded; tmp holds cols floats. The one definition the backends' own
+ * conversions are checked against. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+td_status_t kern_weight_fp8_row(const kern_weight_t *w, uint32_t r, uint8_t *q, float *scale, float *tmp);
+#ifdef __cplusplus
+}
+#endif
 
 typedef enum kern_rope_style {
     KERN_ROPE_NORM, /* rotate (x[2i], x[2i+1]) */

@@ -218,6 +218,10 @@ typedef struct preq {
     char err[512];
     bool done;
     int32_t first_token;
+    bool has_lp;
+    eng_logprobs_t lp; /* first_token's, where the request asked (sampling.logprobs) */
+    eng_logprobs_t *plp; /* the prompt's (sampling.prompt_logprobs): tokens 1 .. n - 1's */
+    uint32_t n_plp;
     uint32_t n_cached;
     double t0, t_done, busy0, exposed_s;
     double land_by; /* td_now_s() at the landing's land-by time (HUGE_VAL: unsigned, unlimited) */
@@ -365,6 +369,7 @@ static void preq_put(preq_t *r)
     if (r->rq)
         tandem__internal__v1__prefill_request__free_unpacked(r->rq, NULL);
     free(r->bias);
+    free(r->plp);
     free(r->digests);
     free(r->names);
     free(r->fetched);
@@ -574,8 +579,15 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
                                                                   "renewing it) before the KV was put", -1, 0);
     else if (r->pushed < r->first + r->n_digests) /* a bug: the landing would decode on garbage */
         preq_finish(r, TD_ERR_INTERNAL, "prefill: not every landing block was pushed", -1, 0);
-    else
+    else {
+        if ((r->has_lp = ev->logprobs != NULL)) /* before preq_finish wakes the call */
+            r->lp = *ev->logprobs;
+        if (ev->n_prompt_logprobs && (r->plp = malloc(ev->n_prompt_logprobs * sizeof *r->plp))) {
+            memcpy(r->plp, ev->prompt_logprobs, ev->n_prompt_logprobs * sizeof *r->plp);
+            r->n_plp = ev->n_prompt_logprobs;
+        }
         preq_finish(r, TD_OK, NULL, ev->token, ev->n_cached);
+    }
     preq_put(r); /* the listener's */
 }
 
@@ -697,6 +709,8 @@ static void add_on_engine(eng_worker_t *w, void *arg)
                         .sampled_before = r->rq->sampled_before, .priority = r->rq->priority,
                         .deadline = r->deadline};
     eng_sampling_from_pb(sp, &er.sampling, r->bias);
+    if (er.sampling.min_tokens > 1) /* the first token alone here: min_tokens holds the end tokens back from it */
+        er.sampling.min_tokens = 1;
     r->rc = eng_engine_add(eng_worker_engine(w), &er, &r->eng_id);
     if (r->rc) {
         snprintf(r->err, sizeof r->err, "%s", td_last_error());
@@ -1042,6 +1056,12 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
     rp.has_first_token = rp.has_cached_tokens = rp.has_prefill_ms = rp.has_transfer_ms = 1;
     rp.has_exposed_transfer_ms = rp.has_bytes = 1;
     rp.first_token = r->first_token;
+    eng_logprob_pb_t lpb;
+    if (r->has_lp)
+        rp.first_logprob = eng_logprob_to_pb(r->first_token, &r->lp, &lpb);
+    void *plp_mem = NULL;
+    if (r->n_plp && !eng_prompt_logprobs_to_pb(r->rq->tokens, r->plp, r->n_plp, &plp_mem, &rp.prompt_logprobs))
+        rp.n_prompt_logprobs = r->n_plp + 1;
     rp.cached_tokens = r->n_cached;
     rp.prefill_ms = (r->t_done - r->t0) * 1e3;
     rp.transfer_ms = r->busy_s * 1e3;
@@ -1077,6 +1097,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         td_rpc_call_finish(call, TD_RPC_RESOURCE_EXHAUSTED, "no memory for the PrefillResponse");
     }
     free(buf);
+    free(plp_mem);
 done:
     lease_unregister(r->role, r);
     pthread_mutex_lock(&r->mu);

@@ -2,14 +2,14 @@
  *
  * libmicrohttpd runs one polling thread (epoll) for every connection. A
  * generation request is parsed there into a tandem.v1 GenerateRequest and
- * started as a router request (request.h) whose sink is the connection: the
+ * started as a router request (choices.h: sampling.n requests) whose sink is the connection: the
  * connection is suspended until the request's first message or its end, and
  * then answered — with the SSE stream (200, chunked) for a streaming request
  * that has begun, or with one JSON body (the completion, or an error whose
  * HTTP status follows its gRPC code). While a stream runs, the sink formats
  * each message into the connection's buffer and resumes the connection; the
  * reader hands the bytes to libmicrohttpd and, once they are all taken,
- * reports the write (rt_request_sent) so the request sends the next one. The
+ * reports the write (rt_choices_sent) so the request sends the next one. The
  * per-token path formats into buffers it reuses: it allocates nothing once
  * they are large enough.
  *
@@ -43,6 +43,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "engine/tokenizer.h"
+#include "router/choices.h"
 #include "router/http_heads.h"
 #include "router/keys.h"
 #include "router/openai_req.h"
@@ -72,6 +73,22 @@ struct rt_http {
 };
 
 
+/* One choice of a generation (sampling.n): its text so far (a non-streaming
+ * request's), its log-probabilities (a chunk's, or the whole answer's: chat's
+ * content entries (lp), or completions' tokens (lp), token_logprobs,
+ * top_logprobs and text_offset arrays' items, comma-joined) and its end. */
+typedef struct choice {
+    char *text;
+    size_t n_text, cap_text;
+    char *lp, *lp_val, *lp_top, *lp_off;
+    size_t n_lp, n_lp_val, n_lp_top, n_lp_off, cap_lp, cap_lp_val, cap_lp_top, cap_lp_off;
+    size_t lp_at; /* completions' text_offset: the bytes of the tokens before */
+    const char *finish;
+    bool role_sent, echo_sent;
+    char *echoed; /* its first text after the echoed prompt */
+    double logprob; /* its tokens' log-probabilities summed (best_of picks by it) */
+} choice_t;
+
 typedef struct hreq {
     rt_http_t *h;
     struct MHD_Connection *conn;
@@ -82,10 +99,10 @@ typedef struct hreq {
     rt_oai_kind_t kind;
     bool stream, include_usage, begun; /* begun: the request was started */
     char id[48];
-    rt_request_t *q; /* until the sink's end */
+    rt_choices_t *q; /* until the sink's end */
     pthread_mutex_t mu;
     int refs;
-    bool suspended, ended, answered, mhd_done, role_sent, need_sent;
+    bool suspended, ended, answered, mhd_done, need_sent;
     bool streamed; /* a streaming request has written its first chunk */
     struct hreq *prev, *next; /* in h->active */
     uint64_t serial; /* its name in the hang-up watcher's set */
@@ -96,10 +113,12 @@ typedef struct hreq {
     const char *end_rejected; /* an early rejection's SLO ("ttft", "tpot"): the rejected-early header */
     char *out; /* bytes for the client: SSE chunks, or the whole JSON body */
     size_t n_out, off_out, cap_out;
-    char *text; /* a non-streaming request's text so far */
-    size_t n_text, cap_text;
-    const char *finish;
-    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    choice_t *ch; /* sampling.n of them */
+    uint32_t n_ch;
+    uint32_t n_best; /* completions' best_of: the n of highest log-probability answered (0: all) */
+    bool logprobs; /* sampling.logprobs, as the client asked (best_of computes them for itself) */
+    char *echo;    /* completions' echo: the prompt, written before each choice's text */
+    uint32_t prompt_tokens, completion_tokens, cached_tokens; /* completion_tokens: all choices' */
     bool has_usage;
     const rt_key_t *key; /* the caller's, when keys are on (router/keys.h) */
 } hreq_t;
@@ -116,51 +135,63 @@ static void hreq_put(hreq_t *x)
     pthread_mutex_destroy(&x->mu);
     free(x->body);
     free(x->out);
-    free(x->text);
+    for (uint32_t i = 0; i < x->n_ch; i++) {
+        choice_t *c = &x->ch[i];
+        free(c->text);
+        free(c->lp), free(c->lp_val), free(c->lp_top), free(c->lp_off);
+        free(c->echoed);
+    }
+    free(x->ch);
+    free(x->echo);
     free(x);
 }
 
-/* Appends n bytes; false without memory. */
-static bool out_add(hreq_t *x, const char *s, size_t n)
+/* Appends n bytes to the growing buffer *b (*len bytes of *cap, NUL-terminated); false without memory. */
+static bool buf_add(char **b, size_t *len, size_t *cap, const char *s, size_t n)
 {
-    if (!td_grow((void **)&x->out, &x->cap_out, x->n_out + n + 1, 1, 1024))
+    if (!td_grow((void **)b, cap, *len + n + 1, 1, 1024))
         return false;
-    memcpy(x->out + x->n_out, s, n);
-    x->n_out += n;
-    x->out[x->n_out] = 0;
+    memcpy(*b + *len, s, n);
+    *len += n;
+    (*b)[*len] = 0;
     return true;
 }
 
-static bool out_str(hreq_t *x, const char *s) { return out_add(x, s, strlen(s)); }
-
-/* Appends s as the inside of a JSON string (escaped, no quotes). */
-static bool out_json_str(hreq_t *x, const char *s)
+/* Appends n bytes of s as the inside of a JSON string (escaped, no quotes). */
+static bool buf_json(char **b, size_t *len, size_t *cap, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++) {
         char e[8];
-        size_t n = 0;
+        size_t k = 0;
         switch (*p) {
-        case '"': e[n++] = '\\', e[n++] = '"'; break;
-        case '\\': e[n++] = '\\', e[n++] = '\\'; break;
-        case '\n': e[n++] = '\\', e[n++] = 'n'; break;
-        case '\r': e[n++] = '\\', e[n++] = 'r'; break;
-        case '\t': e[n++] = '\\', e[n++] = 't'; break;
+        case '"': e[k++] = '\\', e[k++] = '"'; break;
+        case '\\': e[k++] = '\\', e[k++] = '\\'; break;
+        case '\n': e[k++] = '\\', e[k++] = 'n'; break;
+        case '\r': e[k++] = '\\', e[k++] = 'r'; break;
+        case '\t': e[k++] = '\\', e[k++] = 't'; break;
         default:
             if (*p < 0x20) {
                 memcpy(e, "\\u00", 4);
-                n = 4;
-                e[n++] = hex[*p >> 4];
-                e[n++] = hex[*p & 15];
+                k = 4;
+                e[k++] = hex[*p >> 4];
+                e[k++] = hex[*p & 15];
             } else {
-                e[n++] = (char)*p;
+                e[k++] = (char)*p;
             }
         }
-        if (!out_add(x, e, n))
+        if (!buf_add(b, len, cap, e, k))
             return false;
     }
     return true;
 }
+
+static bool out_add(hreq_t *x, const char *s, size_t n) { return buf_add(&x->out, &x->n_out, &x->cap_out, s, n); }
+
+static bool out_str(hreq_t *x, const char *s) { return out_add(x, s, strlen(s)); }
+
+/* Appends s as the inside of a JSON string (escaped, no quotes). */
+static bool out_json_str(hreq_t *x, const char *s) { return buf_json(&x->out, &x->n_out, &x->cap_out, s, strlen(s)); }
 
 static int http_status_of(int code)
 {
@@ -188,7 +219,7 @@ static const char *error_type_of(int status)
 }
 
 /* {"error": {...}}: the message; param: the field it names ("sampling.stop"
- * → "stop"), taken from the message's "FIELD: ..." prefix when it has one. */
+ * → "stop", "prompt_ids[3]" → "prompt[3]"), taken from the message's "FIELD: ..." prefix when it has one. */
 static char *error_json(int status, const char *message, const char *param)
 {
     char p[64] = "";
@@ -213,6 +244,13 @@ static char *error_json(int status, const char *message, const char *param)
                 snprintf(p, sizeof p, "messages");
             else if (!strncmp(p, "chat.", 5))
                 memmove(p, p + 5, strlen(p + 5) + 1);
+            else if (!strncmp(p, "prompt_ids", 10)) /* "prompt_ids[3]" → "prompt[3]" */
+                memmove(p + 6, p + 10, strlen(p + 10) + 1);
+            /* structured output: the OpenAI field that asks for it */
+            if (!strcmp(p, "json_schema") || !strcmp(p, "json_object"))
+                snprintf(p, sizeof p, "response_format");
+            else if (!strcmp(p, "regex") || !strcmp(p, "choice"))
+                snprintf(p, sizeof p, "guided_%s", !strcmp(p, "regex") ? "regex" : "choice");
         }
     }
     json_t *j = json_pack("{s:{s:s, s:s, s:o, s:i}}", "error", "message", message, "type", error_type_of(status),
@@ -306,6 +344,125 @@ static enum MHD_Result respond_json(struct MHD_Connection *c, int status, json_t
     return respond(c, status, s, NULL);
 }
 
+/* ---------------------------------------------------------------- log-probabilities */
+
+static bool utf8_whole(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        size_t k = s[i] < 0x80 ? 1 : (s[i] & 0xe0) == 0xc0 ? 2 : (s[i] & 0xf0) == 0xe0 ? 3 : (s[i] & 0xf8) == 0xf0 ? 4 : 0;
+        if (!k || i + k > n)
+            return false;
+        for (size_t j = 1; j < k; j++)
+            if ((s[i + j] & 0xc0) != 0x80)
+                return false;
+        i += k;
+    }
+    return true;
+}
+
+/* A token's entry text into b: its bytes where they are whole UTF-8, else "bytes:\xNN..." as vLLM writes a
+ * piece of a character; the bytes themselves in raw (*nraw). */
+static bool lp_token(hreq_t *x, int32_t id, char **b, size_t *len, size_t *cap, unsigned char *raw, size_t *nraw)
+{
+    *nraw = eng_tokenizer_token_bytes(x->h->env->input->model->tok, id, (char *)raw, 64);
+    if (*nraw > 64)
+        *nraw = 64;
+    if (utf8_whole(raw, *nraw))
+        return buf_json(b, len, cap, (const char *)raw, *nraw);
+    bool ok = buf_add(b, len, cap, "bytes:", 6);
+    for (size_t i = 0; ok && i < *nraw; i++) {
+        char h[8];
+        snprintf(h, sizeof h, "\\\\x%02x", raw[i]);
+        ok = buf_add(b, len, cap, h, strlen(h));
+    }
+    return ok;
+}
+
+/* chat: {"token": ..., "logprob": ..., "bytes": [...]} (without its closing brace) */
+static bool lp_chat_entry(hreq_t *x, choice_t *c, int32_t id, float logprob)
+{
+    unsigned char raw[64];
+    size_t nraw;
+    char num[48];
+    bool ok = buf_add(&c->lp, &c->n_lp, &c->cap_lp, "{\"token\":\"", 10) &&
+              lp_token(x, id, &c->lp, &c->n_lp, &c->cap_lp, raw, &nraw);
+    snprintf(num, sizeof num, "\",\"logprob\":%.7g,\"bytes\":[", logprob);
+    ok = ok && buf_add(&c->lp, &c->n_lp, &c->cap_lp, num, strlen(num));
+    for (size_t i = 0; ok && i < nraw; i++) {
+        snprintf(num, sizeof num, "%s%u", i ? "," : "", raw[i]);
+        ok = buf_add(&c->lp, &c->n_lp, &c->cap_lp, num, strlen(num));
+    }
+    return ok && buf_add(&c->lp, &c->n_lp, &c->cap_lp, "]", 1);
+}
+
+/* One token's log-probabilities into choice c's buffers: chat's content entry, or completions' items of
+ * tokens, token_logprobs, top_logprobs (the sampled token's and the top ones, as vLLM lists them) and
+ * text_offset. */
+static bool lp_add(hreq_t *x, choice_t *c, const Tandem__V1__TokenLogprob *lp)
+{
+    char num[48];
+    bool ok = true;
+    if (x->kind == RT_OAI_CHAT) {
+        ok = (!c->n_lp || buf_add(&c->lp, &c->n_lp, &c->cap_lp, ",", 1)) && lp_chat_entry(x, c, lp->token_id, lp->logprob) &&
+             buf_add(&c->lp, &c->n_lp, &c->cap_lp, ",\"top_logprobs\":[", 17);
+        for (size_t i = 0; ok && i < lp->n_top; i++)
+            ok = (!i || buf_add(&c->lp, &c->n_lp, &c->cap_lp, ",", 1)) &&
+                 lp_chat_entry(x, c, lp->top[i]->token_id, lp->top[i]->logprob) && buf_add(&c->lp, &c->n_lp, &c->cap_lp, "}", 1);
+        return ok && buf_add(&c->lp, &c->n_lp, &c->cap_lp, "]}", 2);
+    }
+    unsigned char raw[64];
+    size_t nraw;
+    const char *sep = c->n_lp ? "," : "";
+    ok = buf_add(&c->lp, &c->n_lp, &c->cap_lp, sep, strlen(sep)) && buf_add(&c->lp, &c->n_lp, &c->cap_lp, "\"", 1) &&
+         lp_token(x, lp->token_id, &c->lp, &c->n_lp, &c->cap_lp, raw, &nraw) && buf_add(&c->lp, &c->n_lp, &c->cap_lp, "\"", 1);
+    if (lp->has_logprob)
+        snprintf(num, sizeof num, "%s%.7g", sep, lp->logprob);
+    else /* a prompt's first token: nothing before it */
+        snprintf(num, sizeof num, "%snull", sep);
+    ok = ok && buf_add(&c->lp_val, &c->n_lp_val, &c->cap_lp_val, num, strlen(num));
+    snprintf(num, sizeof num, "%s%zu", sep, c->lp_at);
+    ok = ok && buf_add(&c->lp_off, &c->n_lp_off, &c->cap_lp_off, num, strlen(num));
+    c->lp_at += nraw;
+    if (!lp->has_logprob)
+        return ok && buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, sep, strlen(sep)) &&
+               buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, "null", 4);
+    ok = ok && buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, sep, strlen(sep)) &&
+         buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, "{", 1);
+    for (size_t i = 0; ok && i <= lp->n_top; i++) { /* the sampled token first, then the top ones but it */
+        const Tandem__V1__TokenLogprob *t = i ? lp->top[i - 1] : lp;
+        if (i && t->token_id == lp->token_id)
+            continue;
+        ok = (!i || buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, ",", 1)) &&
+             buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, "\"", 1) &&
+             lp_token(x, t->token_id, &c->lp_top, &c->n_lp_top, &c->cap_lp_top, raw, &nraw);
+        snprintf(num, sizeof num, "\":%.7g", t->logprob);
+        ok = ok && buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, num, strlen(num));
+    }
+    return ok && buf_add(&c->lp_top, &c->n_lp_top, &c->cap_lp_top, "}", 1);
+}
+
+/* `"logprobs":...,` of a choice: null, or what the buffers hold (then emptied) */
+static bool out_logprobs(hreq_t *x, choice_t *c)
+{
+    if (!x->logprobs)
+        return out_str(x, "\"logprobs\":null,");
+    bool ok;
+    if (x->kind == RT_OAI_CHAT)
+        ok = out_str(x, "\"logprobs\":{\"content\":[") && out_str(x, c->lp ? c->lp : "") &&
+             out_str(x, "],\"refusal\":null},");
+    else
+        ok = out_str(x, "\"logprobs\":{\"tokens\":[") && out_str(x, c->lp ? c->lp : "") &&
+             out_str(x, "],\"token_logprobs\":[") && out_str(x, c->lp_val ? c->lp_val : "") &&
+             out_str(x, "],\"top_logprobs\":[") && out_str(x, c->lp_top ? c->lp_top : "") &&
+             out_str(x, "],\"text_offset\":[") && out_str(x, c->lp_off ? c->lp_off : "") && out_str(x, "]},");
+    char *bufs[] = {c->lp, c->lp_val, c->lp_top, c->lp_off};
+    for (int i = 0; i < 4; i++)
+        if (bufs[i])
+            bufs[i][0] = 0;
+    c->n_lp = c->n_lp_val = c->n_lp_top = c->n_lp_off = 0;
+    return ok;
+}
+
 /* ---------------------------------------------------------------- the sink */
 
 static const char *finish_name(int f)
@@ -323,22 +480,25 @@ static bool chunk_head(hreq_t *x)
 }
 
 /* A chunk that carries text (and the role, first) and/or the finish reason. */
-static bool chunk(hreq_t *x, const char *text, const char *finish)
+static bool chunk(hreq_t *x, uint32_t index, const char *text, const char *finish)
 {
-    if (!chunk_head(x) || !out_str(x, ",\"choices\":[{\"index\":0,"))
+    choice_t *c = &x->ch[index];
+    char head[48];
+    snprintf(head, sizeof head, ",\"choices\":[{\"index\":%u,", index);
+    if (!chunk_head(x) || !out_str(x, head))
         return false;
     if (x->kind == RT_OAI_CHAT) {
         bool ok = out_str(x, "\"delta\":{");
-        if (!x->role_sent) {
+        if (!c->role_sent) {
             ok = ok && out_str(x, "\"role\":\"assistant\"") && out_str(x, text || !finish ? "," : "");
-            x->role_sent = true;
+            c->role_sent = true;
         }
         if (text || !finish)
             ok = ok && out_str(x, "\"content\":\"") && out_json_str(x, text ? text : "") && out_str(x, "\"");
-        if (!ok || !out_str(x, "},\"logprobs\":null,"))
+        if (!ok || !out_str(x, "},") || !out_logprobs(x, c))
             return false;
-    } else if (!out_str(x, "\"text\":\"") || !out_json_str(x, text ? text : "") ||
-               !out_str(x, "\",\"logprobs\":null,")) {
+    } else if (!out_str(x, "\"text\":\"") || !out_json_str(x, text ? text : "") || !out_str(x, "\",") ||
+               !out_logprobs(x, c)) {
         return false;
     }
     if (finish)
@@ -370,17 +530,21 @@ static void wake_and_unlock(hreq_t *x)
 
 static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m)
 {
+    (void)q;
     hreq_t *x = ctx;
     pthread_mutex_lock(&x->mu);
     if (x->mhd_done) { /* the client is gone */
         pthread_mutex_unlock(&x->mu);
         return TD_ERR_CANCELLED;
     }
-    if (m->usage) {
+    uint32_t index = m->has_index && m->index < x->n_ch ? m->index : 0;
+    choice_t *c = &x->ch[index];
+    if (m->usage) { /* each choice's last message: the prompt counted once, the completions summed */
         x->has_usage = true;
         x->prompt_tokens = m->usage->prompt_tokens;
-        x->completion_tokens = m->usage->completion_tokens;
-        x->cached_tokens = m->usage->cached_prompt_tokens;
+        x->completion_tokens += m->usage->completion_tokens;
+        if (!index)
+            x->cached_tokens = m->usage->cached_prompt_tokens;
     }
     bool fin = m->has_finish_reason && m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
     bool bad_fin = fin && m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_EOS &&
@@ -388,25 +552,41 @@ static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__Generate
                    m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
     const char *text = m->text && m->text[0] ? m->text : NULL;
     bool ok = true;
+    for (size_t i = 0; ok && x->echo && x->logprobs && i < m->n_prompt_logprobs; i++)
+        ok = lp_add(x, c, m->prompt_logprobs[i]);
+    for (size_t i = 0; i < m->n_logprobs; i++)
+        c->logprob += m->logprobs[i]->has_logprob ? m->logprobs[i]->logprob : 0;
+    for (size_t i = 0; ok && x->logprobs && i < m->n_logprobs; i++)
+        ok = lp_add(x, c, m->logprobs[i]);
+    if (x->echo && !c->echo_sent) { /* the prompt before the choice's first text */
+        c->echo_sent = true;
+        size_t el = strlen(x->echo), tl = text ? strlen(text) : 0;
+        if ((c->echoed = malloc(el + tl + 1))) { /* kept until the request is freed */
+            memcpy(c->echoed, x->echo, el);
+            memcpy(c->echoed + el, text ? text : "", tl + 1);
+            text = c->echoed;
+        }
+    }
     if (!x->stream) { /* collected; written at the end */
         size_t n = text ? strlen(text) : 0;
-        ok = td_grow((void **)&x->text, &x->cap_text, x->n_text + n + 1, 1, 256);
+        ok = td_grow((void **)&c->text, &c->cap_text, c->n_text + n + 1, 1, 256);
         if (ok && n)
-            memcpy(x->text + x->n_text, text, n);
+            memcpy(c->text + c->n_text, text, n);
         if (ok) {
-            x->n_text += n;
-            x->text[x->n_text] = 0;
+            c->n_text += n;
+            c->text[c->n_text] = 0;
         }
         if (fin && !bad_fin)
-            x->finish = finish_name(m->finish_reason);
+            c->finish = finish_name(m->finish_reason);
+        rt_choices_t *g = x->q;
         pthread_mutex_unlock(&x->mu);
-        rt_request_sent(q, ok);
+        rt_choices_sent(g, ok);
         return TD_OK;
     }
-    if (text || (!x->role_sent && !fin))
-        ok = chunk(x, text, NULL);
+    if (ok && (text || (!c->role_sent && !fin) || c->n_lp))
+        ok = chunk(x, index, text, NULL);
     if (ok && fin && !bad_fin)
-        ok = chunk(x, NULL, finish_name(m->finish_reason));
+        ok = chunk(x, index, NULL, finish_name(m->finish_reason));
     x->need_sent = ok;
     x->streamed = true;
     if (!ok) {
@@ -468,7 +648,7 @@ static void *watcher_thread(void *arg)
                 pthread_mutex_lock(&x->mu);
                 if (x->q && !x->ended && !x->mhd_done) {
                     TD_INFO("http: the client of %s went away before its answer; cancelled", x->id);
-                    rt_request_cancel(x->q);
+                    rt_choices_cancel(x->q);
                 }
                 pthread_mutex_unlock(&x->mu);
                 break;
@@ -509,12 +689,27 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
                      x->kind == RT_OAI_CHAT ? "chat.completion" : "text_completion", (long)time(NULL));
             out_str(x, head);
             out_json_str(x, rt_input_name(x->h->env->input));
-            out_str(x, x->kind == RT_OAI_CHAT ? "\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\""
-                                            : "\",\"choices\":[{\"index\":0,\"text\":\"");
-            out_json_str(x, x->text ? x->text : "");
-            out_str(x, x->kind == RT_OAI_CHAT ? "\"},\"logprobs\":null,\"finish_reason\":\"" : "\",\"logprobs\":null,\"finish_reason\":\"");
-            out_str(x, x->finish ? x->finish : "stop");
-            out_str(x, "\"}],");
+            out_str(x, "\",\"choices\":[");
+            uint32_t order[RT_MAX_CHOICES], n_out = x->n_best ? x->n_best : x->n_ch;
+            for (uint32_t i = 0; i < x->n_ch; i++) { /* best_of: by log-probability, highest first */
+                uint32_t k = i;
+                for (; k > 0 && x->n_best && x->ch[order[k - 1]].logprob < x->ch[i].logprob; k--)
+                    order[k] = order[k - 1];
+                order[k] = i;
+            }
+            for (uint32_t i = 0; i < n_out; i++) {
+                choice_t *c = &x->ch[order[i]];
+                snprintf(head, sizeof head, "%s{\"index\":%u,", i ? "," : "", i);
+                out_str(x, head);
+                out_str(x, x->kind == RT_OAI_CHAT ? "\"message\":{\"role\":\"assistant\",\"content\":\"" : "\"text\":\"");
+                out_json_str(x, c->text ? c->text : "");
+                out_str(x, x->kind == RT_OAI_CHAT ? "\"}," : "\",");
+                out_logprobs(x, c);
+                out_str(x, "\"finish_reason\":\"");
+                out_str(x, c->finish ? c->finish : "stop");
+                out_str(x, "\"}");
+            }
+            out_str(x, "],");
             usage_json(x);
             out_str(x, "}");
         }
@@ -534,7 +729,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     size_t avail = x->n_out - x->off_out, n = avail < max ? avail : max;
     memcpy(buf, x->out + x->off_out, n);
     x->off_out += n;
-    rt_request_t *sent = NULL;
+    rt_choices_t *sent = NULL;
     if (x->off_out == x->n_out) {
         x->n_out = x->off_out = 0;
         if (x->need_sent) {
@@ -552,13 +747,30 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     }
     pthread_mutex_unlock(&x->mu);
     if (sent)
-        rt_request_sent(sent, true);
+        rt_choices_sent(sent, true);
     return (ssize_t)n;
 }
 
 static enum MHD_Result authorize(struct hreq *x, bool *refused);
 
 /* ---------------------------------------------------------------- endpoints */
+
+/* completions' echo: the prompt's text, a token-id prompt's decoded (ids not
+ * of the model echo nothing: the router refuses them, naming the field) */
+static char *echo_text(const rt_input_t *in, const Tandem__V1__GenerateRequest *rq)
+{
+    if (rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT)
+        return strdup(rq->prompt);
+    const Tandem__V1__TokenIds *t = rq->prompt_ids;
+    for (size_t i = 0; i < t->n_ids; i++)
+        if (t->ids[i] < 0 || (uint32_t)t->ids[i] >= in->model->desc.vocab)
+            return strdup("");
+    char *text = NULL;
+    size_t len = 0;
+    if (eng_tokenizer_decode(in->model->tok, t->ids, t->n_ids, false, &text, &len))
+        return NULL;
+    return text;
+}
 
 static enum MHD_Result start_generation(hreq_t *x)
 {
@@ -578,12 +790,30 @@ static enum MHD_Result start_generation(hreq_t *x)
     Tandem__V1__GenerateRequest *rq = NULL;
     rt_oai_error_t e = {0};
     bool ok = rt_oai_parse_json(x->kind, b, x->id, &rq, &x->stream, &x->include_usage, &e);
+    const bool echo = x->kind == RT_OAI_COMPLETION && json_is_true(json_object_get(b, "echo"));
+    /* best_of above n: n answered (the parser checked both) */
+    json_t *best_of = json_object_get(b, "best_of"), *n = json_object_get(b, "n"), *lp = json_object_get(b, "logprobs");
+    json_int_t want = json_is_integer(n) ? json_integer_value(n) : 1;
+    x->n_best = ok && json_is_integer(best_of) && json_integer_value(best_of) > want ? (uint32_t)want : 0;
+    const bool asked_lp = lp && !json_is_null(lp);
     json_decref(b);
     if (!ok) {
         tandem__v1__generate_request__free_unpacked(rq, NULL);
         return respond_error(x->conn, 400, e.param[0] ? e.param : NULL, "%s", e.msg);
     }
-    rt_request_t *q = rt_request_create(x->h->rs, rq, HTTP_TIMEOUT_S, &http_sink, x);
+    x->logprobs = rq->sampling && rq->sampling->logprobs && !(x->n_best && !asked_lp);
+    if (echo && !(x->echo = echo_text(x->h->env->input, rq))) {
+        tandem__v1__generate_request__free_unpacked(rq, NULL);
+        return respond_error(x->conn, 503, NULL, "no memory");
+    }
+    /* the choices' state: sampling.n of them (an n out of range is refused by the request, naming it) */
+    x->n_ch = rq->sampling && rq->sampling->n > 1 && rq->sampling->n <= RT_MAX_CHOICES ? rq->sampling->n : 1;
+    if (!(x->ch = calloc(x->n_ch, sizeof *x->ch))) {
+        x->n_ch = 0;
+        tandem__v1__generate_request__free_unpacked(rq, NULL);
+        return respond_error(x->conn, 503, NULL, "no memory");
+    }
+    rt_choices_t *q = rt_choices_create(x->h->rs, rq, HTTP_TIMEOUT_S, &http_sink, x);
     if (!q)
         return respond_error(x->conn, 429, NULL, "the router holds %u requests at once, its most; try again later",
                              env->max_streams);
@@ -602,8 +832,8 @@ static enum MHD_Result start_generation(hreq_t *x)
     x->suspended = true;
     MHD_suspend_connection(x->conn);
     pthread_mutex_unlock(&x->mu);
-    rt_request_set_key(q, x->key);
-    rt_request_start(q);
+    rt_choices_set_key(q, x->key);
+    rt_choices_start(q);
     return MHD_YES;
 }
 
@@ -748,6 +978,27 @@ static enum MHD_Result detokenize(hreq_t *x)
     return respond_json(x->conn, 200, j);
 }
 
+/* GET /tokenizer_info, as vLLM serves it: what a client needs to tokenize
+ * for this server (lm-evaluation-harness's remote tokenizer asks it, then
+ * sends /tokenize and token-id prompts). */
+static enum MHD_Result tokenizer_info(const rt_http_t *h, struct MHD_Connection *c)
+{
+    const eng_tokenizer_t *tok = h->env->input->model->tok;
+    json_t *j = json_pack("{s:s, s:i, s:i, s:b}", "tokenizer_class", "tandem (the model file's tokenizer)",
+                          "model_max_length", (int)h->env->input->model->desc.context, "vocab_size",
+                          (int)eng_tokenizer_n_vocab(tok), "add_bos_token", eng_tokenizer_adds_bos(tok));
+    const struct { const char *k; int32_t id; } special[] = {{"eos_token", eng_tokenizer_eos(tok)},
+                                                             {"bos_token", eng_tokenizer_bos(tok)}};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++) {
+        size_t len = 0;
+        const char *t = special[i].id >= 0 ? eng_tokenizer_token_text(tok, special[i].id, &len) : NULL;
+        json_object_set_new(j, special[i].k, t ? json_stringn(t, len) : json_null());
+    }
+    const char *tmpl = eng_tokenizer_chat_template(tok);
+    json_object_set_new(j, "chat_template", tmpl ? json_string(tmpl) : json_null());
+    return respond_json(c, 200, j);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -814,12 +1065,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return models(h, c);
     if (!strcmp(url, "/health") && get)
         return health(h, c);
+    if (!strcmp(url, "/tokenizer_info") && get)
+        return tokenizer_info(h, c);
     if (!strcmp(url, "/tokenize") && post)
         return tokenize(x);
     if (!strcmp(url, "/detokenize") && post)
         return detokenize(x);
     return respond_error(c, 404, NULL, "no route %s %s (this server has POST /v1/chat/completions, POST "
-                         "/v1/completions, GET /v1/models, GET /health, POST /tokenize, POST /detokenize)", method, url);
+                         "/v1/completions, GET /v1/models, GET /health, GET /tokenizer_info, POST /tokenize, POST "
+                         "/detokenize)", method, url);
 }
 
 /* The request is over for libmicrohttpd: a client that went away cancels it. */
@@ -833,16 +1087,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
     pthread_mutex_lock(&x->mu);
     x->mhd_done = true;
-    rt_request_t *q = x->q, *unsent = NULL;
+    rt_choices_t *q = x->q, *unsent = NULL;
     if (q && !x->ended)
-        rt_request_cancel(q); /* does not call the sink; end has not returned (q is set) */
+        rt_choices_cancel(q); /* does not call the sink; end has not returned (q is set) */
     if (x->need_sent) {
         x->need_sent = false;
         unsent = q;
     }
     pthread_mutex_unlock(&x->mu);
     if (unsent)
-        rt_request_sent(unsent, false);
+        rt_choices_sent(unsent, false);
     hreq_put(x); /* libmicrohttpd's reference */
 }
 
@@ -945,7 +1199,7 @@ void rt_http_stop(rt_http_t *h)
     for (hreq_t *x = h->active; x; x = x->next) {
         pthread_mutex_lock(&x->mu);
         if (x->q)
-            rt_request_cancel(x->q);
+            rt_choices_cancel(x->q);
         pthread_mutex_unlock(&x->mu);
     }
     pthread_mutex_unlock(&h->mu);

@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "engine/grammar.h"
 #include "engine/tokenizer.h"
+#include "worker/sampling_pb.h" /* eng_grammar_kind_of_pb */
 
 /* served into in->served: each name of the comma-separated list, or the
  * file's name without its folder and extension. */
@@ -131,4 +133,53 @@ td_status_t rt_tokenize_input(const rt_input_t *in, const char *prompt, const Ta
     if (rc)
         snprintf(err, errcap, "%s: %s", chat ? "chat" : "prompt", td_last_error());
     return rc;
+}
+
+td_status_t rt_input_ids(const rt_input_t *in, const Tandem__V1__TokenIds *t, int32_t **ids, size_t *n, char *err,
+                         size_t errcap)
+{
+    *ids = NULL;
+    *n = 0;
+    if (!t || !t->n_ids) {
+        snprintf(err, errcap, "prompt_ids: empty (at least one token id)");
+        return TD_ERR_INVALID_ARG;
+    }
+    uint32_t vocab = in->model->desc.vocab;
+    for (size_t i = 0; i < t->n_ids; i++)
+        if (t->ids[i] < 0 || (uint32_t)t->ids[i] >= vocab) {
+            snprintf(err, errcap, "prompt_ids[%zu]: %d is not a token id of this model (0 to %u)", i, t->ids[i],
+                     vocab - 1);
+            return TD_ERR_INVALID_ARG;
+        }
+    if (!(*ids = malloc(t->n_ids * sizeof **ids)))
+        return td_error(TD_ERR_NO_MEMORY, "router: no memory for %zu prompt ids", t->n_ids);
+    memcpy(*ids, t->ids, t->n_ids * sizeof **ids);
+    *n = t->n_ids;
+    return TD_OK;
+}
+
+td_status_t rt_input_structured(const Tandem__V1__SamplingParams *sp, char *err, size_t errcap)
+{
+    static const char *const field[] = {[ENG_GRAMMAR_JSON_SCHEMA] = "json_schema", [ENG_GRAMMAR_JSON_OBJECT] =
+                                        "json_object", [ENG_GRAMMAR_REGEX] = "regex", [ENG_GRAMMAR_CHOICE] = "choice"};
+    eng_grammar_kind_t k = eng_grammar_kind_of_pb(sp);
+    if (k == ENG_GRAMMAR_NONE)
+        return TD_OK;
+    if (!!sp->json_schema + !!sp->json_object + !!sp->regex + !!sp->n_choice > 1) {
+        snprintf(err, errcap, "sampling.%s: set one of json_schema, json_object, regex and choice", field[k]);
+        return TD_ERR_INVALID_ARG;
+    }
+    if (sp->ignore_eos || sp->min_tokens) {
+        snprintf(err, errcap, "sampling.%s: structured output ends where its %s is complete; %s cannot be set with it",
+                 field[k], field[k], sp->ignore_eos ? "ignore_eos" : "min_tokens");
+        return TD_ERR_INVALID_ARG;
+    }
+    eng_grammar_t *g;
+    if (eng_grammar_compile(k, sp->json_schema ? sp->json_schema : sp->regex, (const char *const *)sp->choice,
+                            sp->n_choice, &g)) {
+        snprintf(err, errcap, "sampling.%s", td_last_error()); /* the compiler's "json_schema: ..." */
+        return TD_ERR_INVALID_ARG;
+    }
+    eng_grammar_free(g);
+    return TD_OK;
 }

@@ -23,6 +23,7 @@
 #define RT_MAX_STOP_BYTES 1024
 #define RT_MAX_LOGIT_BIAS 1024
 #define RT_MAX_CHAT_MESSAGES 4096
+#define RT_MAX_CHOICES 16 /* sampling.n */
 
 #define RT_MAX_SERVED_NAMES 8
 
@@ -51,5 +52,15 @@ bool rt_input_serves(const rt_input_t *in, const char *name);
  * in err. */
 td_status_t rt_tokenize_input(const rt_input_t *in, const char *prompt, const Tandem__V1__ChatInput *chat,
                               bool parse_special, bool add_bos, int32_t **ids, size_t *n, char *err, size_t errcap);
+/* A prompt given as token ids: copied to *ids (the caller's to free) once
+ * each is one of the model's; an error names the field in err. */
+td_status_t rt_input_ids(const rt_input_t *in, const Tandem__V1__TokenIds *t, int32_t **ids, size_t *n, char *err,
+                         size_t errcap);
+
+/* Structured output (sampling.json_schema, json_object, regex, choice): at
+ * most one, one that compiles (the workers compile it again, once per
+ * source), and no ignore_eos or min_tokens beside it. An error names the
+ * field in err (INVALID_ARGUMENT). */
+td_status_t rt_input_structured(const Tandem__V1__SamplingParams *sp, char *err, size_t errcap);
 
 #endif

@@ -19,6 +19,8 @@ struct rt_key {
     unsigned char hash[32];
     char name[64];
     double rpm, tpm, req_bucket, tok_bucket, refilled;
+    double weight;    /* its share of a contended cluster (router/fair.h) */
+    int32_t priority; /* its class there: higher first */
 };
 
 struct rt_keys {
@@ -57,9 +59,11 @@ td_status_t rt_keys_load(const char *path, const char *cfg_key, rt_keys_t **out)
         if (!hash || hash[0] == '#')
             continue;
         char *name = strtok_r(NULL, " \t\r\n", &save), *rpm = strtok_r(NULL, " \t\r\n", &save),
-             *tpm = strtok_r(NULL, " \t\r\n", &save);
-        char *e1 = NULL, *e2 = NULL;
-        double r = rpm ? strtod(rpm, &e1) : -1, t = tpm ? strtod(tpm, &e2) : -1;
+             *tpm = strtok_r(NULL, " \t\r\n", &save), *wt = strtok_r(NULL, " \t\r\n", &save),
+             *pr = strtok_r(NULL, " \t\r\n", &save), *more = strtok_r(NULL, " \t\r\n", &save);
+        char *e1 = NULL, *e2 = NULL, *e3 = "", *e4 = "";
+        double r = rpm ? strtod(rpm, &e1) : -1, t = tpm ? strtod(tpm, &e2) : -1, w = wt ? strtod(wt, &e3) : 1;
+        long p = pr ? strtol(pr, &e4, 10) : 0;
         rt_key_t k = {0};
         bool hex = strlen(hash) == 64;
         for (int i = 0; hex && i < 32; i++) {
@@ -67,11 +71,15 @@ td_status_t rt_keys_load(const char *path, const char *cfg_key, rt_keys_t **out)
             hex = sscanf(hash + 2 * i, "%2x", &v) == 1;
             k.hash[i] = (unsigned char)v;
         }
-        if (!hex || !name || r < 0 || t < 0 || *e1 || *e2 || strlen(name) >= sizeof k.name) {
-            rc = td_error(TD_ERR_CONFIG, "%s: %s line %d: expected \"SHA256-HEX NAME RPM TPM\" (tandem apikey NAME "
-                          "makes one)", cfg_key, path, no);
+        if (!hex || !name || r < 0 || t < 0 || *e1 || *e2 || strlen(name) >= sizeof k.name || *e3 || *e4 ||
+            !(w > 0 && w <= 1e6) || p < -1000000 || p > 1000000 || more) {
+            rc = td_error(TD_ERR_CONFIG, "%s: %s line %d: expected \"SHA256-HEX NAME RPM TPM [WEIGHT [PRIORITY]]\" "
+                          "(a weight over 0 up to 1e6, a priority within +-1e6; tandem apikey NAME makes one)",
+                          cfg_key, path, no);
             break;
         }
+        k.weight = w;
+        k.priority = (int32_t)p;
         snprintf(k.name, sizeof k.name, "%s", name);
         k.rpm = k.req_bucket = r;
         k.tpm = k.tok_bucket = t;
@@ -184,3 +192,5 @@ void rt_keys_settle(rt_keys_t *ks, const rt_key_t *key, uint32_t charged, uint32
 }
 
 const char *rt_key_name(const rt_key_t *key) { return key ? key->name : ""; }
+double rt_key_weight(const rt_key_t *key) { return key ? key->weight : 1; }
+int32_t rt_key_priority(const rt_key_t *key) { return key ? key->priority : 0; }

@@ -3,8 +3,10 @@
  * "Authorization: Bearer KEY" header and gRPC's "authorization" metadata
  * (same form) find the same key.
  *
- * A key file has one key a line, "SHA256-HEX NAME RPM TPM" (`tandem apikey
- * NAME` makes one; 0: no limit; '#' starts a comment). A key's limits are two
+ * A key file has one key a line, "SHA256-HEX NAME RPM TPM [WEIGHT [PRIORITY]]"
+ * (`tandem apikey NAME` makes one; RPM, TPM 0: no limit; WEIGHT (1) and
+ * PRIORITY (0): its share and class in the admission queue, router/fair.h;
+ * '#' starts a comment). A key's limits are two
  * token buckets refilled per minute: requests, charged one at the head of a
  * request, and tokens, charged at admission by the most the request may use
  * (its prompt + max_tokens) and settled at its end by what it used — so ten
@@ -39,5 +41,8 @@ int rt_keys_charge(rt_keys_t *ks, const rt_key_t *key, uint32_t tokens, uint32_t
 /* At the request's end: used tokens replace the charged ones. */
 void rt_keys_settle(rt_keys_t *ks, const rt_key_t *key, uint32_t charged, uint32_t used);
 const char *rt_key_name(const rt_key_t *key);
+/* Its weight (1 for NULL: no key) and priority class (0). */
+double rt_key_weight(const rt_key_t *key);
+int32_t rt_key_priority(const rt_key_t *key);
 
 #endif

@@ -126,6 +126,9 @@ td_status_t rt_metrics_start(rt_metrics_t *m, const char *model, const char *lis
     m->pred_err = td_metrics_series(m->reg, TD_HISTOGRAM, "tandem:ttft_prediction_error_ratio",
                                     "|predicted - measured| / measured TTFT of placed requests.", NULL, error_ratio,
                                     sizeof error_ratio / sizeof error_ratio[0]);
+    m->outlen_err = td_metrics_series(m->reg, TD_HISTOGRAM, "tandem:output_length_prediction_error_ratio",
+                                      "|predicted - generated| / generated output tokens of ended requests.", NULL,
+                                      error_ratio, sizeof error_ratio / sizeof error_ratio[0]);
     m->running = td_metrics_series(m->reg, TD_GAUGE, "tandem:num_requests_running",
                                    "Requests the router is serving (admitted, not ended).", NULL, NULL, 0);
     m->prompt_tokens = td_metrics_series(m->reg, TD_COUNTER, "tandem:prompt_tokens_total",

@@ -25,7 +25,7 @@ typedef struct rt_metrics {
     td_metrics_t *reg;
     td_metrics_server_t *server;
     char bound[160]; /* HOST:PORT, "" when not served */
-    td_metric_t *ttft, *itl, *e2e, *pred_err;
+    td_metric_t *ttft, *itl, *e2e, *pred_err, *outlen_err;
     td_metric_t *running; /* requests admitted and not ended (request.c adds and takes) */
     td_metric_t *prompt_tokens, *generation_tokens, *prefix_queries, *prefix_hits, *store_hits;
     td_metric_t *by_code[RT_METRICS_CODES]; /* tandem:requests_total{code} */

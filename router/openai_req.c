@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sampler.h" /* ENG_MAX_STOP_IDS */
 #include "router/input.h" /* the request limits (RT_MAX_*) */
 
 
@@ -91,6 +92,33 @@ static char *content_text(json_t *c, rt_oai_error_t *e, const char *param)
     return s;
 }
 
+/* A prompt of token ids (the router checks each is one of the model's). */
+static bool prompt_ids(json_t *p, Tandem__V1__GenerateRequest *rq, rt_oai_error_t *e)
+{
+    size_t n = json_array_size(p), i;
+    if (!n)
+        return bad(e, "prompt", "%s: empty%s", "");
+    Tandem__V1__TokenIds *t = calloc(1, sizeof *t);
+    if (t)
+        tandem__v1__token_ids__init(t);
+    if (!t || !(t->ids = malloc(n * sizeof *t->ids))) {
+        free(t);
+        return bad(e, "prompt", "%s: no memory%s", "");
+    }
+    rq->input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT_IDS;
+    rq->prompt_ids = t; /* freed with the request from here on */
+    json_t *v;
+    json_array_foreach(p, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+            char param[48];
+            snprintf(param, sizeof param, "prompt[%zu]", i);
+            return bad(e, param, "%s: must be a token id (an integer of the model's vocabulary)%s", "");
+        }
+        t->ids[t->n_ids++] = (int32_t)json_integer_value(v);
+    }
+    return true;
+}
 
 /* The model and the input: a chat's messages or a completion's prompt. */
 static bool parse_input(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRequest *rq, rt_oai_error_t *e)
@@ -141,11 +169,17 @@ static bool parse_input(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateReque
         }
     } else {
         json_t *p = json_object_get(b, "prompt");
-        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        /* one prompt: a string or token ids, alone or as a batch of one ([text] or [[ids]]) */
+        if (json_is_array(p) && json_array_size(p) == 1 &&
+            (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
             p = json_array_get(p, 0);
+        if (json_is_array(p) && json_array_size(p) > 1 &&
+            (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+            return bad(e, "prompt", "%s: an array of prompts; this server takes one prompt per request%s", "");
+        if (json_is_array(p))
+            return prompt_ids(p, rq, e);
         if (!json_is_string(p))
-            return bad(e, "prompt", "%s: must be a string (one prompt per request; token-id prompts are not "
-                                    "supported)%s", "");
+            return bad(e, "prompt", "%s: must be a string or an array of token ids%s", "");
         const char *ps = str_of(p, "prompt", e);
         if (!ps)
             return false;
@@ -155,7 +189,7 @@ static bool parse_input(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateReque
     return true;
 }
 
-/* The sampling parameters, priority, SLOs, max_tokens and ignore_eos. */
+/* The sampling parameters, priority, SLOs, max_tokens, min_tokens, stop_token_ids and ignore_eos. */
 static bool parse_sampling(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRequest *rq,
                            Tandem__V1__SamplingParams *sp, rt_oai_error_t *e)
 {
@@ -202,6 +236,34 @@ static bool parse_sampling(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRe
         sp->has_seed = 1;
         sp->seed = (uint64_t)n;
     }
+    /* n choices, each with its own seed stream (seed + i) */
+    _Static_assert(RT_MAX_CHOICES == 16, "the error below says 16");
+    if (!get_int(b, "n", &has, &n, e))
+        return false;
+    if (has && (n < 1 || n > RT_MAX_CHOICES))
+        return bad(e, "n", "%s: must be an integer from 1 to 16%s", "");
+    if (has) {
+        sp->has_n = 1;
+        sp->n = (uint32_t)n;
+    }
+    /* completions' best_of: that many choices run, the n of highest log-probability returned (the HTTP layer
+     * picks them: it reads n from the body); their log-probabilities are computed for it */
+    json_int_t best_of;
+    if (!get_int(b, "best_of", &has, &best_of, e))
+        return false;
+    json_int_t want = sp->has_n ? (json_int_t)sp->n : 1;
+    if (has && best_of != want) {
+        json_t *st = json_object_get(b, "stream");
+        if (kind != RT_OAI_COMPLETION)
+            return bad(e, "best_of", "%s: only for completions%s", "");
+        if (best_of < want || best_of > RT_MAX_CHOICES)
+            return bad(e, "best_of", "%s: must be from n to 16%s", "");
+        if (json_is_true(st))
+            return bad(e, "best_of", "%s: cannot be streamed (the best are known at the end)%s", "");
+        sp->has_n = 1;
+        sp->n = (uint32_t)best_of;
+        sp->has_logprobs = sp->logprobs = 1;
+    }
     /* vLLM's extension: lower first; tandem's GenerateRequest.priority is higher first */
     if (!get_int(b, "priority", &has, &n, e))
         return false;
@@ -228,12 +290,20 @@ static bool parse_sampling(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRe
             *(protobuf_c_boolean *)(void *)((char *)rq + slos[i].has_off) = 1;
         }
     }
+    /* completions' echo: the prompt comes back before the completion, with its log-probabilities when logprobs
+     * asks for them (then max_tokens may be 0: the prompt scored alone, as evaluation harnesses ask) */
+    bool echo = false;
+    if ((j = json_object_get(b, "echo")) && !json_is_null(j)) {
+        if (!json_is_boolean(j) || (kind != RT_OAI_COMPLETION && json_is_true(j)))
+            return bad(e, "echo", "%s: a boolean, for completions%s", "");
+        echo = json_is_true(j);
+    }
     const char *mt = json_object_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (!get_int(b, mt, &has, &n, e))
         return false;
     if (has) {
-        if (n < 1)
-            return bad(e, mt, "%s: must be at least 1%s", "");
+        if (n < (echo ? 0 : 1))
+            return bad(e, mt, echo ? "%s: must be at least 0%s" : "%s: must be at least 1%s", "");
         if (n > UINT32_MAX)
             return bad(e, mt, "%s: too large (at most the model's context, minus the prompt)%s", "");
         sp->has_max_tokens = 1;
@@ -242,11 +312,64 @@ static bool parse_sampling(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRe
         sp->has_max_tokens = 1; /* OpenAI's default for completions */
         sp->max_tokens = 16;
     }
+    /* log-probabilities: completions' logprobs = k (the top k too); chat's logprobs: true with top_logprobs = k */
+    if ((j = json_object_get(b, "logprobs")) && !json_is_null(j)) {
+        if (kind == RT_OAI_COMPLETION) {
+            if (!json_is_integer(j) || json_integer_value(j) < 0 || json_integer_value(j) > ENG_MAX_LOGPROBS)
+                return bad(e, "logprobs", "%s: must be an integer from 0 to 20%s", "");
+            sp->has_logprobs = sp->has_top_logprobs = 1;
+            sp->logprobs = 1;
+            sp->top_logprobs = (uint32_t)json_integer_value(j);
+        } else {
+            if (!json_is_boolean(j))
+                return bad(e, "logprobs", "%s: must be a boolean%s", "");
+            sp->has_logprobs = 1;
+            sp->logprobs = json_is_true(j);
+        }
+    }
+    if (!get_int(b, "top_logprobs", &has, &n, e))
+        return false;
+    if (has) {
+        if (kind == RT_OAI_COMPLETION)
+            return bad(e, "top_logprobs", "%s: completions take logprobs = k%s", "");
+        if (n < 0 || n > ENG_MAX_LOGPROBS)
+            return bad(e, "top_logprobs", "%s: must be an integer from 0 to 20%s", "");
+        if (n && !sp->logprobs)
+            return bad(e, "top_logprobs", "%s: needs logprobs: true%s", "");
+        sp->has_top_logprobs = 1;
+        sp->top_logprobs = (uint32_t)n;
+    }
+    /* vLLM's extensions */
+    if (!get_int(b, "min_tokens", &has, &n, e))
+        return false;
+    if (has) {
+        if (n < 0 || n > UINT32_MAX)
+            return bad(e, "min_tokens", "%s: must be a non-negative integer%s", "");
+        sp->has_min_tokens = 1;
+        sp->min_tokens = (uint32_t)n;
+    }
+    if ((j = json_object_get(b, "stop_token_ids")) && !json_is_null(j)) {
+        if (!json_is_array(j) || json_array_size(j) > ENG_MAX_STOP_IDS)
+            return bad(e, "stop_token_ids", "%s: must be an array of at most 64 token ids%s", "");
+        sp->stop_token_ids = calloc(json_array_size(j) + 1, sizeof *sp->stop_token_ids);
+        if (!sp->stop_token_ids)
+            return bad(e, "stop_token_ids", "%s: no memory%s", "");
+        for (size_t i = 0; i < json_array_size(j); i++) {
+            json_t *t = json_array_get(j, i);
+            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+                return bad(e, "stop_token_ids", "%s: must be an array of token ids%s", "");
+            sp->stop_token_ids[sp->n_stop_token_ids++] = (int32_t)json_integer_value(t);
+        }
+    }
     if ((j = json_object_get(b, "ignore_eos")) && !json_is_null(j)) {
         if (!json_is_boolean(j))
             return bad(e, "ignore_eos", "%s: must be a boolean%s", "");
         sp->has_ignore_eos = 1;
         sp->ignore_eos = json_is_true(j);
+    }
+    if (echo && (sp->logprobs || !sp->max_tokens)) {
+        sp->has_prompt_logprobs = 1;
+        sp->prompt_logprobs = 1;
     }
     return true;
 }
@@ -306,34 +429,72 @@ static bool parse_logit_bias(json_t *b, Tandem__V1__SamplingParams *sp, rt_oai_e
     return true;
 }
 
-/* What this server does not do yet (n > 1, logprobs, structured output) is
- * refused naming the field, not ignored. */
-static bool refuse_unsupported(json_t *b, rt_oai_error_t *e)
+/* Structured output: response_format (json_object, json_schema) or vLLM's
+ * guided_json, guided_regex, guided_choice — one of them. */
+static bool parse_structured(json_t *b, Tandem__V1__SamplingParams *sp, rt_oai_error_t *e)
 {
-    bool has;
-    json_int_t n;
-    json_t *j;
-    if (!get_int(b, "n", &has, &n, e))
-        return false;
-    if (has && n != 1)
-        return bad(e, "n", "%s: only 1 is supported (send one request per completion)%s", "");
-    j = json_object_get(b, "logprobs");
-    if (j && !json_is_null(j) && !json_is_false(j) && !(json_is_integer(j) && !json_integer_value(j)))
-        return bad(e, "logprobs", "%s: not supported by this server (the engine does not return them)%s", "");
-    j = json_object_get(b, "top_logprobs");
-    if (j && !json_is_null(j) && !(json_is_integer(j) && !json_integer_value(j)))
-        return bad(e, "top_logprobs", "%s: not supported by this server%s", "");
-    /* structured output does not exist yet: a client asking for JSON is told so, not given prose */
-    j = json_object_get(b, "response_format");
-    if (j && !json_is_null(j) &&
-        !(json_is_object(j) && json_is_string(json_object_get(j, "type")) &&
-          !strcmp(json_string_value(json_object_get(j, "type")), "text")))
-        return bad(e, "response_format", "%s: only {\"type\": \"text\"} is supported by this server (no structured "
-                   "output yet)%s", "");
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar"};
-    for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
-        if ((j = json_object_get(b, guided[i])) && !json_is_null(j))
-            return bad(e, guided[i], "%s: not supported by this server (no structured output yet)%s", "");
+    json_t *j, *schema = NULL;
+    const char *by = NULL; /* the field that asked for structured output */
+    if ((j = json_object_get(b, "response_format")) && !json_is_null(j)) {
+        json_t *t = json_object_get(j, "type");
+        const char *type = json_is_object(j) && json_is_string(t) ? json_string_value(t) : "";
+        if (!strcmp(type, "json_object")) {
+            sp->has_json_object = sp->json_object = 1;
+            by = "response_format";
+        } else if (!strcmp(type, "json_schema")) {
+            json_t *js = json_object_get(j, "json_schema");
+            schema = json_object_get(js, "schema");
+            if (!json_is_object(js) || !(json_is_object(schema) || json_is_boolean(schema)))
+                return bad(e, "response_format", "%s: json_schema needs {\"json_schema\": {\"schema\": {...}}}%s", "");
+            by = "response_format";
+        } else if (strcmp(type, "text")) {
+            return bad(e, "response_format", "%s: type must be text, json_object or json_schema%s", "");
+        }
+    }
+    if ((j = json_object_get(b, "guided_json")) && !json_is_null(j)) {
+        if (by)
+            return bad(e, "guided_json", "%s: only one of response_format and guided_* may ask for a format%s", "");
+        if (!json_is_object(j) && !json_is_string(j))
+            return bad(e, "guided_json", "%s: must be a JSON Schema (an object, or its text)%s", "");
+        if (json_is_string(j) && !(sp->json_schema = strdup(json_string_value(j))))
+            return bad(e, "guided_json", "%s: no memory%s", "");
+        schema = json_is_object(j) ? j : NULL;
+        by = "guided_json";
+    }
+    if (schema && !(sp->json_schema = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY)))
+        return bad(e, by, "%s: no memory%s", "");
+    if ((j = json_object_get(b, "guided_regex")) && !json_is_null(j)) {
+        if (by)
+            return bad(e, "guided_regex", "%s: only one of response_format and guided_* may ask for a format%s", "");
+        const char *re = str_of(j, "guided_regex", e);
+        if (!re)
+            return false;
+        if (!(sp->regex = strdup(re)))
+            return bad(e, "guided_regex", "%s: no memory%s", "");
+        by = "guided_regex";
+    }
+    if ((j = json_object_get(b, "guided_choice")) && !json_is_null(j)) {
+        if (by)
+            return bad(e, "guided_choice", "%s: only one of response_format and guided_* may ask for a format%s", "");
+        size_t n = json_array_size(j), i;
+        if (!json_is_array(j) || !n || n > 256)
+            return bad(e, "guided_choice", "%s: must be an array of 1 to 256 strings%s", "");
+        if (!(sp->choice = calloc(n, sizeof *sp->choice)))
+            return bad(e, "guided_choice", "%s: no memory%s", "");
+        json_t *c;
+        json_array_foreach(j, i, c)
+        {
+            const char *v = str_of(c, "guided_choice", e);
+            if (!v)
+                return false;
+            if (!(sp->choice[sp->n_choice] = strdup(v)))
+                return bad(e, "guided_choice", "%s: no memory%s", "");
+            sp->n_choice++;
+        }
+    }
+    if ((j = json_object_get(b, "guided_grammar")) && !json_is_null(j))
+        return bad(e, "guided_grammar", "%s: grammars are not supported (use guided_json, guided_regex or "
+                                        "guided_choice)%s", "");
     return true;
 }
 
@@ -373,7 +534,7 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
     rq->sampling = sp;
     *out = rq;
     if (!parse_input(kind, b, rq, e) || !parse_sampling(kind, b, rq, sp, e) || !parse_stop(b, sp, e) ||
-        !parse_logit_bias(b, sp, e) || !refuse_unsupported(b, e) || !parse_stream(b, stream, include_usage, e))
+        !parse_logit_bias(b, sp, e) || !parse_structured(b, sp, e) || !parse_stream(b, stream, include_usage, e))
         return false;
     rq->request_id = strdup(request_id);
     return true;

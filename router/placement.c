@@ -10,10 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "engine/sched.h"
 
 /* Whether w can take role's part now; c (NULL: any request) narrows it: a
  * request served whole takes a colocated decode worker only. */
@@ -23,7 +25,15 @@ static bool usable(const rt_worker_t *w, rt_role_t role, const rt_place_ctx_t *c
      * for it would only be fenced */
     return w->role == role && !w->refused && !w->gone && w->suspect_until <= now && !td_rpc_channel_peer_refused(w->ch) &&
            !td_rpc_channel_down(w->ch) &&
-           !(c && c->whole && role == RT_DECODE && !w->colocated);
+           !(c && c->whole && role == RT_DECODE && !w->colocated) &&
+           /* a prefill worker whose pool cannot hold the prompt (its record says its size) refuses it */
+           !(c && role == RT_PREFILL && c->prefill_blocks && w->kv_blocks && w->kv_blocks < c->prefill_blocks);
+}
+
+/* The prompt's blocks w's pool holds, by the cache index (0: not followed). */
+static uint32_t held_by(const rt_worker_t *w, const rt_place_ctx_t *c)
+{
+    return c->hits && w->ix_src >= 0 ? c->hits->held[w->ix_src] : 0;
 }
 
 static rt_worker_t *least_loaded(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
@@ -111,6 +121,20 @@ static double queued_for_ms(const rt_worker_t *w, int32_t p, double now)
         return queued_ms(w, now);
     double ahead = w->work_ms - lower, left = queued_ms(w, now) - lower;
     return left > 0.1 * ahead ? left : ahead > 0 ? 0.1 * ahead : 0;
+}
+
+/* A call's class in w's queue (rt_prediction_t.priority): its priority, and
+ * where w's engine runs the mlq order (engine/sched.h), the level its new
+ * tokens enter at below it: the work queued ahead of a short prompt is the
+ * work of its level and those above, not the long prompts under way. */
+static int32_t queue_class(const rt_worker_t *w, int32_t priority, uint32_t new_tokens)
+{
+    if (!w->queue_levels)
+        return priority;
+    const int32_t lim = 1 << 20;
+    int32_t p = priority > lim ? lim : priority < -lim ? -lim : priority;
+    eng_sched_config_t c = {.order = ENG_ORDER_MLQ, .levels = w->queue_levels, .quantum = w->queue_quantum};
+    return p * 32 - (int32_t)eng_sched_level(&c, new_tokens, 0);
 }
 
 /* Adds (sign 1) or takes back (-1) a call's predicted work in w's slot for its priority. */
@@ -242,7 +266,7 @@ static void predict_prefill(const rt_table_t *t, const rt_worker_t *w, const rt_
     }
     pr->fetch_ms = store * per_block;
     pr->prefill_ms = prefill_model_ms(t, w, pr->new_tokens, cached);
-    pr->priority = rq ? rq->priority : 0;
+    pr->priority = queue_class(w, rq ? rq->priority : 0, pr->new_tokens);
     pr->queue_ms = queued_for_ms(w, pr->priority, now);
     pr->overhead_ms = t->ov.fit[0] + t->ov.fit[1] * n;
     pr->ttft_ms = pr->overhead_ms + pr->queue_ms + pr->fetch_ms + pr->prefill_ms;
@@ -276,7 +300,7 @@ static void predict_local(const rt_table_t *t, const rt_worker_t *d, const rt_pl
 {
     const rt_place_req_t *rq = c->rq;
     uint32_t bt = t->expect.block_tokens, n = (uint32_t)rq->n_tokens;
-    uint32_t pool = c->hits && d->ix_src >= 0 ? c->hits->held[d->ix_src] : 0;
+    uint32_t pool = held_by(d, c);
     uint32_t cached = pool * bt < n ? pool * bt : n - 1;
     memset(pr, 0, sizeof *pr);
     pr->local = true;
@@ -285,7 +309,7 @@ static void predict_local(const rt_table_t *t, const rt_worker_t *d, const rt_pl
     pr->blocks = (uint32_t)rq->n_blocks;
     pr->alone = !d->prefilling;
     pr->prefill_ms = prefill_model_ms(t, d, pr->new_tokens, cached);
-    pr->priority = rq->priority;
+    pr->priority = queue_class(d, rq->priority, pr->new_tokens);
     pr->queue_ms = queued_for_ms(d, pr->priority, now);
     pr->ttft_ms = pr->queue_ms + pr->prefill_ms; /* its model is refitted from local TTFTs: the overhead is in it */
     pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
@@ -363,7 +387,7 @@ static rt_worker_t *kv_cost(rt_table_t *t, rt_role_t role, const rt_place_ctx_t 
         rt_worker_t *w = t->w[i];
         if (!usable(w, role, c, now))
             continue;
-        uint32_t overlap = c->hits && w->ix_src >= 0 ? c->hits->held[w->ix_src] : 0;
+        uint32_t overlap = held_by(w, c);
         double cost = 1.0 * (double)(c->rq->n_blocks - overlap) + w->active_blocks;
         if (!best || cost < best_cost || (cost == best_cost && w->inflight < best->inflight)) {
             best = w;
@@ -373,40 +397,114 @@ static rt_worker_t *kv_cost(rt_table_t *t, rt_role_t role, const rt_place_ctx_t 
     return best;
 }
 
-/* predictive: the prefill worker with the lowest predicted TTFT; the least
- * loaded decode worker whose predicted time between tokens stays under the
- * request's TPOT SLO (the least loaded of all when none does), a worker's
- * load counting, beside its streams, the share of the prompt's blocks it
- * would have landed: its prefix cache's blocks are not sent again, so the
- * worker that holds a conversation wins a tie, and up to one stream more. */
+/* Two predicted TTFTs this close are one: equal workers' models, each
+ * refitted from its own calls, stay apart by their measurements' noise (a
+ * fast CPU's short prompts: 12 of 12 went to one worker of two with a band
+ * of 0.25 ms + 1%), while a cached prefix worth having saves more than this. */
+static double ttft_tie(double ms)
+{
+    return 1.0 + 0.05 * ms;
+}
+
+/* Between equals, the worker with fewer calls in flight, then the one idle
+ * the longest: a burst of small prompts spreads instead of all taking the
+ * worker that happens to come first. */
+static bool sooner_free(const rt_worker_t *a, const rt_worker_t *b)
+{
+    return a->inflight != b->inflight ? a->inflight < b->inflight : a->work_since < b->work_since;
+}
+
+/* A decode worker's load for c's request: its streams, each weighed by its
+ * predicted output over this request's (router/outlen.h; TetriInfer's
+ * predicted decode load — without predictions, one a stream), and the share
+ * of the prompt's blocks it would have to land (its prefix cache's are not
+ * sent again). A request served whole (the worker prefills it too) counts
+ * streams alone: there a long prompt's cost is its prefill, which its short
+ * predicted output does not show, and documents weighed by their outputs
+ * would all queue on one worker. */
+static double decode_load(const rt_worker_t *w, const rt_place_ctx_t *c)
+{
+    double streams = c->rq->pred_out > 0 && !c->whole ? w->out_pred / c->rq->pred_out : w->inflight;
+    return streams + (c->rq->n_blocks ? 1 - (double)held_by(w, c) / c->rq->n_blocks : 1);
+}
+
+/* Whether w is a decode candidate for c: usable, and (strict) its predicted
+ * time between tokens keeps the request's TPOT SLO. */
+static bool decode_candidate(const rt_table_t *t, const rt_worker_t *w, const rt_place_ctx_t *c, double now,
+                             bool strict)
+{
+    double raw;
+    return usable(w, RT_DECODE, c, now) &&
+           (!strict || !c->rq->tpot_slo_ms || predict_tbt(t, w, c->rq, &raw) <= c->rq->tpot_slo_ms);
+}
+
+/* The k-th decode candidate of the table's order. */
+static rt_worker_t *nth_candidate(const rt_table_t *t, const rt_place_ctx_t *c, double now, bool strict, size_t k)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (decode_candidate(t, t->w[i], c, now, strict) && !k--)
+            return t->w[i];
+    return NULL;
+}
+
+/* predictive's decode worker, among those whose predicted time between
+ * tokens keeps the request's TPOT SLO (all usable when none does): the lower
+ * load of two — the one holding most of the prompt's blocks (else one drawn
+ * at random) and one drawn from the rest (power of two choices: routers
+ * deciding at once on a view a moment old do not all pile onto one worker,
+ * and a conversation's worker is always weighed); of two or fewer, the lower
+ * load. */
+static rt_worker_t *decode_pick(rt_table_t *t, const rt_place_ctx_t *c, double now)
+{
+    size_t n = 0;
+    bool strict = true;
+    for (int pass = 0; pass < 2 && !n; pass++, strict = false)
+        for (size_t i = 0; i < t->n; i++)
+            n += decode_candidate(t, t->w[i], c, now, strict);
+    rt_worker_t *a = NULL, *b = NULL;
+    if (n <= 2) {
+        a = nth_candidate(t, c, now, strict, 0);
+        b = n == 2 ? nth_candidate(t, c, now, strict, 1) : NULL;
+    } else {
+        size_t ia = 0, k = 0;
+        uint32_t most = 0;
+        for (size_t i = 0; i < t->n; i++)
+            if (decode_candidate(t, t->w[i], c, now, strict)) {
+                if (held_by(t->w[i], c) > most)
+                    most = held_by(t->w[i], c), ia = k;
+                k++;
+            }
+        if (!most)
+            ia = (size_t)(td_rng_u64(&t->rng) % n);
+        size_t ib = (size_t)(td_rng_u64(&t->rng) % (n - 1));
+        ib += ib >= ia;
+        a = nth_candidate(t, c, now, strict, ia);
+        b = nth_candidate(t, c, now, strict, ib);
+    }
+    return b && decode_load(b, c) < decode_load(a, c) ? b : a;
+}
+
+/* predictive: the prefill worker with the lowest predicted TTFT (of equals,
+ * sooner_free's); the decode worker decode_pick weighs (the worker that
+ * holds a conversation wins a tie, and up to one stream more). */
 static rt_worker_t *predictive(rt_table_t *t, rt_role_t role, const rt_place_ctx_t *c, double now)
 {
     if (!c->rq)
         return least_loaded(t, role, c, now);
+    if (role == RT_DECODE)
+        return decode_pick(t, c, now);
     rt_worker_t *best = NULL;
     double best_v = 0;
-    bool best_ok = false;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
         if (!usable(w, role, c, now))
             continue;
-        uint32_t held = c->hits && w->ix_src >= 0 ? c->hits->held[w->ix_src] : 0;
-        if (role == RT_PREFILL) {
-            rt_prediction_t pr = {0};
-            predict_prefill(t, w, c, now, &pr);
-            if (!best || pr.ttft_ms < best_v) {
-                best = w;
-                best_v = pr.ttft_ms;
-            }
-        } else {
-            double raw, tbt = predict_tbt(t, w, c->rq, &raw);
-            bool ok = !c->rq->tpot_slo_ms || tbt <= c->rq->tpot_slo_ms;
-            double load = w->inflight + (c->rq->n_blocks ? 1 - (double)held / c->rq->n_blocks : 1);
-            if (!best || (ok && !best_ok) || (ok == best_ok && load < best_v)) {
-                best = w;
-                best_ok = ok;
-                best_v = load;
-            }
+        rt_prediction_t pr = {0};
+        predict_prefill(t, w, c, now, &pr);
+        if (!best || pr.ttft_ms < best_v - ttft_tie(best_v) ||
+            (pr.ttft_ms <= best_v + ttft_tie(best_v) && sooner_free(w, best))) {
+            best = w;
+            best_v = pr.ttft_ms;
         }
     }
     return best;
@@ -524,6 +622,7 @@ void rt_table_init(rt_table_t *t, const td_kv_layout_t *expect, const td_rpc_tls
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->changed, NULL);
     t->expect = *expect;
+    td_rng_seed(&t->rng, (uint64_t)getpid() ^ (uint64_t)(td_now_s() * 1e9));
     /* until a node's record says its tiers' rates: the CPU tier's and the SSD tier's (kvstore/tier.c) */
     rt_table_set_tier_rates(t, (const double[]){2.0, 0.65}, 2);
 }
@@ -586,6 +685,12 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     take_str(j, "role", role, sizeof role);
     w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
     w->colocated = w->role == RT_DECODE && json_is_true(json_object_get(j, "colocated"));
+    const json_t *q = json_object_get(j, "queue");
+    json_int_t ql = json_integer_value(json_object_get(q, "levels")), qq = json_integer_value(json_object_get(q, "quantum"));
+    eng_order_t order;
+    if (eng_order_parse(json_string_value(json_object_get(q, "order")), &order) && order == ENG_ORDER_MLQ &&
+        ql >= 1 && ql <= 16 && qq >= 1 && qq <= UINT32_MAX)
+        w->queue_levels = (uint32_t)ql, w->queue_quantum = (uint32_t)qq;
     json_int_t tb = json_integer_value(json_object_get(j, "token_budget"));
     w->token_budget = tb > 0 && tb <= UINT32_MAX ? (uint32_t)tb : 0;
     json_int_t kvb = json_integer_value(json_object_get(j, "kv_blocks"));
@@ -878,6 +983,24 @@ static void reject_early(rt_table_t *t, const rt_place_ctx_t *c, const rt_worker
                  slo, out->retry_after_ms);
 }
 
+/* Whether some prefill worker, usable but for its pool's size, holds c's
+ * prompt (true also when none is usable at all: that is refuse's to say);
+ * *most: the largest such pool, in blocks. */
+static bool prefill_fits(const rt_table_t *t, const rt_place_ctx_t *c, double now, uint32_t *most)
+{
+    rt_place_ctx_t any = *c;
+    any.prefill_blocks = 0;
+    bool usable_any = false;
+    for (size_t i = 0; i < t->n; i++)
+        if (usable(t->w[i], RT_PREFILL, &any, now)) {
+            usable_any = true;
+            if (usable(t->w[i], RT_PREFILL, c, now))
+                return true;
+            *most = t->w[i]->kv_blocks > *most ? t->w[i]->kv_blocks : *most;
+        }
+    return !usable_any;
+}
+
 /* A prompt no decode worker's pool can hold (each that says its size):
  * refused INVALID_ARGUMENT, naming the sizes, before any placement or
  * deadline is judged; false when some pool may hold it. */
@@ -887,6 +1010,10 @@ static bool too_big(const rt_table_t *t, const rt_place_req_t *rq, rt_placement_
     if (!rq || !bt)
         return false;
     uint64_t need = ((uint64_t)rq->n_tokens + bt - 1) / bt;
+    /* n choices share the prompt's blocks; each grows its own output */
+    uint64_t each = ((uint64_t)rq->max_tokens + bt - 1) / bt + 1;
+    if (rq->n_choices > 1)
+        need += rq->n_choices * each;
     for (size_t i = 0; i < t->n; i++) {
         const rt_worker_t *w = t->w[i];
         if (w->role != RT_DECODE || w->refused || w->gone)
@@ -898,8 +1025,13 @@ static bool too_big(const rt_table_t *t, const rt_place_req_t *rq, rt_placement_
     if (!most)
         return false;
     out->code = TD_RPC_INVALID_ARGUMENT;
-    snprintf(out->why, sizeof out->why, "prompt: %zu tokens need %llu KV blocks of %u tokens; the largest decode "
-             "worker's pool has %u", rq->n_tokens, (unsigned long long)need, bt, most);
+    if (rq->n_choices > 1)
+        snprintf(out->why, sizeof out->why, "sampling.n: %u choices of a %zu-token prompt and up to %u tokens each "
+                 "need %llu KV blocks of %u tokens; the largest decode worker's pool has %u", rq->n_choices,
+                 rq->n_tokens, rq->max_tokens, (unsigned long long)need, bt, most);
+    else
+        snprintf(out->why, sizeof out->why, "prompt: %zu tokens need %llu KV blocks of %u tokens; the largest decode "
+                 "worker's pool has %u", rq->n_tokens, (unsigned long long)need, bt, most);
     return true;
 }
 
@@ -913,6 +1045,9 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
         c.hits = &hits;
     }
     double now = td_now_s();
+    uint32_t bt = t->expect.block_tokens;
+    if (rq && bt) /* the prompt and its first token, as a prefill engine checks */
+        c.prefill_blocks = (uint32_t)((rq->n_tokens + 1 + bt - 1) / bt);
     pthread_mutex_lock(&t->mu);
     if (too_big(t, rq, out)) {
         pthread_mutex_unlock(&t->mu);
@@ -937,7 +1072,15 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     if (!d || (!pf && !whole)) {
         /* usable decode workers but none colocated, and no prefill worker: the prefill side is what is missing */
         bool no_prefill = d || (c.whole && !has_role(t, RT_DECODE, true) && any_usable(t, RT_DECODE, NULL, now));
-        refuse(t, no_prefill ? RT_PREFILL : RT_DECODE, now, out);
+        uint32_t most = 0;
+        if (no_prefill && !prefill_fits(t, &c, now, &most)) { /* usable prefill workers, each too small for it */
+            out->code = TD_RPC_INVALID_ARGUMENT;
+            snprintf(out->why, sizeof out->why, "prompt: %zu tokens need %u KV blocks of %u tokens on a prefill worker; "
+                     "the largest prefill worker's pool has %u, and no colocated decode worker can prefill it",
+                     rq->n_tokens, c.prefill_blocks, bt, most);
+        } else {
+            refuse(t, no_prefill ? RT_PREFILL : RT_DECODE, now, out);
+        }
         pthread_mutex_unlock(&t->mu);
         return;
     }
@@ -960,6 +1103,8 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     }
     d->refs++;
     d->inflight++;
+    pr->out_tokens = rq ? rq->pred_out : 0;
+    d->out_pred += pr->out_tokens;
     out->decode = d;
     if (dl) { /* its local prefill joins d's queue until rt_table_prefill_done (the first token) */
         if (!d->prefilling++) {
@@ -987,6 +1132,15 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
     pf->active_blocks += pr->blocks;
     t->placed[pr->pool_tokens ? 0 : pr->store_tokens ? 1 : 2]++;
     out->prefill = pf;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_decode_end(rt_table_t *t, rt_worker_t *w, const rt_prediction_t *pred)
+{
+    pthread_mutex_lock(&t->mu);
+    w->out_pred -= pred->out_tokens;
+    if (w->out_pred < 1e-6)
+        w->out_pred = 0; /* rounding */
     pthread_mutex_unlock(&t->mu);
 }
 

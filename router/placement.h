@@ -17,6 +17,7 @@
 
 #include "common/blockhash.h"
 #include "common/kv_contract.h"
+#include "common/rng.h"
 #include "common/rpc.h"
 #include "engine/profile.h"
 #include "router/kvindex.h"
@@ -67,6 +68,8 @@ typedef struct rt_worker {
     uint32_t local_passed; /* idle, within the SLOs, yet passed over for a pair since its last local prefill */
     uint32_t kv_blocks; /* its KV pool's blocks, from its record (0: not said) */
     uint32_t token_budget; /* tokens one engine step takes, from its record (0: not said) */
+    uint32_t queue_levels, queue_quantum; /* its engine's mlq order, from its record (levels 0: another order) */
+    double out_pred; /* a decode worker's predicted output tokens of the streams placed on it and not ended */
     char refused_why[384];
     int refs;
 } rt_worker_t;
@@ -86,6 +89,8 @@ typedef struct rt_place_req {
     double ttft_slo_ms, tpot_slo_ms;
     bool early_reject;
     int32_t priority; /* higher first: its queue is the work of equal or higher priority ahead */
+    double pred_out;  /* the output tokens predicted for it (router/outlen.h; 0: none): decode load is weighed by them */
+    uint32_t n_choices; /* the first of n choices (sampling.n): a pool must hold the prompt and n outputs */
 } rt_place_req_t;
 
 /* A placement's prediction for its pair: TTFT = overhead + queue + fetch +
@@ -96,7 +101,9 @@ typedef struct rt_prediction {
     double step_raw_ms; /* the decode profile's step before its correction */
     uint32_t pool_tokens, store_tokens, new_tokens, blocks;
     bool alone; /* the prefill worker had no other call in flight (its time refits its model) */
-    int32_t priority;
+    double out_tokens; /* the output tokens predicted, counted on the decode worker until rt_table_decode_end */
+    int32_t priority; /* its class in the worker's queue (higher first): the request's priority, and on a worker
+                       * whose engine runs the mlq order, less the level its new tokens enter at */
     bool valid;
     /* local: prefilled by the (colocated) decode worker itself, in its own steps, though prefill workers are
      * there (conditional disaggregation); stall_ms: what each of its running streams' steps takes longer
@@ -137,6 +144,7 @@ typedef struct rt_table {
     uint64_t n_err;
     double left_at[2];          /* when a worker of the role last left the membership */
     const struct td_member *member; /* the router's own membership (td_member_away_at), NULL before it joins */
+    td_rng_t rng; /* the decode pick's draws (under mu) */
 } rt_table_t;
 
 /* What a placed request measured, told to the policy afterwards (the
@@ -162,6 +170,7 @@ typedef struct rt_place_ctx {
     const rt_place_req_t *rq;
     const rt_chain_hits_t *hits;
     bool whole;
+    uint32_t prefill_blocks; /* the KV blocks a prefill worker's pool needs for the prompt (0: not judged) */
     void *state; /* the policy's own state in this table (rt_placement_ops_t.state_new); NULL: it keeps none */
 } rt_place_ctx_t;
 
@@ -228,6 +237,9 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
 /* The prefill placed with prediction pred on w ended (answered or failed):
  * its work leaves w's queue. */
 void rt_table_prefill_done(rt_table_t *t, rt_worker_t *w, const rt_prediction_t *pred);
+/* The stream placed with prediction pred on decode worker w ended (or its
+ * attempt failed): its predicted output leaves w's load. */
+void rt_table_decode_end(rt_table_t *t, rt_worker_t *w, const rt_prediction_t *pred);
 /* Placement's metrics for Health: the policy's name, placements by reason,
  * rejections by reason, the prediction error's p50/p90 and its count, and
  * per worker its corrections and queued work. */

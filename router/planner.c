@@ -14,7 +14,7 @@
 #include "common/ops.h"
 
 struct rt_planner {
-    char id[192], model[256], *endpoints;
+    char id[192], model[256], alias[256], *endpoints;
     uint32_t lease_ttl_s;
     const td_rpc_tls_t *tls;
     rt_stats_t *stats;
@@ -164,7 +164,7 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
         return;
     }
     const char *model = p->model;
-    const td_ops_model_t *m = td_ops_model(ops, model);
+    const td_ops_model_t *m = td_ops_model(ops, model, p->alias[0] ? p->alias : NULL);
     if (!m) {
         char why[320];
         snprintf(why, sizeof why, "the ops config has no entry for %s (nor \"*\")", model);
@@ -363,6 +363,7 @@ td_status_t rt_planner_start(const rt_planner_cfg_t *cfg, rt_planner_t **out)
     }
     snprintf(p->id, sizeof p->id, "%s", cfg->id);
     snprintf(p->model, sizeof p->model, "%s", cfg->model);
+    snprintf(p->alias, sizeof p->alias, "%s", cfg->alias ? cfg->alias : "");
     p->lease_ttl_s = cfg->lease_ttl_s;
     p->tls = cfg->tls;
     p->stats = cfg->stats;

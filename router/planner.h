@@ -27,7 +27,8 @@ typedef struct rt_planner rt_planner_t;
  * stats and tls, which must outlive it. */
 typedef struct rt_planner_cfg {
     const char *id;              /* this router's name in the election (its address) */
-    const char *model;           /* the model it plans for */
+    const char *model;           /* the model it plans for (its first served name) */
+    const char *alias;           /* the model's own name (GGUF general.name), which an ops entry may use */
     const char *etcd_endpoints;  /* etcd.endpoints */
     uint32_t lease_ttl_s;        /* etcd.lease_ttl_s */
     const td_rpc_tls_t *tls;     /* the cluster's TLS (NULL: plaintext) */

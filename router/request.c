@@ -38,6 +38,8 @@
 #include "common/rpc.h"
 #include "common/rpc_pb.h"
 #include "engine/sampler.h"
+#include "router/fair.h"
+#include "router/outlen.h"
 #include "worker/sampling_pb.h"
 #include "tandem/internal/v1/worker.pb-c.h"
 
@@ -47,6 +49,8 @@ struct rt_requests {
     uint32_t n_active;  /* requests started and not ended (at most env.max_streams) */
     uint32_t n_reqs;    /* request objects that exist, in use or free */
     rt_request_t *free_reqs; /* ended request objects, kept for reuse */
+    rt_fair_t *fair;         /* the admission queue (router/fair.h) */
+    rt_outlen_t *outlen;     /* the output-length predictor (router/outlen.h) */
 };
 
 struct rt_request {
@@ -73,8 +77,12 @@ struct rt_request {
     bool validated, sent_any;
     bool answered;         /* the sink has its end already (the rest is clean-up) */
     uint64_t landing_lease_until; /* unix ms: the first lease of the attempt's landing (then the renewer's) */
+    uint32_t choice, n_choices; /* choice `choice` of n_choices (router/choices.h); 0 of 0 alone */
     const rt_key_t *key;   /* the caller's API key (NULL: keys are off) */
     uint32_t key_charged;  /* tokens charged to it at admission, settled at the end */
+    rt_fair_entry_t fair;  /* its place in the admission queue */
+    double out_predicted;  /* the output tokens predicted for it at its first placement (0: not yet) */
+    double history_tokens; /* a chat's earlier assistant turns' mean length (router/outlen.h) */
     /* the attempt under way */
     rt_worker_t *p, *d;
     char did[96];
@@ -86,6 +94,12 @@ struct rt_request {
     bool early_pending;
     int32_t early_token;
     size_t early_skip_text;
+    /* the prefill worker's first token's log-probabilities (sampling.logprobs), for the message that brings the
+     * client that token */
+    bool plp_sent; /* the prompt's log-probabilities went to the client (sampling.prompt_logprobs) */
+    Tandem__Internal__V1__PrefillResponse *plp_resp; /* the prefill worker's answer holding them, until they go */
+    bool first_lp_pending;
+    Tandem__V1__TokenLogprob first_lp, first_top[ENG_MAX_LOGPROBS], *first_top_p[ENG_MAX_LOGPROBS];
     td_rpc_stream_t *st;
     bool finished;    /* the message with the finish reason was relayed */
     bool local_pending; /* q->d's queue counts this request's local prefill until its first token */
@@ -151,11 +165,15 @@ static void answer(rt_request_t *q, int code, const char *fmt, ...)
 }
 
 /* The end: the answer (unless given already), then the request is freed. */
+static void drop_plp_resp(rt_request_t *q);
 static void finish(rt_request_t *q, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void finish(rt_request_t *q, int code, const char *fmt, ...)
 {
     rt_requests_t *rs = q->rs;
     assert(!q->st && !q->p && !q->d); /* nothing upstream is held past the end */
+    drop_plp_resp(q);
+    if (q->fair.state == RT_FAIR_RUNNING)
+        rt_fair_leave(rs->fair, &q->fair, (uint32_t)q->n_prompt, (uint32_t)(q->n_tokens - q->n_prompt));
     if (q->key_charged || q->key)
         rt_keys_settle(q->env->api_keys, q->key, q->key_charged, (uint32_t)q->n_tokens);
     if (q->validated)
@@ -179,6 +197,20 @@ static void finish(rt_request_t *q, int code, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- validation */
 
+/* A chat's earlier assistant turns' mean length in tokens, from their bytes at the chat's own bytes per token. */
+static void chat_history(rt_request_t *q)
+{
+    const Tandem__V1__ChatInput *chat = q->rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT ? q->rq->chat : NULL;
+    size_t all = 0, said = 0, turns = 0;
+    for (size_t i = 0; chat && i < chat->n_messages; i++) {
+        size_t b = chat->messages[i]->content ? strlen(chat->messages[i]->content) : 0;
+        all += b;
+        if (chat->messages[i]->role && !strcmp(chat->messages[i]->role, "assistant") && b)
+            said += b, turns++;
+    }
+    q->history_tokens = turns && all && q->n_prompt ? (double)said / turns * (double)q->n_prompt / (double)all : 0;
+}
+
 /* Checks the request and tokenizes it; false when it ended (the error sent). */
 static bool validate(rt_request_t *q)
 {
@@ -200,13 +232,14 @@ static bool validate(rt_request_t *q)
         goto fail;
     }
     if (rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT__NOT_SET) {
-        snprintf(err, sizeof err, "input: set prompt or chat");
+        snprintf(err, sizeof err, "input: set prompt, chat or prompt_ids");
         goto fail;
     }
-    td_status_t rc = rt_tokenize_input(env->input,
-                                       rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT ? rq->prompt : NULL,
-                                       rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT ? rq->chat : NULL,
-                                       false, true, &ids, &n_ids, err, sizeof err);
+    bool text = rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
+    bool chat = rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    td_status_t rc = text || chat ? rt_tokenize_input(env->input, text ? rq->prompt : NULL, chat ? rq->chat : NULL,
+                                                      false, true, &ids, &n_ids, err, sizeof err)
+                                  : rt_input_ids(env->input, rq->prompt_ids, &ids, &n_ids, err, sizeof err);
     if (rc) {
         code = td_rpc_code_of(rc);
         goto fail;
@@ -222,12 +255,25 @@ static bool validate(rt_request_t *q)
                      RT_MAX_STOP_BYTES);
             goto fail;
         }
+    if (sp && rt_input_structured(sp, err, sizeof err))
+        goto fail;
+    if (sp && sp->has_n && (sp->n < 1 || sp->n > RT_MAX_CHOICES)) {
+        snprintf(err, sizeof err, "sampling.n: %u choices; 1 to %d", sp->n, RT_MAX_CHOICES);
+        goto fail;
+    }
     if (sp && sp->n_logit_bias > RT_MAX_LOGIT_BIAS) {
         snprintf(err, sizeof err, "sampling.logit_bias: %zu entries, at most %d", sp->n_logit_bias,
                  RT_MAX_LOGIT_BIAS);
         goto fail;
     }
-    q->max_tokens = sp && sp->max_tokens ? sp->max_tokens : env->default_max_tokens;
+    /* 0 with prompt_logprobs: the prompt scored alone */
+    q->max_tokens = sp && (sp->max_tokens || (sp->has_max_tokens && sp->prompt_logprobs)) ? sp->max_tokens
+                                                                                           : env->default_max_tokens;
+    q->plp_sent = false;
+    if (sp && sp->min_tokens > q->max_tokens) {
+        snprintf(err, sizeof err, "sampling.min_tokens: %u is over max_tokens %u", sp->min_tokens, q->max_tokens);
+        goto fail;
+    }
     uint32_t ctxlen = model->desc.context ? model->desc.context : 4096;
     if (n_ids + q->max_tokens > ctxlen) {
         snprintf(err, sizeof err, "%s: %zu prompt tokens + max_tokens %u exceed the context of %u tokens",
@@ -280,6 +326,7 @@ static bool validate(rt_request_t *q)
     memcpy(q->tokens, ids, n_ids * sizeof *ids);
     free(ids);
     q->n_prompt = q->n_tokens = n_ids;
+    chat_history(q);
     q->validated = true;
     return true;
 fail:
@@ -292,6 +339,37 @@ fail:
 /* ---------------------------------------------------------------- the relay */
 
 static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml);
+
+/* Frees the prefill worker's answer kept for its prompt log-probabilities (their message is out, or the
+ * request ends, or another attempt's answer replaces it). */
+static void drop_plp_resp(rt_request_t *q)
+{
+    if (q->plp_resp)
+        tandem__internal__v1__prefill_response__free_unpacked(q->plp_resp, NULL);
+    q->plp_resp = NULL;
+}
+
+/* Keeps the prefill worker's first-token log-probabilities (lp: its response's, or NULL) in q's storage. */
+static void keep_first_lp(rt_request_t *q, const Tandem__V1__TokenLogprob *lp)
+{
+    q->first_lp_pending = lp != NULL;
+    if (!lp)
+        return;
+    tandem__v1__token_logprob__init(&q->first_lp);
+    q->first_lp.has_token_id = q->first_lp.has_logprob = 1;
+    q->first_lp.token_id = lp->token_id;
+    q->first_lp.logprob = lp->logprob;
+    size_t n = lp->n_top < ENG_MAX_LOGPROBS ? lp->n_top : ENG_MAX_LOGPROBS;
+    for (size_t i = 0; i < n; i++) {
+        tandem__v1__token_logprob__init(&q->first_top[i]);
+        q->first_top[i].has_token_id = q->first_top[i].has_logprob = 1;
+        q->first_top[i].token_id = lp->top[i]->token_id;
+        q->first_top[i].logprob = lp->top[i]->logprob;
+        q->first_top_p[i] = &q->first_top[i];
+    }
+    q->first_lp.n_top = n;
+    q->first_lp.top = q->first_top_p;
+}
 static void after_stream_task(void *arg);
 
 /* From a relay callback: the stream is over (or must be), the rest waits. */
@@ -348,15 +426,42 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         dr->text += k;
         q->early_skip_text -= k;
     }
+    if (!q->max_tokens) { /* the prompt scored alone: the one token the workers made is not the client's */
+        dr->n_token_ids = dr->n_logprobs = 0;
+        dr->text = (char *)"";
+    }
     size_t n_ids = dr->n_token_ids - skip;
     for (size_t i = skip; i < dr->n_token_ids && q->n_tokens < q->cap_tokens; i++)
         q->tokens[q->n_tokens++] = dr->token_ids[i];
     Tandem__V1__GenerateResponse gr = TANDEM__V1__GENERATE_RESPONSE__INIT;
     gr.request_id = q->rq->request_id;
+    gr.has_index = q->n_choices > 1;
+    gr.index = q->choice;
     gr.text = dr->text;
     if (q->rq->return_token_ids) {
         gr.n_token_ids = n_ids;
         gr.token_ids = dr->token_ids + skip;
+    }
+    /* the tokens' log-probabilities: the decode worker's, after the prefill worker's first token's (which the
+     * decode worker streams without them) */
+    Tandem__V1__TokenLogprob *lps[8];
+    size_t nlp = 0;
+    bool ends_eos = dr->has_finish_reason && dr->finish_reason == TANDEM__V1__FINISH_REASON__FINISH_REASON_EOS;
+    if (q->first_lp_pending && (n_ids ? dr->n_logprobs < n_ids : ends_eos && !dr->n_logprobs)) {
+        /* (the prefill worker's first token was the end token: its log-probability is listed too) */
+        lps[nlp++] = &q->first_lp;
+        q->first_lp_pending = false;
+    }
+    for (size_t i = 0; i < dr->n_logprobs && nlp < 8; i++)
+        lps[nlp++] = dr->logprobs[i];
+    gr.n_logprobs = nlp;
+    gr.logprobs = lps;
+    const Tandem__Internal__V1__PrefillResponse *plp_from = q->plp_resp;
+    if (!q->plp_sent && (dr->n_prompt_logprobs || plp_from)) { /* a whole request's worker scored the prompt, or the
+                                                                  * prefill worker did */
+        gr.n_prompt_logprobs = plp_from ? plp_from->n_prompt_logprobs : dr->n_prompt_logprobs;
+        gr.prompt_logprobs = plp_from ? plp_from->prompt_logprobs : dr->prompt_logprobs;
+        q->plp_sent = true;
     }
     Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
     Tandem__V1__Timing timing = TANDEM__V1__TIMING__INIT;
@@ -410,7 +515,7 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         }
         gr.timing = &timing;
     }
-    bool emit = gr.text[0] || gr.n_token_ids || fin;
+    bool emit = gr.text[0] || gr.n_token_ids || gr.n_prompt_logprobs || gr.n_logprobs || fin;
     size_t text_len = strlen(gr.text);
     if (emit) { /* before the write: its completion may run on another thread at once */
         q->sent_any = true;
@@ -423,7 +528,10 @@ static void on_upstream(void *ctx, td_status_t rc, const uint8_t *m, size_t ml)
         read_next(q);
         return;
     }
-    if (q->sink.emit(q->sink_ctx, q, &gr) != TD_OK) { /* the client is gone: end the upstream stream too */
+    td_status_t sent = q->sink.emit(q->sink_ctx, q, &gr);
+    if (q->plp_sent) /* they are out (the sink copied them) */
+        drop_plp_resp(q);
+    if (sent != TD_OK) { /* the client is gone: end the upstream stream too */
         q->text_sent -= text_len;
         q->finished = false;
         q->sink_failed = true;
@@ -543,7 +651,23 @@ static Tandem__V1__SamplingParams *sampling_for(rt_request_t *q, Tandem__V1__Sam
     *copy = q->rq->sampling ? *q->rq->sampling : none;
     copy->has_max_tokens = 1;
     copy->max_tokens = q->max_tokens - (uint32_t)(q->n_tokens - q->n_prompt);
+    copy->prompt_logprobs = copy->prompt_logprobs && !q->plp_sent; /* a resume's prompt is not scored again */
+    if (!q->max_tokens) /* the prompt scored alone: the workers make one token, which is not relayed */
+        copy->max_tokens = 1;
     return copy;
+}
+
+/* The priority the workers order q by: its own, else its API key's class (router/fair.h). */
+static int32_t req_priority(const rt_request_t *q)
+{
+    return q->rq->has_priority ? q->rq->priority : rt_key_priority(q->key);
+}
+
+/* What the output-length predictor knows of q: its tenant, prompt, cap, and a chat's history. */
+static rt_outlen_query_t outlen_query(const rt_request_t *q)
+{
+    return (rt_outlen_query_t){.tenant = q->key ? rt_key_name(q->key) : NULL, .prompt_tokens = (uint32_t)q->n_prompt,
+                               .max_tokens = q->max_tokens, .history_tokens = q->history_tokens};
 }
 
 /* What placement is asked: the tokens (a resume's too) and their chain of
@@ -563,6 +687,13 @@ static void place_req(rt_request_t *q, rt_place_req_t *pr)
     if (nb > q->cap_chain) /* no memory: priced as if nothing were cached */
         nb = 0;
     td_block_name_chain(env->chain_root, q->tokens, nb * bt, bt, q->chain, nb);
+    if (!q->out_predicted) {
+        rt_outlen_query_t oq = outlen_query(q);
+        q->out_predicted = rt_outlen_predict(q->rs->outlen, &oq);
+    }
+    /* a resumed stream: what is predicted to be left of it */
+    size_t made = q->n_tokens - q->n_prompt;
+    double out_left = q->out_predicted > made + 1 ? q->out_predicted - made : 1;
     uint32_t ttft = env->ttft_slo_ms, tpot = env->tpot_slo_ms;
     if (q->rq->ttft_slo_ms && (!ttft || q->rq->ttft_slo_ms < ttft))
         ttft = q->rq->ttft_slo_ms;
@@ -573,7 +704,8 @@ static void place_req(rt_request_t *q, rt_place_req_t *pr)
                            /* a stream under way is finished, not judged again: its resume re-prefills
                             * what was streamed, which the TTFT SLO never covered */
                            .early_reject = q->env->early_reject && !q->sent_any,
-                           .priority = q->rq->has_priority ? q->rq->priority : 0};
+                           .priority = req_priority(q), .pred_out = out_left,
+                           .n_choices = q->choice == 0 && !q->sent_any ? q->n_choices : 0};
 }
 
 /* place: a (prefill, decode) pair, or a decode worker alone in a cluster with
@@ -693,8 +825,8 @@ static td_status_t prefill(rt_request_t *q, attempt_t *a)
     prq.tokens = q->tokens;
     prq.sampling = sampling_for(q, &sp);
     prq.landing = a->reserved->landing;
-    prq.has_priority = q->rq->has_priority;
-    prq.priority = q->rq->priority;
+    prq.priority = req_priority(q);
+    prq.has_priority = prq.priority != 0;
     prq.has_sampled_before = 1;
     prq.sampled_before = (uint32_t)(q->n_tokens - q->n_prompt); /* streamed before a resume */
     prq.has_landing_lease_until_unix_ms = 1;
@@ -713,6 +845,7 @@ static td_status_t prefill(rt_request_t *q, attempt_t *a)
         q->prefill_ms = (q->t_prefilled - t_b) * 1e3;
         q->worker_prefill_ms = a->prefilled->prefill_ms;
         a->first_token = a->prefilled->first_token;
+        keep_first_lp(q, a->prefilled->first_logprob);
         snprintf(a->first_text, sizeof a->first_text, "%s", a->prefilled->first_text ? a->prefilled->first_text : "");
         snprintf(q->prefill_id, sizeof q->prefill_id, "%s", a->p->id);
         snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
@@ -783,8 +916,8 @@ static td_status_t open_decode(rt_request_t *q, attempt_t *a)
         drq.n_block_digests = a->prefilled->n_block_digests;
         drq.block_digests = a->prefilled->block_digests;
     } else {
-        drq.has_priority = q->rq->has_priority;
-        drq.priority = q->rq->priority;
+        drq.priority = req_priority(q);
+        drq.has_priority = drq.priority != 0;
         snprintf(q->prefill_id, sizeof q->prefill_id, "%s", q->did);
         snprintf(q->decode_id, sizeof q->decode_id, "%s", q->did);
         q->prefill_ms = 0;
@@ -827,10 +960,23 @@ static bool send_first(rt_request_t *q, int32_t token, const char *text)
         return false;
     Tandem__V1__GenerateResponse gr = TANDEM__V1__GENERATE_RESPONSE__INIT;
     gr.request_id = q->rq->request_id;
+    gr.has_index = q->n_choices > 1;
+    gr.index = q->choice;
     gr.text = (char *)text;
     if (q->rq->return_token_ids) {
         gr.n_token_ids = 1;
         gr.token_ids = &token;
+    }
+    Tandem__V1__TokenLogprob *lp = &q->first_lp;
+    if (q->first_lp_pending) {
+        gr.n_logprobs = 1;
+        gr.logprobs = &lp;
+        q->first_lp_pending = false;
+    }
+    if (q->plp_resp && !q->plp_sent) {
+        gr.n_prompt_logprobs = q->plp_resp->n_prompt_logprobs;
+        gr.prompt_logprobs = q->plp_resp->prompt_logprobs;
+        q->plp_sent = true;
     }
     q->tokens[q->n_tokens++] = token;
     q->t_first = q->t_last = td_now_s();
@@ -841,7 +987,10 @@ static bool send_first(rt_request_t *q, int32_t token, const char *text)
     q->early_skip_text = len;
     q->sent_any = true; /* before the write: its completion may run on another thread at once */
     q->text_sent += len;
-    if (q->sink.emit(q->sink_ctx, q, &gr) != TD_OK) { /* the client is gone: end the upstream stream too */
+    td_status_t sent = q->sink.emit(q->sink_ctx, q, &gr);
+    if (q->plp_sent)
+        drop_plp_resp(q);
+    if (sent != TD_OK) { /* the client is gone: end the upstream stream too */
         q->text_sent -= len;
         q->sink_failed = true;
         td_rpc_stream_cancel(q->st);
@@ -873,6 +1022,7 @@ static int attempt(rt_request_t *q)
     const rt_env_t *env = q->env;
     assert(!q->st && !q->p && !q->d); /* the last attempt's stream was given back (after_stream) */
     attempt_t a = {.first_token = -1};
+    q->first_lp_pending = false;
     double t0 = td_now_s(), c0 = cpu_s();
     q->t_attempt = t0;
     td_status_t st = place(q, &a);
@@ -891,18 +1041,24 @@ release_reservation:
         release(a.d, a.reserved->landing->reservation_id, !a.landing_open);
     if (a.reserved)
         tandem__internal__v1__reserve_response__free_unpacked(a.reserved, NULL);
-    if (a.prefilled)
+    if (a.prefilled && !st && a.prefilled->n_prompt_logprobs && !q->plp_sent) {
+        drop_plp_resp(q); /* an earlier attempt's */
+        q->plp_resp = a.prefilled; /* its prompt log-probabilities go with the first message */
+    } else if (a.prefilled) {
         tandem__internal__v1__prefill_response__free_unpacked(a.prefilled, NULL);
+    }
 release_workers:
     if (a.queued)
         rt_table_prefill_done(env->table, a.p, &a.pl.pred);
     if (a.local_queued)
         rt_table_prefill_done(env->table, a.d, &a.pl.pred);
-    if (a.d)
+    if (a.d) {
+        rt_table_decode_end(env->table, a.d, &a.pl.pred);
         rt_table_done(env->table, a.d, a.d_failed ? &a.fail_d : NULL, rt_suspect_for(a.fail_d.code));
+    }
     if (a.p)
         rt_table_done(env->table, a.p, a.p_failed ? &a.fail_p : NULL, rt_suspect_for(a.fail_p.code));
-    if (!st && a.first_token >= 0 && send_first(q, a.first_token, a.first_text))
+    if (!st && a.first_token >= 0 && q->max_tokens && send_first(q, a.first_token, a.first_text))
         return 2;
     if (!st)
         return stream(q);
@@ -953,8 +1109,15 @@ static int after_stream(rt_request_t *q)
         if (q->pred.valid && tm.ttft_ms > 0)
             td_metric_observe(env->metrics->pred_err, fabs(q->pred.ttft_ms - tm.ttft_ms) / tm.ttft_ms);
     }
+    if (tm.ok) { /* what it generated, all attempts, teaches the output-length predictor */
+        rt_outlen_query_t oq = outlen_query(q);
+        rt_outlen_observe(q->rs->outlen, &oq, q->out_predicted, tm.output_tokens);
+        td_metric_observe(env->metrics->outlen_err,
+                          tm.output_tokens ? fabs(q->out_predicted - tm.output_tokens) / tm.output_tokens : 0);
+    }
     if (p)
         rt_table_unhold(env->table, p);
+    rt_table_decode_end(env->table, d, &q->pred);
     rt_table_done(env->table, d, !q->finished && !gone && left(q) > 0.001 ? &sres : NULL, rt_suspect_for(sres.code));
     q->p = q->d = NULL;
     if (q->finished) {
@@ -1019,6 +1182,60 @@ static void after_stream_task(void *arg)
     run(q);
 }
 
+/* A request that waited its turn in the admission queue goes (a pool thread). */
+static void fair_run_task(void *arg)
+{
+    rt_request_t *q = arg;
+    q->handoff += td_now_s() - q->t_queued;
+    if (cancelled(q))
+        finish(q, TD_RPC_CANCELLED, "the client cancelled");
+    else if (left(q) <= 0)
+        finish(q, TD_RPC_DEADLINE_EXCEEDED, "the deadline passed as the request's turn came");
+    else
+        run(q);
+}
+
+static void fair_go(void *req)
+{
+    rt_request_t *q = req;
+    q->t_queued = td_now_s();
+    if (td_pool_submit(q->env->pool, fair_run_task, q) != TD_OK)
+        finish(q, TD_RPC_UNAVAILABLE, "the router is stopping");
+}
+
+static void fair_expire(void *req)
+{
+    rt_request_t *q = req;
+    finish(q, TD_RPC_DEADLINE_EXCEEDED, "the deadline passed while the request waited its turn in the admission "
+           "queue (%.1f s; router.admit_max requests were out)", td_now_s() - q->fair.t_queued);
+}
+
+static void fair_cancelled_task(void *arg)
+{
+    finish(arg, TD_RPC_CANCELLED, "the client cancelled while the request waited its turn");
+}
+
+/* Its turn in the admission queue (router/fair.h): true when it goes now;
+ * false when it waits (fair_go or fair_expire comes) or was refused. */
+static bool admit(rt_request_t *q)
+{
+    rt_fair_entry_t *e = &q->fair;
+    e->req = q;
+    e->prompt = (uint32_t)q->n_prompt;
+    e->max_tokens = q->max_tokens;
+    e->deadline = q->deadline;
+    char msg[300];
+    double retry_s;
+    int code = rt_fair_enter(q->rs->fair, e, q->key ? rt_key_name(q->key) : NULL, rt_key_weight(q->key),
+                             rt_key_priority(q->key), msg, sizeof msg, &retry_s);
+    if (code <= 1)
+        return code == 0;
+    q->retry_after_ms = (uint32_t)(retry_s * 1e3 + 0.5);
+    TD_WARN("router: %s refused (%s): %s", rid(q), td_rpc_code_name(code), msg);
+    finish(q, code, "%s", msg);
+    return false;
+}
+
 static void start_task(void *arg)
 {
     rt_request_t *q = arg;
@@ -1032,7 +1249,8 @@ static void start_task(void *arg)
         finish(q, TD_RPC_CANCELLED, "the client cancelled");
         return;
     }
-    run(q);
+    if (admit(q))
+        run(q);
 }
 
 /* ---------------------------------------------------------------- the API */
@@ -1044,6 +1262,15 @@ td_status_t rt_requests_create(const rt_env_t *env, rt_requests_t **out)
         return td_error(TD_ERR_NO_MEMORY, "router: no memory for its requests");
     rs->env = *env;
     pthread_mutex_init(&rs->mu, NULL);
+    rt_fair_config_t fc = {.admit_max = env->admit_max, .tenant_queue_max = env->tenant_queue_max};
+    td_status_t rc = rt_fair_create(&fc, fair_go, fair_expire, env->metrics ? env->metrics->reg : NULL, &rs->fair);
+    if (!rc && (rc = rt_outlen_create(&rs->outlen)))
+        rt_fair_destroy(rs->fair);
+    if (rc) {
+        pthread_mutex_destroy(&rs->mu);
+        free(rs);
+        return rc;
+    }
     *out = rs;
     return TD_OK;
 }
@@ -1052,6 +1279,8 @@ void rt_requests_destroy(rt_requests_t *rs)
 {
     if (!rs)
         return;
+    rt_fair_destroy(rs->fair);
+    rt_outlen_destroy(rs->outlen);
     while (rs->free_reqs) {
         rt_request_t *q = rs->free_reqs;
         rs->free_reqs = q->next_free;
@@ -1131,6 +1360,12 @@ rt_request_t *rt_request_create(rt_requests_t *rs, Tandem__V1__GenerateRequest *
 
 void rt_request_set_key(rt_request_t *q, const rt_key_t *key) { q->key = key; }
 
+void rt_request_set_choice(rt_request_t *q, uint32_t index, uint32_t n)
+{
+    q->choice = index;
+    q->n_choices = n;
+}
+
 void rt_request_start(rt_request_t *q)
 {
     rt_requests_t *rs = q->rs;
@@ -1153,4 +1388,11 @@ void rt_request_cancel(rt_request_t *q)
     q->cancelled = true;
     pthread_mutex_unlock(&q->mu);
     td_rpc_scope_cancel(q->scope);
+    /* waiting its turn, nothing else would notice: it ends now, on a pool thread (not the caller's, which
+     * may hold the transport's lock that the answer takes) */
+    if (rt_fair_cancel(q->rs->fair, &q->fair) && td_pool_submit(q->env->pool, fair_cancelled_task, q) != TD_OK)
+        finish(q, TD_RPC_CANCELLED, "the client cancelled while the request waited its turn");
 }
+
+json_t *rt_requests_fair_json(rt_requests_t *rs) { return rt_fair_json(rs->fair); }
+json_t *rt_requests_outlen_json(rt_requests_t *rs) { return rt_outlen_json(rs->outlen); }

@@ -52,6 +52,7 @@ typedef struct rt_env {
     uint32_t default_max_tokens;     /* when a request gives none */
     uint32_t ttft_slo_ms, tpot_slo_ms; /* router.ttft_slo_ms, tpot_slo_ms (0: none) */
     bool early_reject;               /* router.early_reject */
+    uint32_t admit_max, tenant_queue_max; /* the admission queue's (router/fair.h; admit_max 0: none) */
 } rt_env_t;
 
 /* The request objects (a free list, kept with their buffers) and how many
@@ -75,6 +76,10 @@ void rt_requests_destroy(rt_requests_t *rs);
 const rt_env_t *rt_requests_env(const rt_requests_t *rs);
 /* Requests started and not ended. */
 uint32_t rt_requests_active(rt_requests_t *rs);
+/* The admission queue's tenants (router/fair.h), for Health. */
+json_t *rt_requests_fair_json(rt_requests_t *rs);
+/* The output-length predictor's error and counts (router/outlen.h), for Health. */
+json_t *rt_requests_outlen_json(rt_requests_t *rs);
 
 /* A request for rq (taken: freed with the request) that may take timeout_s
  * seconds (capped by rq->deadline_ms and an hour). Request objects come from
@@ -90,6 +95,10 @@ void rt_request_start(rt_request_t *q);
 /* Before start: the caller's API key (router/keys.h), charged the most the
  * request may use once it is tokenized, settled at its end. */
 void rt_request_set_key(rt_request_t *q, const rt_key_t *key);
+/* Before start: the request is choice `index` of n (router/choices.h): its
+ * messages carry the index, and the first choice's placement counts the KV
+ * of all n. */
+void rt_request_set_choice(rt_request_t *q, uint32_t index, uint32_t n);
 /* Any thread, until end: the client went away. */
 void rt_request_cancel(rt_request_t *q);
 /* The sink's write of the last emitted message is done (ok false: failed). */

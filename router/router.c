@@ -41,6 +41,7 @@
 #include "router/placement.h"
 #include "router/planner.h"
 #include "router/renewer.h"
+#include "router/choices.h"
 #include "router/request.h"
 #include "router/stats.h"
 #include "tandem/internal/v1/worker.pb-c.h"
@@ -119,20 +120,22 @@ static td_status_t membership_start(router_t *r)
  * packed into (reused: no allocation per token once large enough). */
 typedef struct grpc_sink {
     td_rpc_call_t *call;
+    rt_choices_t *choices;
     uint8_t *buf;
     size_t cap;
 } grpc_sink_t;
 
-static void g_sent(void *ctx, bool ok) { rt_request_sent(ctx, ok); }
+static void g_sent(void *ctx, bool ok) { rt_choices_sent(ctx, ok); }
 
 static td_status_t g_emit(void *ctx, rt_request_t *q, const Tandem__V1__GenerateResponse *m)
 {
+    (void)q; /* its write is reported to the choices it belongs to */
     grpc_sink_t *g = ctx;
     size_t n = tandem__v1__generate_response__get_packed_size(m);
     if (!td_grow((void **)&g->buf, &g->cap, n + 1, 1, 512))
         return TD_ERR_NO_MEMORY;
     tandem__v1__generate_response__pack(m, g->buf);
-    return td_rpc_call_send_async(g->call, g->buf, n, g_sent, q);
+    return td_rpc_call_send_async(g->call, g->buf, n, g_sent, g->choices);
 }
 
 static void g_end(void *ctx, int code, const char *message, uint32_t retry_after_ms, const char *rejected)
@@ -154,7 +157,7 @@ static void g_end(void *ctx, int code, const char *message, uint32_t retry_after
 static void g_cancel(void *ctx, bool ok)
 {
     (void)ok;
-    rt_request_cancel(ctx);
+    rt_choices_cancel(ctx);
 }
 
 static const rt_sink_t grpc_sink = {.emit = g_emit, .end = g_end};
@@ -188,7 +191,7 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
         }
     }
     grpc_sink_t *g = calloc(1, sizeof *g);
-    rt_request_t *q = g ? rt_request_create(r->requests, rq, td_rpc_call_time_left(call), &grpc_sink, g) : NULL;
+    rt_choices_t *q = g ? rt_choices_create(r->requests, rq, td_rpc_call_time_left(call), &grpc_sink, g) : NULL;
     if (!q) {
         if (!g)
             tandem__v1__generate_request__free_unpacked(rq, NULL);
@@ -199,10 +202,11 @@ static void h_generate(void *ctx, td_rpc_call_t *call)
         return;
     }
     g->call = call;
-    rt_request_set_key(q, key);
+    g->choices = q;
+    rt_choices_set_key(q, key);
     td_rpc_call_detach(call); /* the request ends it (g_end) */
     td_rpc_call_on_cancel(call, g_cancel, q);
-    rt_request_start(q);
+    rt_choices_start(q);
 }
 
 /* ---------------------------------------------------------------- the rest */
@@ -324,6 +328,11 @@ static json_t *pools_json(router_t *r)
             json_object_update_new(o, json_pack("{s:i, s:i, s:i, s:i, s:i}", "kv_blocks", (int)st->kv_blocks,
                                                 "kv_in_use", (int)st->kv_in_use, "kv_cached", (int)st->kv_cached,
                                                 "running", (int)st->running, "reservations", (int)st->reservations));
+        if (st && st->has_prompt_tokens_computed) /* what its engine computed, not taken from a cache */
+            json_object_update_new(o, json_pack("{s:I, s:I, s:I}", "prompt_tokens_computed",
+                                                (json_int_t)st->prompt_tokens_computed, "preemptions",
+                                                (json_int_t)st->preemptions, "swapped_out",
+                                                (json_int_t)st->swapped_out));
         else
             json_object_set_new(o, "error", json_string(calls[i].res.message));
         json_array_append_new(a, o);
@@ -352,6 +361,10 @@ static void h_health(void *ctx, td_rpc_call_t *call)
     cluster_json(r, j);
     json_object_set_new(j, "pools", pools_json(r));
     json_object_set_new(j, "planner", rt_planner_json(r->planner));
+    if (r->requests) {
+        json_object_set_new(j, "tenants", rt_requests_fair_json(r->requests));
+        json_object_set_new(j, "output_length", rt_requests_outlen_json(r->requests));
+    }
     json_object_set_new(j, "placement", rt_table_metrics(&r->table, r->place));
     if (r->follow)
         json_object_set_new(j, "index", rt_follow_json(r->follow));
@@ -423,7 +436,7 @@ static void h_scale(void *ctx, td_rpc_call_t *call)
                          : td_ops_parse(defaults, strlen(defaults), "defaults", &ops)) {
             code = TD_RPC_FAILED_PRECONDITION;
             snprintf(msg, sizeof msg, "Scale: the ops config in etcd: %s", td_last_error());
-        } else if (td_ops_set_counts(ops, rt_input_name(&r->input), rq->prefill, rq->decode)) {
+        } else if (td_ops_set_counts(ops, rt_input_name(&r->input), r->input.model->desc.name, rq->prefill, rq->decode)) {
             code = TD_RPC_INVALID_ARGUMENT;
             snprintf(msg, sizeof msg, "Scale: %s", td_last_error());
         }
@@ -496,7 +509,11 @@ static td_status_t configured(void *ctx)
 static td_status_t parts_start(router_t *r)
 {
     const eng_model_desc_t *md = &r->input.model->desc;
-    td_kv_layout_t expect = td_kv_layout_make(md->name, md->n_layers, md->n_kv_heads, md->head_dim,
+    eng_weight_hold_t hold = ENG_WEIGHTS_FILE;
+    eng_weight_hold_parse(r->cfg.model.weights, &hold); /* validated */
+    eng_model_set_hold(r->input.model, hold);
+    eng_model_set_dummy(r->input.model, !strcmp(r->cfg.model.load_format, "dummy"));
+    td_kv_layout_t expect = td_kv_layout_make(r->input.model->kv_id, md->n_layers, md->n_kv_heads, md->head_dim,
                                               r->cfg.model.block_tokens, TD_KV_F16);
     td_kv_dtype_parse(r->cfg.model.kv_dtype, &expect.dtype); /* validated */
     rt_table_init(&r->table, &expect, r->tls);
@@ -519,6 +536,7 @@ static td_status_t parts_start(router_t *r)
                     .max_streams = r->cfg.router.max_streams, .default_max_tokens = 128,
                     .ttft_slo_ms = r->cfg.router.ttft_slo_ms, .tpot_slo_ms = r->cfg.router.tpot_slo_ms,
                     .early_reject = r->cfg.router.early_reject,
+                    .admit_max = r->cfg.router.admit_max, .tenant_queue_max = r->cfg.router.tenant_queue_max,
                     .chain_root = td_block_name_root(expect.model_id, td_kv_dtype_name(expect.dtype),
                                                      expect.block_tokens)};
     return rt_requests_create(&env, &r->requests);
@@ -555,7 +573,7 @@ static td_status_t router_start(void *ctx, char *key, size_t key_len, char **val
         return rc;
     td_rpc_advertise_addr(r->cfg.router.listen, port, r->self_addr, sizeof r->self_addr);
     snprintf(r->self_id, sizeof r->self_id, "router@%s", r->self_addr);
-    rt_planner_cfg_t pc = {.id = r->self_id, .model = rt_input_name(&r->input),
+    rt_planner_cfg_t pc = {.id = r->self_id, .model = rt_input_name(&r->input), .alias = r->input.model->desc.name,
                            .etcd_endpoints = r->cfg.etcd.endpoints, .lease_ttl_s = r->cfg.etcd.lease_ttl_s,
                            .tls = r->tls, .stats = r->stats};
     if ((rc = rt_planner_start(&pc, &r->planner)))

@@ -136,6 +136,9 @@ run_py tests/integration/test_cluster.py integration 900
 section "OpenAI HTTP API (the openai client against a real cluster)"
 run_py tests/integration/test_http.py http 300
 
+section "structured output (tandem grammar's token masks against llguidance's)"
+run_py tests/integration/test_structured.py structured 300
+
 section "security (the adversarial run's attacks against a real cluster, a victim request beside each)"
 run_py tests/integration/test_security.py security 300
 
@@ -155,6 +158,9 @@ wait "$bg_pid"
 
 section "scale (tandem scale under load: 1P+1D -> 2P+1D -> 1P+2D with a role flip; the ops config's errors; a workload shift under policy auto)"
 run_py tests/cluster/test_scale.py scale 900
+
+section "scheduling (the prefill queue's orders: cache-aware computes fewer prompt tokens, mlq keeps chats fast beside a flood; tenants share by their keys' weights)"
+run_py tests/cluster/test_sched.py sched 600
 
 section "hosts (three network-namespace hosts: greedy output, KV over TCP across hosts, certless clients refused by every port; kill -9 of each type, a link cut, etcd paused 30 s, the planner's router killed and frozen)"
 run_py tests/cluster/test_hosts.py hosts 600

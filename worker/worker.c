@@ -48,6 +48,9 @@ typedef struct held_event {
     eng_event_t ev;
     size_t text_off;
     char *error; /* ENG_FINISH_ERROR's message */
+    /* the log-probabilities the event points at, copied: the sequence may be gone when the event is delivered */
+    eng_logprobs_t lp;
+    eng_logprobs_t *plp;
 } held_event_t;
 
 struct eng_worker {
@@ -181,6 +184,14 @@ static void hold_event(void *ctx, const eng_event_t *ev)
     }
     h->error = ev->error ? strdup(ev->error) : NULL;
     h->ev.error = ev->error ? (h->error ? h->error : "an engine step failed") : NULL;
+    if (ev->logprobs)
+        h->lp = *ev->logprobs;
+    h->plp = NULL;
+    if (ev->n_prompt_logprobs && (h->plp = malloc(ev->n_prompt_logprobs * sizeof *h->plp)))
+        memcpy(h->plp, ev->prompt_logprobs, ev->n_prompt_logprobs * sizeof *h->plp);
+    else
+        h->ev.n_prompt_logprobs = 0; /* none, or no memory for them */
+    h->ev.prompt_logprobs = NULL; /* pointers into w->held are set as it is delivered (it may move as it grows) */
 }
 
 static void deliver_events(eng_worker_t *w)
@@ -188,6 +199,9 @@ static void deliver_events(eng_worker_t *w)
     for (size_t i = 0; i < w->n_held; i++) {
         held_event_t *h = &w->held[i];
         h->ev.text = h->ev.text_len ? w->held_text + h->text_off : "";
+        if (h->ev.logprobs)
+            h->ev.logprobs = &h->lp;
+        h->ev.prompt_logprobs = h->plp;
         for (size_t k = 0; k < w->n_listeners; k++)
             if (w->listeners[k].id == h->ev.id) {
                 listener_t l = w->listeners[k];
@@ -197,6 +211,7 @@ static void deliver_events(eng_worker_t *w)
                 break;
             }
         free(h->error);
+        free(h->plp);
     }
     w->n_held = 0;
     w->held_text_len = 0;
@@ -535,8 +550,11 @@ static void stats_on_engine(eng_worker_t *w, void *arg)
     s->r.kv_in_use = k.in_use;
     s->r.kv_cached = k.cached;
     s->r.running = eng_engine_n_requests(w->engine);
-    s->r.has_preemptions = 1;
+    s->r.has_preemptions = s->r.has_prompt_tokens_computed = 1;
     s->r.preemptions = eng_engine_preemptions(w->engine);
+    s->r.prompt_tokens_computed = eng_engine_prompt_computed(w->engine);
+    s->r.has_swapped_out = s->r.has_swapped_in = 1;
+    eng_engine_swaps(w->engine, &s->r.swapped_out, &s->r.swapped_in);
     if (w->store) {
         s->r.has_store_offered = s->r.has_store_new = s->r.has_store_unpublished = 1;
         s->r.store_offered = w->pub_offered;
@@ -607,6 +625,12 @@ static void metrics_collect(void *ctx, td_metrics_t *m)
         {TD_GAUGE, "tandem:kv_cache_blocks", "Blocks of the KV pool.", "cached", r->kv_cached, r->has_kv_cached},
         {TD_COUNTER, "tandem:num_preemptions_total", "Sequences whose KV was dropped for room and recomputed.", NULL,
          (double)r->preemptions, r->has_preemptions},
+        {TD_COUNTER, "tandem:prompt_tokens_computed_total", "Prompt tokens the engine ran (not from a cache).", NULL,
+         (double)r->prompt_tokens_computed, r->has_prompt_tokens_computed},
+        {TD_COUNTER, "tandem:kv_swaps_total", "Preempted sequences' KV moved to host memory (out) and back (in).",
+         "out", (double)r->swapped_out, r->has_swapped_out},
+        {TD_COUNTER, "tandem:kv_swaps_total", "Preempted sequences' KV moved to host memory (out) and back (in).",
+         "in", (double)r->swapped_in, r->has_swapped_in},
         {TD_COUNTER, "tandem:kv_transfer_bytes_total", "KV bytes this prefill worker put into decode pools.", NULL,
          (double)r->transfer_bytes, r->has_transfer_bytes},
         {TD_COUNTER, "tandem:kv_transfer_seconds_total", "Time the KV puts took.", NULL, r->transfer_ms * 1e-3,
@@ -758,6 +782,10 @@ static td_status_t record(eng_worker_t *w, char *key, size_t key_len, char **val
         json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
     if (j && w->rc->colocated)
         json_object_set_new(j, "colocated", json_true());
+    if (j) /* the router predicts queueing by the order the engine runs */
+        json_object_set_new(j, "queue", json_pack("{s:s, s:i, s:i}", "order", w->rc->queue, "levels",
+                                                  (json_int_t)w->rc->queue_levels, "quantum",
+                                                  (json_int_t)w->rc->queue_quantum));
     *value = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     snprintf(key, key_len, "/tandem/workers/%s/%s", w->role->name, w->id);
@@ -849,6 +877,10 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
     td_status_t rc;
     if ((rc = eng_model_open(w->cfg.model.path, &w->model)))
         return rc;
+    eng_weight_hold_t hold = ENG_WEIGHTS_FILE;
+    eng_weight_hold_parse(w->cfg.model.weights, &hold); /* validated */
+    eng_model_set_hold(w->model, hold);
+    eng_model_set_dummy(w->model, !strcmp(w->cfg.model.load_format, "dummy"));
     eng_engine_config_t ec = eng_engine_config_default();
     ec.n_threads = (int)w->rc->threads;
     ec.block_tokens = w->cfg.model.block_tokens;
@@ -856,6 +888,11 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
     kern_numerics_parse(w->cfg.model.numerics, &ec.numerics); /* validated */
     ec.token_budget = w->rc->token_budget;
     ec.device = w->rc->device;
+    eng_order_parse(w->rc->queue, &ec.sched.order); /* validated */
+    ec.sched.levels = w->rc->queue_levels;
+    ec.sched.quantum = w->rc->queue_quantum;
+    ec.sched.age_s = w->rc->queue_age_ms / 1000.0;
+    ec.swap_bytes = w->rc->swap_mib << 20;
     const char *kind = w->cfg.transport.kind;
     if (w->xfer_cfg.device < 0 && !strcmp(kind, "cuda_ipc"))
         return td_error(TD_ERR_CONFIG, "transport.kind = cuda_ipc is for GPU workers; this one's device is '%s'",

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/cpu/repack.h"
+#include "kernels/quant.h"
 
 void *kern_cpu_scratch(kern_cpu_t *c, size_t bytes)
 {
@@ -86,9 +87,47 @@ static void *arena_alloc(kern_cpu_t *c, size_t n)
 
 /* Weights stay in the mapped file; on the AVX2 path Q4_1 and Q8_0 matrices
  * also get an 8-row interleaved copy (kernels/cpu/repack.h) that matmul uses. */
+/* FP8 (kernels/backend.h's kern_weight_t): the decoded values, each FP8 value
+ * times its row's scale, kept as an F32 matrix in the arena. */
+static td_status_t prepare_fp8(kern_cpu_t *c, kern_weight_t *w)
+{
+    float *dst = arena_alloc(c, (size_t)w->rows * w->cols * sizeof *dst);
+    uint8_t *q = malloc(w->cols);
+    float *tmp = malloc((size_t)w->cols * sizeof *tmp);
+    td_status_t rc = dst && q && tmp ? TD_OK
+                                     : td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory for a %ux%u FP8 matrix",
+                                                w->rows, w->cols);
+    for (uint32_t r = 0; r < w->rows && !rc; r++) {
+        float s, *d = dst + (size_t)r * w->cols;
+        if (!(rc = kern_weight_fp8_row(w, r, q, &s, tmp)))
+            for (uint32_t i = 0; i < w->cols; i++)
+                d[i] = kern_fp8_to_fp32(q[i]) * s;
+    }
+    free(q);
+    free(tmp);
+    if (rc)
+        return rc;
+    w->type = KERN_TYPE_F32;
+    w->data = dst;
+    w->hold = KERN_TYPE_F8_E4M3;
+    w->scale = NULL;
+    w->priv = NULL;
+    return TD_OK;
+}
+
 static td_status_t cpu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
 {
     kern_cpu_t *c = (kern_cpu_t *)b;
+    if (!w->data && w->type == KERN_TYPE_F16) { /* no file: seeded values (kern_weight_t.fill) */
+        uint16_t *d = arena_alloc(c, (size_t)w->rows * w->cols * sizeof *d);
+        if (!d)
+            return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory for a %ux%u matrix", w->rows, w->cols);
+        for (uint32_t r = 0; r < w->rows; r++)
+            kern_fill_row_f16(w->fill, r, w->cols, d + (size_t)r * w->cols);
+        w->data = d;
+    }
+    if (w->hold == KERN_TYPE_F8_E4M3 || w->type == KERN_TYPE_F8_E4M3)
+        return prepare_fp8(c, w);
     size_t n = kern_repack_size(w);
     w->priv = NULL;
     if (!n || c->vd != &kern_vecdot_avx2 || c->ref)

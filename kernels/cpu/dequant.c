@@ -213,6 +213,10 @@ td_status_t kern_dequant_row(uint32_t type, const void *src, float *dst, size_t 
     case KERN_TYPE_Q4_K: t->q4_k(src, dst, n); break;
     case KERN_TYPE_Q5_K: t->q5_k(src, dst, n); break;
     case KERN_TYPE_Q6_K: t->q6_k(src, dst, n); break;
+    case KERN_TYPE_F8_E4M3:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = kern_fp8_to_fp32(((const uint8_t *)src)[i]);
+        break;
     }
     return TD_OK;
 }

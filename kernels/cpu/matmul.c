@@ -156,6 +156,8 @@ td_status_t kern_cpu_matmul_multi(kern_backend_t *b, const kern_weight_t *const 
     case KERN_TYPE_BF16: j.dot = vd->bf16_f32; break;
     case KERN_TYPE_F32: j.dot = vd->f32_f32; break;
     case KERN_TYPE_Q4_K: case KERN_TYPE_Q5_K: case KERN_TYPE_Q6_K: j.dot = vd->f32_f32; break;
+    case KERN_TYPE_F8_E4M3: /* weight_prepare made it F32 */
+        return td_error(TD_ERR_INVALID_ARG, "matmul: an FP8 matrix the backend did not prepare");
     }
 #if defined(__x86_64__)
     if (w->priv) { /* 8-row interleaved copies (repack.h): Q8F activations */

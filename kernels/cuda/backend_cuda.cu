@@ -7,6 +7,7 @@
 // formats are decoded on the host) into fp16 rows, which every matmul and
 // the embedding read. Quantized weights so cost 2 bytes a value in device
 // memory and per decode step (Q4_1 tensors: 3.2x their 0.625 bytes a value).
+// A matrix asked for in FP8, or an FP8 file's, is held in FP8 (matmul_fp8.cu).
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -158,11 +159,15 @@ static td_status_t cu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
 {
     kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
+    if (w->hold == KERN_TYPE_F8_E4M3 || w->type == KERN_TYPE_F8_E4M3)
+        return kc_fp8_prepare(c, w);
     void *dst;
     td_status_t rc = cu_alloc(b, (size_t)w->rows * w->cols * sizeof(__half), &dst);
     if (rc)
         return rc;
-    rc = gpu_decodes(w->type) ? prepare_on_gpu(c, w, (__half *)dst) : prepare_on_host(c, w, (__half *)dst);
+    rc = !w->data && w->type == KERN_TYPE_F16 ? kc_fill(c, w, (__half *)dst)
+         : gpu_decodes(w->type)                ? prepare_on_gpu(c, w, (__half *)dst)
+                                               : prepare_on_host(c, w, (__half *)dst);
     if (rc) {
         cudaFree(dst);
         return rc;
@@ -360,6 +365,10 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     td_status_t rc = kc_attention_init(c);
     if (!rc)
         rc = kc_matmul_fused_init(c);
+    if (!rc)
+        rc = kc_fp8_init(c);
+    if (!rc)
+        rc = kc_fp8_gemm_init(c);
     if (!rc && (e = cudaMalloc(&c->blas_ws, KC_BLAS_WS)) != cudaSuccess)
         rc = td_error(TD_ERR_NO_MEMORY, "cuda: no device memory for cuBLAS's workspace: %s", cudaGetErrorString(e));
     if (!rc && (g_blas.create(&c->blas) != CUBLAS_STATUS_SUCCESS ||
@@ -396,6 +405,10 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     kc_graphs_drop(c);
     cudaFree(c->blas_ws);
     cudaFree(c->xh.p);
+    cudaFree(c->wh.p);
+    cudaFree(c->x8.p);
+    cudaFree(c->f8d.p);
+    kc_fp8_gemm_destroy(c);
     cudaFree(c->ws.p);
     cudaFree(c->cnt.p);
     cudaFree(c->dg.p);

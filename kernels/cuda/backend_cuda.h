@@ -24,6 +24,9 @@ bool kern_cuda_set_pdl(kern_backend_t *b, bool on);
 /* The newest captured step's edges: all, and programmatic ones (the kernel
  * after may start while the one before ends). For tandem-cuda-check. */
 void kern_cuda_graph_edges(kern_backend_t *b, size_t *all, size_t *programmatic);
+/* A matrix held in FP8 (kern_weight_t.hold): its codes [rows][cols] and
+ * scales [rows] copied to host memory. For tandem-cuda-check. */
+td_status_t kern_cuda_fp8_download(kern_backend_t *b, const kern_weight_t *w, uint8_t *codes, float *scales);
 
 #ifdef __cplusplus
 }

@@ -51,6 +51,9 @@ typedef struct kern_cuda {
     cublasHandle_t blas;
     int sms;    // streaming multiprocessors (how wide a launch must be)
     kc_scratch_t xh; // fp16 activations for the GEMMs
+    kc_scratch_t wh; // an FP8 matrix's fp16 copy for the GEMMs (matmul_fp8.cu)
+    struct kc_f8_lt *f8_lt; // cuBLASLt and its plans for FP8 GEMMs (gemm_fp8.cu); NULL without it
+    kc_scratch_t x8, f8d; // the FP8 GEMMs' activation codes and scales, their results before scaling
     // xh holds the fp16 form of this fp32 array's first xh_n values (a glu matmul_fused with to_next left it for
     // the next call, which takes it instead of converting x); NULL when it holds nothing reusable
     const float *xh_of;
@@ -69,6 +72,7 @@ typedef struct kern_cuda {
     bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
     unsigned gv_grid; // the GEMV's blocks resident at once (its grid at most)
     unsigned gc_grid[2]; // the same for the column-split GEMV's two shapes (matmul_fused.cu's k_gemv_cols)
+    unsigned f8_grid[2][2]; // the same for the FP8 GEMV's shapes, without and with glu (matmul_fp8.cu)
     // the decode attention's blocks resident at once when it reads K through shared memory, by head_dim (64, 128)
     // and query heads a KV head (1, 2, 4, 8)
     unsigned dec_ks_grid[2][4];
@@ -275,6 +279,23 @@ td_status_t kc_rope_kv_attention(kern_backend_t *b, const kern_kv_view_t *kv, co
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s);
 // Sizes the GEMV's grid to what the device holds at once (once, at creation).
 td_status_t kc_matmul_fused_init(kern_cuda_t *c);
+// A matrix without a file filled with its seeded values (fill.cu; kern_weight_t.fill) into dst [rows][cols].
+td_status_t kc_fill(kern_cuda_t *c, const kern_weight_t *w, __half *dst);
+// FP8 matrices (matmul_fp8.cu): held at weight_prepare; the GEMV of one row where kc_fp8_gemv_takes says; the
+// fp16 copy the GEMMs read (in c->wh, valid until the next call); sizing the GEMV's grid once, at creation.
+td_status_t kc_fp8_prepare(kern_cuda_t *c, kern_weight_t *w);
+bool kc_fp8_gemv_takes(const kern_matmul_spec_t *s);
+td_status_t kc_fp8_gemv(kern_cuda_t *c, const kern_matmul_spec_t *s);
+td_status_t kc_fp8_half(kern_cuda_t *c, const kern_weight_t *w, const __half **out);
+td_status_t kc_fp8_init(kern_cuda_t *c);
+// where the scales begin in an FP8 matrix's buffer (matmul_fp8.cu)
+size_t kc_fp8_scales_at(const kern_weight_t *w);
+// The fused matmul of more than one row over FP8 matrices on the FP8 tensor cores (gemm_fp8.cu); TD_ERR_UNSUPPORTED,
+// quietly, where cuBLASLt is missing or has no algorithm (the caller takes the fp16 copy). init loads cuBLASLt where
+// it can.
+td_status_t kc_fp8_matmul(kern_cuda_t *c, const kern_matmul_spec_t *s);
+td_status_t kc_fp8_gemm_init(kern_cuda_t *c);
+void kc_fp8_gemm_destroy(kern_cuda_t *c);
 td_status_t kc_weight_scale_cols(kern_backend_t *b, kern_weight_t *w, const float *s, bool apply, bool *fits);
 td_status_t kc_sample(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
                       int32_t *ids);

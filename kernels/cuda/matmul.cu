@@ -2,6 +2,7 @@
 // device (backend_cuda.cu's weight_prepare): the activations are converted to
 // fp16 and cuBLAS multiplies with fp32 accumulation and fp32 output.
 #include "kernels/cuda/cuda_int.h"
+#include "kernels/quant.h"
 
 __global__ void k_to_half(const float *x, __half *y, size_t n)
 {
@@ -44,8 +45,14 @@ td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n
     // row-major W[rows][cols] is A (cols x rows, ld cols) and x[n][cols] is
     // B (cols x n, ld cols); so Y = Aᵀ · B.
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const void *a = w->priv;
+    if (w->hold == KERN_TYPE_F8_E4M3) { // its fp16 copy (matmul_fp8.cu)
+        td_status_t rc = kc_fp8_half(c, w, (const __half **)&a);
+        if (rc)
+            return rc;
+    }
     cublasStatus_t s = c->blas_api->gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n, (int)w->cols,
-                                            &one, w->priv, CUDA_R_16F, (int)w->cols, c->xh.p, CUDA_R_16F, (int)w->cols,
+                                            &one, a, CUDA_R_16F, (int)w->cols, c->xh.p, CUDA_R_16F, (int)w->cols,
                                             &beta, y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)

@@ -24,9 +24,13 @@
 // norm_in_w), which spares every warp those reads (gpu-2026-11-26). With glu
 // a warp takes the same row of W0 and W1 and writes silu(a) * b.
 //
+// Matrices held in FP8 take matmul_fp8.cu's GEMV, gemm_fp8.cu's FP8 GEMM above one row, or where that has no
+// algorithm the fp16 copy into the GEMM.
+//
 // More rows take cuBLAS (matmul.cu's gemm): the norm is fused into the
 // conversion of x to fp16, the add into the GEMM (beta = 1), SwiGLU runs after.
 #include "kernels/cuda/cuda_int.h"
+#include "kernels/quant.h"
 
 // Rows of x k_gemv takes. Measured on an H100 (bench/results/gpu-2026-11-25b):
 // at one row it reads the weights as fast as cuBLAS (2.2-2.5 TB/s); at 2-8 rows
@@ -476,9 +480,14 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
     const size_t nx = (size_t)s->n * cols;
     if (!s->n)
         return TD_OK;
-    if (s->n <= GV_MAXN && s->w[0]->cols % 8 == 0)
+    if (s->w[0]->hold == KERN_TYPE_F8_E4M3 && kc_fp8_gemv_takes(s))
+        return kc_fp8_gemv(c, s);
+    if (s->n <= GV_MAXN && s->w[0]->cols % 8 == 0 && s->w[0]->hold != KERN_TYPE_F8_E4M3)
         return gemv(c, s);
     td_status_t rc = TD_OK;
+    if (s->w[0]->hold == KERN_TYPE_F8_E4M3 && !handed && (rc = kc_fp8_matmul(c, s)) != TD_ERR_UNSUPPORTED)
+        return rc;
+    rc = TD_OK;
     if (!handed && !(rc = kc_scratch(c, &c->xh, nx * sizeof(__half)))) {
         if (s->norm)
             rc = kc_launch(c, "norm_half", k_norm_half, s->n, 256, 0, s->x, s->norm_in_w ? NULL : s->norm,

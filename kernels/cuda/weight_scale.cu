@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_int.h"
+#include "kernels/quant.h"
 
 // The largest |W[r][c] * s[c]| (NaN counted as infinite) as a float's bits,
 // which order as unsigned for non-negative floats: one block a row at a time.
@@ -44,6 +45,10 @@ td_status_t kc_weight_scale_cols(kern_backend_t *b, kern_weight_t *w, const floa
     if (!w->priv || !s)
         return td_error(TD_ERR_INVALID_ARG, "cuda: weight_scale_cols: %s",
                         !w->priv ? "the weight is not prepared" : "no scales");
+    if (w->hold == KERN_TYPE_F8_E4M3) { // its codes would need quantizing again: the norm stays apart
+        *fits = false;
+        return TD_OK;
+    }
     __half *d = (__half *)w->priv;
     const unsigned blocks = (unsigned)(c->sms * 8 < (int)w->rows ? c->sms * 8 : (int)w->rows);
     unsigned *dmax;

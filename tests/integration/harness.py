@@ -185,6 +185,10 @@ class Cluster:
         r = self.stub.Health(pb.HealthRequest(), timeout=5)
         return r.status == pb.HealthResponse.STATUS_SERVING, json.loads(r.detail)
 
+    def unclean(self):
+        """What tandem up said of a process that did not stop cleanly (its log's lines)."""
+        return [l for l in self.log().splitlines() if "while stopping" in l or "did not stop in time" in l]
+
     def stop(self):
         self.ch.close()
         os.killpg(self.p.pid, signal.SIGTERM)
@@ -244,6 +248,15 @@ def free_port():
         finally:
             s.close()
     raise RuntimeError("no free loopback port outside %d-%d" % (lo, hi))
+
+
+WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or has had "
+         "not but one all new first after their also two who they more its time when city year would been").split()
+
+
+def words(n, rng):
+    """n common English words drawn with rng, each after a space: prompts of about n tokens."""
+    return "".join(" " + rng.choice(WORDS) for _ in range(n))
 
 
 def wait_for(pred, secs):

@@ -6,6 +6,7 @@ Python gRPC client (grpcio from PyPI) whose stubs are generated here from our
 
 One cluster serves the tests from greedy output to the router's kill -9, in this order (the later ones kill its
 processes); others start their own. Run with pytest (tests/conftest.py says how)."""
+import collections
 import glob
 import json
 import os
@@ -233,7 +234,8 @@ def two_by_two(refs):
         pws = {o[2] for o in out.values()}
         dws = {o[3] for o in out.values()}
         check("2+2 cluster: %d/12 concurrent requests identical to single-process" % same, same == 12)
-        check("2+2 cluster: requests used %d prefill and %d decode workers" % (len(pws), len(dws)),
+        per = collections.Counter(o[2] for o in out.values()) + collections.Counter(o[3] for o in out.values())
+        check("2+2 cluster: requests used %d prefill and %d decode workers (%s)" % (len(pws), len(dws), dict(per)),
               len(pws) == 2 and len(dws) == 2, "%s %s" % (pws, dws))
     finally:
         c.stop()
@@ -378,6 +380,63 @@ def test_seeded_sampling(c, refs):
         same += ids == reference(p, seeded=True)
     check("seeded sampling (temperature 0.9, top_p 0.95, seed 1234) identical to single-process for %d/6 prompts"
           % same, same == 6)
+
+
+def test_stop_token_ids_and_min_tokens(c, refs):
+    # 2c. vLLM's stop_token_ids and min_tokens through the prefill and decode workers: a token of the greedy output
+    # named a stop token ends it there; with min_tokens past it, it is held back there; the first token (sampled by
+    # the prefill worker) is held back too
+    p = PROMPTS[0]
+    ref = refs[p]
+    i = next(k for k in range(2, len(ref)) if ref[k] not in ref[:k])
+
+    def run(**sp):
+        ids, fin = [], None
+        for r in c.stub.Generate(pb.GenerateRequest(prompt=p, return_token_ids=True, sampling=pb.SamplingParams(
+                max_tokens=MAX_TOKENS, ignore_eos=True, **sp)), timeout=120):
+            ids.extend(r.token_ids)
+            fin = r.finish_reason or fin
+        return ids, fin
+    stopped, fin = run(stop_token_ids=[ref[i]])
+    check("stop_token_ids: the output ends at its stop token (%d of %d tokens)" % (len(stopped), i + 1),
+          stopped == ref[:i + 1] and fin == pb.FINISH_REASON_STOP, "%s %s" % (stopped, fin))
+    held, _ = run(stop_token_ids=[ref[i]], min_tokens=i + 2)
+    check("min_tokens holds the stop token back at token %d" % i,
+          held[:i] == ref[:i] and held[i] != ref[i] and len(held) >= i + 2, str(held))
+    first, _ = run(stop_token_ids=[ref[0]], min_tokens=1)
+    check("min_tokens holds a stop token back from the prefill worker's first token",
+          first and first[0] != ref[0], str(first))
+
+
+def test_logprobs(c, refs):
+    # 2d. log-probabilities through the prefill and decode workers: one per token, the first one's (sampled by the
+    # prefill worker) too; greedy, so each token is its top one
+    p = PROMPTS[1]
+    ids, lps = [], []
+    for r in c.stub.Generate(pb.GenerateRequest(prompt=p, return_token_ids=True, sampling=pb.SamplingParams(
+            max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=True, top_logprobs=2)), timeout=120):
+        ids.extend(r.token_ids)
+        lps.extend(r.logprobs)
+    ok = ids == refs[p] and [x.token_id for x in lps] == ids and all(
+        len(x.top) == 2 and x.top[0].token_id == x.token_id and abs(x.logprob - x.top[0].logprob) < 1e-6 and
+        x.top[1].logprob <= x.top[0].logprob <= 0 for x in lps)
+    check("logprobs on prefill + decode workers: %d of %d tokens, each its top one (%s ...)"
+          % (len(lps), len(ids), [round(x.logprob, 3) for x in lps[:3]]), ok, str(lps[:2]))
+    # the prompt scored alone (max_tokens 0) on the prefill worker: the prompt followed by that greedy text gives its
+    # tokens the log-probabilities they had when generated; nothing is generated
+    text = "".join(r.text for r in c.stub.Generate(pb.GenerateRequest(prompt=p, sampling=pb.SamplingParams(
+        max_tokens=MAX_TOKENS, ignore_eos=True)), timeout=120))
+    plp, out, fin = [], [], None
+    for r in c.stub.Generate(pb.GenerateRequest(prompt=p + text, return_token_ids=True, sampling=pb.SamplingParams(
+            max_tokens=0, prompt_logprobs=True, top_logprobs=1)), timeout=120):
+        plp.extend(r.prompt_logprobs)
+        out.extend(r.token_ids)
+        fin = r.finish_reason or fin
+    k = len(ids)
+    ok = (not out and fin == pb.FINISH_REASON_LENGTH and not plp[0].HasField("logprob") and
+          [x.token_id for x in plp[-k:]] == ids and all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(plp[-k:], lps)))
+    check("prompt logprobs on the prefill worker (max_tokens 0): %d prompt tokens, the last %d as generated"
+          % (len(plp), k), ok, str(plp[-2:]))
 
 
 def test_cancel_frees_kv(c, refs):

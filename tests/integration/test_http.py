@@ -13,6 +13,7 @@ Run with pytest (tests/conftest.py says how)."""
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -25,6 +26,8 @@ import pytest
 
 import harness as hs
 
+import gguf  # noqa: E402
+import jsonschema  # noqa: E402
 import openai  # noqa: E402
 
 check = hs.check
@@ -332,29 +335,323 @@ def test_sampling_parameters(api):
     check("stop=%r ends the text before it: %r, finish %s" % (word, s.choices[0].text, s.choices[0].finish_reason),
           word not in s.choices[0].text and full.startswith(s.choices[0].text) and
           s.choices[0].finish_reason == "stop")
+    # vLLM's stop_token_ids (the stop token's text kept) and min_tokens (it held back until then)
+    ids = [i for r in api.c.stub.Generate(hs.pb.GenerateRequest(
+        prompt=prompts[0], return_token_ids=True, sampling=hs.pb.SamplingParams(max_tokens=TOKENS, ignore_eos=True)),
+        timeout=60) for i in r.token_ids]
+    t = next(ids[k] for k in range(3, len(ids)) if ids[k] not in ids[:k])
+    s = cl.completions.create(model=model, prompt=prompts[0], max_tokens=TOKENS, temperature=0,
+                              extra_body={"stop_token_ids": [t], "ignore_eos": True})
+    check("stop_token_ids=[%d]: %r, finish %s" % (t, s.choices[0].text, s.choices[0].finish_reason),
+          s.choices[0].finish_reason == "stop" and full.startswith(s.choices[0].text) and
+          s.usage.completion_tokens == ids.index(t) + 1)
+    s = cl.completions.create(model=model, prompt=prompts[0], max_tokens=TOKENS, temperature=0,
+                              extra_body={"stop_token_ids": [t], "min_tokens": TOKENS, "ignore_eos": True})
+    check("with min_tokens=%d it runs to max_tokens: %d tokens" % (TOKENS, s.usage.completion_tokens),
+          s.usage.completion_tokens == TOKENS and s.choices[0].finish_reason == "length")
+
+
+def test_logprobs(api):
+    cl, model, refs, prompts = api.cl, api.model, api.refs, api.prompts
+    # logprobs in OpenAI's shapes: completions' logprobs = k (streamed and not), chat's logprobs / top_logprobs. Greedy:
+    # the sampled token is the most likely, so its log-probability is the top one's; the tokens spell the text.
+    r = cl.completions.create(model=model, prompt=prompts[0], max_tokens=TOKENS, temperature=0, logprobs=3,
+                              extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    ok = (len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n and
+          "".join(lp.tokens) == r.choices[0].text == refs[prompts[0]] and
+          all(v <= 0 and abs(v - max(t.values())) < 1e-6 and 3 <= len(t) <= 4
+              for v, t in zip(lp.token_logprobs, lp.top_logprobs)) and
+          lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0)
+    check("completions logprobs=3: %d tokens, each greedy token the most likely (%s ...)"
+          % (n, [round(v, 3) for v in lp.token_logprobs[:4]]), ok, str(lp)[:300])
+    st = []
+    for ch in cl.completions.create(model=model, prompt=prompts[0], max_tokens=TOKENS, temperature=0, logprobs=3,
+                                    stream=True, extra_body={"ignore_eos": True}):
+        if ch.choices and ch.choices[0].logprobs:
+            st += ch.choices[0].logprobs.token_logprobs
+    check("streamed, the same log-probabilities", st == lp.token_logprobs, "%d %d %s vs %s" % (len(st), len(lp.token_logprobs), st[-4:], lp.token_logprobs[-4:]))
+    c = cl.chat.completions.create(model=model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8,
+                                   temperature=0, logprobs=True, top_logprobs=2)
+    content = c.choices[0].logprobs.content
+    ok = (len(content) == c.usage.completion_tokens and
+          all(len(e.top_logprobs) == 2 and abs(e.logprob - e.top_logprobs[0].logprob) < 1e-6 and
+              e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob and bytes(e.bytes).decode() == e.token
+              for e in content if not e.token.startswith("bytes:")))
+    check("chat logprobs, top_logprobs=2: %d entries, %r" % (len(content), [(e.token, round(e.logprob, 3))
+                                                                             for e in content[:3]]), ok)
+    # echo: the prompt back, with its tokens' log-probabilities (the first has none); with max_tokens 0 the prompt
+    # alone is scored (what lm-evaluation-harness sends). Scoring the prompt and its greedy completion gives the
+    # completion's tokens the log-probabilities they had when generated.
+    text = refs[prompts[0]]
+    sc = cl.completions.create(model=model, prompt=prompts[0] + text, max_tokens=0, logprobs=1, echo=True)
+    slp = sc.choices[0].logprobs
+    k = len(lp.tokens)
+    ok = (sc.choices[0].text == prompts[0] + text and sc.usage.completion_tokens == 0 and
+          slp.token_logprobs[0] is None and slp.top_logprobs[0] is None and "".join(slp.tokens[1:]).endswith(text) and
+          slp.tokens[-k:] == lp.tokens and
+          all(abs(a - b) < 1e-4 for a, b in zip(slp.token_logprobs[-k:], lp.token_logprobs)))
+    check("echo, max_tokens 0: %d prompt tokens scored; the completion's %d as when generated (%s vs %s)"
+          % (len(slp.tokens), k, [round(v, 4) for v in slp.token_logprobs[-2:]],
+             [round(v, 4) for v in lp.token_logprobs[-2:]]), ok, str(slp)[:300])
+    ec = cl.completions.create(model=model, prompt=prompts[0], max_tokens=4, temperature=0, logprobs=1, echo=True,
+                               extra_body={"ignore_eos": True})
+    elp = ec.choices[0].logprobs
+    check("echo with 4 tokens: the prompt, then the completion (%r)" % ec.choices[0].text,
+          ec.choices[0].text.startswith(prompts[0]) and text.startswith(ec.choices[0].text[len(prompts[0]):]) and
+          len(elp.token_logprobs) == ec.usage.prompt_tokens + 4 and elp.token_logprobs[0] is None)
+
+
+def test_n_choices(api):
+    c, cl, model, refs, prompts = api.c, api.cl, api.model, api.refs, api.prompts
+    # n = 4 greedy choices: four copies of the single-process text; the prompt (~100 tokens, not seen before) is
+    # computed once (the workers' prompt_tokens_computed): the other choices start from its KV in the prefix cache
+    p = prompts[2]
+    long_p = "Choices %d. " % random.Random().randrange(1 << 30) + " ".join([p] * 12)
+    ref = cl.completions.create(model=model, prompt=long_p, max_tokens=TOKENS, temperature=0,
+                                extra_body={"ignore_eos": True})
+    n_prompt = ref.usage.prompt_tokens
+    long_p = long_p.replace("Choices", "Choice")  # a prompt no cache holds, of about the same length
+    computed = lambda: sum(c.stats(w).prompt_tokens_computed for w in c.workers())  # noqa: E731
+    before = computed()
+    r = cl.completions.create(model=model, prompt=long_p, n=4, max_tokens=TOKENS, temperature=0,
+                              extra_body={"ignore_eos": True})
+    ran = computed() - before
+    texts = [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]
+    cold = hs.reference_text(long_p, TOKENS)  # single-process: choices 1-3 took the prompt from the prefix cache
+    check("n=4 at temperature 0: choices %s, 4 copies of the cold single-process text, usage %d prompt + %d "
+          "completion tokens; the workers computed %d prompt tokens for a %d-token prompt (once, and each other "
+          "choice its last partial block)" % ([ch.index for ch in r.choices], r.usage.prompt_tokens,
+                                              r.usage.completion_tokens, ran, r.usage.prompt_tokens),
+          sorted(ch.index for ch in r.choices) == [0, 1, 2, 3] and texts == [cold] * 4 and
+          r.usage.completion_tokens == 4 * TOKENS and abs(r.usage.prompt_tokens - n_prompt) <= 2 and
+          ran <= r.usage.prompt_tokens + 3 * 16)
+    one = cl.completions.create(model=model, prompt=p, n=2, max_tokens=TOKENS, temperature=0,
+                                extra_body={"ignore_eos": True})
+    check("n=2: both choices the single-process text", [ch.text for ch in one.choices] == [refs[p]] * 2)
+    # each choice its own seed stream: choice i of seed 5 is the single choice of seed 5 + i; streamed, by index
+    kw = dict(model=model, prompt=prompts[1], max_tokens=12, temperature=1.0, extra_body={"ignore_eos": True})
+    singles = [cl.completions.create(seed=5 + i, **kw).choices[0].text for i in range(3)]
+    streamed = ["", "", ""]
+    finished = [None] * 3
+    for ch in cl.completions.create(seed=5, n=3, stream=True, **kw):
+        for x in ch.choices:
+            streamed[x.index] += x.text
+            finished[x.index] = x.finish_reason or finished[x.index]
+    check("n=3 streamed with seed 5: choice i is seed 5 + i's single choice (%s), each finished (%s)" %
+          ([a == b for a, b in zip(streamed, singles)], finished),
+          streamed == singles and finished == ["length"] * 3 and len(set(singles)) > 1)
+    # best_of: 4 sampled, the 2 of highest log-probability answered (the same 4 as n=4 of the same seed, summed)
+    all4 = cl.completions.create(seed=9, n=4, logprobs=0, **kw).choices
+    sums = sorted(((sum(ch.logprobs.token_logprobs), ch.text) for ch in all4), reverse=True)
+    best = cl.completions.create(seed=9, n=2, best_of=4, **kw)
+    check("best_of=4, n=2: %r, the two of highest log-probability of %s; no logprobs unless asked" %
+          ([ch.text for ch in best.choices], [round(v, 2) for v, _ in sums]),
+          [ch.text for ch in best.choices] == [t for _, t in sums[:2]] and
+          all(ch.logprobs is None for ch in best.choices) and [ch.index for ch in best.choices] == [0, 1])
+    chat = cl.chat.completions.create(model=model, messages=[{"role": "user", "content": "Name a fruit."}], n=2,
+                                      max_tokens=8, temperature=0)
+    check("chat n=2: %r" % [ch.message.content for ch in chat.choices],
+          len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content)
+    # gRPC: sampling.n, messages told apart by index
+    rq = hs.pb.GenerateRequest(prompt=p, sampling=hs.pb.SamplingParams(max_tokens=TOKENS, ignore_eos=True, n=2))
+    by = {}
+    for m in c.stub.Generate(rq, timeout=120):
+        by[m.index] = by.get(m.index, "") + m.text
+    check("gRPC sampling.n=2: %d choices, each the single-process text" % len(by),
+          sorted(by) == [0, 1] and list(by.values()) == [refs[p]] * 2)
+
+
+def test_structured_output(api):
+    c, cl, model = api.c, api.cl, api.model
+    # a JSON Schema's output validates against it (jsonschema, the reference), 20 schemas, greedy, streamed for half
+    schemas = json.load(open(os.path.join(hs.ROOT, "tests/fixtures/structured/schemas.json")))
+    bad = []
+    for i, sc in enumerate(schemas):
+        msgs = [{"role": "user", "content": "Reply with JSON for this schema: " + json.dumps(sc)}]
+        rf = {"type": "json_schema", "json_schema": {"name": "s%d" % i, "schema": sc}}
+        if i % 2:
+            text, fin = "", None
+            for ch in cl.chat.completions.create(model=model, messages=msgs, max_tokens=160, temperature=0,
+                                                 response_format=rf, stream=True):
+                if ch.choices:
+                    text += ch.choices[0].delta.content or ""
+                    fin = ch.choices[0].finish_reason or fin
+        else:
+            r = cl.chat.completions.create(model=model, messages=msgs, max_tokens=160, temperature=0,
+                                           response_format=rf)
+            text, fin = r.choices[0].message.content, r.choices[0].finish_reason
+        try:
+            jsonschema.validate(json.loads(text), sc)
+            ok = fin == "stop"
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            text += " (%s)" % str(e).splitlines()[0][:80]
+        if not ok:
+            bad.append((i, fin, text[:120]))
+    check("response_format json_schema: %d of %d schemas' outputs validate (jsonschema) and end with stop%s" %
+          (len(schemas) - len(bad), len(schemas), (": failed " + repr(bad[:3])) if bad else ""), not bad)
+    r = cl.chat.completions.create(model=model, messages=[{"role": "user", "content": 'Repeat this JSON object: {"cat": "Tom", "age": 3}'}],
+                                   max_tokens=200, temperature=0, response_format={"type": "json_object"})
+    try:
+        obj = json.loads(r.choices[0].message.content)
+    except ValueError:
+        obj = None
+    check("response_format json_object: a JSON object (%r)" % r.choices[0].message.content[:80],
+          isinstance(obj, dict) and r.choices[0].finish_reason == "stop")
+    # vLLM's guided_regex and guided_choice (the regex checked by Python's re, the reference)
+    rx = r"(\d{3})-(\d{3})-\d{4}"
+    t = cl.completions.create(model=model, prompt="Call me at", max_tokens=20, temperature=0,
+                              extra_body={"guided_regex": rx}).choices[0].text
+    ch = [cl.completions.create(model=model, prompt="Is water wet? Answer:", max_tokens=8, temperature=0.8, seed=s,
+                                extra_body={"guided_choice": ["yes", "no", "it depends"]}).choices[0].text
+          for s in range(4)]
+    check("guided_regex %s: %r; guided_choice: %r" % (rx, t, ch), re.fullmatch(rx, t) is not None and
+          all(x in ("yes", "no", "it depends") for x in ch))
+    # over gRPC, on a disaggregated pair and with n choices: the same masks in the prefill and decode workers
+    rq = hs.pb.GenerateRequest(prompt="Numbers:", sampling=hs.pb.SamplingParams(
+        max_tokens=40, regex=r"\[(0|[1-9][0-9]{0,2})(, (0|[1-9][0-9]{0,2})){2,5}\]", n=2, temperature=0.7, seed=3))
+    by = {}
+    for m in c.stub.Generate(rq, timeout=120):
+        by[m.index] = by.get(m.index, "") + m.text
+    check("gRPC regex, n=2 sampled: %r" % by, sorted(by) == [0, 1] and all(
+        re.fullmatch(r"\[(0|[1-9][0-9]{0,2})(, (0|[1-9][0-9]{0,2})){2,5}\]", v) for v in by.values()))
+
+
+def test_front_door_disaggregated(api):
+    """The same fields on a cluster that prefills every prompt on its prefill worker (the KV landing in the decode
+    worker's pool): n choices, structured output, logprobs with echo — answered as the default cluster answers."""
+    cl0, model, p = api.cl, api.model, api.prompts[2] + " " + " ".join([api.prompts[0]] * 8)
+    c = hs.Cluster(extra=hs.PAIRS_ONLY)
+    try:
+        hs.wait_for(lambda: c.health()[0], 60)
+        host, port = re.search(r"HTTP API at http://(\S+)/v1", c.log()).group(1).rsplit(":", 1)
+        cl = openai.OpenAI(base_url="http://%s:%s/v1" % (host, port), api_key="unused", max_retries=0, timeout=120)
+        dw = c.worker("decode")
+        landed = c.stats(dw).landed_blocks
+        kw = dict(model=model, prompt=p, max_tokens=TOKENS, temperature=0, extra_body={"ignore_eos": True})
+        one = cl0.completions.create(**kw).choices[0].text
+        r = cl.completions.create(n=3, **kw)
+        check("disaggregated n=3: 3 copies of the default cluster's text; %d blocks landed" %
+              (c.stats(dw).landed_blocks - landed),
+              [ch.text for ch in r.choices] == [one] * 3 and c.stats(dw).landed_blocks > landed)
+        sc = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                               "legs": {"type": "integer"}}}
+        out = cl.chat.completions.create(model=model, messages=[{"role": "user", "content": "An animal as JSON."}],
+                                         max_tokens=80, temperature=0, response_format={
+                                             "type": "json_schema", "json_schema": {"name": "a", "schema": sc}})
+        text = out.choices[0].message.content
+        try:
+            jsonschema.validate(json.loads(text), sc)
+            valid = True
+        except Exception:  # noqa: BLE001
+            valid = False
+        check("disaggregated json_schema: %r validates" % text, valid and out.choices[0].finish_reason == "stop")
+        a = cl.completions.create(model=model, prompt=p, max_tokens=0, logprobs=2, echo=True).choices[0].logprobs
+        b = cl0.completions.create(model=model, prompt=p, max_tokens=0, logprobs=2, echo=True).choices[0].logprobs
+        worst = max(abs(x - y) for x, y in zip(a.token_logprobs[1:], b.token_logprobs[1:]))
+        check("disaggregated echo + logprobs, the prompt scored: %d tokens, at most %.1e from the default cluster's"
+              % (len(a.tokens), worst), a.tokens == b.tokens and worst < 1e-4)
+    finally:
+        c.stop()
+
+
+def test_token_id_prompts(api):
+    c, cl, model, host, port, refs, prompts = api.c, api.cl, api.model, api.host, api.port, api.refs, api.prompts
+    # prompts as token ids (what lm-evaluation-harness sends): taken as they are, the same text as the string's tokens
+    p = prompts[1]
+    st, _, body = raw(host, port, "POST", "/tokenize", body=json.dumps({"prompt": p, "add_special_tokens": False}))
+    ids = json.loads(body)["tokens"]
+    outs = [cl.completions.create(model=model, prompt=form, max_tokens=TOKENS, temperature=0,
+                                  extra_body={"ignore_eos": True}).choices[0].text for form in (ids, [ids])]
+    rq = hs.pb.GenerateRequest(prompt_ids=hs.pb.TokenIds(ids=ids), sampling=hs.pb.SamplingParams(
+        max_tokens=TOKENS, ignore_eos=True))
+    by_grpc = "".join(r.text for r in c.stub.Generate(rq, timeout=120))
+    check("a prompt of %d token ids, as [ids], [[ids]] and over gRPC: the string prompt's single-process text (%s)"
+          % (len(ids), [o == refs[p] for o in outs + [by_grpc]]), st == 200 and outs == [refs[p]] * 2 and
+          by_grpc == refs[p])
+    # lm-evaluation-harness's log-likelihood request: [[context + continuation]], echo, logprobs 1, max_tokens 1
+    text = refs[p]
+    full = json.loads(raw(host, port, "POST", "/tokenize", body=json.dumps(
+        {"prompt": p + text, "add_special_tokens": False}))[2])["tokens"]
+    lm = cl.completions.create(model=model, prompt=[full], max_tokens=1, temperature=0, logprobs=1, echo=True,
+                               seed=1234)
+    sc = cl.completions.create(model=model, prompt=p + text, max_tokens=0, logprobs=1, echo=True)
+    a, b = lm.choices[0].logprobs, sc.choices[0].logprobs
+    worst = max(abs(x - y) for x, y in zip(a.token_logprobs[1:-1], b.token_logprobs[1:]))
+    check("lm-eval's request (ids, echo, logprobs=1, max_tokens 1): the prompt's %d log-probabilities as the string "
+          "prompt's (at most %.1e apart), its text echoed, one token more" % (len(full), worst),
+          len(a.token_logprobs) == len(full) + 1 and a.token_logprobs[0] is None and worst < 1e-5 and
+          lm.choices[0].text.startswith(p + text) and lm.usage.prompt_tokens == len(full))
+    # when the one token generated is the end token, it is listed too (lm-eval drops the last entry as the generated
+    # token's): OpenAI's shape, finish "stop"
+    q = "Question: What is 11 + 27?\nAnswer: 38"
+    qids = json.loads(raw(host, port, "POST", "/tokenize", body=json.dumps(
+        {"prompt": q, "add_special_tokens": False}))[2])["tokens"]
+    e = cl.completions.create(model=model, prompt=[qids], max_tokens=1, temperature=0, logprobs=1, echo=True)
+    elp = e.choices[0].logprobs
+    check("an echoed prompt whose next token is the end token: %d entries for %d prompt tokens, the last %r (%s), "
+          "finish %s" % (len(elp.token_logprobs), len(qids), elp.tokens[-1], elp.token_logprobs[-1],
+                         e.choices[0].finish_reason),
+          len(elp.token_logprobs) == len(qids) + 1 and e.choices[0].text == q and e.choices[0].finish_reason == "stop"
+          and elp.token_logprobs[-1] is not None)
+    # GET /tokenizer_info (vLLM's; lm-eval's remote tokenizer asks it): the GGUF's own EOS and BOS tokens
+    r = gguf.GGUFReader(hs.MODEL)
+    tok = lambda k: bytes(r.fields["tokenizer.ggml.tokens"].parts[  # noqa: E731
+        r.fields["tokenizer.ggml.tokens"].data[int(r.fields[k].parts[-1][0])]]).decode()
+    st, _, body = raw(host, port, "GET", "/tokenizer_info")
+    info = json.loads(body)
+    check("GET /tokenizer_info: eos %r, bos %r, as the GGUF's; its context %s" % (
+        info.get("eos_token"), info.get("bos_token"), info.get("model_max_length")),
+        st == 200 and info["eos_token"] == tok("tokenizer.ggml.eos_token_id") and
+        info["bos_token"] == tok("tokenizer.ggml.bos_token_id") and info["model_max_length"] > 0)
 
 
 def test_errors_in_openai_shape(api):
     cl, model, host, port = api.cl, api.model, api.host, api.port
     # errors: OpenAI's shape, naming the field
     cases = [
-        ("n=2", lambda: cl.completions.create(model=model, prompt="Hi", n=2), openai.BadRequestError, "n"),
         ("temperature=-1", lambda: cl.completions.create(model=model, prompt="Hi", temperature=-1),
          openai.BadRequestError, "temperature"),
         ("an unknown model", lambda: cl.completions.create(model="nope", prompt="Hi"), openai.NotFoundError,
          "model"),
-        ("logprobs", lambda: cl.completions.create(model=model, prompt="Hi", logprobs=2), openai.BadRequestError,
-         "logprobs"),
+        ("a token id past the vocabulary", lambda: cl.completions.create(model=model, prompt=[1, 49152]),
+         openai.BadRequestError, "prompt[1]"),
+        ("two prompts in one request", lambda: cl.completions.create(model=model, prompt=["Hi", "Ho"]),
+         openai.BadRequestError, "prompt"),
+        ("n=17", lambda: cl.completions.create(model=model, prompt="Hi", n=17), openai.BadRequestError, "n"),
+        ("best_of streamed", lambda: cl.completions.create(model=model, prompt="Hi", best_of=3, stream=True),
+         openai.BadRequestError, "best_of"),
+        ("best_of below n", lambda: cl.completions.create(model=model, prompt="Hi", n=3, best_of=2),
+         openai.BadRequestError, "best_of"),
+        ("n=16 of 1,000 tokens (past the decode pool)",
+         lambda: cl.completions.create(model=model, prompt="Hi", n=16, max_tokens=1000), openai.BadRequestError,
+         "n"),
+        ("logprobs=21", lambda: cl.completions.create(model=model, prompt="Hi", max_tokens=2, logprobs=21),
+         openai.BadRequestError, "logprobs"),
+        ("min_tokens over max_tokens", lambda: cl.completions.create(model=model, prompt="Hi", max_tokens=4,
+                                                                     extra_body={"min_tokens": 5}),
+         openai.BadRequestError, "min_tokens"),
         ("messages missing", lambda: cl.chat.completions.create(model=model, messages=[]),
          openai.BadRequestError, "messages"),
         ("a NUL in the prompt", lambda: cl.completions.create(model=model, prompt="a\0b"),
          openai.BadRequestError, "prompt"),
         ("max_tokens 2^40", lambda: cl.completions.create(model=model, prompt="Hi", max_tokens=1 << 40),
          openai.BadRequestError, "max_tokens"),
-        ("response_format json_object (no structured output yet)",
+        ("a JSON Schema with allOf",
          lambda: cl.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
-                                            response_format={"type": "json_object"}),
+                                            response_format={"type": "json_schema", "json_schema": {
+                                                "name": "x", "schema": {"allOf": [{"type": "string"}]}}}),
          openai.BadRequestError, "response_format"),
+        ("a regex with an unclosed group", lambda: cl.completions.create(
+            model=model, prompt="Hi", extra_body={"guided_regex": "(ab"}), openai.BadRequestError, "guided_regex"),
+        ("guided_choice with ignore_eos", lambda: cl.completions.create(
+            model=model, prompt="Hi", extra_body={"guided_choice": ["a"], "ignore_eos": True}),
+         openai.BadRequestError, "guided_choice"),
+        ("guided_json beside response_format", lambda: cl.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], response_format={"type": "json_object"},
+            extra_body={"guided_json": {"type": "string"}}), openai.BadRequestError, "guided_json"),
     ]
     for name, fn, exc, param in cases:
         try:

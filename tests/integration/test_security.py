@@ -53,6 +53,7 @@ Covered here:
 Run with pytest (tests/conftest.py says how)."""
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -300,15 +301,28 @@ def cancel_flood(c, ref):
         st = c.stats(dw)
         peak = [max(peak[0], st.kv_in_use), max(peak[1], st.fenced_blocks)]
     t0 = time.time()
-    back = hs.wait_for(lambda: (lambda st: st.kv_in_use == idle.kv_in_use and st.fenced_blocks == 0 and
-                                st.reservations == 0)(c.stats(dw)), 40)
+    log_from = len(c.log())
+    trail = []  # what the pool held, once a second while it waits: said when it is late
+
+    def idle_again():
+        st = c.stats(dw)
+        line = "%.0fs %d/%d/%d/%d" % (time.time() - t0, st.kv_in_use, st.fenced_blocks, st.reservations, st.running)
+        if not trail or time.time() - t0 >= len(trail):
+            trail.append(line)
+        return st.kv_in_use == idle.kv_in_use and st.fenced_blocks == 0 and st.reservations == 0
+    back = hs.wait_for(idle_again, 40)
     secs = time.time() - t0
     st = c.stats(dw)
     ids, _ = hs.generate(c.stub, VICTIM, max_tokens=VICTIM_TOKENS)
+    late = ""
+    if not back or secs >= 30:
+        said = [l for l in c.log()[log_from:].splitlines() if re.search("reserv|landing|fenc|cancel", l)]
+        late = "; in use/fenced/reservations/running each second: %s; the cluster said (%d lines) %s" % (
+            " ".join(trail[::max(1, len(trail) // 12)]), len(said), " | ".join(said if len(said) <= 6 else said[:3] + ["..."] + said[-3:]))
     hs.check("300 streams (600 s deadlines) cancelled within 80 ms of opening: the decode pool back to idle %.1f s "
              "after the last (at most %d blocks in use, %d fenced meanwhile; now %d in use, %d fenced, %d reservations)"
-             "; a request afterwards identical" % (secs, peak[0], peak[1], st.kv_in_use, st.fenced_blocks,
-                                                   st.reservations),
+             "; a request afterwards identical%s" % (secs, peak[0], peak[1], st.kv_in_use, st.fenced_blocks,
+                                                     st.reservations, late),
              back and secs < 30 and ids == ref)
 
 

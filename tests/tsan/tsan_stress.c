@@ -18,6 +18,10 @@
  *   renewer,   reservations added and removed from 4 threads while the renewer
  *   stats      renews them (router/renewer.h), the same threads counting ends
  *              and reading the SLO window and Health (router/stats.h)
+ *   fair,      the admission queue: requests enter, leave and cancel from 4
+ *   outlen     threads, handed over by whichever thread ends one, while its
+ *              timer expires deadlines; the output-length predictor learnt and
+ *              read from the same threads (router/fair.h, router/outlen.h)
  *   transport  puts and flushes while the target's progress thread runs
  *                                                            (kvstore/transfer.h)
  * Usage: tsan_stress MODEL.gguf; exit 0 when every check held. */
@@ -38,7 +42,9 @@
 #include "engine/tokenizer.h"
 #include "kernels/backend.h"
 #include "kvstore/transfer.h"
+#include "router/fair.h"
 #include "router/kvindex.h"
+#include "router/outlen.h"
 #include "router/placement.h"
 #include "router/renewer.h"
 #include "router/stats.h"
@@ -555,6 +561,115 @@ static void stress_router_parts(void)
     rt_table_fini(&t);
 }
 
+/* An admission-queue entry's state as its owner thread sees it: the queue's
+ * callbacks (on any thread) move it. */
+enum { FAIR_IDLE, FAIR_WAITING, FAIR_GOING, FAIR_EXPIRED };
+typedef struct fair_req {
+    rt_fair_entry_t e;
+    int st; /* atomic */
+} fair_req_t;
+
+static int fair_handed, fair_expired; /* callbacks seen: queued requests that went, and that expired */
+static void fair_on_go(void *r)
+{
+    __atomic_add_fetch(&fair_handed, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&((fair_req_t *)r)->st, FAIR_GOING, __ATOMIC_RELEASE);
+}
+static void fair_on_expire(void *r)
+{
+    __atomic_add_fetch(&fair_expired, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&((fair_req_t *)r)->st, FAIR_EXPIRED, __ATOMIC_RELEASE);
+}
+
+typedef struct fair_job {
+    rt_fair_t *f;
+    rt_outlen_t *o;
+    fair_req_t r[8];
+    int k;
+    double until;
+} fair_job_t;
+
+static void *fair_user(void *arg)
+{
+    fair_job_t *j = arg;
+    const char *tenant[3] = {"a", "b", "c"};
+    for (int it = 0; it < 4000 || td_now_s() < j->until; it++) {
+        fair_req_t *q = &j->r[it % 8];
+        int st = __atomic_load_n(&q->st, __ATOMIC_ACQUIRE);
+        char msg[256];
+        double retry;
+        if (st == FAIR_IDLE) {
+            q->e = (rt_fair_entry_t){.req = q, .prompt = 10 + it % 50, .max_tokens = 16,
+                                     .deadline = it % 5 == 0 ? td_now_s() + 0.002 : 0};
+            int rc = rt_fair_enter(j->f, &q->e, tenant[(j->k + it) % 3], 1 + j->k, j->k % 2, msg, sizeof msg, &retry);
+            int idle = FAIR_IDLE;
+            if (rc == 0)
+                __atomic_store_n(&q->st, FAIR_GOING, __ATOMIC_RELEASE);
+            else if (rc == 1) /* unless go or expire came first */
+                __atomic_compare_exchange_n(&q->st, &idle, FAIR_WAITING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        } else if (st == FAIR_GOING) {
+            __atomic_store_n(&q->st, FAIR_IDLE, __ATOMIC_RELEASE);
+            rt_fair_leave(j->f, &q->e, q->e.prompt, (uint32_t)(it % 16));
+        } else if (st == FAIR_EXPIRED || (st == FAIR_WAITING && it % 7 == 0 && rt_fair_cancel(j->f, &q->e))) {
+            __atomic_store_n(&q->st, FAIR_IDLE, __ATOMIC_RELEASE);
+        }
+        rt_outlen_query_t oq = {.tenant = tenant[it % 3], .prompt_tokens = 10 + (uint32_t)it % 500, .max_tokens = 64};
+        rt_outlen_observe(j->o, &oq, rt_outlen_predict(j->o, &oq), (uint32_t)(1 + it % 60));
+        if (it % 500 == 0) {
+            json_decref(rt_fair_json(j->f));
+            json_decref(rt_outlen_json(j->o));
+        }
+    }
+    return NULL;
+}
+
+static void stress_fair(void)
+{
+    rt_fair_config_t fc = {.admit_max = 3, .tenant_queue_max = 6};
+    rt_fair_t *f = NULL;
+    rt_outlen_t *o = NULL;
+    CHECK(rt_fair_create(&fc, fair_on_go, fair_on_expire, NULL, &f) == TD_OK && rt_outlen_create(&o) == TD_OK,
+          "fair: cannot start");
+    if (!f || !o)
+        return;
+    static fair_job_t jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i] = (fair_job_t){.f = f, .o = o, .k = i, .until = td_now_s() + 1.5};
+        pthread_create(&th[i], NULL, fair_user, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    /* the rest: leave what runs, take back what waits; nothing may stay running */
+    for (int round = 0; round < 1000; round++)
+        for (int i = 0; i < 4; i++)
+            for (int k = 0; k < 8; k++) {
+                fair_req_t *q = &jobs[i].r[k];
+                int st = __atomic_load_n(&q->st, __ATOMIC_ACQUIRE);
+                if (st == FAIR_GOING) {
+                    __atomic_store_n(&q->st, FAIR_IDLE, __ATOMIC_RELEASE);
+                    rt_fair_leave(f, &q->e, q->e.prompt, 1);
+                } else if (st == FAIR_EXPIRED || (st == FAIR_WAITING && rt_fair_cancel(f, &q->e))) {
+                    __atomic_store_n(&q->st, FAIR_IDLE, __ATOMIC_RELEASE);
+                }
+            }
+    json_t *j = rt_fair_json(f);
+    size_t i;
+    json_t *t;
+    int running = 0, waiting = 0;
+    json_array_foreach(j, i, t) {
+        running += (int)json_integer_value(json_object_get(t, "running"));
+        waiting += (int)json_integer_value(json_object_get(t, "waiting"));
+    }
+    json_decref(j);
+    CHECK(!running && !waiting, "fair: %d running and %d waiting after every request ended", running, waiting);
+    CHECK(fair_handed > 0 && fair_expired > 0, "fair: %d queued requests went, %d expired: the queue was not "
+          "exercised", fair_handed, fair_expired);
+    rt_fair_destroy(f);
+    rt_outlen_destroy(o);
+}
+
 static void stress_transport(void)
 {
     const kv_transport_ops_t *xo = &kv_transport_ucx;
@@ -639,8 +754,9 @@ int main(int argc, char **argv)
     stress_rpc();
     stress_placement();
     stress_router_parts();
+    stress_fair();
     td_rpc_shutdown();
-    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement, renewer, stats: %s (%.1f s)\n",
+    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement, renewer, stats, fair, outlen: %s (%.1f s)\n",
            failures ? "FAILED" : "ok", td_now_s() - t0);
     return failures ? 1 : 0;
 }

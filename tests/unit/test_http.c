@@ -236,8 +236,11 @@ Test(http, refusals_name_what_was_wrong, .timeout = 60)
         {"GET", "/v1/completions", NULL, NULL, 405, "POST"},
         {"POST", "/v1/completions", NULL, "{\"prompt\": \"x\", \"temperature\": -1}", 400, "temperature"},
         {"POST", "/v1/completions", NULL, "[1, 2]", 400, "array"},
-        {"POST", "/v1/completions", NULL, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}",
-         400, "response_format"},
+        {"POST", "/v1/completions", NULL, "{\"prompt\": \"x\", \"guided_grammar\": \"root ::= x\"}", 400,
+         "guided_grammar"},
+        {"POST", "/v1/completions", NULL, "{\"prompt\": \"x\", \"guided_regex\": \"(a\"}", 400, "not closed"},
+        {"POST", "/v1/chat/completions", NULL, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"not\": {}}}}}", 400, "not"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         reply_t r = http(f.port, cases[i].method, cases[i].path, cases[i].ctype, cases[i].body, NULL, 10);

@@ -47,9 +47,13 @@ Test(ops, the_canonical_text_reads_back_the_same)
     cr_assert_eq(td_ops_format(back, &t2), TD_OK);
     cr_assert_str_eq(t, t2);
     cr_assert_eq(back->slo.ttft_ms, 2000);
-    cr_assert(td_ops_is_auto(td_ops_model(back, "SmolLM2")));
-    cr_assert_eq(td_ops_model(back, "other")->prefill, 1, "\"*\" governs every other model");
-    cr_assert_eq(td_ops_model(back, "SmolLM2")->decode, 3);
+    cr_assert(td_ops_is_auto(td_ops_model(back, "SmolLM2", NULL)));
+    cr_assert_eq(td_ops_model(back, "other", NULL)->prefill, 1, "\"*\" governs every other model");
+    cr_assert_eq(td_ops_model(back, "SmolLM2", NULL)->decode, 3);
+    /* served under another name, the model's own name still finds its entry; its served name first */
+    cr_assert_eq(td_ops_model(back, "SmolLM2-135M-Instruct.Q4_1", "SmolLM2")->decode, 3);
+    cr_assert_eq(td_ops_model(back, "SmolLM2", "other")->decode, 3);
+    cr_assert_eq(td_ops_model(back, "unknown", "other")->prefill, 1);
     free(t);
     free(t2);
     td_ops_free(o);
@@ -84,14 +88,14 @@ Test(ops, fixed_counts_within_bounds)
 {
     td_ops_t *o = parse("models:\n  - {name: m, policy: auto, max_prefill: 3}\n");
     cr_assert_not_null(o);
-    cr_assert_eq(td_ops_set_counts(o, "m", 3, 2), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_ops_set_counts(o, "m", NULL, 3, 2), TD_OK, "%s", td_last_error());
     cr_assert_str_eq(o->models[0].policy, "fixed");
     cr_assert_eq(o->models[0].prefill, 3);
-    cr_assert_neq(td_ops_set_counts(o, "m", 4, 1), TD_OK);
+    cr_assert_neq(td_ops_set_counts(o, "m", NULL, 4, 1), TD_OK);
     cr_assert(strstr(td_last_error(), "max_prefill"), "%s", td_last_error());
-    cr_assert_eq(td_ops_set_counts(o, "other", 2, 2), TD_OK, "a model without an entry gets \"*\"");
+    cr_assert_eq(td_ops_set_counts(o, "other", NULL, 2, 2), TD_OK, "a model without an entry gets \"*\"");
     cr_assert_eq(o->models_count, 2);
-    cr_assert_eq(td_ops_model(o, "other")->decode, 2);
+    cr_assert_eq(td_ops_model(o, "other", NULL)->decode, 2);
     td_ops_free(o);
 }
 
@@ -101,14 +105,14 @@ Test(ops, a_colocated_model_has_no_prefill_workers)
 {
     td_ops_t *o = parse("models:\n  - {name: \"*\", colocated: true, decode: 2}\n");
     cr_assert_not_null(o, "%s", td_last_error());
-    const td_ops_model_t *m = td_ops_model(o, "x");
+    const td_ops_model_t *m = td_ops_model(o, "x", NULL);
     cr_assert(m->colocated);
     cr_assert_eq(m->prefill + m->min_prefill + m->max_prefill, 0);
     cr_assert_eq(m->decode, 2);
     cr_assert_eq(m->min_decode, 1);
-    cr_assert_eq(td_ops_set_counts(o, "x", 0, 3), TD_OK, "%s", td_last_error());
-    cr_assert_eq(td_ops_model(o, "x")->decode, 3);
-    cr_assert_neq(td_ops_set_counts(o, "x", 1, 3), TD_OK);
+    cr_assert_eq(td_ops_set_counts(o, "x", NULL, 0, 3), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_ops_model(o, "x", NULL)->decode, 3);
+    cr_assert_neq(td_ops_set_counts(o, "x", NULL, 1, 3), TD_OK);
     cr_assert(strstr(td_last_error(), "colocated"), "%s", td_last_error());
     char *t = NULL;
     cr_assert_eq(td_ops_format(o, &t), TD_OK);

@@ -449,6 +449,112 @@ Test(placement, prefill_model_is_refitted_from_measured_calls_and_queues, .timeo
     td_rpc_shutdown();
 }
 
+/* A prefill worker whose engine runs the mlq order (its record's queue)
+ * computes a short prompt before a long one in flight: the short one's
+ * predicted queue is not the long one's work, as it is on an fcfs worker;
+ * behind a call of its own level it still waits. */
+Test(placement, the_queue_predicted_follows_the_workers_order, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    static int32_t tok[2048];
+    for (int i = 0; i < 2048; i++)
+        tok[i] = i;
+    const char *orders[2] = {"fcfs", "mlq"};
+    for (int o = 0; o < 2; o++) {
+        rt_table_t t;
+        rt_table_init(&t, &expect, NULL);
+        eng_profile_t p = {.prefill = {1, 1, 0}, .decode = {2, 1, 0}};
+        put_record(&t, "p1", "prefill", &expect,
+                   json_pack("{s:o, s:{s:s, s:i, s:i}}", "profile", eng_profile_to_json(&p), "queue", "order",
+                             orders[o], "levels", 4, "quantum", 256));
+        put_profiled(&t, "d1", "decode");
+        rt_place_req_t long_rq = {.tokens = tok, .n_tokens = 2048, .max_tokens = 4};
+        rt_place_req_t short_rq = {.tokens = tok + 1000, .n_tokens = 64, .max_tokens = 4};
+        rt_placement_t pl[3];
+        rt_table_place(&t, &rt_placement_predictive, &long_rq, &pl[0]);
+        rt_table_place(&t, &rt_placement_predictive, &short_rq, &pl[1]);
+        rt_table_place(&t, &rt_placement_predictive, &short_rq, &pl[2]);
+        for (int i = 0; i < 3; i++)
+            cr_assert_eq(pl[i].code, TD_RPC_OK, "%s", pl[i].why);
+        if (o == 0) { /* fcfs: behind the long one's 2,049 ms */
+            cr_assert(pl[1].pred.queue_ms > 0.98 * pl[0].pred.prefill_ms, "fcfs: queued %.1f ms behind %.1f ms",
+                      pl[1].pred.queue_ms, pl[0].pred.prefill_ms);
+        } else { /* mlq: the long one is at level 3, the short ones at 0: the second waits for the first only */
+            cr_assert(pl[1].pred.queue_ms < 0.1 * pl[0].pred.prefill_ms + 1e-9, "mlq: queued %.1f ms behind %.1f ms",
+                      pl[1].pred.queue_ms, pl[0].pred.prefill_ms);
+            cr_assert(pl[2].pred.queue_ms >= pl[1].pred.prefill_ms * 0.98 &&
+                      pl[2].pred.queue_ms < pl[1].pred.prefill_ms + 0.1 * pl[0].pred.prefill_ms + 1e-9,
+                      "mlq: the second short prompt queued %.1f ms behind %.1f ms", pl[2].pred.queue_ms,
+                      pl[1].pred.prefill_ms);
+        }
+        for (int i = 0; i < 3; i++) {
+            rt_table_prefill_done(&t, pl[i].prefill, &pl[i].pred);
+            rt_table_done(&t, pl[i].prefill, NULL, 0);
+            rt_table_done(&t, pl[i].decode, NULL, 0);
+        }
+        rt_table_fini(&t);
+    }
+    td_rpc_shutdown();
+}
+
+static void release_placed(rt_table_t *t, rt_placement_t *pl)
+{
+    if (pl->prefill) {
+        rt_table_prefill_done(t, pl->prefill, &pl->pred);
+        rt_table_done(t, pl->prefill, NULL, 0);
+    }
+    rt_table_decode_end(t, pl->decode, &pl->pred);
+    rt_table_done(t, pl->decode, NULL, 0);
+}
+
+/* Decode load weighed by predicted output (router/outlen.h): beside a stream
+ * predicted to make 500 tokens, a worker with two of 20 each is the lighter
+ * one for a third of 20 (by streams it would be a tie, the first worker's);
+ * of three workers, the two drawn are compared, so the heavily loaded one is
+ * never picked. */
+Test(placement, decode_load_is_the_output_predicted, .timeout = 30)
+{
+    rt_table_t t;
+    profiled_pair(&t);
+    put_profiled(&t, "d2", "decode");
+    static int32_t tok[64];
+    for (int i = 0; i < 64; i++)
+        tok[i] = 7 + i;
+    rt_place_req_t big = {.tokens = tok, .n_tokens = 64, .max_tokens = 512, .pred_out = 500};
+    rt_place_req_t small = {.tokens = tok, .n_tokens = 64, .max_tokens = 512, .pred_out = 20};
+    rt_placement_t a, b, c;
+    rt_table_place(&t, &rt_placement_predictive, &big, &a);
+    rt_table_place(&t, &rt_placement_predictive, &small, &b);
+    rt_table_place(&t, &rt_placement_predictive, &small, &c);
+    cr_assert(a.decode && b.decode && c.decode);
+    cr_assert(strcmp(a.decode->id, b.decode->id) && !strcmp(b.decode->id, c.decode->id),
+              "the 500-token stream on %s, the 20-token ones on %s and %s", a.decode->id, b.decode->id, c.decode->id);
+    cr_assert_float_eq(b.decode->out_pred, 40, 1e-9);
+    rt_placement_t *all[3] = {&a, &b, &c};
+    for (int i = 0; i < 3; i++)
+        release_placed(&t, all[i]);
+    cr_assert_float_eq(b.decode->out_pred, 0, 1e-9);
+    cr_assert_float_eq(a.decode->out_pred, 0, 1e-9);
+    /* three workers: d1 carries 2,000 predicted tokens; 60 more placements never pick it */
+    put_profiled(&t, "d3", "decode");
+    rt_worker_t *d1 = NULL;
+    for (size_t i = 0; i < t.n; i++)
+        if (!strcmp(t.w[i]->id, "d1"))
+            d1 = t.w[i];
+    d1->out_pred = 2000;
+    rt_placement_t pl;
+    int on[3] = {0, 0, 0};
+    for (int i = 0; i < 60; i++) {
+        rt_table_place(&t, &rt_placement_predictive, &small, &pl);
+        on[pl.decode->id[1] - '1']++;
+        release_placed(&t, &pl);
+    }
+    cr_assert(on[0] == 0 && on[1] > 0 && on[2] > 0, "of 60: d1 %d, d2 %d, d3 %d", on[0], on[1], on[2]);
+    rt_table_fini(&t);
+    td_rpc_shutdown();
+}
+
 /* The refit learns from the split of cached and new tokens the worker found,
  * not the one the index guessed: calls the index priced as 184 new tokens
  * after 416 cached, which found 592 cached and computed 8, leave a cold
@@ -643,6 +749,55 @@ Test(placement, a_prompt_past_every_decode_pool_is_refused_naming_it, .timeout =
         if (pl.prefill)
             rt_table_done(&t, pl.prefill, NULL, 0);
         rt_table_fini(&t);
+    }
+    td_rpc_shutdown();
+}
+
+/* A prompt past the prefill workers' pools (their records' sizes) is not
+ * sent to one to be refused there: a colocated decode worker whose pool holds
+ * it prefills it itself; with none, it is refused INVALID_ARGUMENT naming
+ * the largest prefill pool. A prompt a prefill pool holds goes to a pair. */
+Test(placement, a_prompt_past_the_prefill_pools_is_prefilled_where_it_fits, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    static int32_t tok[400];
+    const rt_placement_ops_t *policies[] = {&rt_placement_least_loaded, &rt_placement_predictive};
+    for (size_t k = 0; k < 2; k++) {
+        for (int colocated = 0; colocated < 2; colocated++) {
+            rt_table_t t;
+            rt_table_init(&t, &expect, NULL);
+            put_sized(&t, "p1", "prefill", 10);
+            put_record(&t, "d1", "decode", &expect, json_pack("{s:i, s:b}", "kv_blocks", 100, "colocated", colocated));
+            rt_placement_t pl;
+            const rt_place_req_t big = {.tokens = tok, .n_tokens = 300, .max_tokens = 4};
+            rt_table_place(&t, policies[k], &big, &pl);
+            if (colocated)
+                cr_assert(pl.code == TD_RPC_OK && !pl.prefill && pl.decode && !strcmp(pl.decode->id, "d1"),
+                          "%s: %d %s", policies[k]->name, pl.code, pl.why);
+            else
+                cr_assert(pl.code == TD_RPC_INVALID_ARGUMENT && !pl.decode &&
+                              strstr(pl.why, "300 tokens need 19 KV blocks") && strstr(pl.why, "pool has 10"),
+                          "%s: %d %s", policies[k]->name, pl.code, pl.why);
+            if (pl.decode) {
+                if (pl.pred.local)
+                    rt_table_prefill_done(&t, pl.decode, &pl.pred);
+                rt_table_done(&t, pl.decode, NULL, 0);
+            }
+            const rt_place_req_t small = {.tokens = tok, .n_tokens = 100, .max_tokens = 4};
+            rt_table_place(&t, policies[k], &small, &pl);
+            /* (predictive may prefill it on the colocated worker: conditional disaggregation) */
+            cr_assert(pl.code == TD_RPC_OK && pl.decode && (pl.prefill || colocated), "%s: %s", policies[k]->name,
+                      pl.why);
+            if (pl.prefill) {
+                rt_table_prefill_done(&t, pl.prefill, &pl.pred);
+                rt_table_done(&t, pl.prefill, NULL, 0);
+            } else if (pl.pred.local) {
+                rt_table_prefill_done(&t, pl.decode, &pl.pred);
+            }
+            rt_table_done(&t, pl.decode, NULL, 0);
+            rt_table_fini(&t);
+        }
     }
     td_rpc_shutdown();
 }
