@@ -98,7 +98,7 @@ def workload(rng, max_words, n_docs, n_seq, n_conc):
 
 
 def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_words, n_seq, n_conc, max_tokens,
-              refs, kill_decode=False, want_preempt=False, decode=1, colocated=0):
+              refs, kill_decode=False, want_preempt=False, decode=1, colocated=0, pairs=False):
     rng = random.Random("%d %s" % (SEED, name))
     seq, conc = workload(rng, max_words, 3, n_seq, n_conc)
     d = tempfile.mkdtemp(prefix="tandem-hits-")
@@ -106,6 +106,9 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
     with open(cfg, "w") as f:
         f.write("model:\n  numerics: %s\nprefill:\n  count: %d\n  token_budget: %d\n  kv_mib: %d\n"
                 "decode:\n  count: %d\n  kv_mib: %d\n" % (numerics, prefill, budget, prefill_mib, decode, decode_mib))
+        if pairs:  # every prompt to the prefill worker, whose cache holds the earlier ones (not the router's
+            # choice, under load, to prefill some on the decode worker, whose small pool has evicted them)
+            f.write("  colocated: false\n")
         if colocated:  # the decode workers take whole requests: the prompt's budget is theirs; a device list
             # (tandem up hands its entries out, one a worker: a worker given the list itself would refuse to start)
             f.write("  token_budget: %d\n  device: \"%s\"\n" % (budget, ",".join(["cpu"] * colocated)))
@@ -147,13 +150,31 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
         ts = [threading.Thread(target=one, args=(p,)) for p in conc]
         [t.start() for t in ts]
         if kill_decode:
-            # kill -9 the decode worker once streams are running on it
-            dw = c.worker("decode")
-            if hs.wait_for(lambda: c.stats(dw).running >= 2, 120):
-                time.sleep(0.3)
-                pre_killed = c.stats(dw).preemptions
+            # kill -9 a decode worker once streams are running on it: the first seen with two, or, where none shows
+            # two within 20 s (with two colocated workers the streams spread, and on a fast CPU one worker's pair
+            # may come and go between two looks), the first seen with one. One channel a worker, opened once: a
+            # look is one Stats call, not a connection (CI's loaded machine once missed every pair in 120 s).
+            dws, hit = [w for w in c.workers() if w["role"] == "decode"], []
+            stubs = [hs.wpbg.DecodeStub(c.channel(w["addr"])) for w in dws]
+            t_kill = time.time()
+
+            def busy():
+                if not any(t.is_alive() for t in ts):
+                    return True  # every request done: nothing left to kill (the check below says so)
+                want = 2 if time.time() - t_kill < 20 else 1
+                for w, st in zip(dws, stubs):
+                    s = st.Stats(hs.wpb.StatsRequest(), timeout=5)
+                    if s.running >= want:
+                        hit[:] = [(w, s)]
+                        return True
+                return False
+            if hs.wait_for(busy, 120) and hit:
+                dw, s = hit[0]
+                pre_killed = s.preemptions
                 os.kill(dw["pid"], signal.SIGKILL)
                 killed = dw["pid"]
+                print("  %s: killed decode worker %d with %d requests in its engine" % (name, killed, s.running),
+                      flush=True)
         [t.join(600) for t in ts]
         alive = [c.stats(w) for w in c.workers() if w.get("pid") != killed]
         pre = pre_killed + sum(s.preemptions for s in alive)
@@ -195,7 +216,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
                   c.health()[1].get("placement", {}).get("placed", {}).get("colocated", 0) >= total, str(roles))
     finally:
         rc = c.stop()
-        check("%s: tandem up stops cleanly (exit %s)" % (name, rc), rc == 0)
+        check("%s: tandem up stops cleanly (exit %s)" % (name, rc), rc == 0, "; ".join(c.unclean()))
 
 
 # the rounds: name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
@@ -212,11 +233,12 @@ ROUNDS = [
     dict(name="reference, 2 prefill + 2 decode, budget 64", numerics="reference", prefill=2, decode=2, budget=64,
          prefill_mib=160, decode_mib=256, max_words=600, n_seq=8, n_conc=8, max_tokens=12),
     dict(name="fast, small decode pool, kill -9 decode", numerics="fast", prefill=1, budget=64,
-         prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True),
+         prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=6, max_tokens=96, kill_decode=True,
+         pairs=True),
     # colocated (vLLM's way, no disaggregation): 2 decode workers prefill their own requests in chunks of 64
     # between decode steps; one is killed mid-stream and its streams resume on the other
     dict(name="fast, 2 colocated, budget 64, kill -9 of one", numerics="fast", prefill=0, colocated=2, budget=64,
-         prefill_mib=16, decode_mib=96, max_words=300, n_seq=5, n_conc=6, max_tokens=64, kill_decode=True),
+         prefill_mib=16, decode_mib=96, max_words=300, n_seq=5, n_conc=6, max_tokens=128, kill_decode=True),
     # 10 streams of 128 tokens at once: with 6 of 96 a run could see 0 or 1 preemptions, by timing alone
     dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
          prefill_mib=96, decode_mib=16, max_words=300, n_seq=4, n_conc=10, max_tokens=128, want_preempt=True),
