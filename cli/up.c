@@ -251,7 +251,7 @@ typedef struct agent {
     uint32_t all_p, all_d;   /* the cluster's counts, every node's shares (under mu) */
     bool colocated;          /* the decode workers serve whole requests (the planner's record) */
     bool known;              /* want_* hold a share (the start-up counts, then the planner's) */
-    char why[400];           /* the planner's reason behind it */
+    char why[640];           /* the planner's reason behind it */
     /* fixed before the thread starts */
     char etcd_ep[160], node[64], address[64];
     td_rpc_tls_t tls;

@@ -81,7 +81,7 @@ typedef struct td_ops_desired {
     bool colocated;     /* the decode workers serve whole requests (started with decode.colocated) */
     double at;          /* unix seconds */
     char by[192];       /* the planner's id */
-    char reason[384];
+    char reason[640];
 } td_ops_desired_t;
 
 /* JSON text (free()), or NULL without memory. */

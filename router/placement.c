@@ -1274,3 +1274,55 @@ void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode)
     }
     pthread_mutex_unlock(&t->mu);
 }
+
+/* The largest batch (up to what the pool holds at ctx tokens a stream) whose
+ * step, as predicted for d, stays within tpot_slo_ms, and the output tokens a
+ * second it makes; one stream's rate when even that misses the SLO. */
+#define RT_CAP_BATCH 512
+static double decode_tok_s(const rt_table_t *t, const rt_worker_t *d, double ctx, double tpot_slo_ms)
+{
+    const eng_profile_t *pf = profile_of(t, d);
+    if (!pf)
+        return 0;
+    double k = d->k_step > 0 ? d->k_step : 1, most = RT_CAP_BATCH;
+    if (d->kv_blocks && ctx > 0)
+        most = fmax(1, fmin(most, floor((double)d->kv_blocks * t->expect.block_tokens / ctx)));
+    double best = 0;
+    for (double b = 1;; b = fmin(most, b < 8 ? b + 1 : ceil(b * 1.25))) {
+        double ms = k * eng_profile_step_ms(pf, b, ctx);
+        if (ms <= 0 || (b > 1 && tpot_slo_ms > 0 && ms > tpot_slo_ms))
+            break;
+        best = fmax(best, b * 1e3 / ms);
+        if (b >= most)
+            break;
+    }
+    return best;
+}
+
+void rt_table_capacity(rt_table_t *t, double new_tokens, double ctx_tokens, double tpot_slo_ms, rt_capacity_t *out)
+{
+    double now = td_now_s(), n = fmax(1, new_tokens);
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n; i++) {
+        const rt_worker_t *w = t->w[i];
+        if (usable(w, RT_PREFILL, NULL, now)) {
+            double ms = prefill_model_ms(t, w, n, 0);
+            if (ms > 0) {
+                out->prefill_tok_s += n * 1e3 / ms;
+                out->prefill++;
+            }
+        } else if (usable(w, RT_DECODE, NULL, now)) {
+            double r = decode_tok_s(t, w, ctx_tokens, tpot_slo_ms);
+            if (r > 0) {
+                out->decode_tok_s += r;
+                out->decode++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (out->prefill)
+        out->prefill_tok_s /= out->prefill;
+    if (out->decode)
+        out->decode_tok_s /= out->decode;
+}

@@ -12,12 +12,14 @@
 #include "common/etcd.h"
 #include "common/log.h"
 #include "common/ops.h"
+#include "router/demand.h"
 
 struct rt_planner {
     char id[192], model[256], alias[256], *endpoints;
     uint32_t lease_ttl_s;
     const td_rpc_tls_t *tls;
     rt_stats_t *stats;
+    rt_table_t *table;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -26,7 +28,8 @@ struct rt_planner {
     bool leader;
     bool has_desired;
     td_ops_desired_t desired;
-    char verdict[384], error[384];
+    char verdict[640], error[384];
+    rt_demand_t demand; /* auto's last predicted demand */
     /* auto's hysteresis: the move wanted (-1 decode to prefill, +1 the other way, 0 none) and since when */
     int want;
     double want_since, changed_at;
@@ -62,31 +65,40 @@ static const char *move_name(int v)
                          : "prefill -> decode";
 }
 
-/* auto: the move the window asks for (0: none), in words in why. The mode
- * (choose_mode) goes by what was measured under the one running: colocated
- * while the SLOs hold and the decode workers prefilled at least 3 in 4 of
- * the prompt tokens themselves (conditional disaggregation found the trip
- * to a prefill worker not worth it for them: those workers serve better as
- * decode workers; weighed by tokens, so the long documents of a mixed
- * workload, which the prefill workers take, keep them); back to prefill
- * workers when colocated misses the SLOs with TPOT missed at least as often
- * as TTFT (prompt chunks stalling the running streams, which separating the
- * phases takes away). */
-static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model_t *m, const td_ops_desired_t *now,
-                        double since, char *why, size_t cap)
+/* What rt_planner_json shows of the last prediction (NULL: none, not under auto). */
+static void set_demand(rt_planner_t *p, const rt_demand_t *d)
 {
-    rt_slo_window_t w; /* at least the last 8 since the last change: an overloaded worker finishes few */
-    rt_stats_window_n(p->stats, since, p->changed_at, 8, ops->slo.ttft_ms, ops->slo.tpot_ms, &w);
-    if (w.n < 8) {
-        snprintf(why, cap, "auto: %u requests finished since %.0f s ago; waiting for 8", w.n,
-                 td_now_s() - (p->changed_at ? p->changed_at : since));
-        return 0;
-    }
-    double att = p->att = (double)w.met / w.n;
+    pthread_mutex_lock(&p->mu);
+    if (d)
+        p->demand = *d;
+    else
+        memset(&p->demand, 0, sizeof p->demand);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The demand the requests placed since `since` predict (router/demand.h). */
+static void predict(rt_planner_t *p, const td_ops_t *ops, double since, rt_demand_t *d)
+{
+    memset(d, 0, sizeof *d);
+    if (!p->table)
+        return;
+    rt_arrivals_t a;
+    rt_stats_arrivals(p->stats, since, &a);
+    rt_capacity_t c;
+    double n = a.n ? a.n : 1;
+    rt_table_capacity(p->table, (a.new_tokens - a.local_tokens) / n, a.ctx_tokens / n, ops->slo.tpot_ms, &c);
+    rt_demand_of(&a, &c, d);
+}
+
+static int reactive_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model_t *m,
+                            const td_ops_desired_t *now, const rt_slo_window_t *w, bool *met, char *why, size_t cap)
+{
+    double att = p->att = (double)w->met / w->n;
     int n = snprintf(why, cap, "auto: %u requests, %.0f%% met the SLOs (target %.0f%%); %u missed TTFT %u ms (p90 "
-                     "%.0f ms), %u missed TPOT %u ms (p90 %.1f ms)", w.n, 100 * att, 100 * ops->slo.attainment,
-                     w.ttft_missed, ops->slo.ttft_ms, w.ttft_p90_ms, w.tpot_missed, ops->slo.tpot_ms, w.tpot_p90_ms);
-    bool met = att >= ops->slo.attainment;
+                     "%.0f ms), %u missed TPOT %u ms (p90 %.1f ms)", w->n, 100 * att, 100 * ops->slo.attainment,
+                     w->ttft_missed, ops->slo.ttft_ms, w->ttft_p90_ms, w->tpot_missed, ops->slo.tpot_ms,
+                     w->tpot_p90_ms);
+    *met = att >= ops->slo.attainment;
     /* the other mode's attainment when it was left, if lately (the workload may have changed since) */
     int other = !now->colocated;
     double ago = td_now_s() - p->mode_left[other];
@@ -98,24 +110,68 @@ static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model
         if (n > 0 && (size_t)n < cap)
             snprintf(why + n, cap - n, "; colocated");
         /* not back to what did no better */
-        return !met && w.tpot_missed && w.tpot_missed >= w.ttft_missed && !(known && p->mode_att[0] <= att)
+        return !*met && w->tpot_missed && w->tpot_missed >= w->ttft_missed && !(known && p->mode_att[0] <= att)
                    ? -COLOCATE : 0;
     }
-    if (m->choose_mode && !met && known && p->mode_att[1] > att + 0.1)
+    if (m->choose_mode && !*met && known && p->mode_att[1] > att + 0.1)
         return COLOCATE; /* disaggregated does worse than colocated did */
     if (m->choose_mode && n > 0 && (size_t)n < cap)
         snprintf(why + n, cap - n, "; %.0f%% of %llu prompt tokens prefilled by their decode workers",
-                 w.prompt_tokens ? 100.0 * w.local_tokens / w.prompt_tokens : 0.0,
-                 (unsigned long long)w.prompt_tokens);
-    if (m->choose_mode && met && w.prompt_tokens && 4 * w.local_tokens >= 3 * w.prompt_tokens)
+                 w->prompt_tokens ? 100.0 * w->local_tokens / w->prompt_tokens : 0.0,
+                 (unsigned long long)w->prompt_tokens);
+    if (m->choose_mode && *met && w->prompt_tokens && 4 * w->local_tokens >= 3 * w->prompt_tokens)
         return COLOCATE;
-    if (met)
+    if (*met)
         return 0;
-    if (w.ttft_missed > w.tpot_missed && now->decode > m->min_decode && now->prefill < m->max_prefill)
+    if (w->ttft_missed > w->tpot_missed && now->decode > m->min_decode && now->prefill < m->max_prefill)
         return -1;
-    if (w.tpot_missed > w.ttft_missed && now->prefill > m->min_prefill && now->decode < m->max_decode)
+    if (w->tpot_missed > w->ttft_missed && now->prefill > m->min_prefill && now->decode < m->max_decode)
         return +1;
     return 0;
+}
+
+/* auto: the move the window asks for (0: none), in words in why. The mode
+ * (choose_mode) goes by what was measured under the one running: colocated
+ * while the SLOs hold and the decode workers prefilled at least 3 in 4 of
+ * the prompt tokens themselves (conditional disaggregation found the trip
+ * to a prefill worker not worth it for them: those workers serve better as
+ * decode workers; weighed by tokens, so the long documents of a mixed
+ * workload, which the prefill workers take, keep them); back to prefill
+ * workers when colocated misses the SLOs with TPOT missed at least as often
+ * as TTFT (prompt chunks stalling the running streams, which separating the
+ * phases takes away). Between prefill and decode workers, the predicted
+ * demand moves first while the SLOs hold (or too few requests ended to
+ * judge them), and vetoes a move the misses ask for that it predicts would
+ * overload the role giving the worker up. */
+static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model_t *m, const td_ops_desired_t *now,
+                        double since, char *why, size_t cap)
+{
+    rt_demand_t d = {0};
+    if (!now->colocated)
+        predict(p, ops, since, &d);
+    set_demand(p, &d);
+    rt_slo_window_t w; /* at least the last 8 since the last change: an overloaded worker finishes few */
+    rt_stats_window_n(p->stats, since, p->changed_at, 8, ops->slo.ttft_ms, ops->slo.tpot_ms, &w);
+    int v;
+    bool met = true;
+    if (w.n < 8) {
+        snprintf(why, cap, "auto: %u requests finished since %.0f s ago; waiting for 8", w.n,
+                 td_now_s() - (p->changed_at ? p->changed_at : since));
+        v = 0;
+    } else {
+        v = reactive_verdict(p, ops, m, now, &w, &met, why, cap);
+    }
+    rt_demand_say(&d, now->prefill, now->decode, why, cap);
+    size_t n = strlen(why);
+    if ((v == -1 || v == 1) && rt_demand_vetoes(&d, v, now->prefill, now->decode)) {
+        if (n < cap)
+            snprintf(why + n, cap - n, "; not %s: predicted to overload the %s workers", move_name(v),
+                     v < 0 ? "decode" : "prefill");
+        return 0;
+    }
+    if (!v && met && !now->colocated && (v = rt_demand_move(&d, now->prefill, now->decode, m)) && n < cap)
+        snprintf(why + n, cap - n, "; %s predicted to balance them", move_name(v));
+    return v;
 }
 
 /* One look, as the leader: the ops config, the counts it asks for, and the
@@ -184,14 +240,16 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
     }
     set_error(p, "");
     td_ops_desired_t next = {.prefill = m->prefill, .decode = m->decode, .colocated = m->colocated};
-    char why[384];
+    char why[640];
     double now = td_now_s();
     if (m->colocated) {
         snprintf(why, sizeof why, "fixed: %u colocated workers", m->decode);
         p->want = 0;
+        set_demand(p, NULL);
     } else if (!td_ops_is_auto(m)) {
         snprintf(why, sizeof why, "fixed: %u prefill + %u decode workers", m->prefill, m->decode);
         p->want = 0;
+        set_demand(p, NULL);
     } else {
         uint32_t total = has_cur ? cur.prefill + cur.decode : next.prefill + next.decode;
         if (has_cur && cur.colocated && m->choose_mode) { /* the planner's colocated mode: no prefill worker */
@@ -367,6 +425,7 @@ td_status_t rt_planner_start(const rt_planner_cfg_t *cfg, rt_planner_t **out)
     p->lease_ttl_s = cfg->lease_ttl_s;
     p->tls = cfg->tls;
     p->stats = cfg->stats;
+    p->table = cfg->table;
     pthread_mutex_init(&p->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -417,6 +476,16 @@ json_t *rt_planner_json(rt_planner_t *p)
     pthread_mutex_lock(&p->mu);
     json_t *j = json_pack("{s:b, s:s, s:s, s:I, s:I}", "leader", p->leader, "verdict", p->verdict, "error", p->error,
                           "decisions", (json_int_t)p->decisions, "ops_restored", (json_int_t)p->restored);
+    const rt_demand_t *dm = &p->demand;
+    if (dm->known)
+        json_object_set_new(j, "predicted", json_pack("{s:f, s:f, s:f, s:f}", "prompt_tokens_per_s", dm->prompt_tok_s,
+                                                      "output_tokens_per_s", dm->output_tok_s, "prefill_workers",
+                                                      dm->prefill, "decode_workers", dm->decode));
+    if (dm->window_s > 0) /* what a prediction is made of, made or not */
+        json_object_set_new(j, "demand_inputs", json_pack("{s:i, s:f, s:f, s:f}", "arrivals", (int)dm->arrivals,
+                                                          "window_s", dm->window_s, "prefill_worker_tokens_per_s",
+                                                          dm->prefill_cap_tok_s, "decode_worker_tokens_per_s",
+                                                          dm->decode_cap_tok_s));
     if (p->has_desired) {
         char *d = td_ops_desired_json(&p->desired);
         json_t *dj = d ? json_loads(d, 0, NULL) : NULL;

@@ -11,7 +11,12 @@
  * the TPOT SLO — or the other way — within the bounds. A move needs the
  * same verdict for hold_s seconds running and cooldown_s since the last
  * change (hysteresis: it does not flap). The planner's own router's finished
- * requests are what it measures. */
+ * requests are what it measures. It also predicts (router/demand.h): from
+ * the requests placed in the window, their prompt tokens and predicted
+ * outputs against what the workers' profiles serve, a move toward the split
+ * whose busiest role is least busy once the busiest is nearly full, before
+ * any SLO is missed; and a move the misses ask for that would overload the
+ * role giving the worker up is not made. */
 #ifndef RT_PLANNER_H
 #define RT_PLANNER_H
 
@@ -19,6 +24,7 @@
 
 #include "common/rpc.h"
 #include "common/status.h"
+#include "router/placement.h"
 #include "router/stats.h"
 
 typedef struct rt_planner rt_planner_t;
@@ -32,7 +38,8 @@ typedef struct rt_planner_cfg {
     const char *etcd_endpoints;  /* etcd.endpoints */
     uint32_t lease_ttl_s;        /* etcd.lease_ttl_s */
     const td_rpc_tls_t *tls;     /* the cluster's TLS (NULL: plaintext) */
-    rt_stats_t *stats;           /* the router's finished requests, for auto */
+    rt_stats_t *stats;           /* the router's finished and placed requests, for auto */
+    rt_table_t *table;           /* its workers' profiles, for auto's predicted demand (NULL: none) */
 } rt_planner_cfg_t;
 
 td_status_t rt_planner_start(const rt_planner_cfg_t *cfg, rt_planner_t **out);

@@ -750,8 +750,11 @@ static td_status_t place(rt_request_t *q, attempt_t *a)
                    "prefill %.0f, for %u new tokens), past the %.0f ms the deadline leaves; not started",
                    pl->pred.ttft_ms, pl->pred.queue_ms, pl->pred.prefill_ms, pl->pred.new_tokens, left_ms);
     q->pred = pl->pred;
-    if (!q->first_pred.valid)
+    if (!q->first_pred.valid) { /* the load on its way, for the planner's predicted demand */
         q->first_pred = pl->pred;
+        rt_stats_arrive(env->stats, pl->pred.new_tokens, pl->pred.local || !a->p, prq.pred_out,
+                        (double)prq.n_tokens + prq.pred_out / 2);
+    }
     return TD_OK;
 }
 

@@ -575,7 +575,7 @@ static td_status_t router_start(void *ctx, char *key, size_t key_len, char **val
     snprintf(r->self_id, sizeof r->self_id, "router@%s", r->self_addr);
     rt_planner_cfg_t pc = {.id = r->self_id, .model = rt_input_name(&r->input), .alias = r->input.model->desc.name,
                            .etcd_endpoints = r->cfg.etcd.endpoints, .lease_ttl_s = r->cfg.etcd.lease_ttl_s,
-                           .tls = r->tls, .stats = r->stats};
+                           .tls = r->tls, .stats = r->stats, .table = &r->table};
     if ((rc = rt_planner_start(&pc, &r->planner)))
         return rc;
     __atomic_store_n(&r->metrics_src.planner, r->planner, __ATOMIC_RELEASE); /* scrapes may run already */

@@ -11,12 +11,19 @@
 
 #define RT_OVERHEAD_RING 4096
 #define RT_DONE_RING 4096
+#define RT_ARRIVE_RING 4096
 
 typedef struct rt_done {
     double t, ttft_ms, tpot_ms;
     uint32_t prompt_tokens;
     bool ok, local;
 } rt_done_t;
+
+typedef struct rt_arrive {
+    double t, out_tokens, ctx_tokens;
+    uint32_t new_tokens;
+    bool local;
+} rt_arrive_t;
 
 struct rt_stats {
     pthread_mutex_t mu; /* guards everything */
@@ -27,6 +34,8 @@ struct rt_stats {
     size_t n_overhead;
     rt_done_t done[RT_DONE_RING]; /* the last requests that ended */
     uint64_t n_done;
+    rt_arrive_t arrive[RT_ARRIVE_RING]; /* the last requests placed */
+    uint64_t n_arrive;
 };
 
 td_status_t rt_stats_create(rt_stats_t **out)
@@ -68,6 +77,35 @@ void rt_stats_done(rt_stats_t *s, double ttft_ms, double tpot_ms, bool ok, uint3
     pthread_mutex_lock(&s->mu);
     s->done[s->n_done++ % RT_DONE_RING] = (rt_done_t){td_now_s(), ttft_ms, tpot_ms, prompt_tokens, ok, local};
     pthread_mutex_unlock(&s->mu);
+}
+
+void rt_stats_arrive(rt_stats_t *s, uint32_t new_tokens, bool local, double out_tokens, double ctx_tokens)
+{
+    pthread_mutex_lock(&s->mu);
+    s->arrive[s->n_arrive++ % RT_ARRIVE_RING] = (rt_arrive_t){td_now_s(), out_tokens, ctx_tokens, new_tokens, local};
+    pthread_mutex_unlock(&s->mu);
+}
+
+void rt_stats_arrivals(rt_stats_t *s, double since, rt_arrivals_t *out)
+{
+    memset(out, 0, sizeof *out);
+    double now = td_now_s(), first = now;
+    pthread_mutex_lock(&s->mu);
+    uint64_t n = s->n_arrive < RT_ARRIVE_RING ? s->n_arrive : RT_ARRIVE_RING;
+    for (uint64_t k = 0; k < n; k++) {
+        const rt_arrive_t *a = &s->arrive[(s->n_arrive - 1 - k) % RT_ARRIVE_RING];
+        if (a->t < since)
+            break;
+        out->n++;
+        out->new_tokens += a->new_tokens;
+        out->local_tokens += a->local ? a->new_tokens : 0;
+        out->out_tokens += a->out_tokens;
+        out->ctx_tokens += a->ctx_tokens;
+        first = a->t;
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* a ring that wrapped within the window holds less than it: its span is what it holds */
+    out->seconds = now - (n == RT_ARRIVE_RING && out->n == n ? first : since);
 }
 
 static int cmp_double(const void *a, const void *b)

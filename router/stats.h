@@ -41,6 +41,18 @@ void rt_stats_window(rt_stats_t *s, double since, double ttft_slo_ms, double tpo
  * last ones still say how the SLOs fare. */
 void rt_stats_window_n(rt_stats_t *s, double since, double floor, uint32_t min_n, double ttft_slo_ms,
                        double tpot_slo_ms, rt_slo_window_t *out);
+/* A request was placed (its first placement): the prompt tokens it
+ * computes (local: on its decode worker, though prefill workers were there),
+ * the output tokens predicted for it and its context (prompt and half that
+ * output), for rt_stats_arrivals: the load on its way, before it ends. */
+void rt_stats_arrive(rt_stats_t *s, uint32_t new_tokens, bool local, double out_tokens, double ctx_tokens);
+typedef struct rt_arrivals {
+    uint32_t n;
+    double seconds; /* the window's length (the span the ring holds, where it wrapped within it) */
+    double new_tokens, local_tokens, out_tokens, ctx_tokens; /* sums (local_tokens: of new_tokens) */
+} rt_arrivals_t;
+/* The requests placed since `since` (td_now_s() time). */
+void rt_stats_arrivals(rt_stats_t *s, double since, rt_arrivals_t *out);
 /* Into j: requests, ok, errors, and the p50/p99/max of the router's time per
  * request (overhead_ms, overhead_cpu_ms, handoff_ms). */
 void rt_stats_json(rt_stats_t *s, json_t *j);

@@ -11,6 +11,7 @@
 #include "common/kv_contract.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "router/demand.h"
 #include "router/placement.h"
 #include "router/stats.h"
 
@@ -845,4 +846,109 @@ Test(stats, the_window_reaches_back_to_the_last_min_n, .timeout = 30)
     rt_stats_window_n(st, since, since, 8, 2500, 30, &w);
     cr_assert_eq(w.n, 1, "not past the floor (the last change): %u", w.n);
     rt_stats_destroy(st);
+}
+
+/* What the planner's prediction reads of the table: a worker of each role's
+ * rate by its profile (prefill 1 + 1 ms a token: 990 tokens a second in
+ * calls of 99; a decode step of 2 + 1 ms a stream: 28 streams within a
+ * 30 ms TPOT SLO, 933 tokens a second), a decode pool that holds fewer
+ * streams capping its batch. */
+Test(demand, capacity_from_the_profiles, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &expect, NULL);
+    put_profiled(&t, "p1", "prefill");
+    put_profiled(&t, "p2", "prefill");
+    put_profiled(&t, "d1", "decode");
+    rt_capacity_t c;
+    rt_table_capacity(&t, 99, 40, 30, &c);
+    cr_assert(c.prefill == 2 && c.decode == 1, "%u prefill, %u decode workers", c.prefill, c.decode);
+    cr_assert_float_eq(c.prefill_tok_s, 990, 1e-6, "%f", c.prefill_tok_s);
+    cr_assert_float_eq(c.decode_tok_s, 28e3 / 30, 1e-6, "%f", c.decode_tok_s);
+    rt_table_capacity(&t, 99, 40, 0, &c);
+    cr_assert_float_eq(c.decode_tok_s, 512e3 / 514, 1e-6, "no SLO: the largest batch, %f", c.decode_tok_s);
+    /* a pool of 10 blocks (160 tokens) holds 4 streams of 40: 4 a 6 ms step */
+    eng_profile_t pf = {.prefill = {1, 1, 0}, .decode = {2, 1, 0}};
+    put_record(&t, "d2", "decode", &expect,
+               json_pack("{s:o, s:i}", "profile", eng_profile_to_json(&pf), "kv_blocks", 10));
+    rt_table_capacity(&t, 99, 40, 30, &c);
+    cr_assert(c.decode == 2, "%u decode workers", c.decode);
+    cr_assert_float_eq(c.decode_tok_s, (28e3 / 30 + 4e3 / 6) / 2, 1e-6, "the two workers' mean: %f", c.decode_tok_s);
+    rt_table_fini(&t);
+}
+
+/* The arrivals' window (router/stats.h): what was placed since `since`. */
+Test(demand, the_arrivals_window, .timeout = 30)
+{
+    rt_stats_t *st;
+    cr_assert_eq(rt_stats_create(&st), TD_OK);
+    rt_stats_arrive(st, 500, false, 10, 505);
+    td_sleep_s(0.2);
+    double since = td_now_s();
+    rt_stats_arrive(st, 100, false, 40, 120);
+    rt_stats_arrive(st, 60, true, 20, 70);
+    rt_arrivals_t a;
+    rt_stats_arrivals(st, since, &a);
+    cr_assert(a.n == 2 && a.new_tokens == 160 && a.local_tokens == 60 && a.out_tokens == 60 && a.ctx_tokens == 190,
+              "%u arrivals: %f new, %f local, %f out, %f ctx", a.n, a.new_tokens, a.local_tokens, a.out_tokens,
+              a.ctx_tokens);
+    cr_assert(a.seconds >= 0 && a.seconds < 0.2, "the window is since `since`: %f s", a.seconds);
+    rt_stats_arrivals(st, since - 1, &a);
+    cr_assert(a.n == 3 && a.seconds >= 1, "%u arrivals in %f s", a.n, a.seconds);
+    rt_stats_destroy(st);
+}
+
+/* The planner's predicted demand: a prompt-heavy load (1,980 prompt and 200
+ * output tokens a second against 990 and 933 a worker) needs 2 prefill
+ * workers: at 1P+2D it asks for a decode worker to become a prefill worker,
+ * at 2P+1D for nothing, and it vetoes the move back the misses might ask for
+ * (the single prefill worker would be twice over full); an output-heavy
+ * load asks the reverse; a light one nothing; the bounds hold; prompts the
+ * decode workers prefill count as their work; too few arrivals say nothing.
+ * Each rule is seen to fail: the need's arithmetic checked by value. */
+Test(demand, the_need_and_the_moves, .timeout = 30)
+{
+    rt_capacity_t c = {.prefill = 2, .decode = 1, .prefill_tok_s = 990, .decode_tok_s = 28e3 / 30};
+    td_ops_model_t m = {.min_prefill = 1, .max_prefill = 3, .min_decode = 1, .max_decode = 3};
+    rt_demand_t d;
+    rt_arrivals_t prompts = {.n = 20, .seconds = 10, .new_tokens = 19800, .out_tokens = 2000};
+    rt_demand_of(&prompts, &c, &d);
+    cr_assert(d.known, "20 arrivals are enough");
+    cr_assert_float_eq(d.prefill, 2.0, 1e-9, "%f prefill workers", d.prefill);
+    cr_assert_float_eq(d.decode, 200 / (28e3 / 30), 1e-9, "%f decode workers", d.decode);
+    cr_assert_eq(rt_demand_move(&d, 1, 2, &m), -1, "1P+2D: a decode worker to prefill");
+    cr_assert_eq(rt_demand_move(&d, 2, 1, &m), 0, "2P+1D: balanced as it can be");
+    cr_assert(rt_demand_vetoes(&d, +1, 2, 1), "2P+1D: back to one prefill worker would overload it");
+    cr_assert(!rt_demand_vetoes(&d, -1, 1, 2), "1P+2D: a decode worker can go");
+    td_ops_model_t capped = m;
+    capped.max_prefill = 1;
+    cr_assert_eq(rt_demand_move(&d, 1, 2, &capped), 0, "max_prefill 1: no move");
+
+    rt_arrivals_t outputs = {.n = 20, .seconds = 10, .new_tokens = 2000, .out_tokens = 15000};
+    rt_demand_of(&outputs, &c, &d);
+    cr_assert_eq(rt_demand_move(&d, 2, 1, &m), +1, "2P+1D under outputs: a prefill worker to decode (%f, %f)",
+                 d.prefill, d.decode);
+    cr_assert_eq(rt_demand_move(&d, 1, 2, &m), 0, "1P+2D under outputs: stays");
+    cr_assert(rt_demand_vetoes(&d, -1, 1, 2), "1P+2D under outputs: a decode worker cannot go");
+
+    rt_arrivals_t light = {.n = 20, .seconds = 10, .new_tokens = 5000, .out_tokens = 1000};
+    rt_demand_of(&light, &c, &d);
+    cr_assert_eq(rt_demand_move(&d, 1, 2, &m), 0, "light: no move (%f, %f)", d.prefill, d.decode);
+
+    rt_arrivals_t local = prompts;
+    local.local_tokens = 9900;
+    rt_demand_of(&local, &c, &d);
+    cr_assert_float_eq(d.prefill, 1.0, 1e-9, "%f", d.prefill);
+    cr_assert_float_eq(d.decode, 1.0 + 200 / (28e3 / 30), 1e-9, "local prefills are decode work: %f", d.decode);
+
+    rt_arrivals_t few = prompts;
+    few.n = RT_DEMAND_MIN_N - 1;
+    rt_demand_of(&few, &c, &d);
+    cr_assert(!d.known && !rt_demand_move(&d, 1, 2, &m) && !rt_demand_vetoes(&d, +1, 2, 1), "too few: nothing");
+    rt_capacity_t blind = c;
+    blind.decode_tok_s = 0;
+    rt_demand_of(&prompts, &blind, &d);
+    cr_assert(!d.known, "no decode profile: nothing");
 }
