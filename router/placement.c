@@ -1301,18 +1301,20 @@ static double decode_tok_s(const rt_table_t *t, const rt_worker_t *d, double ctx
 
 void rt_table_capacity(rt_table_t *t, double new_tokens, double ctx_tokens, double tpot_slo_ms, rt_capacity_t *out)
 {
-    double now = td_now_s(), n = fmax(1, new_tokens);
+    double n = fmax(1, new_tokens);
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n; i++) {
         const rt_worker_t *w = t->w[i];
-        if (usable(w, RT_PREFILL, NULL, now)) {
+        if (w->refused || w->gone) /* a suspect one counts: what a worker serves, not whether it answers now */
+            continue;
+        if (w->role == RT_PREFILL) {
             double ms = prefill_model_ms(t, w, n, 0);
             if (ms > 0) {
                 out->prefill_tok_s += n * 1e3 / ms;
                 out->prefill++;
             }
-        } else if (usable(w, RT_DECODE, NULL, now)) {
+        } else {
             double r = decode_tok_s(t, w, ctx_tokens, tpot_slo_ms);
             if (r > 0) {
                 out->decode_tok_s += r;

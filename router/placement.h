@@ -275,13 +275,14 @@ uint32_t rt_table_registered(rt_table_t *t, rt_role_t role);
 void rt_table_counts(rt_table_t *t, uint32_t *prefill, uint32_t *decode);
 /* What one worker of each role serves, by the profiles (the prefill model
  * refitted, the decode step corrected; DESIGN.md §5), averaged over the
- * usable workers: prompt tokens a second for calls of new_tokens new
- * tokens, and output tokens a second within a TPOT SLO of tpot_slo_ms (0:
- * none; the batch then as large as the pool holds) at contexts of
- * ctx_tokens. A role with no usable profiled worker gets 0. For the
+ * registered workers (a suspect one too: a loaded worker's call may time
+ * out, its speed is the same): prompt tokens a second for calls of
+ * new_tokens new tokens, and output tokens a second within a TPOT SLO of
+ * tpot_slo_ms (0: none; the batch then as large as the pool holds) at
+ * contexts of ctx_tokens. A role with no profiled worker gets 0. For the
  * planner's predicted demand (router/demand.h). */
 typedef struct rt_capacity {
-    uint32_t prefill, decode; /* the usable workers of each role counted */
+    uint32_t prefill, decode; /* the workers of each role counted */
     double prefill_tok_s, decode_tok_s;
 } rt_capacity_t;
 void rt_table_capacity(rt_table_t *t, double new_tokens, double ctx_tokens, double tpot_slo_ms, rt_capacity_t *out);

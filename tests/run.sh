@@ -7,7 +7,7 @@
 #   4. builds the suites again with AddressSanitizer + UBSan checks (build-asan/) and runs them
 #   5. builds tests/tsan/tsan_stress.c with ThreadSanitizer (build-tsan/) and runs it (Criterion
 #      itself cannot run under TSan: Snaipe/Criterion#274)
-#   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 30)
+#   6. runs the libFuzzer targets for FUZZ_SECONDS each (default 20)
 # The Python suites (pytest, tests/conftest.py: real clusters) run between 3 and 4; a user's build (Release, no test package), the
 # sanitizer and fuzz builds and the sanitizer pass's test_generate run beside them at the lowest CPU priority, in
 # the time they leave idle, and the rest of 4, 5 and 6 beside the last of them (cache hits), the same way.
@@ -15,7 +15,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-fuzz_secs=${FUZZ_SECONDS:-30}
+fuzz_secs=${FUZZ_SECONDS:-20}
 jobs=$(nproc)
 
 passed=0 failed=0

@@ -306,7 +306,7 @@ def test_priority(rt):
           (slo, idle_pred, late[0], late[1], late[4], late[3], late[2][:160]),
           late[0] == "RESOURCE_EXHAUSTED" and late[1] and int(late[1]) >= 10 and late[4] == "ttft" and
           "retry after" in late[2] and
-          late[3] < 100)
+          late[3] < 500)  # at once, not after the queue it predicts (seconds): 114 ms on a busy 2-core Xeon
     timed(text(40, rng), 10, res, "high")
     for t in ths:
         t.join()
