@@ -490,8 +490,9 @@ static void stress_placement(void)
 }
 
 /* ---- transport ---- */
-/* ---- the router's renewer and statistics ---- */
+/* ---- the router's renewer and statistics (and the planner's reads of both: arrivals, capacity) ---- */
 typedef struct parts_job {
+    rt_table_t *t;
     rt_renewer_t *rn;
     rt_stats_t *st;
     rt_worker_t **w; /* 2 decode, then 2 prefill workers, held */
@@ -512,9 +513,14 @@ static void *parts_user(void *arg)
         }
         rt_stats_count(j->st, it % 7 != 0, 0.001 * it, 0.0005, 0.0001);
         rt_stats_done(j->st, 10 + it % 50, 1 + it % 5, it % 11 != 0, 100, it % 3 == 0);
+        rt_stats_arrive(j->st, 100 + it % 300, it % 4 == 0, 16 + it % 32, 150);
         if (it % 500 == 0) {
             rt_slo_window_t w;
             rt_stats_window(j->st, td_now_s() - 60, 30, 3, &w);
+            rt_arrivals_t a; /* the planner's predicted demand, meanwhile */
+            rt_stats_arrivals(j->st, td_now_s() - 60, &a);
+            rt_capacity_t cap;
+            rt_table_capacity(j->t, a.n ? a.new_tokens / a.n : 1, 150, 30, &cap);
             json_t *o = json_object();
             rt_stats_json(j->st, o); /* Health, meanwhile */
             json_decref(o);
@@ -546,7 +552,7 @@ static void stress_router_parts(void)
     parts_job_t jobs[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
-        jobs[i] = (parts_job_t){rn, st, w, i, td_now_s() + 2.5};
+        jobs[i] = (parts_job_t){&t, rn, st, w, i, td_now_s() + 2.5};
         pthread_create(&th[i], NULL, parts_user, &jobs[i]);
     }
     for (int i = 0; i < 4; i++)
@@ -554,6 +560,9 @@ static void stress_router_parts(void)
     rt_slo_window_t win;
     rt_stats_window(st, td_now_s() - 600, 30, 3, &win);
     CHECK(win.n == 4096, "router parts: the SLO window holds %u ends, not its ring's 4096", win.n);
+    rt_arrivals_t arr;
+    rt_stats_arrivals(st, td_now_s() - 600, &arr);
+    CHECK(arr.n == 4096, "router parts: the arrivals window holds %u, not its ring's 4096", arr.n);
     rt_renewer_stop(rn);
     rt_stats_destroy(st);
     for (int i = 0; i < 4; i++)
@@ -756,7 +765,7 @@ int main(int argc, char **argv)
     stress_router_parts();
     stress_fair();
     td_rpc_shutdown();
-    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement, renewer, stats, fair, outlen: %s (%.1f s)\n",
+    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement, renewer, stats (arrivals, capacity), fair, outlen: %s (%.1f s)\n",
            failures ? "FAILED" : "ok", td_now_s() - t0);
     return failures ? 1 : 0;
 }
