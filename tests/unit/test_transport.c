@@ -201,6 +201,9 @@ Test(transport, frozen_and_dead_peers_meet_the_deadline, .timeout = 90)
 {
     target_t t;
     target_start(&t);
+    /* over TCP, as between hosts: on one host UCX may pick a one-sided transport (CMA) whose puts land in a
+     * stopped process without it, and which one it picks is not fixed */
+    setenv("UCX_TLS", "tcp", 1);
     const kv_transport_ops_t *xo = &kv_transport_ucx;
     kv_xfer_config_t cfg = {.peer_errors = true};
     kv_xfer_t *x;
@@ -211,6 +214,9 @@ Test(transport, frozen_and_dead_peers_meet_the_deadline, .timeout = 90)
     cr_assert_eq(xo->put(x, p, region[0], src, sizeof src, 0), TD_OK);
     cr_assert_eq(xo->flush(x, p, 10), TD_OK, "%s", td_last_error());
     kill(t.pid, SIGSTOP);
+    int st;
+    cr_assert_eq(waitpid(t.pid, &st, WUNTRACED), t.pid); /* stopped, every thread of it, before the puts */
+    cr_assert(WIFSTOPPED(st));
     double t0 = td_now_s();
     td_status_t rc = TD_OK;
     for (int i = 0; i < 8 && !rc; i++)
