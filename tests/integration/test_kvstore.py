@@ -243,7 +243,7 @@ def full_disk():
 
 def restarts_hit_the_store():
     """The default tandem up (1 prefill + 1 decode, one thread each, 64 MiB pools, one kvstore node): a ~1,400-token
-    prompt computed once, then the prefill worker killed -9 ten times; each time, as soon as its restart has
+    prompt computed once, then the prefill worker killed -9 six times; each time, as soon as its restart has
     registered (the dead one's record still there until its lease runs out, its pool still priced as holding the
     prompt), the prompt again: served from the store, identical, in at most 10% of the cold time to first token."""
     rng = random.Random(47)
@@ -264,7 +264,7 @@ def restarts_hit_the_store():
         first, cold = ask()
         rows, ok = [], first == ref
         killed = set()
-        for k in range(10):
+        for k in range(6):  # ten took 110 s of CI's 2 cores: a restart loads and checks its profile each time
             pw = [w for w in c.workers() if w["role"] == "prefill" and w["pid"] not in killed][0]
             os.kill(pw["pid"], signal.SIGKILL)
             killed.add(pw["pid"])
@@ -275,7 +275,7 @@ def restarts_hit_the_store():
                                                                  last.usage.store_cached_tokens))
             ok = ok and ids == ref and share <= 0.10 and last.usage.store_cached_tokens >= 1392
         check("the default tandem up, a ~1,400-token prompt (cold TTFT %.0f ms, output %s single-process's) after "
-              "each of 10 kills -9 of the prefill worker, sent as its restart registers, identical to it: %s" %
+              "each of 6 kills -9 of the prefill worker, sent as its restart registers, identical to it: %s" %
               (cold.timing.ttft_ms, "equal to" if first == ref else "NOT equal to", "; ".join(rows)), ok)
     finally:
         c.stop()
