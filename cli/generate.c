@@ -24,7 +24,7 @@ const char cli_generate_usage[] =
     "                       [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--n K]\n"
     "                       [--stop STR]... [--stop-token-id ID]... [--min-tokens N] [--ignore-eos] [--threads N]\n"
     "                       [--json-schema SCHEMA | --json-object | --regex RE | --choice STR...]\n"
-    "                       [--kv-tokens N | --kv-mib M] [--ids]\n"
+    "                       [--kv-tokens N | --kv-mib M] [--kv-dtype fp16|fp32|fp8_e4m3] [--ids]\n"
     "                       [--numerics fast|reference] [--device cpu|cuda[:N]] [--token-budget N] [--weights file|fp8]\n"
     "                       [--load-format auto|dummy]\n"
     "                       PROMPT\n";
@@ -238,6 +238,12 @@ int cli_generate(int argc, char **argv)
         else if (!strcmp(a, "--numerics") && nx) {
             if (!kern_numerics_parse(argv[++i], &cfg.numerics)) {
                 fprintf(stderr, "tandem generate: --numerics '%s': it must be fast or reference\n", nx);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--kv-dtype") && nx) {
+            if (!td_kv_dtype_parse(argv[++i], &cfg.kv_dtype)) {
+                fprintf(stderr, "tandem generate: --kv-dtype '%s': it must be fp16, fp32 or fp8_e4m3 (fp8)\n", nx);
                 return 2;
             }
         }

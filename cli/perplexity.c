@@ -31,6 +31,7 @@ static double now_s(void)
 
 const char cli_perplexity_usage[] =
     "usage: tandem perplexity FILE [--model PATH] [--ctx N (even, 16..65536)] [--threads N] [--numerics fast|reference]\n"
+    "                         [--kv-dtype fp16|fp32|fp8_e4m3]\n"
     "                         [--device cpu|cuda[:N]] [--weights file|fp8] [--load-format auto|dummy]\n";
 
 int cli_perplexity(int argc, char **argv)
@@ -38,6 +39,7 @@ int cli_perplexity(int argc, char **argv)
     const char *model = TD_DEFAULT_MODEL, *file = NULL, *device = NULL;
     long ctx = 512, threads = 0;
     kern_numerics_t numerics = KERN_NUMERICS_FAST;
+    td_kv_dtype_t kv_dtype = TD_KV_F16;
     eng_weight_hold_t hold = ENG_WEIGHTS_FILE;
     bool dummy = false;
     for (int i = 0; i < argc; i++) {
@@ -55,6 +57,12 @@ int cli_perplexity(int argc, char **argv)
         else if (!strcmp(argv[i], "--weights") && i + 1 < argc) {
             if (!eng_weight_hold_parse(argv[++i], &hold)) {
                 fprintf(stderr, "tandem perplexity: --weights '%s': it must be file or fp8\n", argv[i]);
+                return 2;
+            }
+        }
+        else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc) {
+            if (!td_kv_dtype_parse(argv[++i], &kv_dtype)) {
+                fprintf(stderr, "tandem perplexity: --kv-dtype '%s': it must be fp16, fp32 or fp8_e4m3 (fp8)\n", argv[i]);
                 return 2;
             }
         }
@@ -103,7 +111,7 @@ int cli_perplexity(int argc, char **argv)
     if (eng_tokenizer_encode(m->tok, text, got, 0, &toks, &cap, &n))
         goto out;
     uint32_t bt = 16, nblocks = (uint32_t)(ctx + bt - 1) / bt;
-    td_kv_layout_t g = td_kv_layout_make(m->kv_id, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, TD_KV_F16);
+    td_kv_layout_t g = td_kv_layout_make(m->kv_id, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, bt, kv_dtype);
     table = malloc(nblocks * sizeof *table);
     if (!table || eng_backend_open(device, (int)threads, numerics, &be) || eng_kv_pool_create(be, &g, nblocks, NULL, &pool) ||
         eng_forward_create(m, be, pool, PPL_ROWS, PPL_ROWS, &f))

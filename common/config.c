@@ -101,8 +101,10 @@ static const cfg_field_t cfg_fields[] = {
     S("log.format", log.format, "text", "text|json", "log lines as text or JSON"),
     S("model.path", model.path, TD_DEFAULT_MODEL, NULL, "the GGUF or safetensors model", .flag = "--model",
       .procs = R | W, .more = "a .gguf file or a Hugging Face folder (config.json, model.safetensors, tokenizer.json)"),
-    S("model.kv_dtype", model.kv_dtype, "fp16", "fp16|fp32", "the KV cache's element type (the KV contract)",
-      .flag = "--kv-dtype", .procs = R | W),
+    S("model.kv_dtype", model.kv_dtype, "fp16", "fp16|fp32|fp8_e4m3|fp8", "the KV cache's element type (the KV contract)",
+      .flag = "--kv-dtype", .procs = R | W,
+      .more = "fp8_e4m3 (or fp8): a byte a value and an fp32 scale per token and KV head, about half of fp16's bytes in "
+              "the pool, on the wire and in the store; CPU backend"),
     S("model.numerics", model.numerics, "fast", "fast|reference", "tandem's kernels, or llama.cpp's rounding",
       .flag = "--numerics", .procs = W,
       .more = "reference: llama.cpp's rounding bit for bit (the same greedy tokens as llama.cpp on the same GGUF; "

@@ -18,18 +18,26 @@ static td_status_t differ_s(const char *field, const char *a, const char *b, con
     return td_error(TD_ERR_CONFIG, "KV contract mismatch with %s: %s: here '%s', peer '%s'", peer, field, a, b);
 }
 
-const char *td_kv_dtype_name(td_kv_dtype_t d) { return d == TD_KV_F16 ? "fp16" : d == TD_KV_F32 ? "fp32" : "?"; }
+static const char *const dtype_names[TD_KV_DTYPES] = {[TD_KV_F32] = "fp32", [TD_KV_F16] = "fp16",
+                                                      [TD_KV_F8_E4M3] = "fp8_e4m3"};
+
+const char *td_kv_dtype_name(td_kv_dtype_t d) { return (unsigned)d < TD_KV_DTYPES ? dtype_names[d] : "?"; }
 
 bool td_kv_dtype_parse(const char *s, td_kv_dtype_t *out)
 {
-    if (s && !strcmp(s, "fp16"))
-        *out = TD_KV_F16;
-    else if (s && !strcmp(s, "fp32"))
-        *out = TD_KV_F32;
-    else
-        return false;
-    return true;
+    for (unsigned d = 0; s && d < TD_KV_DTYPES; d++)
+        if (!strcmp(s, dtype_names[d])) {
+            *out = (td_kv_dtype_t)d;
+            return true;
+        }
+    if (s && !strcmp(s, "fp8")) {
+        *out = TD_KV_F8_E4M3;
+        return true;
+    }
+    return false;
 }
+
+const char *td_kv_scales_name(td_kv_dtype_t d) { return d == TD_KV_F8_E4M3 ? "fp32 per token and kv head" : "none"; }
 
 td_kv_layout_t td_kv_layout_make(const char *model_id, uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
                                  uint32_t block_tokens, td_kv_dtype_t dtype)
@@ -39,6 +47,14 @@ td_kv_layout_t td_kv_layout_make(const char *model_id, uint32_t n_layers, uint32
     snprintf(l.hash_scheme, sizeof l.hash_scheme, "%s", TD_KV_HASH_SCHEME);
     snprintf(l.model_id, sizeof l.model_id, "%s", model_id ? model_id : "");
     return l;
+}
+
+td_status_t td_kv_scales_check(td_kv_dtype_t d, const char *scales)
+{
+    if (scales && strcmp(scales, td_kv_scales_name(d)))
+        return td_error(TD_ERR_FORMAT, "KV contract: kv_scales '%s' is not dtype %s's ('%s')", scales,
+                        td_kv_dtype_name(d), td_kv_scales_name(d));
+    return TD_OK;
 }
 
 td_status_t td_kv_contract_check(const td_kv_layout_t *a, const td_kv_layout_t *b, const char *peer)
@@ -64,8 +80,8 @@ td_status_t td_kv_contract_check(const td_kv_layout_t *a, const td_kv_layout_t *
 
 json_t *td_kv_layout_to_json(const td_kv_layout_t *l)
 {
-    return json_pack("{s:i, s:s, s:i, s:s, s:s, s:i, s:i, s:i}", "layout_version", (json_int_t)l->layout_version,
-                     "dtype", td_kv_dtype_name(l->dtype), "block_tokens", (json_int_t)l->block_tokens, "hash_scheme",
+    return json_pack("{s:i, s:s, s:s, s:i, s:s, s:s, s:i, s:i, s:i}", "layout_version", (json_int_t)l->layout_version,
+                     "dtype", td_kv_dtype_name(l->dtype), "kv_scales", td_kv_scales_name(l->dtype), "block_tokens", (json_int_t)l->block_tokens, "hash_scheme",
                      l->hash_scheme, "model_id", l->model_id, "n_layers", (json_int_t)l->n_layers, "n_kv_heads",
                      (json_int_t)l->n_kv_heads, "head_dim", (json_int_t)l->head_dim);
 }
@@ -94,7 +110,7 @@ td_status_t td_kv_layout_from_json(const json_t *j, td_kv_layout_t *l)
     memset(l, 0, sizeof *l);
     if (!json_is_object(j))
         return td_error(TD_ERR_FORMAT, "KV contract: not a JSON object");
-    char dtype[8];
+    char dtype[16];
     td_status_t rc;
     if ((rc = json_u32(j, "layout_version", &l->layout_version)) || (rc = json_u32(j, "block_tokens", &l->block_tokens)) ||
         (rc = json_u32(j, "n_layers", &l->n_layers)) || (rc = json_u32(j, "n_kv_heads", &l->n_kv_heads)) ||
@@ -103,8 +119,8 @@ td_status_t td_kv_layout_from_json(const json_t *j, td_kv_layout_t *l)
         (rc = json_str(j, "model_id", l->model_id, sizeof l->model_id)))
         return rc;
     if (!td_kv_dtype_parse(dtype, &l->dtype))
-        return td_error(TD_ERR_FORMAT, "KV contract: dtype '%s' is not fp16 or fp32", dtype);
-    return TD_OK;
+        return td_error(TD_ERR_FORMAT, "KV contract: dtype '%s' is not fp16, fp32 or fp8_e4m3", dtype);
+    return td_kv_scales_check(l->dtype, json_string_value(json_object_get(j, "kv_scales")));
 }
 
 uint64_t td_kv_block_digest(const void *block, size_t block_bytes)

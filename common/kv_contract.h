@@ -5,7 +5,16 @@
  * A block holds block_tokens consecutive tokens of one sequence, all layers,
  * in the canonical layout (layout_version 1):
  *
- *   [layer][k|v][kv_head][token][head_dim]   in dtype (fp16 or fp32)
+ *   [layer][k|v][kv_head][token][head_dim]   in dtype (fp16, fp32 or fp8_e4m3)
+ *
+ * and for fp8_e4m3 each layer's rows are followed by their scales,
+ * [k|v][kv_head][token] in fp32: a row of head_dim values is stored as
+ * kern_fp8_quantize_row makes it (amax / 448, then each value over it), so a
+ * token's bytes depend on that token's K and V alone — never on which other
+ * tokens share its block, how the prompt was chunked or whether the block was
+ * written in one step or many (a scale per block would be, and cached output
+ * would then depend on the path). The contract names the scale scheme
+ * (kv_scales); blocks of another dtype have other names (blockhash.h).
  *
  * The contract is the whole struct: layout version, dtype, tokens per block,
  * block-name hash scheme, the model (its id and the shape that fixes a
@@ -25,12 +34,15 @@
 #define TD_KV_LAYOUT_VERSION 1   /* [layer][k|v][kv_head][token][head_dim] */
 #define TD_KV_HASH_SCHEME "xxh3-128-chain-v1"
 
-typedef enum td_kv_dtype { TD_KV_F32 = 0, TD_KV_F16 = 1 } td_kv_dtype_t;
+typedef enum td_kv_dtype { TD_KV_F32 = 0, TD_KV_F16 = 1, TD_KV_F8_E4M3 = 2 } td_kv_dtype_t;
+#define TD_KV_DTYPES 3
 
-/* "fp16" | "fp32" */
+/* "fp16" | "fp32" | "fp8_e4m3" (parse takes "fp8" for it too, as vLLM's kv_cache_dtype does) */
 const char *td_kv_dtype_name(td_kv_dtype_t d);
 bool td_kv_dtype_parse(const char *s, td_kv_dtype_t *out);
-static inline size_t td_kv_dtype_size(td_kv_dtype_t d) { return d == TD_KV_F16 ? 2 : 4; }
+/* the dtype's scale scheme, as the contract names it: "none", or "fp32 per token and kv head" */
+const char *td_kv_scales_name(td_kv_dtype_t d);
+static inline size_t td_kv_dtype_size(td_kv_dtype_t d) { return d == TD_KV_F16 ? 2 : d == TD_KV_F8_E4M3 ? 1 : 4; }
 
 typedef struct td_kv_layout {
     /* the geometry first (positional initializers of tests name these) */
@@ -46,10 +58,12 @@ td_kv_layout_t td_kv_layout_make(const char *model_id, uint32_t n_layers, uint32
                                  uint32_t block_tokens, td_kv_dtype_t dtype);
 
 /* Bytes of one block (all layers, K and V), of one token's KV in it, and of
- * one layer's slice of a block (its K and V rows, contiguous). */
+ * one layer's slice of a block (its K and V rows, then their scales where the
+ * dtype has them: contiguous). */
 static inline size_t td_kv_layer_bytes(const td_kv_layout_t *l)
 {
-    return (size_t)2 * l->n_kv_heads * l->block_tokens * l->head_dim * td_kv_dtype_size(l->dtype);
+    size_t rows = (size_t)2 * l->n_kv_heads * l->block_tokens * l->head_dim * td_kv_dtype_size(l->dtype);
+    return rows + (l->dtype == TD_KV_F8_E4M3 ? (size_t)2 * l->n_kv_heads * l->block_tokens * sizeof(float) : 0);
 }
 static inline size_t td_kv_block_bytes(const td_kv_layout_t *l) { return l->n_layers * td_kv_layer_bytes(l); }
 static inline size_t td_kv_token_bytes(const td_kv_layout_t *l) { return td_kv_block_bytes(l) / l->block_tokens; }
@@ -57,9 +71,20 @@ static inline size_t td_kv_token_bytes(const td_kv_layout_t *l) { return td_kv_b
  * 1) rows of kv_head in layer. */
 static inline size_t td_kv_offset(const td_kv_layout_t *l, uint32_t layer, uint32_t which, uint32_t kv_head)
 {
-    return (((size_t)layer * 2 + which) * l->n_kv_heads + kv_head) * l->block_tokens * l->head_dim;
+    return layer * (td_kv_layer_bytes(l) / td_kv_dtype_size(l->dtype)) +
+           ((size_t)which * l->n_kv_heads + kv_head) * l->block_tokens * l->head_dim;
+}
+/* fp8_e4m3: bytes from a block's start to the scales (fp32, one a token) of
+ * the K (which 0) or V (which 1) rows of kv_head in layer. */
+static inline size_t td_kv_scale_offset(const td_kv_layout_t *l, uint32_t layer, uint32_t which, uint32_t kv_head)
+{
+    return layer * td_kv_layer_bytes(l) + (size_t)2 * l->n_kv_heads * l->block_tokens * l->head_dim +
+           ((size_t)which * l->n_kv_heads + kv_head) * l->block_tokens * sizeof(float);
 }
 
+/* A peer's stated kv_scales (NULL: not stated, the dtype's own) against the dtype's: TD_ERR_FORMAT naming
+ * both when they differ. */
+td_status_t td_kv_scales_check(td_kv_dtype_t d, const char *scales);
 /* Checks that peer's contract equals ours; the error names the first field
  * that differs with both values ("block_tokens: here 16, peer 32"). */
 td_status_t td_kv_contract_check(const td_kv_layout_t *ours, const td_kv_layout_t *peer, const char *peer_name);

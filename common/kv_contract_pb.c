@@ -16,6 +16,7 @@ void td_kv_layout_to_pb(const td_kv_layout_t *l, Tandem__Internal__V1__KvContrac
     pb->n_kv_heads = l->n_kv_heads;
     pb->head_dim = l->head_dim;
     pb->dtype = (char *)td_kv_dtype_name(l->dtype);
+    pb->kv_scales = (char *)td_kv_scales_name(l->dtype);
     pb->hash_scheme = (char *)l->hash_scheme;
     pb->model_id = (char *)l->model_id;
 }
@@ -26,7 +27,10 @@ td_status_t td_kv_layout_from_pb(const Tandem__Internal__V1__KvContract *pb, td_
     if (!pb)
         return td_error(TD_ERR_FORMAT, "contract: missing");
     if (!td_kv_dtype_parse(pb->dtype, &l->dtype))
-        return td_error(TD_ERR_FORMAT, "contract: dtype '%s' is not fp16 or fp32", pb->dtype ? pb->dtype : "");
+        return td_error(TD_ERR_FORMAT, "contract: dtype '%s' is not fp16, fp32 or fp8_e4m3", pb->dtype ? pb->dtype : "");
+    td_status_t rc = td_kv_scales_check(l->dtype, pb->kv_scales);
+    if (rc)
+        return rc;
     l->layout_version = pb->layout_version;
     l->block_tokens = pb->block_tokens;
     l->n_layers = pb->n_layers;

@@ -42,6 +42,9 @@ td_status_t eng_kv_pool_create(kern_backend_t *be, const td_kv_layout_t *g, uint
 {
     if (!n_blocks || g->block_tokens < 1)
         return td_error(TD_ERR_INVALID_ARG, "kv pool: %u blocks of %u tokens is not a pool", n_blocks, g->block_tokens);
+    if ((unsigned)g->dtype >= TD_KV_DTYPES || !(be->ops->kv_dtypes >> g->dtype & 1))
+        return td_error(TD_ERR_UNSUPPORTED, "kv pool: the %s backend does not store KV in %s (model.kv_dtype)",
+                        be->ops->name, td_kv_dtype_name(g->dtype));
     eng_kv_pool_t *p = calloc(1, sizeof *p);
     if (!p)
         return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory");

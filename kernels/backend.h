@@ -182,6 +182,7 @@ typedef struct kern_sample {
 typedef struct kern_backend_ops {
     const char *name;
     uint32_t supported; /* KERN_OP_* bits */
+    uint32_t kv_dtypes; /* the KV dtypes kv_store and attention take: bit 1u << td_kv_dtype_t each */
     /* frees the backend and everything it allocated */
     void (*destroy)(kern_backend_t *b);
     /* memory */

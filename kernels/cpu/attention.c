@@ -3,7 +3,8 @@
  * Shapes: q, out [rows][n_heads][head_dim]; the KV of layer L for token slot s
  * (block s / block_tokens, offset s % block_tokens) is at
  *   block + ((L * 2 + 0|1) * n_kv_heads + kv_head) * block_tokens * head_dim + offset * head_dim
- * (the canonical block layout of engine/kv_pool.h), fp32 or fp16.
+ * (the canonical block layout of engine/kv_pool.h), fp32, fp16 or fp8_e4m3 (a row
+ * with its fp32 scale, kern_fp8_quantize_row's form; common/kv_contract.h).
  *
  * How it works: one task per (query row, head). It walks the sequence's
  * blocks up to the row's own position and keeps a running softmax (max, sum
@@ -13,8 +14,11 @@
  * query heads that share a KV head, and walks up to 16 positions at a time:
  * K and V widened once for them, their scores together, one rescale per
  * stretch, vector exps. Query heads share KV heads in groups (GQA). A backend with
- * reference numerics takes llama.cpp's two-pass path instead (refnum.h). */
+ * reference numerics takes llama.cpp's two-pass path instead (refnum.h). fp8
+ * KV is widened to fp32 a row at a time (a table of the 256 codes) and its
+ * scale applied to the score and to the weight of the V row. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,11 +26,26 @@
 #include "kernels/cpu/refnum.h"
 #include "kernels/quant.h"
 
+static float fp8_table[256];
+static pthread_once_t fp8_once = PTHREAD_ONCE_INIT;
+static void fp8_table_fill(void)
+{
+    for (int i = 0; i < 256; i++)
+        fp8_table[i] = kern_fp8_to_fp32((uint8_t)i);
+}
+
+/* fp8 KV: one row of hd codes widened into out */
+static void fp8_row(const uint8_t *q, float *out, uint32_t hd)
+{
+    for (uint32_t i = 0; i < hd; i++)
+        out[i] = fp8_table[q[i]];
+}
+
 td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                               const int32_t *slots, uint32_t n)
 {
     const kern_cpu_t *c = (const kern_cpu_t *)b;
-    size_t es = kv->layout->dtype == TD_KV_F16 ? 2 : 4;
+    size_t es = td_kv_dtype_size(kv->layout->dtype);
     for (uint32_t t = 0; t < n; t++) {
         uint32_t blk = (uint32_t)slots[t] / kv->layout->block_tokens, off = (uint32_t)slots[t] % kv->layout->block_tokens;
         uint8_t *base = (uint8_t *)kv->base + (size_t)blk * kv->block_bytes;
@@ -36,6 +55,11 @@ td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const
                 uint8_t *dst = base + (kern_kv_offset(kv, which, h) + (size_t)off * kv->layout->head_dim) * es;
                 if (kv->layout->dtype == TD_KV_F32) {
                     memcpy(dst, src, kv->layout->head_dim * sizeof(float));
+                } else if (kv->layout->dtype == TD_KV_F8_E4M3) {
+                    float scale;
+                    kern_fp8_quantize_row(src, kv->layout->head_dim, dst, &scale);
+                    memcpy(base + td_kv_scale_offset(kv->layout, kv->layer, which, h) + (size_t)off * sizeof(float),
+                           &scale, sizeof scale);
                 } else {
                     c->vd->to_f16(src, (uint16_t *)(void *)dst, kv->layout->head_dim);
                 }
@@ -56,6 +80,22 @@ typedef struct attn_job {
     uint32_t total_rows;
     const kern_vecdot_table_t *vd;
 } attn_job_t;
+
+/* One position's score sc into a running softmax (max *m, sum *l, the weighted sum acc of hd values, rescaled when
+ * the max grows): its weight, for the caller to add its V row with. */
+static inline float softmax_step(float sc, float *m, float *l, float *acc, uint32_t hd)
+{
+    if (sc > *m) {
+        float r = expf(*m - sc);
+        *l *= r;
+        for (uint32_t i = 0; i < hd; i++)
+            acc[i] *= r;
+        *m = sc;
+    }
+    float e = expf(sc - *m);
+    *l += e;
+    return e;
+}
 
 static void attn_task(void *ctx, int task, int n_tasks)
 {
@@ -87,17 +127,43 @@ static void attn_task(void *ctx, int task, int n_tasks)
     for (uint32_t p = 0; p <= pos; p++) {
         uint32_t blk = (uint32_t)s->block_table[p / kv->layout->block_tokens], off = p % kv->layout->block_tokens;
         const uint8_t *base = (const uint8_t *)kv->base + (size_t)blk * kv->block_bytes + off * row_bytes;
-        float sc = dot(base + k_off, q, hd) * j->scale;
-        if (sc > m) {
-            float r = expf(m - sc);
-            l *= r;
-            for (uint32_t i = 0; i < hd; i++)
-                acc[i] *= r;
-            m = sc;
-        }
-        float e = expf(sc - m);
-        l += e;
+        float e = softmax_step(dot(base + k_off, q, hd) * j->scale, &m, &l, acc, hd);
         axpy(e, base + v_off, acc, hd);
+    }
+    float *o = j->out + ((size_t)row * j->n_heads + head) * hd;
+    for (uint32_t i = 0; i < hd; i++)
+        o[i] = acc[i] / l;
+}
+
+/* attn_task's walk over fp8 KV: each K and V row widened, its scale on the score and on the V row's weight */
+static void attn_fp8_task(void *ctx, int task, int n_tasks)
+{
+    (void)n_tasks;
+    const attn_job_t *j = ctx;
+    const kern_kv_view_t *kv = j->kv;
+    const td_kv_layout_t *g = kv->layout;
+    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads;
+    const kern_attn_seq_t *s = j->seqs;
+    while (row >= s->row0 + s->n)
+        s++;
+    uint32_t pos = s->pos0 + (row - s->row0), bt = g->block_tokens;
+    uint32_t hd = g->head_dim, kvh = head / (j->n_heads / g->n_kv_heads);
+    const float *q = j->q + ((size_t)row * j->n_heads + head) * hd;
+    size_t k_off = kern_kv_offset(kv, 0, kvh), v_off = kern_kv_offset(kv, 1, kvh);
+    size_t ks_off = td_kv_scale_offset(g, kv->layer, 0, kvh), vs_off = td_kv_scale_offset(g, kv->layer, 1, kvh);
+    float acc[512], kr[512], vr[512];
+    memset(acc, 0, hd * sizeof(float));
+    float m = -INFINITY, l = 0;
+    for (uint32_t p = 0; p <= pos; p++) {
+        uint32_t off = p % bt;
+        const uint8_t *blk = (const uint8_t *)kv->base + (size_t)s->block_table[p / bt] * kv->block_bytes;
+        float ks, vs;
+        memcpy(&ks, blk + ks_off + (size_t)off * sizeof(float), sizeof ks);
+        memcpy(&vs, blk + vs_off + (size_t)off * sizeof(float), sizeof vs);
+        fp8_row(blk + k_off + (size_t)off * hd, kr, hd);
+        float e = softmax_step(j->vd->f32_f32(kr, q, hd) * ks * j->scale, &m, &l, acc, hd);
+        fp8_row(blk + v_off + (size_t)off * hd, vr, hd);
+        j->vd->axpy_f32(e * vs, vr, acc, hd);
     }
     float *o = j->out + ((size_t)row * j->n_heads + head) * hd;
     for (uint32_t i = 0; i < hd; i++)
@@ -184,7 +250,10 @@ td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, cons
         return TD_OK;
     }
 #endif
-    if (kv->layout->dtype == TD_KV_F16 && c->vd->attn_rows_f16 && kv->layout->head_dim % 8 == 0)
+    if (kv->layout->dtype == TD_KV_F8_E4M3) {
+        pthread_once(&fp8_once, fp8_table_fill);
+        kern_pool_run(c->pool, (int)(rows * n_heads), attn_fp8_task, &j);
+    } else if (kv->layout->dtype == TD_KV_F16 && c->vd->attn_rows_f16 && kv->layout->head_dim % 8 == 0)
         kern_pool_run(c->pool, (int)(rows * kv->layout->n_kv_heads), attn_group_task, &j);
     else
         kern_pool_run(c->pool, (int)(rows * n_heads), attn_task, &j);

@@ -163,6 +163,7 @@ static td_status_t cpu_kv_digest(kern_backend_t *b, const void *base, size_t blo
 static const kern_backend_ops_t kern_cpu_ops = {
     .name = "cpu",
     .supported = KERN_OPS_ALL,
+    .kv_dtypes = (1u << TD_KV_F32) | (1u << TD_KV_F16) | (1u << TD_KV_F8_E4M3),
     .destroy = kern_cpu_backend_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,

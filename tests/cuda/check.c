@@ -1173,7 +1173,7 @@ static td_status_t t_digest(kern_backend_t *b, const void *base, size_t bb, cons
 { (void)b; return IN->ops->kv_digest(IN, base, bb, bl, n, o); }
 #undef IN
 static const kern_backend_ops_t timed_ops = {
-    .name = "timed", .supported = KERN_OPS_ALL, .destroy = t_destroy, .alloc = t_alloc, .free = t_free,
+    .name = "timed", .supported = KERN_OPS_ALL, .kv_dtypes = (1u << TD_KV_F32) | (1u << TD_KV_F16), .destroy = t_destroy, .alloc = t_alloc, .free = t_free,
     .host_alloc = t_halloc, .host_free = t_hfree,
     .upload = t_upload, .download = t_download, .copy = t_copy, .sync = t_sync, .queue = t_queue,
     .kv_digest = t_digest, .weight_prepare = t_wprep,

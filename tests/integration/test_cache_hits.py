@@ -51,15 +51,23 @@ def text_of(n_words, rng):
     return "".join(" " + rng.choice(WORDS) for _ in range(n_words))
 
 
-def cold(prompt, numerics, max_tokens, cache):
+def cold(prompt, numerics, max_tokens, cache, kv_dtype="fp16"):
     """The reference: single-process tandem generate, cold, greedy (memoized per run)."""
-    key = (prompt, numerics, max_tokens)
+    key = (prompt, numerics, max_tokens, kv_dtype)
     if key not in cache:
         out = subprocess.run(["timeout", "600", BIN + "/tandem", "generate", "--model", hs.MODEL, "--ids",
                               "--threads", "1", "--kv-tokens", "8192", "--numerics", numerics, "--max-tokens", str(max_tokens),
-                              "--ignore-eos", prompt], capture_output=True, text=True, check=True).stdout
+                              "--kv-dtype", kv_dtype, "--ignore-eos", prompt], capture_output=True, text=True,
+                             check=True).stdout
         cache[key] = [int(x) for x in out.split()]
     return cache[key]
+
+
+def token_bytes(kv_dtype):
+    """KV bytes a token, as single-process tandem generate states them for the dtype."""
+    out = subprocess.run([BIN + "/tandem", "generate", "--model", hs.MODEL, "--max-tokens", "1", "--kv-dtype", kv_dtype,
+                          "x"], capture_output=True, text=True, check=True).stderr
+    return int(out.split("KV ")[1].split(" bytes/token")[0])
 
 
 def detok(ids):
@@ -99,14 +107,14 @@ def workload(rng, max_words, n_docs, n_seq, n_conc):
 
 
 def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_words, n_seq, n_conc, max_tokens,
-              refs, kill_decode=False, want_preempt=False, decode=1, colocated=0, pairs=False):
+              refs, kill_decode=False, want_preempt=False, decode=1, colocated=0, pairs=False, kv_dtype="fp16"):
     rng = random.Random("%d %s" % (SEED, name))
     seq, conc = workload(rng, max_words, 3, n_seq, n_conc)
     d = tempfile.mkdtemp(prefix="tandem-hits-")
     cfg = d + "/tandem.yaml"
     with open(cfg, "w") as f:
-        f.write("model:\n  numerics: %s\nprefill:\n  count: %d\n  token_budget: %d\n  kv_mib: %d\n"
-                "decode:\n  count: %d\n  kv_mib: %d\n" % (numerics, prefill, budget, prefill_mib, decode, decode_mib))
+        f.write("model:\n  numerics: %s\n  kv_dtype: %s\nprefill:\n  count: %d\n  token_budget: %d\n  kv_mib: %d\n"
+                "decode:\n  count: %d\n  kv_mib: %d\n" % (numerics, kv_dtype, prefill, budget, prefill_mib, decode, decode_mib))
         if pairs:  # every prompt to the prefill worker, whose cache holds the earlier ones (not the router's
             # choice, under load, to prefill some on the decode worker, whose small pool has evicted them)
             f.write("  colocated: false\n")
@@ -120,13 +128,13 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
             return p
         # the next turn: the earlier prompt, its (greedy) answer, a new question
         if p not in turn_text:
-            turn_text[p] = p + detok(cold(p, numerics, max_tokens, refs)) + text_of(rng.randint(3, 20), rng)
+            turn_text[p] = p + detok(cold(p, numerics, max_tokens, refs, kv_dtype)) + text_of(rng.randint(3, 20), rng)
         return turn_text[p]
     seq = [resolve(k, p) for k, p in seq]
     conc = [resolve(k, p) for k, p in conc]
     # two at once, a thread each (a worker's thread count changes no token: the cluster's run one each)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        want = dict(zip(seq + conc, pool.map(lambda p: cold(p, numerics, max_tokens, refs), seq + conc)))
+        want = dict(zip(seq + conc, pool.map(lambda p: cold(p, numerics, max_tokens, refs, kv_dtype), seq + conc)))
     c = hs.Cluster(cfg, extra=["--colocated", str(colocated)] if colocated else ())
     stats = {"n": 0, "hits": 0, "reused": 0, "bad": [], "errors": []}
     lock = threading.Lock()
@@ -140,6 +148,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
             return
         with lock:
             stats["n"] += 1
+            stats.setdefault("prompt0", last.usage.prompt_tokens)
             if last.usage.cached_prompt_tokens:
                 stats["hits"] += 1
                 stats["reused"] += last.usage.cached_prompt_tokens
@@ -147,8 +156,18 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
                 stats["bad"].append((last.usage.prompt_tokens, last.usage.cached_prompt_tokens, ids, want[p]))
     try:
         t0 = time.time()
+        pw = c.worker("prefill") if pairs else None
+        sent0 = c.stats(pw).transfer_bytes if pw else 0
         for p in seq:
             one(p)
+            if pw and p is seq[0]:  # a cold whole-prompt prefill: every block of it put into the decode pool
+                moved = c.stats(pw).transfer_bytes - sent0
+                bpt = {d: token_bytes(d) for d in ("fp16", kv_dtype)}
+                blocks = -(-stats["prompt0"] // 16)
+                check("%s: the first prompt's KV moved: %d bytes for %d blocks of 16 tokens, %d a token (%s; fp16: %d, "
+                      "%.0f%% of it)" % (name, moved, blocks, moved // max(1, blocks * 16), kv_dtype, bpt["fp16"],
+                                         100.0 * bpt[kv_dtype] / bpt["fp16"]),
+                      moved == blocks * 16 * bpt[kv_dtype])
         killed, pre_killed = None, 0
         ts = [threading.Thread(target=one, args=(p,)) for p in conc]
         [t.start() for t in ts]
@@ -242,6 +261,12 @@ ROUNDS = [
     # between decode steps; one is killed mid-stream and its streams resume on the other
     dict(name="fast, 2 colocated, budget 64, kill -9 of one", numerics="fast", prefill=0, colocated=2, budget=64,
          prefill_mib=16, decode_mib=96, max_words=300, n_seq=5, n_conc=6, max_tokens=128, kill_decode=True),
+    # an fp8 KV cache (a byte a value, a scale per token and KV head): every prompt prefilled on the prefill worker and
+    # put into the decode pool over UCX, in chunks of 64, a decode pool small enough to preempt; against cold
+    # single-process fp8 output, and the bytes moved against fp16's
+    dict(name="fast, fp8 KV, budget 64, small decode pool", numerics="fast", prefill=1, budget=64, prefill_mib=48,
+         decode_mib=8, max_words=300, n_seq=5, n_conc=6, max_tokens=64, want_preempt=True, pairs=True,
+         kv_dtype="fp8_e4m3"),
     # 10 streams of 96 tokens at once: with 6 a run could see 0 or 1 preemptions, by timing alone
     dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
          prefill_mib=96, decode_mib=16, max_words=300, n_seq=3, n_conc=10, max_tokens=96, want_preempt=True),

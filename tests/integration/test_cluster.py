@@ -550,17 +550,25 @@ def test_bench_against_the_cluster(c, refs):
 
 def test_other_kv_contract_refused(c, refs):
     # 5. a worker with another KV contract is refused, naming both values
-    odd = subprocess.Popen([BIN + "/tandem-decode", "--model", MODEL, "--etcd", c.etcd, "--threads", "1",
-                            "--block-tokens", "32", "--id", "decode-bt32"] + c.tls_args("decode"), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    seen = wait_for(lambda: any(r["id"] == "decode-bt32" for r in c.health()[1]["refused"]), 15)
-    why = [r["why"] for r in c.health()[1]["refused"] if r["id"] == "decode-bt32"]
-    check("a worker with block_tokens 32 is refused: %s" % (why[0] if why else "-"),
-          seen and why and "block_tokens" in why[0] and "16" in why[0] and "32" in why[0])
+    def refused(wid, *flags):
+        p = subprocess.Popen([BIN + "/tandem-decode", "--model", MODEL, "--etcd", c.etcd, "--threads", "1",
+                              "--id", wid] + list(flags) + c.tls_args("decode"), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        seen = wait_for(lambda: any(r["id"] == wid for r in c.health()[1]["refused"]), 15)
+        why = [r["why"] for r in c.health()[1]["refused"] if r["id"] == wid]
+        return p, (why[0] if seen and why else "")
+    odd, why = refused("decode-bt32", "--block-tokens", "32")
+    check("a worker with block_tokens 32 is refused: %s" % (why or "-"),
+          "block_tokens" in why and "16" in why and "32" in why)
+    # and one whose KV is fp8_e4m3 (a byte a value, its scales): refused the same way, both dtypes named
+    f8, why8 = refused("decode-fp8", "--kv-dtype", "fp8")
+    check("a worker with an fp8_e4m3 KV cache is refused: %s" % (why8 or "-"),
+          "dtype" in why8 and "'fp16'" in why8 and "'fp8_e4m3'" in why8)
     ok_all = all(generate(c.stub, p)[0] == refs[p] for p in PROMPTS[:4])
-    check("requests never land on the refused worker", ok_all)
-    odd.terminate()
-    odd.wait(30)
+    check("requests never land on the refused workers", ok_all)
+    for p in (odd, f8):
+        p.terminate()
+        p.wait(30)
 
 
 def test_kill_prefill_mid_prefill(c, refs):

@@ -186,7 +186,7 @@ Test(config, flags_set_keys_over_the_file)
     cr_assert_eq(cfg.transport.peer_idle_s, 9);
     cr_assert_str_eq(seen, "--id=w7");
     td_config_free(&cfg);
-    char *bad[] = {"p", "--kv-dtype", "fp8", NULL};
+    char *bad[] = {"p", "--kv-dtype", "int4", NULL};
     cr_assert_eq(td_config_from_args(&cfg, "p", "prefill", TD_PROC_WORKER, own, own_seen, seen, "", 3, bad), 2,
                  "a flag's value is validated as the file's would be");
     td_config_free(&cfg);

@@ -170,12 +170,29 @@ Test(kernels, rmsnorm_and_rope_both_styles)
     kern_cpu_backend_destroy(be);
 }
 
+/* What a pool of dtype dt holds for element i of a K or V row of HD values: the value, its fp16 rounding, or its
+ * fp8 code (the row's amax over 448 its scale, kv_contract.h) times the scale. */
+static float stored(td_kv_dtype_t dt, const float *row, int hd, int i)
+{
+    if (dt == TD_KV_F16)
+        return kern_fp16_to_fp32(kern_fp32_to_fp16(row[i]));
+    if (dt == TD_KV_F32)
+        return row[i];
+    float amax = 0;
+    for (int j = 0; j < hd; j++)
+        amax = fmaxf(amax, fabsf(row[j]));
+    float sc = amax > 0 ? amax / 448.0f : 1.0f;
+    return kern_fp8_to_fp32(kern_fp32_to_fp8(row[i] / sc)) * sc;
+}
+
 Test(kernels, paged_attention_against_naive)
 {
     kern_backend_t *be;
     kern_cpu_backend_create(2, &be);
-    for (int dt = 0; dt < 2; dt++) {
-        td_kv_layout_t g = td_kv_layout_make("test", 2, 2, 16, 4, dt ? TD_KV_F16 : TD_KV_F32);
+    const td_kv_dtype_t dts[3] = {TD_KV_F32, TD_KV_F16, TD_KV_F8_E4M3};
+    for (int di = 0; di < 3; di++) {
+        const td_kv_dtype_t dt = dts[di];
+        td_kv_layout_t g = td_kv_layout_make("test", 2, 2, 16, 4, dt);
         eng_kv_pool_t *pool;
         cr_assert_eq(eng_kv_pool_create(be, &g, 8, NULL, &pool), TD_OK);
         enum { N = 11, H = 4, KVH = 2, HD = 16 };
@@ -183,7 +200,7 @@ Test(kernels, paged_attention_against_naive)
         for (int i = 0; i < N * H * HD; i++)
             q[i] = frand();
         for (int i = 0; i < N * KVH * HD; i++)
-            k[i] = frand(), v[i] = frand();
+            k[i] = frand() * (1 + i % 7), v[i] = frand(); /* rows of unlike ranges: unlike fp8 scales */
         int32_t table[3] = {6, 1, 4}, slots[N];
         for (int t = 0; t < N; t++)
             slots[t] = table[t / 4] * 4 + t % 4;
@@ -202,9 +219,10 @@ Test(kernels, paged_attention_against_naive)
                 for (int p = 0; p <= pos; p++) {
                     double d = 0;
                     for (int i = 0; i < HD; i++) {
-                        float kk = dt ? kern_fp16_to_fp32(kern_fp32_to_fp16(k[(p * KVH + kh) * HD + i])) : k[(p * KVH + kh) * HD + i];
+                        float kk = stored(dt, k + (p * KVH + kh) * HD, HD, i);
                         /* an fp16 pool: q meets k in fp16 too */
-                        float qq = dt ? kern_fp16_to_fp32(kern_fp32_to_fp16(q[(row * H + h) * HD + i])) : q[(row * H + h) * HD + i];
+                        float qq = dt == TD_KV_F16 ? kern_fp16_to_fp32(kern_fp32_to_fp16(q[(row * H + h) * HD + i]))
+                                                   : q[(row * H + h) * HD + i];
                         d += qq * kk;
                     }
                     sc[p] = d * 0.25;
@@ -214,18 +232,43 @@ Test(kernels, paged_attention_against_naive)
                     sum += sc[p] = exp(sc[p] - mx);
                 for (int i = 0; i < HD; i++) {
                     double o = 0;
-                    for (int p = 0; p <= pos; p++) {
-                        float vv = dt ? kern_fp16_to_fp32(kern_fp32_to_fp16(v[(p * KVH + kh) * HD + i])) : v[(p * KVH + kh) * HD + i];
-                        o += sc[p] / sum * vv;
-                    }
+                    for (int p = 0; p <= pos; p++)
+                        o += sc[p] / sum * stored(dt, v + (p * KVH + kh) * HD, HD, i);
                     double e = fabs(o - out[(row * H + h) * HD + i]);
                     worst = e > worst ? e : worst;
                 }
             }
         }
-        cr_assert_lt(worst, 1e-5, "%s KV: worst error %g", dt ? "fp16" : "fp32", worst);
+        cr_assert_lt(worst, 1e-5, "%s KV: worst error %g", td_kv_dtype_name(dt), worst);
+        if (dt == TD_KV_F8_E4M3) { /* the scale of token 9's V row of KV head 1 in layer 1, where the layout says */
+            float want = 0, got;
+            for (int i = 0; i < HD; i++)
+                want = fmaxf(want, fabsf(v[(9 * KVH + 1) * HD + i]));
+            memcpy(&got, (uint8_t *)view.base + (size_t)table[2] * td_kv_block_bytes(&g) +
+                   td_kv_scale_offset(&g, 1, 1, 1) + 1 * sizeof(float), sizeof got);
+            cr_assert_float_eq(got, want / 448.0f, 1e-9f);
+        }
         eng_kv_pool_destroy(pool);
     }
+    kern_cpu_backend_destroy(be);
+}
+
+/* A backend states the KV dtypes it stores (kv_dtypes); a pool of another is refused up front, naming both — as
+ * the CUDA backend, whose kernels read fp16 and fp32 KV, refuses fp8_e4m3. */
+Test(kernels, a_pool_of_a_kv_dtype_its_backend_lacks_is_refused)
+{
+    kern_backend_t *be;
+    kern_cpu_backend_create(1, &be);
+    const kern_backend_ops_t *real = be->ops;
+    static kern_backend_ops_t no_fp8;
+    no_fp8 = *real;
+    no_fp8.kv_dtypes &= ~(1u << TD_KV_F8_E4M3);
+    be->ops = &no_fp8;
+    td_kv_layout_t g = td_kv_layout_make("test", 2, 2, 16, 4, TD_KV_F8_E4M3);
+    eng_kv_pool_t *pool;
+    cr_assert_eq(eng_kv_pool_create(be, &g, 8, NULL, &pool), TD_ERR_UNSUPPORTED);
+    cr_assert(strstr(td_last_error(), "cpu backend") && strstr(td_last_error(), "fp8_e4m3"), "%s", td_last_error());
+    be->ops = real;
     kern_cpu_backend_destroy(be);
 }
 

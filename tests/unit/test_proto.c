@@ -88,9 +88,14 @@ Test(proto, kv_layout_round_trips_in_both_wire_forms)
     cr_assert_eq(td_kv_layout_from_json(j, &back), TD_ERR_FORMAT);
     cr_assert(strstr(td_last_error(), "'head_dim'"), "%s", td_last_error());
     json_object_set_new(j, "head_dim", json_integer(64));
-    json_object_set_new(j, "dtype", json_string("fp8"));
+    json_object_set_new(j, "dtype", json_string("int4"));
     cr_assert_eq(td_kv_layout_from_json(j, &back), TD_ERR_FORMAT);
-    cr_assert(strstr(td_last_error(), "dtype 'fp8'"), "%s", td_last_error());
+    cr_assert(strstr(td_last_error(), "dtype 'int4'"), "%s", td_last_error());
+    /* a dtype with another scale scheme than the one stated is refused, naming both */
+    json_object_set_new(j, "dtype", json_string("fp8_e4m3"));
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_ERR_FORMAT);
+    cr_assert(strstr(td_last_error(), "kv_scales 'none'") && strstr(td_last_error(), "per token"), "%s",
+              td_last_error());
     json_object_del(j, "model_id");
     json_object_set_new(j, "dtype", json_string("fp16"));
     cr_assert_eq(td_kv_layout_from_json(j, &back), TD_ERR_FORMAT);
@@ -101,6 +106,36 @@ Test(proto, kv_layout_round_trips_in_both_wire_forms)
     cr_assert_eq(td_kv_block_bytes(&l), (size_t)30 * 2 * 3 * 16 * 64 * 2);
     cr_assert_eq(td_kv_offset(&l, 1, 1, 2), (size_t)((1 * 2 + 1) * 3 + 2) * 16 * 64);
     cr_assert_eq(td_kv_token_bytes(&l) * 16, td_kv_block_bytes(&l));
+}
+
+/* fp8_e4m3 KV: a byte a value, each layer's rows followed by their fp32 scales (one a token and KV head); the
+ * contract states the scheme in both wire forms, and "fp8" names it as vLLM's kv_cache_dtype does. */
+Test(proto, fp8_kv_layout_and_its_scales)
+{
+    td_kv_dtype_t d;
+    cr_assert(td_kv_dtype_parse("fp8", &d) && d == TD_KV_F8_E4M3);
+    cr_assert(td_kv_dtype_parse("fp8_e4m3", &d) && d == TD_KV_F8_E4M3);
+    cr_assert(!td_kv_dtype_parse("fp8_e5m2", &d));
+    td_kv_layout_t l = td_kv_layout_make("SmolLM2-135M-Instruct", 30, 3, 64, 16, TD_KV_F8_E4M3), back;
+    const size_t rows = (size_t)2 * 3 * 16 * 64, scales = (size_t)2 * 3 * 16 * 4;
+    cr_assert_eq(td_kv_layer_bytes(&l), rows + scales);
+    cr_assert_eq(td_kv_token_bytes(&l), 12240u, "30 layers x (2 x 3 x 64 bytes + 2 x 3 scales of 4): 53%% of fp16's");
+    cr_assert_eq(td_kv_offset(&l, 2, 1, 1), 2 * (rows + scales) + (size_t)(1 * 3 + 1) * 16 * 64);
+    cr_assert_eq(td_kv_scale_offset(&l, 2, 1, 1), 2 * (rows + scales) + rows + (size_t)(1 * 3 + 1) * 16 * 4);
+    cr_assert_eq(td_kv_scale_offset(&l, 29, 1, 2) + 16 * 4, td_kv_block_bytes(&l), "the last scales end the block");
+    Tandem__Internal__V1__KvContract pb;
+    td_kv_layout_to_pb(&l, &pb);
+    cr_assert_str_eq(pb.kv_scales, "fp32 per token and kv head");
+    cr_assert_eq(td_kv_layout_from_pb(&pb, &back), TD_OK);
+    cr_assert_eq(memcmp(&l, &back, sizeof l), 0);
+    json_t *j = td_kv_layout_to_json(&l);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "fp8_e4m3");
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_OK, "%s", td_last_error());
+    cr_assert_eq(memcmp(&l, &back, sizeof l), 0);
+    json_decref(j);
+    td_kv_layout_t f16 = td_kv_layout_make("SmolLM2-135M-Instruct", 30, 3, 64, 16, TD_KV_F16);
+    cr_assert_eq(td_kv_contract_check(&f16, &l, "decode-1"), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "dtype: here 'fp16', peer 'fp8_e4m3'"), "%s", td_last_error());
 }
 
 /* A NUL inside a string field is found in the wire bytes, with the field's
