@@ -15,8 +15,8 @@
  * K and V widened once for them, their scores together, one rescale per
  * stretch, vector exps. Query heads share KV heads in groups (GQA). A backend with
  * reference numerics takes llama.cpp's two-pass path instead (refnum.h). fp8
- * KV is widened to fp32 a row at a time (a table of the 256 codes) and its
- * scale applied to the score and to the weight of the V row. */
+ * KV takes the grouped walk too, each stretch's rows widened to fp32 once (a
+ * table of the 256 codes) and multiplied by their scales. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -34,11 +34,12 @@ static void fp8_table_fill(void)
         fp8_table[i] = kern_fp8_to_fp32((uint8_t)i);
 }
 
-/* fp8 KV: one row of hd codes widened into out */
-static void fp8_row(const uint8_t *q, float *out, uint32_t hd)
+/* fp8 KV: one row of hd codes widened into out, times its scale (a table: the codes' bit tricks make fp32
+ * subnormals, which cost a microcode assist each) */
+static void fp8_row(const uint8_t *q, float *out, uint32_t hd, float scale)
 {
     for (uint32_t i = 0; i < hd; i++)
-        out[i] = fp8_table[q[i]];
+        out[i] = fp8_table[q[i]] * scale;
 }
 
 td_status_t kern_cpu_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
@@ -135,39 +136,56 @@ static void attn_task(void *ctx, int task, int n_tasks)
         o[i] = acc[i] / l;
 }
 
-/* attn_task's walk over fp8 KV: each K and V row widened, its scale on the score and on the V row's weight */
+/* The walk over fp8 KV: one task per (query row, KV head) for the query heads that share it, in stretches of up to
+ * 16 positions inside one block (as attn_group_task's: the same stretches for a row however its sequence was split
+ * into chunks), each stretch's K and V rows widened and scaled once for them all. */
 static void attn_fp8_task(void *ctx, int task, int n_tasks)
 {
     (void)n_tasks;
     const attn_job_t *j = ctx;
     const kern_kv_view_t *kv = j->kv;
     const td_kv_layout_t *g = kv->layout;
-    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads;
+    uint32_t n_kv = g->n_kv_heads, group = j->n_heads / n_kv;
+    uint32_t row = (uint32_t)task / n_kv, kvh = (uint32_t)task % n_kv;
     const kern_attn_seq_t *s = j->seqs;
     while (row >= s->row0 + s->n)
         s++;
-    uint32_t pos = s->pos0 + (row - s->row0), bt = g->block_tokens;
-    uint32_t hd = g->head_dim, kvh = head / (j->n_heads / g->n_kv_heads);
-    const float *q = j->q + ((size_t)row * j->n_heads + head) * hd;
+    uint32_t pos = s->pos0 + (row - s->row0), hd = g->head_dim, bt = g->block_tokens;
     size_t k_off = kern_kv_offset(kv, 0, kvh), v_off = kern_kv_offset(kv, 1, kvh);
     size_t ks_off = td_kv_scale_offset(g, kv->layer, 0, kvh), vs_off = td_kv_scale_offset(g, kv->layer, 1, kvh);
-    float acc[512], kr[512], vr[512];
-    memset(acc, 0, hd * sizeof(float));
-    float m = -INFINITY, l = 0;
-    for (uint32_t p = 0; p <= pos; p++) {
-        uint32_t off = p % bt;
-        const uint8_t *blk = (const uint8_t *)kv->base + (size_t)s->block_table[p / bt] * kv->block_bytes;
-        float ks, vs;
-        memcpy(&ks, blk + ks_off + (size_t)off * sizeof(float), sizeof ks);
-        memcpy(&vs, blk + vs_off + (size_t)off * sizeof(float), sizeof vs);
-        fp8_row(blk + k_off + (size_t)off * hd, kr, hd);
-        float e = softmax_step(j->vd->f32_f32(kr, q, hd) * ks * j->scale, &m, &l, acc, hd);
-        fp8_row(blk + v_off + (size_t)off * hd, vr, hd);
-        j->vd->axpy_f32(e * vs, vr, acc, hd);
+    float kr[16 * 512], vr[16 * 512], acc[8 * 512], m[8], l[8];
+    for (uint32_t h0 = 0; h0 < group; h0 += 8) {
+        uint32_t nq = group - h0 < 8 ? group - h0 : 8, head = kvh * group + h0;
+        for (uint32_t r = 0; r < nq; r++)
+            m[r] = -INFINITY, l[r] = 0;
+        memset(acc, 0, (size_t)nq * hd * sizeof(float));
+        for (uint32_t p = 0, n; p <= pos; p += n) {
+            uint32_t off = p % bt;
+            n = bt - off < 16 ? bt - off : 16;
+            n = pos + 1 - p < n ? pos + 1 - p : n;
+            const uint8_t *blk = (const uint8_t *)kv->base + (size_t)s->block_table[p / bt] * kv->block_bytes;
+            for (uint32_t i = 0; i < n; i++) {
+                float ks, vs;
+                memcpy(&ks, blk + ks_off + (size_t)(off + i) * sizeof(float), sizeof ks);
+                memcpy(&vs, blk + vs_off + (size_t)(off + i) * sizeof(float), sizeof vs);
+                fp8_row(blk + k_off + (size_t)(off + i) * hd, kr + (size_t)i * hd, hd, ks);
+                fp8_row(blk + v_off + (size_t)(off + i) * hd, vr + (size_t)i * hd, hd, vs);
+            }
+            for (uint32_t r = 0; r < nq; r++) {
+                const float *q = j->q + ((size_t)row * j->n_heads + head + r) * hd;
+                for (uint32_t i = 0; i < n; i++) {
+                    float e = softmax_step(j->vd->f32_f32(kr + (size_t)i * hd, q, hd) * j->scale, &m[r], &l[r],
+                                           acc + (size_t)r * hd, hd);
+                    j->vd->axpy_f32(e, vr + (size_t)i * hd, acc + (size_t)r * hd, hd);
+                }
+            }
+        }
+        for (uint32_t r = 0; r < nq; r++) {
+            float *o = j->out + ((size_t)row * j->n_heads + head + r) * hd;
+            for (uint32_t i = 0; i < hd; i++)
+                o[i] = acc[r * hd + i] / l[r];
+        }
     }
-    float *o = j->out + ((size_t)row * j->n_heads + head) * hd;
-    for (uint32_t i = 0; i < hd; i++)
-        o[i] = acc[i] / l;
 }
 
 /* The same walk for fp16 KV where the CPU has attn_rows_f16: one task per (query row, KV head) for the query heads
@@ -252,7 +270,7 @@ td_status_t kern_cpu_attention(kern_backend_t *b, const kern_kv_view_t *kv, cons
 #endif
     if (kv->layout->dtype == TD_KV_F8_E4M3) {
         pthread_once(&fp8_once, fp8_table_fill);
-        kern_pool_run(c->pool, (int)(rows * n_heads), attn_fp8_task, &j);
+        kern_pool_run(c->pool, (int)(rows * kv->layout->n_kv_heads), attn_fp8_task, &j);
     } else if (kv->layout->dtype == TD_KV_F16 && c->vd->attn_rows_f16 && kv->layout->head_dim % 8 == 0)
         kern_pool_run(c->pool, (int)(rows * kv->layout->n_kv_heads), attn_group_task, &j);
     else

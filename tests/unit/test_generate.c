@@ -264,9 +264,10 @@ Test(generate, fp8_kv_cache_changes_nothing_but_its_rounding)
                     "average); perplexity %.4f vs %.4f over %zu tokens (%+.2f%%)\n", same, NP, AGREE,
             (double)agree / NP, p8, p16, n8, (p8 / p16 - 1) * 100);
     cr_assert_eq(n8, n16);
-    /* stated, not tuned: 2 of 10 identical, 23.4 tokens on average, +1.57% on this 135M model (head_dim 64); the
-     * bounds catch a broken scale or layout (which parts at the first tokens, perplexity in the hundreds) */
-    cr_assert_lt(fabs(p8 / p16 - 1), 0.03, "fp8 KV's perplexity within 3%% of fp16 KV's");
+    /* stated, not tuned: 2 of 10 identical, 23.9 tokens on average, +2.0% on this 135M model (head_dim 64; +1.6%
+     * with the scale applied to the score instead of the row: 510 tokens' perplexity moves with such roundings);
+     * the bounds catch a broken scale or layout (which parts at the first tokens, perplexity in the hundreds) */
+    cr_assert_lt(fabs(p8 / p16 - 1), 0.05, "fp8 KV's perplexity within 5%% of fp16 KV's");
     cr_assert_geq(agree, (size_t)NP * 12, "on average the first 12 greedy tokens agree");
 }
 
