@@ -82,6 +82,35 @@ typedef struct attn_job {
     const kern_vecdot_table_t *vd;
 } attn_job_t;
 
+/* The sequence query row `row` belongs to, and the row's position in it. */
+static const kern_attn_seq_t *row_seq(const attn_job_t *j, uint32_t row, uint32_t *pos)
+{
+    const kern_attn_seq_t *s = j->seqs;
+    while (row >= s->row0 + s->n)
+        s++;
+    *pos = s->pos0 + (row - s->row0);
+    return s;
+}
+
+/* The grouped walks' stretch from position p: up to 16 positions, inside p's block, up to pos (the same stretches
+ * for a row however its sequence was split into chunks). */
+static inline uint32_t stretch(uint32_t p, uint32_t pos, uint32_t bt)
+{
+    uint32_t off = p % bt, n = bt - off < 16 ? bt - off : 16;
+    return pos + 1 - p < n ? pos + 1 - p : n;
+}
+
+/* out's rows of query heads head .. head + nq - 1 of `row`: the grouped walks' sums over their softmax totals */
+static void group_out(const attn_job_t *j, uint32_t row, uint32_t head, uint32_t nq, uint32_t hd, const float *acc,
+                      const float *l)
+{
+    for (uint32_t r = 0; r < nq; r++) {
+        float *o = j->out + ((size_t)row * j->n_heads + head + r) * hd;
+        for (uint32_t i = 0; i < hd; i++)
+            o[i] = acc[r * hd + i] / l[r];
+    }
+}
+
 /* One position's score sc into a running softmax (max *m, sum *l, the weighted sum acc of hd values, rescaled when
  * the max grows): its weight, for the caller to add its V row with. */
 static inline float softmax_step(float sc, float *m, float *l, float *acc, uint32_t hd)
@@ -103,11 +132,8 @@ static void attn_task(void *ctx, int task, int n_tasks)
     (void)n_tasks;
     const attn_job_t *j = ctx;
     const kern_kv_view_t *kv = j->kv;
-    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads;
-    const kern_attn_seq_t *s = j->seqs;
-    while (row >= s->row0 + s->n)
-        s++;
-    uint32_t pos = s->pos0 + (row - s->row0);
+    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads, pos;
+    const kern_attn_seq_t *s = row_seq(j, row, &pos);
     uint32_t hd = kv->layout->head_dim, kvh = head / (j->n_heads / kv->layout->n_kv_heads);
     size_t es = kv->layout->dtype == TD_KV_F16 ? 2 : 4;
     kern_vec_dot_fn dot = kv->layout->dtype == TD_KV_F16 ? j->vd->f16_f32 : j->vd->f32_f32;
@@ -146,11 +172,9 @@ static void attn_fp8_task(void *ctx, int task, int n_tasks)
     const kern_kv_view_t *kv = j->kv;
     const td_kv_layout_t *g = kv->layout;
     uint32_t n_kv = g->n_kv_heads, group = j->n_heads / n_kv;
-    uint32_t row = (uint32_t)task / n_kv, kvh = (uint32_t)task % n_kv;
-    const kern_attn_seq_t *s = j->seqs;
-    while (row >= s->row0 + s->n)
-        s++;
-    uint32_t pos = s->pos0 + (row - s->row0), hd = g->head_dim, bt = g->block_tokens;
+    uint32_t row = (uint32_t)task / n_kv, kvh = (uint32_t)task % n_kv, pos;
+    const kern_attn_seq_t *s = row_seq(j, row, &pos);
+    uint32_t hd = g->head_dim, bt = g->block_tokens;
     size_t k_off = kern_kv_offset(kv, 0, kvh), v_off = kern_kv_offset(kv, 1, kvh);
     size_t ks_off = td_kv_scale_offset(g, kv->layer, 0, kvh), vs_off = td_kv_scale_offset(g, kv->layer, 1, kvh);
     float kr[16 * 512], vr[16 * 512], acc[8 * 512], m[8], l[8];
@@ -161,8 +185,7 @@ static void attn_fp8_task(void *ctx, int task, int n_tasks)
         memset(acc, 0, (size_t)nq * hd * sizeof(float));
         for (uint32_t p = 0, n; p <= pos; p += n) {
             uint32_t off = p % bt;
-            n = bt - off < 16 ? bt - off : 16;
-            n = pos + 1 - p < n ? pos + 1 - p : n;
+            n = stretch(p, pos, bt);
             const uint8_t *blk = (const uint8_t *)kv->base + (size_t)s->block_table[p / bt] * kv->block_bytes;
             for (uint32_t i = 0; i < n; i++) {
                 float ks, vs;
@@ -180,11 +203,7 @@ static void attn_fp8_task(void *ctx, int task, int n_tasks)
                 }
             }
         }
-        for (uint32_t r = 0; r < nq; r++) {
-            float *o = j->out + ((size_t)row * j->n_heads + head + r) * hd;
-            for (uint32_t i = 0; i < hd; i++)
-                o[i] = acc[r * hd + i] / l[r];
-        }
+        group_out(j, row, head, nq, hd, acc, l);
     }
 }
 
@@ -197,11 +216,9 @@ static void attn_group_task(void *ctx, int task, int n_tasks)
     const attn_job_t *j = ctx;
     const kern_kv_view_t *kv = j->kv;
     uint32_t n_kv = kv->layout->n_kv_heads, group = j->n_heads / n_kv;
-    uint32_t row = (uint32_t)task / n_kv, kvh = (uint32_t)task % n_kv;
-    const kern_attn_seq_t *s = j->seqs;
-    while (row >= s->row0 + s->n)
-        s++;
-    uint32_t pos = s->pos0 + (row - s->row0), hd = kv->layout->head_dim, bt = kv->layout->block_tokens;
+    uint32_t row = (uint32_t)task / n_kv, kvh = (uint32_t)task % n_kv, pos;
+    const kern_attn_seq_t *s = row_seq(j, row, &pos);
+    uint32_t hd = kv->layout->head_dim, bt = kv->layout->block_tokens;
     size_t k_off = kern_kv_offset(kv, 0, kvh) * 2, v_off = kern_kv_offset(kv, 1, kvh) * 2, row_bytes = hd * 2;
     float qr[8 * 512], acc[8 * 512], m[8], l[8];
     for (uint32_t h0 = 0; h0 < group; h0 += 8) {
@@ -216,17 +233,12 @@ static void attn_group_task(void *ctx, int task, int n_tasks)
         memset(acc, 0, (size_t)nq * hd * sizeof(float));
         for (uint32_t p = 0, n; p <= pos; p += n) {
             uint32_t off = p % bt;
-            n = bt - off < 16 ? bt - off : 16;
-            n = pos + 1 - p < n ? pos + 1 - p : n;
+            n = stretch(p, pos, bt);
             const uint8_t *base = (const uint8_t *)kv->base + (size_t)s->block_table[p / bt] * kv->block_bytes +
                                   off * row_bytes;
             j->vd->attn_rows_f16(base + k_off, base + v_off, n, qr, nq, hd, j->scale, m, l, acc);
         }
-        for (uint32_t r = 0; r < nq; r++) {
-            float *o = j->out + ((size_t)row * j->n_heads + head + r) * hd;
-            for (uint32_t i = 0; i < hd; i++)
-                o[i] = acc[r * hd + i] / l[r];
-        }
+        group_out(j, row, head, nq, hd, acc, l);
     }
 }
 
@@ -236,11 +248,9 @@ static void attn_ref_task(void *ctx, int task, int n_tasks)
 {
     (void)n_tasks;
     const attn_job_t *j = ctx;
-    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads;
-    const kern_attn_seq_t *s = j->seqs;
-    while (row >= s->row0 + s->n)
-        s++;
-    uint32_t n_pad = (s->pos0 + (row - s->row0) + 1 + 31) / 32 * 32;
+    uint32_t row = (uint32_t)task / j->n_heads, head = (uint32_t)task % j->n_heads, pos;
+    const kern_attn_seq_t *s = row_seq(j, row, &pos);
+    uint32_t n_pad = (pos + 1 + 31) / 32 * 32;
     float stack[4096 * 3 / 2];
     float *scratch = n_pad <= 4096 ? stack : malloc((size_t)n_pad * 6);
     if (!scratch) /* no memory: leave a NaN row rather than a wrong one */
