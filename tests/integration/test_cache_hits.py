@@ -107,7 +107,8 @@ def workload(rng, max_words, n_docs, n_seq, n_conc):
 
 
 def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_words, n_seq, n_conc, max_tokens,
-              refs, kill_decode=False, want_preempt=False, decode=1, colocated=0, pairs=False, kv_dtype="fp16"):
+              refs, kill_decode=False, want_preempt=False, decode=1, colocated=0, pairs=False, kv_dtype="fp16",
+              want_store=False):
     rng = random.Random("%d %s" % (SEED, name))
     seq, conc = workload(rng, max_words, 3, n_seq, n_conc)
     d = tempfile.mkdtemp(prefix="tandem-hits-")
@@ -136,7 +137,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         want = dict(zip(seq + conc, pool.map(lambda p: cold(p, numerics, max_tokens, refs, kv_dtype), seq + conc)))
     c = hs.Cluster(cfg, extra=["--colocated", str(colocated)] if colocated else ())
-    stats = {"n": 0, "hits": 0, "reused": 0, "bad": [], "errors": []}
+    stats = {"n": 0, "hits": 0, "reused": 0, "store": 0, "bad": [], "errors": []}
     lock = threading.Lock()
 
     def one(p):
@@ -152,6 +153,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
             if last.usage.cached_prompt_tokens:
                 stats["hits"] += 1
                 stats["reused"] += last.usage.cached_prompt_tokens
+                stats["store"] += last.usage.store_cached_tokens
             if ids != want[p]:
                 stats["bad"].append((last.usage.prompt_tokens, last.usage.cached_prompt_tokens, ids, want[p]))
     try:
@@ -217,6 +219,9 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
         check("%s: the hit path was exercised (%d hits)" % (name, stats["hits"]), stats["hits"] >= 3)
         if want_preempt:
             check("%s: the small decode pool forced preemption (%d)" % (name, pre), pre > 0)
+        if want_store:
+            check("%s: the store path was exercised (%d prompt tokens from the KV store)" % (name, stats["store"]),
+                  stats["store"] > 0)
         if kill_decode:
             check("%s: the decode worker was killed mid-stream" % name, killed is not None)
         if colocated:
@@ -262,11 +267,12 @@ ROUNDS = [
     dict(name="fast, 2 colocated, budget 64, kill -9 of one", numerics="fast", prefill=0, colocated=2, budget=64,
          prefill_mib=16, decode_mib=96, max_words=300, n_seq=5, n_conc=6, max_tokens=128, kill_decode=True),
     # an fp8 KV cache (a byte a value, a scale per token and KV head): every prompt prefilled on the prefill worker and
-    # put into the decode pool over UCX, in chunks of 64, a decode pool small enough to preempt; against cold
-    # single-process fp8 output, and the bytes moved against fp16's
-    dict(name="fast, fp8 KV, budget 64, small decode pool", numerics="fast", prefill=1, budget=64, prefill_mib=48,
+    # put into the decode pool over UCX, in chunks of 64, a decode pool small enough to preempt, a prefill pool small
+    # enough (42 blocks) that earlier prompts' prefixes come back from the KV store; against cold single-process fp8
+    # output, and the bytes moved against fp16's
+    dict(name="fast, fp8 KV, budget 64, small pools", numerics="fast", prefill=1, budget=64, prefill_mib=8,
          decode_mib=8, max_words=300, n_seq=5, n_conc=6, max_tokens=64, want_preempt=True, pairs=True,
-         kv_dtype="fp8_e4m3"),
+         kv_dtype="fp8_e4m3", want_store=True),
     # 10 streams of 96 tokens at once: with 6 a run could see 0 or 1 preemptions, by timing alone
     dict(name="reference, small decode pool, budget 512", numerics="reference", prefill=1, budget=512,
          prefill_mib=96, decode_mib=16, max_words=300, n_seq=3, n_conc=10, max_tokens=96, want_preempt=True),
