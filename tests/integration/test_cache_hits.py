@@ -8,7 +8,8 @@ Each round starts a cluster with `tandem up` (etcd, router, prefill and decode
 workers) in one setting — numerics fast or reference, 1 or 2 prefill workers,
 chunked-prefill budgets of 7, 64 and 512 tokens, a decode pool small enough to
 force preemption, a kill -9 of the decode worker mid-stream, colocated workers
-that prefill their own requests (no prefill worker; one killed mid-stream) — and sends a
+that prefill their own requests (no prefill worker; one killed mid-stream), an fp8 KV
+cache whose prefixes also come back from the KV store — and sends a
 randomized workload (seeded, so a failure can be replayed): prompts of 16 to
 2,000 tokens made from a few random documents, sharing whole blocks and partial
 blocks of them, repeated, continued as multi-turn conversations (the previous
