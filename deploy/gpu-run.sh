@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12} " # 10 (two GPUs) only when named
+sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14} " # 10 (two GPUs) only when named
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -341,6 +341,70 @@ for b in 1 32; do
     done
   done
 done | tee "$out/structured-speed.txt"
+fi
+
+if want 14; then
+echo "== 14. the fp8_e4m3 KV cache on the GPU (a row's codes and its scale): greedy and perplexity against fp16 KV and"
+echo "   the CPU backend's fp8 KV; the KV bytes a disaggregated prefill moves; decode and prefill tokens/s (7B shape)"
+if [ -n "$smol" ]; then
+  : > "$out/kv8-greedy.txt"; same16=0; samecpu=0; total=0
+  for p in "The capital of France is" "Write a haiku about the sea." "def fibonacci(n):" "1, 2, 3, 4," \
+      "Explain photosynthesis in one sentence." "The quick brown fox" "List three prime numbers:" \
+      "Translate 'good morning' into French:" "Once upon a time" "What is the boiling point of water?"; do
+    g="--model $smol --ids --max-tokens 48 --ignore-eos"
+    a=$("$T" generate $g --device cuda "$p" 2>/dev/null)
+    b=$("$T" generate $g --device cuda --kv-dtype fp8 "$p" 2>>"$out/kv8.err")
+    c=$("$T" generate $g --device cpu --kv-dtype fp8 "$p" 2>/dev/null)
+    total=$((total + 1)); [ "$a" = "$b" ] && same16=$((same16 + 1)); [ "$b" = "$c" ] && samecpu=$((samecpu + 1))
+    python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))); print('%s: the first %d of 48 tokens equal' % (sys.argv[3], n))" "$a" "$b" "$p" >> "$out/kv8-greedy.txt"
+  done
+  cat "$out/kv8-greedy.txt"
+  echo "SmolLM2 greedy, 48 tokens, fp8 KV on the GPU: $same16 of $total prompts identical to fp16 KV (the GPU's),"
+  echo "  $samecpu of $total to the CPU backend's fp8 KV"
+  for kd in fp16 fp8; do
+    "$T" perplexity "$here/fixtures/ppl.txt" --model "$smol" --device cuda --kv-dtype $kd > "$out/ppl-cuda-kv-$kd.txt" 2>&1
+    echo "SmolLM2 perplexity, cuda, KV $kd: $(tail -1 "$out/ppl-cuda-kv-$kd.txt")"
+  done
+  unpack_etcd
+  mkdir -p "${OUT:-/tmp}/kv8"
+  for kd in fp16 fp8_e4m3; do
+    python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$smol" --out "${OUT:-/tmp}/kv8" --kv-mib 1024 \
+      --kv-dtype $kd --lengths 1024 --reps 2 --identity 6 > "$out/kv8-disagg-$kd.json" 2> "$out/kv8-disagg-$kd.err" ||
+      { echo "disaggregated SmolLM2, KV $kd FAILED"; tail -5 "$out/kv8-disagg-$kd.err"; fail=1; }
+    python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+print('SmolLM2 disaggregated, KV %s: greedy %d of %d prompts identical to the single process; 1024 tokens: %s; KV moved: %s'
+      % (d['kv_dtype'], d['identical'], len(d['identity']), json.dumps(d['lengths']), json.dumps(d['kv_transfer'])))
+sys.exit(d['identical'] != len(d['identity']))" "$out/kv8-disagg-$kd.json" || fail=1
+  done
+fi
+# the Llama-2-7B shape (dummy weights): decode at a context of ~1,000 tokens, batch 1, 16 and 64, fp16 and fp8 KV
+# alternating (2 rounds); then a 4,096-token prefill
+m7d=$work/llama2-7b-dummy
+[ -f "$m7d/config.json" ] || python3 "$here/bench/make_random_llama.py" "$m7d" --shape llama2-7b \
+  --tokenizer "$here/fixtures/tiny-llama3" --config-only >> "$out/make-dummy.txt" 2>&1
+words() { python3 -c "
+from tokenizers import Tokenizer
+t = Tokenizer.from_file('$m7d/tokenizer.json')
+w = []
+while len(t.encode(' '.join(w), add_special_tokens=False).ids) < $1:
+    w.append(str(len(w) % 97))
+print(' '.join(w[:-1]))"; }
+p1=$(words 1000); p4=$(words 4095)
+: > "$out/kv8-7b.txt"
+for r in 1 2; do for b in 1 16 64; do for kd in fp16 fp8; do
+  "$T" generate --model "$m7d" --load-format dummy --device cuda --kv-dtype $kd --n $b --max-tokens 128 \
+    --ignore-eos --ids --kv-mib 40000 "$p1" 2>&1 >/dev/null | grep -E "tok/s|error" |
+    sed "s/^/round $r, KV $kd, batch $b, context ~1k: /" >> "$out/kv8-7b.txt"
+done; done; done
+for kd in fp16 fp8; do
+  "$T" generate --model "$m7d" --load-format dummy --device cuda --kv-dtype $kd --max-tokens 1 --ignore-eos --ids \
+    --token-budget 4096 --kv-mib 4096 "$p4" 2>&1 >/dev/null | grep -E "tok/s|error" |
+    sed "s/^/KV $kd, prefill 4096: /" >> "$out/kv8-7b.txt"
+done
+sed -E 's/\| KV .*//' "$out/kv8-7b.txt"
+grep -q error "$out/kv8-7b.txt" && fail=1
 fi
 
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

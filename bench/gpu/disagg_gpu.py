@@ -25,7 +25,8 @@ Standard library only (the GPU machine has no gRPC tools). Prints one JSON
 document. Usage:
   disagg_gpu.py --bin DIR --model PATH --out DIR [--device cuda] [--kv-mib N] [--lengths 128,1024]
                 [--transport auto|ucx] [--prefill-device D] [--decode-device D] [--kvstores N --kvstore-mib N --prefill-kv-mib N --store-len N]
-                [--gen N] [--reps N] [--identity N] [--threads N] [--bench "ARGS" [--bench-prompts N:MIN:MAX]]
+                [--gen N] [--reps N] [--identity N] [--threads N] [--kv-dtype fp16|fp8_e4m3]
+                [--bench "ARGS" [--bench-prompts N:MIN:MAX]]
 """
 import argparse
 import json
@@ -62,12 +63,12 @@ def start_cluster(a, log_path, extra=(), decode_budget=0):
     workers' token budget, a's by default); its process and the router's HOST:PORT."""
     cfg = os.path.join(a.out, "gpu-cluster.yaml")
     with open(cfg, "w") as f:
-        f.write("model: {path: %s}\nrouter: {http_listen: \"\"}\n"
+        f.write("model: {path: %s, kv_dtype: %s}\nrouter: {http_listen: \"\"}\n"
                 "prefill: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d}\n"
                 "decode: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d}\n"
                 "kvstore: {count: %d, use: %s, dram_mb: %d}\n"
                 "transport: {kind: %s}\n"
-                % (a.model, getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
+                % (a.model, getattr(a, "kv_dtype", "fp16"), getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
                    a.token_budget, a.threads, getattr(a, "decode_device", None) or a.device, a.kv_mib,
                    decode_budget or a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
     log = open(log_path, "a+")  # append: the children share the offset
@@ -113,7 +114,7 @@ def remote(a, ep, prompt, gen):
 
 def single(a, prompt, gen):
     r = run([a.bin + "/tandem", "generate", "--model", a.model, "--device", a.device, "--threads", str(a.threads), "--ids", "--max-tokens", str(gen),
-             "--ignore-eos", "--kv-mib", str(a.kv_mib), "--token-budget", str(a.token_budget), prompt])
+             "--ignore-eos", "--kv-dtype", a.kv_dtype, "--kv-mib", str(a.kv_mib), "--token-budget", str(a.token_budget), prompt])
     t = re.search(r"TTFT ([\d.]+) ms", r.stderr)
     d = re.search(r"= ([\d.]+) tok/s", r.stderr)
     return r.stdout.split(), float(t.group(1)), 1000.0 / float(d.group(1))
@@ -131,6 +132,7 @@ def main():
     ap = argparse.ArgumentParser()
     base_args(ap)
     ap.add_argument("--kv-mib", type=int, default=2048)
+    ap.add_argument("--kv-dtype", default="fp16", help="model.kv_dtype of the cluster and the single process")
     ap.add_argument("--token-budget", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", default="128,1024")
@@ -154,7 +156,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     name = os.path.basename(a.model.rstrip("/"))
     log_path = os.path.join(a.out, "gpu-cluster-%s.log" % name)
-    res = {"model": a.model, "kv_mib": a.kv_mib, "transport": a.transport, "kvstores": a.kvstores, "identity": [],
+    res = {"model": a.model, "kv_dtype": a.kv_dtype, "kv_mib": a.kv_mib, "transport": a.transport, "kvstores": a.kvstores, "identity": [],
            "lengths": {}, "devices": {"single": a.device, "prefill": a.prefill_device or a.device,
                                       "decode": a.decode_device or a.device}}
     # single-process first: the cluster's two processes then have the GPU to themselves

@@ -32,6 +32,14 @@
 // fp32 sums), the softmax runs on the fp32 scores in registers (base 2, the
 // scale folded into Q). P is rounded to fp16 for the P V product. The blocks
 // of a sequence's last rows, which walk the most positions, go first.
+//
+// fp8_e4m3 KV (a row's codes and its scale, common/kv_contract.h): decode
+// rows take k_attention_decode's path that reads K and V from the pool as it
+// uses them, a K row's scale multiplying its score and a V row's its softmax
+// weight, the query in fp32 as on the CPU backend; prompt rows the tensor-core
+// kernel, each tile's values widened and scaled to fp16 on their way to
+// shared memory (plain loads: cp.async cannot convert); other head_dims
+// k_attention.
 #include "kernels/cuda/cuda_int.h"
 
 #define ATT_WARPS 4
@@ -52,6 +60,7 @@ typedef struct att_args {
     const uint8_t *base;
     size_t block_bytes;
     uint32_t layer, n_kv, bt, hd, n_heads, group, hc, qt;
+    size_t lstride; // a layer's elements in a block (fp8: bytes, its scales included)
     float scale;
     const float *q;
     float *out;
@@ -79,11 +88,24 @@ __device__ __forceinline__ att_seq_t dec_seq(const att_args_t &a, uint32_t i)
     return S;
 }
 
+// Elements from a block's start to the K (which 0) or V (which 1) rows of kvh in the launch's layer; fp8: bytes
+// from it to those rows' scales
+__device__ __forceinline__ size_t att_rows(const att_args_t &a, uint32_t which, uint32_t kvh)
+{
+    return a.layer * a.lstride + ((size_t)which * a.n_kv + kvh) * a.bt * a.hd;
+}
+__device__ __forceinline__ size_t att_scales(const att_args_t &a, uint32_t which, uint32_t kvh)
+{
+    return a.layer * a.lstride + (size_t)2 * a.n_kv * a.bt * a.hd + ((size_t)which * a.n_kv + kvh) * a.bt * sizeof(float);
+}
+typedef __nv_fp8_e4m3 kv8_t;
+
 static size_t att_smem(uint32_t hd) { return ((size_t)16 * hd + ATT_KT * (hd + 1) + ATT_KT * hd) * sizeof(float); }
 
 template <typename T> __device__ __forceinline__ float kc_to_float(T v);
 template <> __device__ __forceinline__ float kc_to_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ float kc_to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float kc_to_float<kv8_t>(kv8_t v) { return static_cast<float>(v); }
 
 // A running softmax state at its start: no maximum yet, nothing summed.
 template <int N>
@@ -122,8 +144,8 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
         sq[p * hd + d] = v;
     }
     const uint32_t last = S.pos0 + r0 + rows - 1; // the tile's last row's position
-    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
-    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
+    const size_t k_off = att_rows(a, 0, kvh), v_off = att_rows(a, 1, kvh);
+    const size_t ks_off = att_scales(a, 0, kvh), vs_off = att_scales(a, 1, kvh); // fp8
     float m[ATT_PAIRS], l[ATT_PAIRS], acc[ATT_PAIRS][ATT_MAXD];
     softmax_reset(m, l, acc);
     for (uint32_t p0 = 0; p0 <= last; p0 += ATT_KT) {
@@ -136,6 +158,11 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
                 size_t o = (size_t)(pos % a.bt) * hd + d;
                 kf = kc_to_float<T>(blk[k_off + o]);
                 vf = kc_to_float<T>(blk[v_off + o]);
+                if constexpr (sizeof(T) == 1) {
+                    const uint8_t *b8 = (const uint8_t *)blk;
+                    kf *= ((const float *)(b8 + ks_off))[pos % a.bt];
+                    vf *= ((const float *)(b8 + vs_off))[pos % a.bt];
+                }
             }
             sk[j * (hd + 1) + d] = kf;
             sv[j * hd + d] = vf;
@@ -225,6 +252,16 @@ __device__ __forceinline__ void load8(const __half *p, float *f)
         f[2 * i] = x.x, f[2 * i + 1] = x.y;
     }
 }
+__device__ __forceinline__ void load8(const kv8_t *p, float *f) // 8-byte aligned
+{
+    const uint2 u = *(const uint2 *)p;
+    const __nv_fp8x2_storage_t *c = (const __nv_fp8x2_storage_t *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 x = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(c[i], __NV_E4M3)));
+        f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+}
 __device__ __forceinline__ void load8(const float *p, float *f)
 {
     const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
@@ -277,7 +314,7 @@ __device__ __forceinline__ void unpack8(const uint4 u, float *f)
 template <typename T, int HD, int GM, bool KS>
 __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
-    constexpr bool SV = HD != 0 && sizeof(T) == 2, SK = SV && KS;
+    constexpr bool SV = HD != 0 && sizeof(T) == 2, SK = SV && KS, F8 = sizeof(T) == 1;
     extern __shared__ float dsm[];
     constexpr int E = HD ? HD / 32 : ATT_MAXD; // values of a head a lane holds
     const uint32_t hd = HD ? HD : a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
@@ -302,8 +339,8 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
              (size_t)warp * 32 * (HD + DEC_KPAD);
     // block_tokens is a power of two (the launch checks)
     const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1;
-    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * hd;
-    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * hd;
+    const size_t k_off = att_rows(a, 0, kvh), v_off = att_rows(a, 1, kvh);
+    const size_t ks_off = att_scales(a, 0, kvh), vs_off = att_scales(a, 1, kvh); // F8
     // lane's position's page (a.base past the slice: read nothing)
     auto page = [&](uint32_t pos) {
         return pos < hi ? a.base + (size_t)S.table[pos >> bt_shift] * a.block_bytes : a.base;
@@ -368,7 +405,7 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
                 v = __half2float(__float2half_rn(v));
             sq[i] = v;
         }
-    } else {
+    } else if constexpr (!F8) { // (fp8 KV: the launch stores first)
         // rope_kv_store's work for this row and KV head: the queries rotated here, and the row's K (rotated)
         // and V stored by the block whose slice holds its position, before any block reads it
         const size_t kv_row = ((size_t)S.row0 * a.n_kv + kvh) * hd;
@@ -453,6 +490,10 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 #pragma unroll
             for (int j = 0; j < DP; j++)
                 sp[h][j] = 0;
+        float ksc = 1, vsc = 0; // F8: the scales of this lane's position's K and V rows
+        if constexpr (F8)
+            if (live)
+                ksc = ((const float *)(row + ks_off))[pos & bt_mask], vsc = ((const float *)(row + vs_off))[pos & bt_mask];
         if (live) { // this lane's position's row of K
             const T *kr = (const T *)row + k_off + in_blk;
 #pragma unroll(HD ? HD / 8 : 1)
@@ -481,7 +522,7 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
         for (int h = 0; h < GM; h++) {
             if (h >= (int)G)
                 break;
-            const float s = live ? sc[h] * a.scale : -INFINITY;
+            const float s = live ? (F8 ? sc[h] * ksc : sc[h]) * a.scale : -INFINITY;
             float mt = s;
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1)
@@ -497,7 +538,7 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 #pragma unroll
             for (int i = 0; i < ATT_MAXD; i++)
                 acc[h][i] *= corr;
-            sc[h] = e;
+            sc[h] = F8 ? e * vsc : e; // F8: P·V's weight takes the V row's scale
         }
         if constexpr (SV) {
             // P·V with the weights from shared memory (a shuffle a position made each step wait on the one
@@ -680,10 +721,24 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const __half *p)
                  : "r"((uint32_t)__cvta_generic_to_shared(p)));
 }
 
+// 8 fp8_e4m3 codes times their row's scale, as 8 fp16 values
+__device__ __forceinline__ uint4 f8x8_to_half(uint2 c, float s)
+{
+    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&c;
+    uint4 r;
+    uint32_t *h = (uint32_t *)&r;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 x = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        h[i] = pack_half2(x.x * s, x.y * s);
+    }
+    return r;
+}
+
 // Three blocks an SM (168 registers, a few bytes spilled): faster than two
 // without the cap; two 16-row tiles a warp (255 registers, two blocks) were
-// slower still (bench/results/gpu-2026-11-25e/).
-template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(const att_args_t a)
+// slower still (bench/results/gpu-2026-11-25e/). F8: fp8_e4m3 KV.
+template <int HD, bool F8> __global__ void __launch_bounds__(128, 3) k_attention_mma(const att_args_t a)
 {
     constexpr uint32_t LD = HD + MMA_PAD; // a shared row, in halves
     extern __shared__ __align__(16) __half mma_sm[]; // [2 tiles][K, V][MMA_KT][LD]
@@ -703,8 +758,8 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
     const uint32_t warp_first = S.pos0 + r0 + wr0, warp_last = warp_first + 15; // the warp's rows' positions
     const uint32_t pos_a = warp_first + g, pos_b = pos_a + 8;                     // this thread's two rows' positions
     const bool warp_live = wr0 < rows;
-    const size_t k_off = (((size_t)a.layer * 2 + 0) * a.n_kv + kvh) * a.bt * HD;
-    const size_t v_off = (((size_t)a.layer * 2 + 1) * a.n_kv + kvh) * a.bt * HD;
+    const size_t k_off = att_rows(a, 0, kvh), v_off = att_rows(a, 1, kvh);
+    const size_t ks_off = att_scales(a, 0, kvh), vs_off = att_scales(a, 1, kvh); // F8
     // One tile's K and V rows into buffer b: consecutive threads take consecutive 16-byte pieces of a row
     // (coalesced), a thread PER pieces JSTEP positions apart; positions past the last row read as zeros.
     // The pages of a tile's pieces are looked up a tile ahead (pages()), so the loads wait on no table read.
@@ -728,10 +783,22 @@ template <int HD> __global__ void __launch_bounds__(128, 3) k_attention_mma(cons
         for (uint32_t m = 0; m < PER; m++) {
             const uint32_t j = jt + m * JSTEP, pos = p0 + j;
             const bool ok = pos <= last;
-            const __half *blk = (const __half *)(a.base + (size_t)pg[m / PPG] * a.block_bytes);
+            const uint8_t *page = a.base + (size_t)pg[m / PPG] * a.block_bytes;
             const size_t o8 = ok ? (size_t)(pos & bt_mask) * HD + dt : 0;
-            cp_async16(kb + j * LD + dt, ok ? blk + k_off + o8 : blk, ok);
-            cp_async16(vb + j * LD + dt, ok ? blk + v_off + o8 : blk, ok);
+            if constexpr (F8) {
+                uint4 kh = make_uint4(0, 0, 0, 0), vh = kh;
+                if (ok) {
+                    const float *ks = (const float *)(page + ks_off), *vs = (const float *)(page + vs_off);
+                    kh = f8x8_to_half(*(const uint2 *)(page + k_off + o8), ks[pos & bt_mask]);
+                    vh = f8x8_to_half(*(const uint2 *)(page + v_off + o8), vs[pos & bt_mask]);
+                }
+                *(uint4 *)(kb + j * LD + dt) = kh;
+                *(uint4 *)(vb + j * LD + dt) = vh;
+            } else {
+                const __half *blk = (const __half *)page;
+                cp_async16(kb + j * LD + dt, ok ? blk + k_off + o8 : blk, ok);
+                cp_async16(vb + j * LD + dt, ok ? blk + v_off + o8 : blk, ok);
+            }
         }
     };
     const uint32_t n_tiles = last / MMA_KT + 1;
@@ -890,8 +957,13 @@ template <typename T, int HD, bool KS> static dec_fn_t dec_by_group(uint32_t gro
                         : k_attention_decode<T, HD, DEC_MAXG, KS>;
 }
 // sk: K through shared memory (fp16 KV, head_dim 64 or 128 only; the others ignore it)
-static dec_fn_t dec_kernel(bool h16, uint32_t hd, uint32_t group, bool sk)
+static dec_fn_t dec_kernel(td_kv_dtype_t dt, uint32_t hd, uint32_t group, bool sk)
 {
+    const bool h16 = dt == TD_KV_F16;
+    if (dt == TD_KV_F8_E4M3)
+        return hd == 64    ? dec_by_group<kv8_t, 64, false>(group)
+               : hd == 128 ? dec_by_group<kv8_t, 128, false>(group)
+                           : k_attention_decode<kv8_t, 0, DEC_MAXG, false>;
     if (hd == 64 && h16)
         return sk ? dec_by_group<__half, 64, true>(group) : dec_by_group<__half, 64, false>(group);
     if (hd == 128 && h16)
@@ -911,18 +983,22 @@ td_status_t kc_attention_init(kern_cuda_t *c)
     for (uint32_t group = 1; group <= DEC_MAXG; group *= 2)
         for (uint32_t hd = 64; hd <= 128; hd *= 2) {
             for (int sk = 0; sk < 2; sk++)
-                CU(cudaFuncSetAttribute(dec_kernel(true, hd, group, sk), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                CU(cudaFuncSetAttribute(dec_kernel(TD_KV_F16, hd, group, sk), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)dec_smem(hd, DEC_MAXG, true, sk)));
             int per_sm = 0;
-            CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dec_kernel(true, hd, group, true), 128,
+            CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dec_kernel(TD_KV_F16, hd, group, true), 128,
                                                              dec_smem(hd, group, true, true)));
             c->dec_ks_grid[hd == 128][dec_group_ix(group)] = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sms;
         }
     int bytes = (int)att_smem(32 * ATT_MAXD);
     CU(cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     CU(cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    CU(cudaFuncSetAttribute(k_attention_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem(64)));
-    CU(cudaFuncSetAttribute(k_attention_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem(128)));
+    CU(cudaFuncSetAttribute(k_attention<kv8_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CU(cudaFuncSetAttribute(k_attention_mma<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem(64)));
+    CU(cudaFuncSetAttribute(k_attention_mma<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)mma_smem(128)));
+    CU(cudaFuncSetAttribute(k_attention_mma<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem(64)));
+    CU(cudaFuncSetAttribute(k_attention_mma<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem(128)));
     return TD_OK;
 }
 
@@ -953,6 +1029,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     a.n_kv = g->n_kv_heads;
     a.bt = g->block_tokens;
     a.hd = g->head_dim;
+    a.lstride = td_kv_layer_bytes(g) / td_kv_dtype_size(g->dtype);
     a.n_heads = n_heads;
     a.group = n_heads / g->n_kv_heads;
     a.hc = a.group < 16 ? a.group : 16;
@@ -967,10 +1044,10 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
         a.rneox = r->style == KERN_ROPE_NEOX;
     }
     size_t smem = att_smem(g->head_dim);
-    // prompt rows (16 or more) over fp16 KV with a head_dim the tensor-core
+    // prompt rows (16 or more) over fp16 or fp8 KV with a head_dim the tensor-core
     // kernel has go there, decode rows to the split kernel, the rest to the
     // general kernel
-    const bool mma_ok = g->dtype == TD_KV_F16 && (g->head_dim == 64 || g->head_dim == 128);
+    const bool mma_ok = (g->dtype == TD_KV_F16 || g->dtype == TD_KV_F8_E4M3) && (g->head_dim == 64 || g->head_dim == 128);
     const bool dec_ok = dec_takes(g, n_heads);
     kern_cuda_t *c = (kern_cuda_t *)b;
     // Decode rows may read K through shared memory (coalesced; the attention alone 13% faster at 256 sequences),
@@ -1004,7 +1081,10 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
             td_status_t rc;
             if (pass == 1) {
                 dim3 grid(tiles, n_heads);
-                rc = kc_launch(c, "attention_mma", g->head_dim == 64 ? k_attention_mma<64> : k_attention_mma<128>,
+                const bool f8 = g->dtype == TD_KV_F8_E4M3;
+                rc = kc_launch(c, "attention_mma",
+                               g->head_dim == 64 ? (f8 ? k_attention_mma<64, true> : k_attention_mma<64, false>)
+                                                 : (f8 ? k_attention_mma<128, true> : k_attention_mma<128, false>),
                                grid, 128, mma_smem(g->head_dim), a);
             } else if (pass == 2) {
                 // enough slices for two blocks per SM, none shorter than
@@ -1039,10 +1119,13 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
                                     (size_t)DEC_KS_WAVES * c->dec_ks_grid[hd == 128][dec_group_ix(a.group)];
                 const size_t dsmem = dec_smem(hd, a.group, sv, sk);
                 dim3 grid(a.n_seqs, a.n_kv, a.splits);
-                rc = kc_launch(c, "attention_decode", dec_kernel(h16, hd, a.group, sk), grid, 128, dsmem, a);
+                rc = kc_launch(c, "attention_decode", dec_kernel(g->dtype, hd, a.group, sk), grid, 128, dsmem, a);
             } else {
                 dim3 grid(tiles, a.n_kv, (a.group + a.hc - 1) / a.hc);
-                rc = kc_launch(c, "attention", g->dtype == TD_KV_F16 ? k_attention<__half> : k_attention<float>,
+                rc = kc_launch(c, "attention",
+                               g->dtype == TD_KV_F16        ? k_attention<__half>
+                               : g->dtype == TD_KV_F8_E4M3 ? k_attention<kv8_t>
+                                                            : k_attention<float>,
                                grid, ATT_WARPS * 32, smem, a);
             }
             if (rc)
@@ -1063,8 +1146,9 @@ td_status_t kc_rope_kv_attention(kern_backend_t *b, const kern_kv_view_t *kv, co
                                  const kern_attn_seq_t *seqs, const kern_attn_seq_t *dev_seqs, uint32_t n_seqs,
                                  float scale)
 {
-    // one pass when every row is a sequence's one decode row and the decode kernel takes them all
-    bool one = dec_takes(kv->layout, r->n_heads) && r->n == n_seqs;
+    // one pass when every row is a sequence's one decode row and the decode kernel takes them all (not over fp8
+    // KV, whose rows are stored a warp each, with their scale)
+    bool one = dec_takes(kv->layout, r->n_heads) && r->n == n_seqs && kv->layout->dtype != TD_KV_F8_E4M3;
     for (uint32_t s = 0; one && s < n_seqs; s++)
         one = seqs[s].n == 1;
     if (one)

@@ -281,7 +281,7 @@ static td_status_t cu_replay(kern_backend_t *b, uint64_t key)
 static const kern_backend_ops_t kern_cuda_ops = {
     .name = "cuda",
     .supported = KERN_OPS_ALL | KERN_OPS_OPTIONAL,
-    .kv_dtypes = (1u << TD_KV_F32) | (1u << TD_KV_F16),
+    .kv_dtypes = (1u << TD_KV_F32) | (1u << TD_KV_F16) | (1u << TD_KV_F8_E4M3),
     .destroy = kern_cuda_backend_destroy,
     .alloc = cu_alloc,
     .free = cu_free,

@@ -6,6 +6,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "common/log.h"
@@ -224,6 +225,45 @@ __device__ __forceinline__ T *kc_kv_dst(uint8_t *base, size_t block_bytes, uint3
     const uint32_t blk = slot / bt, off = slot % bt;
     return (T *)(base + (size_t)blk * block_bytes) + (((size_t)layer * 2 + which) * n_kv + h) * bt * hd +
            (size_t)off * hd + d;
+}
+// fp8_e4m3 KV (common/kv_contract.h): a layer's rows, then their scales (fp32, one a row). Bytes from a block's
+// start to the row of K (which 0) or V (which 1) of KV head h at offset off in the block, and to its scale.
+__device__ __forceinline__ size_t kc_kv8_layer_bytes(uint32_t n_kv, uint32_t bt, uint32_t hd)
+{
+    return (size_t)2 * n_kv * bt * (hd + sizeof(float));
+}
+__device__ __forceinline__ size_t kc_kv8_row(uint32_t layer, uint32_t which, uint32_t n_kv, uint32_t bt, uint32_t hd,
+                                             uint32_t h, uint32_t off)
+{
+    return layer * kc_kv8_layer_bytes(n_kv, bt, hd) + (((size_t)which * n_kv + h) * bt + off) * hd;
+}
+__device__ __forceinline__ size_t kc_kv8_scale(uint32_t layer, uint32_t which, uint32_t n_kv, uint32_t bt, uint32_t hd,
+                                               uint32_t h, uint32_t off)
+{
+    return layer * kc_kv8_layer_bytes(n_kv, bt, hd) + (size_t)2 * n_kv * bt * hd +
+           (((size_t)which * n_kv + h) * bt + off) * sizeof(float);
+}
+// One warp stores the row x [hd] of the token at `slot` as fp8_e4m3 codes and their scale, as
+// kern_fp8_quantize_row makes them (amax / 448, each value over it rounded to nearest even, saturated): the CPU
+// backend's bytes.
+__device__ __forceinline__ void kc_kv8_store(uint8_t *base, size_t block_bytes, uint32_t layer, uint32_t which,
+                                             uint32_t n_kv, uint32_t bt, uint32_t hd, uint32_t slot, uint32_t h,
+                                             const float *x)
+{
+    const uint32_t lane = threadIdx.x & 31, off = slot % bt;
+    uint8_t *blk = base + (size_t)(slot / bt) * block_bytes;
+    float m = 0;
+    for (uint32_t i = lane; i < hd; i += 32)
+        m = fmaxf(m, fabsf(x[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float s = m > 0 ? __fdiv_rn(m, 448.0f) : 1.0f;
+    uint8_t *row = blk + kc_kv8_row(layer, which, n_kv, bt, hd, h, off);
+    for (uint32_t i = lane; i < hd; i += 32)
+        row[i] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3);
+    if (lane == 0)
+        *(float *)(blk + kc_kv8_scale(layer, which, n_kv, bt, hd, h, off)) = s;
 }
 template <typename T> __device__ __forceinline__ T kc_from_float(float f);
 template <> __device__ __forceinline__ float kc_from_float<float>(float f) { return f; }

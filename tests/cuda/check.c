@@ -767,8 +767,9 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
     get(gpu, gp, vg.base, pool_bytes);
     bool same = !memcmp(gp, vc.base, pool_bytes);
     failures += !same;
-    printf("%-44s %s\n", dtype == TD_KV_F16 ? "kv_store fp16: pools equal byte for byte" : "kv_store fp32: pools equal byte for byte",
-           same ? "ok" : "FAIL");
+    char what[128];
+    snprintf(what, sizeof what, "kv_store %s: pools equal byte for byte", td_kv_dtype_name(dtype));
+    printf("%-44s %s\n", what, same ? "ok" : "FAIL");
     free(gp);
     size_t nq = (size_t)rows * nh * hd;
     float *q = malloc(nq * 4), *oc = malloc(nq * 4), *og = malloc(nq * 4);
@@ -792,11 +793,11 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
         gpu->ops->attention(gpu, &vg, dq, dout, nh, sg, NULL, NS, scale))
         exit(1);
     get(gpu, og, dout, nq * 4);
-    char what[128];
     snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, %d seqs to %u", nh, nkv, hd,
              td_kv_dtype_name(dtype), NS, many ? pos0[NS - 1] + 1 : 1501);
-    /* fp16 KV: prompt rows go through the tensor cores, P rounded to fp16 */
-    report(what, rel_err(og, oc, nq), dtype == TD_KV_F16 ? 3e-3 : 1e-4);
+    /* fp16 and fp8 KV: prompt rows go through the tensor cores, P (and fp8's values times their scale) rounded to
+     * fp16 */
+    report(what, rel_err(og, oc, nq), dtype == TD_KV_F32 ? 1e-4 : 3e-3);
     for (int s = 0; s < NS; s++)
         gpu->ops->free(gpu, dtab[s]);
     gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout);
@@ -884,7 +885,8 @@ static void fp8_quality(kern_backend_t *gpu, const char *path, const int32_t *id
     eng_model_close(m);
 }
 
-static void check_model(kern_backend_t *cpu, kern_backend_t *gpu, const char *path, eng_weight_hold_t hold)
+static void check_model(kern_backend_t *cpu, kern_backend_t *gpu, const char *path, eng_weight_hold_t hold,
+                        td_kv_dtype_t kvd)
 {
     eng_model_t *m = open_model(path, hold);
     enum { N = 48, SPLIT = 29 };
@@ -894,14 +896,13 @@ static void check_model(kern_backend_t *cpu, kern_backend_t *gpu, const char *pa
     const bool f8 = hold == ENG_WEIGHTS_FP8;
     /* FP8: one row a step, as batch-1 decode runs (the GEMV, fp32 activations: the CPU's arithmetic); steps of
      * more rows put the activations in FP8 too (gemm_fp8.cu), which the ops' checks hold against their reference */
-    float *lc = model_logits(m, cpu, TD_KV_F16, ids, N, SPLIT),
-          *lg = model_logits(m, gpu, TD_KV_F16, ids, N, f8 ? 0 : SPLIT);
+    float *lc = model_logits(m, cpu, kvd, ids, N, SPLIT), *lg = model_logits(m, gpu, kvd, ids, N, f8 ? 0 : SPLIT);
     uint32_t agree = 0;
     for (int r = 0; r < N; r++)
         agree += argmax(lc + (size_t)r * m->desc.vocab, m->desc.vocab) ==
                  argmax(lg + (size_t)r * m->desc.vocab, m->desc.vocab);
     char what[200];
-    const char *h = f8 ? " (fp8, a row a step)" : "";
+    const char *h = f8 ? " (fp8, a row a step)" : kvd == TD_KV_F8_E4M3 ? " (fp8_e4m3 KV)" : "";
     snprintf(what, sizeof what, "model %s%s: 48 rows' logits vs cpu", m->desc.name, h);
     report(what, rel_err(lg, lc, (size_t)N * m->desc.vocab), 3e-2);
     printf("model %s%s: greedy token equal to the cpu's at %u of %d rows\n", m->desc.name, h, agree, N);
@@ -935,12 +936,12 @@ static void check_fp8_model(kern_backend_t *gpu, const char *path)
  * captured, the rest replay): their logits must equal, bit for bit, the same
  * steps run without graphs, and match the CPU backend's; the GPU's greedy
  * picks (sample, inside the graph) must be the argmax of those logits. */
-static void graph_steps(const eng_model_t *m, kern_backend_t *be, const int32_t *ids, bool sampled, float *logits,
-                        int32_t *picks)
+static void graph_steps(const eng_model_t *m, kern_backend_t *be, td_kv_dtype_t kvd, const int32_t *ids, bool sampled,
+                        float *logits, int32_t *picks)
 {
     enum { S = 3, P = 9, STEPS = 8 };
     td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16,
-                                         TD_KV_F16);
+                                         kvd);
     eng_kv_pool_t *pool;
     eng_forward_t *f;
     if (eng_kv_pool_create(be, &g, 3 * S, NULL, &pool) || eng_forward_create(m, be, pool, 64, S, &f)) {
@@ -971,7 +972,8 @@ static void graph_steps(const eng_model_t *m, kern_backend_t *be, const int32_t 
     eng_kv_pool_destroy(pool);
 }
 
-static void check_graph(kern_backend_t *cpu, kern_backend_t *gpu, const char *path, eng_weight_hold_t hold)
+static void check_graph(kern_backend_t *cpu, kern_backend_t *gpu, const char *path, eng_weight_hold_t hold,
+                        td_kv_dtype_t kvd)
 {
     enum { S = 3, STEPS = 8 };
     eng_model_t *m = open_model(path, hold);
@@ -980,25 +982,25 @@ static void check_graph(kern_backend_t *cpu, kern_backend_t *gpu, const char *pa
     for (int i = 0; i < S * 32; i++)
         ids[i] = (int32_t)(((frand() + 1) / 2) * (V - 1));
     float *lg = malloc(nlog * 4), *le = malloc(nlog * 4), *lc = malloc(nlog * 4);
-    graph_steps(m, gpu, ids, false, lg, NULL);
+    graph_steps(m, gpu, kvd, ids, false, lg, NULL);
     const kern_backend_ops_t *ops = gpu->ops; /* the same backend with its graphs turned off */
     kern_backend_ops_t eager = *ops;
     eager.supported &= ~(uint32_t)KERN_OP_GRAPH;
     gpu->ops = &eager;
-    graph_steps(m, gpu, ids, false, le, NULL);
+    graph_steps(m, gpu, kvd, ids, false, le, NULL);
     gpu->ops = ops;
-    graph_steps(m, gpu, ids, true, NULL, picks);
-    graph_steps(m, cpu, ids, false, lc, NULL);
+    graph_steps(m, gpu, kvd, ids, true, NULL, picks);
+    graph_steps(m, cpu, kvd, ids, false, lc, NULL);
     int same = !memcmp(lg, le, nlog * 4), argmax_ok = 0;
     for (int r = 0; r < STEPS * S; r++)
         argmax_ok += picks[r] == (int32_t)argmax(le + (size_t)r * V, (uint32_t)V);
-    printf("graphs %s: 8 decode steps of 3 sequences replayed %s the uncaptured steps; greedy on the GPU = argmax at "
-           "%d of %d %s\n",
-           m->desc.name, same ? "bit-identical to" : "DIFFERENT from", argmax_ok, STEPS * S,
+    printf("graphs %s, %s KV: 8 decode steps of 3 sequences replayed %s the uncaptured steps; greedy on the GPU = "
+           "argmax at %d of %d %s\n",
+           m->desc.name, td_kv_dtype_name(kvd), same ? "bit-identical to" : "DIFFERENT from", argmax_ok, STEPS * S,
            same && argmax_ok == STEPS * S ? "ok" : "FAIL");
     failures += !same || argmax_ok != STEPS * S;
-    char what[160];
-    snprintf(what, sizeof what, "graphs %s: decode logits vs cpu", m->desc.name);
+    char what[200];
+    snprintf(what, sizeof what, "graphs %s, %s KV: decode logits vs cpu", m->desc.name, td_kv_dtype_name(kvd));
     /* the CPU's Q4_1/Q8_0 matmuls take 8-bit activation blocks: SmolLM2's decode rows 1.0-3.5e-2 from the GPU's;
      * FP8 matrices take FP8 activations here (three rows a step): compared with the CPU by check_model, a row a
      * step */
@@ -1483,19 +1485,23 @@ int main(int argc, char **argv)
         check_elementwise(cpu, gpu);
         check_embed(cpu, gpu, KERN_TYPE_Q4_1);
         check_embed(cpu, gpu, KERN_TYPE_F16);
+        const td_kv_dtype_t kvds[] = {TD_KV_F16, TD_KV_F32, TD_KV_F8_E4M3};
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
-            for (int dt = 0; dt < 2; dt++)
-                check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], dt ? TD_KV_F32 : TD_KV_F16, false);
+            for (int dt = 0; dt < 3; dt++)
+                check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], kvds[dt], false);
         check_attention(cpu, gpu, 32, 32, 128, TD_KV_F16, true);
         check_attention(cpu, gpu, 64, 64, 64, TD_KV_F16, true);
+        check_attention(cpu, gpu, 32, 8, 128, TD_KV_F8_E4M3, true);
+        check_attention(cpu, gpu, 64, 64, 64, TD_KV_F8_E4M3, true);
+        /* fp16 with neox pairs, fp32 and fp8 with norm pairs, and fp8 with neox on the 64-wide heads */
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
-            for (int st = 0; st < 2; st++)
-                check_rope_kv_store(gpu, heads[h][0], heads[h][1], heads[h][2], st ? TD_KV_F32 : TD_KV_F16,
-                                    st ? KERN_ROPE_NEOX : KERN_ROPE_NORM);
+            for (int st = 0; st < 3; st++)
+                check_rope_kv_store(gpu, heads[h][0], heads[h][1], heads[h][2], kvds[st],
+                                    st == 1 || (st == 2 && h == 0) ? KERN_ROPE_NEOX : KERN_ROPE_NORM);
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
-            for (int st = 0; st < 2; st++)
-                check_rope_kv_attention(gpu, heads[h][0], heads[h][1], heads[h][2], st ? TD_KV_F32 : TD_KV_F16,
-                                        st ? KERN_ROPE_NEOX : KERN_ROPE_NORM, false);
+            for (int st = 0; st < 3; st++)
+                check_rope_kv_attention(gpu, heads[h][0], heads[h][1], heads[h][2], kvds[st],
+                                        st == 1 ? KERN_ROPE_NEOX : KERN_ROPE_NORM, false);
         check_rope_kv_attention(gpu, 32, 32, 128, TD_KV_F16, KERN_ROPE_NORM, true);
         check_decode(crafted);
         check_kv_digest(gpu);
@@ -1516,13 +1522,17 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < nm; i++)
         for (int h = 0; h < 2; h++) {
-            check_model(cpu, gpu, models[i], h ? ENG_WEIGHTS_FP8 : ENG_WEIGHTS_FILE);
-            check_graph(cpu, gpu, models[i], h ? ENG_WEIGHTS_FP8 : ENG_WEIGHTS_FILE);
+            check_model(cpu, gpu, models[i], h ? ENG_WEIGHTS_FP8 : ENG_WEIGHTS_FILE, TD_KV_F16);
+            check_graph(cpu, gpu, models[i], h ? ENG_WEIGHTS_FP8 : ENG_WEIGHTS_FILE, TD_KV_F16);
         }
+    for (int i = 0; i < nm; i++) { /* an fp8_e4m3 KV cache: the GPU's against the CPU's */
+        check_model(cpu, gpu, models[i], ENG_WEIGHTS_FILE, TD_KV_F8_E4M3);
+        check_graph(cpu, gpu, models[i], ENG_WEIGHTS_FILE, TD_KV_F8_E4M3);
+    }
     for (int i = 0; i < nh; i++) {
         check_hf(gpu, hf[i][0], hf[i][1]);
         if (ops)
-            check_graph(cpu, gpu, hf[i][0], ENG_WEIGHTS_FILE);
+            check_graph(cpu, gpu, hf[i][0], ENG_WEIGHTS_FILE, TD_KV_F16);
     }
     for (int i = 0; i < n8; i++)
         check_fp8_model(gpu, fp8_models[i]);
