@@ -123,6 +123,62 @@ td_status_t td_kv_layout_from_json(const json_t *j, td_kv_layout_t *l)
     return td_kv_scales_check(l->dtype, json_string_value(json_object_get(j, "kv_scales")));
 }
 
+td_kv_layout_t td_kv_part_layout(const td_kv_layout_t *whole, uint32_t heads)
+{
+    td_kv_layout_t p = *whole;
+    p.n_kv_heads = heads;
+    return p;
+}
+
+/* Run i of the part [head0, head0 + heads) of a block of layout whole (i below the number of runs). */
+static td_kv_run_t part_run(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint32_t i)
+{
+    const td_kv_layout_t part = td_kv_part_layout(whole, heads);
+    const size_t es = td_kv_dtype_size(whole->dtype);
+    const uint32_t per = whole->dtype == TD_KV_F8_E4M3 ? 4 : 2, l = i / per, which = i % per % 2;
+    if (i % per < 2) /* the rows of K or V */
+        return (td_kv_run_t){.part_off = td_kv_offset(&part, l, which, 0) * es,
+                             .block_off = td_kv_offset(whole, l, which, head0) * es,
+                             .bytes = (size_t)heads * whole->block_tokens * whole->head_dim * es};
+    return (td_kv_run_t){.part_off = td_kv_scale_offset(&part, l, which, 0), /* their fp8 scales */
+                         .block_off = td_kv_scale_offset(whole, l, which, head0),
+                         .bytes = (size_t)heads * whole->block_tokens * sizeof(float)};
+}
+
+static uint32_t part_n_runs(const td_kv_layout_t *whole)
+{
+    return whole->n_layers * (whole->dtype == TD_KV_F8_E4M3 ? 4 : 2);
+}
+
+uint32_t td_kv_part_runs(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, td_kv_run_t *runs)
+{
+    const uint32_t n = part_n_runs(whole);
+    for (uint32_t i = 0; i < n; i++)
+        runs[i] = part_run(whole, head0, heads, i);
+    return n;
+}
+
+/* both directions: to_block true copies the part into the block */
+static void part_copy(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint8_t *part, uint8_t *block,
+                      bool to_block)
+{
+    for (uint32_t i = 0, n = part_n_runs(whole); i < n; i++) {
+        const td_kv_run_t r = part_run(whole, head0, heads, i);
+        uint8_t *p = part + r.part_off, *b = block + r.block_off;
+        memcpy(to_block ? b : p, to_block ? p : b, r.bytes);
+    }
+}
+
+void td_kv_part_to_block(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *part, void *block)
+{
+    part_copy(whole, head0, heads, (uint8_t *)part, block, true);
+}
+
+void td_kv_block_to_part(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *block, void *part)
+{
+    part_copy(whole, head0, heads, part, (uint8_t *)block, false);
+}
+
 uint64_t td_kv_block_digest(const void *block, size_t block_bytes)
 {
     return XXH3_64bits(block, block_bytes);

@@ -82,6 +82,26 @@ static inline size_t td_kv_scale_offset(const td_kv_layout_t *l, uint32_t layer,
            ((size_t)which * l->n_kv_heads + kv_head) * l->block_tokens * sizeof(float);
 }
 
+/* Tensor parallelism (engine/shard.h): a rank's pool holds KV heads
+ * [head0, head0 + heads) of every block, in the canonical layout of a model
+ * with `heads` KV heads (td_kv_part_layout). The wire and the store keep
+ * whole blocks, whatever wrote them: a rank's part lies in a whole block as
+ * 2 runs a layer (K's heads, V's heads), 4 with fp8's scales; each run is
+ * bytes contiguous on both sides. A peer of another TP degree is a peer like
+ * any other: each rank puts its runs at their offsets in the landing block,
+ * and takes them from a whole one. */
+typedef struct td_kv_run {
+    size_t part_off, block_off, bytes;
+} td_kv_run_t;
+#define TD_KV_RUNS_PER_LAYER 4
+td_kv_layout_t td_kv_part_layout(const td_kv_layout_t *whole, uint32_t heads);
+/* The runs of the part [head0, head0 + heads) of a block of layout whole; at most
+ * TD_KV_RUNS_PER_LAYER * n_layers of them; their number. */
+uint32_t td_kv_part_runs(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, td_kv_run_t *runs);
+/* The part copied into its place in a whole block, and out of it. */
+void td_kv_part_to_block(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *part, void *block);
+void td_kv_block_to_part(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *block, void *part);
+
 /* A peer's stated kv_scales (NULL: not stated, the dtype's own) against the dtype's: TD_ERR_FORMAT naming
  * both when they differ. */
 td_status_t td_kv_scales_check(td_kv_dtype_t d, const char *scales);

@@ -5,7 +5,14 @@
  *
  * with n1, n2 RMSNorms, GQA attention over the paged KV, and logits =
  * Wout · norm(x) for the rows that need them. All buffers are backend memory
- * allocated at creation; a run allocates nothing. */
+ * allocated at creation; a run allocates nothing.
+ *
+ * One rank of a tensor-parallel worker (engine/tp.h) runs the same pass over
+ * its part of the model (engine/shard.h: its heads, FFN columns and
+ * vocabulary rows, its KV heads in its pool); after the O and down
+ * projections the ranks' partial sums meet in an all-reduce (rank 0 adds its
+ * part to the residual, the others write theirs in its place, so that the sum
+ * is the residual plus every part), and its logits are its vocabulary's. */
 #include "engine/forward.h"
 
 #include <math.h>
@@ -14,6 +21,7 @@
 
 #include "common/log.h"
 #include "engine/weights.h"
+#include "kernels/comm.h"
 
 #define PI_F 3.14159265358979323846
 /* decode batches up to this many sequences are captured and replayed */
@@ -25,6 +33,9 @@ struct eng_forward {
     eng_tap_fn tap_fn;
     void *tap_ctx;
     const eng_model_t *m;
+    eng_model_desc_t d; /* the model as this rank holds it (engine/shard.h) */
+    eng_shard_t shard;
+    kern_comm_t *comm; /* NULL: one rank */
     kern_backend_t *be;
     eng_kv_pool_t *pool;
     eng_weights_t w;
@@ -89,16 +100,33 @@ static td_status_t balloc(eng_forward_t *f, size_t bytes, void *pp)
 td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool, uint32_t max_tokens,
                                uint32_t max_logits, eng_forward_t **out)
 {
-    const eng_model_desc_t *d = &m->desc;
+    const eng_shard_t whole = eng_shard_whole(&m->desc);
+    return eng_forward_create_rank(m, be, pool, &whole, NULL, max_tokens, max_logits, out);
+}
+
+td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool,
+                                    const eng_shard_t *shard, kern_comm_t *comm, uint32_t max_tokens,
+                                    uint32_t max_logits, eng_forward_t **out)
+{
+    const eng_model_desc_t rd = eng_shard_desc(&m->desc, shard), *d = &rd;
     td_status_t rc = kern_backend_check(be, KERN_OPS_FORWARD);
     if (rc)
         return rc;
+    if (eng_kv_layout(pool)->n_kv_heads != d->n_kv_heads)
+        return td_error(TD_ERR_INVALID_ARG, "forward: the pool holds %u KV heads, rank %u of %u has %u",
+                        eng_kv_layout(pool)->n_kv_heads, shard->rank, shard->tp, d->n_kv_heads);
+    if (shard->tp > 1 && (!comm || comm->ranks != shard->tp))
+        return td_error(TD_ERR_INVALID_ARG, "forward: rank %u of %u needs a comm of %u ranks", shard->rank,
+                        shard->tp, shard->tp);
     if (d->head_dim > 512)
         return td_error(TD_ERR_UNSUPPORTED, "forward: head dimension %u is over 512", d->head_dim);
     eng_forward_t *f = calloc(1, sizeof *f);
     if (!f)
         return td_error(TD_ERR_NO_MEMORY, "forward: no memory");
     f->m = m;
+    f->d = rd;
+    f->shard = *shard;
+    f->comm = shard->tp > 1 ? comm : NULL;
     f->be = be;
     f->pool = pool;
     f->max_tokens = max_tokens;
@@ -118,7 +146,7 @@ td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_
     float hfreq[257];
     rc = rope_freqs(d, hfreq);
     if (!rc)
-        rc = eng_weights_bind(m, be, &f->w);
+        rc = eng_weights_bind_shard(m, be, shard, &f->w);
     if (!rc && (be->ops->supported & KERN_OP_MATMUL_FUSED)) /* the norms ride in the fused matmuls' weights */
         rc = eng_weights_fold_norms(&f->w, be, d->tied_embeddings);
     struct { void *slot; size_t bytes; } bufs[] = {
@@ -223,7 +251,7 @@ static td_status_t matmuls(eng_forward_t *f, const kern_weight_t *const *w, floa
  * the pool (then the layer hook), attention into att. */
 static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
 {
-    const eng_model_desc_t *d = &f->m->desc;
+    const eng_model_desc_t *d = &f->d;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     const eng_layer_weights_t *L = &f->w.layers[l];
@@ -264,10 +292,27 @@ static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_s
     return TD_OK;
 }
 
+/* Tensor parallelism: x's n rows summed over the ranks (each holds its part of a row-parallel product, rank 0's
+ * with the residual). One rank: nothing. */
+static td_status_t ranks_sum(eng_forward_t *f, uint32_t n)
+{
+    return f->comm ? f->comm->ops->all_reduce(f->comm, f->shard.rank, f->be, f->x, (size_t)n * f->d.hidden) : TD_OK;
+}
+
+/* x += tmp (a row-parallel product), summed over the ranks: rank 0 adds its part, the others put theirs in x's
+ * place before the sum. */
+static td_status_t residual(eng_forward_t *f, uint32_t n)
+{
+    const size_t k = (size_t)n * f->d.hidden;
+    td_status_t rc = f->shard.rank == 0 ? f->be->ops->add(f->be, f->x, f->tmp, k)
+                                        : f->be->ops->copy(f->be, f->x, f->tmp, k * sizeof(float));
+    return rc ? rc : ranks_sum(f, n);
+}
+
 /* One layer, op by op (every backend; the tap sees each intermediate). */
 static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
 {
-    const eng_model_desc_t *d = &f->m->desc;
+    const eng_model_desc_t *d = &f->d;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     const eng_layer_weights_t *L = &f->w.layers[l];
@@ -281,7 +326,7 @@ static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t 
     TRY(attend(f, l, n, n_seqs));
     TRY(o->matmul(be, &L->wo, f->att, f->tmp, n));
     tap(f, "attn_out", (int)l, f->tmp, n, hid);
-    TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
+    TRY(residual(f, n));
     tap(f, "ffn_inp", (int)l, f->x, n, hid);
     TRY(o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps));
     tap(f, "ffn_norm", (int)l, f->xn, n, hid);
@@ -294,7 +339,7 @@ static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t 
     tap(f, "ffn_swiglu", (int)l, f->gate, n, d->ffn);
     TRY(o->matmul(be, &L->w_down, f->gate, f->tmp, n));
     tap(f, "ffn_out", (int)l, f->tmp, n, hid);
-    TRY(o->add(be, f->x, f->tmp, (size_t)n * hid));
+    TRY(residual(f, n));
     tap(f, "l_out", (int)l, f->x, n, hid);
     return TD_OK;
 }
@@ -304,7 +349,7 @@ static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t 
  * down projections' (kernels/backend.h's kern_matmul_spec_t). */
 static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_seqs)
 {
-    const eng_model_desc_t *d = &f->m->desc;
+    const eng_model_desc_t *d = &f->d;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     const eng_layer_weights_t *L = &f->w.layers[l];
@@ -316,16 +361,18 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
                                                   .norm_in_w = f->w.norms_folded}));
     TRY(attend(f, l, n, n_seqs));
     const kern_weight_t *wo = &L->wo, *wd = &L->w_down;
+    const bool first = f->shard.rank == 0; /* the rank whose part is added to the residual (above) */
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wo, .y = &f->x, .k = 1, .x = f->att, .n = n,
-                                                  .accumulate = true}));
+                                                  .accumulate = first}));
+    TRY(ranks_sum(f, n));
     const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
     float *gu_out[2] = {f->gate, f->up};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = gu, .y = gu_out, .k = 2, .x = f->x, .n = n,
                                                   .norm = L->ffn_norm, .eps = d->norm_eps,
                                                   .norm_in_w = f->w.norms_folded, .glu = true, .to_next = true}));
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wd, .y = &f->x, .k = 1, .x = f->gate, .n = n,
-                                                  .accumulate = true}));
-    return TD_OK;
+                                                  .accumulate = first}));
+    return ranks_sum(f, n);
 }
 
 /* Everything a step queues after its uploads: embedding, layers, the
@@ -334,7 +381,7 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
 static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, uint32_t n, uint32_t nl,
                         bool rows_direct, bool sampled)
 {
-    const eng_model_desc_t *d = &f->m->desc;
+    const eng_model_desc_t *d = &f->d;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     uint32_t hid = d->hidden;
@@ -424,7 +471,7 @@ static td_status_t pass_graph(eng_forward_t *f, const eng_batch_seq_t *seqs, uin
 static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *sample,
                        const float **logits, int32_t *picked, uint32_t *n_logits)
 {
-    const eng_model_desc_t *d = &f->m->desc;
+    const eng_model_desc_t *d = &f->d;
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     uint32_t n = 0, nl = 0, bt = eng_kv_layout(f->pool)->block_tokens, max_ctx = 0;
@@ -495,7 +542,8 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     return run(f, seqs, n_seqs, NULL, logits, NULL, n_logits);
 }
 
-bool eng_forward_can_sample(const eng_forward_t *f) { return f->be->ops->supported & KERN_OP_SAMPLE; }
+/* a rank's logits are its vocabulary's: the picks need them all (engine/tp.h puts them side by side) */
+bool eng_forward_can_sample(const eng_forward_t *f) { return (f->be->ops->supported & KERN_OP_SAMPLE) && !f->comm; }
 
 td_status_t eng_forward_run_sampled(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs,
                                     const kern_sample_t *p, int32_t *ids, uint32_t *n_ids)

@@ -15,7 +15,9 @@
 #include "common/status.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "engine/shard.h"
 #include "kernels/backend.h"
+#include "kernels/comm.h"
 
 typedef struct eng_batch_seq {
     const int32_t *tokens;   /* the tokens to run now */
@@ -37,6 +39,12 @@ typedef struct eng_forward eng_forward_t;
  * allocated here, once. The weights are bound and prepared. */
 td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool, uint32_t max_tokens,
                                uint32_t max_logits, eng_forward_t **out);
+/* One rank of a tensor-parallel worker (engine/tp.h runs them): its part of the model (shard), its KV heads in
+ * pool, its comm to the other ranks (shard->tp ranks). Its logits rows hold shard->vocab values, the vocabulary
+ * from shard->vocab0. */
+td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool,
+                                    const eng_shard_t *shard, kern_comm_t *comm, uint32_t max_tokens,
+                                    uint32_t max_logits, eng_forward_t **out);
 void eng_forward_destroy(eng_forward_t *f);
 
 /* Runs the batch. *logits points at n_logits rows of vocab floats (host

@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "engine/model.h"
+#include "engine/shard.h"
 #include "kernels/backend.h"
 
 typedef struct eng_layer_weights {
@@ -26,11 +27,19 @@ typedef struct eng_weights {
      * attn_norm in wq, wk, wv; ffn_norm in w_gate, w_up; out_norm in output
      * unless the output is the embedding (tied) */
     bool norms_folded;
+    void **owned; /* the parts of matrices a tensor-parallel rank cut out of the file's rows */
+    uint32_t n_owned, cap_owned;
 } eng_weights_t;
 
 /* Binds and prepares every tensor; an absent tensor or a wrong shape is
  * TD_ERR_FORMAT naming it. Free with eng_weights_release(). */
 td_status_t eng_weights_bind(const eng_model_t *m, kern_backend_t *be, eng_weights_t *w);
+/* The same for one tensor-parallel rank (engine/shard.h): its rows or columns of each matrix; the embedding
+ * whole. */
+td_status_t eng_weights_bind_shard(const eng_model_t *m, kern_backend_t *be, const eng_shard_t *s, eng_weights_t *w);
+/* The most values a quantization block of the matrices tensor parallelism cuts by columns (O, down) holds in
+ * this model's file (1: plain floats), for eng_shard_plan. */
+uint32_t eng_weights_col_block(const eng_model_t *m);
 void eng_weights_release(eng_weights_t *w, kern_backend_t *be);
 
 /* Moves each RMSNorm's weight into the columns of the matrices it feeds

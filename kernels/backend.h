@@ -58,9 +58,11 @@ typedef struct kern_weight {
     void *priv;
     uint32_t hold;      /* 0: the backend's own form; KERN_TYPE_F8_E4M3 (above) */
     const float *scale; /* type F8_E4M3: the rows' scales (above) */
-    /* data NULL, type F16: the matrix has no file; weight_prepare fills it with kern_fill_row_f16(fill, row) (a
-     * dummy load format, for benchmarks) */
+    /* data NULL, type F16: the matrix has no file; weight_prepare fills it with kern_fill_row_f16(fill, ...) (a
+     * dummy load format, for benchmarks): row r, column c has the whole matrix's value at (fill_row0 + r,
+     * fill_col0 + c), so that a tensor-parallel rank's part has its rows and columns of the whole */
     uint64_t fill;
+    uint32_t fill_row0, fill_col0;
 } kern_weight_t;
 
 /* The FP8 codes and scale of row r of w as a backend holding it in FP8 has

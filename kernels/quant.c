@@ -162,8 +162,8 @@ void kern_fp8_quantize_row(const float *x, size_t n, uint8_t *q, float *scale)
     *scale = s;
 }
 
-void kern_fill_row_f16(uint64_t seed, uint64_t row, uint32_t cols, uint16_t *dst)
+void kern_fill_row_f16(uint64_t seed, uint64_t row, uint32_t col0, uint32_t cols, uint16_t *dst)
 {
     for (uint32_t i = 0; i < cols; i++)
-        dst[i] = kern_fp32_to_fp16(kern_fill_value(seed, row, i));
+        dst[i] = kern_fp32_to_fp16(kern_fill_value(seed, row, (uint64_t)col0 + i));
 }

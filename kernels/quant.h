@@ -96,7 +96,7 @@ static inline KERN_HD float kern_fill_value(uint64_t seed, uint64_t row, uint64_
 {
     return (float)((int32_t)(kern_fill_bits(seed, row, i) >> 40) - (1 << 23)) * (float)KERN_FILL_STEP;
 }
-void kern_fill_row_f16(uint64_t seed, uint64_t row, uint32_t cols, uint16_t *dst);
+void kern_fill_row_f16(uint64_t seed, uint64_t row, uint32_t col0, uint32_t cols, uint16_t *dst);
 
 /* One row of n values in FP8 with its scale: amax / 448 (1 for a row of
  * zeros), q[i] = fp8(x[i] / scale). */

@@ -123,7 +123,7 @@ static td_status_t cpu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
         if (!d)
             return td_error(TD_ERR_NO_MEMORY, "cpu backend: no memory for a %ux%u matrix", w->rows, w->cols);
         for (uint32_t r = 0; r < w->rows; r++)
-            kern_fill_row_f16(w->fill, r, w->cols, d + (size_t)r * w->cols);
+            kern_fill_row_f16(w->fill, (uint64_t)w->fill_row0 + r, w->fill_col0, w->cols, d + (size_t)r * w->cols);
         w->data = d;
     }
     if (w->hold == KERN_TYPE_F8_E4M3 || w->type == KERN_TYPE_F8_E4M3)

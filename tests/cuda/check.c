@@ -111,7 +111,7 @@ static void check_matmul(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type
     float *x = malloc((size_t)n * cols * 4), *yc = malloc((size_t)n * rows * 4), *yg = malloc((size_t)n * rows * 4);
     for (size_t i = 0; i < (size_t)n * cols; i++)
         x[i] = frand();
-    kern_weight_t wc = {type, rows, cols, wdata, NULL, 0, NULL, 0}, wg = wc;
+    kern_weight_t wc = {type, rows, cols, wdata, NULL, 0, NULL, 0, 0, 0}, wg = wc;
     cpu->ops->weight_prepare(cpu, &wc);
     cpu->ops->matmul(cpu, &wc, x, yc, n);
     if (gpu->ops->weight_prepare(gpu, &wg))
@@ -181,7 +181,7 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     kern_weight_t wc[3], wg[3];
     for (int i = 0; i < 3; i++) {
         wd[i] = random_weight(KERN_TYPE_F16, rows[i], cols);
-        wc[i] = wg[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, hold, NULL, 0};
+        wc[i] = wg[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, hold, NULL, 0, 0, 0};
         if (cpu->ops->weight_prepare(cpu, &wc[i]) || gpu->ops->weight_prepare(gpu, &wg[i]))
             exit(1);
     }
@@ -211,7 +211,7 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     kern_weight_t wf[3];
     for (int i = 0; i < 3 && !hold; i++) { /* FP8 matrices keep the norm apart */
         bool fits = false;
-        wf[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, hold, NULL, 0};
+        wf[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, hold, NULL, 0, 0, 0};
         if (gpu->ops->weight_prepare(gpu, &wf[i]) || gpu->ops->weight_scale_cols(gpu, &wf[i], dg, true, &fits) ||
             !fits)
             exit(1);
@@ -241,7 +241,7 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     for (int i = 0; i < 3 && !hold; i++)
         gpu->ops->weight_release(gpu, &wf[i]);
     /* 3. a square projection added onto a residual: y = r + x·W0[:cols]ᵀ */
-    kern_weight_t sq_c = {KERN_TYPE_F16, cols, cols, wd[0], NULL, hold, NULL, 0}, sq_g = sq_c;
+    kern_weight_t sq_c = {KERN_TYPE_F16, cols, cols, wd[0], NULL, hold, NULL, 0, 0, 0}, sq_g = sq_c;
     if (cpu->ops->weight_prepare(cpu, &sq_c) || gpu->ops->weight_prepare(gpu, &sq_g))
         exit(1);
     float *r = malloc(nx * 4);
@@ -270,7 +270,7 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
                        random_weight(KERN_TYPE_F16, cols, f4)};
     kern_weight_t w4c[3], w4g[3];
     for (int i = 0; i < 3; i++) {
-        w4c[i] = w4g[i] = (kern_weight_t){KERN_TYPE_F16, i < 2 ? f4 : cols, i < 2 ? cols : f4, wd4[i], NULL, hold, NULL, 0};
+        w4c[i] = w4g[i] = (kern_weight_t){KERN_TYPE_F16, i < 2 ? f4 : cols, i < 2 ? cols : f4, wd4[i], NULL, hold, NULL, 0, 0, 0};
         if (cpu->ops->weight_prepare(cpu, &w4c[i]) || gpu->ops->weight_prepare(gpu, &w4g[i]))
             exit(1);
     }
@@ -324,7 +324,7 @@ static void check_fp8_hold(kern_backend_t *gpu)
             wd[i] = (uint8_t)(frand() * 127 + 128) & 0xf7; /* 0x7f / 0xff (NaN) never */
         for (uint32_t r = 0; f8 && r < rows; r++)
             fs[r] = 0.001f + 0.01f * (frand() + 1);
-        kern_weight_t w = {types[t], rows, cols, wd, NULL, KERN_TYPE_F8_E4M3, fs, 0};
+        kern_weight_t w = {types[t], rows, cols, wd, NULL, KERN_TYPE_F8_E4M3, fs, 0, 0, 0};
         size_t bytes = 0, scales = 0;
         for (uint32_t r = 0; r < rows; r++)
             if (kern_weight_fp8_row(&w, r, q + (size_t)r * cols, &sc[r], tmp))
@@ -357,7 +357,7 @@ static void check_weight_scale(kern_backend_t *gpu)
     for (uint32_t c = 0; c < cols; c++)
         sc[c] = 0.25f + frand() * 8;
     uint16_t *out = malloc((size_t)rows * cols * 2);
-    kern_weight_t w = {KERN_TYPE_F16, rows, cols, wd, NULL, 0, NULL, 0};
+    kern_weight_t w = {KERN_TYPE_F16, rows, cols, wd, NULL, 0, NULL, 0, 0, 0};
     float *ds = put(gpu, sc, cols * 4);
     bool fits = false;
     size_t diff = 0;
@@ -695,7 +695,7 @@ static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
     uint8_t *wdata = random_weight(type, ROWS, COLS);
     int32_t ids[N] = {0, 999, 5, 5, 123, 456, 789, 1, 998};
     static float yc[N * COLS], yg[N * COLS];
-    kern_weight_t wc = {type, ROWS, COLS, wdata, NULL, 0, NULL, 0}, wg = wc;
+    kern_weight_t wc = {type, ROWS, COLS, wdata, NULL, 0, NULL, 0, 0, 0}, wg = wc;
     if (cpu->ops->weight_prepare(cpu, &wc) || cpu->ops->embed(cpu, &wc, ids, N, yc) ||
         gpu->ops->weight_prepare(gpu, &wg))
         exit(1);
@@ -1310,7 +1310,7 @@ static void timings(kern_backend_t *gpu)
     printf("timing read bandwidth (8 GiB, median of 9): %.0f GB/s\n", kern_cuda_probe_read_gbs((size_t)8 << 30));
     uint32_t rows = 8192, cols = 8192;
     uint8_t *w = random_weight(KERN_TYPE_F16, rows, cols);
-    kern_weight_t wg = {KERN_TYPE_F16, rows, cols, w, NULL, 0, NULL, 0};
+    kern_weight_t wg = {KERN_TYPE_F16, rows, cols, w, NULL, 0, NULL, 0, 0, 0};
     gpu->ops->weight_prepare(gpu, &wg);
     for (uint32_t n = 1; n <= 4096; n *= 4096) {
         float *dx, *dy;
@@ -1339,7 +1339,7 @@ static void timings(kern_backend_t *gpu)
     const uint32_t gv[][2] = {{8192, 8192}, {12288, 4096}, {4096, 11008}};
     for (size_t s = 0; s < sizeof gv / sizeof *gv; s++) {
         uint8_t *wd = random_weight(KERN_TYPE_F16, gv[s][0], gv[s][1]);
-        kern_weight_t wt = {KERN_TYPE_F16, gv[s][0], gv[s][1], wd, NULL, 0, NULL, 0};
+        kern_weight_t wt = {KERN_TYPE_F16, gv[s][0], gv[s][1], wd, NULL, 0, NULL, 0, 0, 0};
         gpu->ops->weight_prepare(gpu, &wt);
         for (uint32_t n = 1; n <= 8; n *= 2) {
             float *dx, *dy;

@@ -1171,7 +1171,7 @@ Test(generate, fp8_codes_match_pytorch)
     cr_assert_eq(eng_model_open(FIXTURE("hf/tiny-llama3"), &m), TD_OK, "%s", td_last_error());
     const eng_st_tensor_t *t = eng_st_find(m->st, json_string_value(json_object_get(rows, "tensor")));
     cr_assert(t && t->n_dims == 2);
-    kern_weight_t w = {t->type, (uint32_t)t->dims[0], (uint32_t)t->dims[1], t->data, NULL, KERN_TYPE_F8_E4M3, NULL, 0};
+    kern_weight_t w = {t->type, (uint32_t)t->dims[0], (uint32_t)t->dims[1], t->data, NULL, KERN_TYPE_F8_E4M3, NULL, 0, 0, 0};
     uint8_t *q = malloc(w.cols);
     float *tmp = malloc(w.cols * sizeof *tmp), sc;
     for (uint32_t r = 0; r < json_array_size(json_object_get(rows, "codes")); r++) {
@@ -1229,7 +1229,7 @@ static void write_fp8_checkpoint(const char *dir)
             at += t->n_bytes;
             continue;
         }
-        kern_weight_t w = {t->type, (uint32_t)t->dims[0], (uint32_t)t->dims[1], t->data, NULL, KERN_TYPE_F8_E4M3, NULL, 0};
+        kern_weight_t w = {t->type, (uint32_t)t->dims[0], (uint32_t)t->dims[1], t->data, NULL, KERN_TYPE_F8_E4M3, NULL, 0, 0, 0};
         const size_t codes = (size_t)w.rows * w.cols, scales = (size_t)w.rows * 4;
         cr_assert_lt(at + codes + scales, cap);
         float *tmp = malloc(w.cols * sizeof *tmp), *sc = (float *)(void *)(data + at + codes);
@@ -1293,10 +1293,10 @@ Test(generate, tiny_llama_fp8_matches_transformers)
 Test(generate, dummy_load_format)
 {
     uint16_t a[4096], b[4096];
-    kern_fill_row_f16(42, 7, 4096, a);
-    kern_fill_row_f16(42, 7, 4096, b);
+    kern_fill_row_f16(42, 7, 0, 4096, a);
+    kern_fill_row_f16(42, 7, 0, 4096, b);
     cr_assert(!memcmp(a, b, sizeof a));
-    kern_fill_row_f16(42, 8, 4096, b);
+    kern_fill_row_f16(42, 8, 0, 4096, b);
     cr_assert(memcmp(a, b, sizeof a), "another row, other values");
     double s = 0, s2 = 0;
     for (int i = 0; i < 4096; i++) {

@@ -1,0 +1,171 @@
+/* tp.c — see tp.h. A step: the job is posted, each rank's thread runs its
+ * forward, the caller runs rank 0's and waits for the rest (each rank's
+ * waits inside the step have the comm's deadline; a rank's error aborts the
+ * comm so that no other waits for it). */
+#include "engine/tp.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/shard.h"
+#include "common/log.h"
+#include "engine/weights.h"
+
+typedef struct rank {
+    eng_tp_t *t;
+    uint32_t r;
+    eng_forward_t *f;
+    eng_shard_t shard;
+    pthread_t th;
+    bool started;
+    td_status_t rc;
+    char err[256];
+    const float *logits;
+    uint32_t nl;
+} rank_t;
+
+struct eng_tp {
+    const eng_model_t *m;
+    uint32_t tp;
+    kern_comm_t *comm;
+    rank_t *ranks;
+    float *logits; /* [max_logits][vocab] */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t posted, done_gen; /* steps posted; */
+    uint32_t done;             /* ranks past the current step */
+    bool quit;
+    const eng_batch_seq_t *seqs;
+    uint32_t n_seqs;
+};
+
+static void run_rank(rank_t *k)
+{
+    eng_tp_t *t = k->t;
+    k->rc = eng_forward_run(k->f, t->seqs, t->n_seqs, &k->logits, &k->nl);
+    if (k->rc) {
+        snprintf(k->err, sizeof k->err, "%s", td_last_error());
+        t->comm->ops->abort(t->comm, k->r);
+    }
+}
+
+static void *rank_main(void *arg)
+{
+    rank_t *k = arg;
+    eng_tp_t *t = k->t;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&t->mu);
+        while (!t->quit && t->posted == seen)
+            pthread_cond_wait(&t->cv, &t->mu);
+        if (t->quit) {
+            pthread_mutex_unlock(&t->mu);
+            return NULL;
+        }
+        seen = t->posted;
+        pthread_mutex_unlock(&t->mu);
+        run_rank(k);
+        pthread_mutex_lock(&t->mu);
+        t->done++;
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+    }
+}
+
+td_status_t eng_tp_create(const eng_model_t *m, uint32_t tp, kern_backend_t *const *bes, eng_kv_pool_t *const *pools,
+                          kern_comm_t *comm, uint32_t max_tokens, uint32_t max_logits, eng_tp_t **out)
+{
+    if (!comm || comm->ranks != tp)
+        return td_error(TD_ERR_INVALID_ARG, "tp %u: the comm joins %u ranks", tp, comm ? comm->ranks : 0);
+    eng_tp_t *t = calloc(1, sizeof *t);
+    if (!t)
+        return td_error(TD_ERR_NO_MEMORY, "tp: no memory");
+    t->m = m;
+    t->tp = tp;
+    t->comm = comm;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    td_status_t rc = TD_OK;
+    if (!(t->ranks = calloc(tp, sizeof *t->ranks)) ||
+        !(t->logits = malloc((size_t)(max_logits ? max_logits : 1) * m->desc.vocab * sizeof(float))))
+        rc = td_error(TD_ERR_NO_MEMORY, "tp: no memory for %u logit rows", max_logits);
+    /* the columns O and down are cut at: whole quantization blocks, and whole groups of 32 values (the CPU
+     * backend's matmul takes no other rows) */
+    const uint32_t blk = eng_weights_col_block(m) > 32 ? eng_weights_col_block(m) : 32;
+    for (uint32_t r = 0; !rc && r < tp; r++) {
+        rank_t *k = &t->ranks[r];
+        k->t = t, k->r = r;
+        if (!(rc = eng_shard_plan(&m->desc, tp, r, blk, &k->shard)))
+            rc = eng_forward_create_rank(m, bes[r], pools[r], &k->shard, comm, max_tokens, max_logits, &k->f);
+    }
+    for (uint32_t r = 1; !rc && r < tp; r++) {
+        if (pthread_create(&t->ranks[r].th, NULL, rank_main, &t->ranks[r]))
+            rc = td_error(TD_ERR_NO_MEMORY, "tp: no thread for rank %u", r);
+        else
+            t->ranks[r].started = true;
+    }
+    if (rc) {
+        eng_tp_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return TD_OK;
+}
+
+void eng_tp_destroy(eng_tp_t *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->quit = true;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    for (uint32_t r = 0; t->ranks && r < t->tp; r++) {
+        if (t->ranks[r].started)
+            pthread_join(t->ranks[r].th, NULL);
+        eng_forward_destroy(t->ranks[r].f);
+    }
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    free(t->ranks);
+    free(t->logits);
+    free(t);
+}
+
+td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                       uint32_t *n_logits)
+{
+    pthread_mutex_lock(&t->mu);
+    t->seqs = seqs, t->n_seqs = n_seqs;
+    t->done = 0;
+    t->posted++;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    run_rank(&t->ranks[0]);
+    /* the other ranks end their step: each of their waits has the comm's deadline, and rank 0's error aborted it */
+    pthread_mutex_lock(&t->mu);
+    while (t->done < t->tp - 1)
+        pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    for (uint32_t r = 0; r < t->tp; r++)
+        if (t->ranks[r].rc)
+            return td_error(t->ranks[r].rc, "tp rank %u: %s", r, t->ranks[r].err);
+    const uint32_t nl = t->ranks[0].nl, V = t->m->desc.vocab;
+    for (uint32_t r = 0; r < t->tp; r++) {
+        const rank_t *k = &t->ranks[r];
+        for (uint32_t i = 0; i < nl; i++)
+            memcpy(t->logits + (size_t)i * V + k->shard.vocab0, k->logits + (size_t)i * k->shard.vocab,
+                   k->shard.vocab * sizeof(float));
+    }
+    *logits = t->logits;
+    *n_logits = nl;
+    return TD_OK;
+}
+
+void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *heads)
+{
+    *head0 = t->ranks[r].shard.kv_head0;
+    *heads = t->ranks[r].shard.kv_heads;
+}

@@ -1,0 +1,41 @@
+/* tp.h — a tensor-parallel forward pass: tp ranks, each a forward
+ * (engine/forward.h) over its part of the model (engine/shard.h) on its own
+ * backend and KV pool, every step run on all of them at once, a thread a rank
+ * (the caller's thread is rank 0's); their all-reduces go through one comm
+ * (kernels/comm.h); their logits are put side by side. One process drives
+ * the worker's devices: the engine, its scheduler and its pool's bookkeeping
+ * stay one, and each rank's thread queues only its own device's work (with
+ * NCCL, calls from a thread a device need no grouping).
+ *
+ * The ranks' pools hold the same blocks (one block table serves them all),
+ * each its KV heads' part of a block (common/kv_shard.h maps a part to the
+ * canonical block and back). */
+#ifndef ENG_TP_H
+#define ENG_TP_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "engine/forward.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+#include "kernels/comm.h"
+
+typedef struct eng_tp eng_tp_t;
+
+/* tp ranks: bes[r] and pools[r] rank r's (pools[r]'s layout holding rank r's KV heads, every pool as many
+ * blocks), comm joining tp ranks. Refuses a split the model does not allow (eng_shard_plan's error). */
+td_status_t eng_tp_create(const eng_model_t *m, uint32_t tp, kern_backend_t *const *bes, eng_kv_pool_t *const *pools,
+                          kern_comm_t *comm, uint32_t max_tokens, uint32_t max_logits, eng_tp_t **out);
+void eng_tp_destroy(eng_tp_t *t);
+
+/* eng_forward_run over every rank; *logits rows of the whole vocabulary. A rank's error ends the step on every
+ * rank (the comm is aborted: later steps fail too) and is returned. */
+td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                       uint32_t *n_logits);
+
+/* Rank r's KV heads: [*head0, *head0 + *heads) of the model's. */
+void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *heads);
+
+#endif

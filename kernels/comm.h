@@ -1,0 +1,43 @@
+/* comm.h — the collective a tensor-parallel worker's ranks need (engine/tp.h):
+ * after a row-parallel matmul every rank holds a partial sum of the same
+ * rows, and each must end with their total. One kern_comm_t joins the ranks
+ * of one worker; each rank runs on its own thread and calls with its own
+ * buffer, queued on its own backend.
+ *
+ *   cpu:  ranks in one process's memory; a call waits (up to the comm's
+ *         deadline) until every rank has called, then each rank adds its
+ *         share of the elements over all buffers in rank order and writes the
+ *         total to every buffer: the same bits on every rank, whatever the
+ *         thread timing.
+ *   nccl: kernels/cuda/comm_nccl.cu — ncclAllReduce on each rank's stream. */
+#ifndef KERN_COMM_H
+#define KERN_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+
+typedef struct kern_comm kern_comm_t;
+
+typedef struct kern_comm_ops {
+    const char *name;
+    /* Rank `rank`'s buf [n] (memory of be) becomes the sum over the ranks' bufs, once the work queued on be
+     * before it has run. Every rank must call, in the same order, with the same n. */
+    td_status_t (*all_reduce)(kern_comm_t *c, uint32_t rank, kern_backend_t *be, float *buf, size_t n);
+    /* A rank that stops before its next call says so: the others' waits end with an error instead of their
+     * deadline, and every later call fails at once. */
+    void (*abort)(kern_comm_t *c, uint32_t rank);
+    void (*destroy)(kern_comm_t *c);
+} kern_comm_ops_t;
+
+struct kern_comm {
+    const kern_comm_ops_t *ops;
+    uint32_t ranks;
+};
+
+/* ranks ranks of host-memory backends in this process; a wait for the others ends after deadline_ms. */
+td_status_t kern_comm_cpu_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out);
+
+#endif

@@ -1,0 +1,134 @@
+/* comm_cpu.c — the all-reduce of kernels/comm.h for ranks in host memory: two
+ * rendezvous a call (every buffer is final; every rank has read them all),
+ * each with a deadline. Between them rank r adds elements
+ * [r n / R, (r + 1) n / R) of every rank's buffer, in rank order, and writes
+ * the total to all of them. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "kernels/comm.h"
+
+typedef struct comm_cpu {
+    kern_comm_t base;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t arrived, aborted_by;
+    uint64_t gen;
+    uint32_t deadline_ms;
+    float **bufs;
+    size_t *ns;
+} comm_cpu_t;
+
+#define NO_ABORT UINT32_MAX
+
+/* Waits until every rank has arrived at this rendezvous (or one aborted, or the deadline passed). */
+static td_status_t meet(comm_cpu_t *c, uint32_t rank)
+{
+    td_status_t rc = TD_OK;
+    pthread_mutex_lock(&c->mu);
+    const uint64_t gen = c->gen;
+    if (c->aborted_by != NO_ABORT) {
+        rc = td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's all-reduce cannot complete", c->aborted_by,
+                      rank);
+    } else if (++c->arrived == c->base.ranks) {
+        c->arrived = 0;
+        c->gen++;
+        pthread_cond_broadcast(&c->cv);
+    } else {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += c->deadline_ms / 1000;
+        until.tv_nsec += (long)(c->deadline_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L)
+            until.tv_sec++, until.tv_nsec -= 1000000000L;
+        int e = 0;
+        while (c->gen == gen && c->aborted_by == NO_ABORT && e != ETIMEDOUT)
+            e = pthread_cond_timedwait(&c->cv, &c->mu, &until);
+        if (c->gen == gen) {
+            /* this rank gives up: the others must not wait for it either */
+            if (c->aborted_by == NO_ABORT)
+                c->aborted_by = rank;
+            pthread_cond_broadcast(&c->cv);
+            rc = e == ETIMEDOUT ? td_error(TD_ERR_TIMEOUT, "tp: rank %u waited %u ms for the other ranks' all-reduce",
+                                           rank, c->deadline_ms)
+                                : td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's all-reduce cannot "
+                                           "complete", c->aborted_by, rank);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static td_status_t cpu_all_reduce(kern_comm_t *base, uint32_t rank, kern_backend_t *be, float *buf, size_t n)
+{
+    (void)be; /* host memory: the backend's work before this call has run */
+    comm_cpu_t *c = (comm_cpu_t *)base;
+    const uint32_t R = base->ranks;
+    c->bufs[rank] = buf;
+    c->ns[rank] = n;
+    td_status_t rc = meet(c, rank);
+    if (rc)
+        return rc;
+    for (uint32_t r = 0; r < R; r++)
+        if (c->ns[r] != n)
+            return td_error(TD_ERR_INTERNAL, "tp: all-reduce of %zu values on rank %u, %zu on rank %u", n, rank,
+                            c->ns[r], r);
+    const size_t lo = n * rank / R, hi = n * (rank + 1) / R;
+    for (size_t i = lo; i < hi; i++) {
+        float s = c->bufs[0][i];
+        for (uint32_t r = 1; r < R; r++)
+            s += c->bufs[r][i];
+        for (uint32_t r = 0; r < R; r++)
+            c->bufs[r][i] = s;
+    }
+    return meet(c, rank); /* no rank reuses its buffer before every share is written */
+}
+
+static void cpu_abort(kern_comm_t *base, uint32_t rank)
+{
+    comm_cpu_t *c = (comm_cpu_t *)base;
+    pthread_mutex_lock(&c->mu);
+    if (c->aborted_by == NO_ABORT)
+        c->aborted_by = rank;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void cpu_destroy(kern_comm_t *base)
+{
+    comm_cpu_t *c = (comm_cpu_t *)base;
+    if (!c)
+        return;
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->bufs);
+    free(c->ns);
+    free(c);
+}
+
+static const kern_comm_ops_t cpu_comm_ops = {
+    .name = "cpu", .all_reduce = cpu_all_reduce, .abort = cpu_abort, .destroy = cpu_destroy};
+
+td_status_t kern_comm_cpu_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out)
+{
+    if (!ranks)
+        return td_error(TD_ERR_INVALID_ARG, "tp: a comm of 0 ranks");
+    comm_cpu_t *c = calloc(1, sizeof *c);
+    if (!c || !(c->bufs = calloc(ranks, sizeof *c->bufs)) || !(c->ns = calloc(ranks, sizeof *c->ns))) {
+        if (c)
+            free(c->bufs);
+        free(c);
+        return td_error(TD_ERR_NO_MEMORY, "tp: no memory");
+    }
+    c->base = (kern_comm_t){.ops = &cpu_comm_ops, .ranks = ranks};
+    c->aborted_by = NO_ABORT;
+    c->deadline_ms = deadline_ms;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    *out = &c->base;
+    return TD_OK;
+}
