@@ -104,7 +104,7 @@ static const cfg_field_t cfg_fields[] = {
     S("model.kv_dtype", model.kv_dtype, "fp16", "fp16|fp32|fp8_e4m3|fp8", "the KV cache's element type (the KV contract)",
       .flag = "--kv-dtype", .procs = R | W,
       .more = "fp8_e4m3 (or fp8): a byte a value and an fp32 scale per token and KV head, about half of fp16's bytes in "
-              "the pool, on the wire and in the store; CPU backend"),
+              "the pool, on the wire and in the store; the CPU and CUDA backends"),
     S("model.numerics", model.numerics, "fast", "fast|reference", "tandem's kernels, or llama.cpp's rounding",
       .flag = "--numerics", .procs = W,
       .more = "reference: llama.cpp's rounding bit for bit (the same greedy tokens as llama.cpp on the same GGUF; "

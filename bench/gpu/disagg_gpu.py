@@ -92,6 +92,7 @@ def stop_cluster(up, log_path):
         os.killpg(up.pid, signal.SIGKILL)
         up.wait(30)
     log = open(log_path).read()
+    log = log[log.rfind("serving at"):] if "serving at" in log else log  # this cluster's lines: the log is appended
     m = re.search(r"KV pushed over (\S+): (\d+) bytes, the pusher busy ([\d.]+) ms, the engine waited ([\d.]+) ms",
                   log)
     if not m:

@@ -904,7 +904,11 @@ static void check_model(kern_backend_t *cpu, kern_backend_t *gpu, const char *pa
     char what[200];
     const char *h = f8 ? " (fp8, a row a step)" : kvd == TD_KV_F8_E4M3 ? " (fp8_e4m3 KV)" : "";
     snprintf(what, sizeof what, "model %s%s: 48 rows' logits vs cpu", m->desc.name, h);
-    report(what, rel_err(lg, lc, (size_t)N * m->desc.vocab), 3e-2);
+    /* fp8 KV: a K or V value the two backends compute a little apart (fp16 weights here, Q4_1 with 8-bit
+     * activations there) takes another code where it lies near the edge between two (3 bits of mantissa, steps of
+     * 1/8 to 1/16): the ops store the same codes from the same values (kv_store above), the models differ more
+     * (SmolLM2, H100: 5.4e-2, against 1.5e-2 with fp16 KV) */
+    report(what, rel_err(lg, lc, (size_t)N * m->desc.vocab), kvd == TD_KV_F8_E4M3 ? 8e-2 : 3e-2);
     printf("model %s%s: greedy token equal to the cpu's at %u of %d rows\n", m->desc.name, h, agree, N);
     if (f8) {
         float *l2 = model_logits(m, gpu, TD_KV_F16, ids, N, SPLIT);
