@@ -25,7 +25,8 @@ const char cli_generate_usage[] =
     "                       [--stop STR]... [--stop-token-id ID]... [--min-tokens N] [--ignore-eos] [--threads N]\n"
     "                       [--json-schema SCHEMA | --json-object | --regex RE | --choice STR...]\n"
     "                       [--kv-tokens N | --kv-mib M] [--kv-dtype fp16|fp32|fp8_e4m3] [--ids]\n"
-    "                       [--numerics fast|reference] [--device cpu|cuda[:N]] [--token-budget N] [--weights file|fp8]\n"
+    "                       [--numerics fast|reference] [--device cpu|cuda[:N]] [--tp N] [--token-budget N]\n"
+    "                       [--weights file|fp8]\n"
     "                       [--load-format auto|dummy]\n"
     "                       PROMPT\n";
 
@@ -282,6 +283,7 @@ int cli_generate(int argc, char **argv)
         else if (NUM("--seed", 0, 1.8e19)) req.sampling.seed = (uint64_t)v;
         else if (NUM("--n", 1, 256)) n = (int)v;
         else if (NUM("--threads", 0, 1024)) cfg.n_threads = (int)v;
+        else if (NUM("--tp", 1, 16)) cfg.tp = (uint32_t)v;
         else if (NUM("--token-budget", 16, 1 << 20)) cfg.token_budget = (uint32_t)v;
         else if (NUM("--kv-tokens", 16, 1e9)) cfg.kv_tokens = (uint64_t)v;
         else if (NUM("--kv-mib", 1, 1e7)) cfg.kv_bytes = (uint64_t)(v * 1048576.0), cfg.kv_tokens = 0;

@@ -27,6 +27,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "engine/forward.h"
+#include "engine/tp.h"
 #include "engine/grammar.h"
 #include "engine/tokenizer.h"
 
@@ -78,7 +79,8 @@ struct eng_engine {
     kern_backend_t *be;
     bool own_be; /* made here (cfg.backend NULL) */
     eng_kv_pool_t *pool;
-    eng_forward_t *fwd;
+    eng_forward_t *fwd; /* NULL with tensor parallelism: */
+    eng_tp_set_t tp;    /* its ranks (tp.tp 0: none) */
     td_block_name_t root;
     eng_seq_t *seqs; /* all live sequences, oldest first */
     uint64_t next_id;
@@ -177,16 +179,25 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
                         (unsigned long long)blocks, bb);
     }
     td_status_t rc = TD_OK;
-    if (cfg->backend)
-        e->be = cfg->backend;
-    else if (!(rc = eng_backend_open(cfg->device, cfg->n_threads, cfg->numerics, &e->be)))
-        e->own_be = true;
-    if (!rc)
-        rc = kern_backend_check(e->be, KERN_OPS_FORWARD);
-    if (!rc)
-        rc = eng_kv_pool_create(e->be, &g, (uint32_t)blocks, &cfg->kv_memory, &e->pool);
-    if (!rc)
-        rc = eng_forward_create(m, e->be, e->pool, cfg->token_budget, cfg->max_seqs, &e->fwd);
+    if (cfg->tp > 1) { /* the ranks' backends, pool and forward (engine/tp.h) */
+        if (cfg->backend || cfg->kv_memory.alloc)
+            rc = td_error(TD_ERR_UNSUPPORTED, "engine: tp %u makes its own backends and pool (a caller's backend or "
+                          "KV memory is for one rank)", cfg->tp);
+        else if (!(rc = eng_tp_open(m, cfg->tp, cfg->device, cfg->n_threads, cfg->numerics, &g, (uint32_t)blocks,
+                                    cfg->token_budget, cfg->max_seqs, &e->tp)))
+            e->be = e->tp.bes[0], e->pool = e->tp.pool;
+    } else {
+        if (cfg->backend)
+            e->be = cfg->backend;
+        else if (!(rc = eng_backend_open(cfg->device, cfg->n_threads, cfg->numerics, &e->be)))
+            e->own_be = true;
+        if (!rc)
+            rc = kern_backend_check(e->be, KERN_OPS_FORWARD);
+        if (!rc)
+            rc = eng_kv_pool_create(e->be, &g, (uint32_t)blocks, &cfg->kv_memory, &e->pool);
+        if (!rc)
+            rc = eng_forward_create(m, e->be, e->pool, cfg->token_budget, cfg->max_seqs, &e->fwd);
+    }
     e->batch = calloc(cfg->max_seqs, sizeof *e->batch);
     e->batch_seq = calloc(cfg->max_seqs, sizeof *e->batch_seq);
     e->layer_seqs = calloc(cfg->max_seqs, sizeof *e->layer_seqs);
@@ -247,7 +258,10 @@ void eng_engine_destroy(eng_engine_t *e)
         seq_destroy(e, s);
     }
     eng_forward_destroy(e->fwd);
-    eng_kv_pool_destroy(e->pool);
+    if (e->tp.tp)
+        eng_tp_close(&e->tp);
+    else
+        eng_kv_pool_destroy(e->pool);
     if (e->own_be)
         kern_backend_destroy(e->be);
     free(e->batch);
@@ -589,6 +603,10 @@ void eng_engine_kv_release(eng_engine_t *e, const int32_t *blocks, uint32_t n)
 
 void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes)
 {
+    if (e->tp.tp) { /* the blocks are in parts, on every rank's device */
+        *block_bytes = 0;
+        return NULL;
+    }
     kern_kv_view_t v = eng_kv_view(e->pool, 0);
     *block_bytes = v.block_bytes;
     return v.base;
@@ -596,6 +614,16 @@ void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes)
 
 td_status_t eng_engine_kv_digest(eng_engine_t *e, const int32_t *blocks, uint32_t n, uint64_t *out)
 {
+    if (e->tp.tp) { /* the whole blocks put together on the host */
+        const size_t bb = eng_kv_stats(e->pool).block_bytes;
+        uint8_t *h = malloc(bb);
+        td_status_t rc = h ? TD_OK : td_error(TD_ERR_NO_MEMORY, "engine: no memory for a block's digest");
+        for (uint32_t i = 0; i < n && !rc; i++)
+            if (!(rc = eng_kv_download(e->pool, blocks + i, 1, h)))
+                out[i] = td_kv_block_digest(h, bb);
+        free(h);
+        return rc;
+    }
     kern_kv_view_t v = eng_kv_view(e->pool, 0);
     return e->be->ops->kv_digest(e->be, v.base, v.block_bytes, blocks, n, out);
 }
@@ -609,27 +637,13 @@ bool eng_engine_kv_on_host(const eng_engine_t *e)
 
 td_status_t eng_engine_kv_download(eng_engine_t *e, const int32_t *blocks, uint32_t n, void *dst)
 {
-    kern_kv_view_t v = eng_kv_view(e->pool, 0);
-    for (uint32_t i = 0; i < n; i++) {
-        td_status_t rc =
-            e->be->ops->download(e->be, (uint8_t *)dst + (size_t)i * v.block_bytes,
-                                 (const uint8_t *)v.base + (size_t)blocks[i] * v.block_bytes, v.block_bytes);
-        if (rc)
-            return rc;
-    }
-    return TD_OK;
+    return eng_kv_download(e->pool, blocks, n, dst);
 }
 
 td_status_t eng_engine_kv_upload(eng_engine_t *e, const int32_t *blocks, uint32_t n, const void *src)
 {
-    kern_kv_view_t v = eng_kv_view(e->pool, 0);
-    for (uint32_t i = 0; i < n; i++) {
-        td_status_t rc = e->be->ops->upload(e->be, (uint8_t *)v.base + (size_t)blocks[i] * v.block_bytes,
-                                            (const uint8_t *)src + (size_t)i * v.block_bytes, v.block_bytes);
-        if (rc)
-            return rc;
-    }
-    return e->be->ops->sync(e->be);
+    td_status_t rc = eng_kv_upload(e->pool, blocks, n, src);
+    return rc ? rc : e->be->ops->sync(e->be);
 }
 
 td_status_t eng_engine_host_alloc(eng_engine_t *e, size_t bytes, void **ptr)
@@ -652,7 +666,8 @@ void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx)
 {
     e->layer_fn = fn;
     e->layer_ctx = ctx;
-    eng_forward_set_layer_hook(e->fwd, fn ? engine_layer_hook : NULL, e);
+    if (e->fwd) /* (tensor parallelism streams no layers: its workers are not built yet) */
+        eng_forward_set_layer_hook(e->fwd, fn ? engine_layer_hook : NULL, e);
 }
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
 eng_kv_pool_t *eng_engine_kv_pool(eng_engine_t *e) { return e->pool; }
@@ -1151,7 +1166,7 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
     }
     /* the backend picks the tokens when it can pick every one of them: only
      * the ids cross back */
-    bool on_device = eng_forward_can_sample(e->fwd);
+    bool on_device = e->fwd && eng_forward_can_sample(e->fwd);
     for (uint32_t i = 0; i < nb && on_device; i++)
         on_device = !e->batch[i].all_logits &&
                     (!e->batch[i].want_logits || eng_sampler_on_device(&e->batch_seq[i]->sampler));
@@ -1165,7 +1180,8 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
             if (e->batch[i].want_logits)
                 e->sample[nl++] = eng_sampler_device(&e->batch_seq[i]->sampler);
     td_status_t rc = on_device ? eng_forward_run_sampled(e->fwd, e->batch, nb, e->sample, e->picked, &nl)
-                               : eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
+                   : e->tp.tp ? eng_tp_run(e->tp.fwd, e->batch, nb, &logits, &nl)
+                              : eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
     if (rc) { /* the batch's requests end with the error; the others go on */
         snprintf(e->err, sizeof e->err, "engine step of %u requests failed: %s", nb, td_last_error());
         for (uint32_t i = 0; i < nb; i++)

@@ -44,6 +44,8 @@ typedef struct eng_engine_config {
     eng_sched_config_t sched; /* the order waiting prompts are computed in (engine/sched.h; fcfs) */
     uint64_t swap_bytes;      /* host memory a preempted sequence's KV may wait in instead of being computed
                                * again, when the copy is predicted cheaper (0: always recomputed) */
+    uint32_t tp;              /* tensor-parallel ranks (engine/tp.h; 0 or 1: one); device then names the ranks'
+                               * devices ("cpu", "cuda:0,1"), the pool's size counts them all */
 } eng_engine_config_t;
 
 eng_engine_config_t eng_engine_config_default(void);

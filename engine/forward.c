@@ -112,9 +112,11 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
     td_status_t rc = kern_backend_check(be, KERN_OPS_FORWARD);
     if (rc)
         return rc;
-    if (eng_kv_layout(pool)->n_kv_heads != d->n_kv_heads)
-        return td_error(TD_ERR_INVALID_ARG, "forward: the pool holds %u KV heads, rank %u of %u has %u",
-                        eng_kv_layout(pool)->n_kv_heads, shard->rank, shard->tp, d->n_kv_heads);
+    /* a pool of parts holds each rank's KV heads apart (engine/kv_pool.h); a pool of whole blocks, this rank's */
+    const uint32_t pool_heads = eng_kv_view_rank(pool, shard->rank, 0).layout->n_kv_heads;
+    if (pool_heads != d->n_kv_heads)
+        return td_error(TD_ERR_INVALID_ARG, "forward: the pool holds %u KV heads, rank %u of %u has %u", pool_heads,
+                        shard->rank, shard->tp, d->n_kv_heads);
     if (shard->tp > 1 && (!comm || comm->ranks != shard->tp))
         return td_error(TD_ERR_INVALID_ARG, "forward: rank %u of %u needs a comm of %u ranks", shard->rank,
                         shard->tp, shard->tp);
@@ -255,7 +257,7 @@ static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_s
     kern_backend_t *be = f->be;
     const kern_backend_ops_t *o = be->ops;
     const eng_layer_weights_t *L = &f->w.layers[l];
-    kern_kv_view_t kv = eng_kv_view(f->pool, l);
+    kern_kv_view_t kv = eng_kv_view_rank(f->pool, f->shard.rank, l);
     uint32_t H = d->n_heads, KV = d->n_kv_heads, hd = d->head_dim;
     td_status_t rc;
     if (L->bq) {

@@ -4,7 +4,12 @@
  * cached blocks (count 0 and named). Free blocks (count 0, no name) are on a
  * stack. The name index is open addressing with linear probing over at least
  * 2x the blocks; a deleted name's slot is refilled by shifting the rest of its
- * run back (no tombstones), so probes stay as short as on a fresh pool. */
+ * run back (no tombstones), so probes stay as short as on a fresh pool.
+ *
+ * A pool of parts (tensor parallelism) keeps that state once and each rank's
+ * part of every block in its own backend's memory; copies in and out go run
+ * by run (common/kv_contract.h's td_kv_part_runs) between a rank's part and
+ * the whole block. */
 #include "engine/kv_pool.h"
 
 #include <stdbool.h>
@@ -15,8 +20,18 @@
 
 #define NAME_EMPTY -1
 
+typedef struct kv_part {
+    kern_backend_t *be;
+    void *mem;
+    td_kv_layout_t g; /* the part's own layout: heads KV heads */
+    size_t block_bytes;
+    uint32_t head0, heads;
+} kv_part_t;
+
 struct eng_kv_pool {
     kern_backend_t *be;
+    uint32_t ranks;   /* 1, or the parts' number (parts[0]'s memory is mem) */
+    kv_part_t *parts; /* NULL for a pool of whole blocks */
     td_kv_layout_t g;
     size_t block_bytes;
     uint32_t n_blocks;
@@ -49,6 +64,7 @@ td_status_t eng_kv_pool_create(kern_backend_t *be, const td_kv_layout_t *g, uint
     if (!p)
         return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory");
     p->be = be;
+    p->ranks = 1;
     p->g = *g;
     p->block_bytes = td_kv_block_bytes(g);
     p->n_blocks = n_blocks;
@@ -86,10 +102,57 @@ td_status_t eng_kv_pool_create(kern_backend_t *be, const td_kv_layout_t *g, uint
     return TD_OK;
 }
 
+td_status_t eng_kv_pool_create_parts(kern_backend_t *const *bes, uint32_t ranks, const uint32_t *head0,
+                                     const uint32_t *heads, const td_kv_layout_t *g, uint32_t n_blocks,
+                                     eng_kv_pool_t **out)
+{
+    if (ranks < 2)
+        return td_error(TD_ERR_INVALID_ARG, "kv pool: parts for %u ranks", ranks);
+    for (uint32_t r = 0; r < ranks; r++)
+        if (!heads[r] || head0[r] + heads[r] > g->n_kv_heads)
+            return td_error(TD_ERR_INVALID_ARG, "kv pool: rank %u's KV heads %u..%u are not of the model's %u", r,
+                            head0[r], head0[r] + heads[r], g->n_kv_heads);
+    /* the bookkeeping with rank 0's part as its memory, then the other parts */
+    td_kv_layout_t g0 = td_kv_part_layout(g, heads[0]);
+    eng_kv_pool_t *p;
+    td_status_t rc = eng_kv_pool_create(bes[0], &g0, n_blocks, NULL, &p);
+    if (rc)
+        return rc;
+    if (!(p->parts = calloc(ranks, sizeof *p->parts))) {
+        eng_kv_pool_destroy(p);
+        return td_error(TD_ERR_NO_MEMORY, "kv pool: no memory");
+    }
+    p->ranks = ranks;
+    for (uint32_t r = 0; r < ranks && !rc; r++) {
+        kv_part_t *k = &p->parts[r];
+        k->be = bes[r], k->g = td_kv_part_layout(g, heads[r]), k->block_bytes = td_kv_block_bytes(&k->g);
+        k->head0 = head0[r], k->heads = heads[r];
+        if (!(bes[r]->ops->kv_dtypes >> g->dtype & 1))
+            rc = td_error(TD_ERR_UNSUPPORTED, "kv pool: the %s backend does not store KV in %s (model.kv_dtype)",
+                          bes[r]->ops->name, td_kv_dtype_name(g->dtype));
+        else if (r == 0)
+            k->mem = p->mem;
+        else
+            rc = bes[r]->ops->alloc(bes[r], k->block_bytes * n_blocks, &k->mem);
+    }
+    if (rc) {
+        eng_kv_pool_destroy(p);
+        return rc;
+    }
+    p->g = *g; /* the whole block: what its names, the stats and every copy in and out speak of */
+    p->block_bytes = td_kv_block_bytes(g);
+    *out = p;
+    return TD_OK;
+}
+
 void eng_kv_pool_destroy(eng_kv_pool_t *p)
 {
     if (!p)
         return;
+    for (uint32_t r = 1; p->parts && r < p->ranks; r++)
+        if (p->parts[r].mem)
+            p->parts[r].be->ops->free(p->parts[r].be, p->parts[r].mem);
+    free(p->parts);
     if (p->mem && p->provider.alloc)
         p->provider.free(p->provider.ctx, p->mem);
     else if (p->mem)
@@ -272,7 +335,60 @@ bool eng_kv_holds(eng_kv_pool_t *p, td_block_name_t n)
 
 kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer)
 {
+    return eng_kv_view_rank(p, 0, layer);
+}
+
+kern_kv_view_t eng_kv_view_rank(const eng_kv_pool_t *p, uint32_t rank, uint32_t layer)
+{
+    if (p->parts)
+        return (kern_kv_view_t){.base = p->parts[rank].mem, .layout = &p->parts[rank].g,
+                                .block_bytes = p->parts[rank].block_bytes, .layer = layer};
     return (kern_kv_view_t){.base = p->mem, .layout = &p->g, .block_bytes = p->block_bytes, .layer = layer};
+}
+
+uint32_t eng_kv_ranks(const eng_kv_pool_t *p) { return p->ranks; }
+
+/* Copies n blocks between the pool and host memory of whole blocks back to back (out: to host). A pool of parts
+ * copies each rank's runs (a replicated KV head is written out by each of its ranks, the same bytes, and read in
+ * by each). */
+static td_status_t kv_copy(const eng_kv_pool_t *p, const int32_t *blocks, uint32_t n, uint8_t *host, bool out)
+{
+    td_status_t rc = TD_OK;
+    if (!p->parts) {
+        for (uint32_t i = 0; i < n && !rc; i++) {
+            uint8_t *dev = (uint8_t *)p->mem + (size_t)blocks[i] * p->block_bytes, *h = host + (size_t)i * p->block_bytes;
+            rc = out ? p->be->ops->download(p->be, h, dev, p->block_bytes)
+                     : p->be->ops->upload(p->be, dev, h, p->block_bytes);
+        }
+        return rc;
+    }
+    td_kv_run_t runs[TD_KV_RUNS_PER_LAYER * 256];
+    if (p->g.n_layers > 256)
+        return td_error(TD_ERR_UNSUPPORTED, "kv pool: parts of %u layers (256 at most)", p->g.n_layers);
+    for (uint32_t r = 0; r < p->ranks && !rc; r++) {
+        const kv_part_t *k = &p->parts[r];
+        const uint32_t nr = td_kv_part_runs(&p->g, k->head0, k->heads, runs);
+        for (uint32_t i = 0; i < n && !rc; i++)
+            for (uint32_t j = 0; j < nr && !rc; j++) {
+                uint8_t *dev = (uint8_t *)k->mem + (size_t)blocks[i] * k->block_bytes + runs[j].part_off;
+                uint8_t *h = host + (size_t)i * p->block_bytes + runs[j].block_off;
+                rc = out ? k->be->ops->download(k->be, h, dev, runs[j].bytes)
+                         : k->be->ops->upload(k->be, dev, h, runs[j].bytes);
+            }
+        if (!rc)
+            rc = k->be->ops->sync(k->be);
+    }
+    return rc;
+}
+
+td_status_t eng_kv_download(const eng_kv_pool_t *p, const int32_t *blocks, uint32_t n, void *dst)
+{
+    return kv_copy(p, blocks, n, dst, true);
+}
+
+td_status_t eng_kv_upload(eng_kv_pool_t *p, const int32_t *blocks, uint32_t n, const void *src)
+{
+    return kv_copy(p, blocks, n, (uint8_t *)(uintptr_t)src, false);
 }
 
 const td_kv_layout_t *eng_kv_layout(const eng_kv_pool_t *p)

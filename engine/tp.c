@@ -9,7 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/shard.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels/cuda/comm_nccl.h"
+#endif
 #include "common/log.h"
 #include "engine/weights.h"
 
@@ -74,6 +78,14 @@ static void *rank_main(void *arg)
     }
 }
 
+td_status_t eng_tp_plan(const eng_model_t *m, uint32_t tp, uint32_t r, eng_shard_t *out)
+{
+    /* the columns O and down are cut at: whole quantization blocks, and whole groups of 32 values (the CPU
+     * backend's matmul takes no other rows) */
+    const uint32_t blk = eng_weights_col_block(m) > 32 ? eng_weights_col_block(m) : 32;
+    return eng_shard_plan(&m->desc, tp, r, blk, out);
+}
+
 td_status_t eng_tp_create(const eng_model_t *m, uint32_t tp, kern_backend_t *const *bes, eng_kv_pool_t *const *pools,
                           kern_comm_t *comm, uint32_t max_tokens, uint32_t max_logits, eng_tp_t **out)
 {
@@ -91,13 +103,10 @@ td_status_t eng_tp_create(const eng_model_t *m, uint32_t tp, kern_backend_t *con
     if (!(t->ranks = calloc(tp, sizeof *t->ranks)) ||
         !(t->logits = malloc((size_t)(max_logits ? max_logits : 1) * m->desc.vocab * sizeof(float))))
         rc = td_error(TD_ERR_NO_MEMORY, "tp: no memory for %u logit rows", max_logits);
-    /* the columns O and down are cut at: whole quantization blocks, and whole groups of 32 values (the CPU
-     * backend's matmul takes no other rows) */
-    const uint32_t blk = eng_weights_col_block(m) > 32 ? eng_weights_col_block(m) : 32;
     for (uint32_t r = 0; !rc && r < tp; r++) {
         rank_t *k = &t->ranks[r];
         k->t = t, k->r = r;
-        if (!(rc = eng_shard_plan(&m->desc, tp, r, blk, &k->shard)))
+        if (!(rc = eng_tp_plan(m, tp, r, &k->shard)))
             rc = eng_forward_create_rank(m, bes[r], pools[r], &k->shard, comm, max_tokens, max_logits, &k->f);
     }
     for (uint32_t r = 1; !rc && r < tp; r++) {
@@ -168,4 +177,86 @@ void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *h
 {
     *head0 = t->ranks[r].shard.kv_head0;
     *heads = t->ranks[r].shard.kv_heads;
+}
+
+/* The device of rank r in a list "cuda:0,1" / "cuda:0,cuda:1" (*gpu), or the CPU for "cpu" / NULL (*gpu -1). */
+static td_status_t rank_device(const char *devices, uint32_t tp, uint32_t r, int *gpu)
+{
+    *gpu = -1;
+    if (!devices || !strcmp(devices, "cpu"))
+        return TD_OK;
+    if (strncmp(devices, "cuda:", 5))
+        return td_error(TD_ERR_INVALID_ARG, "tp %u: devices '%s': cpu, or a GPU a rank (cuda:0,1)", tp, devices);
+    const char *p = devices + 5;
+    for (uint32_t i = 0;; i++) {
+        if (!strncmp(p, "cuda:", 5))
+            p += 5;
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 0 || (*end && *end != ','))
+            return td_error(TD_ERR_INVALID_ARG, "tp %u: devices '%s': cpu, or a GPU a rank (cuda:0,1)", tp, devices);
+        if (i == r)
+            *gpu = (int)n;
+        if (!*end) {
+            if (i + 1 != tp)
+                return td_error(TD_ERR_INVALID_ARG, "tp %u: devices '%s' name %u GPUs: one a rank", tp, devices,
+                                i + 1);
+            return TD_OK;
+        }
+        p = end + 1;
+    }
+}
+
+td_status_t eng_tp_open(const eng_model_t *m, uint32_t tp, const char *devices, int n_threads,
+                        kern_numerics_t numerics, const td_kv_layout_t *g, uint32_t n_blocks, uint32_t max_tokens,
+                        uint32_t max_logits, eng_tp_set_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (tp < 2 || tp > ENG_TP_MAX)
+        return td_error(TD_ERR_INVALID_ARG, "tp %u: 2 to %d ranks", tp, ENG_TP_MAX);
+    out->tp = tp;
+    uint32_t head0[ENG_TP_MAX], heads[ENG_TP_MAX];
+    bool gpus = false;
+    td_status_t rc = TD_OK;
+    for (uint32_t r = 0; r < tp && !rc; r++) {
+        eng_shard_t s;
+        int gpu;
+        char name[24];
+        if ((rc = eng_tp_plan(m, tp, r, &s)) || (rc = rank_device(devices, tp, r, &gpu)))
+            break;
+        head0[r] = s.kv_head0, heads[r] = s.kv_heads;
+        gpus = gpu >= 0;
+        snprintf(name, sizeof name, gpu >= 0 ? "cuda:%d" : "cpu", gpu);
+        rc = eng_backend_open(name, n_threads, numerics, &out->bes[r]);
+    }
+    if (!rc)
+        rc = gpus ?
+#ifdef TANDEM_HAVE_CUDA
+                  kern_comm_nccl_create(tp, out->bes, &out->comm)
+#else
+                  td_error(TD_ERR_UNSUPPORTED, "tp %u: this build has no CUDA backend", tp)
+#endif
+                  : kern_comm_cpu_create(tp, 60000, &out->comm);
+    if (!rc)
+        rc = eng_kv_pool_create_parts(out->bes, tp, head0, heads, g, n_blocks, &out->pool);
+    eng_kv_pool_t *pools[ENG_TP_MAX];
+    for (uint32_t r = 0; r < tp; r++)
+        pools[r] = out->pool;
+    if (!rc)
+        rc = eng_tp_create(m, tp, out->bes, pools, out->comm, max_tokens, max_logits, &out->fwd);
+    if (rc)
+        eng_tp_close(out);
+    return rc;
+}
+
+void eng_tp_close(eng_tp_set_t *s)
+{
+    eng_tp_destroy(s->fwd);
+    eng_kv_pool_destroy(s->pool);
+    if (s->comm)
+        s->comm->ops->destroy(s->comm);
+    for (uint32_t r = 0; r < s->tp; r++)
+        if (s->bes[r])
+            kern_backend_destroy(s->bes[r]);
+    memset(s, 0, sizeof *s);
 }

@@ -38,4 +38,26 @@ td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs
 /* Rank r's KV heads: [*head0, *head0 + *heads) of the model's. */
 void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *heads);
 
+/* Rank r's part of m at tp ranks (eng_shard_plan with the columns cut at whole quantization blocks of the file
+ * and whole groups of 32 values). */
+td_status_t eng_tp_plan(const eng_model_t *m, uint32_t tp, uint32_t r, eng_shard_t *out);
+
+/* Everything a tensor-parallel engine runs on, made from names: a backend a rank, its comm, the pool of parts
+ * (g: the whole block's layout, n_blocks of them) and the forward. devices: "cpu" (every rank a CPU backend of
+ * n_threads threads, the all-reduce in memory) or "cuda:0,1" / "cuda:0,cuda:1" (a GPU a rank, NCCL), as many as
+ * ranks. Errors name what was wrong (a device list of another length, a GPU named twice, a split the model does
+ * not allow, no NCCL). */
+#define ENG_TP_MAX 16
+typedef struct eng_tp_set {
+    uint32_t tp;
+    kern_backend_t *bes[ENG_TP_MAX];
+    kern_comm_t *comm;
+    eng_kv_pool_t *pool;
+    eng_tp_t *fwd;
+} eng_tp_set_t;
+td_status_t eng_tp_open(const eng_model_t *m, uint32_t tp, const char *devices, int n_threads,
+                        kern_numerics_t numerics, const td_kv_layout_t *g, uint32_t n_blocks, uint32_t max_tokens,
+                        uint32_t max_logits, eng_tp_set_t *out);
+void eng_tp_close(eng_tp_set_t *s);
+
 #endif

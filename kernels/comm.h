@@ -19,6 +19,10 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kern_comm kern_comm_t;
 
 typedef struct kern_comm_ops {
@@ -39,5 +43,9 @@ struct kern_comm {
 
 /* ranks ranks of host-memory backends in this process; a wait for the others ends after deadline_ms. */
 td_status_t kern_comm_cpu_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

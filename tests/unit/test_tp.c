@@ -15,6 +15,7 @@
 
 #include "common/kv_contract.h"
 #include "common/log.h"
+#include "engine/engine.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
@@ -446,6 +447,76 @@ Test(tp, a_pool_of_the_wrong_heads_or_a_comm_of_other_ranks_is_refused)
     for (int r = 0; r < 2; r++) {
         eng_kv_pool_destroy(pool[r]);
         kern_cpu_backend_destroy(be[r]);
+    }
+    eng_model_close(m);
+}
+
+/* ---- the engine at tp 2 ---- */
+
+typedef struct outs {
+    uint64_t first;
+    int32_t tok[8][40];
+    uint32_t n[8];
+    eng_finish_t fin[8];
+} outs_t;
+
+static void on_tok(void *ctx, const eng_event_t *ev)
+{
+    outs_t *o = ctx;
+    const size_t i = ev->id - o->first;
+    if (ev->token >= 0 && o->n[i] < 40)
+        o->tok[i][o->n[i]++] = ev->token;
+    if (ev->finish)
+        o->fin[i] = ev->finish;
+}
+
+/* 6 prompts sharing prefixes, 32 tokens each, on an engine of tp ranks: budget 8 (chunked prompts), a pool of 14
+ * blocks (preemption, with swap to host memory or without); *swaps: the sequences swapped out */
+static void run_engine(eng_model_t *m, uint32_t tp, uint64_t swap, outs_t *o, uint64_t *preempted, uint64_t *swaps)
+{
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.tp = tp, cfg.device = "cpu", cfg.n_threads = 1, cfg.token_budget = 8, cfg.kv_tokens = 14 * 16;
+    cfg.kv_dtype = TD_KV_F32, cfg.swap_bytes = swap;
+    eng_engine_t *e;
+    cr_assert_eq(eng_engine_create(m, &cfg, &e), TD_OK, "%s", td_last_error());
+    int32_t p[6][40];
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < 6; i++) {
+        const int n = 20 + 3 * i;
+        for (int k = 0; k < n; k++) /* prompts 0-2 share 18 tokens, 3-5 another 18 */
+            p[i][k] = k < 18 ? (int32_t)((k * 31 + (i / 3) * 7 + 5) % 600) : (int32_t)((k * 13 + i * 101) % 600);
+        eng_request_t r = {.prompt = p[i], .n_prompt = (size_t)n, .sampling = eng_sampling_default(),
+                           .max_tokens = 32, .ignore_eos = true};
+        uint64_t id;
+        cr_assert_eq(eng_engine_add(e, &r, &id), TD_OK, "%s", td_last_error());
+        if (!i)
+            o->first = id;
+    }
+    while (eng_engine_busy(e))
+        cr_assert_eq(eng_engine_step(e, on_tok, o), TD_OK, "%s", td_last_error());
+    *preempted = eng_engine_preemptions(e);
+    uint64_t in;
+    eng_engine_swaps(e, swaps, &in);
+    eng_engine_destroy(e);
+}
+
+Test(tp, the_engine_at_tp_2_gives_the_unsplit_engines_tokens_through_chunks_cache_hits_and_preemption,
+     .timeout = 120)
+{
+    eng_model_t *m;
+    cr_assert_eq(eng_model_open(TINY, &m), TD_OK);
+    static outs_t one, two, swapped;
+    uint64_t pre1, pre2, pre3, sw1, sw2, sw3;
+    run_engine(m, 1, 0, &one, &pre1, &sw1);
+    run_engine(m, 2, 0, &two, &pre2, &sw2);
+    run_engine(m, 2, 1 << 20, &swapped, &pre3, &sw3);
+    cr_assert(pre2 > 0 && pre3 > 0 && sw3 > 0, "the pool preempted %llu and %llu times, %llu swapped",
+              (unsigned long long)pre2, (unsigned long long)pre3, (unsigned long long)sw3);
+    for (int i = 0; i < 6; i++) {
+        cr_assert(one.fin[i] == ENG_FINISH_LENGTH && two.fin[i] == ENG_FINISH_LENGTH &&
+                  swapped.fin[i] == ENG_FINISH_LENGTH, "prompt %d", i);
+        cr_assert(!memcmp(one.tok[i], two.tok[i], sizeof one.tok[i]), "prompt %d: tp 2 differs", i);
+        cr_assert(!memcmp(one.tok[i], swapped.tok[i], sizeof one.tok[i]), "prompt %d: tp 2 with swap differs", i);
     }
     eng_model_close(m);
 }

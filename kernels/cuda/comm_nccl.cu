@@ -1,0 +1,132 @@
+// comm_nccl.cu — kernels/comm.h's all-reduce over NCCL, for the ranks of one
+// tensor-parallel worker on the GPUs of one host: one communicator a device
+// (ncclCommInitAll: one process drives them all), each rank's sum queued on
+// its backend's stream (so a captured decode step holds it too). NCCL is
+// loaded at run time (libnccl.so.2, the machine's own: a binary without it
+// still starts, and a worker asked for tp > 1 without it stops naming it).
+#include <dlfcn.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "kernels/comm.h"
+#include "kernels/cuda/comm_nccl.h"
+#include "kernels/cuda/cuda_int.h"
+
+typedef struct nccl_api {
+    ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*abort)(ncclComm_t);
+    ncclResult_t (*destroy)(ncclComm_t);
+    const char *(*error)(ncclResult_t);
+} nccl_api_t;
+
+static nccl_api_t g_nccl;
+static const char *g_nccl_error;
+static void load_nccl(void)
+{
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        g_nccl_error = dlerror();
+        return;
+    }
+    *(void **)&g_nccl.init_all = dlsym(h, "ncclCommInitAll");
+    *(void **)&g_nccl.all_reduce = dlsym(h, "ncclAllReduce");
+    *(void **)&g_nccl.abort = dlsym(h, "ncclCommAbort");
+    *(void **)&g_nccl.destroy = dlsym(h, "ncclCommDestroy");
+    *(void **)&g_nccl.error = dlsym(h, "ncclGetErrorString");
+    if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.abort || !g_nccl.destroy || !g_nccl.error)
+        g_nccl_error = "libnccl.so.2 lacks ncclCommInitAll, ncclAllReduce, ncclCommAbort, ncclCommDestroy or "
+                       "ncclGetErrorString";
+}
+
+typedef struct comm_nccl {
+    kern_comm_t base;
+    ncclComm_t *comms;
+    int *devices;
+    int aborted; // a rank stopped: the communicators are gone, every later call fails
+    uint32_t aborted_by;
+    pthread_mutex_t mu;
+} comm_nccl_t;
+
+static td_status_t nccl_all_reduce(kern_comm_t *base, uint32_t rank, kern_backend_t *be, float *buf, size_t n)
+{
+    comm_nccl_t *c = (comm_nccl_t *)base;
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+        return td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's all-reduce cannot complete",
+                        c->aborted_by, rank);
+    kc_bind(be);
+    const ncclResult_t r = g_nccl.all_reduce(buf, buf, n, ncclFloat32, ncclSum, c->comms[rank],
+                                             (cudaStream_t)be->ops->queue(be));
+    if (r != ncclSuccess)
+        return td_error(TD_ERR_INTERNAL, "tp: rank %u (cuda:%d): ncclAllReduce of %zu values: %s", rank,
+                        c->devices[rank], n, g_nccl.error(r));
+    return TD_OK;
+}
+
+// NCCL's abort ends the other ranks' collectives in flight (their streams' work fails instead of waiting forever)
+static void nccl_abort(kern_comm_t *base, uint32_t rank)
+{
+    comm_nccl_t *c = (comm_nccl_t *)base;
+    pthread_mutex_lock(&c->mu);
+    if (!c->aborted) {
+        c->aborted_by = rank;
+        __atomic_store_n(&c->aborted, 1, __ATOMIC_RELEASE);
+        for (uint32_t r = 0; r < base->ranks; r++)
+            g_nccl.abort(c->comms[r]);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void nccl_destroy(kern_comm_t *base)
+{
+    comm_nccl_t *c = (comm_nccl_t *)base;
+    if (!c)
+        return;
+    for (uint32_t r = 0; !c->aborted && c->comms && r < base->ranks; r++)
+        if (c->comms[r])
+            g_nccl.destroy(c->comms[r]);
+    pthread_mutex_destroy(&c->mu);
+    free(c->comms);
+    free(c->devices);
+    free(c);
+}
+
+static const kern_comm_ops_t nccl_ops = {
+    .name = "nccl", .all_reduce = nccl_all_reduce, .abort = nccl_abort, .destroy = nccl_destroy};
+
+extern "C" td_status_t kern_comm_nccl_create(uint32_t ranks, kern_backend_t *const *bes, kern_comm_t **out)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, load_nccl);
+    if (g_nccl_error)
+        return td_error(TD_ERR_UNSUPPORTED, "tp: cannot load NCCL: %s", g_nccl_error);
+    comm_nccl_t *c = (comm_nccl_t *)calloc(1, sizeof *c);
+    if (!c || !(c->comms = (ncclComm_t *)calloc(ranks, sizeof *c->comms)) ||
+        !(c->devices = (int *)calloc(ranks, sizeof *c->devices))) {
+        if (c)
+            free(c->comms);
+        free(c);
+        return td_error(TD_ERR_NO_MEMORY, "tp: no memory");
+    }
+    c->base = (kern_comm_t){.ops = &nccl_ops, .ranks = ranks};
+    pthread_mutex_init(&c->mu, NULL);
+    for (uint32_t r = 0; r < ranks; r++) {
+        c->devices[r] = ((const kern_cuda_t *)bes[r])->device;
+        for (uint32_t q = 0; q < r; q++)
+            if (c->devices[q] == c->devices[r]) {
+                nccl_destroy(&c->base);
+                return td_error(TD_ERR_INVALID_ARG, "tp: ranks %u and %u are both on cuda:%d (NCCL takes one rank "
+                                "a device)", q, r, c->devices[r]);
+            }
+    }
+    const ncclResult_t r = g_nccl.init_all(c->comms, (int)ranks, c->devices);
+    if (r != ncclSuccess) {
+        free(c->comms);
+        c->comms = NULL;
+        nccl_destroy(&c->base);
+        return td_error(TD_ERR_UNAVAILABLE, "tp: ncclCommInitAll over %u devices: %s", ranks, g_nccl.error(r));
+    }
+    *out = &c->base;
+    return TD_OK;
+}
