@@ -34,8 +34,9 @@
 // of a sequence's last rows, which walk the most positions, go first.
 //
 // fp8_e4m3 KV (a row's codes and its scale, common/kv_contract.h): decode
-// rows take k_attention_decode's path that reads K and V from the pool as it
-// uses them, a K row's scale multiplying its score and a V row's its softmax
+// rows take k_attention_decode's fp16 path with rows of bytes (a lane's K row
+// in registers, V rows through shared memory by cp.async, 16 values a 16-byte
+// load), a K row's scale multiplying its score and a V row's its softmax
 // weight, the query in fp32 as on the CPU backend; prompt rows the tensor-core
 // kernel, each tile's values widened and scaled to fp16 on their way to
 // shared memory (plain loads: cp.async cannot convert); other head_dims
@@ -288,13 +289,31 @@ __device__ __forceinline__ void load8(const float *p, float *f)
 #define DEC_KPAD 8 // halves past each shared K row: the rows of 8 lanes' 16-byte reads fall in different banks
 // k_attention_decode's shared memory: the queries, the warps' states, with sv the warps' V rows (fp16) and
 // each warp's softmax weights, with sk the warps' K rows
-static size_t dec_smem(uint32_t hd, uint32_t group, bool sv, bool sk)
+// (es: the KV's bytes a value)
+static size_t dec_smem(uint32_t hd, uint32_t group, bool sv, bool sk, size_t es = sizeof(__half))
 {
     return ((size_t)DEC_MAXG * hd + (size_t)4 * group * (hd + 2)) * sizeof(float) +
-           (sv ? (size_t)4 * 32 * hd * sizeof(__half) + (size_t)4 * group * 32 * sizeof(float) : 0) +
+           (sv ? (size_t)4 * 32 * hd * es + (size_t)4 * group * 32 * sizeof(float) : 0) +
            (sv && sk ? (size_t)4 * 32 * (hd + DEC_KPAD) * sizeof(__half) : 0);
 }
 // 8 values of a 16-byte fp16 load
+// values d..d + 7 of a row held as 16-byte loads w (d a multiple of 8): fp16 (a load each) or fp8_e4m3 (half a load)
+__device__ __forceinline__ void unpack8(const uint4 u, float *f);
+template <typename T> __device__ __forceinline__ void unpack8_at(const uint4 *w, uint32_t d, float *f)
+{
+    if constexpr (sizeof(T) == 2) {
+        unpack8(w[d / 8], f);
+    } else {
+        const uint4 u = w[d / 16];
+        const uint2 c = (d / 8) % 2 ? make_uint2(u.z, u.w) : make_uint2(u.x, u.y);
+        const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&c;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 x = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+            f[2 * i] = x.x, f[2 * i + 1] = x.y;
+        }
+    }
+}
 __device__ __forceinline__ void unpack8(const uint4 u, float *f)
 {
     const __half2 *h = (const __half2 *)&u;
@@ -314,7 +333,9 @@ __device__ __forceinline__ void unpack8(const uint4 u, float *f)
 template <typename T, int HD, int GM, bool KS>
 __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
 {
-    constexpr bool SV = HD != 0 && sizeof(T) == 2, SK = SV && KS, F8 = sizeof(T) == 1;
+    // SV with fp16 or fp8 KV; VPL: values a 16-byte load holds
+    constexpr bool SV = HD != 0 && sizeof(T) <= 2, SK = SV && KS, F8 = sizeof(T) == 1;
+    constexpr uint32_t VPL = 16 / sizeof(T);
     extern __shared__ float dsm[];
     constexpr int E = HD ? HD / 32 : ATT_MAXD; // values of a head a lane holds
     const uint32_t hd = HD ? HD : a.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = a.group;
@@ -346,22 +367,22 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
         return pos < hi ? a.base + (size_t)S.table[pos >> bt_shift] * a.block_bytes : a.base;
     };
     // SV: the K row of position p on page rw into kw (zeros unless ok)
-    uint4 kw[SV ? HD / 8 : 1];
+    uint4 kw[SV ? HD / VPL : 1];
     auto load_k = [&](const uint8_t *rw, uint32_t p, bool ok) {
         const uint4 *kp = (const uint4 *)((const T *)rw + k_off + (size_t)(p & bt_mask) * hd);
 #pragma unroll
-        for (int i = 0; i < (SV ? HD / 8 : 1); i++)
+        for (int i = 0; i < (SV ? HD / VPL : 1); i++)
             kw[i] = ok ? kp[i] : make_uint4(0, 0, 0, 0);
     };
     // the rows at offset off of the chunk from cc to dst (rows stride apart), a row HD / 8 lanes (coalesced),
     // all but position `skip`'s, as one cp.async group: V into sv, and with SK the K rows into skr
     auto copy_rows = [&](const uint8_t *rw, uint32_t cc, uint32_t skip, size_t off, T *dst, uint32_t stride) {
-        constexpr uint32_t LPR = SV ? HD / 8 : 32, RPI = 32 / LPR; // lanes a row, rows an issue
+        constexpr uint32_t LPR = SV ? HD / VPL : 32, RPI = 32 / LPR; // lanes a row, rows an issue
         const T *mine = (const T *)rw + off + (size_t)((cc + lane) & bt_mask) * hd;
         const uint32_t n_live = min(32u, hi - cc);
 #pragma unroll
         for (uint32_t it = 0; it < LPR; it++) {
-            const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * 8;
+            const uint32_t t = it * RPI + lane / LPR, seg = (lane % LPR) * VPL;
             const T *src = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)mine, t);
             if (t < n_live && cc + t != skip)
                 cp_async16(dst + t * stride + seg, src + seg, true);
@@ -375,8 +396,8 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
     // SK: a lane's row of the chunk's K (copy_k's) into kw
     auto fill_k = [&]() {
 #pragma unroll
-        for (int i = 0; i < (SV ? HD / 8 : 1); i++)
-            kw[i] = *(const uint4 *)(skr + lane * (HD + DEC_KPAD) + i * 8);
+        for (int i = 0; i < (SV ? HD / VPL : 1); i++)
+            kw[i] = *(const uint4 *)(skr + lane * (HD + DEC_KPAD) + i * VPL);
     };
     uint32_t c0 = lo + warp * 32;
     const uint8_t *row = page(c0 + lane);
@@ -448,8 +469,8 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
                 load_k(row, S.pos0, true);
             const T *v0 = (const T *)__shfl_sync(0xffffffffu, (unsigned long long)row, t0);
             v0 += v_off + (size_t)(S.pos0 & bt_mask) * hd;
-            if (lane < HD / 8)
-                cp_async16(sv + t0 * hd + lane * 8, v0 + lane * 8, true);
+            if (lane < HD / VPL)
+                cp_async16(sv + t0 * hd + lane * VPL, v0 + lane * VPL, true);
             cp_async_commit();
         }
     float m[GM], l[GM], acc[GM][ATT_MAXD];
@@ -500,7 +521,7 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
             for (uint32_t d = 0; d < hd; d += 8) { // SV: from kw; else read 16 or 32 bytes at a time
                 float k[8];
                 if constexpr (SV)
-                    unpack8(kw[d / 8], k);
+                    unpack8_at<T>(kw, d, k);
                 else
                     load8(kr + d, k);
 #pragma unroll
@@ -550,13 +571,20 @@ __global__ void __launch_bounds__(128) k_attention_decode(const att_args_t a)
                     pw[h * 32 + lane] = sc[h];
             cp_async_wait<0>();
             if (n_live < 32)
-                for (uint32_t i = n_live * (HD / 8) + lane; i < 32 * (HD / 8); i += 32)
+                for (uint32_t i = n_live * (HD / VPL) + lane; i < 32 * (HD / VPL); i += 32)
                     ((uint4 *)sv)[i] = make_uint4(0, 0, 0, 0);
             __syncwarp();
 #pragma unroll 8
             for (uint32_t t = 0; t < 32; t++) {
                 float v[E];
-                if constexpr (E == 4) {
+                if constexpr (F8) { // E codes (4 or 2 bytes); the row's scale is in its weight
+                    const __nv_fp8x2_storage_t *c = (const __nv_fp8x2_storage_t *)(sv + t * HD + lane * E);
+#pragma unroll
+                    for (int i = 0; i < E / 2; i++) {
+                        const float2 x = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(c[i], __NV_E4M3)));
+                        v[2 * i] = x.x, v[2 * i + 1] = x.y;
+                    }
+                } else if constexpr (E == 4) {
                     const uint2 r = *(const uint2 *)(sv + t * HD + lane * 4);
                     const float2 x = __half22float2(*(const __half2 *)&r.x), y = __half22float2(*(const __half2 *)&r.y);
                     v[0] = x.x, v[1] = x.y, v[2] = y.x, v[3] = y.y;
@@ -1113,11 +1141,11 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
                 }
                 const uint32_t hd = g->head_dim;
                 const bool h16 = g->dtype == TD_KV_F16;
-                const bool sv = h16 && (hd == 64 || hd == 128);
-                const bool sk = sv && rows > 1 && max_ctx >= KC_DEC_KS_CTX &&
+                const bool sv = (h16 || g->dtype == TD_KV_F8_E4M3) && (hd == 64 || hd == 128);
+                const bool sk = sv && h16 && rows > 1 && max_ctx >= KC_DEC_KS_CTX &&
                                 (size_t)a.n_seqs * a.n_kv * a.splits >=
                                     (size_t)DEC_KS_WAVES * c->dec_ks_grid[hd == 128][dec_group_ix(a.group)];
-                const size_t dsmem = dec_smem(hd, a.group, sv, sk);
+                const size_t dsmem = dec_smem(hd, a.group, sv, sk, td_kv_dtype_size(g->dtype));
                 dim3 grid(a.n_seqs, a.n_kv, a.splits);
                 rc = kc_launch(c, "attention_decode", dec_kernel(g->dtype, hd, a.group, sk), grid, 128, dsmem, a);
             } else {
