@@ -43,7 +43,8 @@ td_kv_layout_t td_kv_layout_make(const char *model_id, uint32_t n_layers, uint32
                                  uint32_t block_tokens, td_kv_dtype_t dtype)
 {
     td_kv_layout_t l = {.n_layers = n_layers, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
-                        .block_tokens = block_tokens, .dtype = dtype, .layout_version = TD_KV_LAYOUT_VERSION};
+                        .block_tokens = block_tokens, .dtype = dtype, .layout_version = TD_KV_LAYOUT_VERSION,
+                        .tp = 1};
     snprintf(l.hash_scheme, sizeof l.hash_scheme, "%s", TD_KV_HASH_SCHEME);
     snprintf(l.model_id, sizeof l.model_id, "%s", model_id ? model_id : "");
     return l;
@@ -75,12 +76,27 @@ td_status_t td_kv_contract_check(const td_kv_layout_t *a, const td_kv_layout_t *
         return differ_u("n_kv_heads", a->n_kv_heads, b->n_kv_heads, peer);
     if (a->head_dim != b->head_dim)
         return differ_u("head_dim", a->head_dim, b->head_dim, peer);
+    /* another degree is a peer like any other (whole blocks between them); one that cannot be mapped is not */
+    if (td_kv_tp_check(b))
+        return td_error(TD_ERR_CONFIG, "KV contract mismatch with %s: tp: here %u (%u KV heads), peer %u: its ranks "
+                        "cannot each hold whole KV heads, so its parts cannot be mapped onto a block", peer,
+                        a->tp ? a->tp : 1, a->n_kv_heads, b->tp);
+    return td_kv_tp_check(a);
+}
+
+td_status_t td_kv_tp_check(const td_kv_layout_t *l)
+{
+    const uint32_t tp = l->tp ? l->tp : 1, h = l->n_kv_heads;
+    if (!h || (h % tp && tp % h))
+        return td_error(TD_ERR_CONFIG, "KV contract: tp %u over %u KV heads: the ranks cannot each hold whole KV "
+                        "heads", tp, h);
     return TD_OK;
 }
 
 json_t *td_kv_layout_to_json(const td_kv_layout_t *l)
 {
-    return json_pack("{s:i, s:s, s:s, s:i, s:s, s:s, s:i, s:i, s:i}", "layout_version", (json_int_t)l->layout_version,
+    return json_pack("{s:i, s:i, s:s, s:s, s:i, s:s, s:s, s:i, s:i, s:i}", "tp", (json_int_t)(l->tp ? l->tp : 1),
+                     "layout_version", (json_int_t)l->layout_version,
                      "dtype", td_kv_dtype_name(l->dtype), "kv_scales", td_kv_scales_name(l->dtype), "block_tokens", (json_int_t)l->block_tokens, "hash_scheme",
                      l->hash_scheme, "model_id", l->model_id, "n_layers", (json_int_t)l->n_layers, "n_kv_heads",
                      (json_int_t)l->n_kv_heads, "head_dim", (json_int_t)l->head_dim);
@@ -120,6 +136,11 @@ td_status_t td_kv_layout_from_json(const json_t *j, td_kv_layout_t *l)
         return rc;
     if (!td_kv_dtype_parse(dtype, &l->dtype))
         return td_error(TD_ERR_FORMAT, "KV contract: dtype '%s' is not fp16, fp32 or fp8_e4m3", dtype);
+    l->tp = 1; /* a record without it: one rank */
+    if (json_object_get(j, "tp") && (rc = json_u32(j, "tp", &l->tp)))
+        return rc;
+    if (!l->tp)
+        return td_error(TD_ERR_FORMAT, "KV contract: 'tp' is 0");
     return td_kv_scales_check(l->dtype, json_string_value(json_object_get(j, "kv_scales")));
 }
 

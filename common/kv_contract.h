@@ -51,6 +51,11 @@ typedef struct td_kv_layout {
     uint32_t layout_version; /* TD_KV_LAYOUT_VERSION */
     char hash_scheme[32];    /* TD_KV_HASH_SCHEME */
     char model_id[128];
+    /* tensor parallelism: the ranks whose parts make this side's blocks (1: one), each holding whole KV heads
+     * (n_kv_heads / tp of them, or one replicated when tp is the larger: engine/shard.h). Peers of different
+     * degrees exchange whole blocks; a degree whose ranks cannot hold whole heads is refused (it cannot be
+     * mapped onto the block), naming both sides' degrees and heads. */
+    uint32_t tp;
 } td_kv_layout_t;
 
 /* A layout of the current version and hash scheme. */
@@ -108,6 +113,8 @@ td_status_t td_kv_scales_check(td_kv_dtype_t d, const char *scales);
 /* Checks that peer's contract equals ours; the error names the first field
  * that differs with both values ("block_tokens: here 16, peer 32"). */
 td_status_t td_kv_contract_check(const td_kv_layout_t *ours, const td_kv_layout_t *peer, const char *peer_name);
+/* Whether l's blocks can be made of tp ranks' parts (each whole KV heads): TD_ERR_CONFIG naming them if not. */
+td_status_t td_kv_tp_check(const td_kv_layout_t *l);
 
 /* The JSON form (etcd's worker records): an object with every field; and
  * back, TD_ERR_PARSE naming a missing or ill-typed field. */

@@ -19,6 +19,8 @@ void td_kv_layout_to_pb(const td_kv_layout_t *l, Tandem__Internal__V1__KvContrac
     pb->kv_scales = (char *)td_kv_scales_name(l->dtype);
     pb->hash_scheme = (char *)l->hash_scheme;
     pb->model_id = (char *)l->model_id;
+    pb->has_tp = 1;
+    pb->tp = l->tp ? l->tp : 1;
 }
 
 td_status_t td_kv_layout_from_pb(const Tandem__Internal__V1__KvContract *pb, td_kv_layout_t *l)
@@ -38,5 +40,8 @@ td_status_t td_kv_layout_from_pb(const Tandem__Internal__V1__KvContract *pb, td_
     l->head_dim = pb->head_dim;
     snprintf(l->hash_scheme, sizeof l->hash_scheme, "%s", pb->hash_scheme ? pb->hash_scheme : "");
     snprintf(l->model_id, sizeof l->model_id, "%s", pb->model_id ? pb->model_id : "");
+    l->tp = pb->has_tp ? pb->tp : 1; /* a peer that does not state it: one rank */
+    if (!l->tp)
+        return td_error(TD_ERR_FORMAT, "contract: tp 0");
     return TD_OK;
 }

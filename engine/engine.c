@@ -170,6 +170,7 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     e->next_id = 1;
     td_kv_layout_t g = td_kv_layout_make(m->kv_id, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim,
                                          cfg->block_tokens, cfg->kv_dtype);
+    g.tp = cfg->tp > 1 ? cfg->tp : 1;
     size_t bb = td_kv_block_bytes(&g);
     uint64_t blocks = cfg->kv_tokens ? (cfg->kv_tokens + cfg->block_tokens - 1) / cfg->block_tokens
                                      : (cfg->kv_bytes ? cfg->kv_bytes : 64u << 20) / bb;

@@ -102,6 +102,25 @@ Test(proto, kv_layout_round_trips_in_both_wire_forms)
     cr_assert(strstr(td_last_error(), "'model_id'"), "%s", td_last_error());
     json_decref(j);
     free(text);
+    /* tensor parallelism: the degree round-trips in both forms; a record without it is one rank's */
+    td_kv_layout_t t2 = l;
+    t2.tp = 2;
+    td_kv_layout_to_pb(&t2, &pb);
+    n = tandem__internal__v1__kv_contract__pack(&pb, buf);
+    got = tandem__internal__v1__kv_contract__unpack(NULL, n, buf);
+    cr_assert_eq(td_kv_layout_from_pb(got, &back), TD_OK);
+    cr_assert_eq(back.tp, 2);
+    got->has_tp = 0;
+    cr_assert_eq(td_kv_layout_from_pb(got, &back), TD_OK);
+    cr_assert_eq(back.tp, 1);
+    tandem__internal__v1__kv_contract__free_unpacked(got, NULL);
+    j = td_kv_layout_to_json(&t2);
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_OK, "%s", td_last_error());
+    cr_assert_eq(back.tp, 2);
+    json_object_del(j, "tp");
+    cr_assert_eq(td_kv_layout_from_json(j, &back), TD_OK, "%s", td_last_error());
+    cr_assert_eq(back.tp, 1);
+    json_decref(j);
     /* the geometry the pool and the kernels read: offsets of K and V rows */
     cr_assert_eq(td_kv_block_bytes(&l), (size_t)30 * 2 * 3 * 16 * 64 * 2);
     cr_assert_eq(td_kv_offset(&l, 1, 1, 2), (size_t)((1 * 2 + 1) * 3 + 2) * 16 * 64);

@@ -206,6 +206,37 @@ Test(tp, a_ranks_part_of_a_block_lands_between_tp_degrees_byte_for_byte)
     }
 }
 
+/* The contract between peers of different degrees: whole blocks move between them, so another degree is a peer
+ * like any other; a degree whose ranks could not each hold whole KV heads is refused, naming both sides' */
+Test(tp, the_kv_contract_takes_any_mappable_degree_and_refuses_the_others_naming_both)
+{
+    td_kv_layout_t one = td_kv_layout_make("m", 32, 8, 128, 16, TD_KV_F16), peer = one;
+    cr_assert_eq(one.tp, 1);
+    for (uint32_t tp = 1; tp <= 16; tp *= 2) { /* 8 KV heads: 8, 4, 2, 1 a rank, or one replicated over 2 */
+        peer.tp = tp;
+        cr_assert_eq(td_kv_contract_check(&one, &peer, "prefill-1"), TD_OK, "tp %u: %s", tp, td_last_error());
+        cr_assert_eq(td_kv_contract_check(&peer, &one, "decode-1"), TD_OK, "tp %u: %s", tp, td_last_error());
+    }
+    peer.tp = 3;
+    cr_assert_eq(td_kv_contract_check(&one, &peer, "prefill-1"), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "tp: here 1 (8 KV heads), peer 3") &&
+              strstr(td_last_error(), "cannot be mapped"), "%s", td_last_error());
+    peer.tp = 12; /* more ranks than heads, but not a whole number of ranks a head */
+    cr_assert_eq(td_kv_contract_check(&one, &peer, "prefill-1"), TD_ERR_CONFIG);
+    /* an engine's contract states its degree */
+    eng_model_t *m;
+    eng_engine_t *e;
+    cr_assert_eq(eng_model_open(TINY, &m), TD_OK);
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.tp = 2, cfg.n_threads = 1, cfg.kv_tokens = 256;
+    cr_assert_eq(eng_engine_create(m, &cfg, &e), TD_OK, "%s", td_last_error());
+    td_kv_layout_t c = eng_engine_kv_contract(e);
+    cr_assert(c.tp == 2 && c.n_kv_heads == 2, "tp %u, %u KV heads", c.tp, c.n_kv_heads);
+    cr_assert_eq(eng_engine_kv_stats(e).block_bytes, td_kv_block_bytes(&c)); /* whole blocks, as the wire has them */
+    eng_engine_destroy(e);
+    eng_model_close(m);
+}
+
 /* ---- the all-reduce ---- */
 
 typedef struct job {
