@@ -407,6 +407,31 @@ sed -E 's/\| KV .*//' "$out/kv8-7b.txt"
 grep -q error "$out/kv8-7b.txt" && fail=1
 fi
 
+if want 15; then
+echo "== 15. tensor parallelism on one GPU (both ranks on it, their all-reduce in memory; NCCL takes a GPU a rank):"
+echo "   greedy ids at tp 2 against tp 1 (tiny-llama3, the 7B shape with dummy weights); tp 2 over GPUs this machine lacks"
+tiny=$here/fixtures/tiny-llama3
+m7d=$work/llama2-7b-dummy
+[ -f "$m7d/config.json" ] || python3 "$here/bench/make_random_llama.py" "$m7d" --shape llama2-7b \
+  --tokenizer "$tiny" --config-only >> "$out/make-dummy.txt" 2>&1
+: > "$out/tp.txt"
+for spec in "$tiny|" "$m7d|--load-format dummy --kv-mib 2048"; do
+  m=${spec%%|*}; extra=${spec#*|}
+  for p in "Hello world" "The quick brown fox" "1 2 3 4"; do
+    a=$("$T" generate --model "$m" $extra --device cuda --ids --max-tokens 32 --ignore-eos "$p" 2>/dev/null)
+    b=$("$T" generate --model "$m" $extra --device cuda:0,0 --tp 2 --ids --max-tokens 32 --ignore-eos "$p" \
+        2>>"$out/tp.err")
+    [ -n "$b" ] || { echo "tp 2 on $(basename "$m") FAILED: $(tail -1 "$out/tp.err")"; fail=1; }
+    python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))); print('%s, %r: tp 2 vs tp 1, the first %d of %d tokens equal' % (sys.argv[3], sys.argv[4], n, len(a)))" \
+      "$a" "$b" "$(basename "$m")" "$p" >> "$out/tp.txt"
+  done
+done
+cat "$out/tp.txt"
+"$T" generate --model "$tiny" --device cuda:0,1 --tp 2 --max-tokens 4 "Hello" > /dev/null 2> "$out/tp-two.err"
+rc=$?
+echo "tp 2 over cuda:0,1 on a machine of $(nvidia-smi -L | wc -l) GPU(s): exit $rc: $(grep -v '^$' "$out/tp-two.err" | tail -1)"
+fi
+
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"
 
 exit $fail

@@ -437,7 +437,8 @@ static td_status_t pass_graph(eng_forward_t *f, const eng_batch_seq_t *seqs, uin
                               uint32_t nl, bool rows_direct, bool sampled, uint32_t max_ctx)
 {
     const kern_backend_ops_t *o = f->be->ops;
-    if (!(o->supported & KERN_OP_GRAPH) || !rows_direct || n > FWD_GRAPH_MAX || f->layer_fn || f->tap_fn)
+    if (!(o->supported & KERN_OP_GRAPH) || !rows_direct || n > FWD_GRAPH_MAX || f->layer_fn || f->tap_fn ||
+        (f->comm && !f->comm->ops->capturable)) /* (a comm that drains the queue cannot be in a graph) */
         return pass(f, seqs, n_seqs, n, nl, rows_direct, sampled);
     /* the backend holds one graph per key: this forward's address names its
      * own (a later forward at the same address starts uncaptured and

@@ -216,27 +216,31 @@ td_status_t eng_tp_open(const eng_model_t *m, uint32_t tp, const char *devices, 
         return td_error(TD_ERR_INVALID_ARG, "tp %u: 2 to %d ranks", tp, ENG_TP_MAX);
     out->tp = tp;
     uint32_t head0[ENG_TP_MAX], heads[ENG_TP_MAX];
-    bool gpus = false;
+    int gpus[ENG_TP_MAX];
+    bool distinct = true, same = true; /* a GPU a rank: NCCL; the CPU, or one GPU for all: the comm in memory */
     td_status_t rc = TD_OK;
     for (uint32_t r = 0; r < tp && !rc; r++) {
         eng_shard_t s;
-        int gpu;
         char name[24];
-        if ((rc = eng_tp_plan(m, tp, r, &s)) || (rc = rank_device(devices, tp, r, &gpu)))
+        if ((rc = eng_tp_plan(m, tp, r, &s)) || (rc = rank_device(devices, tp, r, &gpus[r])))
             break;
         head0[r] = s.kv_head0, heads[r] = s.kv_heads;
-        gpus = gpu >= 0;
-        snprintf(name, sizeof name, gpu >= 0 ? "cuda:%d" : "cpu", gpu);
+        for (uint32_t q = 0; q < r; q++)
+            distinct = distinct && gpus[q] != gpus[r];
+        same = same && gpus[r] == gpus[0];
+        snprintf(name, sizeof name, gpus[r] >= 0 ? "cuda:%d" : "cpu", gpus[r]);
         rc = eng_backend_open(name, n_threads, numerics, &out->bes[r]);
     }
-    if (!rc)
-        rc = gpus ?
+    if (!rc && gpus[0] >= 0 && distinct)
 #ifdef TANDEM_HAVE_CUDA
-                  kern_comm_nccl_create(tp, out->bes, &out->comm)
+        rc = kern_comm_nccl_create(tp, out->bes, &out->comm);
 #else
-                  td_error(TD_ERR_UNSUPPORTED, "tp %u: this build has no CUDA backend", tp)
+        rc = td_error(TD_ERR_UNSUPPORTED, "tp %u: this build has no CUDA backend", tp);
 #endif
-                  : kern_comm_cpu_create(tp, 60000, &out->comm);
+    else if (!rc && !same)
+        rc = td_error(TD_ERR_INVALID_ARG, "tp %u: devices '%s': a GPU a rank, or one GPU for them all", tp, devices);
+    else if (!rc)
+        rc = kern_comm_cpu_create(tp, 60000, &out->comm);
     if (!rc)
         rc = eng_kv_pool_create_parts(out->bes, tp, head0, heads, g, n_blocks, &out->pool);
     eng_kv_pool_t *pools[ENG_TP_MAX];

@@ -4,15 +4,18 @@
  * of one worker; each rank runs on its own thread and calls with its own
  * buffer, queued on its own backend.
  *
- *   cpu:  ranks in one process's memory; a call waits (up to the comm's
- *         deadline) until every rank has called, then each rank adds its
- *         share of the elements over all buffers in rank order and writes the
- *         total to every buffer: the same bits on every rank, whatever the
- *         thread timing.
+ *   cpu:  ranks whose buffers every rank's backend reaches (host memory, or
+ *         ranks sharing one GPU); a call waits (up to the comm's deadline)
+ *         until every rank has called, then each rank adds its share of the
+ *         elements over all buffers in rank order with its backend's add and
+ *         copies the total to every buffer: the same bits on every rank,
+ *         whatever the thread timing. It drains the backends' queues (a
+ *         captured GPU step cannot hold it: such steps run uncaptured).
  *   nccl: kernels/cuda/comm_nccl.cu — ncclAllReduce on each rank's stream. */
 #ifndef KERN_COMM_H
 #define KERN_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +30,7 @@ typedef struct kern_comm kern_comm_t;
 
 typedef struct kern_comm_ops {
     const char *name;
+    bool capturable; /* a call may be queued inside a captured GPU step (it waits on no host) */
     /* Rank `rank`'s buf [n] (memory of be) becomes the sum over the ranks' bufs, once the work queued on be
      * before it has run. Every rank must call, in the same order, with the same n. */
     td_status_t (*all_reduce)(kern_comm_t *c, uint32_t rank, kern_backend_t *be, float *buf, size_t n);
@@ -41,7 +45,8 @@ struct kern_comm {
     uint32_t ranks;
 };
 
-/* ranks ranks of host-memory backends in this process; a wait for the others ends after deadline_ms. */
+/* ranks ranks in this process whose memories each rank's backend reaches; a wait for the others ends after
+ * deadline_ms. */
 td_status_t kern_comm_cpu_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out);
 
 #ifdef __cplusplus

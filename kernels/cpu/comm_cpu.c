@@ -1,8 +1,10 @@
-/* comm_cpu.c — the all-reduce of kernels/comm.h for ranks in host memory: two
+/* comm_cpu.c — the all-reduce of kernels/comm.h for ranks whose buffers each
+ * rank's backend reaches (host memory; or ranks sharing one GPU): two
  * rendezvous a call (every buffer is final; every rank has read them all),
  * each with a deadline. Between them rank r adds elements
- * [r n / R, (r + 1) n / R) of every rank's buffer, in rank order, and writes
- * the total to all of them. */
+ * [r n / R, (r + 1) n / R) of every rank's buffer into rank 0's, in rank
+ * order, and copies the total to the others' — with its backend's own add
+ * and copy, its queue drained before each rendezvous. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -63,27 +65,35 @@ static td_status_t meet(comm_cpu_t *c, uint32_t rank)
     return rc;
 }
 
+static void cpu_abort(kern_comm_t *base, uint32_t rank);
+
 static td_status_t cpu_all_reduce(kern_comm_t *base, uint32_t rank, kern_backend_t *be, float *buf, size_t n)
 {
-    (void)be; /* host memory: the backend's work before this call has run */
     comm_cpu_t *c = (comm_cpu_t *)base;
     const uint32_t R = base->ranks;
     c->bufs[rank] = buf;
     c->ns[rank] = n;
-    td_status_t rc = meet(c, rank);
-    if (rc)
+    td_status_t rc = be->ops->sync(be); /* the work before this call has written buf */
+    if (rc) {
+        cpu_abort(base, rank);
+        return rc;
+    }
+    if ((rc = meet(c, rank)))
         return rc;
     for (uint32_t r = 0; r < R; r++)
         if (c->ns[r] != n)
             return td_error(TD_ERR_INTERNAL, "tp: all-reduce of %zu values on rank %u, %zu on rank %u", n, rank,
                             c->ns[r], r);
     const size_t lo = n * rank / R, hi = n * (rank + 1) / R;
-    for (size_t i = lo; i < hi; i++) {
-        float s = c->bufs[0][i];
-        for (uint32_t r = 1; r < R; r++)
-            s += c->bufs[r][i];
-        for (uint32_t r = 0; r < R; r++)
-            c->bufs[r][i] = s;
+    for (uint32_t r = 1; r < R && !rc && hi > lo; r++)
+        rc = be->ops->add(be, c->bufs[0] + lo, c->bufs[r] + lo, hi - lo);
+    for (uint32_t r = 1; r < R && !rc && hi > lo; r++)
+        rc = be->ops->copy(be, c->bufs[r] + lo, c->bufs[0] + lo, (hi - lo) * sizeof(float));
+    if (!rc)
+        rc = be->ops->sync(be);
+    if (rc) {
+        cpu_abort(base, rank);
+        return rc;
     }
     return meet(c, rank); /* no rank reuses its buffer before every share is written */
 }

@@ -93,7 +93,7 @@ static void nccl_destroy(kern_comm_t *base)
 }
 
 static const kern_comm_ops_t nccl_ops = {
-    .name = "nccl", .all_reduce = nccl_all_reduce, .abort = nccl_abort, .destroy = nccl_destroy};
+    .name = "nccl", .capturable = true, .all_reduce = nccl_all_reduce, .abort = nccl_abort, .destroy = nccl_destroy};
 
 extern "C" td_status_t kern_comm_nccl_create(uint32_t ranks, kern_backend_t *const *bes, kern_comm_t **out)
 {

@@ -26,6 +26,7 @@
 #include "engine/gguf.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "engine/tp.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/dequant.h"
@@ -921,6 +922,56 @@ static void check_model(kern_backend_t *cpu, kern_backend_t *gpu, const char *pa
     eng_model_close(m);
 }
 
+/* Tensor parallelism on one GPU (engine/tp.h: both ranks on this device, their all-reduce the comm in memory, NCCL
+ * taking only a GPU a rank): the model split over 2 ranks against one rank on the same GPU, every row's logits of
+ * a prompt step and its continuation. What it checks is the CUDA backend's part of the split (its matrices cut by
+ * rows and columns, the pool of parts, the ranks' sums); NCCL itself needs two GPUs. */
+static void check_tp_one_gpu(kern_backend_t *gpu, const char *path)
+{
+    eng_model_t *m = open_model(path, ENG_WEIGHTS_FILE);
+    enum { N = 40, SPLIT = 25 };
+    int32_t ids[N], table[8];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)(((frand() + 1) / 2) * (m->desc.vocab - 1));
+    float *l1 = model_logits(m, gpu, TD_KV_F16, ids, N, SPLIT), *l2 = malloc((size_t)N * m->desc.vocab * 4);
+    const uint32_t nb = (N + 15) / 16;
+    td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16,
+                                         TD_KV_F16);
+    g.tp = 2;
+    eng_tp_set_t t;
+    if (eng_tp_open(m, 2, "cuda:0,0", 0, KERN_NUMERICS_FAST, &g, nb + 2, N, N, &t)) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    for (uint32_t i = 0; i < nb; i++)
+        table[i] = (int32_t)(nb - 1 - i);
+    for (uint32_t at = 0, step = 0; at < N; step++) {
+        const uint32_t k = step ? N - SPLIT : SPLIT;
+        eng_batch_seq_t sq = {.tokens = ids + at, .n = k, .pos0 = at, .block_table = table, .n_blocks = nb,
+                              .all_logits = true};
+        const float *lg;
+        uint32_t nl;
+        if (eng_tp_run(t.fwd, &sq, 1, &lg, &nl)) {
+            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+            exit(1);
+        }
+        memcpy(l2 + (size_t)at * m->desc.vocab, lg, (size_t)nl * m->desc.vocab * 4);
+        at += k;
+    }
+    uint32_t agree = 0;
+    for (int r = 0; r < N; r++)
+        agree += argmax(l1 + (size_t)r * m->desc.vocab, m->desc.vocab) ==
+                 argmax(l2 + (size_t)r * m->desc.vocab, m->desc.vocab);
+    char what[200];
+    snprintf(what, sizeof what, "tp 2 on one gpu, %s: %d rows' logits vs one rank (greedy equal at %u)", m->desc.name, N,
+             agree);
+    /* fp16 GEMMs of other shapes (cuBLAS may pick other algorithms) and the ranks' sums in another order */
+    report(what, rel_err(l2, l1, (size_t)N * m->desc.vocab), 5e-3);
+    eng_tp_close(&t);
+    free(l1), free(l2);
+    eng_model_close(m);
+}
+
 /* fp8_quality alone, for a model too large for the CPU backend's turn */
 static void check_fp8_model(kern_backend_t *gpu, const char *path)
 {
@@ -1535,6 +1586,8 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < nh; i++) {
         check_hf(gpu, hf[i][0], hf[i][1]);
+        if (i == 0)
+            check_tp_one_gpu(gpu, hf[i][0]);
         if (ops)
             check_graph(cpu, gpu, hf[i][0], ENG_WEIGHTS_FILE, TD_KV_F16);
     }

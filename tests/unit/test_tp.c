@@ -241,6 +241,7 @@ Test(tp, the_kv_contract_takes_any_mappable_degree_and_refuses_the_others_naming
 
 typedef struct job {
     kern_comm_t *c;
+    kern_backend_t *be;
     uint32_t rank, calls;
     bool stop_early; /* this rank aborts before its second call */
     float buf[1000];
@@ -257,7 +258,7 @@ static void *ranker(void *arg)
         }
         for (int i = 0; i < 1000; i++)
             j->buf[i] = (float)(j->rank + 1) * (float)(i + call);
-        if ((j->rc = j->c->ops->all_reduce(j->c, j->rank, NULL, j->buf, 1000)))
+        if ((j->rc = j->c->ops->all_reduce(j->c, j->rank, j->be, j->buf, 1000)))
             return NULL;
         for (int i = 0; i < 1000; i++) /* 1 + 2 + 3 = 6 times (i + call), exactly */
             if (j->buf[i] != 6.0f * (float)(i + call)) {
@@ -270,6 +271,12 @@ static void *ranker(void *arg)
 
 static double run_ranks(job_t *jobs, uint32_t n)
 {
+    static kern_backend_t *bes[3];
+    for (uint32_t r = 0; r < 3; r++)
+        if (!bes[r])
+            cr_assert_eq(kern_cpu_backend_create(1, &bes[r]), TD_OK);
+    for (uint32_t r = 0; r < n; r++)
+        jobs[r].be = bes[r];
     pthread_t th[3];
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
