@@ -92,6 +92,11 @@ typedef struct cfg_field {
               "list (a worker itself takes one). A prefill and a decode worker on GPUs of one host move KV through "  \
               "CUDA IPC, and both must be on GPUs (a CPU and a GPU worker are refused as peers, naming both "         \
               "transports). A GPU worker does not use the KV store yet"),                                           \
+    U(#r ".tp", r.tp, "1", 1, 16, "tensor-parallel ranks of each worker (prefill only so far)", .flag = "--tp",       \
+      .procs = W,                                                                                                     \
+      .more = "the model split over that many ranks (heads, FFN columns, vocabulary), one process driving them; "    \
+              "device names them: cpu, or a GPU a rank (cuda:0,1). A prefill worker of tp 2 lands its KV in a decode " \
+              "worker of tp 1 like any other: each rank's heads go to their place in the whole block"),             \
     B(#r ".colocated", r.colocated, colocated_def, "serve whole requests too (decode only)", .flag = "--colocated",   \
       .procs = W, .more = colocated_more)
 
@@ -543,6 +548,9 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (cfg->prefill.colocated)
         return td_error(TD_ERR_CONFIG, "config: prefill.colocated = true; only decode workers serve whole requests "
                         "(decode.colocated)");
+    if (cfg->decode.tp > 1)
+        return td_error(TD_ERR_CONFIG, "config: decode.tp = %u; decode workers of more than one rank are not built "
+                        "yet (a landing puts into one pool): prefill.tp splits the prefill workers", cfg->decode.tp);
     bool known = !n_placements;
     char names[256] = "";
     for (size_t i = 0, at = 0; i < n_placements; i++) {

@@ -40,6 +40,7 @@ typedef struct td_worker_config {
     char *queue; /* the order waiting prompts are computed in (engine/sched.h) */
     uint32_t queue_levels, queue_quantum, queue_age_ms;
     uint64_t swap_mib; /* host memory preempted sequences' KV may wait in */
+    uint32_t tp;       /* tensor-parallel ranks of each worker (engine/tp.h) */
 } td_worker_config_t;
 
 /* A device name: "cpu" (*cuda -1), "cuda" (*cuda 0) or "cuda:N" (*cuda N,

@@ -152,7 +152,7 @@ td_kv_layout_t td_kv_part_layout(const td_kv_layout_t *whole, uint32_t heads)
 }
 
 /* Run i of the part [head0, head0 + heads) of a block of layout whole (i below the number of runs). */
-static td_kv_run_t part_run(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint32_t i)
+td_kv_run_t td_kv_part_run(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint32_t i)
 {
     const td_kv_layout_t part = td_kv_part_layout(whole, heads);
     const size_t es = td_kv_dtype_size(whole->dtype);
@@ -166,16 +166,16 @@ static td_kv_run_t part_run(const td_kv_layout_t *whole, uint32_t head0, uint32_
                          .bytes = (size_t)heads * whole->block_tokens * sizeof(float)};
 }
 
-static uint32_t part_n_runs(const td_kv_layout_t *whole)
+uint32_t td_kv_part_n_runs(const td_kv_layout_t *whole)
 {
     return whole->n_layers * (whole->dtype == TD_KV_F8_E4M3 ? 4 : 2);
 }
 
 uint32_t td_kv_part_runs(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, td_kv_run_t *runs)
 {
-    const uint32_t n = part_n_runs(whole);
+    const uint32_t n = td_kv_part_n_runs(whole);
     for (uint32_t i = 0; i < n; i++)
-        runs[i] = part_run(whole, head0, heads, i);
+        runs[i] = td_kv_part_run(whole, head0, heads, i);
     return n;
 }
 
@@ -183,8 +183,8 @@ uint32_t td_kv_part_runs(const td_kv_layout_t *whole, uint32_t head0, uint32_t h
 static void part_copy(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint8_t *part, uint8_t *block,
                       bool to_block)
 {
-    for (uint32_t i = 0, n = part_n_runs(whole); i < n; i++) {
-        const td_kv_run_t r = part_run(whole, head0, heads, i);
+    for (uint32_t i = 0, n = td_kv_part_n_runs(whole); i < n; i++) {
+        const td_kv_run_t r = td_kv_part_run(whole, head0, heads, i);
         uint8_t *p = part + r.part_off, *b = block + r.block_off;
         memcpy(to_block ? b : p, to_block ? p : b, r.bytes);
     }

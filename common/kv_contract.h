@@ -103,6 +103,9 @@ td_kv_layout_t td_kv_part_layout(const td_kv_layout_t *whole, uint32_t heads);
 /* The runs of the part [head0, head0 + heads) of a block of layout whole; at most
  * TD_KV_RUNS_PER_LAYER * n_layers of them; their number. */
 uint32_t td_kv_part_runs(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, td_kv_run_t *runs);
+/* Their number, and run i alone (layer l's are [l * n / n_layers, (l + 1) * n / n_layers)). */
+uint32_t td_kv_part_n_runs(const td_kv_layout_t *whole);
+td_kv_run_t td_kv_part_run(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint32_t i);
 /* The part copied into its place in a whole block, and out of it. */
 void td_kv_part_to_block(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *part, void *block);
 void td_kv_block_to_part(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *block, void *part);

@@ -604,8 +604,8 @@ void eng_engine_kv_release(eng_engine_t *e, const int32_t *blocks, uint32_t n)
 
 void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes)
 {
-    if (e->tp.tp) { /* the blocks are in parts, on every rank's device */
-        *block_bytes = 0;
+    if (e->tp.tp) { /* the blocks are in parts, in every rank's memory (eng_kv_layer_pieces) */
+        *block_bytes = eng_kv_stats(e->pool).block_bytes;
         return NULL;
     }
     kern_kv_view_t v = eng_kv_view(e->pool, 0);
@@ -633,7 +633,7 @@ void *eng_engine_queue(eng_engine_t *e) { return e->be->ops->queue(e->be); }
 
 bool eng_engine_kv_on_host(const eng_engine_t *e)
 {
-    return e->be->ops->queue(e->be) == NULL;
+    return e->be->ops->queue(e->be) == NULL && !e->tp.tp; /* parts: no one range of whole blocks */
 }
 
 td_status_t eng_engine_kv_download(eng_engine_t *e, const int32_t *blocks, uint32_t n, void *dst)
@@ -667,7 +667,9 @@ void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx)
 {
     e->layer_fn = fn;
     e->layer_ctx = ctx;
-    if (e->fwd) /* (tensor parallelism streams no layers: its workers are not built yet) */
+    if (e->tp.tp) /* rank 0's, once every rank's layer is stored */
+        eng_tp_set_layer_hook(e->tp.fwd, fn ? engine_layer_hook : NULL, e);
+    else
         eng_forward_set_layer_hook(e->fwd, fn ? engine_layer_hook : NULL, e);
 }
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }

@@ -285,7 +285,7 @@ static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_s
         tap(f, "Krope", (int)l, f->k, n, KV * hd);
         TRY(o->kv_store(be, &kv, f->k, f->v, f->slots, n));
     }
-    if (f->layer_fn) {
+    if (f->layer_fn && !f->comm) { /* (a rank's: after the layer's first all-reduce, layer_hook_tp) */
         TRY(o->sync(be)); /* the layer's KV is in the pool now */
         f->layer_fn(f->layer_ctx, l);
     }
@@ -299,6 +299,18 @@ static td_status_t attend(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t n_s
 static td_status_t ranks_sum(eng_forward_t *f, uint32_t n)
 {
     return f->comm ? f->comm->ops->all_reduce(f->comm, f->shard.rank, f->be, f->x, (size_t)n * f->d.hidden) : TD_OK;
+}
+
+/* A rank's layer hook: after the layer's first all-reduce, which every rank reaches only after storing the layer's
+ * KV (the queue drained: with NCCL the sum's completion is every rank's arrival). */
+static td_status_t layer_hook_tp(eng_forward_t *f, uint32_t l)
+{
+    if (!f->layer_fn || !f->comm)
+        return TD_OK;
+    td_status_t rc = f->be->ops->sync(f->be);
+    if (!rc)
+        f->layer_fn(f->layer_ctx, l);
+    return rc;
 }
 
 /* x += tmp (a row-parallel product), summed over the ranks: rank 0 adds its part, the others put theirs in x's
@@ -329,6 +341,7 @@ static td_status_t layer_ops(eng_forward_t *f, uint32_t l, uint32_t n, uint32_t 
     TRY(o->matmul(be, &L->wo, f->att, f->tmp, n));
     tap(f, "attn_out", (int)l, f->tmp, n, hid);
     TRY(residual(f, n));
+    TRY(layer_hook_tp(f, l));
     tap(f, "ffn_inp", (int)l, f->x, n, hid);
     TRY(o->rmsnorm(be, f->x, L->ffn_norm, f->xn, n, hid, d->norm_eps));
     tap(f, "ffn_norm", (int)l, f->xn, n, hid);
@@ -367,6 +380,7 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wo, .y = &f->x, .k = 1, .x = f->att, .n = n,
                                                   .accumulate = first}));
     TRY(ranks_sum(f, n));
+    TRY(layer_hook_tp(f, l));
     const kern_weight_t *gu[2] = {&L->w_gate, &L->w_up};
     float *gu_out[2] = {f->gate, f->up};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = gu, .y = gu_out, .k = 2, .x = f->x, .n = n,

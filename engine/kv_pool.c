@@ -381,6 +381,28 @@ static td_status_t kv_copy(const eng_kv_pool_t *p, const int32_t *blocks, uint32
     return rc;
 }
 
+uint32_t eng_kv_layer_pieces(const eng_kv_pool_t *p, int32_t block, uint32_t layer, eng_kv_piece_t *out)
+{
+    const size_t lb = p->block_bytes / p->g.n_layers;
+    if (!p->parts) {
+        out[0] = (eng_kv_piece_t){(const uint8_t *)p->mem + (size_t)block * p->block_bytes + layer * lb, lb, layer * lb};
+        return 1;
+    }
+    const uint32_t per = td_kv_part_n_runs(&p->g) / p->g.n_layers;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < p->ranks && r < 16; r++) {
+        const kv_part_t *k = &p->parts[r];
+        if (r && k->head0 == p->parts[r - 1].head0) /* a replica of the rank before's heads */
+            continue;
+        for (uint32_t i = layer * per; i < (layer + 1) * per; i++) {
+            const td_kv_run_t run = td_kv_part_run(&p->g, k->head0, k->heads, i);
+            out[n++] = (eng_kv_piece_t){(const uint8_t *)k->mem + (size_t)block * k->block_bytes + run.part_off,
+                                        run.bytes, run.block_off};
+        }
+    }
+    return n;
+}
+
 td_status_t eng_kv_download(const eng_kv_pool_t *p, const int32_t *blocks, uint32_t n, void *dst)
 {
     return kv_copy(p, blocks, n, dst, true);

@@ -88,6 +88,15 @@ kern_kv_view_t eng_kv_view_rank(const eng_kv_pool_t *p, uint32_t rank, uint32_t 
 /* n blocks out to host memory (whole blocks in the canonical layout, back to back), synchronized for a pool of
  * parts (its backends' queues are drained), as queued for a whole one; and in from it, queued. */
 td_status_t eng_kv_download(const eng_kv_pool_t *p, const int32_t *blocks, uint32_t n, void *dst);
+/* Where layer `layer` of block `block` lies in the pool's memory: pieces, each bytes contiguous there and at off in
+ * the whole block — one for a pool of whole blocks, a pool of parts' runs (a replicated head's from the first rank
+ * holding it). out: room for ENG_KV_PIECES_MAX; their number. */
+typedef struct eng_kv_piece {
+    const uint8_t *src;
+    size_t bytes, off;
+} eng_kv_piece_t;
+#define ENG_KV_PIECES_MAX (16 * TD_KV_RUNS_PER_LAYER)
+uint32_t eng_kv_layer_pieces(const eng_kv_pool_t *p, int32_t block, uint32_t layer, eng_kv_piece_t *out);
 td_status_t eng_kv_upload(eng_kv_pool_t *p, const int32_t *blocks, uint32_t n, const void *src);
 
 typedef struct eng_kv_stats {

@@ -173,6 +173,11 @@ td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs
     return TD_OK;
 }
 
+void eng_tp_set_layer_hook(eng_tp_t *t, void (*fn)(void *ctx, uint32_t layer), void *ctx)
+{
+    eng_forward_set_layer_hook(t->ranks[0].f, fn, ctx);
+}
+
 void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *heads)
 {
     *head0 = t->ranks[r].shard.kv_head0;

@@ -35,6 +35,10 @@ void eng_tp_destroy(eng_tp_t *t);
 td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                        uint32_t *n_logits);
 
+/* fn(ctx, layer) once a layer's KV is stored by every rank (rank 0 calls it after the layer's first all-reduce,
+ * which every rank reaches only after its store; its queue drained), as eng_forward_set_layer_hook's. */
+void eng_tp_set_layer_hook(eng_tp_t *t, void (*fn)(void *ctx, uint32_t layer), void *ctx);
+
 /* Rank r's KV heads: [*head0, *head0 + *heads) of the model's. */
 void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *heads);
 

@@ -601,10 +601,9 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
 {
     prefill_role_t *R = ctx;
     eng_engine_t *e = eng_worker_engine(R->w);
-    size_t bb;
-    uint8_t *base = eng_engine_kv_base(e, &bb);
+    eng_kv_pool_t *pool = eng_engine_kv_pool(e);
     uint32_t n_layers = eng_worker_contract(R->w).n_layers;
-    size_t lb = bb / n_layers;
+    eng_kv_piece_t pc[ENG_KV_PIECES_MAX];
     /* a GPU pool: the layer's kernels are queued, not done; its puts wait for
      * them (a fence only in a step that lands KV somewhere) */
     uint64_t fence = 0;
@@ -624,9 +623,10 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
             uint32_t end = seqs[i].end_block < last ? seqs[i].end_block : last;
             if (from < r->first)
                 from = r->first;
-            for (uint32_t b = from; b < end; b++)
-                pusher_push(&R->pusher, r->pe, base + (size_t)seqs[i].blocks[b] * bb + layer * lb, lb,
-                            ld->block_offsets[b - r->first] + layer * lb, put_by(r), fence);
+            for (uint32_t b = from; b < end; b++) /* the layer's slice: one piece, or a run a rank's part */
+                for (uint32_t j = 0, np = eng_kv_layer_pieces(pool, seqs[i].blocks[b], layer, pc); j < np; j++)
+                    pusher_push(&R->pusher, r->pe, pc[j].src, pc[j].bytes, ld->block_offsets[b - r->first] + pc[j].off,
+                                put_by(r), fence);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
                 if (end > from &&
                     eng_engine_kv_digest(e, seqs[i].blocks + from, end - from, r->digests + (from - r->first)))

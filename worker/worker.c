@@ -907,7 +907,16 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
     if ((rc = w->xo->create(&w->xfer_cfg, &w->xfer)))
         return rc;
     ec.kv_bytes = w->rc->kv_mib << 20;
-    ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
+    ec.tp = w->rc->tp;
+    /* one rank: the pool is the transport's memory (peers put into it); tensor parallelism: each rank's part is its
+     * backend's, and only a prefill worker's (it puts from its parts, run by run: eng_kv_layer_pieces) */
+    if (ec.tp <= 1)
+        ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
+    else if (strcmp(role->name, "prefill"))
+        return td_error(TD_ERR_CONFIG, "%s.tp = %u: only prefill workers take more than one rank so far",
+                        role->name, ec.tp);
+    else
+        w->pool_bytes = (size_t)w->rc->kv_mib << 20;
     if ((rc = eng_engine_create(w->model, &ec, &w->engine)) ||
         (rc = w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len)) || (rc = w->xo->progress_start(w->xfer)))
         return rc;
@@ -947,9 +956,12 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
         return rc;
     w->serving = true;
     td_rpc_advertise_addr(w->listen, port, w->advertise, sizeof w->advertise);
-    TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s; etcd %s; metrics %s)", w->id,
+    char tp[24] = "";
+    if (w->contract.tp > 1)
+        snprintf(tp, sizeof tp, ", tp %u", w->contract.tp);
+    TD_INFO("%s serving on %s (KV pool %zu MiB, %u blocks of %u tokens, %s%s; etcd %s; metrics %s)", w->id,
             w->advertise, w->pool_bytes >> 20, eng_engine_kv_stats(w->engine).n_blocks, w->contract.block_tokens,
-            td_kv_dtype_name(w->contract.dtype), w->cfg.etcd.endpoints, w->metrics_at[0] ? w->metrics_at : "none");
+            td_kv_dtype_name(w->contract.dtype), tp, w->cfg.etcd.endpoints, w->metrics_at[0] ? w->metrics_at : "none");
     return record(w, key, key_len, value);
 }
 

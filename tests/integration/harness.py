@@ -89,12 +89,12 @@ def reference_text(prompt, max_tokens, seeded=False):
 
 
 class Cluster:
-    def __init__(self, config=None, creds=None, extra=()):
+    def __init__(self, config=None, creds=None, extra=(), model=MODEL):
         # append mode: the cluster's processes share this file's offset with us, and a write landing after
         # our seek(0) to read it would otherwise overwrite the log's first lines
         self.err = open(tempfile.mktemp(prefix="tandem-up-", suffix=".log"), "a+")
         # idle UCX connections are closed after 3 s (transport.peer_idle_s, 60 by default), so the suite can see it
-        self.p = subprocess.Popen([BIN + "/tandem", "up", "--model", MODEL, "--worker-arg", "--threads",
+        self.p = subprocess.Popen([BIN + "/tandem", "up", "--model", model, "--worker-arg", "--threads",
                                    "--worker-arg", "1", "--worker-arg", "--peer-idle-s", "--worker-arg", "3"] +
                                   (["--config", config] if config else []) + list(extra),
                                   stdout=subprocess.PIPE, stderr=self.err, text=True, start_new_session=True)

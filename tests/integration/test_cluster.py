@@ -676,3 +676,36 @@ def test_tls_cluster(refs):
 
 def test_two_by_two(refs):
     two_by_two(refs)
+
+
+def test_prefill_tp2_lands_in_a_tp1_decode_worker():
+    """Different parallelism for prefill and decode (engine/tp.h): a prefill worker of 2 tensor-parallel ranks
+    puts each rank's KV heads into their place in a decode worker's whole blocks over UCX; the output is the single
+    process's. tiny-llama3 (4 heads, 2 KV heads: the default model's 9 heads do not split in two)."""
+    tiny = os.path.join(os.path.dirname(MODEL), "..", "tests", "fixtures", "hf", "tiny-llama3")
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    cfg.write("prefill: {tp: 2, token_budget: 48}\nrouter: {http_listen: \"\"}\n")  # chunks of 48: a block put twice
+    cfg.close()
+    c = Cluster(config=cfg.name, extra=PAIRS_ONLY, model=tiny)
+    try:
+        words = "the of and to in is was for on that with as by at from his her it an were are".split()
+        prompts = ["Hello world, this is", " ".join(words[i % len(words)] for i in range(60)), "The quick brown fox"]
+        prompts.append(prompts[1] + " and then")  # the long one's blocks from the prefill worker's cache
+        same, cached = 0, []
+        for p in prompts:
+            want = subprocess.run([BIN + "/tandem", "generate", "--model", tiny, "--ids", "--threads", "1",
+                                   "--max-tokens", "16", "--ignore-eos", p], capture_output=True, text=True,
+                                  check=True).stdout.split()
+            ids, last = generate(c.stub, p, max_tokens=16)
+            same += [str(i) for i in ids] == want
+            cached.append(last.usage.cached_prompt_tokens)
+        pre = [w for w in c.workers() if w["role"] == "prefill"]
+        check("a prefill worker of tp %s (its contract) and a decode worker of tp %s: greedy identical to the single "
+              "process for %d of %d prompts (the last one's prefix cached on the prefill worker: %s tokens)" %
+              (pre[0]["contract"].get("tp") if pre else "?",
+               [w["contract"].get("tp") for w in c.workers() if w["role"] == "decode"], same, len(prompts), cached[-1]),
+              same == len(prompts) and pre and pre[0]["contract"].get("tp") == 2 and cached[-1] > 0)
+    finally:
+        os.unlink(cfg.name)
+        rc = c.stop()
+        check("the tp cluster stops cleanly (exit %s)" % rc, rc == 0, "; ".join(c.unclean()))
