@@ -147,6 +147,15 @@ Test(config, unknown_section_and_bad_values)
     cr_assert(strstr(td_last_error(), "transport.kind = 'nvlink'"), "%s", td_last_error());
     td_config_set(&c, "transport.kind", "ucx");
     cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
+    /* tensor parallelism: prefill workers of 2 ranks; decode workers of 2 are not built yet, and say so */
+    cr_assert_eq(td_config_set(&c, "prefill.tp", "2"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_config_set(&c, "decode.tp", "2"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "decode.tp = 2") && strstr(td_last_error(), "not built yet"), "%s",
+              td_last_error());
+    cr_assert_eq(td_config_set(&c, "decode.tp", "17"), TD_ERR_CONFIG);
+    td_config_set(&c, "decode.tp", "1");
     cr_assert_eq(td_config_load(&c, "/nonexistent.yaml"), TD_ERR_IO);
     td_config_free(&c);
 }
