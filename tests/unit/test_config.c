@@ -154,8 +154,11 @@ Test(config, unknown_section_and_bad_values)
     cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "decode.tp = 2") && strstr(td_last_error(), "not built yet"), "%s",
               td_last_error());
-    cr_assert_eq(td_config_set(&c, "decode.tp", "17"), TD_ERR_CONFIG);
     td_config_set(&c, "decode.tp", "1");
+    td_config_set(&c, "prefill.tp", "17");
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
+    cr_assert(strstr(td_last_error(), "prefill.tp"), "%s", td_last_error());
+    td_config_set(&c, "prefill.tp", "1");
     cr_assert_eq(td_config_load(&c, "/nonexistent.yaml"), TD_ERR_IO);
     td_config_free(&c);
 }
