@@ -245,7 +245,7 @@ td_status_t eng_tp_open(const eng_model_t *m, uint32_t tp, const char *devices, 
     else if (!rc && !same)
         rc = td_error(TD_ERR_INVALID_ARG, "tp %u: devices '%s': a GPU a rank, or one GPU for them all", tp, devices);
     else if (!rc)
-        rc = kern_comm_cpu_create(tp, 60000, &out->comm);
+        rc = kern_comm_memory_create(tp, 60000, &out->comm);
     if (!rc)
         rc = eng_kv_pool_create_parts(out->bes, tp, head0, heads, g, n_blocks, &out->pool);
     eng_kv_pool_t *pools[ENG_TP_MAX];

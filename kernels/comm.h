@@ -4,14 +4,15 @@
  * of one worker; each rank runs on its own thread and calls with its own
  * buffer, queued on its own backend.
  *
- *   cpu:  ranks whose buffers every rank's backend reaches (host memory, or
- *         ranks sharing one GPU); a call waits (up to the comm's deadline)
- *         until every rank has called, then each rank adds its share of the
- *         elements over all buffers in rank order with its backend's add and
- *         copies the total to every buffer: the same bits on every rank,
- *         whatever the thread timing. It drains the backends' queues (a
- *         captured GPU step cannot hold it: such steps run uncaptured).
- *   nccl: kernels/cuda/comm_nccl.cu — ncclAllReduce on each rank's stream. */
+ *   memory (kernels/comm_memory.c): ranks whose buffers every rank's
+ *           backend reaches (host memory, or ranks sharing one GPU); a call
+ *           waits (up to the comm's deadline) until every rank has called,
+ *           then each rank adds its share of the elements over all buffers
+ *           in rank order with its backend's add and copies the total to
+ *           every buffer: the same bits on every rank, whatever the thread
+ *           timing. It drains the backends' queues (a captured GPU step
+ *           cannot hold it: such steps run uncaptured).
+ *   nccl (kernels/cuda/comm_nccl.cu): ncclAllReduce on each rank's stream. */
 #ifndef KERN_COMM_H
 #define KERN_COMM_H
 
@@ -47,7 +48,7 @@ struct kern_comm {
 
 /* ranks ranks in this process whose memories each rank's backend reaches; a wait for the others ends after
  * deadline_ms. */
-td_status_t kern_comm_cpu_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out);
+td_status_t kern_comm_memory_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out);
 
 #ifdef __cplusplus
 }

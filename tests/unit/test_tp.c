@@ -292,7 +292,7 @@ Test(tp, the_all_reduce_sums_every_rank_waits_with_a_deadline_and_ends_on_an_abo
 {
     kern_comm_t *c;
     static job_t jobs[3];
-    cr_assert_eq(kern_comm_cpu_create(3, 300, &c), TD_OK);
+    cr_assert_eq(kern_comm_memory_create(3, 300, &c), TD_OK);
     for (uint32_t r = 0; r < 3; r++)
         jobs[r] = (job_t){.c = c, .rank = r, .calls = 50};
     run_ranks(jobs, 3);
@@ -300,7 +300,7 @@ Test(tp, the_all_reduce_sums_every_rank_waits_with_a_deadline_and_ends_on_an_abo
         cr_assert_eq(jobs[r].rc, TD_OK, "rank %u: %s", r, td_last_error());
     c->ops->destroy(c);
     /* rank 2 stops after one call: the others' second call ends with its name, long before the deadline */
-    cr_assert_eq(kern_comm_cpu_create(3, 5000, &c), TD_OK);
+    cr_assert_eq(kern_comm_memory_create(3, 5000, &c), TD_OK);
     for (uint32_t r = 0; r < 3; r++)
         jobs[r] = (job_t){.c = c, .rank = r, .calls = 3, .stop_early = r == 2};
     double s = run_ranks(jobs, 3);
@@ -308,7 +308,7 @@ Test(tp, the_all_reduce_sums_every_rank_waits_with_a_deadline_and_ends_on_an_abo
     cr_assert_lt(s, 2.0);
     c->ops->destroy(c);
     /* a rank that never comes: the others wait 300 ms, no more */
-    cr_assert_eq(kern_comm_cpu_create(3, 300, &c), TD_OK);
+    cr_assert_eq(kern_comm_memory_create(3, 300, &c), TD_OK);
     for (uint32_t r = 0; r < 2; r++)
         jobs[r] = (job_t){.c = c, .rank = r, .calls = 1};
     s = run_ranks(jobs, 2);
@@ -333,7 +333,7 @@ static void run_tiny(const eng_model_t *m, uint32_t tp, td_kv_dtype_t dt, float 
     eng_tp_t *t = NULL;
     eng_forward_t *f = NULL;
     if (tp > 1)
-        cr_assert_eq(kern_comm_cpu_create(tp, 30000, &c), TD_OK);
+        cr_assert_eq(kern_comm_memory_create(tp, 30000, &c), TD_OK);
     for (uint32_t r = 0; r < tp; r++) {
         eng_shard_t s = eng_shard_whole(d);
         if (tp > 1)
@@ -475,7 +475,7 @@ Test(tp, a_pool_of_the_wrong_heads_or_a_comm_of_other_ranks_is_refused)
         cr_assert_eq(kern_cpu_backend_create(1, &be[r]), TD_OK);
         cr_assert_eq(eng_kv_pool_create(be[r], &g, NB, NULL, &pool[r]), TD_OK); /* both KV heads: the unsplit pool */
     }
-    cr_assert_eq(kern_comm_cpu_create(2, 1000, &c), TD_OK);
+    cr_assert_eq(kern_comm_memory_create(2, 1000, &c), TD_OK);
     eng_tp_t *t;
     cr_assert_eq(eng_tp_create(m, 2, be, pool, c, 16, 1, &t), TD_ERR_INVALID_ARG);
     cr_assert(strstr(td_last_error(), "the pool holds 2 KV heads, rank 0 of 2 has 1"), "%s", td_last_error());

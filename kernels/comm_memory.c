@@ -1,4 +1,4 @@
-/* comm_cpu.c — the all-reduce of kernels/comm.h for ranks whose buffers each
+/* comm_memory.c — the all-reduce of kernels/comm.h for ranks whose buffers each
  * rank's backend reaches (host memory; or ranks sharing one GPU): two
  * rendezvous a call (every buffer is final; every rank has read them all),
  * each with a deadline. Between them rank r adds elements
@@ -14,7 +14,7 @@
 #include "common/log.h"
 #include "kernels/comm.h"
 
-typedef struct comm_cpu {
+typedef struct comm_memory {
     kern_comm_t base;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -23,12 +23,12 @@ typedef struct comm_cpu {
     uint32_t deadline_ms;
     float **bufs;
     size_t *ns;
-} comm_cpu_t;
+} comm_memory_t;
 
 #define NO_ABORT UINT32_MAX
 
 /* Waits until every rank has arrived at this rendezvous (or one aborted, or the deadline passed). */
-static td_status_t meet(comm_cpu_t *c, uint32_t rank)
+static td_status_t meet(comm_memory_t *c, uint32_t rank)
 {
     td_status_t rc = TD_OK;
     pthread_mutex_lock(&c->mu);
@@ -65,17 +65,17 @@ static td_status_t meet(comm_cpu_t *c, uint32_t rank)
     return rc;
 }
 
-static void cpu_abort(kern_comm_t *base, uint32_t rank);
+static void memory_abort(kern_comm_t *base, uint32_t rank);
 
-static td_status_t cpu_all_reduce(kern_comm_t *base, uint32_t rank, kern_backend_t *be, float *buf, size_t n)
+static td_status_t memory_all_reduce(kern_comm_t *base, uint32_t rank, kern_backend_t *be, float *buf, size_t n)
 {
-    comm_cpu_t *c = (comm_cpu_t *)base;
+    comm_memory_t *c = (comm_memory_t *)base;
     const uint32_t R = base->ranks;
     c->bufs[rank] = buf;
     c->ns[rank] = n;
     td_status_t rc = be->ops->sync(be); /* the work before this call has written buf */
     if (rc) {
-        cpu_abort(base, rank);
+        memory_abort(base, rank);
         return rc;
     }
     if ((rc = meet(c, rank)))
@@ -92,15 +92,15 @@ static td_status_t cpu_all_reduce(kern_comm_t *base, uint32_t rank, kern_backend
     if (!rc)
         rc = be->ops->sync(be);
     if (rc) {
-        cpu_abort(base, rank);
+        memory_abort(base, rank);
         return rc;
     }
     return meet(c, rank); /* no rank reuses its buffer before every share is written */
 }
 
-static void cpu_abort(kern_comm_t *base, uint32_t rank)
+static void memory_abort(kern_comm_t *base, uint32_t rank)
 {
-    comm_cpu_t *c = (comm_cpu_t *)base;
+    comm_memory_t *c = (comm_memory_t *)base;
     pthread_mutex_lock(&c->mu);
     if (c->aborted_by == NO_ABORT)
         c->aborted_by = rank;
@@ -108,9 +108,9 @@ static void cpu_abort(kern_comm_t *base, uint32_t rank)
     pthread_mutex_unlock(&c->mu);
 }
 
-static void cpu_destroy(kern_comm_t *base)
+static void memory_destroy(kern_comm_t *base)
 {
-    comm_cpu_t *c = (comm_cpu_t *)base;
+    comm_memory_t *c = (comm_memory_t *)base;
     if (!c)
         return;
     pthread_mutex_destroy(&c->mu);
@@ -120,21 +120,21 @@ static void cpu_destroy(kern_comm_t *base)
     free(c);
 }
 
-static const kern_comm_ops_t cpu_comm_ops = {
-    .name = "cpu", .all_reduce = cpu_all_reduce, .abort = cpu_abort, .destroy = cpu_destroy};
+static const kern_comm_ops_t memory_comm_ops = {
+    .name = "memory", .all_reduce = memory_all_reduce, .abort = memory_abort, .destroy = memory_destroy};
 
-td_status_t kern_comm_cpu_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out)
+td_status_t kern_comm_memory_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out)
 {
     if (!ranks)
         return td_error(TD_ERR_INVALID_ARG, "tp: a comm of 0 ranks");
-    comm_cpu_t *c = calloc(1, sizeof *c);
+    comm_memory_t *c = calloc(1, sizeof *c);
     if (!c || !(c->bufs = calloc(ranks, sizeof *c->bufs)) || !(c->ns = calloc(ranks, sizeof *c->ns))) {
         if (c)
             free(c->bufs);
         free(c);
         return td_error(TD_ERR_NO_MEMORY, "tp: no memory");
     }
-    c->base = (kern_comm_t){.ops = &cpu_comm_ops, .ranks = ranks};
+    c->base = (kern_comm_t){.ops = &memory_comm_ops, .ranks = ranks};
     c->aborted_by = NO_ABORT;
     c->deadline_ms = deadline_ms;
     pthread_mutex_init(&c->mu, NULL);
