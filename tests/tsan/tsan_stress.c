@@ -24,6 +24,9 @@
  *              read from the same threads (router/fair.h, router/outlen.h)
  *   transport  puts and flushes while the target's progress thread runs
  *                                                            (kvstore/transfer.h)
+ *   tp         a tensor-parallel engine's steps, a thread a rank meeting in the
+ *              all-reduce (engine/tp.h, kernels/comm.h); tiny-llama3 from the
+ *              fixtures (the default model's 9 heads do not split in two)
  * Usage: tsan_stress MODEL.gguf; exit 0 when every check held. */
 #define _GNU_SOURCE
 #include <jansson.h>
@@ -38,6 +41,7 @@
 #include "common/kv_contract.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 #include "kernels/backend.h"
@@ -127,6 +131,48 @@ static void stress_threadpool(void)
     free(x);
     free(y);
     kern_backend_destroy(be);
+}
+
+/* ---- tp ---- */
+static void tp_event(void *ctx, const eng_event_t *ev)
+{
+    if (ev->finish)
+        (*(int *)ctx)++;
+}
+
+static void stress_tp(void)
+{
+    eng_model_t *m;
+    eng_engine_t *e;
+    if (eng_model_open("tests/fixtures/hf/tiny-llama3", &m)) {
+        CHECK(0, "tp: tiny-llama3 (run from the repository's root)");
+        return;
+    }
+    eng_engine_config_t cfg = eng_engine_config_default();
+    cfg.tp = 2, cfg.device = "cpu", cfg.n_threads = 2, cfg.token_budget = 16, cfg.kv_tokens = 512;
+    if (eng_engine_create(m, &cfg, &e)) {
+        CHECK(0, "tp: engine");
+        eng_model_close(m);
+        return;
+    }
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = (int32_t)(i * 13 % 600);
+    for (int k = 0; k < 3; k++) {
+        eng_request_t r = {.prompt = prompt, .n_prompt = 20 + 10 * (size_t)k, .sampling = eng_sampling_default(),
+                           .max_tokens = 12, .ignore_eos = true};
+        uint64_t id;
+        CHECK(!eng_engine_add(e, &r, &id), "tp: add");
+    }
+    int done = 0;
+    while (eng_engine_busy(e))
+        if (eng_engine_step(e, tp_event, &done)) {
+            CHECK(0, "tp: step");
+            break;
+        }
+    CHECK(done == 3, "tp: 3 requests finished");
+    eng_engine_destroy(e);
+    eng_model_close(m);
 }
 
 /* ---- rpc ---- */
@@ -760,12 +806,13 @@ int main(int argc, char **argv)
     td_rpc_init();
     stress_tokenizer(argv[1]);
     stress_threadpool();
+    stress_tp();
     stress_rpc();
     stress_placement();
     stress_router_parts();
     stress_fair();
     td_rpc_shutdown();
-    printf("tsan_stress: transport, tokenizer, threadpool, rpc, placement, renewer, stats (arrivals, capacity), fair, outlen: %s (%.1f s)\n",
+    printf("tsan_stress: transport, tokenizer, threadpool, tp, rpc, placement, renewer, stats (arrivals, capacity), fair, outlen: %s (%.1f s)\n",
            failures ? "FAILED" : "ok", td_now_s() - t0);
     return failures ? 1 : 0;
 }
