@@ -362,18 +362,15 @@ static td_status_t kv_copy(const eng_kv_pool_t *p, const int32_t *blocks, uint32
         }
         return rc;
     }
-    td_kv_run_t runs[TD_KV_RUNS_PER_LAYER * 256];
-    if (p->g.n_layers > 256)
-        return td_error(TD_ERR_UNSUPPORTED, "kv pool: parts of %u layers (256 at most)", p->g.n_layers);
+    const uint32_t nr = td_kv_part_n_runs(&p->g);
     for (uint32_t r = 0; r < p->ranks && !rc; r++) {
         const kv_part_t *k = &p->parts[r];
-        const uint32_t nr = td_kv_part_runs(&p->g, k->head0, k->heads, runs);
         for (uint32_t i = 0; i < n && !rc; i++)
             for (uint32_t j = 0; j < nr && !rc; j++) {
-                uint8_t *dev = (uint8_t *)k->mem + (size_t)blocks[i] * k->block_bytes + runs[j].part_off;
-                uint8_t *h = host + (size_t)i * p->block_bytes + runs[j].block_off;
-                rc = out ? k->be->ops->download(k->be, h, dev, runs[j].bytes)
-                         : k->be->ops->upload(k->be, dev, h, runs[j].bytes);
+                const td_kv_run_t run = td_kv_part_run(&p->g, k->head0, k->heads, j);
+                uint8_t *dev = (uint8_t *)k->mem + (size_t)blocks[i] * k->block_bytes + run.part_off;
+                uint8_t *h = host + (size_t)i * p->block_bytes + run.block_off;
+                rc = out ? k->be->ops->download(k->be, h, dev, run.bytes) : k->be->ops->upload(k->be, dev, h, run.bytes);
             }
         if (!rc)
             rc = k->be->ops->sync(k->be);

@@ -82,8 +82,8 @@ td_status_t eng_tp_plan(const eng_model_t *m, uint32_t tp, uint32_t r, eng_shard
 {
     /* the columns O and down are cut at: whole quantization blocks, and whole groups of 32 values (the CPU
      * backend's matmul takes no other rows) */
-    const uint32_t blk = eng_weights_col_block(m) > 32 ? eng_weights_col_block(m) : 32;
-    return eng_shard_plan(&m->desc, tp, r, blk, out);
+    const uint32_t blk = eng_weights_col_block(m);
+    return eng_shard_plan(&m->desc, tp, r, blk > 32 ? blk : 32, out);
 }
 
 td_status_t eng_tp_create(const eng_model_t *m, uint32_t tp, kern_backend_t *const *bes, eng_kv_pool_t *const *pools,

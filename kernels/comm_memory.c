@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "kernels/comm.h"
 
@@ -41,12 +42,7 @@ static td_status_t meet(comm_memory_t *c, uint32_t rank)
         c->gen++;
         pthread_cond_broadcast(&c->cv);
     } else {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += c->deadline_ms / 1000;
-        until.tv_nsec += (long)(c->deadline_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L)
-            until.tv_sec++, until.tv_nsec -= 1000000000L;
+        const struct timespec until = td_wall_deadline(c->deadline_ms / 1000.0);
         int e = 0;
         while (c->gen == gen && c->aborted_by == NO_ABORT && e != ETIMEDOUT)
             e = pthread_cond_timedwait(&c->cv, &c->mu, &until);
