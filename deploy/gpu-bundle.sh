@@ -16,20 +16,20 @@
 set -euo pipefail
 cluster_only=1 backend_only=1
 for s in "${@:-all}"; do case $s in 9|10) ;; *) cluster_only=0 ;; esac; done
-for s in "${@:-all}"; do case $s in 1|2|3|4|5|11|12|13) ;; *) backend_only=0 ;; esac; done
+for s in "${@:-all}"; do case $s in 1|2|3|4|5|11|12|13|16) ;; *) backend_only=0 ;; esac; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check tandem-router tandem-prefill tandem-decode \
-  tandem-kvstore tandem-bench-kvxfer tandem-gemv-study >/dev/null
+  tandem-kvstore tandem-bench-kvxfer tandem-gemv-study tandem-gemm-study >/dev/null
 rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
 cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check build-gpu/bin/tandem-router build-gpu/bin/tandem-prefill \
   build-gpu/bin/tandem-decode build-gpu/bin/tandem-kvstore build-gpu/bin/tandem-bench-kvxfer \
-  build-gpu/bin/tandem-gemv-study bundle/bin/
+  build-gpu/bin/tandem-gemv-study build-gpu/bin/tandem-gemm-study bundle/bin/
 strip bundle/bin/*
 for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
-  grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
+  grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+|libcublas|libcublasLt)\.so' |
   while read -r l; do cp -L "$l" bundle/lib/; done
 strip --strip-unneeded bundle/lib/*.so* 2>/dev/null || true
 xz -9 -T0 -c "$(command -v etcd)" > bundle/bin/etcd.xz # tandem up's etcd (section 6), unpacked there
@@ -40,9 +40,9 @@ cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
 cp tests/fixtures/hf/make_logits_hf.py tests/fixtures/hf/make_fp8_ref.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
 cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/distserve.py bench/gpu/ab.sh \
-  bundle/bench/
+  bench/gpu/batch_ab.sh bundle/bench/
 if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made there: no op checks, no default model
-  rm -f bundle/bin/tandem-cuda-check bundle/bin/tandem-gemv-study
+  rm -f bundle/bin/tandem-cuda-check bundle/bin/tandem-gemv-study bundle/bin/tandem-gemm-study
   rmdir bundle-model-b bundle-model-c
 fi
 if [ "$backend_only" -eq 1 ]; then # the backend's checks and benchmarks: tandem and tandem-cuda-check

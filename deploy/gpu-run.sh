@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14} " # 10 (two GPUs) only when named
+sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14 16} " # 10 (two GPUs) only when named
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -430,6 +430,17 @@ cat "$out/tp.txt"
 "$T" generate --model "$tiny" --device cuda:0,1 --tp 2 --max-tokens 4 "Hello" > /dev/null 2> "$out/tp-two.err"
 rc=$?
 echo "tp 2 over cuda:0,1 on a machine of $(nvidia-smi -L | wc -l) GPU(s): exit $rc: $(grep -v '^$' "$out/tp-two.err" | tail -1)"
+fi
+
+if want 16; then
+echo "== 16. batched decode and prefill of the 7B shape (dummy weights): tok/s at batch 1, 64 and 256 and a 4k prompt's"
+echo "   TTFT (2 rounds); a step op by op at batch 64 and 256 against its floors; the step's GEMMs laid out for cuBLAS"
+m7d=$work/llama2-7b-dummy
+MODEL_DIR=$m7d bash "$here/bench/batch_ab.sh" "$out" "$T" "" 2 | tee "$out/batch.txt"
+"$here/bin/tandem-cuda-check" --no-ops --no-timings --dummy --time-model "$m7d" > "$out/batch-ops.txt" 2>&1 || fail=1
+grep -A1 "timing decode batch" "$out/batch-ops.txt"
+"$here/bin/tandem-gemm-study" 1 64 256 1024 4096 > "$out/gemm-study.txt" 2>&1 || { echo "tandem-gemm-study FAILED"; fail=1; }
+grep -E "peak|m +256|m 4096" "$out/gemm-study.txt"
 fi
 
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

@@ -43,6 +43,10 @@ struct eng_forward {
     size_t max_blocks; /* block-table entries a batch may bring */
     /* backend buffers */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *xl, *logits, *freq;
+    /* room for the joined Q|K|V product of side_rows rows (kern_matmul_spec_t's side; NULL where the backend
+     * joins no weights); gate's room holds gate|up's (up is its second half) */
+    float *side;
+    uint32_t side_rows;
     int32_t *ids, *pos, *slots, *tables, *picked;
     /* aseqs in backend memory, where a device backend reads the positions
      * (so that a captured step replays with new ones); NULL on the host */
@@ -154,13 +158,19 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
     struct { void *slot; size_t bytes; } bufs[] = {
         {&f->x, T * d->hidden * 4}, {&f->xn, T * d->hidden * 4}, {&f->q, T * qd * 4}, {&f->k, T * kvd * 4},
         {&f->v, T * kvd * 4}, {&f->att, T * qd * 4}, {&f->tmp, T * (d->hidden > qd ? d->hidden : qd) * 4},
-        {&f->gate, T * d->ffn * 4}, {&f->up, T * d->ffn * 4}, {&f->xl, (size_t)max_logits * d->hidden * 4},
+        {&f->gate, 2 * T * d->ffn * 4}, {&f->xl, (size_t)max_logits * d->hidden * 4},
         {&f->logits, (size_t)max_logits * d->vocab * 4}, {&f->freq, (d->head_dim / 2 + 1) * 4}, {&f->ids, T * 4},
         {&f->pos, T * 4}, {&f->slots, T * 4}, {&f->tables, max_blocks * 4}, {&f->picked, (size_t)max_logits * 4},
         {&f->dsample, (size_t)max_logits * sizeof(kern_sample_t)},
     };
     for (size_t i = 0; !rc && i < sizeof bufs / sizeof bufs[0]; i++)
         rc = balloc(f, bufs[i].bytes, bufs[i].slot);
+    if (!rc)
+        f->up = f->gate + T * d->ffn;
+    /* decode batches (up to the captured ones' size) multiply Q|K|V at once where the backend joined them */
+    f->side_rows = T < FWD_GRAPH_MAX ? (uint32_t)T : FWD_GRAPH_MAX;
+    if (!rc && be->ops->weights_join)
+        rc = balloc(f, (size_t)f->side_rows * (qd + 2 * kvd) * 4, &f->side);
     if (!rc) {
         f->h_ids = malloc(T * 4);
         f->h_pos = malloc(T * 4);
@@ -189,7 +199,7 @@ void eng_forward_destroy(eng_forward_t *f)
         return;
     kern_backend_t *be = f->be;
     void *bufs[] = {f->x,      f->xn,     f->q,      f->k,     f->v,      f->att,    f->tmp,
-                    f->gate,   f->up,     f->xl,     f->logits, f->freq,   f->ids,    f->pos,
+                    f->gate,   f->side,   f->xl,     f->logits, f->freq,   f->ids,    f->pos,
                     f->slots,  f->tables, f->picked, f->dseqs,  f->dsample};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -373,7 +383,8 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
     float *qkv_out[3] = {f->q, f->k, f->v};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = qkv, .y = qkv_out, .k = 3, .x = f->x, .n = n,
                                                   .norm = L->attn_norm, .eps = d->norm_eps,
-                                                  .norm_in_w = f->w.norms_folded}));
+                                                  .norm_in_w = f->w.norms_folded, .side = f->side,
+                                                  .side_rows = f->side ? f->side_rows : 0}));
     TRY(attend(f, l, n, n_seqs));
     const kern_weight_t *wo = &L->wo, *wd = &L->w_down;
     const bool first = f->shard.rank == 0; /* the rank whose part is added to the residual (above) */
@@ -385,7 +396,8 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
     float *gu_out[2] = {f->gate, f->up};
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = gu, .y = gu_out, .k = 2, .x = f->x, .n = n,
                                                   .norm = L->ffn_norm, .eps = d->norm_eps,
-                                                  .norm_in_w = f->w.norms_folded, .glu = true, .to_next = true}));
+                                                  .norm_in_w = f->w.norms_folded, .glu = true, .to_next = true,
+                                                  .side = f->gate, .side_rows = f->max_tokens}));
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = &wd, .y = &f->x, .k = 1, .x = f->gate, .n = n,
                                                   .accumulate = first}));
     return ranks_sum(f, n);

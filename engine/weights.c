@@ -297,6 +297,11 @@ td_status_t eng_weights_bind_shard(const eng_model_t *m, kern_backend_t *be, con
             (rc = vector_part(m, be, gb[1], hb[1], kv_dim, kv0, kv_part, true, &L->bk)) ||
             (rc = vector_part(m, be, gb[2], hb[2], kv_dim, kv0, kv_part, true, &L->bv)))
             return rc;
+        /* the matrices one x multiplies, side by side where the backend multiplies them at once */
+        kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->w_gate, &L->w_up};
+        if (be->ops->weights_join &&
+            ((rc = be->ops->weights_join(be, qkv, 3)) || (rc = be->ops->weights_join(be, gu, 2))))
+            return rc;
     }
     return TD_OK;
 }

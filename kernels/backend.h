@@ -157,6 +157,12 @@ typedef struct kern_matmul_spec {
     const float *norm;
     float eps;
     bool norm_in_w, glu, accumulate, to_next;
+    /* Optional: room for side_rows rows of the k products side by side (a row holds every weight's outputs, in
+     * order). Where n <= side_rows and the weights were joined (weights_join), a backend may multiply them at once
+     * into side and take each y from there. With glu and to_next side may be y[0]'s own room (y[0] and y[1] are
+     * then both scratch). */
+    float *side;
+    uint32_t side_rows;
 } kern_matmul_spec_t;
 
 /* A layer's rope and KV store (rope_kv_attention): q [n][n_heads][head_dim]
@@ -214,6 +220,10 @@ typedef struct kern_backend_ops {
     /* weights: prepare once after load (upload, repack); release frees priv */
     td_status_t (*weight_prepare)(kern_backend_t *b, kern_weight_t *w);
     void (*weight_release)(kern_backend_t *b, kern_weight_t *w);
+    /* Optional: puts k prepared weights of one width side by side in one allocation, in order, where the backend
+     * gains from multiplying them at once (kern_matmul_spec_t's side). Each keeps its values and is released as
+     * before. Weights the backend would not gain from stay apart (TD_OK). */
+    td_status_t (*weights_join)(kern_backend_t *b, kern_weight_t *const *w, uint32_t k);
 
     /* y[n][rows] = x[n][cols] · Wᵀ */
     td_status_t (*matmul)(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);

@@ -41,64 +41,12 @@
 // kernel, each tile's values widened and scaled to fp16 on their way to
 // shared memory (plain loads: cp.async cannot convert); other head_dims
 // k_attention.
-#include "kernels/cuda/cuda_int.h"
+#include "kernels/cuda/attention_int.h"
 
 #define ATT_WARPS 4
 #define ATT_PAIRS 4 // (row, head) pairs per warp
 #define ATT_KT 32   // positions per K/V tile (one per lane)
 #define ATT_MAXD 8  // head_dim / 32 at most
-#define ATT_MAXSEQ 96
-
-typedef struct att_seq {
-    const int32_t *table;
-    uint32_t row0, n, pos0, tile0; // tile0: the first of its tiles in this launch
-    uint32_t idx;                  // its index in the caller's array
-} att_seq_t;
-
-typedef struct att_args {
-    att_seq_t seq[ATT_MAXSEQ];
-    uint32_t n_seqs;
-    const uint8_t *base;
-    size_t block_bytes;
-    uint32_t layer, n_kv, bt, hd, n_heads, group, hc, qt;
-    size_t lstride; // a layer's elements in a block (fp8: bytes, its scales included)
-    float scale;
-    const float *q;
-    float *out;
-    float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)
-    unsigned *cnt;   // decode: slices finished per (sequence, KV head), back to 0 after the merge
-    uint32_t splits; // decode: slices per sequence
-    const kern_attn_seq_t *dseq; // decode: the sequences in device memory (read there), or NULL
-    // decode with the rope and KV store folded in (rope_kv_attention): q is the row's unrotated q, rk and rv
-    // its k and v, stored to its slot by the block whose slice has the row's position
-    const float *rk, *rv;
-    const int32_t *rslots, *rpos;
-    const float *rfreq;
-    int rope, rneox;
-} att_args_t;
-
-// Decode: the launch's i-th sequence, from device memory when the caller gave
-// it there (a captured step replays with the positions of the moment).
-__device__ __forceinline__ att_seq_t dec_seq(const att_args_t &a, uint32_t i)
-{
-    att_seq_t S = a.seq[i];
-    if (a.dseq) {
-        const kern_attn_seq_t d = a.dseq[S.idx];
-        S.table = d.block_table, S.row0 = d.row0, S.n = d.n, S.pos0 = d.pos0;
-    }
-    return S;
-}
-
-// Elements from a block's start to the K (which 0) or V (which 1) rows of kvh in the launch's layer; fp8: bytes
-// from it to those rows' scales
-__device__ __forceinline__ size_t att_rows(const att_args_t &a, uint32_t which, uint32_t kvh)
-{
-    return a.layer * a.lstride + ((size_t)which * a.n_kv + kvh) * a.bt * a.hd;
-}
-__device__ __forceinline__ size_t att_scales(const att_args_t &a, uint32_t which, uint32_t kvh)
-{
-    return a.layer * a.lstride + (size_t)2 * a.n_kv * a.bt * a.hd + ((size_t)which * a.n_kv + kvh) * a.bt * sizeof(float);
-}
 typedef __nv_fp8_e4m3 kv8_t;
 
 static size_t att_smem(uint32_t hd) { return ((size_t)16 * hd + ATT_KT * (hd + 1) + ATT_KT * hd) * sizeof(float); }
@@ -228,19 +176,6 @@ template <typename T> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attent
     }
 }
 
-// 16 bytes global -> shared without passing through registers; zeros when !valid
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
-{
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // ---- decode rows: the context split in slices ----
 // 8 values from 16-byte aligned pool memory (head_dim a multiple of 8)
 __device__ __forceinline__ void load8(const __half *p, float *f)
@@ -269,6 +204,9 @@ __device__ __forceinline__ void load8(const float *p, float *f)
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 #define DEC_MAXG 8 // query heads per KV head this kernel takes
+// (sequence, KV head) pairs an SM from which a step of decode rows alone at a context under KC_DEC_KS_CTX takes
+// the wide kernel (attention_wide.cu) instead
+#define WIDE_MIN_PER_SM 8
 #define DEC_SLICE 256 // positions a slice has at least (fewer slices than a.splits where the context is short)
 
 // HD: the head_dim when it is one the kernel is built for (64, 128), so that
@@ -1008,6 +946,9 @@ static int dec_group_ix(uint32_t group) { return group <= 1 ? 0 : group <= 2 ? 1
 
 td_status_t kc_attention_init(kern_cuda_t *c)
 {
+    td_status_t rc = kc_attention_wide_init(c);
+    if (rc)
+        return rc;
     for (uint32_t group = 1; group <= DEC_MAXG; group *= 2)
         for (uint32_t hd = 64; hd <= 128; hd *= 2) {
             for (int sk = 0; sk < 2; sk++)
@@ -1087,6 +1028,9 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     uint32_t rows = 0;
     for (uint32_t i = 0; i < n_seqs; i++)
         rows += seqs[i].n;
+    // a step of decode rows alone, its sequences in device memory: one decode launch for all of them (a launch per
+    // ATT_MAXSEQ left each launch a part-filled last wave)
+    a.dseq_all = dev_seqs && dec_ok && rows == n_seqs;
     for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
         if ((pass == 1 && !mma_ok) || (pass == 2 && !dec_ok))
             continue;
@@ -1095,7 +1039,13 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
         while (s < n_seqs) { // independent sequences: a launch per ATT_MAXSEQ
             uint32_t tiles = 0, max_ctx = 0;
             a.n_seqs = 0;
-            for (; s < n_seqs && a.n_seqs < ATT_MAXSEQ; s++) {
+            for (; s < n_seqs && (a.n_seqs < ATT_MAXSEQ || a.dseq_all); s++) {
+                if (a.dseq_all && pass == 2) { // (seq[] unused: dec_seq reads dseq)
+                    a.n_seqs++;
+                    tiles++;
+                    max_ctx = max_ctx > seqs[s].pos0 + 1 ? max_ctx : seqs[s].pos0 + 1;
+                    continue;
+                }
                 const kern_attn_seq_t *q = &seqs[s];
                 int cls = q->n == 1 && dec_ok ? 2 : q->n >= 16 && mma_ok ? 1 : 0;
                 if (!q->n || cls != pass)
@@ -1114,6 +1064,13 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
                                g->head_dim == 64 ? (f8 ? k_attention_mma<64, true> : k_attention_mma<64, false>)
                                                  : (f8 ? k_attention_mma<128, true> : k_attention_mma<128, false>),
                                grid, 128, mma_smem(g->head_dim), a);
+            } else if (pass == 2 && a.dseq_all && kc_attention_wide_takes(g, a.group) &&
+                       max_ctx < KC_DEC_KS_CTX && (size_t)a.n_seqs * a.n_kv >= (size_t)WIDE_MIN_PER_SM * c->sms) {
+                // many decode rows at a short context: a warp a (sequence, KV head) (attention_wide.cu)
+                a.splits = 1;
+                a.ws = NULL;
+                a.cnt = NULL;
+                rc = kc_attention_wide(c, a, g);
             } else if (pass == 2) {
                 // enough slices for two blocks per SM, none shorter than
                 // DEC_SLICE positions; read from device memory, the positions
@@ -1131,7 +1088,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
                         return rc;
                     a.ws = (float *)c->ws.p;
                     // the slices' counts start at zero, and each launch leaves them so
-                    need = (size_t)ATT_MAXSEQ * a.n_kv * sizeof(unsigned);
+                    need = (size_t)(a.n_seqs > ATT_MAXSEQ ? a.n_seqs : ATT_MAXSEQ) * a.n_kv * sizeof(unsigned);
                     if (c->cnt.cap < need) {
                         if ((rc = kc_scratch(c, &c->cnt, need)))
                             return rc;

@@ -179,8 +179,70 @@ static td_status_t cu_weight_prepare(kern_backend_t *b, kern_weight_t *w)
 static void cu_weight_release(kern_backend_t *b, kern_weight_t *w)
 {
     kc_bind(b);
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    for (uint32_t i = 0; i < c->n_joins; i++) {
+        kc_join_t *j = &c->joins[i];
+        if ((char *)w->priv >= j->base && (char *)w->priv < j->base + j->bytes) { // a part of a joined allocation
+            if (--j->live == 0) {
+                cu_free(b, j->base);
+                *j = c->joins[--c->n_joins];
+            }
+            w->priv = NULL;
+            return;
+        }
+    }
     cu_free(b, w->priv);
     w->priv = NULL;
+}
+
+// weights_join: fp16 rows of one width (not FP8-held ones) copied side by side into one allocation, the separate
+// ones freed; matmul_fused.cu multiplies them with one GEMM where its caller gives room for the product. Short of
+// memory for the copy, they stay apart.
+static td_status_t cu_weights_join(kern_backend_t *b, kern_weight_t *const *w, uint32_t k)
+{
+    kc_bind(b);
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        if (w[i]->hold || !w[i]->priv || w[i]->cols != w[0]->cols)
+            return TD_OK;
+        for (uint32_t j = 0; j < c->n_joins; j++) // joined once only
+            if ((char *)w[i]->priv >= c->joins[j].base && (char *)w[i]->priv < c->joins[j].base + c->joins[j].bytes)
+                return TD_OK;
+        bytes += (size_t)w[i]->rows * w[i]->cols * sizeof(__half);
+    }
+    if (k < 2)
+        return TD_OK;
+    kc_join_t *grown = (kc_join_t *)realloc(c->joins, (c->n_joins + 1) * sizeof *grown);
+    if (!grown)
+        return td_error(TD_ERR_NO_MEMORY, "cuda: no memory to join %u weights", k);
+    c->joins = grown;
+    char *dst;
+    if (cudaMalloc((void **)&dst, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        TD_INFO("cuda: no room to join %u weights of %zu bytes; they stay apart", k, bytes);
+        return TD_OK;
+    }
+    size_t at = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        const size_t wb = (size_t)w[i]->rows * w[i]->cols * sizeof(__half);
+        cudaError_t e = cudaMemcpyAsync(dst + at, w[i]->priv, wb, cudaMemcpyDeviceToDevice, c->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            cudaFree(dst);
+            return td_error(TD_ERR_INTERNAL, "cuda: joining weights failed: %s", cudaGetErrorString(e));
+        }
+        at += wb;
+    }
+    at = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        cu_free(b, w[i]->priv);
+        w[i]->priv = dst + at;
+        at += (size_t)w[i]->rows * w[i]->cols * sizeof(__half);
+    }
+    c->joins[c->n_joins++] = kc_join_t{dst, bytes, k};
+    return TD_OK;
 }
 
 static void *cu_queue(kern_backend_t *b) { return ((kern_cuda_t *)b)->stream; }
@@ -295,6 +357,7 @@ static const kern_backend_ops_t kern_cuda_ops = {
     .kv_digest = kc_kv_digest,
     .weight_prepare = cu_weight_prepare,
     .weight_release = cu_weight_release,
+    .weights_join = cu_weights_join,
     .matmul = kc_matmul,
     .matmul_multi = kc_matmul_multi,
     .rmsnorm = kc_rmsnorm,
@@ -413,6 +476,9 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     cudaFree(c->ws.p);
     cudaFree(c->cnt.p);
     cudaFree(c->dg.p);
+    for (uint32_t i = 0; i < c->n_joins; i++) // (weights not released by their owner)
+        cudaFree(c->joins[i].base);
+    free(c->joins);
     if (c->blas)
         c->blas_api->destroy(c->blas);
     cudaStreamDestroy(c->stream);

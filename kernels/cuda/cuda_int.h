@@ -36,6 +36,13 @@ typedef struct kc_scratch {
     size_t cap; // bytes
 } kc_scratch_t;
 
+// An allocation holding several weights side by side (weights_join), freed with the last of them.
+typedef struct kc_join {
+    char *base;
+    size_t bytes;
+    uint32_t live; // its weights not yet released
+} kc_join_t;
+
 #define KC_GRAPHS 64
 #define KC_BLAS_WS ((size_t)32 << 20)
 
@@ -78,6 +85,8 @@ typedef struct kern_cuda {
     // and query heads a KV head (1, 2, 4, 8)
     unsigned dec_ks_grid[2][4];
     kc_edge_count_t edges;
+    kc_join_t *joins; // allocations of weights side by side (weights_join)
+    uint32_t n_joins;
 } kern_cuda_t;
 
 // A CUDA runtime call that must succeed; else its error, naming the call.
@@ -294,6 +303,9 @@ td_status_t kc_to_half(kern_cuda_t *c, const float *x, __half *y, size_t n);
 
 // y[n][rows] (+)= xh · Wᵀ: x already fp16 in c->xh; accumulate: beta 1
 td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n, bool accumulate);
+// the same for fp16 rows a[rows][cols] into y's rows of ldy values
+td_status_t kc_gemm_rows(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, float *y, uint32_t ldy,
+                         uint32_t n, bool accumulate);
 td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);
 td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
                             const float *x, uint32_t n);
@@ -304,6 +316,10 @@ td_status_t kc_rope(kern_backend_t *b, float *x, uint32_t n, uint32_t heads, uin
 td_status_t kc_swiglu(kern_backend_t *b, const float *gate, const float *up, float *y, size_t n);
 // y = (half)(silu(gate) * up), the same values kc_swiglu then kc_to_half make
 td_status_t kc_swiglu_half(kern_cuda_t *c, const float *gate, const float *up, __half *y, size_t n);
+// the same over n rows of width values, row r's gate at gate + r * stride and its up at up + r * stride (a joined
+// product's rows: matmul_fused.cu), into y's dense rows
+td_status_t kc_swiglu_half_rows(kern_cuda_t *c, const float *gate, const float *up, uint32_t stride, __half *y,
+                                uint32_t n, uint32_t width);
 td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n);
 td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out);
 td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,

@@ -41,22 +41,27 @@ td_status_t kc_scratch(kern_cuda_t *c, kc_scratch_t *sc, size_t bytes)
 
 td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n, bool accumulate)
 {
-    // cuBLAS is column-major: row-major y[n][rows] is Y (rows x n, ld rows);
-    // row-major W[rows][cols] is A (cols x rows, ld cols) and x[n][cols] is
-    // B (cols x n, ld cols); so Y = Aᵀ · B.
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const void *a = w->priv;
     if (w->hold == KERN_TYPE_F8_E4M3) { // its fp16 copy (matmul_fp8.cu)
         td_status_t rc = kc_fp8_half(c, w, (const __half **)&a);
         if (rc)
             return rc;
     }
-    cublasStatus_t s = c->blas_api->gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n, (int)w->cols,
-                                            &one, a, CUDA_R_16F, (int)w->cols, c->xh.p, CUDA_R_16F, (int)w->cols,
-                                            &beta, y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT);
+    return kc_gemm_rows(c, (const __half *)a, w->rows, w->cols, y, w->rows, n, accumulate);
+}
+
+td_status_t kc_gemm_rows(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, float *y, uint32_t ldy,
+                         uint32_t n, bool accumulate)
+{
+    // cuBLAS is column-major: row-major y[n][ldy] is Y (rows x n, ld ldy);
+    // row-major W[rows][cols] is A (cols x rows, ld cols) and x[n][cols] is
+    // B (cols x n, ld cols); so Y = Aᵀ · B.
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasStatus_t s = c->blas_api->gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols, &one, a,
+                                            CUDA_R_16F, (int)cols, c->xh.p, CUDA_R_16F, (int)cols, &beta, y,
+                                            CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
-        return td_error(TD_ERR_INTERNAL, "cuda: cublasGemmEx (%u x %u x %u) failed: status %d", w->rows, n, w->cols,
+        return td_error(TD_ERR_INTERNAL, "cuda: cublasGemmEx (%u x %u x %u) failed: status %d", rows, n, cols,
                         (int)s);
     return TD_OK;
 }

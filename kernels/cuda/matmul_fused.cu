@@ -29,6 +29,10 @@
 //
 // More rows take cuBLAS (matmul.cu's gemm): the norm is fused into the
 // conversion of x to fp16, the add into the GEMM (beta = 1), SwiGLU runs after.
+// Weights joined side by side (weights_join: Q|K|V, gate|up) are one GEMM
+// into the caller's side rows where it gave room for them: at a decode batch
+// each weight alone is too few tiles to fill the GPU (bench/gpu/gemm_study.cu).
+// SwiGLU then reads the joined rows; Q, K and V are copied out of them.
 #include "kernels/cuda/cuda_int.h"
 #include "kernels/quant.h"
 
@@ -411,6 +415,47 @@ __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t 
         y[(size_t)blockIdx.x * dim + i] = __float2half_rn(g ? xr[i] * scale * g[i] : xr[i] * scale);
 }
 
+// The joined product's rows (n of `total` values) out to each weight's dense rows: y[i] gets its weight's values
+typedef struct split_args {
+    float *y[GV_MAXK];
+    uint32_t end[GV_MAXK]; // the rows of weights 0 .. i together
+    uint32_t k, total;
+} split_args_t;
+
+__global__ void k_split_rows(const float4 *side, const split_args_t a, size_t n4)
+{
+    kc_pdl_wait();
+    kc_pdl_release();
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n4)
+        return;
+    const uint32_t t4 = a.total / 4, r = (uint32_t)(i / t4), c = (uint32_t)(i % t4) * 4;
+    uint32_t j = 0, lo = 0;
+    while (c >= a.end[j])
+        lo = a.end[j++];
+    const uint32_t w = a.end[j] - lo;
+    *(float4 *)(a.y[j] + (size_t)r * w + (c - lo)) = side[i];
+}
+
+// Rows up to which one GEMM over joined weights beats one a weight (bench/gpu/gemm_study.cu, the 7B layer on an
+// H200: 10% faster at 256 rows, 3.6% slower at 1,024, even at 4,096)
+#define JOIN_MAXN 512
+
+// Whether s's weights lie side by side (weights_join) and its side has room for the joined product, so that one
+// GEMM takes them all: every row count a multiple of 4 (the copy out moves 16 bytes at a time)
+static bool joined(const kern_matmul_spec_t *s)
+{
+    if (s->k < 2 || !s->side || s->n > s->side_rows || s->n > JOIN_MAXN || (s->glu ? !s->to_next : s->accumulate))
+        return false;
+    for (uint32_t i = 0; i < s->k; i++) {
+        const kern_weight_t *w = s->w[i];
+        if (w->hold || w->rows % 4 ||
+            (i && (const __half *)w->priv != (const __half *)s->w[i - 1]->priv + (size_t)s->w[i - 1]->rows * w->cols))
+            return false;
+    }
+    return true;
+}
+
 static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
 {
     gv_args_t a = {};
@@ -495,11 +540,36 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
         else
             rc = kc_to_half(c, s->x, (__half *)c->xh.p, nx);
     }
+    const size_t ny = (size_t)s->n * s->w[0]->rows;
+    if (!rc && joined(s)) {
+        split_args_t a = {};
+        uint32_t total = 0;
+        for (uint32_t i = 0; i < s->k; i++) {
+            a.y[i] = s->y[i];
+            a.end[i] = total += s->w[i]->rows;
+        }
+        a.k = s->k;
+        a.total = total;
+        if ((rc = kc_gemm_rows(c, (const __half *)s->w[0]->priv, total, cols, s->side, total, s->n, false)))
+            return rc;
+        if (!s->glu) {
+            const size_t n4 = (size_t)s->n * total / 4;
+            return kc_launch(c, "split_rows", k_split_rows, kc_blocks(n4, 256), 256, 0, (const float4 *)s->side, a,
+                             n4);
+        }
+        // to_next (joined()): the product to the next call's GEMMs in fp16, as below
+        if ((rc = kc_scratch(c, &c->xh, ny * sizeof(__half))) ||
+            (rc = kc_swiglu_half_rows(c, s->side, s->side + s->w[0]->rows, total, (__half *)c->xh.p, s->n,
+                                      s->w[0]->rows)))
+            return rc;
+        c->xh_of = s->y[0];
+        c->xh_n = ny;
+        return TD_OK;
+    }
     for (uint32_t i = 0; i < s->k && !rc; i++)
         rc = kc_gemm(c, s->w[i], s->y[i], s->n, s->accumulate);
     if (rc || !s->glu)
         return rc;
-    const size_t ny = (size_t)s->n * s->w[0]->rows;
     if (!s->to_next)
         return kc_swiglu(b, s->y[0], s->y[1], s->y[0], ny);
     // the product goes to the next call's GEMMs in fp16, in xh (the GEMMs above are done with it: the same

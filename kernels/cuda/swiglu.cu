@@ -10,20 +10,32 @@ __global__ void k_swiglu(const float *g, const float *u, float *y, size_t n)
         y[i] = kc_silu_mul(g[i], u[i]);
 }
 
-__global__ void k_swiglu_half(const float *g, const float *u, __half *y, size_t n)
+// rows of `width` values, row r's inputs `stride` apart (dense: width == stride)
+__global__ void k_swiglu_half(const float *g, const float *u, __half *y, size_t n, uint32_t width, uint32_t stride)
 {
     kc_pdl_wait();
     kc_pdl_release();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n)
-        y[i] = __float2half_rn(kc_silu_mul(g[i], u[i]));
+    if (i < n) {
+        const size_t at = width == stride ? i : i / width * stride + i % width;
+        y[i] = __float2half_rn(kc_silu_mul(g[at], u[at]));
+    }
 }
 
 td_status_t kc_swiglu_half(kern_cuda_t *c, const float *g, const float *u, __half *y, size_t n)
 {
     if (!n)
         return TD_OK;
-    return kc_launch(c, "swiglu_half", k_swiglu_half, kc_blocks(n, 256), 256, 0, g, u, y, n);
+    return kc_launch(c, "swiglu_half", k_swiglu_half, kc_blocks(n, 256), 256, 0, g, u, y, n, (uint32_t)1, (uint32_t)1);
+}
+
+td_status_t kc_swiglu_half_rows(kern_cuda_t *c, const float *g, const float *u, uint32_t stride, __half *y,
+                                uint32_t n, uint32_t width)
+{
+    const size_t all = (size_t)n * width;
+    if (!all)
+        return TD_OK;
+    return kc_launch(c, "swiglu_half", k_swiglu_half, kc_blocks(all, 256), 256, 0, g, u, y, all, width, stride);
 }
 
 td_status_t kc_swiglu(kern_backend_t *b, const float *g, const float *u, float *y, size_t n)

@@ -138,10 +138,11 @@ static void check_matmul(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type
  * rel err against the CPU backend's yc */
 static double fused3_err(kern_backend_t *gpu, const kern_weight_t *const *w, bool norm_in_w, const float *dx,
                          const float *dg, uint32_t n, float *const *dy, float *yh, float *const *yc,
-                         const uint32_t *rows)
+                         const uint32_t *rows, float *side)
 {
     if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w, .y = dy, .k = 3, .x = dx, .n = n, .norm = dg,
-                                                          .eps = 1e-5f, .norm_in_w = norm_in_w}))
+                                                          .eps = 1e-5f, .norm_in_w = norm_in_w, .side = side,
+                                                          .side_rows = side ? n : 0}))
         exit(1);
     double e = 0;
     for (int i = 0; i < 3; i++) {
@@ -206,7 +207,7 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
         cpu->ops->matmul(cpu, &wc[i], xn, yc[i], n);
     const kern_weight_t *w3[3] = {&wg[0], &wg[1], &wg[2]};
     snprintf(what, sizeof what, "matmul_fused norm, 3 weights, %u x %u, %u rows%s", rows[0], cols, n, h);
-    report(what, fused3_err(gpu, w3, false, dx, dg, n, dy, yh, yc, rows), bound);
+    report(what, fused3_err(gpu, w3, false, dx, dg, n, dy, yh, yc, rows, NULL), bound);
     /* 1b. the same with the norm's weight in the weights' columns (weight_scale_cols, norm_in_w), as the forward
      * pass runs a model on this backend: against the same reference */
     kern_weight_t wf[3];
@@ -220,7 +221,25 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     const kern_weight_t *wf3[3] = {&wf[0], &wf[1], &wf[2]};
     if (!hold) {
         snprintf(what, sizeof what, "matmul_fused norm in the weights, 3 weights, %u x %u, %u rows%s", rows[0], cols, n, h);
-        report(what, fused3_err(gpu, wf3, true, dx, dg, n, dy, yh, yc, rows), bound);
+        report(what, fused3_err(gpu, wf3, true, dx, dg, n, dy, yh, yc, rows, NULL), bound);
+    }
+    /* 1c. the three weights joined side by side (weights_join) and room given for their product: one GEMM above
+     * a row, its rows copied out to each y */
+    float *dside = NULL;
+    gpu->ops->alloc(gpu, (size_t)n * (rows[0] + rows[1] + rows[2]) * 4, (void **)&dside);
+    kern_weight_t wj[3];
+    if (!hold) {
+        for (int i = 0; i < 3; i++) {
+            wj[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, 0, NULL, 0, 0, 0};
+            if (gpu->ops->weight_prepare(gpu, &wj[i]))
+                exit(1);
+        }
+        kern_weight_t *wjp[3] = {&wj[0], &wj[1], &wj[2]};
+        if (gpu->ops->weights_join(gpu, wjp, 3))
+            exit(1);
+        const kern_weight_t *wj3[3] = {&wj[0], &wj[1], &wj[2]};
+        snprintf(what, sizeof what, "matmul_fused norm, 3 weights joined, %u x %u, %u rows", rows[0], cols, n);
+        report(what, fused3_err(gpu, wj3, false, dx, dg, n, dy, yh, yc, rows, dside), bound);
     }
     /* 2. gate/up with glu over norm(x) */
     cpu->ops->swiglu(cpu, yc[1], yc[2], yc[1], (size_t)n * rows[1]);
@@ -240,7 +259,8 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     if (!hold)
         report(what, rel_err(yh, yc[1], (size_t)n * rows[1]), bound);
     for (int i = 0; i < 3 && !hold; i++)
-        gpu->ops->weight_release(gpu, &wf[i]);
+        gpu->ops->weight_release(gpu, &wf[i]), gpu->ops->weight_release(gpu, &wj[i]);
+    gpu->ops->free(gpu, dside);
     /* 3. a square projection added onto a residual: y = r + x·W0[:cols]ᵀ */
     kern_weight_t sq_c = {KERN_TYPE_F16, cols, cols, wd[0], NULL, hold, NULL, 0, 0, 0}, sq_g = sq_c;
     if (cpu->ops->weight_prepare(cpu, &sq_c) || gpu->ops->weight_prepare(gpu, &sq_g))
@@ -293,6 +313,26 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     get(gpu, yh, dy[0], nx * 4);
     snprintf(what, sizeof what, "matmul_fused glu to the next, %u x %u, %u rows%s", f4, cols, n, h);
     report(what, rel_err(yh, yc[0], nx), bound);
+    /* 4b. gate/up joined, their product in the room the forward gives (gate's own: two rows' worth a row) */
+    if (!hold) {
+        kern_weight_t *gj[2] = {&w4g[0], &w4g[1]};
+        float *d4side;
+        gpu->ops->alloc(gpu, (size_t)n * 2 * f4 * 4, (void **)&d4side);
+        if (gpu->ops->weights_join(gpu, gj, 2))
+            exit(1);
+        gpu->ops->upload(gpu, dy[0], r, nx * 4);
+        float *d4j[2] = {d4side, d4side + (size_t)n * f4};
+        if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = gu4, .y = d4j, .k = 2, .x = dx, .n = n, .norm = dg,
+                                                              .eps = 1e-5f, .glu = true, .to_next = true,
+                                                              .side = d4side, .side_rows = n}) ||
+            gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = &dn4, .y = dy, .k = 1, .x = d4j[0], .n = n,
+                                                              .accumulate = true}))
+            exit(1);
+        get(gpu, yh, dy[0], nx * 4);
+        snprintf(what, sizeof what, "matmul_fused glu joined to the next, %u x %u, %u rows", f4, cols, n);
+        report(what, rel_err(yh, yc[0], nx), bound);
+        gpu->ops->free(gpu, d4side);
+    }
     for (int i = 0; i < 3; i++) {
         gpu->ops->weight_release(gpu, &w4g[i]), cpu->ops->weight_release(cpu, &w4c[i]);
         free(wd4[i]);
@@ -558,6 +598,10 @@ static void store_random_kv(kern_backend_t *cpu, const kern_kv_view_t *vc, kern_
     free(k), free(v), free(slots);
 }
 
+/* The attention checks' batches: a mix of prompt and decode rows; many decode rows (one past KC_DEC_KS_CTX); many
+ * decode rows at short contexts, read from device memory (attention_wide.cu's kernel) */
+enum { ATT_MIXED, ATT_MANY, ATT_WIDE };
+
 /* rope_kv_attention against the two ops it stands for (rope_kv_store, then
  * attention), on two pools with the same history: decode rows of sequences
  * at several contexts (one of them split in slices), the sequences read from
@@ -567,13 +611,14 @@ static void store_random_kv(kern_backend_t *cpu, const kern_kv_view_t *vc, kern_
  * thousands of blocks in the grid; a context past KC_DEC_KS_CTX, so the
  * decode kernel reads K through shared memory). */
 static void check_rope_kv_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, td_kv_dtype_t dtype,
-                                    kern_rope_style_t style, bool many)
+                                    kern_rope_style_t style, int mode)
 {
     enum { MAXS = 64, BT = 16, NBMAX = 704, LAYERS = 2 };
+    const bool many = mode != ATT_MIXED;
     const uint32_t few[] = {1, 18, 101, 301}, NS = many ? MAXS : 4, NB = many ? NBMAX : 32;
     uint32_t ctx[MAXS];
-    for (uint32_t s = 0; s < NS; s++)
-        ctx[s] = many ? (s == MAXS - 1 ? 700 : 2 + 5 * s) : few[s];
+    for (uint32_t s = 0; s < NS; s++) /* wide: every context short (attention_wide.cu) */
+        ctx[s] = many ? (s == MAXS - 1 && mode == ATT_MANY ? 700 : 2 + 5 * s) : few[s];
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
     eng_kv_pool_t *pa, *pb;
     if (eng_kv_pool_create(gpu, &g, NB, NULL, &pa) || eng_kv_pool_create(gpu, &g, NB, NULL, &pb))
@@ -723,14 +768,16 @@ static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
  * thousands of blocks in the decode kernel's grid), whose blocks overlap
  * (later sequences' stores overwrite earlier ones' in both pools alike). */
 static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd,
-                            td_kv_dtype_t dtype, bool many)
+                            td_kv_dtype_t dtype, int mode)
 {
-    enum { MAXS = 96, BT = 16, NB = 192, LAYERS = 2 };
+    enum { MAXS = 128, BT = 16, NB = 192, LAYERS = 2 };
     const uint32_t mixed_pos0[] = {37, 700, 0, 15, 1500, 130}, mixed_n[] = {100, 1, 5, 1, 1, 200};
-    const int NS = many ? MAXS : 6;
+    const bool many = mode != ATT_MIXED;
+    const int NS = mode == ATT_WIDE ? MAXS : many ? 96 : 6;
     uint32_t pos0[MAXS], n[MAXS];
     for (int s = 0; s < NS; s++)
-        pos0[s] = many ? 20 + 12 * (uint32_t)s : mixed_pos0[s], n[s] = many ? 1 : mixed_n[s];
+        pos0[s] = mode == ATT_WIDE ? 20 + 3 * (uint32_t)s : many ? 20 + 12 * (uint32_t)s : mixed_pos0[s],
+        n[s] = many ? 1 : mixed_n[s];
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
     eng_kv_pool_t *pc, *pg;
     if (eng_kv_pool_create(cpu, &g, NB, NULL, &pc) || eng_kv_pool_create(gpu, &g, NB, NULL, &pg))
@@ -790,12 +837,17 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
     float *dq = put(gpu, q, nq * 4), *dout;
     gpu->ops->alloc(gpu, nq * 4, (void **)&dout);
     float scale = 1.0f / sqrtf((float)hd);
+    /* wide: the sequences also in device memory, as a captured decode step gives them (every row a decode row,
+     * a short context, many (sequence, KV head) pairs: attention_wide.cu's kernel) */
+    kern_attn_seq_t *dsg = mode == ATT_WIDE ? put(gpu, sg, NS * sizeof *sg) : NULL;
     if (cpu->ops->attention(cpu, &vc, q, oc, nh, sc, NULL, NS, scale) ||
-        gpu->ops->attention(gpu, &vg, dq, dout, nh, sg, NULL, NS, scale))
+        gpu->ops->attention(gpu, &vg, dq, dout, nh, sg, dsg, NS, scale))
         exit(1);
     get(gpu, og, dout, nq * 4);
-    snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, %d seqs to %u", nh, nkv, hd,
-             td_kv_dtype_name(dtype), NS, many ? pos0[NS - 1] + 1 : 1501);
+    snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, %d seqs to %u%s", nh, nkv, hd,
+             td_kv_dtype_name(dtype), NS, many ? pos0[NS - 1] + 1 : 1501, mode == ATT_WIDE ? " (wide)" : "");
+    if (dsg)
+        gpu->ops->free(gpu, dsg);
     /* fp16 and fp8 KV: prompt rows go through the tensor cores, P (and fp8's values times their scale) rounded to
      * fp16 */
     report(what, rel_err(og, oc, nq), dtype == TD_KV_F32 ? 1e-4 : 3e-3);
@@ -1168,9 +1220,12 @@ static void time_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint3
 
 /* A backend that times each compute op of another (synchronizing before and
  * after it), for --time-model's breakdown. */
-enum { OP_MATMUL, OP_MULTI, OP_RMSNORM, OP_ROPE, OP_SWIGLU, OP_ADD, OP_EMBED, OP_KV, OP_ATTN, OP_COPY, OP_XFER, OP_N };
+enum { OP_MATMUL, OP_MULTI, OP_RMSNORM, OP_ROPE, OP_SWIGLU, OP_ADD, OP_EMBED, OP_KV, OP_ATTN, OP_COPY, OP_XFER,
+       OP_FUSED_QKV, OP_FUSED_O, OP_FUSED_GU, OP_FUSED_DOWN, OP_FUSED_OUT, OP_ROPE_KV, OP_N };
 static const char *const op_names[OP_N] = {"matmul", "matmul_multi", "rmsnorm", "rope", "swiglu", "add",
-                                          "embed", "kv_store", "attention", "copy", "upload/download"};
+                                          "embed", "kv_store", "attention", "copy", "upload/download",
+                                          "fused Q/K/V (norm in)", "fused O (+residual)", "fused gate/up (norm, SwiGLU)",
+                                          "fused down (+residual)", "fused output", "rope_kv_store"};
 typedef struct timed_be {
     kern_backend_t base;
     kern_backend_t *in;
@@ -1203,6 +1258,8 @@ static td_status_t t_copy(kern_backend_t *b, void *d, const void *s, size_t n)
 static td_status_t t_sync(kern_backend_t *b) { (void)b; return IN->ops->sync(IN); }
 static td_status_t t_wprep(kern_backend_t *b, kern_weight_t *w) { (void)b; return IN->ops->weight_prepare(IN, w); }
 static void t_wrel(kern_backend_t *b, kern_weight_t *w) { (void)b; IN->ops->weight_release(IN, w); }
+static td_status_t t_join(kern_backend_t *b, kern_weight_t *const *w, uint32_t k)
+{ (void)b; return IN->ops->weights_join(IN, w, k); }
 static td_status_t t_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)
 { (void)b; double t = t_begin(); return t_end(OP_MATMUL, t, IN->ops->matmul(IN, w, x, y, n)); }
 static td_status_t t_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k, const float *x,
@@ -1225,17 +1282,37 @@ static td_status_t t_kv(kern_backend_t *b, const kern_kv_view_t *kv, const float
 static td_status_t t_attn(kern_backend_t *b, const kern_kv_view_t *kv, const float *q, float *o, uint32_t h,
                           const kern_attn_seq_t *s, const kern_attn_seq_t *ds, uint32_t ns, float sc)
 { (void)b; double t = t_begin(); return t_end(OP_ATTN, t, IN->ops->attention(IN, kv, q, o, h, s, ds, ns, sc)); }
+/* the fused matmul, timed by what it multiplies: Q/K/V (3 weights), gate/up (glu), the output matrix (vocabulary
+ * rows), the others by their width (O: the attention's, down: the FFN's) */
+static td_status_t t_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
+{
+    (void)b;
+    const int op = s->k == 3 ? OP_FUSED_QKV : s->glu ? OP_FUSED_GU : s->w[0]->rows > 4 * s->w[0]->cols ? OP_FUSED_OUT
+                   : s->w[0]->cols > s->w[0]->rows                                                  ? OP_FUSED_DOWN
+                                                                                                     : OP_FUSED_O;
+    double t = t_begin();
+    return t_end(op, t, g_timed.in->ops->matmul_fused(g_timed.in, s));
+}
+static td_status_t t_rope_kv(kern_backend_t *b, const kern_kv_view_t *kv, float *q, float *k, const float *v,
+                             uint32_t h, const int32_t *sl, uint32_t n, const int32_t *pos, const float *f,
+                             kern_rope_style_t st)
+{
+    (void)b;
+    double t = t_begin();
+    return t_end(OP_ROPE_KV, t, g_timed.in->ops->rope_kv_store(g_timed.in, kv, q, k, v, h, sl, n, pos, f, st));
+}
 static void *t_queue(kern_backend_t *b) { (void)b; return IN->ops->queue(IN); }
 static td_status_t t_digest(kern_backend_t *b, const void *base, size_t bb, const int32_t *bl, uint32_t n, uint64_t *o)
 { (void)b; return IN->ops->kv_digest(IN, base, bb, bl, n, o); }
 #undef IN
 static const kern_backend_ops_t timed_ops = {
-    .name = "timed", .supported = KERN_OPS_ALL, .kv_dtypes = (1u << TD_KV_F32) | (1u << TD_KV_F16), .destroy = t_destroy, .alloc = t_alloc, .free = t_free,
+    .name = "timed", .supported = KERN_OPS_ALL | KERN_OP_MATMUL_FUSED | KERN_OP_ROPE_KV_STORE, .kv_dtypes = (1u << TD_KV_F32) | (1u << TD_KV_F16), .destroy = t_destroy, .alloc = t_alloc, .free = t_free,
     .host_alloc = t_halloc, .host_free = t_hfree,
     .upload = t_upload, .download = t_download, .copy = t_copy, .sync = t_sync, .queue = t_queue,
     .kv_digest = t_digest, .weight_prepare = t_wprep,
-    .weight_release = t_wrel, .matmul = t_matmul, .matmul_multi = t_multi, .rmsnorm = t_rmsnorm, .rope = t_rope,
-    .swiglu = t_swiglu, .add = t_add, .embed = t_embed, .kv_store = t_kv, .attention = t_attn};
+    .weight_release = t_wrel, .weights_join = t_join, .matmul = t_matmul, .matmul_multi = t_multi, .rmsnorm = t_rmsnorm, .rope = t_rope,
+    .swiglu = t_swiglu, .add = t_add, .embed = t_embed, .kv_store = t_kv, .attention = t_attn,
+    .matmul_fused = t_fused, .rope_kv_store = t_rope_kv};
 
 /* Seconds per decode step of one sequence over positions from pos_first on:
  * `warm` steps first (the first runs as is, the second is captured), then
@@ -1257,6 +1334,74 @@ static double decode_step_s(eng_forward_t *f, int32_t *ids, int32_t *table, uint
     return t / steps;
 }
 
+/* Decode steps of `batch` sequences at a short context (positions 64 on, each sequence its own blocks), as the
+ * engine runs them: captured, the tokens picked on the GPU (greedy); the median step of STEPS; then the same steps
+ * op by op (each synchronized, the logits downloaded instead of picked), for where a large batch's step goes
+ * (issue 51). Against the floors: the weights and the KV a step reads, and its matmuls' FLOPs. */
+static void time_decode_batch(kern_backend_t *gpu, const eng_model_t *m, uint32_t batch)
+{
+    enum { POS0 = 64, WARM = 4, STEPS = 16, OPSTEPS = 4, BT = 16 };
+    const eng_model_desc_t *d = &m->desc;
+    const uint32_t per = (POS0 + WARM + STEPS + OPSTEPS + 1 + BT - 1) / BT;
+    td_kv_layout_t g = td_kv_layout_make(d->name, d->n_layers, d->n_kv_heads, d->head_dim, BT, TD_KV_F16);
+    eng_kv_pool_t *pool;
+    eng_forward_t *f[2];
+    if (eng_kv_pool_create(gpu, &g, batch * per, NULL, &pool) ||
+        eng_forward_create(m, gpu, pool, batch, batch, &f[0]) ||
+        eng_forward_create(m, &g_timed.base, pool, batch, batch, &f[1])) {
+        fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+        exit(1);
+    }
+    int32_t *table = malloc((size_t)batch * per * 4), *ids = malloc((size_t)batch * 4), *picked = malloc(batch * 4);
+    eng_batch_seq_t *seqs = calloc(batch, sizeof *seqs);
+    kern_sample_t *sp = calloc(batch, sizeof *sp); /* temperature 0: greedy */
+    for (uint32_t i = 0; i < batch * per; i++)
+        table[i] = (int32_t)i;
+    double st[STEPS];
+    uint32_t pos = POS0, np;
+    for (uint32_t k = 0; k < WARM + STEPS; k++, pos++) {
+        for (uint32_t q = 0; q < batch; q++) {
+            ids[q] = (int32_t)((q * 31 + k * 7) % 500 + 2);
+            seqs[q] = (eng_batch_seq_t){.tokens = ids + q, .n = 1, .pos0 = pos, .block_table = table + q * per,
+                                        .n_blocks = per, .want_logits = true};
+        }
+        double t0 = now_s();
+        if (eng_forward_run_sampled(f[0], seqs, batch, sp, picked, &np)) {
+            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+            exit(1);
+        }
+        if (k >= WARM)
+            st[k - WARM] = now_s() - t0;
+    }
+    qsort(st, STEPS, sizeof *st, cmp_double);
+    const double step = st[STEPS / 2], ctx = pos - STEPS / 2.0;
+    memset(g_timed.t, 0, sizeof g_timed.t);
+    double t_ops = 0;
+    for (uint32_t k = 0; k < OPSTEPS; k++, pos++) {
+        for (uint32_t q = 0; q < batch; q++)
+            seqs[q].pos0 = pos;
+        const float *lg;
+        double t0 = now_s();
+        eng_forward_run(f[1], seqs, batch, &lg, &np);
+        t_ops += now_s() - t0;
+    }
+    const double layer_params = (double)d->n_params - (double)d->vocab * d->hidden * (d->tied_embeddings ? 1 : 2);
+    const double w_bytes = 2.0 * (layer_params + (double)d->vocab * d->hidden),
+                 kv_bytes = (double)batch * ctx * d->n_layers * 2.0 * d->n_kv_heads * d->head_dim * 2,
+                 flops = 2.0 * batch * (layer_params + (double)d->vocab * d->hidden);
+    printf("timing decode batch %u at a context of ~%.0f: step %.3f ms = %.0f tok/s; reads %.2f GB of weights + %.2f GB "
+           "of KV, %.2f TFLOP\n",
+           batch, ctx, step * 1e3, batch / step, w_bytes / 1e9, kv_bytes / 1e9, flops / 1e12);
+    printf("  op by op (each synchronized; %.3f ms a step):", t_ops / OPSTEPS * 1e3);
+    for (int o = 0; o < OP_N; o++)
+        if (g_timed.t[o] > 0)
+            printf(" %s %.3f", op_names[o], g_timed.t[o] / OPSTEPS * 1e3);
+    printf("\n");
+    free(table), free(ids), free(picked), free(seqs), free(sp);
+    eng_forward_destroy(f[0]), eng_forward_destroy(f[1]);
+    eng_kv_pool_destroy(pool);
+}
+
 /* A model's forward pass on the GPU: a prompt of n_prompt tokens (the median
  * of five), then decode steps of one sequence, each timed whole and then op
  * by op. */
@@ -1267,6 +1412,7 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
         exit(1);
     }
+    eng_model_set_dummy(m, dummy_weights);
     g_timed = (timed_be_t){.base.ops = &timed_ops, .in = gpu};
     td_kv_layout_t g = td_kv_layout_make(m->desc.name, m->desc.n_layers, m->desc.n_kv_heads, m->desc.head_dim, 16,
                                          TD_KV_F16);
@@ -1356,6 +1502,8 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
     free(ids), free(table);
     eng_forward_destroy(f[0]), eng_forward_destroy(f[1]);
     eng_kv_pool_destroy(pool);
+    for (uint32_t b = 64; b <= 256; b *= 4)
+        time_decode_batch(gpu, m, b);
     eng_model_close(m);
 }
 
@@ -1543,11 +1691,15 @@ int main(int argc, char **argv)
         const td_kv_dtype_t kvds[] = {TD_KV_F16, TD_KV_F32, TD_KV_F8_E4M3};
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
             for (int dt = 0; dt < 3; dt++)
-                check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], kvds[dt], false);
-        check_attention(cpu, gpu, 32, 32, 128, TD_KV_F16, true);
-        check_attention(cpu, gpu, 64, 64, 64, TD_KV_F16, true);
-        check_attention(cpu, gpu, 32, 8, 128, TD_KV_F8_E4M3, true);
-        check_attention(cpu, gpu, 64, 64, 64, TD_KV_F8_E4M3, true);
+                check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], kvds[dt], ATT_MIXED);
+        check_attention(cpu, gpu, 32, 32, 128, TD_KV_F16, ATT_MANY);
+        check_attention(cpu, gpu, 64, 64, 64, TD_KV_F16, ATT_MANY);
+        check_attention(cpu, gpu, 32, 8, 128, TD_KV_F8_E4M3, ATT_MANY);
+        check_attention(cpu, gpu, 64, 64, 64, TD_KV_F8_E4M3, ATT_MANY);
+        /* the wide decode kernel: one query head a KV head, and groups of 2, 4 and 8 */
+        const uint32_t wide[][3] = {{32, 32, 128}, {64, 64, 64}, {32, 16, 64}, {64, 16, 128}, {128, 16, 64}};
+        for (size_t i = 0; i < sizeof wide / sizeof *wide; i++)
+            check_attention(cpu, gpu, wide[i][0], wide[i][1], wide[i][2], TD_KV_F16, ATT_WIDE);
         /* fp16 with neox pairs, fp32 and fp8 with norm pairs, and fp8 with neox on the 64-wide heads */
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
             for (int st = 0; st < 3; st++)
@@ -1556,8 +1708,10 @@ int main(int argc, char **argv)
         for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
             for (int st = 0; st < 3; st++)
                 check_rope_kv_attention(gpu, heads[h][0], heads[h][1], heads[h][2], kvds[st],
-                                        st == 1 ? KERN_ROPE_NEOX : KERN_ROPE_NORM, false);
-        check_rope_kv_attention(gpu, 32, 32, 128, TD_KV_F16, KERN_ROPE_NORM, true);
+                                        st == 1 ? KERN_ROPE_NEOX : KERN_ROPE_NORM, ATT_MIXED);
+        check_rope_kv_attention(gpu, 32, 32, 128, TD_KV_F16, KERN_ROPE_NORM, ATT_MANY);
+        check_rope_kv_attention(gpu, 32, 32, 128, TD_KV_F16, KERN_ROPE_NORM, ATT_WIDE);
+        check_rope_kv_attention(gpu, 64, 32, 64, TD_KV_F16, KERN_ROPE_NEOX, ATT_WIDE);
         check_decode(crafted);
         check_kv_digest(gpu);
         const uint32_t fused_rows[] = {1, 5, 8, 64}; /* the GEMV (8 or fewer) and cuBLAS */

@@ -1,0 +1,85 @@
+// attention_int.h — what the attention kernels' files share (attention.cu, attention_wide.cu): the launch's
+// arguments, the sequences' lookup, the pool's offsets and the asynchronous copies. Internal to kernels/cuda/.
+#ifndef KERN_CUDA_ATTENTION_INT_H
+#define KERN_CUDA_ATTENTION_INT_H
+
+#include "kernels/cuda/cuda_int.h"
+
+#define ATT_MAXSEQ 96
+
+typedef struct att_seq {
+    const int32_t *table;
+    uint32_t row0, n, pos0, tile0; // tile0: the first of its tiles in this launch
+    uint32_t idx;                  // its index in the caller's array
+} att_seq_t;
+
+typedef struct att_args {
+    att_seq_t seq[ATT_MAXSEQ];
+    uint32_t n_seqs;
+    const uint8_t *base;
+    size_t block_bytes;
+    uint32_t layer, n_kv, bt, hd, n_heads, group, hc, qt;
+    size_t lstride; // a layer's elements in a block (fp8: bytes, its scales included)
+    float scale;
+    const float *q;
+    float *out;
+    float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)
+    unsigned *cnt;   // decode: slices finished per (sequence, KV head), back to 0 after the merge
+    uint32_t splits; // decode: slices per sequence
+    const kern_attn_seq_t *dseq; // decode: the sequences in device memory (read there), or NULL
+    int dseq_all; // decode: the launch takes every sequence of dseq, block x the x-th (seq[] unused)
+    // decode with the rope and KV store folded in (rope_kv_attention): q is the row's unrotated q, rk and rv
+    // its k and v, stored to its slot by the block whose slice has the row's position
+    const float *rk, *rv;
+    const int32_t *rslots, *rpos;
+    const float *rfreq;
+    int rope, rneox;
+} att_args_t;
+
+// Decode: the launch's i-th sequence, from device memory when the caller gave
+// it there (a captured step replays with the positions of the moment).
+__device__ __forceinline__ att_seq_t dec_seq(const att_args_t &a, uint32_t i)
+{
+    if (a.dseq_all) {
+        const kern_attn_seq_t d = a.dseq[i];
+        return att_seq_t{d.block_table, d.row0, d.n, d.pos0, 0, i};
+    }
+    att_seq_t S = a.seq[i];
+    if (a.dseq) {
+        const kern_attn_seq_t d = a.dseq[S.idx];
+        S.table = d.block_table, S.row0 = d.row0, S.n = d.n, S.pos0 = d.pos0;
+    }
+    return S;
+}
+
+// Elements from a block's start to the K (which 0) or V (which 1) rows of kvh in the launch's layer; fp8: bytes
+// from it to those rows' scales
+__device__ __forceinline__ size_t att_rows(const att_args_t &a, uint32_t which, uint32_t kvh)
+{
+    return a.layer * a.lstride + ((size_t)which * a.n_kv + kvh) * a.bt * a.hd;
+}
+__device__ __forceinline__ size_t att_scales(const att_args_t &a, uint32_t which, uint32_t kvh)
+{
+    return a.layer * a.lstride + (size_t)2 * a.n_kv * a.bt * a.hd + ((size_t)which * a.n_kv + kvh) * a.bt * sizeof(float);
+}
+// 16 bytes global -> shared without passing through registers; zeros when !valid
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The wide decode kernel (attention_wide.cu): a warp a (sequence, KV head) over the whole context, for steps of
+// many decode rows at short contexts, where the split kernel's blocks of four warps left most of them idle.
+// Whether it takes the launch (fp16 KV, head_dim 64 or 128, up to 8 query heads a KV head), and the launch.
+bool kc_attention_wide_takes(const td_kv_layout_t *g, uint32_t group);
+td_status_t kc_attention_wide(kern_cuda_t *c, const att_args_t &a, const td_kv_layout_t *g);
+td_status_t kc_attention_wide_init(kern_cuda_t *c);
+
+#endif
