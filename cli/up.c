@@ -392,8 +392,9 @@ static void worker_child(up_t *u, child_t *c, char role)
     pair_of(u->cfg, u->certdir, pre ? "prefill" : "decode", cert, key);
     add_cluster_tls(c, u->plaintext, u->ca_file, cert, key);
     const char *devs = pre ? u->cfg->prefill.device : u->cfg->decode.device;
-    char dev[32];
-    if (strchr(devs, ',') && td_device_pick(devs, (unsigned)k, dev, sizeof dev)) { /* validated with the config */
+    const unsigned tp = pre ? u->cfg->prefill.tp : u->cfg->decode.tp;
+    char dev[256];
+    if (strchr(devs, ',') && td_device_group(devs, (unsigned)k, tp, dev, sizeof dev)) { /* validated with the config */
         add_arg(c, "--device");
         add_arg(c, dev);
     }

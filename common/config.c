@@ -89,7 +89,8 @@ typedef struct cfg_field {
     S(#r ".device", r.device, "cpu", NULL, "cpu, cuda or cuda:N (a comma-separated list: one per worker in turn)",    \
       .flag = "--device", .procs = W,                                                                                 \
       .more = "the backend and the KV pool's memory; tandem up gives each worker of the role the next entry of a "    \
-              "list (a worker itself takes one). A prefill and a decode worker on GPUs of one host move KV through "  \
+              "list, or with tp ranks the next tp entries, a GPU a rank (a worker itself takes one, or tp). A "      \
+              "prefill and a decode worker on GPUs of one host move KV through "                                     \
               "CUDA IPC, and both must be on GPUs (a CPU and a GPU worker are refused as peers, naming both "         \
               "transports). A GPU worker does not use the KV store yet"),                                           \
     U(#r ".tp", r.tp, "1", 1, 16, "tensor-parallel ranks of each worker (prefill only so far)", .flag = "--tp",       \
@@ -456,7 +457,7 @@ bool td_device_parse(const char *s, int *cuda)
     return true;
 }
 
-unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n)
+unsigned td_device_group(const char *list, unsigned k, unsigned per, char *out, size_t n)
 {
     unsigned count = 0;
     for (const char *p = list;; p++) { /* count them, each checked */
@@ -474,16 +475,24 @@ unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n)
         if (!*p)
             break;
     }
-    const char *p = list;
-    for (unsigned i = 0; i < k % count; i++)
-        p += strcspn(p, ",") + 1;
-    size_t len = strcspn(p, ",");
-    if (len >= n)
-        return 0;
-    memcpy(out, p, len);
-    out[len] = 0;
+    size_t at = 0;
+    for (unsigned j = 0; j < (per ? per : 1); j++) { /* entries k * per + j, round the list */
+        const char *p = list;
+        for (unsigned i = 0; i < (k * (per ? per : 1) + j) % count; i++)
+            p += strcspn(p, ",") + 1;
+        size_t len = strcspn(p, ",");
+        if (at + len + (j > 0) >= n)
+            return 0;
+        if (j)
+            out[at++] = ',';
+        memcpy(out + at, p, len);
+        at += len;
+    }
+    out[at] = 0;
     return count;
 }
+
+unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n) { return td_device_group(list, k, 1, out, n); }
 
 static const char *const *placements;
 static size_t n_placements;
@@ -548,6 +557,15 @@ td_status_t td_config_validate(const td_config_t *cfg)
     if (cfg->prefill.colocated)
         return td_error(TD_ERR_CONFIG, "config: prefill.colocated = true; only decode workers serve whole requests "
                         "(decode.colocated)");
+    for (size_t i = 0; i < 2; i++) { /* a worker of tp ranks on GPUs takes tp of them */
+        char one[32];
+        const uint32_t tp = i ? cfg->decode.tp : cfg->prefill.tp;
+        const unsigned nd = td_device_pick(w[i].device, 0, one, sizeof one);
+        if (tp > 1 && strcmp(one, "cpu") && nd < tp)
+            return td_error(TD_ERR_CONFIG, "config: %s.device = '%s' lists %u device(s); %s.tp = %u needs a GPU a rank "
+                            "(tandem up hands each worker the next %u of the list)", w[i].role, w[i].device, nd,
+                            w[i].role, tp, tp);
+    }
     if (cfg->decode.tp > 1)
         return td_error(TD_ERR_CONFIG, "config: decode.tp = %u; decode workers of more than one rank are not built "
                         "yet (a landing puts into one pool): prefill.tp splits the prefill workers", cfg->decode.tp);

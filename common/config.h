@@ -51,6 +51,9 @@ bool td_device_parse(const char *s, int *cuda);
  * one in out (n bytes) and returns the count, or 0 when an entry is no
  * device name (or too long for out). */
 unsigned td_device_pick(const char *list, unsigned k, char *out, size_t n);
+/* The same for workers of `per` tensor-parallel ranks: the k-th gets entries k * per .. k * per + per - 1 (round
+ * the list), comma-separated in out ("cuda:2,cuda:3": a GPU a rank). */
+unsigned td_device_group(const char *list, unsigned k, unsigned per, char *out, size_t n);
 
 typedef struct td_config {
     struct { char *level, *format; } log;

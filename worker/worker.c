@@ -808,10 +808,12 @@ static td_status_t configured(void *ctx)
     w->xfer_cfg.interfaces = w->cfg.transport.interfaces;
     char one[32];
     unsigned nd = td_device_pick(w->rc->device, 0, one, sizeof one); /* validated */
-    if (nd > 1)
-        return td_error(TD_ERR_CONFIG, "%s.device = '%s' lists %u devices; a worker runs on one (tandem up hands "
-                        "them out, one per worker in turn; --device picks one)", w->role->name, w->rc->device, nd);
-    td_device_parse(w->rc->device, &w->xfer_cfg.device);
+    const uint32_t tp = w->rc->tp > 1 ? w->rc->tp : 1;
+    if (nd != 1 && nd != tp)
+        return td_error(TD_ERR_CONFIG, "%s.device = '%s' lists %u devices; a worker runs on one, or on one a rank "
+                        "(%s.tp = %u; tandem up hands them out to the workers in turn; --device picks them)",
+                        w->role->name, w->rc->device, nd, w->role->name, tp);
+    td_device_parse(one, &w->xfer_cfg.device); /* a worker of ranks on GPUs: its transport on the first rank's */
     w->xfer_cfg.target = !strcmp(w->role->name, "decode"); /* peers put into a decode worker's pool */
     return TD_OK;
 }

@@ -249,6 +249,21 @@ Test(config, worker_device_names)
     cr_assert_eq(td_config_set(&c, "prefill.device", "cuda:0,tpu"), TD_OK);
     cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG);
     cr_assert(strstr(td_last_error(), "comma-separated"), "%s", td_last_error());
+    /* workers of tensor-parallel ranks: the k-th takes the next tp entries of the list, a GPU a rank */
+    char group[64];
+    cr_assert_eq(td_device_group("cuda:0,cuda:1,cuda:2,cuda:3", 1, 2, group, sizeof group), 4);
+    cr_assert_str_eq(group, "cuda:2,cuda:3");
+    cr_assert_eq(td_device_group("cuda:0,cuda:1,cuda:2", 1, 2, group, sizeof group), 3);
+    cr_assert_str_eq(group, "cuda:2,cuda:0", "round the list");
+    cr_assert_eq(td_device_group("cuda:0,cuda:1", 0, 2, group, 8), 0, "too long for out");
+    cr_assert_eq(td_config_set(&c, "prefill.device", "cuda:0,cuda:1,cuda:2,cuda:3"), TD_OK);
+    cr_assert_eq(td_config_set(&c, "prefill.tp", "2"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_OK, "%s", td_last_error());
+    cr_assert_eq(td_config_set(&c, "prefill.device", "cuda:0"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_ERR_CONFIG, "one GPU for two ranks");
+    cr_assert(strstr(td_last_error(), "prefill.tp = 2 needs a GPU a rank"), "%s", td_last_error());
+    cr_assert_eq(td_config_set(&c, "prefill.device", "cpu"), TD_OK);
+    cr_assert_eq(td_config_validate(&c), TD_OK, "ranks on the CPU: %s", td_last_error());
     td_config_free(&c);
 }
 
