@@ -179,6 +179,25 @@ uint32_t td_kv_part_runs(const td_kv_layout_t *whole, uint32_t head0, uint32_t h
     return n;
 }
 
+uint32_t td_kv_part_overlap(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, size_t off, size_t bytes,
+                            td_kv_run_t *out, uint32_t max)
+{
+    const size_t lb = td_kv_layer_bytes(whole), end = off + bytes;
+    const uint32_t per = td_kv_part_n_runs(whole) / whole->n_layers;
+    uint32_t n = 0;
+    if (!bytes || !lb)
+        return 0;
+    for (size_t l = off / lb; l <= (end - 1) / lb && l < whole->n_layers; l++)
+        for (uint32_t i = (uint32_t)l * per; i < (uint32_t)(l + 1) * per; i++) {
+            const td_kv_run_t r = td_kv_part_run(whole, head0, heads, i);
+            const size_t lo = off > r.block_off ? off : r.block_off;
+            const size_t hi = end < r.block_off + r.bytes ? end : r.block_off + r.bytes;
+            if (lo < hi && n < max)
+                out[n++] = (td_kv_run_t){.part_off = r.part_off + (lo - r.block_off), .block_off = lo, .bytes = hi - lo};
+        }
+    return n;
+}
+
 /* both directions: to_block true copies the part into the block */
 static void part_copy(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint8_t *part, uint8_t *block,
                       bool to_block)

@@ -106,6 +106,11 @@ uint32_t td_kv_part_runs(const td_kv_layout_t *whole, uint32_t head0, uint32_t h
 /* Their number, and run i alone (layer l's are [l * n / n_layers, (l + 1) * n / n_layers)). */
 uint32_t td_kv_part_n_runs(const td_kv_layout_t *whole);
 td_kv_run_t td_kv_part_run(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, uint32_t i);
+/* What of the bytes [off, off + bytes) of a whole block the part [head0, head0 + heads) holds: runs (block_off in
+ * the whole block, part_off in the part), at most max of them (a range within one layer has at most
+ * TD_KV_RUNS_PER_LAYER); their number. A sender's piece goes to a receiver's part this way. */
+uint32_t td_kv_part_overlap(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, size_t off, size_t bytes,
+                            td_kv_run_t *out, uint32_t max);
 /* The part copied into its place in a whole block, and out of it. */
 void td_kv_part_to_block(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *part, void *block);
 void td_kv_block_to_part(const td_kv_layout_t *whole, uint32_t head0, uint32_t heads, const void *block, void *part);

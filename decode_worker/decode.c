@@ -43,6 +43,7 @@
 #include "common/grow.h"
 #include "common/log.h"
 #include "common/rpc_pb.h"
+#include "engine/tp.h"
 #include "worker/worker.h"
 
 /* A reservation's lease is short; its holder renews it while the prompt is
@@ -336,6 +337,20 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     land.first_block = op->n_held;
     land.block_bytes = bb;
     land.contract = &c;
+    /* a pool of parts: a region a rank, each with its KV heads */
+    uint32_t n_parts = eng_worker_pool_regions(w) > 1 ? eng_worker_pool_regions(w) : 0;
+    Tandem__Internal__V1__LandingPart parts[ENG_TP_MAX], *part_ptrs[ENG_TP_MAX];
+    for (uint32_t i = 0; i < n_parts; i++) {
+        Tandem__Internal__V1__LandingPart *p = &parts[i];
+        const eng_pool_region_t pr = eng_worker_pool_region(w, i);
+        tandem__internal__v1__landing_part__init(p);
+        p->remote_base = pr.base, p->region_bytes = pr.len, p->kv_head0 = pr.head0, p->kv_heads = pr.heads;
+        p->region_key = (ProtobufCBinaryData){pr.rkey_len, (uint8_t *)pr.rkey};
+        p->has_region_key = p->has_remote_base = p->has_region_bytes = p->has_kv_head0 = p->has_kv_heads = 1;
+        part_ptrs[i] = p;
+    }
+    land.n_parts = n_parts;
+    land.parts = part_ptrs;
     land.decode_worker = (char *)eng_worker_id(w);
     land.has_land_by_unix_ms = 1;
     land.land_by_unix_ms = land_by;

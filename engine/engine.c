@@ -181,11 +181,11 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     }
     td_status_t rc = TD_OK;
     if (cfg->tp > 1) { /* the ranks' backends, pool and forward (engine/tp.h) */
-        if (cfg->backend || cfg->kv_memory.alloc)
-            rc = td_error(TD_ERR_UNSUPPORTED, "engine: tp %u makes its own backends and pool (a caller's backend or "
-                          "KV memory is for one rank)", cfg->tp);
+        if (cfg->backend)
+            rc = td_error(TD_ERR_UNSUPPORTED, "engine: tp %u makes its own backends (a caller's backend is for one "
+                          "rank)", cfg->tp);
         else if (!(rc = eng_tp_open(m, cfg->tp, cfg->device, cfg->n_threads, cfg->numerics, &g, (uint32_t)blocks,
-                                    cfg->token_budget, cfg->max_seqs, &e->tp)))
+                                    &cfg->kv_memory, cfg->token_budget, cfg->max_seqs, &e->tp)))
             e->be = e->tp.bes[0], e->pool = e->tp.pool;
     } else {
         if (cfg->backend)

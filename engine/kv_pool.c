@@ -104,7 +104,7 @@ td_status_t eng_kv_pool_create(kern_backend_t *be, const td_kv_layout_t *g, uint
 
 td_status_t eng_kv_pool_create_parts(kern_backend_t *const *bes, uint32_t ranks, const uint32_t *head0,
                                      const uint32_t *heads, const td_kv_layout_t *g, uint32_t n_blocks,
-                                     eng_kv_pool_t **out)
+                                     const eng_kv_memory_t *mem, eng_kv_pool_t **out)
 {
     if (ranks < 2)
         return td_error(TD_ERR_INVALID_ARG, "kv pool: parts for %u ranks", ranks);
@@ -115,7 +115,7 @@ td_status_t eng_kv_pool_create_parts(kern_backend_t *const *bes, uint32_t ranks,
     /* the bookkeeping with rank 0's part as its memory, then the other parts */
     td_kv_layout_t g0 = td_kv_part_layout(g, heads[0]);
     eng_kv_pool_t *p;
-    td_status_t rc = eng_kv_pool_create(bes[0], &g0, n_blocks, NULL, &p);
+    td_status_t rc = eng_kv_pool_create(bes[0], &g0, n_blocks, mem, &p);
     if (rc)
         return rc;
     if (!(p->parts = calloc(ranks, sizeof *p->parts))) {
@@ -132,7 +132,9 @@ td_status_t eng_kv_pool_create_parts(kern_backend_t *const *bes, uint32_t ranks,
                           bes[r]->ops->name, td_kv_dtype_name(g->dtype));
         else if (r == 0)
             k->mem = p->mem;
-        else
+        else if (p->provider.alloc && (rc = p->provider.alloc(p->provider.ctx, k->block_bytes * n_blocks, &k->mem)))
+            k->mem = NULL;
+        else if (!p->provider.alloc)
             rc = bes[r]->ops->alloc(bes[r], k->block_bytes * n_blocks, &k->mem);
     }
     if (rc) {
@@ -150,7 +152,9 @@ void eng_kv_pool_destroy(eng_kv_pool_t *p)
     if (!p)
         return;
     for (uint32_t r = 1; p->parts && r < p->ranks; r++)
-        if (p->parts[r].mem)
+        if (p->parts[r].mem && p->provider.alloc)
+            p->provider.free(p->provider.ctx, p->parts[r].mem);
+        else if (p->parts[r].mem)
             p->parts[r].be->ops->free(p->parts[r].be, p->parts[r].mem);
     free(p->parts);
     if (p->mem && p->provider.alloc)
@@ -347,6 +351,12 @@ kern_kv_view_t eng_kv_view_rank(const eng_kv_pool_t *p, uint32_t rank, uint32_t 
 }
 
 uint32_t eng_kv_ranks(const eng_kv_pool_t *p) { return p->ranks; }
+
+void eng_kv_part_heads(const eng_kv_pool_t *p, uint32_t rank, uint32_t *head0, uint32_t *heads)
+{
+    *head0 = p->parts ? p->parts[rank].head0 : 0;
+    *heads = p->parts ? p->parts[rank].heads : p->g.n_kv_heads;
+}
 
 /* Copies n blocks between the pool and host memory of whole blocks back to back (out: to host). A pool of parts
  * copies each rank's runs (a replicated KV head is written out by each of its ranks, the same bytes, and read in

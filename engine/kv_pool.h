@@ -34,10 +34,11 @@ td_status_t eng_kv_pool_create(kern_backend_t *be, const td_kv_layout_t *g, uint
                                const eng_kv_memory_t *mem, eng_kv_pool_t **out);
 /* A pool whose blocks are split by KV head over tensor-parallel ranks (engine/tp.h): its counts, names and
  * recency kept once, rank r's part of every block (KV heads [head0[r], head0[r] + heads[r]) of g's, in the
- * canonical layout of that many heads) in bes[r]'s memory. Its layout and stats are the whole block's. */
+ * canonical layout of that many heads) in bes[r]'s memory, or the provider's (mem: each part's allocation
+ * asked in rank order, memory every rank's backend reaches). Its layout and stats are the whole block's. */
 td_status_t eng_kv_pool_create_parts(kern_backend_t *const *bes, uint32_t ranks, const uint32_t *head0,
                                      const uint32_t *heads, const td_kv_layout_t *g, uint32_t n_blocks,
-                                     eng_kv_pool_t **out);
+                                     const eng_kv_memory_t *mem, eng_kv_pool_t **out);
 void eng_kv_pool_destroy(eng_kv_pool_t *p);
 
 /* A fresh block with count 1, evicting a cached one if none is free;
@@ -84,6 +85,8 @@ const td_kv_layout_t *eng_kv_layout(const eng_kv_pool_t *p);
 kern_kv_view_t eng_kv_view(const eng_kv_pool_t *p, uint32_t layer);
 /* A pool of parts: 1 or the ranks; rank r's view of its part (rank 0's: eng_kv_view). */
 uint32_t eng_kv_ranks(const eng_kv_pool_t *p);
+/* Rank r's KV heads: [*head0, *head0 + *heads) (a pool of whole blocks: all of them). */
+void eng_kv_part_heads(const eng_kv_pool_t *p, uint32_t rank, uint32_t *head0, uint32_t *heads);
 kern_kv_view_t eng_kv_view_rank(const eng_kv_pool_t *p, uint32_t rank, uint32_t layer);
 /* n blocks out to host memory (whole blocks in the canonical layout, back to back), synchronized for a pool of
  * parts (its backends' queues are drained), as queued for a whole one; and in from it, queued. */

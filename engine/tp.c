@@ -213,8 +213,8 @@ static td_status_t rank_device(const char *devices, uint32_t tp, uint32_t r, int
 }
 
 td_status_t eng_tp_open(const eng_model_t *m, uint32_t tp, const char *devices, int n_threads,
-                        kern_numerics_t numerics, const td_kv_layout_t *g, uint32_t n_blocks, uint32_t max_tokens,
-                        uint32_t max_logits, eng_tp_set_t *out)
+                        kern_numerics_t numerics, const td_kv_layout_t *g, uint32_t n_blocks,
+                        const eng_kv_memory_t *mem, uint32_t max_tokens, uint32_t max_logits, eng_tp_set_t *out)
 {
     memset(out, 0, sizeof *out);
     if (tp < 2 || tp > ENG_TP_MAX)
@@ -247,7 +247,7 @@ td_status_t eng_tp_open(const eng_model_t *m, uint32_t tp, const char *devices, 
     else if (!rc)
         rc = kern_comm_memory_create(tp, 60000, &out->comm);
     if (!rc)
-        rc = eng_kv_pool_create_parts(out->bes, tp, head0, heads, g, n_blocks, &out->pool);
+        rc = eng_kv_pool_create_parts(out->bes, tp, head0, heads, g, n_blocks, mem, &out->pool);
     eng_kv_pool_t *pools[ENG_TP_MAX];
     for (uint32_t r = 0; r < tp; r++)
         pools[r] = out->pool;

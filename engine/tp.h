@@ -50,7 +50,7 @@ td_status_t eng_tp_plan(const eng_model_t *m, uint32_t tp, uint32_t r, eng_shard
  * (g: the whole block's layout, n_blocks of them) and the forward. devices: "cpu" (every rank a CPU backend of
  * n_threads threads, the all-reduce in memory) or "cuda:0,1" / "cuda:0,cuda:1" (a GPU a rank, NCCL), as many as
  * ranks. Errors name what was wrong (a device list of another length, a GPU named twice, a split the model does
- * not allow, no NCCL). */
+ * not allow, no NCCL). mem: the parts' memory provider (NULL or no alloc: each rank's backend's). */
 #define ENG_TP_MAX 16
 typedef struct eng_tp_set {
     uint32_t tp;
@@ -60,8 +60,8 @@ typedef struct eng_tp_set {
     eng_tp_t *fwd;
 } eng_tp_set_t;
 td_status_t eng_tp_open(const eng_model_t *m, uint32_t tp, const char *devices, int n_threads,
-                        kern_numerics_t numerics, const td_kv_layout_t *g, uint32_t n_blocks, uint32_t max_tokens,
-                        uint32_t max_logits, eng_tp_set_t *out);
+                        kern_numerics_t numerics, const td_kv_layout_t *g, uint32_t n_blocks,
+                        const eng_kv_memory_t *mem, uint32_t max_tokens, uint32_t max_logits, eng_tp_set_t *out);
 void eng_tp_close(eng_tp_set_t *s);
 
 #endif

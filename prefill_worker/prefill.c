@@ -51,7 +51,14 @@ typedef struct peer_entry {
     uint8_t *addr;
     size_t addr_len;
     kv_xfer_peer_t *peer;
-    uint32_t region; /* the decode worker's pool */
+    uint32_t region; /* the decode worker's pool (of parts: rank 0's) */
+    /* a pool of parts (LandingDescriptor.parts): a region a rank, each holding KV heads [head0, head0 + heads)
+     * of every block in the layout of that many heads (part_bytes a block) */
+    uint32_t n_parts;
+    struct peer_part {
+        uint32_t region, head0, heads;
+        size_t part_bytes;
+    } parts[KV_XFER_MAX_REGIONS];
     bool failed;
     int refs;
     double last_used;
@@ -59,6 +66,7 @@ typedef struct peer_entry {
 
 typedef struct job {
     peer_entry_t *pe;
+    uint32_t region;
     const void *src;
     size_t len;
     uint64_t dst;
@@ -124,7 +132,7 @@ static void *pusher_thread(void *arg)
                 }
                 p->fence = j.fence;
             }
-            if (!j.pe->failed && !late && p->xo->put(p->x, j.pe->peer, j.pe->region, j.src, j.len, j.dst)) {
+            if (!j.pe->failed && !late && p->xo->put(p->x, j.pe->peer, j.region, j.src, j.len, j.dst)) {
                 j.pe->failed = true;
                 TD_WARN("prefill: a KV put failed: %s", td_last_error());
             }
@@ -156,8 +164,8 @@ static void *pusher_thread(void *arg)
     return NULL;
 }
 
-static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t len, uint64_t dst, double land_by,
-                        uint64_t fence)
+static void pusher_push(pusher_t *p, peer_entry_t *pe, uint32_t region, const void *src, size_t len, uint64_t dst,
+                        double land_by, uint64_t fence)
 {
     pthread_mutex_lock(&p->mu);
     if (p->n_jobs == p->cap_jobs) {
@@ -171,7 +179,7 @@ static void pusher_push(pusher_t *p, peer_entry_t *pe, const void *src, size_t l
         p->jobs = j;
         p->cap_jobs = nc;
     }
-    p->jobs[p->n_jobs++] = (job_t){pe, src, len, dst, land_by, fence};
+    p->jobs[p->n_jobs++] = (job_t){pe, region, src, len, dst, land_by, fence};
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
@@ -591,6 +599,29 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
     preq_put(r); /* the listener's */
 }
 
+/* A piece of a whole block (off: where in it) to the landing block at offset `at` of the decode worker's pool:
+ * as it is into a pool of whole blocks; into a pool of parts, what each part holds of it, at that part's block
+ * (fence: the device work that writes it, pusher_push) */
+static void push_piece(prefill_role_t *R, preq_t *r, const eng_kv_piece_t *pc, uint64_t at, uint64_t fence)
+{
+    peer_entry_t *pe = r->pe;
+    if (!pe->n_parts) {
+        pusher_push(&R->pusher, pe, pe->region, pc->src, pc->bytes, at + pc->off, put_by(r), fence);
+        return;
+    }
+    const td_kv_layout_t g = eng_worker_contract(R->w);
+    const uint64_t block = at / td_kv_block_bytes(&g);
+    td_kv_run_t runs[TD_KV_RUNS_PER_LAYER];
+    for (uint32_t k = 0; k < pe->n_parts; k++) {
+        const struct peer_part *pp = &pe->parts[k];
+        for (uint32_t j = 0, n = td_kv_part_overlap(&g, pp->head0, pp->heads, pc->off, pc->bytes, runs,
+                                                     TD_KV_RUNS_PER_LAYER);
+             j < n; j++)
+            pusher_push(&R->pusher, pe, pp->region, pc->src + (runs[j].block_off - pc->off), runs[j].bytes,
+                        block * pp->part_bytes + runs[j].part_off, put_by(r), fence);
+    }
+}
+
 /* Engine thread, after each layer: queue that layer's slice of each block
  * the landing does not hold yet — the blocks the step wrote, and before them
  * any blocks the sequence took from the prefix cache instead of computing
@@ -625,8 +656,7 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
                 from = r->first;
             for (uint32_t b = from; b < end; b++) /* the layer's slice: one piece, or a run a rank's part */
                 for (uint32_t j = 0, np = eng_kv_layer_pieces(pool, seqs[i].blocks[b], layer, pc); j < np; j++)
-                    pusher_push(&R->pusher, r->pe, pc[j].src, pc[j].bytes, ld->block_offsets[b - r->first] + pc[j].off,
-                                put_by(r), fence);
+                    push_piece(R, r, &pc[j], ld->block_offsets[b - r->first], fence);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
                 if (end > from &&
                     eng_engine_kv_digest(e, seqs[i].blocks + from, end - from, r->digests + (from - r->first)))
@@ -845,6 +875,71 @@ static void peers_fail_all(prefill_role_t *R, const char *why)
     TD_WARN("prefill: %s; the requests landing on every decode worker fail", why);
 }
 
+/* The decode worker's pool as regions of a new connection: one, or one a rank's part (checked by
+ * landing_parts_check). */
+static td_status_t peer_regions(kv_xfer_t *x, const kv_transport_ops_t *xo, peer_entry_t *pe,
+                                const Tandem__Internal__V1__LandingDescriptor *ld, const td_kv_layout_t *g)
+{
+    if (!ld->n_parts)
+        return xo->region_add(x, pe->peer, ld->region_key.data, ld->region_key.len, ld->remote_base,
+                              ld->region_bytes, &pe->region);
+    for (uint32_t k = 0; k < ld->n_parts; k++) {
+        const Tandem__Internal__V1__LandingPart *lp = ld->parts[k];
+        struct peer_part *pp = &pe->parts[k];
+        td_status_t rc = xo->region_add(x, pe->peer, lp->region_key.data, lp->region_key.len, lp->remote_base,
+                                        lp->region_bytes, &pp->region);
+        if (rc)
+            return rc;
+        pp->head0 = lp->kv_head0, pp->heads = lp->kv_heads;
+        const td_kv_layout_t part = td_kv_part_layout(g, lp->kv_heads);
+        pp->part_bytes = td_kv_block_bytes(&part);
+    }
+    pe->n_parts = (uint32_t)ld->n_parts;
+    pe->region = pe->parts[0].region;
+    return TD_OK;
+}
+
+/* A landing into a pool of parts: at most a region a rank, each part whole KV heads of ours, every head in some
+ * part, and every landing block (a whole block's offset) inside every part's region; why not in err. */
+static bool landing_parts_ok(const Tandem__Internal__V1__LandingDescriptor *ld, const td_kv_layout_t *g, size_t bb,
+                             char *err, size_t n)
+{
+    if (!ld->n_parts)
+        return true;
+    if (ld->n_parts < 2 || ld->n_parts > KV_XFER_MAX_REGIONS) {
+        snprintf(err, n, "landing: %zu parts (2 to %d)", ld->n_parts, KV_XFER_MAX_REGIONS);
+        return false;
+    }
+    for (size_t k = 0; k < ld->n_parts; k++) {
+        const Tandem__Internal__V1__LandingPart *lp = ld->parts[k];
+        if (!lp->kv_heads || lp->kv_head0 >= g->n_kv_heads || lp->kv_heads > g->n_kv_heads - lp->kv_head0) {
+            snprintf(err, n, "landing: part %zu holds KV heads %u..%u; the model has %u", k, lp->kv_head0,
+                     lp->kv_head0 + lp->kv_heads, g->n_kv_heads);
+            return false;
+        }
+        const td_kv_layout_t part = td_kv_part_layout(g, lp->kv_heads);
+        const size_t pb = td_kv_block_bytes(&part);
+        for (size_t b = 0; b < ld->n_block_offsets; b++) {
+            const uint64_t o = ld->block_offsets[b], at = o / bb * pb;
+            if (o % bb || at > lp->region_bytes || pb > lp->region_bytes - at) {
+                snprintf(err, n, "landing: block %zu at offset %llu is not a whole block inside part %zu's %llu bytes",
+                         b, (unsigned long long)o, k, (unsigned long long)lp->region_bytes);
+                return false;
+            }
+        }
+    }
+    for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+        size_t k = 0;
+        while (k < ld->n_parts && (h < ld->parts[k]->kv_head0 || h - ld->parts[k]->kv_head0 >= ld->parts[k]->kv_heads))
+            k++;
+        if (k == ld->n_parts) {
+            snprintf(err, n, "landing: no part holds KV head %u", h);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* The cached connection to a decode worker's pool (made on first use). */
 static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__LandingDescriptor *ld)
 {
@@ -852,7 +947,8 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
     pthread_mutex_lock(&R->peers_mu);
     for (size_t i = 0; i < R->n_peers; i++) {
         peer_entry_t *pe = R->peers[i];
-        if (!pe->failed && pe->addr_len == ld->address.len && !memcmp(pe->addr, ld->address.data, pe->addr_len)) {
+        if (!pe->failed && pe->addr_len == ld->address.len && !memcmp(pe->addr, ld->address.data, pe->addr_len) &&
+            pe->n_parts == ld->n_parts) {
             pe->refs++;
             pe->last_used = td_now_s();
             pthread_mutex_unlock(&R->peers_mu);
@@ -861,13 +957,13 @@ static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__Landi
     }
     kv_xfer_t *x;
     const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
+    const td_kv_layout_t g = eng_worker_contract(w); /* the landing's (its contract was checked equal) */
     peer_entry_t *pe = calloc(1, sizeof *pe);
     if (pe && (pe->addr = malloc(ld->address.len ? ld->address.len : 1))) {
         memcpy(pe->addr, ld->address.data, ld->address.len);
         pe->addr_len = ld->address.len;
         if (xo->connect(x, ld->address.data, ld->address.len, &pe->peer) == TD_OK &&
-            xo->region_add(x, pe->peer, ld->region_key.data, ld->region_key.len, ld->remote_base, ld->region_bytes,
-                           &pe->region) == TD_OK) {
+            peer_regions(x, xo, pe, ld, &g) == TD_OK) {
             if (R->n_peers == R->cap_peers) {
                 size_t nc = R->cap_peers ? 2 * R->cap_peers : 8;
                 peer_entry_t **np = realloc(R->peers, nc * sizeof *np);
@@ -988,7 +1084,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         return;
     }
     r->first = r->pushed = ld->first_block;
-    for (uint32_t b = 0; b < need; b++)
+    for (uint32_t b = 0; b < need && !ld->n_parts; b++) /* (a pool of parts: landing_parts_ok) */
         if (ld->block_offsets[b] > ld->region_bytes || bb > ld->region_bytes - ld->block_offsets[b]) {
             td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "landing: block %u at offset %llu is past the pool's "
                                "%llu bytes", b, (unsigned long long)ld->block_offsets[b],
@@ -996,6 +1092,12 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
             preq_put(r);
             return;
         }
+    char perr[200];
+    if (!landing_parts_ok(ld, &ours, bb, perr, sizeof perr)) {
+        td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s", perr);
+        preq_put(r);
+        return;
+    }
     kv_xfer_t *xfer;
     if (kv_transport_find(ld->transport) != eng_worker_transport(w, &xfer)) {
         td_rpc_call_finish(call, TD_RPC_FAILED_PRECONDITION, "landing: transport '%s' is not one %s has (it has %s)",

@@ -23,6 +23,7 @@
 #include "common/service.h"
 #include "engine/model.h"
 #include "engine/profile.h"
+#include "engine/tp.h"
 #include "worker/profile_store.h"
 #include "kvstore/client.h"
 
@@ -66,11 +67,17 @@ struct eng_worker {
     td_kv_layout_t contract;
     const kv_transport_ops_t *xo;
     kv_xfer_t *xfer;
-    kv_xfer_mem_t *pool_mem;
-    void *pool_base;
-    size_t pool_bytes;
-    void *ucx_addr, *rkey;
-    size_t ucx_addr_len, rkey_len;
+    /* the pool's memory as the transport maps it: one region, or one a rank's part (tensor parallelism) */
+    struct pool_region {
+        kv_xfer_mem_t *mem;
+        void *base, *rkey;
+        size_t bytes, rkey_len;
+        uint32_t head0, heads; /* the KV heads of the part it holds */
+    } regions[ENG_TP_MAX];
+    uint32_t n_regions;
+    size_t pool_bytes; /* every region's */
+    void *ucx_addr;
+    size_t ucx_addr_len;
     td_rpc_server_t *server;
     bool attached, thread_up, serving; /* what worker_start made: the role attached, the engine thread, the server
                                         * started (and not yet stopped) */
@@ -127,12 +134,20 @@ const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x)
 void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, const void **rkey, size_t *rkey_len,
                           uint64_t *base, uint64_t *len)
 {
-    *len = w->pool_bytes;
     *addr = w->ucx_addr;
     *addr_len = w->ucx_addr_len;
-    *rkey = w->rkey;
-    *rkey_len = w->rkey_len;
-    *base = w->xo->remote_base ? w->xo->remote_base(w->xfer, w->pool_mem) : (uint64_t)(uintptr_t)w->pool_base;
+    eng_pool_region_t r = eng_worker_pool_region(w, 0);
+    *rkey = r.rkey, *rkey_len = r.rkey_len, *base = r.base, *len = r.len;
+}
+
+uint32_t eng_worker_pool_regions(const eng_worker_t *w) { return w->n_regions; }
+
+eng_pool_region_t eng_worker_pool_region(eng_worker_t *w, uint32_t i)
+{
+    const struct pool_region *r = &w->regions[i];
+    return (eng_pool_region_t){
+        .rkey = r->rkey, .rkey_len = r->rkey_len, .len = r->bytes, .head0 = r->head0, .heads = r->heads,
+        .base = w->xo->remote_base ? w->xo->remote_base(w->xfer, r->mem) : (uint64_t)(uintptr_t)r->base};
 }
 
 /* ---------------------------------------------------------- engine thread */
@@ -829,7 +844,7 @@ td_status_t eng_worker_kv_landed(eng_worker_t *w, const int32_t *blocks, uint32_
         uint32_t k = n - i < 64 ? n - i : 64;
         for (uint32_t j = 0; j < k; j++)
             offs[j] = (uint64_t)blocks[i + j] * bb;
-        td_status_t rc = w->xo->landed(w->xfer, w->pool_mem, offs, k, bb);
+        td_status_t rc = w->xo->landed(w->xfer, w->regions[0].mem, offs, k, bb); /* one region (worker_start) */
         if (rc)
             return rc;
     }
@@ -841,28 +856,59 @@ const td_rpc_tls_t *eng_worker_tls(const eng_worker_t *w) { return w->tls; }
 void *eng_worker_role_ctx(eng_worker_t *w) { return w->role->ctx; }
 
 /* The KV pool's memory provider: a region the transport maps, so that peers
- * can put KV into it (its remote key is taken here). */
+ * can put KV into it (its remote key is taken here); a pool of parts asks
+ * for one a rank, in rank order. */
 static td_status_t pool_mem_alloc(void *ctx, size_t bytes, void **mem)
 {
     eng_worker_t *w = ctx;
-    td_status_t rc = w->xo->mem_alloc(w->xfer, bytes, &w->pool_base, &w->pool_mem);
-    if (!rc && (rc = w->xo->mem_rkey(w->xfer, w->pool_mem, &w->rkey, &w->rkey_len))) {
-        w->xo->mem_free(w->xfer, w->pool_mem);
-        w->pool_mem = NULL;
+    if (w->n_regions == ENG_TP_MAX)
+        return td_error(TD_ERR_INTERNAL, "%s: more than %d pool regions", w->id, ENG_TP_MAX);
+    struct pool_region *r = &w->regions[w->n_regions];
+    td_status_t rc = w->xo->mem_alloc(w->xfer, bytes, &r->base, &r->mem);
+    if (!rc && (rc = w->xo->mem_rkey(w->xfer, r->mem, &r->rkey, &r->rkey_len))) {
+        w->xo->mem_free(w->xfer, r->mem);
+        r->mem = NULL;
     }
     if (rc)
         return rc;
-    w->pool_bytes = bytes;
-    *mem = w->pool_base;
+    r->bytes = bytes;
+    w->pool_bytes += bytes;
+    w->n_regions++;
+    *mem = r->base;
     return TD_OK;
 }
 
 static void pool_mem_free(void *ctx, void *mem)
 {
     eng_worker_t *w = ctx;
-    (void)mem;
-    w->xo->mem_free(w->xfer, w->pool_mem);
-    w->pool_mem = NULL;
+    for (uint32_t i = 0; i < w->n_regions; i++)
+        if (w->regions[i].mem && w->regions[i].base == mem) {
+            w->xo->mem_free(w->xfer, w->regions[i].mem);
+            w->regions[i].mem = NULL;
+        }
+}
+
+/* A decode worker of tensor-parallel ranks: each part a region of the transport's memory, so the ranks' memory must
+ * be what the transport maps — host memory (CPU ranks, UCX), or one GPU all the ranks share (CUDA IPC) — with
+ * peers' puts landing in it directly (not through a landing copy, as the staged transport's do). */
+static td_status_t decode_parts_check(eng_worker_t *w)
+{
+    if (w->xo->landed)
+        return td_error(TD_ERR_CONFIG, "decode.tp = %u with transport '%s': a pool of parts takes puts in place "
+                        "(transport.kind: cuda_ipc for GPUs of one host)", w->rc->tp, w->xo->name);
+    char d[32];
+    int first, dev;
+    unsigned nd = td_device_pick(w->rc->device, 0, d, sizeof d);
+    td_device_parse(d, &first);
+    for (unsigned r = 1; r < nd; r++) {
+        td_device_pick(w->rc->device, r, d, sizeof d);
+        td_device_parse(d, &dev);
+        if (dev != first)
+            return td_error(TD_ERR_CONFIG, "decode.tp = %u over devices '%s': a decode worker's ranks share one GPU "
+                            "so far (its transport maps one device's memory); prefill workers take a GPU a rank",
+                            w->rc->tp, w->rc->device);
+    }
+    return TD_OK;
 }
 
 /* start (common/service.h): the model and engine, the transport and pool,
@@ -910,19 +956,22 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
         return rc;
     ec.kv_bytes = w->rc->kv_mib << 20;
     ec.tp = w->rc->tp;
-    /* one rank: the pool is the transport's memory (peers put into it); tensor parallelism: each rank's part is its
-     * backend's, and only a prefill worker's (it puts from its parts, run by run: eng_kv_layer_pieces) */
-    if (ec.tp <= 1)
-        ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
-    else if (strcmp(role->name, "prefill"))
-        return td_error(TD_ERR_CONFIG, "%s.tp = %u: only prefill workers take more than one rank so far",
-                        role->name, ec.tp);
-    else
+    /* the pool is the transport's memory, which peers put into: one region, or for a decode worker of
+     * tensor-parallel ranks one a rank's part (peers put each piece's overlap with each part:
+     * td_kv_part_overlap); a prefill worker's parts are its backends' (it puts from them, run by run:
+     * eng_kv_layer_pieces) */
+    if (ec.tp > 1 && !strcmp(role->name, "prefill"))
         w->pool_bytes = (size_t)w->rc->kv_mib << 20;
+    else if (ec.tp > 1 && (rc = decode_parts_check(w)))
+        return rc;
+    else
+        ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
     if ((rc = eng_engine_create(w->model, &ec, &w->engine)) ||
         (rc = w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len)) || (rc = w->xo->progress_start(w->xfer)))
         return rc;
     w->contract = eng_engine_kv_contract(w->engine);
+    for (uint32_t i = 0; i < w->n_regions; i++)
+        eng_kv_part_heads(eng_engine_kv_pool(w->engine), i, &w->regions[i].head0, &w->regions[i].heads);
     profile(w);
     /* stopped while starting (the profile's sweep waits its turn on the host): the rest of the start calls etcd,
      * which may be gone with whoever stopped this one, each call up to its deadline */
@@ -1002,7 +1051,8 @@ static void worker_stop(void *ctx)
     if (w->xo && w->xfer)
         w->xo->destroy(w->xfer);
     free(w->ucx_addr);
-    free(w->rkey);
+    for (uint32_t i = 0; i < w->n_regions; i++)
+        free(w->regions[i].rkey);
     eng_model_close(w->model);
     free(w->listeners);
     free(w->held);

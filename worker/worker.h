@@ -58,10 +58,20 @@ const kv_transport_ops_t *eng_worker_transport(eng_worker_t *w, kv_xfer_t **x);
  * (their initiator flushed) are made visible to the engine
  * (kv_transport_ops_t.landed; nothing to do for most transports). */
 td_status_t eng_worker_kv_landed(eng_worker_t *w, const int32_t *blocks, uint32_t n);
-/* The transport's description of this worker's pool (address, remote key,
- * base address, length); constant once serving. */
+/* The transport's description of this worker's pool (address, and its first region's remote key, base address
+ * and length); constant once serving. */
 void eng_worker_pool_desc(eng_worker_t *w, const void **addr, size_t *addr_len, const void **rkey, size_t *rkey_len,
                           uint64_t *base, uint64_t *len);
+/* The pool's regions: one, or one a rank's part (a decode worker of tensor-parallel ranks, each holding KV heads
+ * [head0, head0 + heads) of every block); region i, constant once serving. */
+typedef struct eng_pool_region {
+    const void *rkey;
+    size_t rkey_len;
+    uint64_t base, len;
+    uint32_t head0, heads;
+} eng_pool_region_t;
+uint32_t eng_worker_pool_regions(const eng_worker_t *w);
+eng_pool_region_t eng_worker_pool_region(eng_worker_t *w, uint32_t i);
 const eng_model_t *eng_worker_model(const eng_worker_t *w);
 /* The process's configuration (the file with the flags over it); constant. */
 const td_config_t *eng_worker_config(const eng_worker_t *w);

@@ -991,7 +991,7 @@ static void check_tp_one_gpu(kern_backend_t *gpu, const char *path)
                                          TD_KV_F16);
     g.tp = 2;
     eng_tp_set_t t;
-    if (eng_tp_open(m, 2, "cuda:0,0", 0, KERN_NUMERICS_FAST, &g, nb + 2, N, N, &t)) {
+    if (eng_tp_open(m, 2, "cuda:0,0", 0, KERN_NUMERICS_FAST, &g, nb + 2, NULL, N, N, &t)) {
         fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
         exit(1);
     }

@@ -678,13 +678,17 @@ def test_two_by_two(refs):
     two_by_two(refs)
 
 
-def test_prefill_tp2_lands_in_a_tp1_decode_worker():
+@pytest.mark.parametrize("prefill_tp,decode_tp", [(2, 1), (1, 2)])
+def test_prefill_and_decode_of_different_tp_degrees(prefill_tp, decode_tp):
     """Different parallelism for prefill and decode (engine/tp.h): a prefill worker of 2 tensor-parallel ranks
-    puts each rank's KV heads into their place in a decode worker's whole blocks over UCX; the output is the single
-    process's. tiny-llama3 (4 heads, 2 KV heads: the default model's 9 heads do not split in two)."""
+    puts each rank's KV heads into their place in a decode worker's whole blocks over UCX; the reverse, a prefill
+    worker of one rank puts each layer's slice of a block into the parts of a decode worker of 2 ranks (a region a
+    rank, each getting the heads it holds); the output is the single process's either way. tiny-llama3 (4 heads,
+    2 KV heads: the default model's 9 heads do not split in two)."""
     tiny = os.path.join(os.path.dirname(MODEL), "..", "tests", "fixtures", "hf", "tiny-llama3")
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    cfg.write("prefill: {tp: 2, token_budget: 48}\nrouter: {http_listen: \"\"}\n")  # chunks of 48: a block put twice
+    cfg.write("prefill: {tp: %d, token_budget: 48}\ndecode: {tp: %d}\nrouter: {http_listen: \"\"}\n" %
+              (prefill_tp, decode_tp))  # chunks of 48: a block put twice
     cfg.close()
     c = Cluster(config=cfg.name, extra=PAIRS_ONLY, model=tiny)
     try:
@@ -699,12 +703,12 @@ def test_prefill_tp2_lands_in_a_tp1_decode_worker():
             ids, last = generate(c.stub, p, max_tokens=16)
             same += [str(i) for i in ids] == want
             cached.append(last.usage.cached_prompt_tokens)
-        pre = [w for w in c.workers() if w["role"] == "prefill"]
-        check("a prefill worker of tp %s (its contract) and a decode worker of tp %s: greedy identical to the single "
-              "process for %d of %d prompts (the last one's prefix cached on the prefill worker: %s tokens)" %
-              (pre[0]["contract"].get("tp") if pre else "?",
-               [w["contract"].get("tp") for w in c.workers() if w["role"] == "decode"], same, len(prompts), cached[-1]),
-              same == len(prompts) and pre and pre[0]["contract"].get("tp") == 2 and cached[-1] > 0)
+        tps = {role: [w["contract"].get("tp", 1) for w in c.workers() if w["role"] == role]
+               for role in ("prefill", "decode")}
+        check("a prefill worker of tp %s (their contracts) and a decode worker of tp %s: greedy identical to the "
+              "single process for %d of %d prompts (the last one's prefix cached: %s tokens)" %
+              (tps["prefill"], tps["decode"], same, len(prompts), cached[-1]),
+              same == len(prompts) and tps == {"prefill": [prefill_tp], "decode": [decode_tp]} and cached[-1] > 0)
     finally:
         os.unlink(cfg.name)
         rc = c.stop()

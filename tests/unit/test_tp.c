@@ -206,6 +206,78 @@ Test(tp, a_ranks_part_of_a_block_lands_between_tp_degrees_byte_for_byte)
     }
 }
 
+/* The sender's pieces (a TP1 sender's: a layer's slice each; a TP2 sender's: its runs) put into a receiver's parts
+ * as the prefill worker puts them (td_kv_part_overlap of each piece with each part): every part then equals the
+ * whole block's heads it holds, byte for byte — TP1 -> TP2, TP2 -> TP2, TP2 -> TP4 (a head a rank), and a model of
+ * 2 KV heads into TP4 (each head on two ranks). */
+static void land_in_parts(const td_kv_layout_t *g, const uint8_t *whole, uint32_t sender_tp, uint32_t receiver_tp)
+{
+    const uint32_t H = g->n_kv_heads;
+    const uint32_t rh = H >= receiver_tp ? H / receiver_tp : 1, sh = H >= sender_tp ? H / sender_tp : 1;
+    const td_kv_layout_t rp = td_kv_part_layout(g, rh);
+    uint8_t *parts[4];
+    for (uint32_t r = 0; r < receiver_tp; r++)
+        memset(parts[r] = malloc(td_kv_block_bytes(&rp)), 0xee, td_kv_block_bytes(&rp));
+    /* the sender's pieces: (offset in the whole block, bytes), with their bytes taken from the whole block */
+    size_t n_pieces = 0, offs[64], lens[64];
+    if (sender_tp == 1)
+        for (uint32_t l = 0; l < g->n_layers; l++)
+            offs[n_pieces] = l * td_kv_layer_bytes(g), lens[n_pieces++] = td_kv_layer_bytes(g);
+    else
+        for (uint32_t s = 0; s < sender_tp; s++) {
+            td_kv_run_t runs[8 * TD_KV_RUNS_PER_LAYER];
+            if (H < sender_tp && s % (sender_tp / H)) /* a replicated head goes from its first rank */
+                continue;
+            for (uint32_t k = 0, n = td_kv_part_runs(g, H >= sender_tp ? s * sh : s / (sender_tp / H), sh, runs);
+                 k < n; k++)
+                offs[n_pieces] = runs[k].block_off, lens[n_pieces++] = runs[k].bytes;
+        }
+    size_t put = 0;
+    for (size_t i = 0; i < n_pieces; i++)
+        for (uint32_t r = 0; r < receiver_tp; r++) {
+            const uint32_t h0 = H >= receiver_tp ? r * rh : r / (receiver_tp / H);
+            td_kv_run_t o[TD_KV_RUNS_PER_LAYER];
+            for (uint32_t k = 0, n = td_kv_part_overlap(g, h0, rh, offs[i], lens[i], o, TD_KV_RUNS_PER_LAYER); k < n;
+                 k++) {
+                cr_assert(o[k].block_off >= offs[i] && o[k].block_off + o[k].bytes <= offs[i] + lens[i]);
+                memcpy(parts[r] + o[k].part_off, whole + o[k].block_off, o[k].bytes);
+                put += o[k].bytes;
+            }
+        }
+    for (uint32_t r = 0; r < receiver_tp; r++) {
+        expect_part(g, H >= receiver_tp ? r * rh : r / (receiver_tp / H), rh, parts[r], whole);
+        free(parts[r]);
+    }
+    /* each receiver got its part once: the parts' bytes, no more */
+    cr_assert_eq(put, receiver_tp * td_kv_block_bytes(&rp), "%s: TP%u -> TP%u put %zu bytes",
+                 td_kv_dtype_name(g->dtype), sender_tp, receiver_tp, put);
+}
+
+Test(tp, a_senders_pieces_land_in_a_receivers_parts_byte_for_byte)
+{
+    const td_kv_dtype_t dts[] = {TD_KV_F16, TD_KV_F32, TD_KV_F8_E4M3};
+    for (int i = 0; i < 3; i++) {
+        const td_kv_layout_t g = td_kv_layout_make("m", 3, 4, 8, 16, dts[i]), g2 = td_kv_layout_make("m", 3, 2, 8, 16,
+                                                                                                      dts[i]);
+        const size_t bb = td_kv_block_bytes(&g);
+        uint8_t *whole = malloc(bb);
+        for (size_t k = 0; k < bb; k++)
+            whole[k] = (uint8_t)(rand() & 0xff);
+        land_in_parts(&g, whole, 1, 2);
+        land_in_parts(&g, whole, 2, 2);
+        land_in_parts(&g, whole, 2, 4);
+        land_in_parts(&g, whole, 4, 2);
+        land_in_parts(&g2, whole, 1, 4);
+        land_in_parts(&g2, whole, 4, 2);
+        /* a range across layers is cut at the parts' runs of each */
+        td_kv_run_t o[3 * TD_KV_RUNS_PER_LAYER];
+        const uint32_t n = td_kv_part_overlap(&g, 1, 2, 0, bb, o, 3 * TD_KV_RUNS_PER_LAYER);
+        cr_assert_eq(n, 3 * (dts[i] == TD_KV_F8_E4M3 ? 4 : 2));
+        cr_assert_eq(td_kv_part_overlap(&g, 1, 2, 0, bb, o, 2), 2, "at most max runs");
+        free(whole);
+    }
+}
+
 /* The contract between peers of different degrees: whole blocks move between them, so another degree is a peer
  * like any other; a degree whose ranks could not each hold whole KV heads is refused, naming both sides' */
 Test(tp, the_kv_contract_takes_any_mappable_degree_and_refuses_the_others_naming_both)
