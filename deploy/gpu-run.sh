@@ -299,7 +299,7 @@ nvidia-smi --query-gpu=memory.used --format=csv,noheader
 fi
 
 if want 13; then
-echo "== 13. structured output on the GPU: the mask applied on the host to the logits row the step brings back; the"
+echo "== 13. structured output on the GPU: the mask made on the host, the pick made on the GPU within it; the"
 echo "   same texts as the CPU backend's, each valid; tokens/s with and without a JSON Schema at batch 1 and 32 (7B shape)"
 tiny=$here/fixtures/tiny-llama3
 : > "$out/structured.txt"

@@ -93,6 +93,7 @@ struct eng_engine {
     eng_layer_seq_t *layer_seqs;
     kern_sample_t *sample; /* a step's picks made by the backend: their parameters, */
     int32_t *picked;       /* and the tokens */
+    uint8_t *masks;        /* and the masked ones' allowed tokens (structured output), eng_forward_mask_rows rows */
     uint32_t n_batch;
     /* structured output: the vocabulary's index (made at the first request that asks) and the grammars
      * compiled, by source (the least recently used replaced; a sequence's matcher holds its grammar) */
@@ -204,6 +205,9 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     e->layer_seqs = calloc(cfg->max_seqs, sizeof *e->layer_seqs);
     e->sample = calloc(cfg->max_seqs, sizeof *e->sample);
     e->picked = calloc(cfg->max_seqs, sizeof *e->picked);
+    if (!rc && e->fwd && eng_forward_mask_rows(e->fwd) && !(e->masks = calloc(eng_forward_mask_rows(e->fwd),
+                                                                             ((size_t)m->desc.vocab + 7) / 8)))
+        rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory for structured output's masks");
     if (!rc && (!e->batch || !e->batch_seq || !e->layer_seqs || !e->sample || !e->picked))
         rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory");
     if (rc) {
@@ -270,6 +274,7 @@ void eng_engine_destroy(eng_engine_t *e)
     free(e->layer_seqs);
     free(e->sample);
     free(e->picked);
+    free(e->masks);
     free(e->q_items);
     free(e->q_seqs);
     free(e->q_idx);
@@ -1168,21 +1173,30 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         e->n_batch = nb;
     }
     /* the backend picks the tokens when it can pick every one of them: only
-     * the ids cross back */
-    bool on_device = e->fwd && eng_forward_can_sample(e->fwd);
-    for (uint32_t i = 0; i < nb && on_device; i++)
+     * the ids cross back (structured output's masks, made here, go out) */
+    bool on_device = e->fwd && eng_forward_can_sample(e->fwd), masked = false;
+    uint32_t picks = 0;
+    for (uint32_t i = 0; i < nb && on_device; i++) {
         on_device = !e->batch[i].all_logits &&
                     (!e->batch[i].want_logits || eng_sampler_on_device(&e->batch_seq[i]->sampler));
+        picks += e->batch[i].want_logits;
+        masked = masked || (e->batch[i].want_logits && eng_sampler_masked(&e->batch_seq[i]->sampler));
+    }
+    on_device = on_device && (!masked || picks <= eng_forward_mask_rows(e->fwd));
     const float *logits = NULL;
     uint32_t nl = 0, n_tok = 0;
     for (uint32_t i = 0; i < nb; i++)
         n_tok += e->batch[i].n;
     double t_step = td_now_s();
+    const size_t mb = ((size_t)e->m->desc.vocab + 7) / 8;
     if (on_device)
         for (uint32_t i = 0; i < nb; i++)
-            if (e->batch[i].want_logits)
-                e->sample[nl++] = eng_sampler_device(&e->batch_seq[i]->sampler);
-    td_status_t rc = on_device ? eng_forward_run_sampled(e->fwd, e->batch, nb, e->sample, e->picked, &nl)
+            if (e->batch[i].want_logits) {
+                e->sample[nl] = eng_sampler_device(&e->batch_seq[i]->sampler, masked ? e->masks + nl * mb : NULL);
+                nl++;
+            }
+    td_status_t rc = on_device ? eng_forward_run_sampled(e->fwd, e->batch, nb, e->sample, masked ? e->masks : NULL,
+                                                         e->picked, &nl)
                    : e->tp.tp ? eng_tp_run(e->tp.fwd, e->batch, nb, &logits, &nl)
                               : eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
     if (rc) { /* the batch's requests end with the error; the others go on */

@@ -52,6 +52,8 @@ struct eng_forward {
      * (so that a captured step replays with new ones); NULL on the host */
     kern_attn_seq_t *dseqs;
     kern_sample_t *dsample; /* each logit row's sampling (sample) */
+    uint8_t *dmask;         /* the rows' masks for a masked pick (structured output), mask_rows of them */
+    uint32_t mask_rows, mask_bytes;
     /* captured decode steps (KERN_OP_GRAPH), by context class (the longest
      * context under the backend's capture_ctx_split, or not) and batch: 0
      * not run yet, 1 run once uncaptured (scratch sized), 2 captured, 3
@@ -163,6 +165,9 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
         {&f->pos, T * 4}, {&f->slots, T * 4}, {&f->tables, max_blocks * 4}, {&f->picked, (size_t)max_logits * 4},
         {&f->dsample, (size_t)max_logits * sizeof(kern_sample_t)},
     };
+    /* masks for the decode batches a step picks on the device (the captured ones' size at most) */
+    f->mask_bytes = (d->vocab + 7) / 8;
+    f->mask_rows = max_logits < FWD_GRAPH_MAX ? max_logits : FWD_GRAPH_MAX;
     for (size_t i = 0; !rc && i < sizeof bufs / sizeof bufs[0]; i++)
         rc = balloc(f, bufs[i].bytes, bufs[i].slot);
     if (!rc)
@@ -171,6 +176,8 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
     f->side_rows = T < FWD_GRAPH_MAX ? (uint32_t)T : FWD_GRAPH_MAX;
     if (!rc && be->ops->weights_join)
         rc = balloc(f, (size_t)f->side_rows * (qd + 2 * kvd) * 4, &f->side);
+    if (!rc && (be->ops->supported & KERN_OP_SAMPLE))
+        rc = balloc(f, (size_t)f->mask_rows * f->mask_bytes, &f->dmask);
     if (!rc) {
         f->h_ids = malloc(T * 4);
         f->h_pos = malloc(T * 4);
@@ -200,7 +207,7 @@ void eng_forward_destroy(eng_forward_t *f)
     kern_backend_t *be = f->be;
     void *bufs[] = {f->x,      f->xn,     f->q,      f->k,     f->v,      f->att,    f->tmp,
                     f->gate,   f->side,   f->xl,     f->logits, f->freq,   f->ids,    f->pos,
-                    f->slots,  f->tables, f->picked, f->dseqs,  f->dsample};
+                    f->slots,  f->tables, f->picked, f->dseqs,  f->dsample, f->dmask};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -451,7 +458,7 @@ static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t 
         TRY(o->matmul(be, &f->w.output, f->xl, f->logits, nl));
     }
     if (sampled)
-        TRY(o->sample(be, f->logits, nl, d->vocab, f->dsample, f->picked));
+        TRY(o->sample(be, f->logits, nl, d->vocab, f->dsample, f->dmask, f->picked));
     return TD_OK;
 }
 
@@ -498,7 +505,7 @@ static td_status_t pass_graph(eng_forward_t *f, const eng_batch_seq_t *seqs, uin
 }
 
 static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *sample,
-                       const float **logits, int32_t *picked, uint32_t *n_logits)
+                       const uint8_t *masks, const float **logits, int32_t *picked, uint32_t *n_logits)
 {
     const eng_model_desc_t *d = &f->d;
     kern_backend_t *be = f->be;
@@ -553,6 +560,15 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
         TRY(o->upload(be, f->dseqs, f->aseqs, n_seqs * sizeof *f->aseqs));
     if (sample && nl)
         TRY(o->upload(be, f->dsample, sample, nl * sizeof *sample));
+    if (sample && masks) { /* the rows' masks, where a row is masked */
+        bool any = false;
+        for (uint32_t i = 0; i < nl; i++)
+            any = any || sample[i].masked;
+        if (any && nl > f->mask_rows)
+            return td_error(TD_ERR_INVALID_ARG, "forward: %u masked picks asked, at most %u", nl, f->mask_rows);
+        if (any)
+            TRY(o->upload(be, f->dmask, masks, (size_t)nl * f->mask_bytes));
+    }
     TRY(pass_graph(f, seqs, n_seqs, n, nl, rows_direct, sample != NULL, max_ctx));
     if (nl && sample)
         TRY(o->download(be, picked, f->picked, (size_t)nl * 4));
@@ -568,19 +584,21 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
 td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                             uint32_t *n_logits)
 {
-    return run(f, seqs, n_seqs, NULL, logits, NULL, n_logits);
+    return run(f, seqs, n_seqs, NULL, NULL, logits, NULL, n_logits);
 }
 
 /* a rank's logits are its vocabulary's: the picks need them all (engine/tp.h puts them side by side) */
 bool eng_forward_can_sample(const eng_forward_t *f) { return (f->be->ops->supported & KERN_OP_SAMPLE) && !f->comm; }
 
 td_status_t eng_forward_run_sampled(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs,
-                                    const kern_sample_t *p, int32_t *ids, uint32_t *n_ids)
+                                    const kern_sample_t *p, const uint8_t *masks, int32_t *ids, uint32_t *n_ids)
 {
     if (!eng_forward_can_sample(f))
         return td_error(TD_ERR_UNSUPPORTED, "forward: backend %s does not sample", f->be->ops->name);
-    return run(f, seqs, n_seqs, p, NULL, ids, n_ids);
+    return run(f, seqs, n_seqs, p, masks, NULL, ids, n_ids);
 }
+
+uint32_t eng_forward_mask_rows(const eng_forward_t *f) { return f->dmask ? f->mask_rows : 0; }
 
 void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t layer), void *ctx)
 {

@@ -57,9 +57,13 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
 bool eng_forward_can_sample(const eng_forward_t *f);
 /* Runs the batch and picks each logit row's token on the backend with p[i]
  * (host memory, one per row, in eng_forward_run's order): ids[i], n_ids of
- * them. Only the ids cross back. */
+ * them. Only the ids cross back. masks (host memory, NULL: none): row i's
+ * allowed tokens where p[i].masked ((vocab + 7) / 8 bytes a row, as
+ * eng_matcher_allowed makes them), for at most eng_forward_mask_rows rows. */
 td_status_t eng_forward_run_sampled(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs,
-                                    const kern_sample_t *p, int32_t *ids, uint32_t *n_ids);
+                                    const kern_sample_t *p, const uint8_t *masks, int32_t *ids, uint32_t *n_ids);
+/* The logit rows a step may pick on the backend with masks (0: none). */
+uint32_t eng_forward_mask_rows(const eng_forward_t *f);
 
 /* fn(ctx, layer) runs after each layer's new KV is stored in the pool, while
  * the rest of the pass is still to come (the prefill worker streams it). */

@@ -60,6 +60,10 @@ void eng_matcher_free(eng_matcher_t *m);
 /* Sets to -inf the logits (v's vocabulary) of every token that cannot come
  * next; returns how many may. */
 size_t eng_matcher_mask(eng_matcher_t *m, float *logits);
+/* The same as a bitset: bits ((vocabulary + 7) / 8 bytes) gets token t's
+ * bit t % 8 of byte t / 8 set where t may come next (what mask leaves
+ * finite); returns how many may. */
+size_t eng_matcher_allowed(eng_matcher_t *m, uint8_t *bits);
 /* Moves past token tok; false when it cannot come next (the text is then
  * left as it was). An end token is accepted where the text is complete. */
 bool eng_matcher_accept(eng_matcher_t *m, int32_t tok);

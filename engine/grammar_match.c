@@ -334,7 +334,9 @@ static void apply_bits(const eng_matcher_t *m, const uint8_t *bits, float *logit
 
 static size_t walk_mask(eng_matcher_t *m);
 
-size_t eng_matcher_mask(eng_matcher_t *m, float *logits)
+/* The tokens allowed next, a bit each (the masks kept for the same place in the grammar, else a walk, then kept),
+ * the end tokens not counted; *n_ok: how many */
+static const uint8_t *allowed_bits(eng_matcher_t *m, size_t *n_ok)
 {
     eng_grammar_t *g = m->g;
     const eng_vocab_index_t *v = m->v;
@@ -355,13 +357,12 @@ size_t eng_matcher_mask(eng_matcher_t *m, float *logits)
         if (e->used < old->used)
             old = e;
     }
-    bool complete = eng_matcher_complete(m);
     if (hit) {
         hit->used = ++g->mask_clock;
-        apply_bits(m, hit->bits, logits);
-        return hit->n_ok + (complete ? v->n_eog : 0);
+        *n_ok = hit->n_ok;
+        return hit->bits;
     }
-    size_t n_ok = walk_mask(m);
+    *n_ok = walk_mask(m);
     /* kept for the next text at the same place (unless there is no memory for it) */
     if (n_sig && td_grow((void **)&old->sig, &old->cap_sig, n_sig, sizeof *old->sig, 64) &&
         (old->bits || (old->bits = malloc(nb)))) {
@@ -370,10 +371,30 @@ size_t eng_matcher_mask(eng_matcher_t *m, float *logits)
         old->n_sig = n_sig;
         old->hash = h;
         old->used = ++g->mask_clock;
-        old->n_ok = n_ok;
+        old->n_ok = *n_ok;
     }
-    apply_bits(m, m->allowed, logits);
-    return n_ok + (complete ? v->n_eog : 0);
+    return m->allowed;
+}
+
+size_t eng_matcher_mask(eng_matcher_t *m, float *logits)
+{
+    size_t n_ok;
+    const uint8_t *bits = allowed_bits(m, &n_ok);
+    apply_bits(m, bits, logits);
+    return n_ok + (eng_matcher_complete(m) ? m->v->n_eog : 0);
+}
+
+size_t eng_matcher_allowed(eng_matcher_t *m, uint8_t *bits)
+{
+    const eng_vocab_index_t *v = m->v;
+    size_t n_ok;
+    memcpy(bits, allowed_bits(m, &n_ok), ((size_t)v->n_vocab + 7) / 8);
+    if (!eng_matcher_complete(m))
+        return n_ok;
+    for (uint32_t i = 0; i < v->n_eog; i++) /* an end token may come where the text is complete */
+        if (v->eog[i] >= 0 && v->eog[i] < v->n_vocab)
+            bits[v->eog[i] >> 3] |= (uint8_t)(1u << (v->eog[i] & 7));
+    return n_ok + v->n_eog;
 }
 
 /* The tokens that can come next, into m->allowed (a bit each); how many. */

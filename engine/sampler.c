@@ -239,8 +239,10 @@ bool eng_sampler_on_device(const eng_sampler_t *s)
 {
     const eng_sampling_t *p = &s->p;
     return !p->n_logit_bias && p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           s->n_sampled >= p->min_tokens && !p->logprobs && !s->matcher;
+           s->n_sampled >= p->min_tokens && !p->logprobs;
 }
+
+bool eng_sampler_masked(const eng_sampler_t *s) { return s->matcher != NULL; }
 
 void eng_sampler_set_matcher(eng_sampler_t *s, eng_matcher_t *m)
 {
@@ -250,12 +252,21 @@ void eng_sampler_set_matcher(eng_sampler_t *s, eng_matcher_t *m)
 
 bool eng_sampler_accept(eng_sampler_t *s, int32_t tok) { return !s->matcher || eng_matcher_accept(s->matcher, tok); }
 
-kern_sample_t eng_sampler_device(eng_sampler_t *s)
+kern_sample_t eng_sampler_device(eng_sampler_t *s, uint8_t *mask)
 {
     const eng_sampling_t *p = &s->p;
+    bool masked = false;
+    if (s->matcher) { /* nothing continues the text: it ends, as eng_sampler_sample ends it */
+        masked = true;
+        if (!eng_matcher_allowed(s->matcher, mask)) {
+            const int32_t end = s->n_eog ? s->eog[0] : 0;
+            memset(mask, 0, ((size_t)s->n_vocab + 7) / 8);
+            mask[end >> 3] = (uint8_t)(1u << (end & 7));
+        }
+    }
     s->n_sampled++;
     return (kern_sample_t){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
-                           .u = p->temperature == 0 ? 0.0f : (float)td_rng_unit(&s->rng)};
+                           .u = p->temperature == 0 ? 0.0f : (float)td_rng_unit(&s->rng), .masked = masked};
 }
 
 double eng_logsumexp(const float *logits, int32_t n)

@@ -114,10 +114,15 @@ double eng_logsumexp(const float *logits, int32_t n);
 
 /* Whether a backend can pick this sampler's next token (kernels/backend.h's
  * sample): no logit bias, no penalties, no token held back by min_tokens, no
- * log-probabilities asked for, no structured output. */
+ * log-probabilities asked for. */
 bool eng_sampler_on_device(const eng_sampler_t *s);
 /* The backend's parameters for the next token, its draw made here (one
- * unless greedy, as eng_sampler_sample draws). */
-kern_sample_t eng_sampler_device(eng_sampler_t *s);
+ * unless greedy, as eng_sampler_sample draws). With structured output the
+ * grammar's allowed tokens go to mask ((vocabulary + 7) / 8 bytes; where
+ * none may come, the first end token alone, as eng_sampler_sample ends the
+ * text) and the pick is masked. */
+kern_sample_t eng_sampler_device(eng_sampler_t *s, uint8_t *mask);
+/* Whether the next pick needs a mask (structured output). */
+bool eng_sampler_masked(const eng_sampler_t *s);
 
 #endif

@@ -185,6 +185,7 @@ typedef struct kern_rope_kv {
 typedef struct kern_sample {
     float temperature, top_p, min_p, u;
     int32_t top_k;
+    uint32_t masked; /* only the tokens the row's mask allows (structured output: sample's masks) */
 } kern_sample_t;
 
 typedef struct kern_backend_ops {
@@ -281,9 +282,11 @@ typedef struct kern_backend_ops {
      * (kern_matmul_spec_t's norm_in_w). Otherwise w is unchanged. */
     td_status_t (*weight_scale_cols)(kern_backend_t *b, kern_weight_t *w, const float *s, bool apply, bool *fits);
     /* ids[i] = the token kern_sample_t p[i] picks from logits row i of
-     * [n][vocab]; p and ids in backend memory */
+     * [n][vocab]; where p[i].masked, only among the tokens row i of masks
+     * allows ((vocab + 7) / 8 bytes a row, token t's bit t % 8 of byte t / 8;
+     * at least one allowed). p, masks and ids in backend memory */
     td_status_t (*sample)(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
-                          int32_t *ids);
+                          const uint8_t *masks, int32_t *ids);
     /* Captured steps: capture_begin records the ops queued after it instead
      * of running them; capture_end(key, keep) ends the recording and, with
      * keep, holds it under key (replacing one there); replay(key) queues it,

@@ -354,7 +354,7 @@ td_status_t kc_fp8_gemm_init(kern_cuda_t *c);
 void kc_fp8_gemm_destroy(kern_cuda_t *c);
 td_status_t kc_weight_scale_cols(kern_backend_t *b, kern_weight_t *w, const float *s, bool apply, bool *fits);
 td_status_t kc_sample(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
-                      int32_t *ids);
+                      const uint8_t *masks, int32_t *ids);
 // Drops every captured step (memory one of them uses is about to move).
 void kc_graphs_drop(kern_cuda_t *c);
 td_status_t kc_kv_digest(kern_backend_t *b, const void *base, size_t block_bytes, const int32_t *blocks, uint32_t n,

@@ -10,7 +10,9 @@
 // row), min-p's in closed form (mx + T·ln min_p). The draw walks the kept
 // logits in vocabulary order to the point u of their mass: the same
 // distribution as eng_sampler's (which walks them largest first), not the
-// same token for the same u.
+// same token for the same u. A row with a mask (structured output: the
+// grammar's allowed tokens, made on the host) takes part only with the
+// tokens its mask allows, as if the others' logits were -inf.
 #include "kernels/cuda/cuda_int.h"
 
 #define SM_THREADS 1024
@@ -41,7 +43,7 @@ __device__ float sm_sum(float v, float *sh)
 }
 
 __global__ void __launch_bounds__(SM_THREADS)
-    k_sample(const float *logits, uint32_t vocab, const kern_sample_t *ps, int32_t *ids)
+    k_sample(const float *logits, uint32_t vocab, const kern_sample_t *ps, const uint8_t *masks, int32_t *ids)
 {
     __shared__ float sh[32];
     __shared__ uint32_t shk[32], shi[32];
@@ -49,6 +51,9 @@ __global__ void __launch_bounds__(SM_THREADS)
     kc_pdl_release();
     const float *x = logits + (size_t)blockIdx.x * vocab;
     const kern_sample_t p = ps[blockIdx.x];
+    // a logit that takes part: a number, and (structured output) one the row's mask allows
+    const uint8_t *mrow = p.masked ? masks + (size_t)blockIdx.x * ((vocab + 7) / 8) : NULL;
+    auto ok = [&](uint32_t i) { return x[i] == x[i] && (!mrow || (mrow[i >> 3] >> (i & 7)) & 1); };
     // this thread's contiguous slice (the draw walks slices in order)
     const uint32_t per = (vocab + blockDim.x - 1) / blockDim.x, lo = min(vocab, threadIdx.x * per),
                    hi = min(vocab, lo + per);
@@ -56,7 +61,7 @@ __global__ void __launch_bounds__(SM_THREADS)
     // reduction below breaks ties by index)
     uint32_t bk = 0, bi = UINT32_MAX;
     for (uint32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-        uint32_t k = x[i] == x[i] ? sm_key(x[i]) : 0;
+        uint32_t k = ok(i) ? sm_key(x[i]) : 0;
         if (k > bk || bi == UINT32_MAX)
             bk = k, bi = i;
     }
@@ -86,7 +91,7 @@ __global__ void __launch_bounds__(SM_THREADS)
             const uint32_t mid = a + (b - a + 1) / 2;
             float c = 0;
             for (uint32_t i = lo; i < hi; i++)
-                c += x[i] == x[i] && sm_key(x[i]) >= mid;
+                c += ok(i) && sm_key(x[i]) >= mid;
             if (sm_sum(c, sh) >= (float)p.top_k)
                 a = mid;
             else
@@ -97,7 +102,7 @@ __global__ void __launch_bounds__(SM_THREADS)
     if (p.top_p < 1) {
         float z = 0;
         for (uint32_t i = lo; i < hi; i++)
-            if (x[i] == x[i] && sm_key(x[i]) >= t)
+            if (ok(i) && sm_key(x[i]) >= t)
                 z += __expf((x[i] - mx) * inv_t);
         const float want = p.top_p * sm_sum(z, sh);
         uint32_t a = t, b = bk;
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(SM_THREADS)
             const uint32_t mid = a + (b - a + 1) / 2;
             float s = 0;
             for (uint32_t i = lo; i < hi; i++)
-                if (x[i] == x[i] && sm_key(x[i]) >= mid)
+                if (ok(i) && sm_key(x[i]) >= mid)
                     s += __expf((x[i] - mx) * inv_t);
             if (sm_sum(s, sh) >= want)
                 a = mid;
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(SM_THREADS)
     // the draw: this slice's kept mass, the slices before it, then the walk
     float mine = 0;
     for (uint32_t i = lo; i < hi; i++)
-        if (x[i] == x[i] && sm_key(x[i]) >= t)
+        if (ok(i) && sm_key(x[i]) >= t)
             mine += __expf((x[i] - mx) * inv_t);
     __shared__ float pre[SM_THREADS];
     pre[threadIdx.x] = mine;
@@ -144,7 +149,7 @@ __global__ void __launch_bounds__(SM_THREADS)
         float acc = before;
         uint32_t pick = bi, any = UINT32_MAX;
         for (uint32_t i = lo; i < hi; i++) {
-            if (!(x[i] == x[i] && sm_key(x[i]) >= t))
+            if (!(ok(i) && sm_key(x[i]) >= t))
                 continue;
             any = i;
             acc += __expf((x[i] - mx) * inv_t);
@@ -158,12 +163,12 @@ __global__ void __launch_bounds__(SM_THREADS)
 }
 
 td_status_t kc_sample(kern_backend_t *b, const float *logits, uint32_t n, uint32_t vocab, const kern_sample_t *p,
-                      int32_t *ids)
+                      const uint8_t *masks, int32_t *ids)
 {
     kc_bind(b);
     if (!n)
         return TD_OK;
     if (!vocab)
         return td_error(TD_ERR_INVALID_ARG, "cuda: sample: an empty vocabulary");
-    return kc_launch((kern_cuda_t *)b, "sample", k_sample, n, SM_THREADS, 0, logits, vocab, p, ids);
+    return kc_launch((kern_cuda_t *)b, "sample", k_sample, n, SM_THREADS, 0, logits, vocab, p, masks, ids);
 }

@@ -457,14 +457,14 @@ static void check_sample(kern_backend_t *gpu)
             best = i;
     mx = lg[best];
     lg[V - 5] = mx; /* a tie after the first largest: greedy keeps the first */
-    const kern_sample_t set[] = {{0.7f, 1, 0, 0, 40}, {1.0f, 0.9f, 0, 0, 0},   {0.8f, 1, 0.2f, 0, 0},
-                                 {1.2f, 0.95f, 0.05f, 0, 200}, {1.0f, 1, 0, 0, 1}};
+    const kern_sample_t set[] = {{0.7f, 1, 0, 0, 40, 0}, {1.0f, 0.9f, 0, 0, 0, 0},   {0.8f, 1, 0.2f, 0, 0, 0},
+                                 {1.2f, 0.95f, 0.05f, 0, 200, 0}, {1.0f, 1, 0, 0, 1, 0}};
     int bad = 0, asked = 0;
     /* greedy: one row */
     gpu->ops->upload(gpu, dl, lg, (size_t)V * 4);
     p[0] = (kern_sample_t){0};
     gpu->ops->upload(gpu, dp, p, sizeof p[0]);
-    if (gpu->ops->sample(gpu, dl, 1, V, dp, dids))
+    if (gpu->ops->sample(gpu, dl, 1, V, dp, NULL, dids))
         exit(1);
     get(gpu, ids, dids, 4);
     bad += ids[0] != (int32_t)best, asked++;
@@ -512,7 +512,7 @@ static void check_sample(kern_backend_t *gpu)
         }
         gpu->ops->upload(gpu, dl, rows, (size_t)nr * V * 4);
         gpu->ops->upload(gpu, dp, p, nr * sizeof *p);
-        if (gpu->ops->sample(gpu, dl, nr, V, dp, dids))
+        if (gpu->ops->sample(gpu, dl, nr, V, dp, NULL, dids))
             exit(1);
         get(gpu, ids, dids, nr * 4);
         for (uint32_t i = 0; i < nr; i++)
@@ -522,6 +522,55 @@ static void check_sample(kern_backend_t *gpu)
     printf("%-44s %d of %d picks differ from the host's %s\n", "sample (greedy, top-k/top-p/min-p, 49152)", bad, asked,
            bad ? "FAIL" : "ok");
     failures += bad != 0;
+    /* masked rows (structured output): each setting and draw on the whole row with a mask against the same on the
+     * row with the masked tokens' logits -inf, unmasked; masks of about half the tokens, of 3 tokens, and of the
+     * first largest's neighbours only (never the largest) */
+    const uint32_t MB = (V + 7) / 8;
+    uint8_t *masks = calloc((size_t)MAXR, MB), *dm;
+    gpu->ops->alloc(gpu, (size_t)MAXR * MB, (void **)&dm);
+    int mbad = 0, masked = 0;
+    for (uint32_t r = 0; r < MAXR; r++) {
+        uint8_t *mk = masks + (size_t)r * MB;
+        const uint32_t kind = r % 3;
+        for (uint32_t t = 0; t < V; t++) {
+            const bool allow = kind == 0 ? frand() > 0 : kind == 1 ? (t == r * 700 % V || t == 97 * r % V || t == V - 1)
+                                                                 : t != best && (t + 1 == best || t == best + 1 || t % 97 == 0);
+            if (allow)
+                mk[t >> 3] |= (uint8_t)(1u << (t & 7));
+        }
+        float *row = rows + (size_t)r * V;
+        for (uint32_t t = 0; t < V; t++)
+            row[t] = mk[t >> 3] >> (t & 7) & 1 ? lg[t] : -INFINITY;
+        p[r] = r % 6 == 5 ? (kern_sample_t){0} : set[r % 5];
+        p[r].u = (float)(r + 0.5) / MAXR;
+    }
+    int32_t ref[MAXR];
+    gpu->ops->upload(gpu, dl, rows, (size_t)MAXR * V * 4);
+    gpu->ops->upload(gpu, dp, p, sizeof p);
+    if (gpu->ops->sample(gpu, dl, MAXR, V, dp, NULL, dids))
+        exit(1);
+    get(gpu, ref, dids, sizeof ref);
+    for (uint32_t r = 0; r < MAXR; r++) {
+        memcpy(rows + (size_t)r * V, lg, (size_t)V * 4);
+        p[r].masked = 1;
+    }
+    gpu->ops->upload(gpu, dl, rows, (size_t)MAXR * V * 4);
+    gpu->ops->upload(gpu, dp, p, sizeof p);
+    gpu->ops->upload(gpu, dm, masks, (size_t)MAXR * MB);
+    if (gpu->ops->sample(gpu, dl, MAXR, V, dp, dm, dids))
+        exit(1);
+    get(gpu, ids, dids, sizeof ids);
+    for (uint32_t r = 0; r < MAXR; r++) {
+        const uint8_t *mk = masks + (size_t)r * MB;
+        const bool allowed = ids[r] >= 0 && ids[r] < V && (mk[ids[r] >> 3] >> (ids[r] & 7) & 1);
+        mbad += ids[r] != ref[r] || !allowed;
+        masked++;
+    }
+    printf("%-44s %d of %d picks differ from the -inf rows' or pass the mask %s\n", "sample masked (structured output)",
+           mbad, masked, mbad ? "FAIL" : "ok");
+    failures += mbad != 0;
+    gpu->ops->free(gpu, dm);
+    free(masks);
     gpu->ops->free(gpu, dl), gpu->ops->free(gpu, dp), gpu->ops->free(gpu, dids);
     free(lg), free(rows), free(sorted);
 }
@@ -1066,7 +1115,7 @@ static void graph_steps(const eng_model_t *m, kern_backend_t *be, td_kv_dtype_t 
         }
         const float *lg;
         uint32_t nl;
-        td_status_t rc = sampled && step ? eng_forward_run_sampled(f, b, S, greedy, picks + (step - 1) * S, &nl)
+        td_status_t rc = sampled && step ? eng_forward_run_sampled(f, b, S, greedy, NULL, picks + (step - 1) * S, &nl)
                                          : eng_forward_run(f, b, S, &lg, &nl);
         if (rc) {
             fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
@@ -1366,7 +1415,7 @@ static void time_decode_batch(kern_backend_t *gpu, const eng_model_t *m, uint32_
                                         .n_blocks = per, .want_logits = true};
         }
         double t0 = now_s();
-        if (eng_forward_run_sampled(f[0], seqs, batch, sp, picked, &np)) {
+        if (eng_forward_run_sampled(f[0], seqs, batch, sp, NULL, picked, &np)) {
             fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
             exit(1);
         }

@@ -128,6 +128,7 @@ static void walk(eng_grammar_kind_t k, const char *src, uint64_t seed, int steps
     cr_assert_eq(eng_matcher_create(g, vocab, &m), TD_OK);
     int32_t V = eng_tokenizer_n_vocab(model->tok), path[256];
     float *lg = malloc((size_t)V * sizeof *lg);
+    uint8_t *bits = malloc(((size_t)V + 7) / 8);
     td_rng_t rng;
     td_rng_seed(&rng, seed);
     int n = 0;
@@ -136,6 +137,10 @@ static void walk(eng_grammar_kind_t k, const char *src, uint64_t seed, int steps
             lg[t] = 0;
         size_t allowed = eng_matcher_mask(m, lg);
         cr_assert(allowed > 0, "%s: nothing allowed after %d tokens", src, n);
+        /* the same as a bitset (the GPU's masked pick): a bit where the mask leaves a logit finite */
+        cr_assert_eq(eng_matcher_allowed(m, bits), allowed, "%s step %d: the bitset counts other tokens", src, n);
+        for (int32_t t = 0; t < V; t++)
+            cr_assert_eq((bits[t >> 3] >> (t & 7)) & 1, !isinf(lg[t]), "%s step %d: token %d's bit", src, n, t);
         if (exhaustive || n % 8 == 0) {
             /* every token the mask refuses, the matcher refuses too (a refusal leaves it as it was); the tokens it
              * allows are taken by a matcher fed the walk so far (all of them, or 300 spread over them) */
@@ -177,6 +182,7 @@ static void walk(eng_grammar_kind_t k, const char *src, uint64_t seed, int steps
     cr_log_info("%s: %d tokens: %s", src ? src : "(json object)", n, text);
     free(text);
     free(lg);
+    free(bits);
     eng_matcher_free(m);
     eng_grammar_free(g);
 }
