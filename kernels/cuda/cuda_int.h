@@ -306,6 +306,8 @@ td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n
 // the same for fp16 rows a[rows][cols] into y's rows of ldy values
 td_status_t kc_gemm_rows(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, float *y, uint32_t ldy,
                          uint32_t n, bool accumulate);
+// the same into fp16 rows (fp32 sums, rounded once): half the bytes written, for a product only an fp16 kernel reads
+td_status_t kc_gemm_rows_half(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, __half *y, uint32_t n);
 td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n);
 td_status_t kc_matmul_multi(kern_backend_t *b, const kern_weight_t *const *w, float *const *y, uint32_t k,
                             const float *x, uint32_t n);
@@ -320,6 +322,8 @@ td_status_t kc_swiglu_half(kern_cuda_t *c, const float *gate, const float *up, _
 // product's rows: matmul_fused.cu), into y's dense rows
 td_status_t kc_swiglu_half_rows(kern_cuda_t *c, const float *gate, const float *up, uint32_t stride, __half *y,
                                 uint32_t n, uint32_t width);
+// y = (half)(silu(gate) * up) from fp16 gate and up (n even)
+td_status_t kc_swiglu_hh(kern_cuda_t *c, const __half *gate, const __half *up, __half *y, size_t n);
 td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n);
 td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out);
 td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,

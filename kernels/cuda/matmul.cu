@@ -50,20 +50,31 @@ td_status_t kc_gemm(kern_cuda_t *c, const kern_weight_t *w, float *y, uint32_t n
     return kc_gemm_rows(c, (const __half *)a, w->rows, w->cols, y, w->rows, n, accumulate);
 }
 
-td_status_t kc_gemm_rows(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, float *y, uint32_t ldy,
-                         uint32_t n, bool accumulate)
+static td_status_t gemm_to(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, void *y, cudaDataType_t yt,
+                           uint32_t ldy, uint32_t n, bool accumulate)
 {
     // cuBLAS is column-major: row-major y[n][ldy] is Y (rows x n, ld ldy);
     // row-major W[rows][cols] is A (cols x rows, ld cols) and x[n][cols] is
     // B (cols x n, ld cols); so Y = Aᵀ · B.
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasStatus_t s = c->blas_api->gemm_ex(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols, &one, a,
-                                            CUDA_R_16F, (int)cols, c->xh.p, CUDA_R_16F, (int)cols, &beta, y,
-                                            CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                            CUDA_R_16F, (int)cols, c->xh.p, CUDA_R_16F, (int)cols, &beta, y, yt,
+                                            (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         return td_error(TD_ERR_INTERNAL, "cuda: cublasGemmEx (%u x %u x %u) failed: status %d", rows, n, cols,
                         (int)s);
     return TD_OK;
+}
+
+td_status_t kc_gemm_rows(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, float *y, uint32_t ldy,
+                         uint32_t n, bool accumulate)
+{
+    return gemm_to(c, a, rows, cols, y, CUDA_R_32F, ldy, n, accumulate);
+}
+
+td_status_t kc_gemm_rows_half(kern_cuda_t *c, const __half *a, uint32_t rows, uint32_t cols, __half *y, uint32_t n)
+{
+    return gemm_to(c, a, rows, cols, y, CUDA_R_16F, rows, n, false);
 }
 
 td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x, float *y, uint32_t n)

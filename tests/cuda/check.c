@@ -1763,7 +1763,7 @@ int main(int argc, char **argv)
         check_rope_kv_attention(gpu, 64, 32, 64, TD_KV_F16, KERN_ROPE_NEOX, ATT_WIDE);
         check_decode(crafted);
         check_kv_digest(gpu);
-        const uint32_t fused_rows[] = {1, 5, 8, 64}; /* the GEMV (8 or fewer) and cuBLAS */
+        const uint32_t fused_rows[] = {1, 5, 8, 64, 600}; /* the GEMV (8 or fewer), cuBLAS, a prompt past JOIN_MAXN */
         for (size_t i = 0; i < sizeof fused_rows / sizeof *fused_rows; i++)
             for (uint32_t hold = 0; hold <= KERN_TYPE_F8_E4M3; hold += KERN_TYPE_F8_E4M3)
                 check_matmul_fused(cpu, gpu, 576, fused_rows[i], hold);
