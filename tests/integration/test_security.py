@@ -576,6 +576,16 @@ def test_data_plane_grants(sec):
     unsigned.CopyFrom(r.landing)
     unsigned.ClearField("signature")
     unsigned.ClearField("signer_cert")
+    # a decode worker's own grant naming parts (a pool split over ranks) that leave a KV head out, or whose region
+    # is smaller than one part's block: refused before anything is put (signed with the decode certificate's key)
+    def with_parts(heads, region_bytes):  # noqa: E306
+        d = wpb.LandingDescriptor()
+        d.CopyFrom(r.landing)
+        for h in heads:
+            d.parts.add(region_key=r.landing.region_key, remote_base=r.landing.remote_base,
+                        region_bytes=region_bytes, kv_head0=h, kv_heads=1)
+        return sign_as(c.certs, "decode", d)
+    gap, small = with_parts([0, 0], r.landing.region_bytes), with_parts(range(ct.n_kv_heads), 64)
     cases = [("a landing offset of 2^40", far, grpc.StatusCode.PERMISSION_DENIED, "signature is not"),
              ("another reservation's blocks under this one's grant", theirs, grpc.StatusCode.PERMISSION_DENIED,
               "signature is not"),
@@ -583,7 +593,11 @@ def test_data_plane_grants(sec):
              ("another CA's signature", sign_as(other, "client", theirs), grpc.StatusCode.PERMISSION_DENIED,
               "not one the cluster CA signed"),
              ("the signature of a cluster certificate that is not a decode worker's",
-              sign_as(c.certs, "client", theirs), grpc.StatusCode.PERMISSION_DENIED, 'not a decode')]
+              sign_as(c.certs, "client", theirs), grpc.StatusCode.PERMISSION_DENIED, 'not a decode'),
+             ("a signed landing into parts that leave a KV head out", gap, grpc.StatusCode.INVALID_ARGUMENT,
+              "no part holds KV head 1"),
+             ("a signed landing into parts of 64 bytes", small, grpc.StatusCode.INVALID_ARGUMENT,
+              "is not a whole block inside part 0")]
     for how, landing, code, needle in cases:
         ok, why = refused(attempt(landing), code, needle)
         hs.check("%s is refused by the prefill worker (%s)" % (how, why), ok)
