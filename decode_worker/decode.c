@@ -340,13 +340,18 @@ static void h_reserve(void *ctx, td_rpc_call_t *call)
     /* a pool of parts: a region a rank, each with its KV heads */
     uint32_t n_parts = eng_worker_pool_regions(w) > 1 ? eng_worker_pool_regions(w) : 0;
     Tandem__Internal__V1__LandingPart parts[ENG_TP_MAX], *part_ptrs[ENG_TP_MAX];
+    Tandem__Internal__V1__KvRegion regions[ENG_TP_MAX];
     for (uint32_t i = 0; i < n_parts; i++) {
         Tandem__Internal__V1__LandingPart *p = &parts[i];
+        Tandem__Internal__V1__KvRegion *rg = &regions[i];
         const eng_pool_region_t pr = eng_worker_pool_region(w, i);
         tandem__internal__v1__landing_part__init(p);
-        p->remote_base = pr.base, p->region_bytes = pr.len, p->kv_head0 = pr.head0, p->kv_heads = pr.heads;
-        p->region_key = (ProtobufCBinaryData){pr.rkey_len, (uint8_t *)pr.rkey};
-        p->has_region_key = p->has_remote_base = p->has_region_bytes = p->has_kv_head0 = p->has_kv_heads = 1;
+        tandem__internal__v1__kv_region__init(rg);
+        rg->remote_base = pr.base, rg->region_bytes = pr.len;
+        rg->region_key = (ProtobufCBinaryData){pr.rkey_len, (uint8_t *)pr.rkey};
+        rg->has_region_key = rg->has_remote_base = rg->has_region_bytes = 1;
+        p->region = rg, p->kv_head0 = pr.head0, p->kv_heads = pr.heads;
+        p->has_kv_head0 = p->has_kv_heads = 1;
         part_ptrs[i] = p;
     }
     land.n_parts = n_parts;

@@ -602,19 +602,19 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
 /* A piece of a whole block (off: where in it) to the landing block at offset `at` of the decode worker's pool:
  * as it is into a pool of whole blocks; into a pool of parts, what each part holds of it, at that part's block
  * (fence: the device work that writes it, pusher_push) */
-static void push_piece(prefill_role_t *R, preq_t *r, const eng_kv_piece_t *pc, uint64_t at, uint64_t fence)
+static void push_piece(prefill_role_t *R, preq_t *r, const td_kv_layout_t *g, const eng_kv_piece_t *pc, uint64_t at,
+                       uint64_t fence)
 {
     peer_entry_t *pe = r->pe;
     if (!pe->n_parts) {
         pusher_push(&R->pusher, pe, pe->region, pc->src, pc->bytes, at + pc->off, put_by(r), fence);
         return;
     }
-    const td_kv_layout_t g = eng_worker_contract(R->w);
-    const uint64_t block = at / td_kv_block_bytes(&g);
+    const uint64_t block = at / td_kv_block_bytes(g);
     td_kv_run_t runs[TD_KV_RUNS_PER_LAYER];
     for (uint32_t k = 0; k < pe->n_parts; k++) {
         const struct peer_part *pp = &pe->parts[k];
-        for (uint32_t j = 0, n = td_kv_part_overlap(&g, pp->head0, pp->heads, pc->off, pc->bytes, runs,
+        for (uint32_t j = 0, n = td_kv_part_overlap(g, pp->head0, pp->heads, pc->off, pc->bytes, runs,
                                                      TD_KV_RUNS_PER_LAYER);
              j < n; j++)
             pusher_push(&R->pusher, pe, pp->region, pc->src + (runs[j].block_off - pc->off), runs[j].bytes,
@@ -633,7 +633,8 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
     prefill_role_t *R = ctx;
     eng_engine_t *e = eng_worker_engine(R->w);
     eng_kv_pool_t *pool = eng_engine_kv_pool(e);
-    uint32_t n_layers = eng_worker_contract(R->w).n_layers;
+    const td_kv_layout_t g = eng_worker_contract(R->w);
+    const uint32_t n_layers = g.n_layers;
     eng_kv_piece_t pc[ENG_KV_PIECES_MAX];
     /* a GPU pool: the layer's kernels are queued, not done; its puts wait for
      * them (a fence only in a step that lands KV somewhere) */
@@ -656,7 +657,7 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
                 from = r->first;
             for (uint32_t b = from; b < end; b++) /* the layer's slice: one piece, or a run a rank's part */
                 for (uint32_t j = 0, np = eng_kv_layer_pieces(pool, seqs[i].blocks[b], layer, pc); j < np; j++)
-                    push_piece(R, r, &pc[j], ld->block_offsets[b - r->first], fence);
+                    push_piece(R, r, &g, &pc[j], ld->block_offsets[b - r->first], fence);
             if (layer + 1 == n_layers) { /* every layer of these blocks is queued: what they now carry */
                 if (end > from &&
                     eng_engine_kv_digest(e, seqs[i].blocks + from, end - from, r->digests + (from - r->first)))
@@ -886,8 +887,8 @@ static td_status_t peer_regions(kv_xfer_t *x, const kv_transport_ops_t *xo, peer
     for (uint32_t k = 0; k < ld->n_parts; k++) {
         const Tandem__Internal__V1__LandingPart *lp = ld->parts[k];
         struct peer_part *pp = &pe->parts[k];
-        td_status_t rc = xo->region_add(x, pe->peer, lp->region_key.data, lp->region_key.len, lp->remote_base,
-                                        lp->region_bytes, &pp->region);
+        td_status_t rc = xo->region_add(x, pe->peer, lp->region->region_key.data, lp->region->region_key.len,
+                                        lp->region->remote_base, lp->region->region_bytes, &pp->region);
         if (rc)
             return rc;
         pp->head0 = lp->kv_head0, pp->heads = lp->kv_heads;
@@ -912,6 +913,10 @@ static bool landing_parts_ok(const Tandem__Internal__V1__LandingDescriptor *ld, 
     }
     for (size_t k = 0; k < ld->n_parts; k++) {
         const Tandem__Internal__V1__LandingPart *lp = ld->parts[k];
+        if (!lp->region) {
+            snprintf(err, n, "landing: part %zu names no region", k);
+            return false;
+        }
         if (!lp->kv_heads || lp->kv_head0 >= g->n_kv_heads || lp->kv_heads > g->n_kv_heads - lp->kv_head0) {
             snprintf(err, n, "landing: part %zu holds KV heads %u..%u; the model has %u", k, lp->kv_head0,
                      lp->kv_head0 + lp->kv_heads, g->n_kv_heads);
@@ -921,9 +926,10 @@ static bool landing_parts_ok(const Tandem__Internal__V1__LandingDescriptor *ld, 
         const size_t pb = td_kv_block_bytes(&part);
         for (size_t b = 0; b < ld->n_block_offsets; b++) {
             const uint64_t o = ld->block_offsets[b], at = o / bb * pb;
-            if (o % bb || at > lp->region_bytes || pb > lp->region_bytes - at) {
+            const uint64_t rb = lp->region->region_bytes;
+            if (o % bb || at > rb || pb > rb - at) {
                 snprintf(err, n, "landing: block %zu at offset %llu is not a whole block inside part %zu's %llu bytes",
-                         b, (unsigned long long)o, k, (unsigned long long)lp->region_bytes);
+                         b, (unsigned long long)o, k, (unsigned long long)rb);
                 return false;
             }
         }

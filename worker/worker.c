@@ -888,29 +888,6 @@ static void pool_mem_free(void *ctx, void *mem)
         }
 }
 
-/* A decode worker of tensor-parallel ranks: each part a region of the transport's memory, so the ranks' memory must
- * be what the transport maps — host memory (CPU ranks, UCX), or one GPU all the ranks share (CUDA IPC) — with
- * peers' puts landing in it directly (not through a landing copy, as the staged transport's do). */
-static td_status_t decode_parts_check(eng_worker_t *w)
-{
-    if (w->xo->landed)
-        return td_error(TD_ERR_CONFIG, "decode.tp = %u with transport '%s': a pool of parts takes puts in place "
-                        "(transport.kind: cuda_ipc for GPUs of one host)", w->rc->tp, w->xo->name);
-    char d[32];
-    int first, dev;
-    unsigned nd = td_device_pick(w->rc->device, 0, d, sizeof d);
-    td_device_parse(d, &first);
-    for (unsigned r = 1; r < nd; r++) {
-        td_device_pick(w->rc->device, r, d, sizeof d);
-        td_device_parse(d, &dev);
-        if (dev != first)
-            return td_error(TD_ERR_CONFIG, "decode.tp = %u over devices '%s': a decode worker's ranks share one GPU "
-                            "so far (its transport maps one device's memory); prefill workers take a GPU a rank",
-                            w->rc->tp, w->rc->device);
-    }
-    return TD_OK;
-}
-
 /* start (common/service.h): the model and engine, the transport and pool,
  * the profile, the KV events, the RPCs and the role's, the engine thread,
  * the metrics. */
@@ -962,9 +939,7 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
      * eng_kv_layer_pieces) */
     if (ec.tp > 1 && !strcmp(role->name, "prefill"))
         w->pool_bytes = (size_t)w->rc->kv_mib << 20;
-    else if (ec.tp > 1 && (rc = decode_parts_check(w)))
-        return rc;
-    else
+    else /* (a decode worker's ranks share this memory's device: td_config_validate) */
         ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
     if ((rc = eng_engine_create(w->model, &ec, &w->engine)) ||
         (rc = w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len)) || (rc = w->xo->progress_start(w->xfer)))

@@ -507,6 +507,14 @@ td_status_t kc_matmul_fused_init(kern_cuda_t *c)
     return rc ? rc : resident(c, k_gemv_cols<1, 16, 3, 2>, 16 * 32, &c->gc_grid[1]);
 }
 
+// A glu's product, now in xh as fp16, handed to the next call (to_next): it takes xh when its x is y[0]
+static td_status_t hand_over(kern_cuda_t *c, const kern_matmul_spec_t *s, size_t ny)
+{
+    c->xh_of = s->y[0];
+    c->xh_n = ny;
+    return TD_OK;
+}
+
 td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
 {
     kc_bind(b);
@@ -562,9 +570,7 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
             (rc = kc_swiglu_half_rows(c, s->side, s->side + s->w[0]->rows, total, (__half *)c->xh.p, s->n,
                                       s->w[0]->rows)))
             return rc;
-        c->xh_of = s->y[0];
-        c->xh_n = ny;
-        return TD_OK;
+        return hand_over(c, s, ny);
     }
     if (!rc && s->glu && s->to_next && !s->w[0]->hold && !s->w[1]->hold && ny % 2 == 0) {
         // gate's and up's products in fp16, each in its own y's room (scratch both, kern_matmul_spec_t), read by
@@ -575,9 +581,7 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
             (rc = kc_gemm_rows_half(c, (const __half *)s->w[1]->priv, s->w[1]->rows, cols, uh, s->n)) ||
             (rc = kc_scratch(c, &c->xh, ny * sizeof(__half))) || (rc = kc_swiglu_hh(c, gh, uh, (__half *)c->xh.p, ny)))
             return rc;
-        c->xh_of = s->y[0];
-        c->xh_n = ny;
-        return TD_OK;
+        return hand_over(c, s, ny);
     }
     for (uint32_t i = 0; i < s->k && !rc; i++)
         rc = kc_gemm(c, s->w[i], s->y[i], s->n, s->accumulate);
@@ -590,7 +594,5 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
     if ((rc = kc_scratch(c, &c->xh, ny * sizeof(__half))) ||
         (rc = kc_swiglu_half(c, s->y[0], s->y[1], (__half *)c->xh.p, ny)))
         return rc;
-    c->xh_of = s->y[0];
-    c->xh_n = ny;
-    return TD_OK;
+    return hand_over(c, s, ny);
 }

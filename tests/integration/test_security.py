@@ -582,8 +582,8 @@ def test_data_plane_grants(sec):
         d = wpb.LandingDescriptor()
         d.CopyFrom(r.landing)
         for h in heads:
-            d.parts.add(region_key=r.landing.region_key, remote_base=r.landing.remote_base,
-                        region_bytes=region_bytes, kv_head0=h, kv_heads=1)
+            d.parts.add(region=wpb.KvRegion(region_key=r.landing.region_key, remote_base=r.landing.remote_base,
+                                            region_bytes=region_bytes), kv_head0=h, kv_heads=1)
         return sign_as(c.certs, "decode", d)
     gap, small = with_parts([0, 0], r.landing.region_bytes), with_parts(range(ct.n_kv_heads), 64)
     cases = [("a landing offset of 2^40", far, grpc.StatusCode.PERMISSION_DENIED, "signature is not"),
