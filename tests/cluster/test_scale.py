@@ -408,16 +408,18 @@ def test_mode_shift():
     try:
         # the TPOT SLO from this machine's speed: 1.5x a short stream's TPOT alone (12 ms on the VM first tuned on)
         hs.wait_for(lambda: c.health()[0], 60)
-        # and the documents arrive to keep a worker prefilling them 80% of the time (0.4/s of ~0.45 s each stalled
-        # too few streams on a fast CPU: 75% of them met the SLO, the target, and the planner stayed; a third of the
-        # time, spread over two colocated workers, left ~78% of the chats unstalled: stop 61's CI stayed colocated;
-        # at 60% a fresh-clone run of session 47 met 79% in the second phase, and the planner stayed colocated)
+        # and the documents arrive to keep a worker prefilling them 120% of the time, 60% of each of two colocated
+        # workers (0.4/s of ~0.45 s each stalled too few streams on a fast CPU: 75% of them met the SLO, the target,
+        # and the planner stayed; a third of the time left ~78% of the chats unstalled: stop 61's CI stayed
+        # colocated; at 60% a fresh-clone run of session 47 met 79% in the second phase, at 80% stop 64's 78%, runs
+        # here 36% to 69%: the planner stayed colocated when a phase's chats happened to miss the documents; at
+        # 120% two runs here met 33% and 36% in the phase's first window and went back at 22 s)
         # (the first phase's short answers alone: an 8-token answer's TPOT is above a 64-token stream's, its first
         # steps the slowest)
         _, tpot1 = solo(c, MODE_PHASES[0][1][0][0], MODE_PHASES[0][1][0][1], 7)
         doc_ttft, _ = solo(c, MODE_PHASES[1][1][1][0], MODE_PHASES[1][1][1][1], 8)
         MODE_SLO["tpot_ms"] = max(4, int(round(1.5 * tpot1)))
-        doc_rate = round(min(2.0, 0.8 * 1000.0 / doc_ttft), 2)
+        doc_rate = round(min(3.0, 1.2 * 1000.0 / doc_ttft), 2)
         docs = MODE_PHASES[1][1][1]
         MODE_PHASES[1] = (MODE_PHASES[1][0], [MODE_PHASES[1][1][0], docs[:2] + (max(12, int(doc_rate * 30)), doc_rate)])
         print("  mode shift: alone, a stream's TPOT %.1f ms, a document's TTFT %.0f ms: the TPOT SLO %d ms, documents "
