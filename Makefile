@@ -17,4 +17,4 @@ test:
 	tests/run.sh
 
 clean:
-	rm -rf build build-asan build-fuzz build-user
+	rm -rf build build-asan build-tsan build-fuzz build-user build-cuda
