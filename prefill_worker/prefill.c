@@ -38,178 +38,9 @@
 #include "engine/tokenizer.h"
 #include "worker/worker.h"
 #include "kvstore/client.h"
+#include "prefill_worker/peers.h"
 
 typedef struct prefill_role prefill_role_t;
-
-/* ------------------------------------------------------------ the pusher */
-
-/* A connection to one decode worker's pool. refs: requests holding it
- * (under peers_mu); a connection that failed, or that nobody used for
- * transport.peer_idle_s seconds (default 60: a decode worker that went away
- * leaves one behind), is closed between steps once no request holds it. */
-typedef struct peer_entry {
-    uint8_t *addr;
-    size_t addr_len;
-    kv_xfer_peer_t *peer;
-    uint32_t region; /* the decode worker's pool (of parts: rank 0's) */
-    /* a pool of parts (LandingDescriptor.parts): a region a rank, each holding KV heads [head0, head0 + heads)
-     * of every block in the layout of that many heads (part_bytes a block) */
-    uint32_t n_parts;
-    struct peer_part {
-        uint32_t region, head0, heads;
-        size_t part_bytes;
-    } parts[KV_XFER_MAX_REGIONS];
-    bool failed;
-    int refs;
-    double last_used;
-} peer_entry_t;
-
-typedef struct job {
-    peer_entry_t *pe;
-    uint32_t region;
-    const void *src;
-    size_t len;
-    uint64_t dst;
-    double land_by; /* td_now_s() past which the put must not be made */
-    uint64_t fence; /* a device transport's point after which src is written (0: none) */
-} job_t;
-
-typedef struct pusher {
-    const kv_transport_ops_t *xo;
-    kv_xfer_t *x;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    job_t *jobs;
-    size_t n_jobs, cap_jobs, head;
-    bool barrier, stop;        /* a barrier is asked for / done when cleared */
-    peer_entry_t **touched;    /* peers written since the last barrier */
-    size_t n_touched, cap_touched;
-    double busy_s;             /* time spent putting and flushing, all time */
-    uint64_t bytes;
-    uint64_t dropped;          /* puts not made: past their land-by */
-    uint64_t fence;            /* the last fence waited for (pusher thread) */
-} pusher_t;
-
-static void touch(pusher_t *p, peer_entry_t *pe)
-{
-    for (size_t i = 0; i < p->n_touched; i++)
-        if (p->touched[i] == pe)
-            return;
-    if (p->n_touched == p->cap_touched) {
-        size_t nc = p->cap_touched ? 2 * p->cap_touched : 16;
-        peer_entry_t **t = realloc(p->touched, nc * sizeof *t);
-        if (!t) { /* it would not be flushed: its requests fail rather than announce KV that may not have landed */
-            pe->failed = true;
-            TD_WARN("prefill: no memory to track a decode peer for the flush; its requests fail");
-            return;
-        }
-        p->touched = t;
-        p->cap_touched = nc;
-    }
-    p->touched[p->n_touched++] = pe;
-}
-
-static void *pusher_thread(void *arg)
-{
-    pusher_t *p = arg;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (p->head == p->n_jobs && !p->barrier && !p->stop)
-            pthread_cond_wait(&p->cv, &p->mu);
-        if (p->stop)
-            break;
-        if (p->head < p->n_jobs) {
-            job_t j = p->jobs[p->head++];
-            pthread_mutex_unlock(&p->mu);
-            double t0 = td_now_s();
-            /* past land-by the block may be another request's: dropped (its request sees the time and fails) */
-            bool late = t0 > j.land_by;
-            if (j.fence > p->fence && p->xo->wait_fence) { /* the layer that wrote src comes first */
-                if (p->xo->wait_fence(p->x, j.fence)) {
-                    j.pe->failed = true;
-                    TD_WARN("prefill: %s", td_last_error());
-                }
-                p->fence = j.fence;
-            }
-            if (!j.pe->failed && !late && p->xo->put(p->x, j.pe->peer, j.region, j.src, j.len, j.dst)) {
-                j.pe->failed = true;
-                TD_WARN("prefill: a KV put failed: %s", td_last_error());
-            }
-            pthread_mutex_lock(&p->mu);
-            p->dropped += late;
-            p->busy_s += td_now_s() - t0;
-            p->bytes += late ? 0 : j.len;
-            touch(p, j.pe);
-            continue;
-        }
-        /* barrier: everything queued is issued; flush every peer touched */
-        peer_entry_t **t = p->touched;
-        size_t nt = p->n_touched;
-        p->n_touched = 0;
-        p->head = p->n_jobs = 0;
-        pthread_mutex_unlock(&p->mu);
-        double t0 = td_now_s();
-        for (size_t i = 0; i < nt; i++)
-            if (!t[i]->failed && p->xo->flush(p->x, t[i]->peer, 10.0)) {
-                t[i]->failed = true;
-                TD_WARN("prefill: flushing KV to a decode worker failed: %s", td_last_error());
-            }
-        pthread_mutex_lock(&p->mu);
-        p->busy_s += td_now_s() - t0;
-        p->barrier = false;
-        pthread_cond_broadcast(&p->cv);
-    }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
-}
-
-static void pusher_push(pusher_t *p, peer_entry_t *pe, uint32_t region, const void *src, size_t len, uint64_t dst,
-                        double land_by, uint64_t fence)
-{
-    pthread_mutex_lock(&p->mu);
-    if (p->n_jobs == p->cap_jobs) {
-        size_t nc = p->cap_jobs ? 2 * p->cap_jobs : 1024;
-        job_t *j = realloc(p->jobs, nc * sizeof *j);
-        if (!j) {
-            pe->failed = true;
-            pthread_mutex_unlock(&p->mu);
-            return;
-        }
-        p->jobs = j;
-        p->cap_jobs = nc;
-    }
-    p->jobs[p->n_jobs++] = (job_t){pe, region, src, len, dst, land_by, fence};
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* Waits until every put so far has landed; the seconds it waited. */
-/* Every put and flush of the pusher has its own deadline; this one bounds
- * the whole barrier (many peers, each slow up to its flush deadline). */
-#define BARRIER_DEADLINE_S 30.0
-
-static void peers_fail_all(prefill_role_t *R, const char *why);
-
-/* Waits until every queued put is issued and flushed. Past the deadline,
- * every peer is marked failed (their requests end UNAVAILABLE) rather than
- * the engine thread waiting on. */
-static double pusher_barrier(prefill_role_t *R, pusher_t *p)
-{
-    double t0 = td_now_s();
-    struct timespec until = td_wall_deadline(BARRIER_DEADLINE_S);
-    int e = 0;
-    pthread_mutex_lock(&p->mu);
-    p->barrier = true;
-    pthread_cond_broadcast(&p->cv);
-    while (p->barrier && e != ETIMEDOUT)
-        e = pthread_cond_timedwait(&p->cv, &p->mu, &until);
-    bool stuck = p->barrier;
-    pthread_mutex_unlock(&p->mu);
-    if (stuck)
-        peers_fail_all(R, "the KV pushes of a step did not land within 30 s");
-    return td_now_s() - t0;
-}
 
 /* ------------------------------------------------------------ requests */
 
@@ -220,7 +51,7 @@ typedef struct preq {
     td_rpc_call_t *call;
     Tandem__Internal__V1__PrefillRequest *rq;
     eng_logit_bias_t *bias;
-    peer_entry_t *pe;
+    pw_peer_t *pe;
     uint64_t eng_id;
     td_status_t rc;
     char err[512];
@@ -264,11 +95,7 @@ typedef struct preq {
 /* The role's state, behind its context (eng_worker_role_t.ctx). */
 struct prefill_role {
     eng_worker_t *w;
-    pusher_t pusher;
-    pthread_mutex_t peers_mu;
-    peer_entry_t **peers;
-    size_t n_peers, cap_peers;
-    double peer_idle_s;
+    pw_peers_t *peers; /* the decode workers' pools, and the pusher thread putting KV into them */
     td_verifier_t *verifier; /* NULL under cluster.plaintext: landings are not checked for a grant */
     /* Engine thread: reservations the router cancelled before their Prefill
      * ran here (one may still arrive), until their land-by. */
@@ -334,37 +161,6 @@ static void stage_give(prefill_role_t *R, void *p, size_t bytes)
         eng_engine_host_free(eng_worker_engine(R->w), p);
 }
 
-static void peer_release(prefill_role_t *R, peer_entry_t *pe)
-{
-    pthread_mutex_lock(&R->peers_mu);
-    pe->refs--;
-    pe->last_used = td_now_s();
-    pthread_mutex_unlock(&R->peers_mu);
-}
-
-/* Between steps (the pusher idle, nothing queued): closes the connections
- * that failed or sat idle, that no request holds. */
-static void peers_reap(prefill_role_t *R)
-{
-    kv_xfer_t *x;
-    const kv_transport_ops_t *xo = eng_worker_transport(R->w, &x);
-    double now = td_now_s();
-    pthread_mutex_lock(&R->peers_mu);
-    for (size_t i = 0; i < R->n_peers;) {
-        peer_entry_t *pe = R->peers[i];
-        if (pe->refs > 0 || (!pe->failed && now - pe->last_used < R->peer_idle_s)) {
-            i++;
-            continue;
-        }
-        TD_INFO("prefill: closing the connection to a decode worker's pool (%s)", pe->failed ? "it failed" : "idle");
-        xo->disconnect(x, pe->peer);
-        free(pe->addr);
-        free(pe);
-        R->peers[i] = R->peers[--R->n_peers];
-    }
-    pthread_mutex_unlock(&R->peers_mu);
-}
-
 static void preq_put(preq_t *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -373,7 +169,7 @@ static void preq_put(preq_t *r)
     if (n)
         return;
     if (r->pe)
-        peer_release(r->role, r->pe);
+        pw_peer_release(r->role->peers, r->pe);
     if (r->rq)
         tandem__internal__v1__prefill_request__free_unpacked(r->rq, NULL);
     free(r->bias);
@@ -601,23 +397,23 @@ static void on_prefill_event(void *ctx, const eng_event_t *ev)
 
 /* A piece of a whole block (off: where in it) to the landing block at offset `at` of the decode worker's pool:
  * as it is into a pool of whole blocks; into a pool of parts, what each part holds of it, at that part's block
- * (fence: the device work that writes it, pusher_push) */
+ * (fence: the device work that writes it, pw_peers_put) */
 static void push_piece(prefill_role_t *R, preq_t *r, const td_kv_layout_t *g, const eng_kv_piece_t *pc, uint64_t at,
                        uint64_t fence)
 {
-    peer_entry_t *pe = r->pe;
+    pw_peer_t *pe = r->pe;
     if (!pe->n_parts) {
-        pusher_push(&R->pusher, pe, pe->region, pc->src, pc->bytes, at + pc->off, put_by(r), fence);
+        pw_peers_put(R->peers, pe, pe->region, pc->src, pc->bytes, at + pc->off, put_by(r), fence);
         return;
     }
     const uint64_t block = at / td_kv_block_bytes(g);
     td_kv_run_t runs[TD_KV_RUNS_PER_LAYER];
     for (uint32_t k = 0; k < pe->n_parts; k++) {
-        const struct peer_part *pp = &pe->parts[k];
+        const struct pw_peer_part *pp = &pe->parts[k];
         for (uint32_t j = 0, n = td_kv_part_overlap(g, pp->head0, pp->heads, pc->off, pc->bytes, runs,
                                                      TD_KV_RUNS_PER_LAYER);
              j < n; j++)
-            pusher_push(&R->pusher, pe, pp->region, pc->src + (runs[j].block_off - pc->off), runs[j].bytes,
+            pw_peers_put(R->peers, pe, pp->region, pc->src + (runs[j].block_off - pc->off), runs[j].bytes,
                         block * pp->part_bytes + runs[j].part_off, put_by(r), fence);
     }
 }
@@ -639,10 +435,8 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
     /* a GPU pool: the layer's kernels are queued, not done; its puts wait for
      * them (a fence only in a step that lands KV somewhere) */
     uint64_t fence = 0;
-    if (R->n_active && R->pusher.xo->fence && R->pusher.xo->fence(R->pusher.x, eng_engine_queue(e), &fence)) {
-        peers_fail_all(R, td_last_error()); /* unordered puts could copy KV not yet written */
-        return;
-    }
+    if (R->n_active && pw_peers_fence(R->peers, eng_engine_queue(e), &fence))
+        return; /* every peer failed: unordered puts could copy KV not yet written */
     for (uint32_t i = 0; i < n; i++)
         for (size_t k = 0; k < R->n_active; k++) {
             preq_t *r = R->active[k];
@@ -673,16 +467,13 @@ static void on_layer(void *ctx, uint32_t layer, const eng_layer_seq_t *seqs, uin
 static void prefill_after_step(eng_worker_t *w, void *ctx)
 {
     prefill_role_t *R = ctx;
-    pusher_t *p = &R->pusher;
-    double waited = pusher_barrier(R, p);
-    pthread_mutex_lock(&p->mu);
-    double busy = p->busy_s - R->busy_at_step;
-    R->busy_at_step = p->busy_s;
-    uint64_t bytes = p->bytes;
-    pthread_mutex_unlock(&p->mu);
+    double waited = pw_peers_barrier(R->peers);
+    pw_peers_stats_t st = pw_peers_stats(R->peers);
+    double busy = st.busy_s - R->busy_at_step;
+    R->busy_at_step = st.busy_s;
     R->exposed_total += waited;
     R->busy_total += busy;
-    R->bytes_total = bytes;
+    R->bytes_total = st.bytes;
     for (size_t k = 0; k < R->n_active;) {
         preq_t *r = R->active[k];
         r->exposed_s += waited;
@@ -697,7 +488,7 @@ static void prefill_after_step(eng_worker_t *w, void *ctx)
         }
         k++;
     }
-    peers_reap(R);
+    pw_peers_reap(R->peers);
 }
 
 /* Engine thread: at most this many cancelled reservations are remembered. */
@@ -867,168 +658,6 @@ static void h_cancel(void *ctx, td_rpc_call_t *call)
     free(op);
 }
 
-static void peers_fail_all(prefill_role_t *R, const char *why)
-{
-    pthread_mutex_lock(&R->peers_mu);
-    for (size_t i = 0; i < R->n_peers; i++)
-        R->peers[i]->failed = true;
-    pthread_mutex_unlock(&R->peers_mu);
-    TD_WARN("prefill: %s; the requests landing on every decode worker fail", why);
-}
-
-/* The decode worker's pool as regions of a new connection: one, or one a rank's part (checked by
- * landing_parts_check). */
-static td_status_t peer_regions(kv_xfer_t *x, const kv_transport_ops_t *xo, peer_entry_t *pe,
-                                const Tandem__Internal__V1__LandingDescriptor *ld, const td_kv_layout_t *g)
-{
-    if (!ld->n_parts)
-        return xo->region_add(x, pe->peer, ld->region_key.data, ld->region_key.len, ld->remote_base,
-                              ld->region_bytes, &pe->region);
-    for (uint32_t k = 0; k < ld->n_parts; k++) {
-        const Tandem__Internal__V1__LandingPart *lp = ld->parts[k];
-        struct peer_part *pp = &pe->parts[k];
-        td_status_t rc = xo->region_add(x, pe->peer, lp->region->region_key.data, lp->region->region_key.len,
-                                        lp->region->remote_base, lp->region->region_bytes, &pp->region);
-        if (rc)
-            return rc;
-        pp->head0 = lp->kv_head0, pp->heads = lp->kv_heads;
-        const td_kv_layout_t part = td_kv_part_layout(g, lp->kv_heads);
-        pp->part_bytes = td_kv_block_bytes(&part);
-    }
-    pe->n_parts = (uint32_t)ld->n_parts;
-    pe->region = pe->parts[0].region;
-    return TD_OK;
-}
-
-/* A landing into a pool of parts: at most a region a rank, each part whole KV heads of ours, every head in some
- * part, and every landing block (a whole block's offset) inside every part's region; why not in err. */
-static bool landing_parts_ok(const Tandem__Internal__V1__LandingDescriptor *ld, const td_kv_layout_t *g, size_t bb,
-                             char *err, size_t n)
-{
-    if (!ld->n_parts)
-        return true;
-    if (ld->n_parts < 2 || ld->n_parts > KV_XFER_MAX_REGIONS) {
-        snprintf(err, n, "landing: %zu parts (2 to %d)", ld->n_parts, KV_XFER_MAX_REGIONS);
-        return false;
-    }
-    for (size_t k = 0; k < ld->n_parts; k++) {
-        const Tandem__Internal__V1__LandingPart *lp = ld->parts[k];
-        if (!lp->region) {
-            snprintf(err, n, "landing: part %zu names no region", k);
-            return false;
-        }
-        if (!lp->kv_heads || lp->kv_head0 >= g->n_kv_heads || lp->kv_heads > g->n_kv_heads - lp->kv_head0) {
-            snprintf(err, n, "landing: part %zu holds KV heads %u..%u; the model has %u", k, lp->kv_head0,
-                     lp->kv_head0 + lp->kv_heads, g->n_kv_heads);
-            return false;
-        }
-        const td_kv_layout_t part = td_kv_part_layout(g, lp->kv_heads);
-        const size_t pb = td_kv_block_bytes(&part);
-        for (size_t b = 0; b < ld->n_block_offsets; b++) {
-            const uint64_t o = ld->block_offsets[b], at = o / bb * pb;
-            const uint64_t rb = lp->region->region_bytes;
-            if (o % bb || at > rb || pb > rb - at) {
-                snprintf(err, n, "landing: block %zu at offset %llu is not a whole block inside part %zu's %llu bytes",
-                         b, (unsigned long long)o, k, (unsigned long long)rb);
-                return false;
-            }
-        }
-    }
-    for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-        size_t k = 0;
-        while (k < ld->n_parts && (h < ld->parts[k]->kv_head0 || h - ld->parts[k]->kv_head0 >= ld->parts[k]->kv_heads))
-            k++;
-        if (k == ld->n_parts) {
-            snprintf(err, n, "landing: no part holds KV head %u", h);
-            return false;
-        }
-    }
-    return true;
-}
-
-/* The cached connection to a decode worker's pool (made on first use). */
-static peer_entry_t *peer_get(eng_worker_t *w, const Tandem__Internal__V1__LandingDescriptor *ld)
-{
-    prefill_role_t *R = eng_worker_role_ctx(w);
-    pthread_mutex_lock(&R->peers_mu);
-    for (size_t i = 0; i < R->n_peers; i++) {
-        peer_entry_t *pe = R->peers[i];
-        if (!pe->failed && pe->addr_len == ld->address.len && !memcmp(pe->addr, ld->address.data, pe->addr_len) &&
-            pe->n_parts == ld->n_parts) {
-            pe->refs++;
-            pe->last_used = td_now_s();
-            pthread_mutex_unlock(&R->peers_mu);
-            return pe;
-        }
-    }
-    kv_xfer_t *x;
-    const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
-    const td_kv_layout_t g = eng_worker_contract(w); /* the landing's (its contract was checked equal) */
-    peer_entry_t *pe = calloc(1, sizeof *pe);
-    if (pe && (pe->addr = malloc(ld->address.len ? ld->address.len : 1))) {
-        memcpy(pe->addr, ld->address.data, ld->address.len);
-        pe->addr_len = ld->address.len;
-        if (xo->connect(x, ld->address.data, ld->address.len, &pe->peer) == TD_OK &&
-            peer_regions(x, xo, pe, ld, &g) == TD_OK) {
-            if (R->n_peers == R->cap_peers) {
-                size_t nc = R->cap_peers ? 2 * R->cap_peers : 8;
-                peer_entry_t **np = realloc(R->peers, nc * sizeof *np);
-                if (np) {
-                    R->peers = np;
-                    R->cap_peers = nc;
-                }
-            }
-            if (R->n_peers < R->cap_peers) {
-                pe->refs = 1;
-                pe->last_used = td_now_s();
-                R->peers[R->n_peers++] = pe;
-                pthread_mutex_unlock(&R->peers_mu);
-                return pe;
-            }
-        }
-        if (pe->peer)
-            xo->disconnect(x, pe->peer);
-    }
-    if (pe)
-        free(pe->addr);
-    free(pe);
-    pthread_mutex_unlock(&R->peers_mu);
-    return NULL;
-}
-
-/* The landing is a grant from a decode worker of this cluster (its signature
- * over the descriptor, fields 12 and 13 left out) whose land-by time has not
- * passed: NULL and *land_by (on td_now_s()'s clock), or why not (*land_by
- * set only when the time is what failed). */
-static const char *landing_grant(prefill_role_t *R, const Tandem__Internal__V1__LandingDescriptor *ld,
-                                 double *land_by)
-{
-    static __thread char why[400];
-    if (!ld->has_signature || !ld->has_signer_cert || !ld->has_land_by_unix_ms)
-        return "not signed by a decode worker (no signature, signer certificate or land-by time)";
-    Tandem__Internal__V1__LandingDescriptor u = *ld;
-    u.has_signature = u.has_signer_cert = 0;
-    size_t n = tandem__internal__v1__landing_descriptor__get_packed_size(&u);
-    uint8_t *m = malloc(n);
-    if (!m)
-        return "no memory to check its signature";
-    tandem__internal__v1__landing_descriptor__pack(&u, m);
-    td_status_t rc = td_verify(R->verifier, ld->signer_cert.data, ld->signer_cert.len, "decode", m, n,
-                               ld->signature.data, ld->signature.len);
-    free(m);
-    if (rc) {
-        snprintf(why, sizeof why, "not a grant of this cluster's decode workers: %s", td_last_error());
-        return why;
-    }
-    *land_by = td_local_of_unix_ms(ld->land_by_unix_ms);
-    double left = *land_by - td_now_s();
-    if (left <= 0) {
-        snprintf(why, sizeof why, "its land-by time passed %.3f s ago; the blocks may be another request's", -left);
-        return why;
-    }
-    return NULL;
-}
-
 static void h_prefill(void *ctx, td_rpc_call_t *call)
 {
     eng_worker_t *w = ctx;
@@ -1054,7 +683,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
                                                             : HUGE_VAL;
     r->deadline = td_now_s() + td_rpc_call_time_left(call);
     if (r->role->verifier) {
-        const char *why = landing_grant(r->role, ld, &r->land_by);
+        const char *why = pw_landing_grant(r->role->verifier, ld, &r->land_by);
         if (why) {
             td_rpc_call_finish(call, r->land_by < HUGE_VAL ? TD_RPC_DEADLINE_EXCEEDED : TD_RPC_PERMISSION_DENIED,
                                "landing: %s", why);
@@ -1090,7 +719,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         return;
     }
     r->first = r->pushed = ld->first_block;
-    for (uint32_t b = 0; b < need && !ld->n_parts; b++) /* (a pool of parts: landing_parts_ok) */
+    for (uint32_t b = 0; b < need && !ld->n_parts; b++) /* (a pool of parts: pw_landing_parts_ok) */
         if (ld->block_offsets[b] > ld->region_bytes || bb > ld->region_bytes - ld->block_offsets[b]) {
             td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "landing: block %u at offset %llu is past the pool's "
                                "%llu bytes", b, (unsigned long long)ld->block_offsets[b],
@@ -1099,7 +728,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
             return;
         }
     char perr[200];
-    if (!landing_parts_ok(ld, &ours, bb, perr, sizeof perr)) {
+    if (!pw_landing_parts_ok(ld, &ours, bb, perr, sizeof perr)) {
         td_rpc_call_finish(call, TD_RPC_INVALID_ARGUMENT, "%s", perr);
         preq_put(r);
         return;
@@ -1117,7 +746,7 @@ static void h_prefill(void *ctx, td_rpc_call_t *call)
         preq_put(r);
         return;
     }
-    if (!(r->pe = peer_get(w, ld))) {
+    if (!(r->pe = pw_peer_get(r->role->peers, ld, &ours))) {
         td_rpc_call_finish(call, TD_RPC_UNAVAILABLE, "cannot reach %s over %s: %s", who, eng_worker_transport(w, &xfer)->name,
                            td_last_error());
         preq_put(r);
@@ -1254,33 +883,26 @@ static void prefill_stats(eng_worker_t *w, void *ctx, Tandem__Internal__V1__Stat
     r->transfer_bytes = R->bytes_total;
     r->transfer_ms = R->busy_total * 1e3;
     r->exposed_transfer_ms = R->exposed_total * 1e3;
-    pthread_mutex_lock(&R->pusher.mu);
-    r->has_late_puts_dropped = 1;
-    r->late_puts_dropped = R->pusher.dropped;
-    pthread_mutex_unlock(&R->pusher.mu);
-    pthread_mutex_lock(&R->peers_mu);
-    r->has_kv_peers = 1;
-    r->kv_peers = (uint32_t)R->n_peers;
-    pthread_mutex_unlock(&R->peers_mu);
+    pw_peers_stats_t st = pw_peers_stats(R->peers);
+    r->has_late_puts_dropped = r->has_kv_peers = 1;
+    r->late_puts_dropped = st.dropped;
+    r->kv_peers = st.n_peers;
 }
 
 static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
 {
     prefill_role_t *R = ctx;
     R->w = w;
-    pthread_mutex_init(&R->peers_mu, NULL);
     pthread_mutex_init(&R->stage_mu, NULL);
     pthread_mutex_init(&R->lease_mu, NULL);
-    R->peer_idle_s = eng_worker_config(w)->transport.peer_idle_s;
-    pusher_t *p = &R->pusher;
-    p->xo = eng_worker_transport(w, &p->x);
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
-    if (pthread_create(&p->thread, NULL, pusher_thread, p))
-        return td_error(TD_ERR_INTERNAL, "cannot start the pusher thread");
+    kv_xfer_t *x;
+    const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
+    td_status_t rc = pw_peers_create(xo, x, eng_worker_config(w)->transport.peer_idle_s, &R->peers);
+    if (rc)
+        return rc;
     eng_engine_set_layer_hook(eng_worker_engine(w), on_layer, R);
     const td_rpc_tls_t *tls = eng_worker_tls(w);
-    td_status_t rc = tls ? td_verifier_open(tls->ca_file, &R->verifier) : TD_OK;
+    rc = tls ? td_verifier_open(tls->ca_file, &R->verifier) : TD_OK;
     R->store = eng_worker_store(w);
     static const char *const methods[] = {"/tandem.internal.v1.Prefill/Prefill", "/tandem.internal.v1.Prefill/Cancel",
                                           "/tandem.internal.v1.Prefill/Extend"};
@@ -1296,28 +918,14 @@ static td_status_t prefill_attach(eng_worker_t *w, void *ctx)
 static void prefill_detach(eng_worker_t *w, void *ctx)
 {
     prefill_role_t *R = ctx;
-    pusher_t *p = &R->pusher;
-    pthread_mutex_lock(&p->mu);
-    p->stop = true;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    pthread_join(p->thread, NULL);
-    kv_xfer_t *x;
-    const kv_transport_ops_t *xo = eng_worker_transport(w, &x);
-    TD_INFO("%s: KV pushed over %s: %llu bytes, the pusher busy %.1f ms, the engine waited %.1f ms of it",
-            eng_worker_id(w), xo->name, (unsigned long long)p->bytes, R->busy_total * 1e3, R->exposed_total * 1e3);
-    pthread_mutex_lock(&R->peers_mu);
-    for (size_t i = 0; i < R->n_peers; i++) {
-        xo->disconnect(x, R->peers[i]->peer);
-        free(R->peers[i]->addr);
-        free(R->peers[i]);
+    if (R->peers) {
+        kv_xfer_t *x;
+        TD_INFO("%s: KV pushed over %s: %llu bytes, the pusher busy %.1f ms, the engine waited %.1f ms of it",
+                eng_worker_id(w), eng_worker_transport(w, &x)->name,
+                (unsigned long long)pw_peers_stats(R->peers).bytes, R->busy_total * 1e3, R->exposed_total * 1e3);
     }
-    free(R->peers);
+    pw_peers_destroy(R->peers);
     R->peers = NULL;
-    R->n_peers = R->cap_peers = 0;
-    pthread_mutex_unlock(&R->peers_mu);
-    free(p->jobs);
-    free(p->touched);
     free(R->active);
     td_verifier_close(R->verifier);
     R->verifier = NULL;
