@@ -291,7 +291,10 @@ def test_priority(rt):
     # sent after them is computed before the ones still waiting on its worker
     timed = functools.partial(first_token, c)
     res = {}
-    longs = [text(600, rng) for _ in range(4)]  # over the 512-token step: the second waits unbegun
+    # over the 512-token step: the second waits unbegun, and ends 3 steps after the first begins, so that a short
+    # prompt arriving in either of the first two steps is computed a step before its end (with 600 tokens the
+    # second's last chunk and the short prompt could share a step: session 46's CI saw them "-0.00 s" apart)
+    longs = [text(800, rng) for _ in range(4)]
     ths = [threading.Thread(target=timed, args=(p, 0, res, i)) for i, p in enumerate(longs)]
     for t in ths:
         t.start()
