@@ -4,11 +4,17 @@
 // its backend's stream (so a captured decode step holds it too). NCCL is
 // loaded at run time (libnccl.so.2, the machine's own: a binary without it
 // still starts, and a worker asked for tp > 1 without it stops naming it).
+// Making the communicators has a deadline (NCCL_INIT_S): ncclCommInitAll
+// waits for every device, and a device that never answers would hold the
+// worker's start forever.
 #include <dlfcn.h>
+#include <errno.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "common/clock.h"
 #include "kernels/comm.h"
 #include "kernels/cuda/comm_nccl.h"
 #include "kernels/cuda/cuda_int.h"
@@ -92,6 +98,85 @@ static void nccl_destroy(kern_comm_t *base)
     free(c);
 }
 
+// ncclCommInitAll on a thread of its own, waited for until NCCL_INIT_S: past it the call is abandoned (it cannot
+// be interrupted), and if it ever returns, its thread destroys what it made. The worker stops on the error.
+#define NCCL_INIT_S 120.0
+
+typedef struct nccl_init {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ncclComm_t *comms;
+    int *devices;
+    int ranks;
+    ncclResult_t r;
+    bool done, abandoned;
+} nccl_init_t;
+
+static void nccl_init_free(nccl_init_t *j)
+{
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->comms);
+    free(j->devices);
+    free(j);
+}
+
+static void *nccl_init_main(void *arg)
+{
+    nccl_init_t *j = (nccl_init_t *)arg;
+    const ncclResult_t r = g_nccl.init_all(j->comms, j->ranks, j->devices);
+    pthread_mutex_lock(&j->mu);
+    j->r = r;
+    j->done = true;
+    const bool abandoned = j->abandoned;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) {
+        for (int k = 0; r == ncclSuccess && k < j->ranks; k++)
+            g_nccl.destroy(j->comms[k]);
+        nccl_init_free(j);
+    }
+    return NULL;
+}
+
+// The communicators of `ranks` devices into comms (NCCL's result), within NCCL_INIT_S; TD_ERR_TIMEOUT past it.
+static td_status_t nccl_init_all(ncclComm_t *comms, const int *devices, int ranks, ncclResult_t *res)
+{
+    nccl_init_t *j = (nccl_init_t *)calloc(1, sizeof *j);
+    if (!j || !(j->comms = (ncclComm_t *)calloc((size_t)ranks, sizeof *j->comms)) ||
+        !(j->devices = (int *)malloc((size_t)ranks * sizeof *j->devices))) {
+        if (j)
+            free(j->comms);
+        free(j);
+        return td_error(TD_ERR_NO_MEMORY, "tp: no memory");
+    }
+    memcpy(j->devices, devices, (size_t)ranks * sizeof *devices);
+    j->ranks = ranks;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, nccl_init_main, j)) {
+        nccl_init_free(j);
+        return td_error(TD_ERR_NO_MEMORY, "tp: no thread to make NCCL's communicators");
+    }
+    pthread_detach(th);
+    const struct timespec until = td_wall_deadline(NCCL_INIT_S);
+    int e = 0;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && e != ETIMEDOUT)
+        e = pthread_cond_timedwait(&j->cv, &j->mu, &until);
+    const bool done = j->done;
+    j->abandoned = !done;
+    pthread_mutex_unlock(&j->mu);
+    if (!done)
+        return td_error(TD_ERR_TIMEOUT, "tp: ncclCommInitAll over %d devices did not return within %.0f s", ranks,
+                        NCCL_INIT_S);
+    *res = j->r;
+    memcpy(comms, j->comms, (size_t)ranks * sizeof *comms);
+    nccl_init_free(j);
+    return TD_OK;
+}
+
 static const kern_comm_ops_t nccl_ops = {
     .name = "nccl", .capturable = true, .all_reduce = nccl_all_reduce, .abort = nccl_abort, .destroy = nccl_destroy};
 
@@ -120,12 +205,14 @@ extern "C" td_status_t kern_comm_nccl_create(uint32_t ranks, kern_backend_t *con
                                 "a device)", q, r, c->devices[r]);
             }
     }
-    const ncclResult_t r = g_nccl.init_all(c->comms, (int)ranks, c->devices);
-    if (r != ncclSuccess) {
+    ncclResult_t r = ncclSuccess;
+    td_status_t rc = nccl_init_all(c->comms, c->devices, (int)ranks, &r);
+    if (rc || r != ncclSuccess) {
         free(c->comms);
         c->comms = NULL;
         nccl_destroy(&c->base);
-        return td_error(TD_ERR_UNAVAILABLE, "tp: ncclCommInitAll over %u devices: %s", ranks, g_nccl.error(r));
+        return rc ? rc
+                  : td_error(TD_ERR_UNAVAILABLE, "tp: ncclCommInitAll over %u devices: %s", ranks, g_nccl.error(r));
     }
     *out = &c->base;
     return TD_OK;
