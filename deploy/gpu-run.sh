@@ -83,13 +83,7 @@ for b in 1 8 32 128 256; do
     2>&1 >/dev/null | grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/batch $b: /" >> "$out/tandem-7b.txt"
 done
 for n in 1024 4096; do # a prompt of n tokens less one (BOS comes first) under the model's tokenizer
-  p=$(python3 -c "
-from tokenizers import Tokenizer
-t = Tokenizer.from_file('$m7/tokenizer.json')
-w = []
-while len(t.encode(' '.join(w), add_special_tokens=False).ids) < $n - 1:
-    w.append(str(len(w) % 97))
-print(' '.join(w[:-1]))")
+  p=$(python3 "$here/bench/prompt_of.py" "$m7/tokenizer.json" $((n - 1)))
   "$T" generate --model "$m7" --device cuda --max-tokens 1 --ignore-eos --ids --token-budget 4096 --kv-mib 4096 "$p" \
     2>&1 >/dev/null | grep -E "tok/s|error" | grep -v "outside the vocabulary" | sed "s/^/prefill $n: /" >> "$out/tandem-7b.txt"
 done
@@ -258,13 +252,7 @@ for b in 8 32 64 128 256; do for w in file fp8; do
     --kv-mib $(( b * 80 + 512 )) "hello" 2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/weights $w, batch $b: /" \
     >> "$out/fp8-7b.txt"
 done; done
-p4=$(python3 -c "
-from tokenizers import Tokenizer
-t = Tokenizer.from_file('$m7/tokenizer.json')
-w = []
-while len(t.encode(' '.join(w), add_special_tokens=False).ids) < 4095:
-    w.append(str(len(w) % 97))
-print(' '.join(w[:-1]))")
+p4=$(python3 "$here/bench/prompt_of.py" "$m7/tokenizer.json" 4095)
 for w in file fp8; do
   "$T" generate --model "$m7" --device cuda --weights $w --max-tokens 1 --ignore-eos --ids --token-budget 4096 \
     --kv-mib 4096 "$p4" 2>&1 >/dev/null | grep -E "tok/s|error" | sed "s/^/weights $w, prefill 4096: /" >> "$out/fp8-7b.txt"

@@ -10,13 +10,7 @@ out=$1 a=$2 b=$3 rounds=${4:-2}
 m=${MODEL_DIR:-/tmp/llama2-7b-dummy}
 [ -f "$m/config.json" ] || python3 "$(dirname "$0")/make_random_llama.py" "$m" --shape llama2-7b \
   --tokenizer "$(dirname "$0")/../fixtures/tiny-llama3" --config-only > "$out/make-dummy.txt" 2>&1 || exit 1
-p4=$(python3 -c "
-from tokenizers import Tokenizer
-t = Tokenizer.from_file('$m/tokenizer.json')
-w = []
-while len(t.encode(' '.join(w), add_special_tokens=False).ids) < 4095:
-    w.append(str(len(w) % 97))
-print(' '.join(w[:-1]))")
+p4=$(python3 "$(dirname "$0")/prompt_of.py" "$m/tokenizer.json" 4095)
 run() { # label binary args...
   local l=$1 t=$2
   shift 2
