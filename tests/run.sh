@@ -39,6 +39,8 @@ run_one() { # $1: test binary, $2: label, then Criterion's arguments if any (--f
   if [ -z "$line" ]; then p=0 f=1 c=0; fi
   passed=$((passed + p)); failed=$((failed + f + c))
   if [ $((f + c)) -gt 0 ] || [ -z "$line" ]; then
+    # a sanitizer's report names the fault at its head, which the tail cuts off: the head first
+    printf '%s\n' "$out" | grep -m1 -A30 -E 'ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer' || true
     printf '%s\n' "$out" | grep -v ' error tandem' | tail -40
     echo "FAILED: $label $(basename "$t")"; failures+=("$label $(basename "$t")")
   else
