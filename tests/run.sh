@@ -48,6 +48,10 @@ run_one() { # $1: test binary, $2: label, then Criterion's arguments if any (--f
   fi
   printf '%s\n' "$out" | grep -E '^(tokenizer corpus|dequant|sentencepiece|normalizers|greedy|perplexity|tiny|kernels|/.*: [0-9]+ of)' || true
 }
+# A job beside the suites (a subshell in the background): job_begin NICE lowers its CPU priority and starts its own
+# counts; job_end FILE writes them where the end of the run reads them back
+job_begin() { renice -n "$1" -p "$BASHPID" >/dev/null; passed=0 failed=0 failures=(); }
+job_end() { { echo "$passed $failed"; [ ${#failures[@]} -eq 0 ] || printf '%s\n' "${failures[@]}"; } > "$1"; }
 run_suites() { # $1: build dir, $2: label
   local t
   for t in "$1"/bin/tests/test_*; do
@@ -103,8 +107,8 @@ run_py() { # $1: a pytest suite, $2: a short name for the log, $3: time limit (s
 # first). Its output and counts are read back after the integration suites.
 bg_log=$(mktemp) bg_status=$(mktemp) ulog=$(mktemp)
 (
-  renice -n 19 -p "$BASHPID" >/dev/null
-  passed=0 failed=0 failures=() t0=$SECONDS
+  job_begin 19
+  t0=$SECONDS
   # a user's build: Release, no test package (Criterion hidden from pkg-config), warnings not errors
   hide=$(mktemp -d)
   for d in $(pkg-config --variable pc_path pkg-config | tr : ' '); do
@@ -131,7 +135,7 @@ bg_log=$(mktemp) bg_status=$(mktemp) ulog=$(mktemp)
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build-tsan -j"$jobs" --target tsan_stress >/dev/null
   [ "$fuzz_secs" -gt 0 ] && tests/fuzz/run.sh --build-only >/dev/null
   echo "  (the sanitizer builds and asan+ubsan test_generate took $((SECONDS - t0)) s beside the integration suites)"
-  { echo "$passed $failed"; [ ${#failures[@]} -eq 0 ] || printf '%s\n' "${failures[@]}"; } > "$bg_status"
+  job_end "$bg_status"
 ) > "$bg_log" 2>&1 &
 bg_pid=$!
 
@@ -173,12 +177,11 @@ run_py tests/cluster/test_sched.py sched 600
 # its output and counts are read back after them.
 hits_log=$(mktemp) hits_status=$(mktemp)
 (
-  renice -n 10 -p "$BASHPID" >/dev/null
-  passed=0 failed=0 failures=()
+  job_begin 10
   XDG_CACHE_HOME=$(mktemp -d)
   run_py tests/integration/test_cache_hits.py cache-hits 1500
   rm -rf "$XDG_CACHE_HOME"
-  { echo "$passed $failed"; [ ${#failures[@]} -eq 0 ] || printf '%s\n' "${failures[@]}"; } > "$hits_status"
+  job_end "$hits_status"
 ) > "$hits_log" 2>&1 &
 hits_pid=$!
 
@@ -187,8 +190,7 @@ hits_pid=$!
 # counts are read back after them.
 tail_log=$(mktemp) tail_status=$(mktemp)
 (
-  renice -n 19 -p "$BASHPID" >/dev/null
-  passed=0 failed=0 failures=()
+  job_begin 19
   echo "== address + undefined sanitizers (their builds and test_generate ran beside the integration suites)"
   cat "$bg_log"
   if [ -x build-asan/bin/tests/test_generate ]; then
@@ -228,7 +230,7 @@ tail_log=$(mktemp) tail_status=$(mktemp)
   else
     echo "  no nvcc: the CUDA build is not made"
   fi
-  { echo "$passed $failed"; [ ${#failures[@]} -eq 0 ] || printf '%s\n' "${failures[@]}"; } > "$tail_status"
+  job_end "$tail_status"
 ) > "$tail_log" 2>&1 &
 tail_pid=$!
 
