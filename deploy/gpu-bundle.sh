@@ -40,7 +40,7 @@ cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
 cp tests/fixtures/hf/make_logits_hf.py tests/fixtures/hf/make_fp8_ref.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
 cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/distserve.py bench/gpu/ab.sh \
-  bench/gpu/batch_ab.sh bench/gpu/prompt_of.py bundle/bench/
+  bench/gpu/batch_ab.sh bench/gpu/prefill_ab.sh bench/gpu/prompt_of.py bundle/bench/
 if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made there: no op checks, no default model
   rm -f bundle/bin/tandem-cuda-check bundle/bin/tandem-gemv-study bundle/bin/tandem-gemm-study
   rmdir bundle-model-b bundle-model-c

@@ -656,21 +656,6 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x on the special-function unit (-inf gives 0), without exp2f's handling of denormal results: the
-// scores' softmax weights are rounded to fp16 anyway
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
 // Four 8x8 fp16 matrices from shared memory, lanes 8m..8m+7 giving the rows of
 // matrix m; thread i gets (row i/4, columns 2(i%4), 2(i%4)+1) of each, or with
 // trans the same of each matrix transposed.
@@ -696,7 +681,7 @@ __device__ __forceinline__ uint4 f8x8_to_half(uint2 c, float s)
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const float2 x = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
-        h[i] = pack_half2(x.x * s, x.y * s);
+        h[i] = att_pack_half2(x.x * s, x.y * s);
     }
     return r;
 }
@@ -783,10 +768,10 @@ template <int HD, bool F8> __global__ void __launch_bounds__(128, 3) k_attention
 #pragma unroll
         for (int k = 0; k < HD / 16; k++) {
             const int c = k * 16 + t * 2;
-            qf[k][0] = pack_half2(qa[c] * qs, qa[c + 1] * qs);
-            qf[k][1] = pack_half2(qb[c] * qs, qb[c + 1] * qs);
-            qf[k][2] = pack_half2(qa[c + 8] * qs, qa[c + 9] * qs);
-            qf[k][3] = pack_half2(qb[c + 8] * qs, qb[c + 9] * qs);
+            qf[k][0] = att_pack_half2(qa[c] * qs, qa[c + 1] * qs);
+            qf[k][1] = att_pack_half2(qb[c] * qs, qb[c + 1] * qs);
+            qf[k][2] = att_pack_half2(qa[c + 8] * qs, qa[c + 9] * qs);
+            qf[k][3] = att_pack_half2(qb[c + 8] * qs, qb[c + 9] * qs);
         }
     }
     float o[HD / 8][4];
@@ -848,15 +833,15 @@ template <int HD, bool F8> __global__ void __launch_bounds__(128, 3) k_attention
             const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
             // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
             const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float corr_a = ex2(m_a - base_a), corr_b = ex2(m_b - base_b);
+            const float corr_a = att_ex2(m_a - base_a), corr_b = att_ex2(m_b - base_b);
             m_a = mn_a, m_b = mn_b;
             float sum_a = 0, sum_b = 0;
 #pragma unroll
             for (int nt = 0; nt < MMA_KT / 8; nt++) {
-                sc[nt][0] = ex2(sc[nt][0] - base_a);
-                sc[nt][1] = ex2(sc[nt][1] - base_a);
-                sc[nt][2] = ex2(sc[nt][2] - base_b);
-                sc[nt][3] = ex2(sc[nt][3] - base_b);
+                sc[nt][0] = att_ex2(sc[nt][0] - base_a);
+                sc[nt][1] = att_ex2(sc[nt][1] - base_a);
+                sc[nt][2] = att_ex2(sc[nt][2] - base_b);
+                sc[nt][3] = att_ex2(sc[nt][3] - base_b);
                 sum_a += sc[nt][0] + sc[nt][1];
                 sum_b += sc[nt][2] + sc[nt][3];
             }
@@ -874,10 +859,10 @@ template <int HD, bool F8> __global__ void __launch_bounds__(128, 3) k_attention
 #pragma unroll
             for (int kt = 0; kt < MMA_KT / 16; kt++) {
                 uint32_t pa[4];
-                pa[0] = pack_half2(sc[2 * kt][0], sc[2 * kt][1]);
-                pa[1] = pack_half2(sc[2 * kt][2], sc[2 * kt][3]);
-                pa[2] = pack_half2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
-                pa[3] = pack_half2(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+                pa[0] = att_pack_half2(sc[2 * kt][0], sc[2 * kt][1]);
+                pa[1] = att_pack_half2(sc[2 * kt][2], sc[2 * kt][3]);
+                pa[2] = att_pack_half2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
+                pa[3] = att_pack_half2(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
 #pragma unroll
                 for (int nd = 0; nd < HD / 8; nd += 2) {
                     uint32_t b[4];
@@ -947,6 +932,8 @@ static int dec_group_ix(uint32_t group) { return group <= 1 ? 0 : group <= 2 ? 1
 td_status_t kc_attention_init(kern_cuda_t *c)
 {
     td_status_t rc = kc_attention_wide_init(c);
+    if (!rc)
+        rc = kc_attention_wg_init(c);
     if (rc)
         return rc;
     for (uint32_t group = 1; group <= DEC_MAXG; group *= 2)
@@ -1019,6 +1006,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     const bool mma_ok = (g->dtype == TD_KV_F16 || g->dtype == TD_KV_F8_E4M3) && (g->head_dim == 64 || g->head_dim == 128);
     const bool dec_ok = dec_takes(g, n_heads);
     kern_cuda_t *c = (kern_cuda_t *)b;
+    const uint32_t wg_rows = mma_ok ? kc_attention_wg_rows(c, g) : 0; // Hopper's warpgroup MMA (attention_wg.cu)
     // Decode rows may read K through shared memory (coalesced; the attention alone 13% faster at 256 sequences),
     // which holds fewer blocks an SM. Not when the step has one row: the matmuls around the attention are then
     // the GEMV under programmatic launch, whose x must keep the SM's L1, and the larger shared memory made that
@@ -1034,7 +1022,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
         if ((pass == 1 && !mma_ok) || (pass == 2 && !dec_ok))
             continue;
-        const uint32_t per_tile = pass == 1 ? MMA_ROWS : pass == 2 ? 1 : a.qt;
+        const uint32_t per_tile = pass == 1 ? (wg_rows ? wg_rows : MMA_ROWS) : pass == 2 ? 1 : a.qt;
         uint32_t s = 0;
         while (s < n_seqs) { // independent sequences: a launch per ATT_MAXSEQ
             uint32_t tiles = 0, max_ctx = 0;
@@ -1057,7 +1045,9 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
             if (!tiles)
                 continue;
             td_status_t rc;
-            if (pass == 1) {
+            if (pass == 1 && wg_rows) {
+                rc = kc_attention_wg(c, a, g->head_dim, tiles, n_heads);
+            } else if (pass == 1) {
                 dim3 grid(tiles, n_heads);
                 const bool f8 = g->dtype == TD_KV_F8_E4M3;
                 rc = kc_launch(c, "attention_mma",

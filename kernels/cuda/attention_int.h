@@ -75,6 +75,28 @@ template <int N> __device__ __forceinline__ void cp_async_wait(void)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// 2^x on the special-function unit (-inf gives 0), without exp2f's handling of denormal results: the
+// scores' softmax weights are rounded to fp16 anyway
+__device__ __forceinline__ float att_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t att_pack_half2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+// The prompt kernel on Hopper's warpgroup MMA (attention_wg.cu): a block takes the rows of its warpgroups (64 each)
+// of one sequence and one query head. The rows a block when it takes the layout (a compute capability 9.0 device,
+// fp16 KV, head_dim 64 or 128), else 0; the launch of `tiles` blocks a head.
+td_status_t kc_attention_wg_init(kern_cuda_t *c);
+uint32_t kc_attention_wg_rows(const kern_cuda_t *c, const td_kv_layout_t *g);
+td_status_t kc_attention_wg(kern_cuda_t *c, const att_args_t &a, uint32_t hd, uint32_t tiles, uint32_t n_heads);
+
 // The wide decode kernel (attention_wide.cu): a warp a (sequence, KV head) over the whole context, for steps of
 // many decode rows at short contexts, where the split kernel's blocks of four warps left most of them idle.
 // Whether it takes the launch (fp16 KV, head_dim 64 or 128, up to 8 query heads a KV head), and the launch.

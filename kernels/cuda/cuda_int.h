@@ -77,6 +77,7 @@ typedef struct kern_cuda {
     uint32_t n_graphs, next_graph;
     void *blas_ws; // cuBLAS's workspace, set once (a captured GEMM may not allocate)
     bool pdl_able; // the device has programmatic dependent launch (sm_90 and later)
+    uint32_t wg_shape; // prompt attention on the warpgroup MMA (attention_wg.cu): its variant + 1, or 0
     bool pdl;      // kernels launched programmatically dependent (kc_launch): pdl_able unless turned off
     unsigned gv_grid; // the GEMV's blocks resident at once (its grid at most)
     unsigned gc_grid[2]; // the same for the column-split GEMV's two shapes (matmul_fused.cu's k_gemv_cols)

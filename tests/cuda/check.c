@@ -7,10 +7,12 @@
  * any check fails.
  *
  *   tandem-cuda-check [--crafted GGUF] [--model GGUF_OR_DIR]... [--hf DIR LOGITS_JSON]... [--no-timings]
- *                     [--no-ops] [--time-model PATH]... [--fp8-model PATH]... [--dummy]   (--no-ops: the models only;
- *                     --dummy: the models' weights are the dummy load format's, filled by each backend;
- *                     --fp8-model: FP8 weights against the file's on the GPU alone; --time-model:
- *                     a 4k prefill and decode steps timed, whole and op by op)
+ *                     [--no-ops] [--time-model PATH]... [--fp8-model PATH]... [--dummy] [--time-attention]
+ *                     (--no-ops: the models only; --dummy: the models' weights are the dummy load format's, filled
+ *                     by each backend; --fp8-model: FP8 weights against the file's on the GPU alone; --time-model:
+ *                     a 4k prefill and decode steps timed, whole and op by op; --time-attention with --no-timings:
+ *                     the prompt attention's checks and timings alone. TANDEM_CUDA_WGMMA=0 in the environment keeps the
+ *                     prompt attention off Hopper's warpgroup MMA, to time one kernel against the other)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -648,8 +650,9 @@ static void store_random_kv(kern_backend_t *cpu, const kern_kv_view_t *vc, kern_
 }
 
 /* The attention checks' batches: a mix of prompt and decode rows; many decode rows (one past KC_DEC_KS_CTX); many
- * decode rows at short contexts, read from device memory (attention_wide.cu's kernel) */
-enum { ATT_MIXED, ATT_MANY, ATT_WIDE };
+ * decode rows at short contexts, read from device memory (attention_wide.cu's kernel); long prompts, fresh and
+ * after a cached prefix, each many of the prompt kernels' tiles and blocks, the last ones part-filled */
+enum { ATT_MIXED, ATT_MANY, ATT_WIDE, ATT_LONG };
 
 /* rope_kv_attention against the two ops it stands for (rope_kv_store, then
  * attention), on two pools with the same history: decode rows of sequences
@@ -821,12 +824,14 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
 {
     enum { MAXS = 128, BT = 16, NB = 192, LAYERS = 2 };
     const uint32_t mixed_pos0[] = {37, 700, 0, 15, 1500, 130}, mixed_n[] = {100, 1, 5, 1, 1, 200};
-    const bool many = mode != ATT_MIXED;
+    const uint32_t long_pos0[] = {0, 517, 64, 1000, 30, 0}, long_n[] = {700, 333, 130, 16, 1, 64};
+    const bool many = mode == ATT_MANY || mode == ATT_WIDE;
     const int NS = mode == ATT_WIDE ? MAXS : many ? 96 : 6;
     uint32_t pos0[MAXS], n[MAXS];
+    const uint32_t *few_pos0 = mode == ATT_LONG ? long_pos0 : mixed_pos0, *few_n = mode == ATT_LONG ? long_n : mixed_n;
     for (int s = 0; s < NS; s++)
-        pos0[s] = mode == ATT_WIDE ? 20 + 3 * (uint32_t)s : many ? 20 + 12 * (uint32_t)s : mixed_pos0[s],
-        n[s] = many ? 1 : mixed_n[s];
+        pos0[s] = mode == ATT_WIDE ? 20 + 3 * (uint32_t)s : many ? 20 + 12 * (uint32_t)s : few_pos0[s % 6],
+        n[s] = many ? 1 : few_n[s % 6];
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, dtype);
     eng_kv_pool_t *pc, *pg;
     if (eng_kv_pool_create(cpu, &g, NB, NULL, &pc) || eng_kv_pool_create(gpu, &g, NB, NULL, &pg))
@@ -894,7 +899,8 @@ static void check_attention(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t n
         exit(1);
     get(gpu, og, dout, nq * 4);
     snprintf(what, sizeof what, "attention %u/%u heads x %u, %s KV, %d seqs to %u%s", nh, nkv, hd,
-             td_kv_dtype_name(dtype), NS, many ? pos0[NS - 1] + 1 : 1501, mode == ATT_WIDE ? " (wide)" : "");
+             td_kv_dtype_name(dtype), NS, many ? pos0[NS - 1] + 1 : mode == ATT_LONG ? 1016 : 1501,
+             mode == ATT_WIDE ? " (wide)" : mode == ATT_LONG ? " (long prompts)" : "");
     if (dsg)
         gpu->ops->free(gpu, dsg);
     /* fp16 and fp8 KV: prompt rows go through the tensor cores, P (and fp8's values times their scale) rounded to
@@ -1267,6 +1273,15 @@ static void time_attention(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint3
     eng_kv_pool_destroy(pool);
 }
 
+/* The prompt kernels at Llama-2-7B's heads: fresh prompts of 1k, 4k and 16k rows, 1k rows after a 3k prefix */
+static void time_prompt_attention(kern_backend_t *gpu)
+{
+    time_attention(gpu, 32, 32, 128, 1, 4096, 0, 1);
+    time_attention(gpu, 32, 32, 128, 1, 1024, 0, 1);
+    time_attention(gpu, 32, 32, 128, 1, 16384, 0, 1);
+    time_attention(gpu, 32, 32, 128, 1, 1024, 3072, 1);
+}
+
 /* A backend that times each compute op of another (synchronizing before and
  * after it), for --time-model's breakdown. */
 enum { OP_MATMUL, OP_MULTI, OP_RMSNORM, OP_ROPE, OP_SWIGLU, OP_ADD, OP_EMBED, OP_KV, OP_ATTN, OP_COPY, OP_XFER,
@@ -1623,8 +1638,7 @@ static void timings(kern_backend_t *gpu)
         gpu->ops->weight_release(gpu, &wt);
         free(wd);
     }
-    time_attention(gpu, 32, 32, 128, 1, 4096, 0, 1);    /* a 4k prompt, Llama-2-7B's heads */
-    time_attention(gpu, 32, 32, 128, 1, 1024, 0, 1);
+    time_prompt_attention(gpu);
     time_attention(gpu, 32, 32, 128, 256, 1, 1023, 1); /* decode: 256 sequences at 1k context */
     time_attention(gpu, 32, 32, 128, 1, 1, 4095, 1);   /* decode: one sequence at 4k context */
     /* the same decode in a pool of the model's 32 layers (64 GB), as the engine reads it, beside one layer */
@@ -1699,7 +1713,7 @@ int main(int argc, char **argv)
     const char *crafted = "tests/fixtures/dequant/crafted.gguf", *models[8], *hf[8][2], *timed_models[8],
                *fp8_models[8];
     int nm = 0, nh = 0, nt = 0, n8 = 0;
-    bool timed = true, ops = true;
+    bool timed = true, ops = true, time_att = false; /* --time-attention: with --no-timings, the prompt kernels alone */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--crafted") && i + 1 < argc) crafted = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc && nm < 8) models[nm++] = argv[++i];
@@ -1709,9 +1723,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--time-model") && i + 1 < argc && nt < 8) timed_models[nt++] = argv[++i];
         else if (!strcmp(argv[i], "--fp8-model") && i + 1 < argc && n8 < 8) fp8_models[n8++] = argv[++i];
         else if (!strcmp(argv[i], "--dummy")) dummy_weights = true;
+        else if (!strcmp(argv[i], "--time-attention")) time_att = true;
         else {
             fprintf(stderr, "usage: tandem-cuda-check [--crafted GGUF] [--model PATH]... [--hf DIR LOGITS_JSON]... "
-                            "[--no-timings] [--no-ops] [--time-model PATH]...\n");
+                            "[--no-timings] [--no-ops] [--time-model PATH]... [--fp8-model PATH]... [--dummy] "
+                            "[--time-attention]\n");
             return 2;
         }
     }
@@ -1743,6 +1759,11 @@ int main(int argc, char **argv)
                 check_attention(cpu, gpu, heads[h][0], heads[h][1], heads[h][2], kvds[dt], ATT_MIXED);
         check_attention(cpu, gpu, 32, 32, 128, TD_KV_F16, ATT_MANY);
         check_attention(cpu, gpu, 64, 64, 64, TD_KV_F16, ATT_MANY);
+        /* long prompts (the prompt kernels' many tiles): 7B's heads, GQA of 4 at 128 and of 3 at 64 wide, fp8 */
+        check_attention(cpu, gpu, 32, 32, 128, TD_KV_F16, ATT_LONG);
+        check_attention(cpu, gpu, 32, 8, 128, TD_KV_F16, ATT_LONG);
+        check_attention(cpu, gpu, 9, 3, 64, TD_KV_F16, ATT_LONG);
+        check_attention(cpu, gpu, 32, 8, 128, TD_KV_F8_E4M3, ATT_LONG);
         check_attention(cpu, gpu, 32, 8, 128, TD_KV_F8_E4M3, ATT_MANY);
         check_attention(cpu, gpu, 64, 64, 64, TD_KV_F8_E4M3, ATT_MANY);
         /* the wide decode kernel: one query head a KV head, and groups of 2, 4 and 8 */
@@ -1798,6 +1819,14 @@ int main(int argc, char **argv)
         check_fp8_model(gpu, fp8_models[i]);
     if (timed)
         timings(gpu);
+    else if (time_att) { /* the prompt kernels' checks, then their timings */
+        const uint32_t ph[][3] = {{9, 3, 64}, {32, 8, 128}, {32, 32, 128}};
+        for (size_t h = 0; h < sizeof ph / sizeof *ph; h++) {
+            check_attention(cpu, gpu, ph[h][0], ph[h][1], ph[h][2], TD_KV_F16, ATT_MIXED);
+            check_attention(cpu, gpu, ph[h][0], ph[h][1], ph[h][2], TD_KV_F16, ATT_LONG);
+        }
+        time_prompt_attention(gpu);
+    }
     for (int i = 0; i < nt; i++)
         time_model(gpu, timed_models[i], 4096);
     kern_cuda_backend_destroy(gpu);
