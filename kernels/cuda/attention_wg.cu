@@ -378,8 +378,12 @@ __global__ void __launch_bounds__(128 * NW, 1) k_attention_wg(const att_args_t a
 #endif
 }
 
-// The variants one build holds (TANDEM_CUDA_WGMMA picks one by its index; the first is the default)
+// The variants one build holds; TANDEM_CUDA_WGMMA picks one by its number (1 the first), WG_DEFAULT's without it.
+// On an H100 (bench/results/prefill-2026-12-06.md), two warpgroups over tiles of 128 positions were fastest but for
+// three warpgroups at 4k and 16k fresh prompts, which were slower at 1k and after a cached prefix (fewer blocks);
+// a third stage of K and V gained nothing.
 static const wg_shape_t wg_shapes[] = {{2, 64, 2}, {2, 64, 3}, {2, 128, 2}, {3, 64, 2}, {3, 64, 3}, {1, 64, 2}};
+#define WG_DEFAULT 3
 #define WG_NSHAPES (sizeof wg_shapes / sizeof *wg_shapes)
 typedef void (*wg_fn_t)(att_args_t);
 template <int HD> static wg_fn_t wg_kernel_hd(uint32_t i)
@@ -399,7 +403,7 @@ td_status_t kc_attention_wg_init(kern_cuda_t *c)
     // sm_90a's instructions run on compute capability 9.0 alone. TANDEM_CUDA_WGMMA (to measure one kernel against
     // another in one build): 0 keeps the mma.sync kernel, 1.. the variant of that number
     const char *env = getenv("TANDEM_CUDA_WGMMA");
-    const int pick = env && *env >= '0' && *env <= '0' + (int)WG_NSHAPES ? *env - '0' : 1;
+    const int pick = env && *env >= '0' && *env <= '0' + (int)WG_NSHAPES ? *env - '0' : WG_DEFAULT;
     c->wg_shape = major == 9 && minor == 0 ? (uint32_t)pick : 0;
     for (uint32_t i = 0; i < WG_NSHAPES && c->wg_shape; i++)
         for (uint32_t hd = 64; hd <= 128; hd *= 2)
