@@ -14,7 +14,7 @@ m=${MODEL_DIR:-/tmp/llama2-7b-dummy}
   --tokenizer "$here/fixtures/tiny-llama3" --config-only > "$out/make-dummy.txt" 2>&1 || exit 1
 for r in $(seq 1 "$rounds"); do
   for v in $variants; do
-    TANDEM_CUDA_WGMMA=$v timeout 120 "$here/bin/tandem-cuda-check" --no-ops --no-timings --time-attention \
+    TANDEM_CUDA_WGMMA=$v timeout 40 "$here/bin/tandem-cuda-check" --no-ops --no-timings --time-attention \
       > "$out/att-$v-$r.txt" 2>&1
     echo "variant $v round $r: checks $(grep -c ' ok$' "$out/att-$v-$r.txt") ok, $(grep -c FAIL "$out/att-$v-$r.txt") failed;" \
       "$(grep timing "$out/att-$v-$r.txt" | sed -E 's/.* x ([0-9]+) rows after ([0-9]+).*: ([0-9.]+) ms = ([0-9.]+) TFLOP.*/\1@\2 \3ms \4TF/' | tr '\n' ' ')"
@@ -37,7 +37,7 @@ for v in $variants; do
 done
 for r in $(seq 1 "$rounds"); do
   for v in $variants; do
-    TANDEM_CUDA_WGMMA=$v "$here/bin/tandem" generate --model "$m" --load-format dummy --device cuda --ignore-eos \
+    TANDEM_CUDA_WGMMA=$v timeout 60 "$here/bin/tandem" generate --model "$m" --load-format dummy --device cuda --ignore-eos \
       --ids --max-tokens 1 --token-budget 4096 --kv-mib 4096 "$p4" 2>&1 >/dev/null | grep -E "tok/s|error" |
       sed -E 's/\| KV .*//' | sed "s/^/variant $v round $r prefill 4095: /"
   done

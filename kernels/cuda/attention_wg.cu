@@ -20,6 +20,7 @@
 // A variant's shape: warpgroups a block, positions a tile, stages of K and V
 typedef struct wg_shape {
     uint32_t nw, kt, st;
+    bool ws; // a producer warpgroup beside the nw (k_attention_ws)
 } wg_shape_t;
 
 // Bytes of R rows of hd halves
@@ -29,7 +30,7 @@ __host__ __device__ constexpr uint32_t wg_piece(uint32_t rows, uint32_t hd) { re
 // 1,024-byte aligned)
 static size_t wg_smem(uint32_t hd, wg_shape_t v)
 {
-    return (size_t)v.nw * wg_piece(64, hd) + (size_t)2 * v.st * wg_piece(v.kt, hd) + 1024;
+    return (size_t)v.nw * wg_piece(64, hd) + (size_t)2 * v.st * wg_piece(v.kt, hd) + (v.ws ? 16 * v.st : 0) + 1024;
 }
 
 // Byte offset of 16-byte piece c of row r in a piece of R rows (its column block of 64 halves, the row, the
@@ -68,6 +69,24 @@ template <int N> __device__ __forceinline__ void wg_hold_p(uint32_t (&pa)[N][4])
 #pragma unroll
         for (int i = 0; i < 4; i++)
             asm volatile("" : "+r"(pa[k][i])::"memory");
+}
+
+// mbarriers in shared memory (k_attention_ws): init with the arrivals a phase takes, arrive, wait for the phase of
+// a parity to complete
+__device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWG_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WG_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
 }
 
 // D (64 x 64, fp32: 32 a thread) = or += A (64 x 16 from shared memory, K-major) · B (16 x 64, K-major): S's k-step
@@ -207,6 +226,100 @@ __device__ __forceinline__ void wg_softmax(float (&sc)[KT / 2], uint32_t p0, uin
     l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
     l_b = l_b * corr_b + sum_b;
 }
+
+// One tile of a warpgroup's rows: S = Q Kᵀ (Q and K at q_addr and k_addr), the softmax, O += P V (V at v_addr),
+// each MMA waited for
+template <int HD, int KT>
+__device__ __forceinline__ void wg_tile(float (&o)[HD / 2], uint32_t q_addr, uint32_t k_addr, uint32_t v_addr,
+                                        uint32_t p0, uint32_t warp_first, uint32_t pos_a, uint32_t t, float &m_a,
+                                        float &m_b, float &l_a, float &l_b)
+{
+    // S = Q Kᵀ: a k-step is 16 dims, 32 bytes into a column block's rows
+    float sc[KT / 2];
+#pragma unroll
+    for (int i = 0; i < KT / 2; i++)
+        sc[i] = 0;
+    wg_hold(sc);
+    wg_fence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < HD / 16; kk++)
+        wg_ss<KT>(sc, wg_desc(q_addr + (kk >> 2) * (64u * 128u) + (kk & 3u) * 32u, 16, 1024),
+                  wg_desc(k_addr + (kk >> 2) * (KT * 128u) + (kk & 3u) * 32u, 16, 1024), kk > 0);
+    wg_commit();
+    wg_wait();
+    wg_hold(sc);
+    float corr_a, corr_b;
+    wg_softmax<KT>(sc, p0, warp_first, pos_a, t, m_a, m_b, l_a, l_b, corr_a, corr_b);
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) {
+        o[4 * i] *= corr_a, o[4 * i + 1] *= corr_a;
+        o[4 * i + 2] *= corr_b, o[4 * i + 3] *= corr_b;
+    }
+    // P as the A operand of k-step kk (positions 16kk..16kk + 15): the scores' layout is the fragment's
+    uint32_t pa[KT / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+        pa[kk][0] = att_pack_half2(sc[8 * kk], sc[8 * kk + 1]);
+        pa[kk][1] = att_pack_half2(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = att_pack_half2(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = att_pack_half2(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+    // O += P V: a k-step is 16 positions, two groups of 8 rows (2,048 bytes) into V's column blocks
+    wg_hold(o);
+    wg_fence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < KT / 16; kk++)
+        wg_rs<HD>(o, pa[kk], wg_desc(v_addr + kk * 2048u, KT * 128u, 1024));
+    wg_commit();
+    wg_wait();
+    wg_hold_p(pa);
+    wg_hold(o);
+}
+
+// The warpgroup's 64 Q rows (from row r0 of sequence S, query head `head`), scaled for exp2 and rounded to fp16,
+// into its piece at q (rows past the sequence repeat its last: their outputs are not written); wt: the thread's
+// index in the warpgroup
+template <int HD>
+__device__ __forceinline__ void wg_load_q(uint8_t *q, const att_args_t &a, const att_seq_t &S, uint32_t r0,
+                                          uint32_t head, uint32_t wt)
+{
+    constexpr uint32_t CH = HD / 8;
+    const float qs = a.scale * 1.4426950408889634f;
+    for (uint32_t i = wt; i < 64 * CH; i += 128) {
+        const uint32_t r = i / CH, c = i % CH, row = min(r0 + r, S.n - 1);
+        const float4 *src = (const float4 *)(a.q + ((size_t)(S.row0 + row) * a.n_heads + head) * HD + c * 8);
+        const float4 x = src[0], y = src[1];
+        *(uint4 *)(q + wg_off<64>(r, c)) = make_uint4(att_pack_half2(x.x * qs, x.y * qs),
+                                                      att_pack_half2(x.z * qs, x.w * qs),
+                                                      att_pack_half2(y.x * qs, y.y * qs),
+                                                      att_pack_half2(y.z * qs, y.w * qs));
+    }
+}
+
+// The output rows of a warpgroup (its first row r0w of sequence S): O over each row's sum
+template <int HD>
+__device__ __forceinline__ void wg_store_o(const att_args_t &a, const att_seq_t &S, uint32_t r0w, uint32_t head,
+                                           uint32_t warp, uint32_t g, uint32_t t, const float (&o)[HD / 2], float l_a,
+                                           float l_b)
+{
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
+    }
+    const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+    const uint32_t ra = r0w + warp * 16 + g, rb = ra + 8;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        const uint32_t c = n * 8 + t * 2;
+        if (ra < S.n)
+            *(float2 *)(a.out + ((size_t)(S.row0 + ra) * a.n_heads + head) * HD + c) =
+                make_float2(o[4 * n] * inv_a, o[4 * n + 1] * inv_a);
+        if (rb < S.n)
+            *(float2 *)(a.out + ((size_t)(S.row0 + rb) * a.n_heads + head) * HD + c) =
+                make_float2(o[4 * n + 2] * inv_b, o[4 * n + 3] * inv_b);
+    }
+}
 #endif
 
 template <int HD, int NW, int KT, int ST>
@@ -281,23 +394,13 @@ __global__ void __launch_bounds__(128 * NW, 1) k_attention_wg(const att_args_t a
     }
     if (ST - 1 < n_tiles)
         pages((ST - 1) * KT);
-    // the warpgroup's Q rows, scaled for exp2 and rounded to fp16, while the first tiles come (rows past the
-    // sequence repeat its last: their outputs are not written)
-    const float qs = a.scale * 1.4426950408889634f;
-    for (uint32_t i = wt; i < 64 * CH; i += 128) {
-        const uint32_t r = i / CH, c = i % CH, row = min(r0 + wr0 + r, S.n - 1);
-        const float4 *src = (const float4 *)(a.q + ((size_t)(S.row0 + row) * a.n_heads + head) * HD + c * 8);
-        const float4 x = src[0], y = src[1];
-        *(uint4 *)(sm + wg * QP + wg_off<64>(r, c)) = make_uint4(
-            att_pack_half2(x.x * qs, x.y * qs), att_pack_half2(x.z * qs, x.w * qs), att_pack_half2(y.x * qs, y.y * qs),
-            att_pack_half2(y.z * qs, y.w * qs));
-    }
+    wg_load_q<HD>(sm + wg * QP, a, S, r0 + wr0, head, wt); // while the first tiles come
     const uint32_t q_addr = sm_addr + wg * QP;
     float o[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++)
         o[i] = 0;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0, corr_a, corr_b;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
     for (uint32_t it = 0; it < n_tiles; it++) {
         const uint32_t p0 = it * KT, ahead = it + ST - 1;
         // tile it + ST - 1's loads go out (to the stage tile it - 1 left: every warpgroup is done with it, the
@@ -312,69 +415,104 @@ __global__ void __launch_bounds__(128 * NW, 1) k_attention_wg(const att_args_t a
         wg_fence_smem();
         __syncthreads(); // this tile (and Q) is in shared memory for every warpgroup
         if (it < wg_tiles) {
-            const uint32_t k_addr = sm_addr + NW * QP + 2 * (it % ST) * TP, v_addr = k_addr + TP;
-            // S = Q Kᵀ: a k-step is 16 dims, 32 bytes into a column block's rows
-            float sc[KT / 2];
-#pragma unroll
-            for (int i = 0; i < KT / 2; i++)
-                sc[i] = 0;
-            wg_hold(sc);
-            wg_fence();
-#pragma unroll
-            for (uint32_t kk = 0; kk < HD / 16; kk++)
-                wg_ss<KT>(sc, wg_desc(q_addr + (kk >> 2) * (64u * 128u) + (kk & 3u) * 32u, 16, 1024),
-                          wg_desc(k_addr + (kk >> 2) * (KT * 128u) + (kk & 3u) * 32u, 16, 1024), kk > 0);
-            wg_commit();
-            wg_wait();
-            wg_hold(sc);
-            wg_softmax<KT>(sc, p0, warp_first, pos_a, t, m_a, m_b, l_a, l_b, corr_a, corr_b);
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                o[4 * i] *= corr_a, o[4 * i + 1] *= corr_a;
-                o[4 * i + 2] *= corr_b, o[4 * i + 3] *= corr_b;
-            }
-            // P as the A operand of k-step kk (positions 16kk..16kk + 15): the scores' layout is the fragment's
-            uint32_t pa[KT / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < KT / 16; kk++) {
-                pa[kk][0] = att_pack_half2(sc[8 * kk], sc[8 * kk + 1]);
-                pa[kk][1] = att_pack_half2(sc[8 * kk + 2], sc[8 * kk + 3]);
-                pa[kk][2] = att_pack_half2(sc[8 * kk + 4], sc[8 * kk + 5]);
-                pa[kk][3] = att_pack_half2(sc[8 * kk + 6], sc[8 * kk + 7]);
-            }
-            // O += P V: a k-step is 16 positions, two groups of 8 rows (2,048 bytes) into V's column blocks
-            wg_hold(o);
-            wg_fence();
-#pragma unroll
-            for (uint32_t kk = 0; kk < KT / 16; kk++)
-                wg_rs<HD>(o, pa[kk], wg_desc(v_addr + kk * 2048u, KT * 128u, 1024));
-            wg_commit();
-            wg_wait();
-            wg_hold_p(pa);
-            wg_hold(o);
+            const uint32_t k_addr = sm_addr + NW * QP + 2 * (it % ST) * TP;
+            wg_tile<HD, KT>(o, q_addr, k_addr, k_addr + TP, p0, warp_first, pos_a, t, m_a, m_b, l_a, l_b);
         }
         __syncthreads(); // every warpgroup is done with this tile before a load overwrites its stage
     }
     cp_async_wait<0>(); // (the empty groups past the last tile)
     if (!wg_live)
         return;
+    wg_store_o<HD>(a, S, r0 + wr0, head, warp, g, t, o, l_a, l_b);
+#endif
+}
+
+// The same over a producer: warpgroup NW (the last) gathers each tile's K and V into ST stages and says it landed
+// on the stage's mbarrier (full), each consumer warpgroup (0..NW-1) says it is done with the stage on another
+// (empty). No block barrier in the loop: each consumer goes at its own pace, its softmax beside the other's MMAs
+// (flash-attention 3's producer and consumers, with cp.async for the copy engine: a tile's rows are on pages).
+template <int HD, int NW, int KT, int ST>
+__global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_args_t a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr uint32_t QP = wg_piece(64, HD), TP = wg_piece(KT, HD); // a warpgroup's Q, a tile's K (or V)
+    constexpr uint32_t CH = HD / 8, ROWS = 64 * NW;                   // CH: a row's 16-byte pieces
+    extern __shared__ uint8_t wg_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(wg_raw), pad = (1024u - (raw & 1023u)) & 1023u;
+    uint8_t *sm = wg_raw + pad; // warpgroup w's Q at w * QP; stage s's K at NW * QP + 2s * TP, its V a TP on
+    const uint32_t sm_addr = raw + pad, bars = sm_addr + NW * QP + 2 * ST * TP; // full[ST], then empty[ST]
+    kc_pdl_wait();
+    kc_pdl_release();
+    const uint32_t tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, warp = wt >> 5, lane = tid & 31;
+    const uint32_t g = lane >> 2, t = lane & 3;
+    const uint32_t bx = gridDim.x - 1 - blockIdx.x; // the last rows (the longest walks) first
+    uint32_t s = 0;
+    while (s + 1 < a.n_seqs && a.seq[s + 1].tile0 <= bx)
+        s++;
+    const att_seq_t S = a.seq[s];
+    const uint32_t r0 = (bx - S.tile0) * ROWS, rows = min(ROWS, S.n - r0);
+    const uint32_t head = blockIdx.y, kvh = head / a.group;
+    const uint32_t last = S.pos0 + r0 + rows - 1, n_tiles = last / KT + 1;
+    if (tid == 0)
+        for (uint32_t i = 0; i < ST; i++)
+            mb_init(bars + 8 * i, 128), mb_init(bars + 8 * (ST + i), 128 * NW);
+    __syncthreads();
+    if (wg == NW) { // the producer: thread wt takes piece wt % CH of rows wt / CH + m * JSTEP of each tile
+        constexpr uint32_t JSTEP = 128 / CH, PER = KT / JSTEP;
+        const uint32_t jt = wt / CH, ct = wt % CH;
+        const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1; // block_tokens is a power of two
+        const size_t k_off = att_rows(a, 0, kvh), v_off = att_rows(a, 1, kvh);
+        for (uint32_t j = 0; j < n_tiles; j++) {
+            const uint32_t st = j % ST;
+            if (j >= ST) // the consumers are done with the stage's last tile
+                mb_wait(bars + 8 * (ST + st), (j / ST - 1) & 1);
+            uint8_t *kb = sm + NW * QP + 2 * st * TP, *vb = kb + TP;
 #pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
+            for (uint32_t m = 0; m < PER; m++) {
+                const uint32_t r = jt + m * JSTEP, pos = j * KT + r;
+                const bool ok = pos <= last;
+                const __half *blk = (const __half *)(a.base + (size_t)(ok ? S.table[pos >> bt_shift] : 0) * a.block_bytes);
+                const size_t o8 = ok ? (size_t)(pos & bt_mask) * HD + ct * 8 : 0;
+                const uint32_t at = wg_off<KT>(r, ct);
+                cp_async16(kb + at, ok ? blk + k_off + o8 : blk, ok);
+                cp_async16(vb + at, ok ? blk + v_off + o8 : blk, ok);
+            }
+            cp_async_commit();
+            if (j > 0) { // the tile before has landed (this thread's part): seen by the tensor cores, then said
+                cp_async_wait<1>();
+                wg_fence_smem();
+                mb_arrive(bars + 8 * ((j - 1) % ST));
+            }
+        }
+        cp_async_wait<0>();
+        wg_fence_smem();
+        mb_arrive(bars + 8 * ((n_tiles - 1) % ST));
+        return;
     }
-    const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
-    const uint32_t ra = r0 + wr0 + warp * 16 + g, rb = ra + 8;
+    const uint32_t wr0 = wg * 64, wg_first = S.pos0 + r0 + wr0; // the warpgroup's first row in the block, its position
+    const uint32_t warp_first = wg_first + warp * 16, pos_a = warp_first + g;
+    const bool wg_live = wr0 < rows;
+    const uint32_t wg_tiles = wg_live ? min(n_tiles, (wg_first + 63) / KT + 1) : 0; // causal: the first ones
+    wg_load_q<HD>(sm + wg * QP, a, S, r0 + wr0, head, wt);
+    wg_fence_smem();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); // the warpgroup's Q is stored
+    const uint32_t q_addr = sm_addr + wg * QP;
+    float o[HD / 2];
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-        const uint32_t c = n * 8 + t * 2;
-        if (ra < S.n)
-            *(float2 *)(a.out + ((size_t)(S.row0 + ra) * a.n_heads + head) * HD + c) =
-                make_float2(o[4 * n] * inv_a, o[4 * n + 1] * inv_a);
-        if (rb < S.n)
-            *(float2 *)(a.out + ((size_t)(S.row0 + rb) * a.n_heads + head) * HD + c) =
-                make_float2(o[4 * n + 2] * inv_b, o[4 * n + 3] * inv_b);
+    for (int i = 0; i < HD / 2; i++)
+        o[i] = 0;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
+    for (uint32_t it = 0; it < n_tiles; it++) { // every tile, so that each phase of the stages' barriers is whole
+        const uint32_t st = it % ST;
+        mb_wait(bars + 8 * st, (it / ST) & 1);
+        if (it < wg_tiles) {
+            const uint32_t k_addr = sm_addr + NW * QP + 2 * st * TP;
+            wg_tile<HD, KT>(o, q_addr, k_addr, k_addr + TP, it * KT, warp_first, pos_a, t, m_a, m_b, l_a, l_b);
+        }
+        mb_arrive(bars + 8 * (ST + st));
     }
+    if (wg_live)
+        wg_store_o<HD>(a, S, r0 + wr0, head, warp, g, t, o, l_a, l_b);
 #endif
 }
 
@@ -382,7 +520,9 @@ __global__ void __launch_bounds__(128 * NW, 1) k_attention_wg(const att_args_t a
 // On an H100 (bench/results/prefill-2026-12-06.md), two warpgroups over tiles of 128 positions were fastest but for
 // three warpgroups at 4k and 16k fresh prompts, which were slower at 1k and after a cached prefix (fewer blocks);
 // a third stage of K and V gained nothing.
-static const wg_shape_t wg_shapes[] = {{2, 64, 2}, {2, 64, 3}, {2, 128, 2}, {3, 64, 2}, {3, 64, 3}, {1, 64, 2}};
+static const wg_shape_t wg_shapes[] = {{2, 64, 2, false}, {2, 64, 3, false}, {2, 128, 2, false},
+                                       {3, 64, 2, false}, {3, 64, 3, false}, {1, 64, 2, false},
+                                       {2, 64, 4, true},  {2, 64, 3, true}};
 #define WG_DEFAULT 3
 #define WG_NSHAPES (sizeof wg_shapes / sizeof *wg_shapes)
 typedef void (*wg_fn_t)(att_args_t);
@@ -390,7 +530,8 @@ template <int HD> static wg_fn_t wg_kernel_hd(uint32_t i)
 {
     static const wg_fn_t k[WG_NSHAPES] = {k_attention_wg<HD, 2, 64, 2>, k_attention_wg<HD, 2, 64, 3>,
                                           k_attention_wg<HD, 2, 128, 2>, k_attention_wg<HD, 3, 64, 2>,
-                                          k_attention_wg<HD, 3, 64, 3>, k_attention_wg<HD, 1, 64, 2>};
+                                          k_attention_wg<HD, 3, 64, 3>, k_attention_wg<HD, 1, 64, 2>,
+                                          k_attention_ws<HD, 2, 64, 4>,  k_attention_ws<HD, 2, 64, 3>};
     return k[i];
 }
 static wg_fn_t wg_kernel(uint32_t hd, uint32_t i) { return hd == 64 ? wg_kernel_hd<64>(i) : wg_kernel_hd<128>(i); }
@@ -422,6 +563,6 @@ uint32_t kc_attention_wg_rows(const kern_cuda_t *c, const td_kv_layout_t *g)
 td_status_t kc_attention_wg(kern_cuda_t *c, const att_args_t &a, uint32_t hd, uint32_t tiles, uint32_t n_heads)
 {
     const wg_shape_t v = wg_shapes[c->wg_shape - 1];
-    return kc_launch(c, "attention_wg", wg_kernel(hd, c->wg_shape - 1), dim3(tiles, n_heads), dim3(128 * v.nw),
-                     wg_smem(hd, v), a);
+    return kc_launch(c, "attention_wg", wg_kernel(hd, c->wg_shape - 1), dim3(tiles, n_heads),
+                     dim3(128 * (v.nw + v.ws)), wg_smem(hd, v), a);
 }
