@@ -6,15 +6,16 @@
 // two mma.sync: shared memory's bandwidth bounded it at ~220 TFLOP/s on an H100 at a 4k prompt (bench/results/
 // prefill-2026-12-06.md). Here a warpgroup (four warps) holds 64 rows and the tensor cores read K and V from
 // shared memory themselves (wgmma's B operand), Q too for S = Q Kᵀ; P stays in registers as the A operand of
-// O += P V. A block is NW warpgroups (64 rows each, of one sequence and one query head); a tile is KT positions;
-// S is m64n{KT}k16 over head_dim / 16 k-steps, P V m64n{head_dim}k16 over KT / 16.
+// O += P V. A block takes NW warpgroups' rows (64 each, of one sequence and one query head); a tile is KT
+// positions; S is m64n{KT}k16 over head_dim / 16 k-steps, P V m64n{head_dim}k16 over KT / 16.
 //
 // Shared memory holds each warpgroup's Q rows (fp16, scaled for exp2) and ST stages of a tile's K and V rows,
-// gathered from the pages by cp.async, ST - 1 tiles in flight while one is used. A piece of R rows of head_dim
-// halves is stored as head_dim / 64 column blocks of R rows x 128 bytes in the 128-byte swizzle the descriptors
-// name (16-byte piece c of row r at c ^ (r mod 8)): K-major for Q and K (a k-step is 32 bytes into a row),
-// MN-major for V (its rows are positions, the k of P V). The softmax is attention.cu's: fp32 scores in
-// registers, base 2, a running max and sum a row, P rounded to fp16.
+// gathered from the pages by cp.async. In k_attention_ws (the default) a producer warpgroup gathers them, up to ST
+// tiles ahead, and the consumers go at their own pace on mbarriers; in k_attention_wg every thread loads and the
+// warpgroups meet at block barriers. A piece of R rows of head_dim halves is stored as head_dim / 64 column blocks
+// of R rows x 128 bytes in the 128-byte swizzle the descriptors name (16-byte piece c of row r at c ^ (r mod 8)):
+// K-major for Q and K (a k-step is 32 bytes into a row), MN-major for V (its rows are positions, the k of P V).
+// The softmax is attention.cu's: fp32 scores in registers, base 2, a running max and sum a row, P rounded to fp16.
 #include "kernels/cuda/attention_int.h"
 
 // A variant's shape: warpgroups a block, positions a tile, stages of K and V
@@ -517,13 +518,14 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
 }
 
 // The variants one build holds; TANDEM_CUDA_WGMMA picks one by its number (1 the first), WG_DEFAULT's without it.
-// On an H100 (bench/results/prefill-2026-12-06.md), two warpgroups over tiles of 128 positions were fastest but for
-// three warpgroups at 4k and 16k fresh prompts, which were slower at 1k and after a cached prefix (fewer blocks);
-// a third stage of K and V gained nothing.
+// On an H100 (bench/results/prefill-2026-12-06.md): of the ones whose threads all load and meet at block barriers,
+// two warpgroups over tiles of 128 positions (3) were fastest but for three warpgroups at 4k and 16k fresh prompts,
+// which were slower at 1k and after a cached prefix (fewer blocks); a third stage of K and V gained nothing. A
+// producer warpgroup (7, 8: k_attention_ws) was 12-15% faster than 3 at every size, three stages as fast as four.
 static const wg_shape_t wg_shapes[] = {{2, 64, 2, false}, {2, 64, 3, false}, {2, 128, 2, false},
                                        {3, 64, 2, false}, {3, 64, 3, false}, {1, 64, 2, false},
                                        {2, 64, 4, true},  {2, 64, 3, true}};
-#define WG_DEFAULT 3
+#define WG_DEFAULT 8
 #define WG_NSHAPES (sizeof wg_shapes / sizeof *wg_shapes)
 typedef void (*wg_fn_t)(att_args_t);
 template <int HD> static wg_fn_t wg_kernel_hd(uint32_t i)
