@@ -13,6 +13,7 @@
 #ifndef TANDEM_PREFILL_PEERS_H
 #define TANDEM_PREFILL_PEERS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,7 +38,7 @@ typedef struct pw_peer {
         uint32_t region, head0, heads;
         size_t part_bytes;
     } parts[KV_XFER_MAX_REGIONS];
-    bool failed; /* set by any thread, never cleared */
+    atomic_bool failed; /* set by any thread (the pusher, the engine's), never cleared */
     int refs;    /* requests holding it (under the table's lock) */
     double last_used;
 } pw_peer_t;
