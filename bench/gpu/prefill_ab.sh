@@ -3,7 +3,7 @@
 # TANDEM_CUDA_WGMMA=0 is the mma.sync kernel (attention.cu), 1.. the warpgroup-MMA variants (attention_wg.cu's
 # wg_shapes). For each: the prompt kernels' checks against the CPU backend and their timings (1k, 4k, 16k fresh;
 # 1k after 3k), then the Llama-2-7B shape's 4k prefill whole and op by op, then `tandem generate`'s time to first
-# token of a 4,095-token prompt, and every check of tandem-cuda-check — these for 0, the default (WG_DEFAULT) and
+# token of a 4,095-token prompt (with the prompt's logits against the mma.sync kernel's), and every check of tandem-cuda-check — these for 0, the default (WG_DEFAULT) and
 # the variant whose 4k attention was fastest. On the GPU machine, from the bundle's folder:
 #   bench/prefill_ab.sh OUT "0 1 2 ..." ROUNDS
 set -uo pipefail
@@ -34,6 +34,7 @@ for v in $variants; do
     > "$out/model-$v.txt" 2>&1
   echo "variant $v: $(grep -E '^timing model' "$out/model-$v.txt" | head -1 | sed -E 's/decode step.*//')"
   grep -E "ops, ms in the prefill:" "$out/model-$v.txt" | head -1 | sed -E 's/^ +/   /'
+  grep -E "vs mma.sync" "$out/model-$v.txt" | sed -E 's/^/   /'
 done
 for r in $(seq 1 "$rounds"); do
   for v in $variants; do

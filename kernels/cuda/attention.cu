@@ -993,6 +993,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     a.scale = scale;
     a.q = q;
     a.out = out;
+    a.outh = NULL;
     a.dseq = dev_seqs;
     a.rope = r != NULL;
     if (r) {
@@ -1019,6 +1020,15 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     // a step of decode rows alone, its sequences in device memory: one decode launch for all of them (a launch per
     // ATT_MAXSEQ left each launch a part-filled last wave)
     a.dseq_all = dev_seqs && dec_ok && rows == n_seqs;
+    // prompt rows that all take the warpgroup kernel in one launch also leave their output in fp16 where the O
+    // projection's matmul takes it (matmul_fused's xh, handed over as a glu's product is) instead of converting it
+    // in a pass of its own; xh holds that much already once one such projection has run (it grows there)
+    bool hand = wg_rows && n_seqs <= ATT_MAXSEQ;
+    for (uint32_t i = 0; i < n_seqs && hand; i++)
+        hand = !seqs[i].n || seqs[i].n >= 16;
+    const size_t n_out = (size_t)rows * n_heads * g->head_dim;
+    if (hand && c->xh.cap >= n_out * sizeof(__half))
+        a.outh = (__half *)c->xh.p;
     for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
         if ((pass == 1 && !mma_ok) || (pass == 2 && !dec_ok))
             continue;
@@ -1107,6 +1117,8 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
                 return rc;
         }
     }
+    c->xh_of = a.outh ? out : NULL;
+    c->xh_n = a.outh ? n_out : 0;
     return TD_OK;
 }
 

@@ -23,6 +23,7 @@ typedef struct att_args {
     float scale;
     const float *q;
     float *out;
+    __half *outh; // prompt rows on the warpgroup MMA: the output in fp16 too, for the O projection (or NULL)
     float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)
     unsigned *cnt;   // decode: slices finished per (sequence, KV head), back to 0 after the merge
     uint32_t splits; // decode: slices per sequence

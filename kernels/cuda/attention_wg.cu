@@ -313,12 +313,20 @@ __device__ __forceinline__ void wg_store_o(const att_args_t &a, const att_seq_t 
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
         const uint32_t c = n * 8 + t * 2;
-        if (ra < S.n)
-            *(float2 *)(a.out + ((size_t)(S.row0 + ra) * a.n_heads + head) * HD + c) =
-                make_float2(o[4 * n] * inv_a, o[4 * n + 1] * inv_a);
-        if (rb < S.n)
-            *(float2 *)(a.out + ((size_t)(S.row0 + rb) * a.n_heads + head) * HD + c) =
-                make_float2(o[4 * n + 2] * inv_b, o[4 * n + 3] * inv_b);
+        const size_t ia = ((size_t)(S.row0 + ra) * a.n_heads + head) * HD + c;
+        const size_t ib = ((size_t)(S.row0 + rb) * a.n_heads + head) * HD + c;
+        const float2 va = make_float2(o[4 * n] * inv_a, o[4 * n + 1] * inv_a);
+        const float2 vb = make_float2(o[4 * n + 2] * inv_b, o[4 * n + 3] * inv_b);
+        if (ra < S.n) {
+            *(float2 *)(a.out + ia) = va;
+            if (a.outh)
+                *(__half2 *)(a.outh + ia) = __float22half2_rn(va);
+        }
+        if (rb < S.n) {
+            *(float2 *)(a.out + ib) = vb;
+            if (a.outh)
+                *(__half2 *)(a.outh + ib) = __float22half2_rn(vb);
+        }
     }
 }
 #endif
@@ -428,11 +436,49 @@ __global__ void __launch_bounds__(128 * NW, 1) k_attention_wg(const att_args_t a
 #endif
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A consumer warpgroup of k_attention_ws: its Q rows, then every tile as the producer hands it over (each phase
+// of the stages' barriers whole: a warpgroup past its last tile still waits and says it is done)
+template <int HD, int NW, int KT, int ST>
+__device__ __forceinline__ void wg_consume(const att_args_t &a, const att_seq_t &S, uint8_t *sm, uint32_t sm_addr,
+                                           uint32_t bars, uint32_t r0, uint32_t rows, uint32_t head,
+                                           uint32_t n_tiles, uint32_t wg, uint32_t wt, uint32_t warp, uint32_t g,
+                                           uint32_t t)
+{
+    constexpr uint32_t QP = wg_piece(64, HD), TP = wg_piece(KT, HD);
+    const uint32_t wr0 = wg * 64, wg_first = S.pos0 + r0 + wr0; // the warpgroup's first row in the block, its position
+    const uint32_t warp_first = wg_first + warp * 16, pos_a = warp_first + g;
+    const bool wg_live = wr0 < rows;
+    const uint32_t wg_tiles = wg_live ? min(n_tiles, (wg_first + 63) / KT + 1) : 0; // causal: the first ones
+    wg_load_q<HD>(sm + wg * QP, a, S, r0 + wr0, head, wt);
+    wg_fence_smem();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); // the warpgroup's Q is stored
+    const uint32_t q_addr = sm_addr + wg * QP;
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++)
+        o[i] = 0;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
+    for (uint32_t it = 0; it < n_tiles; it++) {
+        const uint32_t st = it % ST;
+        mb_wait(bars + 8 * st, (it / ST) & 1);
+        if (it < wg_tiles) {
+            const uint32_t k_addr = sm_addr + NW * QP + 2 * st * TP;
+            wg_tile<HD, KT>(o, q_addr, k_addr, k_addr + TP, it * KT, warp_first, pos_a, t, m_a, m_b, l_a, l_b);
+        }
+        mb_arrive(bars + 8 * (ST + st));
+    }
+    if (wg_live)
+        wg_store_o<HD>(a, S, r0 + wr0, head, warp, g, t, o, l_a, l_b);
+}
+#endif
+
 // The same over a producer: warpgroup NW (the last) gathers each tile's K and V into ST stages and says it landed
 // on the stage's mbarrier (full), each consumer warpgroup (0..NW-1) says it is done with the stage on another
 // (empty). No block barrier in the loop: each consumer goes at its own pace, its softmax beside the other's MMAs
 // (flash-attention 3's producer and consumers, with cp.async for the copy engine: a tile's rows are on pages).
-template <int HD, int NW, int KT, int ST>
+// RG: registers a consumer thread gets by setmaxnreg (the producer's go down to 40), 0 for the launch's share.
+template <int HD, int NW, int KT, int ST, int RG = 0>
 __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_args_t a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -459,6 +505,8 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
             mb_init(bars + 8 * i, 128), mb_init(bars + 8 * (ST + i), 128 * NW);
     __syncthreads();
     if (wg == NW) { // the producer: thread wt takes piece wt % CH of rows wt / CH + m * JSTEP of each tile
+        if constexpr (RG > 0)
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         constexpr uint32_t JSTEP = 128 / CH, PER = KT / JSTEP;
         const uint32_t jt = wt / CH, ct = wt % CH;
         const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1; // block_tokens is a power of two
@@ -488,32 +536,11 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
         cp_async_wait<0>();
         wg_fence_smem();
         mb_arrive(bars + 8 * ((n_tiles - 1) % ST));
-        return;
+    } else {
+        if constexpr (RG > 0)
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RG) : "memory");
+        wg_consume<HD, NW, KT, ST>(a, S, sm, sm_addr, bars, r0, rows, head, n_tiles, wg, wt, warp, g, t);
     }
-    const uint32_t wr0 = wg * 64, wg_first = S.pos0 + r0 + wr0; // the warpgroup's first row in the block, its position
-    const uint32_t warp_first = wg_first + warp * 16, pos_a = warp_first + g;
-    const bool wg_live = wr0 < rows;
-    const uint32_t wg_tiles = wg_live ? min(n_tiles, (wg_first + 63) / KT + 1) : 0; // causal: the first ones
-    wg_load_q<HD>(sm + wg * QP, a, S, r0 + wr0, head, wt);
-    wg_fence_smem();
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); // the warpgroup's Q is stored
-    const uint32_t q_addr = sm_addr + wg * QP;
-    float o[HD / 2];
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++)
-        o[i] = 0;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
-    for (uint32_t it = 0; it < n_tiles; it++) { // every tile, so that each phase of the stages' barriers is whole
-        const uint32_t st = it % ST;
-        mb_wait(bars + 8 * st, (it / ST) & 1);
-        if (it < wg_tiles) {
-            const uint32_t k_addr = sm_addr + NW * QP + 2 * st * TP;
-            wg_tile<HD, KT>(o, q_addr, k_addr, k_addr + TP, it * KT, warp_first, pos_a, t, m_a, m_b, l_a, l_b);
-        }
-        mb_arrive(bars + 8 * (ST + st));
-    }
-    if (wg_live)
-        wg_store_o<HD>(a, S, r0 + wr0, head, warp, g, t, o, l_a, l_b);
 #endif
 }
 
@@ -524,7 +551,7 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
 // producer warpgroup (7, 8: k_attention_ws) was 12-15% faster than 3 at every size, three stages as fast as four.
 static const wg_shape_t wg_shapes[] = {{2, 64, 2, false}, {2, 64, 3, false}, {2, 128, 2, false},
                                        {3, 64, 2, false}, {3, 64, 3, false}, {1, 64, 2, false},
-                                       {2, 64, 4, true},  {2, 64, 3, true}};
+                                       {2, 64, 4, true},  {2, 64, 3, true},  {2, 128, 2, true}};
 #define WG_DEFAULT 8
 #define WG_NSHAPES (sizeof wg_shapes / sizeof *wg_shapes)
 typedef void (*wg_fn_t)(att_args_t);
@@ -533,26 +560,41 @@ template <int HD> static wg_fn_t wg_kernel_hd(uint32_t i)
     static const wg_fn_t k[WG_NSHAPES] = {k_attention_wg<HD, 2, 64, 2>, k_attention_wg<HD, 2, 64, 3>,
                                           k_attention_wg<HD, 2, 128, 2>, k_attention_wg<HD, 3, 64, 2>,
                                           k_attention_wg<HD, 3, 64, 3>, k_attention_wg<HD, 1, 64, 2>,
-                                          k_attention_ws<HD, 2, 64, 4>,  k_attention_ws<HD, 2, 64, 3>};
+                                          k_attention_ws<HD, 2, 64, 4>,  k_attention_ws<HD, 2, 64, 3>,
+                                          k_attention_ws<HD, 2, 128, 2, 232>};
     return k[i];
 }
 static wg_fn_t wg_kernel(uint32_t hd, uint32_t i) { return hd == 64 ? wg_kernel_hd<64>(i) : wg_kernel_hd<128>(i); }
 
-td_status_t kc_attention_wg_init(kern_cuda_t *c)
+// Whether the device runs sm_90a's instructions (compute capability 9.0 alone)
+static bool wg_able(const kern_cuda_t *c)
 {
     int major = 0, minor = 0;
-    CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
-    CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
-    // sm_90a's instructions run on compute capability 9.0 alone. TANDEM_CUDA_WGMMA (to measure one kernel against
-    // another in one build): 0 keeps the mma.sync kernel, 1.. the variant of that number
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
+    return major == 9 && minor == 0;
+}
+
+td_status_t kc_attention_wg_init(kern_cuda_t *c)
+{
+    // TANDEM_CUDA_WGMMA (to measure one kernel against another in one build): 0 keeps the mma.sync kernel, 1.. the
+    // variant of that number
     const char *env = getenv("TANDEM_CUDA_WGMMA");
     const int pick = env && *env >= '0' && *env <= '0' + (int)WG_NSHAPES ? *env - '0' : WG_DEFAULT;
-    c->wg_shape = major == 9 && minor == 0 ? (uint32_t)pick : 0;
-    for (uint32_t i = 0; i < WG_NSHAPES && c->wg_shape; i++)
+    const bool able = wg_able(c);
+    c->wg_shape = able ? (uint32_t)pick : 0;
+    for (uint32_t i = 0; i < WG_NSHAPES && able; i++)
         for (uint32_t hd = 64; hd <= 128; hd *= 2)
             CU(cudaFuncSetAttribute(wg_kernel(hd, i), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)wg_smem(hd, wg_shapes[i])));
     return TD_OK;
+}
+
+uint32_t kc_attention_wg_pick(kern_cuda_t *c, uint32_t variant)
+{
+    const uint32_t was = c->wg_shape;
+    c->wg_shape = wg_able(c) && variant <= WG_NSHAPES ? variant : 0;
+    return was;
 }
 
 uint32_t kc_attention_wg_rows(const kern_cuda_t *c, const td_kv_layout_t *g)

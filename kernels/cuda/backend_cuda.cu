@@ -460,6 +460,14 @@ extern "C" bool kern_cuda_set_pdl(kern_backend_t *b, bool on)
     return c->pdl;
 }
 
+extern "C" uint32_t kern_cuda_set_prompt_attention(kern_backend_t *b, uint32_t variant)
+{
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    cudaStreamSynchronize(c->stream);
+    kc_graphs_drop(c);
+    return kc_attention_wg_pick(c, variant);
+}
+
 extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
 {
     kern_cuda_t *c = (kern_cuda_t *)b;

@@ -21,6 +21,11 @@ void kern_cuda_backend_destroy(kern_backend_t *b);
  * where the device has it, sm_90 and later); drops the captured steps. For
  * tandem-cuda-check's timings with it and without. Returns the setting in force. */
 bool kern_cuda_set_pdl(kern_backend_t *b, bool on);
+
+/* The prompt attention's kernel (for checks and measurements; the backend picks one at creation): 0 the mma.sync
+ * kernel, 1.. a warpgroup-MMA variant (attention_wg.cu), taken only where the device has it. Returns the one in
+ * use before the call. */
+uint32_t kern_cuda_set_prompt_attention(kern_backend_t *b, uint32_t variant);
 /* The newest captured step's edges: all, and programmatic ones (the kernel
  * after may start while the one before ends). For tandem-cuda-check. */
 void kern_cuda_graph_edges(kern_backend_t *b, size_t *all, size_t *programmatic);

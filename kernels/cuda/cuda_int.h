@@ -366,5 +366,8 @@ td_status_t kc_kv_digest(kern_backend_t *b, const void *base, size_t block_bytes
                          uint64_t *out);
 // Sets the shared-memory limits the kernels need (once, at creation).
 td_status_t kc_attention_init(kern_cuda_t *c);
+// The prompt attention's kernel: 0 the mma.sync one, 1.. a variant of attention_wg.cu's (where the device has it);
+// returns the one in use before
+uint32_t kc_attention_wg_pick(kern_cuda_t *c, uint32_t variant);
 
 #endif

@@ -1563,6 +1563,27 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
             printf("\n");
         }
     }
+    /* the prompt attention's kernels against each other through the whole model: the prompt's last logits with the
+     * mma.sync kernel and with the one in use (on Hopper the warpgroup MMA's, its output handed to the O projection
+     * in fp16) */
+    const uint32_t used = kern_cuda_set_prompt_attention(gpu, 0);
+    if (used) {
+        float *ref = malloc((size_t)m->desc.vocab * 4);
+        const float *lg;
+        uint32_t nl;
+        eng_batch_seq_t s = {.tokens = ids, .n = n_prompt, .pos0 = 0, .block_table = table, .n_blocks = nb,
+                             .want_logits = true};
+        int bad = eng_forward_run(f[0], &s, 1, &lg, &nl);
+        if (!bad)
+            memcpy(ref, lg, (size_t)m->desc.vocab * 4);
+        kern_cuda_set_prompt_attention(gpu, used);
+        bad = bad || eng_forward_run(f[0], &s, 1, &lg, &nl);
+        char what[256];
+        snprintf(what, sizeof what, "model %.100s: a %u-token prompt's logits, prompt attention %u vs mma.sync",
+                 m->desc.name, n_prompt, used);
+        report(what, bad ? INFINITY : rel_err(lg, ref, m->desc.vocab), 1e-2);
+        free(ref);
+    }
     free(ids), free(table);
     eng_forward_destroy(f[0]), eng_forward_destroy(f[1]);
     eng_kv_pool_destroy(pool);
