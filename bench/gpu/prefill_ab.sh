@@ -2,9 +2,9 @@
 # prefill_ab.sh — the prompt attention's kernels side by side in one build, in alternating rounds (issue 51):
 # TANDEM_CUDA_WGMMA=0 is the mma.sync kernel (attention.cu), 1.. the warpgroup-MMA variants (attention_wg.cu's
 # wg_shapes). For each: the prompt kernels' checks against the CPU backend and their timings (1k, 4k, 16k fresh;
-# 1k after 3k), then the Llama-2-7B shape's 4k prefill whole and op by op, then `tandem generate`'s time to first
-# token of a 4,095-token prompt (with the prompt's logits against the mma.sync kernel's), and every check of tandem-cuda-check — these for 0, the default (WG_DEFAULT) and
-# the variant whose 4k attention was fastest. On the GPU machine, from the bundle's folder:
+# 1k after 3k). Then, for 0, the default (WG_DEFAULT) and the variant whose 4k attention was fastest: the Llama-2-7B
+# shape's 4k prefill whole and op by op (and its logits against the mma.sync kernel's), `tandem generate`'s time to
+# first token of a 4,095-token prompt, and every check of tandem-cuda-check. On the GPU machine, from the bundle:
 #   bench/prefill_ab.sh OUT "0 1 2 ..." ROUNDS
 set -uo pipefail
 out=$1 variants=$2 rounds=${3:-2}
