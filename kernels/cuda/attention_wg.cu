@@ -477,8 +477,7 @@ __device__ __forceinline__ void wg_consume(const att_args_t &a, const att_seq_t 
 // on the stage's mbarrier (full), each consumer warpgroup (0..NW-1) says it is done with the stage on another
 // (empty). No block barrier in the loop: each consumer goes at its own pace, its softmax beside the other's MMAs
 // (flash-attention 3's producer and consumers, with cp.async for the copy engine: a tile's rows are on pages).
-// RG: registers a consumer thread gets by setmaxnreg (the producer's go down to 40), 0 for the launch's share.
-template <int HD, int NW, int KT, int ST, int RG = 0>
+template <int HD, int NW, int KT, int ST>
 __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_args_t a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -505,8 +504,6 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
             mb_init(bars + 8 * i, 128), mb_init(bars + 8 * (ST + i), 128 * NW);
     __syncthreads();
     if (wg == NW) { // the producer: thread wt takes piece wt % CH of rows wt / CH + m * JSTEP of each tile
-        if constexpr (RG > 0)
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         constexpr uint32_t JSTEP = 128 / CH, PER = KT / JSTEP;
         const uint32_t jt = wt / CH, ct = wt % CH;
         const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1; // block_tokens is a power of two
@@ -537,8 +534,6 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
         wg_fence_smem();
         mb_arrive(bars + 8 * ((n_tiles - 1) % ST));
     } else {
-        if constexpr (RG > 0)
-            asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RG) : "memory");
         wg_consume<HD, NW, KT, ST>(a, S, sm, sm_addr, bars, r0, rows, head, n_tiles, wg, wt, warp, g, t);
     }
 #endif
@@ -548,10 +543,11 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
 // On an H100 (bench/results/prefill-2026-12-06.md): of the ones whose threads all load and meet at block barriers,
 // two warpgroups over tiles of 128 positions (3) were fastest but for three warpgroups at 4k and 16k fresh prompts,
 // which were slower at 1k and after a cached prefix (fewer blocks); a third stage of K and V gained nothing. A
-// producer warpgroup (7, 8: k_attention_ws) was 12-15% faster than 3 at every size, three stages as fast as four.
+// producer warpgroup (7, 8: k_attention_ws) was 12-15% faster than 3 at every size, three stages as fast as four;
+// beside a producer, tiles of 128 positions (the consumers given 232 registers by setmaxnreg) were 15% slower.
 static const wg_shape_t wg_shapes[] = {{2, 64, 2, false}, {2, 64, 3, false}, {2, 128, 2, false},
                                        {3, 64, 2, false}, {3, 64, 3, false}, {1, 64, 2, false},
-                                       {2, 64, 4, true},  {2, 64, 3, true},  {2, 128, 2, true}};
+                                       {2, 64, 4, true},  {2, 64, 3, true}};
 #define WG_DEFAULT 8
 #define WG_NSHAPES (sizeof wg_shapes / sizeof *wg_shapes)
 typedef void (*wg_fn_t)(att_args_t);
@@ -560,8 +556,7 @@ template <int HD> static wg_fn_t wg_kernel_hd(uint32_t i)
     static const wg_fn_t k[WG_NSHAPES] = {k_attention_wg<HD, 2, 64, 2>, k_attention_wg<HD, 2, 64, 3>,
                                           k_attention_wg<HD, 2, 128, 2>, k_attention_wg<HD, 3, 64, 2>,
                                           k_attention_wg<HD, 3, 64, 3>, k_attention_wg<HD, 1, 64, 2>,
-                                          k_attention_ws<HD, 2, 64, 4>,  k_attention_ws<HD, 2, 64, 3>,
-                                          k_attention_ws<HD, 2, 128, 2, 232>};
+                                          k_attention_ws<HD, 2, 64, 4>,  k_attention_ws<HD, 2, 64, 3>};
     return k[i];
 }
 static wg_fn_t wg_kernel(uint32_t hd, uint32_t i) { return hd == 64 ? wg_kernel_hd<64>(i) : wg_kernel_hd<128>(i); }
