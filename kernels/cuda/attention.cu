@@ -23,7 +23,8 @@
 // no merge.
 //
 // Prompt rows over fp16 KV with head_dim 64 or 128 take the tensor cores
-// instead (k_attention_mma, flash-attention 2's scheme): a block takes 64
+// instead: on compute capability 9.0 the warpgroup MMA (attention_wg.cu),
+// elsewhere (and over fp8 KV) k_attention_mma, flash-attention 2's scheme: a block takes 64
 // rows of one sequence and one query head, a warp 16 of them; each tile of
 // 64 positions is gathered from the pages into shared memory with cp.async
 // (K and V rows as in the pool; the next tile's loads in flight while this
