@@ -1120,6 +1120,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     }
     c->xh_of = a.outh ? out : NULL;
     c->xh_n = a.outh ? n_out : 0;
+    c->xh_x_too = true;
     return TD_OK;
 }
 

@@ -62,10 +62,12 @@ typedef struct kern_cuda {
     kc_scratch_t wh; // an FP8 matrix's fp16 copy for the GEMMs (matmul_fp8.cu)
     struct kc_f8_lt *f8_lt; // cuBLASLt and its plans for FP8 GEMMs (gemm_fp8.cu); NULL without it
     kc_scratch_t x8, f8d; // the FP8 GEMMs' activation codes and scales, their results before scaling
-    // xh holds the fp16 form of this fp32 array's first xh_n values (a glu matmul_fused with to_next left it for
-    // the next call, which takes it instead of converting x); NULL when it holds nothing reusable
+    // xh holds the fp16 form of this fp32 array's first xh_n values (a glu matmul_fused with to_next, or a prompt
+    // step's attention, left it for the next call, which takes it instead of converting x); NULL when it holds
+    // nothing reusable
     const float *xh_of;
     size_t xh_n;
+    bool xh_x_too; // and the fp32 array holds those values too (the attention's output), not only xh
     kc_scratch_t ws; // attention's slices
     kc_scratch_t cnt; // attention's count of finished slices (zero between launches)
     kc_scratch_t dg; // kv_digest's block list and results

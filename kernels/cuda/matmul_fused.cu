@@ -512,6 +512,7 @@ static td_status_t hand_over(kern_cuda_t *c, const kern_matmul_spec_t *s, size_t
 {
     c->xh_of = s->y[0];
     c->xh_n = ny;
+    c->xh_x_too = false; // y[0] keeps x·W0ᵀ
     return TD_OK;
 }
 
@@ -519,8 +520,10 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
 {
     kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
-    // x handed over in fp16 by the call before (a glu with to_next); whatever this call does, xh is then spent
+    // x handed over in fp16 by the call before (a glu with to_next, an attention); whatever this call does, xh is
+    // then spent
     const bool handed = s->k && !s->norm && s->x == c->xh_of && (size_t)s->n * s->w[0]->cols == c->xh_n;
+    const bool x_holds = !handed || c->xh_x_too; // x itself holds the values (else only xh does)
     c->xh_of = NULL;
     if (!s->k || s->k > GV_MAXK || (s->glu && (s->k != 2 || s->w[0]->rows != s->w[1]->rows || s->accumulate)))
         return td_error(TD_ERR_INVALID_ARG, "cuda: matmul_fused: %u weights%s%s", s->k, s->glu ? " with glu" : "",
@@ -538,7 +541,9 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
     if (s->n <= GV_MAXN && s->w[0]->cols % 8 == 0 && s->w[0]->hold != KERN_TYPE_F8_E4M3)
         return gemv(c, s);
     td_status_t rc = TD_OK;
-    if (s->w[0]->hold == KERN_TYPE_F8_E4M3 && !handed && (rc = kc_fp8_matmul(c, s)) != TD_ERR_UNSUPPORTED)
+    // FP8 weights multiply FP8 activations made from x, where x holds them (a handed attention output does; a
+    // handed SwiGLU product is in xh alone and takes the weights' fp16 copy)
+    if (s->w[0]->hold == KERN_TYPE_F8_E4M3 && x_holds && (rc = kc_fp8_matmul(c, s)) != TD_ERR_UNSUPPORTED)
         return rc;
     rc = TD_OK;
     if (!handed && !(rc = kc_scratch(c, &c->xh, nx * sizeof(__half)))) {
