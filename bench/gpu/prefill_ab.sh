@@ -27,7 +27,7 @@ best=$(for v in $variants; do
     awk -v v="$v" '{s += $1; n++} END {if (n) print s / n, v}'
 done | sort -g | head -1 | cut -d' ' -f2)
 echo "fastest at 4k: variant $best"
-variants=$(echo 0 8 "$best" | tr ' ' '\n' | awk '!seen[$0]++' | tr '\n' ' ')
+variants=$(echo 0 1 "$best" | tr ' ' '\n' | awk '!seen[$0]++' | tr '\n' ' ')
 p4=$(python3 "$here/bench/prompt_of.py" "$m/tokenizer.json" 4095)
 for v in $variants; do
   TANDEM_CUDA_WGMMA=$v timeout 150 "$here/bin/tandem-cuda-check" --no-ops --no-timings --dummy --time-model "$m" \

@@ -708,7 +708,7 @@ template <int HD, bool F8> __global__ void __launch_bounds__(128, 3) k_attention
     const uint32_t last = S.pos0 + r0 + rows - 1;              // the block's last row's position
     const uint32_t wr0 = warp * 16;                            // the warp's first row in the block
     const uint32_t warp_first = S.pos0 + r0 + wr0, warp_last = warp_first + 15; // the warp's rows' positions
-    const uint32_t pos_a = warp_first + g, pos_b = pos_a + 8;                     // this thread's two rows' positions
+    const uint32_t pos_a = warp_first + g;                                       // this thread's first row's position (+ 8: its second)
     const bool warp_live = wr0 < rows;
     const size_t k_off = att_rows(a, 0, kvh), v_off = att_rows(a, 1, kvh);
     const size_t ks_off = att_scales(a, 0, kvh), vs_off = att_scales(a, 1, kvh); // F8
@@ -810,44 +810,10 @@ template <int HD, bool F8> __global__ void __launch_bounds__(128, 3) k_attention
                     mma16816(sc[nt], qf[k], b[0], b[1]);
                     mma16816(sc[nt], qf[k + 1], b[2], b[3]);
                 }
-            // causal mask (only a tile that reaches past the warp's first row has positions to mask),
-            // then the running max of each of the thread's two rows
-            float mx_a = -INFINITY, mx_b = -INFINITY;
-            const bool diag = p0 + MMA_KT - 1 > warp_first;
-#pragma unroll
-            for (int nt = 0; nt < MMA_KT / 8; nt++) {
-                if (diag) {
-                    const uint32_t c = p0 + nt * 8 + t * 2;
-                    if (c > pos_a) sc[nt][0] = -INFINITY;
-                    if (c + 1 > pos_a) sc[nt][1] = -INFINITY;
-                    if (c > pos_b) sc[nt][2] = -INFINITY;
-                    if (c + 1 > pos_b) sc[nt][3] = -INFINITY;
-                }
-                mx_a = fmaxf(mx_a, fmaxf(sc[nt][0], sc[nt][1]));
-                mx_b = fmaxf(mx_b, fmaxf(sc[nt][2], sc[nt][3]));
-            }
-#pragma unroll
-            for (int o2 = 1; o2 < 4; o2 <<= 1) {
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
-            }
-            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-            // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
-            const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float corr_a = att_ex2(m_a - base_a), corr_b = att_ex2(m_b - base_b);
-            m_a = mn_a, m_b = mn_b;
-            float sum_a = 0, sum_b = 0;
-#pragma unroll
-            for (int nt = 0; nt < MMA_KT / 8; nt++) {
-                sc[nt][0] = att_ex2(sc[nt][0] - base_a);
-                sc[nt][1] = att_ex2(sc[nt][1] - base_a);
-                sc[nt][2] = att_ex2(sc[nt][2] - base_b);
-                sc[nt][3] = att_ex2(sc[nt][3] - base_b);
-                sum_a += sc[nt][0] + sc[nt][1];
-                sum_b += sc[nt][2] + sc[nt][3];
-            }
-            l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
-            l_b = l_b * corr_b + sum_b;
+            // the causal mask, the running max and sum, the weights (sc[nt][i] is a flat array's [4nt + i])
+            float corr_a, corr_b;
+            att_softmax<MMA_KT>(reinterpret_cast<float(&)[MMA_KT / 2]>(sc), p0, warp_first, pos_a, t, m_a, m_b, l_a,
+                                l_b, corr_a, corr_b);
             if (__any_sync(0xffffffffu, corr_a != 1.0f || corr_b != 1.0f)) { // else no row's max grew
 #pragma unroll
                 for (int i = 0; i < HD / 8; i++) {

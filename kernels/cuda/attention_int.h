@@ -91,6 +91,53 @@ __device__ __forceinline__ uint32_t att_pack_half2(float lo, float hi)
     return *(uint32_t *)&h;
 }
 
+// The tensor-core prompt kernels' running softmax (k_attention_mma, attention_wg.cu) over one tile's scores sc (rows a and b of the thread, positions p0 + 8n + 2t, + 1 in
+// sc[4n..4n+3]), in place: the causal mask (only a tile that reaches past the warp's first row has positions to
+// mask), each row's max, the weights (base 2) and their sum; corr: what O is to be multiplied by for the new max
+template <int KT>
+__device__ __forceinline__ void att_softmax(float (&sc)[KT / 2], uint32_t p0, uint32_t warp_first, uint32_t pos_a,
+                                            uint32_t t, float &m_a, float &m_b, float &l_a, float &l_b,
+                                            float &corr_a, float &corr_b)
+{
+    const uint32_t pos_b = pos_a + 8;
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+    const bool diag = p0 + KT - 1 > warp_first;
+#pragma unroll
+    for (int n = 0; n < KT / 8; n++) {
+        if (diag) {
+            const uint32_t c = p0 + n * 8 + t * 2;
+            if (c > pos_a) sc[4 * n] = -INFINITY;
+            if (c + 1 > pos_a) sc[4 * n + 1] = -INFINITY;
+            if (c > pos_b) sc[4 * n + 2] = -INFINITY;
+            if (c + 1 > pos_b) sc[4 * n + 3] = -INFINITY;
+        }
+        mx_a = fmaxf(mx_a, fmaxf(sc[4 * n], sc[4 * n + 1]));
+        mx_b = fmaxf(mx_b, fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
+    }
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
+    const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+    corr_a = att_ex2(m_a - base_a), corr_b = att_ex2(m_b - base_b);
+    m_a = mn_a, m_b = mn_b;
+    float sum_a = 0, sum_b = 0;
+#pragma unroll
+    for (int n = 0; n < KT / 8; n++) {
+        sc[4 * n] = att_ex2(sc[4 * n] - base_a);
+        sc[4 * n + 1] = att_ex2(sc[4 * n + 1] - base_a);
+        sc[4 * n + 2] = att_ex2(sc[4 * n + 2] - base_b);
+        sc[4 * n + 3] = att_ex2(sc[4 * n + 3] - base_b);
+        sum_a += sc[4 * n] + sc[4 * n + 1];
+        sum_b += sc[4 * n + 2] + sc[4 * n + 3];
+    }
+    l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
+    l_b = l_b * corr_b + sum_b;
+}
+
 // The prompt kernel on Hopper's warpgroup MMA (attention_wg.cu): a block takes the rows of its warpgroups (64 each)
 // of one sequence and one query head. The rows a block when it takes the layout (a compute capability 9.0 device,
 // fp16 KV, head_dim 64 or 128), else 0; the launch of `tiles` blocks a head.

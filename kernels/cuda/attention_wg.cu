@@ -6,13 +6,12 @@
 // two mma.sync: shared memory's bandwidth bounded it at ~220 TFLOP/s on an H100 at a 4k prompt (bench/results/
 // prefill-2026-12-06.md). Here a warpgroup (four warps) holds 64 rows and the tensor cores read K and V from
 // shared memory themselves (wgmma's B operand), Q too for S = Q Kᵀ; P stays in registers as the A operand of
-// O += P V. A block takes NW warpgroups' rows (64 each, of one sequence and one query head); a tile is KT
+// O += P V. A block takes NW consumer warpgroups' rows (64 each, of one sequence and one query head); a tile is KT
 // positions; S is m64n{KT}k16 over head_dim / 16 k-steps, P V m64n{head_dim}k16 over KT / 16.
 //
-// Shared memory holds each warpgroup's Q rows (fp16, scaled for exp2) and ST stages of a tile's K and V rows,
-// gathered from the pages by cp.async. In k_attention_ws (the default) a producer warpgroup gathers them, up to ST
-// tiles ahead, and the consumers go at their own pace on mbarriers; in k_attention_wg every thread loads and the
-// warpgroups meet at block barriers. A piece of R rows of head_dim halves is stored as head_dim / 64 column blocks
+// Shared memory holds each consumer's Q rows (fp16, scaled for exp2) and ST stages of a tile's K and V rows,
+// gathered from the pages by cp.async by a producer warpgroup, up to ST tiles ahead; the consumers go at their own
+// pace on mbarriers. A piece of R rows of head_dim halves is stored as head_dim / 64 column blocks
 // of R rows x 128 bytes in the 128-byte swizzle the descriptors name (16-byte piece c of row r at c ^ (r mod 8)):
 // K-major for Q and K (a k-step is 32 bytes into a row), MN-major for V (its rows are positions, the k of P V).
 // The softmax is attention.cu's: fp32 scores in registers, base 2, a running max and sum a row, P rounded to fp16.
@@ -20,18 +19,17 @@
 
 // A variant's shape: warpgroups a block, positions a tile, stages of K and V
 typedef struct wg_shape {
-    uint32_t nw, kt, st;
-    bool ws; // a producer warpgroup beside the nw (k_attention_ws)
+    uint32_t nw, kt, st; // consumer warpgroups (a producer beside them), positions a tile, stages
 } wg_shape_t;
 
 // Bytes of R rows of hd halves
 __host__ __device__ constexpr uint32_t wg_piece(uint32_t rows, uint32_t hd) { return rows * hd * 2u; }
 
-// The warpgroups' Q, then the stages of K and V; 1,024 bytes more to align the start (the swizzle's atoms are
-// 1,024-byte aligned)
+// The consumers' Q, then the stages of K and V and two mbarriers a stage; 1,024 bytes more to align the start
+// (the swizzle's atoms are 1,024-byte aligned)
 static size_t wg_smem(uint32_t hd, wg_shape_t v)
 {
-    return (size_t)v.nw * wg_piece(64, hd) + (size_t)2 * v.st * wg_piece(v.kt, hd) + (v.ws ? 16 * v.st : 0) + 1024;
+    return (size_t)v.nw * wg_piece(64, hd) + (size_t)2 * v.st * wg_piece(v.kt, hd) + 16 * v.st + 1024;
 }
 
 // Byte offset of 16-byte piece c of row r in a piece of R rows (its column block of 64 halves, the row, the
@@ -90,39 +88,27 @@ __device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity)
                  : "memory");
 }
 
+// The accumulators of an MMA as its asm operands "+f"(d[0]).. and as its register list {%0, ..}: 32 or 64 of them
+#define WG_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WG_F16(i) WG_F4(i), WG_F4(i + 4), WG_F4(i + 8), WG_F4(i + 12)
+#define WG_D32 WG_F16(0), WG_F16(16)
+#define WG_D64 WG_D32, WG_F16(32), WG_F16(48)
+#define WG_R32                                                                                                   \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define WG_R64                                                                                                   \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+
 // D (64 x 64, fp32: 32 a thread) = or += A (64 x 16 from shared memory, K-major) · B (16 x 64, K-major): S's k-step
 __device__ __forceinline__ void wg_ss_n64(float (&d)[32], uint64_t da, uint64_t db, uint32_t acc)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 WG_R32
                  "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(acc));
-}
-
-// D (64 x 128, fp32: 64 a thread) = or += A (64 x 16 from shared memory, K-major) · B (16 x 128, K-major): S's k-step
-__device__ __forceinline__ void wg_ss_n128(float (&d)[64], uint64_t da, uint64_t db, uint32_t acc)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : WG_D32
         : "l"(da), "l"(db), "r"(acc));
 }
 
@@ -131,19 +117,9 @@ __device__ __forceinline__ void wg_rs_n128(float (&d)[64], const uint32_t (&a)[4
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 WG_R64
                  "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : WG_D64
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
@@ -152,13 +128,9 @@ __device__ __forceinline__ void wg_rs_n64(float (&d)[32], const uint32_t (&a)[4]
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 WG_R32
                  "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : WG_D32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
@@ -166,10 +138,6 @@ template <int N> __device__ __forceinline__ void wg_ss(float (&d)[N / 2], uint64
 template <> __device__ __forceinline__ void wg_ss<64>(float (&d)[32], uint64_t da, uint64_t db, uint32_t acc)
 {
     wg_ss_n64(d, da, db, acc);
-}
-template <> __device__ __forceinline__ void wg_ss<128>(float (&d)[64], uint64_t da, uint64_t db, uint32_t acc)
-{
-    wg_ss_n128(d, da, db, acc);
 }
 template <int N> __device__ __forceinline__ void wg_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db);
 template <> __device__ __forceinline__ void wg_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
@@ -179,53 +147,6 @@ template <> __device__ __forceinline__ void wg_rs<64>(float (&d)[32], const uint
 template <> __device__ __forceinline__ void wg_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
 {
     wg_rs_n128(d, a, db);
-}
-
-// The running softmax over one tile's scores sc (rows a and b of the thread, positions p0 + 8n + 2t, + 1 in
-// sc[4n..4n+3]), in place: the causal mask (only a tile that reaches past the warp's first row has positions to
-// mask), each row's max, the weights (base 2) and their sum; corr: what O is to be multiplied by for the new max
-template <int KT>
-__device__ __forceinline__ void wg_softmax(float (&sc)[KT / 2], uint32_t p0, uint32_t warp_first, uint32_t pos_a,
-                                           uint32_t t, float &m_a, float &m_b, float &l_a, float &l_b, float &corr_a,
-                                           float &corr_b)
-{
-    const uint32_t pos_b = pos_a + 8;
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-    const bool diag = p0 + KT - 1 > warp_first;
-#pragma unroll
-    for (int n = 0; n < KT / 8; n++) {
-        if (diag) {
-            const uint32_t c = p0 + n * 8 + t * 2;
-            if (c > pos_a) sc[4 * n] = -INFINITY;
-            if (c + 1 > pos_a) sc[4 * n + 1] = -INFINITY;
-            if (c > pos_b) sc[4 * n + 2] = -INFINITY;
-            if (c + 1 > pos_b) sc[4 * n + 3] = -INFINITY;
-        }
-        mx_a = fmaxf(mx_a, fmaxf(sc[4 * n], sc[4 * n + 1]));
-        mx_b = fmaxf(mx_b, fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
-    }
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
-    }
-    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-    // a row with nothing seen yet keeps 0 as its base (no -inf - -inf)
-    const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-    corr_a = att_ex2(m_a - base_a), corr_b = att_ex2(m_b - base_b);
-    m_a = mn_a, m_b = mn_b;
-    float sum_a = 0, sum_b = 0;
-#pragma unroll
-    for (int n = 0; n < KT / 8; n++) {
-        sc[4 * n] = att_ex2(sc[4 * n] - base_a);
-        sc[4 * n + 1] = att_ex2(sc[4 * n + 1] - base_a);
-        sc[4 * n + 2] = att_ex2(sc[4 * n + 2] - base_b);
-        sc[4 * n + 3] = att_ex2(sc[4 * n + 3] - base_b);
-        sum_a += sc[4 * n] + sc[4 * n + 1];
-        sum_b += sc[4 * n + 2] + sc[4 * n + 3];
-    }
-    l_a = l_a * corr_a + sum_a; // the quad's partial sums; reduced once at the end
-    l_b = l_b * corr_b + sum_b;
 }
 
 // One tile of a warpgroup's rows: S = Q Kᵀ (Q and K at q_addr and k_addr), the softmax, O += P V (V at v_addr),
@@ -250,7 +171,7 @@ __device__ __forceinline__ void wg_tile(float (&o)[HD / 2], uint32_t q_addr, uin
     wg_wait();
     wg_hold(sc);
     float corr_a, corr_b;
-    wg_softmax<KT>(sc, p0, warp_first, pos_a, t, m_a, m_b, l_a, l_b, corr_a, corr_b);
+    att_softmax<KT>(sc, p0, warp_first, pos_a, t, m_a, m_b, l_a, l_b, corr_a, corr_b);
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) {
         o[4 * i] *= corr_a, o[4 * i + 1] *= corr_a;
@@ -331,111 +252,6 @@ __device__ __forceinline__ void wg_store_o(const att_args_t &a, const att_seq_t 
 }
 #endif
 
-template <int HD, int NW, int KT, int ST>
-__global__ void __launch_bounds__(128 * NW, 1) k_attention_wg(const att_args_t a)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr uint32_t QP = wg_piece(64, HD), TP = wg_piece(KT, HD); // a warpgroup's Q, a tile's K (or V)
-    constexpr uint32_t CH = HD / 8, ROWS = 64 * NW, THREADS = 128 * NW; // CH: a row's 16-byte pieces
-    extern __shared__ uint8_t wg_raw[];
-    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(wg_raw), pad = (1024u - (raw & 1023u)) & 1023u;
-    uint8_t *sm = wg_raw + pad; // warpgroup w's Q at w * QP; stage s's K at NW * QP + 2s * TP, its V a TP on
-    const uint32_t sm_addr = raw + pad;
-    kc_pdl_wait();
-    kc_pdl_release();
-    const uint32_t tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, warp = wt >> 5, lane = tid & 31;
-    const uint32_t g = lane >> 2, t = lane & 3;
-    // the blocks of the last rows (the longest walks) first, so that the short ones fill in at the end
-    const uint32_t bx = gridDim.x - 1 - blockIdx.x;
-    uint32_t s = 0;
-    while (s + 1 < a.n_seqs && a.seq[s + 1].tile0 <= bx)
-        s++;
-    const att_seq_t S = a.seq[s];
-    const uint32_t r0 = (bx - S.tile0) * ROWS, rows = min(ROWS, S.n - r0);
-    const uint32_t head = blockIdx.y, kvh = head / a.group;
-    const uint32_t last = S.pos0 + r0 + rows - 1;     // the block's last row's position
-    const uint32_t wr0 = wg * 64;                     // the warpgroup's first row in the block
-    const uint32_t wg_first = S.pos0 + r0 + wr0;
-    const uint32_t warp_first = wg_first + warp * 16; // the warp's 16 rows' first position
-    const uint32_t pos_a = warp_first + g;            // this thread's first row's position (+ 8: its second)
-    const bool wg_live = wr0 < rows;
-    const size_t k_off = att_rows(a, 0, kvh), v_off = att_rows(a, 1, kvh);
-    // A tile's K and V rows into stage st: thread tid takes piece tid % CH of rows tid / CH + m * JSTEP
-    // (consecutive threads a row's consecutive pieces: coalesced); positions past the last row read as zeros.
-    // The tile's pages are looked up before its turn (pages()), so the loads wait on no table read.
-    constexpr uint32_t JSTEP = THREADS / CH, PER = (KT + JSTEP - 1) / JSTEP;
-    const uint32_t jt = tid / CH, ct = tid % CH;
-    const uint32_t bt_shift = __ffs(a.bt) - 1, bt_mask = a.bt - 1; // block_tokens is a power of two
-    int32_t pg[PER];
-    auto pages = [&](uint32_t p0) {
-#pragma unroll
-        for (uint32_t m = 0; m < PER; m++) {
-            const uint32_t pos = p0 + jt + m * JSTEP;
-            pg[m] = pos <= last ? S.table[pos >> bt_shift] : 0;
-        }
-    };
-    auto load = [&](uint32_t st, uint32_t p0) {
-        uint8_t *kb = sm + NW * QP + 2 * st * TP, *vb = kb + TP;
-#pragma unroll
-        for (uint32_t m = 0; m < PER; m++) {
-            const uint32_t j = jt + m * JSTEP, pos = p0 + j;
-            if (KT % JSTEP && j >= KT)
-                break;
-            const bool ok = pos <= last;
-            const __half *blk = (const __half *)(a.base + (size_t)pg[m] * a.block_bytes);
-            const size_t o8 = ok ? (size_t)(pos & bt_mask) * HD + ct * 8 : 0;
-            const uint32_t at = wg_off<KT>(j, ct);
-            cp_async16(kb + at, ok ? blk + k_off + o8 : blk, ok);
-            cp_async16(vb + at, ok ? blk + v_off + o8 : blk, ok);
-        }
-    };
-    const uint32_t n_tiles = last / KT + 1;
-    // the tiles this warpgroup's rows see (the first ones: causal), 0 when it has no rows
-    const uint32_t wg_tiles = wg_live ? min(n_tiles, (wg_first + 63) / KT + 1) : 0;
-    // the first ST - 1 tiles' loads go out, each its own group (an empty group past the last tile)
-#pragma unroll
-    for (uint32_t i = 0; i + 1 < ST; i++) {
-        if (i < n_tiles) {
-            pages(i * KT);
-            load(i, i * KT);
-        }
-        cp_async_commit();
-    }
-    if (ST - 1 < n_tiles)
-        pages((ST - 1) * KT);
-    wg_load_q<HD>(sm + wg * QP, a, S, r0 + wr0, head, wt); // while the first tiles come
-    const uint32_t q_addr = sm_addr + wg * QP;
-    float o[HD / 2];
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++)
-        o[i] = 0;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;
-    for (uint32_t it = 0; it < n_tiles; it++) {
-        const uint32_t p0 = it * KT, ahead = it + ST - 1;
-        // tile it + ST - 1's loads go out (to the stage tile it - 1 left: every warpgroup is done with it, the
-        // barrier at the end of the last tile), then tile it is waited for
-        if (ahead < n_tiles) {
-            load(ahead % ST, ahead * KT);
-            if (ahead + 1 < n_tiles)
-                pages((ahead + 1) * KT);
-        }
-        cp_async_commit();
-        cp_async_wait<ST - 1>();
-        wg_fence_smem();
-        __syncthreads(); // this tile (and Q) is in shared memory for every warpgroup
-        if (it < wg_tiles) {
-            const uint32_t k_addr = sm_addr + NW * QP + 2 * (it % ST) * TP;
-            wg_tile<HD, KT>(o, q_addr, k_addr, k_addr + TP, p0, warp_first, pos_a, t, m_a, m_b, l_a, l_b);
-        }
-        __syncthreads(); // every warpgroup is done with this tile before a load overwrites its stage
-    }
-    cp_async_wait<0>(); // (the empty groups past the last tile)
-    if (!wg_live)
-        return;
-    wg_store_o<HD>(a, S, r0 + wr0, head, warp, g, t, o, l_a, l_b);
-#endif
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A consumer warpgroup of k_attention_ws: its Q rows, then every tile as the producer hands it over (each phase
 // of the stages' barriers whole: a warpgroup past its last tile still waits and says it is done)
@@ -473,7 +289,7 @@ __device__ __forceinline__ void wg_consume(const att_args_t &a, const att_seq_t 
 }
 #endif
 
-// The same over a producer: warpgroup NW (the last) gathers each tile's K and V into ST stages and says it landed
+// The kernel: warpgroup NW (the last), the producer, gathers each tile's K and V into ST stages and says it landed
 // on the stage's mbarrier (full), each consumer warpgroup (0..NW-1) says it is done with the stage on another
 // (empty). No block barrier in the loop: each consumer goes at its own pace, its softmax beside the other's MMAs
 // (flash-attention 3's producer and consumers, with cp.async for the copy engine: a tile's rows are on pages).
@@ -540,23 +356,17 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
 }
 
 // The variants one build holds; TANDEM_CUDA_WGMMA picks one by its number (1 the first), WG_DEFAULT's without it.
-// On an H100 (bench/results/prefill-2026-12-06.md): of the ones whose threads all load and meet at block barriers,
-// two warpgroups over tiles of 128 positions (3) were fastest but for three warpgroups at 4k and 16k fresh prompts,
-// which were slower at 1k and after a cached prefix (fewer blocks); a third stage of K and V gained nothing. A
-// producer warpgroup (7, 8: k_attention_ws) was 12-15% faster than 3 at every size, three stages as fast as four;
-// beside a producer, tiles of 128 positions (the consumers given 232 registers by setmaxnreg) were 15% slower.
-static const wg_shape_t wg_shapes[] = {{2, 64, 2, false}, {2, 64, 3, false}, {2, 128, 2, false},
-                                       {3, 64, 2, false}, {3, 64, 3, false}, {1, 64, 2, false},
-                                       {2, 64, 4, true},  {2, 64, 3, true}};
-#define WG_DEFAULT 8
+// On an H100 (bench/results/prefill-2026-12-06.md) three stages were as fast as four, 12-15% faster than the best
+// kernel whose threads all load and meet at block barriers (two warpgroups over 128-position tiles; it and its
+// other shapes are taken out) and 1.5x the mma.sync kernel; beside a producer, tiles of 128 positions (the
+// consumers given 232 registers by setmaxnreg) were 15% slower.
+static const wg_shape_t wg_shapes[] = {{2, 64, 3}, {2, 64, 4}};
+#define WG_DEFAULT 1
 #define WG_NSHAPES (sizeof wg_shapes / sizeof *wg_shapes)
 typedef void (*wg_fn_t)(att_args_t);
 template <int HD> static wg_fn_t wg_kernel_hd(uint32_t i)
 {
-    static const wg_fn_t k[WG_NSHAPES] = {k_attention_wg<HD, 2, 64, 2>, k_attention_wg<HD, 2, 64, 3>,
-                                          k_attention_wg<HD, 2, 128, 2>, k_attention_wg<HD, 3, 64, 2>,
-                                          k_attention_wg<HD, 3, 64, 3>, k_attention_wg<HD, 1, 64, 2>,
-                                          k_attention_ws<HD, 2, 64, 4>,  k_attention_ws<HD, 2, 64, 3>};
+    static const wg_fn_t k[WG_NSHAPES] = {k_attention_ws<HD, 2, 64, 3>, k_attention_ws<HD, 2, 64, 4>};
     return k[i];
 }
 static wg_fn_t wg_kernel(uint32_t hd, uint32_t i) { return hd == 64 ? wg_kernel_hd<64>(i) : wg_kernel_hd<128>(i); }
@@ -575,7 +385,11 @@ td_status_t kc_attention_wg_init(kern_cuda_t *c)
     // TANDEM_CUDA_WGMMA (to measure one kernel against another in one build): 0 keeps the mma.sync kernel, 1.. the
     // variant of that number
     const char *env = getenv("TANDEM_CUDA_WGMMA");
-    const int pick = env && *env >= '0' && *env <= '0' + (int)WG_NSHAPES ? *env - '0' : WG_DEFAULT;
+    const bool set = env && *env >= '0' && *env <= '0' + (int)WG_NSHAPES && !env[1];
+    if (env && !set)
+        TD_WARN("cuda: TANDEM_CUDA_WGMMA=%s is none of 0..%u: the prompt attention keeps its default (%u)", env,
+                (unsigned)WG_NSHAPES, (unsigned)WG_DEFAULT);
+    const int pick = set ? *env - '0' : WG_DEFAULT;
     const bool able = wg_able(c);
     c->wg_shape = able ? (uint32_t)pick : 0;
     for (uint32_t i = 0; i < WG_NSHAPES && able; i++)
@@ -603,5 +417,5 @@ td_status_t kc_attention_wg(kern_cuda_t *c, const att_args_t &a, uint32_t hd, ui
 {
     const wg_shape_t v = wg_shapes[c->wg_shape - 1];
     return kc_launch(c, "attention_wg", wg_kernel(hd, c->wg_shape - 1), dim3(tiles, n_heads),
-                     dim3(128 * (v.nw + v.ws)), wg_smem(hd, v), a);
+                     dim3(128 * (v.nw + 1)), wg_smem(hd, v), a);
 }
