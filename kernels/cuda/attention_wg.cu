@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(128 * (NW + 1), 1) k_attention_ws(const att_ar
 }
 
 // The variants one build holds; TANDEM_CUDA_WGMMA picks one by its number (1 the first), WG_DEFAULT's without it.
-// On an H100 (bench/results/prefill-2026-12-06.md) three stages were as fast as four, 12-15% faster than the best
+// On an H100 (bench/results/prefill-2026-12-06.md) three stages were as fast as four, 10-14% faster than the best
 // kernel whose threads all load and meet at block barriers (two warpgroups over 128-position tiles; it and its
 // other shapes are taken out) and 1.5x the mma.sync kernel; beside a producer, tiles of 128 positions (the
 // consumers given 232 registers by setmaxnreg) were 15% slower.
