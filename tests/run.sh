@@ -80,8 +80,8 @@ run_py() { # $1: a pytest suite, $2: a short name for the log, $3: time limit (s
   local out line p f rc=0 t0=$SECONDS
   # past the limit SIGABRT makes Python's faulthandler print every thread's stack: where it hung
   out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler -m pytest -s -q -p no:cacheprovider --bin build/bin \
-          --junitxml "build/junit/$(basename "$1" .py).xml" "$1" 2>&1 | sed -E 's/^[.FEsx]+(PASS|FAIL)/\1/') || rc=$?
-  printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^checks:|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
+          --durations 0 --durations-min 10 --junitxml "build/junit/$(basename "$1" .py).xml" "$1" 2>&1 | sed -E 's/^[.FEsx]+(PASS|FAIL)/\1/') || rc=$?
+  printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^checks:|^[0-9.]+s (call|setup)|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
   echo "  ($2: $(basename "$1") took $((SECONDS - t0)) s of its $3)"
   while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL ')
   line=$(printf '%s\n' "$out" | grep "^checks:" | tail -1)
@@ -191,6 +191,7 @@ hits_pid=$!
 tail_log=$(mktemp) tail_status=$(mktemp)
 (
   job_begin 19
+  t0=$SECONDS
   echo "== address + undefined sanitizers (their builds and test_generate ran beside the integration suites)"
   cat "$bg_log"
   if [ -x build-asan/bin/tests/test_generate ]; then
@@ -198,6 +199,7 @@ tail_log=$(mktemp) tail_status=$(mktemp)
       [ "$(basename "$t")" = test_generate ] || TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 run_one "$t" asan+ubsan
     done
   fi
+  echo "  (the sanitizers' suites ended $((SECONDS - t0)) s into this job)"
   echo "== thread sanitizer (tests/tsan/tsan_stress.c: the objects threads share, driven concurrently)"
   if [ -x build-tsan/bin/tests/tsan_stress ]; then
     # UCX's memory hooks and TSan's interceptors do not mix: the hooks are off for this run
@@ -212,6 +214,7 @@ tail_log=$(mktemp) tail_status=$(mktemp)
   else
     echo "thread sanitizer build failed"; failed=$((failed + 1)); failures+=("thread sanitizer build")
   fi
+  echo "  (the thread sanitizer's stress ended $((SECONDS - t0)) s into this job)"
   echo "== fuzz (${fuzz_secs}s per target)"
   if [ "$fuzz_secs" -gt 0 ]; then
     if tests/fuzz/run.sh "$fuzz_secs"; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("fuzz"); fi
@@ -230,6 +233,7 @@ tail_log=$(mktemp) tail_status=$(mktemp)
   else
     echo "  no nvcc: the CUDA build is not made"
   fi
+  echo "  (this job, begun with the cache-hits suite at $((t0 / 60))m$((t0 % 60))s, took $((SECONDS - t0)) s)"
   job_end "$tail_status"
 ) > "$tail_log" 2>&1 &
 tail_pid=$!

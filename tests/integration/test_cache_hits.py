@@ -141,9 +141,18 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
     stats = {"n": 0, "hits": 0, "reused": 0, "store": 0, "bad": [], "errors": []}
     lock = threading.Lock()
 
+    streaming = threading.Event()  # set by the first token of any concurrent stream
+
     def one(p):
         try:
-            ids, last = hs.generate(c.stub, p, max_tokens=max_tokens, timeout=300)
+            rq = hs.pb.GenerateRequest(prompt=p, return_token_ids=True, sampling=hs.pb.SamplingParams(
+                max_tokens=max_tokens, ignore_eos=True))
+            ids, last = [], None
+            for r in c.stub.Generate(rq, timeout=300):
+                ids.extend(r.token_ids)
+                last = r
+                if ids:
+                    streaming.set()
         except grpc.RpcError as e:
             with lock:
                 stats["errors"].append("%s: %s" % (e.code(), e.details()))
@@ -173,20 +182,28 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
                       moved == blocks * 16 * bpt[kv_dtype])
         killed, pre_killed = None, 0
         ts = [threading.Thread(target=one, args=(p,)) for p in conc]
-        [t.start() for t in ts]
-        if kill_decode:
+        streaming.clear()  # the sequential prompts' streams set it
+        if not kill_decode:
+            [t.start() for t in ts]
+        else:
             # kill -9 a decode worker once streams are running on it: the first seen with two, or, where none shows
-            # two within 20 s (with two colocated workers the streams spread, and on a fast CPU one worker's pair
-            # may come and go between two looks), the first seen with one. One channel a worker, opened once: a
-            # look is one Stats call, not a connection (CI's loaded machine once missed every pair in 120 s).
+            # two within 3 s of the first streamed token (with two colocated workers the streams spread, and on a
+            # fast CPU one worker's pair may come and go between two looks), the first seen with one. The looks
+            # start at that first token, not at a clock: a stream that has sent one of its max_tokens is in a decode
+            # engine for the rest, so a loaded machine cannot let every stream finish unseen. One channel a worker,
+            # opened before the streams: a look is one Stats call, not a connection.
             dws, hit = [w for w in c.workers() if w["role"] == "decode"], []
             stubs = [hs.wpbg.DecodeStub(c.channel(w["addr"])) for w in dws]
+            for st in stubs:
+                st.Stats(hs.wpb.StatsRequest(), timeout=30)
+            [t.start() for t in ts]
+            streaming.wait(120)
             t_kill = time.time()
 
             def busy():
                 if not any(t.is_alive() for t in ts):
                     return True  # every request done: nothing left to kill (the check below says so)
-                want = 2 if time.time() - t_kill < 20 else 1
+                want = 2 if time.time() - t_kill < 3 else 1
                 for w, st in zip(dws, stubs):
                     s = st.Stats(hs.wpb.StatsRequest(), timeout=5)
                     if s.running >= want:
