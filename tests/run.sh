@@ -80,7 +80,7 @@ run_py() { # $1: a pytest suite, $2: a short name for the log, $3: time limit (s
   local out line p f rc=0 t0=$SECONDS
   # past the limit SIGABRT makes Python's faulthandler print every thread's stack: where it hung
   out=$(timeout -s ABRT -k 30 "$3" .venv/bin/python -X faulthandler -m pytest -s -q -p no:cacheprovider --bin build/bin \
-          --durations 0 --durations-min 10 --junitxml "build/junit/$(basename "$1" .py).xml" "$1" 2>&1 | sed -E 's/^[.FEsx]+(PASS|FAIL)/\1/') || rc=$?
+          --durations 0 --durations-min 10 --junitxml "build/junit/$(basename "$1" .py).xml" "$1" 2>&1 | sed -E 's/^[.FEsx]+(PASS|FAIL|  )/\1/') || rc=$?
   printf '%s\n' "$out" | grep -E "^(PASS|FAIL|  )|^checks:|^[0-9.]+s (call|setup)|Traceback|Error|^(Current )?[Tt]hread 0x" | sed 's/^/  /'
   echo "  ($2: $(basename "$1") took $((SECONDS - t0)) s of its $3)"
   while IFS= read -r f; do failures+=("$(basename "$1"): $f"); done < <(printf '%s\n' "$out" | grep '^FAIL ')

@@ -11,7 +11,7 @@ force preemption, a kill -9 of the decode worker mid-stream, colocated workers
 that prefill their own requests (no prefill worker; one killed mid-stream), an fp8 KV
 cache whose prefixes also come back from the KV store — and sends a
 randomized workload (seeded, so a failure can be replayed): prompts of 16 to
-2,000 tokens made from a few random documents, sharing whole blocks and partial
+1,400 tokens made from a few random documents, sharing whole blocks and partial
 blocks of them, repeated, continued as multi-turn conversations (the previous
 prompt, its answer, a new question), sequentially and concurrently. Every
 greedy output is compared with a cold single-process `tandem generate` of the
@@ -266,11 +266,12 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
 
 # the rounds: name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
 quick = os.environ.get("TANDEM_TEST_QUICK")  # the sanitizer pass's shorter run
-big = 1 if quick else 2  # words ~ tokens: up to ~2,000-token prompts (4 chunks of 512) in the full run
+# words ~ tokens: up to ~1,400-token prompts (3 chunks of 512) in the full run
+long_words = 1000 if quick else 1300
 ROUNDS = [
     # name, numerics, prefill workers, token budget, prefill MiB, decode MiB, max words, seq, conc, max tokens
     dict(name="fast, 1 prefill, budget 512", numerics="fast", prefill=1, budget=512, prefill_mib=192,
-         decode_mib=512, max_words=1000 * big, n_seq=10 if quick else 6, n_conc=8 if quick else 4,
+         decode_mib=512, max_words=long_words, n_seq=10 if quick else 6, n_conc=8 if quick else 4,
          max_tokens=12),
     # decode pools of 45 blocks (720 tokens): reservations take what is free, so growing sequences preempt
     dict(name="fast, 2 prefill, budget 7, small decode pool", numerics="fast", prefill=2, budget=7,

@@ -30,6 +30,7 @@
  * Usage: tsan_stress MODEL.gguf; exit 0 when every check held. */
 #define _GNU_SOURCE
 #include <jansson.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,7 @@
 #include "engine/tokenizer.h"
 #include "kernels/backend.h"
 #include "kvstore/transfer.h"
+#include "prefill_worker/peers.h"
 #include "router/fair.h"
 #include "router/kvindex.h"
 #include "router/outlen.h"
@@ -725,6 +727,88 @@ static void stress_fair(void)
     rt_outlen_destroy(o);
 }
 
+/* The prefill worker's peers (prefill_worker/peers.c) against the transport's target: the engine's thread queues
+ * slices of KV and waits at barriers while the pusher thread puts and flushes them; a second thread reads the stats
+ * throughout and, midway, fails every peer (as a failed put or a fence does); the engine's thread sees its peer
+ * failed after the step, lets it go, reaps it and connects anew, and the last step's bytes are read back. */
+static atomic_int peers_phase; /* 0: steps; 1: fail every peer; 2: done */
+
+static void *peers_watcher(void *arg)
+{
+    pw_peers_t *P = arg;
+    uint64_t last = 0;
+    while (atomic_load(&peers_phase) < 2) {
+        pw_peers_stats_t st = pw_peers_stats(P);
+        CHECK(st.bytes >= last, "peers: the bytes put went back (%llu after %llu)", (unsigned long long)st.bytes,
+              (unsigned long long)last);
+        last = st.bytes;
+        int one = 1;
+        if (atomic_compare_exchange_strong(&peers_phase, &one, 3))
+            pw_peers_fail_all(P, "tsan_stress: every peer failed midway");
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void stress_peers(const kv_transport_ops_t *xo, void *addr, size_t al, void *rkey, size_t rl, uint64_t base)
+{
+    kv_xfer_t *x;
+    pw_peers_t *P;
+    if (xo->create(NULL, &x) || xo->progress_start(x) || pw_peers_create(xo, x, 60, &P)) {
+        CHECK(0, "peers: cannot start");
+        return;
+    }
+    Tandem__Internal__V1__LandingDescriptor ld = TANDEM__INTERNAL__V1__LANDING_DESCRIPTOR__INIT;
+    ld.has_address = ld.has_region_key = ld.has_remote_base = ld.has_region_bytes = 1;
+    ld.address = (ProtobufCBinaryData){al, addr};
+    ld.region_key = (ProtobufCBinaryData){rl, rkey};
+    ld.remote_base = base;
+    ld.region_bytes = 1 << 20;
+    enum { SLICE = 4096, SLICES = 16 };
+    static uint8_t src[SLICES * SLICE], got[SLICES * SLICE];
+    pthread_t th;
+    pthread_create(&th, NULL, peers_watcher, P);
+    int failed_seen = 0, steps = 0;
+    pw_peer_t *last = NULL;
+    for (int step = 0; step < 60; step++) {
+        pw_peer_t *pe = pw_peer_get(P, &ld, NULL);
+        if (!pe) {
+            CHECK(0, "peers: step %d could not connect", step);
+            break;
+        }
+        for (size_t i = 0; i < sizeof src; i++)
+            src[i] = (uint8_t)(i * 7 + (size_t)step);
+        for (int k = 0; k < SLICES; k++)
+            pw_peers_put(P, pe, pe->region, src + k * SLICE, SLICE, (uint64_t)k * SLICE, td_now_s() + 30, 0);
+        if (step == 20) { /* the watcher fails every peer while this step's puts are queued */
+            atomic_store(&peers_phase, 1);
+            while (atomic_load(&peers_phase) == 1)
+                usleep(100);
+        }
+        pw_peers_barrier(P);
+        steps++;
+        last = pe;
+        if (atomic_load(&pe->failed)) {
+            failed_seen++;
+            last = NULL;
+        } else if (step == 59) {
+            CHECK(!xo->get(x, pe->peer, pe->region, got, sizeof got, 0) && !xo->flush(x, pe->peer, 10) &&
+                      !memcmp(got, src, sizeof got), "peers: the last step's bytes read back differ");
+        }
+        pw_peer_release(P, pe);
+        pw_peers_reap(P);
+    }
+    atomic_store(&peers_phase, 2);
+    pthread_join(th, NULL);
+    pw_peers_stats_t st = pw_peers_stats(P);
+    CHECK(steps == 60 && failed_seen >= 1 && last, "peers: %d steps, %d saw their peer failed, the last %s", steps,
+          failed_seen, last ? "landed" : "did not land");
+    CHECK(st.bytes >= (uint64_t)(60 - failed_seen) * sizeof src, "peers: %llu bytes put in %d steps",
+          (unsigned long long)st.bytes, steps);
+    pw_peers_destroy(P);
+    xo->destroy(x);
+}
+
 static void stress_transport(void)
 {
     const kv_transport_ops_t *xo = &kv_transport_ucx;
@@ -787,6 +871,7 @@ static void stress_transport(void)
         xo->disconnect(x, p);
         xo->destroy(x);
     }
+    stress_peers(xo, addr, al, rkey, rl, base);
     close(down[1]);
     close(up[0]);
     waitpid(pid, NULL, 0);
@@ -812,7 +897,7 @@ int main(int argc, char **argv)
     stress_router_parts();
     stress_fair();
     td_rpc_shutdown();
-    printf("tsan_stress: transport, tokenizer, threadpool, tp, rpc, placement, renewer, stats (arrivals, capacity), fair, outlen: %s (%.1f s)\n",
+    printf("tsan_stress: transport, prefill peers, tokenizer, threadpool, tp, rpc, placement, renewer, stats (arrivals, capacity), fair, outlen: %s (%.1f s)\n",
            failures ? "FAILED" : "ok", td_now_s() - t0);
     return failures ? 1 : 0;
 }
