@@ -636,6 +636,19 @@ td_status_t eng_engine_kv_digest(eng_engine_t *e, const int32_t *blocks, uint32_
 
 void *eng_engine_queue(eng_engine_t *e) { return e->be->ops->queue(e->be); }
 
+void eng_engine_device_ids(eng_engine_t *e, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (uint32_t r = 0; r < (e->tp.tp ? e->tp.tp : 1); r++) {
+        kern_backend_t *b = e->tp.tp ? e->tp.bes[r] : e->be;
+        char id[96];
+        if (!b->ops->device_id || b->ops->device_id(b, id, sizeof id) || n + strlen(id) + 2 > cap)
+            continue;
+        n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? "," : "", id);
+    }
+}
+
 bool eng_engine_kv_on_host(const eng_engine_t *e)
 {
     return e->be->ops->queue(e->be) == NULL && !e->tp.tp; /* parts: no one range of whole blocks */

@@ -178,6 +178,9 @@ void *eng_engine_kv_base(const eng_engine_t *e, size_t *block_bytes);
 td_status_t eng_engine_kv_digest(eng_engine_t *e, const int32_t *blocks, uint32_t n, uint64_t *out);
 /* The backend's native queue (kern_backend_ops_t.queue): NULL on the CPU. */
 void *eng_engine_queue(eng_engine_t *e);
+/* The physical devices it computes on (kern_backend_ops_t.device_id: a rank's each), comma-separated in out;
+ * "" where its backend names none (the CPU). */
+void eng_engine_device_ids(eng_engine_t *e, char *out, size_t cap);
 /* Whether the pool is host memory that other threads and UCX may read and
  * write directly (the CPU backend); otherwise its blocks leave and enter the
  * pool through host staging memory, with these (engine thread): */

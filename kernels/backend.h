@@ -194,6 +194,10 @@ typedef struct kern_backend_ops {
     uint32_t kv_dtypes; /* the KV dtypes kv_store and attention take: bit 1u << td_kv_dtype_t each */
     /* frees the backend and everything it allocated */
     void (*destroy)(kern_backend_t *b);
+    /* Optional: the physical device it computes on, the same in every process that uses it (a GPU's UUID as
+     * nvidia-smi writes it), in out (cap bytes): the router prices a prefill on a device a decode worker shares
+     * as a stall of that worker's streams. NULL: none (the CPU backend: cores are the OS's to share). */
+    td_status_t (*device_id)(kern_backend_t *b, char *out, size_t cap);
     /* memory */
     td_status_t (*alloc)(kern_backend_t *b, size_t bytes, void **ptr);
     void (*free)(kern_backend_t *b, void *ptr);

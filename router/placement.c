@@ -318,6 +318,36 @@ static void predict_local(const rt_table_t *t, const rt_worker_t *d, const rt_pl
     pr->valid = true;
 }
 
+/* Whether workers a and b compute on a device in common (their records'
+ * devices lists). */
+static bool share_device(const rt_worker_t *a, const rt_worker_t *b)
+{
+    for (const char *s = a->devices; *s;) {
+        size_t n = strcspn(s, ",");
+        for (const char *u = b->devices; *u;) {
+            size_t m = strcspn(u, ",");
+            if (m == n && !memcmp(s, u, n))
+                return true;
+            u += m + (u[m] == ',');
+        }
+        s += n + (s[n] == ',');
+    }
+    return false;
+}
+
+/* A pair whose prefill worker pf computes on a device the decode worker d
+ * shares: the GPU time-slices the two processes, so each chunk pf computes
+ * (its token budget at most) stalls a step of d's streams as a local
+ * prefill's chunk would; the pair is priced that way (0: no device shared). */
+static double pair_stall_ms(const rt_table_t *t, const rt_worker_t *pf, const rt_worker_t *d,
+                            const rt_prediction_t *pr)
+{
+    if (!d->inflight || !share_device(pf, d))
+        return 0;
+    uint32_t chunk = pf->token_budget && pf->token_budget < pr->new_tokens ? pf->token_budget : pr->new_tokens;
+    return prefill_model_ms(t, pf, chunk, pr->pool_tokens + pr->store_tokens);
+}
+
 /* Whether a prediction keeps the request's SLOs. A local prefill's stall
  * counts against the TPOT of the streams running on its worker, and TPOT is
  * a stream's mean time per output token: a stream sees about as many prompts
@@ -343,11 +373,11 @@ static bool keeps_slos(const rt_place_req_t *rq, const rt_prediction_t *pr, doub
  * prefill keeps the request's SLOs with a lower predicted TTFT than the best
  * pair (or where the pair would miss them), its prediction in local; NULL:
  * the pair it is. */
-static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_prediction_t *remote, double now,
-                               rt_prediction_t *local)
+static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_prediction_t *remote,
+                               const rt_worker_t *d, double now, rt_prediction_t *local)
 {
     rt_worker_t *best = NULL;
-    bool remote_ok = keeps_slos(c->rq, remote, 0); /* a pair's prefill stalls no stream */
+    bool remote_ok = keeps_slos(c->rq, remote, remote->stall_ms ? d->inflight : 0); /* stalls only on a shared device */
     double pair_ttft = remote->ttft_ms, best_ttft = remote_ok ? pair_ttft : INFINITY;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
@@ -685,6 +715,7 @@ void rt_table_put(rt_table_t *t, const char *key, const char *value)
     take_str(j, "role", role, sizeof role);
     w->role = !strcmp(role, "prefill") ? RT_PREFILL : RT_DECODE;
     w->colocated = w->role == RT_DECODE && json_is_true(json_object_get(j, "colocated"));
+    take_str(j, "devices", w->devices, sizeof w->devices);
     const json_t *q = json_object_get(j, "queue");
     json_int_t ql = json_integer_value(json_object_get(q, "levels")), qq = json_integer_value(json_object_get(q, "quantum"));
     eng_order_t order;
@@ -1085,11 +1116,13 @@ void rt_table_place(rt_table_t *t, const rt_placement_ops_t *p, const rt_place_r
         return;
     }
     rt_prediction_t *pr = &out->pred;
-    if (pf)
+    if (pf) {
         predict_prefill(t, pf, &c, now, pr);
+        pr->stall_ms = pair_stall_ms(t, pf, d, pr);
+    }
     pr->tbt_ms = predict_tbt(t, d, rq, &pr->step_raw_ms);
     rt_prediction_t local;
-    rt_worker_t *dl = pf && p->rejects && rq ? pick_local(t, &c, pr, now, &local) : NULL;
+    rt_worker_t *dl = pf && p->rejects && rq ? pick_local(t, &c, pr, d, now, &local) : NULL;
     if (dl) { /* prefilled where it will decode: no pair, no KV moved */
         d = dl;
         pf = NULL;
@@ -1189,6 +1222,8 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
         json_t *o = json_pack("{s:s, s:s, s:b, s:f, s:f, s:i}", "id", w->id, "role",
                               w->role == RT_PREFILL ? "prefill" : "decode", "profile", w->has_profile, "k_step",
                               w->k_step ? w->k_step : 1.0, "queued_ms", queued_ms(w, now), "inflight", w->inflight);
+        if (w->devices[0])
+            json_object_set_new(o, "devices", json_string(w->devices));
         if (w->n_obs) /* the prefill model refitted online: a, b, c as the profile's, from how many calls, and how
                        * far it is trusted (RT_REACH times its largest call, in the profile's ms) */
             json_object_set_new(o, "prefill_fit",

@@ -65,6 +65,7 @@ typedef struct rt_worker {
     int ix_src;
     bool refused, gone;
     bool colocated; /* a decode worker that also serves whole requests (decode.colocated) */
+    char devices[400]; /* the physical devices it computes on, comma-separated, from its record ("": not said) */
     uint32_t local_passed; /* idle, within the SLOs, yet passed over for a pair since its last local prefill */
     uint32_t kv_blocks; /* its KV pool's blocks, from its record (0: not said) */
     uint32_t token_budget; /* tokens one engine step takes, from its record (0: not said) */
@@ -107,7 +108,9 @@ typedef struct rt_prediction {
     bool valid;
     /* local: prefilled by the (colocated) decode worker itself, in its own steps, though prefill workers are
      * there (conditional disaggregation); stall_ms: what each of its running streams' steps takes longer
-     * meanwhile (a chunk of the prompt); remote_ttft_ms: the best pair's TTFT it was weighed against */
+     * meanwhile (a chunk of the prompt; for a pair, where the prefill worker computes on a device the decode
+     * worker shares, a chunk of the prefill worker's); remote_ttft_ms: the best pair's TTFT it was weighed
+     * against */
     bool local;
     double stall_ms, remote_ttft_ms;
 } rt_prediction_t;

@@ -797,6 +797,10 @@ static td_status_t record(eng_worker_t *w, char *key, size_t key_len, char **val
         json_object_set_new(j, "profile", eng_profile_to_json(&w->profile));
     if (j && w->rc->colocated)
         json_object_set_new(j, "colocated", json_true());
+    char devices[400];
+    eng_engine_device_ids(w->engine, devices, sizeof devices);
+    if (j && devices[0]) /* the router prices a prefill on a device a decode worker shares as a stall of it */
+        json_object_set_new(j, "devices", json_string(devices));
     if (j) /* the router predicts queueing by the order the engine runs */
         json_object_set_new(j, "queue", json_pack("{s:s, s:i, s:i}", "order", w->rc->queue, "levels",
                                                   (json_int_t)w->rc->queue_levels, "quantum",

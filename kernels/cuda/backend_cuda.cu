@@ -10,6 +10,7 @@
 // A matrix asked for in FP8, or an FP8 file's, is held in FP8 (matmul_fp8.cu).
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -340,11 +341,25 @@ static td_status_t cu_replay(kern_backend_t *b, uint64_t key)
     return TD_ERR_NOT_FOUND; /* an answer, not a failure (nothing logged): the caller captures the step again */
 }
 
+static td_status_t cu_device_id(kern_backend_t *b, char *out, size_t cap)
+{
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, c->device);
+    if (e != cudaSuccess)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda: device %d: %s", c->device, cudaGetErrorString(e));
+    const unsigned char *u = (const unsigned char *)p.uuid.bytes;
+    snprintf(out, cap, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+             u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    return TD_OK;
+}
+
 static const kern_backend_ops_t kern_cuda_ops = {
     .name = "cuda",
     .supported = KERN_OPS_ALL | KERN_OPS_OPTIONAL,
     .kv_dtypes = (1u << TD_KV_F32) | (1u << TD_KV_F16) | (1u << TD_KV_F8_E4M3),
     .destroy = kern_cuda_backend_destroy,
+    .device_id = cu_device_id,
     .alloc = cu_alloc,
     .free = cu_free,
     .upload = cu_upload,
