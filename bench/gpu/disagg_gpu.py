@@ -68,7 +68,7 @@ def start_cluster(a, log_path, extra=(), decode_budget=0):
                 "decode: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d}\n"
                 "kvstore: {count: %d, use: %s, dram_mb: %d}\n"
                 "transport: {kind: %s}\n"
-                % (a.model, getattr(a, "kv_dtype", "fp16"), getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
+                % (a.model, a.kv_dtype, getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
                    a.token_budget, a.threads, getattr(a, "decode_device", None) or a.device, a.kv_mib,
                    decode_budget or a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
     log = open(log_path, "a+")  # append: the children share the offset
@@ -127,13 +127,13 @@ def base_args(ap):
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kv-dtype", default="fp16", help="model.kv_dtype of the cluster and the single process")
 
 
 def main():
     ap = argparse.ArgumentParser()
     base_args(ap)
     ap.add_argument("--kv-mib", type=int, default=2048)
-    ap.add_argument("--kv-dtype", default="fp16", help="model.kv_dtype of the cluster and the single process")
     ap.add_argument("--token-budget", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", default="128,1024")

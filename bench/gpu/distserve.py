@@ -26,22 +26,32 @@ Modes:
              decode worker prefills a request itself when the router predicts
              that keeps its SLOs sooner (conditional disaggregation); the
              report counts the requests each way.
+  planner    auto, and the planner too: before each workload's sweep an ops
+             file (tandem scale --apply) sets its SLOs and policy auto with
+             choose_mode over --planner-workers workers (1 prefill to start;
+             colocated, or 1 to N-1 prefill workers); a role's k-th worker
+             takes the k-th of --planner-devices (prefill) or of the same list
+             backwards (decode), so the two roles' first workers never share
+             one. The report keeps the planner's decision (tandem health).
 Every rate of a sweep gets prompts of its own (tandem bench salts them), so
 no rate is served from another's prefix cache.
 On one GPU this is the experiment's one-GPU form. On two, DistServe's own:
   --prefill-device cuda:0 --decode-device cuda:1 for disagg (KV GPU to GPU),
-  and --colocated 2 --colocated-device cuda:0,cuda:1 (a worker on each GPU).
+  and --colocated 2 --colocated-device cuda:0,cuda:1 (a worker on each GPU),
+  and --planner-workers 2 --planner-devices cuda:0,cuda:1 for planner.
 
 Standard library only. Prints one JSON document; each sweep's JSON (every
 request) and plot data go to --out. Usage:
   distserve.py --bin DIR --model PATH --out DIR [--device cuda] [--workloads chat,summary]
                [--modes disagg,colocated] [--colocated 1] [--prefill-device D] [--decode-device D]
-               [--colocated-device D[,D]] [--rates WORKLOAD=R1,R2,...]... [--requests WORKLOAD=N]... [--smoke]
+               [--colocated-device D[,D]] [--planner-workers N] [--planner-devices D[,D...]]
+               [--rates WORKLOAD=R1,R2,...]... [--requests WORKLOAD=N]... [--smoke]
 """
 import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -87,6 +97,24 @@ def ways(path):
     return out
 
 
+def planner_ops(path, slo, n):
+    """The ops file of the planner mode: the workload's SLOs, auto with choose_mode over n workers."""
+    with open(path, "w") as f:
+        f.write("slo: {ttft_ms: %g, tpot_ms: %g, attainment: 0.9}\nplanner: {interval_s: 1, hold_s: 5, cooldown_s: 10}\n"
+                "models:\n  - {name: \"*\", policy: auto, prefill: 1, decode: %d, min_prefill: 1, max_prefill: %d, "
+                "min_decode: 1, max_decode: %d, choose_mode: true}\n" % (slo["ttft_ms"], slo["tpot_ms"], n - 1,
+                                                                         max(1, n - 1), n))
+
+
+def health(a, ep):
+    """The router's Health detail (tandem health prints SERVING or NOT_SERVING, then it)."""
+    r = subprocess.run([a.bin + "/tandem", "health", "--endpoint", ep], capture_output=True, text=True, timeout=30)
+    try:
+        return json.loads(r.stdout.partition(" ")[2])
+    except ValueError:
+        return {}
+
+
 def main():
     ap = argparse.ArgumentParser()
     dg.base_args(ap)
@@ -97,6 +125,8 @@ def main():
     ap.add_argument("--decode-device", default="", help="disagg: the decode worker's (default --device)")
     ap.add_argument("--colocated-device", default="",
                     help="colocated: the workers' device or list, one each in turn (default --device)")
+    ap.add_argument("--planner-workers", type=int, default=2, help="planner: the workers the planner shares out")
+    ap.add_argument("--planner-devices", default="", help="planner: their devices (default --device for each)")
     ap.add_argument("--kv-mib", type=int, default=16384)
     ap.add_argument("--prefill-kv-mib", type=int, default=8192)
     ap.add_argument("--prefill-budget", type=int, default=4096, help="the prefill worker's token budget")
@@ -151,6 +181,10 @@ def main():
         slo = {"ttft_ms": round(w["ttft_x"] * t_base["ttft_ms"], 1), "tpot_ms": round(w["tpot_x"] * p_base["tpot_ms"], 2)}
         res["workloads"][name] = {"alone": {k: single(k) for k in kinds}, "slo": slo, "modes": {}}
         print(name, "alone", res["workloads"][name], file=sys.stderr, flush=True)
+    pdevs = (a.planner_devices or ",".join([a.device] * a.planner_workers)).split(",")
+    if a.planner_workers < 2 or len(pdevs) != a.planner_workers:
+        ap.error("--planner-workers %d with --planner-devices naming %d: want 2 or more, a device each" %
+                 (a.planner_workers, len(pdevs)))
     for mode in [m for m in a.modes.split(",") if m]:
         log_path = os.path.join(a.out, "cluster-%s.log" % mode)
         extra = ["--colocated", str(a.colocated)] if mode == "colocated" else ["--prefill", "1", "--decode", "1"]
@@ -158,10 +192,22 @@ def main():
             extra += ["--worker-arg", "--colocated", "--worker-arg", "false"]
         a.prefill_device = devices["prefill"]
         a.decode_device = devices["colocated" if mode == "colocated" else "decode"]
+        if mode == "planner":
+            a.prefill_device, a.decode_device = ",".join(pdevs), ",".join(reversed(pdevs))
+            extra = ["--prefill", "1", "--decode", str(a.planner_workers - 1)]
         up, ep = dg.start_cluster(a, log_path, extra=extra, decode_budget=a.decode_budget)
         try:
+            admin = re.search(r"administrator key \(tandem scale --admin-key\) in (\S+)", open(log_path).read())
             for name in workloads:
                 w, slo = WORKLOADS[name], res["workloads"][name]["slo"]
+                if mode == "planner":
+                    ops = os.path.join(a.out, "ops-%s.yaml" % name)
+                    planner_ops(ops, slo, a.planner_workers)
+                    r = subprocess.run([a.bin + "/tandem", "scale", "--endpoint", ep, "--apply", ops] +
+                                       (["--admin-key", admin.group(1)] if admin else []),
+                                       capture_output=True, text=True, timeout=60)
+                    if r.returncode:
+                        raise RuntimeError("tandem scale --apply %s: %s" % (ops, r.stderr.strip()[-500:]))
                 for k in range(3):  # warm-up (captured decode steps, the allocator) before anything is timed
                     dg.remote(a, ep, "%d" % (900 + k) + " a" * shape(w)["hi"], 16)
                 out = os.path.join(a.out, "bench-%s-%s.json" % (name, mode))
@@ -176,6 +222,11 @@ def main():
                     b = json.load(open(out))
                     got.update(goodput=b.get("goodput"), bounded=b.get("goodput_bounded"),
                                curve=b.get("attainment_curve"), ways=ways(out))
+                if mode == "planner":  # where it went, and why (the last decision's reason)
+                    h = health(a, ep)
+                    got["planner"] = {"workers": [h.get("prefill_workers"), h.get("decode_workers")],
+                                      "desired": h.get("planner", {}).get("desired"),
+                                      "verdict": h.get("planner", {}).get("verdict")}
                 res["workloads"][name]["modes"][mode] = got
                 print(name, mode, "goodput", got.get("goodput"), file=sys.stderr, flush=True)
         finally:
