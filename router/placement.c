@@ -348,37 +348,48 @@ static double pair_stall_ms(const rt_table_t *t, const rt_worker_t *pf, const rt
     return prefill_model_ms(t, pf, chunk, pr->pool_tokens + pr->store_tokens);
 }
 
-/* Whether a prediction keeps the request's SLOs. A local prefill's stall
- * counts against the TPOT of the streams running on its worker, and TPOT is
- * a stream's mean time per output token: a stream sees about as many prompts
- * arrive in its life as streams run beside it (Little's law), each stalling
- * one of its steps, so its TPOT is the step plus (inflight + 1) stalls over
- * its output (the request's max_tokens standing for the streams'). Charging
- * the whole stall to one token's TPOT, as before, sent nearly every prompt to
- * the prefill worker, even on the decode worker's own GPU, where that loses
- * 5x (bench/results/distserve-2026-11-29-one-gpu/). With no TPOT SLO a local
+/* How far a prediction is past the request's SLOs (where it states none,
+ * the ops config's: rt_table_set_slo_aim): the larger of its TTFT and its
+ * streams' TPOT over their SLOs; at most 1 where it keeps them. A local
+ * prefill's stall counts against the TPOT of the streams running on its
+ * worker, and TPOT is a stream's mean time per output token: a stream sees
+ * about as many prompts arrive in its life as streams run beside it (Little's
+ * law), each stalling one of its steps, so its TPOT is the step plus
+ * (inflight + 1) stalls over its output (the request's max_tokens standing
+ * for the streams'). Charging the whole stall to one token's TPOT, as
+ * before, sent nearly every prompt to the prefill worker, even on the decode
+ * worker's own GPU, where that loses 5x
+ * (bench/results/distserve-2026-11-29-one-gpu/). With no TPOT SLO a local
  * prefill may add at most a quarter to their TPOT (the pair costs them
- * nothing where prefill has a GPU of its own; a CPU cluster's 8-token answers
- * showed a doubling miss the planner's SLO). */
-static bool keeps_slos(const rt_place_req_t *rq, const rt_prediction_t *pr, double inflight)
+ * nothing where prefill has a GPU of its own; a CPU cluster's 8-token
+ * answers showed a doubling miss the planner's SLO). */
+static double slo_over(const rt_table_t *t, const rt_place_req_t *rq, const rt_prediction_t *pr, double inflight)
 {
-    if (rq->ttft_slo_ms && pr->ttft_ms > rq->ttft_slo_ms)
-        return false;
+    double ttft_slo = rq->ttft_slo_ms ? rq->ttft_slo_ms : t->aim_ttft_ms;
+    double tpot_slo = rq->tpot_slo_ms ? rq->tpot_slo_ms : t->aim_tpot_ms;
     double tpot = pr->tbt_ms + (inflight + 1) * pr->stall_ms / (rq->max_tokens ? rq->max_tokens : 1);
-    return tpot <= (rq->tpot_slo_ms ? rq->tpot_slo_ms : 1.25 * pr->tbt_ms);
+    double bound = tpot_slo ? tpot_slo : 1.25 * pr->tbt_ms;
+    double over = bound > 0 ? tpot / bound : tpot > 0 ? INFINITY : 0;
+    return ttft_slo && pr->ttft_ms / ttft_slo > over ? pr->ttft_ms / ttft_slo : over;
 }
 
 #define RT_LOCAL_RETRY 8
 /* Conditional disaggregation: the colocated decode worker whose local
  * prefill keeps the request's SLOs with a lower predicted TTFT than the best
- * pair (or where the pair would miss them), its prediction in local; NULL:
- * the pair it is. */
+ * pair (or where the pair would miss them); where none keeps them and the
+ * pair misses them too, the one past them least, if by less than the pair;
+ * its prediction in local; NULL: the pair it is. */
 static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_prediction_t *remote,
                                const rt_worker_t *d, double now, rt_prediction_t *local)
 {
-    rt_worker_t *best = NULL;
-    bool remote_ok = keeps_slos(c->rq, remote, remote->stall_ms ? d->inflight : 0); /* stalls only on a shared device */
+    rt_worker_t *best = NULL, *least = NULL;
+    /* a pair stalls streams only on a shared device */
+    const double pair_over = slo_over(t, c->rq, remote, remote->stall_ms ? d->inflight : 0);
+    const bool remote_ok = pair_over <= 1;
     double pair_ttft = remote->ttft_ms, best_ttft = remote_ok ? pair_ttft : INFINITY;
+    /* where no way keeps the SLOs: the one past them least (a tie: the sooner first token) */
+    double least_over = pair_over, least_ttft = pair_ttft;
+    rt_prediction_t least_pr;
     for (size_t i = 0; i < t->n; i++) {
         rt_worker_t *w = t->w[i];
         if (!w->colocated || !usable(w, RT_DECODE, c, now))
@@ -388,15 +399,25 @@ static rt_worker_t *pick_local(rt_table_t *t, const rt_place_ctx_t *c, const rt_
         /* a worker never measured prefilling locally is tried while it is idle, and so is one passed over
          * RT_LOCAL_RETRY times since its last local prefill: its profile was measured at start-up, perhaps under
          * other load, and only local calls correct its model (one slow first call would keep it out for good) */
-        bool idle = !w->inflight && !w->prefilling, keeps = keeps_slos(c->rq, &pr, w->inflight);
+        const double over = slo_over(t, c->rq, &pr, w->inflight);
+        bool idle = !w->inflight && !w->prefilling, keeps = over <= 1;
         bool explore = idle && (!w->n_obs || w->local_passed >= RT_LOCAL_RETRY);
         if (keeps && (pr.ttft_ms < best_ttft || (explore && !best))) {
             best = w;
             best_ttft = pr.ttft_ms;
             *local = pr;
         }
+        if (!remote_ok && !keeps && (over < least_over || (over == least_over && pr.ttft_ms < least_ttft))) {
+            least = w;
+            least_over = over, least_ttft = pr.ttft_ms;
+            least_pr = pr;
+        }
         if (keeps && idle)
             w->local_passed++;
+    }
+    if (!best && least) {
+        best = least;
+        *local = least_pr;
     }
     if (best) {
         best->local_passed = 0;
@@ -666,6 +687,13 @@ void rt_table_set_tier_rates(rt_table_t *t, const double *gbps, size_t n)
             t->tier_ms_per_block[k] = bytes / (gbps[k] * 1e6);
         else if (k >= n && k)
             t->tier_ms_per_block[k] = t->tier_ms_per_block[k - 1]; /* deeper than any given: as the last */
+    pthread_mutex_unlock(&t->mu);
+}
+
+void rt_table_set_slo_aim(rt_table_t *t, uint32_t ttft_ms, uint32_t tpot_ms)
+{
+    pthread_mutex_lock(&t->mu);
+    t->aim_ttft_ms = ttft_ms, t->aim_tpot_ms = tpot_ms;
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -1212,6 +1240,9 @@ json_t *rt_table_metrics(rt_table_t *t, const rt_placement_ops_t *p)
                           (json_int_t)t->rejected_tpot, "predictions", (json_int_t)t->n_err, "overhead_ms",
                           t->ov.fit[0], "tier_ms_per_block", tier_costs(t));
     json_object_set_new(j, "overhead_ms_per_token", json_real(t->ov.fit[1]));
+    if (t->aim_ttft_ms || t->aim_tpot_ms) /* the ops config's SLOs, which placement aims at */
+        json_object_set_new(j, "slo_aim", json_pack("{s:i, s:i}", "ttft_ms", (int)t->aim_ttft_ms, "tpot_ms",
+                                                     (int)t->aim_tpot_ms));
     json_object_set_new(json_object_get(j, "placed"), "colocated", json_integer((json_int_t)t->placed_colocated));
     json_object_set_new(json_object_get(j, "placed"), "local", json_integer((json_int_t)t->placed_local));
     double now = td_now_s();

@@ -133,6 +133,7 @@ typedef struct rt_table {
     /* prediction and its record (under mu) */
     rt_kvindex_t *ix;           /* the cache index (NULL: none) */
     double tier_ms_per_block[RT_IX_TIERS]; /* a block fetched from a store's tier k (rt_table_set_tier_rates) */
+    uint32_t aim_ttft_ms, aim_tpot_ms; /* the ops config's SLOs (rt_table_set_slo_aim; 0: none) */
     /* the router's overhead by prompt tokens: a pair's measured TTFT less the
      * prefill call (the reservation, the decode worker taking the KV and
      * sending the first token) */
@@ -262,6 +263,13 @@ void rt_table_done(rt_table_t *t, rt_worker_t *w, const td_rpc_result_t *failed,
  * records (kvstore/tier.h): what a block fetched from each costs. A rate of
  * 0 leaves its tier's cost; tiers past n cost as tier n - 1. */
 void rt_table_set_tier_rates(rt_table_t *t, const double *gbps, size_t n);
+/* The SLOs the ops config states (common/ops.h: what the planner measures
+ * attainment against; 0: none), set by the planner's thread of every router:
+ * predictive placement weighs a local prefill against a pair by them for a
+ * request that states none of its own (nor the router's config), as it would
+ * by the request's. They steer placement only: a request is never refused
+ * early for them. */
+void rt_table_set_slo_aim(rt_table_t *t, uint32_t ttft_ms, uint32_t tpot_ms);
 /* Tells the policy what a placed request measured. */
 void rt_table_observe(rt_table_t *t, const rt_placement_ops_t *p, rt_worker_t *prefill, rt_worker_t *decode,
                       const rt_timings_t *tm);

@@ -174,6 +174,29 @@ static int auto_verdict(rt_planner_t *p, const td_ops_t *ops, const td_ops_model
     return v;
 }
 
+/* The ops config's SLOs (none: 0) to the router's placement, which aims at
+ * them for requests that state none (rt_table_set_slo_aim). */
+static void aim(rt_planner_t *p, const td_ops_t *ops)
+{
+    if (p->table)
+        rt_table_set_slo_aim(p->table, ops ? ops->slo.ttft_ms : 0, ops ? ops->slo.tpot_ms : 0);
+}
+
+/* A router that does not plan reads the ops config for its SLOs alone. */
+static void follow_aim(rt_planner_t *p, td_etcd_t *e)
+{
+    td_etcd_kvs_t kvs = {0};
+    if (!p->table || td_etcd_get(e, TD_OPS_KEY, false, &kvs))
+        return; /* etcd away: the SLOs last read stay */
+    td_ops_t *ops = NULL;
+    if (!kvs.n)
+        aim(p, NULL);
+    else if (td_ops_parse((const char *)kvs.kv[0].value, kvs.kv[0].value_len, "etcd " TD_OPS_KEY, &ops) == TD_OK)
+        aim(p, ops);
+    td_ops_free(ops);
+    td_etcd_kvs_free(&kvs);
+}
+
 /* One look, as the leader: the ops config, the counts it asks for, and the
  * record written when they differ from what is there. */
 static void plan(rt_planner_t *p, td_etcd_t *e)
@@ -199,6 +222,7 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
     }
     if (!kvs.n) {
         td_etcd_kvs_free(&kvs);
+        aim(p, NULL);
         set_error(p, "");
         pthread_mutex_lock(&p->mu);
         snprintf(p->verdict, sizeof p->verdict, "no ops config in etcd (%s): nothing to plan", TD_OPS_KEY);
@@ -219,6 +243,7 @@ static void plan(rt_planner_t *p, td_etcd_t *e)
         set_error(p, td_last_error());
         return;
     }
+    aim(p, ops);
     const char *model = p->model;
     const td_ops_model_t *m = td_ops_model(ops, model, p->alias[0] ? p->alias : NULL);
     if (!m) {
@@ -402,6 +427,8 @@ static void *planner_thread(void *arg)
             TD_INFO("planner: %s", won ? "this router plans (elected)" : "another router plans");
         if (won)
             plan(p, e);
+        else
+            follow_aim(p, e);
     } while (nap(p, 1.0));
     if (e) {
         td_etcd_keepalive_stop(e);

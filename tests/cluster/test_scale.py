@@ -433,6 +433,10 @@ def test_mode_shift():
         r = scale(c, "--apply", ops)
         check("an ops file with choose_mode is applied", r.returncode == 0 and "choose_mode: true" in r.stdout,
               r.stderr)
+        aim = {"ttft_ms": MODE_SLO["ttft_ms"], "tpot_ms": MODE_SLO["tpot_ms"]}
+        check("the router's placement aims at the ops file's SLOs (%s)" % aim,
+              hs.wait_for(lambda: c.health()[1]["placement"].get("slo_aim") == aim, 15),
+              str(c.health()[1]["placement"].get("slo_aim")))
         hs.wait_for(lambda: registered(c) == (1, 1), 60)
         t_origin = time.time()
 

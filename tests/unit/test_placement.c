@@ -626,15 +626,42 @@ Test(placement, a_request_served_whole_takes_a_colocated_worker_only, .timeout =
     td_rpc_shutdown();
 }
 
+/* Two workers for the tests below: a prefill worker of 1 + 0.5 ms a prompt
+ * token (a budget of 512) and a colocated decode worker of 1 + 1 ms (a
+ * budget of 64), a step of 2 + 1 ms a sequence, on the devices named; one
+ * stream runs on the decode worker (*run, placed by least_loaded). */
+static void two_workers(rt_table_t *t, const char *pdev, const char *ddev, rt_placement_t *run)
+{
+    rt_table_init(t, &expect, NULL);
+    eng_profile_t pp = {.prefill = {1, 0.5, 0}, .decode = {2, 1, 0}}, dp = {.prefill = {1, 1, 0}, .decode = {2, 1, 0}};
+    put_record(t, "p1", "prefill", &expect, json_pack("{s:o, s:i, s:s}", "profile", eng_profile_to_json(&pp),
+                                                      "token_budget", 512, "devices", pdev));
+    put_record(t, "c1", "decode", &expect, json_pack("{s:o, s:b, s:i, s:s}", "profile", eng_profile_to_json(&dp),
+                                                     "colocated", 1, "token_budget", 64, "devices", ddev));
+    static int32_t tok[16];
+    const rt_place_req_t rq = {.tokens = tok, .n_tokens = 16, .max_tokens = 4};
+    rt_table_place(t, &rt_placement_least_loaded, &rq, run);
+    cr_assert(run->code == TD_RPC_OK && run->prefill && !strcmp(run->decode->id, "c1"), "%s", run->why);
+    rt_table_prefill_done(t, run->prefill, &run->pred);
+    rt_table_done(t, run->prefill, NULL, 0);
+}
+
+/* Ends a placement made by the tests below: its prefill, its stream. */
+static void end_placed(rt_table_t *t, rt_placement_t *pl)
+{
+    rt_table_prefill_done(t, pl->prefill ? pl->prefill : pl->decode, &pl->pred);
+    if (pl->prefill)
+        rt_table_done(t, pl->prefill, NULL, 0);
+    rt_table_done(t, pl->decode, NULL, 0);
+}
+
 /* A prefill worker that computes on a device the decode worker shares (the
  * devices of their records) stalls that worker's streams as a local prefill
- * does, a chunk of its token budget a step: the pair is priced so. Profiles:
- * the prefill worker 1 + 0.5 ms a token (a budget of 512), the colocated
- * decode worker 1 + 1 ms a token (a budget of 64), a step of 2 + 1 ms a
- * sequence; one stream runs on it. A 400-token prompt with a TPOT SLO of 50
- * ms: on devices of their own the pair (201 ms against 401 locally, no
- * stall); on one device the pair's 201 ms chunk would put the streams at
- * 4 + 2 x 201 / 4 = 104.5 ms, a local 64-token chunk (65 ms) at 36.5: local. */
+ * does, a chunk of its token budget a step: the pair is priced so. A
+ * 400-token prompt with a TPOT SLO of 50 ms (two_workers): on devices of
+ * their own the pair (201 ms against 401 locally, no stall); on one device
+ * the pair's 201 ms chunk would put the streams at 4 + 2 x 201 / 4 = 104.5
+ * ms, a local 64-token chunk (65 ms) at 36.5: local. */
 Test(placement, a_prefill_on_a_shared_device_is_priced_as_a_stall, .timeout = 30)
 {
     td_rpc_init();
@@ -642,36 +669,20 @@ Test(placement, a_prefill_on_a_shared_device_is_priced_as_a_stall, .timeout = 30
     const char *devs[][2] = {{"GPU-aa", "GPU-bb"}, {"GPU-aa,GPU-cc", "GPU-dd,GPU-aa"}};
     for (int shared = 0; shared < 2; shared++) {
         rt_table_t t;
-        rt_table_init(&t, &expect, NULL);
-        eng_profile_t pp = {.prefill = {1, 0.5, 0}, .decode = {2, 1, 0}}, dp = {.prefill = {1, 1, 0}, .decode = {2, 1, 0}};
-        put_record(&t, "p1", "prefill", &expect, json_pack("{s:o, s:i, s:s}", "profile", eng_profile_to_json(&pp),
-                                                           "token_budget", 512, "devices", devs[shared][0]));
-        put_record(&t, "c1", "decode", &expect, json_pack("{s:o, s:b, s:i, s:s}", "profile", eng_profile_to_json(&dp),
-                                                          "colocated", 1, "token_budget", 64, "devices",
-                                                          devs[shared][1]));
-        static int32_t tok[400];
-        rt_place_req_t rq = {.tokens = tok, .n_tokens = 16, .max_tokens = 4};
         rt_placement_t run, pl;
-        rt_table_place(&t, &rt_placement_least_loaded, &rq, &run); /* a stream on c1 */
-        cr_assert(run.code == TD_RPC_OK && run.prefill && !strcmp(run.decode->id, "c1"), "%s", run.why);
-        rt_table_prefill_done(&t, run.prefill, &run.pred);
-        rt_table_done(&t, run.prefill, NULL, 0);
-        rq.n_tokens = 400;
-        rq.tpot_slo_ms = 50;
+        two_workers(&t, devs[shared][0], devs[shared][1], &run);
+        static int32_t tok[400];
+        const rt_place_req_t rq = {.tokens = tok, .n_tokens = 400, .max_tokens = 4, .tpot_slo_ms = 50};
         rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
         cr_assert_eq(pl.code, TD_RPC_OK, "%s", pl.why);
-        if (!shared) {
+        if (!shared)
             cr_assert(pl.prefill && !pl.pred.local && pl.pred.stall_ms == 0, "devices apart: the pair (local %d, "
                       "stall %.1f)", pl.pred.local, pl.pred.stall_ms);
-            rt_table_prefill_done(&t, pl.prefill, &pl.pred);
-            rt_table_done(&t, pl.prefill, NULL, 0);
-        } else {
+        else
             cr_assert(!pl.prefill && pl.pred.local && fabs(pl.pred.stall_ms - 65) < 1e-6 &&
                       fabs(pl.pred.remote_ttft_ms - 201) < 1e-6, "one device: local (local %d, stall %.1f, the pair "
                       "%.1f ms)", pl.pred.local, pl.pred.stall_ms, pl.pred.remote_ttft_ms);
-            rt_table_prefill_done(&t, pl.decode, &pl.pred);
-        }
-        rt_table_done(&t, pl.decode, NULL, 0);
+        end_placed(&t, &pl);
         json_t *m = rt_table_metrics(&t, &rt_placement_predictive);
         json_t *ws = json_object_get(m, "workers");
         cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ws, 0), "devices")), devs[shared][0]);
@@ -679,6 +690,50 @@ Test(placement, a_prefill_on_a_shared_device_is_priced_as_a_stall, .timeout = 30
         rt_table_done(&t, run.decode, NULL, 0);
         rt_table_fini(&t);
     }
+    td_rpc_shutdown();
+}
+
+/* The ops config's SLOs (rt_table_set_slo_aim) weigh a request that states
+ * none as its own would, and refuse nothing; where no way keeps the SLOs,
+ * the one past them least is taken. The shared-device case above, with no
+ * SLO at all: the streams' step may grow a quarter (5 ms), which neither
+ * keeps, the pair (104.5 ms) by more than local (36.5): local. With a TPOT
+ * aim of 200 ms both keep it and the pair's first token is sooner (201
+ * against 401 ms): the pair; with 50 ms only local keeps it: local. A TTFT
+ * aim of 1 ms, which nothing keeps, places it all the same (the request's
+ * own 1 ms is refused early). */
+Test(placement, the_ops_slos_steer_placement_and_refuse_nothing, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_placement_t run, pl;
+    two_workers(&t, "GPU-aa", "GPU-aa", &run);
+    static int32_t tok[400];
+    rt_place_req_t rq = {.tokens = tok, .n_tokens = 400, .max_tokens = 4, .early_reject = true};
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code == TD_RPC_OK && !pl.prefill && pl.pred.local, "no SLO: local, past it least (%s)", pl.why);
+    end_placed(&t, &pl);
+    rt_table_set_slo_aim(&t, 0, 200);
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code == TD_RPC_OK && pl.prefill && !pl.pred.local, "a TPOT aim both keep: the pair (%s)", pl.why);
+    end_placed(&t, &pl);
+    rt_table_set_slo_aim(&t, 0, 50);
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code == TD_RPC_OK && !pl.prefill && pl.pred.local, "a TPOT aim local keeps: local (%s)", pl.why);
+    end_placed(&t, &pl);
+    json_t *m = rt_table_metrics(&t, &rt_placement_predictive);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(m, "slo_aim"), "tpot_ms")), 50);
+    json_decref(m);
+    rt_table_set_slo_aim(&t, 1, 0);
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code == TD_RPC_OK, "the ops TTFT SLO refuses nothing: %s", pl.why);
+    end_placed(&t, &pl);
+    rq.ttft_slo_ms = 1;
+    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+    cr_assert(pl.code != TD_RPC_OK, "a request's own 1 ms TTFT SLO is refused early");
+    rt_table_done(&t, run.decode, NULL, 0);
+    rt_table_fini(&t);
     td_rpc_shutdown();
 }
 
