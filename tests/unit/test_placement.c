@@ -711,24 +711,25 @@ Test(placement, the_ops_slos_steer_placement_and_refuse_nothing, .timeout = 30)
     two_workers(&t, "GPU-aa", "GPU-aa", &run);
     static int32_t tok[400];
     rt_place_req_t rq = {.tokens = tok, .n_tokens = 400, .max_tokens = 4, .early_reject = true};
-    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert(pl.code == TD_RPC_OK && !pl.prefill && pl.pred.local, "no SLO: local, past it least (%s)", pl.why);
-    end_placed(&t, &pl);
-    rt_table_set_slo_aim(&t, 0, 200);
-    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert(pl.code == TD_RPC_OK && pl.prefill && !pl.pred.local, "a TPOT aim both keep: the pair (%s)", pl.why);
-    end_placed(&t, &pl);
-    rt_table_set_slo_aim(&t, 0, 50);
-    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert(pl.code == TD_RPC_OK && !pl.prefill && pl.pred.local, "a TPOT aim local keeps: local (%s)", pl.why);
-    end_placed(&t, &pl);
-    json_t *m = rt_table_metrics(&t, &rt_placement_predictive);
-    cr_assert_eq(json_integer_value(json_object_get(json_object_get(m, "slo_aim"), "tpot_ms")), 50);
-    json_decref(m);
-    rt_table_set_slo_aim(&t, 1, 0);
-    rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
-    cr_assert(pl.code == TD_RPC_OK, "the ops TTFT SLO refuses nothing: %s", pl.why);
-    end_placed(&t, &pl);
+    const struct { uint32_t ttft, tpot; int want; const char *what; } cases[] = { /* want: 1 local, 0 the pair, -1 any */
+        {0, 0, 1, "no SLO: local, past it least"},
+        {0, 200, 0, "a TPOT aim both keep: the pair, its first token sooner"},
+        {0, 50, 1, "a TPOT aim only local keeps: local"},
+        {1, 0, -1, "a TTFT aim nothing keeps: placed all the same"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        rt_table_set_slo_aim(&t, cases[k].ttft, cases[k].tpot);
+        rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
+        cr_assert(pl.code == TD_RPC_OK && (cases[k].want < 0 || (pl.pred.local == (cases[k].want == 1) &&
+                                                                  !pl.prefill == (cases[k].want == 1))),
+                  "%s (%s; local %d)", cases[k].what, pl.why, pl.pred.local);
+        end_placed(&t, &pl);
+        if (cases[k].tpot == 50) {
+            json_t *m = rt_table_metrics(&t, &rt_placement_predictive);
+            cr_assert_eq(json_integer_value(json_object_get(json_object_get(m, "slo_aim"), "tpot_ms")), 50);
+            json_decref(m);
+        }
+    }
     rq.ttft_slo_ms = 1;
     rt_table_place(&t, &rt_placement_predictive, &rq, &pl);
     cr_assert(pl.code != TD_RPC_OK, "a request's own 1 ms TTFT SLO is refused early");
