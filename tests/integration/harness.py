@@ -200,13 +200,17 @@ class Cluster:
         return self.p.returncode
 
 
-def generate(stub, prompt, max_tokens=MAX_TOKENS, timeout=120, ignore_eos=True):
+def generate(stub, prompt, max_tokens=MAX_TOKENS, timeout=120, ignore_eos=True, on_token=None):
+    """A streamed generation's token ids and last response; on_token() is called as each response with tokens
+    arrives."""
     rq = pb.GenerateRequest(prompt=prompt, return_token_ids=True,
                             sampling=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos))
     ids, last = [], None
     for r in stub.Generate(rq, timeout=timeout):
         ids.extend(r.token_ids)
         last = r
+        if on_token and r.token_ids:
+            on_token()
     return ids, last
 
 

@@ -145,14 +145,7 @@ def run_round(name, numerics, prefill, budget, prefill_mib, decode_mib, max_word
 
     def one(p):
         try:
-            rq = hs.pb.GenerateRequest(prompt=p, return_token_ids=True, sampling=hs.pb.SamplingParams(
-                max_tokens=max_tokens, ignore_eos=True))
-            ids, last = [], None
-            for r in c.stub.Generate(rq, timeout=300):
-                ids.extend(r.token_ids)
-                last = r
-                if ids:
-                    streaming.set()
+            ids, last = hs.generate(c.stub, p, max_tokens=max_tokens, timeout=300, on_token=streaming.set)
         except grpc.RpcError as e:
             with lock:
                 stats["errors"].append("%s: %s" % (e.code(), e.details()))

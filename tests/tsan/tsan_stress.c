@@ -780,10 +780,11 @@ static void stress_peers(const kv_transport_ops_t *xo, void *addr, size_t al, vo
             src[i] = (uint8_t)(i * 7 + (size_t)step);
         for (int k = 0; k < SLICES; k++)
             pw_peers_put(P, pe, pe->region, src + k * SLICE, SLICE, (uint64_t)k * SLICE, td_now_s() + 30, 0);
-        if (step == 20) { /* the watcher fails every peer while this step's puts are queued */
+        if (step == 20) { /* the watcher fails every peer while this step's puts are queued (10 s at most) */
             atomic_store(&peers_phase, 1);
-            while (atomic_load(&peers_phase) == 1)
+            for (int waited = 0; atomic_load(&peers_phase) == 1 && waited < 100000; waited++)
                 usleep(100);
+            CHECK(atomic_load(&peers_phase) != 1, "peers: the watcher did not fail the peers within 10 s");
         }
         pw_peers_barrier(P);
         steps++;
