@@ -13,17 +13,20 @@
 #   deploy/gpu-bundle.sh 9 10       only what sections 9 and 10 need (the cluster's programs, etcd, the benchmark
 #                                   scripts; no tandem-cuda-check, tandem-gemv-study or default model): ~52 MB
 #   deploy/gpu-bundle.sh 1 11       sections of the backend alone (1-5, 11, 12): no cluster programs, no etcd: ~54 MB
+#   LLAMACPP=DIR deploy/gpu-bundle.sh 17   also bundle-llamacpp/, llama.cpp's batched bench for section 17's peer
+#                                   (bench/gpu/build_llamacpp.sh builds it): carried on a call of its own, bundle/
+#                                   being on the machine from the call before
 set -euo pipefail
 cluster_only=1 backend_only=1
 for s in "${@:-all}"; do case $s in 9|10) ;; *) cluster_only=0 ;; esac; done
-for s in "${@:-all}"; do case $s in 1|2|3|4|5|11|12|13|16) ;; *) backend_only=0 ;; esac; done
+for s in "${@:-all}"; do case $s in 1|2|3|4|5|11|12|13|16|17) ;; *) backend_only=0 ;; esac; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check tandem-router tandem-prefill tandem-decode \
   tandem-kvstore tandem-bench-kvxfer tandem-gemv-study tandem-gemm-study >/dev/null
-rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
+rm -rf bundle bundle-model* bundle-llamacpp && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
 cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check build-gpu/bin/tandem-router build-gpu/bin/tandem-prefill \
   build-gpu/bin/tandem-decode build-gpu/bin/tandem-kvstore build-gpu/bin/tandem-bench-kvxfer \
   build-gpu/bin/tandem-gemv-study build-gpu/bin/tandem-gemm-study bundle/bin/
@@ -40,7 +43,14 @@ cp -r tests/fixtures/hf/tiny-llama3 bundle/fixtures/
 cp tests/fixtures/hf/make_logits_hf.py tests/fixtures/hf/make_fp8_ref.py bundle/fixtures/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
 cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/distserve.py bench/gpu/ab.sh \
-  bench/gpu/batch_ab.sh bench/gpu/prefill_ab.sh bench/gpu/prompt_of.py bundle/bench/
+  bench/gpu/batch_ab.sh bench/gpu/prefill_ab.sh bench/gpu/prompt_of.py bench/gpu/compile_peer.py \
+  bench/gpu/make_random_gguf.py bundle/bench/
+if [ -n "${LLAMACPP:-}" ]; then # section 17's llama.cpp peer (bench/gpu/build_llamacpp.sh's build), a call of its own
+  rm -rf bundle-llamacpp && mkdir -p bundle-llamacpp
+  strip -o bundle-llamacpp/llama-batched-bench "$LLAMACPP"/bin/llama-batched-bench
+  xz -6 -T0 bundle-llamacpp/llama-batched-bench # ~41 MB: CUDA code for every quantization llama.cpp has
+  cp -rL "$LLAMACPP"/gguf-py bundle-llamacpp/ && rm -rf bundle-llamacpp/gguf-py/tests
+fi
 if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made there: no op checks, no default model
   rm -f bundle/bin/tandem-cuda-check bundle/bin/tandem-gemv-study bundle/bin/tandem-gemm-study
   rmdir bundle-model-b bundle-model-c

@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14 16} " # 10 (two GPUs) only when named
+sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14 16 17} " # 10 (two GPUs) only when named
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -431,6 +431,80 @@ MODEL_DIR=$m7d bash "$here/bench/batch_ab.sh" "$out" "$T" "" 2 | tee "$out/batch
 grep -A1 "timing decode batch" "$out/batch-ops.txt"
 "$here/bin/tandem-gemm-study" 1 64 256 1024 4096 > "$out/gemm-study.txt" 2>&1 || { echo "tandem-gemm-study FAILED"; fail=1; }
 grep -E "peak|m +256|m 4096" "$out/gemm-study.txt"
+fi
+
+if want 17; then
+echo "== 17. the peers on the 7B shape (issue 51): decode tok/s at batch 1-256 (128 tokens after a 16-token prompt)"
+echo "   and prefill at 1k/4k/16k, fp16 and FP8 weights: tandem, a torch.compile'd decode loop (gpt-fast's method,"
+echo "   bench/compile_peer.py) and llama.cpp's CUDA build (F16, Q8_0); P17 picks the parts (tandem compile llamacpp)"
+parts=" ${P17:-tandem compile llamacpp} "
+m7d=$work/llama2-7b-dummy m7l=$work/llama2-7b-dummy-32k
+[ -f "$m7d/config.json" ] || python3 "$here/bench/make_random_llama.py" "$m7d" --shape llama2-7b \
+  --tokenizer "$here/fixtures/tiny-llama3" --config-only >> "$out/make-dummy.txt" 2>&1
+# the same shape with room for a 16k prompt (the shape's 4,096 positions are a config value; speed does not see it)
+[ -f "$m7l/config.json" ] || { cp -r "$m7d" "$m7l" && python3 -c "
+import json, sys; p = sys.argv[1] + '/config.json'; c = json.load(open(p)); c['max_position_embeddings'] = 32768
+json.dump(c, open(p, 'w'), indent=1)" "$m7l"; }
+nvidia-smi --query-gpu=clocks.max.sm,power.limit --format=csv,noheader | sed 's/^/clock, power limit: /'
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
+if [[ $parts == *" tandem "* ]]; then
+  : > "$out/peers-tandem.txt"
+  p16=$(python3 "$here/bench/prompt_of.py" "$m7d/tokenizer.json" 16) # 15 tokens or a few less, then BOS
+  # with bundle/base/tandem (another build, for an A/B), each run of this build is followed by one of that build
+  for b in 1 8 32 64 128 256; do for w in file fp8; do for v in new base; do
+    t=$T; [ $v = base ] && t=$here/base/tandem
+    [ -x "$t" ] || continue
+    "$t" generate --model "$m7d" --load-format dummy --device cuda --weights $w --n $b --max-tokens 128 \
+      --ignore-eos --ids --kv-mib $((b * 80 + 512)) "$p16" 2>&1 >/dev/null |
+      grep -oE "prompt [0-9]+ tokens|decode [0-9]+ tokens in [0-9.]+ ms = [0-9.]+ tok/s|error.*" | tr '\n' ' ' |
+      sed "s/^/tandem$([ $v = base ] && echo " (base)"), weights $w, batch $b: /; s/$/\n/" >> "$out/peers-tandem.txt"
+  done; done; done
+  "$here/bin/tandem-cuda-check" --no-ops --no-timings --dummy --time-prefill "$m7l" >> "$out/peers-tandem.txt" 2>&1 || fail=1
+  grep -E "^tandem|timing prefill" "$out/peers-tandem.txt"
+fi
+if [[ $parts == *" compile "* ]]; then
+  for w in fp16 fp8; do
+    PYTHONUNBUFFERED=1 timeout 290 python3 "$here/bench/compile_peer.py" --shape llama2-7b --weights $w \
+      > "$out/peers-compile-$w.jsonl" 2> "$out/peers-compile-$w.err" ||
+      { echo "the torch.compile peer, $w: FAILED or cut at 290 s"; tail -3 "$out/peers-compile-$w.err"; }
+    cat "$out/peers-compile-$w.jsonl"
+  done
+fi
+if [[ $parts == *" llamacpp "* ]]; then
+  Ld=$here/../bundle-llamacpp
+  if [ -f "$Ld/llama-batched-bench.xz" ]; then
+    mkdir -p "$work/bin" && xz -dc "$Ld/llama-batched-bench.xz" > "$work/bin/llama-batched-bench" &&
+      chmod +x "$work/bin/llama-batched-bench"
+  fi
+  B=$work/bin/llama-batched-bench
+  if [ ! -x "$B" ]; then echo "llama.cpp: no bundle-llamacpp/ carried (LLAMACPP=... deploy/gpu-bundle.sh 17)"; else
+  for ty in f16 q8_0; do
+    g=$work/llama2-7b-$ty.gguf
+    [ -f "$g" ] || PYTHONPATH=$Ld/gguf-py python3 "$here/bench/make_random_gguf.py" "$g" --shape llama2-7b --type $ty \
+      >> "$out/peers-gguf.txt" 2>&1 || { echo "making the $ty GGUF FAILED"; tail -3 "$out/peers-gguf.txt"; continue; }
+    # decode: each sequence its own 16-token prompt, then 128 tokens; flash attention on, every layer on the GPU
+    timeout 200 "$B" -m "$g" -c 40960 -b 2048 -ub 512 -npp 16 -ntg 128 -npl 1,8,32,64,128,256 -ngl 99 -fa on \
+      --output-format jsonl > "$out/peers-llamacpp-$ty.jsonl" 2> "$out/peers-llamacpp-$ty.err" ||
+      { echo "llama-batched-bench $ty FAILED"; tail -3 "$out/peers-llamacpp-$ty.err"; }
+    # prefill: one prompt in ubatches of 4,096 tokens, each length twice (the second is the warm one)
+    timeout 120 "$B" -m "$g" -c 16512 -b 16384 -ub 4096 -npp 1024,1024,4096,4096,16384,16384 -ntg 1 -npl 1 -ngl 99 \
+      -fa on --output-format jsonl > "$out/peers-llamacpp-pp-$ty.jsonl" 2> "$out/peers-llamacpp-pp-$ty.err" ||
+      { echo "llama-batched-bench prefill $ty FAILED"; tail -3 "$out/peers-llamacpp-pp-$ty.err"; }
+    python3 -c "
+import json, sys
+for f in sys.argv[1:3]:
+    for l in open(f):
+        if l.startswith('{'):
+            r = json.loads(l)
+            if r['tg'] > 1:
+                print('llama.cpp %s, batch %d: decode %.1f tok/s (%.2f ms a step)' % (sys.argv[3], r['pl'], r['speed_tg'], r['t_tg'] / r['tg'] * 1e3))
+            else:
+                print('llama.cpp %s, prefill %d: %.1f ms = %.0f tok/s' % (sys.argv[3], r['pp'], r['t_pp'] * 1e3, r['speed_pp']))" \
+      "$out/peers-llamacpp-$ty.jsonl" "$out/peers-llamacpp-pp-$ty.jsonl" $ty
+    rm -f "$g" # 13.5 GB (F16): the disk holds one at a time
+  done
+  fi
+fi
 fi
 
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

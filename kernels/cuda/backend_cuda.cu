@@ -196,24 +196,28 @@ static void cu_weight_release(kern_backend_t *b, kern_weight_t *w)
     w->priv = NULL;
 }
 
-// weights_join: fp16 rows of one width (not FP8-held ones) copied side by side into one allocation, the separate
-// ones freed; matmul_fused.cu multiplies them with one GEMM where its caller gives room for the product. Short of
-// memory for the copy, they stay apart.
+// weights_join: rows of one width and one form copied side by side into one allocation, the separate ones freed:
+// fp16 rows; FP8-held ones as their codes side by side, then their scales side by side (kc_fp8_scales finds a
+// part's). matmul_fused.cu and gemm_fp8.cu multiply them with one GEMM where the caller gives room for the
+// product. Short of memory for the copy, they stay apart.
 static td_status_t cu_weights_join(kern_backend_t *b, kern_weight_t *const *w, uint32_t k)
 {
     kc_bind(b);
     kern_cuda_t *c = (kern_cuda_t *)b;
-    size_t bytes = 0;
+    const bool f8 = w[0]->hold == KERN_TYPE_F8_E4M3;
+    const size_t cols = w[0]->cols, esz = f8 ? 1 : sizeof(__half);
+    size_t rows = 0;
     for (uint32_t i = 0; i < k; i++) {
-        if (w[i]->hold || !w[i]->priv || w[i]->cols != w[0]->cols)
+        if (w[i]->hold != w[0]->hold || (w[i]->hold && !f8) || !w[i]->priv || w[i]->cols != cols)
             return TD_OK;
         for (uint32_t j = 0; j < c->n_joins; j++) // joined once only
             if ((char *)w[i]->priv >= c->joins[j].base && (char *)w[i]->priv < c->joins[j].base + c->joins[j].bytes)
                 return TD_OK;
-        bytes += (size_t)w[i]->rows * w[i]->cols * sizeof(__half);
+        rows += w[i]->rows;
     }
     if (k < 2)
         return TD_OK;
+    const size_t codes = f8 ? (rows * cols + 255) & ~(size_t)255 : rows * cols * esz, bytes = codes + (f8 ? rows * 4 : 0);
     kc_join_t *grown = (kc_join_t *)realloc(c->joins, (c->n_joins + 1) * sizeof *grown);
     if (!grown)
         return td_error(TD_ERR_NO_MEMORY, "cuda: no memory to join %u weights", k);
@@ -224,10 +228,13 @@ static td_status_t cu_weights_join(kern_backend_t *b, kern_weight_t *const *w, u
         TD_INFO("cuda: no room to join %u weights of %zu bytes; they stay apart", k, bytes);
         return TD_OK;
     }
-    size_t at = 0;
+    size_t at = 0, r0 = 0;
     for (uint32_t i = 0; i < k; i++) {
-        const size_t wb = (size_t)w[i]->rows * w[i]->cols * sizeof(__half);
+        const size_t wb = (size_t)w[i]->rows * cols * esz;
         cudaError_t e = cudaMemcpyAsync(dst + at, w[i]->priv, wb, cudaMemcpyDeviceToDevice, c->stream);
+        if (e == cudaSuccess && f8)
+            e = cudaMemcpyAsync(dst + codes + r0 * 4, kc_fp8_scales(c, w[i]), (size_t)w[i]->rows * 4,
+                                cudaMemcpyDeviceToDevice, c->stream);
         if (e == cudaSuccess)
             e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) {
@@ -235,14 +242,15 @@ static td_status_t cu_weights_join(kern_backend_t *b, kern_weight_t *const *w, u
             return td_error(TD_ERR_INTERNAL, "cuda: joining weights failed: %s", cudaGetErrorString(e));
         }
         at += wb;
+        r0 += w[i]->rows;
     }
     at = 0;
     for (uint32_t i = 0; i < k; i++) {
         cu_free(b, w[i]->priv);
         w[i]->priv = dst + at;
-        at += (size_t)w[i]->rows * w[i]->cols * sizeof(__half);
+        at += (size_t)w[i]->rows * cols * esz;
     }
-    c->joins[c->n_joins++] = kc_join_t{dst, bytes, k};
+    c->joins[c->n_joins++] = kc_join_t{dst, bytes, k, f8 ? (uint32_t)rows : 0};
     return TD_OK;
 }
 

@@ -5,7 +5,9 @@
 // scales, as vLLM serves FP8 checkpoints on Hopper), cuBLASLt multiplies the
 // codes with fp32 accumulation into fp32, and one pass multiplies each result
 // by its token's and its row's scales, adding the residual or making SwiGLU's
-// product where the call asks. A batch-1 step keeps the GEMV and its fp32
+// product where the call asks. Weights joined at load (Q|K|V, gate|up) are
+// one GEMM up to KC_JOIN_MAXN rows, its sums scaled on their way out to each
+// weight's rows. A batch-1 step keeps the GEMV and its fp32
 // activations (matmul_fp8.cu). Where cuBLASLt is missing or has no algorithm
 // for a shape, the caller takes the fp16 copy into cuBLAS instead.
 #include <cublasLt.h>
@@ -186,9 +188,10 @@ __global__ void k_fp8_quantize_x(const float *x, const float *g, uint32_t cols, 
         xs[blockIdx.x] = s;
 }
 
-// y[t][r] (+)= d[t][r] · xs[t] · ws[r]; with glu (d1 set) y = silu(that) · d1[t][r] · xs[t] · ws1[r]
+// y[t][r] (+)= d[t][r] · xs[t] · ws[r]; with glu (d1 set) y = silu(that) · d1[t][r] · xs[t] · ws1[r]; d's and
+// d1's rows are ld apart (a joined gate|up product's: 2 x rows)
 __global__ void k_fp8_scale(const float *d, const float *d1, float *y, const float *xs, const float *ws,
-                            const float *ws1, uint32_t rows, size_t total, int acc)
+                            const float *ws1, uint32_t rows, uint32_t ld, size_t total, int acc)
 {
     kc_pdl_wait();
     kc_pdl_release();
@@ -196,15 +199,27 @@ __global__ void k_fp8_scale(const float *d, const float *d1, float *y, const flo
     if (i >= total)
         return;
     const uint32_t t = (uint32_t)(i / rows), r = (uint32_t)(i % rows);
-    float v = d[i] * xs[t] * ws[r];
+    const size_t at = (size_t)t * ld + r;
+    float v = d[at] * xs[t] * ws[r];
     if (d1)
-        v = kc_silu_mul(v, d1[i] * xs[t] * ws1[r]);
+        v = kc_silu_mul(v, d1[at] * xs[t] * ws1[r]);
     y[i] = acc ? y[i] + v : v;
 }
 
-static inline const float *f8_scales_of(const kern_weight_t *w)
+// Whether s's FP8 weights lie side by side (weights_join), so that one GEMM takes them all, as matmul_fused.cu's
+// joined() for fp16: up to KC_JOIN_MAXN rows, nothing added to y, every row count a multiple of 4 (the split moves
+// 16 bytes at a time)
+static bool f8_joined(const kern_matmul_spec_t *s)
 {
-    return (const float *)((const uint8_t *)w->priv + kc_fp8_scales_at(w));
+    if (s->k < 2 || s->n > KC_JOIN_MAXN || s->accumulate)
+        return false;
+    for (uint32_t i = 0; i < s->k; i++) {
+        const kern_weight_t *w = s->w[i];
+        if (w->hold != KERN_TYPE_F8_E4M3 || w->rows % 4 ||
+            (i && (const uint8_t *)w->priv != (const uint8_t *)s->w[i - 1]->priv + (size_t)s->w[i - 1]->rows * w->cols))
+            return false;
+    }
+    return true;
 }
 
 td_status_t kc_fp8_matmul(kern_cuda_t *c, const kern_matmul_spec_t *s)
@@ -213,7 +228,12 @@ td_status_t kc_fp8_matmul(kern_cuda_t *c, const kern_matmul_spec_t *s)
         return TD_ERR_UNSUPPORTED;
     const uint32_t cols = s->w[0]->cols, n = s->n;
     const f8_plan_t *p[4];
+    uint32_t total = 0;
     for (uint32_t i = 0; i < s->k; i++)
+        total += s->w[i]->rows;
+    // joined weights: one GEMM over them all into f8d, then its sums scaled out to y (split, or SwiGLU's product)
+    const f8_plan_t *pj = f8_joined(s) ? plan_get(c, total, n, cols) : NULL;
+    for (uint32_t i = 0; i < s->k && !pj; i++)
         if (s->w[i]->hold != KERN_TYPE_F8_E4M3 || !(p[i] = plan_get(c, s->w[i]->rows, n, cols)))
             return TD_ERR_UNSUPPORTED; // quietly: the caller takes the fp16 copy
     size_t most = 0;
@@ -221,7 +241,7 @@ td_status_t kc_fp8_matmul(kern_cuda_t *c, const kern_matmul_spec_t *s)
         most = s->w[i]->rows > most ? s->w[i]->rows : most;
     td_status_t rc;
     if ((rc = kc_scratch(c, &c->x8, (size_t)n * cols + 256 + (size_t)n * 4)) ||
-        (s->accumulate && (rc = kc_scratch(c, &c->f8d, (size_t)n * most * 4))))
+        ((s->accumulate || pj) && (rc = kc_scratch(c, &c->f8d, (size_t)n * (pj ? total : most) * 4))))
         return rc;
     uint8_t *xq = (uint8_t *)c->x8.p;
     float *xs = (float *)(xq + (((size_t)n * cols + 255) & ~(size_t)255));
@@ -231,6 +251,21 @@ td_status_t kc_fp8_matmul(kern_cuda_t *c, const kern_matmul_spec_t *s)
     if ((rc = kc_launch(c, "fp8_quantize_x", qk[nm], n, 256, 0, s->x, (const float *)s->norm, cols, s->eps, xq, xs)))
         return rc;
     const float one = 1.0f, zero = 0.0f;
+    if (pj) {
+        float *d = (float *)c->f8d.p;
+        const float *ws = kc_fp8_scales(c, s->w[0]); // every part's, in order (weights_join)
+        cublasStatus_t st = lt.matmul(c->f8_lt->h, pj->desc, &one, s->w[0]->priv, pj->a, xq, pj->b, &zero, d, pj->d,
+                                      d, pj->d, &pj->algo, c->blas_ws, KC_BLAS_WS, c->stream);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return td_error(TD_ERR_INTERNAL, "cuda: cublasLtMatmul FP8 (%u x %u x %u, joined) failed: status %d",
+                            total, n, cols, (int)st);
+        if (!s->glu)
+            return kc_split_rows(c, s, d, xs, ws);
+        const uint32_t f = s->w[0]->rows;
+        const size_t ny = (size_t)n * f;
+        return kc_launch(c, "fp8_scale", k_fp8_scale, kc_blocks(ny, 256), 256, 0, (const float *)d,
+                         (const float *)(d + f), s->y[0], (const float *)xs, ws, ws + f, f, total, ny, 0);
+    }
     for (uint32_t i = 0; i < s->k && !rc; i++) {
         float *d = s->accumulate ? (float *)c->f8d.p : s->y[i];
         cublasStatus_t st = lt.matmul(c->f8_lt->h, p[i]->desc, &one, s->w[i]->priv, p[i]->a, xq, p[i]->b, &zero, d,
@@ -240,15 +275,15 @@ td_status_t kc_fp8_matmul(kern_cuda_t *c, const kern_matmul_spec_t *s)
                             s->w[i]->rows, n, cols, (int)st);
         if (s->glu)
             continue;
-        const size_t total = (size_t)n * s->w[i]->rows;
-        rc = kc_launch(c, "fp8_scale", k_fp8_scale, kc_blocks(total, 256), 256, 0, (const float *)d,
-                       (const float *)NULL, s->y[i], (const float *)xs, f8_scales_of(s->w[i]), (const float *)NULL,
-                       s->w[i]->rows, total, (int)s->accumulate);
+        const size_t ny = (size_t)n * s->w[i]->rows;
+        rc = kc_launch(c, "fp8_scale", k_fp8_scale, kc_blocks(ny, 256), 256, 0, (const float *)d, (const float *)NULL,
+                       s->y[i], (const float *)xs, kc_fp8_scales(c, s->w[i]), (const float *)NULL, s->w[i]->rows,
+                       s->w[i]->rows, ny, (int)s->accumulate);
     }
     if (rc || !s->glu)
         return rc;
-    const size_t total = (size_t)n * s->w[0]->rows;
-    return kc_launch(c, "fp8_scale", k_fp8_scale, kc_blocks(total, 256), 256, 0, (const float *)s->y[0],
-                     (const float *)s->y[1], s->y[0], (const float *)xs, f8_scales_of(s->w[0]),
-                     f8_scales_of(s->w[1]), s->w[0]->rows, total, 0);
+    const size_t ny = (size_t)n * s->w[0]->rows;
+    return kc_launch(c, "fp8_scale", k_fp8_scale, kc_blocks(ny, 256), 256, 0, (const float *)s->y[0],
+                     (const float *)s->y[1], s->y[0], (const float *)xs, kc_fp8_scales(c, s->w[0]),
+                     kc_fp8_scales(c, s->w[1]), s->w[0]->rows, s->w[0]->rows, ny, 0);
 }

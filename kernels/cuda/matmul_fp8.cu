@@ -36,9 +36,17 @@
 size_t kc_fp8_scales_at(const kern_weight_t *w) { return ((size_t)w->rows * w->cols + 255) & ~(size_t)255; }
 
 static inline const uint8_t *f8_codes(const kern_weight_t *w) { return (const uint8_t *)w->priv; }
-static inline const float *f8_scales(const kern_weight_t *w)
+
+const float *kc_fp8_scales(const kern_cuda_t *c, const kern_weight_t *w)
 {
-    return (const float *)((const uint8_t *)w->priv + kc_fp8_scales_at(w));
+    const char *p = (const char *)w->priv;
+    for (uint32_t i = 0; i < c->n_joins; i++) {
+        const kc_join_t *j = &c->joins[i];
+        if (j->f8_rows && p >= j->base && p < j->base + j->bytes) // joined: the scales after every part's codes
+            return (const float *)(j->base + (((size_t)j->f8_rows * w->cols + 255) & ~(size_t)255)) +
+                   (size_t)(p - j->base) / w->cols;
+    }
+    return (const float *)(p + kc_fp8_scales_at(w));
 }
 
 // ---- preparation ----
@@ -178,7 +186,7 @@ extern "C" td_status_t kern_cuda_fp8_download(kern_backend_t *b, const kern_weig
     if (w->hold != KERN_TYPE_F8_E4M3 || !w->priv)
         return td_error(TD_ERR_INVALID_ARG, "cuda: the matrix is not held in FP8");
     CU(cudaMemcpy(codes, f8_codes(w), (size_t)w->rows * w->cols, cudaMemcpyDeviceToHost));
-    CU(cudaMemcpy(scales, f8_scales(w), (size_t)w->rows * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(scales, kc_fp8_scales((const kern_cuda_t *)b, w), (size_t)w->rows * 4, cudaMemcpyDeviceToHost));
     return TD_OK;
 }
 
@@ -209,7 +217,7 @@ td_status_t kc_fp8_half(kern_cuda_t *c, const kern_weight_t *w, const __half **o
     const size_t n = (size_t)w->rows * w->cols;
     td_status_t rc = kc_scratch(c, &c->wh, n * sizeof(__half));
     if (!rc)
-        rc = kc_launch(c, "fp8_to_half", k_fp8_to_half, kc_blocks(n / 8, 256), 256, 0, f8_codes(w), f8_scales(w),
+        rc = kc_launch(c, "fp8_to_half", k_fp8_to_half, kc_blocks(n / 8, 256), 256, 0, f8_codes(w), kc_fp8_scales(c, w),
                        w->cols, n / 8, (__half *)c->wh.p);
     *out = (const __half *)c->wh.p;
     return rc;
@@ -407,7 +415,7 @@ td_status_t kc_fp8_gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
         if (s->w[i]->hold != KERN_TYPE_F8_E4M3)
             return td_error(TD_ERR_INVALID_ARG, "cuda: matmul_fused: FP8 and other matrices in one call");
         a.w[i] = f8_codes(s->w[i]);
-        a.s[i] = f8_scales(s->w[i]);
+        a.s[i] = kc_fp8_scales(c, s->w[i]);
         a.y[i] = s->y[i];
         a.end[i] = total += s->w[i]->rows;
     }

@@ -415,11 +415,13 @@ __global__ void k_norm_half(const float *x, const float *g, __half *y, uint32_t 
         y[(size_t)blockIdx.x * dim + i] = __float2half_rn(g ? xr[i] * scale * g[i] : xr[i] * scale);
 }
 
-// The joined product's rows (n of `total` values) out to each weight's dense rows: y[i] gets its weight's values
+// The joined product's rows (n of `total` values) out to each weight's dense rows: y[i] gets its weight's values;
+// with xs set (FP8's sums, gemm_fp8.cu), each times its token's scale xs[t] and its row's ws[r] on the way
 typedef struct split_args {
     float *y[GV_MAXK];
     uint32_t end[GV_MAXK]; // the rows of weights 0 .. i together
     uint32_t k, total;
+    const float *xs, *ws;
 } split_args_t;
 
 __global__ void k_split_rows(const float4 *side, const split_args_t a, size_t n4)
@@ -434,18 +436,38 @@ __global__ void k_split_rows(const float4 *side, const split_args_t a, size_t n4
     while (c >= a.end[j])
         lo = a.end[j++];
     const uint32_t w = a.end[j] - lo;
-    *(float4 *)(a.y[j] + (size_t)r * w + (c - lo)) = side[i];
+    float4 v = side[i];
+    if (a.xs) {
+        const float t = a.xs[r];
+        const float4 s = *(const float4 *)(a.ws + c);
+        v = make_float4(v.x * t * s.x, v.y * t * s.y, v.z * t * s.z, v.w * t * s.w);
+    }
+    *(float4 *)(a.y[j] + (size_t)r * w + (c - lo)) = v;
 }
 
-// Rows up to which one GEMM over joined weights beats one a weight (bench/gpu/gemm_study.cu, the 7B layer on an
-// H200: 10% faster at 256 rows, 3.6% slower at 1,024, even at 4,096)
-#define JOIN_MAXN 512
+td_status_t kc_split_rows(kern_cuda_t *c, const kern_matmul_spec_t *s, const float *side, const float *xs,
+                          const float *ws)
+{
+    split_args_t a = {};
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < s->k; i++) {
+        a.y[i] = s->y[i];
+        a.end[i] = total += s->w[i]->rows;
+    }
+    a.k = s->k;
+    a.total = total;
+    a.xs = xs;
+    a.ws = ws;
+    const size_t n4 = (size_t)s->n * total / 4;
+    return kc_launch(c, "split_rows", k_split_rows, kc_blocks(n4, 256), 256, 0, (const float4 *)side, a, n4);
+}
+
 
 // Whether s's weights lie side by side (weights_join) and its side has room for the joined product, so that one
 // GEMM takes them all: every row count a multiple of 4 (the copy out moves 16 bytes at a time)
 static bool joined(const kern_matmul_spec_t *s)
 {
-    if (s->k < 2 || !s->side || s->n > s->side_rows || s->n > JOIN_MAXN || (s->glu ? !s->to_next : s->accumulate))
+    if (s->k < 2 || !s->side || s->n > s->side_rows || s->n > KC_JOIN_MAXN || (s->glu ? !s->to_next : s->accumulate))
         return false;
     for (uint32_t i = 0; i < s->k; i++) {
         const kern_weight_t *w = s->w[i];
@@ -555,21 +577,13 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
     }
     const size_t ny = (size_t)s->n * s->w[0]->rows;
     if (!rc && joined(s)) {
-        split_args_t a = {};
         uint32_t total = 0;
-        for (uint32_t i = 0; i < s->k; i++) {
-            a.y[i] = s->y[i];
-            a.end[i] = total += s->w[i]->rows;
-        }
-        a.k = s->k;
-        a.total = total;
+        for (uint32_t i = 0; i < s->k; i++)
+            total += s->w[i]->rows;
         if ((rc = kc_gemm_rows(c, (const __half *)s->w[0]->priv, total, cols, s->side, total, s->n, false)))
             return rc;
-        if (!s->glu) {
-            const size_t n4 = (size_t)s->n * total / 4;
-            return kc_launch(c, "split_rows", k_split_rows, kc_blocks(n4, 256), 256, 0, (const float4 *)s->side, a,
-                             n4);
-        }
+        if (!s->glu)
+            return kc_split_rows(c, s, s->side, NULL, NULL);
         // to_next (joined()): the product to the next call's GEMMs in fp16, as below
         if ((rc = kc_scratch(c, &c->xh, ny * sizeof(__half))) ||
             (rc = kc_swiglu_half_rows(c, s->side, s->side + s->w[0]->rows, total, (__half *)c->xh.p, s->n,

@@ -8,11 +8,14 @@
  *
  *   tandem-cuda-check [--crafted GGUF] [--model GGUF_OR_DIR]... [--hf DIR LOGITS_JSON]... [--no-timings]
  *                     [--no-ops] [--time-model PATH]... [--fp8-model PATH]... [--dummy] [--time-attention]
+ *                     [--time-prefill PATH]...
  *                     (--no-ops: the models only; --dummy: the models' weights are the dummy load format's, filled
  *                     by each backend; --fp8-model: FP8 weights against the file's on the GPU alone; --time-model:
  *                     a 4k prefill and decode steps timed, whole and op by op; --time-attention with --no-timings:
  *                     the prompt attention's checks and timings alone. TANDEM_CUDA_WGMMA=0 in the environment keeps the
- *                     prompt attention off Hopper's warpgroup MMA, to time one kernel against the other)
+ *                     prompt attention off Hopper's warpgroup MMA, to time one kernel against the other; --time-prefill:
+ *                     prompts of 1k, 4k and 16k tokens in one step, warm, fp16 and FP8 weights, against the measured
+ *                     cuBLAS peak)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -229,20 +232,18 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
      * a row, its rows copied out to each y */
     float *dside = NULL;
     gpu->ops->alloc(gpu, (size_t)n * (rows[0] + rows[1] + rows[2]) * 4, (void **)&dside);
-    kern_weight_t wj[3];
-    if (!hold) {
-        for (int i = 0; i < 3; i++) {
-            wj[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, 0, NULL, 0, 0, 0};
-            if (gpu->ops->weight_prepare(gpu, &wj[i]))
-                exit(1);
-        }
-        kern_weight_t *wjp[3] = {&wj[0], &wj[1], &wj[2]};
-        if (gpu->ops->weights_join(gpu, wjp, 3))
+    kern_weight_t wj[3], wk[2]; /* FP8: codes side by side, then scales side by side (gemm_fp8.cu's one GEMM) */
+    for (int i = 0; i < 3; i++) {
+        wj[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, hold, NULL, 0, 0, 0};
+        if (gpu->ops->weight_prepare(gpu, &wj[i]))
             exit(1);
-        const kern_weight_t *wj3[3] = {&wj[0], &wj[1], &wj[2]};
-        snprintf(what, sizeof what, "matmul_fused norm, 3 weights joined, %u x %u, %u rows", rows[0], cols, n);
-        report(what, fused3_err(gpu, wj3, false, dx, dg, n, dy, yh, yc, rows, dside), bound);
     }
+    kern_weight_t *wjp[3] = {&wj[0], &wj[1], &wj[2]};
+    if (gpu->ops->weights_join(gpu, wjp, 3))
+        exit(1);
+    const kern_weight_t *wj3[3] = {&wj[0], &wj[1], &wj[2]};
+    snprintf(what, sizeof what, "matmul_fused norm, 3 weights joined, %u x %u, %u rows%s", rows[0], cols, n, h);
+    report(what, fused3_err(gpu, wj3, false, dx, dg, n, dy, yh, yc, rows, dside), bound);
     /* 2. gate/up with glu over norm(x) */
     cpu->ops->swiglu(cpu, yc[1], yc[2], yc[1], (size_t)n * rows[1]);
     const kern_weight_t *w2[2] = {&wg[1], &wg[2]};
@@ -260,8 +261,30 @@ static void check_matmul_fused(kern_backend_t *cpu, kern_backend_t *gpu, uint32_
     snprintf(what, sizeof what, "matmul_fused norm in the weights + glu, %u x %u, %u rows%s", rows[1], cols, n, h);
     if (!hold)
         report(what, rel_err(yh, yc[1], (size_t)n * rows[1]), bound);
-    for (int i = 0; i < 3 && !hold; i++)
-        gpu->ops->weight_release(gpu, &wf[i]), gpu->ops->weight_release(gpu, &wj[i]);
+    /* 2b. FP8 gate/up joined: one GEMM, SwiGLU's product made from its two halves */
+    for (int i = 0; i < 2 && hold; i++) {
+        wk[i] = (kern_weight_t){KERN_TYPE_F16, rows[i + 1], cols, wd[i + 1], NULL, hold, NULL, 0, 0, 0};
+        if (gpu->ops->weight_prepare(gpu, &wk[i]))
+            exit(1);
+    }
+    kern_weight_t *wkp[2] = {&wk[0], &wk[1]};
+    const kern_weight_t *wk2[2] = {&wk[0], &wk[1]};
+    if (hold && (gpu->ops->weights_join(gpu, wkp, 2) ||
+                 gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = wk2, .y = dy + 1, .k = 2, .x = dx, .n = n,
+                                                                   .norm = dg, .eps = 1e-5f, .glu = true})))
+        exit(1);
+    if (hold) {
+        get(gpu, yh, dy[1], (size_t)n * rows[1] * 4);
+        snprintf(what, sizeof what, "matmul_fused norm + glu, joined, %u x %u, %u rows%s", rows[1], cols, n, h);
+        report(what, rel_err(yh, yc[1], (size_t)n * rows[1]), bound);
+    }
+    for (int i = 0; i < 3; i++) {
+        gpu->ops->weight_release(gpu, &wj[i]);
+        if (!hold)
+            gpu->ops->weight_release(gpu, &wf[i]);
+        else if (i < 2)
+            gpu->ops->weight_release(gpu, &wk[i]);
+    }
     gpu->ops->free(gpu, dside);
     /* 3. a square projection added onto a residual: y = r + x·W0[:cols]ᵀ */
     kern_weight_t sq_c = {KERN_TYPE_F16, cols, cols, wd[0], NULL, hold, NULL, 0, 0, 0}, sq_g = sq_c;
@@ -1450,7 +1473,7 @@ static void time_decode_batch(kern_backend_t *gpu, const eng_model_t *m, uint32_
         t_ops += now_s() - t0;
     }
     const double layer_params = (double)d->n_params - (double)d->vocab * d->hidden * (d->tied_embeddings ? 1 : 2);
-    const double w_bytes = 2.0 * (layer_params + (double)d->vocab * d->hidden),
+    const double w_bytes = (m->hold == ENG_WEIGHTS_FP8 ? 1.0 : 2.0) * layer_params + 2.0 * d->vocab * d->hidden,
                  kv_bytes = (double)batch * ctx * d->n_layers * 2.0 * d->n_kv_heads * d->head_dim * 2,
                  flops = 2.0 * batch * (layer_params + (double)d->vocab * d->hidden);
     printf("timing decode batch %u at a context of ~%.0f: step %.3f ms = %.0f tok/s; reads %.2f GB of weights + %.2f GB "
@@ -1464,6 +1487,16 @@ static void time_decode_batch(kern_backend_t *gpu, const eng_model_t *m, uint32_
     free(table), free(ids), free(picked), free(seqs), free(sp);
     eng_forward_destroy(f[0]), eng_forward_destroy(f[1]);
     eng_kv_pool_destroy(pool);
+}
+
+/* The timed prompts' ids (n of them, small numbers) and their one sequence's block table (nb blocks, in order) */
+static void timed_prompt(uint32_t n, uint32_t nb, int32_t **ids, int32_t **table)
+{
+    *ids = malloc(n * 4), *table = malloc(nb * 4);
+    for (uint32_t i = 0; i < n; i++)
+        (*ids)[i] = (int32_t)(i * 7 % 500 + 2);
+    for (uint32_t i = 0; i < nb; i++)
+        (*table)[i] = (int32_t)i;
 }
 
 /* A model's forward pass on the GPU: a prompt of n_prompt tokens (the median
@@ -1488,11 +1521,8 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
         fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
         exit(1);
     }
-    int32_t *ids = malloc(n_prompt * 4), *table = malloc(nb * 4);
-    for (uint32_t i = 0; i < n_prompt; i++)
-        ids[i] = (int32_t)(i * 7 % 500 + 2);
-    for (uint32_t i = 0; i < nb; i++)
-        table[i] = (int32_t)i;
+    int32_t *ids, *table;
+    timed_prompt(n_prompt, nb, &ids, &table);
     for (int timed = 0; timed < 2; timed++) {
         memset(g_timed.t, 0, sizeof g_timed.t);
         const float *lg;
@@ -1592,36 +1622,108 @@ static void time_model(kern_backend_t *gpu, const char *path, uint32_t n_prompt)
     eng_model_close(m);
 }
 
+/* Seconds of one fp16 GEMM of an 8192-square weight over n rows (fp32 in and out, as the layers' matmuls take
+ * them), the mean of reps after three warm-ups: 2 * 8192^2 * n / that is the peak the prefill goals count. */
+static double gemm_8192_s(kern_backend_t *gpu, uint32_t n, int reps)
+{
+    const uint32_t rows = 8192, cols = 8192;
+    uint8_t *w = random_weight(KERN_TYPE_F16, rows, cols);
+    kern_weight_t wg = {KERN_TYPE_F16, rows, cols, w, NULL, 0, NULL, 0, 0, 0};
+    float *dx, *dy;
+    gpu->ops->weight_prepare(gpu, &wg);
+    gpu->ops->alloc(gpu, (size_t)n * cols * 4, (void **)&dx);
+    gpu->ops->alloc(gpu, (size_t)n * rows * 4, (void **)&dy);
+    cudaMemset(dx, 0, (size_t)n * cols * 4);
+    for (int i = 0; i < 3; i++)
+        gpu->ops->matmul(gpu, &wg, dx, dy, n);
+    gpu->ops->sync(gpu);
+    double t0 = now_s();
+    for (int i = 0; i < reps; i++)
+        gpu->ops->matmul(gpu, &wg, dx, dy, n);
+    gpu->ops->sync(gpu);
+    const double dt = (now_s() - t0) / reps;
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dy);
+    gpu->ops->weight_release(gpu, &wg);
+    free(w);
+    return dt;
+}
+
+/* --time-prefill: a model's prefill of one prompt of 1k, 4k and 16k tokens in one step, warm (the median of 3 after
+ * one), with the file's weights and with FP8 ones, against the measured cuBLAS peak (the issue 51 table's MFU); then
+ * a batch-256 decode step with each, whole and op by op. */
+static void time_prefill(kern_backend_t *gpu, const char *path)
+{
+    g_timed = (timed_be_t){.base.ops = &timed_ops, .in = gpu};
+    const double peak = 2.0 * 8192 * 8192 * 4096 / gemm_8192_s(gpu, 4096, 20);
+    printf("timing prefill: cuBLAS's measured peak (fp16 8192x8192 over 4096 rows, fp32 out) %.1f TFLOP/s\n",
+           peak / 1e12);
+    const uint32_t lens[] = {1024, 4096, 16384};
+    for (int h = 0; h < 2; h++) {
+        eng_model_t *m;
+        if (eng_model_open(path, &m)) {
+            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+            exit(1);
+        }
+        eng_model_set_dummy(m, dummy_weights);
+        eng_model_set_hold(m, h ? ENG_WEIGHTS_FP8 : ENG_WEIGHTS_FILE);
+        const eng_model_desc_t *d = &m->desc;
+        const uint32_t most = lens[sizeof lens / sizeof *lens - 1], nb = (most + 15) / 16;
+        td_kv_layout_t g = td_kv_layout_make(d->name, d->n_layers, d->n_kv_heads, d->head_dim, 16, TD_KV_F16);
+        eng_kv_pool_t *pool;
+        eng_forward_t *f;
+        if (eng_kv_pool_create(gpu, &g, nb, NULL, &pool) || eng_forward_create(m, gpu, pool, most, 1, &f)) {
+            fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+            exit(1);
+        }
+        int32_t *ids, *table;
+        timed_prompt(most, nb, &ids, &table);
+        const double layer_params =
+            (double)d->n_params - (double)d->vocab * d->hidden * (d->tied_embeddings ? 1 : 2);
+        for (size_t l = 0; l < sizeof lens / sizeof *lens; l++) {
+            const uint32_t n = lens[l];
+            eng_batch_seq_t s = {.tokens = ids, .n = n, .pos0 = 0, .block_table = table, .n_blocks = nb,
+                                 .want_logits = true};
+            double t[3];
+            const float *lg;
+            uint32_t nl;
+            for (int r = 0; r < 4; r++) {
+                double t0 = now_s();
+                if (eng_forward_run(f, &s, 1, &lg, &nl)) {
+                    fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
+                    exit(1);
+                }
+                if (r)
+                    t[r - 1] = now_s() - t0;
+            }
+            qsort(t, 3, sizeof *t, cmp_double);
+            const double flops = 2.0 * n * layer_params +
+                                 4.0 * d->head_dim * d->n_heads * d->n_layers * (0.5 * n * (n + 1.0));
+            printf("timing prefill %s, weights %s: %u tokens %.1f ms = %.0f tok/s, %.1f TFLOP/s (the layers' matmuls "
+                   "and the causal attention) = %.0f%% of the measured peak\n",
+                   d->name, h ? "fp8" : "file", n, t[1] * 1e3, n / t[1], flops / t[1] / 1e12,
+                   100.0 * flops / t[1] / peak);
+        }
+        free(ids), free(table);
+        eng_forward_destroy(f);
+        eng_kv_pool_destroy(pool);
+        printf("timing decode, weights %s:\n", h ? "fp8" : "file");
+        time_decode_batch(gpu, m, 256);
+        eng_model_close(m);
+    }
+}
+
 /* GEMM and GEMV speed of the fp16 path against the GPU's floors. */
 static void timings(kern_backend_t *gpu)
 {
     printf("timing read bandwidth (8 GiB, median of 9): %.0f GB/s\n", kern_cuda_probe_read_gbs((size_t)8 << 30));
-    uint32_t rows = 8192, cols = 8192;
-    uint8_t *w = random_weight(KERN_TYPE_F16, rows, cols);
-    kern_weight_t wg = {KERN_TYPE_F16, rows, cols, w, NULL, 0, NULL, 0, 0, 0};
-    gpu->ops->weight_prepare(gpu, &wg);
+    const uint32_t rows = 8192, cols = 8192;
     for (uint32_t n = 1; n <= 4096; n *= 4096) {
-        float *dx, *dy;
-        gpu->ops->alloc(gpu, (size_t)n * cols * 4, (void **)&dx);
-        gpu->ops->alloc(gpu, (size_t)n * rows * 4, (void **)&dy);
-        cudaMemset(dx, 0, (size_t)n * cols * 4);
-        for (int i = 0; i < 3; i++)
-            gpu->ops->matmul(gpu, &wg, dx, dy, n);
-        gpu->ops->sync(gpu);
-        int reps = n == 1 ? 200 : 20;
-        double t0 = now_s();
-        for (int i = 0; i < reps; i++)
-            gpu->ops->matmul(gpu, &wg, dx, dy, n);
-        gpu->ops->sync(gpu);
-        double dt = (now_s() - t0) / reps;
-        double flops = 2.0 * rows * cols * n, bytes = 2.0 * rows * cols + 4.0 * n * (rows + cols) + 2.0 * n * cols;
+        const double dt = gemm_8192_s(gpu, n, n == 1 ? 200 : 20);
+        const double flops = 2.0 * rows * cols * n, bytes = 2.0 * rows * cols + 4.0 * n * (rows + cols) + 2.0 * n * cols;
         printf("timing matmul fp16 %ux%u, %u tokens: %.3f ms = %.1f TFLOP/s, %.0f GB/s\n", rows, cols, n, dt * 1e3,
                flops / dt / 1e12, bytes / dt / 1e9);
-        gpu->ops->free(gpu, dx);
-        gpu->ops->free(gpu, dy);
     }
-    gpu->ops->weight_release(gpu, &wg);
-    free(w);
     /* the decode matmul: cuBLAS (matmul) against the fused op's GEMV at a few
      * rows, on square and Llama-2-7B shapes (Q/K/V together, down) */
     const uint32_t gv[][2] = {{8192, 8192}, {12288, 4096}, {4096, 11008}};
@@ -1732,8 +1834,8 @@ int main(int argc, char **argv)
 {
     td_log_init("cuda-check", TD_LOG_WARN, false);
     const char *crafted = "tests/fixtures/dequant/crafted.gguf", *models[8], *hf[8][2], *timed_models[8],
-               *fp8_models[8];
-    int nm = 0, nh = 0, nt = 0, n8 = 0;
+               *fp8_models[8], *prefill_models[8];
+    int nm = 0, nh = 0, nt = 0, n8 = 0, np = 0;
     bool timed = true, ops = true, time_att = false; /* --time-attention: with --no-timings, the prompt kernels alone */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--crafted") && i + 1 < argc) crafted = argv[++i];
@@ -1743,12 +1845,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-ops")) ops = false;
         else if (!strcmp(argv[i], "--time-model") && i + 1 < argc && nt < 8) timed_models[nt++] = argv[++i];
         else if (!strcmp(argv[i], "--fp8-model") && i + 1 < argc && n8 < 8) fp8_models[n8++] = argv[++i];
+        else if (!strcmp(argv[i], "--time-prefill") && i + 1 < argc && np < 8) prefill_models[np++] = argv[++i];
         else if (!strcmp(argv[i], "--dummy")) dummy_weights = true;
         else if (!strcmp(argv[i], "--time-attention")) time_att = true;
         else {
             fprintf(stderr, "usage: tandem-cuda-check [--crafted GGUF] [--model PATH]... [--hf DIR LOGITS_JSON]... "
                             "[--no-timings] [--no-ops] [--time-model PATH]... [--fp8-model PATH]... [--dummy] "
-                            "[--time-attention]\n");
+                            "[--time-attention] [--time-prefill PATH]...\n");
             return 2;
         }
     }
@@ -1850,6 +1953,8 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < nt; i++)
         time_model(gpu, timed_models[i], 4096);
+    for (int i = 0; i < np; i++)
+        time_prefill(gpu, prefill_models[i]);
     kern_cuda_backend_destroy(gpu);
     kern_cpu_backend_destroy(cpu);
     printf("cuda check: %d failed\n", failures);
