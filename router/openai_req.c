@@ -248,7 +248,7 @@ static bool parse_sampling(rt_oai_kind_t kind, json_t *b, Tandem__V1__GenerateRe
     }
     /* completions' best_of: that many choices run, the n of highest log-probability returned (the HTTP layer
      * picks them: it reads n from the body); their log-probabilities are computed for it */
-    json_int_t best_of;
+    json_int_t best_of = 0;
     if (!get_int(b, "best_of", &has, &best_of, e))
         return false;
     json_int_t want = sp->has_n ? (json_int_t)sp->n : 1;

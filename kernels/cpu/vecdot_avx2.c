@@ -342,7 +342,7 @@ static void attn_rows_f16(const void *k, const void *v, size_t n, const float *q
     memset(kf + n * hd, 0, (n8 - n) * hd * sizeof(float)); /* rows past the stretch score 0, then weigh nothing */
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (size_t r = 0; r < nq; r++, q += hd, acc += hd) {
-        float sc[16] __attribute__((aligned(32)));
+        float sc[16] __attribute__((aligned(32))) = {0}; /* (every lane below n8 is stored before it is read) */
         for (size_t i0 = 0; i0 < n8; i0 += 8) {
             const float *k0 = kf + i0 * hd;
             __m256 a[8] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
