@@ -5,7 +5,9 @@
  * cache-aware placement of a later issue replaces least_loaded without
  * touching the request path. A worker whose KV contract differs from the
  * router's is kept in the table as refused (with the reason, naming both
- * values) and never chosen; one whose call failed is skipped for a while. */
+ * values) and never chosen; one whose call failed is skipped for a while.
+ * table.c keeps the table (records in, references, suspicion); placement.c
+ * the policies and predictions over it. */
 #ifndef RT_PLACEMENT_H
 #define RT_PLACEMENT_H
 
