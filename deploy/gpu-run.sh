@@ -505,6 +505,8 @@ for f in sys.argv[1:3]:
   done
   fi
 fi
+# side by side, with each one's fraction of the roofline, from what this call's and earlier calls' parts left
+python3 "$here/bench/peers_table.py" "$out" --shape llama2-7b
 fi
 
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

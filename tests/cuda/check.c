@@ -1650,14 +1650,16 @@ static double gemm_8192_s(kern_backend_t *gpu, uint32_t n, int reps)
 }
 
 /* --time-prefill: a model's prefill of one prompt of 1k, 4k and 16k tokens in one step, warm (the median of 3 after
- * one), with the file's weights and with FP8 ones, against the measured cuBLAS peak (the issue 51 table's MFU); then
- * a batch-256 decode step with each, whole and op by op. */
+ * one), with the file's weights and with FP8 ones, against the measured cuBLAS peak (the issue 51 table's MFU; the
+ * read bandwidth too, for its roofline: bench/gpu/peers_table.py); then a batch-256 decode step with each, whole and
+ * op by op. */
 static void time_prefill(kern_backend_t *gpu, const char *path)
 {
     g_timed = (timed_be_t){.base.ops = &timed_ops, .in = gpu};
     const double peak = 2.0 * 8192 * 8192 * 4096 / gemm_8192_s(gpu, 4096, 20);
     printf("timing prefill: cuBLAS's measured peak (fp16 8192x8192 over 4096 rows, fp32 out) %.1f TFLOP/s\n",
            peak / 1e12);
+    printf("timing prefill: read bandwidth (8 GiB, median of 9) %.0f GB/s\n", kern_cuda_probe_read_gbs((size_t)8 << 30));
     const uint32_t lens[] = {1024, 4096, 16384};
     for (int h = 0; h < 2; h++) {
         eng_model_t *m;
