@@ -74,7 +74,7 @@ typedef struct cfg_field {
       .flag = "--swap-mib", .procs = W,                                                                               \
       .more = "when the pool runs short the newest sequence is preempted: its KV is copied here and back when the "   \
               "pool has room, if that is predicted cheaper than computing it again (else it is recomputed); 0: "      \
-              "always recomputed. Taken as needed, up to this"),                                                     \
+              "always recomputed. Taken whole at the first preemption (page-locked on a GPU) and kept"),               \
     U(#r ".queue_levels", r.queue_levels, "4", 1, 16, "mlq: the queue's levels", .flag = "--queue-levels",           \
       .procs = W),                                                                                                    \
     U(#r ".queue_quantum", r.queue_quantum, "256", 1, 1u << 20, "mlq: level 0's quantum in prompt tokens",            \

@@ -58,8 +58,8 @@ typedef struct eng_seq {
      * tokens it had to compute when first seen and those computed since (mlq) */
     td_block_name_t *pnames;
     uint32_t n_pnames, sched_entry, sched_served;
-    /* preempted and swapped out (cfg.swap_bytes): its first swap_tokens positions' KV, swap_blocks blocks in host
-     * memory, until the pool has room again */
+    /* preempted and swapped out (cfg.swap_bytes): its first swap_tokens positions' KV, swap_blocks blocks in the
+     * swap space (a region of swap_arena), until the pool has room again */
     uint8_t *swap;
     uint32_t swap_blocks, swap_tokens;
     bool ignore_eos;
@@ -121,6 +121,11 @@ struct eng_engine {
      * trip takes (measured; its first guess 2 GB/s each way) */
     uint64_t swap_used, swaps_out, swaps_in;
     double swap_s_per_byte;
+    /* the swap space: cfg.swap_bytes of the backend's host memory (page-locked on a GPU), taken whole at the first
+     * swap-out and kept, so that a preemption allocates nothing (a GPU's page-locked allocation stalls every
+     * stream); swap_none: it could not be had, and preempted sequences are computed again */
+    uint8_t *swap_arena;
+    bool swap_none;
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -245,10 +250,8 @@ static void seq_destroy(eng_engine_t *e, eng_seq_t *s)
     free(s->tokens);
     free(s->blocks);
     free(s->pnames);
-    if (s->swap) {
+    if (s->swap) /* its region of the swap space is free again */
         e->swap_used -= (uint64_t)s->swap_blocks * eng_kv_stats(e->pool).block_bytes;
-        eng_engine_host_free(e, s->swap);
-    }
     free(s->text);
     free(s);
 }
@@ -262,6 +265,8 @@ void eng_engine_destroy(eng_engine_t *e)
         e->seqs = s->next;
         seq_destroy(e, s);
     }
+    if (e->swap_arena)
+        eng_engine_host_free(e, e->swap_arena);
     eng_forward_destroy(e->fwd);
     if (e->tp.tp)
         eng_tp_close(&e->tp);
@@ -714,6 +719,33 @@ static void swap_timed(eng_engine_t *e, size_t bytes, double secs)
         e->swap_s_per_byte = 0.8 * e->swap_s_per_byte + 0.2 * 2 * secs / (double)bytes;
 }
 
+/* A region of bytes in the swap space, the first gap among the regions swapped-out sequences hold that is large
+ * enough (the space taken at the first call); NULL: none is. */
+static uint8_t *swap_region(eng_engine_t *e, size_t bytes)
+{
+    if (!e->swap_arena && !e->swap_none && eng_engine_host_alloc(e, e->cfg.swap_bytes, (void **)&e->swap_arena)) {
+        e->swap_arena = NULL;
+        e->swap_none = true;
+        TD_WARN("engine: no %llu bytes of host memory for the swap space (%s); preempted sequences are computed "
+                "again", (unsigned long long)e->cfg.swap_bytes, td_last_error());
+    }
+    if (!e->swap_arena)
+        return NULL;
+    const size_t bb = eng_kv_stats(e->pool).block_bytes;
+    size_t at = 0;
+    for (bool moved = true; moved;) { /* past every held region [at, at + bytes) meets: no start before its end fits */
+        moved = false;
+        for (const eng_seq_t *q = e->seqs; q; q = q->next) {
+            if (!q->swap)
+                continue;
+            const size_t lo = (size_t)(q->swap - e->swap_arena), hi = lo + (size_t)q->swap_blocks * bb;
+            if (lo < at + bytes && at < hi)
+                at = hi, moved = true;
+        }
+    }
+    return at + bytes <= e->cfg.swap_bytes ? e->swap_arena + at : NULL;
+}
+
 /* Copies s's computed KV to host memory before its blocks are freed, when
  * there is room under cfg.swap_bytes and the copy out and back is predicted
  * to take less than computing its tokens again (the engine's measured time a
@@ -727,14 +759,12 @@ static bool seq_swap_out(eng_engine_t *e, eng_seq_t *s)
     double copy_s = (double)bytes * e->swap_s_per_byte, again_s = e->tok_s * s->n_computed;
     if (e->tok_s > 0 && copy_s >= again_s)
         return false;
-    void *buf = NULL;
+    uint8_t *buf = swap_region(e, bytes);
+    if (!buf)
+        return false;
     double t0 = td_now_s();
-    if (eng_engine_host_alloc(e, bytes, &buf) != TD_OK)
+    if (eng_engine_kv_download(e, s->blocks, nb, buf) != TD_OK)
         return false;
-    if (eng_engine_kv_download(e, s->blocks, nb, buf) != TD_OK) {
-        eng_engine_host_free(e, buf);
-        return false;
-    }
     swap_timed(e, bytes, td_now_s() - t0);
     s->swap = buf;
     s->swap_blocks = nb;
@@ -797,8 +827,7 @@ static void swap_in(eng_engine_t *e)
         if (!rc)
             swap_timed(e, bytes, td_now_s() - t0);
         e->swap_used -= bytes;
-        eng_engine_host_free(e, s->swap);
-        s->swap = NULL;
+        s->swap = NULL; /* its region is free again */
         s->swap_blocks = s->swap_tokens = 0;
         decoding++;
     }
