@@ -26,7 +26,7 @@ cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check tandem-router tandem-prefill tandem-decode \
   tandem-kvstore tandem-bench-kvxfer tandem-gemv-study tandem-gemm-study >/dev/null
-rm -rf bundle bundle-model* bundle-llamacpp && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
+rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
 cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check build-gpu/bin/tandem-router build-gpu/bin/tandem-prefill \
   build-gpu/bin/tandem-decode build-gpu/bin/tandem-kvstore build-gpu/bin/tandem-bench-kvxfer \
   build-gpu/bin/tandem-gemv-study build-gpu/bin/tandem-gemm-study bundle/bin/
