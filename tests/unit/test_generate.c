@@ -318,16 +318,18 @@ Test(generate, swap_instead_of_recompute_changes_no_token_and_computes_less)
 {
     size_t k = quick() ? 2 : 4, idx[4] = {0, 1, 2, 3};
     const size_t ng = (size_t)n_gen();
-    static collect_t base, got[2];
+    static collect_t base, got[3];
     eng_engine_t *e = engine(512, 0, false);
     run(e, idx, k, &base);
     eng_engine_destroy(e);
-    uint64_t computed[2], preempted[2], out[2], in[2];
-    for (int sw = 0; sw < 2; sw++) {
+    uint64_t computed[3], preempted[3], out[3], in[3];
+    /* off; a space for every preempted sequence; one of 3 MiB, about two short sequences' KV (the rest computed
+     * again, regions freed and taken again) */
+    for (int sw = 0; sw < 3; sw++) {
         eng_engine_config_t cfg = eng_engine_config_default();
         cfg.n_threads = 2;
         cfg.kv_tokens = quick() ? 96 : 160;
-        cfg.swap_bytes = sw ? 64u << 20 : 0;
+        cfg.swap_bytes = sw == 2 ? 3u << 20 : sw ? 64u << 20 : 0;
         cr_assert_eq(eng_engine_create(model, &cfg, &e), TD_OK, "%s", td_last_error());
         run(e, idx, k, &got[sw]);
         computed[sw] = eng_engine_prompt_computed(e);
@@ -336,8 +338,11 @@ Test(generate, swap_instead_of_recompute_changes_no_token_and_computes_less)
         eng_engine_destroy(e);
         for (size_t i = 0; i < k; i++)
             cr_assert(memcmp(got[sw].out[i], base.out[i], ng * 4) == 0 && got[sw].n[i] == ng,
-                      "swap %s: prompt %zu differs from an engine with room", sw ? "on" : "off", i);
+                      "swap %s: prompt %zu differs from an engine with room", sw == 2 ? "small" : sw ? "on" : "off",
+                      i);
     }
+    cr_assert(out[2] > 0 && in[2] == out[2], "a small swap space: %llu out, %llu back", (unsigned long long)out[2],
+              (unsigned long long)in[2]);
     cr_assert(preempted[0] > 0 && out[0] == 0, "swap off: %llu preemptions, %llu swaps",
               (unsigned long long)preempted[0], (unsigned long long)out[0]);
     cr_assert(out[1] > 0 && in[1] == out[1], "swap on: %llu out, %llu back", (unsigned long long)out[1],
