@@ -368,6 +368,9 @@ const float *kc_fp8_scales(const kern_cuda_t *c, const kern_weight_t *w);
 // token's scale xs[t] and its row's ws[r] (the joined weights' scales, in their order)
 td_status_t kc_split_rows(kern_cuda_t *c, const kern_matmul_spec_t *s, const float *side, const float *xs,
                           const float *ws);
+// Whether s's weights are all held as hold (0: fp16; KERN_TYPE_F8_E4M3) and lie side by side in one allocation
+// (weights_join), each row count a multiple of 4 (kc_split_rows moves 16 bytes at a time)
+bool kc_side_by_side(const kern_matmul_spec_t *s, uint32_t hold);
 td_status_t kc_fp8_gemm_init(kern_cuda_t *c);
 void kc_fp8_gemm_destroy(kern_cuda_t *c);
 td_status_t kc_weight_scale_cols(kern_backend_t *b, kern_weight_t *w, const float *s, bool apply, bool *fits);

@@ -207,19 +207,10 @@ __global__ void k_fp8_scale(const float *d, const float *d1, float *y, const flo
 }
 
 // Whether s's FP8 weights lie side by side (weights_join), so that one GEMM takes them all, as matmul_fused.cu's
-// joined() for fp16: up to KC_JOIN_MAXN rows, nothing added to y, every row count a multiple of 4 (the split moves
-// 16 bytes at a time)
+// joined() for fp16: up to KC_JOIN_MAXN rows, nothing added to y
 static bool f8_joined(const kern_matmul_spec_t *s)
 {
-    if (s->k < 2 || s->n > KC_JOIN_MAXN || s->accumulate)
-        return false;
-    for (uint32_t i = 0; i < s->k; i++) {
-        const kern_weight_t *w = s->w[i];
-        if (w->hold != KERN_TYPE_F8_E4M3 || w->rows % 4 ||
-            (i && (const uint8_t *)w->priv != (const uint8_t *)s->w[i - 1]->priv + (size_t)s->w[i - 1]->rows * w->cols))
-            return false;
-    }
-    return true;
+    return s->k >= 2 && s->n <= KC_JOIN_MAXN && !s->accumulate && kc_side_by_side(s, KERN_TYPE_F8_E4M3);
 }
 
 td_status_t kc_fp8_matmul(kern_cuda_t *c, const kern_matmul_spec_t *s)

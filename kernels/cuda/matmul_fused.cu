@@ -462,20 +462,24 @@ td_status_t kc_split_rows(kern_cuda_t *c, const kern_matmul_spec_t *s, const flo
     return kc_launch(c, "split_rows", k_split_rows, kc_blocks(n4, 256), 256, 0, (const float4 *)side, a, n4);
 }
 
-
-// Whether s's weights lie side by side (weights_join) and its side has room for the joined product, so that one
-// GEMM takes them all: every row count a multiple of 4 (the copy out moves 16 bytes at a time)
-static bool joined(const kern_matmul_spec_t *s)
+bool kc_side_by_side(const kern_matmul_spec_t *s, uint32_t hold)
 {
-    if (s->k < 2 || !s->side || s->n > s->side_rows || s->n > KC_JOIN_MAXN || (s->glu ? !s->to_next : s->accumulate))
-        return false;
+    const size_t esz = hold == KERN_TYPE_F8_E4M3 ? 1 : sizeof(__half);
     for (uint32_t i = 0; i < s->k; i++) {
-        const kern_weight_t *w = s->w[i];
-        if (w->hold || w->rows % 4 ||
-            (i && (const __half *)w->priv != (const __half *)s->w[i - 1]->priv + (size_t)s->w[i - 1]->rows * w->cols))
+        const kern_weight_t *w = s->w[i], *prev = i ? s->w[i - 1] : NULL;
+        if (w->hold != hold || w->rows % 4 ||
+            (prev && (const char *)w->priv != (const char *)prev->priv + (size_t)prev->rows * w->cols * esz))
             return false;
     }
     return true;
+}
+
+// Whether s's fp16 weights lie side by side and its side has room for the joined product, so that one GEMM takes
+// them all
+static bool joined(const kern_matmul_spec_t *s)
+{
+    return s->k >= 2 && s->side && s->n <= s->side_rows && s->n <= KC_JOIN_MAXN &&
+           (s->glu ? s->to_next : !s->accumulate) && kc_side_by_side(s, 0);
 }
 
 static td_status_t gemv(kern_cuda_t *c, const kern_matmul_spec_t *s)
