@@ -27,6 +27,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "engine/forward.h"
+#include "engine/swap.h"
 #include "engine/tp.h"
 #include "engine/grammar.h"
 #include "engine/tokenizer.h"
@@ -58,8 +59,8 @@ typedef struct eng_seq {
      * tokens it had to compute when first seen and those computed since (mlq) */
     td_block_name_t *pnames;
     uint32_t n_pnames, sched_entry, sched_served;
-    /* preempted and swapped out (cfg.swap_bytes): its first swap_tokens positions' KV, swap_blocks blocks in the
-     * swap space (a region of swap_arena), until the pool has room again */
+    /* preempted and swapped out (cfg.swap_bytes): its first swap_tokens positions' KV, swap_blocks blocks in a
+     * region of the swap space (engine/swap.h), until the pool has room again */
     uint8_t *swap;
     uint32_t swap_blocks, swap_tokens;
     bool ignore_eos;
@@ -117,15 +118,7 @@ struct eng_engine {
     uint32_t *q_idx, *q_scratch, q_cap, n_live;
     td_block_name_t *q_busy;
     uint32_t n_busy;
-    /* swap (cfg.swap_bytes): host bytes held, sequences swapped out and back, and the seconds a byte's round
-     * trip takes (measured; its first guess 2 GB/s each way) */
-    uint64_t swap_used, swaps_out, swaps_in;
-    double swap_s_per_byte;
-    /* the swap space: cfg.swap_bytes of the backend's host memory (page-locked on a GPU), taken whole at the first
-     * swap-out and kept, so that a preemption allocates nothing (a GPU's page-locked allocation stalls every
-     * stream); swap_none: it could not be had, and preempted sequences are computed again */
-    uint8_t *swap_arena;
-    bool swap_none;
+    eng_swap_t sw; /* the swap space (cfg.swap_bytes) */
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -220,7 +213,7 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
         return rc;
     }
     e->root = td_block_name_root(m->kv_id, td_kv_dtype_name(cfg->kv_dtype), cfg->block_tokens);
-    e->swap_s_per_byte = 2 / 2e9;
+    eng_swap_init(&e->sw, e->be, cfg->swap_bytes);
     e->n_eog = eng_tokenizer_eog(m->tok, e->eog, 8);
     if (e->n_eog > 8)
         e->n_eog = 8;
@@ -250,8 +243,7 @@ static void seq_destroy(eng_engine_t *e, eng_seq_t *s)
     free(s->tokens);
     free(s->blocks);
     free(s->pnames);
-    if (s->swap) /* its region of the swap space is free again */
-        e->swap_used -= (uint64_t)s->swap_blocks * eng_kv_stats(e->pool).block_bytes;
+    eng_swap_give(&e->sw, s->swap); /* its region of the swap space (if it holds one) is free again */
     free(s->text);
     free(s);
 }
@@ -265,8 +257,7 @@ void eng_engine_destroy(eng_engine_t *e)
         e->seqs = s->next;
         seq_destroy(e, s);
     }
-    if (e->swap_arena)
-        eng_engine_host_free(e, e->swap_arena);
+    eng_swap_destroy(&e->sw);
     eng_forward_destroy(e->fwd);
     if (e->tp.tp)
         eng_tp_close(&e->tp);
@@ -558,8 +549,8 @@ uint64_t eng_engine_prompt_computed(const eng_engine_t *e) { return e->prompt_co
 
 void eng_engine_swaps(const eng_engine_t *e, uint64_t *out, uint64_t *in)
 {
-    *out = e->swaps_out;
-    *in = e->swaps_in;
+    *out = e->sw.outs;
+    *in = e->sw.ins;
 }
 
 uint32_t eng_engine_n_requests(const eng_engine_t *e)
@@ -712,40 +703,6 @@ static bool seq_reserve(eng_engine_t *e, eng_seq_t *s, uint32_t upto)
     return true;
 }
 
-/* A swap copy of bytes took secs each way: the round trip's speed, smoothed. */
-static void swap_timed(eng_engine_t *e, size_t bytes, double secs)
-{
-    if (bytes)
-        e->swap_s_per_byte = 0.8 * e->swap_s_per_byte + 0.2 * 2 * secs / (double)bytes;
-}
-
-/* A region of bytes in the swap space, the first gap among the regions swapped-out sequences hold that is large
- * enough (the space taken at the first call); NULL: none is. */
-static uint8_t *swap_region(eng_engine_t *e, size_t bytes)
-{
-    if (!e->swap_arena && !e->swap_none && eng_engine_host_alloc(e, e->cfg.swap_bytes, (void **)&e->swap_arena)) {
-        e->swap_arena = NULL;
-        e->swap_none = true;
-        TD_WARN("engine: no %llu bytes of host memory for the swap space (%s); preempted sequences are computed "
-                "again", (unsigned long long)e->cfg.swap_bytes, td_last_error());
-    }
-    if (!e->swap_arena)
-        return NULL;
-    const size_t bb = eng_kv_stats(e->pool).block_bytes;
-    size_t at = 0;
-    for (bool moved = true; moved;) { /* past every held region [at, at + bytes) meets: no start before its end fits */
-        moved = false;
-        for (const eng_seq_t *q = e->seqs; q; q = q->next) {
-            if (!q->swap)
-                continue;
-            const size_t lo = (size_t)(q->swap - e->swap_arena), hi = lo + (size_t)q->swap_blocks * bb;
-            if (lo < at + bytes && at < hi)
-                at = hi, moved = true;
-        }
-    }
-    return at + bytes <= e->cfg.swap_bytes ? e->swap_arena + at : NULL;
-}
-
 /* Copies s's computed KV to host memory before its blocks are freed, when
  * there is room under cfg.swap_bytes and the copy out and back is predicted
  * to take less than computing its tokens again (the engine's measured time a
@@ -754,23 +711,20 @@ static bool seq_swap_out(eng_engine_t *e, eng_seq_t *s)
 {
     uint32_t bt = e->cfg.block_tokens, nb = (s->n_computed + bt - 1) / bt;
     size_t bytes = (size_t)nb * eng_kv_stats(e->pool).block_bytes;
-    if (!e->cfg.swap_bytes || !nb || nb > s->n_blocks || e->swap_used + bytes > e->cfg.swap_bytes)
-        return false;
-    double copy_s = (double)bytes * e->swap_s_per_byte, again_s = e->tok_s * s->n_computed;
-    if (e->tok_s > 0 && copy_s >= again_s)
-        return false;
-    uint8_t *buf = swap_region(e, bytes);
-    if (!buf)
+    uint8_t *buf;
+    if (!nb || nb > s->n_blocks || !eng_swap_worth(&e->sw, bytes, e->tok_s * s->n_computed) ||
+        !(buf = eng_swap_take(&e->sw, bytes)))
         return false;
     double t0 = td_now_s();
-    if (eng_engine_kv_download(e, s->blocks, nb, buf) != TD_OK)
+    if (eng_engine_kv_download(e, s->blocks, nb, buf) != TD_OK) {
+        eng_swap_give(&e->sw, buf);
         return false;
-    swap_timed(e, bytes, td_now_s() - t0);
+    }
+    eng_swap_timed(&e->sw, bytes, td_now_s() - t0);
     s->swap = buf;
     s->swap_blocks = nb;
     s->swap_tokens = s->n_computed;
-    e->swap_used += bytes;
-    e->swaps_out++;
+    e->sw.outs++;
     return true;
 }
 
@@ -821,13 +775,11 @@ static void swap_in(eng_engine_t *e)
         } else {
             s->n_computed = s->swap_tokens;
             s->state = SEQ_RUNNING;
-            e->swaps_in++;
+            e->sw.ins++;
+            eng_swap_timed(&e->sw, (size_t)s->swap_blocks * k.block_bytes, td_now_s() - t0);
         }
-        size_t bytes = (size_t)s->swap_blocks * k.block_bytes;
-        if (!rc)
-            swap_timed(e, bytes, td_now_s() - t0);
-        e->swap_used -= bytes;
-        s->swap = NULL; /* its region is free again */
+        eng_swap_give(&e->sw, s->swap); /* its region is free again */
+        s->swap = NULL;
         s->swap_blocks = s->swap_tokens = 0;
         decoding++;
     }
