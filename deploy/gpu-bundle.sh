@@ -44,7 +44,7 @@ cp tests/fixtures/hf/make_logits_hf.py tests/fixtures/hf/make_fp8_ref.py bundle/
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 > bundle/fixtures/ppl.txt
 cp bench/gpu/make_random_llama.py bench/gpu/hf_bench.py bench/gpu/disagg_gpu.py bench/gpu/distserve.py bench/gpu/ab.sh \
   bench/gpu/batch_ab.sh bench/gpu/prefill_ab.sh bench/gpu/prompt_of.py bench/gpu/compile_peer.py \
-  bench/gpu/make_random_gguf.py bench/gpu/peers_table.py bundle/bench/
+  bench/gpu/make_random_gguf.py bench/gpu/peers_table.py bench/gpu/ncu_steps.sh bundle/bench/
 if [ -n "${LLAMACPP:-}" ]; then # section 17's llama.cpp peer (bench/gpu/build_llamacpp.sh's build), a call of its own
   rm -rf bundle-llamacpp && mkdir -p bundle-llamacpp
   strip -o bundle-llamacpp/llama-batched-bench "$LLAMACPP"/bin/llama-batched-bench

@@ -388,10 +388,13 @@ static td_status_t layer_fused(eng_forward_t *f, uint32_t l, uint32_t n, uint32_
     td_status_t rc;
     const kern_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
     float *qkv_out[3] = {f->q, f->k, f->v};
+    /* to_next: q, k and v go to attend()'s rope and attention alone (no bias added to them, no tap reads them) */
     TRY(o->matmul_fused(be, &(kern_matmul_spec_t){.w = qkv, .y = qkv_out, .k = 3, .x = f->x, .n = n,
                                                   .norm = L->attn_norm, .eps = d->norm_eps,
-                                                  .norm_in_w = f->w.norms_folded, .side = f->side,
-                                                  .side_rows = f->side ? f->side_rows : 0}));
+                                                  .norm_in_w = f->w.norms_folded,
+                                                  .to_next = !L->bq && !f->tap_fn &&
+                                                             (o->supported & KERN_OP_ROPE_KV_STORE),
+                                                  .side = f->side, .side_rows = f->side ? f->side_rows : 0}));
     TRY(attend(f, l, n, n_seqs));
     const kern_weight_t *wo = &L->wo, *wd = &L->w_down;
     const bool first = f->shard.rank == 0; /* the rank whose part is added to the residual (above) */

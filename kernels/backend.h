@@ -147,7 +147,11 @@ typedef enum kern_op {
  * with accumulate each y_i += instead of =. With glu and to_next, y[0] is
  * read by nothing but the next matmul_fused call, as its x: a backend may
  * hand it over in a form of its own and leave y[0] without it (the CUDA
- * backend's GEMMs take it as fp16). */
+ * backend's GEMMs take it as fp16). With to_next and k == 3 (no glu, no
+ * accumulate: a layer's Q, K and V), y[0..2] are read by nothing but the next
+ * rope_kv_store or rope_kv_attention call, and the rotated y[0] by nothing
+ * but its attention: a backend may hand them over in a form of its own (the
+ * CUDA backend's prompt steps keep them in fp16). */
 typedef struct kern_matmul_spec {
     const kern_weight_t *const *w;
     float *const *y;

@@ -959,6 +959,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     a.qt = 16 / a.hc;
     a.scale = scale;
     a.q = q;
+    a.qh = NULL;
     a.out = out;
     a.outh = NULL;
     a.dseq = dev_seqs;
@@ -996,6 +997,16 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     const size_t n_out = (size_t)rows * n_heads * g->head_dim;
     if (hand && c->xh.cap >= n_out * sizeof(__half))
         a.outh = (__half *)c->xh.p;
+    // the rotated Q in fp16 (rope_kv_store took Q, K and V so): the warpgroup kernel reads it there; the others
+    // read fp32, made from it first
+    if (q && q == c->qh_of) {
+        c->qh_of = NULL;
+        td_status_t rc;
+        if (hand)
+            a.qh = (const __half *)c->qkvh.p;
+        else if ((rc = kc_q_to_float(c, (float *)q, n_out)))
+            return rc;
+    }
     for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
         if ((pass == 1 && !mma_ok) || (pass == 2 && !dec_ok))
             continue;
@@ -1103,7 +1114,8 @@ td_status_t kc_rope_kv_attention(kern_backend_t *b, const kern_kv_view_t *kv, co
 {
     // one pass when every row is a sequence's one decode row and the decode kernel takes them all (not over fp8
     // KV, whose rows are stored a warp each, with their scale)
-    bool one = dec_takes(kv->layout, r->n_heads) && r->n == n_seqs && kv->layout->dtype != TD_KV_F8_E4M3;
+    bool one = dec_takes(kv->layout, r->n_heads) && r->n == n_seqs && kv->layout->dtype != TD_KV_F8_E4M3 &&
+               !kc_qkv_handed((kern_cuda_t *)b, r->q, r->n);
     for (uint32_t s = 0; one && s < n_seqs; s++)
         one = seqs[s].n == 1;
     if (one)

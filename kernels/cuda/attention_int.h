@@ -22,6 +22,7 @@ typedef struct att_args {
     size_t lstride; // a layer's elements in a block (fp8: bytes, its scales included)
     float scale;
     const float *q;
+    const __half *qh; // prompt rows on the warpgroup MMA: q in fp16 there instead (rope_kv_store's; or NULL)
     float *out;
     __half *outh; // prompt rows on the warpgroup MMA: the output in fp16 too, for the O projection (or NULL)
     float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)

@@ -209,8 +209,17 @@ __device__ __forceinline__ void wg_load_q(uint8_t *q, const att_args_t &a, const
     const float qs = a.scale * 1.4426950408889634f;
     for (uint32_t i = wt; i < 64 * CH; i += 128) {
         const uint32_t r = i / CH, c = i % CH, row = min(r0 + r, S.n - 1);
-        const float4 *src = (const float4 *)(a.q + ((size_t)(S.row0 + row) * a.n_heads + head) * HD + c * 8);
-        const float4 x = src[0], y = src[1];
+        const size_t at = ((size_t)(S.row0 + row) * a.n_heads + head) * HD + c * 8;
+        float4 x, y;
+        if (a.qh) { // fp16 already (rope_kv_store's)
+            const uint4 h = *(const uint4 *)(a.qh + at);
+            const float2 h0 = __half22float2(*(const __half2 *)&h.x), h1 = __half22float2(*(const __half2 *)&h.y);
+            const float2 h2 = __half22float2(*(const __half2 *)&h.z), h3 = __half22float2(*(const __half2 *)&h.w);
+            x = make_float4(h0.x, h0.y, h1.x, h1.y), y = make_float4(h2.x, h2.y, h3.x, h3.y);
+        } else {
+            const float4 *src = (const float4 *)(a.q + at);
+            x = src[0], y = src[1];
+        }
         *(uint4 *)(q + wg_off<64>(r, c)) = make_uint4(att_pack_half2(x.x * qs, x.y * qs),
                                                       att_pack_half2(x.z * qs, x.w * qs),
                                                       att_pack_half2(y.x * qs, y.y * qs),

@@ -474,6 +474,14 @@ extern "C" td_status_t kern_cuda_backend_create(int device, kern_backend_t **out
     return TD_OK;
 }
 
+extern "C" bool kern_cuda_set_qkv_half(kern_backend_t *b, bool on)
+{
+    kern_cuda_t *c = (kern_cuda_t *)b;
+    const bool was = !c->qkv_fp32;
+    c->qkv_fp32 = !on;
+    return was;
+}
+
 extern "C" bool kern_cuda_set_pdl(kern_backend_t *b, bool on)
 {
     kern_cuda_t *c = (kern_cuda_t *)b;
@@ -500,6 +508,7 @@ extern "C" void kern_cuda_backend_destroy(kern_backend_t *b)
     kc_graphs_drop(c);
     cudaFree(c->blas_ws);
     cudaFree(c->xh.p);
+    cudaFree(c->qkvh.p);
     cudaFree(c->wh.p);
     cudaFree(c->x8.p);
     cudaFree(c->f8d.p);

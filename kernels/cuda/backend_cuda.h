@@ -26,6 +26,9 @@ bool kern_cuda_set_pdl(kern_backend_t *b, bool on);
  * kernel, 1.. a warpgroup-MMA variant (attention_wg.cu), taken only where the device has it. Returns the one in
  * use before the call. */
 uint32_t kern_cuda_set_prompt_attention(kern_backend_t *b, uint32_t variant);
+/* Whether a prompt step's Q, K and V go to the rope and the attention in fp16 (kern_matmul_spec_t's to_next; on
+ * by default) or in fp32, as before it (for tandem-cuda-check's comparison). Returns the setting before the call. */
+bool kern_cuda_set_qkv_half(kern_backend_t *b, bool on);
 /* The newest captured step's edges: all, and programmatic ones (the kernel
  * after may start while the one before ends). For tandem-cuda-check. */
 void kern_cuda_graph_edges(kern_backend_t *b, size_t *all, size_t *programmatic);

@@ -73,6 +73,14 @@ typedef struct kern_cuda {
     const float *xh_of;
     size_t xh_n;
     bool xh_x_too; // and the fp32 array holds those values too (the attention's output), not only xh
+    // A prompt step's Q, K and V in fp16 (matmul_fused with to_next over three weights: kern_matmul_spec_t), Q's
+    // rows, then K's, then V's, standing for the fp32 arrays whose first is qkvh_of (qkvh_n rows of qkvh_rows[i]
+    // values); rope_kv_store takes them from there and leaves the rotated Q in place for the attention, which
+    // takes it for the fp32 q qh_of. NULL: nothing handed over (every matmul_fused call starts so).
+    kc_scratch_t qkvh;
+    const float *qkvh_of, *qh_of;
+    uint32_t qkvh_n, qkvh_rows[3];
+    bool qkv_fp32; // not so: in fp32 as before (kern_cuda_set_qkv_half, for a comparison)
     kc_scratch_t ws; // attention's slices
     kc_scratch_t cnt; // attention's count of finished slices (zero between launches)
     kc_scratch_t dg; // kv_digest's block list and results
@@ -336,6 +344,11 @@ td_status_t kc_add(kern_backend_t *b, float *x, const float *y, size_t n);
 td_status_t kc_embed(kern_backend_t *b, const kern_weight_t *table, const int32_t *ids, uint32_t n, float *out);
 td_status_t kc_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, const float *k, const float *v,
                         const int32_t *slots, uint32_t n);
+// Q, K and V of a prompt step in fp16 (c->qkvh), as kc_rope_kv_store takes them (rope_kv_store.cu): true when
+// q is what they stand for
+bool kc_qkv_handed(const kern_cuda_t *c, const float *q, uint32_t n);
+// The handed Q (rotated) back in the fp32 q it stands for, for a kernel that reads fp32 (rope_kv_store.cu)
+td_status_t kc_q_to_float(kern_cuda_t *c, float *q, size_t n);
 td_status_t kc_rope_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, float *q, float *k, const float *v,
                              uint32_t n_heads, const int32_t *slots, uint32_t n, const int32_t *pos, const float *freq,
                              kern_rope_style_t style);

@@ -84,6 +84,7 @@ td_status_t kc_matmul(kern_backend_t *b, const kern_weight_t *w, const float *x,
     size_t nx = (size_t)n * w->cols;
     td_status_t rc;
     c->xh_of = NULL;
+    c->qkvh_of = c->qh_of = NULL;
     if ((rc = kc_scratch(c, &c->xh, nx * sizeof(__half))) || (rc = kc_to_half(c, x, (__half *)c->xh.p, nx)))
         return rc;
     return kc_gemm(c, w, y, n, false);

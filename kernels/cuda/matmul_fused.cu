@@ -551,6 +551,7 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
     const bool handed = s->k && !s->norm && s->x == c->xh_of && (size_t)s->n * s->w[0]->cols == c->xh_n;
     const bool x_holds = !handed || c->xh_x_too; // x itself holds the values (else only xh does)
     c->xh_of = NULL;
+    c->qkvh_of = c->qh_of = NULL;
     if (!s->k || s->k > GV_MAXK || (s->glu && (s->k != 2 || s->w[0]->rows != s->w[1]->rows || s->accumulate)))
         return td_error(TD_ERR_INVALID_ARG, "cuda: matmul_fused: %u weights%s%s", s->k, s->glu ? " with glu" : "",
                         s->glu && s->accumulate ? " and accumulate" : "");
@@ -594,6 +595,27 @@ td_status_t kc_matmul_fused(kern_backend_t *b, const kern_matmul_spec_t *s)
                                       s->w[0]->rows)))
             return rc;
         return hand_over(c, s, ny);
+    }
+    if (!rc && s->to_next && !s->glu && s->k == 3 && !s->accumulate && !c->qkv_fp32 && !s->w[0]->hold &&
+        !s->w[1]->hold && !s->w[2]->hold) {
+        // Q, K and V in fp16 for the rope and the attention (to_next; rope_kv_store.cu takes them): half the bytes
+        // written and read again (a 4k prompt's are 201 MB a layer in fp32); the attention rounds Q to fp16 and
+        // the pool holds K and V so anyway
+        size_t at = 0;
+        for (uint32_t i = 0; i < 3; i++)
+            at += (size_t)s->n * s->w[i]->rows;
+        if ((rc = kc_scratch(c, &c->qkvh, at * sizeof(__half))))
+            return rc;
+        at = 0;
+        for (uint32_t i = 0; i < 3 && !rc; i++) {
+            rc = kc_gemm_rows_half(c, (const __half *)s->w[i]->priv, s->w[i]->rows, cols, (__half *)c->qkvh.p + at,
+                                   s->n);
+            c->qkvh_rows[i] = s->w[i]->rows;
+            at += (size_t)s->n * s->w[i]->rows;
+        }
+        if (!rc)
+            c->qkvh_of = s->y[0], c->qkvh_n = s->n;
+        return rc;
     }
     if (!rc && s->glu && s->to_next && !s->w[0]->hold && !s->w[1]->hold && ny % 2 == 0) {
         // gate's and up's products in fp16, each in its own y's room (scratch both, kern_matmul_spec_t), read by

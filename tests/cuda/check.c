@@ -15,7 +15,7 @@
  *                     the prompt attention's checks and timings alone. TANDEM_CUDA_WGMMA=0 in the environment keeps the
  *                     prompt attention off Hopper's warpgroup MMA, to time one kernel against the other; --time-prefill:
  *                     prompts of 1k, 4k and 16k tokens in one step, warm, fp16 and FP8 weights, against the measured
- *                     cuBLAS peak)
+ *                     cuBLAS peak; fp16 weights also with Q/K/V in fp32, alternating, their logits compared)
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -808,6 +808,91 @@ static void check_rope_kv_store(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, 
     gpu->ops->free(gpu, dv), gpu->ops->free(gpu, dfreq), gpu->ops->free(gpu, dpos), gpu->ops->free(gpu, dslots);
     free(zero), free(q), free(k), free(v), free(a), free(b), free(ha), free(hb);
     eng_kv_pool_destroy(pa), eng_kv_pool_destroy(pb);
+}
+
+/* A prompt step's Q, K and V handed to the rope and the attention in fp16 (matmul_fused's to_next) against the same
+ * step in fp32 (to_next off): n fresh rows of one sequence through Q/K/V, rope_kv_store and attention, on two pools.
+ * The pools' K and V and the outputs must agree within fp16 rounding (the products are rounded before the rope). */
+static void check_qkv_handed(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, kern_rope_style_t style,
+                             uint32_t n)
+{
+    enum { BT = 16, LAYERS = 1 };
+    const uint32_t cols = 256, nb = (n + BT - 1) / BT, rows[3] = {nh * hd, nkv * hd, nkv * hd};
+    td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, TD_KV_F16);
+    eng_kv_pool_t *pool[2];
+    uint8_t *wd[3];
+    kern_weight_t wg[3];
+    for (int i = 0; i < 3; i++) {
+        wd[i] = random_weight(KERN_TYPE_F16, rows[i], cols);
+        wg[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, 0, NULL, 0, 0, 0};
+        if (gpu->ops->weight_prepare(gpu, &wg[i]))
+            exit(1);
+    }
+    const size_t nx = (size_t)n * cols, nq = (size_t)n * rows[0], nk = (size_t)n * rows[1];
+    const size_t pool_bytes = (size_t)nb * td_kv_block_bytes(&g);
+    float *x = malloc(nx * 4), *freq = malloc(hd / 2 * 4), *out[2];
+    int32_t *table = malloc(nb * 4), *pos = malloc(n * 4), *slots = malloc(n * 4);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frand() * 2;
+    for (uint32_t i = 0; i < hd / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    for (uint32_t i = 0; i < nb; i++)
+        table[i] = (int32_t)(nb - 1 - i);
+    for (uint32_t i = 0; i < n; i++)
+        pos[i] = (int32_t)i, slots[i] = table[i / BT] * BT + (int32_t)(i % BT);
+    float *dx = put(gpu, x, nx * 4), *dfreq = put(gpu, freq, hd / 2 * 4), *dq, *dk, *dv;
+    int32_t *dtab = put(gpu, table, nb * 4), *dpos = put(gpu, pos, n * 4), *dslots = put(gpu, slots, n * 4);
+    gpu->ops->alloc(gpu, nq * 4, (void **)&dq);
+    gpu->ops->alloc(gpu, nk * 4, (void **)&dk);
+    gpu->ops->alloc(gpu, nk * 4, (void **)&dv);
+    const kern_attn_seq_t seq = {.row0 = 0, .n = n, .pos0 = 0, .block_table = dtab, .n_blocks = nb,
+                                 .decode_from = UINT32_MAX};
+    uint8_t *pb[2];
+    float *ho[2];
+    for (int v = 0; v < 2; v++) { /* 0: fp32, 1: handed in fp16 */
+        if (eng_kv_pool_create(gpu, &g, nb, NULL, &pool[v]))
+            exit(1);
+        kern_kv_view_t kv = eng_kv_view(pool[v], 0);
+        const kern_weight_t *w3[3] = {&wg[0], &wg[1], &wg[2]};
+        float *y[3] = {dq, dk, dv};
+        gpu->ops->alloc(gpu, nq * 4, (void **)&out[v]);
+        if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w3, .y = y, .k = 3, .x = dx, .n = n,
+                                                              .to_next = v == 1}) ||
+            gpu->ops->rope_kv_store(gpu, &kv, dq, dk, dv, nh, dslots, n, dpos, dfreq, style) ||
+            gpu->ops->attention(gpu, &kv, dq, out[v], nh, &seq, NULL, 1, 1.0f / sqrtf((float)hd)))
+            exit(1);
+        pb[v] = malloc(pool_bytes);
+        ho[v] = malloc(nq * 4);
+        get(gpu, pb[v], kv.base, pool_bytes);
+        get(gpu, ho[v], out[v], nq * 4);
+    }
+    /* the pools' fp16 values as floats, one against the other */
+    const size_t nh16 = pool_bytes / 2;
+    float *fa = malloc(nh16 * 4), *fb = malloc(nh16 * 4);
+    for (size_t i = 0; i < nh16; i++) {
+        uint16_t a, b;
+        memcpy(&a, pb[0] + 2 * i, 2), memcpy(&b, pb[1] + 2 * i, 2);
+        fa[i] = kern_fp16_to_fp32(a), fb[i] = kern_fp16_to_fp32(b);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "Q/K/V handed in fp16, %u/%u heads x %u, %s, %u rows: pool", nh, nkv, hd,
+             style == KERN_ROPE_NEOX ? "neox" : "norm", n);
+    report(what, rel_err(fb, fa, nh16), 2e-3);
+    snprintf(what, sizeof what, "Q/K/V handed in fp16, %u/%u heads x %u, %s, %u rows: out", nh, nkv, hd,
+             style == KERN_ROPE_NEOX ? "neox" : "norm", n);
+    report(what, rel_err(ho[1], ho[0], nq), 3e-3);
+    for (int v = 0; v < 2; v++) {
+        gpu->ops->free(gpu, out[v]);
+        eng_kv_pool_destroy(pool[v]);
+        free(pb[v]), free(ho[v]);
+    }
+    for (int i = 0; i < 3; i++) {
+        gpu->ops->weight_release(gpu, &wg[i]);
+        free(wd[i]);
+    }
+    gpu->ops->free(gpu, dx), gpu->ops->free(gpu, dfreq), gpu->ops->free(gpu, dtab), gpu->ops->free(gpu, dpos);
+    gpu->ops->free(gpu, dslots), gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dk), gpu->ops->free(gpu, dv);
+    free(x), free(freq), free(table), free(pos), free(slots), free(fa), free(fb);
 }
 
 static void check_embed(kern_backend_t *cpu, kern_backend_t *gpu, uint32_t type)
@@ -1686,25 +1771,46 @@ static void time_prefill(kern_backend_t *gpu, const char *path)
             const uint32_t n = lens[l];
             eng_batch_seq_t s = {.tokens = ids, .n = n, .pos0 = 0, .block_table = table, .n_blocks = nb,
                                  .want_logits = true};
-            double t[3];
+            /* fp16 weights: Q, K and V handed to the rope and the attention in fp16 (the default, v 0) and in fp32
+             * (v 1, as before it), alternating; their last logits compared */
+            const int vs = h ? 1 : 2;
+            double t[2][3];
             const float *lg;
             uint32_t nl;
-            for (int r = 0; r < 4; r++) {
+            float *ref = malloc((size_t)d->vocab * 4);
+            double err = 0;
+            for (int r = 0; r < 4 * vs; r++) {
+                const int v = r % vs;
+                kern_cuda_set_qkv_half(gpu, v == 0);
                 double t0 = now_s();
                 if (eng_forward_run(f, &s, 1, &lg, &nl)) {
                     fprintf(stderr, "tandem-cuda-check: %s\n", td_last_error());
                     exit(1);
                 }
-                if (r)
-                    t[r - 1] = now_s() - t0;
+                if (r >= vs)
+                    t[v][r / vs - 1] = now_s() - t0;
+                if (r == 0 && vs == 2)
+                    memcpy(ref, lg, (size_t)d->vocab * 4);
+                if (r == 1)
+                    err = rel_err(lg, ref, d->vocab);
             }
-            qsort(t, 3, sizeof *t, cmp_double);
+            kern_cuda_set_qkv_half(gpu, true);
+            free(ref);
             const double flops = 2.0 * n * layer_params +
                                  4.0 * d->head_dim * d->n_heads * d->n_layers * (0.5 * n * (n + 1.0));
-            printf("timing prefill %s, weights %s: %u tokens %.1f ms = %.0f tok/s, %.1f TFLOP/s (the layers' matmuls "
-                   "and the causal attention) = %.0f%% of the measured peak\n",
-                   d->name, h ? "fp8" : "file", n, t[1] * 1e3, n / t[1], flops / t[1] / 1e12,
-                   100.0 * flops / t[1] / peak);
+            for (int v = 0; v < vs; v++) {
+                qsort(t[v], 3, sizeof *t[v], cmp_double);
+                printf("timing prefill %s, weights %s%s: %u tokens %.1f ms = %.0f tok/s, %.1f TFLOP/s (the layers' "
+                       "matmuls and the causal attention) = %.0f%% of the measured peak\n",
+                       d->name, h ? "fp8" : "file", v ? " (Q/K/V in fp32)" : "", n, t[v][1] * 1e3, n / t[v][1],
+                       flops / t[v][1] / 1e12, 100.0 * flops / t[v][1] / peak);
+            }
+            if (vs == 2) {
+                char what[160];
+                snprintf(what, sizeof what, "model %.60s: a %u-token prompt's logits, Q/K/V in fp16 vs fp32",
+                         d->name, n);
+                report(what, err, 2e-2);
+            }
         }
         free(ids), free(table);
         eng_forward_destroy(f);
@@ -1908,6 +2014,9 @@ int main(int argc, char **argv)
         check_rope_kv_attention(gpu, 32, 32, 128, TD_KV_F16, KERN_ROPE_NORM, ATT_MANY);
         check_rope_kv_attention(gpu, 32, 32, 128, TD_KV_F16, KERN_ROPE_NORM, ATT_WIDE);
         check_rope_kv_attention(gpu, 64, 32, 64, TD_KV_F16, KERN_ROPE_NEOX, ATT_WIDE);
+        check_qkv_handed(gpu, 32, 32, 128, KERN_ROPE_NORM, 600); /* past KC_JOIN_MAXN: not joined */
+        check_qkv_handed(gpu, 32, 8, 128, KERN_ROPE_NEOX, 700);
+        check_qkv_handed(gpu, 9, 3, 64, KERN_ROPE_NORM, 530);
         check_decode(crafted);
         check_kv_digest(gpu);
         const uint32_t fused_rows[] = {1, 5, 8, 64, 600}; /* the GEMV (8 or fewer), cuBLAS, a prompt past JOIN_MAXN */
