@@ -149,9 +149,10 @@ typedef enum kern_op {
  * hand it over in a form of its own and leave y[0] without it (the CUDA
  * backend's GEMMs take it as fp16). With to_next and k == 3 (no glu, no
  * accumulate: a layer's Q, K and V), y[0..2] are read by nothing but the next
- * rope_kv_store or rope_kv_attention call, and the rotated y[0] by nothing
- * but its attention: a backend may hand them over in a form of its own (the
- * CUDA backend's prompt steps keep them in fp16). */
+ * rope_kv_store or rope_kv_attention call, the rotated y[0] by nothing but
+ * its attention, and that attention's output by nothing but the next
+ * matmul_fused call, as its x: a backend may hand them over in a form of its
+ * own (the CUDA backend's prompt steps keep them in fp16 alone). */
 typedef struct kern_matmul_spec {
     const kern_weight_t *const *w;
     float *const *y;

@@ -52,10 +52,11 @@ for short, (n, us, gb) in sorted(by.items(), key=lambda kv: -kv[1][1]):
           (short, n, us / n, us, 100 * us / total, gb, gb / (us * 1e-6) if us else 0))
 EOF
   cat "$out/ncu-$name.txt"
+  rm -f "$out/ncu-$name.csv" # (large: the summary is what comes back)
 }
 if [[ $what == *" prefill "* ]]; then
   p4=$(python3 "$here/bench/prompt_of.py" "$m/tokenizer.json" 4095)
-  for w in file fp8; do
+  for w in ${PREFILL_WEIGHTS:-file fp8}; do
     profile "prefill-$w" --weights $w --max-tokens 1 --token-budget 4096 --kv-mib 4096 "$p4"
   done
 fi

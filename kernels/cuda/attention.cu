@@ -962,6 +962,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     a.qh = NULL;
     a.out = out;
     a.outh = NULL;
+    a.out32 = 1;
     a.dseq = dev_seqs;
     a.rope = r != NULL;
     if (r) {
@@ -1002,9 +1003,10 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     if (q && q == c->qh_of) {
         c->qh_of = NULL;
         td_status_t rc;
-        if (hand)
+        if (hand) {
             a.qh = (const __half *)c->qkvh.p;
-        else if ((rc = kc_q_to_float(c, (float *)q, n_out)))
+            a.out32 = !a.outh; // the output goes to the O projection alone (kern_matmul_spec_t's to_next)
+        } else if ((rc = kc_q_to_float(c, (float *)q, n_out)))
             return rc;
     }
     for (int pass = 0; pass < 3; pass++) { // 0: general, 1: tensor cores, 2: decode
@@ -1097,7 +1099,7 @@ static td_status_t attention(kern_backend_t *b, const kern_kv_view_t *kv, const 
     }
     c->xh_of = a.outh ? out : NULL;
     c->xh_n = a.outh ? n_out : 0;
-    c->xh_x_too = true;
+    c->xh_x_too = a.out32;
     return TD_OK;
 }
 

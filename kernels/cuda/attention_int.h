@@ -25,6 +25,7 @@ typedef struct att_args {
     const __half *qh; // prompt rows on the warpgroup MMA: q in fp16 there instead (rope_kv_store's; or NULL)
     float *out;
     __half *outh; // prompt rows on the warpgroup MMA: the output in fp16 too, for the O projection (or NULL)
+    int out32;    // the output in fp32 (at out) as well: not when outh alone is read (Q was handed over in fp16)
     float *ws;       // decode: each slice's (max, sum, acc[hd]) per (row, head)
     unsigned *cnt;   // decode: slices finished per (sequence, KV head), back to 0 after the merge
     uint32_t splits; // decode: slices per sequence

@@ -248,12 +248,14 @@ __device__ __forceinline__ void wg_store_o(const att_args_t &a, const att_seq_t 
         const float2 va = make_float2(o[4 * n] * inv_a, o[4 * n + 1] * inv_a);
         const float2 vb = make_float2(o[4 * n + 2] * inv_b, o[4 * n + 3] * inv_b);
         if (ra < S.n) {
-            *(float2 *)(a.out + ia) = va;
+            if (a.out32)
+                *(float2 *)(a.out + ia) = va;
             if (a.outh)
                 *(__half2 *)(a.outh + ia) = __float22half2_rn(va);
         }
         if (rb < S.n) {
-            *(float2 *)(a.out + ib) = vb;
+            if (a.out32)
+                *(float2 *)(a.out + ib) = vb;
             if (a.outh)
                 *(__half2 *)(a.outh + ib) = __float22half2_rn(vb);
         }

@@ -811,26 +811,28 @@ static void check_rope_kv_store(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, 
 }
 
 /* A prompt step's Q, K and V handed to the rope and the attention in fp16 (matmul_fused's to_next) against the same
- * step in fp32 (to_next off): n fresh rows of one sequence through Q/K/V, rope_kv_store and attention, on two pools.
- * The pools' K and V and the outputs must agree within fp16 rounding (the products are rounded before the rope). */
+ * step in fp32 (to_next off): n fresh rows of one sequence through Q/K/V, rope_kv_store, attention and the O
+ * projection (which takes the attention's output in fp16 alone when handed), on two pools. The pools' K and V and
+ * the projections must agree within fp16 rounding (the products are rounded before the rope). */
 static void check_qkv_handed(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uint32_t hd, kern_rope_style_t style,
                              uint32_t n)
 {
     enum { BT = 16, LAYERS = 1 };
-    const uint32_t cols = 256, nb = (n + BT - 1) / BT, rows[3] = {nh * hd, nkv * hd, nkv * hd};
+    const uint32_t cols = 256, nb = (n + BT - 1) / BT, rows[4] = {nh * hd, nkv * hd, nkv * hd, cols};
     td_kv_layout_t g = td_kv_layout_make("check", LAYERS, nkv, hd, BT, TD_KV_F16);
     eng_kv_pool_t *pool[2];
-    uint8_t *wd[3];
-    kern_weight_t wg[3];
-    for (int i = 0; i < 3; i++) {
-        wd[i] = random_weight(KERN_TYPE_F16, rows[i], cols);
-        wg[i] = (kern_weight_t){KERN_TYPE_F16, rows[i], cols, wd[i], NULL, 0, NULL, 0, 0, 0};
+    uint8_t *wd[4];
+    kern_weight_t wg[4];
+    for (int i = 0; i < 4; i++) { /* Q, K, V, and O: cols x (nh x hd) */
+        const uint32_t r = i < 3 ? rows[i] : cols, c = i < 3 ? cols : nh * hd;
+        wd[i] = random_weight(KERN_TYPE_F16, r, c);
+        wg[i] = (kern_weight_t){KERN_TYPE_F16, r, c, wd[i], NULL, 0, NULL, 0, 0, 0};
         if (gpu->ops->weight_prepare(gpu, &wg[i]))
             exit(1);
     }
     const size_t nx = (size_t)n * cols, nq = (size_t)n * rows[0], nk = (size_t)n * rows[1];
     const size_t pool_bytes = (size_t)nb * td_kv_block_bytes(&g);
-    float *x = malloc(nx * 4), *freq = malloc(hd / 2 * 4), *out[2];
+    float *x = malloc(nx * 4), *freq = malloc(hd / 2 * 4), *out[2], *proj[2];
     int32_t *table = malloc(nb * 4), *pos = malloc(n * 4), *slots = malloc(n * 4);
     for (size_t i = 0; i < nx; i++)
         x[i] = frand() * 2;
@@ -856,15 +858,18 @@ static void check_qkv_handed(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uin
         const kern_weight_t *w3[3] = {&wg[0], &wg[1], &wg[2]};
         float *y[3] = {dq, dk, dv};
         gpu->ops->alloc(gpu, nq * 4, (void **)&out[v]);
+        gpu->ops->alloc(gpu, nx * 4, (void **)&proj[v]);
+        const kern_weight_t *wo = &wg[3];
         if (gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = w3, .y = y, .k = 3, .x = dx, .n = n,
                                                               .to_next = v == 1}) ||
             gpu->ops->rope_kv_store(gpu, &kv, dq, dk, dv, nh, dslots, n, dpos, dfreq, style) ||
-            gpu->ops->attention(gpu, &kv, dq, out[v], nh, &seq, NULL, 1, 1.0f / sqrtf((float)hd)))
+            gpu->ops->attention(gpu, &kv, dq, out[v], nh, &seq, NULL, 1, 1.0f / sqrtf((float)hd)) ||
+            gpu->ops->matmul_fused(gpu, &(kern_matmul_spec_t){.w = &wo, .y = &proj[v], .k = 1, .x = out[v], .n = n}))
             exit(1);
         pb[v] = malloc(pool_bytes);
-        ho[v] = malloc(nq * 4);
+        ho[v] = malloc(nx * 4);
         get(gpu, pb[v], kv.base, pool_bytes);
-        get(gpu, ho[v], out[v], nq * 4);
+        get(gpu, ho[v], proj[v], nx * 4);
     }
     /* the pools' fp16 values as floats, one against the other */
     const size_t nh16 = pool_bytes / 2;
@@ -878,15 +883,16 @@ static void check_qkv_handed(kern_backend_t *gpu, uint32_t nh, uint32_t nkv, uin
     snprintf(what, sizeof what, "Q/K/V handed in fp16, %u/%u heads x %u, %s, %u rows: pool", nh, nkv, hd,
              style == KERN_ROPE_NEOX ? "neox" : "norm", n);
     report(what, rel_err(fb, fa, nh16), 2e-3);
-    snprintf(what, sizeof what, "Q/K/V handed in fp16, %u/%u heads x %u, %s, %u rows: out", nh, nkv, hd,
+    snprintf(what, sizeof what, "Q/K/V handed in fp16, %u/%u heads x %u, %s, %u rows: O proj", nh, nkv, hd,
              style == KERN_ROPE_NEOX ? "neox" : "norm", n);
-    report(what, rel_err(ho[1], ho[0], nq), 3e-3);
+    report(what, rel_err(ho[1], ho[0], nx), 3e-3);
     for (int v = 0; v < 2; v++) {
         gpu->ops->free(gpu, out[v]);
+        gpu->ops->free(gpu, proj[v]);
         eng_kv_pool_destroy(pool[v]);
         free(pb[v]), free(ho[v]);
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         gpu->ops->weight_release(gpu, &wg[i]);
         free(wd[i]);
     }
