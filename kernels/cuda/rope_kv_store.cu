@@ -143,10 +143,12 @@ __global__ void k_from_half(const __half *x, float *y, size_t n)
 
 bool kc_qkv_handed(const kern_cuda_t *c, const float *q, uint32_t n) { return q && q == c->qkvh_of && n == c->qkvh_n; }
 
-td_status_t kc_q_to_float(kern_cuda_t *c, float *q, size_t n)
+static td_status_t from_half(kern_cuda_t *c, const __half *x, float *y, size_t n)
 {
-    return kc_launch(c, "q_to_float", k_from_half, kc_blocks(n, 256), 256, 0, (const __half *)c->qkvh.p, q, n);
+    return kc_launch(c, "from_half", k_from_half, kc_blocks(n, 256), 256, 0, x, y, n);
 }
+
+td_status_t kc_q_to_float(kern_cuda_t *c, float *q, size_t n) { return from_half(c, (const __half *)c->qkvh.p, q, n); }
 
 td_status_t kc_rope_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, float *q, float *k, const float *v,
                              uint32_t n_heads, const int32_t *slots, uint32_t n, const int32_t *pos, const float *freq,
@@ -171,11 +173,11 @@ td_status_t kc_rope_kv_store(kern_backend_t *b, const kern_kv_view_t *kv, float 
             return rc;
         }
         // any other pool: the three back in fp32 first
-        td_status_t rc = kc_q_to_float(c, q, nq);
+        td_status_t rc = from_half(c, h, q, nq);
         if (!rc)
-            rc = kc_launch(c, "k_to_float", k_from_half, kc_blocks(nk, 256), 256, 0, h + nq, k, nk);
+            rc = from_half(c, h + nq, k, nk);
         if (!rc)
-            rc = kc_launch(c, "v_to_float", k_from_half, kc_blocks(nk, 256), 256, 0, h + nq + nk, (float *)v, nk);
+            rc = from_half(c, h + nq + nk, (float *)v, nk);
         if (rc)
             return rc;
     }
