@@ -27,12 +27,11 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "engine/forward.h"
+#include "engine/grammar_cache.h"
 #include "engine/swap.h"
 #include "engine/tp.h"
 #include "engine/grammar.h"
 #include "engine/tokenizer.h"
-
-#define ENG_GRAMMAR_CACHE 32 /* grammars an engine keeps compiled */
 
 typedef enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state_t;
 
@@ -68,7 +67,7 @@ typedef struct eng_seq {
     size_t n_stop, max_stop;
     eng_tok_stream_t stream;
     int32_t forced;                             /* a first token sampled elsewhere, not yet accepted (-1) */
-    int grammar_slot;                           /* its grammar's in e->grammars (-1: none) */
+    int grammar_slot;                           /* its grammar's slot in e->grammars (-1: none) */
     char *text;                                 /* generated text not yet emitted (held for stop strings) */
     size_t text_len, text_cap;
     struct eng_seq *next;
@@ -96,16 +95,7 @@ struct eng_engine {
     int32_t *picked;       /* and the tokens */
     uint8_t *masks;        /* and the masked ones' allowed tokens (structured output), eng_forward_mask_rows rows */
     uint32_t n_batch;
-    /* structured output: the vocabulary's index (made at the first request that asks) and the grammars
-     * compiled, by source (the least recently used replaced; a sequence's matcher holds its grammar) */
-    eng_vocab_index_t *vocab;
-    struct grammar_slot {
-        char *key;
-        eng_grammar_t *g;
-        uint32_t users;
-        uint64_t used;
-    } grammars[ENG_GRAMMAR_CACHE];
-    uint64_t grammar_clock;
+    eng_grammar_cache_t grammars; /* structured output's compiled grammars (engine/grammar_cache.h) */
     uint64_t preemptions;
     uint64_t prompt_computed; /* prompt tokens run through the model (not from the prefix cache), recomputed ones too */
     char err[512]; /* the message of the failure being reported */
@@ -232,8 +222,7 @@ static void seq_free_blocks(eng_engine_t *e, eng_seq_t *s)
 
 static void seq_destroy(eng_engine_t *e, eng_seq_t *s)
 {
-    if (s->grammar_slot >= 0)
-        e->grammars[s->grammar_slot].users--;
+    eng_grammar_cache_release(&e->grammars, s->grammar_slot);
     free(s->plp);
     seq_free_blocks(e, s);
     eng_sampler_free(&s->sampler);
@@ -276,71 +265,19 @@ void eng_engine_destroy(eng_engine_t *e)
     free(e->q_idx);
     free(e->q_scratch);
     free(e->q_busy);
-    for (int i = 0; i < ENG_GRAMMAR_CACHE; i++) {
-        free(e->grammars[i].key);
-        eng_grammar_free(e->grammars[i].g);
-    }
-    eng_vocab_index_free(e->vocab);
+    eng_grammar_cache_free(&e->grammars);
     free(e);
 }
 
 static void text_append(eng_seq_t *s, const char *p, size_t n);
 
-/* The compiled grammar p asks for, from the cache or compiled into it; its
- * slot (*slot) counts one more user. A user error says what is wrong with it. */
-static td_status_t grammar_get(eng_engine_t *e, const eng_sampling_t *p, int *slot)
-{
-    size_t n = 32 + (p->grammar_src ? strlen(p->grammar_src) : 0);
-    for (size_t i = 0; i < p->n_grammar_choices; i++)
-        n += strlen(p->grammar_choices[i]) + 24;
-    char *key = malloc(n);
-    if (!key)
-        return td_error(TD_ERR_NO_MEMORY, "engine: no memory");
-    size_t k = (size_t)snprintf(key, n, "%d:%s", (int)p->grammar, p->grammar_src ? p->grammar_src : "");
-    for (size_t i = 0; i < p->n_grammar_choices; i++) /* length-prefixed: no two lists share a key */
-        k += (size_t)snprintf(key + k, n - k, "|%zu:%s", strlen(p->grammar_choices[i]), p->grammar_choices[i]);
-    int free_at = -1;
-    for (int i = 0; i < ENG_GRAMMAR_CACHE; i++) {
-        struct grammar_slot *g = &e->grammars[i];
-        if (g->key && !strcmp(g->key, key)) {
-            free(key);
-            g->users++;
-            g->used = ++e->grammar_clock;
-            *slot = i;
-            return TD_OK;
-        }
-        if (!g->users && (free_at < 0 || !g->key || (e->grammars[free_at].key && g->used < e->grammars[free_at].used)))
-            free_at = i;
-    }
-    if (free_at < 0) {
-        free(key);
-        return td_user_error("structured output: %d different grammars are in use at once, this engine's most",
-                             ENG_GRAMMAR_CACHE);
-    }
-    eng_grammar_t *g;
-    td_status_t rc = eng_grammar_compile(p->grammar, p->grammar_src, p->grammar_choices, p->n_grammar_choices, &g);
-    if (rc) {
-        free(key);
-        return rc;
-    }
-    struct grammar_slot *sl = &e->grammars[free_at];
-    free(sl->key);
-    eng_grammar_free(sl->g);
-    *sl = (struct grammar_slot){key, g, 1, ++e->grammar_clock};
-    *slot = free_at;
-    return TD_OK;
-}
-
 /* Structured output for s (r->sampling.grammar): its matcher, moved past the
  * tokens a resumed stream generated before. */
 static td_status_t seq_grammar(eng_engine_t *e, eng_seq_t *s, const eng_request_t *r)
 {
-    td_status_t rc = grammar_get(e, &r->sampling, &s->grammar_slot);
-    if (!rc && !e->vocab)
-        rc = eng_vocab_index_create(e->m->tok, e->eog, e->n_eog, &e->vocab);
-    eng_matcher_t *m = NULL;
-    if (!rc)
-        rc = eng_matcher_create(e->grammars[s->grammar_slot].g, e->vocab, &m);
+    eng_matcher_t *m;
+    td_status_t rc = eng_grammar_cache_matcher(&e->grammars, &r->sampling, e->m->tok, e->eog, e->n_eog,
+                                               &s->grammar_slot, &m);
     if (rc)
         return rc;
     eng_sampler_set_matcher(&s->sampler, m);
