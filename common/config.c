@@ -97,7 +97,7 @@ typedef struct cfg_field {
       .more = "the model split over that many ranks (heads, FFN columns, vocabulary), one process driving them; "    \
               "device names them: cpu, or a GPU a rank (cuda:0,cuda:1). Workers of any degrees are peers: each rank's "    \
               "heads go to their place in the whole block, or into the part of a decode worker's rank that holds "    \
-              "them. A decode worker's ranks are CPU ranks or share one GPU so far (cuda:0,cuda:0)"),                     \
+              "them, in that rank's GPU (CUDA IPC between the GPUs of one host; ranks may share one, cuda:0,cuda:0)"), \
     B(#r ".colocated", r.colocated, colocated_def, "serve whole requests too (decode only)", .flag = "--colocated",   \
       .procs = W, .more = colocated_more)
 
@@ -566,19 +566,7 @@ td_status_t td_config_validate(const td_config_t *cfg)
                             "(tandem up hands each worker the next %u of the list)", w[i].role, w[i].device, nd,
                             w[i].role, tp, tp);
     }
-    if (cfg->decode.tp > 1 && strncmp(cfg->decode.device, "cpu", 3)) { /* a region a rank of one GPU's memory */
-        char a[32], b[32];
-        const unsigned nd = td_device_pick(cfg->decode.device, 0, a, sizeof a);
-        for (unsigned k = 0; k < nd; k++) {
-            td_device_pick(cfg->decode.device, k, b, sizeof b);
-            if (k % cfg->decode.tp == 0)
-                memcpy(a, b, sizeof a);
-            else if (strcmp(a, b))
-                return td_error(TD_ERR_CONFIG, "config: decode.device = '%s' with decode.tp = %u gives a decode worker "
-                                "%s and %s; a decode worker's ranks share one GPU so far (its transport maps one "
-                                "device's memory): prefill.tp takes a GPU a rank", cfg->decode.device,
-                                cfg->decode.tp, a, b);
-        }
+    if (cfg->decode.tp > 1 && strncmp(cfg->decode.device, "cpu", 3)) { /* a region a rank, on the rank's GPU */
         if (!strcmp(cfg->transport.kind, "ucx"))
             return td_error(TD_ERR_CONFIG, "config: decode.tp = %u on GPUs with transport.kind = ucx: a pool of parts "
                             "takes puts in place, not through a host landing copy (transport.kind: cuda_ipc or auto)",

@@ -94,6 +94,13 @@ typedef struct kv_transport_ops {
     /* Set with landed: the address peers name m by (its landing copy's base:
      * a region's remote_base); without it, the address mem_alloc returned. */
     uint64_t (*remote_base)(kv_xfer_t *x, kv_xfer_mem_t *m);
+    /* Device transports, optional (NULL: the context's device only): another
+     * device of this process, for a worker whose tensor-parallel ranks take a
+     * GPU each. mem_alloc_on is mem_alloc on that device (its remote key names
+     * it, so an initiator knows whose memory it maps); reach lets puts take
+     * their source, and gets their destination, in that device's memory. */
+    td_status_t (*mem_alloc_on)(kv_xfer_t *x, int device, size_t bytes, void **addr, kv_xfer_mem_t **out);
+    td_status_t (*reach)(kv_xfer_t *x, int device);
 } kv_transport_ops_t;
 
 extern const kv_transport_ops_t kv_transport_ucx;

@@ -3,9 +3,11 @@
  * its own GPU or a peer GPU of that host (DESIGN.md §2).
  *
  * The target allocates its region with cudaMalloc and describes it by a CUDA
- * IPC handle (the "remote key"); its address names the host (the kernel's boot
- * id: CUDA IPC joins processes of one boot of one machine) and the device
- * (its UUID, which CUDA_VISIBLE_DEVICES cannot renumber). The initiator opens
+ * IPC handle and the UUID of the device that holds it (the "remote key"; a
+ * worker of tensor-parallel ranks has a region on each rank's GPU); its
+ * address names the host (the kernel's boot id: CUDA IPC joins processes of
+ * one boot of one machine) and its first device (UUIDs: CUDA_VISIBLE_DEVICES
+ * cannot renumber them). The initiator opens
  * the handle once per region and copies on its own copy stream, so copies
  * overlap the computation that queues them: puts up to 1 MiB are gathered and
  * copied KV_COPY_BATCH at a time by one kernel (transfer_cuda_copy.cu; a
@@ -38,7 +40,7 @@
 
 #define BATCHED_MAX (1u << 20) /* puts up to this many bytes go through the batched copy */
 #define ADDR_MAGIC 0x31494354u /* "TCI1" */
-#define RKEY_MAGIC 0x314b4354u /* "TCK1" */
+#define RKEY_MAGIC 0x324b4354u /* "TCK2": with the device's UUID */
 
 typedef struct ci_addr {
     uint32_t magic;
@@ -51,6 +53,7 @@ typedef struct ci_rkey {
     uint32_t magic;
     uint32_t pad;
     uint64_t bytes;
+    unsigned char uuid[16]; /* the device whose memory it is */
     cudaIpcMemHandle_t handle;
 } ci_rkey_t;
 
@@ -67,6 +70,7 @@ struct kv_xfer {
 struct kv_xfer_mem {
     void *ptr;
     size_t bytes;
+    int device;
 };
 
 typedef struct ci_region {
@@ -75,7 +79,8 @@ typedef struct ci_region {
 } ci_region_t;
 
 struct kv_xfer_peer {
-    int device; /* the peer's device, as numbered here */
+    int device; /* the peer's (first) device, as numbered here */
+    int pid;
     ci_region_t regions[KV_XFER_MAX_REGIONS];
     uint32_t n_regions;
 };
@@ -188,33 +193,43 @@ static void ci_destroy(kv_xfer_t *x)
     free(x);
 }
 
-static td_status_t ci_mem_alloc(kv_xfer_t *x, size_t bytes, void **addr, kv_xfer_mem_t **out)
+static td_status_t ci_mem_alloc_on(kv_xfer_t *x, int device, size_t bytes, void **addr, kv_xfer_mem_t **out)
 {
     kv_xfer_mem_t *m = calloc(1, sizeof *m);
     if (!m)
         return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
-    cudaSetDevice(x->device);
-    cudaError_t e = cudaMalloc(&m->ptr, bytes);
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+        e = cudaMalloc(&m->ptr, bytes);
     if (e == cudaSuccess)
         e = cudaMemset(m->ptr, 0, bytes);
+    cudaSetDevice(x->device);
     if (e != cudaSuccess) {
-        cudaFree(m->ptr);
+        if (m->ptr)
+            cudaFree(m->ptr);
         free(m);
         return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: cannot allocate %zu MiB of memory on device %d: %s", bytes >> 20,
-                        x->device, cudaGetErrorString(e));
+                        device, cudaGetErrorString(e));
     }
     m->bytes = bytes;
+    m->device = device;
     *addr = m->ptr;
     *out = m;
     return TD_OK;
+}
+
+static td_status_t ci_mem_alloc(kv_xfer_t *x, size_t bytes, void **addr, kv_xfer_mem_t **out)
+{
+    return ci_mem_alloc_on(x, x->device, bytes, addr, out);
 }
 
 static void ci_mem_free(kv_xfer_t *x, kv_xfer_mem_t *m)
 {
     if (!m)
         return;
-    cudaSetDevice(x->device);
+    cudaSetDevice(m->device);
     cudaFree(m->ptr);
+    cudaSetDevice(x->device);
     free(m);
 }
 
@@ -223,12 +238,19 @@ static td_status_t ci_mem_rkey(kv_xfer_t *x, kv_xfer_mem_t *m, void **rkey, size
     ci_rkey_t *k = calloc(1, sizeof *k);
     if (!k)
         return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaSetDevice(m->device);
+    if (e == cudaSuccess)
+        e = cudaIpcGetMemHandle(&k->handle, m->ptr);
+    if (e == cudaSuccess)
+        e = cudaGetDeviceProperties(&prop, m->device);
     cudaSetDevice(x->device);
-    cudaError_t e = cudaIpcGetMemHandle(&k->handle, m->ptr);
     if (e != cudaSuccess) {
         free(k);
-        return td_error(TD_ERR_INTERNAL, "cuda_ipc: cudaIpcGetMemHandle: %s", cudaGetErrorString(e));
+        return td_error(TD_ERR_INTERNAL, "cuda_ipc: the remote key of memory on device %d: %s", m->device,
+                        cudaGetErrorString(e));
     }
+    memcpy(k->uuid, prop.uuid.bytes, 16);
     k->magic = RKEY_MAGIC;
     k->bytes = m->bytes;
     *rkey = k;
@@ -256,6 +278,37 @@ static td_status_t ci_progress_start(kv_xfer_t *x)
     return TD_OK;
 }
 
+/* Whether device dev's memory can be reached from this context's device (itself, or a peer). */
+static td_status_t reachable(kv_xfer_t *x, int dev, const char *whose)
+{
+    if (dev == x->device)
+        return TD_OK;
+    int can = 0;
+    CK(cudaDeviceCanAccessPeer(&can, x->device, dev), "cudaDeviceCanAccessPeer");
+    if (!can)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: device %d cannot access %s device %d (no peer access between "
+                        "them)", x->device, whose, dev);
+    return TD_OK;
+}
+
+/* The device here whose UUID is uuid (a peer's, pid's), reachable from this context's. */
+static td_status_t reachable_uuid(kv_xfer_t *x, const unsigned char *uuid, int pid, int *dev)
+{
+    int n = 0;
+    *dev = -1;
+    cudaSetDevice(x->device);
+    CK(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    for (int i = 0; i < n && *dev < 0; i++) {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) == cudaSuccess && !memcmp(prop.uuid.bytes, uuid, 16))
+            *dev = i;
+    }
+    if (*dev < 0)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: a GPU of the peer (pid %d) is not visible to this process "
+                        "(device %d here; check CUDA_VISIBLE_DEVICES)", pid, x->device);
+    return reachable(x, *dev, "the peer's");
+}
+
 static td_status_t ci_connect(kv_xfer_t *x, const void *addr, size_t addr_len, kv_xfer_peer_t **out)
 {
     ci_addr_t a;
@@ -269,28 +322,15 @@ static td_status_t ci_connect(kv_xfer_t *x, const void *addr, size_t addr_len, k
     if (strcmp(a.boot_id, x->boot_id))
         return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: the peer (pid %d) runs on another host (boot id %s, here %s): "
                         "CUDA IPC joins processes of one host", (int)a.pid, a.boot_id, x->boot_id);
-    int n = 0, dev = -1;
-    cudaSetDevice(x->device);
-    CK(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
-    for (int i = 0; i < n && dev < 0; i++) {
-        struct cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, i) == cudaSuccess && !memcmp(prop.uuid.bytes, a.uuid, 16))
-            dev = i;
-    }
-    if (dev < 0)
-        return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: the peer's GPU (pid %d) is not visible to this process "
-                        "(device %d here; check CUDA_VISIBLE_DEVICES)", (int)a.pid, x->device);
-    if (dev != x->device) {
-        int can = 0;
-        CK(cudaDeviceCanAccessPeer(&can, x->device, dev), "cudaDeviceCanAccessPeer");
-        if (!can)
-            return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: device %d cannot access the peer's device %d (no peer "
-                            "access between them)", x->device, dev);
-    }
+    int dev;
+    td_status_t rc = reachable_uuid(x, a.uuid, (int)a.pid, &dev);
+    if (rc)
+        return rc;
     kv_xfer_peer_t *p = calloc(1, sizeof *p);
     if (!p)
         return td_error(TD_ERR_NO_MEMORY, "cuda_ipc: no memory");
     p->device = dev;
+    p->pid = (int)a.pid;
     *out = p;
     return TD_OK;
 }
@@ -311,8 +351,11 @@ static td_status_t ci_region_add(kv_xfer_t *x, kv_xfer_peer_t *p, const void *rk
                         (unsigned long long)remote_len, (unsigned long long)k.bytes);
     if (p->n_regions == KV_XFER_MAX_REGIONS)
         return td_error(TD_ERR_EXHAUSTED, "cuda_ipc: a peer has at most %d regions", KV_XFER_MAX_REGIONS);
+    int dev;
+    td_status_t rc = reachable_uuid(x, k.uuid, p->pid, &dev); /* a rank's region may be on another GPU */
+    if (rc)
+        return rc;
     void *ptr;
-    cudaSetDevice(x->device);
     CK(cudaIpcOpenMemHandle(&ptr, k.handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
     p->regions[p->n_regions] = (ci_region_t){ptr, remote_len};
     *region = p->n_regions++;
@@ -410,6 +453,22 @@ static void ci_disconnect(kv_xfer_t *x, kv_xfer_peer_t *p)
     free(p);
 }
 
+/* Peer access from this context's device to dev's memory, for puts from a rank's part there. */
+static td_status_t ci_reach(kv_xfer_t *x, int device)
+{
+    td_status_t rc = reachable(x, device, "this process's");
+    if (rc || device == x->device)
+        return rc;
+    cudaSetDevice(x->device);
+    cudaError_t e = cudaDeviceEnablePeerAccess(device, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled)
+        cudaGetLastError(); /* taken already: not an error, and not one a later call should see */
+    else if (e != cudaSuccess)
+        return td_error(TD_ERR_UNSUPPORTED, "cuda_ipc: peer access from device %d to device %d: %s", x->device,
+                        device, cudaGetErrorString(e));
+    return TD_OK;
+}
+
 static td_status_t ci_fence(kv_xfer_t *x, void *stream, uint64_t *fence)
 {
     return kv_fences_record(&x->fences, x->device, stream, fence);
@@ -438,4 +497,6 @@ const kv_transport_ops_t kv_transport_cuda_ipc = {
     .disconnect = ci_disconnect,
     .fence = ci_fence,
     .wait_fence = ci_wait_fence,
+    .mem_alloc_on = ci_mem_alloc_on,
+    .reach = ci_reach,
 };

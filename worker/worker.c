@@ -859,16 +859,34 @@ const td_config_t *eng_worker_config(const eng_worker_t *w) { return &w->cfg; }
 const td_rpc_tls_t *eng_worker_tls(const eng_worker_t *w) { return w->tls; }
 void *eng_worker_role_ctx(eng_worker_t *w) { return w->role->ctx; }
 
+/* The GPU of rank r (-1: the CPU): the r-th entry of the role's device list, or its one entry for every rank. */
+static int rank_gpu(const eng_worker_t *w, uint32_t r)
+{
+    char one[32];
+    int gpu = -1;
+    td_device_pick(w->rc->device, r, one, sizeof one); /* validated: one entry, or one a rank (r mod count) */
+    td_device_parse(one, &gpu);
+    return gpu;
+}
+
 /* The KV pool's memory provider: a region the transport maps, so that peers
  * can put KV into it (its remote key is taken here); a pool of parts asks
- * for one a rank, in rank order. */
+ * for one a rank, in rank order, each on its rank's device. */
 static td_status_t pool_mem_alloc(void *ctx, size_t bytes, void **mem)
 {
     eng_worker_t *w = ctx;
     if (w->n_regions == ENG_TP_MAX)
         return td_error(TD_ERR_INTERNAL, "%s: more than %d pool regions", w->id, ENG_TP_MAX);
     struct pool_region *r = &w->regions[w->n_regions];
-    td_status_t rc = w->xo->mem_alloc(w->xfer, bytes, &r->base, &r->mem);
+    const int gpu = rank_gpu(w, w->n_regions);
+    td_status_t rc;
+    if (gpu == w->xfer_cfg.device)
+        rc = w->xo->mem_alloc(w->xfer, bytes, &r->base, &r->mem);
+    else if (w->xo->mem_alloc_on)
+        rc = w->xo->mem_alloc_on(w->xfer, gpu, bytes, &r->base, &r->mem);
+    else
+        rc = td_error(TD_ERR_CONFIG, "%s: rank %u's KV part on cuda:%d: the %s transport maps cuda:%d's memory alone",
+                      w->id, w->n_regions, gpu, w->xo->name, w->xfer_cfg.device);
     if (!rc && (rc = w->xo->mem_rkey(w->xfer, r->mem, &r->rkey, &r->rkey_len))) {
         w->xo->mem_free(w->xfer, r->mem);
         r->mem = NULL;
@@ -935,6 +953,12 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
                         "where the CUDA toolkit is installed)", w->rc->device);
     if ((rc = w->xo->create(&w->xfer_cfg, &w->xfer)))
         return rc;
+    /* ranks on other GPUs: their parts are puts' sources (a prefill worker's) or gets' destinations */
+    for (uint32_t r = 1; r < w->rc->tp; r++) {
+        const int gpu = rank_gpu(w, r);
+        if (gpu != w->xfer_cfg.device && w->xo->reach && (rc = w->xo->reach(w->xfer, gpu)))
+            return rc;
+    }
     ec.kv_bytes = w->rc->kv_mib << 20;
     ec.tp = w->rc->tp;
     /* the pool is the transport's memory, which peers put into: one region, or for a decode worker of
@@ -943,7 +967,7 @@ static td_status_t worker_start(void *ctx, char *key, size_t key_len, char **val
      * eng_kv_layer_pieces) */
     if (ec.tp > 1 && !strcmp(role->name, "prefill"))
         w->pool_bytes = (size_t)w->rc->kv_mib << 20;
-    else /* (a decode worker's ranks share this memory's device: td_config_validate) */
+    else
         ec.kv_memory = (eng_kv_memory_t){.alloc = pool_mem_alloc, .free = pool_mem_free, .ctx = w};
     if ((rc = eng_engine_create(w->model, &ec, &w->engine)) ||
         (rc = w->xo->address(w->xfer, &w->ucx_addr, &w->ucx_addr_len)) || (rc = w->xo->progress_start(w->xfer)))
