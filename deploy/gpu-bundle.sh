@@ -10,7 +10,7 @@
 # transformers, then benchmarks a Llama-2-7B-shaped model beside transformers
 # and prints a table; logs go to $OUT.
 #   deploy/gpu-bundle.sh            everything (bundle/ is then over the tool's 64 MiB a call: carry it compressed)
-#   deploy/gpu-bundle.sh 9 10       only what sections 9 and 10 need (the cluster's programs, etcd, the benchmark
+#   deploy/gpu-bundle.sh 9 10 18    only what sections 9, 10 and 18 need (the cluster's programs, etcd, the benchmark
 #                                   scripts; no tandem-cuda-check, tandem-gemv-study or default model): ~52 MB
 #   deploy/gpu-bundle.sh 1 11       sections of the backend alone (1-5, 11, 12): no cluster programs, no etcd: ~54 MB
 #   LLAMACPP=DIR deploy/gpu-bundle.sh 17   also bundle-llamacpp/, llama.cpp's batched bench for section 17's peer
@@ -18,18 +18,18 @@
 #                                   being on the machine from the call before
 set -euo pipefail
 cluster_only=1 backend_only=1
-for s in "${@:-all}"; do case $s in 9|10) ;; *) cluster_only=0 ;; esac; done
+for s in "${@:-all}"; do case $s in 9|10|18) ;; *) cluster_only=0 ;; esac; done
 for s in "${@:-all}"; do case $s in 1|2|3|4|5|11|12|13|16|17) ;; *) backend_only=0 ;; esac; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmake -S . -B build-gpu -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target tandem tandem-cuda-check tandem-router tandem-prefill tandem-decode \
-  tandem-kvstore tandem-bench-kvxfer tandem-gemv-study tandem-gemm-study >/dev/null
+  tandem-kvstore tandem-bench-kvxfer tandem-gemv-study tandem-gemm-study tandem-bench-allreduce >/dev/null
 rm -rf bundle bundle-model* && mkdir -p bundle/bin bundle/lib bundle/fixtures bundle/bench bundle-model-b bundle-model-c
 cp build-gpu/bin/tandem build-gpu/bin/tandem-cuda-check build-gpu/bin/tandem-router build-gpu/bin/tandem-prefill \
   build-gpu/bin/tandem-decode build-gpu/bin/tandem-kvstore build-gpu/bin/tandem-bench-kvxfer \
-  build-gpu/bin/tandem-gemv-study build-gpu/bin/tandem-gemm-study bundle/bin/
+  build-gpu/bin/tandem-gemv-study build-gpu/bin/tandem-gemm-study build-gpu/bin/tandem-bench-allreduce bundle/bin/
 strip bundle/bin/*
 for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libgcc_s|libstdc\+\+|libcublas|libcublasLt)\.so' |
@@ -57,7 +57,7 @@ if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made the
 fi
 if [ "$backend_only" -eq 1 ]; then # the backend's checks and benchmarks: tandem and tandem-cuda-check
   rm -f bundle/bin/tandem-router bundle/bin/tandem-prefill bundle/bin/tandem-decode bundle/bin/tandem-kvstore \
-    bundle/bin/tandem-bench-kvxfer bundle/bin/etcd.xz
+    bundle/bin/tandem-bench-kvxfer bundle/bin/tandem-bench-allreduce bundle/bin/etcd.xz
 fi
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ "$cluster_only" -eq 0 ] && [ -f "$model" ]; then

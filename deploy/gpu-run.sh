@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_
 export UCX_MODULE_DIR=$here/lib/ucx
 T=$here/bin/tandem
 fail=0
-sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14 16 17} " # 10 (two GPUs) only when named
+sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14 16 17} " # 10 and 18 (two GPUs) only when named
 want() { [[ $sections == *" $1 "* ]]; }
 m7=$work/llama2-7b
 make7b() {
@@ -507,6 +507,102 @@ for f in sys.argv[1:3]:
 fi
 # side by side, with each one's fraction of the roofline, from what this call's and earlier calls' parts left
 python3 "$here/bench/peers_table.py" "$out" --shape llama2-7b
+fi
+
+if want 18; then
+echo "== 18. tensor parallelism over GPUs (issue 50): NCCL's all-reduce against the link; greedy ids at tp 2 over"
+echo "   cuda:0,1 against tp 1; batch-1 decode of the 7B shape at tp 1 and 2; the 70B shape (dummy weights) at tp 2:"
+echo "   decode at batch 1-128 against its floor, prefill 1k and 4k; disaggregated with different parallelism (8B"
+echo "   shape): prefill tp 2 -> decode tp 1 and the reverse, against one process. P18 picks the parts"
+parts=" ${P18:-allreduce greedy speed 70b disagg} "
+ngpu=$(nvidia-smi -L | wc -l)
+if [ "$ngpu" -lt 2 ]; then echo "two GPUs needed, $ngpu here: skipped"; fail=1; else
+unpack_etcd
+nvidia-smi topo -m > "$out/topo.txt" 2>&1; cat "$out/topo.txt"
+tiny=$here/fixtures/tiny-llama3
+m7d=$work/llama2-7b-dummy m8d=$work/llama3-8b-dummy m70d=$work/llama3-70b-dummy
+for s in llama2-7b:$m7d llama3-8b:$m8d llama3-70b:$m70d; do
+  [ -f "${s#*:}/config.json" ] || python3 "$here/bench/make_random_llama.py" "${s#*:}" --shape "${s%%:*}" \
+    --tokenizer "$tiny" --config-only >> "$out/make-dummy.txt" 2>&1
+done
+p16=$(python3 "$here/bench/prompt_of.py" "$tiny/tokenizer.json" 16)
+if [[ $parts == *" allreduce "* ]]; then
+  for g in 2 $([ "$ngpu" -ge 4 ] && echo 4); do
+    "$here/bin/tandem-bench-allreduce" $g 256 > "$out/allreduce-$g.jsonl" 2> "$out/allreduce-$g.err" ||
+      { echo "the all-reduce over $g GPUs FAILED: $(tail -1 "$out/allreduce-$g.err")"; fail=1; }
+    cat "$out/allreduce-$g.jsonl"
+  done
+fi
+if [[ $parts == *" greedy "* ]]; then
+  : > "$out/tp2.txt"
+  for spec in "$tiny|" "$m7d|--load-format dummy --kv-mib 2048"; do
+    m=${spec%%|*}; extra=${spec#*|}
+    for p in "Hello world" "The quick brown fox" "1 2 3 4" "Once upon a time"; do
+      a=$("$T" generate --model "$m" $extra --device cuda --ids --max-tokens 48 --ignore-eos "$p" 2>/dev/null)
+      b=$("$T" generate --model "$m" $extra --device cuda:0,1 --tp 2 --ids --max-tokens 48 --ignore-eos "$p" \
+          2>>"$out/tp2.err")
+      [ -n "$b" ] || { echo "tp 2 over cuda:0,1 on $(basename "$m") FAILED: $(tail -1 "$out/tp2.err")"; fail=1; }
+      python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))); print('%s, %r: tp 2 over cuda:0,1 vs tp 1, the first %d of %d tokens equal' % (sys.argv[3], sys.argv[4], n, len(a)))" \
+        "$a" "$b" "$(basename "$m")" "$p" >> "$out/tp2.txt"
+    done
+  done
+  cat "$out/tp2.txt"
+fi
+dec() { # MODEL DEVICE TP BATCH KV_MIB LABEL: one decode run's tok/s line
+  "$T" generate --model "$1" --load-format dummy --device "$2" --tp "$3" --n "$4" --max-tokens 128 --ignore-eos \
+    --ids --kv-mib "$5" "$p16" 2>&1 >/dev/null |
+    grep -oE "decode [0-9]+ tokens in [0-9.]+ ms = [0-9.]+ tok/s|error.*" | sed "s/^/$6, tp $3, batch $4: /"
+}
+if [[ $parts == *" speed "* ]]; then
+  for r in 1 2; do dec "$m7d" cuda 1 1 1024 "7B shape"; dec "$m7d" cuda:0,1 2 1 1024 "7B shape"; done |
+    tee "$out/tp-7b-speed.txt"
+fi
+if [[ $parts == *" 70b "* ]]; then
+  { for b in 1 8 32 128; do dec "$m70d" cuda:0,1 2 $b $((b * 48 + 1024)) "70B shape"; done
+    for n in 1024 4096; do
+      pn=$(python3 "$here/bench/prompt_of.py" "$tiny/tokenizer.json" $n)
+      for r in 1 2; do # the second is the warm one
+        "$T" generate --model "$m70d" --load-format dummy --device cuda:0,1 --tp 2 --max-tokens 1 --ids \
+          --token-budget 4096 --kv-mib 4096 "$pn" 2>&1 >/dev/null |
+          grep -oE "prompt [0-9]+ tokens|TTFT [0-9.]+ ms|error.*" | tr '\n' ' ' | sed "s/^/70B shape, tp 2, prefill: /; s/$/\n/"
+      done
+    done; } | tee "$out/tp-70b.txt"
+  # the floor: each GPU reads half the fp16 weights a step, at GPU 0's measured read bandwidth; the all-reduces
+  # (two a layer) at batch 1 from the bench's time for 32 KiB (8,192 fp32 values)
+  python3 - "$out" "$here/bench" <<'PY'
+import json, os, re, sys
+sys.path.insert(0, sys.argv[2])
+from make_random_llama import SHAPES
+s = SHAPES["llama3-70b"]
+H, F, V, L = s["hidden_size"], s["intermediate_size"], s["vocab_size"], s["num_hidden_layers"]
+kvd = s["num_key_value_heads"] * H // s["num_attention_heads"]
+half = 2.0 * (L * (2 * H * H + 2 * H * kvd + 3 * H * F) + V * H) / 2
+rows = [json.loads(l) for l in open(os.path.join(sys.argv[1], "allreduce-2.jsonl")) if l.startswith("{")] \
+    if os.path.exists(os.path.join(sys.argv[1], "allreduce-2.jsonl")) else []
+bw = next((r["read_gbs"] for r in rows if "read_gbs" in r), 0)
+ar = next((r["us"] for r in rows if r.get("bytes") == 4 * H), 0)
+m = re.search(r"batch 1: decode \d+ tokens in [\d.]+ ms = ([\d.]+) tok/s", open(os.path.join(sys.argv[1], "tp-70b.txt")).read())
+if not bw or not m:
+    print("70B floor: no read bandwidth (run the allreduce part) or no batch-1 run")
+else:
+    floor = bw * 1e9 / half
+    print("70B shape, tp 2, batch 1: %.1f tok/s = %.0f%% of the floor (%.1f GB a GPU a step at %.0f GB/s: %.1f tok/s); "
+          "160 all-reduces of %d bytes a step: %.2f ms (%.0f us each)" % (float(m[1]), 100 * float(m[1]) / floor,
+          half / 1e9, bw, floor, 4 * H, 160 * ar / 1e3, ar))
+PY
+fi
+if [[ $parts == *" disagg "* ]]; then
+  for mode in "prefill2|--prefill-device cuda:0,cuda:1 --prefill-tp 2 --decode-device cuda:1" \
+              "decode2|--prefill-device cuda:0 --decode-device cuda:0,cuda:1 --decode-tp 2"; do
+    tag=${mode%%|*}; mkdir -p "${OUT:-/tmp}/tp-$tag"
+    # shellcheck disable=SC2086
+    python3 "$here/bench/disagg_gpu.py" --bin "$here/bin" --model "$m8d" --load-format dummy --out "${OUT:-/tmp}/tp-$tag" \
+      --kv-mib 4096 ${mode#*|} --lengths 1024,3072 --identity 4 > "$out/tp-disagg-$tag.json" 2> "$out/tp-disagg-$tag.err" ||
+      { echo "disaggregated, $tag, FAILED"; tail -5 "$out/tp-disagg-$tag.err"; fail=1; }
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('8B shape, prefill tp %d on %s -> decode tp %d on %s, greedy 48 tokens: %d of %d prompts identical to one process' % (d['tp']['prefill'], d['devices']['prefill'], d['tp']['decode'], d['devices']['decode'], d['identical'], len(d['identity']))); print(json.dumps(d['lengths'])); print(json.dumps(d['kv_transfer'])); sys.exit(0 if d['identical'] == len(d['identity']) else 1)" "$out/tp-disagg-$tag.json" || fail=1
+  done
+fi
+fi
 fi
 
 echo "gpu run: $([ $fail = 0 ] && echo ok || echo FAILED)"

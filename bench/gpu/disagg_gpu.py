@@ -25,6 +25,7 @@ Standard library only (the GPU machine has no gRPC tools). Prints one JSON
 document. Usage:
   disagg_gpu.py --bin DIR --model PATH --out DIR [--device cuda] [--kv-mib N] [--lengths 128,1024]
                 [--transport auto|ucx] [--prefill-device D] [--decode-device D] [--kvstores N --kvstore-mib N --prefill-kv-mib N --store-len N]
+                [--prefill-tp N] [--decode-tp N] [--load-format dummy]
                 [--gen N] [--reps N] [--identity N] [--threads N] [--kv-dtype fp16|fp8_e4m3]
                 [--bench "ARGS" [--bench-prompts N:MIN:MAX]]
 """
@@ -63,14 +64,16 @@ def start_cluster(a, log_path, extra=(), decode_budget=0):
     workers' token budget, a's by default); its process and the router's HOST:PORT."""
     cfg = os.path.join(a.out, "gpu-cluster.yaml")
     with open(cfg, "w") as f:
-        f.write("model: {path: %s, kv_dtype: %s}\nrouter: {http_listen: \"\"}\n"
-                "prefill: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d}\n"
-                "decode: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d}\n"
+        f.write("model: {path: %s, kv_dtype: %s%s}\nrouter: {http_listen: \"\"}\n"
+                "prefill: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d, tp: %d}\n"
+                "decode: {device: \"%s\", kv_mib: %d, token_budget: %d, threads: %d, tp: %d}\n"
                 "kvstore: {count: %d, use: %s, dram_mb: %d}\n"
                 "transport: {kind: %s}\n"
-                % (a.model, a.kv_dtype, getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
-                   a.token_budget, a.threads, getattr(a, "decode_device", None) or a.device, a.kv_mib,
-                   decode_budget or a.token_budget, a.threads, a.kvstores, "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
+                % (a.model, a.kv_dtype, ", load_format: " + a.load_format if a.load_format else "",
+                   getattr(a, "prefill_device", None) or a.device, a.prefill_kv_mib or a.kv_mib,
+                   a.token_budget, a.threads, getattr(a, "prefill_tp", 1), getattr(a, "decode_device", None) or a.device,
+                   a.kv_mib, decode_budget or a.token_budget, a.threads, getattr(a, "decode_tp", 1), a.kvstores,
+                   "true" if a.kvstores else "false", a.kvstore_mib, a.transport))
     log = open(log_path, "a+")  # append: the children share the offset
     up = subprocess.Popen([a.bin + "/tandem", "up", "--config", cfg] + list(extra), stdout=subprocess.PIPE,
                           stderr=log, text=True, start_new_session=True)
@@ -115,7 +118,8 @@ def remote(a, ep, prompt, gen):
 
 def single(a, prompt, gen):
     r = run([a.bin + "/tandem", "generate", "--model", a.model, "--device", a.device, "--threads", str(a.threads), "--ids", "--max-tokens", str(gen),
-             "--ignore-eos", "--kv-dtype", a.kv_dtype, "--kv-mib", str(a.kv_mib), "--token-budget", str(a.token_budget), prompt])
+             "--ignore-eos", "--kv-dtype", a.kv_dtype, "--kv-mib", str(a.kv_mib), "--token-budget", str(a.token_budget)]
+            + (["--load-format", a.load_format] if a.load_format else []) + [prompt])
     t = re.search(r"TTFT ([\d.]+) ms", r.stderr)
     d = re.search(r"= ([\d.]+) tok/s", r.stderr)
     return r.stdout.split(), float(t.group(1)), 1000.0 / float(d.group(1))
@@ -128,6 +132,8 @@ def base_args(ap):
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kv-dtype", default="fp16", help="model.kv_dtype of the cluster and the single process")
+    ap.add_argument("--load-format", default="", help="model.load_format (dummy: a config.json's shape, seeded "
+                    "weights) of the cluster and the single process")
 
 
 def main():
@@ -144,6 +150,9 @@ def main():
     ap.add_argument("--prefill-device", default="", help="the prefill worker's device (default --device)")
     ap.add_argument("--decode-device", default="", help="the decode worker's device (default --device): another "
                     "GPU of the host puts the KV GPU to GPU")
+    ap.add_argument("--prefill-tp", type=int, default=1, help="the prefill worker's tensor-parallel ranks (its "
+                    "device lists a GPU a rank); the single process stays one rank")
+    ap.add_argument("--decode-tp", type=int, default=1, help="the decode worker's ranks, likewise")
     ap.add_argument("--kvstores", type=int, default=0)
     ap.add_argument("--prefill-kv-mib", type=int, default=0)
     ap.add_argument("--kvstore-mib", type=int, default=1024)
@@ -159,7 +168,8 @@ def main():
     log_path = os.path.join(a.out, "gpu-cluster-%s.log" % name)
     res = {"model": a.model, "kv_dtype": a.kv_dtype, "kv_mib": a.kv_mib, "transport": a.transport, "kvstores": a.kvstores, "identity": [],
            "lengths": {}, "devices": {"single": a.device, "prefill": a.prefill_device or a.device,
-                                      "decode": a.decode_device or a.device}}
+                                      "decode": a.decode_device or a.device},
+           "tp": {"prefill": a.prefill_tp, "decode": a.decode_tp}}
     # single-process first: the cluster's two processes then have the GPU to themselves
     single_ids = [single(a, p, 48)[0] for p in PROMPTS[:a.identity]]
     lengths = [int(x) for x in a.lengths.split(",") if x]
