@@ -36,6 +36,7 @@ for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u
   while read -r l; do cp -L "$l" bundle/lib/; done
 strip --strip-unneeded bundle/lib/*.so* 2>/dev/null || true
 xz -9 -T0 -c "$(command -v etcd)" > bundle/bin/etcd.xz # tandem up's etcd (section 6), unpacked there
+xz -9 -T0 bundle/bin/tandem-bench-allreduce # section 18's, unpacked there (sections 9, 10 and 18 fill 64 MiB)
 ucx=$(dirname "$(ldd build-gpu/bin/tandem | awk '/libucp/ {print $3}')")/ucx
 [ -d "$ucx" ] && mkdir -p bundle/lib/ucx && cp -L "$ucx"/libuct_*.so.0 "$ucx"/libucm_*.so.0 bundle/lib/ucx/ 2>/dev/null || true
 cp tests/fixtures/dequant/crafted.gguf bundle/fixtures/
@@ -57,7 +58,7 @@ if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made the
 fi
 if [ "$backend_only" -eq 1 ]; then # the backend's checks and benchmarks: tandem and tandem-cuda-check
   rm -f bundle/bin/tandem-router bundle/bin/tandem-prefill bundle/bin/tandem-decode bundle/bin/tandem-kvstore \
-    bundle/bin/tandem-bench-kvxfer bundle/bin/tandem-bench-allreduce bundle/bin/etcd.xz
+    bundle/bin/tandem-bench-kvxfer bundle/bin/tandem-bench-allreduce.xz bundle/bin/etcd.xz
 fi
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ "$cluster_only" -eq 0 ] && [ -f "$model" ]; then
@@ -70,4 +71,4 @@ if [ "$cluster_only" -eq 0 ] && [ -f "$model" ]; then
 fi
 cp deploy/gpu-run.sh bundle/run.sh
 chmod +x bundle/run.sh
-du -sh bundle bundle-model-* 2>/dev/null
+du -sh bundle bundle-model-* 2>/dev/null || true # (no bundle-model-* for the cluster sections)

@@ -527,8 +527,10 @@ for s in llama2-7b:$m7d llama3-8b:$m8d llama3-70b:$m70d; do
 done
 p16=$(python3 "$here/bench/prompt_of.py" "$tiny/tokenizer.json" 16)
 if [[ $parts == *" allreduce "* ]]; then
+  [ -x "$work/bin/tandem-bench-allreduce" ] || { mkdir -p "$work/bin" && xz -dc "$here/bin/tandem-bench-allreduce.xz" \
+    > "$work/bin/tandem-bench-allreduce" && chmod +x "$work/bin/tandem-bench-allreduce"; }
   for g in 2 $([ "$ngpu" -ge 4 ] && echo 4); do
-    "$here/bin/tandem-bench-allreduce" $g 256 > "$out/allreduce-$g.jsonl" 2> "$out/allreduce-$g.err" ||
+    "$work/bin/tandem-bench-allreduce" $g 256 > "$out/allreduce-$g.jsonl" 2> "$out/allreduce-$g.err" ||
       { echo "the all-reduce over $g GPUs FAILED: $(tail -1 "$out/allreduce-$g.err")"; fail=1; }
     cat "$out/allreduce-$g.jsonl"
   done
