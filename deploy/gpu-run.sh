@@ -177,7 +177,9 @@ unpack_etcd
 # DS_WORKLOADS=chat, then summary, then mixed (DS_MODES picks
 # among disagg, colocated, auto, planner); on two GPUs
 # DS_ARGS="--prefill-device cuda:0 --decode-device cuda:1 --colocated 2 --colocated-device cuda:0,cuda:1
-#          --planner-workers 2 --planner-devices cuda:0,cuda:1"
+#          --planner-workers 2 --planner-devices cuda:0,cuda:1"; on four DS_MODES=disagg:3x1,disagg:2x2,disagg:1x3,
+# colocated,planner and DS_ARGS="--gpus cuda:0,cuda:1,cuda:2,cuda:3 --colocated 4 --colocated-device (the same)
+#          --planner-workers 4 --planner-devices (the same)" (issue 49's table: each fixed shape beside auto)
 mkdir -p "${OUT:-/tmp}/distserve"
 # shellcheck disable=SC2086
 python3 "$here/bench/distserve.py" --bin "$here/bin" --model "$m7" --out "${OUT:-/tmp}/distserve" \
@@ -191,7 +193,7 @@ for n, w in d['workloads'].items():
     print('%s: alone %s; SLOs TTFT %.1f ms, TPOT %.2f ms' % (n, '; '.join('%s TTFT %.1f ms, TPOT %.2f ms' % (
           k, a['ttft_ms'], a['tpot_ms']) for k, a in w['alone'].items()), w['slo']['ttft_ms'], w['slo']['tpot_ms']))
     for m, g in w['modes'].items():
-        print('  %-9s goodput %s req/s (bench exit %s); attainment by rate %s; ways by rate %s%s' % (m, g.get('goodput'),
+        print('  %-11s goodput %s req/s (bench exit %s); attainment by rate %s; ways by rate %s%s' % (m, g.get('goodput'),
               g.get('bench_exit'), g.get('curve'), g.get('ways'), '; the planner: %s' % g['planner'] if 'planner' in g
               else ''))
 " "$out/distserve.json" || fail=1

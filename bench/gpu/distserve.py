@@ -26,6 +26,10 @@ Modes:
              decode worker prefills a request itself when the router predicts
              that keeps its SLOs sooner (conditional disaggregation); the
              report counts the requests each way.
+  disagg:PxD, auto:PxD
+             the same with P prefill and D decode workers (DistServe's
+             fixed shapes on four GPUs: 3x1, 2x2, 1x3), the prefill workers
+             on the first P of --gpus, the decode workers on the next D;
   planner    auto, and the planner too: before each workload's sweep an ops
              file (tandem scale --apply) sets its SLOs and policy auto with
              choose_mode over --planner-workers workers (1 prefill to start;
@@ -39,12 +43,15 @@ On one GPU this is the experiment's one-GPU form. On two, DistServe's own:
   --prefill-device cuda:0 --decode-device cuda:1 for disagg (KV GPU to GPU),
   and --colocated 2 --colocated-device cuda:0,cuda:1 (a worker on each GPU),
   and --planner-workers 2 --planner-devices cuda:0,cuda:1 for planner.
+On four: --gpus cuda:0,cuda:1,cuda:2,cuda:3 --modes disagg:3x1,disagg:2x2,
+  disagg:1x3,colocated,planner --colocated 4 --colocated-device (the list)
+  --planner-workers 4 --planner-devices (the list).
 
 Standard library only. Prints one JSON document; each sweep's JSON (every
 request) and plot data go to --out. Usage:
   distserve.py --bin DIR --model PATH --out DIR [--device cuda] [--workloads chat,summary]
                [--modes disagg,colocated] [--colocated 1] [--prefill-device D] [--decode-device D]
-               [--colocated-device D[,D]] [--planner-workers N] [--planner-devices D[,D...]]
+               [--colocated-device D[,D]] [--planner-workers N] [--planner-devices D[,D...]] [--gpus D,D,...]
                [--rates WORKLOAD=R1,R2,...]... [--requests WORKLOAD=N]... [--smoke]
 """
 import argparse
@@ -127,6 +134,8 @@ def main():
                     help="colocated: the workers' device or list, one each in turn (default --device)")
     ap.add_argument("--planner-workers", type=int, default=2, help="planner: the workers the planner shares out")
     ap.add_argument("--planner-devices", default="", help="planner: their devices (default --device for each)")
+    ap.add_argument("--gpus", default="", help="disagg:PxD and auto:PxD: the devices, the prefill workers' first "
+                    "(default --device for each)")
     ap.add_argument("--kv-mib", type=int, default=16384)
     ap.add_argument("--prefill-kv-mib", type=int, default=8192)
     ap.add_argument("--prefill-budget", type=int, default=4096, help="the prefill worker's token budget")
@@ -140,6 +149,13 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="a run of minutes on a CPU: prompts and answers / 8, "
                     "8 requests, rates 1 and 2 (to try the script, not to measure)")
     a = ap.parse_args()
+    modes = []  # (mode, kind, prefill workers, decode workers); disagg:3x1: 3 prefill and 1 decode workers on --gpus
+    for mode in [x for x in a.modes.split(",") if x]:
+        kind, _, form = mode.partition(":")
+        m = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", form)
+        if kind not in ("disagg", "colocated", "auto", "planner") or (form and (not m or kind not in ("disagg", "auto"))):
+            ap.error("--modes %s: want disagg, colocated, auto, planner, disagg:PxD or auto:PxD" % mode)
+        modes.append((mode, kind, int(m[1]) if m else 1, int(m[2]) if m else 1))
     if a.smoke:
         for w in WORKLOADS.values():
             if "mix" not in w:
@@ -185,13 +201,21 @@ def main():
     if a.planner_workers < 2 or len(pdevs) != a.planner_workers:
         ap.error("--planner-workers %d with --planner-devices naming %d: want 2 or more, a device each" %
                  (a.planner_workers, len(pdevs)))
-    for mode in [m for m in a.modes.split(",") if m]:
-        log_path = os.path.join(a.out, "cluster-%s.log" % mode)
-        extra = ["--colocated", str(a.colocated)] if mode == "colocated" else ["--prefill", "1", "--decode", "1"]
-        if mode == "disagg":  # every prompt to the prefill worker (the default lets the decode worker take some)
+    for mode, kind, np_, nd in modes:
+        form = mode != kind
+        tag = mode.replace(":", "-")  # file names: disagg-3x1
+        log_path = os.path.join(a.out, "cluster-%s.log" % tag)
+        extra = ["--colocated", str(a.colocated)] if kind == "colocated" else \
+            ["--prefill", str(np_), "--decode", str(nd)]
+        if kind == "disagg":  # every prompt to the prefill worker (the default lets the decode worker take some)
             extra += ["--worker-arg", "--colocated", "--worker-arg", "false"]
         a.prefill_device = devices["prefill"]
-        a.decode_device = devices["colocated" if mode == "colocated" else "decode"]
+        a.decode_device = devices["colocated" if kind == "colocated" else "decode"]
+        if form:
+            gpus = (a.gpus or ",".join([a.device] * (np_ + nd))).split(",")
+            if len(gpus) < np_ + nd:
+                ap.error("--modes %s: --gpus names %d devices, %d wanted" % (mode, len(gpus), np_ + nd))
+            a.prefill_device, a.decode_device = ",".join(gpus[:np_]), ",".join(gpus[np_:np_ + nd])
         if mode == "planner":
             a.prefill_device, a.decode_device = ",".join(pdevs), ",".join(reversed(pdevs))
             extra = ["--prefill", "1", "--decode", str(a.planner_workers - 1)]
@@ -210,7 +234,7 @@ def main():
                         raise RuntimeError("tandem scale --apply %s: %s" % (ops, r.stderr.strip()[-500:]))
                 for k in range(3):  # warm-up (captured decode steps, the allocator) before anything is timed
                     dg.remote(a, ep, "%d" % (900 + k) + " a" * shape(w)["hi"], 16)
-                out = os.path.join(a.out, "bench-%s-%s.json" % (name, mode))
+                out = os.path.join(a.out, "bench-%s-%s.json" % (name, tag))
                 r = subprocess.run([a.bin + "/tandem", "bench", "--endpoint", ep, "--api", "grpc", "--output", out,
                                     "--sweep", w["rates"], "--num-requests", str(w["n"]), "--ignore-eos",
                                     "--timeout", "120", "--goodput", "ttft:%g,tpot:%g" % (slo["ttft_ms"],
