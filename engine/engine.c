@@ -193,8 +193,8 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
     e->layer_seqs = calloc(cfg->max_seqs, sizeof *e->layer_seqs);
     e->sample = calloc(cfg->max_seqs, sizeof *e->sample);
     e->picked = calloc(cfg->max_seqs, sizeof *e->picked);
-    if (!rc && e->fwd && eng_forward_mask_rows(e->fwd) && !(e->masks = calloc(eng_forward_mask_rows(e->fwd),
-                                                                             ((size_t)m->desc.vocab + 7) / 8)))
+    const uint32_t mask_rows = rc ? 0 : e->tp.tp ? eng_tp_mask_rows(e->tp.fwd) : eng_forward_mask_rows(e->fwd);
+    if (mask_rows && !(e->masks = calloc(mask_rows, ((size_t)m->desc.vocab + 7) / 8)))
         rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory for structured output's masks");
     if (!rc && (!e->batch || !e->batch_seq || !e->layer_seqs || !e->sample || !e->picked))
         rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory");
@@ -1105,7 +1105,7 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
     }
     /* the backend picks the tokens when it can pick every one of them: only
      * the ids cross back (structured output's masks, made here, go out) */
-    bool on_device = e->fwd && eng_forward_can_sample(e->fwd), masked = false;
+    bool on_device = e->tp.tp ? eng_tp_can_sample(e->tp.fwd) : eng_forward_can_sample(e->fwd), masked = false;
     uint32_t picks = 0;
     for (uint32_t i = 0; i < nb && on_device; i++) {
         on_device = !e->batch[i].all_logits &&
@@ -1113,7 +1113,8 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         picks += e->batch[i].want_logits;
         masked = masked || (e->batch[i].want_logits && eng_sampler_masked(&e->batch_seq[i]->sampler));
     }
-    on_device = on_device && (!masked || picks <= eng_forward_mask_rows(e->fwd));
+    on_device = on_device &&
+                (!masked || picks <= (e->tp.tp ? eng_tp_mask_rows(e->tp.fwd) : eng_forward_mask_rows(e->fwd)));
     const float *logits = NULL;
     uint32_t nl = 0, n_tok = 0;
     for (uint32_t i = 0; i < nb; i++)
@@ -1126,10 +1127,11 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
                 e->sample[nl] = eng_sampler_device(&e->batch_seq[i]->sampler, masked ? e->masks + nl * mb : NULL);
                 nl++;
             }
-    td_status_t rc = on_device ? eng_forward_run_sampled(e->fwd, e->batch, nb, e->sample, masked ? e->masks : NULL,
-                                                         e->picked, &nl)
-                   : e->tp.tp ? eng_tp_run(e->tp.fwd, e->batch, nb, &logits, &nl)
-                              : eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
+    const uint8_t *masks = masked ? e->masks : NULL;
+    td_status_t rc = on_device && e->tp.tp ? eng_tp_run_sampled(e->tp.fwd, e->batch, nb, e->sample, masks, e->picked, &nl)
+                     : on_device           ? eng_forward_run_sampled(e->fwd, e->batch, nb, e->sample, masks, e->picked, &nl)
+                     : e->tp.tp            ? eng_tp_run(e->tp.fwd, e->batch, nb, &logits, &nl)
+                                           : eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
     if (rc) { /* the batch's requests end with the error; the others go on */
         snprintf(e->err, sizeof e->err, "engine step of %u requests failed: %s", nb, td_last_error());
         for (uint32_t i = 0; i < nb; i++)

@@ -12,7 +12,9 @@
  * vocabulary rows, its KV heads in its pool); after the O and down
  * projections the ranks' partial sums meet in an all-reduce (rank 0 adds its
  * part to the residual, the others write theirs in its place, so that the sum
- * is the residual plus every part), and its logits are its vocabulary's. */
+ * is the residual plus every part), and its logits are its vocabulary's:
+ * the ranks' columns come together in rank 0's whole rows (the comm's
+ * gather), where the backend picks the tokens or the host reads them. */
 #include "engine/forward.h"
 
 #include <math.h>
@@ -24,6 +26,7 @@
 #include "kernels/comm.h"
 
 #define PI_F 3.14159265358979323846
+#define FWD_RANKS_MAX 16 /* engine/tp.h's ENG_TP_MAX */
 /* decode batches up to this many sequences are captured and replayed */
 #define FWD_GRAPH_MAX 256
 
@@ -63,6 +66,10 @@ struct eng_forward {
     int32_t *h_ids, *h_pos, *h_slots, *h_tables;
     kern_attn_seq_t *aseqs;
     float *h_logits;
+    /* a tensor-parallel rank: every rank's vocabulary rows; rank 0's logit rows whole ([max_logits][vocab]) and the
+     * comm's scratch to gather them */
+    uint32_t cols[FWD_RANKS_MAX];
+    float *whole, *scratch;
     kern_rope_style_t rope_style;
 };
 
@@ -123,9 +130,11 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
     if (pool_heads != d->n_kv_heads)
         return td_error(TD_ERR_INVALID_ARG, "forward: the pool holds %u KV heads, rank %u of %u has %u", pool_heads,
                         shard->rank, shard->tp, d->n_kv_heads);
-    if (shard->tp > 1 && (!comm || comm->ranks != shard->tp))
+    if (shard->tp > 1 && (!comm || comm->ranks != shard->tp || !comm->ops->gather_cols))
         return td_error(TD_ERR_INVALID_ARG, "forward: rank %u of %u needs a comm of %u ranks", shard->rank,
                         shard->tp, shard->tp);
+    if (shard->tp > FWD_RANKS_MAX)
+        return td_error(TD_ERR_INVALID_ARG, "forward: %u ranks, at most %d", shard->tp, FWD_RANKS_MAX);
     if (d->head_dim > 512)
         return td_error(TD_ERR_UNSUPPORTED, "forward: head dimension %u is over 512", d->head_dim);
     eng_forward_t *f = calloc(1, sizeof *f);
@@ -140,6 +149,12 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
     f->max_tokens = max_tokens;
     f->max_logits = max_logits;
     f->rope_style = d->rope_style == ENG_ROPE_NEOX ? KERN_ROPE_NEOX : KERN_ROPE_NORM;
+    uint32_t v0;
+    for (uint32_t r = 0; r < shard->tp; r++)
+        f->cols[r] = eng_shard_vocab(m->desc.vocab, shard->tp, r, &v0);
+    /* the rows the host reads or the backend picks from: the whole vocabulary's (rank 0's, gathered), or none */
+    const bool picks = !f->comm || shard->rank == 0;
+    const size_t V = picks ? m->desc.vocab : 0;
     size_t T = max_tokens, qd = (size_t)d->n_heads * d->head_dim, kvd = (size_t)d->n_kv_heads * d->head_dim;
     /* Block-table entries a batch may bring: up to max_tokens sequences, each
      * with a table as long as the model's context (a request never passes it)
@@ -166,7 +181,7 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
         {&f->dsample, (size_t)max_logits * sizeof(kern_sample_t)},
     };
     /* masks for the decode batches a step picks on the device (the captured ones' size at most) */
-    f->mask_bytes = (d->vocab + 7) / 8;
+    f->mask_bytes = (m->desc.vocab + 7) / 8;
     f->mask_rows = max_logits < FWD_GRAPH_MAX ? max_logits : FWD_GRAPH_MAX;
     for (size_t i = 0; !rc && i < sizeof bufs / sizeof bufs[0]; i++)
         rc = balloc(f, bufs[i].bytes, bufs[i].slot);
@@ -176,15 +191,19 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
     f->side_rows = T < FWD_GRAPH_MAX ? (uint32_t)T : FWD_GRAPH_MAX;
     if (!rc && be->ops->weights_join)
         rc = balloc(f, (size_t)f->side_rows * (qd + 2 * kvd) * 4, &f->side);
-    if (!rc && (be->ops->supported & KERN_OP_SAMPLE))
+    if (!rc && picks && (be->ops->supported & KERN_OP_SAMPLE))
         rc = balloc(f, (size_t)f->mask_rows * f->mask_bytes, &f->dmask);
+    if (!rc && f->comm && picks)
+        rc = balloc(f, (size_t)max_logits * V * 4, &f->whole);
+    if (!rc && f->comm && picks)
+        rc = balloc(f, (size_t)max_logits * V * 4, &f->scratch);
     if (!rc) {
         f->h_ids = malloc(T * 4);
         f->h_pos = malloc(T * 4);
         f->h_slots = malloc(T * 4);
         f->h_tables = malloc(max_blocks * 4);
         f->aseqs = malloc(T * sizeof *f->aseqs);
-        f->h_logits = malloc((size_t)max_logits * d->vocab * 4);
+        f->h_logits = malloc((size_t)max_logits * (V ? V : 1) * 4);
         if (!f->h_ids || !f->h_pos || !f->h_slots || !f->h_tables || !f->aseqs || !f->h_logits)
             rc = td_error(TD_ERR_NO_MEMORY, "forward: no memory for batches of %u tokens", max_tokens);
     }
@@ -207,7 +226,7 @@ void eng_forward_destroy(eng_forward_t *f)
     kern_backend_t *be = f->be;
     void *bufs[] = {f->x,      f->xn,     f->q,      f->k,     f->v,      f->att,    f->tmp,
                     f->gate,   f->side,   f->xl,     f->logits, f->freq,   f->ids,    f->pos,
-                    f->slots,  f->tables, f->picked, f->dseqs,  f->dsample, f->dmask};
+                    f->slots,  f->tables, f->picked, f->dseqs,  f->dsample, f->dmask, f->whole, f->scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -460,8 +479,10 @@ static td_status_t pass(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t 
         tap(f, "result_norm", -1, f->xl, nl, hid);
         TRY(o->matmul(be, &f->w.output, f->xl, f->logits, nl));
     }
-    if (sampled)
-        TRY(o->sample(be, f->logits, nl, d->vocab, f->dsample, f->dmask, f->picked));
+    if (f->comm) /* the ranks' columns side by side in rank 0's whole rows */
+        TRY(f->comm->ops->gather_cols(f->comm, f->shard.rank, be, f->logits, nl, f->cols, f->whole, f->scratch));
+    if (sampled && f->dmask) /* (a rank other than 0 picks nothing) */
+        TRY(o->sample(be, f->whole ? f->whole : f->logits, nl, f->m->desc.vocab, f->dsample, f->dmask, f->picked));
     return TD_OK;
 }
 
@@ -573,13 +594,14 @@ static td_status_t run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n
             TRY(o->upload(be, f->dmask, masks, (size_t)nl * f->mask_bytes));
     }
     TRY(pass_graph(f, seqs, n_seqs, n, nl, rows_direct, sample != NULL, max_ctx));
+    const bool whole = !f->comm || f->shard.rank == 0; /* the rows are here whole (rank 0's gathered) */
     if (nl && sample)
         TRY(o->download(be, picked, f->picked, (size_t)nl * 4));
-    else if (nl)
-        TRY(o->download(be, f->h_logits, f->logits, (size_t)nl * d->vocab * 4));
+    else if (nl && whole)
+        TRY(o->download(be, f->h_logits, f->whole ? f->whole : f->logits, (size_t)nl * f->m->desc.vocab * 4));
     TRY(o->sync(be));
     if (logits)
-        *logits = f->h_logits;
+        *logits = whole ? f->h_logits : NULL;
     *n_logits = nl;
     return TD_OK;
 }
@@ -590,8 +612,11 @@ td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint3
     return run(f, seqs, n_seqs, NULL, NULL, logits, NULL, n_logits);
 }
 
-/* a rank's logits are its vocabulary's: the picks need them all (engine/tp.h puts them side by side) */
-bool eng_forward_can_sample(const eng_forward_t *f) { return (f->be->ops->supported & KERN_OP_SAMPLE) && !f->comm; }
+/* a tensor-parallel worker's picks are rank 0's, over the rows the ranks' columns make */
+bool eng_forward_can_sample(const eng_forward_t *f)
+{
+    return (f->be->ops->supported & KERN_OP_SAMPLE) && (!f->comm || f->shard.rank == 0);
+}
 
 td_status_t eng_forward_run_sampled(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs,
                                     const kern_sample_t *p, const uint8_t *masks, int32_t *ids, uint32_t *n_ids)

@@ -40,8 +40,8 @@ typedef struct eng_forward eng_forward_t;
 td_status_t eng_forward_create(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool, uint32_t max_tokens,
                                uint32_t max_logits, eng_forward_t **out);
 /* One rank of a tensor-parallel worker (engine/tp.h runs them): its part of the model (shard), its KV heads in
- * pool, its comm to the other ranks (shard->tp ranks). Its logits rows hold shard->vocab values, the vocabulary
- * from shard->vocab0. */
+ * pool, its comm to the other ranks (shard->tp ranks). It computes the logits of its vocabulary rows; the comm
+ * gathers every rank's into rank 0's whole rows, which rank 0 returns or picks from (the others return none). */
 td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, eng_kv_pool_t *pool,
                                     const eng_shard_t *shard, kern_comm_t *comm, uint32_t max_tokens,
                                     uint32_t max_logits, eng_forward_t **out);
@@ -49,11 +49,13 @@ void eng_forward_destroy(eng_forward_t *f);
 
 /* Runs the batch. *logits points at n_logits rows of vocab floats (host
  * memory, in the order of the sequences that asked, all rows of an all_logits
- * sequence in order), valid until the next run. */
+ * sequence in order), valid until the next run; NULL on a tensor-parallel
+ * rank other than 0. */
 td_status_t eng_forward_run(eng_forward_t *f, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                             uint32_t *n_logits);
 
-/* Whether the backend picks tokens itself (KERN_OP_SAMPLE). */
+/* Whether the backend picks tokens itself (KERN_OP_SAMPLE; of a tensor-parallel worker, rank 0's does, the
+ * others running eng_forward_run beside it). */
 bool eng_forward_can_sample(const eng_forward_t *f);
 /* Runs the batch and picks each logit row's token on the backend with p[i]
  * (host memory, one per row, in eng_forward_run's order): ids[i], n_ids of

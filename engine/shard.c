@@ -34,11 +34,16 @@ td_status_t eng_shard_plan(const eng_model_desc_t *d, uint32_t tp, uint32_t rank
         s.kv_heads = d->n_kv_heads / tp, s.kv_head0 = rank * s.kv_heads;
     else /* replicated: the KV head of this rank's query heads */
         s.kv_heads = 1, s.kv_head0 = rank / (tp / d->n_kv_heads);
-    const uint32_t v = (d->vocab + tp - 1) / tp;
-    s.vocab0 = rank * v < d->vocab ? rank * v : d->vocab;
-    s.vocab = d->vocab - s.vocab0 < v ? d->vocab - s.vocab0 : v;
+    s.vocab = eng_shard_vocab(d->vocab, tp, rank, &s.vocab0);
     *out = s;
     return TD_OK;
+}
+
+uint32_t eng_shard_vocab(uint32_t vocab, uint32_t tp, uint32_t rank, uint32_t *vocab0)
+{
+    const uint32_t v = (vocab + tp - 1) / tp;
+    *vocab0 = rank * v < vocab ? rank * v : vocab;
+    return vocab - *vocab0 < v ? vocab - *vocab0 : v;
 }
 
 eng_model_desc_t eng_shard_desc(const eng_model_desc_t *d, const eng_shard_t *s)

@@ -37,6 +37,10 @@ eng_shard_t eng_shard_whole(const eng_model_desc_t *d);
 td_status_t eng_shard_plan(const eng_model_desc_t *d, uint32_t tp, uint32_t rank, uint32_t block_elems,
                            eng_shard_t *out);
 
+/* Rank `rank`'s rows of a vocabulary of `vocab` at tp ranks: how many, from *vocab0 (eng_shard_plan's split; the
+ * ranks' rows side by side are the whole vocabulary in order). */
+uint32_t eng_shard_vocab(uint32_t vocab, uint32_t tp, uint32_t rank, uint32_t *vocab0);
+
 /* d as rank s sees it: its heads, FFN columns and vocabulary rows */
 eng_model_desc_t eng_shard_desc(const eng_model_desc_t *d, const eng_shard_t *s);
 

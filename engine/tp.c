@@ -26,7 +26,7 @@ typedef struct rank {
     bool started;
     td_status_t rc;
     char err[256];
-    const float *logits;
+    const float *logits; /* rank 0's: the whole vocabulary's rows */
     uint32_t nl;
 } rank_t;
 
@@ -35,7 +35,6 @@ struct eng_tp {
     uint32_t tp;
     kern_comm_t *comm;
     rank_t *ranks;
-    float *logits; /* [max_logits][vocab] */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t posted, done_gen; /* steps posted; */
@@ -43,12 +42,18 @@ struct eng_tp {
     bool quit;
     const eng_batch_seq_t *seqs;
     uint32_t n_seqs;
+    /* a step whose tokens rank 0's backend picks (NULL: the logits come back) */
+    const kern_sample_t *sample;
+    const uint8_t *masks;
+    int32_t *ids;
 };
 
 static void run_rank(rank_t *k)
 {
     eng_tp_t *t = k->t;
-    k->rc = eng_forward_run(k->f, t->seqs, t->n_seqs, &k->logits, &k->nl);
+    k->rc = k->r == 0 && t->sample
+                ? eng_forward_run_sampled(k->f, t->seqs, t->n_seqs, t->sample, t->masks, t->ids, &k->nl)
+                : eng_forward_run(k->f, t->seqs, t->n_seqs, &k->logits, &k->nl);
     if (k->rc) {
         snprintf(k->err, sizeof k->err, "%s", td_last_error());
         t->comm->ops->abort(t->comm, k->r);
@@ -100,9 +105,8 @@ td_status_t eng_tp_create(const eng_model_t *m, uint32_t tp, kern_backend_t *con
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     td_status_t rc = TD_OK;
-    if (!(t->ranks = calloc(tp, sizeof *t->ranks)) ||
-        !(t->logits = malloc((size_t)(max_logits ? max_logits : 1) * m->desc.vocab * sizeof(float))))
-        rc = td_error(TD_ERR_NO_MEMORY, "tp: no memory for %u logit rows", max_logits);
+    if (!(t->ranks = calloc(tp, sizeof *t->ranks)))
+        rc = td_error(TD_ERR_NO_MEMORY, "tp: no memory");
     for (uint32_t r = 0; !rc && r < tp; r++) {
         rank_t *k = &t->ranks[r];
         k->t = t, k->r = r;
@@ -139,15 +143,16 @@ void eng_tp_destroy(eng_tp_t *t)
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->cv);
     free(t->ranks);
-    free(t->logits);
     free(t);
 }
 
-td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
-                       uint32_t *n_logits)
+/* One step on every rank: rank 0's here, the others' on their threads. */
+static td_status_t step(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *sample,
+                        const uint8_t *masks, int32_t *ids)
 {
     pthread_mutex_lock(&t->mu);
     t->seqs = seqs, t->n_seqs = n_seqs;
+    t->sample = sample, t->masks = masks, t->ids = ids;
     t->done = 0;
     t->posted++;
     pthread_cond_broadcast(&t->cv);
@@ -161,16 +166,30 @@ td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs
     for (uint32_t r = 0; r < t->tp; r++)
         if (t->ranks[r].rc)
             return td_error(t->ranks[r].rc, "tp rank %u: %s", r, t->ranks[r].err);
-    const uint32_t nl = t->ranks[0].nl, V = t->m->desc.vocab;
-    for (uint32_t r = 0; r < t->tp; r++) {
-        const rank_t *k = &t->ranks[r];
-        for (uint32_t i = 0; i < nl; i++)
-            memcpy(t->logits + (size_t)i * V + k->shard.vocab0, k->logits + (size_t)i * k->shard.vocab,
-                   k->shard.vocab * sizeof(float));
-    }
-    *logits = t->logits;
-    *n_logits = nl;
     return TD_OK;
+}
+
+td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                       uint32_t *n_logits)
+{
+    td_status_t rc = step(t, seqs, n_seqs, NULL, NULL, NULL);
+    if (rc)
+        return rc;
+    *logits = t->ranks[0].logits; /* gathered: the whole vocabulary's rows */
+    *n_logits = t->ranks[0].nl;
+    return TD_OK;
+}
+
+bool eng_tp_can_sample(const eng_tp_t *t) { return eng_forward_can_sample(t->ranks[0].f); }
+uint32_t eng_tp_mask_rows(const eng_tp_t *t) { return eng_forward_mask_rows(t->ranks[0].f); }
+
+td_status_t eng_tp_run_sampled(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *p,
+                               const uint8_t *masks, int32_t *ids, uint32_t *n_ids)
+{
+    td_status_t rc = step(t, seqs, n_seqs, p, masks, ids);
+    if (!rc)
+        *n_ids = t->ranks[0].nl;
+    return rc;
 }
 
 void eng_tp_set_layer_hook(eng_tp_t *t, void (*fn)(void *ctx, uint32_t layer), void *ctx)

@@ -2,7 +2,8 @@
  * (engine/forward.h) over its part of the model (engine/shard.h) on its own
  * backend and KV pool, every step run on all of them at once, a thread a rank
  * (the caller's thread is rank 0's); their all-reduces go through one comm
- * (kernels/comm.h); their logits are put side by side. One process drives
+ * (kernels/comm.h), which also puts their logits' columns side by side in
+ * rank 0's rows (where rank 0's backend picks the tokens). One process drives
  * the worker's devices: the engine, its scheduler and its pool's bookkeeping
  * stay one, and each rank's thread queues only its own device's work (with
  * NCCL, calls from a thread a device need no grouping).
@@ -34,6 +35,12 @@ void eng_tp_destroy(eng_tp_t *t);
  * rank (the comm is aborted: later steps fail too) and is returned. */
 td_status_t eng_tp_run(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
                        uint32_t *n_logits);
+/* The same with rank 0's backend picking the tokens (eng_forward_run_sampled's arguments), when
+ * eng_tp_can_sample; eng_tp_mask_rows as eng_forward_mask_rows. */
+bool eng_tp_can_sample(const eng_tp_t *t);
+uint32_t eng_tp_mask_rows(const eng_tp_t *t);
+td_status_t eng_tp_run_sampled(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *p,
+                               const uint8_t *masks, int32_t *ids, uint32_t *n_ids);
 
 /* fn(ctx, layer) once a layer's KV is stored by every rank (rank 0 calls it after the layer's first all-reduce,
  * which every rank reaches only after its store; its queue drained), as eng_forward_set_layer_hook's. */

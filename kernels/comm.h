@@ -12,7 +12,12 @@
  *           every buffer: the same bits on every rank, whatever the thread
  *           timing. It drains the backends' queues (a captured GPU step
  *           cannot hold it: such steps run uncaptured).
- *   nccl (kernels/cuda/comm_nccl.cu): ncclAllReduce on each rank's stream. */
+ *   nccl (kernels/cuda/comm_nccl.cu): ncclAllReduce on each rank's stream.
+ *
+ * The logit rows come together on rank 0 (gather_cols: each rank holds its
+ * vocabulary rows' columns), where the backend picks the tokens or the host
+ * reads them: through the same rendezvous in memory, or NCCL's sends to rank
+ * 0 and a strided copy there. */
 #ifndef KERN_COMM_H
 #define KERN_COMM_H
 
@@ -35,6 +40,13 @@ typedef struct kern_comm_ops {
     /* Rank `rank`'s buf [n] (memory of be) becomes the sum over the ranks' bufs, once the work queued on be
      * before it has run. Every rank must call, in the same order, with the same n. */
     td_status_t (*all_reduce)(kern_comm_t *c, uint32_t rank, kern_backend_t *be, float *buf, size_t n);
+    /* Rank `rank`'s part [rows][cols[rank]] (memory of be) becomes columns [cols[0] + ... + cols[rank - 1], + cols[rank])
+     * of rank 0's whole [rows][cols[0] + ... + cols[ranks - 1]], once the work queued on be before it has run;
+     * scratch (rank 0's memory, as many floats as whole) may carry the parts on the way. Every rank must call, in
+     * the same order, with the same rows and cols; whole and scratch are rank 0's (the others pass NULL). Rank 0's
+     * work queued after the call sees whole complete. */
+    td_status_t (*gather_cols)(kern_comm_t *c, uint32_t rank, kern_backend_t *be, const float *part, uint32_t rows,
+                               const uint32_t *cols, float *whole, float *scratch);
     /* A rank that stops before its next call says so: the others' waits end with an error instead of their
      * deadline, and every later call fails at once. */
     void (*abort)(kern_comm_t *c, uint32_t rank);

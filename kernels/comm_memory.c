@@ -1,10 +1,11 @@
-/* comm_memory.c — the all-reduce of kernels/comm.h for ranks whose buffers each
- * rank's backend reaches (host memory; or ranks sharing one GPU): two
+/* comm_memory.c — the collectives of kernels/comm.h for ranks whose buffers
+ * each rank's backend reaches (host memory; or ranks sharing one GPU): two
  * rendezvous a call (every buffer is final; every rank has read them all),
- * each with a deadline. Between them rank r adds elements
+ * each with a deadline. Between them, in an all-reduce, rank r adds elements
  * [r n / R, (r + 1) n / R) of every rank's buffer into rank 0's, in rank
- * order, and copies the total to the others' — with its backend's own add
- * and copy, its queue drained before each rendezvous. */
+ * order, and copies the total to the others'; in a gather, rank 0 copies
+ * each rank's part, row by row, into its columns of the whole — with the
+ * backend's own add and copy, its queue drained before each rendezvous. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -28,15 +29,16 @@ typedef struct comm_memory {
 
 #define NO_ABORT UINT32_MAX
 
-/* Waits until every rank has arrived at this rendezvous (or one aborted, or the deadline passed). */
-static td_status_t meet(comm_memory_t *c, uint32_t rank)
+/* Waits until every rank has arrived at this rendezvous (or one aborted, or the deadline passed); what: the call's
+ * name for errors. */
+static td_status_t meet(comm_memory_t *c, uint32_t rank, const char *what)
 {
     td_status_t rc = TD_OK;
     pthread_mutex_lock(&c->mu);
     const uint64_t gen = c->gen;
     if (c->aborted_by != NO_ABORT) {
-        rc = td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's all-reduce cannot complete", c->aborted_by,
-                      rank);
+        rc = td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's %s cannot complete", c->aborted_by, rank,
+                      what);
     } else if (++c->arrived == c->base.ranks) {
         c->arrived = 0;
         c->gen++;
@@ -51,10 +53,10 @@ static td_status_t meet(comm_memory_t *c, uint32_t rank)
             if (c->aborted_by == NO_ABORT)
                 c->aborted_by = rank;
             pthread_cond_broadcast(&c->cv);
-            rc = e == ETIMEDOUT ? td_error(TD_ERR_TIMEOUT, "tp: rank %u waited %u ms for the other ranks' all-reduce",
-                                           rank, c->deadline_ms)
-                                : td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's all-reduce cannot "
-                                           "complete", c->aborted_by, rank);
+            rc = e == ETIMEDOUT ? td_error(TD_ERR_TIMEOUT, "tp: rank %u waited %u ms for the other ranks' %s", rank,
+                                           c->deadline_ms, what)
+                                : td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's %s cannot complete",
+                                           c->aborted_by, rank, what);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -74,7 +76,7 @@ static td_status_t memory_all_reduce(kern_comm_t *base, uint32_t rank, kern_back
         memory_abort(base, rank);
         return rc;
     }
-    if ((rc = meet(c, rank)))
+    if ((rc = meet(c, rank, "all-reduce")))
         return rc;
     for (uint32_t r = 0; r < R; r++)
         if (c->ns[r] != n)
@@ -91,7 +93,40 @@ static td_status_t memory_all_reduce(kern_comm_t *base, uint32_t rank, kern_back
         memory_abort(base, rank);
         return rc;
     }
-    return meet(c, rank); /* no rank reuses its buffer before every share is written */
+    return meet(c, rank, "all-reduce"); /* no rank reuses its buffer before every share is written */
+}
+
+static td_status_t memory_gather_cols(kern_comm_t *base, uint32_t rank, kern_backend_t *be, const float *part,
+                                      uint32_t rows, const uint32_t *cols, float *whole, float *scratch)
+{
+    (void)scratch; /* rank 0 reads the parts where they are */
+    comm_memory_t *c = (comm_memory_t *)base;
+    c->bufs[rank] = (float *)part;
+    c->ns[rank] = rows;
+    td_status_t rc = be->ops->sync(be); /* the work before this call has written part */
+    if (rc) {
+        memory_abort(base, rank);
+        return rc;
+    }
+    if ((rc = meet(c, rank, "gather")))
+        return rc;
+    size_t width = 0;
+    for (uint32_t r = 0; r < base->ranks; r++)
+        width += cols[r];
+    for (uint32_t r = 0; r < base->ranks && !rc; r++)
+        if (c->ns[r] != rows)
+            rc = td_error(TD_ERR_INTERNAL, "tp: a gather of %u rows on rank %u, %zu on rank %u", rows, rank, c->ns[r],
+                          r);
+    for (uint32_t r = 0, off = 0; rank == 0 && r < base->ranks && !rc; off += cols[r], r++)
+        for (uint32_t i = 0; i < rows && !rc && cols[r]; i++)
+            rc = be->ops->copy(be, whole + i * width + off, c->bufs[r] + (size_t)i * cols[r], cols[r] * sizeof(float));
+    if (!rc)
+        rc = be->ops->sync(be);
+    if (rc) {
+        memory_abort(base, rank);
+        return rc;
+    }
+    return meet(c, rank, "gather"); /* no rank reuses its part before rank 0 has read it */
 }
 
 static void memory_abort(kern_comm_t *base, uint32_t rank)
@@ -117,7 +152,11 @@ static void memory_destroy(kern_comm_t *base)
 }
 
 static const kern_comm_ops_t memory_comm_ops = {
-    .name = "memory", .all_reduce = memory_all_reduce, .abort = memory_abort, .destroy = memory_destroy};
+    .name = "memory",
+    .all_reduce = memory_all_reduce,
+    .gather_cols = memory_gather_cols,
+    .abort = memory_abort,
+    .destroy = memory_destroy};
 
 td_status_t kern_comm_memory_create(uint32_t ranks, uint32_t deadline_ms, kern_comm_t **out)
 {

@@ -22,6 +22,10 @@
 typedef struct nccl_api {
     ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
     ncclResult_t (*abort)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
     const char *(*error)(ncclResult_t);
@@ -38,12 +42,17 @@ static void load_nccl(void)
     }
     *(void **)&g_nccl.init_all = dlsym(h, "ncclCommInitAll");
     *(void **)&g_nccl.all_reduce = dlsym(h, "ncclAllReduce");
+    *(void **)&g_nccl.send = dlsym(h, "ncclSend");
+    *(void **)&g_nccl.recv = dlsym(h, "ncclRecv");
+    *(void **)&g_nccl.group_start = dlsym(h, "ncclGroupStart");
+    *(void **)&g_nccl.group_end = dlsym(h, "ncclGroupEnd");
     *(void **)&g_nccl.abort = dlsym(h, "ncclCommAbort");
     *(void **)&g_nccl.destroy = dlsym(h, "ncclCommDestroy");
     *(void **)&g_nccl.error = dlsym(h, "ncclGetErrorString");
-    if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.abort || !g_nccl.destroy || !g_nccl.error)
-        g_nccl_error = "libnccl.so.2 lacks ncclCommInitAll, ncclAllReduce, ncclCommAbort, ncclCommDestroy or "
-                       "ncclGetErrorString";
+    if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.send || !g_nccl.recv || !g_nccl.group_start ||
+        !g_nccl.group_end || !g_nccl.abort || !g_nccl.destroy || !g_nccl.error)
+        g_nccl_error = "libnccl.so.2 lacks ncclCommInitAll, ncclAllReduce, ncclSend, ncclRecv, ncclGroupStart, "
+                       "ncclGroupEnd, ncclCommAbort, ncclCommDestroy or ncclGetErrorString (NCCL 2.7 has them)";
 }
 
 typedef struct comm_nccl {
@@ -67,6 +76,52 @@ static td_status_t nccl_all_reduce(kern_comm_t *base, uint32_t rank, kern_backen
     if (r != ncclSuccess)
         return td_error(TD_ERR_INTERNAL, "tp: rank %u (cuda:%d): ncclAllReduce of %zu values: %s", rank,
                         c->devices[rank], n, g_nccl.error(r));
+    return TD_OK;
+}
+
+// The ranks' logit columns to rank 0: each other rank sends its part whole, rank 0 receives them one after another
+// into scratch (in a group: NCCL pairs them however the ranks' threads come) and puts each part, its own too, at its
+// columns of whole with a strided copy on its stream.
+static td_status_t nccl_gather_cols(kern_comm_t *base, uint32_t rank, kern_backend_t *be, const float *part,
+                                    uint32_t rows, const uint32_t *cols, float *whole, float *scratch)
+{
+    comm_nccl_t *c = (comm_nccl_t *)base;
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+        return td_error(TD_ERR_UNAVAILABLE, "tp: rank %u stopped; rank %u's gather cannot complete", c->aborted_by,
+                        rank);
+    kc_bind(be);
+    cudaStream_t st = (cudaStream_t)be->ops->queue(be);
+    ncclResult_t r = ncclSuccess;
+    if (rank) {
+        r = g_nccl.send(part, (size_t)rows * cols[rank], ncclFloat32, 0, c->comms[rank], st);
+        if (r != ncclSuccess)
+            return td_error(TD_ERR_INTERNAL, "tp: rank %u (cuda:%d): ncclSend of %u logit rows: %s", rank,
+                            c->devices[rank], rows, g_nccl.error(r));
+        return TD_OK;
+    }
+    size_t width = 0;
+    for (uint32_t k = 0; k < base->ranks; k++)
+        width += cols[k];
+    r = g_nccl.group_start();
+    for (uint32_t k = 1, off = cols[0]; k < base->ranks && r == ncclSuccess; off += cols[k], k++)
+        if (cols[k])
+            r = g_nccl.recv(scratch + (size_t)rows * off, (size_t)rows * cols[k], ncclFloat32, (int)k, c->comms[0], st);
+    const ncclResult_t e = g_nccl.group_end();
+    if (r == ncclSuccess)
+        r = e;
+    if (r != ncclSuccess)
+        return td_error(TD_ERR_INTERNAL, "tp: rank 0 (cuda:%d): ncclRecv of %u logit rows: %s", c->devices[0], rows,
+                        g_nccl.error(r));
+    for (uint32_t k = 0, off = 0; k < base->ranks; off += cols[k], k++) {
+        const float *src = k ? scratch + (size_t)rows * off : part;
+        if (!cols[k])
+            continue;
+        const cudaError_t ce = cudaMemcpy2DAsync(whole + off, width * sizeof(float), src, cols[k] * sizeof(float),
+                                                 cols[k] * sizeof(float), rows, cudaMemcpyDeviceToDevice, st);
+        if (ce != cudaSuccess)
+            return td_error(TD_ERR_INTERNAL, "tp: rank 0 (cuda:%d): placing rank %u's logit columns: %s",
+                            c->devices[0], k, cudaGetErrorString(ce));
+    }
     return TD_OK;
 }
 
@@ -177,8 +232,12 @@ static td_status_t nccl_init_all(ncclComm_t *comms, const int *devices, int rank
     return TD_OK;
 }
 
-static const kern_comm_ops_t nccl_ops = {
-    .name = "nccl", .capturable = true, .all_reduce = nccl_all_reduce, .abort = nccl_abort, .destroy = nccl_destroy};
+static const kern_comm_ops_t nccl_ops = {.name = "nccl",
+                                         .capturable = true,
+                                         .all_reduce = nccl_all_reduce,
+                                         .gather_cols = nccl_gather_cols,
+                                         .abort = nccl_abort,
+                                         .destroy = nccl_destroy};
 
 extern "C" td_status_t kern_comm_nccl_create(uint32_t ranks, kern_backend_t *const *bes, kern_comm_t **out)
 {

@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -388,6 +389,66 @@ Test(tp, the_all_reduce_sums_every_rank_waits_with_a_deadline_and_ends_on_an_abo
     cr_assert(jobs[0].rc != TD_OK && jobs[1].rc != TD_OK);
     cr_assert(s >= 0.29 && s < 3.0, "%.3f s", s);
     c->ops->destroy(c);
+}
+
+/* the gather: 3 ranks' columns of 4 rows (7, 7 and 3 of them, as a vocabulary of 17 splits) side by side in rank
+ * 0's rows; a rank that brings another number of rows is refused on every rank, naming both */
+typedef struct gjob {
+    kern_comm_t *c;
+    kern_backend_t *be;
+    uint32_t rank, rows;
+    float part[4 * 7], whole[4 * 17];
+    td_status_t rc;
+    char err[200]; /* the rank's error (td_last_error is a thread's own) */
+} gjob_t;
+
+static void *gatherer(void *arg)
+{
+    gjob_t *j = arg;
+    static const uint32_t cols[3] = {7, 7, 3};
+    for (uint32_t i = 0; i < j->rows; i++)
+        for (uint32_t k = 0; k < cols[j->rank]; k++)
+            j->part[i * cols[j->rank] + k] = (float)(j->rank * 1000 + i * 100 + k);
+    j->rc = j->c->ops->gather_cols(j->c, j->rank, j->be, j->part, j->rows, cols, j->rank ? NULL : j->whole, NULL);
+    snprintf(j->err, sizeof j->err, "%s", j->rc ? td_last_error() : "");
+    return NULL;
+}
+
+Test(tp, the_gather_puts_each_ranks_columns_at_their_place_in_rank_0s_rows)
+{
+    static const uint32_t cols[3] = {7, 7, 3}, off[3] = {0, 7, 14};
+    static gjob_t jobs[3];
+    kern_backend_t *bes[3];
+    for (uint32_t r = 0; r < 3; r++)
+        cr_assert_eq(kern_cpu_backend_create(1, &bes[r]), TD_OK);
+    for (int round = 0; round < 2; round++) {
+        kern_comm_t *c;
+        cr_assert_eq(kern_comm_memory_create(3, 5000, &c), TD_OK);
+        pthread_t th[3];
+        for (uint32_t r = 0; r < 3; r++) {
+            jobs[r] = (gjob_t){.c = c, .be = bes[r], .rank = r, .rows = round && r == 2 ? 3 : 4};
+            pthread_create(&th[r], NULL, gatherer, &jobs[r]);
+        }
+        for (uint32_t r = 0; r < 3; r++)
+            pthread_join(th[r], NULL);
+        if (round == 0) {
+            for (uint32_t r = 0; r < 3; r++)
+                cr_assert_eq(jobs[r].rc, TD_OK, "rank %u: %s", r, jobs[r].err);
+            for (uint32_t r = 0; r < 3; r++)
+                for (uint32_t i = 0; i < 4; i++)
+                    for (uint32_t k = 0; k < cols[r]; k++)
+                        cr_assert_eq(jobs[0].whole[i * 17 + off[r] + k], (float)(r * 1000 + i * 100 + k),
+                                     "row %u, rank %u's column %u", i, r, k);
+        } else {
+            for (uint32_t r = 0; r < 3; r++)
+                cr_assert(jobs[r].rc != TD_OK && strstr(jobs[r].err, "a gather of") &&
+                              (strstr(jobs[r].err, "3 on rank 2") || strstr(jobs[r].err, "3 rows on rank 2")),
+                          "rank %u: %s", r, jobs[r].err);
+        }
+        c->ops->destroy(c);
+    }
+    for (uint32_t r = 0; r < 3; r++)
+        kern_backend_destroy(bes[r]);
 }
 
 /* ---- the model split ---- */
