@@ -1193,6 +1193,30 @@ static void check_tp_one_gpu(kern_backend_t *gpu, const char *path)
              agree);
     /* fp16 GEMMs of other shapes (cuBLAS may pick other algorithms) and the ranks' sums in another order */
     report(what, rel_err(l2, l1, (size_t)N * m->desc.vocab), 5e-3);
+    /* rank 0 picks on the GPU from the rows the comm gathered (eng_tp_run_sampled): greedy, the host's argmax of the
+     * same step's rows; with a mask allowing one token, that token. The step is run three times at one position:
+     * each writes the same KV. */
+    const int32_t next = (int32_t)argmax(l2 + (size_t)(N - 1) * m->desc.vocab, m->desc.vocab), allowed = ids[0];
+    eng_batch_seq_t one = {.tokens = &next, .n = 1, .pos0 = N, .block_table = table, .n_blocks = nb,
+                           .want_logits = true};
+    const size_t mb = ((size_t)m->desc.vocab + 7) / 8;
+    uint8_t *mask = calloc(1, mb);
+    mask[allowed / 8] |= (uint8_t)(1u << (allowed % 8));
+    const kern_sample_t greedy = {0}, masked = {.masked = 1};
+    const float *lg = NULL;
+    uint32_t nl = 0, np1 = 0, np2 = 0;
+    int32_t pick = -1, only = -1;
+    const bool can = eng_tp_can_sample(t.fwd);
+    const bool ran = can && !eng_tp_run(t.fwd, &one, 1, &lg, &nl) && nl == 1 &&
+                     !eng_tp_run_sampled(t.fwd, &one, 1, &greedy, NULL, &pick, &np1) && np1 == 1 &&
+                     !eng_tp_run_sampled(t.fwd, &one, 1, &masked, mask, &only, &np2) && np2 == 1;
+    const int32_t host = ran ? (int32_t)argmax(lg, m->desc.vocab) : -1;
+    const bool same = ran && pick == host && only == allowed;
+    failures += !same;
+    printf("tp 2 on one gpu, %s: rank 0 picks %s (greedy %d, the host's argmax %d; masked to %d: %d)%s%s\n",
+           m->desc.name, same ? "ok" : "FAIL", pick, host, allowed, only, can ? "" : " — rank 0 cannot pick",
+           ran || !can ? "" : td_last_error());
+    free(mask);
     eng_tp_close(&t);
     free(l1), free(l2);
     eng_model_close(m);
