@@ -766,10 +766,14 @@ static void profile(eng_worker_t *w)
     }
     char host[64] = "", key[512], how[1100];
     gethostname(host, sizeof host - 1);
-    /* the weights' bytes tell one quantization of a model from another; the device, a GPU's speed from a CPU's */
-    snprintf(key, sizeof key, "/tandem/profiles/%s/%s/%s-w%llu/%s-%s-%s-t%u-b%u", host, w->role->name,
+    /* the weights' bytes tell one quantization of a model from another; the device, a GPU's speed from a CPU's;
+     * the ranks, a split worker from a whole one (CPU ranks name one device) */
+    char tp[16] = "";
+    if (w->rc->tp > 1)
+        snprintf(tp, sizeof tp, "-tp%u", w->rc->tp);
+    snprintf(key, sizeof key, "/tandem/profiles/%s/%s/%s-w%llu/%s-%s-%s-t%u-b%u%s", host, w->role->name,
              w->contract.model_id, (unsigned long long)w->model->desc.weight_bytes, w->rc->device ? w->rc->device : "cpu",
-             td_kv_dtype_name(w->contract.dtype), w->cfg.model.numerics, w->rc->threads, w->rc->token_budget);
+             td_kv_dtype_name(w->contract.dtype), w->cfg.model.numerics, w->rc->threads, w->rc->token_budget, tp);
     int32_t vocab = (int32_t)w->model->desc.vocab;
     if (wk_profile_get(w->id, key, w->cfg.etcd.endpoints, w->tls, w->engine, vocab > 1000 ? 100 : 0,
                        vocab > 1000 ? vocab - 100 : vocab, &w->profile, how, sizeof how)) {
