@@ -92,7 +92,9 @@ static td_status_t nccl_gather_cols(kern_comm_t *base, uint32_t rank, kern_backe
     kc_bind(be);
     cudaStream_t st = (cudaStream_t)be->ops->queue(be);
     ncclResult_t r = ncclSuccess;
-    if (rank) {
+    if (rank) { /* (a rank of no columns sends nothing, and rank 0 expects nothing of it) */
+        if (!cols[rank])
+            return TD_OK;
         r = g_nccl.send(part, (size_t)rows * cols[rank], ncclFloat32, 0, c->comms[rank], st);
         if (r != ncclSuccess)
             return td_error(TD_ERR_INTERNAL, "tp: rank %u (cuda:%d): ncclSend of %u logit rows: %s", rank,
