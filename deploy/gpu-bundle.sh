@@ -9,10 +9,13 @@
 # every op against the CPU backend, whole models against the CPU backend and
 # transformers, then benchmarks a Llama-2-7B-shaped model beside transformers
 # and prints a table; logs go to $OUT.
+# The programs are carried xz-compressed (each holds its CUDA kernels: ~6 MB, ~1.8 compressed; the tool carries
+# 64 MiB a call, the repository's ~7.5 MB included); bundle/run.sh unpacks them in place first (`bundle/run.sh 0`
+# unpacks and runs nothing).
 #   deploy/gpu-bundle.sh            everything (bundle/ is then over the tool's 64 MiB a call: carry it compressed)
 #   deploy/gpu-bundle.sh 9 10 18    only what sections 9, 10 and 18 need (the cluster's programs, etcd, the benchmark
-#                                   scripts; no tandem-cuda-check, tandem-gemv-study or default model): ~52 MB
-#   deploy/gpu-bundle.sh 1 11       sections of the backend alone (1-5, 11, 12): no cluster programs, no etcd: ~54 MB
+#                                   scripts; no tandem-cuda-check, tandem-gemv-study or default model)
+#   deploy/gpu-bundle.sh 1 11       sections of the backend alone (1-5, 11, 12): no cluster programs, no etcd
 #   LLAMACPP=DIR deploy/gpu-bundle.sh 17   also bundle-llamacpp/, llama.cpp's batched bench for section 17's peer
 #                                   (bench/gpu/build_llamacpp.sh builds it): carried on a call of its own, bundle/
 #                                   being on the machine from the call before
@@ -36,7 +39,6 @@ for b in bundle/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u
   while read -r l; do cp -L "$l" bundle/lib/; done
 strip --strip-unneeded bundle/lib/*.so* 2>/dev/null || true
 xz -9 -T0 -c "$(command -v etcd)" > bundle/bin/etcd.xz # tandem up's etcd (section 6), unpacked there
-xz -9 -T0 bundle/bin/tandem-bench-allreduce # section 18's, unpacked there (sections 9, 10 and 18 fill 64 MiB)
 ucx=$(dirname "$(ldd build-gpu/bin/tandem | awk '/libucp/ {print $3}')")/ucx
 [ -d "$ucx" ] && mkdir -p bundle/lib/ucx && cp -L "$ucx"/libuct_*.so.0 "$ucx"/libucm_*.so.0 bundle/lib/ucx/ 2>/dev/null || true
 cp tests/fixtures/dequant/crafted.gguf bundle/fixtures/
@@ -58,7 +60,7 @@ if [ "$cluster_only" -eq 1 ]; then # sections 9 and 10 run the 7B shape made the
 fi
 if [ "$backend_only" -eq 1 ]; then # the backend's checks and benchmarks: tandem and tandem-cuda-check
   rm -f bundle/bin/tandem-router bundle/bin/tandem-prefill bundle/bin/tandem-decode bundle/bin/tandem-kvstore \
-    bundle/bin/tandem-bench-kvxfer bundle/bin/tandem-bench-allreduce.xz bundle/bin/etcd.xz
+    bundle/bin/tandem-bench-kvxfer bundle/bin/tandem-bench-allreduce bundle/bin/etcd.xz
 fi
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ "$cluster_only" -eq 0 ] && [ -f "$model" ]; then
@@ -69,6 +71,7 @@ if [ "$cluster_only" -eq 0 ] && [ -f "$model" ]; then
   tail -c +"$((a + b + 1))" "$model" > bundle-model-c/smollm2.part-c
   sha256sum "$model" | cut -d' ' -f1 > bundle/smollm2.sha256
 fi
+xz -9 -T0 bundle/bin/tandem* # (after ldd above read them); run.sh unpacks them
 cp deploy/gpu-run.sh bundle/run.sh
 chmod +x bundle/run.sh
 du -sh bundle bundle-model-* 2>/dev/null || true # (no bundle-model-* for the cluster sections)

@@ -18,6 +18,11 @@ if [ -z "${GPU_RUN_TEED:-}" ]; then # everything printed also goes to $OUT/gpu-r
 fi
 export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 export UCX_MODULE_DIR=$here/lib/ucx
+# the programs come compressed (deploy/gpu-bundle.sh): unpacked in place, once
+for z in "$here"/bin/tandem*.xz; do
+  [ -f "$z" ] || continue
+  xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm -f "$z" || { echo "unpacking $z FAILED"; exit 1; }
+done
 T=$here/bin/tandem
 fail=0
 sections=" ${*:-1 2 3 4 5 6 7 8 9 11 12 14 16 17} " # 10 and 18 (two GPUs) only when named
@@ -173,7 +178,7 @@ if want 9; then
 echo "== 9. DistServe's comparison on this GPU: disaggregated (1 prefill + 1 decode worker) vs colocated, SLO goodput"
 make7b
 unpack_etcd
-# (bundle: deploy/gpu-bundle.sh 9 10, 52 MB.) One workload a call fits the device tool's 10 minutes:
+# (bundle: deploy/gpu-bundle.sh 9 10.) One workload a call fits the device tool's 10 minutes:
 # DS_WORKLOADS=chat, then summary, then mixed (DS_MODES picks
 # among disagg, colocated, auto, planner); on two GPUs
 # DS_ARGS="--prefill-device cuda:0 --decode-device cuda:1 --colocated 2 --colocated-device cuda:0,cuda:1
@@ -529,10 +534,8 @@ for s in llama2-7b:$m7d llama3-8b:$m8d llama3-70b:$m70d; do
 done
 p16=$(python3 "$here/bench/prompt_of.py" "$tiny/tokenizer.json" 16)
 if [[ $parts == *" allreduce "* ]]; then
-  [ -x "$work/bin/tandem-bench-allreduce" ] || { mkdir -p "$work/bin" && xz -dc "$here/bin/tandem-bench-allreduce.xz" \
-    > "$work/bin/tandem-bench-allreduce" && chmod +x "$work/bin/tandem-bench-allreduce"; }
   for g in 2 $([ "$ngpu" -ge 4 ] && echo 4); do
-    "$work/bin/tandem-bench-allreduce" $g 256 > "$out/allreduce-$g.jsonl" 2> "$out/allreduce-$g.err" ||
+    "$here/bin/tandem-bench-allreduce" $g 256 > "$out/allreduce-$g.jsonl" 2> "$out/allreduce-$g.err" ||
       { echo "the all-reduce over $g GPUs FAILED: $(tail -1 "$out/allreduce-$g.err")"; fail=1; }
     cat "$out/allreduce-$g.jsonl"
   done
