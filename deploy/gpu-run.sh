@@ -32,6 +32,26 @@ make7b() {
   [ -f "$m7/model.safetensors" ] || python3 "$here/bench/make_random_llama.py" "$m7" --shape llama2-7b --dtype fp16 \
     --tokenizer "$here/fixtures/tiny-llama3" > "$out/make-7b.txt" 2>&1 || { echo "making the model FAILED"; cat "$out/make-7b.txt"; fail=1; }
 }
+# greedy ids at tp 2 over DEVICES against one rank on the GPU (tiny-llama3 and the 7B shape's dummy weights, made
+# by the caller), MAX_TOKENS of them for each PROMPT: a line each in FILE (errors in FILE.err), fail=1 on a failed run
+tp_greedy() { # DEVICES MAX_TOKENS FILE PROMPT...
+  local devs=$1 n=$2 file=$3 spec m extra p a b; shift 3
+  : > "$file"
+  for spec in "$here/fixtures/tiny-llama3|" "$work/llama2-7b-dummy|--load-format dummy --kv-mib 2048"; do
+    m=${spec%%|*}; extra=${spec#*|}
+    for p in "$@"; do
+      # shellcheck disable=SC2086
+      a=$("$T" generate --model "$m" $extra --device cuda --ids --max-tokens "$n" --ignore-eos "$p" 2>/dev/null)
+      # shellcheck disable=SC2086
+      b=$("$T" generate --model "$m" $extra --device "$devs" --tp 2 --ids --max-tokens "$n" --ignore-eos "$p" \
+          2>>"$file.err")
+      [ -n "$b" ] || { echo "tp 2 over $devs on $(basename "$m") FAILED: $(tail -1 "$file.err")"; fail=1; }
+      python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))); print('%s, %r: tp 2 over %s vs tp 1, the first %d of %d tokens equal' % (sys.argv[3], sys.argv[4], sys.argv[5], n, len(a)))" \
+        "$a" "$b" "$(basename "$m")" "$p" "$devs" >> "$file"
+    done
+  done
+  cat "$file"
+}
 # tandem up's etcd, carried compressed; tandem up finds it on PATH
 unpack_etcd() {
   [ -x "$work/bin/etcd" ] ||
@@ -411,19 +431,7 @@ tiny=$here/fixtures/tiny-llama3
 m7d=$work/llama2-7b-dummy
 [ -f "$m7d/config.json" ] || python3 "$here/bench/make_random_llama.py" "$m7d" --shape llama2-7b \
   --tokenizer "$tiny" --config-only >> "$out/make-dummy.txt" 2>&1
-: > "$out/tp.txt"
-for spec in "$tiny|" "$m7d|--load-format dummy --kv-mib 2048"; do
-  m=${spec%%|*}; extra=${spec#*|}
-  for p in "Hello world" "The quick brown fox" "1 2 3 4"; do
-    a=$("$T" generate --model "$m" $extra --device cuda --ids --max-tokens 32 --ignore-eos "$p" 2>/dev/null)
-    b=$("$T" generate --model "$m" $extra --device cuda:0,0 --tp 2 --ids --max-tokens 32 --ignore-eos "$p" \
-        2>>"$out/tp.err")
-    [ -n "$b" ] || { echo "tp 2 on $(basename "$m") FAILED: $(tail -1 "$out/tp.err")"; fail=1; }
-    python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))); print('%s, %r: tp 2 vs tp 1, the first %d of %d tokens equal' % (sys.argv[3], sys.argv[4], n, len(a)))" \
-      "$a" "$b" "$(basename "$m")" "$p" >> "$out/tp.txt"
-  done
-done
-cat "$out/tp.txt"
+tp_greedy cuda:0,0 32 "$out/tp.txt" "Hello world" "The quick brown fox" "1 2 3 4"
 "$T" generate --model "$tiny" --device cuda:0,1 --tp 2 --max-tokens 4 "Hello" > /dev/null 2> "$out/tp-two.err"
 rc=$?
 echo "tp 2 over cuda:0,1 on a machine of $(nvidia-smi -L | wc -l) GPU(s): exit $rc: $(grep -v '^$' "$out/tp-two.err" | tail -1)"
@@ -541,19 +549,7 @@ if [[ $parts == *" allreduce "* ]]; then
   done
 fi
 if [[ $parts == *" greedy "* ]]; then
-  : > "$out/tp2.txt"
-  for spec in "$tiny|" "$m7d|--load-format dummy --kv-mib 2048"; do
-    m=${spec%%|*}; extra=${spec#*|}
-    for p in "Hello world" "The quick brown fox" "1 2 3 4" "Once upon a time"; do
-      a=$("$T" generate --model "$m" $extra --device cuda --ids --max-tokens 48 --ignore-eos "$p" 2>/dev/null)
-      b=$("$T" generate --model "$m" $extra --device cuda:0,1 --tp 2 --ids --max-tokens 48 --ignore-eos "$p" \
-          2>>"$out/tp2.err")
-      [ -n "$b" ] || { echo "tp 2 over cuda:0,1 on $(basename "$m") FAILED: $(tail -1 "$out/tp2.err")"; fail=1; }
-      python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))); print('%s, %r: tp 2 over cuda:0,1 vs tp 1, the first %d of %d tokens equal' % (sys.argv[3], sys.argv[4], n, len(a)))" \
-        "$a" "$b" "$(basename "$m")" "$p" >> "$out/tp2.txt"
-    done
-  done
-  cat "$out/tp2.txt"
+  tp_greedy cuda:0,1 48 "$out/tp2.txt" "Hello world" "The quick brown fox" "1 2 3 4" "Once upon a time"
 fi
 dec() { # MODEL DEVICE TP BATCH KV_MIB LABEL: one decode run's tok/s line
   "$T" generate --model "$1" --load-format dummy --device "$2" --tp "$3" --n "$4" --max-tokens 128 --ignore-eos \

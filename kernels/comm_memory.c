@@ -65,35 +65,58 @@ static td_status_t meet(comm_memory_t *c, uint32_t rank, const char *what)
 
 static void memory_abort(kern_comm_t *base, uint32_t rank);
 
+/* A call's first half: rank's buffer and count posted, its queue drained (what came before has written the
+ * buffer), every rank met. */
+static td_status_t arrive(comm_memory_t *c, uint32_t rank, kern_backend_t *be, const float *buf, size_t n,
+                          const char *what)
+{
+    c->bufs[rank] = (float *)buf;
+    c->ns[rank] = n;
+    td_status_t rc = be->ops->sync(be);
+    if (rc) {
+        memory_abort(&c->base, rank);
+        return rc;
+    }
+    return meet(c, rank, what);
+}
+
+/* Its second half, after rank's share of the work (rc): the queue drained and every rank met again, so no rank
+ * reuses its buffer before the others are done with it; a failure aborts the comm, so none waits for this rank. */
+static td_status_t leave(comm_memory_t *c, uint32_t rank, kern_backend_t *be, td_status_t rc, const char *what)
+{
+    if (!rc)
+        rc = be->ops->sync(be);
+    if (rc) {
+        memory_abort(&c->base, rank);
+        return rc;
+    }
+    return meet(c, rank, what);
+}
+
+/* Whether every rank posted n (of unit: values, rows). */
+static td_status_t same_n(comm_memory_t *c, uint32_t rank, size_t n, const char *what, const char *unit)
+{
+    for (uint32_t r = 0; r < c->base.ranks; r++)
+        if (c->ns[r] != n)
+            return td_error(TD_ERR_INTERNAL, "tp: %s of %zu %s on rank %u, %zu on rank %u", what, n, unit, rank,
+                            c->ns[r], r);
+    return TD_OK;
+}
+
 static td_status_t memory_all_reduce(kern_comm_t *base, uint32_t rank, kern_backend_t *be, float *buf, size_t n)
 {
     comm_memory_t *c = (comm_memory_t *)base;
     const uint32_t R = base->ranks;
-    c->bufs[rank] = buf;
-    c->ns[rank] = n;
-    td_status_t rc = be->ops->sync(be); /* the work before this call has written buf */
-    if (rc) {
-        memory_abort(base, rank);
+    td_status_t rc = arrive(c, rank, be, buf, n, "all-reduce");
+    if (rc)
         return rc;
-    }
-    if ((rc = meet(c, rank, "all-reduce")))
-        return rc;
-    for (uint32_t r = 0; r < R; r++)
-        if (c->ns[r] != n)
-            return td_error(TD_ERR_INTERNAL, "tp: all-reduce of %zu values on rank %u, %zu on rank %u", n, rank,
-                            c->ns[r], r);
+    rc = same_n(c, rank, n, "all-reduce", "values");
     const size_t lo = n * rank / R, hi = n * (rank + 1) / R;
     for (uint32_t r = 1; r < R && !rc && hi > lo; r++)
         rc = be->ops->add(be, c->bufs[0] + lo, c->bufs[r] + lo, hi - lo);
     for (uint32_t r = 1; r < R && !rc && hi > lo; r++)
         rc = be->ops->copy(be, c->bufs[r] + lo, c->bufs[0] + lo, (hi - lo) * sizeof(float));
-    if (!rc)
-        rc = be->ops->sync(be);
-    if (rc) {
-        memory_abort(base, rank);
-        return rc;
-    }
-    return meet(c, rank, "all-reduce"); /* no rank reuses its buffer before every share is written */
+    return leave(c, rank, be, rc, "all-reduce");
 }
 
 static td_status_t memory_gather_cols(kern_comm_t *base, uint32_t rank, kern_backend_t *be, const float *part,
@@ -101,32 +124,17 @@ static td_status_t memory_gather_cols(kern_comm_t *base, uint32_t rank, kern_bac
 {
     (void)scratch; /* rank 0 reads the parts where they are */
     comm_memory_t *c = (comm_memory_t *)base;
-    c->bufs[rank] = (float *)part;
-    c->ns[rank] = rows;
-    td_status_t rc = be->ops->sync(be); /* the work before this call has written part */
-    if (rc) {
-        memory_abort(base, rank);
+    td_status_t rc = arrive(c, rank, be, part, rows, "gather");
+    if (rc)
         return rc;
-    }
-    if ((rc = meet(c, rank, "gather")))
-        return rc;
+    rc = same_n(c, rank, rows, "a gather", "rows");
     size_t width = 0;
     for (uint32_t r = 0; r < base->ranks; r++)
         width += cols[r];
-    for (uint32_t r = 0; r < base->ranks && !rc; r++)
-        if (c->ns[r] != rows)
-            rc = td_error(TD_ERR_INTERNAL, "tp: a gather of %u rows on rank %u, %zu on rank %u", rows, rank, c->ns[r],
-                          r);
     for (uint32_t r = 0, off = 0; rank == 0 && r < base->ranks && !rc; off += cols[r], r++)
         for (uint32_t i = 0; i < rows && !rc && cols[r]; i++)
             rc = be->ops->copy(be, whole + i * width + off, c->bufs[r] + (size_t)i * cols[r], cols[r] * sizeof(float));
-    if (!rc)
-        rc = be->ops->sync(be);
-    if (rc) {
-        memory_abort(base, rank);
-        return rc;
-    }
-    return meet(c, rank, "gather"); /* no rank reuses its part before rank 0 has read it */
+    return leave(c, rank, be, rc, "gather"); /* no rank reuses its part before rank 0 has read it */
 }
 
 static void memory_abort(kern_comm_t *base, uint32_t rank)
