@@ -711,7 +711,7 @@ static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *ou
 {
     const char *rn = role == RT_PREFILL ? "prefill" : "decode";
     size_t registered = 0, refused = 0;
-    const rt_worker_t *first_refused = NULL, *soonest = NULL;
+    const rt_worker_t *first_refused = NULL, *soonest = NULL, *down = NULL, *not_role = NULL;
     bool full = false;
     for (size_t i = 0; i < t->n; i++) {
         const rt_worker_t *w = t->w[i];
@@ -725,9 +725,17 @@ static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *ou
             if (!soonest || w->suspect_until < soonest->suspect_until)
                 soonest = w;
             full = full || w->suspect_code == TD_RPC_RESOURCE_EXHAUSTED;
+        } else if (td_rpc_channel_peer_refused(w->ch)) {
+            not_role = not_role ? not_role : w;
+        } else if (td_rpc_channel_down(w->ch)) {
+            down = down ? down : w;
         }
     }
     out->retry_at = soonest ? soonest->suspect_until : 0;
+    /* a worker whose connection fails is dead (its restart registers under another record, which wakes the
+     * wait) or briefly away (the channel reconnects): looked at again shortly, while the deadline allows */
+    if (down && (!soonest || soonest->suspect_until > now + RT_DOWN_RETRY_S))
+        out->retry_at = now + RT_DOWN_RETRY_S;
     if (!registered) {
         out->code = TD_RPC_UNAVAILABLE;
         snprintf(out->why, sizeof out->why, "no %s worker is registered with this router", rn);
@@ -739,11 +747,22 @@ static void refuse(rt_table_t *t, rt_role_t role, double now, rt_placement_t *ou
         out->code = TD_RPC_FAILED_PRECONDITION;
         snprintf(out->why, sizeof out->why, "every %s worker was refused (%.64s: %.200s)", rn, first_refused->id,
                  first_refused->refused_why);
-    } else {
+    } else if (soonest) {
         out->code = full ? TD_RPC_RESOURCE_EXHAUSTED : TD_RPC_UNAVAILABLE;
         snprintf(out->why, sizeof out->why, "no %s worker can take it for %.2f s: %.64s answered %s (%.160s)", rn,
-                 soonest ? soonest->suspect_until - now : 0.0, soonest ? soonest->id : "?",
-                 td_rpc_code_name(soonest ? soonest->suspect_code : 0), soonest ? soonest->suspect_why : "");
+                 soonest->suspect_until - now, soonest->id, td_rpc_code_name(soonest->suspect_code),
+                 soonest->suspect_why);
+    } else if (down || not_role) {
+        out->code = TD_RPC_UNAVAILABLE;
+        if (down)
+            snprintf(out->why, sizeof out->why, "no %s worker can be reached: the connection to %.64s (%.128s) "
+                     "fails", rn, down->id, down->addr);
+        else
+            snprintf(out->why, sizeof out->why, "no %s worker can be reached: %.64s (%.128s) answered with a "
+                     "certificate that is not a %s worker's", rn, not_role->id, not_role->addr, rn);
+    } else {
+        out->code = TD_RPC_UNAVAILABLE;
+        snprintf(out->why, sizeof out->why, "no registered %s worker can take this request", rn);
     }
 }
 

@@ -33,6 +33,8 @@ typedef enum rt_role { RT_PREFILL, RT_DECODE } rt_role_t;
  * after the last one left instead of being refused at once. Outside such a
  * spell, no worker is 503 at once. */
 #define RT_REJOIN_S 5.0
+/* a worker whose connection fails: placement looked at again after this long (a join wakes it sooner) */
+#define RT_DOWN_RETRY_S 0.5
 #define RT_PRIOS 8 /* distinct priorities a worker's queue tells apart (more share the lowest's slot) */
 
 typedef struct rt_worker {

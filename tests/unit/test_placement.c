@@ -136,6 +136,46 @@ Test(placement, skips_failed_suspect_refused_and_gone_workers, .timeout = 30)
     td_rpc_shutdown();
 }
 
+/* A registered worker whose connection fails (killed -9, its record not yet
+ * expired; or the router has not yet seen its restart's record): placement
+ * names it and looks again shortly instead of refusing for good. */
+Test(placement, unreachable_worker_is_named_and_retried, .timeout = 30)
+{
+    td_rpc_init();
+    expect = td_kv_layout_make("m", 30, 3, 64, 16, TD_KV_F16);
+    rt_table_t t;
+    rt_table_init(&t, &expect, NULL);
+    put_worker(&t, "d1", "decode", 16);
+    put_worker(&t, "p1", "prefill", 16); /* 127.0.0.1:9: nothing listens */
+    rt_worker_t *pf = rt_table_acquire(&t, &rt_placement_least_loaded, RT_PREFILL, NULL);
+    cr_assert_not_null(pf);
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    td_rpc_result_t res = {0};
+    cr_assert_neq(td_rpc_unary(pf->ch, "/tandem.internal.v1.Prefill/Stats", "", 0, 5, NULL, &resp, &n, &res), TD_OK);
+    free(resp);
+    for (int i = 0; i < 100 && !td_rpc_channel_down(pf->ch); i++)
+        td_sleep_s(0.02);
+    cr_assert(td_rpc_channel_down(pf->ch), "a call to a closed port leaves its channel down");
+    rt_table_done(&t, pf, NULL, 0);
+    rt_placement_t pl;
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
+    cr_assert_null(pl.decode);
+    cr_assert_eq(pl.code, TD_RPC_UNAVAILABLE, "%s", pl.why);
+    cr_assert(strstr(pl.why, "no prefill worker can be reached") && strstr(pl.why, "p1") &&
+              strstr(pl.why, "127.0.0.1:9"), "%s", pl.why);
+    double in = pl.retry_at - td_now_s();
+    cr_assert(in > 0 && in <= RT_DOWN_RETRY_S, "looked at again in %.2f s", in);
+    put_record(&t, "p2", "prefill", &expect, json_pack("{s:s}", "addr", "127.0.0.1:10"));
+    rt_table_place(&t, &rt_placement_least_loaded, NULL, &pl);
+    cr_assert_eq(pl.code, TD_RPC_OK, "its restart (a new record) takes it: %s", pl.why);
+    cr_assert_str_eq(pl.prefill->id, "p2");
+    rt_table_done(&t, pl.prefill, NULL, 0);
+    rt_table_done(&t, pl.decode, NULL, 0);
+    rt_table_fini(&t);
+    td_rpc_shutdown();
+}
+
 /* A placed request's measured timings reach the policy (least_loaded keeps
  * a moving mean of each worker's TTFT and TPOT for the predictive placement
  * to come); a pair is placed when both roles have a usable worker. */
