@@ -81,6 +81,8 @@ struct eng_engine {
     eng_kv_pool_t *pool;
     eng_forward_t *fwd; /* NULL with tensor parallelism: */
     eng_tp_set_t tp;    /* its ranks (tp.tp 0: none) */
+    const eng_pass_ops_t *pass; /* the steps run on fwd or tp.fwd: */
+    void *pass_on;
     td_block_name_t root;
     eng_seq_t *seqs; /* all live sequences, oldest first */
     uint64_t next_id;
@@ -175,7 +177,7 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
                           "rank)", cfg->tp);
         else if (!(rc = eng_tp_open(m, cfg->tp, cfg->device, cfg->n_threads, cfg->numerics, &g, (uint32_t)blocks,
                                     &cfg->kv_memory, cfg->token_budget, cfg->max_seqs, &e->tp)))
-            e->be = e->tp.bes[0], e->pool = e->tp.pool;
+            e->be = e->tp.bes[0], e->pool = e->tp.pool, e->pass = &eng_tp_pass, e->pass_on = e->tp.fwd;
     } else {
         if (cfg->backend)
             e->be = cfg->backend;
@@ -185,15 +187,15 @@ td_status_t eng_engine_create(eng_model_t *m, const eng_engine_config_t *cfg, en
             rc = kern_backend_check(e->be, KERN_OPS_FORWARD);
         if (!rc)
             rc = eng_kv_pool_create(e->be, &g, (uint32_t)blocks, &cfg->kv_memory, &e->pool);
-        if (!rc)
-            rc = eng_forward_create(m, e->be, e->pool, cfg->token_budget, cfg->max_seqs, &e->fwd);
+        if (!rc && !(rc = eng_forward_create(m, e->be, e->pool, cfg->token_budget, cfg->max_seqs, &e->fwd)))
+            e->pass = &eng_forward_pass, e->pass_on = e->fwd;
     }
     e->batch = calloc(cfg->max_seqs, sizeof *e->batch);
     e->batch_seq = calloc(cfg->max_seqs, sizeof *e->batch_seq);
     e->layer_seqs = calloc(cfg->max_seqs, sizeof *e->layer_seqs);
     e->sample = calloc(cfg->max_seqs, sizeof *e->sample);
     e->picked = calloc(cfg->max_seqs, sizeof *e->picked);
-    const uint32_t mask_rows = rc ? 0 : e->tp.tp ? eng_tp_mask_rows(e->tp.fwd) : eng_forward_mask_rows(e->fwd);
+    const uint32_t mask_rows = rc ? 0 : e->pass->mask_rows(e->pass_on);
     if (mask_rows && !(e->masks = calloc(mask_rows, ((size_t)m->desc.vocab + 7) / 8)))
         rc = td_error(TD_ERR_NO_MEMORY, "engine: no memory for structured output's masks");
     if (!rc && (!e->batch || !e->batch_seq || !e->layer_seqs || !e->sample || !e->picked))
@@ -618,10 +620,8 @@ void eng_engine_set_layer_hook(eng_engine_t *e, eng_layer_fn fn, void *ctx)
 {
     e->layer_fn = fn;
     e->layer_ctx = ctx;
-    if (e->tp.tp) /* rank 0's, once every rank's layer is stored */
-        eng_tp_set_layer_hook(e->tp.fwd, fn ? engine_layer_hook : NULL, e);
-    else
-        eng_forward_set_layer_hook(e->fwd, fn ? engine_layer_hook : NULL, e);
+    /* tensor-parallel: rank 0's, once every rank's layer is stored */
+    e->pass->set_layer_hook(e->pass_on, fn ? engine_layer_hook : NULL, e);
 }
 eng_kv_stats_t eng_engine_kv_stats(const eng_engine_t *e) { return eng_kv_stats(e->pool); }
 eng_kv_pool_t *eng_engine_kv_pool(eng_engine_t *e) { return e->pool; }
@@ -1105,7 +1105,7 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
     }
     /* the backend picks the tokens when it can pick every one of them: only
      * the ids cross back (structured output's masks, made here, go out) */
-    bool on_device = e->tp.tp ? eng_tp_can_sample(e->tp.fwd) : eng_forward_can_sample(e->fwd), masked = false;
+    bool on_device = e->pass->can_sample(e->pass_on), masked = false;
     uint32_t picks = 0;
     for (uint32_t i = 0; i < nb && on_device; i++) {
         on_device = !e->batch[i].all_logits &&
@@ -1114,7 +1114,7 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
         masked = masked || (e->batch[i].want_logits && eng_sampler_masked(&e->batch_seq[i]->sampler));
     }
     on_device = on_device &&
-                (!masked || picks <= (e->tp.tp ? eng_tp_mask_rows(e->tp.fwd) : eng_forward_mask_rows(e->fwd)));
+                (!masked || picks <= e->pass->mask_rows(e->pass_on));
     const float *logits = NULL;
     uint32_t nl = 0, n_tok = 0;
     for (uint32_t i = 0; i < nb; i++)
@@ -1128,10 +1128,8 @@ td_status_t eng_engine_step(eng_engine_t *e, eng_event_fn fn, void *ctx)
                 nl++;
             }
     const uint8_t *masks = masked ? e->masks : NULL;
-    td_status_t rc = on_device && e->tp.tp ? eng_tp_run_sampled(e->tp.fwd, e->batch, nb, e->sample, masks, e->picked, &nl)
-                     : on_device           ? eng_forward_run_sampled(e->fwd, e->batch, nb, e->sample, masks, e->picked, &nl)
-                     : e->tp.tp            ? eng_tp_run(e->tp.fwd, e->batch, nb, &logits, &nl)
-                                           : eng_forward_run(e->fwd, e->batch, nb, &logits, &nl);
+    td_status_t rc = on_device ? e->pass->run_sampled(e->pass_on, e->batch, nb, e->sample, masks, e->picked, &nl)
+                               : e->pass->run(e->pass_on, e->batch, nb, &logits, &nl);
     if (rc) { /* the batch's requests end with the error; the others go on */
         snprintf(e->err, sizeof e->err, "engine step of %u requests failed: %s", nb, td_last_error());
         for (uint32_t i = 0; i < nb; i++)

@@ -66,8 +66,8 @@ struct eng_forward {
     int32_t *h_ids, *h_pos, *h_slots, *h_tables;
     kern_attn_seq_t *aseqs;
     float *h_logits;
-    /* a tensor-parallel rank: every rank's vocabulary rows; rank 0's logit rows whole ([max_logits][vocab]) and the
-     * comm's scratch to gather them */
+    /* a tensor-parallel rank: every rank's vocabulary rows; rank 0's logit rows whole ([max_logits][vocab]) and,
+     * where its comm carries the parts through one (gather_scratch), the scratch to gather them */
     uint32_t cols[FWD_RANKS_MAX];
     float *whole, *scratch;
     kern_rope_style_t rope_style;
@@ -195,7 +195,7 @@ td_status_t eng_forward_create_rank(const eng_model_t *m, kern_backend_t *be, en
         rc = balloc(f, (size_t)f->mask_rows * f->mask_bytes, &f->dmask);
     if (!rc && f->comm && picks)
         rc = balloc(f, (size_t)max_logits * V * 4, &f->whole);
-    if (!rc && f->comm && picks)
+    if (!rc && f->comm && picks && f->comm->ops->gather_scratch)
         rc = balloc(f, (size_t)max_logits * V * 4, &f->scratch);
     if (!rc) {
         f->h_ids = malloc(T * 4);
@@ -633,6 +633,29 @@ void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t
     f->layer_fn = fn;
     f->layer_ctx = ctx;
 }
+
+static td_status_t pass_run(void *p, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                            uint32_t *n_logits)
+{
+    return eng_forward_run(p, seqs, n_seqs, logits, n_logits);
+}
+static bool pass_can_sample(const void *p) { return eng_forward_can_sample(p); }
+static uint32_t pass_mask_rows(const void *p) { return eng_forward_mask_rows(p); }
+static td_status_t pass_run_sampled(void *p, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *sp,
+                                    const uint8_t *masks, int32_t *ids, uint32_t *n_ids)
+{
+    return eng_forward_run_sampled(p, seqs, n_seqs, sp, masks, ids, n_ids);
+}
+static void pass_set_layer_hook(void *p, void (*fn)(void *ctx, uint32_t layer), void *ctx)
+{
+    eng_forward_set_layer_hook(p, fn, ctx);
+}
+
+const eng_pass_ops_t eng_forward_pass = {.run = pass_run,
+                                         .can_sample = pass_can_sample,
+                                         .mask_rows = pass_mask_rows,
+                                         .run_sampled = pass_run_sampled,
+                                         .set_layer_hook = pass_set_layer_hook};
 
 void eng_forward_set_tap(eng_forward_t *f, eng_tap_fn fn, void *ctx)
 {

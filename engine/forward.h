@@ -71,6 +71,20 @@ uint32_t eng_forward_mask_rows(const eng_forward_t *f);
  * the rest of the pass is still to come (the prefill worker streams it). */
 void eng_forward_set_layer_hook(eng_forward_t *f, void (*fn)(void *ctx, uint32_t layer), void *ctx);
 
+/* What the engine runs its steps on, one table for one process's forward
+ * (eng_forward_pass, over an eng_forward_t) and a tensor-parallel worker's
+ * ranks (eng_tp_pass, over an eng_tp_t): the calls above by their names. */
+typedef struct eng_pass_ops {
+    td_status_t (*run)(void *p, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                       uint32_t *n_logits);
+    bool (*can_sample)(const void *p);
+    uint32_t (*mask_rows)(const void *p);
+    td_status_t (*run_sampled)(void *p, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *sp,
+                               const uint8_t *masks, int32_t *ids, uint32_t *n_ids);
+    void (*set_layer_hook)(void *p, void (*fn)(void *ctx, uint32_t layer), void *ctx);
+} eng_pass_ops_t;
+extern const eng_pass_ops_t eng_forward_pass;
+
 /* The tap: fn(ctx, name, layer, x, rows, cols) sees each intermediate of a
  * run — a host copy of rows x cols floats, named as llama.cpp names its graph's
  * tensors (attn_norm, Qcur, Kcur, Vcur before RoPE; Qrope, Krope after;

@@ -197,6 +197,29 @@ void eng_tp_set_layer_hook(eng_tp_t *t, void (*fn)(void *ctx, uint32_t layer), v
     eng_forward_set_layer_hook(t->ranks[0].f, fn, ctx);
 }
 
+static td_status_t pass_run(void *p, const eng_batch_seq_t *seqs, uint32_t n_seqs, const float **logits,
+                            uint32_t *n_logits)
+{
+    return eng_tp_run(p, seqs, n_seqs, logits, n_logits);
+}
+static bool pass_can_sample(const void *p) { return eng_tp_can_sample(p); }
+static uint32_t pass_mask_rows(const void *p) { return eng_tp_mask_rows(p); }
+static td_status_t pass_run_sampled(void *p, const eng_batch_seq_t *seqs, uint32_t n_seqs, const kern_sample_t *sp,
+                                    const uint8_t *masks, int32_t *ids, uint32_t *n_ids)
+{
+    return eng_tp_run_sampled(p, seqs, n_seqs, sp, masks, ids, n_ids);
+}
+static void pass_set_layer_hook(void *p, void (*fn)(void *ctx, uint32_t layer), void *ctx)
+{
+    eng_tp_set_layer_hook(p, fn, ctx);
+}
+
+const eng_pass_ops_t eng_tp_pass = {.run = pass_run,
+                                    .can_sample = pass_can_sample,
+                                    .mask_rows = pass_mask_rows,
+                                    .run_sampled = pass_run_sampled,
+                                    .set_layer_hook = pass_set_layer_hook};
+
 void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *heads)
 {
     *head0 = t->ranks[r].shard.kv_head0;

@@ -46,6 +46,9 @@ td_status_t eng_tp_run_sampled(eng_tp_t *t, const eng_batch_seq_t *seqs, uint32_
  * which every rank reaches only after its store; its queue drained), as eng_forward_set_layer_hook's. */
 void eng_tp_set_layer_hook(eng_tp_t *t, void (*fn)(void *ctx, uint32_t layer), void *ctx);
 
+/* The calls above as the engine's pass table (engine/forward.h), over an eng_tp_t. */
+extern const eng_pass_ops_t eng_tp_pass;
+
 /* Rank r's KV heads: [*head0, *head0 + *heads) of the model's. */
 void eng_tp_kv_heads(const eng_tp_t *t, uint32_t r, uint32_t *head0, uint32_t *heads);
 

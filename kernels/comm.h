@@ -36,13 +36,14 @@ typedef struct kern_comm kern_comm_t;
 
 typedef struct kern_comm_ops {
     const char *name;
-    bool capturable; /* a call may be queued inside a captured GPU step (it waits on no host) */
+    bool capturable;     /* a call may be queued inside a captured GPU step (it waits on no host) */
+    bool gather_scratch; /* gather_cols carries the parts through scratch (without, rank 0 passes NULL) */
     /* Rank `rank`'s buf [n] (memory of be) becomes the sum over the ranks' bufs, once the work queued on be
      * before it has run. Every rank must call, in the same order, with the same n. */
     td_status_t (*all_reduce)(kern_comm_t *c, uint32_t rank, kern_backend_t *be, float *buf, size_t n);
     /* Rank `rank`'s part [rows][cols[rank]] (memory of be) becomes columns [cols[0] + ... + cols[rank - 1], + cols[rank])
      * of rank 0's whole [rows][cols[0] + ... + cols[ranks - 1]], once the work queued on be before it has run;
-     * scratch (rank 0's memory, as many floats as whole) may carry the parts on the way. Every rank must call, in
+     * scratch (rank 0's memory, as many floats as whole; where the ops say gather_scratch) carries the parts on the way. Every rank must call, in
      * the same order, with the same rows and cols; whole and scratch are rank 0's (the others pass NULL). Rank 0's
      * work queued after the call sees whole complete. */
     td_status_t (*gather_cols)(kern_comm_t *c, uint32_t rank, kern_backend_t *be, const float *part, uint32_t rows,

@@ -236,6 +236,7 @@ static td_status_t nccl_init_all(ncclComm_t *comms, const int *devices, int rank
 
 static const kern_comm_ops_t nccl_ops = {.name = "nccl",
                                          .capturable = true,
+                                         .gather_scratch = true,
                                          .all_reduce = nccl_all_reduce,
                                          .gather_cols = nccl_gather_cols,
                                          .abort = nccl_abort,
