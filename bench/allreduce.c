@@ -11,12 +11,16 @@
  * bus = algorithm * 2 (n - 1) / n, the figure to hold against the link's.
  * First a line with GPU 0's measured read bandwidth (tests/cuda/probe.cu: the
  * floor a decode step's weight reads are held against), then one JSON line a
- * size; exit 1 when a sum is wrong or a call fails. */
+ * size; exit 1 when a sum is wrong, a call fails, or a round does not end
+ * within ROUND_S (a hung rank: the ranks' threads are left, the process
+ * exits). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -28,16 +32,20 @@
 
 double kern_cuda_probe_read_gbs(size_t bytes); /* tests/cuda/probe.cu */
 #define ROUNDS 5
+#define ROUND_S 60.0 /* the longest a round may take: a round is timed to ~50 ms */
 
 typedef struct bench {
     uint32_t ranks;
     kern_backend_t *bes[MAX_RANKS];
     float *bufs[MAX_RANKS];
     kern_comm_t *comm;
-    pthread_barrier_t bar;
-    size_t n;     /* this size's elements */
-    uint32_t k;   /* calls a round */
-    int failed;   /* any rank's call or sync failed */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t round; /* the round under way: the ranks start it when it grows */
+    uint32_t ended; /* the ranks that ended it */
+    size_t n;       /* this size's elements */
+    uint32_t k;     /* calls a round (0: done) */
+    int failed;     /* any rank's call or sync failed */
 } bench_t;
 
 typedef struct rank_arg {
@@ -50,8 +58,12 @@ static void *rank_main(void *arg)
     rank_arg_t *a = arg;
     bench_t *b = a->b;
     kern_backend_t *be = b->bes[a->rank];
-    for (;;) {
-        pthread_barrier_wait(&b->bar); /* the main thread set n and k (0: done) */
+    for (uint64_t seen = 0;;) {
+        pthread_mutex_lock(&b->mu); /* the main thread set n and k (0: done) and began a round */
+        while (b->round == seen)
+            pthread_cond_wait(&b->cv, &b->mu);
+        seen = b->round;
+        pthread_mutex_unlock(&b->mu);
         if (!b->k)
             return NULL;
         td_status_t rc = TD_OK;
@@ -59,20 +71,39 @@ static void *rank_main(void *arg)
             rc = b->comm->ops->all_reduce(b->comm, a->rank, be, b->bufs[a->rank], b->n);
         if (!rc)
             rc = be->ops->sync(be);
-        if (rc) /* logged where found */
-            __atomic_store_n(&b->failed, 1, __ATOMIC_RELAXED);
-        pthread_barrier_wait(&b->bar);
+        pthread_mutex_lock(&b->mu);
+        b->failed = b->failed || rc; /* logged where found */
+        b->ended++;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
     }
 }
 
-/* One round of k calls on every rank: seconds, or < 0 on failure. */
+/* One round of k calls on every rank (k 0: the ranks end): seconds, or < 0 on failure. */
 static double round_s(bench_t *b, size_t n, uint32_t k)
 {
-    b->n = n, b->k = k;
-    pthread_barrier_wait(&b->bar);
+    pthread_mutex_lock(&b->mu);
+    b->n = n, b->k = k, b->ended = 0, b->round++;
     double t0 = td_now_s();
-    pthread_barrier_wait(&b->bar);
-    return b->failed ? -1 : td_now_s() - t0;
+    pthread_cond_broadcast(&b->cv);
+    if (!k) {
+        pthread_mutex_unlock(&b->mu);
+        return 0;
+    }
+    const struct timespec until = td_wall_deadline(ROUND_S);
+    int rc = 0;
+    while (b->ended < b->ranks && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&b->cv, &b->mu, &until);
+    const uint32_t ended = b->ended;
+    const int failed = b->failed;
+    pthread_mutex_unlock(&b->mu);
+    if (ended < b->ranks) {
+        fprintf(stderr, "tandem-bench-allreduce: %u of %u ranks did not end a round of %u all-reduces of %zu bytes "
+                "within %.0f s\n", b->ranks - ended, b->ranks, k, n * sizeof(float), ROUND_S);
+        fflush(stdout);
+        _exit(1); /* the hung ranks' threads cannot be joined */
+    }
+    return failed ? -1 : td_now_s() - t0;
 }
 
 /* Fills every rank's buffer, one call, and checks each rank's sum. */
@@ -134,7 +165,8 @@ int main(int argc, char **argv)
     float *host = malloc(max_bytes);
     pthread_t th[MAX_RANKS];
     rank_arg_t args[MAX_RANKS];
-    pthread_barrier_init(&b.bar, NULL, b.ranks + 1);
+    pthread_mutex_init(&b.mu, NULL);
+    pthread_cond_init(&b.cv, NULL);
     for (uint32_t r = 0; r < b.ranks; r++) {
         args[r] = (rank_arg_t){&b, r};
         pthread_create(&th[r], NULL, rank_main, &args[r]);
@@ -159,8 +191,7 @@ int main(int argc, char **argv)
                b.ranks, bytes, k, s * 1e6, alg, alg * 2 * (b.ranks - 1) / b.ranks);
         fflush(stdout);
     }
-    b.k = 0;
-    pthread_barrier_wait(&b.bar);
+    round_s(&b, 0, 0);
     for (uint32_t r = 0; r < b.ranks; r++)
         pthread_join(th[r], NULL);
     b.comm->ops->destroy(b.comm);
