@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/rpc.h"
 #include "engine/grammar.h"
+#include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "worker/sampling_pb.h" /* eng_grammar_kind_of_pb */
 
@@ -182,4 +184,76 @@ td_status_t rt_input_structured(const Tandem__V1__SamplingParams *sp, char *err,
     }
     eng_grammar_free(g);
     return TD_OK;
+}
+
+/* The sampling fields' limits and values, against a vocabulary of vocab tokens. */
+static bool sampling_ok(const Tandem__V1__SamplingParams *sp, uint32_t vocab, char *err, size_t errcap)
+{
+    if (sp->n_stop > RT_MAX_STOP)
+        return snprintf(err, errcap, "sampling.stop: %zu strings, at most %d", sp->n_stop, RT_MAX_STOP), false;
+    for (size_t i = 0; i < sp->n_stop; i++) {
+        size_t b = strlen(sp->stop[i]);
+        if (!b || b > RT_MAX_STOP_BYTES)
+            return snprintf(err, errcap, b ? "sampling.stop[%zu]: %zu bytes, at most %d" : "sampling.stop[%zu]: empty",
+                            i, b, RT_MAX_STOP_BYTES),
+                   false;
+    }
+    if (rt_input_structured(sp, err, errcap))
+        return false;
+    if (sp->has_n && (sp->n < 1 || sp->n > RT_MAX_CHOICES))
+        return snprintf(err, errcap, "sampling.n: %u choices; 1 to %d", sp->n, RT_MAX_CHOICES), false;
+    if (sp->n_logit_bias > RT_MAX_LOGIT_BIAS)
+        return snprintf(err, errcap, "sampling.logit_bias: %zu entries, at most %d", sp->n_logit_bias,
+                        RT_MAX_LOGIT_BIAS),
+               false;
+    eng_logit_bias_t bias[RT_MAX_LOGIT_BIAS]; /* 8 KiB on the stack: the request's thread */
+    eng_sampling_t es;
+    eng_sampling_from_pb(sp, &es, bias);
+    if (eng_sampling_validate(&es, (int32_t)vocab))
+        return snprintf(err, errcap, "sampling: %s", td_last_error()), false;
+    return true;
+}
+
+int rt_input_check(const rt_input_t *in, const Tandem__V1__GenerateRequest *rq, uint32_t default_max_tokens,
+                   int32_t **ids, size_t *n, uint32_t *max_tokens, char *err, size_t errcap)
+{
+    *ids = NULL;
+    *n = 0;
+    if (rq->model && rq->model[0] && !rt_input_serves(in, rq->model))
+        return snprintf(err, errcap, "model: '%s' is not served here (this router serves '%s')", rq->model,
+                        rt_input_name(in)),
+               TD_RPC_NOT_FOUND;
+    if (rq->request_id && strlen(rq->request_id) > RT_MAX_REQUEST_ID)
+        return snprintf(err, errcap, "request_id: %zu bytes, at most %d", strlen(rq->request_id), RT_MAX_REQUEST_ID),
+               TD_RPC_INVALID_ARGUMENT;
+    if (rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT__NOT_SET)
+        return snprintf(err, errcap, "input: set prompt, chat or prompt_ids"), TD_RPC_INVALID_ARGUMENT;
+    const Tandem__V1__SamplingParams *sp = rq->sampling;
+    if (sp && !sampling_ok(sp, in->model->desc.vocab, err, errcap))
+        return TD_RPC_INVALID_ARGUMENT;
+    /* 0 with prompt_logprobs: the prompt scored alone */
+    *max_tokens = sp && (sp->max_tokens || (sp->has_max_tokens && sp->prompt_logprobs)) ? sp->max_tokens
+                                                                                         : default_max_tokens;
+    if (sp && sp->min_tokens > *max_tokens)
+        return snprintf(err, errcap, "sampling.min_tokens: %u is over max_tokens %u", sp->min_tokens, *max_tokens),
+               TD_RPC_INVALID_ARGUMENT;
+    bool text = rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
+    bool chat = rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    td_status_t rc = text || chat ? rt_tokenize_input(in, text ? rq->prompt : NULL, chat ? rq->chat : NULL, false,
+                                                      true, ids, n, err, errcap)
+                                  : rt_input_ids(in, rq->prompt_ids, ids, n, err, errcap);
+    if (rc) {
+        if (rc == TD_ERR_NO_MEMORY)
+            snprintf(err, errcap, "%s", td_last_error());
+        return td_rpc_code_of(rc);
+    }
+    uint32_t ctxlen = in->model->desc.context ? in->model->desc.context : 4096;
+    if (*n + *max_tokens > ctxlen) {
+        snprintf(err, errcap, "%s: %zu prompt tokens + max_tokens %u exceed the context of %u tokens",
+                 *n >= ctxlen ? "prompt" : "sampling.max_tokens", *n, *max_tokens, ctxlen);
+        free(*ids);
+        *ids = NULL;
+        return TD_RPC_INVALID_ARGUMENT;
+    }
+    return 0;
 }

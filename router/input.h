@@ -63,4 +63,14 @@ td_status_t rt_input_ids(const rt_input_t *in, const Tandem__V1__TokenIds *t, in
  * field in err (INVALID_ARGUMENT). */
 td_status_t rt_input_structured(const Tandem__V1__SamplingParams *sp, char *err, size_t errcap);
 
+/* A public request read whole before it is placed: the model it names, its
+ * id, its input tokenized (*ids, the caller's to free, n of them), its
+ * sampling (the limits above, structured output, the sampler's ranges over
+ * the vocabulary, no empty stop string) and *max_tokens (sampling.max_tokens,
+ * or default_max_tokens unset; 0 with prompt_logprobs: the prompt scored
+ * alone), which with the prompt must fit the model's context. 0, or the gRPC
+ * code with err naming the field (*ids NULL then). */
+int rt_input_check(const rt_input_t *in, const Tandem__V1__GenerateRequest *rq, uint32_t default_max_tokens,
+                   int32_t **ids, size_t *n, uint32_t *max_tokens, char *err, size_t errcap);
+
 #endif

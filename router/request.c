@@ -40,7 +40,6 @@
 #include "engine/sampler.h"
 #include "router/fair.h"
 #include "router/outlen.h"
-#include "worker/sampling_pb.h"
 #include "tandem/internal/v1/worker.pb-c.h"
 
 struct rt_requests {
@@ -211,117 +210,42 @@ static void chat_history(rt_request_t *q)
     q->history_tokens = turns && all && q->n_prompt ? (double)said / turns * (double)q->n_prompt / (double)all : 0;
 }
 
-/* Checks the request and tokenizes it; false when it ended (the error sent). */
+/* Checks the request and tokenizes it (router/input.h), charges its key;
+ * false when it ended (the error sent). */
 static bool validate(rt_request_t *q)
 {
     const rt_env_t *env = q->env;
-    const eng_model_t *model = env->input->model;
-    Tandem__V1__GenerateRequest *rq = q->rq;
     char err[600] = "";
-    int code = TD_RPC_INVALID_ARGUMENT;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (rq->model && rq->model[0] && !rt_input_serves(env->input, rq->model)) {
-        snprintf(err, sizeof err, "model: '%s' is not served here (this router serves '%s')", rq->model,
-                 rt_input_name(env->input));
-        code = TD_RPC_NOT_FOUND;
-        goto fail;
-    }
-    if (rq->request_id && strlen(rq->request_id) > RT_MAX_REQUEST_ID) {
-        snprintf(err, sizeof err, "request_id: %zu bytes, at most %d", strlen(rq->request_id), RT_MAX_REQUEST_ID);
-        goto fail;
-    }
-    if (rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT__NOT_SET) {
-        snprintf(err, sizeof err, "input: set prompt, chat or prompt_ids");
-        goto fail;
-    }
-    bool text = rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
-    bool chat = rq->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
-    td_status_t rc = text || chat ? rt_tokenize_input(env->input, text ? rq->prompt : NULL, chat ? rq->chat : NULL,
-                                                      false, true, &ids, &n_ids, err, sizeof err)
-                                  : rt_input_ids(env->input, rq->prompt_ids, &ids, &n_ids, err, sizeof err);
-    if (rc) {
-        code = td_rpc_code_of(rc);
-        goto fail;
-    }
-    const Tandem__V1__SamplingParams *sp = rq->sampling;
-    if (sp && sp->n_stop > RT_MAX_STOP) {
-        snprintf(err, sizeof err, "sampling.stop: %zu strings, at most %d", sp->n_stop, RT_MAX_STOP);
-        goto fail;
-    }
-    for (size_t i = 0; sp && i < sp->n_stop; i++)
-        if (strlen(sp->stop[i]) > RT_MAX_STOP_BYTES) {
-            snprintf(err, sizeof err, "sampling.stop[%zu]: %zu bytes, at most %d", i, strlen(sp->stop[i]),
-                     RT_MAX_STOP_BYTES);
-            goto fail;
-        }
-    if (sp && rt_input_structured(sp, err, sizeof err))
-        goto fail;
-    if (sp && sp->has_n && (sp->n < 1 || sp->n > RT_MAX_CHOICES)) {
-        snprintf(err, sizeof err, "sampling.n: %u choices; 1 to %d", sp->n, RT_MAX_CHOICES);
-        goto fail;
-    }
-    if (sp && sp->n_logit_bias > RT_MAX_LOGIT_BIAS) {
-        snprintf(err, sizeof err, "sampling.logit_bias: %zu entries, at most %d", sp->n_logit_bias,
-                 RT_MAX_LOGIT_BIAS);
-        goto fail;
-    }
-    /* 0 with prompt_logprobs: the prompt scored alone */
-    q->max_tokens = sp && (sp->max_tokens || (sp->has_max_tokens && sp->prompt_logprobs)) ? sp->max_tokens
-                                                                                           : env->default_max_tokens;
     q->plp_sent = false;
-    if (sp && sp->min_tokens > q->max_tokens) {
-        snprintf(err, sizeof err, "sampling.min_tokens: %u is over max_tokens %u", sp->min_tokens, q->max_tokens);
-        goto fail;
-    }
-    uint32_t ctxlen = model->desc.context ? model->desc.context : 4096;
-    if (n_ids + q->max_tokens > ctxlen) {
-        snprintf(err, sizeof err, "%s: %zu prompt tokens + max_tokens %u exceed the context of %u tokens",
-                 n_ids >= ctxlen ? "prompt" : "sampling.max_tokens", n_ids, q->max_tokens, ctxlen);
-        goto fail;
-    }
-    if (q->key) { /* the most it may use, charged now; what it used is settled at the end */
+    int code = rt_input_check(env->input, q->rq, env->default_max_tokens, &ids, &n_ids, &q->max_tokens, err,
+                              sizeof err);
+    if (!code && q->key) { /* the most it may use, charged now; what it used is settled at the end */
         double retry_s;
         uint64_t most = (uint64_t)n_ids + q->max_tokens;
         code = rt_keys_charge(env->api_keys, q->key, most > UINT32_MAX ? UINT32_MAX : (uint32_t)most, &q->key_charged,
                               err, sizeof err, &retry_s);
-        if (code) {
+        if (code)
             q->retry_after_ms = (uint32_t)(retry_s * 1e3 + 0.5);
-            goto fail;
-        }
-        code = TD_RPC_INVALID_ARGUMENT;
     }
-    eng_sampling_t es;
-    eng_logit_bias_t *bias = calloc(sp && sp->n_logit_bias ? sp->n_logit_bias : 1, sizeof *bias);
-    if (!bias) {
-        code = TD_RPC_RESOURCE_EXHAUSTED;
-        snprintf(err, sizeof err, "no memory");
-        goto fail;
-    }
-    eng_sampling_from_pb(sp, &es, bias);
-    rc = eng_sampling_validate(&es, (int32_t)model->desc.vocab);
-    free(bias);
-    if (rc) {
-        snprintf(err, sizeof err, "sampling: %s", td_last_error());
-        goto fail;
-    }
-    for (size_t i = 0; sp && i < sp->n_stop; i++)
-        if (!sp->stop[i][0]) {
-            snprintf(err, sizeof err, "sampling.stop[%zu]: empty", i);
-            goto fail;
-        }
     size_t need = n_ids + q->max_tokens + 1;
-    if (need > q->cap_tokens) { /* a pooled request keeps its buffer: most requests allocate nothing here */
+    if (!code && need > q->cap_tokens) { /* a pooled request keeps its buffer: most requests allocate nothing here */
         int32_t *t = realloc(q->tokens, need * sizeof *t);
         if (t) {
             q->tokens = t;
             q->cap_tokens = need;
         }
     }
-    if (need > q->cap_tokens) {
+    if (!code && need > q->cap_tokens) {
         code = TD_RPC_RESOURCE_EXHAUSTED;
-        snprintf(err, sizeof err, "no memory");
-        goto fail;
+        snprintf(err, sizeof err, "no memory for %zu tokens", need);
+    }
+    if (code) {
+        free(ids);
+        TD_WARN("router: %s refused (%s): %s", rid(q), td_rpc_code_name(code), err);
+        finish(q, code, "%s", err);
+        return false;
     }
     memcpy(q->tokens, ids, n_ids * sizeof *ids);
     free(ids);
@@ -329,11 +253,6 @@ static bool validate(rt_request_t *q)
     chat_history(q);
     q->validated = true;
     return true;
-fail:
-    free(ids);
-    TD_WARN("router: %s refused (%s): %s", rid(q), td_rpc_code_name(code), err);
-    finish(q, code, "%s", err);
-    return false;
 }
 
 /* ---------------------------------------------------------------- the relay */

@@ -318,6 +318,73 @@ Test(http, hang_up_cancels_upstream, .timeout = 60)
     front_down(&f);
 }
 
+/* A public request read whole (rt_input_check): each bad field refused with its code and name, before any
+ * tokenizing where the check is cheaper; a good one tokenized, its max_tokens the default where unset. */
+Test(http, request_checks_name_the_field, .timeout = 30)
+{
+    require_default_model();
+    rt_input_t in;
+    cr_assert_eq(rt_input_open(DEFAULT_MODEL, NULL, &in), TD_OK);
+    Tandem__V1__GenerateRequest rq = TANDEM__V1__GENERATE_REQUEST__INIT;
+    Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    char err[600], *stops[RT_MAX_STOP + 1], *empty = "", big[RT_MAX_STOP_BYTES + 2];
+    int32_t *ids;
+    size_t n;
+    uint32_t mt;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "input: set prompt"), "%s", err);
+    rq.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
+    rq.prompt = "The capital of France is";
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), 0, "%s", err);
+    cr_assert(n > 3 && ids && mt == 16, "%zu ids, max_tokens %u", n, mt);
+    free(ids);
+    rq.model = "another";
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_NOT_FOUND);
+    cr_assert(strstr(err, "model: 'another'") && !ids, "%s", err);
+    rq.model = NULL;
+    rq.sampling = &sp;
+    for (size_t i = 0; i <= RT_MAX_STOP; i++)
+        stops[i] = "x";
+    sp.stop = stops;
+    sp.n_stop = RT_MAX_STOP + 1;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "sampling.stop: 17 strings"), "%s", err);
+    sp.n_stop = 2;
+    stops[1] = empty;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "sampling.stop[1]: empty"), "%s", err);
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    stops[1] = big;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "sampling.stop[1]: 1025 bytes"), "%s", err);
+    sp.n_stop = 0;
+    sp.has_n = 1;
+    sp.n = RT_MAX_CHOICES + 1;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "sampling.n: 17 choices"), "%s", err);
+    sp.has_n = 0;
+    sp.temperature = -1;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "sampling: ") && strstr(err, "temperature"), "%s", err);
+    sp.temperature = 0;
+    sp.max_tokens = 4;
+    sp.min_tokens = 5;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "sampling.min_tokens: 5 is over max_tokens 4"), "%s", err);
+    sp.min_tokens = 0;
+    sp.max_tokens = in.model->desc.context;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), TD_RPC_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "sampling.max_tokens: ") && strstr(err, "exceed the context") && !ids, "%s", err);
+    sp.max_tokens = 0; /* with prompt_logprobs: the prompt scored alone */
+    sp.has_max_tokens = 1;
+    sp.prompt_logprobs = 1;
+    cr_assert_eq(rt_input_check(&in, &rq, 16, &ids, &n, &mt, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(mt, 0);
+    free(ids);
+    rt_input_close(&in);
+}
+
 /* router.served_model_names: the list read in order, the model's own name an alias, a bad list refused naming it */
 Test(http, served_model_names, .timeout = 30)
 {
