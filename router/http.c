@@ -98,6 +98,7 @@ typedef struct hreq {
     /* a generation */
     rt_oai_kind_t kind;
     bool stream, include_usage, begun; /* begun: the request was started */
+    char tool[RT_OAI_TOOL_NAME + 1];    /* the function each choice calls (chat's tool_choice), "": text */
     char id[48];
     rt_choices_t *q; /* until the sink's end */
     pthread_mutex_t mu;
@@ -258,6 +259,13 @@ static char *error_json(int status, const char *message, const char *param)
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;
+}
+
+/* The OpenAI field a request's error names where error_json cannot tell it from the message: a function call's
+ * parameters schema is refused as structured output's (sampling.json_schema), but the client sent it in tools. */
+static const char *end_param(const hreq_t *x)
+{
+    return x->tool[0] && !strncmp(x->end_msg, "sampling.json_schema", 20) ? "tools" : NULL;
 }
 
 /* retry_ms: a 429's hint, as Retry-After (seconds, rounded up) and retry-after-ms (OpenAI's clients read it);
@@ -479,6 +487,27 @@ static bool chunk_head(hreq_t *x)
     return out_str(x, head) && out_json_str(x, rt_input_name(x->h->env->input)) && out_str(x, "\"");
 }
 
+/* Choice index's function call, opened: its id, type and name, and the start of its arguments' text. */
+static bool tool_call_head(hreq_t *x, uint32_t index, bool delta)
+{
+    char head[200];
+    snprintf(head, sizeof head, "\"tool_calls\":[{%s\"id\":\"call-%s-%u\",\"type\":\"function\",\"function\":"
+             "{\"name\":\"", delta ? "\"index\":0," : "", strchr(x->id, '-') + 1, index);
+    return out_str(x, head) && out_json_str(x, x->tool) && out_str(x, "\",\"arguments\":\"");
+}
+
+/* A streamed function call's delta: its head with the role first, then its arguments' text as it comes. */
+static bool tool_delta(hreq_t *x, uint32_t index, const char *text)
+{
+    choice_t *c = &x->ch[index];
+    if (c->role_sent && !text)
+        return true;
+    bool ok = c->role_sent ? out_str(x, "\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"")
+                           : out_str(x, "\"role\":\"assistant\",") && tool_call_head(x, index, true);
+    c->role_sent = true;
+    return ok && out_json_str(x, text ? text : "") && out_str(x, "\"}}]");
+}
+
 /* A chunk that carries text (and the role, first) and/or the finish reason. */
 static bool chunk(hreq_t *x, uint32_t index, const char *text, const char *finish)
 {
@@ -487,7 +516,10 @@ static bool chunk(hreq_t *x, uint32_t index, const char *text, const char *finis
     snprintf(head, sizeof head, ",\"choices\":[{\"index\":%u,", index);
     if (!chunk_head(x) || !out_str(x, head))
         return false;
-    if (x->kind == RT_OAI_CHAT) {
+    if (x->kind == RT_OAI_CHAT && x->tool[0]) {
+        if (!out_str(x, "\"delta\":{") || !tool_delta(x, index, text) || !out_str(x, "},") || !out_logprobs(x, c))
+            return false;
+    } else if (x->kind == RT_OAI_CHAT) {
         bool ok = out_str(x, "\"delta\":{");
         if (!c->role_sent) {
             ok = ok && out_str(x, "\"role\":\"assistant\"") && out_str(x, text || !finish ? "," : "");
@@ -674,7 +706,7 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
     if (!x->mhd_done) {
         if (x->stream && (x->streamed || code == TD_RPC_OK)) { /* the stream has begun: it ends in the stream */
             if (code != TD_RPC_OK) {
-                char *e = error_json(http_status_of(code), x->end_msg, NULL);
+                char *e = error_json(http_status_of(code), x->end_msg, end_param(x));
                 if (e && out_str(x, "data: ") && out_str(x, e))
                     out_str(x, "\n\n");
                 free(e);
@@ -701,9 +733,17 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
                 choice_t *c = &x->ch[order[i]];
                 snprintf(head, sizeof head, "%s{\"index\":%u,", i ? "," : "", i);
                 out_str(x, head);
-                out_str(x, x->kind == RT_OAI_CHAT ? "\"message\":{\"role\":\"assistant\",\"content\":\"" : "\"text\":\"");
-                out_json_str(x, c->text ? c->text : "");
-                out_str(x, x->kind == RT_OAI_CHAT ? "\"}," : "\",");
+                if (x->kind == RT_OAI_CHAT && x->tool[0]) { /* the function's call, its arguments the text */
+                    out_str(x, "\"message\":{\"role\":\"assistant\",\"content\":null,");
+                    tool_call_head(x, i, false);
+                    out_json_str(x, c->text ? c->text : "");
+                    out_str(x, "\"}}]},");
+                } else {
+                    out_str(x, x->kind == RT_OAI_CHAT ? "\"message\":{\"role\":\"assistant\",\"content\":\""
+                                                      : "\"text\":\"");
+                    out_json_str(x, c->text ? c->text : "");
+                    out_str(x, x->kind == RT_OAI_CHAT ? "\"}," : "\",");
+                }
                 out_logprobs(x, c);
                 out_str(x, "\"finish_reason\":\"");
                 out_str(x, c->finish ? c->finish : "stop");
@@ -789,7 +829,10 @@ static enum MHD_Result start_generation(hreq_t *x)
     snprintf(x->id, sizeof x->id, "%s-%016llx", x->kind == RT_OAI_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)rnd);
     Tandem__V1__GenerateRequest *rq = NULL;
     rt_oai_error_t e = {0};
-    bool ok = rt_oai_parse_json(x->kind, b, x->id, &rq, &x->stream, &x->include_usage, &e);
+    rt_oai_opts_t o = {0};
+    bool ok = rt_oai_parse_json(x->kind, b, x->id, &rq, &o, &e);
+    x->stream = o.stream, x->include_usage = o.include_usage;
+    memcpy(x->tool, o.tool, sizeof x->tool);
     const bool echo = x->kind == RT_OAI_COMPLETION && json_is_true(json_object_get(b, "echo"));
     /* best_of above n: n answered (the parser checked both) */
     json_t *best_of = json_object_get(b, "best_of"), *n = json_object_get(b, "n"), *lp = json_object_get(b, "logprobs");
@@ -870,7 +913,7 @@ static enum MHD_Result answer(hreq_t *x)
         x->out = NULL;
         x->n_out = x->cap_out = 0;
     } else {
-        body = error_json(http_status_of(code), x->end_msg, NULL);
+        body = error_json(http_status_of(code), x->end_msg, end_param(x));
     }
     pthread_mutex_unlock(&x->mu);
     return respond_retry(x->conn, code == TD_RPC_OK ? 200 : http_status_of(code), body, NULL, retry_ms, rejected);
@@ -919,9 +962,9 @@ static enum MHD_Result tokenize(hreq_t *x)
     } else if (json_is_array(msgs)) {
         Tandem__V1__GenerateRequest *rq = NULL;
         rt_oai_error_t e = {0};
-        bool stream, usage;
+        rt_oai_opts_t o = {0};
         json_t *only = json_pack("{s:O}", "messages", msgs);
-        bool ok = rt_oai_parse_json(RT_OAI_CHAT, only, "tokenize", &rq, &stream, &usage, &e);
+        bool ok = rt_oai_parse_json(RT_OAI_CHAT, only, "tokenize", &rq, &o, &e);
         json_decref(only);
         rc = ok ? rt_tokenize_input(env->input, NULL, rq->chat, false, true, &ids, &n, err, sizeof err) : TD_ERR_INVALID_ARG;
         if (!ok)

@@ -498,6 +498,99 @@ static bool parse_structured(json_t *b, Tandem__V1__SamplingParams *sp, rt_oai_e
     return true;
 }
 
+/* A function's name by OpenAI's rule (openai_req.h). */
+static bool tool_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (!n || n > RT_OAI_TOOL_NAME)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* Function calling: tools and tool_choice (openai_req.h); after parse_structured, whose fields it cannot join. */
+static bool parse_tools(rt_oai_kind_t kind, json_t *b, Tandem__V1__SamplingParams *sp, char *tool, rt_oai_error_t *e)
+{
+    json_t *tools = json_object_get(b, "tools"), *choice = json_object_get(b, "tool_choice"), *t;
+    tools = json_is_null(tools) ? NULL : tools;
+    choice = json_is_null(choice) ? NULL : choice;
+    tool[0] = 0;
+    if (!tools && !choice)
+        return true;
+    if (kind != RT_OAI_CHAT)
+        return bad(e, tools ? "tools" : "tool_choice", "%s: only chat completions call tools%s", "");
+    if (tools && (!json_is_array(tools) || json_array_size(tools) > RT_OAI_MAX_TOOLS)) {
+        snprintf(e->param, sizeof e->param, "tools");
+        snprintf(e->msg, sizeof e->msg, "tools: must be an array of at most %d tools", RT_OAI_MAX_TOOLS);
+        return false;
+    }
+    size_t n = json_array_size(tools), i;
+    json_array_foreach(tools, i, t)
+    {
+        json_t *f = json_object_get(t, "function"), *nm = json_object_get(f, "name"), *pa = json_object_get(f, "parameters");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        if (!json_is_object(t) || !type || strcmp(type, "function") || !json_is_object(f) || !json_is_string(nm) ||
+            !tool_name_ok(json_string_value(nm)) || (pa && !json_is_null(pa) && !json_is_object(pa))) {
+            snprintf(e->param, sizeof e->param, "tools[%zu]", i);
+            snprintf(e->msg, sizeof e->msg, "tools[%zu]: must be {\"type\": \"function\", \"function\": {\"name\": "
+                     "1 to %d of a-z, A-Z, 0-9, _ and -, \"parameters\": a JSON Schema object}}", i, RT_OAI_TOOL_NAME);
+            return false;
+        }
+    }
+    const char *mode = json_is_string(choice) ? json_string_value(choice) : choice ? "function" : n ? "auto" : "none";
+    const char *want = NULL;
+    if (!strcmp(mode, "none")) {
+        return true; /* answered in text */
+    } else if (!strcmp(mode, "auto")) {
+        return bad(e, "tool_choice", "%s: auto (the default with tools) needs a parser of the model's own tool-call "
+                                     "text, which tandem does not have: name the function ({\"type\": \"function\", "
+                                     "\"function\": {\"name\": ...}}), or ask required with one tool, or none%s", "");
+    } else if (!strcmp(mode, "required")) {
+        if (n != 1) {
+            snprintf(e->param, sizeof e->param, "tool_choice");
+            snprintf(e->msg, sizeof e->msg, "tool_choice: required with %zu tools: tandem calls the one tool, or the "
+                     "function tool_choice names", n);
+            return false;
+        }
+        want = json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "name"));
+    } else if (!strcmp(mode, "function")) {
+        json_t *nm = json_object_get(json_object_get(choice, "function"), "name");
+        const char *type = json_string_value(json_object_get(choice, "type"));
+        if (!json_is_object(choice) || !type || strcmp(type, "function") || !json_is_string(nm))
+            return bad(e, "tool_choice", "%s: must be none, auto, required or {\"type\": \"function\", "
+                                         "\"function\": {\"name\": ...}}%s", "");
+        want = json_string_value(nm);
+    } else {
+        return bad(e, "tool_choice", "%s: must be none, auto, required or {\"type\": \"function\", \"function\": "
+                                     "{\"name\": ...}}%s", "");
+    }
+    json_t *fn = NULL;
+    json_array_foreach(tools, i, t)
+    {
+        if (!fn && !strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")), want))
+            fn = json_object_get(t, "function");
+    }
+    if (!fn) {
+        snprintf(e->param, sizeof e->param, "tool_choice");
+        snprintf(e->msg, sizeof e->msg, "tool_choice: no tool is named '%.64s'", want);
+        return false;
+    }
+    if (sp->json_schema || sp->json_object || sp->regex || sp->n_choice)
+        return bad(e, "tool_choice", "%s: a function call's arguments are its structured output; response_format and "
+                                     "guided_* cannot be set beside it%s", "");
+    json_t *pa = json_object_get(fn, "parameters");
+    json_t *any = json_pack("{s:s}", "type", "object"); /* a function of no stated parameters takes an object */
+    sp->json_schema = json_dumps(pa && json_is_object(pa) ? pa : any, JSON_COMPACT);
+    json_decref(any);
+    if (!sp->json_schema)
+        return bad(e, "tool_choice", "%s: no memory%s", "");
+    snprintf(tool, RT_OAI_TOOL_NAME + 1, "%s", want);
+    return true;
+}
+
 static bool parse_stream(json_t *b, bool *stream, bool *include_usage, rt_oai_error_t *e)
 {
     json_t *j;
@@ -519,7 +612,7 @@ static bool parse_stream(json_t *b, bool *stream, bool *include_usage, rt_oai_er
 }
 
 bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Tandem__V1__GenerateRequest **out,
-                       bool *stream, bool *include_usage, rt_oai_error_t *e)
+                       rt_oai_opts_t *o, rt_oai_error_t *e)
 {
     Tandem__V1__GenerateRequest *rq = calloc(1, sizeof *rq);
     Tandem__V1__SamplingParams *sp = calloc(1, sizeof *sp);
@@ -534,7 +627,8 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
     rq->sampling = sp;
     *out = rq;
     if (!parse_input(kind, b, rq, e) || !parse_sampling(kind, b, rq, sp, e) || !parse_stop(b, sp, e) ||
-        !parse_logit_bias(b, sp, e) || !parse_structured(b, sp, e) || !parse_stream(b, stream, include_usage, e))
+        !parse_logit_bias(b, sp, e) || !parse_structured(b, sp, e) || !parse_tools(kind, b, sp, o->tool, e) ||
+        !parse_stream(b, &o->stream, &o->include_usage, e))
         return false;
     rq->request_id = strdup(request_id);
     return true;
@@ -553,7 +647,7 @@ void rt_oai_body_error(const json_t *b, const json_error_t *je, char *msg, size_
 }
 
 bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *request_id,
-                  Tandem__V1__GenerateRequest **out, bool *stream, bool *include_usage, rt_oai_error_t *e)
+                  Tandem__V1__GenerateRequest **out, rt_oai_opts_t *o, rt_oai_error_t *e)
 {
     *out = NULL;
     json_error_t je;
@@ -564,7 +658,7 @@ bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *re
         e->param[0] = 0;
         return false;
     }
-    bool ok = rt_oai_parse_json(kind, b, request_id, out, stream, include_usage, e);
+    bool ok = rt_oai_parse_json(kind, b, request_id, out, o, e);
     json_decref(b);
     return ok;
 }

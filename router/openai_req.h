@@ -2,7 +2,15 @@
  * vLLM and OpenAI take them) read into a tandem.v1 GenerateRequest: the
  * HTTP front door's parser (router/http.c), kept apart so that a fuzzer can
  * drive it alone. Unknown fields are ignored, as OpenAI's API does; a field
- * of the wrong type or out of range is an error that names it. */
+ * of the wrong type or out of range is an error that names it.
+ *
+ * Function calling (chat's tools and tool_choice): with no parser of a
+ * model's own tool-call text, tandem answers a call the client names
+ * (tool_choice {"type": "function", "function": {"name": ...}}, or
+ * "required" of one tool): the answer is that function's call, its arguments
+ * held to the function's parameters (a JSON Schema, as structured output
+ * holds text to one); "none" answers in text; "auto" (the default with
+ * tools) is refused naming tool_choice, as vLLM refuses it without a parser. */
 #ifndef RT_OPENAI_REQ_H
 #define RT_OPENAI_REQ_H
 
@@ -14,6 +22,15 @@
 
 typedef enum { RT_OAI_CHAT = 1, RT_OAI_COMPLETION } rt_oai_kind_t;
 
+#define RT_OAI_MAX_TOOLS 128
+#define RT_OAI_TOOL_NAME 64 /* a function's name: 1 to 64 of a-z, A-Z, 0-9, _ and - (OpenAI's rule) */
+
+/* What the body asks of the answer's shape. */
+typedef struct rt_oai_opts {
+    bool stream, include_usage;
+    char tool[RT_OAI_TOOL_NAME + 1]; /* the function the answer calls ("": text) */
+} rt_oai_opts_t;
+
 typedef struct rt_oai_error {
     char msg[300];  /* "stop: must be a string or an array of strings" */
     char param[64]; /* the field: "stop" */
@@ -21,12 +38,12 @@ typedef struct rt_oai_error {
 
 /* The body b → *out (heap parts; free it with
  * tandem__v1__generate_request__free_unpacked, on failure too: *out may be
- * set); *stream and *include_usage from the body. False with e set. */
+ * set); *o from the body. False with e set. */
 bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Tandem__V1__GenerateRequest **out,
-                       bool *stream, bool *include_usage, rt_oai_error_t *e);
+                       rt_oai_opts_t *o, rt_oai_error_t *e);
 /* The same from the body's bytes (not JSON: an error). */
 bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *request_id,
-                  Tandem__V1__GenerateRequest **out, bool *stream, bool *include_usage, rt_oai_error_t *e);
+                  Tandem__V1__GenerateRequest **out, rt_oai_opts_t *o, rt_oai_error_t *e);
 
 /* Why a body that did not parse to a JSON object (b: what it parsed to, NULL
  * when nothing did; je: the parser's error) was refused. */

@@ -15,10 +15,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     rt_oai_kind_t kind = data[0] & 1 ? RT_OAI_CHAT : RT_OAI_COMPLETION;
     Tandem__V1__GenerateRequest *rq = NULL;
-    bool stream = false, usage = false;
+    rt_oai_opts_t o = {0};
     rt_oai_error_t e;
     memset(&e, 0, sizeof e);
-    bool ok = rt_oai_parse(kind, (const char *)data + 1, size - 1, "fuzz", &rq, &stream, &usage, &e);
+    bool ok = rt_oai_parse(kind, (const char *)data + 1, size - 1, "fuzz", &rq, &o, &e);
     if (ok && !rq)
         __builtin_trap(); /* a success must give a request */
     if (!ok && !e.msg[0])

@@ -463,6 +463,94 @@ def test_n_choices(api):
           sorted(by) == [0, 1] and list(by.values()) == [refs[p]] * 2)
 
 
+def test_function_calling(api):
+    cl, model, host, port = api.cl, api.model, api.host, api.port
+    # a named function's call: its arguments validate against its parameters (jsonschema, the reference) and are the
+    # text response_format gives for that schema (the structured-output path the call is built on), streamed too
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}, "days": {"type": "integer"}},
+              "required": ["city", "days"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": params}},
+             {"type": "function", "function": {"name": "get_time"}}]
+    msgs = [{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = cl.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice=named, max_tokens=60,
+                                   temperature=0)
+    m, fin = r.choices[0].message, r.choices[0].finish_reason
+    call = m.tool_calls[0] if m.tool_calls else None
+    try:
+        jsonschema.validate(json.loads(call.function.arguments), params)
+        valid = True
+    except Exception as e:  # noqa: BLE001
+        valid = repr(e)[:80]
+    ref = cl.chat.completions.create(model=model, messages=msgs, max_tokens=60, temperature=0,
+                                     response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": params}})
+    check("tool_choice naming get_weather: one call (%s), arguments %r validate against its parameters (%s), equal "
+          "to response_format's text for them, content %r, finish %s" % (
+              call and (call.id, call.type, call.function.name), call and call.function.arguments, valid, m.content,
+              fin),
+          call is not None and len(m.tool_calls) == 1 and call.type == "function" and
+          call.function.name == "get_weather" and call.id and valid is True and m.content is None and fin == "stop" and
+          call.function.arguments == ref.choices[0].message.content)
+    first, args, ids = None, "", set()
+    for ch in cl.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice=named, max_tokens=60,
+                                         temperature=0, stream=True):
+        d = ch.choices[0].delta if ch.choices else None
+        for tc in (d.tool_calls or []) if d else []:
+            first = first or tc
+            ids.add(tc.id)
+            args += tc.function.arguments or ""
+    check("... streamed: the first delta names the call (%s, %s), the deltas' arguments join to the same text" %
+          (first and first.id, first and first.function.name),
+          first is not None and first.function.name == "get_weather" and ids - {None} == {first.id} and
+          call is not None and args == call.function.arguments)
+    # "required" with one tool: its call; "none": text, as without tools
+    one = cl.chat.completions.create(model=model, messages=msgs, tools=tools[1:], tool_choice="required", max_tokens=40,
+                                     temperature=0)
+    oc = one.choices[0].message.tool_calls
+    try:
+        obj = json.loads(oc[0].function.arguments) if oc else None
+    except ValueError:
+        obj = None
+    check("tool_choice required with one tool (no parameters): its call, arguments a JSON object or cut by "
+          "max_tokens (%s, %r, finish %s)" % (oc and oc[0].function.name, oc and oc[0].function.arguments[:60],
+                                              one.choices[0].finish_reason),
+          oc and oc[0].function.name == "get_time" and
+          (isinstance(obj, dict) or one.choices[0].finish_reason == "length"))
+    plain = cl.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0)
+    none = cl.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="none", max_tokens=8,
+                                      temperature=0)
+    check("tool_choice none: text (%r), as the same request without tools" % none.choices[0].message.content,
+          none.choices[0].message.tool_calls is None and
+          none.choices[0].message.content == plain.choices[0].message.content)
+    # what cannot be answered is refused naming the field
+    cases = [("tool_choice auto", dict(tool_choice="auto"), "tool_choice"),
+             ("tools without tool_choice (auto)", {}, "tool_choice"),
+             ("required over two tools", dict(tool_choice="required"), "tool_choice"),
+             ("a function no tool names", dict(tool_choice={"type": "function", "function": {"name": "nope"}}),
+              "tool_choice"),
+             ("a tool named with a space", dict(tools=[{"type": "function", "function": {"name": "a b"}}],
+                                                tool_choice="required"), "tools[0]"),
+             ("response_format beside a call", dict(tool_choice=named, response_format={"type": "json_object"}),
+              "tool_choice"),
+             ("parameters with a keyword outside the subset (minimum)",
+              dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+                  "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}], tool_choice="required"),
+              "tools")]
+    for name, kw, param in cases:
+        kw = dict(kw)
+        kw.setdefault("tools", tools)
+        try:
+            cl.chat.completions.create(model=model, messages=msgs, max_tokens=4, **kw)
+            ok, why = False, "accepted"
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            ok, why = body.get("param") == param and bool(body.get("message")), "%d %s" % (e.status_code, body)
+        check("%s is refused naming %s: %s" % (name, param, why[:200]), ok)
+    st, _, body = raw(host, port, "POST", "/v1/completions",
+                      body=json.dumps({"model": model, "prompt": "Hi", "tools": tools}).encode())
+    check("tools on /v1/completions: %d %s" % (st, body[:120]), st == 400 and b'"param":"tools"' in body)
+
+
 def test_structured_output(api):
     c, cl, model = api.c, api.cl, api.model
     # a JSON Schema's output validates against it (jsonschema, the reference), 20 schemas, greedy, streamed for half
