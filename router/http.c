@@ -86,6 +86,7 @@ typedef struct choice {
     const char *finish;
     bool role_sent, echo_sent;
     char *echoed; /* its first text after the echoed prompt */
+    char tool[RT_OAI_TOOL_NAME + 1]; /* the function it calls ("": none, or not yet read back) */
     double logprob; /* its tokens' log-probabilities summed (best_of picks by it) */
 } choice_t;
 
@@ -99,6 +100,7 @@ typedef struct hreq {
     rt_oai_kind_t kind;
     bool stream, include_usage, begun; /* begun: the request was started */
     char tool[RT_OAI_TOOL_NAME + 1];    /* the function each choice calls (chat's tool_choice), "": text */
+    bool any_tool;                      /* each choice calls one of the tools, read back from its text at its end */
     char id[48];
     rt_choices_t *q; /* until the sink's end */
     pthread_mutex_t mu;
@@ -265,7 +267,7 @@ static char *error_json(int status, const char *message, const char *param)
  * parameters schema is refused as structured output's (sampling.json_schema), but the client sent it in tools. */
 static const char *end_param(const hreq_t *x)
 {
-    return x->tool[0] && !strncmp(x->end_msg, "sampling.json_schema", 20) ? "tools" : NULL;
+    return (x->tool[0] || x->any_tool) && !strncmp(x->end_msg, "sampling.json_schema", 20) ? "tools" : NULL;
 }
 
 /* retry_ms: a 429's hint, as Retry-After (seconds, rounded up) and retry-after-ms (OpenAI's clients read it);
@@ -493,7 +495,20 @@ static bool tool_call_head(hreq_t *x, uint32_t index, bool delta)
     char head[200];
     snprintf(head, sizeof head, "\"tool_calls\":[{%s\"id\":\"call-%s-%u\",\"type\":\"function\",\"function\":"
              "{\"name\":\"", delta ? "\"index\":0," : "", strchr(x->id, '-') + 1, index);
-    return out_str(x, head) && out_json_str(x, x->tool) && out_str(x, "\",\"arguments\":\"");
+    return out_str(x, head) && out_json_str(x, x->ch[index].tool) && out_str(x, "\",\"arguments\":\"");
+}
+
+/* "required" over several tools: choice c's text {"name": ..., "arguments": {...}} read back — the name into
+ * c->tool, *args the arguments' text (the caller frees) — or false where it is not one (cut by max_tokens). */
+static bool read_call(choice_t *c, char **args)
+{
+    json_t *j = c->text ? json_loads(c->text, 0, NULL) : NULL, *a = json_object_get(j, "arguments");
+    const char *name = json_string_value(json_object_get(j, "name"));
+    *args = name && strlen(name) <= RT_OAI_TOOL_NAME && json_is_object(a) ? json_dumps(a, JSON_COMPACT) : NULL;
+    if (*args)
+        snprintf(c->tool, sizeof c->tool, "%s", name);
+    json_decref(j);
+    return *args != NULL;
 }
 
 /* A streamed function call's delta: its head with the role first, then its arguments' text as it comes. */
@@ -516,7 +531,7 @@ static bool chunk(hreq_t *x, uint32_t index, const char *text, const char *finis
     snprintf(head, sizeof head, ",\"choices\":[{\"index\":%u,", index);
     if (!chunk_head(x) || !out_str(x, head))
         return false;
-    if (x->kind == RT_OAI_CHAT && x->tool[0]) {
+    if (x->kind == RT_OAI_CHAT && c->tool[0]) {
         if (!out_str(x, "\"delta\":{") || !tool_delta(x, index, text) || !out_str(x, "},") || !out_logprobs(x, c))
             return false;
     } else if (x->kind == RT_OAI_CHAT) {
@@ -599,7 +614,7 @@ static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__Generate
             text = c->echoed;
         }
     }
-    if (!x->stream) { /* collected; written at the end */
+    if (!x->stream || x->any_tool) { /* collected; written at the end (its call read back from the whole text) */
         size_t n = text ? strlen(text) : 0;
         ok = td_grow((void **)&c->text, &c->cap_text, c->n_text + n + 1, 1, 256);
         if (ok && n)
@@ -610,10 +625,17 @@ static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__Generate
         }
         if (fin && !bad_fin)
             c->finish = finish_name(m->finish_reason);
-        rt_choices_t *g = x->q;
-        pthread_mutex_unlock(&x->mu);
-        rt_choices_sent(g, ok);
-        return TD_OK;
+        if (!x->stream || !fin) {
+            rt_choices_t *g = x->q;
+            pthread_mutex_unlock(&x->mu);
+            rt_choices_sent(g, ok);
+            return TD_OK;
+        }
+        char *args = NULL; /* a streamed choice's end: its call whole in one chunk (its text, where not one) */
+        text = ok && read_call(c, &args) ? args : c->text;
+        ok = ok && chunk(x, index, text, NULL);
+        free(args);
+        text = NULL;
     }
     if (ok && (text || (!c->role_sent && !fin) || c->n_lp))
         ok = chunk(x, index, text, NULL);
@@ -733,11 +755,13 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
                 choice_t *c = &x->ch[order[i]];
                 snprintf(head, sizeof head, "%s{\"index\":%u,", i ? "," : "", i);
                 out_str(x, head);
-                if (x->kind == RT_OAI_CHAT && x->tool[0]) { /* the function's call, its arguments the text */
+                char *args = NULL; /* "required" over several tools: its call read back (its text, where not one) */
+                if (x->kind == RT_OAI_CHAT && (c->tool[0] || (x->any_tool && read_call(c, &args)))) {
                     out_str(x, "\"message\":{\"role\":\"assistant\",\"content\":null,");
-                    tool_call_head(x, i, false);
-                    out_json_str(x, c->text ? c->text : "");
+                    tool_call_head(x, order[i], false);
+                    out_json_str(x, args ? args : c->text ? c->text : "");
                     out_str(x, "\"}}]},");
+                    free(args);
                 } else {
                     out_str(x, x->kind == RT_OAI_CHAT ? "\"message\":{\"role\":\"assistant\",\"content\":\""
                                                       : "\"text\":\"");
@@ -831,7 +855,7 @@ static enum MHD_Result start_generation(hreq_t *x)
     rt_oai_error_t e = {0};
     rt_oai_opts_t o = {0};
     bool ok = rt_oai_parse_json(x->kind, b, x->id, &rq, &o, &e);
-    x->stream = o.stream, x->include_usage = o.include_usage;
+    x->stream = o.stream, x->include_usage = o.include_usage, x->any_tool = o.any_tool;
     memcpy(x->tool, o.tool, sizeof x->tool);
     const bool echo = x->kind == RT_OAI_COMPLETION && json_is_true(json_object_get(b, "echo"));
     /* best_of above n: n answered (the parser checked both) */
@@ -856,6 +880,8 @@ static enum MHD_Result start_generation(hreq_t *x)
         tandem__v1__generate_request__free_unpacked(rq, NULL);
         return respond_error(x->conn, 503, NULL, "no memory");
     }
+    for (uint32_t i = 0; i < x->n_ch; i++) /* a named function: every choice calls it */
+        memcpy(x->ch[i].tool, x->tool, sizeof x->tool);
     rt_choices_t *q = rt_choices_create(x->h->rs, rq, HTTP_TIMEOUT_S, &http_sink, x);
     if (!q)
         return respond_error(x->conn, 429, NULL, "the router holds %u requests at once, its most; try again later",

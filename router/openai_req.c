@@ -511,9 +511,43 @@ static bool tool_name_ok(const char *s)
     return true;
 }
 
-/* Function calling: tools and tool_choice (openai_req.h); after parse_structured, whose fields it cannot join. */
-static bool parse_tools(rt_oai_kind_t kind, json_t *b, Tandem__V1__SamplingParams *sp, char *tool, rt_oai_error_t *e)
+/* A function's parameters schema (none stated: any object), its text. */
+static char *params_of(json_t *fn)
 {
+    json_t *pa = json_object_get(fn, "parameters"), *any = json_pack("{s:s}", "type", "object");
+    char *s = json_dumps(pa && json_is_object(pa) ? pa : any, JSON_COMPACT);
+    json_decref(any);
+    return s;
+}
+
+/* "required" over several tools: the text {"name": one of theirs, "arguments": its parameters}. */
+static bool any_tool(json_t *tools, Tandem__V1__SamplingParams *sp, rt_oai_opts_t *o, rt_oai_error_t *e)
+{
+    json_t *alts = json_array(), *t, *any = json_pack("{s:s}", "type", "object");
+    size_t i;
+    json_array_foreach(tools, i, t)
+    {
+        json_t *fn = json_object_get(t, "function"), *pa = json_object_get(fn, "parameters");
+        json_array_append_new(alts, json_pack("{s:s, s:{s:{s:O}, s:O}, s:[s, s], s:b}", "type", "object", "properties",
+                                              "name", "const", json_object_get(fn, "name"), "arguments",
+                                              pa && json_is_object(pa) ? pa : any, "required", "name", "arguments",
+                                              "additionalProperties", 0));
+    }
+    json_t *schema = json_pack("{s:o}", "anyOf", alts);
+    sp->json_schema = schema ? json_dumps(schema, JSON_COMPACT) : NULL;
+    json_decref(schema);
+    json_decref(any);
+    if (!sp->json_schema)
+        return bad(e, "tool_choice", "%s: no memory%s", "");
+    o->any_tool = true;
+    return true;
+}
+
+/* Function calling: tools and tool_choice (openai_req.h); after parse_structured, whose fields it cannot join. */
+static bool parse_tools(rt_oai_kind_t kind, json_t *b, Tandem__V1__SamplingParams *sp, rt_oai_opts_t *o,
+                        rt_oai_error_t *e)
+{
+    char *tool = o->tool;
     json_t *tools = json_object_get(b, "tools"), *choice = json_object_get(b, "tool_choice"), *t;
     tools = json_is_null(tools) ? NULL : tools;
     choice = json_is_null(choice) ? NULL : choice;
@@ -547,14 +581,16 @@ static bool parse_tools(rt_oai_kind_t kind, json_t *b, Tandem__V1__SamplingParam
     } else if (!strcmp(mode, "auto")) {
         return bad(e, "tool_choice", "%s: auto (the default with tools) needs a parser of the model's own tool-call "
                                      "text, which tandem does not have: name the function ({\"type\": \"function\", "
-                                     "\"function\": {\"name\": ...}}), or ask required with one tool, or none%s", "");
-    } else if (!strcmp(mode, "required")) {
-        if (n != 1) {
-            snprintf(e->param, sizeof e->param, "tool_choice");
-            snprintf(e->msg, sizeof e->msg, "tool_choice: required with %zu tools: tandem calls the one tool, or the "
-                     "function tool_choice names", n);
-            return false;
-        }
+                                     "\"function\": {\"name\": ...}}), or required, or none%s", "");
+    }
+    if (sp->json_schema || sp->json_object || sp->regex || sp->n_choice)
+        return bad(e, "tool_choice", "%s: a function call's arguments are its structured output; response_format and "
+                                     "guided_* cannot be set beside it%s", "");
+    if (!strcmp(mode, "required")) {
+        if (!n)
+            return bad(e, "tool_choice", "%s: required with no tools%s", "");
+        if (n > 1)
+            return any_tool(tools, sp, o, e);
         want = json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "name"));
     } else if (!strcmp(mode, "function")) {
         json_t *nm = json_object_get(json_object_get(choice, "function"), "name");
@@ -578,14 +614,7 @@ static bool parse_tools(rt_oai_kind_t kind, json_t *b, Tandem__V1__SamplingParam
         snprintf(e->msg, sizeof e->msg, "tool_choice: no tool is named '%.64s'", want);
         return false;
     }
-    if (sp->json_schema || sp->json_object || sp->regex || sp->n_choice)
-        return bad(e, "tool_choice", "%s: a function call's arguments are its structured output; response_format and "
-                                     "guided_* cannot be set beside it%s", "");
-    json_t *pa = json_object_get(fn, "parameters");
-    json_t *any = json_pack("{s:s}", "type", "object"); /* a function of no stated parameters takes an object */
-    sp->json_schema = json_dumps(pa && json_is_object(pa) ? pa : any, JSON_COMPACT);
-    json_decref(any);
-    if (!sp->json_schema)
+    if (!(sp->json_schema = params_of(fn)))
         return bad(e, "tool_choice", "%s: no memory%s", "");
     snprintf(tool, RT_OAI_TOOL_NAME + 1, "%s", want);
     return true;
@@ -627,7 +656,7 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
     rq->sampling = sp;
     *out = rq;
     if (!parse_input(kind, b, rq, e) || !parse_sampling(kind, b, rq, sp, e) || !parse_stop(b, sp, e) ||
-        !parse_logit_bias(b, sp, e) || !parse_structured(b, sp, e) || !parse_tools(kind, b, sp, o->tool, e) ||
+        !parse_logit_bias(b, sp, e) || !parse_structured(b, sp, e) || !parse_tools(kind, b, sp, o, e) ||
         !parse_stream(b, &o->stream, &o->include_usage, e))
         return false;
     rq->request_id = strdup(request_id);

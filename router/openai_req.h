@@ -9,8 +9,11 @@
  * (tool_choice {"type": "function", "function": {"name": ...}}, or
  * "required" of one tool): the answer is that function's call, its arguments
  * held to the function's parameters (a JSON Schema, as structured output
- * holds text to one); "none" answers in text; "auto" (the default with
- * tools) is refused naming tool_choice, as vLLM refuses it without a parser. */
+ * holds text to one). "required" over several tools holds the text to
+ * {"name": one of theirs, "arguments": its parameters} (anyOf), which the
+ * answer reads back into the call. "none" answers in text; "auto" (the
+ * default with tools) is refused naming tool_choice, as vLLM refuses it
+ * without a parser. */
 #ifndef RT_OPENAI_REQ_H
 #define RT_OPENAI_REQ_H
 
@@ -28,7 +31,8 @@ typedef enum { RT_OAI_CHAT = 1, RT_OAI_COMPLETION } rt_oai_kind_t;
 /* What the body asks of the answer's shape. */
 typedef struct rt_oai_opts {
     bool stream, include_usage;
-    char tool[RT_OAI_TOOL_NAME + 1]; /* the function the answer calls ("": text) */
+    char tool[RT_OAI_TOOL_NAME + 1]; /* the function the answer calls ("": text, or any_tool) */
+    bool any_tool; /* the answer calls one of the tools: its text {"name": ..., "arguments": {...}} */
 } rt_oai_opts_t;
 
 typedef struct rt_oai_error {

@@ -516,6 +516,39 @@ def test_function_calling(api):
                                               one.choices[0].finish_reason),
           oc and oc[0].function.name == "get_time" and
           (isinstance(obj, dict) or one.choices[0].finish_reason == "length"))
+    # "required" over two tools: the text held to {"name": one of theirs, "arguments": its parameters} (the anyOf
+    # response_format gives the same text for), read back into the call; streamed, the call whole in one chunk; cut by
+    # max_tokens, the text itself
+    anyof = {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                         "arguments": t["function"].get("parameters", {"type": "object"})},
+                        "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
+    ref2 = cl.chat.completions.create(model=model, messages=msgs, max_tokens=80, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "any", "schema": anyof}}).choices[0].message.content
+    req = cl.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="required", max_tokens=80,
+                                     temperature=0)
+    rc = req.choices[0].message.tool_calls
+    try:
+        want = json.loads(ref2)
+        ok_req = (rc and len(rc) == 1 and rc[0].function.name == want["name"] and
+                  json.loads(rc[0].function.arguments) == want["arguments"] and req.choices[0].message.content is None)
+    except (ValueError, KeyError, TypeError) as e:
+        ok_req = False
+        ref2 += " (%r)" % e
+    streamed = [(d.tool_calls, ch.choices[0].finish_reason) for ch in cl.chat.completions.create(
+        model=model, messages=msgs, tools=tools, tool_choice="required", max_tokens=80, temperature=0, stream=True)
+        for d in [ch.choices[0].delta] if ch.choices]
+    calls = [tc for tcs, _ in streamed for tc in (tcs or [])]
+    check("tool_choice required over two tools: the call of %s with %r, read back from response_format's anyOf text "
+          "for them (%r); streamed, %d delta(s) with the call, the same" % (
+              rc and rc[0].function.name, rc and rc[0].function.arguments, ref2[:80], len(calls)),
+          ok_req and len(calls) == 1 and calls[0].function.name == rc[0].function.name and
+          calls[0].function.arguments == rc[0].function.arguments and streamed[-1][1] == "stop")
+    cut = cl.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="required", max_tokens=5,
+                                     temperature=0)
+    check("... cut by max_tokens 5: no call, the text (%r), finish %s" % (cut.choices[0].message.content,
+                                                                          cut.choices[0].finish_reason),
+          cut.choices[0].message.tool_calls is None and cut.choices[0].finish_reason == "length" and
+          ref2.startswith(cut.choices[0].message.content or "-"))
     plain = cl.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0)
     none = cl.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice="none", max_tokens=8,
                                       temperature=0)
@@ -525,7 +558,7 @@ def test_function_calling(api):
     # what cannot be answered is refused naming the field
     cases = [("tool_choice auto", dict(tool_choice="auto"), "tool_choice"),
              ("tools without tool_choice (auto)", {}, "tool_choice"),
-             ("required over two tools", dict(tool_choice="required"), "tool_choice"),
+             ("required with no tools", dict(tools=[], tool_choice="required"), "tool_choice"),
              ("a function no tool names", dict(tool_choice={"type": "function", "function": {"name": "nope"}}),
               "tool_choice"),
              ("a tool named with a space", dict(tools=[{"type": "function", "function": {"name": "a b"}}],
