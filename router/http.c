@@ -498,19 +498,6 @@ static bool tool_call_head(hreq_t *x, uint32_t index, bool delta)
     return out_str(x, head) && out_json_str(x, x->ch[index].tool) && out_str(x, "\",\"arguments\":\"");
 }
 
-/* "required" over several tools: choice c's text {"name": ..., "arguments": {...}} read back — the name into
- * c->tool, *args the arguments' text (the caller frees) — or false where it is not one (cut by max_tokens). */
-static bool read_call(choice_t *c, char **args)
-{
-    json_t *j = c->text ? json_loads(c->text, 0, NULL) : NULL, *a = json_object_get(j, "arguments");
-    const char *name = json_string_value(json_object_get(j, "name"));
-    *args = name && strlen(name) <= RT_OAI_TOOL_NAME && json_is_object(a) ? json_dumps(a, JSON_COMPACT) : NULL;
-    if (*args)
-        snprintf(c->tool, sizeof c->tool, "%s", name);
-    json_decref(j);
-    return *args != NULL;
-}
-
 /* A streamed function call's delta: its head with the role first, then its arguments' text as it comes. */
 static bool tool_delta(hreq_t *x, uint32_t index, const char *text)
 {
@@ -632,7 +619,7 @@ static td_status_t h_emit(void *ctx, rt_request_t *q, const Tandem__V1__Generate
             return TD_OK;
         }
         char *args = NULL; /* a streamed choice's end: its call whole in one chunk (its text, where not one) */
-        text = ok && read_call(c, &args) ? args : c->text;
+        text = ok && (args = rt_oai_read_call(c->text, c->tool, sizeof c->tool)) ? args : c->text;
         ok = ok && chunk(x, index, text, NULL);
         free(args);
         text = NULL;
@@ -756,7 +743,8 @@ static void h_end(void *ctx, int code, const char *message, uint32_t retry_after
                 snprintf(head, sizeof head, "%s{\"index\":%u,", i ? "," : "", i);
                 out_str(x, head);
                 char *args = NULL; /* "required" over several tools: its call read back (its text, where not one) */
-                if (x->kind == RT_OAI_CHAT && (c->tool[0] || (x->any_tool && read_call(c, &args)))) {
+                if (x->kind == RT_OAI_CHAT &&
+                    (c->tool[0] || (x->any_tool && (args = rt_oai_read_call(c->text, c->tool, sizeof c->tool))))) {
                     out_str(x, "\"message\":{\"role\":\"assistant\",\"content\":null,");
                     tool_call_head(x, order[i], false);
                     out_json_str(x, args ? args : c->text ? c->text : "");

@@ -511,47 +511,52 @@ static bool tool_name_ok(const char *s)
     return true;
 }
 
-/* A function's parameters schema (none stated: any object), its text. */
-static char *params_of(json_t *fn)
+/* A function's parameters (none stated: any object), a new reference. */
+static json_t *params_of(json_t *fn)
 {
-    json_t *pa = json_object_get(fn, "parameters"), *any = json_pack("{s:s}", "type", "object");
-    char *s = json_dumps(pa && json_is_object(pa) ? pa : any, JSON_COMPACT);
-    json_decref(any);
-    return s;
+    json_t *pa = json_object_get(fn, "parameters");
+    return json_is_object(pa) ? json_incref(pa) : json_pack("{s:s}", "type", "object");
 }
 
-/* "required" over several tools: the text {"name": one of theirs, "arguments": its parameters}. */
-static bool any_tool(json_t *tools, Tandem__V1__SamplingParams *sp, rt_oai_opts_t *o, rt_oai_error_t *e)
+/* The schema a call's text is held to, into sp: fn's parameters, or with fn NULL {"name": one of the tools',
+ * "arguments": its parameters} (anyOf). */
+static bool call_schema(json_t *tools, json_t *fn, Tandem__V1__SamplingParams *sp, rt_oai_error_t *e)
 {
-    json_t *alts = json_array(), *t, *any = json_pack("{s:s}", "type", "object");
+    json_t *schema = fn ? params_of(fn) : json_pack("{s:[]}", "anyOf"), *t;
     size_t i;
-    json_array_foreach(tools, i, t)
+    json_array_foreach(fn ? NULL : tools, i, t)
     {
-        json_t *fn = json_object_get(t, "function"), *pa = json_object_get(fn, "parameters");
-        json_array_append_new(alts, json_pack("{s:s, s:{s:{s:O}, s:O}, s:[s, s], s:b}", "type", "object", "properties",
-                                              "name", "const", json_object_get(fn, "name"), "arguments",
-                                              pa && json_is_object(pa) ? pa : any, "required", "name", "arguments",
-                                              "additionalProperties", 0));
+        json_t *f = json_object_get(t, "function");
+        json_array_append_new(json_object_get(schema, "anyOf"),
+                              json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s], s:b}", "type", "object", "properties",
+                                        "name", "const", json_object_get(f, "name"), "arguments", params_of(f),
+                                        "required", "name", "arguments", "additionalProperties", 0));
     }
-    json_t *schema = json_pack("{s:o}", "anyOf", alts);
     sp->json_schema = schema ? json_dumps(schema, JSON_COMPACT) : NULL;
     json_decref(schema);
-    json_decref(any);
-    if (!sp->json_schema)
-        return bad(e, "tool_choice", "%s: no memory%s", "");
-    o->any_tool = true;
-    return true;
+    return sp->json_schema || bad(e, "tool_choice", "%s: no memory%s", "");
+}
+
+char *rt_oai_read_call(const char *text, char *name, size_t cap)
+{
+    json_t *j = text ? json_loads(text, 0, NULL) : NULL, *a = json_object_get(j, "arguments");
+    const char *nm = json_string_value(json_object_get(j, "name"));
+    char *args = nm && strlen(nm) < cap && json_is_object(a) ? json_dumps(a, JSON_COMPACT) : NULL;
+    if (args)
+        snprintf(name, cap, "%s", nm);
+    json_decref(j);
+    return args;
 }
 
 /* Function calling: tools and tool_choice (openai_req.h); after parse_structured, whose fields it cannot join. */
 static bool parse_tools(rt_oai_kind_t kind, json_t *b, Tandem__V1__SamplingParams *sp, rt_oai_opts_t *o,
                         rt_oai_error_t *e)
 {
-    char *tool = o->tool;
     json_t *tools = json_object_get(b, "tools"), *choice = json_object_get(b, "tool_choice"), *t;
+    o->tool[0] = 0;
+    o->any_tool = false;
     tools = json_is_null(tools) ? NULL : tools;
     choice = json_is_null(choice) ? NULL : choice;
-    tool[0] = 0;
     if (!tools && !choice)
         return true;
     if (kind != RT_OAI_CHAT)
@@ -574,49 +579,43 @@ static bool parse_tools(rt_oai_kind_t kind, json_t *b, Tandem__V1__SamplingParam
             return false;
         }
     }
-    const char *mode = json_is_string(choice) ? json_string_value(choice) : choice ? "function" : n ? "auto" : "none";
-    const char *want = NULL;
-    if (!strcmp(mode, "none")) {
+    /* the function named: {"type": "function", "function": {"name": ...}} */
+    const char *want = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+    const char *type = json_string_value(json_object_get(choice, "type"));
+    const char *mode = json_is_string(choice) ? json_string_value(choice) : !choice ? (n ? "auto" : "none")
+                     : want && type && !strcmp(type, "function")            ? "function"
+                                                                            : "";
+    if (!strcmp(mode, "none"))
         return true; /* answered in text */
-    } else if (!strcmp(mode, "auto")) {
+    if (!strcmp(mode, "auto"))
         return bad(e, "tool_choice", "%s: auto (the default with tools) needs a parser of the model's own tool-call "
                                      "text, which tandem does not have: name the function ({\"type\": \"function\", "
                                      "\"function\": {\"name\": ...}}), or required, or none%s", "");
-    }
+    if (strcmp(mode, "required") && strcmp(mode, "function"))
+        return bad(e, "tool_choice", "%s: must be none, auto, required or {\"type\": \"function\", \"function\": "
+                                     "{\"name\": ...}}%s", "");
     if (sp->json_schema || sp->json_object || sp->regex || sp->n_choice)
         return bad(e, "tool_choice", "%s: a function call's arguments are its structured output; response_format and "
                                      "guided_* cannot be set beside it%s", "");
-    if (!strcmp(mode, "required")) {
-        if (!n)
-            return bad(e, "tool_choice", "%s: required with no tools%s", "");
-        if (n > 1)
-            return any_tool(tools, sp, o, e);
-        want = json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "name"));
-    } else if (!strcmp(mode, "function")) {
-        json_t *nm = json_object_get(json_object_get(choice, "function"), "name");
-        const char *type = json_string_value(json_object_get(choice, "type"));
-        if (!json_is_object(choice) || !type || strcmp(type, "function") || !json_is_string(nm))
-            return bad(e, "tool_choice", "%s: must be none, auto, required or {\"type\": \"function\", "
-                                         "\"function\": {\"name\": ...}}%s", "");
-        want = json_string_value(nm);
-    } else {
-        return bad(e, "tool_choice", "%s: must be none, auto, required or {\"type\": \"function\", \"function\": "
-                                     "{\"name\": ...}}%s", "");
-    }
-    json_t *fn = NULL;
+    if (!strcmp(mode, "required") && !n)
+        return bad(e, "tool_choice", "%s: required with no tools%s", "");
+    json_t *fn = NULL; /* required over several tools: NULL, any of them */
     json_array_foreach(tools, i, t)
     {
-        if (!fn && !strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")), want))
+        const char *name = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        if (!fn && (want ? !strcmp(name, want) : n == 1))
             fn = json_object_get(t, "function");
     }
-    if (!fn) {
+    if (want && !fn) {
         snprintf(e->param, sizeof e->param, "tool_choice");
         snprintf(e->msg, sizeof e->msg, "tool_choice: no tool is named '%.64s'", want);
         return false;
     }
-    if (!(sp->json_schema = params_of(fn)))
-        return bad(e, "tool_choice", "%s: no memory%s", "");
-    snprintf(tool, RT_OAI_TOOL_NAME + 1, "%s", want);
+    if (!call_schema(tools, fn, sp, e))
+        return false;
+    if (fn)
+        snprintf(o->tool, sizeof o->tool, "%s", json_string_value(json_object_get(fn, "name")));
+    o->any_tool = !fn;
     return true;
 }
 

@@ -49,6 +49,11 @@ bool rt_oai_parse_json(rt_oai_kind_t kind, json_t *b, const char *request_id, Ta
 bool rt_oai_parse(rt_oai_kind_t kind, const char *body, size_t n, const char *request_id,
                   Tandem__V1__GenerateRequest **out, rt_oai_opts_t *o, rt_oai_error_t *e);
 
+/* A call read back from an answer's text held to "required"'s schema over several tools ({"name": ...,
+ * "arguments": {...}}): the arguments' text (the caller frees) with the name in name (cap bytes), or NULL where the
+ * text is not one (cut short by max_tokens). */
+char *rt_oai_read_call(const char *text, char *name, size_t cap);
+
 /* Why a body that did not parse to a JSON object (b: what it parsed to, NULL
  * when nothing did; je: the parser's error) was refused. */
 void rt_oai_body_error(const json_t *b, const json_error_t *je, char *msg, size_t n);

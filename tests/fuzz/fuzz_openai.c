@@ -3,6 +3,7 @@
  * either become a tandem.v1 GenerateRequest or an error naming a field;
  * never a crash, a leak or an overread (ASan). The first byte picks the kind. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "router/openai_req.h"
@@ -24,5 +25,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!ok && !e.msg[0])
         __builtin_trap(); /* a failure must say what */
     tandem__v1__generate_request__free_unpacked(rq, NULL);
+    char *text = malloc(size), name[RT_OAI_TOOL_NAME + 1]; /* the same bytes as an answer read back into a call */
+    if (text) {
+        memcpy(text, data + 1, size - 1);
+        text[size - 1] = 0;
+        free(rt_oai_read_call(text, name, sizeof name));
+        free(text);
+    }
     return 0;
 }
